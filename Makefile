@@ -1,0 +1,82 @@
+# lunar build. `make` builds build/lunar and build/liblunar.a; `make test` builds and runs the tests;
+# `make SAN=1 test` does the same under AddressSanitizer + UndefinedBehaviorSanitizer in build-san/.
+# CUDA sources are compiled when nvcc is found (NVCC= to disable); the backend is chosen at run time.
+
+CC      ?= cc
+SAN     ?= 0
+NVCC    ?= $(shell command -v nvcc 2>/dev/null)
+CUDA_ARCH ?= -gencode=arch=compute_90a,code=sm_90a
+
+ifeq ($(SAN),1)
+BUILD   := build-san
+OPT     := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDSAN   := -fsanitize=address,undefined
+else
+BUILD   := build
+OPT     := -O2 -g
+LDSAN   :=
+endif
+
+DEPS_CFLAGS := $(shell pkg-config --cflags jansson)
+DEPS_LIBS   := $(shell pkg-config --libs jansson)
+
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
+           -fopenmp -Iinclude -Isrc $(DEPS_CFLAGS) -MMD -MP
+LDLIBS  := $(DEPS_LIBS) -lm -fopenmp $(LDSAN)
+
+LIB_SRC := $(filter-out src/cli/%,$(shell find src -name '*.c' | sort))
+CLI_SRC := $(shell find src/cli -name '*.c' | sort)
+TEST_SRC := $(shell find tests -maxdepth 1 -name '*.c' | sort)
+CU_SRC  := $(shell find src/backend/cuda -name '*.cu' 2>/dev/null | sort)
+
+ifneq ($(NVCC),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CFLAGS  += -DLUNAR_HAVE_CUDA
+LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+NVFLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Isrc -Iinclude -Xcompiler -Wall,-Werror -Werror all-warnings
+else
+CU_OBJ  :=
+endif
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
+
+.PHONY: all test clean fuzz
+all: $(BUILD)/lunar $(BUILD)/lunar_tests
+
+$(BUILD)/liblunar.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	ar rcs $@ $^
+
+$(BUILD)/lunar: $(CLI_OBJ) $(BUILD)/liblunar.a
+	$(CC) -o $@ $(CLI_OBJ) $(BUILD)/liblunar.a $(LDLIBS)
+
+# Tests link the CLI's command objects too (everything but main.c) so they can drive commands.
+$(BUILD)/lunar_tests: $(TEST_OBJ) $(filter-out $(BUILD)/src/cli/main.o,$(CLI_OBJ)) $(BUILD)/liblunar.a
+	$(CC) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+test: $(BUILD)/lunar $(BUILD)/lunar_tests
+	./$(BUILD)/lunar_tests
+
+# libFuzzer targets (clang): build/fuzz_<name>; run e.g. build/fuzz_safetensors tests/corpus/safetensors
+FUZZ_SRC := $(shell find tests/fuzz -name 'fuzz_*.c' 2>/dev/null | sort)
+fuzz: $(FUZZ_SRC:tests/fuzz/%.c=build/%)
+build/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRC)
+	@mkdir -p build
+	clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc \
+	  $(DEPS_CFLAGS) -fopenmp $< $(filter-out src/backend/cuda/%,$(LIB_SRC)) -o $@ $(DEPS_LIBS) -lm
+
+clean:
+	rm -rf build build-san
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(TEST_OBJ:.o=.d)

@@ -1,0 +1,27 @@
+/* lunar: command-line entry. Each subcommand lives in its own file (cmd_*.c). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/commands.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: lunar <command> [options]\n"
+            "commands:\n"
+            "  info MODEL_DIR                       architecture, parameter counts, bytes by dtype\n"
+            "  logits MODEL_DIR --ids 1,2,3 --out F.npy   teacher-forced fp32 logits\n"
+            "  generate MODEL_DIR --ids ... --max-tokens N [--temperature T --top-p P --top-k K --seed S]\n"
+            "common options: --backend cpu|cuda|auto\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (const lunar_command *c = lunar_commands; c->name; c++)
+        if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "lunar: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
