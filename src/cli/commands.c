@@ -2,6 +2,13 @@
 
 #include <stddef.h>
 
+int lunar_cmd_info(int argc, char **argv);
+int lunar_cmd_logits(int argc, char **argv);
+int lunar_cmd_generate(int argc, char **argv);
+
 const lunar_command lunar_commands[] = {
+    {"info", lunar_cmd_info},
+    {"logits", lunar_cmd_logits},
+    {"generate", lunar_cmd_generate},
     {NULL, NULL},
 };

@@ -1,0 +1,158 @@
+/* lunar logits / lunar generate: run the model on token ids. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/backend.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "engine/sampler.h"
+#include "io/npy.h"
+#include "model/forward.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct run_opts {
+    const char *model_dir, *ids, *out, *backend;
+    long max_tokens;
+    double temperature, top_p;
+    long top_k, seed;
+} run_opts;
+
+/* Parses the options both commands share; `generate` selects the sampling ones. */
+static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *err) {
+    memset(o, 0, sizeof *o);
+    o->max_tokens = 16;
+    o->top_p = 1.0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (a[0] != '-') {
+            if (o->model_dir) return lunar_fail(err, "unexpected argument '%s'", a);
+            o->model_dir = a;
+            continue;
+        }
+        if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
+        double d;
+        long n;
+        if (strcmp(a, "--ids") == 0) o->ids = v;
+        else if (strcmp(a, "--backend") == 0) o->backend = v;
+        else if (!generate && strcmp(a, "--out") == 0) o->out = v;
+        else if (generate && strcmp(a, "--max-tokens") == 0) {
+            if (lunar_parse_int(a, v, 0, 1 << 24, &o->max_tokens, err)) return -1;
+        } else if (generate && strcmp(a, "--temperature") == 0) {
+            if (lunar_parse_float(a, v, 0, 100, &o->temperature, err)) return -1;
+        } else if (generate && strcmp(a, "--top-p") == 0) {
+            if (lunar_parse_float(a, v, 1e-6, 1, &d, err)) return -1;
+            o->top_p = d;
+        } else if (generate && strcmp(a, "--top-k") == 0) {
+            if (lunar_parse_int(a, v, 0, 1 << 30, &n, err)) return -1;
+            o->top_k = n;
+        } else if (generate && strcmp(a, "--seed") == 0) {
+            if (lunar_parse_int(a, v, 0, 0x7fffffffffffffffL, &o->seed, err)) return -1;
+        } else
+            return lunar_fail(err, "unknown option '%s'", a);
+    }
+    if (!o->model_dir) return lunar_fail(err, "missing MODEL_DIR");
+    if (!o->ids) return lunar_fail(err, "missing --ids (token ids, e.g. --ids 1,2,3)");
+    if (!generate && !o->out) return lunar_fail(err, "missing --out FILE.npy");
+    return 0;
+}
+
+/* Loads the model and the ids, selects the backend; on success the caller owns m, ids. */
+static int setup(const run_opts *o, lunar_model **m, int32_t **ids, int *n, lunar_err *err) {
+    lunar_backend_kind be;
+    if (lunar_backend_select(o->backend, &be, err)) return -1;
+    if (lunar_parse_ids(o->ids, ids, n, err)) return -1;
+    if (lunar_model_load(m, o->model_dir, err)) {
+        free(*ids);
+        return -1;
+    }
+    return 0;
+}
+
+int lunar_cmd_logits(int argc, char **argv) {
+    run_opts o;
+    lunar_err err;
+    lunar_model *m = NULL;
+    int32_t *ids = NULL;
+    int n = 0, rc = 1;
+    if (parse(argc, argv, 0, &o, &err) || setup(&o, &m, &ids, &n, &err)) {
+        fprintf(stderr, "lunar logits: %s\n", err.msg);
+        fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--backend cpu]\n");
+        return 1;
+    }
+    const int V = m->cfg.vocab_size;
+    float *logits = malloc((size_t)n * V * sizeof(float));
+    lunar_seq s;
+    if (!logits) {
+        fprintf(stderr, "lunar logits: cannot allocate %d x %d logits\n", n, V);
+    } else if (lunar_seq_init(&s, m, n, &err) == 0) {
+        if (lunar_forward(m, &s, ids, n, logits, 1, &err) == 0) {
+            int64_t shape[2] = {n, V};
+            rc = lunar_npy_write_f32(o.out, logits, 2, shape, &err) ? 1 : 0;
+        }
+        lunar_seq_free(&s);
+    }
+    if (rc) fprintf(stderr, "lunar logits: %s\n", err.msg);
+    free(logits);
+    free(ids);
+    lunar_model_free(m);
+    return rc;
+}
+
+int lunar_cmd_generate(int argc, char **argv) {
+    run_opts o;
+    lunar_err err;
+    lunar_model *m = NULL;
+    int32_t *ids = NULL;
+    int n = 0;
+    if (parse(argc, argv, 1, &o, &err) || setup(&o, &m, &ids, &n, &err)) {
+        fprintf(stderr, "lunar generate: %s\n", err.msg);
+        fprintf(stderr, "usage: lunar generate MODEL_DIR --ids 1,2,3 --max-tokens N "
+                        "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n");
+        return 1;
+    }
+    const int V = m->cfg.vocab_size;
+    float *logits = lunar_xmalloc((size_t)V * sizeof(float));
+    void *scratch = lunar_xmalloc((size_t)V * 2 * sizeof(float));
+    lunar_sampling sp = {.temperature = (float)o.temperature, .top_k = (int)o.top_k,
+                         .top_p = (float)o.top_p, .seed = (uint64_t)o.seed};
+    lunar_rng rng;
+    lunar_rng_seed(&rng, sp.seed);
+    lunar_seq s;
+    int rc = 1;
+    if (lunar_seq_init(&s, m, n + (int)o.max_tokens, &err) == 0) {
+        double t0 = now_s();
+        rc = lunar_forward(m, &s, ids, n, logits, 0, &err) ? 1 : 0;
+        double t1 = now_s(), t_prefill = t1 - t0;
+        int generated = 0;
+        for (; rc == 0 && generated < o.max_tokens; generated++) {
+            int32_t tok = lunar_sample(logits, V, &sp, &rng, scratch);
+            printf("%s%d", generated ? "," : "", tok);
+            fflush(stdout);
+            if (tok == m->cfg.eos_token_id) {
+                generated++;
+                break;
+            }
+            if (generated + 1 < o.max_tokens && lunar_forward(m, &s, &tok, 1, logits, 0, &err))
+                rc = 1;
+        }
+        printf("\n");
+        double t_decode = now_s() - t1;
+        if (rc == 0)
+            fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s "
+                            "(%.2f tok/s, backend cpu)\n",
+                    n, t_prefill, n / t_prefill, generated, t_decode,
+                    generated > 1 ? (generated - 1) / t_decode : 0.0);
+        lunar_seq_free(&s);
+    }
+    if (rc) fprintf(stderr, "lunar generate: %s\n", err.msg);
+    free(logits), free(scratch), free(ids);
+    lunar_model_free(m);
+    return rc;
+}

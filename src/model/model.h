@@ -1,0 +1,92 @@
+/* A loaded Kimi-family model: config, mapped checkpoint and the weights bound by name.
+ * Tensor names are the Hugging Face checkpoint's (kda.md sections 1.3, 3, 4); the shapes are
+ * derived from the config and checked at load, so a wrong checkpoint fails with the file, the
+ * tensor, the expected and the found shape. */
+#ifndef LUNAR_MODEL_MODEL_H
+#define LUNAR_MODEL_MODEL_H
+
+#include <stdint.h>
+
+#include "base/err.h"
+#include "base/tensor.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+
+typedef struct lunar_kda_weights {
+    const lunar_tensor *q_proj, *k_proj, *v_proj;    /* [H*dk, D] */
+    const lunar_tensor *q_conv, *k_conv, *v_conv;    /* [H*dk, 1, K] */
+    const lunar_tensor *f_a_proj;                     /* [dk, D]     forget gate, low-rank down */
+    const lunar_tensor *f_b_proj;                     /* [H*dk, dk]  forget gate, up */
+    const lunar_tensor *dt_bias;                      /* [H*dk] */
+    const lunar_tensor *A_log;                        /* H values ([1,1,H,1]) */
+    const lunar_tensor *b_proj;                       /* [H, D]      beta */
+    const lunar_tensor *g_a_proj, *g_b_proj;          /* [dk, D], [H*dk, dk]  output gate */
+    const lunar_tensor *o_norm;                       /* [dk] shared by heads */
+    const lunar_tensor *o_proj;                       /* [D, H*dk] */
+} lunar_kda_weights;
+
+typedef struct lunar_mla_weights {
+    const lunar_tensor *q_proj;                       /* [nh*(nope+rope), D] (q_lora_rank 0) */
+    const lunar_tensor *q_a_proj, *q_a_norm, *q_b_proj; /* [q_lora, D], [q_lora], [nh*(nope+rope), q_lora] */
+    const lunar_tensor *kv_a_proj;                    /* [kv_lora+rope, D] */
+    const lunar_tensor *kv_a_norm;                    /* [kv_lora] */
+    const lunar_tensor *kv_b_proj;                    /* [nh*(nope+v), kv_lora] */
+    const lunar_tensor *o_proj;                       /* [D, nh*v] */
+} lunar_mla_weights;
+
+typedef struct lunar_expert_weights {
+    const lunar_tensor *w1, *w3; /* gate, up: [I, D] */
+    const lunar_tensor *w2;      /* down: [D, I] */
+} lunar_expert_weights;
+
+typedef struct lunar_ffn_weights {
+    /* dense layer (and the shared experts of a MoE layer): SwiGLU */
+    const lunar_tensor *gate_proj, *up_proj, *down_proj;
+    /* MoE */
+    const lunar_tensor *router;        /* [E, D] */
+    const lunar_tensor *router_bias;   /* [E] e_score_correction_bias */
+    lunar_expert_weights *experts;     /* [E] */
+    const lunar_tensor *shared_gate, *shared_up, *shared_down; /* NULL without shared experts */
+} lunar_ffn_weights;
+
+typedef struct lunar_layer_weights {
+    const lunar_tensor *attn_norm; /* input_layernorm [D] */
+    const lunar_tensor *ffn_norm;  /* post_attention_layernorm [D] */
+    lunar_kda_weights kda;         /* when cfg.attn_kind[l] == KDA */
+    lunar_mla_weights mla;         /* when cfg.attn_kind[l] == MLA */
+    lunar_ffn_weights ffn;
+} lunar_layer_weights;
+
+typedef struct lunar_model {
+    lunar_config cfg;
+    char dir[1024];
+    lunar_st *st;
+    const lunar_tensor *embed;      /* [V, D] */
+    const lunar_tensor *final_norm; /* [D] */
+    const lunar_tensor *lm_head;    /* [V, D]; the embedding when tied */
+    lunar_layer_weights *layers;    /* [L] */
+    /* which layer index among its kind (KDA or MLA) layer l is, for the per-kind caches */
+    int kind_index[LUNAR_MAX_LAYERS];
+} lunar_model;
+
+/* Loads dir/config.json and the checkpoint in dir, binds and checks every tensor. */
+int lunar_model_load(lunar_model **out, const char *dir, lunar_err *err);
+void lunar_model_free(lunar_model *m);
+
+/* Parameter counts by role, from the config alone (no weights needed). */
+typedef struct lunar_param_counts {
+    int64_t embedding, lm_head, attention, dense_mlp, shared_experts, routed_experts, router,
+        norms;
+    int64_t total;
+    int64_t active;          /* per token: everything but the unselected routed experts */
+    int64_t routed_per_layer_active;
+} lunar_param_counts;
+
+void lunar_config_count_params(const lunar_config *cfg, lunar_param_counts *out);
+
+/* Calls visit for every tensor the config implies, in checkpoint order, with its name and the
+ * shape the loader expects (vectors whose stored shape varies are given as 1-D). */
+typedef void (*lunar_tensor_visitor)(void *ctx, const char *name, int ndim, const int64_t *shape);
+void lunar_config_walk_tensors(const lunar_config *cfg, lunar_tensor_visitor visit, void *ctx);
+
+#endif

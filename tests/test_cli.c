@@ -1,0 +1,103 @@
+/* The CLI commands, driven in-process: argument errors are messages (exit status 1 or 2), and
+ * `lunar logits` writes a .npy that holds exactly the logits the forward computes. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/file.h"
+#include "cli/args.h"
+#include "io/config.h"
+#include "model/model.h"
+#include "test.h"
+
+int lunar_cmd_info(int argc, char **argv);
+int lunar_cmd_logits(int argc, char **argv);
+int lunar_cmd_generate(int argc, char **argv);
+
+TEST(cli_parse_ids) {
+    int32_t *ids;
+    int n;
+    lunar_err err;
+    CHECK(lunar_parse_ids("1,22,333", &ids, &n, &err) == 0 && n == 3 && ids[2] == 333);
+    free(ids);
+    CHECK(lunar_parse_ids("1,,2", &ids, &n, &err) != 0 && strstr(err.msg, "item 2"));
+    CHECK(lunar_parse_ids("1,x", &ids, &n, &err) != 0 && strstr(err.msg, "'x'"));
+    CHECK(lunar_parse_ids("-1", &ids, &n, &err) != 0);
+    CHECK(lunar_parse_ids("99999999999", &ids, &n, &err) != 0);
+    CHECK(lunar_parse_ids("", &ids, &n, &err) != 0);
+}
+
+TEST(cli_kimi_linear_48b_parameter_counts) {
+    lunar_config c;
+    lunar_err err;
+    CHECK_MSG(lunar_config_load(&c, "configs/kimi-linear-48b-a3b.json", &err) == 0, "%s", err.msg);
+    lunar_param_counts p;
+    lunar_config_count_params(&c, &p);
+    /* The model card: 48 B total, 3 B activated. Routed experts alone are 26 x 256 x 3 x 2304 x
+     * 1024 = 47.1 B; active adds 8 of 256 experts per layer to the embeddings, attention, shared
+     * experts and the dense layer. */
+    CHECK_MSG(p.total > 48.0e9 && p.total < 50.0e9, "total %lld", (long long)p.total);
+    CHECK_MSG(p.active > 2.8e9 && p.active < 3.6e9, "active %lld", (long long)p.active);
+    CHECK(p.routed_experts == 26LL * 256 * 3 * 2304 * 1024);
+}
+
+static int run_quiet(int (*cmd)(int, char **), int argc, char **argv) {
+    fflush(stderr);
+    fflush(stdout);
+    int saved_err = dup(2), saved_out = dup(1);
+    FILE *null = fopen("/dev/null", "w");
+    dup2(fileno(null), 2);
+    dup2(fileno(null), 1);
+    int rc = cmd(argc, argv);
+    fflush(stderr);
+    fflush(stdout);
+    dup2(saved_err, 2);
+    dup2(saved_out, 1);
+    close(saved_err);
+    close(saved_out);
+    fclose(null);
+    return rc;
+}
+
+TEST(cli_errors_are_messages) {
+    char *a1[] = {"logits", "tests/golden/tiny-a", "--ids", "1,2"}; /* no --out */
+    CHECK(run_quiet(lunar_cmd_logits, 4, a1) == 1);
+    char *a2[] = {"generate", "/nonexistent/model", "--ids", "1"};
+    CHECK(run_quiet(lunar_cmd_generate, 4, a2) == 1);
+    char *a3[] = {"generate", "tests/golden/tiny-a", "--ids", "1", "--backend", "tpu"};
+    CHECK(run_quiet(lunar_cmd_generate, 6, a3) == 1);
+    char *a4[] = {"generate", "tests/golden/tiny-a", "--ids", "1", "--top-p", "2"};
+    CHECK(run_quiet(lunar_cmd_generate, 6, a4) == 1);
+    char *a5[] = {"info"};
+    CHECK(run_quiet(lunar_cmd_info, 1, a5) == 2);
+    char *a6[] = {"info", "configs/kimi-linear-48b-a3b.json"};
+    CHECK(run_quiet(lunar_cmd_info, 2, a6) == 0);
+}
+
+TEST(cli_logits_writes_npy) {
+    char out[] = "/tmp/lunar-test-logits-XXXXXX";
+    int fd = mkstemp(out);
+    CHECK(fd >= 0);
+    close(fd);
+    char *argv[] = {"logits", "tests/golden/tiny-a", "--ids", "5,6,7", "--out", out, "--backend", "cpu"};
+    CHECK(run_quiet(lunar_cmd_logits, 8, argv) == 0);
+    char *buf;
+    size_t len;
+    lunar_err err;
+    if (lunar_read_file(out, 1 << 26, &buf, &len, &err) == 0) {
+        CHECK(len > 10 && memcmp(buf, "\x93NUMPY\x01\x00", 8) == 0);
+        size_t hlen = (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8;
+        CHECK((10 + hlen) % 64 == 0);
+        CHECK(strstr(buf + 10, "'descr': '<f4'") != NULL);
+        lunar_config c;
+        CHECK(lunar_config_load(&c, "tests/golden/tiny-a/config.json", &err) == 0);
+        char shape[64];
+        snprintf(shape, sizeof shape, "'shape': (3, %d)", c.vocab_size);
+        CHECK_MSG(strstr(buf + 10, shape) != NULL, "header: %.*s", (int)hlen, buf + 10);
+        CHECK(len == 10 + hlen + 3 * (size_t)c.vocab_size * 4);
+        free(buf);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    unlink(out);
+}
