@@ -82,7 +82,7 @@ void op_kda_recurrent(float *o, const float *q, const float *k, const float *v, 
 /* Scratch for one head's chunk: C rows of everything. */
 typedef struct chunk_buf {
     float *Q, *K, *V;  /* [C, dk] (q * scale), [C, dk], [C, dv]: this head's rows, contiguous */
-    float *G;          /* [C, dk] Gamma: inclusive cumulative log decay within the chunk */
+    double *G;         /* [C, dk] Gamma: inclusive cumulative log decay within the chunk */
     float *A, *Aqk;    /* [C, C] */
     float *W, *U, *Vn; /* [C, dk], [C, dv], [C, dv] */
     float *tmp;        /* [max(C, dk, dv)] */
@@ -98,7 +98,12 @@ typedef struct chunk_buf {
  *   O     = (Q * exp(Gamma)) S + A_qk V_new
  *   S     = Diag(exp(Gamma_last)) S + (K * exp(Gamma_last - Gamma))^T V_new
  * Every exponent is <= 0 (g <= 0 and i <= r), so nothing overflows: the pairwise decay is
- * exponentiated per pair, never as exp(Gamma_r) * exp(-Gamma_i). */
+ * exponentiated per pair, never as exp(Gamma_r) * exp(-Gamma_i).
+ * Gamma is accumulated in double: within a 64-token chunk it reaches -100s, and an fp32 running
+ * sum then loses ~|Gamma| * 2^-24 ~ 1e-5 absolute, which the differences Gamma_r - Gamma_i
+ * (O(1) near the diagonal) would turn into ~1e-5 relative error in the decays. In double the
+ * differences are exact to fp32 precision, so the chunked form tracks the recurrence to ~1e-6
+ * (transformers' fp32 cumsum carries that ~1e-5 error; well inside the 1e-4 budget). */
 static void kda_chunk(float *o, const float *g, const float *beta, float *S, int t0, int c, int H,
                       int h, int dk, int dv, chunk_buf *b, const float *q, const float *k,
                       const float *v, float scale) {
@@ -109,7 +114,7 @@ static void kda_chunk(float *o, const float *g, const float *beta, float *S, int
         for (int j = 0; j < dk; j++) {
             b->Q[r * dk + j] = q[th * dk + j] * scale;
             b->K[r * dk + j] = k[th * dk + j];
-            b->G[r * dk + j] = (r ? b->G[(r - 1) * dk + j] : 0.0f) + g[th * dk + j];
+            b->G[r * dk + j] = (r ? b->G[(r - 1) * dk + j] : 0.0) + g[th * dk + j];
         }
         memcpy(b->V + (size_t)r * dv, v + th * dv, (size_t)dv * sizeof(float));
     }
@@ -118,12 +123,14 @@ static void kda_chunk(float *o, const float *g, const float *beta, float *S, int
 
     /* A = -L (strictly lower) and A_qk (lower, diagonal included), sharing the pairwise decays */
     for (int r = 0; r < c; r++) {
-        const float *Gr = b->G + r * dk, *kr = b->K + r * dk, *qr = b->Q + r * dk;
+        const double *Gr = b->G + r * dk;
+        const float *kr = b->K + r * dk, *qr = b->Q + r * dk;
         for (int i = 0; i <= r; i++) {
-            const float *Gi = b->G + i * dk, *ki = b->K + i * dk;
+            const double *Gi = b->G + i * dk;
+            const float *ki = b->K + i * dk;
             float sk = 0.0f, sq = 0.0f;
             for (int j = 0; j < dk; j++) {
-                float e = expf(Gr[j] - Gi[j]);
+                float e = expf((float)(Gr[j] - Gi[j]));
                 float kie = ki[j] * e;
                 sk += kr[j] * kie;
                 sq += qr[j] * kie;
@@ -154,8 +161,9 @@ static void kda_chunk(float *o, const float *g, const float *beta, float *S, int
         for (int j = 0; j < dv; j++) Ur[j] = 0.0f;
         for (int i = 0; i <= r; i++) {
             float a = b->A[r * C + i] * BETA(i);
-            const float *ki = b->K + i * dk, *Gi = b->G + i * dk, *vi = b->V + (size_t)i * dv;
-            for (int j = 0; j < dk; j++) Wr[j] += a * (ki[j] * expf(Gi[j]));
+            const float *ki = b->K + i * dk, *vi = b->V + (size_t)i * dv;
+            const double *Gi = b->G + i * dk;
+            for (int j = 0; j < dk; j++) Wr[j] += a * (ki[j] * expf((float)Gi[j]));
             for (int j = 0; j < dv; j++) Ur[j] += a * vi[j];
         }
     }
@@ -171,10 +179,11 @@ static void kda_chunk(float *o, const float *g, const float *beta, float *S, int
     }
     for (int r = 0; r < c; r++) {
         float *orow = o + ((size_t)(t0 + r) * H + h) * dv;
-        const float *Qr = b->Q + r * dk, *Gr = b->G + r * dk;
+        const float *Qr = b->Q + r * dk;
+        const double *Gr = b->G + r * dk;
         for (int x = 0; x < dv; x++) orow[x] = 0.0f;
         for (int j = 0; j < dk; j++) {
-            float qe = Qr[j] * expf(Gr[j]);
+            float qe = Qr[j] * expf((float)Gr[j]);
             for (int x = 0; x < dv; x++) orow[x] += qe * S[(size_t)j * dv + x];
         }
         for (int i = 0; i <= r; i++) {
@@ -185,13 +194,13 @@ static void kda_chunk(float *o, const float *g, const float *beta, float *S, int
     }
 
     /* S = Diag(exp(Gamma_last)) S + (K * exp(Gamma_last - Gamma))^T V_new */
-    const float *Gl = b->G + (c - 1) * dk;
+    const double *Gl = b->G + (c - 1) * dk;
     for (int j = 0; j < dk; j++) {
         float *Sj = S + (size_t)j * dv;
-        float a = expf(Gl[j]);
+        float a = expf((float)Gl[j]);
         for (int x = 0; x < dv; x++) Sj[x] *= a;
         for (int r = 0; r < c; r++) {
-            float kd = b->K[r * dk + j] * expf(Gl[j] - b->G[r * dk + j]);
+            float kd = b->K[r * dk + j] * expf((float)(Gl[j] - b->G[r * dk + j]));
             const float *vn = b->Vn + (size_t)r * dv;
             for (int x = 0; x < dv; x++) Sj[x] += kd * vn[x];
         }
@@ -208,11 +217,12 @@ void op_kda_chunked(float *o, const float *q, const float *k, const float *v, co
 #pragma omp parallel
     {
         chunk_buf b;
-        float *mem = lunar_xmalloc(sizeof(float) * ((size_t)C * (4 * dk + 3 * dv + 2 * C) + tmpn));
+        float *mem = lunar_xmalloc(sizeof(float) * ((size_t)C * (3 * dk + 3 * dv + 2 * C) + tmpn));
+        double *gmem = lunar_xmalloc(sizeof(double) * (size_t)C * dk);
         float *p = mem;
+        b.G = gmem;
         b.Q = p, p += (size_t)C * dk;
         b.K = p, p += (size_t)C * dk;
-        b.G = p, p += (size_t)C * dk;
         b.W = p, p += (size_t)C * dk;
         b.V = p, p += (size_t)C * dv;
         b.U = p, p += (size_t)C * dv;
@@ -229,5 +239,6 @@ void op_kda_chunked(float *o, const float *q, const float *k, const float *v, co
             }
         }
         free(mem);
+        free(gmem);
     }
 }
