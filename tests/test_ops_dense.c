@@ -31,6 +31,7 @@ static void check_matmul(lunar_dtype dt, int n, int out, int in, unsigned seed) 
 }
 
 TEST(matmul_f32_bf16_f16_odd_sizes) {
+    /* n = 5 and 17 exercise the 4-token block plus the tail, n = 1 and 3 the tail alone */
     static const int shapes[][3] = {{1, 1, 1}, {1, 7, 13}, {5, 33, 70}, {3, 129, 257}, {17, 5, 64}};
     lunar_dtype dts[3] = {LUNAR_DTYPE_F32, LUNAR_DTYPE_BF16, LUNAR_DTYPE_F16};
     for (int d = 0; d < 3; d++)

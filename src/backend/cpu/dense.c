@@ -7,18 +7,58 @@
 #include "base/err.h"
 #include "ops.h"
 
-/* sum_i a[i]*b[i] in fp32; the simd reduction lets the compiler vectorise (reassociate) it. */
+/* sum_i a[i]*b[i] in fp32, with 16 independent partial sums: they break the add-latency chain
+ * and the compiler maps them onto vector registers (SLP), whatever the target's vector width. */
 static inline float dot_f32(const float *a, const float *b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
     float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * b[i];
+    for (int j = 0; j < 16; j++) s += acc[j];
     return s;
+}
+
+/* Four dots sharing one weight row: r[m] = x[m*ld ..] . w, m = 0..3. Each weight element is
+ * loaded once for four tokens (prefill); 8 partial sums per token. */
+static void dot4_f32(float r[4], const float *x, size_t ld, const float *w, int n) {
+    float a0[8] = {0}, a1[8] = {0}, a2[8] = {0}, a3[8] = {0};
+    const float *x0 = x, *x1 = x + ld, *x2 = x + 2 * ld, *x3 = x + 3 * ld;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        for (int j = 0; j < 8; j++) {
+            float wj = w[i + j];
+            a0[j] += x0[i + j] * wj;
+            a1[j] += x1[i + j] * wj;
+            a2[j] += x2[i + j] * wj;
+            a3[j] += x3[i + j] * wj;
+        }
+    }
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (; i < n; i++) {
+        s0 += x0[i] * w[i];
+        s1 += x1[i] * w[i];
+        s2 += x2[i] * w[i];
+        s3 += x3[i] * w[i];
+    }
+    for (int j = 0; j < 8; j++) s0 += a0[j], s1 += a1[j], s2 += a2[j], s3 += a3[j];
+    r[0] = s0, r[1] = s1, r[2] = s2, r[3] = s3;
+}
+
+/* BF16 -> fp32 is a 16-bit shift; written as a plain loop so it vectorises (the generic
+ * lunar_tensor_read_f32 handles F16 and the rest). */
+static void widen_bf16(float *dst, const uint16_t *src, int n) {
+    uint32_t *d = (uint32_t *)(void *)dst;
+#pragma omp simd
+    for (int i = 0; i < n; i++) d[i] = (uint32_t)src[i] << 16;
 }
 
 /* y[n, out] = x[n, in] . W[out, in]^T.
  * Parallel over output rows: each thread widens one row of W into a private fp32 buffer (once per
- * row, never the whole matrix) and dots it against all n tokens, so BF16/F16 decode (n = 1) reads
- * the weight exactly once and prefill amortises the conversion over the tokens. */
+ * row, never the whole matrix) and dots it against all n tokens, four at a time, so BF16/F16
+ * decode (n = 1) reads the weight exactly once and prefill amortises the conversion and the weight
+ * loads over the tokens. */
 void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
     LUNAR_ASSERT(W->ndim == 2);
     const int out = (int)W->shape[0], in = (int)W->shape[1];
@@ -33,11 +73,20 @@ void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
             const float *w;
             if (direct) {
                 w = (const float *)W->data + (size_t)o * (size_t)in;
+            } else if (W->dtype == LUNAR_DTYPE_BF16) {
+                widen_bf16(row, (const uint16_t *)W->data + (size_t)o * (size_t)in, in);
+                w = row;
             } else {
                 lunar_tensor_read_f32(W, (int64_t)o * in, in, row);
                 w = row;
             }
-            for (int t = 0; t < n; t++) y[(size_t)t * out + o] = dot_f32(x + (size_t)t * in, w, in);
+            int t = 0;
+            for (; t + 4 <= n; t += 4) {
+                float r[4];
+                dot4_f32(r, x + (size_t)t * in, (size_t)in, w, in);
+                for (int m = 0; m < 4; m++) y[(size_t)(t + m) * out + o] = r[m];
+            }
+            for (; t < n; t++) y[(size_t)t * out + o] = dot_f32(x + (size_t)t * in, w, in);
         }
         free(row);
     }
