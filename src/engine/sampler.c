@@ -43,10 +43,15 @@ float lunar_rng_uniform(lunar_rng *rng) {
 
 /* ---------------------------------------------------------------- candidate ordering */
 
+/* A candidate: its logit (later its unnormalised probability) and id. 8 bytes, so `vocab` of them
+ * fit in the 2*vocab-float scratch; no global state, so sampling is reentrant. */
+typedef struct cand {
+    float v;
+    int32_t id;
+} cand;
+
 /* "a ranks before b": higher logit, then lower id. */
-static inline int better(const float *lg, int32_t a, int32_t b) {
-    return lg[a] > lg[b] || (lg[a] == lg[b] && a < b);
-}
+static inline int better(cand a, cand b) { return a.v > b.v || (a.v == b.v && a.id < b.id); }
 
 static int argmax(const float *lg, int n) {
     int best = 0;
@@ -56,40 +61,37 @@ static int argmax(const float *lg, int n) {
 }
 
 /* Min-heap on rank (root = the worst kept candidate), for top-k selection in O(V log k). */
-static void sift_down(int32_t *h, int n, int i, const float *lg) {
+static void sift_down(cand *h, int n, int i) {
     for (;;) {
         int l = 2 * i + 1, r = l + 1, w = i;
-        if (l < n && better(lg, h[w], h[l])) w = l;
-        if (r < n && better(lg, h[w], h[r])) w = r;
+        if (l < n && better(h[w], h[l])) w = l;
+        if (r < n && better(h[w], h[r])) w = r;
         if (w == i) return;
-        int32_t t = h[i];
+        cand t = h[i];
         h[i] = h[w], h[w] = t;
         i = w;
     }
 }
 
-static const float *sort_logits; /* qsort has no context argument; sampling is single-threaded */
 static int cmp_rank(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return better(sort_logits, x, y) ? -1 : better(sort_logits, y, x) ? 1 : 0;
+    cand x = *(const cand *)a, y = *(const cand *)b;
+    return better(x, y) ? -1 : better(y, x) ? 1 : 0;
 }
 
-/* Fills idx with the best k ids (k < vocab: heap selection) or all ids, sorted best first. */
-static void rank_candidates(int32_t *idx, int k, const float *lg, int vocab) {
+/* Fills c with the best k candidates (k < vocab: heap selection, no full sort), best first. */
+static void rank_candidates(cand *c, int k, const float *lg, int vocab) {
+    for (int i = 0; i < k; i++) c[i] = (cand){lg[i], i};
     if (k < vocab) {
-        for (int i = 0; i < k; i++) idx[i] = i;
-        for (int i = k / 2 - 1; i >= 0; i--) sift_down(idx, k, i, lg);
+        for (int i = k / 2 - 1; i >= 0; i--) sift_down(c, k, i);
         for (int i = k; i < vocab; i++) {
-            if (better(lg, i, idx[0])) {
-                idx[0] = i;
-                sift_down(idx, k, 0, lg);
+            cand x = {lg[i], i};
+            if (better(x, c[0])) {
+                c[0] = x;
+                sift_down(c, k, 0);
             }
         }
-    } else {
-        for (int i = 0; i < vocab; i++) idx[i] = i;
     }
-    sort_logits = lg;
-    qsort(idx, (size_t)k, sizeof *idx, cmp_rank);
+    qsort(c, (size_t)k, sizeof *c, cmp_rank);
 }
 
 /* ---------------------------------------------------------------- sampling */
@@ -99,29 +101,28 @@ int lunar_sample(const float *logits, int vocab, const lunar_sampling *s, lunar_
     LUNAR_ASSERT(vocab >= 1);
     if (s->temperature <= 0.0f || s->top_k == 1) return argmax(logits, vocab);
 
-    void *mem = scratch ? scratch : lunar_xmalloc((size_t)vocab * 2 * sizeof(float));
-    int32_t *idx = mem;
-    float *p = (float *)mem + vocab;
+    cand *c = scratch ? scratch : lunar_xmalloc((size_t)vocab * sizeof(cand));
     int n = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
-    int want_sorted = n < vocab || s->top_p < 1.0f;
 
-    /* softmax(logits / temperature) over the candidates; the best logit gives exp(0) = 1, so a
-     * temperature -> 0 concentrates all the mass on the argmax (its ties share it). */
-    if (want_sorted) {
-        rank_candidates(idx, n, logits, vocab);
+    /* candidates best first (needed by top-k/top-p; plain sampling keeps id order) */
+    if (n < vocab || s->top_p < 1.0f) {
+        rank_candidates(c, n, logits, vocab);
     } else {
-        for (int i = 0; i < n; i++) idx[i] = i;
+        for (int i = 0; i < n; i++) c[i] = (cand){logits[i], i};
     }
-    float mx = logits[want_sorted ? idx[0] : argmax(logits, vocab)];
+
+    /* softmax(logits / temperature), unnormalised; the best logit gives exp(0) = 1, so as the
+     * temperature -> 0 all the mass goes to the argmax (its ties share it). */
+    float mx = logits[argmax(logits, vocab)];
     double total = 0;
-    for (int i = 0; i < n; i++) total += (p[i] = expf((logits[idx[i]] - mx) / s->temperature));
+    for (int i = 0; i < n; i++) total += (c[i].v = expf((c[i].v - mx) / s->temperature));
 
     /* top-p: the smallest best-first prefix whose probability reaches top_p (at least one). */
     if (s->top_p < 1.0f) {
         double cum = 0, target = (double)s->top_p * total;
         int keep = 0;
         while (keep < n) {
-            cum += p[keep++];
+            cum += c[keep++].v;
             if (cum >= target) break;
         }
         n = keep;
@@ -130,14 +131,14 @@ int lunar_sample(const float *logits, int vocab, const lunar_sampling *s, lunar_
 
     /* one draw: the first candidate where the running sum exceeds u * total */
     double u = (double)lunar_rng_uniform(rng) * total, cum = 0;
-    int chosen = idx[n - 1];
+    int chosen = c[n - 1].id;
     for (int i = 0; i < n; i++) {
-        cum += p[i];
+        cum += c[i].v;
         if (u < cum) {
-            chosen = idx[i];
+            chosen = c[i].id;
             break;
         }
     }
-    if (!scratch) free(mem);
+    if (!scratch) free(c);
     return chosen;
 }
