@@ -70,7 +70,10 @@ void op_kda_recurrent(float *o, const float *q, const float *k, const float *v, 
 /* The same result computed chunk-parallel (WY/UT representation, kda.md section 2): within each
  * chunk of `chunk` tokens the UT transform T = (I + L)^-1 Diag(beta), W = T (exp(Gamma) * K),
  * U = T V; then sequentially over chunks V_new = U - W S, O = (Q*exp(Gamma)) S + A_qk V_new,
- * S = Diag(exp(Gamma_C)) S + (K*exp(Gamma_C - Gamma))^T V_new. T need not be a multiple of chunk. */
+ * S = Diag(exp(Gamma_C)) S + (K*exp(Gamma_C - Gamma))^T V_new. T need not be a multiple of chunk
+ * (the last chunk is short; transformers zero-pads, which gives the same result). The CPU reference
+ * keeps Gamma in double (transformers: fp32 cumsum, ~1e-5 relative noise); agrees with
+ * op_kda_recurrent to ~5e-7 relative. */
 void op_kda_chunked(float *o, const float *q, const float *k, const float *v, const float *g,
                     const float *beta, float *S, int T, int H, int dk, int dv, float scale,
                     int chunk);
@@ -98,7 +101,9 @@ void op_mla_attention_absorbed(float *o, const float *q, const float *cache,
  * n_group groups, each group scored by the sum of its two best selection scores, and only the
  * topk_group best groups are eligible. The k best eligible experts are chosen (ties to the lower
  * index); their weights are the unbiased s, divided by their sum (+1e-20) when renorm, then
- * multiplied by scale. logits: [n, E]; experts, weights: [n, k], in decreasing selection score. */
+ * multiplied by scale. logits: [n, E]; experts, weights: [n, k], in decreasing selection score.
+ * (transformers always runs the group step; with n_group = topk_group = 1 it selects everything,
+ * which is what n_group <= 1 means here.) */
 void op_router_topk(int32_t *experts, float *weights, const float *logits, const lunar_tensor *bias,
                     int n, int E, int k, int n_group, int topk_group, int renorm, float scale);
 
