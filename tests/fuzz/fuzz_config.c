@@ -1,7 +1,7 @@
 /* libFuzzer target: any byte string must parse as a config or fail cleanly; a parsed config
- * must satisfy the invariants the engine relies on. */
+ * must satisfy the invariants the engine relies on.
  * Run (new inputs go to the scratch dir, the committed corpus stays small):
- *   build/fuzz_config -max_total_time=60 -dict=tests/fuzz/config.dict /tmp/cf tests/corpus/config
+ *   build/fuzz_config -max_total_time=60 -dict=tests/fuzz/config.dict /tmp/cf tests/corpus/config */
 #include <stdint.h>
 #include <string.h>
 

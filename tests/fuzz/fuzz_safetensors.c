@@ -1,7 +1,7 @@
 /* libFuzzer target: any byte string must parse or fail cleanly; a parsed result must be
- * self-consistent (every tensor inside the buffer, findable by name). */
+ * self-consistent (every tensor inside the buffer, findable by name).
  * Run (new inputs go to the scratch dir, the committed corpus stays small):
- *   build/fuzz_safetensors -max_total_time=60 -dict=tests/fuzz/safetensors.dict /tmp/st tests/corpus/safetensors
+ *   build/fuzz_safetensors -max_total_time=60 -dict=tests/fuzz/safetensors.dict /tmp/st tests/corpus/safetensors */
 #include <stdint.h>
 #include <string.h>
 
