@@ -24,7 +24,7 @@ static const lunar_tensor *need(const lunar_st *g, const char *name, const char 
 }
 
 static void run_golden(const char *dir) {
-    char path[1200], model_dir[1200];
+    char path[1300], model_dir[1200];
     lunar_err err;
     lunar_st *g;
     snprintf(path, sizeof path, "%s/golden.safetensors", dir);

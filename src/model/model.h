@@ -78,7 +78,7 @@ typedef struct lunar_param_counts {
     int64_t embedding, lm_head, attention, dense_mlp, shared_experts, routed_experts, router,
         norms;
     int64_t total;
-    int64_t active;          /* per token: everything but the unselected routed experts */
+    int64_t active;          /* per token: all but the unselected routed experts and the embedding lookup */
     int64_t routed_per_layer_active;
 } lunar_param_counts;
 

@@ -228,7 +228,11 @@ void lunar_config_count_params(const lunar_config *cfg, lunar_param_counts *out)
     for (int l = 0; l < cfg->num_hidden_layers; l++) n_moe += cfg->ffn_kind[l] == LUNAR_FFN_MOE;
     int64_t per_expert = 3 * (int64_t)cfg->hidden_size * cfg->moe_intermediate_size;
     out->routed_per_layer_active = per_expert * cfg->num_experts_per_token;
-    out->active = out->total - out->routed_experts + (int64_t)n_moe * out->routed_per_layer_active;
+    /* Active = the weights one token's forward multiplies with: every routed expert is replaced
+     * by the top-k it uses, and the input embedding, a row lookup, is left out (as model cards
+     * count "activated parameters"; Kimi-Linear-48B-A3B comes to 3.1 B this way). */
+    out->active = out->total - out->embedding - out->routed_experts +
+                  (int64_t)n_moe * out->routed_per_layer_active;
 }
 
 void lunar_config_walk_tensors(const lunar_config *cfg, lunar_tensor_visitor visit, void *ctx) {

@@ -60,7 +60,7 @@ BUNDLED = dict(
     mla_heads=2, nope=16, rope=8, v_dim=16, kv_lora=16,
     experts=8, topk=2, shared=1, moe_inter=32, dense_inter=128, first_k_dense=1,
     kda_layers=[1, 2, 3], full_layers=[4], n_group=1, topk_group=1, renorm=True, scaling=2.446,
-    eps=1e-5, dtype="bfloat16", prompt_len=20, n_decode=3, probe_kv_latent=False, probe_v=False,
+    eps=1e-5, dtype="bfloat16", prompt_len=6, n_decode=2, probe_kv_latent=False, probe_v=False,
     real_special_ids=True)
 
 # In BF16 checkpoints these stay float32 (transformers' _keep_in_fp32_modules_strict = e_score_correction_bias,
