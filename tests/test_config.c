@@ -76,6 +76,16 @@ TEST(config_defaults_and_rules) {
     CHECK(c.num_experts == 256 && c.num_experts_per_token == 8 && c.q_lora_rank == 0);
     CHECK(c.bos_token_id == -1 && c.eos_token_id == -1 && c.pad_token_id == -1);
     CHECK(c.ffn_kind[0] == LUNAR_FFN_DENSE && c.ffn_kind[1] == LUNAR_FFN_MOE);
+    CHECK(c.mla_use_nope == 1 && c.moe_renormalize == 1 && c.kda_gate_lower_bound == 0.0f);
+    CHECK(c.kv_lora_rank == 512 && c.qk_nope_head_dim == 128 && c.qk_rope_head_dim == 64 && c.v_head_dim == 128);
+
+    /* transformers' default schedule without linear_attn_config: MLA at 0-based 4, 8, ... */
+    CHECK_MSG(parse(&c, "{\"model_type\": \"kimi_linear\", \"vocab_size\": 10, \"hidden_size\": 8, "
+                        "\"num_hidden_layers\": 9, \"intermediate_size\": 8, \"num_attention_heads\": 1}",
+                    &err) == 0,
+              "%s", err.msg);
+    CHECK(c.n_mla_layers == 2 && c.attn_kind[4] == LUNAR_ATTN_MLA && c.attn_kind[8] == LUNAR_ATTN_MLA);
+    CHECK(c.attn_kind[0] == LUNAR_ATTN_KDA && c.attn_kind[3] == LUNAR_ATTN_KDA);
 
     /* moe_layer_freq and first_k_dense_replace; num_experts 0 means all dense; ints for floats */
     CHECK_MSG(parse(&c, "{\"model_type\": \"kimi_linear\", " BASE ", \"first_k_dense_replace\": 1, "
@@ -139,7 +149,9 @@ TEST(config_errors) {
     BAD(KL BASE ", \"linear_attn_config\": {\"kda_layers\": [0, 1, 2, 3], \"full_attn_layers\": [4]}}",
         "key 'linear_attn_config.kda_layers'", "0");
     BAD(KL BASE ", \"linear_attn_config\": {\"kda_layers\": [1, 2, 3, 4], \"full_attn_layers\": [4]}}",
-        "full_attn_layers", "layer 4 is listed twice");
+        "full_attn_layers", "layer 4 is in both");
+    BAD(KL BASE ", \"linear_attn_config\": {\"kda_layers\": [1, 2, 3, 2], \"full_attn_layers\": [4]}}",
+        "kda_layers", "layer 2 is listed twice");
     BAD(KL BASE ", \"linear_attn_config\": {\"kda_layers\": [1, 2], \"full_attn_layers\": [4]}}", "kda_layers",
         "layer 3 is in neither");
     BAD(KL BASE ", \"linear_attn_config\": {\"kda_layers\": [1, 2, 3]}}", "linear_attn_config.full_attn_layers",

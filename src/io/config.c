@@ -112,9 +112,12 @@ static int mark_layers(const ctx *c, json_t *list, const char *key, int L, int k
             return fail_key(c, "linear_attn_config.", key, want, v);
         }
         int l = (int)json_integer_value(v) - 1;
-        if (seen[l] >= 0)
+        if (seen[l] == kind)
             return lunar_fail(c->err, "%s: key '%slinear_attn_config.%s': layer %d is listed twice", c->label,
                               c->prefix, key, l + 1);
+        if (seen[l] >= 0)
+            return lunar_fail(c->err, "%s: key '%slinear_attn_config.%s': layer %d is in both kda_layers and "
+                              "full_attn_layers", c->label, c->prefix, key, l + 1);
         seen[l] = kind;
     }
     return 0;

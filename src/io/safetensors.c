@@ -36,7 +36,8 @@ struct lunar_st {
     uint32_t *file_of; /* tensor i came from files[file_of[i]] */
     size_t n, cap;
     uint32_t *slots; /* open-addressing hash of names: tensor index + 1, 0 = empty */
-    size_t n_slots;  /* power of two, kept >= 2n */
+    uint32_t *slot_hash; /* low hash bits of the name in each slot */
+    size_t n_slots;      /* power of two, kept >= 2n */
 };
 
 /* ---- name table ---- */
@@ -47,23 +48,33 @@ static uint64_t hash_name(const char *s) {
     return h;
 }
 
-static size_t slot_of(const lunar_st *st, const char *name) {
-    size_t mask = st->n_slots - 1, i = (size_t)hash_name(name) & mask;
-    while (st->slots[i] && strcmp(st->tensors[st->slots[i] - 1].name, name) != 0)
+/* Slot holding name, or the empty slot where it would go. The stored hash bits skip most
+ * string compares (a 497k-tensor checkpoint does ~1M lookups while loading). */
+static size_t slot_of(const lunar_st *st, const char *name, uint32_t h) {
+    size_t mask = st->n_slots - 1, i = h & mask;
+    while (st->slots[i] &&
+           (st->slot_hash[i] != h || strcmp(st->tensors[st->slots[i] - 1].name, name) != 0))
         i = (i + 1) & mask;
     return i;
 }
 
 static void rehash(lunar_st *st, size_t n_slots) {
     free(st->slots);
+    free(st->slot_hash);
     st->slots = lunar_xcalloc(n_slots, sizeof *st->slots);
+    st->slot_hash = lunar_xcalloc(n_slots, sizeof *st->slot_hash);
     st->n_slots = n_slots;
-    for (size_t t = 0; t < st->n; t++) st->slots[slot_of(st, st->tensors[t].name)] = (uint32_t)t + 1;
+    for (size_t t = 0; t < st->n; t++) {
+        uint32_t h = (uint32_t)hash_name(st->tensors[t].name);
+        size_t i = slot_of(st, st->tensors[t].name, h);
+        st->slots[i] = (uint32_t)t + 1;
+        st->slot_hash[i] = h;
+    }
 }
 
 const lunar_tensor *lunar_st_find(const lunar_st *st, const char *name) {
     if (!st || !st->n_slots || !name) return NULL;
-    uint32_t s = st->slots[slot_of(st, name)];
+    uint32_t s = st->slots[slot_of(st, name, (uint32_t)hash_name(name))];
     return s ? &st->tensors[s - 1] : NULL;
 }
 
@@ -74,7 +85,8 @@ static int add_tensor(lunar_st *st, lunar_tensor *t, uint32_t file, lunar_err *e
         return lunar_fail(err, "%s: too many tensors", st->files[file].path);
     }
     if (2 * (st->n + 1) > st->n_slots) rehash(st, st->n_slots ? 2 * st->n_slots : 64);
-    size_t slot = slot_of(st, t->name);
+    uint32_t h = (uint32_t)hash_name(t->name);
+    size_t slot = slot_of(st, t->name, h);
     if (st->slots[slot]) {
         uint32_t other = st->file_of[st->slots[slot] - 1];
         lunar_fail(err, "%s: tensor '%s': duplicate name, already defined in %s",
@@ -91,6 +103,7 @@ static int add_tensor(lunar_st *st, lunar_tensor *t, uint32_t file, lunar_err *e
     st->tensors[st->n] = *t;
     st->file_of[st->n] = file;
     st->slots[slot] = (uint32_t)++st->n;
+    st->slot_hash[slot] = h;
     return 0;
 }
 
@@ -129,6 +142,7 @@ void lunar_st_close(lunar_st *st) {
     free(st->tensors);
     free(st->file_of);
     free(st->slots);
+    free(st->slot_hash);
     free(st);
 }
 
@@ -357,8 +371,10 @@ static int open_sharded(lunar_st *st, const char *dir, const char *index_path, l
         rc = lunar_fail(err, "%s: key 'weight_map': missing or not an object", index_path);
         goto done;
     }
-    /* Open every distinct shard once, in order of first mention. */
-    const char *name;
+    /* Open every distinct shard once, in order of first mention. Index entries are usually
+     * grouped by shard, so remembering the last one avoids scanning the file list. */
+    const char *name, *last = NULL;
+    uint32_t last_fi = 0;
     json_t *v;
     json_object_foreach(wm, name, v) {
         if (!json_is_string(v)) {
@@ -371,24 +387,38 @@ static int open_sharded(lunar_st *st, const char *dir, const char *index_path, l
                             index_path, name, shard, dir);
             goto done;
         }
+        if (last && strcmp(shard, last) == 0) continue;
         char *p = join(dir, shard);
         bool seen = false;
         for (size_t i = 0; i < st->n_files && !seen; i++) seen = strcmp(st->files[i].path, p) == 0;
         if (!seen) rc = open_one(st, p, NULL, err);
         free(p);
         if (rc) goto done;
+        last = shard;
     }
     /* Every mapped tensor must be where the index says. */
+    last = NULL;
     json_object_foreach(wm, name, v) {
-        char *p = join(dir, json_string_value(v));
+        const char *shard = json_string_value(v);
+        if (!last || strcmp(shard, last) != 0) {
+            char *p = join(dir, shard);
+            for (last_fi = 0; last_fi < st->n_files && strcmp(st->files[last_fi].path, p) != 0; last_fi++) {
+            }
+            free(p);
+            LUNAR_ASSERT(last_fi < st->n_files);
+            last = shard;
+        }
         const lunar_tensor *t = lunar_st_find(st, name);
-        if (!t)
-            rc = lunar_fail(err, "%s: tensor '%s' is mapped to %s, which does not contain it", index_path, name, p);
-        else if (strcmp(lunar_st_file_of(st, t), p) != 0)
-            rc = lunar_fail(err, "%s: tensor '%s' is mapped to %s but found in %s", index_path, name, p,
-                            lunar_st_file_of(st, t));
-        free(p);
-        if (rc) goto done;
+        if (!t) {
+            rc = lunar_fail(err, "%s: tensor '%s' is mapped to %s, which does not contain it", index_path, name,
+                            st->files[last_fi].path);
+            goto done;
+        }
+        if (st->file_of[t - st->tensors] != last_fi) {
+            rc = lunar_fail(err, "%s: tensor '%s' is mapped to %s but found in %s", index_path, name,
+                            st->files[last_fi].path, lunar_st_file_of(st, t));
+            goto done;
+        }
     }
 done:
     json_decref(root);
