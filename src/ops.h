@@ -219,7 +219,9 @@ typedef struct lunar_index_cache {
  * FP8 mode: each query head is quantised like a key, (q8_h, sq_h) = lunar_fp8_quantize_pow2(iq_h),
  * and I(t, s) = sk_s * sum_h (w_h * sq_h) * ReLU(q8_h . k8_s): the e4m3 dot is formed exactly (in
  * double: every product is a multiple of 2^-18 below 2^18) and the head sum in double; since the
- * scales are powers of two this equals scoring the dequantised vectors. fp32 mode: fp32 dots.
+ * scales are powers of two this equals scoring the dequantised vectors. fp32 mode: the fp32 vectors,
+ * dots and head sum in double. In both modes I is rounded to fp32 (the GPU kernels' logit type)
+ * before ranking, so near-equal scores tie and the tie rule decides.
  * Selection: n = pos0 + t + 1 visible positions; if n <= topk all of them, else the topk best by I
  * with ties to the lower position. idx: [T, topk], the chosen positions in ASCENDING order, padded
  * with -1; count: [T] (may be NULL) = min(n, topk). */
