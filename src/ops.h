@@ -107,4 +107,133 @@ void op_mla_attention_absorbed(float *o, const float *q, const float *cache,
 void op_router_topk(int32_t *experts, float *weights, const float *logits, const lunar_tensor *bias,
                     int n, int E, int k, int n_group, int topk_group, int renorm, float scale);
 
+/* ---------------------------------------------------------------- Kimi-K3: AttnRes, SiTU, LayerNorm */
+
+/* AttnRes depth mixing (k3_spec 3.2; fla naive_attnres with scale 1). For every token t and the S
+ * candidate sources src[i] (each [n, D], i = 0..S-1):
+ *   score_i = sum_d v_i[d] * (r[d] * p[d]) / sqrt(mean_d v_i[d]^2 + eps)   (= RMSNorm(v_i; r) . p)
+ *   m       = sum_i softmax_i(score) v_i         (the RAW v_i; no temperature, no 1/sqrt(D))
+ *   out     = out_norm ? RMSNorm(m; out_norm, eps) : m
+ * proj p: the site's [1, D] (or [D]) pseudo-query; norm r: [D]; out_norm: [D] or NULL. The model's
+ * final mix is the same operator (model.output_attn_res_*, out_norm = model.norm). One eps serves
+ * both norms (K3: rms_norm_eps for both). With S = 1, m = v_0 exactly. Sums in double.
+ * out may alias none of the sources. */
+void op_attnres_mix(float *out, const float *const *src, int S, const lunar_tensor *proj,
+                    const lunar_tensor *norm, const lunar_tensor *out_norm, int n, int D, float eps);
+
+/* SiTU-GLU (k3_spec 6.1, ATOM SiTUv2): y = beta*tanh(g/beta)*sigmoid(g) * (beta_l*tanh(u/beta_l)).
+ * beta_l <= 0 means "no linear beta" (u used unchanged). K3: beta = 4, beta_l = 25. y may alias g
+ * or u. */
+void op_situ_mul(float *y, const float *gate, const float *up, int64_t n, float beta,
+                 float beta_l);
+
+/* The gated activation an MLP or expert uses: SwiGLU (silu(g) * u) or SiTU(g, u; beta, beta_l). */
+typedef enum lunar_glu_kind { LUNAR_GLU_SWIGLU = 0, LUNAR_GLU_SITU = 1 } lunar_glu_kind;
+typedef struct lunar_glu {
+    lunar_glu_kind kind;
+    float beta, beta_l; /* SiTU only */
+} lunar_glu;
+/* y[i] = act(gate[i], up[i]). y may alias gate or up. */
+void op_glu(float *y, const float *gate, const float *up, int64_t n, const lunar_glu *act);
+
+/* SiTU MLP: y[n, D] = W_down( SiTU(W_gate x, W_up x) ). Shapes as op_swiglu_mlp. */
+void op_situ_mlp(float *y, const float *x, const lunar_tensor *W_gate, const lunar_tensor *W_up,
+                 const lunar_tensor *W_down, int n, float beta, float beta_l);
+
+/* LayerNorm (PyTorch nn.LayerNorm, biased variance): per row of dim,
+ * y = (x - mean) / sqrt(var + eps) * w + b. w, b: [dim] or NULL. y may alias x. Sums in double. */
+void op_layernorm(float *y, const float *x, const lunar_tensor *w, const lunar_tensor *b, int n,
+                  int dim, float eps);
+
+/* ---------------------------------------------------------------- MXFP4 (OCP MX, compressed-tensors) */
+
+/* One MXFP4 linear [out, in]: packed U8 [out, in/2] (column 2j in the LOW nibble of byte j, 2j+1
+ * in the high nibble), scale U8 [out, in/32] (E8M0, 2^(s-127), one per 32 inputs). in % 32 == 0. */
+typedef struct lunar_mxfp4 {
+    const lunar_tensor *packed, *scale;
+} lunar_mxfp4;
+
+/* E2M1 code (low 4 bits used): bit 3 sign, bits 0-2 index {0, .5, 1, 1.5, 2, 3, 4, 6}. */
+float lunar_e2m1_to_f32(uint8_t code);
+/* E8M0: 2^(s-127) for s in 0..254; s = 255 is NaN (OCP MX). */
+float lunar_e8m0_to_f32(uint8_t s);
+
+/* Rule for E8M0 255 ("NaN" in OCP MX): the loader calls lunar_mxfp4_validate on every MXFP4
+ * tensor pair and refuses the checkpoint on the first 255 (an error naming the tensor, row and
+ * group). The kernels themselves never check: a 255 dequantises to NaN for its 32 weights, so
+ * NaN propagates to every output that reads them (never a silently wrong finite value).
+ * Also checks dtypes (U8) and shapes ([out, in/2] with [out, in/32], in % 32 == 0).
+ * Returns 0 or -1 with err filled. */
+struct lunar_err;
+int lunar_mxfp4_validate(const lunar_mxfp4 *w, const char *name, struct lunar_err *err);
+
+/* dst[in] = row r of W dequantised: E2M1(code) * 2^(scale - 127), exact in fp32 (a 255 scale
+ * gives NaN). */
+void lunar_mxfp4_dequant_row(float *dst, const lunar_mxfp4 *w, int64_t r);
+
+/* fp32 -> MXFP4 for one row of `in` (multiple of 32) values, the OCP MX reference rule: per block of
+ * 32, amax = max |x|; shared_exp = floor(log2(amax)) - 2 (emax of E2M1), clamped to [-127, 127]
+ * (amax = 0 -> -127, byte 0); element = E2M1(x / 2^shared_exp) rounded to nearest, ties to the even
+ * code (= compressed-tensors cast_to_fp4), saturating at +-6. A block holding a NaN or Inf gets
+ * scale 255 (NaN). packed: in/2 bytes, scale: in/32 bytes. */
+void lunar_mxfp4_quantize_row(uint8_t *packed, uint8_t *scale, const float *x, int in);
+
+/* y[n, out] = x[n, in] . W^T with W MXFP4; one weight row dequantised at a time (per thread), never
+ * the whole matrix. Accumulation as op_matmul (fp32). */
+void op_matmul_mxfp4(float *y, const float *x, const lunar_mxfp4 *W, int n);
+
+/* An MXFP4 expert: y[n, D] = w2( act(w1 x, w3 x) ). w1 (gate), w3 (up): [I, D]; w2 (down): [D, I]. */
+void op_mxfp4_mlp(float *y, const float *x, const lunar_mxfp4 *w1, const lunar_mxfp4 *w3,
+                  const lunar_mxfp4 *w2, int n, const lunar_glu *act);
+
+/* ---------------------------------------------------------------- FP8, Hadamard, DSA indexer */
+
+/* FP8 e4m3 with one power-of-two scale per vector (DeepSeek-V3.2 act_quant, scale_fmt ue8m0):
+ *   amax = max(max_i |x_i|, 1e-4);  scale = 2^ceil(log2(amax / 448))  (exact, from the bits);
+ *   q_i  = e4m3( clamp(x_i / scale, -448, 448) )   (round to nearest even; x / scale is exact)
+ * Returns scale (an fp32 power of two); x ~= e4m3_to_f32(q) * scale. n values. */
+float lunar_fp8_quantize_pow2(uint8_t *q, const float *x, int n);
+
+/* In-place orthonormal Walsh-Hadamard rotation of `rows` vectors of length len (a power of two):
+ * x <- H x / sqrt(len), H the Sylvester (natural-order) Hadamard matrix, H[i][j] = (-1)^popcount(i&j)
+ * (fast_hadamard_transform with scale len^-0.5). Applying it twice is the identity. */
+void op_hadamard(float *x, int rows, int len);
+
+/* Non-interleaved ("NeoX", half-split) RoPE on the first rot dims of each of nh heads of width hd:
+ * for i < rot/2, (x_i, x_{i+rot/2}) is rotated by angle pos * inv_freq[i]; pos = pos0 + t.
+ * x: [T, nh, hd] in place. inv_freq: [rot/2] (e.g. theta^(-2i/rot), or YaRN-corrected);
+ * angles and cos/sin in double. DeepSeek-V3.2's indexer (index_rope = true). */
+void op_rope_neox(float *x, const float *inv_freq, int T, int pos0, int nh, int hd, int rot);
+
+/* The index-key cache of one layer, positions 0..L-1: either FP8 (codes [L, d] e4m3 + scales [L]
+ * fp32 powers of two, from lunar_fp8_quantize_pow2) or fp32 keys [L, d] (quantisation off). */
+typedef struct lunar_index_cache {
+    const uint8_t *codes; /* non-NULL: FP8 mode */
+    const float *scales;
+    const float *keys;    /* used when codes == NULL */
+} lunar_index_cache;
+
+/* DSA lightning indexer (SPEC 1.1). Query token t sits at position pos0 + t and sees s <= pos0 + t.
+ * iq: [T, nh, d] (already rotated by the Hadamard), w: [T, nh] (already times nh^-0.5 * d^-0.5).
+ *   I(t, s) = sum_h w_h * ReLU(iq_h . ik_s)
+ * FP8 mode: each query head is quantised like a key, (q8_h, sq_h) = lunar_fp8_quantize_pow2(iq_h),
+ * and I(t, s) = sk_s * sum_h (w_h * sq_h) * ReLU(q8_h . k8_s): the e4m3 dot is formed exactly (in
+ * double: every product is a multiple of 2^-18 below 2^18) and the head sum in double; since the
+ * scales are powers of two this equals scoring the dequantised vectors. fp32 mode: the fp32 vectors,
+ * dots and head sum in double. In both modes I is rounded to fp32 (the GPU kernels' logit type)
+ * before ranking, so near-equal scores tie and the tie rule decides.
+ * Selection: n = pos0 + t + 1 visible positions; if n <= topk all of them, else the topk best by I
+ * with ties to the lower position. idx: [T, topk], the chosen positions in ASCENDING order, padded
+ * with -1; count: [T] (may be NULL) = min(n, topk). */
+void op_dsa_indexer(int32_t *idx, int32_t *count, const float *iq, const float *w,
+                    const lunar_index_cache *cache, int T, int pos0, int nh, int d, int topk);
+
+/* Sparse MLA (DSA): op_mla_attention_absorbed where query t attends only to the cache rows listed
+ * in idx[t, 0..topk) (-1 entries skipped; each other entry in [0, L)), in the order listed. With
+ * idx = 0..pos0+t ascending it computes exactly (bitwise) what the dense absorbed op does. A query
+ * with no valid index gets o = 0. */
+void op_mla_attention_sparse(float *o, const float *q, const float *cache,
+                             const lunar_tensor *W_kvb, const int32_t *idx, int topk, int T, int L,
+                             int H, int N, int P, int Vd, int R, float scale);
+
 #endif

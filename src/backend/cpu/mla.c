@@ -114,3 +114,56 @@ void op_mla_attention_absorbed(float *o, const float *q, const float *cache,
         free(s);
     }
 }
+
+/* Sparse (DSA): the absorbed form over the listed rows only, in list order; the arithmetic is the
+ * absorbed op's statement for statement, so idx = 0..pos0+t reproduces it bitwise. */
+void op_mla_attention_sparse(float *o, const float *q, const float *cache,
+                             const lunar_tensor *W_kvb, const int32_t *idx, int topk, int T, int L,
+                             int H, int N, int P, int Vd, int R, float scale) {
+    check_shapes(W_kvb, H, N, Vd, R);
+    const int ld = R + P, qd = N + P;
+#pragma omp parallel
+    {
+        float *Wh = lunar_xmalloc((size_t)(N + Vd) * R * sizeof(float));
+        float *ql = lunar_xmalloc((size_t)R * sizeof(float));
+        float *ctx = lunar_xmalloc((size_t)R * sizeof(float));
+        float *s = lunar_xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof(float));
+        int32_t *rows = lunar_xmalloc((size_t)(topk > 0 ? topk : 1) * sizeof(int32_t));
+#pragma omp for schedule(static)
+        for (int h = 0; h < H; h++) {
+            lunar_tensor_read_f32(W_kvb, (int64_t)h * (N + Vd) * R, (int64_t)(N + Vd) * R, Wh);
+            for (int t = 0; t < T; t++) {
+                const float *qt = q + ((size_t)t * H + h) * qd;
+                float *ot = o + ((size_t)t * H + h) * Vd;
+                int nj = 0;
+                for (int i = 0; i < topk; i++) {
+                    int32_t j = idx[(size_t)t * topk + i];
+                    if (j < 0) continue;
+                    LUNAR_ASSERT(j < L);
+                    rows[nj++] = j;
+                }
+                if (nj == 0) {
+                    for (int x = 0; x < Vd; x++) ot[x] = 0.0f;
+                    continue;
+                }
+                for (int r = 0; r < R; r++) ql[r] = 0.0f;
+                for (int n = 0; n < N; n++)
+                    for (int r = 0; r < R; r++) ql[r] += qt[n] * Wh[(size_t)n * R + r];
+                for (int j = 0; j < nj; j++) {
+                    const float *cj = cache + (size_t)rows[j] * ld;
+                    s[j] = scale * (dot(ql, cj, R) + dot(qt + N, cj + R, P));
+                }
+                softmax(s, nj);
+                for (int r = 0; r < R; r++) ctx[r] = 0.0f;
+                for (int j = 0; j < nj; j++)
+                    for (int r = 0; r < R; r++) ctx[r] += s[j] * cache[(size_t)rows[j] * ld + r];
+                for (int x = 0; x < Vd; x++) ot[x] = dot(Wh + (size_t)(N + x) * R, ctx, R);
+            }
+        }
+        free(Wh);
+        free(ql);
+        free(ctx);
+        free(s);
+        free(rows);
+    }
+}
