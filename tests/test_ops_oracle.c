@@ -1,70 +1,47 @@
-/* External oracles (tools/reference/k3ops_oracle.py writes tests/golden/k3ops_oracle.safetensors):
+/* External oracles (tools/reference/k3ops_oracle.py writes tests/data/k3ops_oracle.safetensors):
  * fla's naive_attnres for op_attnres_mix, and transformers' DeepseekV32Indexer (LayerNorm k_norm,
  * non-interleaved RoPE, ReLU head-weighted scores, top-k) for op_layernorm + op_rope_neox +
- * op_dsa_indexer. A minimal safetensors reader lives here (F32/I32 only) so the test does not
- * depend on the io layer. */
-#include <jansson.h>
+ * op_dsa_indexer. */
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
+#include "io/safetensors.h"
 #include "ops.h"
 #include "ops_util.h"
 #include "test.h"
 
-static const char *ORACLE = "tests/golden/k3ops_oracle.safetensors";
+static const char *ORACLE = "tests/data/k3ops_oracle.safetensors";
 
-typedef struct {
-    unsigned char *buf;
-    long len;
-    json_t *hdr;
-    size_t base;
-} st_file;
-
-static int st_load(st_file *f) {
-    FILE *fp = fopen(ORACLE, "rb");
-    if (!fp) return -1;
-    fseek(fp, 0, SEEK_END);
-    f->len = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    f->buf = malloc((size_t)f->len);
-    size_t got = fread(f->buf, 1, (size_t)f->len, fp);
-    fclose(fp);
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | f->buf[i];
-    if (got != (size_t)f->len || hl + 8 > (uint64_t)f->len) return -1;
-    f->hdr = json_loadb((const char *)f->buf + 8, (size_t)hl, 0, NULL);
-    f->base = 8 + (size_t)hl;
-    return f->hdr ? 0 : -1;
+static int st_load(lunar_st **st) {
+    lunar_err err;
+    if (lunar_st_open(st, ORACLE, &err) == 0) return 0;
+    CHECK_MSG(0, "%s (regenerate with python3 tools/reference/k3ops_oracle.py)", err.msg);
+    return -1;
 }
 
-/* Pointer to the named tensor's data (little-endian host assumed, as the rest of lunar); numel out. */
-static const void *st_get(st_file *f, const char *name, const char *dtype, long *numel) {
-    json_t *e = json_object_get(f->hdr, name);
-    if (!e || strcmp(json_string_value(json_object_get(e, "dtype")), dtype) != 0) return NULL;
-    json_t *sh = json_object_get(e, "shape"), *off = json_object_get(e, "data_offsets");
-    long n = 1;
-    for (size_t i = 0; i < json_array_size(sh); i++) n *= (long)json_integer_value(json_array_get(sh, i));
-    *numel = n;
-    return f->buf + f->base + json_integer_value(json_array_get(off, 0));
+/* Data of the named tensor of the given dtype; its element count in *numel. */
+static const void *st_get(lunar_st *st, const char *name, lunar_dtype dt, long *numel) {
+    const lunar_tensor *t = lunar_st_find(st, name);
+    if (!t || t->dtype != dt) return NULL;
+    *numel = (long)lunar_tensor_numel(t);
+    return t->data;
 }
 
 #define GET(f, name, dt, n)                                                 \
     ({                                                                      \
-        const void *p_ = st_get(f, name, dt, n);                            \
-        CHECK_MSG(p_ != NULL, "%s: tensor %s (%s) missing", ORACLE, name, dt); \
+        const void *p_ = st_get(f, name, LUNAR_DTYPE_##dt, n);              \
+        CHECK_MSG(p_ != NULL, "%s: tensor %s (%s) missing", ORACLE, name, #dt); \
         p_;                                                                 \
     })
 
 TEST(oracle_fla_attnres) {
-    st_file f;
-    if (st_load(&f) != 0) {
-        CHECK_MSG(0, "cannot read %s (regenerate with tools/reference/k3ops_oracle.py)", ORACLE);
-        return;
-    }
-    long ns, np, nr, no, nout, nmix;
-    const float *src = GET(&f, "attnres.src", "F32", &ns), *p = GET(&f, "attnres.proj", "F32", &np);
-    const float *r = GET(&f, "attnres.norm", "F32", &nr), *on = GET(&f, "attnres.out_norm", "F32", &no);
-    const float *want = GET(&f, "attnres.out", "F32", &nout), *wmix = GET(&f, "attnres.mix", "F32", &nmix);
+    lunar_st *f;
+    if (st_load(&f) != 0) return;
+    long ns = 0, np = 0, nr = 0, no = 0, nout = 0, nmix = 0;
+    const float *src = GET(f, "attnres.src", F32, &ns), *p = GET(f, "attnres.proj", F32, &np);
+    const float *r = GET(f, "attnres.norm", F32, &nr), *on = GET(f, "attnres.out_norm", F32, &no);
+    const float *want = GET(f, "attnres.out", F32, &nout), *wmix = GET(f, "attnres.mix", F32, &nmix);
     if (!src || !p || !r || !on || !want || !wmix) goto done;
     {
         const int D = (int)np, S = 5, n = (int)(ns / S / D);
@@ -82,23 +59,19 @@ TEST(oracle_fla_attnres) {
         free(out);
     }
 done:
-    json_decref(f.hdr);
-    free(f.buf);
+    lunar_st_close(f);
 }
 
 static int cmp_int(const void *a, const void *b) { return *(const int32_t *)a - *(const int32_t *)b; }
 
 TEST(oracle_transformers_dsv32_indexer) {
-    st_file f;
-    if (st_load(&f) != 0) {
-        CHECK_MSG(0, "cannot read %s", ORACLE);
-        return;
-    }
-    long nq, nk, nkw, nkb, nw, ninv, ntk;
-    const float *q0 = GET(&f, "idx.q", "F32", &nq), *kpre = GET(&f, "idx.k_pre", "F32", &nk);
-    const float *kw = GET(&f, "idx.k_norm.weight", "F32", &nkw), *kb = GET(&f, "idx.k_norm.bias", "F32", &nkb);
-    const float *w = GET(&f, "idx.w", "F32", &nw), *inv = GET(&f, "idx.inv_freq", "F32", &ninv);
-    const int32_t *want = GET(&f, "idx.topk", "I32", &ntk);
+    lunar_st *f;
+    if (st_load(&f) != 0) return;
+    long nq = 0, nk = 0, nkw = 0, nkb = 0, nw = 0, ninv = 0, ntk = 0;
+    const float *q0 = GET(f, "idx.q", F32, &nq), *kpre = GET(f, "idx.k_pre", F32, &nk);
+    const float *kw = GET(f, "idx.k_norm.weight", F32, &nkw), *kb = GET(f, "idx.k_norm.bias", F32, &nkb);
+    const float *w = GET(f, "idx.w", F32, &nw), *inv = GET(f, "idx.inv_freq", F32, &ninv);
+    const int32_t *want = GET(f, "idx.topk", I32, &ntk);
     if (!q0 || !kpre || !kw || !kb || !w || !inv || !want) goto done;
     {
         const int d = (int)nkw, T = (int)(nk / d), nh = (int)(nw / T), rot = (int)ninv * 2, topk = (int)(ntk / T);
@@ -127,6 +100,5 @@ TEST(oracle_transformers_dsv32_indexer) {
         free(q), free(k), free(idx), free(cnt);
     }
 done:
-    json_decref(f.hdr);
-    free(f.buf);
+    lunar_st_close(f);
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""External oracles for the K3 CPU ops: writes tests/golden/k3ops_oracle.safetensors (read by
+"""External oracles for the K3 CPU ops: writes tests/data/k3ops_oracle.safetensors (read by
 tests/test_ops_oracle.c).
 
   attnres.*  fla's fla/ops/attnres/naive.py::naive_attnres (flash-linear-attention 0.6.0), fp32,
