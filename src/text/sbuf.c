@@ -28,16 +28,21 @@ void lunar_sbuf_puts(lunar_sbuf *b, const char *s) { lunar_sbuf_put(b, s, strlen
 void lunar_sbuf_putc(lunar_sbuf *b, char c) { lunar_sbuf_put(b, &c, 1); }
 
 void lunar_sbuf_printf(lunar_sbuf *b, const char *fmt, ...) {
+    char tmp[256];
     va_list ap, ap2;
     va_start(ap, fmt);
     va_copy(ap2, ap);
-    int n = vsnprintf(NULL, 0, fmt, ap);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
     LUNAR_ASSERT(n >= 0);
-    reserve(b, (size_t)n);
-    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap2);
+    if ((size_t)n < sizeof tmp) {
+        lunar_sbuf_put(b, tmp, (size_t)n);
+    } else {
+        reserve(b, (size_t)n);
+        vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap2);
+        b->len += (size_t)n;
+    }
     va_end(ap2);
-    b->len += (size_t)n;
 }
 
 char *lunar_sbuf_take(lunar_sbuf *b) {
