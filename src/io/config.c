@@ -186,6 +186,59 @@ static int parse_schedule(lunar_config *cfg, const ctx *c, json_t *sec, json_t *
     return 0;
 }
 
+/* True when quantization_config (root or text section) is compressed-tensors MXFP4: its routed
+ * experts then come as weight_packed + weight_scale (SPEC section 3). */
+static int is_mxfp4(json_t *sec, json_t *root) {
+    json_t *q = get(sec, "quantization_config");
+    if (!q) q = get(root, "quantization_config");
+    const char *fmt = q ? json_string_value(json_object_get(q, "format")) : NULL;
+    return fmt && strcmp(fmt, "mxfp4-pack-quantized") == 0;
+}
+
+static int parse_k3_fields(lunar_config *cfg, const ctx *c, json_t *sec, json_t *root, json_t *lac) {
+    const int k3 = cfg->arch == LUNAR_ARCH_KIMI_K3;
+    /* ATOM builds the full-rank KDA gate and the MLA output gate for every K3 regardless of the
+     * keys (k3_spec 1.2); kimi_linear has neither unless its config asks. */
+    if (get_int(c, sec, "", "attn_res_block_size", 0, 0, &cfg->attn_res_block_size) ||
+        get_bool(c, lac, "use_full_rank_gate", k3, &cfg->kda_full_rank_gate) ||
+        get_bool(c, sec, "mla_use_output_gate", k3, &cfg->mla_use_output_gate) ||
+        get_int(c, sec, "", "routed_expert_hidden_size", 0, 0, &cfg->routed_expert_hidden_size) ||
+        get_bool(c, sec, "latent_moe_use_norm", cfg->routed_expert_hidden_size > 0, &cfg->latent_moe_use_norm) ||
+        get_num(c, sec, "", "activation_situ_beta", 4.0, &cfg->situ_beta) ||
+        get_num(c, sec, "", "activation_situ_linear_beta", 0.0, &cfg->situ_linear_beta) ||
+        get_int(c, sec, "", "index_n_heads", 0, 0, &cfg->index_n_heads) ||
+        get_int(c, sec, "", "index_head_dim", 0, 0, &cfg->index_head_dim) ||
+        get_int(c, sec, "", "index_topk", 0, 0, &cfg->index_topk) ||
+        get_bool(c, sec, "index_rope", 0, &cfg->index_rope))
+        return -1;
+    json_t *act = get(sec, "hidden_act");
+    const char *a = act ? json_string_value(act) : "silu";
+    if (!a || (strcmp(a, "silu") != 0 && strcmp(a, "situ") != 0))
+        return fail_key(c, "", "hidden_act", "\"silu\" or \"situ\", found ", act);
+    cfg->act_situ = strcmp(a, "situ") == 0;
+    if (cfg->act_situ && !(cfg->situ_beta > 0))
+        return fail_key(c, "", "activation_situ_beta", "a positive number, found ", get(sec, "activation_situ_beta"));
+    if (cfg->situ_linear_beta < 0)
+        return fail_key(c, "", "activation_situ_linear_beta", "a number >= 0, found ",
+                        get(sec, "activation_situ_linear_beta"));
+    cfg->experts_mxfp4 = is_mxfp4(sec, root);
+    if (cfg->index_topk > 0) {
+        if (cfg->index_n_heads <= 0) return fail_key(c, "", "index_n_heads", "a positive integer with index_topk, found ", get(sec, "index_n_heads"));
+        if (cfg->index_head_dim <= 0 || (cfg->index_head_dim & (cfg->index_head_dim - 1)))
+            return fail_key(c, "", "index_head_dim", "a positive power of two (Hadamard rotation), found ",
+                            get(sec, "index_head_dim"));
+        if (cfg->q_lora_rank <= 0)
+            return fail_key(c, "", "q_lora_rank", "a positive integer (the indexer reads the q latent), found ",
+                            get(sec, "q_lora_rank"));
+    }
+    /* MXFP4 groups 32 inputs per scale and packs two per byte. */
+    const int exp_in = cfg->routed_expert_hidden_size ? cfg->routed_expert_hidden_size : cfg->hidden_size;
+    if (cfg->experts_mxfp4 && cfg->num_experts > 0 && (exp_in % 32 || cfg->moe_intermediate_size % 32))
+        return fail_key(c, "", "moe_intermediate_size", "multiples of 32 for MXFP4 experts (with the expert input width), found ",
+                        get(sec, "moe_intermediate_size"));
+    return 0;
+}
+
 static int parse_fields(lunar_config *cfg, const ctx *c, json_t *sec, json_t *root) {
     int rc = 0;
     /* Sizes with no safe default are required; everything else defaults as in transformers. */
@@ -269,6 +322,7 @@ static int parse_fields(lunar_config *cfg, const ctx *c, json_t *sec, json_t *ro
             return fail_key(c, "", "routed_scaling_factor", "a positive number, found ",
                             get(sec, "routed_scaling_factor"));
     }
+    if (parse_k3_fields(cfg, c, sec, root, lac)) return -1;
     return parse_schedule(cfg, c, sec, lac);
 }
 

@@ -61,6 +61,19 @@ typedef struct lunar_config {
     int moe_renormalize;
     float routed_scaling_factor;
     int num_expert_group, topk_group;
+
+    /* Kimi-K3 feature switches (SPEC section 1): each is off unless its key says otherwise. */
+    int attn_res_block_size;       /* Attention Residuals, block size in decoder layers; 0 = off */
+    int kda_full_rank_gate;        /* KDA output gate g_proj [H*dk, D] instead of g_a/g_b */
+    int mla_use_output_gate;       /* MLA: sigmoid(g_proj x) multiplies the heads before o_proj */
+    int routed_expert_hidden_size; /* latent MoE width (3584); 0 = experts on the full width */
+    int latent_moe_use_norm;       /* RMSNorm on the latent routed sum */
+    int act_situ;                  /* hidden_act "situ": SiTU-GLU instead of SwiGLU */
+    float situ_beta, situ_linear_beta; /* activation_situ_beta / _linear_beta; linear 0 = none */
+    int experts_mxfp4;             /* routed experts stored MXFP4 (compressed-tensors) */
+
+    /* Kimi-K3.1 DSA indexer on every MLA layer (SPEC section 1.1); index_topk 0 = dense MLA. */
+    int index_n_heads, index_head_dim, index_topk, index_rope;
 } lunar_config;
 
 /* Parses config.json at path. Errors name the file and the key. */
