@@ -143,6 +143,7 @@ int lunar_cmd_generate(int argc, char **argv) {
                 rc = 1;
         }
         printf("\n");
+        fflush(stdout);
         double t_decode = now_s() - t1;
         if (rc == 0)
             fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s "

@@ -11,6 +11,7 @@
 #include "base/tensor.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "ops.h"
 
 typedef struct lunar_kda_weights {
     const lunar_tensor *q_proj, *k_proj, *v_proj;    /* [H*dk, D] */
@@ -21,6 +22,7 @@ typedef struct lunar_kda_weights {
     const lunar_tensor *A_log;                        /* H values ([1,1,H,1]) */
     const lunar_tensor *b_proj;                       /* [H, D]      beta */
     const lunar_tensor *g_a_proj, *g_b_proj;          /* [dk, D], [H*dk, dk]  output gate */
+    const lunar_tensor *g_proj;                       /* [H*dk, D] full-rank output gate (K3) */
     const lunar_tensor *o_norm;                       /* [dk] shared by heads */
     const lunar_tensor *o_proj;                       /* [D, H*dk] */
 } lunar_kda_weights;
@@ -32,11 +34,20 @@ typedef struct lunar_mla_weights {
     const lunar_tensor *kv_a_norm;                    /* [kv_lora] */
     const lunar_tensor *kv_b_proj;                    /* [nh*(nope+v), kv_lora] */
     const lunar_tensor *o_proj;                       /* [D, nh*v] */
+    const lunar_tensor *g_proj;                       /* [nh*v, D] output gate (K3), or NULL */
+    /* K3.1 DSA indexer (SPEC 1.1), NULL without index_topk */
+    const lunar_tensor *idx_wq_b;                     /* [n_idx*d_idx, q_lora] */
+    const lunar_tensor *idx_wk;                       /* [d_idx, D] */
+    const lunar_tensor *idx_k_norm_w, *idx_k_norm_b;  /* [d_idx] LayerNorm */
+    const lunar_tensor *idx_weights_proj;             /* [n_idx, D] */
 } lunar_mla_weights;
 
+/* A routed expert: BF16/F32 tensors, or MXFP4 (packed + E8M0 scales) when experts_mxfp4.
+ * D_e is the expert input width: routed_expert_hidden_size for the latent MoE, else hidden_size. */
 typedef struct lunar_expert_weights {
-    const lunar_tensor *w1, *w3; /* gate, up: [I, D] */
-    const lunar_tensor *w2;      /* down: [D, I] */
+    const lunar_tensor *w1, *w3; /* gate, up: [I, D_e] */
+    const lunar_tensor *w2;      /* down: [D_e, I] */
+    lunar_mxfp4 q1, q3, q2;      /* the same in MXFP4: packed [out, in/2] u8, scale [out, in/32] u8 */
 } lunar_expert_weights;
 
 typedef struct lunar_ffn_weights {
@@ -47,6 +58,10 @@ typedef struct lunar_ffn_weights {
     const lunar_tensor *router_bias;   /* [E] e_score_correction_bias */
     lunar_expert_weights *experts;     /* [E] */
     const lunar_tensor *shared_gate, *shared_up, *shared_down; /* NULL without shared experts */
+    /* latent MoE (K3): experts run at routed_expert_hidden_size = Lat */
+    const lunar_tensor *latent_down; /* [Lat, D] routed_expert_down_proj */
+    const lunar_tensor *latent_norm; /* [Lat]    routed_expert_norm, or NULL */
+    const lunar_tensor *latent_up;   /* [D, Lat] routed_expert_up_proj */
 } lunar_ffn_weights;
 
 typedef struct lunar_layer_weights {
@@ -55,6 +70,9 @@ typedef struct lunar_layer_weights {
     lunar_kda_weights kda;         /* when cfg.attn_kind[l] == KDA */
     lunar_mla_weights mla;         /* when cfg.attn_kind[l] == MLA */
     lunar_ffn_weights ffn;
+    /* Attention Residuals (K3): pseudo-query [1, D] and key norm [D] of the two mixing sites */
+    const lunar_tensor *attn_res_proj, *attn_res_norm;
+    const lunar_tensor *mlp_res_proj, *mlp_res_norm;
 } lunar_layer_weights;
 
 typedef struct lunar_model {
@@ -64,6 +82,7 @@ typedef struct lunar_model {
     const lunar_tensor *embed;      /* [V, D] */
     const lunar_tensor *final_norm; /* [D] */
     const lunar_tensor *lm_head;    /* [V, D]; the embedding when tied */
+    const lunar_tensor *out_res_proj, *out_res_norm; /* AttnRes output mix [1, D], [D] (K3) */
     lunar_layer_weights *layers;    /* [L] */
     /* which layer index among its kind (KDA or MLA) layer l is, for the per-kind caches */
     int kind_index[LUNAR_MAX_LAYERS];
