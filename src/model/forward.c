@@ -1,6 +1,9 @@
-/* Kimi-family forward, CPU reference. Pre-norm decoder (transformers KimiLinearDecoderLayer):
+/* Kimi-family forward, CPU reference.
+ * Kimi-Linear: pre-norm decoder (transformers KimiLinearDecoderLayer)
  *   x += Attn(RMSNorm(x));  x += FFN(RMSNorm(x));  logits = lm_head(RMSNorm(x))
- * with Attn = KDA or MLA per layer and FFN = dense SwiGLU or MoE per layer. */
+ * Kimi-K3 (attn_res_block_size > 0): Attention Residuals (k3_spec 3) replace the residual stream:
+ * each sub-layer reads a softmax mix over the banked block sums and the running partial sum P.
+ * Attn = KDA or MLA (+ the K3.1 DSA indexer) per layer; FFN = dense or (latent) MoE per layer. */
 #include "model/forward.h"
 
 #include <math.h>
@@ -11,11 +14,13 @@
 
 /* Chunk length of the KDA chunked prefill (kda.md section 2; FLA's default). */
 #define KDA_CHUNK 64
-/* kv_a_layernorm and q_a_layernorm use the RMSNorm default eps of transformers' KimiLinear
- * (1e-6), not rms_norm_eps; every other norm uses rms_norm_eps. */
+/* kv_a_layernorm and q_a_layernorm use the RMSNorm default eps of transformers' KimiLinear and of
+ * K3 (1e-6), not rms_norm_eps; every other RMSNorm uses rms_norm_eps. */
 #define MLA_LATENT_NORM_EPS 1e-6f
 /* L2 normalisation of KDA q and k: eps inside the sqrt, as FLA and transformers. */
 #define KDA_L2_EPS 1e-6f
+/* The indexer's k_norm is a LayerNorm with eps 1e-6 (SPEC 1.1). */
+#define INDEX_K_NORM_EPS 1e-6f
 
 int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
     const lunar_config *c = &m->cfg;
@@ -33,12 +38,19 @@ int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err
         s->kda[i] = lunar_xcalloc(HD * (size_t)c->kda_head_dim, sizeof(float));
     }
     const size_t row = (size_t)c->kv_lora_rank + (size_t)c->qk_rope_head_dim;
-    for (int i = 0; i < s->n_mla; i++) {
-        s->mla[i] = calloc((size_t)max_tokens * row, sizeof(float));
-        if (!s->mla[i]) {
-            lunar_seq_free(s);
-            return lunar_fail(err, "cannot allocate the MLA cache for %d tokens", max_tokens);
+    int ok = 1;
+    for (int i = 0; i < s->n_mla; i++) ok = ok && (s->mla[i] = calloc((size_t)max_tokens * row, sizeof(float)));
+    if (c->index_topk > 0) {
+        s->idx_codes = lunar_xcalloc((size_t)s->n_mla + 1, sizeof *s->idx_codes);
+        s->idx_scales = lunar_xcalloc((size_t)s->n_mla + 1, sizeof *s->idx_scales);
+        for (int i = 0; i < s->n_mla; i++) {
+            ok = ok && (s->idx_codes[i] = calloc((size_t)max_tokens, (size_t)c->index_head_dim));
+            ok = ok && (s->idx_scales[i] = calloc((size_t)max_tokens, sizeof(float)));
         }
+    }
+    if (!ok) {
+        lunar_seq_free(s);
+        return lunar_fail(err, "cannot allocate the MLA caches for %d tokens", max_tokens);
     }
     return 0;
 }
@@ -50,7 +62,7 @@ void lunar_seq_reset(lunar_seq *s, const lunar_model *m) {
         memset(s->conv[i], 0, 3 * HD * (size_t)(c->kda_conv_size - 1) * sizeof(float));
         memset(s->kda[i], 0, HD * (size_t)c->kda_head_dim * sizeof(float));
     }
-    s->pos = 0; /* the MLA rows past pos are never read */
+    s->pos = 0; /* cache rows past pos are never read */
 }
 
 void lunar_seq_free(lunar_seq *s) {
@@ -58,27 +70,42 @@ void lunar_seq_free(lunar_seq *s) {
         free(s->conv[i]);
         free(s->kda[i]);
     }
-    for (int i = 0; i < s->n_mla; i++) free(s->mla[i]);
-    free(s->conv);
-    free(s->kda);
-    free(s->mla);
+    for (int i = 0; i < s->n_mla; i++) {
+        free(s->mla[i]);
+        if (s->idx_codes) free(s->idx_codes[i]), free(s->idx_scales[i]);
+    }
+    free(s->conv), free(s->kda), free(s->mla), free(s->idx_codes), free(s->idx_scales);
     memset(s, 0, sizeof *s);
 }
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-/* Kimi Delta Attention layer (kda.md section 1.2); h: [n, D] normalised input, out: [n, D]. */
+static float *fbuf(size_t n) { return lunar_xmalloc(n * sizeof(float)); }
+
+/* The gated activation of the dense MLP, the shared and the routed experts. */
+static lunar_glu model_act(const lunar_config *c) {
+    lunar_glu a = {c->act_situ ? LUNAR_GLU_SITU : LUNAR_GLU_SWIGLU, c->situ_beta, c->situ_linear_beta};
+    return a;
+}
+
+/* y[n, D] = down(act(gate x, up x)) with BF16/F32 weights. */
+static void glu_mlp(const lunar_config *c, float *y, const float *x, const lunar_tensor *gate,
+                    const lunar_tensor *up, const lunar_tensor *down, int n) {
+    if (c->act_situ)
+        op_situ_mlp(y, x, gate, up, down, n, c->situ_beta, c->situ_linear_beta);
+    else
+        op_swiglu_mlp(y, x, gate, up, down, n);
+}
+
+/* Kimi Delta Attention layer (kda.md section 1.2, k3_spec 4); h: [n, D] normalised input. */
 static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *conv_state,
                       float *S, const float *h, int n, float *out) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size;
-    float *pre = lunar_xmalloc((size_t)n * HD * sizeof(float));   /* projection before conv */
-    float *q = lunar_xmalloc((size_t)n * HD * sizeof(float));     /* [n, H, dk] */
-    float *k = lunar_xmalloc((size_t)n * HD * sizeof(float));
-    float *v = lunar_xmalloc((size_t)n * HD * sizeof(float));
-    float *g = lunar_xmalloc((size_t)n * HD * sizeof(float));     /* log decay [n, H, dk] */
-    float *low = lunar_xmalloc((size_t)n * dk * sizeof(float));   /* low-rank gate inputs */
-    float *beta = lunar_xmalloc((size_t)n * H * sizeof(float));
-    float *o = lunar_xmalloc((size_t)n * HD * sizeof(float));
+    float *pre = fbuf((size_t)n * HD);   /* projection before conv; later the gates */
+    float *q = fbuf((size_t)n * HD), *k = fbuf((size_t)n * HD), *v = fbuf((size_t)n * HD);
+    float *g = fbuf((size_t)n * HD);     /* log decay [n, H, dk] */
+    float *low = fbuf((size_t)n * dk);   /* low-rank gate inputs */
+    float *beta = fbuf((size_t)n * H), *o = fbuf((size_t)n * HD);
     const size_t state_stride = (size_t)HD * (K - 1);
 
     /* q, k, v: projection, causal short conv + SiLU (each with its own conv state) */
@@ -92,7 +119,7 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *
     op_l2norm(q, q, n * H, dk, KDA_L2_EPS);
     op_l2norm(k, k, n * H, dk, KDA_L2_EPS);
 
-    /* forget gate g (log space) and beta */
+    /* forget gate g (log space; bounded when gate_lower_bound < 0) and beta */
     op_matmul(low, h, w->f_a_proj, n);
     op_matmul(pre, low, w->f_b_proj, n);
     op_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound);
@@ -105,32 +132,57 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *
     else
         op_kda_chunked(o, q, k, v, g, beta, S, n, H, dk, dk, scale, KDA_CHUNK);
 
-    /* output gate, per-head gated RMSNorm, o_proj */
-    op_matmul(low, h, w->g_a_proj, n);
-    op_matmul(pre, low, w->g_b_proj, n);
+    /* output gate (full rank in K3, low rank in Kimi-Linear), per-head gated RMSNorm, o_proj */
+    if (w->g_proj) {
+        op_matmul(pre, h, w->g_proj, n);
+    } else {
+        op_matmul(low, h, w->g_a_proj, n);
+        op_matmul(pre, low, w->g_b_proj, n);
+    }
     op_rmsnorm_gated(o, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps);
     op_matmul(out, o, w->o_proj, n);
 
     free(pre), free(q), free(k), free(v), free(g), free(low), free(beta), free(o);
 }
 
-/* Multi-head latent attention, NoPE (kda.md section 3); cache rows [0, pos+n) valid after. */
-static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, float *cache, int pos,
+/* K3.1 DSA indexer (SPEC 1.1): appends the FP8 index keys of the n new tokens to the cache and
+ * selects, for each query, the positions its MLA attends to. qa: the normalised q latent. */
+static void dsa_select(const lunar_config *c, const lunar_mla_weights *w, uint8_t *codes,
+                       float *scales, int pos, const float *h, const float *qa, int n, int32_t *idx) {
+    const int ni = c->index_n_heads, di = c->index_head_dim;
+    float *iq = fbuf((size_t)n * ni * di), *ik = fbuf((size_t)n * di), *wt = fbuf((size_t)n * ni);
+    op_matmul(iq, qa, w->idx_wq_b, n);
+    op_hadamard(iq, n * ni, di);
+    op_matmul(ik, h, w->idx_wk, n);
+    op_layernorm(ik, ik, w->idx_k_norm_w, w->idx_k_norm_b, n, di, INDEX_K_NORM_EPS);
+    op_hadamard(ik, n, di);
+    for (int t = 0; t < n; t++)
+        scales[pos + t] = lunar_fp8_quantize_pow2(codes + (size_t)(pos + t) * di, ik + (size_t)t * di, di);
+    op_matmul(wt, h, w->idx_weights_proj, n);
+    const float wscale = 1.0f / sqrtf((float)ni) / sqrtf((float)di);
+    for (int i = 0; i < n * ni; i++) wt[i] *= wscale;
+    lunar_index_cache cache = {.codes = codes, .scales = scales};
+    op_dsa_indexer(idx, NULL, iq, wt, &cache, n, pos, ni, di, c->index_topk);
+    free(iq), free(ik), free(wt);
+}
+
+/* Multi-head latent attention, NoPE (kda.md 3, k3_spec 5), optionally gated and DSA-sparse;
+ * cache rows [0, pos+n) valid after. */
+static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, lunar_seq *s, int ki,
                       const float *h, int n, float *out) {
     const int nh = c->num_attention_heads, N = c->qk_nope_head_dim, P = c->qk_rope_head_dim,
-              Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P;
-    float *q = lunar_xmalloc((size_t)n * nh * qk * sizeof(float));
-    float *kv = lunar_xmalloc((size_t)n * (R + P) * sizeof(float));
-    float *o = lunar_xmalloc((size_t)n * nh * Vd * sizeof(float));
+              Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, pos = s->pos;
+    float *cache = s->mla[ki];
+    float *q = fbuf((size_t)n * nh * qk), *kv = fbuf((size_t)n * (R + P)), *o = fbuf((size_t)n * nh * Vd);
+    float *qa = NULL;
 
     if (w->q_proj) {
         op_matmul(q, h, w->q_proj, n);
     } else {
-        float *qa = lunar_xmalloc((size_t)n * c->q_lora_rank * sizeof(float));
+        qa = fbuf((size_t)n * c->q_lora_rank);
         op_matmul(qa, h, w->q_a_proj, n);
         op_rmsnorm(qa, qa, w->q_a_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS);
         op_matmul(q, qa, w->q_b_proj, n);
-        free(qa);
     }
     /* latent row = [RMSNorm(c) | k_pe], appended to the cache */
     op_matmul(kv, h, w->kv_a_proj, n);
@@ -140,37 +192,56 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, float *
         memcpy(row + R, kv + (size_t)t * (R + P) + R, (size_t)P * sizeof(float));
     }
     const float scale = 1.0f / sqrtf((float)qk);
-    /* decode: absorbed form (reads the latent once per head); prefill: naive form, cheaper per
-     * (query, key) pair when many queries share the decompressed keys */
-    if (n == 1)
+    if (c->index_topk > 0) {
+        int32_t *idx = lunar_xmalloc((size_t)n * c->index_topk * sizeof *idx);
+        dsa_select(c, w, s->idx_codes[ki], s->idx_scales[ki], pos, h, qa, n, idx);
+        op_mla_attention_sparse(o, q, cache, w->kv_b_proj, idx, c->index_topk, n, pos + n, nh, N, P,
+                                Vd, R, scale);
+        free(idx);
+    } else if (n == 1) {
+        /* decode: absorbed form (reads the latent once per head) */
         op_mla_attention_absorbed(o, q, cache, w->kv_b_proj, n, pos, nh, N, P, Vd, R, scale);
-    else
+    } else {
+        /* prefill: naive form, cheaper per (query, key) pair when many queries share the keys */
         op_mla_attention_naive(o, q, cache, w->kv_b_proj, n, pos, nh, N, P, Vd, R, scale);
+    }
+    if (w->g_proj) { /* K3 output gate: sigmoid(W_g x) on the concatenated heads, from the layer input */
+        float *gate = fbuf((size_t)n * nh * Vd);
+        op_matmul(gate, h, w->g_proj, n);
+        for (size_t i = 0; i < (size_t)n * nh * Vd; i++) o[i] *= sigmoidf(gate[i]);
+        free(gate);
+    }
     op_matmul(out, o, w->o_proj, n);
-    free(q), free(kv), free(o);
+    free(q), free(kv), free(o), free(qa);
 }
 
-/* MoE: routed experts (sigmoid router with correction bias) plus shared experts. */
+/* MoE: sigmoid router with correction bias on the full width; routed experts on the full width
+ * (Kimi-Linear) or in the latent space (K3: down-projection, experts, RMSNorm, up-projection);
+ * plus the shared experts. */
 static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const float *h, int n,
                       float *out) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
-    float *logits = lunar_xmalloc((size_t)n * E * sizeof(float));
+    const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
+    float *logits = fbuf((size_t)n * E), *wt = fbuf((size_t)n * k);
     int32_t *sel = lunar_xmalloc((size_t)n * k * sizeof(int32_t));
-    float *wt = lunar_xmalloc((size_t)n * k * sizeof(float));
     op_matmul(logits, h, w->router, n);
     op_router_topk(sel, wt, logits, w->router_bias, n, E, k, c->num_expert_group, c->topk_group,
                    c->moe_renormalize, c->routed_scaling_factor);
 
-    if (w->shared_gate)
-        op_swiglu_mlp(out, h, w->shared_gate, w->shared_up, w->shared_down, n);
-    else
-        memset(out, 0, (size_t)n * D * sizeof(float));
+    const float *z = h; /* the experts' input */
+    float *zbuf = NULL, *acc = out;
+    if (Lat) {
+        zbuf = fbuf((size_t)n * Lat);
+        op_matmul(zbuf, h, w->latent_down, n);
+        z = zbuf;
+        acc = fbuf((size_t)n * Lat);
+    }
+    memset(acc, 0, (size_t)n * De * sizeof(float));
 
     /* group the (token, slot) pairs by expert so each expert runs once over its tokens */
-    float *xin = lunar_xmalloc((size_t)n * D * sizeof(float));
-    float *xout = lunar_xmalloc((size_t)n * D * sizeof(float));
+    const lunar_glu act = model_act(c);
+    float *xin = fbuf((size_t)n * De), *xout = fbuf((size_t)n * De), *tw = fbuf((size_t)n);
     int *tok = lunar_xmalloc((size_t)n * sizeof(int));
-    float *tw = lunar_xmalloc((size_t)n * sizeof(float));
     for (int e = 0; e < E; e++) {
         int m = 0;
         for (int t = 0; t < n; t++)
@@ -178,19 +249,118 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
                 if (sel[t * k + j] == e) {
                     tok[m] = t;
                     tw[m] = wt[t * k + j];
-                    memcpy(xin + (size_t)m * D, h + (size_t)t * D, (size_t)D * sizeof(float));
+                    memcpy(xin + (size_t)m * De, z + (size_t)t * De, (size_t)De * sizeof(float));
                     m++;
                 }
         if (!m) continue;
         const lunar_expert_weights *x = &w->experts[e];
-        op_swiglu_mlp(xout, xin, x->w1, x->w3, x->w2, m);
+        if (c->experts_mxfp4)
+            op_mxfp4_mlp(xout, xin, &x->q1, &x->q3, &x->q2, m, &act);
+        else
+            glu_mlp(c, xout, xin, x->w1, x->w3, x->w2, m);
         for (int i = 0; i < m; i++) {
-            float *y = out + (size_t)tok[i] * D;
-            const float *r = xout + (size_t)i * D;
-            for (int d = 0; d < D; d++) y[d] += tw[i] * r[d];
+            float *y = acc + (size_t)tok[i] * De;
+            const float *r = xout + (size_t)i * De;
+            for (int d = 0; d < De; d++) y[d] += tw[i] * r[d];
         }
     }
-    free(logits), free(sel), free(wt), free(xin), free(xout), free(tok), free(tw);
+    if (Lat) {
+        if (w->latent_norm) op_rmsnorm(acc, acc, w->latent_norm, n, Lat, c->rms_norm_eps);
+        op_matmul(out, acc, w->latent_up, n);
+        free(acc);
+    }
+    if (w->shared_gate) { /* shared experts: one MLP on the full width */
+        float *sh = fbuf((size_t)n * D);
+        glu_mlp(c, sh, h, w->shared_gate, w->shared_up, w->shared_down, n);
+        for (size_t i = 0; i < (size_t)n * D; i++) out[i] += sh[i];
+        free(sh);
+    }
+    free(logits), free(sel), free(wt), free(zbuf), free(xin), free(xout), free(tok), free(tw);
+}
+
+static void attention(const lunar_model *m, lunar_seq *s, int l, const float *h, int n, float *y) {
+    const lunar_config *c = &m->cfg;
+    const int ki = m->kind_index[l];
+    if (c->attn_kind[l] == LUNAR_ATTN_KDA)
+        kda_layer(c, &m->layers[l].kda, s->conv[ki], s->kda[ki], h, n, y);
+    else
+        mla_layer(c, &m->layers[l].mla, s, ki, h, n, y);
+}
+
+static void ffn(const lunar_model *m, int l, const float *h, int n, float *y) {
+    const lunar_config *c = &m->cfg;
+    const lunar_ffn_weights *w = &m->layers[l].ffn;
+    if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
+        glu_mlp(c, y, h, w->gate_proj, w->up_proj, w->down_proj, n);
+    else
+        moe_layer(c, w, h, n, y);
+}
+
+static void add_into(float *x, const float *y, size_t n) {
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* Kimi-Linear: residual stream x; writes the final-normed rows [first, n) to hout. */
+static void run_residual(const lunar_model *m, lunar_seq *s, float *x, int n, int first, float *hout) {
+    const lunar_config *c = &m->cfg;
+    const int D = c->hidden_size;
+    float *h = fbuf((size_t)n * D), *y = fbuf((size_t)n * D);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const lunar_layer_weights *w = &m->layers[l];
+        op_rmsnorm(h, x, w->attn_norm, n, D, c->rms_norm_eps);
+        attention(m, s, l, h, n, y);
+        add_into(x, y, (size_t)n * D);
+        op_rmsnorm(h, x, w->ffn_norm, n, D, c->rms_norm_eps);
+        ffn(m, l, h, n, y);
+        add_into(x, y, (size_t)n * D);
+    }
+    op_rmsnorm(hout, x + (size_t)first * D, m->final_norm, n - first, D, c->rms_norm_eps);
+    free(h), free(y);
+}
+
+/* K3 Attention Residuals (k3_spec 3.3). blocks: the banked block sums (b_0 = the embedding);
+ * P: the running partial block sum, NULL right after a block was banked. Every sub-layer input is
+ * AttnResMix(blocks ++ [P]) followed by the sub-layer's own norm (fused into the mix). */
+static void run_attn_res(const lunar_model *m, lunar_seq *s, float *x, int n, int first, float *hout) {
+    const lunar_config *c = &m->cfg;
+    const int D = c->hidden_size, bs = c->attn_res_block_size, L = c->num_hidden_layers;
+    const float eps = c->rms_norm_eps;
+    const int max_blocks = L / bs + 2;
+    float **blocks = lunar_xcalloc((size_t)max_blocks, sizeof *blocks);
+    const float **src = lunar_xcalloc((size_t)max_blocks + 1, sizeof *src);
+    float *h = fbuf((size_t)n * D), *y = fbuf((size_t)n * D);
+    float *P = x; /* the embedding starts the first block */
+    int nb = 0;
+#define CANDIDATES() (memcpy(src, blocks, (size_t)nb * sizeof *src), src[nb] = P, nb + 1)
+    for (int l = 0; l < L; l++) {
+        const lunar_layer_weights *w = &m->layers[l];
+        int S = CANDIDATES();
+        op_attnres_mix(h, src, S, w->attn_res_proj, w->attn_res_norm, w->attn_norm, n, D, eps);
+        if (l % bs == 0) { /* bank the finished block (at layer 0: the embedding) */
+            blocks[nb++] = P;
+            P = NULL;
+        }
+        attention(m, s, l, h, n, y);
+        if (P) {
+            add_into(P, y, (size_t)n * D);
+        } else {
+            P = y;
+            y = fbuf((size_t)n * D);
+        }
+        S = CANDIDATES();
+        op_attnres_mix(h, src, S, w->mlp_res_proj, w->mlp_res_norm, w->ffn_norm, n, D, eps);
+        ffn(m, l, h, n, y);
+        add_into(P, y, (size_t)n * D);
+    }
+    /* output mix over b_0.. and the partial block, fused with model.norm; only the rows needed */
+    int S = CANDIDATES();
+    for (int i = 0; i < S; i++) src[i] += (size_t)first * D;
+    op_attnres_mix(hout, src, S, m->out_res_proj, m->out_res_norm, m->final_norm, n - first, D, eps);
+#undef CANDIDATES
+    /* blocks[0] is x, owned by the caller */
+    for (int i = 1; i < nb; i++) free(blocks[i]);
+    if (P != x) free(P);
+    free(blocks), free(src), free(h), free(y);
 }
 
 int lunar_forward(const lunar_model *m, lunar_seq *s, const int32_t *ids, int n, float *logits,
@@ -206,34 +376,16 @@ int lunar_forward(const lunar_model *m, lunar_seq *s, const int32_t *ids, int n,
             return lunar_fail(err, "token id %d at position %d is outside the vocabulary [0, %d)",
                               ids[i], i, V);
 
-    float *x = lunar_xmalloc((size_t)n * D * sizeof(float));   /* residual stream */
-    float *h = lunar_xmalloc((size_t)n * D * sizeof(float));   /* normalised sub-layer input */
-    float *y = lunar_xmalloc((size_t)n * D * sizeof(float));   /* sub-layer output */
+    const int first = all_logits ? 0 : n - 1;
+    float *x = fbuf((size_t)n * D);             /* embeddings, then the residual stream */
+    float *h = fbuf((size_t)(n - first) * D);   /* final normalised hidden states */
     op_embedding(x, m->embed, ids, n);
-
-    for (int l = 0; l < c->num_hidden_layers; l++) {
-        const lunar_layer_weights *w = &m->layers[l];
-        const int ki = m->kind_index[l];
-        op_rmsnorm(h, x, w->attn_norm, n, D, c->rms_norm_eps);
-        if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-            kda_layer(c, &w->kda, s->conv[ki], s->kda[ki], h, n, y);
-        else
-            mla_layer(c, &w->mla, s->mla[ki], s->pos, h, n, y);
-        for (size_t i = 0; i < (size_t)n * D; i++) x[i] += y[i];
-
-        op_rmsnorm(h, x, w->ffn_norm, n, D, c->rms_norm_eps);
-        if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
-            op_swiglu_mlp(y, h, w->ffn.gate_proj, w->ffn.up_proj, w->ffn.down_proj, n);
-        else
-            moe_layer(c, &w->ffn, h, n, y);
-        for (size_t i = 0; i < (size_t)n * D; i++) x[i] += y[i];
-    }
-
-    const int first = all_logits ? 0 : n - 1, rows = n - first;
-    op_rmsnorm(h, x + (size_t)first * D, m->final_norm, rows, D, c->rms_norm_eps);
-    op_matmul(logits, h, m->lm_head, rows);
-    (void)V;
+    if (c->attn_res_block_size > 0)
+        run_attn_res(m, s, x, n, first, h);
+    else
+        run_residual(m, s, x, n, first, h);
+    op_matmul(logits, h, m->lm_head, n - first);
     s->pos += n;
-    free(x), free(h), free(y);
+    free(x), free(h);
     return 0;
 }

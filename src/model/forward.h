@@ -15,6 +15,10 @@ typedef struct lunar_seq {
     float **conv;   /* [n_kda][3 * H*dk * (K-1)]: q, k, v conv states, each [H*dk, K-1] */
     float **kda;    /* [n_kda][H * dk * dk]: recurrent state S per head, [dk, dv] */
     float **mla;    /* [n_mla][max_tokens * (kv_lora + rope)]: normalised latent | k_pe */
+    /* K3.1 DSA index keys per MLA layer, FP8 e4m3 with one power-of-two scale per token (SPEC
+     * 1.1: 128 codes + 4 B = 132 B/token); NULL without an indexer */
+    uint8_t **idx_codes; /* [n_mla][max_tokens * index_head_dim] */
+    float **idx_scales;  /* [n_mla][max_tokens] */
 } lunar_seq;
 
 int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err *err);
