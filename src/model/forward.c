@@ -22,63 +22,18 @@
 /* The indexer's k_norm is a LayerNorm with eps 1e-6 (SPEC 1.1). */
 #define INDEX_K_NORM_EPS 1e-6f
 
-int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
-    const lunar_config *c = &m->cfg;
-    memset(s, 0, sizeof *s);
-    if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
-    s->max_tokens = max_tokens;
-    s->n_kda = c->n_kda_layers;
-    s->n_mla = c->n_mla_layers;
-    const size_t HD = (size_t)c->kda_num_heads * c->kda_head_dim;
-    s->conv = lunar_xcalloc((size_t)s->n_kda + 1, sizeof *s->conv);
-    s->kda = lunar_xcalloc((size_t)s->n_kda + 1, sizeof *s->kda);
-    s->mla = lunar_xcalloc((size_t)s->n_mla + 1, sizeof *s->mla);
-    for (int i = 0; i < s->n_kda; i++) {
-        s->conv[i] = lunar_xcalloc(3 * HD * (size_t)(c->kda_conv_size - 1), sizeof(float));
-        s->kda[i] = lunar_xcalloc(HD * (size_t)c->kda_head_dim, sizeof(float));
-    }
-    const size_t row = (size_t)c->kv_lora_rank + (size_t)c->qk_rope_head_dim;
-    int ok = 1;
-    for (int i = 0; i < s->n_mla; i++) ok = ok && (s->mla[i] = calloc((size_t)max_tokens * row, sizeof(float)));
-    if (c->index_topk > 0) {
-        s->idx_codes = lunar_xcalloc((size_t)s->n_mla + 1, sizeof *s->idx_codes);
-        s->idx_scales = lunar_xcalloc((size_t)s->n_mla + 1, sizeof *s->idx_scales);
-        for (int i = 0; i < s->n_mla; i++) {
-            ok = ok && (s->idx_codes[i] = calloc((size_t)max_tokens, (size_t)c->index_head_dim));
-            ok = ok && (s->idx_scales[i] = calloc((size_t)max_tokens, sizeof(float)));
-        }
-    }
-    if (!ok) {
-        lunar_seq_free(s);
-        return lunar_fail(err, "cannot allocate the MLA caches for %d tokens", max_tokens);
-    }
-    return 0;
-}
-
-void lunar_seq_reset(lunar_seq *s, const lunar_model *m) {
-    const lunar_config *c = &m->cfg;
-    const size_t HD = (size_t)c->kda_num_heads * c->kda_head_dim;
-    for (int i = 0; i < s->n_kda; i++) {
-        memset(s->conv[i], 0, 3 * HD * (size_t)(c->kda_conv_size - 1) * sizeof(float));
-        memset(s->kda[i], 0, HD * (size_t)c->kda_head_dim * sizeof(float));
-    }
-    s->pos = 0; /* cache rows past pos are never read */
-}
-
-void lunar_seq_free(lunar_seq *s) {
-    for (int i = 0; i < s->n_kda; i++) {
-        free(s->conv[i]);
-        free(s->kda[i]);
-    }
-    for (int i = 0; i < s->n_mla; i++) {
-        free(s->mla[i]);
-        if (s->idx_codes) free(s->idx_codes[i]), free(s->idx_scales[i]);
-    }
-    free(s->conv), free(s->kda), free(s->mla), free(s->idx_codes), free(s->idx_scales);
-    memset(s, 0, sizeof *s);
-}
-
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* A step: the sequences, where each one's rows start in the token-major activations, and the
+ * caches they read and write. */
+typedef struct step {
+    const lunar_batch_seq *seqs;
+    int n_seqs;
+    int *off;  /* [n_seqs + 1] first row of each sequence; off[n_seqs] = T */
+    int T;     /* tokens in the step */
+    lunar_kv_pool *kv;
+    lunar_state_pool *st;
+} step;
 
 static float *fbuf(size_t n) { return lunar_xmalloc(n * sizeof(float)); }
 
@@ -97,10 +52,11 @@ static void glu_mlp(const lunar_config *c, float *y, const float *x, const lunar
         op_swiglu_mlp(y, x, gate, up, down, n);
 }
 
-/* Kimi Delta Attention layer (kda.md section 1.2, k3_spec 4); h: [n, D] normalised input. */
-static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *conv_state,
-                      float *S, const float *h, int n, float *out) {
-    const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size;
+/* Kimi Delta Attention layer (kda.md section 1.2, k3_spec 4); h: [T, D] normalised input. The
+ * projections run over the whole step; the conv and the recurrence per sequence, on its slot. */
+static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const step *b, int ki,
+                      const float *h, float *out) {
+    const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     float *pre = fbuf((size_t)n * HD);   /* projection before conv; later the gates */
     float *q = fbuf((size_t)n * HD), *k = fbuf((size_t)n * HD), *v = fbuf((size_t)n * HD);
     float *g = fbuf((size_t)n * HD);     /* log decay [n, H, dk] */
@@ -114,7 +70,12 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *
     float *dst[3] = {q, k, v};
     for (int i = 0; i < 3; i++) {
         op_matmul(pre, h, proj[i], n);
-        op_short_conv(dst[i], pre, conv[i], conv_state + i * state_stride, n, HD, K);
+        for (int j = 0; j < b->n_seqs; j++) {
+            const size_t r = (size_t)b->off[j] * HD;
+            op_short_conv(dst[i] + r, pre + r, conv[i],
+                          lunar_state_conv(b->st, b->seqs[j].slot, ki) + i * state_stride,
+                          b->seqs[j].n, HD, K);
+        }
     }
     op_l2norm(q, q, n * H, dk, KDA_L2_EPS);
     op_l2norm(k, k, n * H, dk, KDA_L2_EPS);
@@ -127,10 +88,19 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *
     for (int i = 0; i < n * H; i++) beta[i] = sigmoidf(beta[i]);
 
     const float scale = 1.0f / sqrtf((float)dk);
-    if (n == 1)
-        op_kda_recurrent(o, q, k, v, g, beta, S, n, H, dk, dk, scale);
-    else
-        op_kda_chunked(o, q, k, v, g, beta, S, n, H, dk, dk, scale, KDA_CHUNK);
+    for (int j = 0; j < b->n_seqs; j++) {
+        const int nj = b->seqs[j].n;
+        const size_t r = (size_t)b->off[j] * HD;
+        float *S = lunar_state_kda(b->st, b->seqs[j].slot, ki);
+        if (nj == 1) /* decode: the recurrence; prefill: the chunked (WY/UT) form */
+            op_kda_recurrent(o + r, q + r, k + r, v + r, g + r, beta + (size_t)b->off[j] * H, S, nj, H,
+                             dk, dk, scale);
+        else
+            op_kda_chunked(o + r, q + r, k + r, v + r, g + r, beta + (size_t)b->off[j] * H, S, nj, H,
+                           dk, dk, scale, KDA_CHUNK);
+        if (b->st->fp16) /* the fp16 state option stores S rounded */
+            for (size_t i = 0; i < b->st->state_len; i++) S[i] = lunar_f16_to_f32(lunar_f32_to_f16(S[i]));
+    }
 
     /* output gate (full rank in K3, low rank in Kimi-Linear), per-head gated RMSNorm, o_proj */
     if (w->g_proj) {
@@ -145,35 +115,30 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, float *
     free(pre), free(q), free(k), free(v), free(g), free(low), free(beta), free(o);
 }
 
-/* K3.1 DSA indexer (SPEC 1.1): appends the FP8 index keys of the n new tokens to the cache and
- * selects, for each query, the positions its MLA attends to. qa: the normalised q latent. */
-static void dsa_select(const lunar_config *c, const lunar_mla_weights *w, uint8_t *codes,
-                       float *scales, int pos, const float *h, const float *qa, int n, int32_t *idx) {
+/* K3.1 DSA index keys and weights for the whole step (SPEC 1.1): iq [T, ni, di] rotated,
+ * ik [T, di] rotated, wt [T, ni] scaled. qa: the normalised q latent. */
+static void dsa_project(const lunar_config *c, const lunar_mla_weights *w, const float *h,
+                        const float *qa, int n, float *iq, float *ik, float *wt) {
     const int ni = c->index_n_heads, di = c->index_head_dim;
-    float *iq = fbuf((size_t)n * ni * di), *ik = fbuf((size_t)n * di), *wt = fbuf((size_t)n * ni);
     op_matmul(iq, qa, w->idx_wq_b, n);
     op_hadamard(iq, n * ni, di);
     op_matmul(ik, h, w->idx_wk, n);
     op_layernorm(ik, ik, w->idx_k_norm_w, w->idx_k_norm_b, n, di, INDEX_K_NORM_EPS);
     op_hadamard(ik, n, di);
-    for (int t = 0; t < n; t++)
-        scales[pos + t] = lunar_fp8_quantize_pow2(codes + (size_t)(pos + t) * di, ik + (size_t)t * di, di);
     op_matmul(wt, h, w->idx_weights_proj, n);
     const float wscale = 1.0f / sqrtf((float)ni) / sqrtf((float)di);
     for (int i = 0; i < n * ni; i++) wt[i] *= wscale;
-    lunar_index_cache cache = {.codes = codes, .scales = scales};
-    op_dsa_indexer(idx, NULL, iq, wt, &cache, n, pos, ni, di, c->index_topk);
-    free(iq), free(ik), free(wt);
 }
 
-/* Multi-head latent attention, NoPE (kda.md 3, k3_spec 5), optionally gated and DSA-sparse;
- * cache rows [0, pos+n) valid after. */
-static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, lunar_seq *s, int ki,
-                      const float *h, int n, float *out) {
+/* Multi-head latent attention, NoPE (kda.md 3, k3_spec 5), optionally gated and DSA-sparse.
+ * Each sequence's new latent rows (and index keys) are written to its pages; the CPU reference
+ * then gathers its rows [0, pos0+n) into a contiguous copy for the attention op. */
+static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const step *b, int ki,
+                      const float *h, float *out) {
     const int nh = c->num_attention_heads, N = c->qk_nope_head_dim, P = c->qk_rope_head_dim,
-              Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, pos = s->pos;
-    float *cache = s->mla[ki];
-    float *q = fbuf((size_t)n * nh * qk), *kv = fbuf((size_t)n * (R + P)), *o = fbuf((size_t)n * nh * Vd);
+              Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, n = b->T, row = R + P;
+    const lunar_kv_pool *kv = b->kv;
+    float *q = fbuf((size_t)n * nh * qk), *kvr = fbuf((size_t)n * row), *o = fbuf((size_t)n * nh * Vd);
     float *qa = NULL;
 
     if (w->q_proj) {
@@ -184,26 +149,58 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, lunar_s
         op_rmsnorm(qa, qa, w->q_a_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS);
         op_matmul(q, qa, w->q_b_proj, n);
     }
-    /* latent row = [RMSNorm(c) | k_pe], appended to the cache */
-    op_matmul(kv, h, w->kv_a_proj, n);
+    /* latent row = [RMSNorm(c) | k_pe] */
+    op_matmul(kvr, h, w->kv_a_proj, n);
     for (int t = 0; t < n; t++) {
-        float *row = cache + (size_t)(pos + t) * (R + P);
-        op_rmsnorm(row, kv + (size_t)t * (R + P), w->kv_a_norm, 1, R, MLA_LATENT_NORM_EPS);
-        memcpy(row + R, kv + (size_t)t * (R + P) + R, (size_t)P * sizeof(float));
+        float *r = kvr + (size_t)t * row;
+        op_rmsnorm(r, r, w->kv_a_norm, 1, R, MLA_LATENT_NORM_EPS);
+        lunar_kv_round(kv, r);
+    }
+    const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
+    float *iq = NULL, *ik = NULL, *wt = NULL;
+    if (topk > 0) {
+        iq = fbuf((size_t)n * ni * di), ik = fbuf((size_t)n * di), wt = fbuf((size_t)n * ni);
+        dsa_project(c, w, h, qa, n, iq, ik, wt);
     }
     const float scale = 1.0f / sqrtf((float)qk);
-    if (c->index_topk > 0) {
-        int32_t *idx = lunar_xmalloc((size_t)n * c->index_topk * sizeof *idx);
-        dsa_select(c, w, s->idx_codes[ki], s->idx_scales[ki], pos, h, qa, n, idx);
-        op_mla_attention_sparse(o, q, cache, w->kv_b_proj, idx, c->index_topk, n, pos + n, nh, N, P,
-                                Vd, R, scale);
-        free(idx);
-    } else if (n == 1) {
-        /* decode: absorbed form (reads the latent once per head) */
-        op_mla_attention_absorbed(o, q, cache, w->kv_b_proj, n, pos, nh, N, P, Vd, R, scale);
-    } else {
-        /* prefill: naive form, cheaper per (query, key) pair when many queries share the keys */
-        op_mla_attention_naive(o, q, cache, w->kv_b_proj, n, pos, nh, N, P, Vd, R, scale);
+    for (int j = 0; j < b->n_seqs; j++) {
+        const lunar_batch_seq *sq = &b->seqs[j];
+        const int r0 = b->off[j], nj = sq->n, L = sq->pos0 + nj;
+        for (int t = 0; t < nj; t++) {
+            memcpy(lunar_kv_latent_row(kv, ki, sq->blocks, sq->pos0 + t), kvr + (size_t)(r0 + t) * row,
+                   (size_t)row * sizeof(float));
+            if (topk > 0) {
+                size_t tok = lunar_kv_token(kv, ki, sq->blocks, sq->pos0 + t);
+                kv->idx_scales[tok] = lunar_fp8_quantize_pow2(kv->idx_codes + tok * di, ik + (size_t)(r0 + t) * di, di);
+            }
+        }
+        float *cache = fbuf((size_t)L * row);
+        for (int p = 0; p < L; p++)
+            memcpy(cache + (size_t)p * row, lunar_kv_latent_row(kv, ki, sq->blocks, p), (size_t)row * sizeof(float));
+        const float *qj = q + (size_t)r0 * nh * qk;
+        float *oj = o + (size_t)r0 * nh * Vd;
+        if (topk > 0) {
+            uint8_t *codes = lunar_xmalloc((size_t)L * di);
+            float *scales = fbuf((size_t)L);
+            for (int p = 0; p < L; p++) {
+                size_t tok = lunar_kv_token(kv, ki, sq->blocks, p);
+                memcpy(codes + (size_t)p * di, kv->idx_codes + tok * di, (size_t)di);
+                scales[p] = kv->idx_scales[tok];
+            }
+            lunar_index_cache ic = {.codes = codes, .scales = scales};
+            int32_t *idx = lunar_xmalloc((size_t)nj * topk * sizeof *idx);
+            op_dsa_indexer(idx, NULL, iq + (size_t)r0 * ni * di, wt + (size_t)r0 * ni, &ic, nj, sq->pos0,
+                           ni, di, topk);
+            op_mla_attention_sparse(oj, qj, cache, w->kv_b_proj, idx, topk, nj, L, nh, N, P, Vd, R, scale);
+            free(idx), free(codes), free(scales);
+        } else if (nj == 1) {
+            /* decode: absorbed form (reads the latent once per head) */
+            op_mla_attention_absorbed(oj, qj, cache, w->kv_b_proj, nj, sq->pos0, nh, N, P, Vd, R, scale);
+        } else {
+            /* prefill: naive form, cheaper per (query, key) pair when many queries share the keys */
+            op_mla_attention_naive(oj, qj, cache, w->kv_b_proj, nj, sq->pos0, nh, N, P, Vd, R, scale);
+        }
+        free(cache);
     }
     if (w->g_proj) { /* K3 output gate: sigmoid(W_g x) on the concatenated heads, from the layer input */
         float *gate = fbuf((size_t)n * nh * Vd);
@@ -212,7 +209,7 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, lunar_s
         free(gate);
     }
     op_matmul(out, o, w->o_proj, n);
-    free(q), free(kv), free(o), free(qa);
+    free(q), free(kvr), free(o), free(qa), free(iq), free(ik), free(wt);
 }
 
 /* MoE: sigmoid router with correction bias on the full width; routed experts on the full width
@@ -278,13 +275,12 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     free(logits), free(sel), free(wt), free(zbuf), free(xin), free(xout), free(tok), free(tw);
 }
 
-static void attention(const lunar_model *m, lunar_seq *s, int l, const float *h, int n, float *y) {
+static void attention(const lunar_model *m, const step *b, int l, const float *h, float *y) {
     const lunar_config *c = &m->cfg;
-    const int ki = m->kind_index[l];
     if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &m->layers[l].kda, s->conv[ki], s->kda[ki], h, n, y);
+        kda_layer(c, &m->layers[l].kda, b, m->kind_index[l], h, y);
     else
-        mla_layer(c, &m->layers[l].mla, s, ki, h, n, y);
+        mla_layer(c, &m->layers[l].mla, b, m->kind_index[l], h, y);
 }
 
 static void ffn(const lunar_model *m, int l, const float *h, int n, float *y) {
@@ -300,28 +296,28 @@ static void add_into(float *x, const float *y, size_t n) {
     for (size_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-/* Kimi-Linear: residual stream x; writes the final-normed rows [first, n) to hout. */
-static void run_residual(const lunar_model *m, lunar_seq *s, float *x, int n, int first, float *hout) {
+/* Kimi-Linear: residual stream x [n, D]; writes the final-normed rows to hout [n, D]. */
+static void run_residual(const lunar_model *m, const step *b, float *x, int n, float *hout) {
     const lunar_config *c = &m->cfg;
     const int D = c->hidden_size;
     float *h = fbuf((size_t)n * D), *y = fbuf((size_t)n * D);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const lunar_layer_weights *w = &m->layers[l];
         op_rmsnorm(h, x, w->attn_norm, n, D, c->rms_norm_eps);
-        attention(m, s, l, h, n, y);
+        attention(m, b, l, h, y);
         add_into(x, y, (size_t)n * D);
         op_rmsnorm(h, x, w->ffn_norm, n, D, c->rms_norm_eps);
         ffn(m, l, h, n, y);
         add_into(x, y, (size_t)n * D);
     }
-    op_rmsnorm(hout, x + (size_t)first * D, m->final_norm, n - first, D, c->rms_norm_eps);
+    op_rmsnorm(hout, x, m->final_norm, n, D, c->rms_norm_eps);
     free(h), free(y);
 }
 
 /* K3 Attention Residuals (k3_spec 3.3). blocks: the banked block sums (b_0 = the embedding);
  * P: the running partial block sum, NULL right after a block was banked. Every sub-layer input is
  * AttnResMix(blocks ++ [P]) followed by the sub-layer's own norm (fused into the mix). */
-static void run_attn_res(const lunar_model *m, lunar_seq *s, float *x, int n, int first, float *hout) {
+static void run_attn_res(const lunar_model *m, const step *b, float *x, int n, float *hout) {
     const lunar_config *c = &m->cfg;
     const int D = c->hidden_size, bs = c->attn_res_block_size, L = c->num_hidden_layers;
     const float eps = c->rms_norm_eps;
@@ -340,7 +336,7 @@ static void run_attn_res(const lunar_model *m, lunar_seq *s, float *x, int n, in
             blocks[nb++] = P;
             P = NULL;
         }
-        attention(m, s, l, h, n, y);
+        attention(m, b, l, h, y);
         if (P) {
             add_into(P, y, (size_t)n * D);
         } else {
@@ -352,10 +348,9 @@ static void run_attn_res(const lunar_model *m, lunar_seq *s, float *x, int n, in
         ffn(m, l, h, n, y);
         add_into(P, y, (size_t)n * D);
     }
-    /* output mix over b_0.. and the partial block, fused with model.norm; only the rows needed */
+    /* output mix over b_0.. and the partial block, fused with model.norm */
     int S = CANDIDATES();
-    for (int i = 0; i < S; i++) src[i] += (size_t)first * D;
-    op_attnres_mix(hout, src, S, m->out_res_proj, m->out_res_norm, m->final_norm, n - first, D, eps);
+    op_attnres_mix(hout, src, S, m->out_res_proj, m->out_res_norm, m->final_norm, n, D, eps);
 #undef CANDIDATES
     /* blocks[0] is x, owned by the caller */
     for (int i = 1; i < nb; i++) free(blocks[i]);
@@ -363,29 +358,89 @@ static void run_attn_res(const lunar_model *m, lunar_seq *s, float *x, int n, in
     free(blocks), free(src), free(h), free(y);
 }
 
-int lunar_forward(const lunar_model *m, lunar_seq *s, const int32_t *ids, int n, float *logits,
-                  int all_logits, lunar_err *err) {
+int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_pool *st,
+                        const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
     const lunar_config *c = &m->cfg;
     const int D = c->hidden_size, V = c->vocab_size;
+    if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
+    int *off = lunar_xmalloc(((size_t)n_seqs + 1) * sizeof *off), T = 0, rows = 0;
+    for (int j = 0; j < n_seqs; j++) {
+        const lunar_batch_seq *sq = &seqs[j];
+        if (sq->n <= 0 || sq->pos0 < 0) {
+            free(off);
+            return lunar_fail(err, "forward: sequence %d has %d tokens at position %d", j, sq->n, sq->pos0);
+        }
+        for (int i = 0; i < sq->n; i++)
+            if (sq->ids[i] < 0 || sq->ids[i] >= V) {
+                free(off);
+                return lunar_fail(err, "token id %d at position %d is outside the vocabulary [0, %d)",
+                                  sq->ids[i], sq->pos0 + i, V);
+            }
+        off[j] = T;
+        T += sq->n;
+        rows += sq->logits == LUNAR_LOGITS_ALL ? sq->n : sq->logits == LUNAR_LOGITS_LAST;
+    }
+    off[n_seqs] = T;
+    step b = {seqs, n_seqs, off, T, kv, st};
+
+    float *x = fbuf((size_t)T * D); /* embeddings, then the residual stream */
+    float *h = fbuf((size_t)T * D); /* final normalised hidden states */
+    for (int j = 0; j < n_seqs; j++) op_embedding(x + (size_t)off[j] * D, m->embed, seqs[j].ids, seqs[j].n);
+    if (c->attn_res_block_size > 0)
+        run_attn_res(m, &b, x, T, h);
+    else
+        run_residual(m, &b, x, T, h);
+
+    /* lm_head over the rows the sequences asked for only: it is the largest matmul of a step */
+    float *sel = fbuf((size_t)(rows ? rows : 1) * D);
+    int r = 0;
+    for (int j = 0; j < n_seqs; j++) {
+        int first = seqs[j].logits == LUNAR_LOGITS_ALL ? off[j] : off[j + 1] - 1;
+        int cnt = seqs[j].logits == LUNAR_LOGITS_ALL ? seqs[j].n : seqs[j].logits == LUNAR_LOGITS_LAST;
+        memcpy(sel + (size_t)r * D, h + (size_t)first * D, (size_t)cnt * D * sizeof(float));
+        r += cnt;
+    }
+    if (rows) op_matmul(logits, sel, m->lm_head, rows);
+    free(x), free(h), free(sel), free(off);
+    return 0;
+}
+
+int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
+    memset(s, 0, sizeof *s);
+    if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
+    const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+    if (lunar_kv_pool_init(&s->kv, &m->cfg, n_blocks, LUNAR_KV_F32, err)) return -1;
+    if (lunar_state_pool_init(&s->st, &m->cfg, 1, 0, err)) {
+        lunar_kv_pool_free(&s->kv);
+        return -1;
+    }
+    s->blocks = lunar_xmalloc((size_t)n_blocks * sizeof *s->blocks);
+    for (int i = 0; i < n_blocks; i++) s->blocks[i] = i;
+    s->max_tokens = max_tokens;
+    return 0;
+}
+
+void lunar_seq_reset(lunar_seq *s, const lunar_model *m) {
+    (void)m;
+    lunar_state_clear(&s->st, 0);
+    s->pos = 0; /* cache rows past pos are never read */
+}
+
+void lunar_seq_free(lunar_seq *s) {
+    lunar_kv_pool_free(&s->kv);
+    lunar_state_pool_free(&s->st);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+int lunar_forward(const lunar_model *m, lunar_seq *s, const int32_t *ids, int n, float *logits,
+                  int all_logits, lunar_err *err) {
     if (n <= 0) return lunar_fail(err, "forward: no tokens");
     if (s->pos + n > s->max_tokens)
         return lunar_fail(err, "forward: %d + %d tokens exceed the sequence capacity of %d", s->pos,
                           n, s->max_tokens);
-    for (int i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return lunar_fail(err, "token id %d at position %d is outside the vocabulary [0, %d)",
-                              ids[i], i, V);
-
-    const int first = all_logits ? 0 : n - 1;
-    float *x = fbuf((size_t)n * D);             /* embeddings, then the residual stream */
-    float *h = fbuf((size_t)(n - first) * D);   /* final normalised hidden states */
-    op_embedding(x, m->embed, ids, n);
-    if (c->attn_res_block_size > 0)
-        run_attn_res(m, s, x, n, first, h);
-    else
-        run_residual(m, s, x, n, first, h);
-    op_matmul(logits, h, m->lm_head, n - first);
+    lunar_batch_seq one = {ids, n, s->pos, 0, s->blocks, all_logits ? LUNAR_LOGITS_ALL : LUNAR_LOGITS_LAST};
+    if (lunar_forward_batch(m, &s->kv, &s->st, &one, 1, logits, err)) return -1;
     s->pos += n;
-    free(x), free(h);
     return 0;
 }
