@@ -17,8 +17,8 @@ OPT     := -O2 -g
 LDSAN   :=
 endif
 
-DEPS_CFLAGS := $(shell pkg-config --cflags jansson)
-DEPS_LIBS   := $(shell pkg-config --libs jansson)
+DEPS_CFLAGS := $(shell pkg-config --cflags jansson libpcre2-8)
+DEPS_LIBS   := $(shell pkg-config --libs jansson libpcre2-8)
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
            -fopenmp -Iinclude -Isrc $(DEPS_CFLAGS) -MMD -MP
