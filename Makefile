@@ -43,7 +43,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test clean fuzz
+.PHONY: all test clean fuzz bench-tokenizer
 all: $(BUILD)/lunar $(BUILD)/lunar_tests
 
 $(BUILD)/liblunar.a: $(LIB_OBJ)
@@ -67,6 +67,11 @@ $(BUILD)/%.o: %.cu
 
 test: $(BUILD)/lunar $(BUILD)/lunar_tests
 	./$(BUILD)/lunar_tests
+
+# Tokenizer throughput program (not a test): python3 tools/tokenizer/bench.py runs it next to tiktoken
+bench-tokenizer: $(BUILD)/bench_tokenizer
+$(BUILD)/bench_tokenizer: tools/tokenizer/bench_tokenizer.c $(BUILD)/liblunar.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/liblunar.a $(LDLIBS)
 
 # libFuzzer targets (clang): build/fuzz_<name>; run e.g. build/fuzz_safetensors tests/corpus/safetensors
 FUZZ_SRC := $(shell find tests/fuzz -name 'fuzz_*.c' 2>/dev/null | sort)
