@@ -9,24 +9,53 @@
 
 #include "text/tokenizer_internal.h"
 
-uint64_t lunar_tok_hash(const void *p_, size_t n) {
-    const unsigned char *p = p_;
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
-    while (n >= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        h = (h ^ w) * 0xBF58476D1CE4E5B9ull;
-        h ^= h >> 29;
-        p += 8;
-        n -= 8;
-    }
-    uint64_t w = 0;
-    memcpy(&w, p, n);
-    h = (h ^ w) * 0x94D049BB133111EBull;
+static inline uint64_t load64(const unsigned char *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    return w;
+}
+
+static inline uint64_t load32(const unsigned char *p) {
+    uint32_t w;
+    memcpy(&w, p, 4);
+    return w;
+}
+
+static inline uint64_t mix(uint64_t h) {
     h ^= h >> 32;
     h *= 0xD6E8FEB86659FD93ull;
     h ^= h >> 32;
     return h;
+}
+
+/* Short strings (most lookups) are read with a few overlapping loads, no loop and no memcpy call. */
+uint64_t lunar_tok_hash(const void *p_, size_t n) {
+    const unsigned char *p = p_;
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n * 0xFF51AFD7ED558CCDull;
+    if (n <= 16) {
+        uint64_t a, b;
+        if (n >= 8) a = load64(p), b = load64(p + n - 8);
+        else if (n >= 4) a = load32(p), b = load32(p + n - 4);
+        else if (n > 0) a = (uint64_t)p[0] << 16 | (uint64_t)p[n / 2] << 8 | p[n - 1], b = 0;
+        else a = b = 0;
+        return mix((h ^ a) * 0xBF58476D1CE4E5B9ull ^ (b * 0x94D049BB133111EBull));
+    }
+    while (n > 8) {
+        h = (h ^ load64(p)) * 0xBF58476D1CE4E5B9ull;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    h = (h ^ load64(p + n - 8)) * 0x94D049BB133111EBull;
+    return mix(h);
+}
+
+static inline bool bytes_eq(const char *a, const void *b_, size_t n) {
+    const unsigned char *b = b_, *ua = (const unsigned char *)a;
+    if (n <= 8 && n >= 4) return load32(ua) == load32(b) && load32(ua + n - 4) == load32(b + n - 4);
+    if (n <= 16 && n >= 8) return load64(ua) == load64(b) && load64(ua + n - 8) == load64(b + n - 8);
+    if (n < 4) return ua[0] == b[0] && ua[n / 2] == b[n / 2] && ua[n - 1] == b[n - 1];
+    return memcmp(a, b, n) == 0;
 }
 
 int32_t lunar_tok_rank(const lunar_tokenizer *tok, const void *p, size_t n) {
@@ -38,7 +67,7 @@ int32_t lunar_tok_rank(const lunar_tokenizer *tok, const void *p, size_t n) {
         if ((s >> 32) == tag) {
             uint32_t r = (uint32_t)s - 1;
             uint32_t off = tok->tok_off[r];
-            if (tok->tok_off[r + 1] - off == n && memcmp(tok->tok_bytes + off, p, n) == 0)
+            if (tok->tok_off[r + 1] - off == n && bytes_eq(tok->tok_bytes + off, p, n))
                 return (int32_t)r;
         }
     }
@@ -63,6 +92,11 @@ int lunar_tok_rank_map_build(lunar_tokenizer *tok, int32_t *bad, int32_t *first)
         while (tok->rank_slots[i]) i = (i + 1) & tok->rank_mask;
         tok->rank_slots[i] = (h >> 32) << 32 | (uint64_t)(r + 1);
     }
+    tok->pair_rank = lunar_xmalloc(65536 * sizeof *tok->pair_rank);
+    for (int k = 0; k < 65536; k++) {
+        unsigned char two[2] = {(unsigned char)(k >> 8), (unsigned char)k};
+        tok->pair_rank[k] = lunar_tok_rank(tok, two, 2);
+    }
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         tok->byte_rank[b] = lunar_tok_rank(tok, &c, 1);
@@ -86,7 +120,7 @@ static void bpe_small(const lunar_tokenizer *tok, const uint8_t *p, size_t n, lu
     int32_t min_r = NO_RANK;
     size_t min_i = 0;
     for (size_t i = 0; i + 1 < n; i++) {
-        int32_t r = lunar_tok_rank(tok, p + i, 2);
+        int32_t r = tok->pair_rank[p[i] << 8 | p[i + 1]];
         rank[i] = r < 0 ? NO_RANK : r;
         if (rank[i] < min_r) min_r = rank[i], min_i = i;
     }
@@ -158,7 +192,7 @@ static void bpe_large(const lunar_tokenizer *tok, const uint8_t *p, size_t n, lu
     heap_ent *heap = lunar_xmalloc(hcap * sizeof *heap);
     for (size_t i = 0; i <= n; i++) next[i] = (uint32_t)i + 1, prev[i] = (uint32_t)i - 1;
     for (size_t i = 0; i + 1 < n; i++) {
-        int32_t r = lunar_tok_rank(tok, p + i, 2);
+        int32_t r = tok->pair_rank[p[i] << 8 | p[i + 1]];
         if (r >= 0) heap_push(heap, &hn, (heap_ent){r, (uint32_t)i, (uint32_t)i + 2});
     }
     while (hn > 0) {

@@ -341,6 +341,7 @@ void lunar_tokenizer_free(lunar_tokenizer *tok) {
     free(tok->tok_bytes);
     free(tok->tok_off);
     free(tok->rank_slots);
+    free(tok->pair_rank);
     free(tok->spec_slots);
     free(tok->spec_flag);
     free(tok);

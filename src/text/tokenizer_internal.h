@@ -17,6 +17,7 @@ struct lunar_tokenizer {
     uint64_t *rank_slots;
     uint64_t rank_mask;
     int32_t byte_rank[256];
+    int32_t *pair_rank; /* [65536]: rank of the two bytes (hi << 8 | lo), or -1 */
     /* specials: same kind of map over their strings (id - n_ranks + 1 in the low bits) */
     uint64_t *spec_slots;
     uint64_t spec_mask;
