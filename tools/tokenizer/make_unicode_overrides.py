@@ -23,7 +23,6 @@ import tiktoken
 HAN, L, N, UP, LOW, X = 1, 2, 4, 8, 16, 32
 WS = set([0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B), 0x2028, 0x2029, 0x202F,
           0x205F, 0x3000])
-PAT = open("tools/tokenizer/make_expected.py", encoding="utf-8").read()
 sys.path.insert(0, "tools/tokenizer")
 from make_expected import PAT_STR  # noqa: E402
 
