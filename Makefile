@@ -17,8 +17,8 @@ OPT     := -O2 -g
 LDSAN   :=
 endif
 
-DEPS_CFLAGS := $(shell pkg-config --cflags jansson zlib)
-DEPS_LIBS   := $(shell pkg-config --libs jansson zlib)
+DEPS_CFLAGS := $(shell pkg-config --cflags jansson libpcre2-8 zlib)
+DEPS_LIBS   := $(shell pkg-config --libs jansson libpcre2-8 zlib)
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
            -fopenmp -Iinclude -Isrc $(DEPS_CFLAGS) -MMD -MP
@@ -43,7 +43,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test clean fuzz deps run check fuzz-smoke
+.PHONY: all test clean fuzz deps run check fuzz-smoke bench-tokenizer
 all: $(BUILD)/lunar $(BUILD)/lunar_tests
 
 $(BUILD)/liblunar.a: $(LIB_OBJ)
@@ -92,6 +92,11 @@ fuzz-smoke: fuzz
 	    > build/fuzz-work/$$f.log 2>&1 || { tail -40 build/fuzz-work/$$f.log; exit 1; }; \
 	  tail -1 build/fuzz-work/$$f.log; \
 	done
+
+# Tokenizer throughput program (not a test): python3 tools/tokenizer/bench.py runs it next to tiktoken
+bench-tokenizer: $(BUILD)/bench_tokenizer
+$(BUILD)/bench_tokenizer: tools/tokenizer/bench_tokenizer.c $(BUILD)/liblunar.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/liblunar.a $(LDLIBS)
 
 # libFuzzer targets (clang): build/fuzz_<name>; run e.g. build/fuzz_safetensors tests/corpus/safetensors
 FUZZ_SRC := $(shell find tests/fuzz -name 'fuzz_*.c' 2>/dev/null | sort)
