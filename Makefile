@@ -72,10 +72,10 @@ deps:
 	@scripts/install-deps.sh
 
 # The quick start: generate from the bundled (random-weight) model on the CPU backend.
-RUN_IDS ?= 163584,3,1090,2349,315,16391
+RUN_PROMPT ?= The capital of France is
 run: deps
 	$(MAKE) $(BUILD)/lunar
-	./$(BUILD)/lunar generate models/kimi-linear-tiny --ids $(RUN_IDS) --max-tokens 32
+	./$(BUILD)/lunar generate models/kimi-linear-tiny --prompt "$(RUN_PROMPT)" --max-tokens 32
 
 # Everything CI runs: tests, sanitizer tests, a short fuzz of the parsers.
 check: deps

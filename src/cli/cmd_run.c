@@ -10,6 +10,7 @@
 #include "engine/sampler.h"
 #include "io/npy.h"
 #include "model/forward.h"
+#include "text/tokenizer.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -18,7 +19,7 @@ static double now_s(void) {
 }
 
 typedef struct run_opts {
-    const char *model_dir, *ids, *out, *backend;
+    const char *model_dir, *ids, *prompt, *out, *backend;
     long max_tokens;
     double temperature, top_p;
     long top_k, seed;
@@ -40,6 +41,7 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
         double d;
         long n;
         if (strcmp(a, "--ids") == 0) o->ids = v;
+        else if (strcmp(a, "--prompt") == 0) o->prompt = v;
         else if (strcmp(a, "--backend") == 0) o->backend = v;
         else if (!generate && strcmp(a, "--out") == 0) o->out = v;
         else if (generate && strcmp(a, "--max-tokens") == 0) {
@@ -58,18 +60,38 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
             return lunar_fail(err, "unknown option '%s'", a);
     }
     if (!o->model_dir) return lunar_fail(err, "missing MODEL_DIR");
-    if (!o->ids) return lunar_fail(err, "missing --ids (token ids, e.g. --ids 1,2,3)");
+    if (!o->ids && !o->prompt)
+        return lunar_fail(err, "missing --ids (token ids, e.g. --ids 1,2,3) or --prompt TEXT");
+    if (o->ids && o->prompt) return lunar_fail(err, "give --ids or --prompt, not both");
     if (!generate && !o->out) return lunar_fail(err, "missing --out FILE.npy");
     return 0;
 }
 
-/* Loads the model and the ids, selects the backend; on success the caller owns m, ids. */
-static int setup(const run_opts *o, lunar_model **m, int32_t **ids, int *n, lunar_err *err) {
+/* --prompt: the text's ids under the model directory's tokenizer (special-token strings are
+ * recognised, so a prompt may spell control tokens); *tok stays loaded for streaming output. */
+static int prompt_ids(const run_opts *o, lunar_tokenizer **tok, int32_t **ids, int *n, lunar_err *err) {
+    if (lunar_tokenizer_load(tok, o->model_dir, err)) return -1;
+    lunar_ids v = {0};
+    if (lunar_tokenize(*tok, o->prompt, strlen(o->prompt), true, &v, err)) return -1;
+    if (!v.n) return lunar_fail(err, "--prompt: empty prompt");
+    *ids = v.ids;
+    *n = (int)v.n;
+    return 0;
+}
+
+/* Loads the model and the ids, selects the backend; on success the caller owns m, ids, tok. */
+static int setup(const run_opts *o, lunar_model **m, int32_t **ids, int *n, lunar_tokenizer **tok,
+                 lunar_err *err) {
     lunar_backend_kind be;
+    *tok = NULL;
     if (lunar_backend_select(o->backend, &be, err)) return -1;
-    if (lunar_parse_ids(o->ids, ids, n, err)) return -1;
+    if (o->prompt ? prompt_ids(o, tok, ids, n, err) : lunar_parse_ids(o->ids, ids, n, err)) {
+        lunar_tokenizer_free(*tok);
+        return -1;
+    }
     if (lunar_model_load(m, o->model_dir, err)) {
         free(*ids);
+        lunar_tokenizer_free(*tok);
         return -1;
     }
     return 0;
@@ -80,8 +102,9 @@ int lunar_cmd_logits(int argc, char **argv) {
     lunar_err err;
     lunar_model *m = NULL;
     int32_t *ids = NULL;
+    lunar_tokenizer *tok = NULL;
     int n = 0, rc = 1;
-    if (parse(argc, argv, 0, &o, &err) || setup(&o, &m, &ids, &n, &err)) {
+    if (parse(argc, argv, 0, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar logits: %s\n", err.msg);
         fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--backend cpu]\n");
         return 1;
@@ -101,6 +124,7 @@ int lunar_cmd_logits(int argc, char **argv) {
     if (rc) fprintf(stderr, "lunar logits: %s\n", err.msg);
     free(logits);
     free(ids);
+    lunar_tokenizer_free(tok);
     lunar_model_free(m);
     return rc;
 }
@@ -110,10 +134,11 @@ int lunar_cmd_generate(int argc, char **argv) {
     lunar_err err;
     lunar_model *m = NULL;
     int32_t *ids = NULL;
+    lunar_tokenizer *tok = NULL;
     int n = 0;
-    if (parse(argc, argv, 1, &o, &err) || setup(&o, &m, &ids, &n, &err)) {
+    if (parse(argc, argv, 1, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar generate: %s\n", err.msg);
-        fprintf(stderr, "usage: lunar generate MODEL_DIR --ids 1,2,3 --max-tokens N "
+        fprintf(stderr, "usage: lunar generate MODEL_DIR (--ids 1,2,3 | --prompt TEXT) --max-tokens N "
                         "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n");
         return 1;
     }
@@ -131,17 +156,25 @@ int lunar_cmd_generate(int argc, char **argv) {
         rc = lunar_forward(m, &s, ids, n, logits, 0, &err) ? 1 : 0;
         double t1 = now_s(), t_prefill = t1 - t0;
         int generated = 0;
+        /* with a tokenizer the output is streamed as text, never splitting a UTF-8 character */
+        lunar_detok dt;
+        char piece[LUNAR_DETOK_MAX_OUT];
+        if (tok) lunar_detok_init(&dt, tok, false);
         for (; rc == 0 && generated < o.max_tokens; generated++) {
-            int32_t tok = lunar_sample(logits, V, &sp, &rng, scratch);
-            printf("%s%d", generated ? "," : "", tok);
+            int32_t next = lunar_sample(logits, V, &sp, &rng, scratch);
+            if (tok && next < lunar_tokenizer_vocab_size(tok))
+                fwrite(piece, 1, lunar_detok_push(&dt, next, piece), stdout);
+            else
+                printf("%s%d", generated ? "," : "", next);
             fflush(stdout);
-            if (tok == m->cfg.eos_token_id) {
+            if (next == m->cfg.eos_token_id) {
                 generated++;
                 break;
             }
-            if (generated + 1 < o.max_tokens && lunar_forward(m, &s, &tok, 1, logits, 0, &err))
+            if (generated + 1 < o.max_tokens && lunar_forward(m, &s, &next, 1, logits, 0, &err))
                 rc = 1;
         }
+        if (tok) fwrite(piece, 1, lunar_detok_flush(&dt, piece), stdout);
         printf("\n");
         fflush(stdout);
         double t_decode = now_s() - t1;
@@ -154,6 +187,7 @@ int lunar_cmd_generate(int argc, char **argv) {
     }
     if (rc) fprintf(stderr, "lunar generate: %s\n", err.msg);
     free(logits), free(scratch), free(ids);
+    lunar_tokenizer_free(tok);
     lunar_model_free(m);
     return rc;
 }

@@ -11,6 +11,9 @@ static void usage(FILE *f) {
             "  info MODEL_DIR                       architecture, parameter counts, bytes by dtype\n"
             "  logits MODEL_DIR --ids 1,2,3 --out F.npy   teacher-forced fp32 logits\n"
             "  generate MODEL_DIR --ids ... --max-tokens N [--temperature T --top-p P --top-k K --seed S]\n"
+            "  tokenize MODEL_DIR --text-file F [--special]   token ids, one line\n"
+            "  detokenize MODEL_DIR --ids 1,2,3      text\n"
+            "  render MODEL_DIR --request REQ.json   chat request -> prompt text, ids, prompt_tokens\n"
             "common options: --backend cpu|cuda|auto\n");
 }
 
