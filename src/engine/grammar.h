@@ -1,0 +1,45 @@
+/* Grammar-constrained decoding: a constraint compiled once (from a JSON Schema, "any JSON object",
+ * or a grammar text) and a per-request matcher that yields, before each sampling step, the set of
+ * vocabulary tokens that keep the output inside the language, and advances on the chosen token.
+ * Terminals are bytes; control tokens of the chat format may also be terminals (by id), so tool
+ * calls in a model's own syntax can be constrained. */
+#ifndef LUNAR_ENGINE_GRAMMAR_H
+#define LUNAR_ENGINE_GRAMMAR_H
+
+#include <jansson.h>
+#include <stdint.h>
+
+#include "base/err.h"
+#include "text/tokenizer.h"
+
+/* The byte strings of every token of a vocabulary, indexed for mask computation. */
+typedef struct lunar_vocab lunar_vocab;
+int lunar_vocab_build(lunar_vocab **out, const lunar_tokenizer *tok, lunar_err *err);
+void lunar_vocab_free(lunar_vocab *v);
+int32_t lunar_vocab_size(const lunar_vocab *v);
+
+typedef struct lunar_grammar lunar_grammar;
+
+/* JSON Schema (Draft 2020-12 subset of SPEC 5 / the schema cases) -> grammar emitting compact JSON.
+ * schema NULL: any JSON object (response_format json_object). end_ids: tokens allowed (only)
+ * once the value is complete, e.g. the end-of-turn token. */
+int lunar_grammar_from_json_schema(lunar_grammar **out, const lunar_vocab *v, const json_t *schema,
+                                   const int32_t *end_ids, int n_end, lunar_err *err);
+/* A grammar in the EBNF dialect documented in grammar.c (root rule "root"); the dialect can name
+ * control tokens by id so chat-format syntax can be written. */
+int lunar_grammar_from_ebnf(lunar_grammar **out, const lunar_vocab *v, const char *ebnf,
+                            const int32_t *end_ids, int n_end, lunar_err *err);
+void lunar_grammar_free(lunar_grammar *g);
+
+typedef struct lunar_matcher lunar_matcher;
+lunar_matcher *lunar_matcher_new(const lunar_grammar *g);
+void lunar_matcher_free(lunar_matcher *m);
+/* mask: (vocab_size + 31) / 32 words; bit (id % 32) of word id / 32 set = id allowed. Never empty
+ * for a live matcher (a complete value allows end_ids). */
+void lunar_matcher_fill_mask(lunar_matcher *m, uint32_t *mask);
+/* Advances on a token; -1 if the token was not allowed (state unchanged). */
+int lunar_matcher_accept(lunar_matcher *m, int32_t token);
+/* The value is complete and an end token was accepted (or only end tokens remain allowed). */
+int lunar_matcher_is_done(const lunar_matcher *m);
+
+#endif
