@@ -353,11 +353,37 @@ def test_mxfp4():
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The committed goldens: metadata, and the reference reproduces them from the saved checkpoint
+
+
+def test_goldens():
+    import hashlib
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    root = os.path.join(HERE, "..", "..", "tests", "golden")
+    for name in ("k3-a", "k3-b", "k31-a", "k31-b"):
+        d = os.path.join(root, name)
+        if not os.path.isdir(d):
+            continue
+        with safe_open(os.path.join(d, "golden.safetensors"), "pt") as f:
+            meta = f.metadata()
+        with open(os.path.join(d, "config.json"), "rb") as f:
+            sha = hashlib.sha256(f.read()).hexdigest()
+        assert meta["magic"] == "lunar-golden" and meta["version"] == "1" and meta["config_sha256"] == sha
+        W, c = R.load_dir(d)
+        g = load_file(os.path.join(d, "golden.safetensors"))
+        pre, dec = R.run_golden(W, c, g["prompt_ids"].long(), g["decode_ids"].long())
+        record(f"golden {name}: reference reproduces prefill+decode logits",
+               max(maxerr(pre, g["prefill_logits"]), maxerr(dec, g["decode_logits"])), 0.0, "itself (determinism)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def main():
     tests = [test_kda_gate, test_kda_kernels, test_kda_layer, test_attnres, test_mla, test_router_and_mlp,
-             test_indexer, test_mxfp4]
+             test_indexer, test_mxfp4, test_goldens]
     failed = 0
     for t in tests:
         try:
@@ -366,7 +392,7 @@ def main():
             failed += 1
             print("FAIL", t.__name__, e)
     w = max(len(r[0]) for r in RESULTS)
-    print(f"\n{'check':<{w}}  {'max error':>10}  {"tol":>7}  pinned to")
+    print(f"\n{'check':<{w}}  {'max error':>10}  {'tol':>7}  pinned to")
     for name, err, tol, against in RESULTS:
         print(f"{name:<{w}}  {err:10.3e}  {tol:7.2g}  {against}")
     print(f"\n{len(RESULTS)} checks, {failed} failing tests")
