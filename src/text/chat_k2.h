@@ -25,6 +25,8 @@ enum {
     LUNAR_K2_ID_TOOL_CALL_ARGUMENT_BEGIN = 163598,
     LUNAR_K2_ID_TOOL_CALL_END = 163599,
     LUNAR_K2_ID_IM_MIDDLE = 163601,
+    LUNAR_K2_ID_THINK = 163606,     /* <think>, not special */
+    LUNAR_K2_ID_THINK_END = 163607, /* </think> */
 };
 
 int lunar_chat_k2_render(const json_t *req, lunar_chat_prompt *out, lunar_err *err);
