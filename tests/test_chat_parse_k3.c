@@ -167,6 +167,9 @@ TEST(chat_parse_k3_malformed) {
     /* a call without a tool name is not a call */
     expect("call_without_tool", "<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|>x<|close|>tools<|sep|>" END, 0, 0,
            "", "<|open|>call index=\"1\"<|sep|>x", "", "stop");
+    /* an attribute list that fails after a good attribute (leaked its values once: fuzz finding) */
+    expect("bad_attrs", "<|open|>tools<|sep|><|open|>call tool=\"g\" x<|sep|>y<|close|>tools<|sep|>" END, 0, 0, "",
+           "<|open|>call tool=\"g\" x<|sep|>y", "", "stop");
     /* bare separators carry nothing */
     expect("bare_sep", "a<|sep|>b" END, 0, 0, "", "ab", "", "stop");
 }

@@ -337,7 +337,7 @@ static void on_tag(lunar_k3_parser *p) {
     default: break;
     }
 #undef IS
-    if (!bad) free_tag(&t);
+    free_tag(&t); /* also after a failed parse: values read before the failure */
     if (handled) {
         p->tag_ctl = C_NONE;
         p->tag.len = 0;
