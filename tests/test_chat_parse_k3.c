@@ -6,41 +6,7 @@
 #include "text/chat_k3.h"
 #include "text/parse_k3.h"
 #include "text/sbuf.h"
-
-typedef struct {
-    lunar_sbuf reasoning, content, calls, finish;
-    int n_events, bad_utf8;
-} collect;
-
-static int utf8_ok(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    for (size_t i = 0; i < n;) {
-        size_t need = u[i] < 0x80 ? 1 : u[i] >= 0xf0 ? 4 : u[i] >= 0xe0 ? 3 : 2;
-        if (i + need > n) return 0;
-        i += need;
-    }
-    return 1;
-}
-
-static void on_event(void *ctx, const lunar_chat_event *ev) {
-    collect *c = ctx;
-    c->n_events++;
-    switch (ev->kind) {
-    case LUNAR_CHAT_EV_REASONING:
-        c->bad_utf8 += !utf8_ok(ev->text, ev->len);
-        lunar_sbuf_put(&c->reasoning, ev->text, ev->len);
-        break;
-    case LUNAR_CHAT_EV_CONTENT:
-        c->bad_utf8 += !utf8_ok(ev->text, ev->len);
-        lunar_sbuf_put(&c->content, ev->text, ev->len);
-        break;
-    case LUNAR_CHAT_EV_TOOL_CALL:
-        lunar_sbuf_printf(&c->calls, "[%d %s %.*s]", ev->index, ev->name, (int)ev->len, ev->text);
-        CHECK(strncmp(ev->id, "call_", 5) == 0 && strlen(ev->id) == 37);
-        break;
-    case LUNAR_CHAT_EV_FINISH: lunar_sbuf_put(&c->finish, ev->text, ev->len); break;
-    }
-}
+#include "chat_events.h"
 
 static void fake_rand(void *ctx, unsigned char *buf, size_t n) {
     for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i * 37 + 11);
@@ -55,26 +21,27 @@ static const struct {
            {LUNAR_K3_END_OF_MSG, LUNAR_K3_ID_END_OF_MSG}};
 
 /* feeds out with controls as ids and text in `chunk`-byte pieces (chunk 0: all at once via feed_text) */
-static void run(const char *out, int in_reasoning, int chunk, int truncated, collect *c) {
-    memset(c, 0, sizeof *c);
-    lunar_k3_parser *p = lunar_k3_parser_new(in_reasoning, on_event, c, fake_rand, NULL);
+static void run_n(const char *out, size_t len, int in_reasoning, int chunk, int truncated, chat_collect *c) {
+    chat_collect_init(c);
+    lunar_k3_parser *p = lunar_k3_parser_new(in_reasoning, chat_collect_event, c, fake_rand, NULL);
     if (chunk == 0) {
-        lunar_k3_parser_feed_text(p, out, strlen(out));
+        lunar_k3_parser_feed_text(p, out, len);
     } else {
-        const char *s = out;
-        while (*s) {
+        const char *s = out, *e = out + len;
+        while (s < e) {
             int hit = -1;
             for (int k = 0; k < 4; k++)
-                if (strncmp(s, CTL[k].s, strlen(CTL[k].s)) == 0) hit = k;
+                if ((size_t)(e - s) >= strlen(CTL[k].s) && memcmp(s, CTL[k].s, strlen(CTL[k].s)) == 0) hit = k;
             if (hit >= 0) {
                 lunar_k3_parser_feed(p, CTL[hit].id, CTL[hit].s, strlen(CTL[hit].s));
                 s += strlen(CTL[hit].s);
                 continue;
             }
             size_t n = 0;
-            while (s[n] && (int)n < chunk) {
+            while (s + n < e && (int)n < chunk) {
                 int ctl = 0;
-                for (int k = 0; k < 4; k++) ctl |= strncmp(s + n, CTL[k].s, strlen(CTL[k].s)) == 0;
+                for (int k = 0; k < 4; k++)
+                    ctl |= (size_t)(e - s - n) >= strlen(CTL[k].s) && memcmp(s + n, CTL[k].s, strlen(CTL[k].s)) == 0;
                 if (ctl) break;
                 n++;
             }
@@ -86,9 +53,21 @@ static void run(const char *out, int in_reasoning, int chunk, int truncated, col
     lunar_k3_parser_free(p);
 }
 
-static void free_collect(collect *c) {
-    lunar_sbuf_free(&c->reasoning), lunar_sbuf_free(&c->content);
-    lunar_sbuf_free(&c->calls), lunar_sbuf_free(&c->finish);
+static void run(const char *out, int in_reasoning, int chunk, int truncated, chat_collect *c) {
+    run_n(out, strlen(out), in_reasoning, chunk, truncated, c);
+}
+
+/* every call id is call_<32 lowercase hex> */
+static int ids_ok(const chat_collect *c) {
+    const char *s = c->ids.p ? c->ids.p : "";
+    while (*s) {
+        if (strncmp(s, "call_", 5) != 0) return 0;
+        for (int i = 0; i < 32; i++)
+            if (!strchr("0123456789abcdef", s[5 + i]) || !s[5 + i]) return 0;
+        s += 37;
+        if (*s && *s++ != ' ') return 0;
+    }
+    return 1;
 }
 
 #define S(b) ((b).p ? (b).p : "")
@@ -97,8 +76,10 @@ static void expect(const char *name, const char *out, int in_reasoning, int trun
                    const char *content, const char *calls, const char *finish) {
     static const int chunks[] = {0, 1, 2, 3, 5, 1000};
     for (size_t i = 0; i < sizeof chunks / sizeof *chunks; i++) {
-        collect c;
+        chat_collect c;
         run(out, in_reasoning, chunks[i], truncated, &c);
+        CHECK_MSG(chat_collect_ok(&c), "%s/%d: event order (%d bad)", name, chunks[i], c.bad_order);
+        CHECK_MSG(ids_ok(&c), "%s/%d: ids '%s'", name, chunks[i], S(c.ids));
         CHECK_MSG(strcmp(S(c.reasoning), reasoning) == 0, "%s/%d: reasoning '%s' want '%s'", name, chunks[i],
                   S(c.reasoning), reasoning);
         CHECK_MSG(strcmp(S(c.content), content) == 0, "%s/%d: content '%s' want '%s'", name, chunks[i], S(c.content),
@@ -107,7 +88,7 @@ static void expect(const char *name, const char *out, int in_reasoning, int trun
         CHECK_MSG(strcmp(S(c.finish), finish) == 0, "%s/%d: finish '%s' want '%s'", name, chunks[i], S(c.finish),
                   finish);
         CHECK_MSG(c.bad_utf8 == 0, "%s/%d: a delta split a UTF-8 character", name, chunks[i]);
-        free_collect(&c);
+        chat_collect_free(&c);
     }
 }
 
@@ -146,12 +127,28 @@ TEST(chat_parse_k3_tools) {
            "[0 f2 {}]", "tool_calls");
     expect("content_then_tools", "Checking.<|open|>tools<|sep|>" CALL_B "<|close|>tools<|sep|>" END, 0, 0, "",
            "Checking.", "[0 f2 {}]", "tool_calls");
-    /* cut off inside a call: the call degrades to content, finish length */
+    /* cut off inside a call: what was emitted stands (a partial call), finish length */
     expect("truncated_call",
            "<|open|>tools<|sep|>" CALL_B "<|open|>call tool=\"f\" index=\"2\"<|sep|><|open|>argument key=\"a\" "
-           "type=\"string\"<|sep|>par",
-           0, 1, "", "<|open|>call tool=\"f\" index=\"2\"<|sep|><|open|>argument key=\"a\" type=\"string\"<|sep|>par",
-           "[0 f2 {}]", "length");
+           "type=\"string\"<|sep|>pa\"r",
+           0, 1, "", "", "[0 f2 {}][1 f {\"a\": \"pa\\\"r]", "length");
+    expect("truncated_number", "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"n\" "
+           "type=\"number\"<|sep|>12", 0, 1, "", "", "[0 f {\"n\": ]", "length");
+    expect("truncated_close_tag", "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"s\" "
+           "type=\"string\"<|sep|>x<|close|>argu", 0, 1, "", "", "[0 f {\"s\": \"x]", "length");
+    /* stopped (not truncated) inside a call: the call is completed */
+    expect("stopped_in_call", "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"n\" "
+           "type=\"number\"<|sep|>12", 0, 0, "", "", "[0 f {\"n\": 12}]", "tool_calls");
+    expect("eom_in_call", "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"s\" "
+           "type=\"string\"<|sep|>v<|end_of_msg|>", 0, 0, "", "", "[0 f {\"s\": \"v\"}]", "tool_calls");
+    /* a tag inside a string value that is not its close is part of the value */
+    expect("tag_in_value", "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>argument key=\"s\" "
+           "type=\"string\"<|sep|>a<|open|>b<|sep|>c<|close|>argument<|sep|><|close|>call<|sep|>" END, 0, 0, "", "",
+           "[0 f {\"s\": \"a<|open|>b<|sep|>c\"}]", "tool_calls");
+    /* arguments after a json block are ignored (the block was already emitted) */
+    expect("json_then_arg", "<|open|>tools<|sep|><|open|>call tool=\"f\"<|sep|><|open|>json type=\"object\"<|sep|>"
+           "{\"a\":1}<|close|>json<|sep|><|open|>argument key=\"b\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|>" END,
+           0, 0, "", "", "[0 f {\"a\": 1}]", "tool_calls");
     expect("truncated_in_tag", "<|open|>tools<|sep|><|open|>call tool=\"f", 0, 1, "", "<|open|>call tool=\"f", "",
            "length");
     /* a missing close call is repaired by close tools */
@@ -170,15 +167,18 @@ TEST(chat_parse_k3_malformed) {
     /* a call without a tool name is not a call */
     expect("call_without_tool", "<|open|>tools<|sep|><|open|>call index=\"1\"<|sep|>x<|close|>tools<|sep|>" END, 0, 0,
            "", "<|open|>call index=\"1\"<|sep|>x", "", "stop");
+    /* an attribute list that fails after a good attribute (leaked its values once: fuzz finding) */
+    expect("bad_attrs", "<|open|>tools<|sep|><|open|>call tool=\"g\" x<|sep|>y<|close|>tools<|sep|>" END, 0, 0, "",
+           "<|open|>call tool=\"g\" x<|sep|>y", "", "stop");
     /* bare separators carry nothing */
     expect("bare_sep", "a<|sep|>b" END, 0, 0, "", "ab", "", "stop");
 }
 
 TEST(chat_parse_k3_fake_tags) {
     /* the control spellings as ORDINARY tokens (text the model wrote, or BPE pieces) stay text */
-    collect c;
-    memset(&c, 0, sizeof c);
-    lunar_k3_parser *p = lunar_k3_parser_new(0, on_event, &c, fake_rand, NULL);
+    chat_collect c;
+    chat_collect_init(&c);
+    lunar_k3_parser *p = lunar_k3_parser_new(0, chat_collect_event, &c, fake_rand, NULL);
     const char *pieces[] = {"see ", "<|open|>", "tools", "<|sep|>", "<|open|>call tool=\"x\"<|sep|>", " ok"};
     for (int i = 0; i < 6; i++) lunar_k3_parser_feed(p, 500 + i, pieces[i], strlen(pieces[i]));
     lunar_k3_parser_feed(p, LUNAR_K3_ID_END_OF_MSG, "", 0);
@@ -187,5 +187,48 @@ TEST(chat_parse_k3_fake_tags) {
     CHECK_MSG(strcmp(S(c.content), "see <|open|>tools<|sep|><|open|>call tool=\"x\"<|sep|> ok") == 0, "content '%s'",
               S(c.content));
     CHECK(strcmp(S(c.calls), "") == 0 && strcmp(S(c.finish), "stop") == 0);
-    free_collect(&c);
+    chat_collect_free(&c);
+}
+
+/* the cut at len falls inside a control token's spelling (real output cannot be cut there: its prefix is text) */
+static int splits_control(const char *out, size_t len) {
+    for (int k = 0; k < 4; k++) {
+        size_t l = strlen(CTL[k].s);
+        for (size_t i = 1; i < l && i <= len; i++)
+            if (strncmp(out + len - i, CTL[k].s, l) == 0) return 1;
+    }
+    return 0;
+}
+
+/* Every prefix of a tool-call answer, cut as by max tokens: no crash or leak, a well-formed event sequence
+ * (START < ARGS < END, each name once), finish "length", the same result however the prefix is fed, and the
+ * calls seen so far are a prefix of the full answer's calls (unless the cut splits a control spelling). */
+TEST(chat_parse_k3_truncate_everywhere) {
+    const char *out = "Need 世界.<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|><|open|>tools<|sep|>" CALL_A
+                      "\n" CALL_B CALL_J "<|close|>tools<|sep|>" END;
+    size_t n = strlen(out);
+    chat_collect full;
+    run(out, 1, 0, 0, &full);
+    const char *all = S(full.calls);
+    int bad = 0;
+    for (size_t len = 0; len <= n && bad < 5; len++) {
+        chat_collect c[3];
+        static const int chunks[] = {0, 1, 4};
+        for (int k = 0; k < 3; k++) {
+            run_n(out, len, 1, chunks[k], 1, &c[k]);
+            int ok = chat_collect_ok(&c[k]) && ids_ok(&c[k]) && strcmp(S(c[k].finish), "length") == 0;
+            const char *got = S(c[k].calls);
+            size_t gl = strlen(got);
+            if (gl && got[gl - 1] == ']') gl--;
+            ok = ok && (splits_control(out, len) || strncmp(got, all, gl) == 0);
+            if (k) ok = ok && strcmp(S(c[k].calls), S(c[0].calls)) == 0 &&
+                        strcmp(S(c[k].content), S(c[0].content)) == 0 &&
+                        strcmp(S(c[k].reasoning), S(c[0].reasoning)) == 0;
+            CHECK_MSG(ok, "cut at %zu/%d: order %d, calls '%s' content '%s'", len, chunks[k], c[k].bad_order, got,
+                      S(c[k].content));
+            bad += !ok;
+        }
+        for (int k = 0; k < 3; k++) chat_collect_free(&c[k]);
+    }
+    chat_collect_free(&full);
 }

@@ -30,6 +30,20 @@ static int render_content(lunar_chat_prompt *p, const json_t *c, size_t mi, luna
     return 0;
 }
 
+/* transformers renders the template to one string and BPEs each run between special tokens as a whole:
+ * adjacent TEXT segments become one */
+static void merge_text_runs(lunar_chat_prompt *p) {
+    size_t w = 0;
+    for (size_t r = 0; r < p->n_segs; r++) {
+        if (w > 0 && p->segs[r].kind == LUNAR_SEG_TEXT && p->segs[w - 1].kind == LUNAR_SEG_TEXT &&
+            p->segs[w - 1].off + p->segs[w - 1].len == p->segs[r].off)
+            p->segs[w - 1].len += p->segs[r].len;
+        else
+            p->segs[w++] = p->segs[r];
+    }
+    p->n_segs = w;
+}
+
 int lunar_chat_k2_render(const json_t *req, lunar_chat_prompt *p, lunar_err *err) {
     memset(p, 0, sizeof *p);
     p->tools = json_array();
@@ -104,7 +118,7 @@ int lunar_chat_k2_render(const json_t *req, lunar_chat_prompt *p, lunar_err *err
                     lunar_chat_text(p, json_string_value(a), json_string_length(a));
                 } else if (a && !json_is_null(a)) {
                     lunar_sbuf b = {0};
-                    lunar_json_py_dump(a, LUNAR_JSON_PY_COMPACT, &b);
+                    lunar_json_py_dump(a, 0, &b); /* Jinja tojson: json.dumps defaults (", " ": ") */
                     lunar_chat_text(p, b.p, b.len);
                     lunar_sbuf_free(&b);
                 }
@@ -115,5 +129,6 @@ int lunar_chat_k2_render(const json_t *req, lunar_chat_prompt *p, lunar_err *err
         lunar_chat_special(p, "<|im_end|>");
     }
     header(p, "<|im_assistant|>", "assistant");
+    merge_text_runs(p);
     return 0;
 }

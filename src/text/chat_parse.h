@@ -1,16 +1,32 @@
-/* Streaming output parsers (K3 XTML channels; K2 sections) share this event model.
+/* Streaming output parsers (K3 XTML channels: parse_k3.h; K2 tool-call sections: parse_k2.h) share this event model.
  *
  * The decoder feeds every sampled token as (id, its decoded bytes). Control tokens are recognised by id, or by
  * exact text when id is -1 (text-only callers); ordinary text tokens never act as markers, so text that merely
- * looks like a tag stays text. Events are emitted as soon as they are certain:
- *   REASONING  text delta of reasoning_content
- *   CONTENT    text delta of content
- *   TOOL_CALL  one complete call: index (0-based, emission order), id "call_<32 hex>", name, and the complete
- *              arguments JSON object text. The server sends it as the call's first delta (index, id, type, name)
- *              followed by one arguments delta. A call is emitted when it closes: a call cut off by the token
- *              limit, or malformed, degrades to CONTENT (its raw text), never an error.
- *   FINISH     finish_reason: "length" when truncated, else "tool_calls" if any call was emitted, else "stop".
- * Text deltas always end on a UTF-8 character boundary (a split multi-byte character is held back). */
+ * looks like a tag stays text. Events are emitted as soon as they are certain (never buffering the answer):
+ *   REASONING        text delta of reasoning_content
+ *   CONTENT          text delta of content
+ *   TOOL_CALL_START  a call begins: index (0-based, in emission order), id, name. Emitted exactly once per call,
+ *                    as soon as the name is certain. The server sends it as the call's first delta
+ *                    {index, id, type:"function", function:{name, arguments:""}}.
+ *   TOOL_CALL_ARGS   index + a fragment of the arguments JSON text. The concatenation of all fragments of a
+ *                    completed call is the arguments JSON object string (K3: exactly Python
+ *                    json.dumps(args, ensure_ascii=False); K2: the model's JSON as written). The server sends
+ *                    each as {index, function:{arguments: fragment}}.
+ *   TOOL_CALL_END    index: the call is over (no more fragments). Always follows its START, also when truncated.
+ *   FINISH           finish_reason: "length" when truncated, else "tool_calls" if any call started, else "stop".
+ *                    Always the last event, exactly once.
+ * Ordering: for every call START < ARGS* < END; calls do not interleave (a call ends before the next starts);
+ * text events may come between calls but never inside one.
+ *
+ * Robustness: nothing the model writes is an error. Malformed tags, unexpected control tokens and text that
+ * looks like a tag degrade to text (content, or reasoning in the think channel) -- but only BEFORE a call's
+ * START: once the name has been emitted the call stands. Truncation (max tokens) inside a call therefore gives
+ * START, the fragments already emitted (a prefix of the arguments JSON, possibly not valid JSON) and END, then
+ * FINISH "length": OpenAI clients see a partial call with finish_reason "length", as from OpenAI itself.
+ * A call cut off before its name is certain (inside its opening tag / id) degrades to content.
+ *
+ * Text deltas and argument fragments always end on a UTF-8 character boundary (a split multi-byte character is
+ * held back until it completes or the call/channel ends). */
 #ifndef LUNAR_TEXT_CHAT_PARSE_H
 #define LUNAR_TEXT_CHAT_PARSE_H
 
@@ -19,17 +35,20 @@
 typedef enum {
     LUNAR_CHAT_EV_REASONING,
     LUNAR_CHAT_EV_CONTENT,
-    LUNAR_CHAT_EV_TOOL_CALL,
+    LUNAR_CHAT_EV_TOOL_CALL_START,
+    LUNAR_CHAT_EV_TOOL_CALL_ARGS,
+    LUNAR_CHAT_EV_TOOL_CALL_END,
     LUNAR_CHAT_EV_FINISH,
 } lunar_chat_ev_kind;
 
 typedef struct lunar_chat_event {
     lunar_chat_ev_kind kind;
-    const char *text; /* REASONING/CONTENT: the delta; TOOL_CALL: arguments JSON; FINISH: finish_reason */
+    const char *text; /* REASONING/CONTENT: the delta; TOOL_CALL_ARGS: the fragment; FINISH: finish_reason;
+                         else NULL. Not NUL-terminated: use len. Valid only during the callback. */
     size_t len;
-    int index;        /* TOOL_CALL */
-    const char *id;   /* TOOL_CALL: "call_<hex>" */
-    const char *name; /* TOOL_CALL */
+    int index;        /* TOOL_CALL_*: the call's stream index; else -1 */
+    const char *id;   /* TOOL_CALL_START: K3 "call_<32 hex>", K2 the model's "functions.NAME:IDX"; else NULL */
+    const char *name; /* TOOL_CALL_START; else NULL */
 } lunar_chat_event;
 
 typedef void (*lunar_chat_event_fn)(void *ctx, const lunar_chat_event *ev);

@@ -28,15 +28,19 @@ struct lunar_k3_parser {
     /* a tag being read: control + text up to <|sep|> */
     int tag_ctl;
     lunar_sbuf tag;
-    /* the open call */
-    lunar_sbuf call_raw, args, arg_val, json_block;
-    char *call_name, *arg_key, *arg_type;
-    int n_args, in_arg, in_json, has_json;
+    /* the open call (state S_CALL): its START has been emitted */
+    lunar_sbuf ahold;        /* held partial UTF-8 of the arguments text */
+    lunar_sbuf arg_val;      /* a non-string argument's raw value, decoded at its end */
+    lunar_sbuf json_block;   /* a <|open|>json block's raw text */
+    lunar_sbuf ws;           /* S_BETWEEN/S_TOOLS: held whitespace at the start of a text run */
+    int run_live;            /* ... and the run has shown non-whitespace */
+    int n_args, in_arg, arg_str, in_json, has_json;
     int n_calls;
 };
 
 static void emit_event(lunar_k3_parser *p, lunar_chat_ev_kind kind, const char *s, size_t n) {
-    lunar_chat_event ev = {kind, s, n, -1, NULL, NULL};
+    int call = kind == LUNAR_CHAT_EV_TOOL_CALL_ARGS || kind == LUNAR_CHAT_EV_TOOL_CALL_END;
+    lunar_chat_event ev = {kind, s, n, call ? p->n_calls - 1 : -1, NULL, NULL};
     p->emit(p->emit_ctx, &ev);
 }
 
@@ -57,16 +61,37 @@ static void flush_hold(lunar_k3_parser *p) {
     p->hold.len = 0;
 }
 
+/* appends to a hold buffer and emits its complete-UTF-8 prefix as `kind` */
+static void emit_held(lunar_k3_parser *p, lunar_sbuf *hold, lunar_chat_ev_kind kind, const char *s, size_t n) {
+    if (n == 0) return;
+    lunar_sbuf_put(hold, s, n);
+    size_t ok = utf8_complete(hold->p, hold->len);
+    if (ok == 0) return;
+    emit_event(p, kind, hold->p, ok);
+    memmove(hold->p, hold->p + ok, hold->len - ok);
+    hold->len -= ok;
+}
+
 static void emit_text(lunar_k3_parser *p, lunar_chat_ev_kind kind, const char *s, size_t n) {
     if (n == 0) return;
     if (p->hold.len && p->hold_kind != kind) flush_hold(p);
     p->hold_kind = kind;
-    lunar_sbuf_put(&p->hold, s, n);
-    size_t ok = utf8_complete(p->hold.p, p->hold.len);
-    if (ok == 0) return;
-    emit_event(p, kind, p->hold.p, ok);
-    memmove(p->hold.p, p->hold.p + ok, p->hold.len - ok);
-    p->hold.len -= ok;
+    emit_held(p, &p->hold, kind, s, n);
+}
+
+static void emit_args(lunar_k3_parser *p, const char *s, size_t n) {
+    emit_held(p, &p->ahold, LUNAR_CHAT_EV_TOOL_CALL_ARGS, s, n);
+}
+
+static void emit_args_s(lunar_k3_parser *p, const char *s) { emit_args(p, s, strlen(s)); }
+
+/* a piece of a string argument's value: JSON-escaped, without quotes */
+static void emit_args_escaped(lunar_k3_parser *p, const char *s, size_t n) {
+    if (n == 0) return;
+    lunar_sbuf b = {0};
+    lunar_json_py_string(s, n, &b);
+    emit_args(p, b.p + 1, b.len - 2);
+    lunar_sbuf_free(&b);
 }
 
 lunar_k3_parser *lunar_k3_parser_new(int in_reasoning, lunar_chat_event_fn emit, void *emit_ctx,
@@ -77,19 +102,17 @@ lunar_k3_parser *lunar_k3_parser_new(int in_reasoning, lunar_chat_event_fn emit,
     return p;
 }
 
-static void reset_call(lunar_k3_parser *p) {
-    p->call_raw.len = p->args.len = p->arg_val.len = p->json_block.len = 0;
-    free(p->call_name), free(p->arg_key), free(p->arg_type);
-    p->call_name = p->arg_key = p->arg_type = NULL;
-    p->n_args = p->in_arg = p->in_json = p->has_json = 0;
-}
-
 void lunar_k3_parser_free(lunar_k3_parser *p) {
     if (!p) return;
-    reset_call(p);
-    lunar_sbuf_free(&p->hold), lunar_sbuf_free(&p->tag), lunar_sbuf_free(&p->call_raw);
-    lunar_sbuf_free(&p->args), lunar_sbuf_free(&p->arg_val), lunar_sbuf_free(&p->json_block);
+    lunar_sbuf_free(&p->hold), lunar_sbuf_free(&p->tag), lunar_sbuf_free(&p->ahold);
+    lunar_sbuf_free(&p->arg_val), lunar_sbuf_free(&p->json_block), lunar_sbuf_free(&p->ws);
     free(p);
+}
+
+static int ascii_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!memchr(" \t\n\r\v\f", s[i], 6)) return 0;
+    return 1;
 }
 
 /* where stray text goes in the current state */
@@ -99,12 +122,22 @@ static void stray_text(lunar_k3_parser *p, const char *s, size_t n) {
     case S_CONTENT: emit_text(p, LUNAR_CHAT_EV_CONTENT, s, n); break;
     case S_BETWEEN:
     case S_TOOLS:
-        if (!lunar_py_is_blank(s, n)) emit_text(p, LUNAR_CHAT_EV_CONTENT, s, n);
+        /* text outside the channels is content, unless a whole run of text (between two control tokens) is
+         * ASCII whitespace: leading whitespace is held until the run shows more */
+        if (!p->run_live && ascii_blank(s, n)) {
+            lunar_sbuf_put(&p->ws, s, n);
+            break;
+        }
+        emit_text(p, LUNAR_CHAT_EV_CONTENT, p->ws.p, p->ws.len);
+        p->ws.len = 0;
+        p->run_live = 1;
+        emit_text(p, LUNAR_CHAT_EV_CONTENT, s, n);
         break;
     case S_CALL:
-        if (p->in_arg) lunar_sbuf_put(&p->arg_val, s, n);
+        if (p->in_arg && p->arg_str) emit_args_escaped(p, s, n);
+        else if (p->in_arg) lunar_sbuf_put(&p->arg_val, s, n);
         else if (p->in_json) lunar_sbuf_put(&p->json_block, s, n);
-        break;
+        break; /* between arguments: dropped */
     default: break;
     }
 }
@@ -119,13 +152,6 @@ static void degrade_tag(lunar_k3_parser *p, int with_sep) {
     p->tag.len = 0;
     stray_text(p, raw.p, raw.len);
     lunar_sbuf_free(&raw);
-}
-
-/* an open call that cannot complete: its raw text becomes content */
-static void degrade_call(lunar_k3_parser *p) {
-    p->state = S_TOOLS;
-    emit_text(p, LUNAR_CHAT_EV_CONTENT, p->call_raw.p, p->call_raw.len);
-    reset_call(p);
 }
 
 /* Parses `name( key="value")*` into name and up to 4 attributes (values unescaped). 0 on success. */
@@ -181,55 +207,81 @@ static const char *tag_attr(const tag_info *t, const char *key) {
     return NULL;
 }
 
-static void finish_arg(lunar_k3_parser *p) {
-    lunar_sbuf_puts(&p->args, p->n_args ? ", " : "{");
-    lunar_json_py_string(p->arg_key, strlen(p->arg_key), &p->args);
-    lunar_sbuf_puts(&p->args, ": ");
-    const char *v = p->arg_val.p ? p->arg_val.p : "";
-    size_t n = p->arg_val.len;
-    json_t *j = NULL;
-    if (strncmp(p->arg_type, "str", 3) != 0) j = json_loadb(v, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
-    if (j) {
-        lunar_json_py_dump(j, 0, &p->args);
-        json_decref(j);
-    } else if (strncmp(p->arg_type, "str", 3) == 0) {
-        lunar_json_py_string(v, n, &p->args);
-    } else { /* undecodable: the stripped raw text */
-        size_t a = 0, b = n;
-        while (a < b && lunar_py_is_blank(v + a, 1)) a++;
-        while (b > a && lunar_py_is_blank(v + b - 1, 1)) b--;
-        lunar_json_py_string(v + a, b - a, &p->args);
-    }
-    p->n_args++;
-    p->in_arg = 0;
-    free(p->arg_key), free(p->arg_type);
-    p->arg_key = p->arg_type = NULL;
-    p->arg_val.len = 0;
-}
-
-static void commit_call(lunar_k3_parser *p) {
-    if (p->in_arg) finish_arg(p);
-    lunar_sbuf args = {0};
-    if (p->n_args) {
-        lunar_sbuf_put(&args, p->args.p, p->args.len);
-        lunar_sbuf_putc(&args, '}');
-    } else if (p->has_json) {
-        json_t *j = json_loadb(p->json_block.p, p->json_block.len, JSON_ALLOW_NUL, NULL);
-        if (json_is_object(j)) lunar_json_py_dump(j, 0, &args);
-        else lunar_sbuf_put(&args, p->json_block.p, p->json_block.len); /* as the model wrote it */
-        json_decref(j);
-    } else {
-        lunar_sbuf_puts(&args, "{}");
-    }
+static void start_call(lunar_k3_parser *p, const char *name) {
     unsigned char rnd[16];
     char id[40] = "call_";
     p->rand(p->rand_ctx, rnd, sizeof rnd);
     for (int i = 0; i < 16; i++) snprintf(id + 5 + 2 * i, 3, "%02x", rnd[i]);
     flush_hold(p);
-    lunar_chat_event ev = {LUNAR_CHAT_EV_TOOL_CALL, args.p, args.len, p->n_calls++, id, p->call_name};
+    p->state = S_CALL;
+    p->n_args = p->in_arg = p->arg_str = p->in_json = p->has_json = 0;
+    p->arg_val.len = p->json_block.len = p->ahold.len = 0;
+    lunar_chat_event ev = {LUNAR_CHAT_EV_TOOL_CALL_START, NULL, 0, p->n_calls++, id, name};
     p->emit(p->emit_ctx, &ev);
-    lunar_sbuf_free(&args);
-    reset_call(p);
+}
+
+static void start_arg(lunar_k3_parser *p, const char *key, const char *type) {
+    emit_args_s(p, p->n_args ? ", " : "{");
+    lunar_sbuf b = {0};
+    lunar_json_py_string(key, strlen(key), &b);
+    lunar_sbuf_puts(&b, ": ");
+    emit_args(p, b.p, b.len);
+    lunar_sbuf_free(&b);
+    p->in_arg = 1;
+    p->arg_str = strncmp(type, "str", 3) == 0;
+    p->arg_val.len = 0;
+    if (p->arg_str) emit_args_s(p, "\"");
+}
+
+static void finish_arg(lunar_k3_parser *p) {
+    if (p->arg_str) {
+        emit_args_s(p, "\"");
+    } else {
+        const char *v = p->arg_val.p ? p->arg_val.p : "";
+        size_t n = p->arg_val.len;
+        lunar_sbuf b = {0};
+        json_t *j = json_loadb(v, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        if (j) {
+            lunar_json_py_dump(j, 0, &b);
+            json_decref(j);
+        } else { /* undecodable: the stripped raw text */
+            size_t a = 0, e = n;
+            while (a < e && lunar_py_is_blank(v + a, 1)) a++;
+            while (e > a && lunar_py_is_blank(v + e - 1, 1)) e--;
+            lunar_json_py_string(v + a, e - a, &b);
+        }
+        emit_args(p, b.p, b.len);
+        lunar_sbuf_free(&b);
+    }
+    p->n_args++;
+    p->in_arg = 0;
+    p->arg_val.len = 0;
+}
+
+static void finish_json(lunar_k3_parser *p) {
+    json_t *j = json_loadb(p->json_block.p ? p->json_block.p : "", p->json_block.len, JSON_ALLOW_NUL, NULL);
+    lunar_sbuf b = {0};
+    if (json_is_object(j)) lunar_json_py_dump(j, 0, &b);
+    else lunar_sbuf_put(&b, p->json_block.p, p->json_block.len); /* as the model wrote it */
+    json_decref(j);
+    emit_args(p, b.p, b.len);
+    lunar_sbuf_free(&b);
+    p->in_json = 0, p->has_json = 1;
+}
+
+/* the open call ends. complete: close what is open (the arguments object becomes whole); else (truncated)
+ * only what was already emitted stands. */
+static void end_call(lunar_k3_parser *p, int complete) {
+    if (complete) {
+        if (p->in_arg) finish_arg(p);
+        if (p->in_json) finish_json(p);
+        if (p->n_args) emit_args_s(p, "}");
+        else if (!p->has_json) emit_args_s(p, "{}");
+    }
+    if (p->ahold.len) emit_event(p, LUNAR_CHAT_EV_TOOL_CALL_ARGS, p->ahold.p, p->ahold.len);
+    p->ahold.len = 0;
+    emit_event(p, LUNAR_CHAT_EV_TOOL_CALL_END, NULL, 0);
+    p->in_arg = p->in_json = 0;
     p->state = S_TOOLS;
 }
 
@@ -241,12 +293,6 @@ static void on_tag(lunar_k3_parser *p) {
     const char *nm = bad ? "" : t.name;
 #define IS(o, name) (open == (o) && strcmp(nm, name) == 0)
     int handled = 1;
-    if (p->state == S_CALL) {
-        /* keep the call's raw text for a possible degrade */
-        lunar_sbuf_puts(&p->call_raw, CTL_TEXT[p->tag_ctl]);
-        lunar_sbuf_put(&p->call_raw, p->tag.p, p->tag.len);
-        lunar_sbuf_puts(&p->call_raw, LUNAR_K3_SEP);
-    }
     switch (p->state) {
     case S_REASONING:
         if (IS(0, "think")) p->state = S_BETWEEN;
@@ -264,33 +310,25 @@ static void on_tag(lunar_k3_parser *p) {
         else handled = 0;
         break;
     case S_TOOLS:
-        if (IS(1, "call") && tag_attr(&t, "tool") && *tag_attr(&t, "tool")) {
-            reset_call(p);
-            p->state = S_CALL;
-            p->call_name = strdup(tag_attr(&t, "tool"));
-            lunar_sbuf_puts(&p->call_raw, LUNAR_K3_OPEN);
-            lunar_sbuf_put(&p->call_raw, p->tag.p, p->tag.len);
-            lunar_sbuf_puts(&p->call_raw, LUNAR_K3_SEP);
-        } else if (IS(0, "tools")) p->state = S_BETWEEN;
+        if (IS(1, "call") && tag_attr(&t, "tool") && *tag_attr(&t, "tool")) start_call(p, tag_attr(&t, "tool"));
+        else if (IS(0, "tools")) p->state = S_BETWEEN;
         else if (IS(0, "message")) p->state = S_END;
         else handled = 0;
         break;
     case S_CALL:
-        if (!p->in_arg && !p->in_json && IS(1, "argument") && tag_attr(&t, "key")) {
-            p->in_arg = 1;
-            p->arg_key = strdup(tag_attr(&t, "key"));
-            p->arg_type = strdup(tag_attr(&t, "type") ? tag_attr(&t, "type") : "string");
-            p->arg_val.len = 0;
+        if (!p->in_arg && !p->in_json && !p->has_json && IS(1, "argument") && tag_attr(&t, "key")) {
+            start_arg(p, tag_attr(&t, "key"), tag_attr(&t, "type") ? tag_attr(&t, "type") : "string");
         } else if (p->in_arg && IS(0, "argument")) {
             finish_arg(p);
         } else if (!p->in_arg && !p->in_json && !p->has_json && !p->n_args && IS(1, "json")) {
             p->in_json = 1;
+            p->json_block.len = 0;
         } else if (p->in_json && IS(0, "json")) {
-            p->in_json = 0, p->has_json = 1;
+            finish_json(p);
         } else if (!p->in_json && IS(0, "call")) {
-            commit_call(p);
+            end_call(p, 1);
         } else if (!p->in_json && (IS(0, "tools") || IS(0, "message"))) {
-            commit_call(p); /* a missing close call: the structure around it is still clear */
+            end_call(p, 1); /* a missing close call: the structure around it is still clear */
             p->state = IS(0, "tools") ? S_BETWEEN : S_END;
         } else {
             handled = 0;
@@ -299,20 +337,13 @@ static void on_tag(lunar_k3_parser *p) {
     default: break;
     }
 #undef IS
-    if (!bad) free_tag(&t);
+    free_tag(&t); /* also after a failed parse: values read before the failure */
     if (handled) {
         p->tag_ctl = C_NONE;
         p->tag.len = 0;
     } else {
         degrade_tag(p, 1);
     }
-}
-
-/* inside a call, an unterminated tag's raw text belongs to the call's raw text */
-static void record_unterminated(lunar_k3_parser *p) {
-    if (p->state != S_CALL) return;
-    lunar_sbuf_puts(&p->call_raw, CTL_TEXT[p->tag_ctl]);
-    lunar_sbuf_put(&p->call_raw, p->tag.p, p->tag.len);
 }
 
 static int classify(int id, const char *s, size_t n) {
@@ -329,19 +360,11 @@ static int classify(int id, const char *s, size_t n) {
 void lunar_k3_parser_feed(lunar_k3_parser *p, int id, const char *s, size_t n) {
     if (p->state == S_DONE) return;
     int c = classify(id, s, n);
+    if (c != C_NONE) p->ws.len = 0, p->run_live = 0; /* a text run ends */
     if (c == C_NONE) {
         if (p->tag_ctl != C_NONE) {
             lunar_sbuf_put(&p->tag, s, n);
-            if (p->tag.len > MAX_TAG) {
-                record_unterminated(p);
-                degrade_tag(p, 0);
-            }
-            return;
-        }
-        if (p->state == S_CALL) {
-            lunar_sbuf_put(&p->call_raw, s, n);
-            if (p->in_arg) lunar_sbuf_put(&p->arg_val, s, n);
-            else if (p->in_json) lunar_sbuf_put(&p->json_block, s, n);
+            if (p->tag.len > MAX_TAG) degrade_tag(p, 0);
             return;
         }
         stray_text(p, s, n);
@@ -352,11 +375,10 @@ void lunar_k3_parser_feed(lunar_k3_parser *p, int id, const char *s, size_t n) {
             on_tag(p);
             return;
         }
-        record_unterminated(p);
         degrade_tag(p, 0);
     }
     if (c == C_EOM) {
-        if (p->state == S_CALL) commit_call(p);
+        if (p->state == S_CALL) end_call(p, 1);
         p->state = S_DONE;
         return;
     }
@@ -387,11 +409,12 @@ void lunar_k3_parser_feed_text(lunar_k3_parser *p, const char *s, size_t n) {
 }
 
 void lunar_k3_parser_finish(lunar_k3_parser *p, int truncated) {
-    if (p->tag_ctl != C_NONE) {
-        record_unterminated(p);
-        degrade_tag(p, 0);
+    if (p->state != S_DONE) {
+        /* an unfinished tag inside a call is most likely its closing tag: dropped; elsewhere it is text */
+        if (p->tag_ctl != C_NONE && p->state != S_CALL) degrade_tag(p, 0);
+        p->tag_ctl = C_NONE;
+        if (p->state == S_CALL) end_call(p, !truncated);
     }
-    if (p->state == S_CALL) degrade_call(p);
     flush_hold(p);
     const char *reason = truncated ? "length" : p->n_calls ? "tool_calls" : "stop";
     p->state = S_DONE;
