@@ -1,5 +1,7 @@
 /* End-to-end golden tests: the CPU forward against logits recorded from transformers'
- * KimiLinearForCausalLM (tools/golden/make_golden.py). For every directory tests/golden/NAME/:
+ * KimiLinearForCausalLM (tools/golden/make_golden.py) for Kimi-Linear, and from the fp32 PyTorch
+ * reference pinned to fla/transformers (tools/reference/) for K3 and K3.1. For every directory
+ * tests/golden/NAME/:
  *  1. prefill over prompt_ids, all rows of logits vs prefill_logits;
  *  2. then one token at a time through decode_ids vs decode_logits (recurrent KDA, absorbed MLA);
  *  3. a fresh full recompute over prompt + decode ids vs both (chunked KDA, naive MLA).
@@ -99,7 +101,7 @@ out:
     lunar_st_close(g);
 }
 
-TEST(golden_transformers_kimi_linear) {
+TEST(golden_models_match_their_oracles) {
     DIR *d = opendir("tests/golden");
     CHECK_MSG(d != NULL, "tests/golden is missing (run the tests from the repository root)");
     if (!d) return;
