@@ -1,12 +1,16 @@
 /* The memory planner against the seed's figures (SPEC 4) and the real K3 checkpoint index. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io/config.h"
 #include "io/draft_config.h"
 #include "model/model.h"
 #include "model/plan.h"
 #include "test.h"
+
+int lunar_cmd_plan(int argc, char **argv);
+int lunar_cmd_info(int argc, char **argv);
 
 #define K3 "configs/kimi-k3.json"
 #define K31 "configs/kimi-k3.1-pro.json"
@@ -203,4 +207,65 @@ TEST(plan_h200s_for_k31_pro) {
     CHECK(lunar_config_load(&kl, "configs/kimi-linear-48b-a3b.json", &err) == 0);
     o.max_model_len = 1048576;
     CHECK(lunar_plan_min_tp(&kl, 0, NULL, &o, 0) == 1);
+}
+
+/* Runs a command with stdout/stderr sent to a temp file; returns its exit status, output in buf. */
+static int run_capture(int (*cmd)(int, char **), int argc, char **argv, char *buf, size_t cap) {
+    char path[] = "/tmp/lunar_plan_testXXXXXX";
+    int fd = mkstemp(path);
+    LUNAR_ASSERT(fd >= 0);
+    fflush(stdout);
+    fflush(stderr);
+    int so = dup(1), se = dup(2);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    int rc = cmd(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(so, 1);
+    dup2(se, 2);
+    close(so);
+    close(se);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t n = read(fd, buf, cap - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+TEST(plan_cli) {
+    static char out[65536];
+    char *ok[] = {"plan", "--config", K31, "--tp", "8", "--draft", DRAFT, "--gpu-memory", "288",
+                  "--max-num-seqs", "1"};
+    CHECK(run_capture(lunar_cmd_plan, 11, ok, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "start-up (weights on each GPU): 207.86 GB"), "%s", out);
+    CHECK(strstr(out, "dcp 1: tp 8 (1 node of 8)"));
+    char *info[] = {"info", DRAFT};
+    CHECK(run_capture(lunar_cmd_info, 2, info, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "DSpark draft") && strstr(out, "rank 512"), "%s", out);
+    char *info31[] = {"info", K31};
+    CHECK(run_capture(lunar_cmd_info, 2, info31, out, sizeof out) == 0 && strstr(out, "top-2048"));
+
+    static const struct {
+        int argc;
+        char *argv[8];
+        const char *want;
+    } bad[] = {
+        {3, {"plan", "--tp", "8"}, "--config"},
+        {5, {"plan", "--config", K31, "--tp", "0"}, "--tp"},
+        {5, {"plan", "--config", K31, "--tp", "64"}, "--tp 64"},
+        {7, {"plan", "--config", K31, "--tp", "8", "--dcp", "3"}, "--dcp 3"},
+        {5, {"plan", "--config", K31, "--kv-cache-dtype", "fp4"}, "--kv-cache-dtype"},
+        {5, {"plan", "--config", K31, "--index-cache-dtype", "bf16"}, "--index-cache-dtype"},
+        {5, {"plan", "--config", K31, "--gpu-memory-utilization", "1.5"}, "--gpu-memory-utilization"},
+        {5, {"plan", "--config", K31, "--max-model-len", "abc"}, "--max-model-len"},
+        {5, {"plan", "--config", K31, "--draft", K31}, "--draft"},
+        {4, {"plan", "--config", K31, "--frobnicate"}, "--frobnicate"},
+        {4, {"plan", "--config", K31, "--tp"}, "--tp needs a value"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = run_capture(lunar_cmd_plan, bad[i].argc, (char **)bad[i].argv, out, sizeof out);
+        CHECK_MSG(rc != 0 && strstr(out, bad[i].want), "case %zu (rc %d): %s", i, rc, out);
+    }
 }

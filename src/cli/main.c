@@ -11,6 +11,7 @@ static void usage(FILE *f) {
             "  info MODEL_DIR                       architecture, parameter counts, bytes by dtype\n"
             "  logits MODEL_DIR --ids 1,2,3 --out F.npy   teacher-forced fp32 logits\n"
             "  generate MODEL_DIR --ids ... --max-tokens N [--temperature T --top-p P --top-k K --seed S]\n"
+            "  plan --config CONFIG.json [--tp N --draft F ...]   memory plan per GPU (plan --help)\n"
             "common options: --backend cpu|cuda|auto\n");
 }
 
