@@ -5,8 +5,10 @@
 
 #include "cli/commands.h"
 #include "io/config.h"
+#include "io/draft_config.h"
 #include "io/safetensors.h"
 #include "model/model.h"
+#include "model/plan.h"
 
 static void print_layers(const lunar_config *c, lunar_attn_kind kind) {
     int first = 1;
@@ -21,6 +23,28 @@ static void print_count(const char *label, int64_t n) {
     if (n) printf("  %-22s %16lld  (%.3f B)\n", label, (long long)n, (double)n / 1e9);
 }
 
+/* A DSpark draft config (it has target_layer_ids): its own keys, not a Kimi model_type. */
+static int info_draft(const char *cfg_path) {
+    lunar_draft_config d;
+    lunar_err err;
+    if (lunar_draft_config_load(&d, cfg_path, &err) != 0) {
+        fprintf(stderr, "lunar info: %s\n", err.msg);
+        return 1;
+    }
+    printf("model_type: DSpark draft\n");
+    printf("layers: %d x (MLA %d heads, q_lora %d, kv_lora %d, nope %d + rope %d, v %d; dense MLP %d)\n",
+           d.num_hidden_layers, d.num_attention_heads, d.q_lora_rank, d.kv_lora_rank, d.qk_nope_head_dim,
+           d.qk_rope_head_dim, d.v_head_dim, d.intermediate_size);
+    printf("hidden %d, vocab %d; taps", d.hidden_size, d.vocab_size);
+    for (int i = 0; i < d.n_taps; i++) printf("%s%d", i ? "," : " ", d.target_layer_ids[i]);
+    printf(" of a %d-layer target (width %d)\n", d.target_num_hidden_layers, d.target_hidden_size);
+    printf("Markov head %s, rank %d; mask token %d; block of %d drafts + anchor\n", d.markov_head_type,
+           d.markov_rank, d.mask_token_id, d.block_size);
+    int64_t n = lunar_draft_count_params(&d);
+    printf("parameters: %.3f B loaded (embedding and lm_head are the target's)\n", (double)n / 1e9);
+    return 0;
+}
+
 int lunar_cmd_info(int argc, char **argv) {
     if (argc != 2) {
         fprintf(stderr, "usage: lunar info MODEL_DIR|CONFIG.json\n");
@@ -33,6 +57,12 @@ int lunar_cmd_info(int argc, char **argv) {
     snprintf(cfg_path, sizeof cfg_path, is_dir ? "%s/config.json" : "%s", path);
     lunar_config c;
     lunar_err err;
+    int draft = lunar_draft_config_sniff(cfg_path, &err);
+    if (draft < 0) {
+        fprintf(stderr, "lunar info: %s\n", err.msg);
+        return 1;
+    }
+    if (draft) return info_draft(cfg_path);
     if (lunar_config_load(&c, cfg_path, &err) != 0) {
         fprintf(stderr, "lunar info: %s\n", err.msg);
         return 1;
@@ -46,6 +76,9 @@ int lunar_cmd_info(int argc, char **argv) {
            c.num_attention_heads, c.kv_lora_rank, c.qk_nope_head_dim, c.qk_rope_head_dim,
            c.v_head_dim);
     print_layers(&c, LUNAR_ATTN_MLA);
+    if (c.index_topk > 0)
+        printf("\n  DSA indexer on every MLA layer: %d heads x %d, top-%d%s", c.index_n_heads,
+               c.index_head_dim, c.index_topk, c.index_rope ? ", RoPE" : "");
     printf("\n  MoE: %d experts, top-%d, expert inter %d, %d shared; dense inter %d; first %d dense\n",
            c.num_experts, c.num_experts_per_token, c.moe_intermediate_size, c.num_shared_experts,
            c.intermediate_size, c.first_k_dense_replace);

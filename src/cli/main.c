@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  tokenize MODEL_DIR --text-file F [--special]   token ids, one line\n"
             "  detokenize MODEL_DIR --ids 1,2,3      text\n"
             "  render MODEL_DIR --request REQ.json   chat request -> prompt text, ids, prompt_tokens\n"
+            "  plan --config CONFIG.json [--tp N --draft F ...]   memory plan per GPU (plan --help)\n"
             "common options: --backend cpu|cuda|auto\n");
 }
 
