@@ -7,6 +7,7 @@
 #include "base/file.h"
 #include "cli/args.h"
 #include "io/config.h"
+#include "io/safetensors.h"
 #include "model/model.h"
 #include "test.h"
 
@@ -100,4 +101,49 @@ TEST(cli_logits_writes_npy) {
         CHECK_MSG(0, "%s", err.msg);
     }
     unlink(out);
+}
+
+/* `lunar logits` on the tiny K3.1 model reproduces the oracle's prefill logits through the CLI, and
+ * `lunar generate` runs on it. */
+TEST(cli_k31_logits_match_golden_and_generate_runs) {
+    lunar_st *g;
+    lunar_err err;
+    if (lunar_st_open(&g, "tests/golden/k31-b/golden.safetensors", &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    const lunar_tensor *pid = lunar_st_find(g, "prompt_ids"), *pl = lunar_st_find(g, "prefill_logits");
+    CHECK(pid && pl);
+    if (!pid || !pl) {
+        lunar_st_close(g);
+        return;
+    }
+    const int T = (int)pid->shape[0], V = (int)pl->shape[1];
+    char ids[8192] = "";
+    size_t len = 0;
+    for (int i = 0; i < T && len + 16 < sizeof ids; i++)
+        len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%d", i ? "," : "", ((const int32_t *)pid->data)[i]);
+    char out[] = "/tmp/lunar-test-k31-XXXXXX";
+    int fd = mkstemp(out);
+    close(fd);
+    char *argv[] = {"logits", "tests/golden/k31-b", "--ids", ids, "--out", out};
+    CHECK(run_quiet(lunar_cmd_logits, 6, argv) == 0);
+    char *buf;
+    size_t n;
+    if (lunar_read_file(out, 1 << 26, &buf, &n, &err) == 0) {
+        size_t hlen = (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8;
+        CHECK(n == 10 + hlen + (size_t)T * V * 4);
+        if (n == 10 + hlen + (size_t)T * V * 4) {
+            float *got = lunar_xmalloc((size_t)T * V * sizeof(float));
+            memcpy(got, buf + 10 + hlen, (size_t)T * V * sizeof(float));
+            double e = lunar_max_rel_err(got, pl->data, (long)T * V);
+            CHECK_MSG(e <= 1e-4, "max rel err %.3g", e);
+            free(got);
+        }
+        free(buf);
+    }
+    unlink(out);
+    char *gen[] = {"generate", "tests/golden/k31-b", "--ids", "1,2,3,4", "--max-tokens", "6", "--temperature", "0.7", "--seed", "3"};
+    CHECK(run_quiet(lunar_cmd_generate, 10, gen) == 0);
+    lunar_st_close(g);
 }
