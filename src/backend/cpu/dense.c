@@ -7,16 +7,18 @@
 #include "base/err.h"
 #include "ops.h"
 
-/* sum_i a[i]*b[i] in fp32, with 16 independent partial sums: they break the add-latency chain
- * and the compiler maps them onto vector registers (SLP), whatever the target's vector width. */
+/* sum_i a[i]*b[i] in fp32 with 8 independent partial sums (they break the add-latency chain and
+ * map onto vector registers), in exactly the order dot4_f32 uses for each of its tokens: a row's
+ * result never depends on how many tokens share the call (batch invariance: a request computes
+ * the same logits alone or batched with others). */
 static inline float dot_f32(const float *a, const float *b, int n) {
-    float acc[16] = {0};
+    float acc[8] = {0};
     int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[i + j] * b[i + j];
     float s = 0.0f;
     for (; i < n; i++) s += a[i] * b[i];
-    for (int j = 0; j < 16; j++) s += acc[j];
+    for (int j = 0; j < 8; j++) s += acc[j];
     return s;
 }
 
