@@ -487,7 +487,7 @@ static void *engine_main(void *arg) {
         while (e->incoming.n) lunar_req_list_push(&e->waiting, lunar_req_list_pop_front(&e->incoming));
         int nc = e->n_cancels;
         cancels = realloc(cancels, ((size_t)nc + 1) * sizeof *cancels);
-        memcpy(cancels, e->cancels, (size_t)nc * sizeof *cancels);
+        if (nc) memcpy(cancels, e->cancels, (size_t)nc * sizeof *cancels);
         e->n_cancels = 0;
         pthread_mutex_unlock(&e->mu);
 
