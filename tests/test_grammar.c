@@ -179,7 +179,7 @@ TEST(grammar_instances) {
 
 /* At states along sampled outputs, every token's mask bit equals can_accept (the table path for
  * string bodies, the trie walk and the per-state cache against plain byte-by-byte stepping). */
-static void check_mask_states(const char *schema_text, uint64_t seed, int states) {
+static void check_mask_states(const char *schema_text, const char *prefix, uint64_t seed, int states) {
     json_t *s = schema_text ? json_loads(schema_text, 0, NULL) : NULL;
     int32_t end = GU_END_ID;
     lunar_grammar *g;
@@ -194,6 +194,12 @@ static void check_mask_states(const char *schema_text, uint64_t seed, int states
     uint32_t *mask = malloc((size_t)words * 4);
     lunar_matcher *m = lunar_matcher_new(g);
     uint64_t st = seed;
+    if (prefix) {
+        lunar_ids ids = {0};
+        lunar_tokenize(g_tok, prefix, strlen(prefix), false, &ids, &err);
+        for (size_t k = 0; k < ids.n; k++) CHECK(lunar_matcher_accept(m, ids.ids[k]) == 0);
+        lunar_ids_free(&ids);
+    }
     for (int k = 0; k < states && !lunar_matcher_is_done(m); k++) {
         lunar_matcher_fill_mask(m, mask);
         int bad = 0;
@@ -223,12 +229,19 @@ static void check_mask_states(const char *schema_text, uint64_t seed, int states
 
 TEST(grammar_mask_matches_accept) {
     if (setup()) return;
-    check_mask_states("{\"type\":\"string\",\"minLength\":2,\"maxLength\":6}", 1, 5);
+    static const char *obj = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-5,"
+                             "\"maximum\":250},\"name\":{\"type\":\"string\"}},\"additionalProperties\":{\"type\":\"array\","
+                             "\"items\":{\"type\":\"number\",\"exclusiveMaximum\":2.5}}}";
+    check_mask_states("{\"type\":\"string\",\"minLength\":2,\"maxLength\":6}", NULL, 1, 5);
+    /* keys that still equal a prefix of a declared name (the excluded-key trie) */
+    check_mask_states(obj, "{\"a\":1,\"nam", 4, 2);
+    check_mask_states(obj, "{\"a\":1,\"name", 5, 2);
+    check_mask_states(obj, "{\"", 6, 2);
     check_mask_states("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":-5,\"maximum\":250},"
                       "\"name\":{\"type\":\"string\"}},\"required\":[\"name\"],\"additionalProperties\":{\"type\":\"array\","
                       "\"items\":{\"type\":\"number\",\"exclusiveMaximum\":2.5}}}",
-                      2, 8);
-    check_mask_states(NULL, 3, 6);
+                      NULL, 2, 8);
+    check_mask_states(NULL, NULL, 3, 6);
 }
 
 TEST(grammar_errors) {

@@ -122,6 +122,7 @@ struct lunar_vocab {
     uint8_t *nb;
     uint16_t *nd;
     int32_t *ntok, *nskip, *same_next;
+    int32_t root_child[256]; /* node of the one-byte prefix c (-1: no token starts with c) */
     str_table st[S_NPHASE];
 };
 
@@ -283,6 +284,8 @@ int lunar_vocab_build(lunar_vocab **out, const lunar_tokenizer *tok, lunar_err *
     }
     while (depth > 0) v->nskip[path[--depth]] = nn;
     v->n_nodes = nn;
+    for (int c = 0; c < 256; c++) v->root_child[c] = -1;
+    for (int32_t i = 0; i < nn; i = v->nskip[i]) v->root_child[v->nb[i]] = i;
     free(path);
     free(order);
     build_str_tables(v);
@@ -661,7 +664,7 @@ struct lunar_matcher {
     int n_key, cap_key;
     mcache_ent cache[MCACHE];
     int cache_next;
-    uint32_t *tmp;
+    uint32_t *tmp, *tmp2;
     int32_t *remap;
     int cap_remap;
 };
@@ -773,6 +776,7 @@ lunar_matcher *lunar_matcher_new(const lunar_grammar *g) {
     m->lvl_e = lunar_xmalloc((size_t)d * sizeof(int32_t));
     m->lvl_ar = lunar_xmalloc((size_t)d * sizeof(int32_t));
     m->tmp = lunar_xmalloc((size_t)g->v->words * sizeof(uint32_t));
+    m->tmp2 = lunar_xmalloc((size_t)g->v->words * sizeof(uint32_t));
     closure(m, 0, fr_enter(m, g->start_pos, -1), 0);
     m->n_state = m->n_buf;
     return m;
@@ -782,7 +786,7 @@ void lunar_matcher_free(lunar_matcher *m) {
     if (!m) return;
     for (int i = 0; i < MCACHE; i++) free(m->cache[i].key), free(m->cache[i].mask);
     free(m->ar), free(m->buf), free(m->lvl_s), free(m->lvl_e), free(m->lvl_ar), free(m->key);
-    free(m->tmp), free(m->remap);
+    free(m->tmp), free(m->tmp2), free(m->remap);
     free(m);
 }
 
@@ -813,12 +817,12 @@ static uint64_t state_key(lunar_matcher *m) {
 }
 
 /* Trie walk for the stacks buf[s0 .. e0) (at the end of buf). */
-static void walk(lunar_matcher *m, int s0, int e0, uint32_t *mask) {
+static void walk_range(lunar_matcher *m, int s0, int e0, uint32_t *mask, int32_t from, int32_t to) {
     const lunar_vocab *v = m->g->v;
     m->lvl_s[0] = s0;
     m->lvl_e[0] = e0;
     m->lvl_ar[0] = m->n_ar;
-    for (int32_t i = 0; i < v->n_nodes;) {
+    for (int32_t i = from; i < to;) {
         int d = v->nd[i];
         m->n_buf = m->lvl_e[d - 1];
         m->n_ar = m->lvl_ar[d - 1];
@@ -839,12 +843,15 @@ static void walk(lunar_matcher *m, int s0, int e0, uint32_t *mask) {
     m->n_ar = m->lvl_ar[0];
 }
 
+static void walk(lunar_matcher *m, int s0, int e0, uint32_t *mask) { walk_range(m, s0, e0, mask, 0, m->g->v->n_nodes); }
+
 /* A string lexeme inside its body, off the excluded-key trie: the tables decide the tokens that
  * stay inside; tokens that close it are checked per group of equal trailing bytes. */
-static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask) {
+static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close_now) {
     const lunar_grammar *g = m->g;
     const lunar_vocab *v = g->v;
     g_frame f = m->ar[top];
+    f.n2 &= 255; /* the tables know nothing of the excluded-key trie: see str_on_trie */
     const g_lex *lx = &g->lexes[g->elems[f.pos].a];
     const str_table *t = &v->st[f.n2 & 255];
     int64_t room = lx->max_len < 0 ? INT64_MAX : lx->max_len - f.n;
@@ -887,7 +894,7 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask) {
                 prev = r;
                 prev_len = rl;
             }
-            if (!ok) continue;
+            if (!ok || (no_close_now && t->close_off[i] == 0)) continue;
             int64_t cnt = f.n + t->close_n[i];
             if (cnt < lx->min_len || (lx->max_len >= 0 && cnt > lx->max_len)) continue;
             bit_set(mask, id);
@@ -895,6 +902,33 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask) {
     }
     m->n_buf = cs;
     m->n_ar = ar0;
+}
+
+/* A key string in its body while it still equals a prefix of an excluded key (trie node t): tokens
+ * whose first byte leaves the trie behave exactly as off the trie (the tables), except that a
+ * backslash is refused and an immediate closing quote is refused at a full excluded key; tokens
+ * whose first byte follows the trie are walked. Adds this stack's tokens to mask. */
+static void str_on_trie(lunar_matcher *m, int32_t top, uint32_t *mask) {
+    const lunar_grammar *g = m->g;
+    const lunar_vocab *v = g->v;
+    int t = (int)(m->ar[top].n2 >> 8);
+    uint32_t *own = m->tmp2;
+    memset(own, 0, (size_t)v->words * sizeof(uint32_t));
+    str_fast(m, top, own, g->xnodes[t].terminal);
+    const g_xnode *x = &g->xnodes[t];
+    for (int e = -1; e < x->n_edges; e++) {
+        int32_t node = v->root_child[e < 0 ? '\\' : g->xedges[x->first_edge + e].byte];
+        if (node < 0) continue;
+        for (int32_t i = node; i < v->nskip[node]; i++)
+            for (int32_t id = v->ntok[i]; id >= 0; id = v->same_next[id]) own[id >> 5] &= ~(1u << (id & 31));
+        if (e < 0) continue;
+        int s0 = m->n_buf;
+        GROW(m->buf, m->n_buf, m->cap_buf);
+        m->buf[m->n_buf++] = top;
+        walk_range(m, s0, m->n_buf, own, node, v->nskip[node]);
+        m->n_buf = s0;
+    }
+    for (int w = 0; w < v->words; w++) mask[w] |= own[w];
 }
 
 static void compute_mask(lunar_matcher *m, uint32_t *mask) {
@@ -927,7 +961,9 @@ static void compute_mask(lunar_matcher *m, uint32_t *mask) {
         const g_elem *e = &g->elems[f->pos];
         int ph = (int)(f->n2 & 255);
         if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph > S_START && ph < S_DONE && (f->n2 >> 8) == 0)
-            str_fast(m, top, mask);
+            str_fast(m, top, mask, 0);
+        else if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph == S_BODY)
+            str_on_trie(m, top, mask);
         else
             m->buf[gk++] = top;
     }
