@@ -128,10 +128,9 @@ struct lunar_vocab {
 
 int32_t lunar_vocab_size(const lunar_vocab *v) { return v->n; }
 
-static const lunar_vocab *sort_vocab;
-static int cmp_tok_bytes(const void *pa, const void *pb) {
+static int cmp_tok_bytes(const void *pa, const void *pb, void *ctx) {
     int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    const lunar_vocab *v = sort_vocab;
+    const lunar_vocab *v = ctx;
     uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b];
     int c = memcmp(v->bytes + v->off[a], v->bytes + v->off[b], la < lb ? la : lb);
     if (c) return c;
@@ -142,9 +141,9 @@ static int cmp_tok_bytes(const void *pa, const void *pb) {
 typedef struct {
     int32_t id, n, off;
 } close_rec;
-static int cmp_close(const void *pa, const void *pb) {
+static int cmp_close(const void *pa, const void *pb, void *ctx) {
     const close_rec *a = pa, *b = pb;
-    const lunar_vocab *v = sort_vocab;
+    const lunar_vocab *v = ctx;
     uint32_t sa = v->off[a->id] + (uint32_t)a->off + 1, sb = v->off[b->id] + (uint32_t)b->off + 1;
     uint32_t la = v->off[a->id + 1] - sa, lb = v->off[b->id + 1] - sb;
     int c = memcmp(v->bytes + sa, v->bytes + sb, la < lb ? la : lb);
@@ -188,8 +187,7 @@ static void build_str_tables(lunar_vocab *v) {
             }
         }
         qsort(stay, (size_t)ns, sizeof *stay, cmp_stay);
-        sort_vocab = v;
-        qsort(cl, (size_t)nc, sizeof *cl, cmp_close);
+        qsort_r(cl, (size_t)nc, sizeof *cl, cmp_close, v);
         t->n_stay = ns;
         t->stay_ids = lunar_xmalloc((size_t)(ns ? ns : 1) * sizeof(int32_t));
         t->stay_n = lunar_xmalloc((size_t)(ns ? ns : 1) * sizeof(int32_t));
@@ -238,8 +236,7 @@ int lunar_vocab_build(lunar_vocab **out, const lunar_tokenizer *tok, lunar_err *
     int32_t n_ord = 0;
     for (int32_t id = 0; id < v->n_ranks; id++)
         if (v->off[id + 1] > v->off[id]) order[n_ord++] = id;
-    sort_vocab = v;
-    qsort(order, (size_t)n_ord, sizeof(int32_t), cmp_tok_bytes);
+    qsort_r(order, (size_t)n_ord, sizeof(int32_t), cmp_tok_bytes, v);
     size_t cap = total + 1;
     v->nb = lunar_xmalloc(cap);
     v->nd = lunar_xmalloc(cap * sizeof(uint16_t));
