@@ -43,7 +43,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test clean fuzz deps run check fuzz-smoke bench-tokenizer bench-prefix
+.PHONY: all test clean fuzz deps run check fuzz-smoke bench-tokenizer bench-prefix bench-grammar
 all: $(BUILD)/lunar $(BUILD)/lunar_tests
 
 $(BUILD)/liblunar.a: $(LIB_OBJ)
@@ -101,6 +101,11 @@ $(BUILD)/bench_tokenizer: tools/tokenizer/bench_tokenizer.c $(BUILD)/liblunar.a
 # Prefix-cache benchmark (multi-turn workload, cache on vs off)
 bench-prefix: $(BUILD)/bench_prefix
 $(BUILD)/bench_prefix: tools/bench/bench_prefix.c $(BUILD)/liblunar.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/liblunar.a $(LDLIBS)
+
+# Grammar mask timing over the schema cases (not a test): build/bench_grammar [seeds] [-v]
+bench-grammar: $(BUILD)/bench_grammar
+$(BUILD)/bench_grammar: tools/grammar/bench_mask.c tests/grammar_util.h $(BUILD)/liblunar.a
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/liblunar.a $(LDLIBS)
 
 # libFuzzer targets (clang): build/fuzz_<name>; run e.g. build/fuzz_safetensors tests/corpus/safetensors

@@ -25,6 +25,10 @@ typedef struct lunar_grammar lunar_grammar;
  * once the value is complete, e.g. the end-of-turn token. */
 int lunar_grammar_from_json_schema(lunar_grammar **out, const lunar_vocab *v, const json_t *schema,
                                    const int32_t *end_ids, int n_end, lunar_err *err);
+/* SPEC 6: a schema S as a strict tool's parameters: {"type":"object","required":["value"],
+ * "additionalProperties":false,"properties":{"value":S}} with S's $defs / $id hoisted to the top and
+ * its "default" removed. New reference; the caller frees it. */
+json_t *lunar_json_schema_tool_value(const json_t *schema);
 /* A grammar in the EBNF dialect documented in grammar.c (root rule "root"); the dialect can name
  * control tokens by id so chat-format syntax can be written. */
 int lunar_grammar_from_ebnf(lunar_grammar **out, const lunar_vocab *v, const char *ebnf,
@@ -39,6 +43,8 @@ void lunar_matcher_free(lunar_matcher *m);
 void lunar_matcher_fill_mask(lunar_matcher *m, uint32_t *mask);
 /* Advances on a token; -1 if the token was not allowed (state unchanged). */
 int lunar_matcher_accept(lunar_matcher *m, int32_t token);
+/* Whether accept(token) would succeed (state unchanged either way): the mask's bit, one token at a time. */
+int lunar_matcher_can_accept(lunar_matcher *m, int32_t token);
 /* The value is complete and an end token was accepted (or only end tokens remain allowed). */
 int lunar_matcher_is_done(const lunar_matcher *m);
 

@@ -1,0 +1,1426 @@
+/* Grammar-constrained decoding: the vocabulary index, the grammar IR and its builder, the string
+ * and number lexemes, the matcher (a set of pushdown stacks over bytes) and the EBNF dialect.
+ *
+ * Matcher. A state is a set of stacks (nondeterminism from alternatives); a stack is a chain of
+ * frames (pos, count/lexeme state, parent) in an arena, persistent: advancing a stack on a byte
+ * adds frames on top of shared parents. Every stack in a state has a byte-consuming element
+ * (G_BYTES, G_LEX) or a token element (G_TOKENS) on top, or is the accepted marker.
+ *
+ * Masks. For each stack of the state:
+ *   - G_TOKENS on top: the ids are allowed;
+ *   - a JSON string lexeme inside its body (the common case: most steps are inside strings): the
+ *     per-phase tables precomputed in the vocabulary give every token that stays inside the body
+ *     (filtered by the code-point budget left) and every token that closes the string, grouped by
+ *     the bytes after the closing quote; each group is checked once by running those bytes on the
+ *     stack that follows the string (XGrammar's split into context-independent tokens, decided by
+ *     a table, and context-dependent ones, checked at run time);
+ *   - otherwise the vocabulary trie (a depth-first array with subtree skips) is walked once for all
+ *     remaining stacks together, advancing the stack set byte by byte and pruning a subtree as soon
+ *     as the set is empty.
+ * Masks are cached per state (the serialised stack set) in a small per-matcher cache; counters of
+ * unbounded repetitions saturate at their minimum so that a state inside a long free string or list
+ * repeats exactly.
+ *
+ * EBNF dialect (lunar_grammar_from_ebnf), GBNF-like:
+ *   rule    ::= NAME "::=" alts             (rules end where the next "NAME ::=" starts)
+ *   alts    ::= seq ("|" seq)*
+ *   seq     ::= (atom quant?)*
+ *   atom    ::= "literal" | [class] | NAME | "(" alts ")" | "<" ID ">" | "."
+ *   quant   ::= "*" | "+" | "?" | "{" m "}" | "{" m ",}" | "{" m "," n "}"
+ * Literals and classes are bytes (UTF-8 of the text; escapes \n \r \t \\ \" \] \- \xHH \uXXXX);
+ * a class may be negated with ^ and has ranges a-z; "." is any byte; <ID> is the token with that id
+ * (a control token of the chat format, e.g. <163587>). '#' starts a comment. The start rule is
+ * "root". Left recursion and repetitions of rules that match the empty string are not supported. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/grammar_internal.h"
+
+/* ------------------------------------------------------------------------------------------ */
+/* JSON string lexeme phases                                                                   */
+
+enum {
+    S_START, /* expects the opening quote */
+    S_BODY,
+    S_ESC,                          /* after a backslash */
+    S_U4, S_U3, S_U3D, S_U3Z,       /* \u: hex digits left; D: first was d (no surrogates); Z: zeros */
+    S_U2, S_U2Z, S_U1, S_U1Z,
+    S_C1, S_C2, S_C3,               /* UTF-8 continuation bytes left */
+    S_E0, S_ED, S_F0, S_F4,         /* UTF-8 lead bytes with a restricted second byte */
+    S_DONE,
+    S_NPHASE
+};
+
+static int is_hex(uint8_t b) { return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
+
+/* One byte of a JSON string (ignoring lengths and excluded keys): new phase or -1; *starts: the
+ * byte starts a code point; a closing quote gives S_DONE. */
+static int str_phase_step(int p, uint8_t b, int *starts) {
+    *starts = 0;
+    switch (p) {
+    case S_START: return b == '"' ? S_BODY : -1;
+    case S_BODY:
+        if (b == '"') return S_DONE;
+        *starts = 1;
+        if (b == '\\') return S_ESC;
+        if (b < 0x20) return -1;
+        if (b < 0x80) return S_BODY;
+        if (b >= 0xC2 && b <= 0xDF) return S_C1;
+        if (b == 0xE0) return S_E0;
+        if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) return S_C2;
+        if (b == 0xED) return S_ED;
+        if (b == 0xF0) return S_F0;
+        if (b >= 0xF1 && b <= 0xF3) return S_C3;
+        if (b == 0xF4) return S_F4;
+        return -1;
+    case S_ESC:
+        if (b == 'u') return S_U4;
+        return strchr("\"\\/bfnrt", b) && b ? S_BODY : -1;
+    case S_U4:
+        if (b == 'd' || b == 'D') return S_U3D;
+        if (b == '0') return S_U3Z;
+        return is_hex(b) ? S_U3 : -1;
+    case S_U3D: return b >= '0' && b <= '7' ? S_U2 : -1;
+    case S_U3Z: return b == '0' ? S_U2Z : is_hex(b) ? S_U2 : -1;
+    case S_U3: return is_hex(b) ? S_U2 : -1;
+    case S_U2Z: return b == '0' ? S_U1Z : is_hex(b) ? S_U1 : -1;
+    case S_U2: return is_hex(b) ? S_U1 : -1;
+    case S_U1Z: return b != '0' && is_hex(b) ? S_BODY : -1; /* no \u0000 */
+    case S_U1: return is_hex(b) ? S_BODY : -1;
+    case S_C1: return b >= 0x80 && b <= 0xBF ? S_BODY : -1;
+    case S_C2: return b >= 0x80 && b <= 0xBF ? S_C1 : -1;
+    case S_C3: return b >= 0x80 && b <= 0xBF ? S_C2 : -1;
+    case S_E0: return b >= 0xA0 && b <= 0xBF ? S_C1 : -1;
+    case S_ED: return b >= 0x80 && b <= 0x9F ? S_C1 : -1;
+    case S_F0: return b >= 0x90 && b <= 0xBF ? S_C2 : -1;
+    case S_F4: return b >= 0x80 && b <= 0x8F ? S_C2 : -1;
+    default: return -1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Vocabulary                                                                                  */
+
+typedef struct {
+    uint32_t *stay_mask;    /* tokens that stay inside the string body from this phase */
+    int32_t *stay_ids;      /* the same tokens, by code points started ascending */
+    int32_t *stay_n;
+    int32_t n_stay, max_n;
+    int32_t *close_ids;     /* tokens that close the string, grouped by the bytes after the quote */
+    int32_t *close_n, *close_off;
+    int32_t n_close;
+} str_table;
+
+struct lunar_vocab {
+    int32_t n, n_ranks, words;
+    uint32_t *off; /* token bytes: bytes[off[id] .. off[id+1]) for id < n_ranks */
+    uint8_t *bytes;
+    /* trie in depth-first order: node i has edge byte nb[i], depth nd[i] (root children: 1), the
+     * first token ending there ntok[i] (-1: none; more via same_next), its subtree ends before
+     * nskip[i] */
+    int32_t n_nodes, max_depth;
+    uint8_t *nb;
+    uint16_t *nd;
+    int32_t *ntok, *nskip, *same_next;
+    int32_t root_child[256]; /* node of the one-byte prefix c (-1: no token starts with c) */
+    str_table st[S_NPHASE];
+};
+
+int32_t lunar_vocab_size(const lunar_vocab *v) { return v->n; }
+
+static int cmp_tok_bytes(const void *pa, const void *pb, void *ctx) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    const lunar_vocab *v = ctx;
+    uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b];
+    int c = memcmp(v->bytes + v->off[a], v->bytes + v->off[b], la < lb ? la : lb);
+    if (c) return c;
+    if (la != lb) return la < lb ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+typedef struct {
+    int32_t id, n, off;
+} close_rec;
+static int cmp_close(const void *pa, const void *pb, void *ctx) {
+    const close_rec *a = pa, *b = pb;
+    const lunar_vocab *v = ctx;
+    uint32_t sa = v->off[a->id] + (uint32_t)a->off + 1, sb = v->off[b->id] + (uint32_t)b->off + 1;
+    uint32_t la = v->off[a->id + 1] - sa, lb = v->off[b->id + 1] - sb;
+    int c = memcmp(v->bytes + sa, v->bytes + sb, la < lb ? la : lb);
+    if (c) return c;
+    if (la != lb) return la < lb ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+typedef struct {
+    int32_t id, n;
+} stay_rec;
+static int cmp_stay(const void *pa, const void *pb) {
+    const stay_rec *a = pa, *b = pb;
+    if (a->n != b->n) return a->n < b->n ? -1 : 1;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static void build_str_tables(lunar_vocab *v) {
+    stay_rec *stay = lunar_xmalloc((size_t)v->n_ranks * sizeof *stay);
+    close_rec *cl = lunar_xmalloc((size_t)v->n_ranks * sizeof *cl);
+    for (int p = S_BODY; p < S_DONE; p++) {
+        str_table *t = &v->st[p];
+        int ns = 0, nc = 0;
+        t->stay_mask = lunar_xcalloc((size_t)v->words, sizeof(uint32_t));
+        for (int32_t id = 0; id < v->n_ranks; id++) {
+            const uint8_t *s = v->bytes + v->off[id];
+            uint32_t len = v->off[id + 1] - v->off[id];
+            int ph = p, n = 0, starts;
+            uint32_t k;
+            for (k = 0; k < len; k++) {
+                ph = str_phase_step(ph, s[k], &starts);
+                if (ph < 0) break;
+                n += starts;
+                if (ph == S_DONE) break;
+            }
+            if (ph < 0 || len == 0) continue;
+            if (ph == S_DONE) {
+                cl[nc++] = (close_rec){id, n, (int32_t)k};
+            } else {
+                stay[ns++] = (stay_rec){id, n};
+                t->stay_mask[id >> 5] |= 1u << (id & 31);
+            }
+        }
+        qsort(stay, (size_t)ns, sizeof *stay, cmp_stay);
+        qsort_r(cl, (size_t)nc, sizeof *cl, cmp_close, v);
+        t->n_stay = ns;
+        t->stay_ids = lunar_xmalloc((size_t)(ns ? ns : 1) * sizeof(int32_t));
+        t->stay_n = lunar_xmalloc((size_t)(ns ? ns : 1) * sizeof(int32_t));
+        for (int i = 0; i < ns; i++) t->stay_ids[i] = stay[i].id, t->stay_n[i] = stay[i].n;
+        t->max_n = ns ? stay[ns - 1].n : 0;
+        t->n_close = nc;
+        t->close_ids = lunar_xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
+        t->close_n = lunar_xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
+        t->close_off = lunar_xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
+        for (int i = 0; i < nc; i++) t->close_ids[i] = cl[i].id, t->close_n[i] = cl[i].n, t->close_off[i] = cl[i].off;
+    }
+    free(stay);
+    free(cl);
+}
+
+int lunar_vocab_build(lunar_vocab **out, const lunar_tokenizer *tok, lunar_err *err) {
+    *out = NULL;
+    lunar_vocab *v = lunar_xcalloc(1, sizeof *v);
+    v->n = lunar_tokenizer_vocab_size(tok);
+    v->n_ranks = lunar_tokenizer_num_ranks(tok);
+    if (v->n <= 0 || v->n_ranks < 0 || v->n_ranks > v->n) {
+        free(v);
+        return lunar_fail(err, "vocab: bad tokenizer sizes");
+    }
+    v->words = (v->n + 31) / 32;
+    size_t total = 0;
+    for (int32_t id = 0; id < v->n_ranks; id++) {
+        size_t len = 0;
+        lunar_token_bytes(tok, id, &len);
+        total += len;
+    }
+    v->off = lunar_xmalloc(((size_t)v->n_ranks + 1) * sizeof(uint32_t));
+    v->bytes = lunar_xmalloc(total ? total : 1);
+    total = 0;
+    for (int32_t id = 0; id < v->n_ranks; id++) {
+        size_t len = 0;
+        const char *s = lunar_token_bytes(tok, id, &len);
+        v->off[id] = (uint32_t)total;
+        if (len) memcpy(v->bytes + total, s, len);
+        total += len;
+    }
+    v->off[v->n_ranks] = (uint32_t)total;
+
+    /* trie over the byte tokens (special ids are never bytes: only G_TOKENS elements allow them) */
+    int32_t *order = lunar_xmalloc(((size_t)v->n_ranks + 1) * sizeof(int32_t));
+    int32_t n_ord = 0;
+    for (int32_t id = 0; id < v->n_ranks; id++)
+        if (v->off[id + 1] > v->off[id]) order[n_ord++] = id;
+    qsort_r(order, (size_t)n_ord, sizeof(int32_t), cmp_tok_bytes, v);
+    size_t cap = total + 1;
+    v->nb = lunar_xmalloc(cap);
+    v->nd = lunar_xmalloc(cap * sizeof(uint16_t));
+    v->ntok = lunar_xmalloc(cap * sizeof(int32_t));
+    v->nskip = lunar_xmalloc(cap * sizeof(int32_t));
+    v->same_next = lunar_xmalloc((size_t)v->n * sizeof(int32_t));
+    for (int32_t i = 0; i < v->n; i++) v->same_next[i] = -1;
+    int32_t *path = NULL; /* node index per depth (1-based) */
+    int path_cap = 0, depth = 0, nn = 0;
+    int32_t prev = -1;
+    for (int32_t oi = 0; oi < n_ord; oi++) {
+        int32_t id = order[oi];
+        const uint8_t *s = v->bytes + v->off[id];
+        int len = (int)(v->off[id + 1] - v->off[id]);
+        if (len > 65535) continue;
+        int lcp = 0;
+        if (prev >= 0) {
+            const uint8_t *ps = v->bytes + v->off[prev];
+            int pl = (int)(v->off[prev + 1] - v->off[prev]);
+            while (lcp < len && lcp < pl && ps[lcp] == s[lcp]) lcp++;
+            if (lcp == len && pl == len) { /* same bytes as prev */
+                int32_t t = v->ntok[path[len - 1]];
+                while (v->same_next[t] >= 0) t = v->same_next[t];
+                v->same_next[t] = id;
+                continue;
+            }
+        }
+        while (depth > lcp) v->nskip[path[--depth]] = nn;
+        if (len > path_cap) {
+            path_cap = len * 2;
+            path = realloc(path, (size_t)path_cap * sizeof(int32_t));
+        }
+        for (int d = lcp; d < len; d++) {
+            v->nb[nn] = s[d];
+            v->nd[nn] = (uint16_t)(d + 1);
+            v->ntok[nn] = -1;
+            path[depth++] = nn++;
+        }
+        v->ntok[nn - 1] = id;
+        if (len > v->max_depth) v->max_depth = len;
+        prev = id;
+    }
+    while (depth > 0) v->nskip[path[--depth]] = nn;
+    v->n_nodes = nn;
+    for (int c = 0; c < 256; c++) v->root_child[c] = -1;
+    for (int32_t i = 0; i < nn; i = v->nskip[i]) v->root_child[v->nb[i]] = i;
+    free(path);
+    free(order);
+    build_str_tables(v);
+    *out = v;
+    return 0;
+}
+
+void lunar_vocab_free(lunar_vocab *v) {
+    if (!v) return;
+    for (int p = 0; p < S_NPHASE; p++) {
+        str_table *t = &v->st[p];
+        free(t->stay_mask), free(t->stay_ids), free(t->stay_n);
+        free(t->close_ids), free(t->close_n), free(t->close_off);
+    }
+    free(v->off), free(v->bytes), free(v->nb), free(v->nd), free(v->ntok), free(v->nskip);
+    free(v->same_next);
+    free(v);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Builder                                                                                     */
+
+#define GROW(ptr, n, cap)                                                        \
+    do {                                                                         \
+        if ((n) >= (cap)) {                                                      \
+            (cap) = (cap) ? (cap) * 2 : 16;                                      \
+            void *np_ = realloc((ptr), (size_t)(cap) * sizeof *(ptr));           \
+            LUNAR_ASSERT(np_);                                                   \
+            (ptr) = np_;                                                         \
+        }                                                                        \
+    } while (0)
+
+int gb_rule(g_builder *b) {
+    GROW(b->rule_alts, b->n_rules, b->cap_rules);
+    b->rule_nalts = realloc(b->rule_nalts, (size_t)b->cap_rules * sizeof(int));
+    b->rule_capalts = realloc(b->rule_capalts, (size_t)b->cap_rules * sizeof(int));
+    LUNAR_ASSERT(b->rule_nalts && b->rule_capalts);
+    b->rule_alts[b->n_rules] = NULL;
+    b->rule_nalts[b->n_rules] = 0;
+    b->rule_capalts[b->n_rules] = 0;
+    return b->n_rules++;
+}
+
+void gb_add_alt(g_builder *b, int rule, const g_seq *s) {
+    int start = b->n_elems;
+    for (int i = 0; i <= s->n; i++) {
+        GROW(b->elems, b->n_elems, b->cap_elems);
+        b->elems[b->n_elems++] = i < s->n ? s->e[i] : (g_elem){.kind = G_END};
+    }
+    GROW(b->rule_alts[rule], b->rule_nalts[rule], b->rule_capalts[rule]);
+    b->rule_alts[rule][b->rule_nalts[rule]++] = start;
+}
+
+int gb_class(g_builder *b, const uint8_t cls[32]) {
+    for (int i = 0; i < b->n_classes; i++)
+        if (!memcmp(b->classes[i], cls, 32)) return i;
+    GROW(b->classes, b->n_classes, b->cap_classes);
+    memcpy(b->classes[b->n_classes], cls, 32);
+    return b->n_classes++;
+}
+
+int gb_lex(g_builder *b, const g_lex *lx) {
+    GROW(b->lexes, b->n_lexes, b->cap_lexes);
+    b->lexes[b->n_lexes] = *lx;
+    return b->n_lexes++;
+}
+
+int gb_tokens(g_builder *b, const int32_t *ids, int n) {
+    int off = b->n_ids;
+    for (int i = 0; i < n; i++) {
+        GROW(b->ids, b->n_ids, b->cap_ids);
+        b->ids[b->n_ids++] = ids[i];
+    }
+    return off;
+}
+
+static int xnode_new(g_builder *b) {
+    GROW(b->xnodes, b->n_xnodes, b->cap_xnodes);
+    b->xnodes[b->n_xnodes] = (g_xnode){0, 0, 0};
+    return b->n_xnodes++;
+}
+
+/* Nodes keep their edges contiguous: built breadth-unaware, so insert by rebuilding per level is
+ * overkill; instead each node's edges are appended as a fresh block whenever it gains an edge. */
+static int xnode_child(g_builder *b, int node, uint8_t c, int create) {
+    g_xnode *x = &b->xnodes[node];
+    for (int i = 0; i < x->n_edges; i++)
+        if (b->xedges[x->first_edge + i].byte == c) return b->xedges[x->first_edge + i].to;
+    if (!create) return -1;
+    int child = xnode_new(b);
+    x = &b->xnodes[node];
+    int first = b->n_xedges;
+    for (int i = 0; i < x->n_edges; i++) {
+        GROW(b->xedges, b->n_xedges, b->cap_xedges);
+        b->xedges[b->n_xedges++] = b->xedges[x->first_edge + i];
+    }
+    GROW(b->xedges, b->n_xedges, b->cap_xedges);
+    b->xedges[b->n_xedges++] = (g_xedge){c, child};
+    x->first_edge = first;
+    x->n_edges++;
+    return child;
+}
+
+int gb_xtrie(g_builder *b, const char *const *keys, const size_t *lens, int n) {
+    if (b->n_xnodes == 0) xnode_new(b); /* node 0 means "off the trie" */
+    int root = xnode_new(b);
+    for (int k = 0; k < n; k++) {
+        int node = root;
+        for (size_t i = 0; i < lens[k]; i++) node = xnode_child(b, node, (uint8_t)keys[k][i], 1);
+        b->xnodes[node].terminal = 1;
+    }
+    return root;
+}
+
+void seq_push(g_seq *s, g_elem e) {
+    GROW(s->e, s->n, s->cap);
+    s->e[s->n++] = e;
+}
+void seq_bytes(g_builder *b, g_seq *s, const uint8_t cls[32]) {
+    seq_push(s, (g_elem){.kind = G_BYTES, .a = gb_class(b, cls)});
+}
+void seq_byte(g_builder *b, g_seq *s, uint8_t c) {
+    uint8_t cls[32] = {0};
+    cls[c >> 3] |= (uint8_t)(1u << (c & 7));
+    seq_bytes(b, s, cls);
+}
+void seq_lit(g_builder *b, g_seq *s, const char *lit, size_t n) {
+    for (size_t i = 0; i < n; i++) seq_byte(b, s, (uint8_t)lit[i]);
+}
+void seq_rule(g_seq *s, int rule) { seq_push(s, (g_elem){.kind = G_RULE, .a = rule}); }
+void seq_repeat(g_seq *s, int rule, int64_t min, int64_t max) {
+    seq_push(s, (g_elem){.kind = G_REPEAT, .a = rule, .b = (int32_t)min, .c = max});
+}
+void seq_lexeme(g_seq *s, int lex) { seq_push(s, (g_elem){.kind = G_LEX, .a = lex}); }
+void seq_free(g_seq *s) {
+    free(s->e);
+    s->e = NULL;
+    s->n = s->cap = 0;
+}
+
+void gb_free(g_builder *b) {
+    for (int i = 0; i < b->n_rules; i++) free(b->rule_alts[i]);
+    free(b->rule_alts), free(b->rule_nalts), free(b->rule_capalts), free(b->elems);
+    free(b->classes), free(b->lexes), free(b->ids), free(b->xnodes), free(b->xedges);
+    memset(b, 0, sizeof *b);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Grammar                                                                                     */
+
+struct lunar_grammar {
+    const lunar_vocab *v;
+    g_elem *elems;
+    int n_elems;
+    int32_t *alts; /* all alternatives' start positions, rule by rule */
+    int32_t *rule_first, *rule_n;
+    int n_rules;
+    uint8_t (*classes)[32];
+    g_lex *lexes;
+    int32_t *ids;
+    g_xnode *xnodes;
+    g_xedge *xedges;
+    int start_pos; /* the synthetic root alternative: root rule, then end tokens */
+};
+
+void lunar_grammar_free(lunar_grammar *g) {
+    if (!g) return;
+    free(g->elems), free(g->alts), free(g->rule_first), free(g->rule_n), free(g->classes);
+    free(g->lexes), free(g->ids), free(g->xnodes), free(g->xedges);
+    free(g);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Lexemes                                                                                     */
+
+static int xchild(const lunar_grammar *g, int node, uint8_t c) {
+    const g_xnode *x = &g->xnodes[node];
+    for (int i = 0; i < x->n_edges; i++)
+        if (g->xedges[x->first_edge + i].byte == c) return g->xedges[x->first_edge + i].to;
+    return 0;
+}
+
+static __int128 p10(int k) {
+    __int128 r = 1;
+    while (k-- > 0) r *= 10;
+    return r;
+}
+
+#define NUM_BIG (p10(NUM_MAX_INT_DIGITS + 18))
+
+/* Some magnitude in [a, b] (units) satisfies the bounds for this sign (integers: a whole number). */
+static int num_feasible(const g_lex *lx, int neg, __int128 a, __int128 b) {
+    __int128 cl = 0, ch = NUM_BIG;
+    if (!neg) {
+        if (lx->has_lo && lx->lo > cl) cl = lx->lo;
+        if (lx->has_hi) ch = lx->hi;
+    } else {
+        if (lx->has_hi && -lx->hi > cl) cl = -lx->hi;
+        if (lx->has_lo) ch = -lx->lo;
+    }
+    if (a < cl) a = cl;
+    if (b > ch) b = ch;
+    if (a > b) return 0;
+    if (lx->integer) {
+        __int128 k = (a + NUM_SCALE - 1) / NUM_SCALE;
+        return k * NUM_SCALE <= b;
+    }
+    return 1;
+}
+
+enum { N_START, N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC };
+#define NUM_PACK(ph, neg, idig, fdig, F) \
+    ((int64_t)(ph) | (int64_t)(neg) << 3 | (int64_t)(idig) << 4 | (int64_t)(fdig) << 9 | (int64_t)(F) << 13)
+
+static int num_viable(const g_lex *lx, int64_t I, int64_t n2) {
+    int ph = (int)(n2 & 7), neg = (int)(n2 >> 3 & 1), idig = (int)(n2 >> 4 & 31), fdig = (int)(n2 >> 9 & 15);
+    int64_t F = n2 >> 13;
+    if (!lx->has_lo && !lx->has_hi) return 1;
+    __int128 S = NUM_SCALE, maxm = p10(NUM_MAX_INT_DIGITS) * S - 1;
+    switch (ph) {
+    case N_START: return num_feasible(lx, 0, 0, maxm) || num_feasible(lx, 1, 0, maxm);
+    case N_MINUS: return num_feasible(lx, 1, 0, maxm);
+    case N_ZERO: return num_feasible(lx, neg, 0, lx->integer ? 0 : S - 1);
+    case N_INT:
+        for (int j = 0; j + idig <= NUM_MAX_INT_DIGITS; j++) {
+            __int128 pj = p10(j);
+            if (num_feasible(lx, neg, (__int128)I * pj * S, ((__int128)I + 1) * pj * S - 1)) return 1;
+        }
+        return 0;
+    case N_DOT: return num_feasible(lx, neg, (__int128)I * S, (__int128)I * S + S - 1);
+    case N_FRAC: {
+        __int128 u = p10(NUM_MAX_FRAC_DIGITS - fdig), base = (__int128)I * S + (__int128)F * u;
+        return num_feasible(lx, neg, base, base + u - 1);
+    }
+    }
+    return 0;
+}
+
+static int num_step(const g_lex *lx, int64_t I, int64_t n2, uint8_t c, int64_t *oI, int64_t *on2) {
+    int ph = (int)(n2 & 7), neg = (int)(n2 >> 3 & 1), idig = (int)(n2 >> 4 & 31), fdig = (int)(n2 >> 9 & 15);
+    int64_t F = n2 >> 13;
+    int dig = c >= '0' && c <= '9', d = c - '0';
+    switch (ph) {
+    case N_START:
+    case N_MINUS:
+        if (c == '-' && ph == N_START) n2 = NUM_PACK(N_MINUS, 1, 0, 0, 0);
+        else if (c == '0') n2 = NUM_PACK(N_ZERO, neg, 1, 0, 0), I = 0;
+        else if (dig) n2 = NUM_PACK(N_INT, neg, 1, 0, 0), I = d;
+        else return 0;
+        break;
+    case N_ZERO:
+    case N_INT:
+        if (c == '.' && !lx->integer) n2 = NUM_PACK(N_DOT, neg, idig, 0, 0);
+        else if (dig && ph == N_INT && idig < NUM_MAX_INT_DIGITS) n2 = NUM_PACK(N_INT, neg, idig + 1, 0, 0), I = I * 10 + d;
+        else return 0;
+        break;
+    case N_DOT:
+        if (!dig) return 0;
+        n2 = NUM_PACK(N_FRAC, neg, idig, 1, d);
+        break;
+    case N_FRAC:
+        if (!dig || fdig >= NUM_MAX_FRAC_DIGITS) return 0;
+        n2 = NUM_PACK(N_FRAC, neg, idig, fdig + 1, F * 10 + d);
+        break;
+    default: return 0;
+    }
+    if (!num_viable(lx, I, n2)) return 0;
+    *oI = I;
+    *on2 = n2;
+    return 1;
+}
+
+static int num_can_end(const g_lex *lx, int64_t I, int64_t n2) {
+    int ph = (int)(n2 & 7), neg = (int)(n2 >> 3 & 1), fdig = (int)(n2 >> 9 & 15);
+    int64_t F = n2 >> 13;
+    if (ph != N_ZERO && ph != N_INT && ph != N_FRAC) return 0;
+    __int128 val = (__int128)I * NUM_SCALE + (ph == N_FRAC ? (__int128)F * p10(NUM_MAX_FRAC_DIGITS - fdig) : 0);
+    return num_feasible(lx, neg, val, val);
+}
+
+static int num_can_continue(const g_lex *lx, int64_t I, int64_t n2) {
+    int ph = (int)(n2 & 7), idig = (int)(n2 >> 4 & 31), fdig = (int)(n2 >> 9 & 15);
+    int64_t t1, t2;
+    switch (ph) {
+    case N_START: case N_MINUS: case N_DOT: return 1;
+    case N_ZERO: return num_step(lx, I, n2, '.', &t1, &t2);
+    case N_INT:
+        if (num_step(lx, I, n2, '.', &t1, &t2)) return 1;
+        if (idig >= NUM_MAX_INT_DIGITS) return 0;
+        for (int c = '0'; c <= '9'; c++)
+            if (num_step(lx, I, n2, (uint8_t)c, &t1, &t2)) return 1;
+        return 0;
+    case N_FRAC: return fdig < NUM_MAX_FRAC_DIGITS;
+    }
+    return 0;
+}
+
+/* String state: n = code points started (saturated at min_len when unbounded);
+ * n2 = phase | excluded-key trie node << 8 (0: off the trie). */
+static int str_step(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t n2, uint8_t c, int64_t *on,
+                    int64_t *on2) {
+    int ph = (int)(n2 & 255), t = (int)(n2 >> 8), starts;
+    int np = str_phase_step(ph, c, &starts);
+    if (np < 0) return 0;
+    if (ph == S_START) {
+        t = lx->excl >= 0 ? lx->excl : 0;
+    } else if (np == S_DONE) {
+        if (n < lx->min_len) return 0;
+        if (t && g->xnodes[t].terminal) return 0;
+    } else {
+        if (starts) {
+            if (lx->max_len >= 0 && n + 1 > lx->max_len) return 0;
+            n = n + 1;
+            if (lx->max_len < 0 && n > lx->min_len) n = lx->min_len;
+        }
+        if (t) {
+            if (c == '\\') return 0; /* no escapes while the key could still equal an excluded one */
+            t = xchild(g, t, c);
+            /* a full excluded key with no room left could neither close nor go on */
+            if (t && g->xnodes[t].terminal && np == S_BODY && lx->max_len >= 0 && n >= lx->max_len) return 0;
+        }
+    }
+    *on = n;
+    *on2 = np | (int64_t)t << 8;
+    return 1;
+}
+
+static void lex_init(const g_lex *lx, int64_t *n, int64_t *n2) {
+    (void)lx;
+    *n = 0;
+    *n2 = 0;
+}
+
+static int lex_step(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t n2, uint8_t c, int64_t *on,
+                    int64_t *on2) {
+    if (lx->kind == LEX_STR) return str_step(g, lx, n, n2, c, on, on2);
+    return num_step(lx, n, n2, c, on, on2);
+}
+static int lex_can_end(const g_lex *lx, int64_t n, int64_t n2) {
+    if (lx->kind == LEX_STR) return (n2 & 255) == S_DONE;
+    return num_can_end(lx, n, n2);
+}
+static int lex_can_continue(const g_lex *lx, int64_t n, int64_t n2) {
+    if (lx->kind == LEX_STR) return (n2 & 255) != S_DONE;
+    return num_can_continue(lx, n, n2);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Matcher                                                                                     */
+
+typedef struct {
+    int32_t pos, parent;
+    int64_t n, n2;
+} g_frame;
+
+#define ACCEPTED (-2)
+#define MCACHE 32
+#define MAX_CLOSURE_DEPTH 4000
+
+typedef struct {
+    uint64_t h;
+    int64_t *key;
+    int nkey, valid;
+    uint32_t *mask;
+} mcache_ent;
+
+struct lunar_matcher {
+    const lunar_grammar *g;
+    g_frame *ar;
+    int n_ar, cap_ar;
+    int32_t *buf; /* stack sets; the state is buf[0 .. n_state) */
+    int n_buf, cap_buf, n_state;
+    int overflow;
+    int32_t *lvl_s, *lvl_e, *lvl_ar; /* trie walk: per depth */
+    int64_t *key;
+    int n_key, cap_key;
+    mcache_ent cache[MCACHE];
+    int cache_next;
+    uint32_t *tmp, *tmp2;
+    int32_t *remap;
+    int cap_remap;
+};
+
+static int32_t fr_new(lunar_matcher *m, int32_t pos, int32_t parent, int64_t n, int64_t n2) {
+    GROW(m->ar, m->n_ar, m->cap_ar);
+    m->ar[m->n_ar] = (g_frame){pos, parent, n, n2};
+    return m->n_ar++;
+}
+
+static int32_t fr_enter(lunar_matcher *m, int32_t pos, int32_t parent) {
+    int64_t n = 0, n2 = 0;
+    const g_elem *e = &m->g->elems[pos];
+    if (e->kind == G_LEX) lex_init(&m->g->lexes[e->a], &n, &n2);
+    return fr_new(m, pos, parent, n, n2);
+}
+
+static void set_add(lunar_matcher *m, int ss, int32_t top) {
+    for (int k = ss; k < m->n_buf; k++) {
+        int32_t o = m->buf[k];
+        if (o == top) return;
+        if (o >= 0 && top >= 0) {
+            const g_frame *a = &m->ar[o], *b = &m->ar[top];
+            if (a->pos == b->pos && a->n == b->n && a->n2 == b->n2 && a->parent == b->parent) return;
+        }
+    }
+    GROW(m->buf, m->n_buf, m->cap_buf);
+    m->buf[m->n_buf++] = top;
+}
+
+static void closure(lunar_matcher *m, int ss, int32_t top, int depth) {
+    if (depth > MAX_CLOSURE_DEPTH) {
+        m->overflow = 1;
+        return;
+    }
+    const lunar_grammar *g = m->g;
+    g_frame f = m->ar[top];
+    const g_elem *e = &g->elems[f.pos];
+    switch (e->kind) {
+    case G_BYTES:
+    case G_TOKENS: set_add(m, ss, top); return;
+    case G_LEX: {
+        const g_lex *lx = &g->lexes[e->a];
+        if (lex_can_continue(lx, f.n, f.n2)) set_add(m, ss, top);
+        if (lex_can_end(lx, f.n, f.n2)) closure(m, ss, fr_enter(m, f.pos + 1, f.parent), depth + 1);
+        return;
+    }
+    case G_RULE:
+        for (int i = 0; i < g->rule_n[e->a]; i++)
+            closure(m, ss, fr_enter(m, g->alts[g->rule_first[e->a] + i], top), depth + 1);
+        return;
+    case G_REPEAT:
+        if (e->c < 0 || f.n < e->c)
+            for (int i = 0; i < g->rule_n[e->a]; i++)
+                closure(m, ss, fr_enter(m, g->alts[g->rule_first[e->a] + i], top), depth + 1);
+        if (f.n >= e->b) closure(m, ss, fr_enter(m, f.pos + 1, f.parent), depth + 1);
+        return;
+    case G_END: {
+        if (f.parent < 0) {
+            set_add(m, ss, ACCEPTED);
+            return;
+        }
+        g_frame p = m->ar[f.parent];
+        const g_elem *pe = &g->elems[p.pos];
+        if (pe->kind == G_RULE) {
+            closure(m, ss, fr_enter(m, p.pos + 1, p.parent), depth + 1);
+        } else {
+            int64_t n = p.n + 1;
+            if (pe->c < 0 && n > pe->b) n = pe->b; /* saturate: the state repeats exactly */
+            closure(m, ss, fr_new(m, p.pos, p.parent, n, 0), depth + 1);
+        }
+        return;
+    }
+    }
+}
+
+static inline int cls_has(const uint8_t *cls, uint8_t c) { return cls[c >> 3] >> (c & 7) & 1; }
+
+static void advance_one(lunar_matcher *m, int ss, int32_t top, uint8_t c) {
+    if (top < 0) return;
+    g_frame f = m->ar[top];
+    const g_elem *e = &m->g->elems[f.pos];
+    if (e->kind == G_BYTES) {
+        if (cls_has(m->g->classes[e->a], c)) closure(m, ss, fr_enter(m, f.pos + 1, f.parent), 0);
+    } else if (e->kind == G_LEX) {
+        int64_t n, n2;
+        if (lex_step(m->g, &m->g->lexes[e->a], f.n, f.n2, c, &n, &n2))
+            closure(m, ss, fr_new(m, f.pos, f.parent, n, n2), 0);
+    }
+}
+
+/* Advances the set buf[s0 .. e0) over bytes; the result is buf[*rs .. n_buf) (empty: dead). */
+static void advance_bytes(lunar_matcher *m, int s0, int e0, const uint8_t *s, size_t len, int *rs) {
+    for (size_t i = 0; i < len; i++) {
+        int ns = m->n_buf;
+        for (int k = s0; k < e0; k++) advance_one(m, ns, m->buf[k], s[i]);
+        s0 = ns;
+        e0 = m->n_buf;
+        if (s0 == e0) break;
+    }
+    *rs = s0;
+}
+
+lunar_matcher *lunar_matcher_new(const lunar_grammar *g) {
+    lunar_matcher *m = lunar_xcalloc(1, sizeof *m);
+    m->g = g;
+    int d = g->v->max_depth + 2;
+    m->lvl_s = lunar_xmalloc((size_t)d * sizeof(int32_t));
+    m->lvl_e = lunar_xmalloc((size_t)d * sizeof(int32_t));
+    m->lvl_ar = lunar_xmalloc((size_t)d * sizeof(int32_t));
+    m->tmp = lunar_xmalloc((size_t)g->v->words * sizeof(uint32_t));
+    m->tmp2 = lunar_xmalloc((size_t)g->v->words * sizeof(uint32_t));
+    closure(m, 0, fr_enter(m, g->start_pos, -1), 0);
+    m->n_state = m->n_buf;
+    return m;
+}
+
+void lunar_matcher_free(lunar_matcher *m) {
+    if (!m) return;
+    for (int i = 0; i < MCACHE; i++) free(m->cache[i].key), free(m->cache[i].mask);
+    free(m->ar), free(m->buf), free(m->lvl_s), free(m->lvl_e), free(m->lvl_ar), free(m->key);
+    free(m->tmp), free(m->tmp2), free(m->remap);
+    free(m);
+}
+
+static inline void bit_set(uint32_t *mask, int32_t id) { mask[id >> 5] |= 1u << (id & 31); }
+
+static void key_push(lunar_matcher *m, int64_t x) {
+    GROW(m->key, m->n_key, m->cap_key);
+    m->key[m->n_key++] = x;
+}
+
+static uint64_t state_key(lunar_matcher *m) {
+    m->n_key = 0;
+    for (int k = 0; k < m->n_state; k++) {
+        for (int32_t t = m->buf[k]; t >= 0; t = m->ar[t].parent) {
+            key_push(m, m->ar[t].pos);
+            key_push(m, m->ar[t].n);
+            key_push(m, m->ar[t].n2);
+        }
+        key_push(m, m->buf[k] == ACCEPTED ? -2 : -1);
+    }
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < m->n_key; i++) {
+        h ^= (uint64_t)m->key[i];
+        h *= 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    return h;
+}
+
+/* Trie walk for the stacks buf[s0 .. e0) (at the end of buf). */
+static void walk_range(lunar_matcher *m, int s0, int e0, uint32_t *mask, int32_t from, int32_t to) {
+    const lunar_vocab *v = m->g->v;
+    m->lvl_s[0] = s0;
+    m->lvl_e[0] = e0;
+    m->lvl_ar[0] = m->n_ar;
+    for (int32_t i = from; i < to;) {
+        int d = v->nd[i];
+        m->n_buf = m->lvl_e[d - 1];
+        m->n_ar = m->lvl_ar[d - 1];
+        int ns = m->n_buf;
+        uint8_t c = v->nb[i];
+        for (int k = m->lvl_s[d - 1]; k < m->lvl_e[d - 1]; k++) advance_one(m, ns, m->buf[k], c);
+        if (m->n_buf == ns) {
+            i = v->nskip[i];
+            continue;
+        }
+        m->lvl_s[d] = ns;
+        m->lvl_e[d] = m->n_buf;
+        m->lvl_ar[d] = m->n_ar;
+        for (int32_t t = v->ntok[i]; t >= 0; t = v->same_next[t]) bit_set(mask, t);
+        i++;
+    }
+    m->n_buf = e0;
+    m->n_ar = m->lvl_ar[0];
+}
+
+static void walk(lunar_matcher *m, int s0, int e0, uint32_t *mask) { walk_range(m, s0, e0, mask, 0, m->g->v->n_nodes); }
+
+/* A string lexeme inside its body, off the excluded-key trie: the tables decide the tokens that
+ * stay inside; tokens that close it are checked per group of equal trailing bytes. */
+static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close_now) {
+    const lunar_grammar *g = m->g;
+    const lunar_vocab *v = g->v;
+    g_frame f = m->ar[top];
+    f.n2 &= 255; /* the tables know nothing of the excluded-key trie: see str_on_trie */
+    const g_lex *lx = &g->lexes[g->elems[f.pos].a];
+    const str_table *t = &v->st[f.n2 & 255];
+    int64_t room = lx->max_len < 0 ? INT64_MAX : lx->max_len - f.n;
+    if (room >= t->max_n) {
+        for (int w = 0; w < v->words; w++) mask[w] |= t->stay_mask[w];
+    } else if (room >= 0) {
+        int lo = 0, hi = t->n_stay; /* first index with stay_n > room */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (t->stay_n[mid] <= room) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < t->n_stay - lo) {
+            for (int i = 0; i < lo; i++) bit_set(mask, t->stay_ids[i]);
+        } else {
+            memcpy(m->tmp, t->stay_mask, (size_t)v->words * sizeof(uint32_t));
+            for (int i = lo; i < t->n_stay; i++) m->tmp[t->stay_ids[i] >> 5] &= ~(1u << (t->stay_ids[i] & 31));
+            for (int w = 0; w < v->words; w++) mask[w] |= m->tmp[w];
+        }
+    }
+    if (!t->n_close) return;
+    /* the stacks after the string: closure of the finished lexeme */
+    int ar0 = m->n_ar, cs = m->n_buf;
+    closure(m, cs, fr_new(m, f.pos, f.parent, f.n, S_DONE), 0);
+    int ce = m->n_buf, ar1 = m->n_ar;
+    if (ce > cs) {
+        const uint8_t *prev = NULL;
+        size_t prev_len = 0;
+        int ok = 0;
+        for (int i = 0; i < t->n_close; i++) {
+            int32_t id = t->close_ids[i];
+            const uint8_t *r = v->bytes + v->off[id] + t->close_off[i] + 1;
+            size_t rl = v->off[id + 1] - (v->off[id] + (uint32_t)t->close_off[i] + 1);
+            if (!prev || rl != prev_len || memcmp(r, prev, rl)) {
+                int rs;
+                advance_bytes(m, cs, ce, r, rl, &rs);
+                ok = m->n_buf > rs || rl == 0;
+                m->n_buf = ce;
+                m->n_ar = ar1;
+                prev = r;
+                prev_len = rl;
+            }
+            if (!ok || (no_close_now && t->close_off[i] == 0)) continue;
+            int64_t cnt = f.n + t->close_n[i];
+            if (cnt < lx->min_len || (lx->max_len >= 0 && cnt > lx->max_len)) continue;
+            bit_set(mask, id);
+        }
+    }
+    m->n_buf = cs;
+    m->n_ar = ar0;
+}
+
+/* A key string in its body while it still equals a prefix of an excluded key (trie node t): tokens
+ * whose first byte leaves the trie behave exactly as off the trie (the tables), except that a
+ * backslash is refused and an immediate closing quote is refused at a full excluded key; tokens
+ * whose first byte follows the trie are walked. Adds this stack's tokens to mask. */
+static void str_on_trie(lunar_matcher *m, int32_t top, uint32_t *mask) {
+    const lunar_grammar *g = m->g;
+    const lunar_vocab *v = g->v;
+    int t = (int)(m->ar[top].n2 >> 8);
+    uint32_t *own = m->tmp2;
+    memset(own, 0, (size_t)v->words * sizeof(uint32_t));
+    str_fast(m, top, own, g->xnodes[t].terminal);
+    const g_xnode *x = &g->xnodes[t];
+    for (int e = -1; e < x->n_edges; e++) {
+        int32_t node = v->root_child[e < 0 ? '\\' : g->xedges[x->first_edge + e].byte];
+        if (node < 0) continue;
+        for (int32_t i = node; i < v->nskip[node]; i++)
+            for (int32_t id = v->ntok[i]; id >= 0; id = v->same_next[id]) own[id >> 5] &= ~(1u << (id & 31));
+        if (e < 0) continue;
+        int s0 = m->n_buf;
+        GROW(m->buf, m->n_buf, m->cap_buf);
+        m->buf[m->n_buf++] = top;
+        walk_range(m, s0, m->n_buf, own, node, v->nskip[node]);
+        m->n_buf = s0;
+    }
+    for (int w = 0; w < v->words; w++) mask[w] |= own[w];
+}
+
+static void compute_mask(lunar_matcher *m, uint32_t *mask) {
+    const lunar_grammar *g = m->g;
+    const lunar_vocab *v = g->v;
+    memset(mask, 0, (size_t)v->words * sizeof(uint32_t));
+    int ar0 = m->n_ar;
+    m->n_buf = m->n_state;
+    int gs = m->n_buf;
+    for (int k = 0; k < m->n_state; k++) {
+        int32_t top = m->buf[k];
+        if (top < 0) continue;
+        const g_frame *f = &m->ar[top];
+        const g_elem *e = &g->elems[f->pos];
+        if (e->kind == G_TOKENS) {
+            for (int i = 0; i < e->b; i++) {
+                int32_t id = g->ids[e->a + i];
+                if (id >= 0 && id < v->n) bit_set(mask, id);
+            }
+        } else {
+            GROW(m->buf, m->n_buf, m->cap_buf);
+            m->buf[m->n_buf++] = top;
+        }
+    }
+    int ge = m->n_buf, gk = gs;
+    /* string bodies off the excluded-key trie take the table path; the rest walk the trie */
+    for (int k = gs; k < ge; k++) {
+        int32_t top = m->buf[k];
+        const g_frame *f = &m->ar[top];
+        const g_elem *e = &g->elems[f->pos];
+        int ph = (int)(f->n2 & 255);
+        if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph > S_START && ph < S_DONE && (f->n2 >> 8) == 0)
+            str_fast(m, top, mask, 0);
+        else if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph == S_BODY)
+            str_on_trie(m, top, mask);
+        else
+            m->buf[gk++] = top;
+    }
+    m->n_buf = gk;
+    if (gk > gs) walk(m, gs, gk, mask);
+    m->n_buf = m->n_state;
+    m->n_ar = ar0;
+}
+
+void lunar_matcher_fill_mask(lunar_matcher *m, uint32_t *mask) {
+    const lunar_vocab *v = m->g->v;
+    size_t bytes = (size_t)v->words * sizeof(uint32_t);
+    uint64_t h = state_key(m);
+    for (int i = 0; i < MCACHE; i++) {
+        mcache_ent *c = &m->cache[i];
+        if (c->valid && c->h == h && c->nkey == m->n_key && !memcmp(c->key, m->key, (size_t)m->n_key * sizeof(int64_t))) {
+            memcpy(mask, c->mask, bytes);
+            return;
+        }
+    }
+    compute_mask(m, mask);
+    mcache_ent *c = &m->cache[m->cache_next];
+    m->cache_next = (m->cache_next + 1) % MCACHE;
+    if (!c->mask) c->mask = lunar_xmalloc(bytes);
+    free(c->key);
+    c->key = lunar_xmalloc((size_t)(m->n_key ? m->n_key : 1) * sizeof(int64_t));
+    memcpy(c->key, m->key, (size_t)m->n_key * sizeof(int64_t));
+    c->nkey = m->n_key;
+    c->h = h;
+    c->valid = 1;
+    memcpy(c->mask, mask, bytes);
+}
+
+/* Keeps only the frames reachable from buf[s .. e), which becomes the state. */
+static void commit(lunar_matcher *m, int s, int e) {
+    if (m->cap_remap < m->n_ar) {
+        m->cap_remap = m->n_ar * 2;
+        m->remap = realloc(m->remap, (size_t)m->cap_remap * sizeof(int32_t));
+        LUNAR_ASSERT(m->remap);
+    }
+    for (int i = 0; i < m->n_ar; i++) m->remap[i] = -1;
+    for (int k = s; k < e; k++)
+        for (int32_t t = m->buf[k]; t >= 0 && m->remap[t] == -1; t = m->ar[t].parent) m->remap[t] = 0;
+    int n = 0;
+    for (int i = 0; i < m->n_ar; i++) {
+        if (m->remap[i] == -1) continue;
+        g_frame f = m->ar[i];
+        if (f.parent >= 0) f.parent = m->remap[f.parent];
+        m->ar[n] = f;
+        m->remap[i] = n++;
+    }
+    m->n_ar = n;
+    int ns = 0;
+    for (int k = s; k < e; k++) m->buf[ns++] = m->buf[k] >= 0 ? m->remap[m->buf[k]] : m->buf[k];
+    m->n_state = m->n_buf = ns;
+}
+
+static int matcher_step(lunar_matcher *m, int32_t token, int commit_it) {
+    const lunar_grammar *g = m->g;
+    const lunar_vocab *v = g->v;
+    if (token < 0 || token >= v->n) return -1;
+    int ar0 = m->n_ar;
+    m->n_buf = m->n_state;
+    int rs = m->n_buf, re = m->n_buf;
+    if (token < v->n_ranks && v->off[token + 1] > v->off[token]) {
+        advance_bytes(m, 0, m->n_state, v->bytes + v->off[token], v->off[token + 1] - v->off[token], &rs);
+        re = m->n_buf;
+    }
+    int fs = m->n_buf;
+    for (int k = rs; k < re; k++) set_add(m, fs, m->buf[k]);
+    for (int k = 0; k < m->n_state; k++) {
+        int32_t top = m->buf[k];
+        if (top < 0) continue;
+        const g_elem *e = &g->elems[m->ar[top].pos];
+        if (e->kind != G_TOKENS) continue;
+        for (int i = 0; i < e->b; i++)
+            if (g->ids[e->a + i] == token) {
+                closure(m, fs, fr_enter(m, m->ar[top].pos + 1, m->ar[top].parent), 0);
+                break;
+            }
+    }
+    if (m->n_buf == fs) {
+        m->n_buf = m->n_state;
+        m->n_ar = ar0;
+        return -1;
+    }
+    if (!commit_it) {
+        m->n_buf = m->n_state;
+        m->n_ar = ar0;
+        return 0;
+    }
+    commit(m, fs, m->n_buf);
+    return 0;
+}
+
+int lunar_matcher_accept(lunar_matcher *m, int32_t token) { return matcher_step(m, token, 1); }
+int lunar_matcher_can_accept(lunar_matcher *m, int32_t token) { return matcher_step(m, token, 0) == 0; }
+
+int lunar_matcher_is_done(const lunar_matcher *m) {
+    if (m->n_state == 0) return 0;
+    for (int k = 0; k < m->n_state; k++) {
+        int32_t top = m->buf[k];
+        if (top == ACCEPTED) continue;
+        const g_elem *e = &m->g->elems[m->ar[top].pos];
+        if (!(e->kind == G_TOKENS && e->is_end)) return 0;
+    }
+    return 1;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Grammar assembly                                                                            */
+
+int g_finish(lunar_grammar **out, g_builder *b, const lunar_vocab *v, int root, const int32_t *end_ids,
+             int n_end, lunar_err *err) {
+    *out = NULL;
+    for (int i = 0; i < n_end; i++)
+        if (end_ids[i] < 0 || end_ids[i] >= v->n) {
+            gb_free(b);
+            return lunar_fail(err, "grammar: end token id %d out of range", end_ids[i]);
+        }
+    /* the synthetic start: root rule, then one end token */
+    g_seq s = {0};
+    seq_rule(&s, root);
+    if (n_end > 0) seq_push(&s, (g_elem){.kind = G_TOKENS, .is_end = 1, .a = gb_tokens(b, end_ids, n_end), .b = n_end});
+    int start_rule = gb_rule(b);
+    gb_add_alt(b, start_rule, &s);
+    seq_free(&s);
+    for (int i = 0; i < b->n_elems; i++) {
+        const g_elem *e = &b->elems[i];
+        if ((e->kind == G_RULE || e->kind == G_REPEAT) && (e->a < 0 || e->a >= b->n_rules)) {
+            gb_free(b);
+            return lunar_fail(err, "grammar: internal error: bad rule reference");
+        }
+    }
+    lunar_grammar *g = lunar_xcalloc(1, sizeof *g);
+    g->v = v;
+    g->elems = b->elems, g->n_elems = b->n_elems, b->elems = NULL;
+    g->classes = b->classes, b->classes = NULL;
+    g->lexes = b->lexes, b->lexes = NULL;
+    g->ids = b->ids, b->ids = NULL;
+    if (!b->xnodes) gb_xtrie(b, NULL, NULL, 0);
+    g->xnodes = b->xnodes, b->xnodes = NULL;
+    g->xedges = b->xedges, b->xedges = NULL;
+    g->n_rules = b->n_rules;
+    g->rule_first = lunar_xmalloc((size_t)b->n_rules * sizeof(int32_t));
+    g->rule_n = lunar_xmalloc((size_t)b->n_rules * sizeof(int32_t));
+    int total = 0;
+    for (int r = 0; r < b->n_rules; r++) total += b->rule_nalts[r];
+    g->alts = lunar_xmalloc((size_t)(total ? total : 1) * sizeof(int32_t));
+    total = 0;
+    for (int r = 0; r < b->n_rules; r++) {
+        g->rule_first[r] = total;
+        g->rule_n[r] = b->rule_nalts[r];
+        for (int i = 0; i < b->rule_nalts[r]; i++) g->alts[total++] = b->rule_alts[r][i];
+    }
+    g->start_pos = g->alts[g->rule_first[start_rule]];
+    gb_free(b);
+    lunar_matcher *m = lunar_matcher_new(g);
+    int empty = m->n_state == 0, overflow = m->overflow;
+    lunar_matcher_free(m);
+    if (overflow) {
+        lunar_grammar_free(g);
+        return lunar_fail(err, "grammar: left recursion or a repetition of an empty-matching rule");
+    }
+    if (empty) {
+        lunar_grammar_free(g);
+        return lunar_fail(err, "grammar: admits no output");
+    }
+    *out = g;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* EBNF                                                                                        */
+
+typedef struct {
+    const char *s;
+    size_t i;
+    g_builder *b;
+    char **names;
+    int *rules, *defined;
+    int n, cap;
+    lunar_err *err;
+    int failed;
+} ebnf_p;
+
+static int ep_fail(ebnf_p *p, const char *what) {
+    if (!p->failed) {
+        int line = 1;
+        for (size_t k = 0; k < p->i && p->s[k]; k++) line += p->s[k] == '\n';
+        lunar_fail(p->err, "grammar: %s at line %d", what, line);
+    }
+    p->failed = 1;
+    return -1;
+}
+
+static void ep_ws(ebnf_p *p) {
+    for (;;) {
+        char c = p->s[p->i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') p->i++;
+        else if (c == '#')
+            while (p->s[p->i] && p->s[p->i] != '\n') p->i++;
+        else break;
+    }
+}
+
+static int is_id0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
+static int is_id(char c) { return is_id0(c) || (c >= '0' && c <= '9') || c == '-'; }
+
+static size_t ep_ident(ebnf_p *p, size_t at) {
+    size_t j = at;
+    if (!is_id0(p->s[j])) return 0;
+    while (is_id(p->s[j])) j++;
+    return j - at;
+}
+
+static int ep_rule_start(ebnf_p *p) {
+    size_t n = ep_ident(p, p->i);
+    if (!n) return 0;
+    size_t j = p->i + n;
+    while (p->s[j] == ' ' || p->s[j] == '\t') j++;
+    return !strncmp(p->s + j, "::=", 3);
+}
+
+static int ep_rule_id(ebnf_p *p, const char *name, size_t n) {
+    for (int k = 0; k < p->n; k++)
+        if (strlen(p->names[k]) == n && !memcmp(p->names[k], name, n)) return k;
+    if (p->n == p->cap) {
+        p->cap = p->cap ? p->cap * 2 : 16;
+        p->names = realloc(p->names, (size_t)p->cap * sizeof(char *));
+        p->rules = realloc(p->rules, (size_t)p->cap * sizeof(int));
+        p->defined = realloc(p->defined, (size_t)p->cap * sizeof(int));
+        LUNAR_ASSERT(p->names && p->rules && p->defined);
+    }
+    p->names[p->n] = strndup(name, n);
+    p->rules[p->n] = gb_rule(p->b);
+    p->defined[p->n] = 0;
+    return p->n++;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* One (possibly escaped) character of a literal or class: its code point (bytes: < 256 with raw). */
+static long ep_char(ebnf_p *p, int *raw_byte) {
+    *raw_byte = 0;
+    unsigned char c = (unsigned char)p->s[p->i];
+    if (!c) return ep_fail(p, "unexpected end");
+    if (c != '\\') {
+        p->i++;
+        *raw_byte = 1;
+        return c;
+    }
+    char e = p->s[p->i + 1];
+    p->i += 2;
+    switch (e) {
+    case 'n': return '\n';
+    case 'r': return '\r';
+    case 't': return '\t';
+    case 'x': case 'u': {
+        int nd = e == 'x' ? 2 : 4;
+        long v = 0;
+        for (int k = 0; k < nd; k++) {
+            int h = hexval(p->s[p->i]);
+            if (h < 0) return ep_fail(p, "bad hex escape");
+            v = v * 16 + h;
+            p->i++;
+        }
+        if (e == 'x') *raw_byte = 1;
+        return v;
+    }
+    case 0: return ep_fail(p, "unexpected end");
+    default: *raw_byte = 1; return (unsigned char)e;
+    }
+}
+
+static int ep_alts(ebnf_p *p, int rule);
+
+static int ep_atom(ebnf_p *p, g_seq *s) {
+    char c = p->s[p->i];
+    if (c == '"') {
+        p->i++;
+        while (p->s[p->i] != '"') {
+            int raw;
+            long cp = ep_char(p, &raw);
+            if (cp < 0) return -1;
+            char u[4];
+            int n = 0;
+            if (raw || cp < 0x80) u[n++] = (char)cp;
+            else if (cp < 0x800) u[n++] = (char)(0xC0 | cp >> 6), u[n++] = (char)(0x80 | (cp & 63));
+            else u[n++] = (char)(0xE0 | cp >> 12), u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
+            seq_lit(p->b, s, u, (size_t)n);
+        }
+        p->i++;
+        return 0;
+    }
+    if (c == '[') {
+        uint8_t cls[32] = {0};
+        int neg = 0;
+        p->i++;
+        if (p->s[p->i] == '^') neg = 1, p->i++;
+        while (p->s[p->i] != ']') {
+            int raw;
+            long a = ep_char(p, &raw), z = a;
+            if (a < 0) return -1;
+            if (p->s[p->i] == '-' && p->s[p->i + 1] != ']') {
+                p->i++;
+                z = ep_char(p, &raw);
+                if (z < 0) return -1;
+            }
+            if (a > 255 || z > 255 || z < a) return ep_fail(p, "class ranges are bytes (0-255) in order");
+            for (long k = a; k <= z; k++) cls[k >> 3] |= (uint8_t)(1u << (k & 7));
+        }
+        p->i++;
+        if (neg)
+            for (int k = 0; k < 32; k++) cls[k] = (uint8_t)~cls[k];
+        seq_bytes(p->b, s, cls);
+        return 0;
+    }
+    if (c == '.') {
+        uint8_t cls[32];
+        memset(cls, 0xFF, 32);
+        p->i++;
+        seq_bytes(p->b, s, cls);
+        return 0;
+    }
+    if (c == '(') {
+        p->i++;
+        int r = gb_rule(p->b);
+        if (ep_alts(p, r)) return -1;
+        ep_ws(p);
+        if (p->s[p->i] != ')') return ep_fail(p, "expected ')'");
+        p->i++;
+        seq_rule(s, r);
+        return 0;
+    }
+    if (c == '<') {
+        p->i++;
+        long id = 0;
+        int nd = 0;
+        while (p->s[p->i] >= '0' && p->s[p->i] <= '9' && nd < 10) id = id * 10 + (p->s[p->i++] - '0'), nd++;
+        if (!nd || p->s[p->i] != '>') return ep_fail(p, "expected <token id>");
+        p->i++;
+        int32_t tid = (int32_t)id;
+        seq_push(s, (g_elem){.kind = G_TOKENS, .a = gb_tokens(p->b, &tid, 1), .b = 1});
+        return 0;
+    }
+    size_t n = ep_ident(p, p->i);
+    if (n) {
+        int k = ep_rule_id(p, p->s + p->i, n);
+        p->i += n;
+        seq_rule(s, p->rules[k]);
+        return 0;
+    }
+    return ep_fail(p, "expected a literal, class, rule name, group or <token id>");
+}
+
+static int ep_num(ebnf_p *p, int64_t *v) {
+    int nd = 0;
+    *v = 0;
+    while (p->s[p->i] >= '0' && p->s[p->i] <= '9' && nd < 12) *v = *v * 10 + (p->s[p->i++] - '0'), nd++;
+    return nd ? 0 : ep_fail(p, "expected a number");
+}
+
+static int ep_seq(ebnf_p *p, g_seq *s) {
+    for (;;) {
+        ep_ws(p);
+        char c = p->s[p->i];
+        if (!c || c == '|' || c == ')' || ep_rule_start(p)) return 0;
+        g_seq a = {0};
+        if (ep_atom(p, &a)) {
+            seq_free(&a);
+            return -1;
+        }
+        c = p->s[p->i];
+        int64_t lo = -2, hi = -1;
+        if (c == '*') lo = 0, hi = -1, p->i++;
+        else if (c == '+') lo = 1, hi = -1, p->i++;
+        else if (c == '?') lo = 0, hi = 1, p->i++;
+        else if (c == '{') {
+            p->i++;
+            if (ep_num(p, &lo)) return seq_free(&a), -1;
+            hi = lo;
+            if (p->s[p->i] == ',') {
+                p->i++;
+                hi = -1;
+                if (p->s[p->i] != '}' && ep_num(p, &hi)) return seq_free(&a), -1;
+            }
+            if (p->s[p->i] != '}' || (hi >= 0 && hi < lo)) return seq_free(&a), ep_fail(p, "bad {m,n}");
+            p->i++;
+        }
+        if (lo == -2) {
+            for (int k = 0; k < a.n; k++) seq_push(s, a.e[k]);
+        } else {
+            int r = gb_rule(p->b);
+            gb_add_alt(p->b, r, &a);
+            seq_repeat(s, r, lo, hi);
+        }
+        seq_free(&a);
+    }
+}
+
+static int ep_alts(ebnf_p *p, int rule) {
+    for (;;) {
+        g_seq s = {0};
+        if (ep_seq(p, &s)) return seq_free(&s), -1;
+        gb_add_alt(p->b, rule, &s);
+        seq_free(&s);
+        ep_ws(p);
+        if (p->s[p->i] != '|') return 0;
+        p->i++;
+    }
+}
+
+int lunar_grammar_from_ebnf(lunar_grammar **out, const lunar_vocab *v, const char *ebnf, const int32_t *end_ids,
+                            int n_end, lunar_err *err) {
+    *out = NULL;
+    g_builder b = {0};
+    ebnf_p p = {.s = ebnf, .b = &b, .err = err};
+    int rc = 0;
+    for (;;) {
+        ep_ws(&p);
+        if (!p.s[p.i]) break;
+        size_t n = ep_ident(&p, p.i);
+        if (!n || !ep_rule_start(&p)) {
+            rc = ep_fail(&p, "expected 'name ::='");
+            break;
+        }
+        int k = ep_rule_id(&p, p.s + p.i, n);
+        if (p.defined[k]) {
+            rc = ep_fail(&p, "rule defined twice");
+            break;
+        }
+        p.defined[k] = 1;
+        p.i = strstr(p.s + p.i, "::=") - p.s + 3;
+        if (ep_alts(&p, p.rules[k])) {
+            rc = -1;
+            break;
+        }
+    }
+    int root = -1;
+    for (int k = 0; k < p.n && !rc; k++) {
+        if (!p.defined[k]) rc = lunar_fail(err, "grammar: rule '%s' is used but not defined", p.names[k]);
+        if (!strcmp(p.names[k], "root")) root = p.rules[k];
+    }
+    if (!rc && root < 0) rc = lunar_fail(err, "grammar: no rule 'root'");
+    for (int k = 0; k < p.n; k++) free(p.names[k]);
+    free(p.names), free(p.rules), free(p.defined);
+    if (rc) {
+        gb_free(&b);
+        return -1;
+    }
+    return g_finish(out, &b, v, root, end_ids, n_end, err);
+}
+
+int g_lex_satisfiable(const g_lex *lx) {
+    if (lx->kind == LEX_NUM) return num_viable(lx, 0, 0);
+    return lx->max_len < 0 || lx->max_len >= lx->min_len;
+}
