@@ -46,8 +46,10 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 .PHONY: all test clean fuzz deps run check fuzz-smoke bench-tokenizer bench-prefix bench-grammar
 all: $(BUILD)/lunar $(BUILD)/lunar_tests
 
+# rebuilt from scratch: `ar r` would keep members of deleted sources
 $(BUILD)/liblunar.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
+	rm -f $@
 	ar rcs $@ $^
 
 $(BUILD)/lunar: $(CLI_OBJ) $(BUILD)/liblunar.a
