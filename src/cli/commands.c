@@ -8,6 +8,7 @@ int lunar_cmd_generate(int argc, char **argv);
 int lunar_cmd_tokenize(int argc, char **argv);
 int lunar_cmd_detokenize(int argc, char **argv);
 int lunar_cmd_render(int argc, char **argv);
+int lunar_cmd_serve(int argc, char **argv);
 
 const lunar_command lunar_commands[] = {
     {"info", lunar_cmd_info},
@@ -16,5 +17,6 @@ const lunar_command lunar_commands[] = {
     {"tokenize", lunar_cmd_tokenize},
     {"detokenize", lunar_cmd_detokenize},
     {"render", lunar_cmd_render},
+    {"serve", lunar_cmd_serve},
     {NULL, NULL},
 };

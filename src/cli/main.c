@@ -14,6 +14,7 @@ static void usage(FILE *f) {
             "  tokenize MODEL_DIR --text-file F [--special]   token ids, one line\n"
             "  detokenize MODEL_DIR --ids 1,2,3      text\n"
             "  render MODEL_DIR --request REQ.json   chat request -> prompt text, ids, prompt_tokens\n"
+            "  serve MODEL_DIR [--port P --api-key K ...]   OpenAI-compatible HTTP server (docs/api.md)\n"
             "common options: --backend cpu|cuda|auto\n");
 }
 
