@@ -10,14 +10,14 @@
 #include "server/server.h"
 
 static const char *USAGE =
-    "usage: lunar serve MODEL_DIR [--host H] [--port P] [--served-model-name NAME[,NAME...]]\n"
+    "usage: lunar serve MODEL_DIR [--host H] [--port P] [--served-model-name NAME[,NAME...]] [--tokenizer DIR]\n"
     "         [--max-model-len N] [--max-num-seqs N] [--max-num-batched-tokens N] [--gpu-memory-utilization F]\n"
     "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--api-key KEY] [--backend cpu|cuda|auto]\n"
     "         [--sampling-guard auto|on|off] [--max-body-bytes N] [--timeout-keep-alive S] [--max-pending N]\n"
     "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n";
 
 typedef struct serve_opts {
-    const char *model_dir, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
+    const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
     long port, max_model_len, max_num_seqs, max_batched, max_body, timeout, max_pending, fake_delay_ms;
     long long cache_bytes;
     double gpu_util;
@@ -53,6 +53,7 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         if (strcmp(a, "--host") == 0) o->host = v;
         else if (strcmp(a, "--port") == 0) { if (lunar_parse_int(a, v, 0, 65535, &o->port, err)) return -1; }
         else if (strcmp(a, "--served-model-name") == 0) o->names = v;
+        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
         else if (strcmp(a, "--max-model-len") == 0) { if (lunar_parse_int(a, v, 16, 1l << 31, &o->max_model_len, err)) return -1; }
         else if (strcmp(a, "--max-num-seqs") == 0) { if (lunar_parse_int(a, v, 1, 1 << 20, &o->max_num_seqs, err)) return -1; }
         else if (strcmp(a, "--max-num-batched-tokens") == 0) { if (lunar_parse_int(a, v, 1, 1l << 30, &o->max_batched, err)) return -1; }
@@ -104,7 +105,8 @@ int lunar_cmd_serve(int argc, char **argv) {
         return 1;
     }
     lunar_tokenizer *tok = NULL;
-    if (lunar_tokenizer_load(&tok, o.model_dir, &err)) {
+    /* --tokenizer DIR: tiktoken.model + tokenizer_config.json from elsewhere (test models ship none) */
+    if (lunar_tokenizer_load(&tok, o.tokenizer ? o.tokenizer : o.model_dir, &err)) {
         fprintf(stderr, "lunar serve: %s\n", err.msg);
         return 1;
     }
