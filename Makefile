@@ -17,14 +17,21 @@ OPT     := -O2 -g
 LDSAN   :=
 endif
 
-DEPS_CFLAGS := $(shell pkg-config --cflags jansson libpcre2-8 zlib)
-DEPS_LIBS   := $(shell pkg-config --libs jansson libpcre2-8 zlib)
+DEPS_CFLAGS := $(shell pkg-config --cflags jansson libpcre2-8 zlib libmicrohttpd)
+DEPS_LIBS   := $(shell pkg-config --libs jansson libpcre2-8 zlib libmicrohttpd)
 
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter \
            -fopenmp -Iinclude -Isrc $(DEPS_CFLAGS) -MMD -MP
 LDLIBS  := $(DEPS_LIBS) -lm -fopenmp $(LDSAN)
 
 LIB_SRC := $(filter-out src/cli/%,$(shell find src -name '*.c' | sort))
+# The server reaches the engine through src/server/backend_engine.c, which needs the lunar_engine_* symbols:
+# it is built only when the engine is (src/engine/engine.c); otherwise backend_noengine.c stands in.
+ifeq ($(wildcard src/engine/engine.c),)
+LIB_SRC := $(filter-out src/server/backend_engine.c,$(LIB_SRC))
+else
+LIB_SRC := $(filter-out src/server/backend_noengine.c,$(LIB_SRC))
+endif
 CLI_SRC := $(shell find src/cli -name '*.c' | sort)
 TEST_SRC := $(shell find tests -maxdepth 1 -name '*.c' | sort)
 CU_SRC  := $(shell find src/backend/cuda -name '*.cu' 2>/dev/null | sort)

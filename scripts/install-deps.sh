@@ -3,7 +3,7 @@
 # Used by `make deps` (and so by `make run` / `make check`) and by .ci/run.
 set -euo pipefail
 
-packages=(build-essential pkg-config libjansson-dev libpcre2-dev zlib1g-dev clang libclang-rt-14-dev)
+packages=(build-essential pkg-config libjansson-dev libpcre2-dev zlib1g-dev libmicrohttpd-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

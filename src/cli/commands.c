@@ -9,6 +9,7 @@ int lunar_cmd_tokenize(int argc, char **argv);
 int lunar_cmd_detokenize(int argc, char **argv);
 int lunar_cmd_render(int argc, char **argv);
 int lunar_cmd_plan(int argc, char **argv);
+int lunar_cmd_serve(int argc, char **argv);
 
 const lunar_command lunar_commands[] = {
     {"info", lunar_cmd_info},
@@ -18,5 +19,6 @@ const lunar_command lunar_commands[] = {
     {"detokenize", lunar_cmd_detokenize},
     {"render", lunar_cmd_render},
     {"plan", lunar_cmd_plan},
+    {"serve", lunar_cmd_serve},
     {NULL, NULL},
 };

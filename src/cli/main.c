@@ -15,6 +15,7 @@ static void usage(FILE *f) {
             "  detokenize MODEL_DIR --ids 1,2,3      text\n"
             "  render MODEL_DIR --request REQ.json   chat request -> prompt text, ids, prompt_tokens\n"
             "  plan --config CONFIG.json [--tp N --draft F ...]   memory plan per GPU (plan --help)\n"
+            "  serve MODEL_DIR [--port P --api-key K ...]   OpenAI-compatible HTTP server (docs/api.md)\n"
             "common options: --backend cpu|cuda|auto\n");
 }
 

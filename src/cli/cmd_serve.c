@@ -1,0 +1,190 @@
+/* lunar serve MODEL_DIR: the OpenAI-compatible HTTP server (src/server/), vLLM-style flags. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "io/config.h"
+#include "server/server.h"
+
+static const char *USAGE =
+    "usage: lunar serve MODEL_DIR [--host H] [--port P] [--served-model-name NAME[,NAME...]] [--tokenizer DIR]\n"
+    "         [--max-model-len N] [--max-num-seqs N] [--max-num-batched-tokens N] [--gpu-memory-utilization F]\n"
+    "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--api-key KEY] [--backend cpu|cuda|auto]\n"
+    "         [--sampling-guard auto|on|off] [--max-body-bytes N] [--timeout-keep-alive S] [--max-pending N]\n"
+    "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n";
+
+typedef struct serve_opts {
+    const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
+    long port, max_model_len, max_num_seqs, max_batched, max_body, timeout, max_pending, fake_delay_ms;
+    long long cache_bytes;
+    double gpu_util;
+    int fake, quiet, no_prefix;
+} serve_opts;
+
+static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
+    memset(o, 0, sizeof *o);
+    o->host = "0.0.0.0";
+    o->port = 8000;
+    o->max_model_len = 8192;
+    o->max_num_seqs = 64;
+    o->max_batched = 2048;
+    o->max_body = 32l << 20;
+    o->timeout = 120;
+    o->max_pending = 4096;
+    o->gpu_util = 0.9;
+    o->backend = "auto";
+    o->kv_dtype = "auto";
+    o->guard = "auto";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        double d;
+        if (a[0] != '-') {
+            if (o->model_dir) return lunar_fail(err, "unexpected argument '%s'", a);
+            o->model_dir = a;
+            continue;
+        }
+        if (strcmp(a, "--fake-engine") == 0) { o->fake = 1; continue; }
+        if (strcmp(a, "--quiet") == 0) { o->quiet = 1; continue; }
+        if (strcmp(a, "--no-prefix-caching") == 0) { o->no_prefix = 1; continue; }
+        if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
+        if (strcmp(a, "--host") == 0) o->host = v;
+        else if (strcmp(a, "--port") == 0) { if (lunar_parse_int(a, v, 0, 65535, &o->port, err)) return -1; }
+        else if (strcmp(a, "--served-model-name") == 0) o->names = v;
+        else if (strcmp(a, "--tokenizer") == 0) o->tokenizer = v;
+        else if (strcmp(a, "--max-model-len") == 0) { if (lunar_parse_int(a, v, 16, 1l << 31, &o->max_model_len, err)) return -1; }
+        else if (strcmp(a, "--max-num-seqs") == 0) { if (lunar_parse_int(a, v, 1, 1 << 20, &o->max_num_seqs, err)) return -1; }
+        else if (strcmp(a, "--max-num-batched-tokens") == 0) { if (lunar_parse_int(a, v, 1, 1l << 30, &o->max_batched, err)) return -1; }
+        else if (strcmp(a, "--gpu-memory-utilization") == 0) { if (lunar_parse_float(a, v, 0.01, 1.0, &o->gpu_util, err)) return -1; }
+        else if (strcmp(a, "--cache-memory-bytes") == 0) { if (lunar_parse_float(a, v, 0, 1e15, &d, err)) return -1; o->cache_bytes = (long long)d; }
+        else if (strcmp(a, "--kv-cache-dtype") == 0) o->kv_dtype = v;
+        else if (strcmp(a, "--api-key") == 0) o->api_key = v;
+        else if (strcmp(a, "--backend") == 0) o->backend = v;
+        else if (strcmp(a, "--sampling-guard") == 0) o->guard = v;
+        else if (strcmp(a, "--max-body-bytes") == 0) { if (lunar_parse_int(a, v, 1024, 1l << 40, &o->max_body, err)) return -1; }
+        else if (strcmp(a, "--timeout-keep-alive") == 0) { if (lunar_parse_int(a, v, 1, 86400, &o->timeout, err)) return -1; }
+        else if (strcmp(a, "--max-pending") == 0) { if (lunar_parse_int(a, v, 1, 1 << 20, &o->max_pending, err)) return -1; }
+        else if (strcmp(a, "--fake-script") == 0) o->fake_script = v;
+        else if (strcmp(a, "--fake-delay-ms") == 0) { if (lunar_parse_int(a, v, 0, 60000, &o->fake_delay_ms, err)) return -1; }
+        else return lunar_fail(err, "unknown option '%s'", a);
+    }
+    if (!o->model_dir) return lunar_fail(err, "missing MODEL_DIR");
+    if (strcmp(o->guard, "auto") && strcmp(o->guard, "on") && strcmp(o->guard, "off"))
+        return lunar_fail(err, "--sampling-guard: auto, on or off");
+    if (strcmp(o->kv_dtype, "auto") && strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "fp8"))
+        return lunar_fail(err, "--kv-cache-dtype: auto, bf16 or fp8");
+    return 0;
+}
+
+/* comma-separated names -> array (the strings are carved out of a copy) */
+static int split_names(const char *s, char **copy, const char ***names) {
+    *copy = strdup(s);
+    int n = 1;
+    for (const char *p = s; *p; p++) n += *p == ',';
+    *names = lunar_xcalloc((size_t)n, sizeof **names);
+    int k = 0;
+    for (char *tok = strtok(*copy, ","); tok; tok = strtok(NULL, ","))
+        if (*tok) (*names)[k++] = tok;
+    return k;
+}
+
+int lunar_cmd_serve(int argc, char **argv) {
+    serve_opts o;
+    lunar_err err;
+    if (parse(argc, argv, &o, &err)) {
+        fprintf(stderr, "lunar serve: %s\n%s", err.msg, USAGE);
+        return 2;
+    }
+    char path[4200];
+    lunar_config cfg;
+    snprintf(path, sizeof path, "%s/config.json", o.model_dir);
+    if (lunar_config_load(&cfg, path, &err)) {
+        fprintf(stderr, "lunar serve: %s\n", err.msg);
+        return 1;
+    }
+    lunar_tokenizer *tok = NULL;
+    /* --tokenizer DIR: tiktoken.model + tokenizer_config.json from elsewhere (test models ship none) */
+    if (lunar_tokenizer_load(&tok, o.tokenizer ? o.tokenizer : o.model_dir, &err)) {
+        fprintf(stderr, "lunar serve: %s\n", err.msg);
+        return 1;
+    }
+    char *names_copy = NULL;
+    const char **names = NULL;
+    int n_names = split_names(o.names ? o.names : o.model_dir, &names_copy, &names);
+
+    lunar_server_options so;
+    lunar_server_options_default(&so);
+    so.host = o.host;
+    so.port = (int)o.port;
+    so.api_key = o.api_key;
+    so.max_body_bytes = (size_t)o.max_body;
+    so.idle_timeout_s = (unsigned)o.timeout;
+    so.max_pending = (int)o.max_pending;
+    so.quiet = o.quiet;
+    so.model_root = o.model_dir;
+    so.tok = tok;
+    so.policy.arch = cfg.arch;
+    so.policy.model_names = names;
+    so.policy.n_model_names = n_names;
+    so.policy.max_model_len = (int)o.max_model_len;
+    so.policy.sampling_guard = strcmp(o.guard, "on") == 0 || (strcmp(o.guard, "auto") == 0 && cfg.arch == LUNAR_ARCH_KIMI_K3);
+    so.policy.max_n = so.policy.sampling_guard ? 1 : 16;
+    so.policy.vocab_size = lunar_tokenizer_vocab_size(tok);
+
+    int rc = 1;
+    if (o.fake) {
+        const char *dflt = cfg.arch == LUNAR_ARCH_KIMI_K3
+                               ? "Hello from the fake engine.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
+                               : "Hello from the fake engine.<|im_end|>";
+        const char *text = o.fake_script ? o.fake_script : dflt;
+        lunar_ids ids = {0};
+        if (lunar_tokenize(tok, text, strlen(text), true, &ids, &err)) goto out;
+        lunar_srv_fake_options fo = {.script = ids.ids, .n_script = (int)ids.n, .stop_at_end = 1,
+                                     .token_delay_us = (int)o.fake_delay_ms * 1000, .max_running = (int)o.max_num_seqs};
+        int frc = lunar_srv_backend_fake(&so.backend, &fo, &err);
+        lunar_ids_free(&ids);
+        if (frc) goto out;
+    } else {
+        lunar_engine_options eo;
+        lunar_srv_engine_options_default(&eo);
+        eo.model_dir = o.model_dir;
+        eo.backend = o.backend;
+        eo.max_num_seqs = (int)o.max_num_seqs;
+        eo.max_num_batched_tokens = (int)o.max_batched;
+        eo.max_model_len = (int)o.max_model_len;
+        eo.kv_cache_dtype = o.kv_dtype;
+        eo.enable_prefix_caching = !o.no_prefix;
+        if (o.cache_bytes > 0) eo.cache_memory_bytes = o.cache_bytes;
+        /* --gpu-memory-utilization: lunar_engine_options has no fraction yet (cache_memory_bytes only); the
+         * engine sizes its caches itself unless --cache-memory-bytes is given. */
+        (void)o.gpu_util;
+        if (lunar_srv_backend_engine(&so.backend, &eo, &err)) goto out;
+    }
+
+    /* signals go to sigwait below, not to the server's threads (they inherit this mask) */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    lunar_server *srv;
+    if (lunar_server_start(&srv, &so, &err)) goto out;
+    fprintf(stderr, "lunar serve: %s (%s) on http://%s:%d  model name%s: %s%s%s\n", o.model_dir, cfg.model_type,
+            o.host, lunar_server_port(srv), n_names > 1 ? "s" : "", o.names ? o.names : o.model_dir,
+            so.policy.sampling_guard ? "  sampling guard on" : "", o.fake ? "  FAKE ENGINE" : "");
+    fflush(stderr);
+    int sig;
+    sigwait(&set, &sig);
+    fprintf(stderr, "lunar serve: signal %d, stopping\n", sig);
+    lunar_server_stop(srv);
+    rc = 0;
+out:
+    if (rc) fprintf(stderr, "lunar serve: %s\n", err.msg);
+    free(names);
+    free(names_copy);
+    lunar_tokenizer_free(tok);
+    return rc;
+}
