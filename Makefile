@@ -50,7 +50,7 @@ LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 
-.PHONY: all test clean fuzz deps run check fuzz-smoke bench-tokenizer bench-prefix bench-grammar
+.PHONY: all test test-server clean fuzz deps run check fuzz-smoke bench-tokenizer bench-prefix bench-grammar
 all: $(BUILD)/lunar $(BUILD)/lunar_tests
 
 # rebuilt from scratch: `ar r` would keep members of deleted sources
@@ -86,10 +86,16 @@ run: deps
 	$(MAKE) $(BUILD)/lunar
 	./$(BUILD)/lunar generate models/kimi-linear-tiny --prompt "$(RUN_PROMPT)" --max-tokens 32
 
-# Everything CI runs: tests, sanitizer tests, a short fuzz of the parsers.
+# The OpenAI-API tests: a live `lunar serve` on the bundled model, driven by the openai client.
+test-server: $(BUILD)/lunar
+	@scripts/install-py-deps.sh
+	.venv/bin/python -m pytest -q tests/server
+
+# Everything CI runs: tests, sanitizer tests, the server tests, a short fuzz of the parsers.
 check: deps
 	$(MAKE) test
 	$(MAKE) SAN=1 test
+	$(MAKE) test-server
 	$(MAKE) fuzz-smoke
 
 FUZZ_SECONDS ?= 20
