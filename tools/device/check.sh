@@ -3,6 +3,8 @@
 # the benchmarks (lunar, then fla side by side) and print a short table. Builds with nvcc and cc
 # directly (no make, no jansson/pcre2: only the ops, base and CUDA sources are needed).
 #   tools/device/check.sh [tests|bench|all]      (logs under $OUT when set)
+# env: BENCH='prefill decode gemm' (default all), FLA=0 skips fla, FLA_WHAT=decode|prefill|all,
+#      FLA_TIMEOUT seconds (default 150; triton autotunes each new shape)
 # fla wheels (downloaded on a networked machine: pip download flash-linear-attention fla-core
 # --no-deps -d device/wheels) are installed from device/wheels when present.
 set -u
@@ -54,11 +56,11 @@ if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
   echo "== lunar benchmarks ($(date +%T))"
-  $B/bench_cuda all 2>&1 | tee "$OUT/bench_lunar.md"
-  if ls device/wheels/*.whl > /dev/null 2>&1; then
+  for w in ${BENCH:-all}; do $B/bench_cuda $w; done 2>&1 | tee "$OUT/bench_lunar.md"
+  if [ "${FLA:-1}" = 1 ] && ls device/wheels/*.whl > /dev/null 2>&1; then
     echo "== fla ($(date +%T))"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site device/wheels/*.whl > /dev/null 2>&1
-    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout ${FLA_TIMEOUT:-150} python3 tools/device/bench_fla.py all 2>&1 | grep -v Warning | tee "$OUT/bench_fla.md"
+    PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 timeout ${FLA_TIMEOUT:-150} python3 tools/device/bench_fla.py ${FLA_WHAT:-all} 2>&1 | grep -v Warning | tee "$OUT/bench_fla.md"
   fi
 fi
 echo "== done ($(date +%T)), tests rc=$rc"

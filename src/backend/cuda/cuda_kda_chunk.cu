@@ -150,26 +150,46 @@ __global__ void __launch_bounds__(256, 1)
     for (int idx = tid; idx < BT * DK; idx += 256) {
         const int r = idx >> 7, j = idx & 127;
         const float G = Gs[r * LDK + j], GC = Gs[(BT - 1) * LDK + j];
-        ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * expf(G);
-        ws.Kg[cb * BT * DK + idx] = Ks[r * LDK + j] * expf(GC - G);
+        ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * __expf(G);
+        ws.Kg[cb * BT * DK + idx] = Ks[r * LDK + j] * __expf(GC - G);
     }
     if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
-    for (int idx = tid; idx < 4 * 136; idx += 256) {
-        const int m = idx / 136;
-        int p = idx % 136, rr = 0;
-        while ((rr + 1) * (rr + 2) / 2 <= p) rr++;
-        const int ii = p - rr * (rr + 1) / 2;
-        const int r = 16 * m + rr, i = 16 * m + ii;
-        const float *Gr = Gs + r * LDK, *Gi = Gs + i * LDK;
-        const float *kr = Ks + r * LDK, *ki = Ks + i * LDK, *qr = Qs + r * LDK;
-        float sk = 0.0f, sq = 0.0f;
-        for (int j = 0; j < DK; j++) {
-            const float kie = ki[j] * expf(Gr[j] - Gi[j]);
-            sk += kr[j] * kie;
-            sq += qr[j] * kie;
+    {  // diagonal 16x16 blocks: thread (m, ri, ii) owns rows {ri, ri+8} x columns {ii, ii+8}
+        const int m = tid >> 6, ri = (tid >> 3) & 7, ii = tid & 7;
+        const int ra[2] = {16 * m + ri, 16 * m + ri + 8}, ib[2] = {16 * m + ii, 16 * m + ii + 8};
+        float sk[2][2] = {{0, 0}, {0, 0}}, sq[2][2] = {{0, 0}, {0, 0}};
+        for (int j = 0; j < DK; j += 4) {
+            float4 Gr[2], Kr[2], Qr[2], Gi[2], Ki[2];
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                Gr[a] = *reinterpret_cast<const float4 *>(Gs + ra[a] * LDK + j);
+                Kr[a] = *reinterpret_cast<const float4 *>(Ks + ra[a] * LDK + j);
+                Qr[a] = *reinterpret_cast<const float4 *>(Qs + ra[a] * LDK + j);
+                Gi[a] = *reinterpret_cast<const float4 *>(Gs + ib[a] * LDK + j);
+                Ki[a] = *reinterpret_cast<const float4 *>(Ks + ib[a] * LDK + j);
+            }
+#pragma unroll
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    // the exponent is <= 0 for every pair kept (i <= r); the clamp only keeps the
+                    // discarded pairs (i > r) finite
+                    float e0 = Ki[b].x * __expf(fminf(Gr[a].x - Gi[b].x, 0.0f));
+                    float e1 = Ki[b].y * __expf(fminf(Gr[a].y - Gi[b].y, 0.0f));
+                    float e2 = Ki[b].z * __expf(fminf(Gr[a].z - Gi[b].z, 0.0f));
+                    float e3 = Ki[b].w * __expf(fminf(Gr[a].w - Gi[b].w, 0.0f));
+                    sk[a][b] += Kr[a].x * e0 + Kr[a].y * e1 + Kr[a].z * e2 + Kr[a].w * e3;
+                    sq[a][b] += Qr[a].x * e0 + Qr[a].y * e1 + Qr[a].z * e2 + Qr[a].w * e3;
+                }
         }
-        if (i < r) Akk[r * LDA + i] = bs[r] * sk;
-        Aqk[r * LDA + i] = sq;
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int r = ra[a], i = ib[b];
+                if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
+                if (i <= r) Aqk[r * LDA + i] = sq[a][b];
+            }
     }
     // off-diagonal blocks, sub-chunk by sub-chunk
     for (int m = 1; m < 4; m++) {
@@ -179,12 +199,12 @@ __global__ void __launch_bounds__(256, 1)
             const float Ga = Gs[16 * m * LDK + j];
             if (r < 16) {
                 const int rr = 16 * m + r;
-                const float e = expf(Gs[rr * LDK + j] - Ga);
+                const float e = __expf(Gs[rr * LDK + j] - Ga);
                 Ls[r * LDK + j] = Ks[rr * LDK + j] * e;
                 Lq[r * LDK + j] = Qs[rr * LDK + j] * e;
             } else {
                 const int i = r - 16;
-                Rs[i * LDK + j] = Ks[i * LDK + j] * expf(Ga - Gs[i * LDK + j]);
+                Rs[i * LDK + j] = Ks[i * LDK + j] * __expf(Ga - Gs[i * LDK + j]);
             }
         }
         __syncthreads();
@@ -252,8 +272,8 @@ __global__ void __launch_bounds__(256, 1)
         const float b = bs[r];
         float4 kv = *reinterpret_cast<const float4 *>(Ks + r * LDK + j);
         const float *G = Gs + r * LDK + j;
-        kv.x *= b * expf(G[0]), kv.y *= b * expf(G[1]), kv.z *= b * expf(G[2]),
-            kv.w *= b * expf(G[3]);
+        kv.x *= b * __expf(G[0]), kv.y *= b * __expf(G[1]), kv.z *= b * __expf(G[2]),
+            kv.w *= b * __expf(G[3]);
         *reinterpret_cast<float4 *>(Ks + r * LDK + j) = kv;
         float4 vv = make_float4(0, 0, 0, 0);
         if (r < c)
@@ -284,19 +304,22 @@ __global__ void __launch_bounds__(256, 1)
 
 // ---------------------------------------------------------------- kernel 2: inter-chunk state
 
+// Row strides: a row-major A operand wants stride = 4 (mod 32) floats, a row-major B operand or a
+// col-major A operand 8 (mod 32), for conflict-free tf32 fragment loads.
+#define LDKT 136
 template <int BV> struct state_smem {
-    static const int LDV = BV + 4;
-    static const int floats = DK * LDV + BT * LDK + BT * LDA + BT * LDV + DK;
+    static const int LDV = BV + 8;
+    static const int floats = DK * LDV + BT * LDKT + BT * LDA + BT * LDV + DK;
 };
 
 template <int BV, int SPLIT>
 __global__ void __launch_bounds__(256, 2)
     kda_state_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
-    constexpr int LDV = BV + 4, CT = BV / 16;
+    constexpr int LDV = BV + 8, CT = BV / 16;
     extern __shared__ __align__(128) float sm[];
     float *Ss = sm;              // [128][LDV] state slice
-    float *Bf = Ss + DK * LDV;   // [64][LDK] W, then Qg (then O staging), then Kg
-    float *As = Bf + BT * LDK;   // [64][LDA] Aqk
+    float *Bf = Ss + DK * LDV;   // [64][LDK] W, then Qg (then O staging); [64][LDKT] Kg
+    float *As = Bf + BT * LDKT;  // [64][LDA] Aqk
     float *Vs = As + BT * LDA;   // [64][LDV] U, then V_new
     float *dec = Vs + BT * LDV;  // [128]
     const int tid = threadIdx.x, warp = tid >> 5;
@@ -398,7 +421,7 @@ __global__ void __launch_bounds__(256, 2)
         const float *Kc = ws.Kg + cb * BT * DK;
         for (int idx = tid; idx < BT * DK / 4; idx += 256) {
             const int r = idx >> 5, j = (idx & 31) * 4;
-            *reinterpret_cast<float4 *>(Bf + r * LDK + j) =
+            *reinterpret_cast<float4 *>(Bf + r * LDKT + j) =
                 *reinterpret_cast<const float4 *>(Kc + r * DK + j);
         }
         __syncthreads();
@@ -410,7 +433,7 @@ __global__ void __launch_bounds__(256, 2)
             for (int kk = 0; kk < BT; kk += 8) {
                 FragAc a;
                 FragBr b;
-                wmma::load_matrix_sync(a, Bf + kk * LDK + 16 * rt, LDK);
+                wmma::load_matrix_sync(a, Bf + kk * LDKT + 16 * rt, LDKT);
                 wmma::load_matrix_sync(b, Vs + kk * LDV + 16 * ct, LDV);
                 mma_f32<SPLIT, 0>(acc, a, b);
             }
@@ -434,6 +457,19 @@ static void launch_state(float *o, float *S, kda_ws w, int T, int H, int NC, cud
     CUDA_CHECK_LAUNCH();
 }
 
+static int g_prof;
+static cudaEvent_t g_ev[3];
+extern "C" void lunar_cuda_kda_chunk_profile(int on) {
+    if (on && !g_prof)
+        for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventCreate(&g_ev[i]));
+    g_prof = on;
+}
+extern "C" void lunar_cuda_kda_chunk_profile_ms(float *intra, float *state) {
+    CUDA_CHECK(cudaEventSynchronize(g_ev[2]));
+    CUDA_CHECK(cudaEventElapsedTime(intra, g_ev[0], g_ev[1]));
+    CUDA_CHECK(cudaEventElapsedTime(state, g_ev[1], g_ev[2]));
+}
+
 template <int SPLIT>
 static void launch_all(float *o, const float *q, const float *k, const float *v, const float *g,
                        const float *beta, float *S, int T, int H, float scale, kda_ws w,
@@ -442,11 +478,14 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     const size_t b1 = sizeof(float) * K1_SMEM_FLOATS;
     CUDA_CHECK(cudaFuncSetAttribute(kda_intra_kernel<SPLIT>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b1));
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
     kda_intra_kernel<SPLIT><<<dim3(NC, H), 256, b1, st>>>(q, k, v, g, beta, w, T, H, scale);
     CUDA_CHECK_LAUNCH();
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     // enough blocks for the SMs: 64-column tiles from 66 heads up, else 32
     if (H * 2 >= 132) launch_state<64, SPLIT>(o, S, w, T, H, NC, st);
     else launch_state<32, SPLIT>(o, S, w, T, H, NC, st);
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
 
 extern "C" void lunar_cuda_kda_chunked(float *o, const float *q, const float *k, const float *v,

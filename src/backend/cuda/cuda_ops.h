@@ -121,6 +121,10 @@ void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log, const flo
 size_t lunar_cuda_kda_chunk_ws(int T, int H);
 /* 1 (default): 3xTF32 split matmuls, fp32-accurate; 0: plain tf32 (faster, ~1e-3 relative). */
 void lunar_cuda_kda_chunk_precision(int split);
+/* Benchmarks: record events around the two kernels of each call (on), and read the last call's
+ * intra-chunk and state-pass times. */
+void lunar_cuda_kda_chunk_profile(int on);
+void lunar_cuda_kda_chunk_profile_ms(float *intra_ms, float *state_ms);
 void lunar_cuda_kda_chunked(float *o, const float *q, const float *k, const float *v,
                             const float *g, const float *beta, float *S, int T, int H, float scale,
                             void *ws, lunar_cuda_stream s);
