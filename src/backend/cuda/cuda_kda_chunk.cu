@@ -70,6 +70,14 @@ __device__ __forceinline__ void mma_f32(FragC &c, FA &a, FB &b) {
     }
 }
 
+// 16-byte asynchronous global -> shared copies: a whole tile is in flight at once (one memory
+// round trip per load phase instead of one per loop iteration).
+__device__ __forceinline__ void cp16(float *sdst, const float *gsrc) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc));
+}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
 struct kda_ws {
     float *W, *U, *Qg, *Kg, *Aq, *Dc;
 };
@@ -119,23 +127,24 @@ __global__ void __launch_bounds__(256, 1)
     const int t0 = n * BT, c = min(BT, T - t0);
     const size_t cb = (size_t)h * NC + n;  // chunk-block index in the scratch
 
-    // 1. load (zero-padded rows past the end)
+    // 1. load (zero-padded rows past the end); Q is scaled where it is used
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
-        float4 kv = make_float4(0, 0, 0, 0), qv = kv, gv = kv;
         if (r < c) {
             const size_t off = ((size_t)(t0 + r) * H + h) * DK + j;
-            kv = *reinterpret_cast<const float4 *>(k + off);
-            qv = *reinterpret_cast<const float4 *>(q + off);
-            gv = *reinterpret_cast<const float4 *>(g + off);
+            cp16(Ks + r * LDK + j, k + off);
+            cp16(Qs + r * LDK + j, q + off);
+            cp16(Gs + r * LDK + j, g + off);
+        } else {
+            const float4 z = make_float4(0, 0, 0, 0);
+            *reinterpret_cast<float4 *>(Ks + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Qs + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Gs + r * LDK + j) = z;
         }
-        *reinterpret_cast<float4 *>(Ks + r * LDK + j) = kv;
-        *reinterpret_cast<float4 *>(Qs + r * LDK + j) =
-            make_float4(qv.x * scale, qv.y * scale, qv.z * scale, qv.w * scale);
-        *reinterpret_cast<float4 *>(Gs + r * LDK + j) = gv;
     }
     for (int idx = tid; idx < BT * LDA; idx += 256) Akk[idx] = Aqk[idx] = 0.0f;
     if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
+    cp_wait_all();
     __syncthreads();
     // 2. Gamma: inclusive cumsum down each key column (token order, as torch.cumsum)
     if (tid < DK) {
@@ -150,7 +159,7 @@ __global__ void __launch_bounds__(256, 1)
     for (int idx = tid; idx < BT * DK; idx += 256) {
         const int r = idx >> 7, j = idx & 127;
         const float G = Gs[r * LDK + j], GC = Gs[(BT - 1) * LDK + j];
-        ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * __expf(G);
+        ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * scale * __expf(G);
         ws.Kg[cb * BT * DK + idx] = Ks[r * LDK + j] * __expf(GC - G);
     }
     if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
@@ -188,7 +197,7 @@ __global__ void __launch_bounds__(256, 1)
             for (int b = 0; b < 2; b++) {
                 const int r = ra[a], i = ib[b];
                 if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
-                if (i <= r) Aqk[r * LDA + i] = sq[a][b];
+                if (i <= r) Aqk[r * LDA + i] = sq[a][b] * scale;
             }
     }
     // off-diagonal blocks, sub-chunk by sub-chunk
@@ -201,7 +210,7 @@ __global__ void __launch_bounds__(256, 1)
                 const int rr = 16 * m + r;
                 const float e = __expf(Gs[rr * LDK + j] - Ga);
                 Ls[r * LDK + j] = Ks[rr * LDK + j] * e;
-                Lq[r * LDK + j] = Qs[rr * LDK + j] * e;
+                Lq[r * LDK + j] = Qs[rr * LDK + j] * e * scale;
             } else {
                 const int i = r - 16;
                 Rs[i * LDK + j] = Ks[i * LDK + j] * __expf(Ga - Gs[i * LDK + j]);
@@ -225,6 +234,12 @@ __global__ void __launch_bounds__(256, 1)
         }
     }
     __syncthreads();
+    // V into Qs (Q is consumed), in flight during the inverse
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        if (r < c) cp16(Qs + r * LDK + j, v + ((size_t)(t0 + r) * H + h) * DK + j);
+        else *reinterpret_cast<float4 *>(Qs + r * LDK + j) = make_float4(0, 0, 0, 0);
+    }
     // 4. beta on the off-diagonal L rows; clear X
     for (int idx = tid; idx < BT * BT; idx += 256) {
         const int r = idx >> 6, i = idx & 63;
@@ -267,6 +282,8 @@ __global__ void __launch_bounds__(256, 1)
         __syncthreads();
     }
     // 6. B operands: beta exp(Gamma) K (in Ks), beta V (in Qs); Aqk to scratch
+    cp_wait_all();
+    __syncthreads();
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
         const float b = bs[r];
@@ -275,9 +292,7 @@ __global__ void __launch_bounds__(256, 1)
         kv.x *= b * __expf(G[0]), kv.y *= b * __expf(G[1]), kv.z *= b * __expf(G[2]),
             kv.w *= b * __expf(G[3]);
         *reinterpret_cast<float4 *>(Ks + r * LDK + j) = kv;
-        float4 vv = make_float4(0, 0, 0, 0);
-        if (r < c)
-            vv = *reinterpret_cast<const float4 *>(v + ((size_t)(t0 + r) * H + h) * DK + j);
+        const float4 vv = *reinterpret_cast<const float4 *>(Qs + r * LDK + j);
         *reinterpret_cast<float4 *>(Qs + r * LDK + j) =
             make_float4(vv.x * b, vv.y * b, vv.z * b, vv.w * b);
     }
@@ -335,17 +350,21 @@ __global__ void __launch_bounds__(256, 2)
         const size_t cb = (size_t)h * NC + n;
         const int t0 = n * BT, c = min(BT, T - t0);
         const float *Wc = ws.W + cb * BT * DK, *Uc = ws.U + cb * BT * DK;
+        const float *Ac = ws.Aq + cb * BT * BT;
         for (int idx = tid; idx < BT * DK / 4; idx += 256) {
             const int r = idx >> 5, j = (idx & 31) * 4;
-            *reinterpret_cast<float4 *>(Bf + r * LDK + j) =
-                *reinterpret_cast<const float4 *>(Wc + r * DK + j);
+            cp16(Bf + r * LDK + j, Wc + r * DK + j);
         }
         for (int idx = tid; idx < BT * BV / 4; idx += 256) {
             const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
-            *reinterpret_cast<float4 *>(Vs + r * LDV + j) =
-                *reinterpret_cast<const float4 *>(Uc + r * DK + v0 + j);
+            cp16(Vs + r * LDV + j, Uc + r * DK + v0 + j);
         }
-        if (tid < DK) dec[tid] = ws.Dc[cb * DK + tid];
+        for (int idx = tid; idx < BT * BT / 4; idx += 256) {
+            const int r = idx >> 4, j = (idx & 15) * 4;
+            cp16(As + r * LDA + j, Ac + r * BT + j);
+        }
+        if (tid < DK / 4) cp16(dec + tid * 4, ws.Dc + cb * DK + tid * 4);
+        cp_wait_all();
         __syncthreads();
         // V_new = U - W S
         for (int id = warp; id < 4 * CT; id += 8) {
@@ -362,17 +381,12 @@ __global__ void __launch_bounds__(256, 2)
             wmma::store_matrix_sync(Vs + 16 * rt * LDV + 16 * ct, acc, LDV, wmma::mem_row_major);
         }
         __syncthreads();
-        const float *Qc = ws.Qg + cb * BT * DK, *Ac = ws.Aq + cb * BT * BT;
+        const float *Qc = ws.Qg + cb * BT * DK;
         for (int idx = tid; idx < BT * DK / 4; idx += 256) {
             const int r = idx >> 5, j = (idx & 31) * 4;
-            *reinterpret_cast<float4 *>(Bf + r * LDK + j) =
-                *reinterpret_cast<const float4 *>(Qc + r * DK + j);
+            cp16(Bf + r * LDK + j, Qc + r * DK + j);
         }
-        for (int idx = tid; idx < BT * BT / 4; idx += 256) {
-            const int r = idx >> 4, j = (idx & 15) * 4;
-            *reinterpret_cast<float4 *>(As + r * LDA + j) =
-                *reinterpret_cast<const float4 *>(Ac + r * BT + j);
-        }
+        cp_wait_all();
         __syncthreads();
         // O = Qg S + Aqk V_new
         FragC oacc[(4 * CT + 7) / 8];
@@ -397,33 +411,44 @@ __global__ void __launch_bounds__(256, 2)
                 mma_f32<SPLIT, 0>(oacc[s], a, b);
             }
         }
-        __syncthreads();  // Bf (Qg) consumed: stage O there
+        __syncthreads();  // Bf (Qg) and Ss consumed by O
+        const float *Kc = ws.Kg + cb * BT * DK;
+        if (c == BT) {  // full chunk: O straight from the fragments to o
 #pragma unroll
-        for (int s = 0; s < (4 * CT + 7) / 8; s++) {
-            const int id = warp + 8 * s;
-            if (id >= 4 * CT) break;
-            const int rt = id / CT, ct = id % CT;
-            wmma::store_matrix_sync(Bf + 16 * rt * LDK + 16 * ct, oacc[s], LDK, wmma::mem_row_major);
+            for (int s2 = 0; s2 < (4 * CT + 7) / 8; s2++) {
+                const int id = warp + 8 * s2;
+                if (id >= 4 * CT) break;
+                const int rt = id / CT, ct = id % CT;
+                wmma::store_matrix_sync(o + ((size_t)(t0 + 16 * rt) * H + h) * DK + v0 + 16 * ct,
+                                        oacc[s2], H * DK, wmma::mem_row_major);
+            }
+        } else {  // partial last chunk: stage in Bf, write the rows that exist
+#pragma unroll
+            for (int s2 = 0; s2 < (4 * CT + 7) / 8; s2++) {
+                const int id = warp + 8 * s2;
+                if (id >= 4 * CT) break;
+                const int rt = id / CT, ct = id % CT;
+                wmma::store_matrix_sync(Bf + 16 * rt * LDK + 16 * ct, oacc[s2], LDK, wmma::mem_row_major);
+            }
+            __syncthreads();
+            for (int idx = tid; idx < BT * BV / 4; idx += 256) {
+                const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
+                if (r < c)
+                    *reinterpret_cast<float4 *>(o + ((size_t)(t0 + r) * H + h) * DK + v0 + j) =
+                        *reinterpret_cast<const float4 *>(Bf + r * LDK + j);
+            }
+            __syncthreads();
         }
-        // decay the state rows (S no longer read by this chunk's O)
+        for (int idx = tid; idx < BT * DK / 4; idx += 256) {
+            const int r = idx >> 5, j = (idx & 31) * 4;
+            cp16(Bf + r * LDKT + j, Kc + r * DK + j);
+        }
+        // decay the state rows while Kg is in flight
         for (int idx = tid; idx < DK * BV; idx += 256) {
             const int r = idx / BV, j = idx % BV;
             Ss[r * LDV + j] *= dec[r];
         }
-        __syncthreads();
-        for (int idx = tid; idx < BT * BV / 4; idx += 256) {
-            const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
-            if (r < c)
-                *reinterpret_cast<float4 *>(o + ((size_t)(t0 + r) * H + h) * DK + v0 + j) =
-                    *reinterpret_cast<const float4 *>(Bf + r * LDK + j);
-        }
-        __syncthreads();
-        const float *Kc = ws.Kg + cb * BT * DK;
-        for (int idx = tid; idx < BT * DK / 4; idx += 256) {
-            const int r = idx >> 5, j = (idx & 31) * 4;
-            *reinterpret_cast<float4 *>(Bf + r * LDKT + j) =
-                *reinterpret_cast<const float4 *>(Kc + r * DK + j);
-        }
+        cp_wait_all();
         __syncthreads();
         // S = exp(Gamma_C) S + Kg^T V_new
         for (int id = warp; id < 8 * CT; id += 8) {
@@ -493,6 +518,9 @@ extern "C" void lunar_cuda_kda_chunked(float *o, const float *q, const float *k,
                                        float scale, void *ws, lunar_cuda_stream s) {
     if (T <= 0 || H <= 0) return;
     CUDA_REQUIRE(ws != NULL && ((uintptr_t)ws & 255) == 0);
+    // 16-byte async copies of q, k, v, g rows; 32-byte aligned wmma stores into o
+    CUDA_REQUIRE((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)g) & 15) == 0);
+    CUDA_REQUIRE(((uintptr_t)o & 31) == 0);
     kda_ws w = ws_layout(ws, T, H);
     if (g_split) launch_all<1>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
     else launch_all<0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
