@@ -39,7 +39,8 @@ CU_SRC  := $(shell find src/backend/cuda -name '*.cu' 2>/dev/null | sort)
 ifneq ($(NVCC),)
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CFLAGS  += -DLUNAR_HAVE_CUDA
-LDLIBS  += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lpthread -lstdc++
+LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static \
+           -ldl -lrt -lpthread -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
 NVFLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Isrc -Iinclude -Xcompiler -Wall,-Werror -Werror all-warnings
 else
@@ -73,6 +74,9 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# nvcc writes no dependency files here: every CUDA object depends on the backend's headers.
+$(CU_OBJ): $(wildcard src/backend/cuda/*.h src/backend/cuda/*.cuh) src/base/err.h
 
 test: $(BUILD)/lunar $(BUILD)/lunar_tests
 	./$(BUILD)/lunar_tests

@@ -1,0 +1,52 @@
+// Internal to the CUDA backend: error checks with file and line, the cuBLASLt handle, bf16 helpers.
+#ifndef LUNAR_BACKEND_CUDA_COMMON_CUH
+#define LUNAR_BACKEND_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+// A CUDA error inside the backend is a programming error (or a dead device): report where, abort.
+#define CUDA_CHECK(call)                                                                        \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d: CUDA error %s: %s (in %s)\n", __FILE__, __LINE__,          \
+                    cudaGetErrorName(e_), cudaGetErrorString(e_), #call);                      \
+            abort();                                                                            \
+        }                                                                                       \
+    } while (0)
+
+// After every launch: launch-configuration errors now, execution errors at the next sync.
+#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
+
+#define CUDA_REQUIRE(cond)                                                                      \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
+            fprintf(stderr, "%s:%d: CUDA backend: requirement `%s` failed\n", __FILE__,        \
+                    __LINE__, #cond);                                                          \
+            abort();                                                                            \
+        }                                                                                       \
+    } while (0)
+
+struct cublasLtContext;
+void *lunar_cuda_cublaslt_handle(void);  // cublasLtHandle_t
+void *lunar_cuda_gemm_workspace(size_t *bytes);
+
+static inline cudaStream_t to_stream(lunar_cuda_stream s) { return (cudaStream_t)s; }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+static inline unsigned ceil_div_u(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
+
+#endif

@@ -1,0 +1,241 @@
+// Dense elementwise and row ops: embedding, RMSNorm, gated RMSNorm, L2 norm, SiLU-mul, SiTU-mul,
+// and the causal short convolution (prefill and batched decode). One block per row for the
+// norms (sum of squares in fp32, block tree reduction); grid-stride loops for elementwise ops.
+#include "backend/cuda/cuda_common.cuh"
+
+static __device__ __forceinline__ float block_sum(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // red may still be read by a previous call
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float t = l < nw ? red[l] : 0.0f;
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+static int row_threads(int dim) {
+    int t = 32;
+    while (t < dim && t < 1024) t <<= 1;
+    return t;
+}
+
+// mode 0: rmsnorm (w may be NULL); 1: gated rmsnorm; 2: l2norm
+template <typename Y, int MODE>
+__global__ void norm_kernel(Y *y, const float *x, const float *gate, const uint16_t *w, int dim,
+                            float eps) {
+    __shared__ float red[32];
+    const size_t row = blockIdx.x;
+    const float *xr = x + row * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, red);
+    const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] * inv;
+        if (MODE != 2 && w) v *= bf16_bits_to_f32(w[i]);
+        if (MODE == 1) v *= 1.0f / (1.0f + expf(-gate[row * dim + i]));
+        y[row * dim + i] = from_f32<Y>(v);
+    }
+}
+
+template <int MODE>
+static void norm_launch(void *y, lunar_cuda_dtype ydt, const float *x, const float *gate,
+                        const uint16_t *w, int n, int dim, float eps, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    int th = row_threads(dim);
+    if (ydt == LUNAR_CUDA_F32)
+        norm_kernel<float, MODE><<<n, th, 0, to_stream(s)>>>((float *)y, x, gate, w, dim, eps);
+    else
+        norm_kernel<__nv_bfloat16, MODE>
+            <<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, gate, w, dim, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_rmsnorm(void *y, lunar_cuda_dtype ydt, const float *x,
+                                   const uint16_t *w, int n, int dim, float eps,
+                                   lunar_cuda_stream s) {
+    norm_launch<0>(y, ydt, x, NULL, w, n, dim, eps, s);
+}
+extern "C" void lunar_cuda_rmsnorm_gated(void *y, lunar_cuda_dtype ydt, const float *x,
+                                         const float *gate, const uint16_t *w, int n, int dim,
+                                         float eps, lunar_cuda_stream s) {
+    CUDA_REQUIRE(w != NULL && gate != NULL);
+    norm_launch<1>(y, ydt, x, gate, w, n, dim, eps, s);
+}
+extern "C" void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps,
+                                  lunar_cuda_stream s) {
+    norm_launch<2>(y, LUNAR_CUDA_F32, x, NULL, NULL, n, dim, eps, s);
+}
+
+template <typename Y>
+__global__ void embedding_kernel(Y *y, const uint16_t *E, const int32_t *ids, int dim) {
+    const size_t row = blockIdx.x;
+    const uint16_t *er = E + (size_t)ids[row] * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        y[row * dim + i] = from_f32<Y>(bf16_bits_to_f32(er[i]));
+}
+extern "C" void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16_t *E,
+                                     const int32_t *ids, int n, int dim, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    int th = row_threads(dim);
+    if (ydt == LUNAR_CUDA_F32)
+        embedding_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, E, ids, dim);
+    else
+        embedding_kernel<__nv_bfloat16>
+            <<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, E, ids, dim);
+    CUDA_CHECK_LAUNCH();
+}
+
+// act 0: silu(g) * u; act 1: SiTU  beta*tanh(g/beta)*sigmoid(g) * (beta_l>0 ? beta_l*tanh(u/beta_l) : u)
+template <typename Y, int ACT>
+__global__ void glu_kernel(Y *y, const float *g, const float *u, int64_t n, float beta,
+                           float beta_l) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float a = g[i], b = u[i], r;
+        if (ACT == 0) {
+            r = a / (1.0f + expf(-a)) * b;
+        } else {
+            float ga = beta * tanhf(a / beta) / (1.0f + expf(-a));
+            float ub = beta_l > 0.0f ? beta_l * tanhf(b / beta_l) : b;
+            r = ga * ub;
+        }
+        y[i] = from_f32<Y>(r);
+    }
+}
+template <int ACT>
+static void glu_launch(void *y, lunar_cuda_dtype ydt, const float *g, const float *u, int64_t n,
+                       float beta, float beta_l, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    long long b = (n + 255) / 256;
+    unsigned blocks = (unsigned)(b > 65536 ? 65536 : b);
+    if (ydt == LUNAR_CUDA_F32)
+        glu_kernel<float, ACT><<<blocks, 256, 0, to_stream(s)>>>((float *)y, g, u, n, beta, beta_l);
+    else
+        glu_kernel<__nv_bfloat16, ACT>
+            <<<blocks, 256, 0, to_stream(s)>>>((__nv_bfloat16 *)y, g, u, n, beta, beta_l);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate,
+                                    const float *up, int64_t n, lunar_cuda_stream s) {
+    glu_launch<0>(y, ydt, gate, up, n, 0.0f, 0.0f, s);
+}
+extern "C" void lunar_cuda_situ_mul(void *y, lunar_cuda_dtype ydt, const float *gate,
+                                    const float *up, int64_t n, float beta, float beta_l,
+                                    lunar_cuda_stream s) {
+    glu_launch<1>(y, ydt, gate, up, n, beta, beta_l, s);
+}
+
+// ---------------------------------------------------------------- short conv
+#define CONV_MAX_K 8
+
+// y[t, c] = silu(sum_i w[c, i] * s[t + i]), s = [state[c, 0..K-2], x[0..T-1, c]]. Reads the old
+// state only; the state update runs afterwards in its own kernel (no read/write race).
+__global__ void short_conv_kernel(float *y, const float *x, const float *w, const float *state,
+                                  int T, int C, int K) {
+    const int64_t n = (int64_t)T * C;
+    const int S = K - 1;
+    for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int t = (int)(idx / C), c = (int)(idx % C);
+        float acc = 0.0f;
+        for (int i = 0; i < K; i++) {
+            int p = t + i;
+            float sv = p < S ? state[(size_t)c * S + p] : x[(size_t)(p - S) * C + c];
+            acc += w[(size_t)c * K + i] * sv;
+        }
+        y[idx] = acc / (1.0f + expf(-acc));
+    }
+}
+__global__ void short_conv_state_kernel(float *state, const float *x, int T, int C, int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int S = K - 1;
+    float hist[CONV_MAX_K];
+    float *st = state + (size_t)c * S;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; j++) {
+        if (j < S) {
+            int p = T + j;
+            hist[j] = p < S ? st[p] : x[(size_t)(p - S) * C + c];
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; j++)
+        if (j < S) st[j] = hist[j];
+}
+extern "C" void lunar_cuda_short_conv(float *y, const float *x, const float *w, float *state,
+                                      int T, int C, int K, lunar_cuda_stream s) {
+    CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && y != x);
+    if (T > 0) {
+        long long b = ((long long)T * C + 255) / 256;
+        short_conv_kernel<<<(unsigned)(b > 65536 ? 65536 : b), 256, 0, to_stream(s)>>>(
+            y, x, w, state, T, C, K);
+        CUDA_CHECK_LAUNCH();
+    }
+    if (K > 1) {
+        short_conv_state_kernel<<<ceil_div_u(C, 256), 256, 0, to_stream(s)>>>(state, x, T, C, K);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+// One token per sequence: thread (b, c) owns state_pool[slots[b]][c], so read-then-write is local.
+__global__ void short_conv_decode_kernel(float *y, const float *x, const float *w,
+                                         float *state_pool, const int32_t *slots, int B, int C,
+                                         int K) {
+    const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)B * C) return;
+    const int b = (int)(idx / C), c = (int)(idx % C), S = K - 1;
+    float *st = state_pool + ((size_t)slots[b] * C + c) * S;
+    float win[CONV_MAX_K];
+#pragma unroll
+    for (int i = 0; i < CONV_MAX_K - 1; i++)
+        if (i < S) win[i] = st[i];
+    const float xv = x[idx];
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < CONV_MAX_K; i++)
+        if (i < K) acc += w[(size_t)c * K + i] * (i < S ? win[i] : xv);
+    y[idx] = acc / (1.0f + expf(-acc));
+#pragma unroll
+    for (int i = 0; i < CONV_MAX_K - 1; i++)
+        if (i < S) st[i] = i + 1 < S ? win[i + 1] : xv;
+}
+extern "C" void lunar_cuda_short_conv_decode(float *y, const float *x, const float *w,
+                                             float *state_pool, const int32_t *slots, int B,
+                                             int C, int K, lunar_cuda_stream s) {
+    CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && y != x);
+    if (B <= 0) return;
+    short_conv_decode_kernel<<<ceil_div_u((long long)B * C, 256), 256, 0, to_stream(s)>>>(
+        y, x, w, state_pool, slots, B, C, K);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- KDA gate (elementwise)
+__global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, const float *dt_bias,
+                                int64_t n, int H, int dk, float lb) {
+    const int D = H * dk;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int hj = (int)(i % D);
+        const float a = expf(A_log[hj / dk]);
+        const float x = f[i] + dt_bias[hj];
+        if (lb < 0.0f) {
+            g[i] = lb / (1.0f + expf(-a * x));
+        } else {
+            float sp = x > 20.0f ? x : log1pf(expf(x));
+            g[i] = -a * sp;
+        }
+    }
+}
+extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log,
+                                    const float *dt_bias, int T, int H, int dk, float lower_bound,
+                                    lunar_cuda_stream s) {
+    const int64_t n = (int64_t)T * H * dk;
+    if (n <= 0) return;
+    long long b = (n + 255) / 256;
+    kda_gate_kernel<<<(unsigned)(b > 65536 ? 65536 : b), 256, 0, to_stream(s)>>>(
+        g, f, A_log, dt_bias, n, H, dk, lower_bound);
+    CUDA_CHECK_LAUNCH();
+}

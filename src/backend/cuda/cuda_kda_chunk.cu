@@ -1,0 +1,527 @@
+// KDA chunked prefill (op_kda_chunked, chunk 64, dk = dv = 128), two kernels.
+//
+// 1. kda_intra_kernel, one block per (chunk, head), all in parallel. Gamma = cumsum(g) (fp32), then
+//    L[r,i]   = beta_r sum_j k_r k_i exp(Gamma_r - Gamma_i)   (i < r)
+//    Aqk[r,i] =        sum_j q_r k_i exp(Gamma_r - Gamma_i)   (i <= r)
+//    Diagonal 16x16 blocks pair by pair (every exponent <= 0). Off-diagonal blocks (rows in
+//    sub-chunk m, columns before it) as tensor-core matmuls with the anchor Gamma* = Gamma at row
+//    16m: (k_r exp(Gamma_r - Gamma*)) . (k_i exp(Gamma* - Gamma_i)), both exponents <= 0 (FLA's
+//    secondary chunking, kda.md section 2). X = (I + L)^-1 blockwise: the four 16x16 diagonal
+//    inverses by forward substitution (one warp each, a column per lane), then
+//    X_mn = -X_mm sum_k L_mk X_kn level by level. Then on tensor cores
+//    W = X (beta exp(Gamma) K), U = X (beta V). Writes W, U, Qg = Q scale exp(Gamma),
+//    Kg = K exp(Gamma_C - Gamma), Aqk and exp(Gamma_C) to scratch laid out [H][chunk][64][...],
+//    zero-padded past the sequence end (padded rows have k = v = q = beta = 0, g = 0).
+// 2. kda_state_kernel, one block per (head, tile of BV value columns), sequential over chunks,
+//    the [128 x BV] state slice in shared memory in fp32:
+//    Vn = U - W S;  O = Qg S + Aqk Vn;  S = exp(Gamma_C) S + Kg^T Vn.
+// Matmuls: wmma m16n16k8 tf32 with fp32 accumulation; with the 3xTF32 split (a = hi + lo,
+// a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (default), plain tf32 as an option.
+#include <mma.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+using namespace nvcuda;
+
+#define BT 64
+#define DK 128
+#define LDK 132  // padded row stride of [.][128] shared arrays (floats)
+#define LDA 68   // padded row stride of [.][64] shared arrays
+
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragAr;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragAc;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> FragBr;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragBc;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC;
+
+static int g_split = 1;
+extern "C" void lunar_cuda_kda_chunk_precision(int split) { g_split = split ? 1 : 0; }
+
+// c += a . b for raw fp32 fragments (NEG: c -= a . b); SPLIT: 3xTF32.
+template <int SPLIT, int NEG, class FA, class FB>
+__device__ __forceinline__ void mma_f32(FragC &c, FA &a, FB &b) {
+    if (SPLIT) {
+        FA al;
+        FB bl;
+#pragma unroll
+        for (int i = 0; i < a.num_elements; i++) {
+            float x = NEG ? -a.x[i] : a.x[i];
+            float hi = wmma::__float_to_tf32(x);
+            a.x[i] = hi;
+            al.x[i] = wmma::__float_to_tf32(x - hi);
+        }
+#pragma unroll
+        for (int i = 0; i < b.num_elements; i++) {
+            float x = b.x[i];
+            float hi = wmma::__float_to_tf32(x);
+            b.x[i] = hi;
+            bl.x[i] = wmma::__float_to_tf32(x - hi);
+        }
+        wmma::mma_sync(c, al, b, c);
+        wmma::mma_sync(c, a, bl, c);
+        wmma::mma_sync(c, a, b, c);
+    } else {
+#pragma unroll
+        for (int i = 0; i < a.num_elements; i++)
+            a.x[i] = wmma::__float_to_tf32(NEG ? -a.x[i] : a.x[i]);
+#pragma unroll
+        for (int i = 0; i < b.num_elements; i++) b.x[i] = wmma::__float_to_tf32(b.x[i]);
+        wmma::mma_sync(c, a, b, c);
+    }
+}
+
+// 16-byte asynchronous global -> shared copies: a whole tile is in flight at once (one memory
+// round trip per load phase instead of one per loop iteration).
+__device__ __forceinline__ void cp16(float *sdst, const float *gsrc) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc));
+}
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+struct kda_ws {
+    float *W, *U, *Qg, *Kg, *Aq, *Dc;
+};
+
+static kda_ws ws_layout(void *ws, int T, int H) {
+    const size_t NC = (size_t)(T + BT - 1) / BT, blk = (size_t)H * NC * BT * DK;
+    kda_ws w;
+    float *p = (float *)ws;
+    w.W = p, p += blk;
+    w.U = p, p += blk;
+    w.Qg = p, p += blk;
+    w.Kg = p, p += blk;
+    w.Aq = p, p += (size_t)H * NC * BT * BT;
+    w.Dc = p;
+    return w;
+}
+
+extern "C" size_t lunar_cuda_kda_chunk_ws(int T, int H) {
+    const size_t NC = (size_t)(T + BT - 1) / BT;
+    return sizeof(float) * ((size_t)H * NC * (4 * BT * DK + BT * BT + DK)) + 256;
+}
+
+// ---------------------------------------------------------------- kernel 1: intra-chunk
+
+#define K1_SMEM_FLOATS (3 * BT * LDK + 80 * LDK + 2 * BT * LDA + BT)
+
+template <int SPLIT>
+__global__ void __launch_bounds__(256, 1)
+    kda_intra_kernel(const float *__restrict__ q, const float *__restrict__ k,
+                     const float *__restrict__ v, const float *__restrict__ g,
+                     const float *__restrict__ beta, kda_ws ws, int T, int H, float scale) {
+    extern __shared__ __align__(128) float sm[];
+    float *Gs = sm;                  // [64][LDK] Gamma
+    float *Ks = Gs + BT * LDK;       // [64][LDK] K, later beta exp(Gamma) K
+    float *Qs = Ks + BT * LDK;       // [64][LDK] Q * scale, later beta V
+    float *Ls = Qs + BT * LDK;       // [16][LDK] anchored K rows of sub-chunk m
+    float *Lq = Ls + 16 * LDK;       // [16][LDK] anchored Q rows
+    float *Rs = Lq + 16 * LDK;       // [48][LDK] anchored K columns before sub-chunk m
+    float *Akk = Rs + 48 * LDK;      // [64][LDA] L (strictly lower)
+    float *Aqk = Akk + BT * LDA;     // [64][LDA]
+    float *bs = Aqk + BT * LDA;      // [64] beta
+    float *Xs = Ls;                  // [64][LDA] (I + L)^-1, reuses Ls/Lq/Rs after the L phase
+    float *Ps = Ls + BT * LDA;       // [3*256] level products, after Xs
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int n = blockIdx.x, h = blockIdx.y, NC = gridDim.x;
+    const int t0 = n * BT, c = min(BT, T - t0);
+    const size_t cb = (size_t)h * NC + n;  // chunk-block index in the scratch
+
+    // 1. load (zero-padded rows past the end); Q is scaled where it is used
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        if (r < c) {
+            const size_t off = ((size_t)(t0 + r) * H + h) * DK + j;
+            cp16(Ks + r * LDK + j, k + off);
+            cp16(Qs + r * LDK + j, q + off);
+            cp16(Gs + r * LDK + j, g + off);
+        } else {
+            const float4 z = make_float4(0, 0, 0, 0);
+            *reinterpret_cast<float4 *>(Ks + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Qs + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Gs + r * LDK + j) = z;
+        }
+    }
+    for (int idx = tid; idx < BT * LDA; idx += 256) Akk[idx] = Aqk[idx] = 0.0f;
+    if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
+    cp_wait_all();
+    __syncthreads();
+    // 2. Gamma: inclusive cumsum down each key column (token order, as torch.cumsum)
+    if (tid < DK) {
+        float acc = 0.0f;
+        for (int r = 0; r < BT; r++) {
+            acc += Gs[r * LDK + tid];
+            Gs[r * LDK + tid] = acc;
+        }
+    }
+    __syncthreads();
+    // 3. Qg, Kg, exp(Gamma_C) to scratch; diagonal blocks of L and Aqk pair by pair
+    for (int idx = tid; idx < BT * DK; idx += 256) {
+        const int r = idx >> 7, j = idx & 127;
+        const float G = Gs[r * LDK + j], GC = Gs[(BT - 1) * LDK + j];
+        ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * scale * __expf(G);
+        ws.Kg[cb * BT * DK + idx] = Ks[r * LDK + j] * __expf(GC - G);
+    }
+    if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
+    {  // diagonal 16x16 blocks: thread (m, ri, ii) owns rows {ri, ri+8} x columns {ii, ii+8}
+        const int m = tid >> 6, ri = (tid >> 3) & 7, ii = tid & 7;
+        const int ra[2] = {16 * m + ri, 16 * m + ri + 8}, ib[2] = {16 * m + ii, 16 * m + ii + 8};
+        float sk[2][2] = {{0, 0}, {0, 0}}, sq[2][2] = {{0, 0}, {0, 0}};
+        for (int j = 0; j < DK; j += 4) {
+            float4 Gr[2], Kr[2], Qr[2], Gi[2], Ki[2];
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                Gr[a] = *reinterpret_cast<const float4 *>(Gs + ra[a] * LDK + j);
+                Kr[a] = *reinterpret_cast<const float4 *>(Ks + ra[a] * LDK + j);
+                Qr[a] = *reinterpret_cast<const float4 *>(Qs + ra[a] * LDK + j);
+                Gi[a] = *reinterpret_cast<const float4 *>(Gs + ib[a] * LDK + j);
+                Ki[a] = *reinterpret_cast<const float4 *>(Ks + ib[a] * LDK + j);
+            }
+#pragma unroll
+            for (int a = 0; a < 2; a++)
+#pragma unroll
+                for (int b = 0; b < 2; b++) {
+                    // the exponent is <= 0 for every pair kept (i <= r); the clamp only keeps the
+                    // discarded pairs (i > r) finite
+                    float e0 = Ki[b].x * __expf(fminf(Gr[a].x - Gi[b].x, 0.0f));
+                    float e1 = Ki[b].y * __expf(fminf(Gr[a].y - Gi[b].y, 0.0f));
+                    float e2 = Ki[b].z * __expf(fminf(Gr[a].z - Gi[b].z, 0.0f));
+                    float e3 = Ki[b].w * __expf(fminf(Gr[a].w - Gi[b].w, 0.0f));
+                    sk[a][b] += Kr[a].x * e0 + Kr[a].y * e1 + Kr[a].z * e2 + Kr[a].w * e3;
+                    sq[a][b] += Qr[a].x * e0 + Qr[a].y * e1 + Qr[a].z * e2 + Qr[a].w * e3;
+                }
+        }
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int b = 0; b < 2; b++) {
+                const int r = ra[a], i = ib[b];
+                if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
+                if (i <= r) Aqk[r * LDA + i] = sq[a][b] * scale;
+            }
+    }
+    // off-diagonal blocks, sub-chunk by sub-chunk
+    for (int m = 1; m < 4; m++) {
+        __syncthreads();  // previous m's operands are consumed
+        for (int idx = tid; idx < (16 + 16 * m) * DK; idx += 256) {
+            const int r = idx >> 7, j = idx & 127;
+            const float Ga = Gs[16 * m * LDK + j];
+            if (r < 16) {
+                const int rr = 16 * m + r;
+                const float e = __expf(Gs[rr * LDK + j] - Ga);
+                Ls[r * LDK + j] = Ks[rr * LDK + j] * e;
+                Lq[r * LDK + j] = Qs[rr * LDK + j] * e * scale;
+            } else {
+                const int i = r - 16;
+                Rs[i * LDK + j] = Ks[i * LDK + j] * __expf(Ga - Gs[i * LDK + j]);
+            }
+        }
+        __syncthreads();
+        if (warp < 2 * m) {
+            const int which = warp / m, nt = warp % m;  // which 0: L, 1: Aqk
+            const float *A = which ? Lq : Ls;
+            FragC acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kk = 0; kk < DK; kk += 8) {
+                FragAr a;
+                FragBc b;
+                wmma::load_matrix_sync(a, A + kk, LDK);
+                wmma::load_matrix_sync(b, Rs + nt * 16 * LDK + kk, LDK);
+                mma_f32<SPLIT, 0>(acc, a, b);
+            }
+            wmma::store_matrix_sync((which ? Aqk : Akk) + 16 * m * LDA + 16 * nt, acc, LDA,
+                                    wmma::mem_row_major);
+        }
+    }
+    __syncthreads();
+    // V into Qs (Q is consumed), in flight during the inverse
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        if (r < c) cp16(Qs + r * LDK + j, v + ((size_t)(t0 + r) * H + h) * DK + j);
+        else *reinterpret_cast<float4 *>(Qs + r * LDK + j) = make_float4(0, 0, 0, 0);
+    }
+    // 4. beta on the off-diagonal L rows; clear X
+    for (int idx = tid; idx < BT * BT; idx += 256) {
+        const int r = idx >> 6, i = idx & 63;
+        if (i < (r & ~15)) Akk[r * LDA + i] *= bs[r];
+        Xs[r * LDA + i] = 0.0f;
+    }
+    __syncthreads();
+    // 5. X = (I + L)^-1: diagonal blocks by forward substitution (warp m, lane = column)
+    if (warp < 4 && lane < 16) {
+        const int m = warp, col = lane;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float s = r == col ? 1.0f : 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < r; kk++) s -= Akk[(16 * m + r) * LDA + 16 * m + kk] * x[kk];
+            x[r] = s;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; r++) Xs[(16 * m + r) * LDA + 16 * m + col] = x[r];
+    }
+    __syncthreads();
+    for (int d = 1; d < 4; d++) {  // X_mn, n = m - d: P = sum_{k=n}^{m-1} L_mk X_kn, X_mn = -X_mm P
+        const int nb = 4 - d;
+        for (int idx = tid; idx < nb * 256; idx += 256) {
+            const int m = d + idx / 256, nn = m - d, e = idx % 256, r = e >> 4, cc = e & 15;
+            float s = 0.0f;
+            for (int kk = 16 * nn; kk < 16 * m; kk++)
+                s += Akk[(16 * m + r) * LDA + kk] * Xs[kk * LDA + 16 * nn + cc];
+            Ps[idx] = s;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < nb * 256; idx += 256) {
+            const int m = d + idx / 256, nn = m - d, e = idx % 256, r = e >> 4, cc = e & 15;
+            const float *P = Ps + (idx / 256) * 256;
+            float s = 0.0f;
+            for (int kk = 0; kk <= r; kk++) s += Xs[(16 * m + r) * LDA + 16 * m + kk] * P[kk * 16 + cc];
+            Xs[(16 * m + r) * LDA + 16 * nn + cc] = -s;
+        }
+        __syncthreads();
+    }
+    // 6. B operands: beta exp(Gamma) K (in Ks), beta V (in Qs); Aqk to scratch
+    cp_wait_all();
+    __syncthreads();
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        const float b = bs[r];
+        float4 kv = *reinterpret_cast<const float4 *>(Ks + r * LDK + j);
+        const float *G = Gs + r * LDK + j;
+        kv.x *= b * __expf(G[0]), kv.y *= b * __expf(G[1]), kv.z *= b * __expf(G[2]),
+            kv.w *= b * __expf(G[3]);
+        *reinterpret_cast<float4 *>(Ks + r * LDK + j) = kv;
+        const float4 vv = *reinterpret_cast<const float4 *>(Qs + r * LDK + j);
+        *reinterpret_cast<float4 *>(Qs + r * LDK + j) =
+            make_float4(vv.x * b, vv.y * b, vv.z * b, vv.w * b);
+    }
+    for (int idx = tid; idx < BT * BT; idx += 256)
+        ws.Aq[cb * BT * BT + idx] = Aqk[(idx >> 6) * LDA + (idx & 63)];
+    __syncthreads();
+    // 7. W = X KB, U = X VB (X lower triangular: k-steps up to the diagonal block)
+    for (int s = 0; s < 8; s++) {
+        const int id = warp * 8 + s, which = id >> 5, rt = (id >> 3) & 3, ct = id & 7;
+        const float *B = which ? Qs : Ks;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {
+            FragAr a;
+            FragBr b;
+            wmma::load_matrix_sync(a, Xs + 16 * rt * LDA + kk, LDA);
+            wmma::load_matrix_sync(b, B + kk * LDK + 16 * ct, LDK);
+            mma_f32<SPLIT, 0>(acc, a, b);
+        }
+        float *dst = (which ? ws.U : ws.W) + cb * BT * DK + 16 * rt * DK + 16 * ct;
+        wmma::store_matrix_sync(dst, acc, DK, wmma::mem_row_major);
+    }
+}
+
+// ---------------------------------------------------------------- kernel 2: inter-chunk state
+
+// Row strides: a row-major A operand wants stride = 4 (mod 32) floats, a row-major B operand or a
+// col-major A operand 8 (mod 32), for conflict-free tf32 fragment loads.
+#define LDKT 136
+template <int BV> struct state_smem {
+    static const int LDV = BV + 8;
+    static const int floats = DK * LDV + BT * LDKT + BT * LDA + BT * LDV + DK;
+};
+
+template <int BV, int SPLIT>
+__global__ void __launch_bounds__(256, 2)
+    kda_state_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
+    constexpr int LDV = BV + 8, CT = BV / 16;
+    extern __shared__ __align__(128) float sm[];
+    float *Ss = sm;              // [128][LDV] state slice
+    float *Bf = Ss + DK * LDV;   // [64][LDK] W, then Qg (then O staging); [64][LDKT] Kg
+    float *As = Bf + BT * LDKT;  // [64][LDA] Aqk
+    float *Vs = As + BT * LDA;   // [64][LDV] U, then V_new
+    float *dec = Vs + BT * LDV;  // [128]
+    const int tid = threadIdx.x, warp = tid >> 5;
+    const int v0 = blockIdx.x * BV, h = blockIdx.y;
+    float *Sh = S + (size_t)h * DK * DK;
+
+    for (int idx = tid; idx < DK * BV / 4; idx += 256) {
+        const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
+        *reinterpret_cast<float4 *>(Ss + r * LDV + j) =
+            *reinterpret_cast<const float4 *>(Sh + (size_t)r * DK + v0 + j);
+    }
+    for (int n = 0; n < NC; n++) {
+        const size_t cb = (size_t)h * NC + n;
+        const int t0 = n * BT, c = min(BT, T - t0);
+        const float *Wc = ws.W + cb * BT * DK, *Uc = ws.U + cb * BT * DK;
+        const float *Ac = ws.Aq + cb * BT * BT;
+        for (int idx = tid; idx < BT * DK / 4; idx += 256) {
+            const int r = idx >> 5, j = (idx & 31) * 4;
+            cp16(Bf + r * LDK + j, Wc + r * DK + j);
+        }
+        for (int idx = tid; idx < BT * BV / 4; idx += 256) {
+            const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
+            cp16(Vs + r * LDV + j, Uc + r * DK + v0 + j);
+        }
+        for (int idx = tid; idx < BT * BT / 4; idx += 256) {
+            const int r = idx >> 4, j = (idx & 15) * 4;
+            cp16(As + r * LDA + j, Ac + r * BT + j);
+        }
+        if (tid < DK / 4) cp16(dec + tid * 4, ws.Dc + cb * DK + tid * 4);
+        cp_wait_all();
+        __syncthreads();
+        // V_new = U - W S
+        for (int id = warp; id < 4 * CT; id += 8) {
+            const int rt = id / CT, ct = id % CT;
+            FragC acc;
+            wmma::load_matrix_sync(acc, Vs + 16 * rt * LDV + 16 * ct, LDV, wmma::mem_row_major);
+            for (int kk = 0; kk < DK; kk += 8) {
+                FragAr a;
+                FragBr b;
+                wmma::load_matrix_sync(a, Bf + 16 * rt * LDK + kk, LDK);
+                wmma::load_matrix_sync(b, Ss + kk * LDV + 16 * ct, LDV);
+                mma_f32<SPLIT, 1>(acc, a, b);
+            }
+            wmma::store_matrix_sync(Vs + 16 * rt * LDV + 16 * ct, acc, LDV, wmma::mem_row_major);
+        }
+        __syncthreads();
+        const float *Qc = ws.Qg + cb * BT * DK;
+        for (int idx = tid; idx < BT * DK / 4; idx += 256) {
+            const int r = idx >> 5, j = (idx & 31) * 4;
+            cp16(Bf + r * LDK + j, Qc + r * DK + j);
+        }
+        cp_wait_all();
+        __syncthreads();
+        // O = Qg S + Aqk V_new
+        FragC oacc[(4 * CT + 7) / 8];
+#pragma unroll
+        for (int s = 0; s < (4 * CT + 7) / 8; s++) {
+            const int id = warp + 8 * s;
+            if (id >= 4 * CT) break;
+            const int rt = id / CT, ct = id % CT;
+            wmma::fill_fragment(oacc[s], 0.0f);
+            for (int kk = 0; kk < DK; kk += 8) {
+                FragAr a;
+                FragBr b;
+                wmma::load_matrix_sync(a, Bf + 16 * rt * LDK + kk, LDK);
+                wmma::load_matrix_sync(b, Ss + kk * LDV + 16 * ct, LDV);
+                mma_f32<SPLIT, 0>(oacc[s], a, b);
+            }
+            for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {
+                FragAr a;
+                FragBr b;
+                wmma::load_matrix_sync(a, As + 16 * rt * LDA + kk, LDA);
+                wmma::load_matrix_sync(b, Vs + kk * LDV + 16 * ct, LDV);
+                mma_f32<SPLIT, 0>(oacc[s], a, b);
+            }
+        }
+        __syncthreads();  // Bf (Qg) and Ss consumed by O
+        const float *Kc = ws.Kg + cb * BT * DK;
+        if (c == BT) {  // full chunk: O straight from the fragments to o
+#pragma unroll
+            for (int s2 = 0; s2 < (4 * CT + 7) / 8; s2++) {
+                const int id = warp + 8 * s2;
+                if (id >= 4 * CT) break;
+                const int rt = id / CT, ct = id % CT;
+                wmma::store_matrix_sync(o + ((size_t)(t0 + 16 * rt) * H + h) * DK + v0 + 16 * ct,
+                                        oacc[s2], H * DK, wmma::mem_row_major);
+            }
+        } else {  // partial last chunk: stage in Bf, write the rows that exist
+#pragma unroll
+            for (int s2 = 0; s2 < (4 * CT + 7) / 8; s2++) {
+                const int id = warp + 8 * s2;
+                if (id >= 4 * CT) break;
+                const int rt = id / CT, ct = id % CT;
+                wmma::store_matrix_sync(Bf + 16 * rt * LDK + 16 * ct, oacc[s2], LDK, wmma::mem_row_major);
+            }
+            __syncthreads();
+            for (int idx = tid; idx < BT * BV / 4; idx += 256) {
+                const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
+                if (r < c)
+                    *reinterpret_cast<float4 *>(o + ((size_t)(t0 + r) * H + h) * DK + v0 + j) =
+                        *reinterpret_cast<const float4 *>(Bf + r * LDK + j);
+            }
+            __syncthreads();
+        }
+        for (int idx = tid; idx < BT * DK / 4; idx += 256) {
+            const int r = idx >> 5, j = (idx & 31) * 4;
+            cp16(Bf + r * LDKT + j, Kc + r * DK + j);
+        }
+        // decay the state rows while Kg is in flight
+        for (int idx = tid; idx < DK * BV; idx += 256) {
+            const int r = idx / BV, j = idx % BV;
+            Ss[r * LDV + j] *= dec[r];
+        }
+        cp_wait_all();
+        __syncthreads();
+        // S = exp(Gamma_C) S + Kg^T V_new
+        for (int id = warp; id < 8 * CT; id += 8) {
+            const int rt = id / CT, ct = id % CT;
+            FragC acc;
+            wmma::load_matrix_sync(acc, Ss + 16 * rt * LDV + 16 * ct, LDV, wmma::mem_row_major);
+            for (int kk = 0; kk < BT; kk += 8) {
+                FragAc a;
+                FragBr b;
+                wmma::load_matrix_sync(a, Bf + kk * LDKT + 16 * rt, LDKT);
+                wmma::load_matrix_sync(b, Vs + kk * LDV + 16 * ct, LDV);
+                mma_f32<SPLIT, 0>(acc, a, b);
+            }
+            wmma::store_matrix_sync(Ss + 16 * rt * LDV + 16 * ct, acc, LDV, wmma::mem_row_major);
+        }
+        __syncthreads();
+    }
+    for (int idx = tid; idx < DK * BV / 4; idx += 256) {
+        const int r = idx / (BV / 4), j = (idx % (BV / 4)) * 4;
+        *reinterpret_cast<float4 *>(Sh + (size_t)r * DK + v0 + j) =
+            *reinterpret_cast<const float4 *>(Ss + r * LDV + j);
+    }
+}
+
+template <int BV, int SPLIT>
+static void launch_state(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st) {
+    const size_t bytes = sizeof(float) * state_smem<BV>::floats;
+    CUDA_CHECK(cudaFuncSetAttribute(kda_state_kernel<BV, SPLIT>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    kda_state_kernel<BV, SPLIT><<<dim3(DK / BV, H), 256, bytes, st>>>(o, S, w, T, H, NC);
+    CUDA_CHECK_LAUNCH();
+}
+
+static int g_prof;
+static cudaEvent_t g_ev[3];
+extern "C" void lunar_cuda_kda_chunk_profile(int on) {
+    if (on && !g_prof)
+        for (int i = 0; i < 3; i++) CUDA_CHECK(cudaEventCreate(&g_ev[i]));
+    g_prof = on;
+}
+extern "C" void lunar_cuda_kda_chunk_profile_ms(float *intra, float *state) {
+    CUDA_CHECK(cudaEventSynchronize(g_ev[2]));
+    CUDA_CHECK(cudaEventElapsedTime(intra, g_ev[0], g_ev[1]));
+    CUDA_CHECK(cudaEventElapsedTime(state, g_ev[1], g_ev[2]));
+}
+
+template <int SPLIT>
+static void launch_all(float *o, const float *q, const float *k, const float *v, const float *g,
+                       const float *beta, float *S, int T, int H, float scale, kda_ws w,
+                       cudaStream_t st) {
+    const int NC = (T + BT - 1) / BT;
+    const size_t b1 = sizeof(float) * K1_SMEM_FLOATS;
+    CUDA_CHECK(cudaFuncSetAttribute(kda_intra_kernel<SPLIT>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b1));
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
+    kda_intra_kernel<SPLIT><<<dim3(NC, H), 256, b1, st>>>(q, k, v, g, beta, w, T, H, scale);
+    CUDA_CHECK_LAUNCH();
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
+    // enough blocks for the SMs: 64-column tiles from 66 heads up, else 32
+    if (H * 2 >= 132) launch_state<64, SPLIT>(o, S, w, T, H, NC, st);
+    else launch_state<32, SPLIT>(o, S, w, T, H, NC, st);
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
+}
+
+extern "C" void lunar_cuda_kda_chunked(float *o, const float *q, const float *k, const float *v,
+                                       const float *g, const float *beta, float *S, int T, int H,
+                                       float scale, void *ws, lunar_cuda_stream s) {
+    if (T <= 0 || H <= 0) return;
+    CUDA_REQUIRE(ws != NULL && ((uintptr_t)ws & 255) == 0);
+    // 16-byte async copies of q, k, v, g rows; 32-byte aligned wmma stores into o
+    CUDA_REQUIRE((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)g) & 15) == 0);
+    CUDA_REQUIRE(((uintptr_t)o & 31) == 0);
+    kda_ws w = ws_layout(ws, T, H);
+    if (g_split) launch_all<1>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+    else launch_all<0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+}

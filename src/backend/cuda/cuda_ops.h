@@ -1,0 +1,146 @@
+/* The CUDA backend's C-callable API: runtime (device, arena, streams, events, graphs) and the
+ * launchers of every CUDA op. All data pointers are DEVICE pointers unless a name says host.
+ * Every op computes what its CPU counterpart in ops.h computes (the CPU op is the reference and
+ * tests/test_cuda_ops.c checks each one against it); what differs is stated per op, usually the
+ * storage type of activations (bf16 where the GEMMs want it) and the rounding that implies.
+ * Launchers are asynchronous on the given stream (NULL = the legacy default stream) and abort with
+ * file and line on a CUDA error (programming errors, like LUNAR_ASSERT); only lunar_cuda_init
+ * reports failure as a value. Compiled in only when nvcc was found (LUNAR_HAVE_CUDA). */
+#ifndef LUNAR_BACKEND_CUDA_CUDA_OPS_H
+#define LUNAR_BACKEND_CUDA_CUDA_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "base/err.h"
+
+/* The same types as cudaStream_t / cudaEvent_t / cudaGraphExec_t, without cuda_runtime.h. */
+typedef struct CUstream_st *lunar_cuda_stream;
+typedef struct CUevent_st *lunar_cuda_event;
+typedef struct CUgraphExec_st *lunar_cuda_graph;
+
+/* Storage type of an activation buffer. */
+typedef enum lunar_cuda_dtype { LUNAR_CUDA_F32 = 0, LUNAR_CUDA_BF16 = 1 } lunar_cuda_dtype;
+
+/* ---------------------------------------------------------------- runtime */
+
+/* Selects `device`, allocates the whole memory budget once (arena_bytes; 0 = all free memory but
+ * 1 GiB) and creates the cuBLASLt handle. Idempotent for the same device. 0 or -1 with err. */
+int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err);
+void lunar_cuda_shutdown(void);
+int lunar_cuda_ready(void); /* 1 after a successful init */
+/* Name, SM count, L2 size, memory of the selected device (one line). */
+const char *lunar_cuda_describe(void);
+
+/* Bump allocator over the arena, 256-byte aligned. NULL when the budget is exhausted. Free by
+ * rewinding to a mark (stack discipline); there is no per-allocation free. */
+void *lunar_cuda_alloc(size_t bytes);
+size_t lunar_cuda_mark(void);
+void lunar_cuda_release(size_t mark);
+size_t lunar_cuda_arena_used(void);
+size_t lunar_cuda_arena_size(void);
+
+/* Synchronous copies and fill (they wait for the device). */
+void lunar_cuda_upload(void *dst_dev, const void *src_host, size_t bytes);
+void lunar_cuda_download(void *dst_host, const void *src_dev, size_t bytes);
+void lunar_cuda_fill_u32(void *dst_dev, uint32_t value, size_t count); /* count 32-bit words */
+void lunar_cuda_sync(void);
+/* p[i] = uniform in [lo, hi) from a counter hash of (seed, i): device-side test and bench data. */
+void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float lo, float hi);
+/* p[i] = sigmoid(p[i]) in place (beta from raw projections). */
+void lunar_cuda_sigmoid_inplace(float *p, size_t n);
+/* bf16 copy of fp32 data (round to nearest even). */
+void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+
+lunar_cuda_stream lunar_cuda_stream_create(void);
+void lunar_cuda_stream_destroy(lunar_cuda_stream s);
+void lunar_cuda_stream_sync(lunar_cuda_stream s);
+lunar_cuda_event lunar_cuda_event_create(void);
+void lunar_cuda_event_destroy(lunar_cuda_event e);
+void lunar_cuda_event_record(lunar_cuda_event e, lunar_cuda_stream s);
+void lunar_cuda_stream_wait(lunar_cuda_stream s, lunar_cuda_event e);
+float lunar_cuda_event_ms(lunar_cuda_event start, lunar_cuda_event stop); /* waits for stop */
+
+/* Graph capture for decode steps: begin on a (non-default) stream, enqueue launches, end returns
+ * an instantiated graph; replay with launch. Pointers and shapes are baked in at capture. */
+void lunar_cuda_graph_begin(lunar_cuda_stream s);
+lunar_cuda_graph lunar_cuda_graph_end(lunar_cuda_stream s);
+void lunar_cuda_graph_launch(lunar_cuda_graph g, lunar_cuda_stream s);
+void lunar_cuda_graph_destroy(lunar_cuda_graph g);
+
+/* ---------------------------------------------------------------- dense (cuda_dense.cu, cuda_gemm.cu) */
+
+/* op_matmul with bf16 operands: y[n, out] = x[n, in] . W[out, in]^T, fp32 accumulation (cuBLASLt),
+ * y stored as ydt. Equals op_matmul on the bf16-rounded x and W up to fp32 summation order (and
+ * the final bf16 rounding when ydt is BF16). lm_head is this with ydt = F32. */
+void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n,
+                       int out, int in, lunar_cuda_stream s);
+
+/* op_embedding from a bf16 table E[vocab, dim]; ids in [0, vocab). */
+void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16_t *E, const int32_t *ids,
+                          int n, int dim, lunar_cuda_stream s);
+
+/* op_rmsnorm / op_rmsnorm_gated / op_l2norm. x, gate fp32; w bf16 [dim] (NULL: no weight, rmsnorm
+ * only). Sum of squares in fp32 (tree order). y may alias x when ydt is F32. */
+void lunar_cuda_rmsnorm(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *w, int n,
+                        int dim, float eps, lunar_cuda_stream s);
+void lunar_cuda_rmsnorm_gated(void *y, lunar_cuda_dtype ydt, const float *x, const float *gate,
+                              const uint16_t *w, int n, int dim, float eps, lunar_cuda_stream s);
+void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps, lunar_cuda_stream s);
+
+/* op_silu_mul / op_situ_mul on fp32 inputs; y stored as ydt (may alias gate or up when F32). */
+void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate, const float *up,
+                         int64_t n, lunar_cuda_stream s);
+void lunar_cuda_situ_mul(void *y, lunar_cuda_dtype ydt, const float *gate, const float *up,
+                         int64_t n, float beta, float beta_l, lunar_cuda_stream s);
+
+/* op_short_conv for one sequence of T tokens: w fp32 [C, K] (K <= 8), state fp32 [C, K-1]. */
+void lunar_cuda_short_conv(float *y, const float *x, const float *w, float *state, int T, int C,
+                           int K, lunar_cuda_stream s);
+/* Decode form: B sequences of one token each, x, y [B, C]; sequence b's state is
+ * state_pool[slots[b]] ([C, K-1]); op_short_conv with T = 1 on each. */
+void lunar_cuda_short_conv_decode(float *y, const float *x, const float *w, float *state_pool,
+                                  const int32_t *slots, int B, int C, int K, lunar_cuda_stream s);
+
+/* ---------------------------------------------------------------- KDA (cuda_kda*.cu) */
+
+/* op_kda_gate: A_log fp32 [>= H], dt_bias fp32 [H*dk]. */
+void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log, const float *dt_bias, int T,
+                         int H, int dk, float lower_bound, lunar_cuda_stream s);
+
+/* op_kda_chunked for one sequence, chunk 64, dk = dv = 128: fp32 q, k, v, g, beta, o and state
+ * S [H, dk, dv] (updated in place). Gates and Gamma fp32, matmuls on tensor cores in tf32 with
+ * the 3xTF32 split (fp32-level accuracy); see cuda_kda_chunk.cu. ws: lunar_cuda_kda_chunk_ws bytes
+ * of device scratch. */
+size_t lunar_cuda_kda_chunk_ws(int T, int H);
+/* 1 (default): 3xTF32 split matmuls, fp32-accurate; 0: plain tf32 (faster, ~1e-3 relative). */
+void lunar_cuda_kda_chunk_precision(int split);
+/* Benchmarks: record events around the two kernels of each call (on), and read the last call's
+ * intra-chunk and state-pass times. */
+void lunar_cuda_kda_chunk_profile(int on);
+void lunar_cuda_kda_chunk_profile_ms(float *intra_ms, float *state_ms);
+void lunar_cuda_kda_chunked(float *o, const float *q, const float *k, const float *v,
+                            const float *g, const float *beta, float *S, int T, int H, float scale,
+                            void *ws, lunar_cuda_stream s);
+
+/* op_kda_recurrent for B sequences of T tokens each (decode: T = 1; speculative verify: T > 1).
+ * q, k, g: [B, T, H, dk]; v, o: [B, T, H, dv]; beta: [B, T, H]. Sequence b's state is
+ * S_pool[slots[b]] ([H, dk, dv] fp32). S_steps NULL: the slot is updated in place. S_steps
+ * non-NULL ([B, T, H, dk, dv]): the state after each position t is written to S_steps[b, t] and
+ * the slot is left unchanged (the caller keeps the accepted one). dk = 128, dv % 32 == 0. */
+void lunar_cuda_kda_recurrent(float *o, const float *q, const float *k, const float *v,
+                              const float *g, const float *beta, float *S_pool,
+                              const int32_t *slots, float *S_steps, int B, int T, int H, int dk,
+                              int dv, float scale, lunar_cuda_stream s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

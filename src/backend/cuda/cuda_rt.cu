@@ -1,0 +1,212 @@
+// CUDA runtime: device selection, the one arena allocated at start-up, streams, events, graphs,
+// and the cuBLASLt handle with its workspace.
+#include <cublasLt.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+static struct {
+    int ready, device;
+    char *base;
+    size_t size, used;
+    cublasLtHandle_t lt;
+    void *ws;
+    size_t ws_bytes;
+    char desc[512];
+} rt;
+
+static const size_t kAlign = 256;
+static const size_t kGemmWorkspace = 64ull << 20;
+
+extern "C" int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err) {
+    if (rt.ready) {
+        if (device == rt.device) return 0;
+        return lunar_fail(err, "CUDA backend already initialised on device %d", rt.device);
+    }
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return lunar_fail(err, "no CUDA device: %s",
+                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (device < 0 || device >= n) return lunar_fail(err, "CUDA device %d of %d", device, n);
+    if ((e = cudaSetDevice(device)) != cudaSuccess)
+        return lunar_fail(err, "cudaSetDevice(%d): %s", device, cudaGetErrorString(e));
+    size_t free_b = 0, total_b = 0;
+    if ((e = cudaMemGetInfo(&free_b, &total_b)) != cudaSuccess)
+        return lunar_fail(err, "cudaMemGetInfo: %s", cudaGetErrorString(e));
+    if (arena_bytes == 0) arena_bytes = free_b > (2ull << 30) ? free_b - (1ull << 30) : free_b / 2;
+    arena_bytes = (arena_bytes + kAlign - 1) / kAlign * kAlign;
+    if (arena_bytes > free_b)
+        return lunar_fail(err, "CUDA arena of %.2f GiB exceeds free device memory %.2f GiB",
+                          arena_bytes / 1073741824.0, free_b / 1073741824.0);
+    void *p = NULL;
+    if ((e = cudaMalloc(&p, arena_bytes)) != cudaSuccess)
+        return lunar_fail(err, "cudaMalloc(%zu): %s", arena_bytes, cudaGetErrorString(e));
+    cublasLtHandle_t lt;
+    if (cublasLtCreate(&lt) != CUBLAS_STATUS_SUCCESS) {
+        cudaFree(p);
+        return lunar_fail(err, "cublasLtCreate failed");
+    }
+    rt.base = (char *)p;
+    rt.size = arena_bytes;
+    rt.used = 0;
+    rt.lt = lt;
+    rt.device = device;
+    rt.ready = 1;
+    rt.ws_bytes = kGemmWorkspace;
+    rt.ws = lunar_cuda_alloc(rt.ws_bytes);
+    if (!rt.ws) {
+        lunar_cuda_shutdown();
+        return lunar_fail(err, "CUDA arena too small for the GEMM workspace");
+    }
+    cudaDeviceProp pr;
+    CUDA_CHECK(cudaGetDeviceProperties(&pr, device));
+    snprintf(rt.desc, sizeof rt.desc, "%.200s, sm_%d%d, %d SMs, L2 %d MiB, %.0f GiB (arena %.1f GiB)",
+             pr.name, pr.major, pr.minor, pr.multiProcessorCount, pr.l2CacheSize >> 20,
+             total_b / 1073741824.0, arena_bytes / 1073741824.0);
+    return 0;
+}
+
+extern "C" void lunar_cuda_shutdown(void) {
+    if (!rt.ready) return;
+    cudaDeviceSynchronize();
+    cublasLtDestroy(rt.lt);
+    cudaFree(rt.base);
+    memset(&rt, 0, sizeof rt);
+}
+
+extern "C" int lunar_cuda_ready(void) { return rt.ready; }
+extern "C" const char *lunar_cuda_describe(void) { return rt.ready ? rt.desc : "not initialised"; }
+
+extern "C" void *lunar_cuda_alloc(size_t bytes) {
+    CUDA_REQUIRE(rt.ready);
+    size_t b = (bytes + kAlign - 1) / kAlign * kAlign;
+    if (b > rt.size - rt.used) return NULL;
+    void *p = rt.base + rt.used;
+    rt.used += b;
+    return p;
+}
+extern "C" size_t lunar_cuda_mark(void) { return rt.used; }
+extern "C" void lunar_cuda_release(size_t mark) {
+    CUDA_REQUIRE(mark <= rt.used);
+    rt.used = mark;
+}
+extern "C" size_t lunar_cuda_arena_used(void) { return rt.used; }
+extern "C" size_t lunar_cuda_arena_size(void) { return rt.size; }
+
+void *lunar_cuda_cublaslt_handle(void) { return (void *)rt.lt; }
+void *lunar_cuda_gemm_workspace(size_t *bytes) {
+    *bytes = rt.ws_bytes;
+    return rt.ws;
+}
+
+extern "C" void lunar_cuda_upload(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+}
+extern "C" void lunar_cuda_download(void *dst, const void *src, size_t bytes) {
+    CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+}
+
+__global__ void fill_u32_kernel(uint32_t *p, uint32_t v, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = v;
+}
+extern "C" void lunar_cuda_fill_u32(void *dst, uint32_t value, size_t count) {
+    if (!count) return;
+    unsigned blocks = ceil_div_u((long long)count, 256);
+    if (blocks > 65536) blocks = 65536;
+    fill_u32_kernel<<<blocks, 256>>>((uint32_t *)dst, value, count);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+extern "C" void lunar_cuda_sync(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+extern "C" lunar_cuda_stream lunar_cuda_stream_create(void) {
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    return (lunar_cuda_stream)s;
+}
+extern "C" void lunar_cuda_stream_destroy(lunar_cuda_stream s) {
+    CUDA_CHECK(cudaStreamDestroy(to_stream(s)));
+}
+extern "C" void lunar_cuda_stream_sync(lunar_cuda_stream s) {
+    CUDA_CHECK(cudaStreamSynchronize(to_stream(s)));
+}
+extern "C" lunar_cuda_event lunar_cuda_event_create(void) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    return (lunar_cuda_event)e;
+}
+extern "C" void lunar_cuda_event_destroy(lunar_cuda_event e) {
+    CUDA_CHECK(cudaEventDestroy((cudaEvent_t)e));
+}
+extern "C" void lunar_cuda_event_record(lunar_cuda_event e, lunar_cuda_stream s) {
+    CUDA_CHECK(cudaEventRecord((cudaEvent_t)e, to_stream(s)));
+}
+extern "C" void lunar_cuda_stream_wait(lunar_cuda_stream s, lunar_cuda_event e) {
+    CUDA_CHECK(cudaStreamWaitEvent(to_stream(s), (cudaEvent_t)e, 0));
+}
+extern "C" float lunar_cuda_event_ms(lunar_cuda_event a, lunar_cuda_event b) {
+    CUDA_CHECK(cudaEventSynchronize((cudaEvent_t)b));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, (cudaEvent_t)a, (cudaEvent_t)b));
+    return ms;
+}
+
+extern "C" void lunar_cuda_graph_begin(lunar_cuda_stream s) {
+    CUDA_REQUIRE(s != NULL);
+    CUDA_CHECK(cudaStreamBeginCapture(to_stream(s), cudaStreamCaptureModeThreadLocal));
+}
+extern "C" lunar_cuda_graph lunar_cuda_graph_end(lunar_cuda_stream s) {
+    cudaGraph_t g;
+    CUDA_CHECK(cudaStreamEndCapture(to_stream(s), &g));
+    cudaGraphExec_t x;
+    CUDA_CHECK(cudaGraphInstantiate(&x, g, 0));
+    CUDA_CHECK(cudaGraphDestroy(g));
+    return (lunar_cuda_graph)x;
+}
+extern "C" void lunar_cuda_graph_launch(lunar_cuda_graph g, lunar_cuda_stream s) {
+    CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)g, to_stream(s)));
+}
+extern "C" void lunar_cuda_graph_destroy(lunar_cuda_graph g) {
+    CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)g));
+}
+
+__device__ __forceinline__ uint32_t hash_u32(uint32_t x) {
+    x ^= x >> 16, x *= 0x7feb352du, x ^= x >> 15, x *= 0x846ca68bu, x ^= x >> 16;
+    return x;
+}
+__global__ void fill_uniform_kernel(float *p, size_t n, uint32_t seed, float lo, float hi) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        uint32_t h = hash_u32((uint32_t)i ^ hash_u32(seed + (uint32_t)(i >> 32) * 0x9e3779b9u));
+        p[i] = lo + (hi - lo) * ((h >> 8) * (1.0f / 16777216.0f));
+    }
+}
+__global__ void sigmoid_kernel(float *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = 1.0f / (1.0f + expf(-p[i]));
+}
+__global__ void to_bf16_kernel(__nv_bfloat16 *d, const float *s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        d[i] = __float2bfloat16_rn(s[i]);
+}
+static unsigned grid_for(size_t n) {
+    size_t b = (n + 255) / 256;
+    return (unsigned)(b > 65536 ? 65536 : (b ? b : 1));
+}
+extern "C" void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float lo, float hi) {
+    fill_uniform_kernel<<<grid_for(n), 256>>>(p, n, seed, lo, hi);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lunar_cuda_sigmoid_inplace(float *p, size_t n) {
+    sigmoid_kernel<<<grid_for(n), 256>>>(p, n);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
+    to_bf16_kernel<<<grid_for(n), 256>>>((__nv_bfloat16 *)dst, src, n);
+    CUDA_CHECK_LAUNCH();
+}

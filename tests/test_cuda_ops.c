@@ -1,0 +1,533 @@
+/* Every CUDA op against its CPU op (the reference) on random inputs, several shapes including odd
+ * ones. Device outputs are allocated between guard words and poisoned first (the pattern is a NaN
+ * both as fp32 and as each bf16 half), so an unwritten element fails the NaN check and a write out
+ * of bounds fails the guard check. Skipped, with a clear message, when no CUDA device is present
+ * (or lunar was built without CUDA).
+ *
+ * Tolerances (relative to max |reference|, lunar_max_rel_err):
+ *  - fp32-output ops that only reorder fp32 sums or use the device's expf/tanhf (2 ulp): 1e-5.
+ *  - bf16-stored outputs: one bf16 rounding on top (8 significant bits: at most 2^-8 = 3.9e-3
+ *    relative to the element, so to max |ref|): 5e-3. Observed up to 3.5e-3.
+ *  - GEMM with fp32 output: the CPU gets the same bf16-rounded x and W, so the products are exact
+ *    in fp32 on both sides and only the summation order (tensor-core fp32 accumulation in
+ *    cuBLASLt, 16-way partial sums on the CPU) differs: ~in * 2^-24 relative, 1e-4 allows in <= 8k.
+ *    Observed <= 4.4e-6 (H200).
+ *  - KDA recurrent: fp32 state on both sides, different reduction trees over 128 rows: 1e-5.
+ *  - KDA chunked (3xTF32 split, fp32 Gamma): the split products carry ~2^-21 relative error and
+ *    Gamma as an fp32 running sum ~1e-5 (the CPU keeps it in double; transformers' fp32 cumsum
+ *    shows 1.3e-5): 1e-4, observed <= 5.1e-6. Plain tf32 (10-bit mantissa, 2^-11 per operand):
+ *    5e-3, observed <= 6.4e-4. Recurrent observed <= 5.7e-7; fp32 elementwise/norm ops <= 2e-7. */
+#include "test.h"
+
+#ifndef LUNAR_HAVE_CUDA
+
+TEST(cuda_ops_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was built without CUDA] "); }
+
+#else
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "ops.h"
+#include "ops_util.h"
+
+#define GUARD 64
+#define SENT 0x7fc17fc1u
+
+static int cuda_on(void) {
+    static int state = -1;
+    static char why[1100];
+    if (state < 0) {
+        char desc[256];
+        lunar_err err;
+        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", desc);
+            state = 0;
+        } else if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
+            state = 0;
+        } else {
+            fprintf(stderr, "[%s] ", lunar_cuda_describe());
+            state = 1;
+        }
+    }
+    if (!state) fprintf(stderr, "[skipped: %s] ", why);
+    return state;
+}
+
+/* An output buffer between guard words, all poisoned. */
+typedef struct dout {
+    uint32_t *base;
+    size_t words;
+} dout;
+static void *dout_new(dout *d, size_t bytes) {
+    d->words = (bytes + 3) / 4;
+    d->base = lunar_cuda_alloc((d->words + 2 * GUARD) * 4);
+    LUNAR_ASSERT(d->base);
+    lunar_cuda_fill_u32(d->base, SENT, d->words + 2 * GUARD);
+    return d->base + GUARD;
+}
+static int dout_guards_ok(const dout *d) {
+    uint32_t g[2 * GUARD];
+    lunar_cuda_download(g, d->base, GUARD * 4);
+    lunar_cuda_download(g + GUARD, d->base + GUARD + d->words, GUARD * 4);
+    for (int i = 0; i < 2 * GUARD; i++)
+        if (g[i] != SENT) return 0;
+    return 1;
+}
+static void *dev_in(const void *h, size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p);
+    if (bytes) lunar_cuda_upload(p, h, bytes);
+    return p;
+}
+static float *down_f32(const void *d, long n) {
+    float *h = test_alloc(n);
+    lunar_cuda_sync();
+    lunar_cuda_download(h, d, (size_t)n * 4);
+    return h;
+}
+static float *down_bf16(const void *d, long n) {
+    uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
+    lunar_cuda_sync();
+    lunar_cuda_download(b, d, (size_t)n * 2);
+    float *h = test_alloc(n);
+    for (long i = 0; i < n; i++) h[i] = lunar_bf16_to_f32(b[i]);
+    free(b);
+    return h;
+}
+static uint16_t *to_bf16(const float *x, long n) {
+    uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
+    for (long i = 0; i < n; i++) b[i] = lunar_f32_to_bf16(x[i]);
+    return b;
+}
+static void round_bf16(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = lunar_bf16_to_f32(lunar_f32_to_bf16(x[i]));
+}
+static double verbose_max;
+static void report(const char *what, double e, double tol) {
+    if (getenv("LUNAR_TEST_VERBOSE")) fprintf(stderr, "\n    %-44s max rel err %.3g (tol %.0e)", what, e, tol);
+    if (e > verbose_max) verbose_max = e;
+    CHECK_MSG(e <= tol, "%s: max rel err %.3g > %.0e", what, e, tol);
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+TEST(cuda_matmul_bf16_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{1, 4096, 2304}, {64, 2304, 4096}, {33, 1000, 64}, {7, 129, 200},
+                                    {5, 3, 40}}; /* odd ones last */
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)n * in, 10 + s, -1, 1), *w = test_rand((long)out * in, 20 + s, -0.1f, 0.1f);
+        round_bf16(x, (long)n * in);
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        float *ref = test_poisoned((long)n * out);
+        op_matmul(ref, x, &W, n);
+        uint16_t *xb = to_bf16(x, (long)n * in);
+        const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(W.data, W.nbytes);
+        for (int dt = 0; dt < 2; dt++) {
+            dout o;
+            void *dy = dout_new(&o, (size_t)n * out * (dt ? 2 : 4));
+            lunar_cuda_matmul(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
+            float *y = dt ? down_bf16(dy, (long)n * out) : down_f32(dy, (long)n * out);
+            char what[96];
+            snprintf(what, sizeof what, "matmul n=%d out=%d in=%d %s", n, out, in, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
+            CHECK(dout_guards_ok(&o));
+            free(y);
+        }
+        test_tensor_free(&W);
+        free(x), free(w), free(ref), free(xb);
+        lunar_cuda_release(mark);
+    }
+}
+
+/* ---------------------------------------------------------------- embedding, norms, GLU */
+
+TEST(cuda_embedding_vs_cpu) {
+    if (!cuda_on()) return;
+    const int V = 1000, dim = 2304, n = 9;
+    size_t mark = lunar_cuda_mark();
+    float *e = test_rand((long)V * dim, 3, -1, 1);
+    lunar_tensor E = test_tensor2(LUNAR_DTYPE_BF16, V, dim, e);
+    int32_t ids[9] = {0, 999, 5, 5, 17, 123, 998, 1, 0};
+    float *ref = test_poisoned((long)n * dim);
+    op_embedding(ref, &E, ids, n);
+    const uint16_t *dE = dev_in(E.data, E.nbytes);
+    const int32_t *di = dev_in(ids, sizeof ids);
+    for (int dt = 0; dt < 2; dt++) {
+        dout o;
+        void *dy = dout_new(&o, (size_t)n * dim * (dt ? 2 : 4));
+        lunar_cuda_embedding(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dE, di, n, dim, NULL);
+        float *y = dt ? down_bf16(dy, (long)n * dim) : down_f32(dy, (long)n * dim);
+        report(dt ? "embedding bf16 (exact)" : "embedding f32 (exact)", lunar_max_rel_err(y, ref, (long)n * dim), 0.0);
+        CHECK(dout_guards_ok(&o));
+        free(y);
+    }
+    test_tensor_free(&E);
+    free(e), free(ref);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_norms_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}, {64, 4096}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], dim = shapes[s][1];
+        const long N = (long)n * dim;
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand(N, 40 + s, -3, 3), *gate = test_rand(N, 50 + s, -4, 4);
+        float *wv = test_rand(dim, 60 + s, 0.5f, 1.5f);
+        lunar_tensor w = test_tensor1(LUNAR_DTYPE_BF16, dim, wv);
+        float *r1 = test_poisoned(N), *r1n = test_poisoned(N), *r2 = test_poisoned(N), *r3 = test_poisoned(N);
+        op_rmsnorm(r1, x, &w, n, dim, 1e-5f);
+        op_rmsnorm(r1n, x, NULL, n, dim, 1e-6f);
+        op_rmsnorm_gated(r2, x, gate, &w, n, dim, 1e-5f);
+        op_l2norm(r3, x, n, dim, 1e-6f);
+        const float *dx = dev_in(x, N * 4), *dg = dev_in(gate, N * 4);
+        const uint16_t *dw = dev_in(w.data, w.nbytes);
+        for (int dt = 0; dt < 2; dt++) {
+            const lunar_cuda_dtype ty = dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32;
+            const double tol = dt ? 5e-3 : 1e-5;
+            const size_t eb = dt ? 2 : 4;
+            dout o1, o2, o3, o4;
+            void *y1 = dout_new(&o1, N * eb), *y2 = dout_new(&o2, N * eb), *y4 = dout_new(&o4, N * eb);
+            float *y3 = dout_new(&o3, N * 4);
+            lunar_cuda_rmsnorm(y1, ty, dx, dw, n, dim, 1e-5f, NULL);
+            lunar_cuda_rmsnorm_gated(y2, ty, dx, dg, dw, n, dim, 1e-5f, NULL);
+            lunar_cuda_rmsnorm(y4, ty, dx, NULL, n, dim, 1e-6f, NULL);
+            lunar_cuda_l2norm(y3, dx, n, dim, 1e-6f, NULL);
+            float *h1 = dt ? down_bf16(y1, N) : down_f32(y1, N);
+            float *h2 = dt ? down_bf16(y2, N) : down_f32(y2, N);
+            float *h4 = dt ? down_bf16(y4, N) : down_f32(y4, N);
+            float *h3 = down_f32(y3, N);
+            char what[96];
+            snprintf(what, sizeof what, "rmsnorm n=%d dim=%d %s", n, dim, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(h1, r1, N), tol);
+            snprintf(what, sizeof what, "rmsnorm (no weight) n=%d dim=%d %s", n, dim, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(h4, r1n, N), tol);
+            snprintf(what, sizeof what, "rmsnorm_gated n=%d dim=%d %s", n, dim, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(h2, r2, N), tol);
+            snprintf(what, sizeof what, "l2norm n=%d dim=%d", n, dim);
+            report(what, lunar_max_rel_err(h3, r3, N), 1e-5);
+            CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2) && dout_guards_ok(&o3) && dout_guards_ok(&o4));
+            free(h1), free(h2), free(h3), free(h4);
+        }
+        test_tensor_free(&w);
+        free(x), free(gate), free(wv), free(r1), free(r1n), free(r2), free(r3);
+        lunar_cuda_release(mark);
+    }
+}
+
+TEST(cuda_glu_vs_cpu) {
+    if (!cuda_on()) return;
+    static const long sizes[] = {1, 1000, 100003};
+    for (unsigned s = 0; s < 3; s++) {
+        const long n = sizes[s];
+        size_t mark = lunar_cuda_mark();
+        float *g = test_rand(n, 70 + s, -30, 30), *u = test_rand(n, 80 + s, -40, 40);
+        float *r1 = test_poisoned(n), *r2 = test_poisoned(n), *r3 = test_poisoned(n);
+        op_silu_mul(r1, g, u, n);
+        op_situ_mul(r2, g, u, n, 4.0f, 25.0f);
+        op_situ_mul(r3, g, u, n, 4.0f, 0.0f);
+        const float *dg = dev_in(g, n * 4), *du = dev_in(u, n * 4);
+        for (int dt = 0; dt < 2; dt++) {
+            const lunar_cuda_dtype ty = dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32;
+            const size_t eb = dt ? 2 : 4;
+            dout o1, o2, o3;
+            void *y1 = dout_new(&o1, n * eb), *y2 = dout_new(&o2, n * eb), *y3 = dout_new(&o3, n * eb);
+            lunar_cuda_silu_mul(y1, ty, dg, du, n, NULL);
+            lunar_cuda_situ_mul(y2, ty, dg, du, n, 4.0f, 25.0f, NULL);
+            lunar_cuda_situ_mul(y3, ty, dg, du, n, 4.0f, 0.0f, NULL);
+            float *h1 = dt ? down_bf16(y1, n) : down_f32(y1, n);
+            float *h2 = dt ? down_bf16(y2, n) : down_f32(y2, n);
+            float *h3 = dt ? down_bf16(y3, n) : down_f32(y3, n);
+            const double tol = dt ? 5e-3 : 1e-5;
+            char what[96];
+            snprintf(what, sizeof what, "silu_mul n=%ld %s", n, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(h1, r1, n), tol);
+            snprintf(what, sizeof what, "situ_mul n=%ld %s", n, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(h2, r2, n), tol);
+            snprintf(what, sizeof what, "situ_mul (no beta_l) n=%ld %s", n, dt ? "bf16" : "f32");
+            report(what, lunar_max_rel_err(h3, r3, n), tol);
+            CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2) && dout_guards_ok(&o3));
+            free(h1), free(h2), free(h3);
+        }
+        free(g), free(u), free(r1), free(r2), free(r3);
+        lunar_cuda_release(mark);
+    }
+}
+
+/* ---------------------------------------------------------------- short conv, gate */
+
+TEST(cuda_short_conv_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{1, 12288, 4}, {2, 37, 4}, {5, 64, 4}, {300, 129, 4}, {7, 10, 1}, {3, 33, 3}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int T = shapes[s][0], C = shapes[s][1], K = shapes[s][2], S = K - 1;
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)T * C, 90 + s, -2, 2), *w = test_rand((long)C * K, 91 + s, -1, 1);
+        float *st = test_rand((long)C * S, 92 + s, -1, 1);
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, C, K, w);
+        float *ref = test_poisoned((long)T * C), *st_ref = test_alloc((long)C * S);
+        memcpy(st_ref, st, sizeof(float) * C * S);
+        op_short_conv(ref, x, &W, st_ref, T, C, K);
+        const float *dx = dev_in(x, (size_t)T * C * 4), *dw = dev_in(w, (size_t)C * K * 4);
+        float *dst = dev_in(st, (size_t)C * S * 4);
+        dout o;
+        float *dy = dout_new(&o, (size_t)T * C * 4);
+        lunar_cuda_short_conv(dy, dx, dw, dst, T, C, K, NULL);
+        float *y = down_f32(dy, (long)T * C), *st2 = down_f32(dst, (long)C * S);
+        char what[96];
+        snprintf(what, sizeof what, "short_conv T=%d C=%d K=%d", T, C, K);
+        report(what, lunar_max_rel_err(y, ref, (long)T * C), 1e-5);
+        CHECK_MSG(S == 0 || memcmp(st2, st_ref, sizeof(float) * C * S) == 0, "%s: state differs", what);
+        CHECK(dout_guards_ok(&o));
+        free(x), free(w), free(st), free(ref), free(st_ref), free(y), free(st2);
+        test_tensor_free(&W);
+        lunar_cuda_release(mark);
+    }
+}
+
+TEST(cuda_short_conv_decode_slots_vs_cpu) {
+    if (!cuda_on()) return;
+    const int B = 5, C = 4096 + 37, K = 4, S = K - 1, NS = 8;
+    const int32_t slots[5] = {6, 0, 3, 7, 2};
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand((long)B * C, 1, -2, 2), *w = test_rand((long)C * K, 2, -1, 1);
+    float *pool = test_rand((long)NS * C * S, 3, -1, 1), *pool_ref = test_alloc((long)NS * C * S);
+    memcpy(pool_ref, pool, sizeof(float) * NS * C * S);
+    lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, C, K, w);
+    float *ref = test_poisoned((long)B * C);
+    for (int b = 0; b < B; b++)
+        op_short_conv(ref + (long)b * C, x + (long)b * C, &W, pool_ref + (long)slots[b] * C * S, 1, C, K);
+    const float *dx = dev_in(x, (size_t)B * C * 4), *dw = dev_in(w, (size_t)C * K * 4);
+    float *dpool = dev_in(pool, (size_t)NS * C * S * 4);
+    const int32_t *dsl = dev_in(slots, sizeof slots);
+    dout o;
+    float *dy = dout_new(&o, (size_t)B * C * 4);
+    lunar_cuda_short_conv_decode(dy, dx, dw, dpool, dsl, B, C, K, NULL);
+    float *y = down_f32(dy, (long)B * C), *p2 = down_f32(dpool, (long)NS * C * S);
+    report("short_conv_decode B=5 C=4133 (slots)", lunar_max_rel_err(y, ref, (long)B * C), 1e-5);
+    CHECK_MSG(memcmp(p2, pool_ref, sizeof(float) * NS * C * S) == 0, "state pool differs (slots)");
+    CHECK(dout_guards_ok(&o));
+    free(x), free(w), free(pool), free(pool_ref), free(ref), free(y), free(p2);
+    test_tensor_free(&W);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_kda_gate_vs_cpu) {
+    if (!cuda_on()) return;
+    const int T = 37, H = 3, dk = 128;
+    const long N = (long)T * H * dk;
+    size_t mark = lunar_cuda_mark();
+    float *f = test_rand(N, 5, -30, 30), *al = test_rand(H, 6, -2, 1), *db = test_rand(H * dk, 7, -1, 1);
+    lunar_tensor A = test_tensor1(LUNAR_DTYPE_F32, H, al), Bt = test_tensor1(LUNAR_DTYPE_F32, H * dk, db);
+    const float *df = dev_in(f, N * 4), *dal = dev_in(al, H * 4), *ddb = dev_in(db, H * dk * 4);
+    for (int m = 0; m < 2; m++) {
+        const float lb = m ? -5.0f : 0.0f;
+        float *ref = test_poisoned(N);
+        op_kda_gate(ref, f, &A, &Bt, T, H, dk, lb);
+        dout o;
+        float *dg = dout_new(&o, N * 4);
+        lunar_cuda_kda_gate(dg, df, dal, ddb, T, H, dk, lb, NULL);
+        float *g = down_f32(dg, N);
+        report(m ? "kda_gate lower_bound=-5" : "kda_gate softplus", lunar_max_rel_err(g, ref, N), 1e-5);
+        CHECK(dout_guards_ok(&o));
+        free(ref), free(g);
+    }
+    test_tensor_free(&A), test_tensor_free(&Bt);
+    free(f), free(al), free(db);
+    lunar_cuda_release(mark);
+}
+
+/* ---------------------------------------------------------------- KDA */
+
+typedef struct kin {
+    int T, H, dk, dv;
+    float *q, *k, *v, *g, *beta, *S0;
+} kin;
+
+/* As tests/test_ops_kda.c: q, k L2-normalised, g from op_kda_gate, beta = sigmoid, S0 nonzero. */
+static kin kin_make(int T, int H, int dk, int dv, float lb, unsigned seed) {
+    kin in = {T, H, dk, dv, 0, 0, 0, 0, 0, 0};
+    long nq = (long)T * H * dk;
+    in.q = test_rand(nq, seed, -1, 1);
+    in.k = test_rand(nq, seed + 1, -1, 1);
+    op_l2norm(in.q, in.q, T * H, dk, 1e-6f);
+    op_l2norm(in.k, in.k, T * H, dk, 1e-6f);
+    in.v = test_rand((long)T * H * dv, seed + 2, -1, 1);
+    float *f = test_rand(nq, seed + 3, -4, 2), *al = test_rand(H, seed + 4, -2, 1);
+    float *db = test_rand(H * dk, seed + 5, -1, 1);
+    lunar_tensor A = test_tensor1(LUNAR_DTYPE_F32, H, al), B = test_tensor1(LUNAR_DTYPE_F32, H * dk, db);
+    in.g = test_alloc(nq);
+    op_kda_gate(in.g, f, &A, &B, T, H, dk, lb);
+    in.beta = test_rand((long)T * H, seed + 6, -3, 3);
+    for (long i = 0; i < (long)T * H; i++) in.beta[i] = 1.0f / (1.0f + expf(-in.beta[i]));
+    in.S0 = test_rand((long)H * dk * dv, seed + 7, -0.5f, 0.5f);
+    test_tensor_free(&A), test_tensor_free(&B);
+    free(f), free(al), free(db);
+    return in;
+}
+static void kin_free(kin *in) {
+    free(in->q), free(in->k), free(in->v), free(in->g), free(in->beta), free(in->S0);
+}
+
+static void check_chunked(int T, int H, float lb, int split, unsigned seed) {
+    const int dk = 128, dv = 128;
+    size_t mark = lunar_cuda_mark();
+    kin in = kin_make(T, H, dk, dv, lb, seed);
+    const float scale = 1.0f / sqrtf((float)dk);
+    const long no = (long)T * H * dv, ns = (long)H * dk * dv, nq = (long)T * H * dk;
+    float *ref = test_poisoned(no), *Sref = test_alloc(ns);
+    memcpy(Sref, in.S0, sizeof(float) * ns);
+    op_kda_recurrent(ref, in.q, in.k, in.v, in.g, in.beta, Sref, T, H, dk, dv, scale);
+    const float *dq = dev_in(in.q, nq * 4), *dk_ = dev_in(in.k, nq * 4), *dvv = dev_in(in.v, no * 4);
+    const float *dg = dev_in(in.g, nq * 4), *db = dev_in(in.beta, (long)T * H * 4);
+    float *dS = dev_in(in.S0, ns * 4);
+    void *ws = lunar_cuda_alloc(lunar_cuda_kda_chunk_ws(T, H));
+    LUNAR_ASSERT(ws);
+    lunar_cuda_fill_u32(ws, SENT, lunar_cuda_kda_chunk_ws(T, H) / 4); /* scratch poisoned too */
+    dout o;
+    float *dO = dout_new(&o, no * 4);
+    lunar_cuda_kda_chunk_precision(split);
+    lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
+    lunar_cuda_kda_chunk_precision(1);
+    float *out = down_f32(dO, no), *S = down_f32(dS, ns);
+    const double tol = split ? 1e-4 : 5e-3;
+    char what[96];
+    snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: o", split ? "" : " (tf32)", T, H, lb);
+    report(what, lunar_max_rel_err(out, ref, no), tol);
+    snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: S", split ? "" : " (tf32)", T, H, lb);
+    report(what, lunar_max_rel_err(S, Sref, ns), tol);
+    CHECK(dout_guards_ok(&o));
+    free(ref), free(Sref), free(out), free(S);
+    kin_free(&in);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_kda_chunked_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int Ts[] = {1, 63, 64, 65, 200, 333};
+    unsigned seed = 500;
+    for (unsigned a = 0; a < 6; a++)
+        for (int H = 1; H <= 3; H += 2) check_chunked(Ts[a], H, a & 1 ? -5.0f : 0.0f, 1, seed += 10);
+    check_chunked(1000, 2, 0.0f, 1, 7);
+    check_chunked(130, 70, 0.0f, 1, 8);  /* H >= 66: the 64-column state tiles */
+    check_chunked(200, 3, 0.0f, 0, 9);   /* plain tf32 */
+    check_chunked(130, 70, -5.0f, 0, 10);
+}
+
+/* Batch of B sequences of T tokens with permuted state slots, in place and in the verify form
+ * (one state per position, slot untouched), against op_kda_recurrent per sequence. */
+static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {
+    const int dk = 128, NS = B + 2;
+    size_t mark = lunar_cuda_mark();
+    const long per_q = (long)T * H * dk, per_v = (long)T * H * dv, ns = (long)H * dk * dv;
+    kin in = kin_make(B * T, H, dk, dv, seed & 1 ? -5.0f : 0.0f, seed); /* [B*T, H, .] = [B, T, H, .] */
+    float *pool = test_rand(NS * ns, seed + 99, -0.5f, 0.5f);
+    int32_t slots[16];
+    for (int b = 0; b < B; b++) slots[b] = (b * 3 + 1) % NS; /* NS = B + 2 is prime to 3 for B = 2, 3, 5: distinct */
+    const float scale = 1.0f / sqrtf((float)dk);
+    float *ref = test_poisoned((long)B * per_v), *pool_ref = test_alloc(NS * ns);
+    float *steps_ref = test_alloc((long)B * T * ns);
+    memcpy(pool_ref, pool, sizeof(float) * NS * ns);
+    for (int b = 0; b < B; b++) {
+        float *Sb = pool_ref + (long)slots[b] * ns;
+        for (int t = 0; t < T; t++) { /* one token at a time to capture every state */
+            long row = (long)b * T + t;
+            op_kda_recurrent(ref + row * H * dv, in.q + row * H * dk, in.k + row * H * dk,
+                             in.v + row * H * dv, in.g + row * H * dk, in.beta + row * H, Sb, 1, H,
+                             dk, dv, scale);
+            memcpy(steps_ref + row * ns, Sb, sizeof(float) * ns);
+        }
+    }
+    const float *dq = dev_in(in.q, B * per_q * 4), *dk_ = dev_in(in.k, B * per_q * 4);
+    const float *dvv = dev_in(in.v, B * per_v * 4), *dg = dev_in(in.g, B * per_q * 4);
+    const float *db = dev_in(in.beta, (long)B * T * H * 4);
+    const int32_t *dsl = dev_in(slots, sizeof(int32_t) * B);
+    for (int verify = 0; verify < 2; verify++) {
+        float *dpool = dev_in(pool, NS * ns * 4);
+        dout o, os;
+        float *dO = dout_new(&o, (size_t)B * per_v * 4);
+        float *dsteps = verify ? dout_new(&os, (size_t)B * T * ns * 4) : NULL;
+        lunar_cuda_kda_recurrent(dO, dq, dk_, dvv, dg, db, dpool, dsl, dsteps, B, T, H, dk, dv, scale, NULL);
+        float *out = down_f32(dO, (long)B * per_v), *p2 = down_f32(dpool, NS * ns);
+        char what[96];
+        snprintf(what, sizeof what, "kda_recurrent%s B=%d T=%d H=%d dv=%d: o", verify ? " verify" : "", B, T, H, dv);
+        report(what, lunar_max_rel_err(out, ref, (long)B * per_v), 1e-5);
+        if (verify) {
+            float *st = down_f32(dsteps, (long)B * T * ns);
+            snprintf(what, sizeof what, "kda_recurrent verify B=%d T=%d H=%d: states", B, T, H);
+            report(what, lunar_max_rel_err(st, steps_ref, (long)B * T * ns), 1e-5);
+            CHECK_MSG(memcmp(p2, pool, sizeof(float) * NS * ns) == 0, "verify form changed the pool");
+            CHECK(dout_guards_ok(&os));
+            free(st);
+        } else {
+            snprintf(what, sizeof what, "kda_recurrent B=%d T=%d H=%d: pool", B, T, H);
+            report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), 1e-5);
+        }
+        CHECK(dout_guards_ok(&o));
+        free(out), free(p2);
+    }
+    free(pool), free(ref), free(pool_ref), free(steps_ref);
+    kin_free(&in);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_kda_recurrent_vs_cpu) {
+    if (!cuda_on()) return;
+    check_recurrent(1, 1, 1, 128, 1);
+    check_recurrent(3, 1, 32, 128, 2);
+    check_recurrent(5, 4, 3, 64, 3);
+    check_recurrent(2, 7, 2, 160, 4);
+}
+
+TEST(cuda_graph_replay_decode_step) {
+    if (!cuda_on()) return;
+    /* capture conv decode + recurrent decode on a stream, replay twice == two eager steps */
+    const int B = 2, H = 2, dk = 128, dv = 128, C = 64, K = 4;
+    size_t mark = lunar_cuda_mark();
+    const long ns = (long)H * dk * dv;
+    float *q = test_rand((long)B * H * dk, 1, -0.1f, 0.1f), *k = test_rand((long)B * H * dk, 2, -0.1f, 0.1f);
+    float *v = test_rand((long)B * H * dv, 3, -1, 1), *g = test_rand((long)B * H * dk, 4, -1, 0);
+    float *be = test_rand((long)B * H, 5, 0, 1), *pool = test_rand(B * ns, 6, -1, 1);
+    float *x = test_rand((long)B * C, 7, -1, 1), *w = test_rand((long)C * K, 8, -1, 1);
+    float *cst = test_rand((long)B * C * (K - 1), 9, -1, 1);
+    int32_t slots[2] = {1, 0};
+    const float *dq = dev_in(q, B * H * dk * 4), *dk_ = dev_in(k, B * H * dk * 4), *dv_ = dev_in(v, B * H * dv * 4);
+    const float *dg = dev_in(g, B * H * dk * 4), *db = dev_in(be, B * H * 4);
+    const float *dx = dev_in(x, B * C * 4), *dw = dev_in(w, C * K * 4);
+    const int32_t *dsl = dev_in(slots, sizeof slots);
+    float *pools[2], *csts[2], *outs[2], *ys[2];
+    for (int r = 0; r < 2; r++) {
+        pools[r] = dev_in(pool, ns * B * 4), csts[r] = dev_in(cst, (size_t)B * C * (K - 1) * 4);
+        outs[r] = lunar_cuda_alloc((size_t)B * H * dv * 4), ys[r] = lunar_cuda_alloc((size_t)B * C * 4);
+    }
+    lunar_cuda_stream s = lunar_cuda_stream_create();
+    for (int i = 0; i < 2; i++) { /* eager */
+        lunar_cuda_short_conv_decode(ys[0], dx, dw, csts[0], dsl, B, C, K, s);
+        lunar_cuda_kda_recurrent(outs[0], dq, dk_, dv_, dg, db, pools[0], dsl, NULL, B, 1, H, dk, dv, 0.1f, s);
+    }
+    lunar_cuda_graph_begin(s);
+    lunar_cuda_short_conv_decode(ys[1], dx, dw, csts[1], dsl, B, C, K, s);
+    lunar_cuda_kda_recurrent(outs[1], dq, dk_, dv_, dg, db, pools[1], dsl, NULL, B, 1, H, dk, dv, 0.1f, s);
+    lunar_cuda_graph gr = lunar_cuda_graph_end(s);
+    lunar_cuda_graph_launch(gr, s);
+    lunar_cuda_graph_launch(gr, s);
+    lunar_cuda_stream_sync(s);
+    float *a = down_f32(pools[0], B * ns), *b = down_f32(pools[1], B * ns);
+    float *c1 = down_f32(csts[0], (long)B * C * (K - 1)), *c2 = down_f32(csts[1], (long)B * C * (K - 1));
+    CHECK(memcmp(a, b, sizeof(float) * B * ns) == 0);
+    CHECK(memcmp(c1, c2, sizeof(float) * B * C * (K - 1)) == 0);
+    lunar_cuda_graph_destroy(gr);
+    lunar_cuda_stream_destroy(s);
+    free(q), free(k), free(v), free(g), free(be), free(pool), free(x), free(w), free(cst);
+    free(a), free(b), free(c1), free(c2);
+    lunar_cuda_release(mark);
+}
+
+#endif

@@ -1,0 +1,208 @@
+/* CUDA benchmarks (not a test): KDA chunked prefill, KDA decode (state bandwidth), bf16 GEMMs at
+ * Kimi-Linear shapes. Device events around the region, warm-up first, median of the repeats.
+ * Floors: bytes / 4.3 TB/s (copy bandwidth measured on these H200s) and FLOPs / 790 TFLOP/s
+ * (bf16 8192^3 product measured on them). Prints one table row per case.
+ * Usage: bench_cuda [prefill|decode|gemm|all] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+#define BW 4.3e12
+#define TC 790e12
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_f);
+    return v[n / 2];
+}
+static void *dalloc(size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes);
+    if (!p) {
+        fprintf(stderr, "arena exhausted (%zu bytes more)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+/* ---------------------------------------------------------------- KDA prefill */
+static void bench_prefill(int T, int H, int split) {
+    const int d = 128;
+    const size_t nq = (size_t)T * H * d, mark = lunar_cuda_mark();
+    float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
+    float *f = dalloc(nq * 4), *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4);
+    float *S = dalloc((size_t)H * d * d * 4), *al = dalloc(H * 4), *db = dalloc((size_t)H * d * 4);
+    void *ws = dalloc(lunar_cuda_kda_chunk_ws(T, H));
+    lunar_cuda_fill_uniform(q, nq, 1, -1, 1);
+    lunar_cuda_fill_uniform(k, nq, 2, -1, 1);
+    lunar_cuda_l2norm(q, q, T * H, d, 1e-6f, NULL);
+    lunar_cuda_l2norm(k, k, T * H, d, 1e-6f, NULL);
+    lunar_cuda_fill_uniform(v, nq, 3, -1, 1);
+    lunar_cuda_fill_uniform(f, nq, 4, -4, 2);
+    lunar_cuda_fill_uniform(al, H, 5, -2, 1);
+    lunar_cuda_fill_uniform(db, (size_t)H * d, 6, -1, 1);
+    lunar_cuda_kda_gate(g, f, al, db, T, H, d, 0.0f, NULL);
+    lunar_cuda_fill_uniform(beta, (size_t)T * H, 7, -3, 3);
+    lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
+    lunar_cuda_fill_uniform(S, (size_t)H * d * d, 8, -0.5f, 0.5f);
+    lunar_cuda_kda_chunk_precision(split);
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    const int reps = T >= 32768 ? 5 : 15;
+    float ts[32];
+    for (int i = 0; i < 2; i++)
+        lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
+    for (int i = 0; i < reps; i++) {
+        lunar_cuda_event_record(e0, NULL);
+        lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
+        lunar_cuda_event_record(e1, NULL);
+        ts[i] = lunar_cuda_event_ms(e0, e1);
+    }
+    lunar_cuda_sync();
+    const float ms = median(ts, reps);
+    float t_intra = 0, t_state = 0;
+    lunar_cuda_kda_chunk_profile(1);
+    lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
+    lunar_cuda_kda_chunk_profile_ms(&t_intra, &t_state);
+    lunar_cuda_kda_chunk_profile(0);
+    /* fp32 q, k, v, g in, o out, beta, state in+out; FLOPs per [TR] Eq. 13 (C = 64) */
+    const double bytes = 5.0 * nq * 4 + (double)T * H * 4 + 2.0 * H * d * d * 4;
+    const double flops = 2.0 * H * (6.0 * T * d * d + 3.0 * T * 64 * d + (double)T * 64 * 64);
+    const double fl_ms = fmax(bytes / BW, flops / TC) * 1e3;
+    printf("| kda prefill %s | T=%d H=%d | %.3f ms (intra %.2f + state %.2f) | %.3f ms (%s) | %.0f%% | %.1f TFLOP/s |\n",
+           split ? "3xTF32" : "tf32", T, H, ms, t_intra, t_state, fl_ms, bytes / BW > flops / TC ? "bytes" : "flops",
+           100.0 * fl_ms / ms, flops / (ms * 1e-3) / 1e12);
+    lunar_cuda_kda_chunk_precision(1);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    lunar_cuda_release(mark);
+}
+
+/* ---------------------------------------------------------------- KDA decode */
+static void bench_decode(int B, int T, int H) {
+    const int d = 128, R = 20;
+    const size_t ns = (size_t)H * d * d, nq = (size_t)B * T * H * d, mark = lunar_cuda_mark();
+    float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
+    float *beta = dalloc((size_t)B * T * H * 4), *o = dalloc(nq * 4);
+    /* one pool per launch in the graph (like one per layer), >= 256 MB in all, so repeats do not
+     * read the state from the 60 MB L2 */
+    const size_t pool_bytes = B * ns * 4;
+    int np = (int)((256u << 20) / pool_bytes) + 1;
+    if (np > R) np = R;
+    float *pools[20];
+    for (int i = 0; i < np; i++) pools[i] = dalloc(pool_bytes);
+    float *steps = T > 1 ? dalloc((size_t)B * T * ns * 4) : NULL;
+    int32_t *slots_h = malloc(sizeof(int32_t) * B);
+    for (int b = 0; b < B; b++) slots_h[b] = B - 1 - b;
+    int32_t *slots = dalloc(sizeof(int32_t) * B);
+    lunar_cuda_upload(slots, slots_h, sizeof(int32_t) * B);
+    lunar_cuda_fill_uniform(q, nq, 11, -0.1f, 0.1f);
+    lunar_cuda_fill_uniform(k, nq, 12, -0.1f, 0.1f);
+    lunar_cuda_fill_uniform(v, nq, 13, -1, 1);
+    lunar_cuda_fill_uniform(g, nq, 14, -0.5f, 0);
+    lunar_cuda_fill_uniform(beta, (size_t)B * T * H, 15, 0, 1);
+    for (int i = 0; i < np; i++) lunar_cuda_fill_uniform(pools[i], B * ns, 16 + i, -1, 1);
+    lunar_cuda_stream s = lunar_cuda_stream_create();
+    lunar_cuda_graph_begin(s);
+    for (int i = 0; i < R; i++)
+        lunar_cuda_kda_recurrent(o, q, k, v, g, beta, pools[i % np], slots, steps, B, T, H, d, d, 0.0883883f, s);
+    lunar_cuda_graph gr = lunar_cuda_graph_end(s);
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    float ts[16];
+    lunar_cuda_graph_launch(gr, s);
+    for (int i = 0; i < 11; i++) {
+        lunar_cuda_event_record(e0, s);
+        lunar_cuda_graph_launch(gr, s);
+        lunar_cuda_event_record(e1, s);
+        ts[i] = lunar_cuda_event_ms(e0, e1) / R;
+    }
+    const float ms = median(ts, 11);
+    /* state read + write (verify: read once, one write per position), q k v g o beta */
+    const double bytes = (double)B * ns * 4 * (T > 1 ? 1 + T : 2) + 5.0 * nq * 4;
+    printf("| kda decode%s | B=%d H=%d | %.2f us | %.2f us | %.0f%% of 4.3 TB/s (%.0f GB/s) |\n",
+           T > 1 ? " verify T=4" : "", B, H, ms * 1e3, bytes / BW * 1e6, 100.0 * bytes / BW / (ms * 1e-3),
+           bytes / (ms * 1e-3) / 1e9);
+    lunar_cuda_graph_destroy(gr);
+    lunar_cuda_stream_destroy(s);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    free(slots_h);
+    lunar_cuda_release(mark);
+}
+
+/* ---------------------------------------------------------------- GEMM */
+static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtype ydt) {
+    const size_t mark = lunar_cuda_mark();
+    /* several weight copies when they fit in L2 (60 MB), so repeats do not time the cache */
+    const size_t wbytes = (size_t)out * in * 2;
+    const int copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 1;
+    uint16_t **W = malloc(sizeof(uint16_t *) * copies);
+    float *tmp = dalloc((size_t)out * in * 4 > (size_t)n * in * 4 ? (size_t)out * in * 4 : (size_t)n * in * 4);
+    for (int c = 0; c < copies; c++) {
+        W[c] = dalloc(wbytes);
+        lunar_cuda_fill_uniform(tmp, (size_t)out * in, 20 + c, -0.05f, 0.05f);
+        lunar_cuda_f32_to_bf16(W[c], tmp, (size_t)out * in);
+    }
+    uint16_t *x = dalloc((size_t)n * in * 2);
+    lunar_cuda_fill_uniform(tmp, (size_t)n * in, 99, -1, 1);
+    lunar_cuda_f32_to_bf16(x, tmp, (size_t)n * in);
+    void *y = dalloc((size_t)n * out * (ydt == LUNAR_CUDA_F32 ? 4 : 2));
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    for (int i = 0; i < 3; i++) lunar_cuda_matmul(y, ydt, x, W[i % copies], n, out, in, NULL);
+    const int reps = 20, inner = 10;
+    float ts[20];
+    for (int i = 0; i < reps; i++) {
+        lunar_cuda_event_record(e0, NULL);
+        for (int j = 0; j < inner; j++) lunar_cuda_matmul(y, ydt, x, W[(i * inner + j) % copies], n, out, in, NULL);
+        lunar_cuda_event_record(e1, NULL);
+        ts[i] = lunar_cuda_event_ms(e0, e1) / inner;
+    }
+    const float ms = median(ts, reps);
+    const double flops = 2.0 * n * out * in;
+    const double bytes = (double)wbytes + (double)n * in * 2 + (double)n * out * (ydt == LUNAR_CUDA_F32 ? 4 : 2);
+    const double fl_ms = fmax(bytes / BW, flops / TC) * 1e3;
+    printf("| gemm %s | n=%d out=%d in=%d | %.1f us | %.1f us (%s) | %.0f%% | %.0f TFLOP/s, %.0f GB/s |\n", name,
+           n, out, in, ms * 1e3, fl_ms * 1e3, bytes / BW > flops / TC ? "bytes" : "flops", 100.0 * fl_ms / ms,
+           flops / (ms * 1e-3) / 1e12, bytes / (ms * 1e-3) / 1e9);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    free(W);
+    lunar_cuda_release(mark);
+}
+
+int main(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "all";
+    lunar_err err;
+    if (lunar_cuda_init(0, (size_t)52 << 30, &err) != 0) {
+        fprintf(stderr, "bench_cuda: %s\n", err.msg);
+        return 1;
+    }
+    printf("device: %s\n\n", lunar_cuda_describe());
+    printf("| case | shape | lunar | floor | of floor | rate |\n|---|---|---|---|---|---|\n");
+    const int all = strcmp(what, "all") == 0;
+    if (all || strcmp(what, "prefill") == 0) {
+        static const int Ts[] = {8192, 65536}, Hs[] = {32, 96};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++)
+                for (int split = 1; split >= 0; split--) bench_prefill(Ts[a], Hs[b], split);
+    }
+    if (all || strcmp(what, "decode") == 0) {
+        static const int Bs[] = {1, 8, 32, 64, 128, 256};
+        for (int i = 0; i < 6; i++) bench_decode(Bs[i], 1, 32);
+        bench_decode(8, 4, 32);
+        bench_decode(64, 4, 32);
+    }
+    if (all || strcmp(what, "gemm") == 0) {
+        static const struct { const char *name; int out, in; } sh[] = {
+            {"qkv", 12288, 2304}, {"o_proj", 2304, 4096}, {"mlp gate_up", 18432, 2304},
+            {"mlp down", 2304, 9216}, {"expert gate_up", 2048, 2304}, {"lm_head", 163840, 2304}};
+        static const int ns[] = {1, 16, 256, 4096};
+        for (int s = 0; s < 6; s++)
+            for (int i = 0; i < 4; i++)
+                bench_gemm(sh[s].name, ns[i], sh[s].out, sh[s].in, s == 5 ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16);
+        bench_gemm("peak", 8192, 8192, 8192, LUNAR_CUDA_BF16);
+    }
+    lunar_cuda_shutdown();
+    return 0;
+}
