@@ -186,3 +186,60 @@ TEST(model_param_counts_match_tensor_list) {
     CHECK(p.active == p.total - p.embedding - p.routed_experts + 2 * 2 * 3 * 16 * 8);
     CHECK(p.embedding == 50 * 16 && p.lm_head == 50 * 16);
 }
+
+/* K3.1 with a DeepSeek-V3.2-style indexer (index_rope = true): RoPE on the index queries and keys
+ * by absolute position. The RoPE op itself is pinned to transformers' DeepseekV32Indexer
+ * (tests/test_ops_oracle.c); here: positions are consistent between prefill + decode and a full
+ * recompute, and turning RoPE on changes which positions are selected. */
+TEST(model_k31_index_rope_positions_consistent) {
+    char *dir = temp_dir(), path[512];
+    char *cfg;
+    size_t len;
+    lunar_err err;
+    CHECK(lunar_read_file("tests/golden/k31-a/config.json", 1 << 20, &cfg, &len, &err) == 0);
+    char *at = strstr(cfg, "\"index_rope\": false");
+    CHECK_MSG(at != NULL, "k31-a config lacks index_rope");
+    if (!at) return;
+    memcpy(at, "\"index_rope\":  true", strlen("\"index_rope\": false"));
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    write_text(path, cfg);
+    free(cfg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    char *abs = realpath("tests/golden/k31-a/model.safetensors", NULL);
+    CHECK(abs && symlink(abs, path) == 0);
+    free(abs);
+    lunar_model *m, *m0;
+    CHECK_MSG(lunar_model_load(&m, dir, &err) == 0, "%s", err.msg);
+    CHECK(lunar_model_load(&m0, "tests/golden/k31-a", &err) == 0);
+    if (m && m0) {
+        CHECK(m->cfg.index_rope == 1 && m->cfg.index_topk == 8);
+        const int V = m->cfg.vocab_size, T = 90;
+        int32_t ids[90];
+        for (int i = 0; i < T; i++) ids[i] = (i * 31 + 7) % (V - 8);
+        float *full = lunar_xmalloc((size_t)T * V * sizeof(float)), *inc = lunar_xmalloc((size_t)V * sizeof(float));
+        float *plain = lunar_xmalloc((size_t)T * V * sizeof(float));
+        lunar_seq s;
+        CHECK(lunar_seq_init(&s, m, T, &err) == 0);
+        CHECK(lunar_forward(m, &s, ids, T, full, 1, &err) == 0);
+        lunar_seq_reset(&s, m);
+        CHECK(lunar_forward(m, &s, ids, T - 4, inc, 0, &err) == 0);
+        for (int t = T - 4; t < T; t++) {
+            CHECK(lunar_forward(m, &s, ids + t, 1, inc, 0, &err) == 0);
+            double e = lunar_max_rel_err(inc, full + (size_t)t * V, V);
+            CHECK_MSG(e < 1e-4, "position %d: decode vs recompute %.3g", t, e);
+        }
+        lunar_seq_free(&s);
+        CHECK(lunar_seq_init(&s, m0, T, &err) == 0);
+        CHECK(lunar_forward(m0, &s, ids, T, plain, 1, &err) == 0);
+        CHECK_MSG(lunar_max_rel_err(full, plain, (long)T * V) > 1e-3, "RoPE changed nothing");
+        lunar_seq_free(&s);
+        free(full), free(inc), free(plain);
+    }
+    lunar_model_free(m);
+    lunar_model_free(m0);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+    free(dir);
+}

@@ -209,8 +209,10 @@ static int parse_k3_fields(lunar_config *cfg, const ctx *c, json_t *sec, json_t 
         get_int(c, sec, "", "index_n_heads", 0, 0, &cfg->index_n_heads) ||
         get_int(c, sec, "", "index_head_dim", 0, 0, &cfg->index_head_dim) ||
         get_int(c, sec, "", "index_topk", 0, 0, &cfg->index_topk) ||
-        get_bool(c, sec, "index_rope", 0, &cfg->index_rope))
+        get_bool(c, sec, "index_rope", 0, &cfg->index_rope) ||
+        get_num(c, sec, "", "rope_theta", 10000.0, &cfg->rope_theta))
         return -1;
+    if (!(cfg->rope_theta > 0)) return fail_key(c, "", "rope_theta", "a positive number, found ", get(sec, "rope_theta"));
     json_t *act = get(sec, "hidden_act");
     const char *a = act ? json_string_value(act) : "silu";
     if (!a || (strcmp(a, "silu") != 0 && strcmp(a, "situ") != 0))
@@ -227,6 +229,10 @@ static int parse_k3_fields(lunar_config *cfg, const ctx *c, json_t *sec, json_t 
         if (cfg->index_head_dim <= 0 || (cfg->index_head_dim & (cfg->index_head_dim - 1)))
             return fail_key(c, "", "index_head_dim", "a positive power of two (Hadamard rotation), found ",
                             get(sec, "index_head_dim"));
+        if (cfg->index_rope && (cfg->qk_rope_head_dim <= 0 || cfg->qk_rope_head_dim % 2 ||
+                                cfg->qk_rope_head_dim > cfg->index_head_dim))
+            return fail_key(c, "", "qk_rope_head_dim", "an even number <= index_head_dim (the indexer's RoPE width), found ",
+                            get(sec, "qk_rope_head_dim"));
         if (cfg->q_lora_rank <= 0)
             return fail_key(c, "", "q_lora_rank", "a positive integer (the indexer reads the q latent), found ",
                             get(sec, "q_lora_rank"));

@@ -74,6 +74,7 @@ typedef struct lunar_config {
 
     /* Kimi-K3.1 DSA indexer on every MLA layer (SPEC section 1.1); index_topk 0 = dense MLA. */
     int index_n_heads, index_head_dim, index_topk, index_rope;
+    float rope_theta; /* the indexer's RoPE base when index_rope (MLA itself is NoPE); 10000 */
 } lunar_config;
 
 /* Parses config.json at path. Errors name the file and the key. */

@@ -115,19 +115,35 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     free(pre), free(q), free(k), free(v), free(g), free(low), free(beta), free(o);
 }
 
-/* K3.1 DSA index keys and weights for the whole step (SPEC 1.1): iq [T, ni, di] rotated,
- * ik [T, di] rotated, wt [T, ni] scaled. qa: the normalised q latent. */
+/* K3.1 DSA index queries, keys and weights for the whole step (SPEC 1.1): iq [T, ni, di],
+ * ik [T, di] (LayerNorm'd), wt [T, ni] scaled. The position-dependent part (RoPE when index_rope,
+ * then the Hadamard rotation) is applied per sequence by dsa_rotate. qa: the normalised q latent. */
 static void dsa_project(const lunar_config *c, const lunar_mla_weights *w, const float *h,
                         const float *qa, int n, float *iq, float *ik, float *wt) {
     const int ni = c->index_n_heads, di = c->index_head_dim;
     op_matmul(iq, qa, w->idx_wq_b, n);
-    op_hadamard(iq, n * ni, di);
     op_matmul(ik, h, w->idx_wk, n);
     op_layernorm(ik, ik, w->idx_k_norm_w, w->idx_k_norm_b, n, di, INDEX_K_NORM_EPS);
-    op_hadamard(ik, n, di);
     op_matmul(wt, h, w->idx_weights_proj, n);
     const float wscale = 1.0f / sqrtf((float)ni) / sqrtf((float)di);
     for (int i = 0; i < n * ni; i++) wt[i] *= wscale;
+}
+
+/* RoPE on the first qk_rope_head_dim dims (DeepSeek-V3.2-style indexers, index_rope; plain
+ * rope_theta frequencies, no YaRN), then the Hadamard rotation, of n tokens at positions pos0...
+ * iq: [n, ni, di], ik: [n, di]. */
+static void dsa_rotate(const lunar_config *c, float *iq, float *ik, int n, int pos0) {
+    const int ni = c->index_n_heads, di = c->index_head_dim;
+    if (c->index_rope) {
+        const int rot = c->qk_rope_head_dim;
+        float *inv = fbuf((size_t)rot / 2);
+        for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(c->rope_theta, -2.0 * i / rot);
+        op_rope_neox(iq, inv, n, pos0, ni, di, rot);
+        op_rope_neox(ik, inv, n, pos0, 1, di, rot);
+        free(inv);
+    }
+    op_hadamard(iq, n * ni, di);
+    op_hadamard(ik, n, di);
 }
 
 /* Multi-head latent attention, NoPE (kda.md 3, k3_spec 5), optionally gated and DSA-sparse.
@@ -166,6 +182,7 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
     for (int j = 0; j < b->n_seqs; j++) {
         const lunar_batch_seq *sq = &b->seqs[j];
         const int r0 = b->off[j], nj = sq->n, L = sq->pos0 + nj;
+        if (topk > 0) dsa_rotate(c, iq + (size_t)r0 * ni * di, ik + (size_t)r0 * di, nj, sq->pos0);
         for (int t = 0; t < nj; t++) {
             memcpy(lunar_kv_latent_row(kv, ki, sq->blocks, sq->pos0 + t), kvr + (size_t)(r0 + t) * row,
                    (size_t)row * sizeof(float));

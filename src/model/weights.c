@@ -335,10 +335,6 @@ int lunar_model_load(lunar_model **out, const char *dir, lunar_err *err) {
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", dir);
     if (lunar_config_load(&m->cfg, path, err) != 0) goto fail;
-    if (m->cfg.index_topk > 0 && m->cfg.index_rope) {
-        lunar_fail(err, "%s: index_rope = true (RoPE in the DSA indexer) is not supported yet", path);
-        goto fail;
-    }
     if (lunar_st_open(&m->st, dir, err) != 0) goto fail;
     m->layers = lunar_xcalloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     int n_kda = 0, n_mla = 0;
