@@ -15,6 +15,11 @@
 
 #include "base/tensor.h"
 
+/* CPU backend: below this many multiply-adds an op runs on the calling thread. OpenMP fork/join
+ * and spin-waiting cost tens of microseconds, more than a small op (a decode step of a tiny model,
+ * or any op when the cores are shared). */
+#define PAR_MIN_WORK (1 << 18)
+
 /* ---------------------------------------------------------------- dense */
 
 /* y[n, out] = x[n, in] . W[out, in]^T. W: F32/BF16/F16, 2-D. */

@@ -67,7 +67,7 @@ void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
     LUNAR_ASSERT((size_t)out * (size_t)in * lunar_dtype_size(W->dtype) <= W->nbytes);
     if (n <= 0 || out <= 0) return;
     const int direct = W->dtype == LUNAR_DTYPE_F32;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)n * out * in > PAR_MIN_WORK)
     {
         float *row = direct ? NULL : lunar_xmalloc((size_t)(in > 0 ? in : 1) * sizeof(float));
 #pragma omp for schedule(static)

@@ -49,7 +49,7 @@ void op_dsa_indexer(int32_t *idx, int32_t *count, const float *iq, const float *
     LUNAR_ASSERT(fp8 ? cache->scales != NULL : cache->keys != NULL);
     float lut[256];
     for (int c = 0; c < 256; c++) lut[c] = lunar_e4m3_to_f32((uint8_t)c);
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * (pos0 + T) * nh * d > PAR_MIN_WORK)
     {
         cand *heap = lunar_xmalloc((size_t)topk * sizeof(cand));
         uint8_t *q8 = lunar_xmalloc((size_t)nh * d);

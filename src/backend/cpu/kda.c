@@ -46,7 +46,7 @@ void op_kda_gate(float *g, const float *f, const lunar_tensor *A_log, const luna
  *   o_t = S^T (q_t * scale) */
 void op_kda_recurrent(float *o, const float *q, const float *k, const float *v, const float *g,
                       const float *beta, float *S, int T, int H, int dk, int dv, float scale) {
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * H * dk * dv > PAR_MIN_WORK)
     {
         float *d = lunar_xmalloc((size_t)dv * sizeof(float));
         float *qs = lunar_xmalloc((size_t)dk * sizeof(float));
@@ -214,7 +214,7 @@ void op_kda_chunked(float *o, const float *q, const float *k, const float *v, co
     const int C = chunk;
     int tmpn = C > dk ? C : dk;
     if (dv > tmpn) tmpn = dv;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * H * dk * dv > PAR_MIN_WORK)
     {
         chunk_buf b;
         float *mem = lunar_xmalloc(sizeof(float) * ((size_t)C * (3 * dk + 3 * dv + 2 * C) + tmpn));

@@ -36,7 +36,7 @@ void op_mla_attention_naive(float *o, const float *q, const float *cache, const 
                             int T, int pos0, int H, int N, int P, int Vd, int R, float scale) {
     check_shapes(W_kvb, H, N, Vd, R);
     const int L = pos0 + T, ld = R + P, qd = N + P;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * L * H * (R + P) > PAR_MIN_WORK)
     {
         float *Wh = lunar_xmalloc((size_t)(N + Vd) * R * sizeof(float));
         float *Kn = lunar_xmalloc((size_t)L * N * sizeof(float));
@@ -81,7 +81,7 @@ void op_mla_attention_absorbed(float *o, const float *q, const float *cache,
                                int Vd, int R, float scale) {
     check_shapes(W_kvb, H, N, Vd, R);
     const int L = pos0 + T, ld = R + P, qd = N + P;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * L * H * (R + P) > PAR_MIN_WORK)
     {
         float *Wh = lunar_xmalloc((size_t)(N + Vd) * R * sizeof(float));
         float *ql = lunar_xmalloc((size_t)R * sizeof(float));
@@ -122,7 +122,7 @@ void op_mla_attention_sparse(float *o, const float *q, const float *cache,
                              int H, int N, int P, int Vd, int R, float scale) {
     check_shapes(W_kvb, H, N, Vd, R);
     const int ld = R + P, qd = N + P;
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)T * topk * H * (R + P) > PAR_MIN_WORK)
     {
         float *Wh = lunar_xmalloc((size_t)(N + Vd) * R * sizeof(float));
         float *ql = lunar_xmalloc((size_t)R * sizeof(float));

@@ -131,7 +131,7 @@ void op_matmul_mxfp4(float *y, const float *x, const lunar_mxfp4 *W, int n) {
     shape_of(W, &out, &in);
     LUNAR_ASSERT(in % 32 == 0 && W->scale->shape[0] == out && W->scale->shape[1] == in / 32);
     LUNAR_ASSERT(W->packed->dtype == LUNAR_DTYPE_U8 && W->scale->dtype == LUNAR_DTYPE_U8);
-#pragma omp parallel
+#pragma omp parallel if ((int64_t)n * out * in > PAR_MIN_WORK)
     {
         float *row = lunar_xmalloc((size_t)in * sizeof(float));
 #pragma omp for schedule(static)
