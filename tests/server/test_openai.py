@@ -436,7 +436,7 @@ def strict_call(server, schema, stream):
             "strict": True}}
     kw = dict(model=NAME, messages=user("Call kvv_walle_case once with minimal valid arguments."), tools=[tool],
               tool_choice="required", max_tokens=2048)
-    c = server.client()
+    c = server.client(timeout=7200)  # all cases are queued at once; on CPU the random model is slow
     if stream:
         s = reassemble(c.chat.completions.create(stream=True, **kw))
         call = s["calls"].get(0, {"name": None, "arguments": None})
