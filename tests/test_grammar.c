@@ -316,3 +316,36 @@ TEST(grammar_ebnf) {
     CHECK(strstr(err.msg, "'missing'") != NULL);
     CHECK(lunar_grammar_from_ebnf(&g, g_voc, "root ::= root \"a\"", &end, 1, &err) == -1);
 }
+
+/* JSON-Schema rules embedded in an EBNF grammar by name */
+TEST(grammar_ebnf_with_schemas) {
+    if (setup()) return;
+    int32_t end = GU_END_ID;
+    lunar_grammar *g;
+    lunar_err err = {{0}};
+    json_t *sch = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"],"
+                             "\"additionalProperties\":false}", 0, NULL);
+    const char *names[] = {"args", "any"};
+    const json_t *schemas[] = {sch, NULL};
+    const char *src = "root ::= \"f(\" args \")\" | \"g(\" any \")\"";
+    CHECK(lunar_grammar_from_ebnf_with_schemas(&g, g_voc, src, names, schemas, 2, &end, 1, &err) == 0);
+    if (g) {
+        CHECK(accepts(g, "f({\"a\":12})") == 1);
+        CHECK(accepts(g, "f({\"a\":\"x\"})") == 0);
+        CHECK(accepts(g, "f({})") == 0);
+        CHECK(accepts(g, "g({\"b\":[1,true]})") == 1);
+        CHECK(accepts(g, "g([1])") == 0);
+        lunar_grammar_free(g);
+    }
+    /* a name defined twice, a bad name, an unsupported schema */
+    CHECK(lunar_grammar_from_ebnf_with_schemas(&g, g_voc, "root ::= args\nargs ::= \"x\"", names, schemas, 1, &end, 1,
+                                               &err) == -1);
+    const char *bad[] = {"9x"};
+    CHECK(lunar_grammar_from_ebnf_with_schemas(&g, g_voc, "root ::= \"x\"", bad, schemas, 1, &end, 1, &err) == -1);
+    json_t *unsup = json_loads("{\"type\":\"nosuchtype\"}", 0, NULL);
+    const json_t *us[] = {unsup};
+    CHECK(lunar_grammar_from_ebnf_with_schemas(&g, g_voc, "root ::= args", names, us, 1, &end, 1, &err) == -1);
+    CHECK(strstr(err.msg, "args") != NULL);
+    json_decref(unsup);
+    json_decref(sch);
+}

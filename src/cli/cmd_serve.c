@@ -132,6 +132,7 @@ int lunar_cmd_serve(int argc, char **argv) {
     so.policy.sampling_guard = strcmp(o.guard, "on") == 0 || (strcmp(o.guard, "auto") == 0 && cfg.arch == LUNAR_ARCH_KIMI_K3);
     so.policy.max_n = so.policy.sampling_guard ? 1 : 16;
     so.policy.vocab_size = lunar_tokenizer_vocab_size(tok);
+    so.model_vocab_size = cfg.vocab_size;
 
     int rc = 1;
     if (o.fake) {

@@ -1381,11 +1381,44 @@ static int ep_alts(ebnf_p *p, int rule) {
 
 int lunar_grammar_from_ebnf(lunar_grammar **out, const lunar_vocab *v, const char *ebnf, const int32_t *end_ids,
                             int n_end, lunar_err *err) {
+    return lunar_grammar_from_ebnf_with_schemas(out, v, ebnf, NULL, NULL, 0, end_ids, n_end, err);
+}
+
+int lunar_grammar_from_ebnf_with_schemas(lunar_grammar **out, const lunar_vocab *v, const char *ebnf,
+                                         const char *const *names, const json_t *const *schemas, int n_schemas,
+                                         const int32_t *end_ids, int n_end, lunar_err *err) {
     *out = NULL;
     g_builder b = {0};
     ebnf_p p = {.s = ebnf, .b = &b, .err = err};
     int rc = 0;
-    for (;;) {
+    /* the schema rules: defined up front under their names (a later "NAME ::=" is a redefinition) */
+    for (int k = 0; k < n_schemas; k++) {
+        size_t n = strlen(names[k]);
+        for (size_t j = 0; j < n; j++)
+            if (!is_id(names[k][j])) n = 0;
+        if (!n || !is_id0(names[k][0])) {
+            rc = lunar_fail(err, "grammar: bad schema rule name \"%s\"", names[k]);
+            break;
+        }
+        int kk = ep_rule_id(&p, names[k], n);
+        if (p.defined[kk]) {
+            rc = lunar_fail(err, "grammar: schema rule \"%s\" given twice", names[k]);
+            break;
+        }
+        int root;
+        lunar_err e2 = {{0}};
+        if (js_compile(&b, schemas[k], &root, &e2)) {
+            rc = lunar_fail(err, "%s: %s", names[k], e2.msg);
+            break;
+        }
+        /* the name's rule is an alias of the compiled root */
+        g_seq s = {0};
+        seq_rule(&s, root);
+        gb_add_alt(&b, p.rules[kk], &s);
+        seq_free(&s);
+        p.defined[kk] = 1;
+    }
+    for (; !rc;) {
         ep_ws(&p);
         if (!p.s[p.i]) break;
         size_t n = ep_ident(&p, p.i);

@@ -33,6 +33,12 @@ json_t *lunar_json_schema_tool_value(const json_t *schema);
  * control tokens by id so chat-format syntax can be written. */
 int lunar_grammar_from_ebnf(lunar_grammar **out, const lunar_vocab *v, const char *ebnf,
                             const int32_t *end_ids, int n_end, lunar_err *err);
+/* The same, with JSON-Schema rules embedded: names[k] (an EBNF rule name) is defined as the compact-JSON
+ * language of schemas[k] (NULL: any JSON object), usable from the EBNF like any rule; the EBNF must not
+ * define these names itself. E.g. names {"args"}: root ::= <163595> "f:" args <163596>. */
+int lunar_grammar_from_ebnf_with_schemas(lunar_grammar **out, const lunar_vocab *v, const char *ebnf,
+                                         const char *const *names, const json_t *const *schemas, int n_schemas,
+                                         const int32_t *end_ids, int n_end, lunar_err *err);
 void lunar_grammar_free(lunar_grammar *g);
 
 typedef struct lunar_matcher lunar_matcher;

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "server/assemble.h"
+#include "server/constrain.h"
 #include "server/metrics.h"
 #include "text/prompt.h"
 
@@ -28,6 +29,7 @@ struct lunar_server {
     lunar_server_options o;
     struct MHD_Daemon *d;
     lunar_srv_metrics *metrics;
+    lunar_constrain *constrain; /* the vocabulary index and the compiled grammars (NULL: no constraints) */
     atomic_int stopping;
     atomic_int pending;
     int port;
@@ -290,20 +292,28 @@ static void stream_free(void *cls) {
     gen_unref(g);
 }
 
-/* Call site of constrained decoding (engine/grammar.h, being implemented): strict tools (tools[].function.strict
- * with tool_choice required or auto), tool_choice none, and response_format json_object / json_schema (strict)
- * compile to a grammar over the model's own output syntax (K3 channels: the response channel holding compact
- * JSON; the tools channel's call / argument tags). Until the grammar lands every request runs unconstrained. */
-static const lunar_grammar *constraint_for(lunar_server *s, const lunar_srv_req *r) {
-    (void)s;
-    (void)r;
-    return NULL;
+/* Constrained decoding (server/constrain.h): strict tools, tool_choice required / named / none and
+ * response_format json_object / json_schema compile to a grammar over the model's own output syntax. The
+ * grammar is cached in s->constrain and outlives the request. 0 with *g (NULL: unconstrained), or -1 and a 400. */
+static int constraint_for(lunar_server *s, const lunar_srv_req *r, const lunar_grammar **g, lunar_api_error *e) {
+    *g = NULL;
+    if (!s->constrain || r->kind != LUNAR_SRV_CHAT || !r->have_chat) return 0;
+    lunar_err err = {{0}};
+    if (lunar_constrain_get(s->constrain, &r->chat, g, &err))
+        return lunar_api_fail(e, 400, NULL, "constrained decoding: %s", err.msg);
+    return 0;
 }
 
 static MHD_RESULT_T handle_generate(struct MHD_Connection *c, lunar_server *s, conn *cn, lunar_srv_kind kind) {
     lunar_api_error e;
     gen *g = lunar_xcalloc(1, sizeof *g);
     if (lunar_srv_parse(&s->o.policy, s->o.tok, kind, cn->body.p ? cn->body.p : "", cn->body.len, &g->req, &e)) {
+        free(g);
+        return send_error(c, s, cn, &e);
+    }
+    const lunar_grammar *grammar;
+    if (constraint_for(s, &g->req, &grammar, &e)) {
+        lunar_srv_req_free(&g->req);
         free(g);
         return send_error(c, s, cn, &e);
     }
@@ -329,7 +339,6 @@ static MHD_RESULT_T handle_generate(struct MHD_Connection *c, lunar_server *s, c
     g->ids = lunar_xcalloc((size_t)g->n, sizeof *g->ids);
     g->live = lunar_xcalloc((size_t)g->n, sizeof *g->live);
     g->rs = lunar_srv_resp_new(&g->req, s->o.tok, g->id, (long long)time(NULL));
-    const lunar_grammar *grammar = constraint_for(s, &g->req);
     for (int i = 0; i < g->n; i++) {
         g->cbs[i] = (cbctx){g, i};
         lunar_request r = {.prompt = g->req.ids.ids, .n_prompt = (int)g->req.ids.n, .sampling = g->req.sampling,
@@ -630,6 +639,16 @@ int lunar_server_start(lunar_server **out, const lunar_server_options *o, lunar_
     memcpy(&ss, ai->ai_addr, ai->ai_addrlen);
     int v6 = ai->ai_family == AF_INET6;
     freeaddrinfo(ai);
+    /* the vocabulary index for constrained decoding, once (~160 ms); only when the model's logits cover
+     * the tokenizer's ids (the mask is indexed by token id) */
+    if (o->tok && (o->model_vocab_size <= 0 || o->model_vocab_size >= lunar_tokenizer_vocab_size(o->tok))) {
+        lunar_err verr = {{0}};
+        if (lunar_constrain_new(&s->constrain, o->tok, o->policy.arch, &verr) && !o->quiet)
+            fprintf(stderr, "lunar serve: constrained decoding off: %s\n", verr.msg);
+    } else if (o->tok && !o->quiet) {
+        fprintf(stderr, "lunar serve: constrained decoding off: the model's vocabulary (%d) is smaller than the "
+                        "tokenizer's (%d)\n", o->model_vocab_size, lunar_tokenizer_vocab_size(o->tok));
+    }
     s->metrics = lunar_srv_metrics_new(o->policy.n_model_names ? o->policy.model_names[0] : "lunar");
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG |
                      MHD_USE_POLL | (v6 ? MHD_USE_IPv6 : 0);
@@ -643,6 +662,7 @@ int lunar_server_start(lunar_server **out, const lunar_server_options *o, lunar_
         int e = errno;
         o->backend.destroy(o->backend.ctx);
         lunar_srv_metrics_free(s->metrics);
+        lunar_constrain_free(s->constrain);
         free(s);
         return lunar_fail(err, "cannot listen on %s:%d: %s", host, o->port, strerror(e));
     }
@@ -660,5 +680,6 @@ void lunar_server_stop(lunar_server *s) {
     MHD_stop_daemon(s->d);
     s->o.backend.destroy(s->o.backend.ctx);
     lunar_srv_metrics_free(s->metrics);
+    lunar_constrain_free(s->constrain); /* after the backend: no request uses a grammar any more */
     free(s);
 }

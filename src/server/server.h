@@ -23,6 +23,8 @@ typedef struct lunar_server_options {
     const char *model_root;    /* reported by /v1/models */
     lunar_srv_policy policy;
     const lunar_tokenizer *tok;
+    int model_vocab_size;      /* the model's logits (0: unknown = the tokenizer's); constrained decoding is off
+                                  when it is smaller than the tokenizer's vocabulary */
     lunar_srv_backend backend; /* owned by the server from start (destroyed by lunar_server_stop) */
 } lunar_server_options;
 
