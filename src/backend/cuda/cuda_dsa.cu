@@ -189,7 +189,7 @@ template <int NHP> size_t score_smem() {
 }
 
 // ---------------------------------------------------------------- top-k
-constexpr int kTK = 1024, kBins = 4096, kCap = 3072; // 16 + 24 KB of static shared memory
+constexpr int kTK = 1024, kBins = 4096, kCap = 3072, kUnroll = 8; // 16 + 24 KB of static shared memory
 
 __device__ __forceinline__ unsigned long long sel_key(float s, int pos) {
     uint32_t u = __float_as_uint(s == 0.0f ? 0.0f : s);
@@ -244,9 +244,19 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
         __syncthreads();
         const unsigned dm = (1u << bits) - 1;
         if (!insm) {
-            for (int p = tid; p < n; p += kTK) {
-                const unsigned long long key = sel_key(sc[p], p);
-                if ((key & mask) == prefix) atomicAdd(&hist[(unsigned)(key >> shift) & dm], 1u);
+            for (int p0 = 0; p0 < n; p0 += kTK * kUnroll) { // loads first, then the atomics
+                float v[kUnroll];
+#pragma unroll
+                for (int j = 0; j < kUnroll; j++) {
+                    const int p = p0 + j * kTK + tid;
+                    v[j] = p < n ? sc[p] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kUnroll; j++) {
+                    const int p = p0 + j * kTK + tid;
+                    const unsigned long long key = sel_key(v[j], p);
+                    if (p < n && (key & mask) == prefix) atomicAdd(&hist[(unsigned)(key >> shift) & dm], 1u);
+                }
             }
         } else {
             for (unsigned i = tid; i < ncand; i += kTK) {
@@ -282,9 +292,19 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
         if (!insm && cnt <= kCap) { // the rest of the search runs on the few keys in the bin
             if (tid == 0) s_ncand = 0;
             __syncthreads();
-            for (int p = tid; p < n; p += kTK) {
-                const unsigned long long key = sel_key(sc[p], p);
-                if ((key & mask) == prefix) cand[atomicAdd(&s_ncand, 1u)] = key;
+            for (int p0 = 0; p0 < n; p0 += kTK * kUnroll) {
+                float v[kUnroll];
+#pragma unroll
+                for (int j = 0; j < kUnroll; j++) {
+                    const int p = p0 + j * kTK + tid;
+                    v[j] = p < n ? sc[p] : 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < kUnroll; j++) {
+                    const int p = p0 + j * kTK + tid;
+                    const unsigned long long key = sel_key(v[j], p);
+                    if (p < n && (key & mask) == prefix) cand[atomicAdd(&s_ncand, 1u)] = key;
+                }
             }
             __syncthreads();
             ncand = s_ncand;
@@ -294,13 +314,24 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
     // prefix is now the topk-th largest key: write every key >= it, in position order
     const unsigned long long T = prefix;
     unsigned base = 0;
-    for (int p0 = 0; p0 < n; p0 += kTK) {
-        const int p = p0 + tid;
-        const bool f = p < n && sel_key(sc[p], p) >= T;
-        const unsigned incl = block_scan(f ? 1u : 0u, wsum);
-        if (f && base + incl - 1 < (unsigned)topk) out[base + incl - 1] = p;
-        // the block total is the last thread's inclusive count
-        if (tid == kTK - 1) s_cnt = incl;
+    for (int p0 = 0; p0 < n; p0 += kTK * kUnroll) { // thread tid: kUnroll consecutive positions
+        const int pb = p0 + tid * kUnroll;
+        float v[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; j++) v[j] = pb + j < n ? sc[pb + j] : 0.0f;
+        unsigned fl = 0, cnt = 0;
+#pragma unroll
+        for (int j = 0; j < kUnroll; j++)
+            if (pb + j < n && sel_key(v[j], pb + j) >= T) fl |= 1u << j, cnt++;
+        const unsigned incl = block_scan(cnt, wsum);
+        unsigned o = base + incl - cnt;
+#pragma unroll
+        for (int j = 0; j < kUnroll; j++)
+            if ((fl >> j) & 1u) {
+                if (o < (unsigned)topk) out[o] = pb + j;
+                o++;
+            }
+        if (tid == kTK - 1) s_cnt = incl; // the block total
         __syncthreads();
         base += s_cnt;
         __syncthreads();

@@ -91,19 +91,30 @@ __global__ void __launch_bounds__(128 * kGMax, 1) mla_kernel(MlaArgs a) {
     int *valid = reinterpret_cast<int *>(raw + (FP8 ? 2 * kTN * kFRow : 0));
     float *spart = reinterpret_cast<float *>(valid + 2 * kTN);
 
-    auto load_tile = [&](int stage, int t0) {
-        const int per_row = FP8 ? kRow / 16 : kRow * 2 / 16; // 16-byte chunks per row
-        for (int c = threadIdx.x; c < kTN * per_row; c += blockDim.x) {
+    // Cache slot of row `lane` of the tile starting at t0 (-1: none): one block-table load per lane
+    // (after an idx load when sparse), issued a tile ahead so its latency hides behind compute.
+    auto row_slot = [&](int t0) -> long long {
+        const int pos = entry_pos<SPARSE>(a, row, t0 + lane, end);
+        return pos >= 0 ? (long long)bt[pos >> 7] * 128 + (pos & 127) : -1LL;
+    };
+    auto load_tile = [&](int stage, long long myslot) {
+        constexpr int per_row = FP8 ? kRow / 16 : kRow * 2 / 16; // 16-byte chunks per row
+        constexpr int total = kTN * per_row;
+        for (int c0 = 0; c0 < total; c0 += blockDim.x) { // warp-uniform trip count (shuffle below)
+            const int c = c0 + threadIdx.x;
             const int r = c / per_row, col = c - r * per_row;
-            const int pos = entry_pos<SPARSE>(a, row, t0 + r, end);
-            const size_t slot = pos >= 0 ? (size_t)bt[pos >> 7] * 128 + (pos & 127) : 0;
-            if (col == 0) valid[stage * kTN + r] = pos >= 0;
-            if (FP8) {
-                const unsigned char *src = (const unsigned char *)a.cache + slot * kRow + col * 16;
-                cp_async16(raw + (size_t)(stage * kTN + r) * kFRow + col * 16, src, pos >= 0);
-            } else {
-                const uint16_t *src = (const uint16_t *)a.cache + slot * kRow + col * 8;
-                cp_async16(tiles + (size_t)(stage * kTN + r) * kSRow + col * 8, src, pos >= 0);
+            const long long slot = __shfl_sync(0xffffffffu, myslot, r & 31);
+            if (c < total) {
+                const bool ok = slot >= 0;
+                const size_t sl = ok ? (size_t)slot : 0;
+                if (col == 0) valid[stage * kTN + r] = ok;
+                if (FP8) {
+                    const unsigned char *src = (const unsigned char *)a.cache + sl * kRow + col * 16;
+                    cp_async16(raw + (size_t)(stage * kTN + r) * kFRow + col * 16, src, ok);
+                } else {
+                    const uint16_t *src = (const uint16_t *)a.cache + sl * kRow + col * 8;
+                    cp_async16(tiles + (size_t)(stage * kTN + r) * kSRow + col * 8, src, ok);
+                }
             }
         }
     };
@@ -130,14 +141,17 @@ __global__ void __launch_bounds__(128 * kGMax, 1) mla_kernel(MlaArgs a) {
     for (int i = 0; i < 16; i++) oacc[i][0] = oacc[i][1] = oacc[i][2] = oacc[i][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-    if (ntiles > 0) load_tile(0, begin);
+    long long slot_next = ntiles > 0 ? row_slot(begin) : -1;
+    if (ntiles > 0) load_tile(0, slot_next);
     cp_commit();
+    slot_next = ntiles > 1 ? row_slot(begin + kTN) : -1;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
         cp_wait_all();
         __syncthreads();
-        if (it + 1 < ntiles) load_tile(st ^ 1, begin + (it + 1) * kTN);
+        if (it + 1 < ntiles) load_tile(st ^ 1, slot_next);
         cp_commit();
+        if (it + 2 < ntiles) slot_next = row_slot(begin + (it + 2) * kTN);
         const uint16_t *T;
         if (FP8) {
             // widen raw stage st to the bf16 tile: e4m3 -> half -> float -> bf16, all exact
