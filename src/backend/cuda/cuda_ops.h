@@ -139,6 +139,74 @@ void lunar_cuda_kda_recurrent(float *o, const float *q, const float *k, const fl
                               const int32_t *slots, float *S_steps, int B, int T, int H, int dk,
                               int dv, float scale, lunar_cuda_stream s);
 
+/* ---------------------------------------------------------------- MLA (cuda_mla.cu) */
+
+/* Storage of the paged MLA latent cache: bf16, or FP8 e4m3 with one per-tensor scale. */
+typedef enum lunar_cuda_kv { LUNAR_CUDA_KV_BF16 = 0, LUNAR_CUDA_KV_FP8 = 1 } lunar_cuda_kv;
+
+/* One MLA layer's paged latent cache (model/cache.h's layout): latent [n_blocks][128][576], row
+ * [c (512) | k_pe (64)]; token p of sequence b sits in block block_tables[b * max_blocks + p / 128],
+ * row p % 128. FP8: value = e4m3 * scale. */
+typedef struct lunar_cuda_mla_cache {
+    const void *latent;
+    lunar_cuda_kv dtype;
+    float scale;
+    const int32_t *block_tables;
+    int max_blocks;
+} lunar_cuda_mla_cache;
+
+/* Device scratch (bytes) for the split-K partials of a call with these rows, heads and longest
+ * length (sparse: max_n = topk); 0 when the call runs unsplit (ws may then be NULL). */
+size_t lunar_cuda_mla_ws(int rows, int H, int max_n);
+
+/* op_mla_attention_absorbed's core over the paged cache, R = 512, P = 64: for each row r (a query
+ * token of sequence row_seq[r], row_seq NULL = r) and head h,
+ *   p_j = softmax_j(scale * (q_lat . c_j + q_pe . k_pe_j)), j < lens[r];  o_lat = sum_j p_j c_j
+ * with q_lat [rows, H, 512] = W_k^T q_nope (absorbed by the caller), q_pe [rows, H, 64], o_lat
+ * [rows, H, 512] fp32 (the caller applies W_v). Decode: one row per sequence, lens = its length.
+ * Causal prefill: one row per token t, row_seq = the sequence, lens = pos0 + t + 1. max_len >=
+ * every lens[r] (host value; it sizes the split-K). q and P are rounded to bf16 for the tensor
+ * cores; a row with lens 0 gets o = 0. */
+void lunar_cuda_mla_absorbed(float *o_lat, const float *q_lat, const float *q_pe,
+                             const lunar_cuda_mla_cache *c, const int32_t *row_seq,
+                             const int32_t *lens, int max_len, int rows, int H, float scale,
+                             void *ws, lunar_cuda_stream s);
+
+/* op_mla_attention_sparse's core (DSA): as above over the positions idx[r, 0..topk) of the row's
+ * sequence (-1 entries skipped); a row with no valid entry gets o = 0. ws: lunar_cuda_mla_ws(rows,
+ * H, topk). */
+void lunar_cuda_mla_sparse(float *o_lat, const float *q_lat, const float *q_pe,
+                           const lunar_cuda_mla_cache *c, const int32_t *row_seq,
+                           const int32_t *idx, int topk, int rows, int H, float scale, void *ws,
+                           lunar_cuda_stream s);
+
+/* ---------------------------------------------------------------- DSA indexer (cuda_dsa.cu) */
+
+/* Index keys into the paged FP8 key cache: for each token i, k[i] (fp32 [d], before the rotation)
+ * is rotated by op_hadamard (d a power of two, <= 1024) and quantised by lunar_fp8_quantize_pow2
+ * into codes[slots[i] * d ..] and scales[slots[i]] (slot = block * 128 + offset). Bitwise the CPU's
+ * codes and scales. */
+void lunar_cuda_dsa_index_write(uint8_t *codes, float *scales, const float *k,
+                                const int32_t *slots, int n, int d, lunar_cuda_stream s);
+
+/* op_dsa_indexer's FP8 scores: for row r (query of sequence row_seq[r], NULL = r) and every
+ * position j < lens[r], scores[r * ld + j] = I(r, j) as op_dsa_indexer forms it (query heads
+ * quantised like keys, exact e4m3 dots, the head sum in double in head order, rounded once to
+ * fp32): bitwise the CPU's scores. iq [rows, nh, d] (rotated), w [rows, nh]; nh <= 64, d <= 128,
+ * d % 16 == 0. Keys through block_tables [n_seq, max_blocks] (128-token blocks). */
+void lunar_cuda_dsa_index_score(float *scores, int ld, const float *iq, const float *w,
+                                const uint8_t *codes, const float *scales,
+                                const int32_t *block_tables, int max_blocks,
+                                const int32_t *row_seq, const int32_t *lens, int max_len, int rows,
+                                int nh, int d, lunar_cuda_stream s);
+
+/* op_dsa_indexer's selection from those scores: row r keeps the topk best of its lens[r]
+ * positions (ties to the lower position), idx [rows, topk] ascending, padded with -1; count [rows]
+ * = min(lens[r], topk) (may be NULL). Exact radix select on (score, position). Scores must not be
+ * NaN. lens[r] < 2^31. */
+void lunar_cuda_dsa_topk(int32_t *idx, int32_t *count, const float *scores, int ld,
+                         const int32_t *lens, int rows, int topk, lunar_cuda_stream s);
+
 #ifdef __cplusplus
 }
 #endif

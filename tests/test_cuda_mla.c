@@ -1,0 +1,550 @@
+/* The CUDA MLA and DSA kernels (cuda_mla.cu, cuda_dsa.cu) against the CPU ops, on random data over
+ * a paged cache whose block tables are shuffled. Output buffers sit between guard words, poisoned
+ * first (NaN as fp32); cache rows the kernels must not read (past a sequence's length, unused
+ * blocks) hold NaN codes, so reading one poisons the result. Skipped without a CUDA device.
+ *
+ * Tolerances (relative to max |reference|, lunar_max_rel_err):
+ *  - MLA (absorbed decode, causal prefill vs the naive op, sparse): the cache values are exact on
+ *    both sides (the CPU reads the same bf16 / e4m3*scale values in fp32); the GPU rounds q_lat,
+ *    q_pe and the probabilities to bf16 (2^-9 relative each) for the tensor cores and sums in fp32.
+ *    A logit scale * q.c with |logit| ~ 1.5 and 576 terms of random sign moves by ~scale * 2^-9 *
+ *    sqrt(576) * |q_i c_i| ~ 1e-3, the bf16 P adds 2^-9 per weight averaging out over the sum:
+ *    ~2e-3 of max |o| expected, 1.5e-2 allowed (the worst-case bound, all 576 errors aligned, is
+ *    ~3e-2 at these magnitudes).
+ *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
+#include "test.h"
+
+#ifndef LUNAR_HAVE_CUDA
+
+TEST(cuda_mla_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was built without CUDA] "); }
+
+#else
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "ops.h"
+#include "ops_util.h"
+
+#define GUARD 64
+#define SENT 0x7fc17fc1u
+enum { R = 512, P = 64, ROW = 576, N_NOPE = 128, VD = 128, BS = 128 };
+
+static int cuda_on(void) {
+    static int state = -1;
+    static char why[1100];
+    if (state < 0) {
+        char desc[256];
+        lunar_err err;
+        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", desc);
+            state = 0;
+        } else if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
+            state = 0;
+        } else {
+            state = 1;
+        }
+    }
+    if (!state) fprintf(stderr, "[skipped: %s] ", why);
+    return state;
+}
+
+typedef struct dout {
+    uint32_t *base;
+    size_t words;
+} dout;
+static void *dout_new(dout *d, size_t bytes) {
+    d->words = (bytes + 3) / 4;
+    d->base = lunar_cuda_alloc((d->words + 2 * GUARD) * 4);
+    LUNAR_ASSERT(d->base);
+    lunar_cuda_fill_u32(d->base, SENT, d->words + 2 * GUARD);
+    return d->base + GUARD;
+}
+static int dout_guards_ok(const dout *d) {
+    uint32_t g[2 * GUARD];
+    lunar_cuda_download(g, d->base, GUARD * 4);
+    lunar_cuda_download(g + GUARD, d->base + GUARD + d->words, GUARD * 4);
+    for (int i = 0; i < 2 * GUARD; i++)
+        if (g[i] != SENT) return 0;
+    return 1;
+}
+static void *dev_in(const void *h, size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p);
+    if (bytes) lunar_cuda_upload(p, h, bytes);
+    return p;
+}
+static void *down(const void *d, size_t bytes) {
+    void *h = malloc(bytes ? bytes : 1);
+    lunar_cuda_sync();
+    lunar_cuda_download(h, d, bytes);
+    return h;
+}
+static double verbose_max;
+static void report(const char *what, double e, double tol) {
+    if (getenv("LUNAR_TEST_VERBOSE")) fprintf(stderr, "\n    %-44s max rel err %.3g (tol %.0e)", what, e, tol);
+    if (e > verbose_max) verbose_max = e;
+    CHECK_MSG(e <= tol, "%s: max rel err %.3g > %.0e", what, e, tol);
+}
+
+static uint32_t rng_state;
+static uint32_t rng(void) {
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return rng_state >> 8;
+}
+static void shuffle_i32(int32_t *v, int n) {
+    for (int i = n - 1; i > 0; i--) {
+        int j = (int)(rng() % (uint32_t)(i + 1));
+        int32_t t = v[i];
+        v[i] = v[j], v[j] = t;
+    }
+}
+
+/* ---------------------------------------------------------------- paged latent pool */
+
+typedef struct pool {
+    int n_seq, max_blocks, n_blocks, fp8;
+    float kv_scale;
+    int32_t *bt;   /* [n_seq][max_blocks] */
+    float *lat;    /* [n_blocks * 128][576]: the stored values in fp32 (NaN where never to be read) */
+    void *stored;  /* bf16 or e4m3 */
+    size_t stored_bytes;
+} pool;
+
+static void pool_make(pool *p, const int *lens, int n_seq, int fp8, unsigned seed) {
+    memset(p, 0, sizeof *p);
+    p->n_seq = n_seq, p->fp8 = fp8, p->kv_scale = fp8 ? 1.0f / 64 : 1.0f;
+    int total = 0;
+    p->max_blocks = 1;
+    for (int b = 0; b < n_seq; b++) {
+        int nb = (lens[b] + BS - 1) / BS;
+        total += nb;
+        if (nb > p->max_blocks) p->max_blocks = nb;
+    }
+    p->n_blocks = total + 2; /* two blocks nobody owns */
+    int32_t *perm = malloc((size_t)p->n_blocks * 4);
+    for (int i = 0; i < p->n_blocks; i++) perm[i] = i;
+    rng_state = seed;
+    shuffle_i32(perm, p->n_blocks);
+    p->bt = calloc((size_t)n_seq * p->max_blocks, 4);
+    const size_t nrow = (size_t)p->n_blocks * BS;
+    char *owned = calloc(nrow, 1);
+    int k = 0;
+    for (int b = 0; b < n_seq; b++)
+        for (int i = 0; i < (lens[b] + BS - 1) / BS; i++) {
+            int blk = perm[k++];
+            p->bt[(size_t)b * p->max_blocks + i] = blk;
+            for (int r = 0; r < BS && i * BS + r < lens[b]; r++) owned[(size_t)blk * BS + r] = 1;
+        }
+    p->lat = test_rand((long)(nrow * ROW), seed + 1, -1, 1);
+    p->stored_bytes = nrow * ROW * (fp8 ? 1 : 2);
+    p->stored = malloc(p->stored_bytes);
+    for (size_t i = 0; i < nrow * ROW; i++) {
+        const int live = owned[i / ROW];
+        if (fp8) {
+            uint8_t c = live ? lunar_f32_to_e4m3(p->lat[i] / p->kv_scale) : 0x7f;
+            ((uint8_t *)p->stored)[i] = c;
+            p->lat[i] = live ? lunar_e4m3_to_f32(c) * p->kv_scale : NAN;
+        } else {
+            uint16_t h = live ? lunar_f32_to_bf16(p->lat[i]) : 0x7fc1;
+            ((uint16_t *)p->stored)[i] = h;
+            p->lat[i] = live ? lunar_bf16_to_f32(h) : NAN;
+        }
+    }
+    free(owned);
+    free(perm);
+}
+static void pool_free(pool *p) {
+    free(p->bt), free(p->lat), free(p->stored);
+}
+/* Sequence b's rows 0..len-1, contiguous (the CPU ops' cache layout). */
+static float *pool_rows(const pool *p, int b, int len) {
+    float *c = test_alloc((long)len * ROW);
+    for (int j = 0; j < len; j++) {
+        int blk = p->bt[(size_t)b * p->max_blocks + j / BS];
+        memcpy(c + (size_t)j * ROW, p->lat + ((size_t)blk * BS + j % BS) * ROW, ROW * sizeof(float));
+    }
+    return c;
+}
+static lunar_cuda_mla_cache pool_upload(const pool *p) {
+    lunar_cuda_mla_cache c;
+    c.latent = dev_in(p->stored, p->stored_bytes);
+    c.dtype = p->fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16;
+    c.scale = p->kv_scale;
+    c.block_tables = dev_in(p->bt, (size_t)p->n_seq * p->max_blocks * 4);
+    c.max_blocks = p->max_blocks;
+    return c;
+}
+
+/* q [H, N+P] of one token -> q_lat [H, R] (the CPU op's absorption, same loop order), q_pe [H, P] */
+static void absorb(float *q_lat, float *q_pe, const float *q, const float *W, int H) {
+    for (int h = 0; h < H; h++) {
+        const float *qt = q + (size_t)h * (N_NOPE + P), *Wh = W + (size_t)h * (N_NOPE + VD) * R;
+        float *ql = q_lat + (size_t)h * R;
+        for (int r = 0; r < R; r++) ql[r] = 0.0f;
+        for (int n = 0; n < N_NOPE; n++)
+            for (int r = 0; r < R; r++) ql[r] += qt[n] * Wh[(size_t)n * R + r];
+        memcpy(q_pe + (size_t)h * P, qt + N_NOPE, P * sizeof(float));
+    }
+}
+/* o [H, VD] = W_v o_lat */
+static void unabsorb(float *o, const float *o_lat, const float *W, int H) {
+    for (int h = 0; h < H; h++)
+        for (int x = 0; x < VD; x++) {
+            const float *wv = W + ((size_t)h * (N_NOPE + VD) + N_NOPE + x) * R;
+            double s = 0;
+            for (int r = 0; r < R; r++) s += (double)wv[r] * o_lat[(size_t)h * R + r];
+            o[(size_t)h * VD + x] = (float)s;
+        }
+}
+
+/* ---------------------------------------------------------------- MLA */
+
+TEST(cuda_mla_absorbed_decode_vs_cpu) {
+    if (!cuda_on()) return;
+    static const struct {
+        int B, H, lens[4];
+    } cases[] = {{3, 16, {1, 300, 1000}}, {2, 12, {129, 4100}}, {1, 96, {2500}}, {2, 40, {777, 64}}};
+    const float scale = 0.3f;
+    for (unsigned ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            const int B = cases[ci].B, H = cases[ci].H;
+            const int *lens = cases[ci].lens;
+            size_t mark = lunar_cuda_mark();
+            pool p;
+            pool_make(&p, lens, B, fp8, 100 + ci * 2 + fp8);
+            float *W = test_rand((long)H * (N_NOPE + VD) * R, 7 + ci, -0.1f, 0.1f);
+            lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
+            float *q = test_rand((long)B * H * (N_NOPE + P), 30 + ci, -1, 1);
+            float *ql = test_alloc((long)B * H * R), *qp = test_alloc((long)B * H * P);
+            float *ref = test_poisoned((long)B * H * VD), *got = test_poisoned((long)B * H * VD);
+            int max_len = 0;
+            for (int b = 0; b < B; b++) {
+                absorb(ql + (size_t)b * H * R, qp + (size_t)b * H * P, q + (size_t)b * H * (N_NOPE + P), W, H);
+                float *rows = pool_rows(&p, b, lens[b]);
+                op_mla_attention_absorbed(ref + (size_t)b * H * VD, q + (size_t)b * H * (N_NOPE + P), rows, &Wt,
+                                          1, lens[b] - 1, H, N_NOPE, P, VD, R, scale);
+                free(rows);
+                if (lens[b] > max_len) max_len = lens[b];
+            }
+            lunar_cuda_mla_cache c = pool_upload(&p);
+            const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
+            const int32_t *dlens = dev_in(lens, (size_t)B * 4);
+            size_t wsb = lunar_cuda_mla_ws(B, H, max_len);
+            void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
+            dout od;
+            float *dout_lat = dout_new(&od, (size_t)B * H * R * 4);
+            lunar_cuda_mla_absorbed(dout_lat, dql, dqp, &c, NULL, dlens, max_len, B, H, scale, ws, NULL);
+            float *olat = down(dout_lat, (size_t)B * H * R * 4);
+            for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
+            char what[96];
+            snprintf(what, sizeof what, "mla decode B=%d H=%d max_len=%d %s", B, H, max_len, fp8 ? "fp8" : "bf16");
+            report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
+            CHECK(dout_guards_ok(&od));
+            free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W);
+            test_tensor_free(&Wt);
+            pool_free(&p);
+            lunar_cuda_release(mark);
+        }
+}
+
+TEST(cuda_mla_prefill_vs_naive) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{37, 91, 16}, {50, 200, 12}, {1, 0, 16}}; /* T, pos0, H */
+    const float scale = 0.3f;
+    for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int T = shapes[si][0], pos0 = shapes[si][1], H = shapes[si][2], L = pos0 + T;
+        size_t mark = lunar_cuda_mark();
+        pool p;
+        pool_make(&p, &L, 1, 0, 200 + si);
+        float *W = test_rand((long)H * (N_NOPE + VD) * R, 50 + si, -0.1f, 0.1f);
+        lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
+        float *q = test_rand((long)T * H * (N_NOPE + P), 60 + si, -1, 1);
+        float *rows = pool_rows(&p, 0, L);
+        float *ref = test_poisoned((long)T * H * VD), *got = test_poisoned((long)T * H * VD);
+        op_mla_attention_naive(ref, q, rows, &Wt, T, pos0, H, N_NOPE, P, VD, R, scale);
+        float *ql = test_alloc((long)T * H * R), *qp = test_alloc((long)T * H * P);
+        int32_t *lens = malloc((size_t)T * 4), *seq = calloc((size_t)T, 4);
+        for (int t = 0; t < T; t++) {
+            absorb(ql + (size_t)t * H * R, qp + (size_t)t * H * P, q + (size_t)t * H * (N_NOPE + P), W, H);
+            lens[t] = pos0 + t + 1;
+        }
+        lunar_cuda_mla_cache c = pool_upload(&p);
+        const float *dql = dev_in(ql, (size_t)T * H * R * 4), *dqp = dev_in(qp, (size_t)T * H * P * 4);
+        const int32_t *dlens = dev_in(lens, (size_t)T * 4), *dseq = dev_in(seq, (size_t)T * 4);
+        size_t wsb = lunar_cuda_mla_ws(T, H, L);
+        void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
+        dout od;
+        float *d_o = dout_new(&od, (size_t)T * H * R * 4);
+        lunar_cuda_mla_absorbed(d_o, dql, dqp, &c, dseq, dlens, L, T, H, scale, ws, NULL);
+        float *olat = down(d_o, (size_t)T * H * R * 4);
+        for (int t = 0; t < T; t++) unabsorb(got + (size_t)t * H * VD, olat + (size_t)t * H * R, W, H);
+        char what[96];
+        snprintf(what, sizeof what, "mla prefill T=%d pos0=%d H=%d (vs naive)", T, pos0, H);
+        report(what, lunar_max_rel_err(got, ref, (long)T * H * VD), 1.5e-2);
+        CHECK(dout_guards_ok(&od));
+        free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(rows), free(lens), free(seq);
+        test_tensor_free(&Wt);
+        pool_free(&p);
+        lunar_cuda_release(mark);
+    }
+}
+
+TEST(cuda_mla_sparse_vs_cpu) {
+    if (!cuda_on()) return;
+    const int B = 4, H = 16, topk = 2048, lens[4] = {5000, 300, 2100, 3000};
+    const float scale = 0.3f;
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        size_t mark = lunar_cuda_mark();
+        pool p;
+        pool_make(&p, lens, B, fp8, 300 + fp8);
+        float *W = test_rand((long)H * (N_NOPE + VD) * R, 70, -0.1f, 0.1f);
+        lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
+        float *q = test_rand((long)B * H * (N_NOPE + P), 71, -1, 1);
+        float *ql = test_alloc((long)B * H * R), *qp = test_alloc((long)B * H * P);
+        float *ref = test_poisoned((long)B * H * VD), *got = test_poisoned((long)B * H * VD);
+        int32_t *idx = malloc((size_t)B * topk * 4), *perm = malloc(5000 * 4);
+        rng_state = 99;
+        for (int b = 0; b < B; b++) {
+            int32_t *ib = idx + (size_t)b * topk;
+            for (int i = 0; i < lens[b]; i++) perm[i] = i;
+            shuffle_i32(perm, lens[b]);
+            for (int i = 0; i < topk; i++) {
+                if (b == 2) ib[i] = -1;                         /* nothing valid: o = 0 */
+                else if (b == 1) ib[i] = i < lens[b] ? i : -1;  /* short: all positions, padded */
+                else ib[i] = (i % 7 == 3) ? -1 : perm[i];       /* shuffled, with holes */
+            }
+            if (b == 3) ib[5] = lens[b] - 1;
+            absorb(ql + (size_t)b * H * R, qp + (size_t)b * H * P, q + (size_t)b * H * (N_NOPE + P), W, H);
+            float *rows = pool_rows(&p, b, lens[b]);
+            op_mla_attention_sparse(ref + (size_t)b * H * VD, q + (size_t)b * H * (N_NOPE + P), rows, &Wt, ib, topk,
+                                    1, lens[b], H, N_NOPE, P, VD, R, scale);
+            free(rows);
+        }
+        lunar_cuda_mla_cache c = pool_upload(&p);
+        const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
+        const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
+        size_t wsb = lunar_cuda_mla_ws(B, H, topk);
+        void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
+        dout od;
+        float *d_o = dout_new(&od, (size_t)B * H * R * 4);
+        lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
+        float *olat = down(d_o, (size_t)B * H * R * 4);
+        for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
+        int zero = 1;
+        for (int i = 0; i < H * R; i++) zero &= olat[(size_t)2 * H * R + i] == 0.0f;
+        CHECK_MSG(zero, "sparse row with no valid index must give o = 0");
+        char what[96];
+        snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s", B, H, topk, fp8 ? "fp8" : "bf16");
+        report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
+        CHECK(dout_guards_ok(&od));
+        free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
+        test_tensor_free(&Wt);
+        pool_free(&p);
+        lunar_cuda_release(mark);
+    }
+}
+
+/* ---------------------------------------------------------------- DSA */
+
+enum { DI = 128 };
+
+TEST(cuda_dsa_index_write_bitwise) {
+    if (!cuda_on()) return;
+    const int n = 200, nslots = 3 * BS;
+    size_t mark = lunar_cuda_mark();
+    float *k = test_rand((long)n * DI, 80, -2, 2);
+    for (int i = 0; i < DI; i++) k[5 * DI + i] *= 1e3f, k[6 * DI + i] *= 1e-3f, k[7 * DI + i] = 0.0f;
+    k[8 * DI + 3] = 1e6f;
+    int32_t *perm = malloc((size_t)nslots * 4);
+    for (int i = 0; i < nslots; i++) perm[i] = i;
+    rng_state = 5;
+    shuffle_i32(perm, nslots);
+    const float *dk = dev_in(k, (size_t)n * DI * 4);
+    const int32_t *dslots = dev_in(perm, (size_t)n * 4);
+    dout oc, os;
+    uint8_t *dcodes = dout_new(&oc, (size_t)nslots * DI);
+    float *dsc = dout_new(&os, (size_t)nslots * 4);
+    lunar_cuda_dsa_index_write(dcodes, dsc, dk, dslots, n, DI, NULL);
+    uint8_t *codes = down(dcodes, (size_t)nslots * DI);
+    float *sc = down(dsc, (size_t)nslots * 4);
+    op_hadamard(k, n, DI);
+    uint8_t q8[DI];
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        float s = lunar_fp8_quantize_pow2(q8, k + (size_t)i * DI, DI);
+        bad += memcmp(q8, codes + (size_t)perm[i] * DI, DI) != 0 || memcmp(&s, sc + perm[i], 4) != 0;
+    }
+    CHECK_MSG(bad == 0, "index write: %d of %d tokens differ from the CPU's codes/scale", bad, n);
+    CHECK(dout_guards_ok(&oc) && dout_guards_ok(&os));
+    free(codes), free(sc), free(k), free(perm);
+    lunar_cuda_release(mark);
+}
+
+/* indexer.c's score for one query row, statement for statement (to check bitwise equality) */
+static void cpu_scores(float *out, const float *iq, const float *w, const lunar_index_cache *c, int n, int nh,
+                       int d) {
+    float lut[256];
+    for (int i = 0; i < 256; i++) lut[i] = lunar_e4m3_to_f32((uint8_t)i);
+    uint8_t *q8 = malloc((size_t)nh * d);
+    float *qf = malloc((size_t)nh * d * 4), kb[DI];
+    double *wq = malloc((size_t)nh * 8);
+    for (int h = 0; h < nh; h++) {
+        float sq = lunar_fp8_quantize_pow2(q8 + (size_t)h * d, iq + (size_t)h * d, d);
+        for (int i = 0; i < d; i++) qf[(size_t)h * d + i] = lut[q8[(size_t)h * d + i]];
+        wq[h] = (double)w[h] * sq;
+    }
+    for (int s = 0; s < n; s++) {
+        for (int i = 0; i < d; i++) kb[i] = lut[c->codes[(size_t)s * d + i]];
+        double ks = c->scales[s], acc = 0;
+        for (int h = 0; h < nh; h++) {
+            double dot = 0;
+            for (int i = 0; i < d; i++) dot += (double)qf[(size_t)h * d + i] * kb[i];
+            if (dot > 0) acc += wq[h] * dot;
+        }
+        out[s] = (float)(acc * ks);
+    }
+    free(q8), free(qf), free(wq);
+}
+
+TEST(cuda_dsa_indexer_vs_cpu) {
+    if (!cuda_on()) return;
+    /* sequences: plain, shorter than topk, and one whose keys 1000.. are all the same (ties) */
+    const int n_seq = 3, lens[3] = {3000, 100, 5000};
+    /* rows: one decode row per sequence, then 4 prefill rows of sequence 2 */
+    const int rows = 7, row_seq[7] = {0, 1, 2, 2, 2, 2, 2}, row_len[7] = {3000, 100, 5000, 4001, 4002, 4003, 4004};
+    static const int nhs[2] = {32, 64}, topks[2] = {2048, 64};
+    for (int v = 0; v < 2; v++) {
+        const int nh = nhs[v], topk = topks[v];
+        size_t mark = lunar_cuda_mark();
+        int max_blocks = 0, total = 0;
+        for (int b = 0; b < n_seq; b++) {
+            int nb = (lens[b] + BS - 1) / BS;
+            total += nb;
+            max_blocks = nb > max_blocks ? nb : max_blocks;
+        }
+        int32_t *perm = malloc((size_t)total * 4), *bt = calloc((size_t)n_seq * max_blocks, 4);
+        for (int i = 0; i < total; i++) perm[i] = i;
+        rng_state = 11 + v;
+        shuffle_i32(perm, total);
+        int ntok = 0;
+        for (int b = 0, k = 0; b < n_seq; b++) {
+            for (int i = 0; i < (lens[b] + BS - 1) / BS; i++) bt[b * max_blocks + i] = perm[k++];
+            ntok += lens[b];
+        }
+        float *keys = test_rand((long)ntok * DI, 90 + v, -1, 1);
+        int32_t *slots = malloc((size_t)ntok * 4);
+        for (int b = 0, t = 0; b < n_seq; b++)
+            for (int j = 0; j < lens[b]; j++, t++) {
+                slots[t] = bt[b * max_blocks + j / BS] * BS + j % BS;
+                if (b == 2 && j > 1000) memcpy(keys + (size_t)t * DI, keys + (size_t)(t - 1) * DI, DI * 4);
+            }
+        const size_t nslot = (size_t)total * BS;
+        uint8_t *dcodes = lunar_cuda_alloc(nslot * DI);
+        float *dsc = lunar_cuda_alloc(nslot * 4);
+        lunar_cuda_fill_u32(dcodes, 0, nslot * DI / 4);
+        lunar_cuda_fill_u32(dsc, 0, nslot);
+        lunar_cuda_dsa_index_write(dcodes, dsc, dev_in(keys, (size_t)ntok * DI * 4), dev_in(slots, (size_t)ntok * 4),
+                                   ntok, DI, NULL);
+        uint8_t *codes = down(dcodes, nslot * DI);
+        float *sc = down(dsc, nslot * 4);
+        float *iq = test_rand((long)rows * nh * DI, 95 + v, -1, 1);
+        float *w = test_rand((long)rows * nh, 96 + v, -1, 1);
+        for (int i = 0; i < rows * nh; i++) w[i] *= 1.0f / sqrtf((float)nh) / sqrtf((float)DI);
+        const int ld = 5000;
+        dout osc, oidx, ocnt;
+        float *dscores = dout_new(&osc, (size_t)rows * ld * 4);
+        int32_t *didx = dout_new(&oidx, (size_t)rows * topk * 4), *dcnt = dout_new(&ocnt, (size_t)rows * 4);
+        const int32_t *dlens = dev_in(row_len, sizeof row_len), *dseq = dev_in(row_seq, sizeof row_seq);
+        const int32_t *dbt = dev_in(bt, (size_t)n_seq * max_blocks * 4);
+        const float *diq = dev_in(iq, (size_t)rows * nh * DI * 4), *dw = dev_in(w, (size_t)rows * nh * 4);
+        lunar_cuda_dsa_index_score(dscores, ld, diq, dw, dcodes, dsc, dbt, max_blocks, dseq, dlens, 5000, rows, nh,
+                                   DI, NULL);
+        lunar_cuda_dsa_topk(didx, dcnt, dscores, ld, dlens, rows, topk, NULL);
+        float *gsc = down(dscores, (size_t)rows * ld * 4);
+        int32_t *gidx = down(didx, (size_t)rows * topk * 4), *gcnt = down(dcnt, (size_t)rows * 4);
+        int score_bad = 0, idx_bad = 0;
+        for (int r = 0; r < rows; r++) {
+            const int b = row_seq[r], n = row_len[r];
+            uint8_t *cc = malloc((size_t)lens[b] * DI);
+            float *cs = malloc((size_t)lens[b] * 4);
+            for (int j = 0; j < lens[b]; j++) {
+                size_t s = (size_t)bt[b * max_blocks + j / BS] * BS + j % BS;
+                memcpy(cc + (size_t)j * DI, codes + s * DI, DI);
+                cs[j] = sc[s];
+            }
+            lunar_index_cache cache = {.codes = cc, .scales = cs, .keys = NULL};
+            float *ref = malloc((size_t)n * 4);
+            cpu_scores(ref, iq + (size_t)r * nh * DI, w + (size_t)r * nh, &cache, n, nh, DI);
+            score_bad += memcmp(ref, gsc + (size_t)r * ld, (size_t)n * 4) != 0;
+            int32_t *ri = malloc((size_t)topk * 4), rc = 0;
+            op_dsa_indexer(ri, &rc, iq + (size_t)r * nh * DI, w + (size_t)r * nh, &cache, 1, n - 1, nh, DI, topk);
+            idx_bad += memcmp(ri, gidx + (size_t)r * topk, (size_t)topk * 4) != 0 || rc != gcnt[r];
+            free(cc), free(cs), free(ref), free(ri);
+        }
+        if (getenv("LUNAR_TEST_VERBOSE"))
+            fprintf(stderr, "\n    dsa indexer nh=%d topk=%d: %d/%d rows with scores != CPU, %d/%d selections != CPU", nh,
+                    topk, score_bad, rows, idx_bad, rows);
+        CHECK_MSG(score_bad == 0, "indexer nh=%d: %d rows' scores differ bitwise from the CPU's", nh, score_bad);
+        CHECK_MSG(idx_bad == 0, "indexer nh=%d topk=%d: %d rows' selections differ from the CPU's", nh, topk, idx_bad);
+        CHECK(dout_guards_ok(&osc) && dout_guards_ok(&oidx) && dout_guards_ok(&ocnt));
+        free(perm), free(bt), free(keys), free(slots), free(codes), free(sc), free(iq), free(w), free(gsc), free(gidx),
+            free(gcnt);
+        lunar_cuda_release(mark);
+    }
+}
+
+typedef struct {
+    float s;
+    int32_t p;
+} sp_pair;
+static int sp_cmp(const void *a, const void *b) { /* better first: higher score, then lower position */
+    const sp_pair *x = a, *y = b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1;
+    return (x->p > y->p) - (x->p < y->p);
+}
+static int i32_cmp(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+TEST(cuda_dsa_topk_1m_vs_sort) {
+    if (!cuda_on()) return;
+    const int rows = 4, topk = 2048, ld = 1 << 20;
+    const int lens[4] = {1 << 20, 777777, 100000, topk + 1};
+    size_t mark = lunar_cuda_mark();
+    float *sc = malloc((size_t)rows * ld * 4);
+    rng_state = 1234;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < ld; j++) {
+            float v;
+            if (r == 0) v = (float)((int)(rng() % 20001) - 10000) / 7.0f; /* many ties, signs, zeros */
+            else if (r == 1) v = (rng() & 1) ? -0.0f : ((float)(rng() % 1000) * 1e-3f - 0.5f);
+            else if (r == 2) v = 1.5f; /* all equal: the lowest positions */
+            else v = (float)(rng() % 3);
+            sc[(size_t)r * ld + j] = v;
+        }
+    const float *dsc = dev_in(sc, (size_t)rows * ld * 4);
+    const int32_t *dlens = dev_in(lens, sizeof lens);
+    dout oidx;
+    int32_t *didx = dout_new(&oidx, (size_t)rows * topk * 4);
+    lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
+    int32_t *got = down(didx, (size_t)rows * topk * 4);
+    sp_pair *v = malloc((size_t)ld * sizeof *v);
+    int32_t *ref = malloc((size_t)topk * 4);
+    for (int r = 0; r < rows; r++) {
+        for (int j = 0; j < lens[r]; j++) v[j].s = sc[(size_t)r * ld + j], v[j].p = j;
+        qsort(v, (size_t)lens[r], sizeof *v, sp_cmp);
+        for (int i = 0; i < topk; i++) ref[i] = v[i].p;
+        qsort(ref, (size_t)topk, 4, i32_cmp);
+        CHECK_MSG(memcmp(ref, got + (size_t)r * topk, (size_t)topk * 4) == 0, "top-k row %d (n=%d) differs", r,
+                  lens[r]);
+    }
+    CHECK(dout_guards_ok(&oidx));
+    free(sc), free(got), free(v), free(ref);
+    lunar_cuda_release(mark);
+}
+
+#endif

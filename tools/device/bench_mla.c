@@ -1,0 +1,253 @@
+/* CUDA MLA / DSA benchmarks (not a test): absorbed MLA decode over the paged latent (bandwidth of
+ * the latent bytes), DSA indexer scoring and top-k, sparse MLA decode over 2048 positions.
+ * Device events around each call, warm-up first, median of the repeats. Floors: bytes / 4.3 TB/s
+ * (copy bandwidth measured on these H200s); the indexer also against fp64 FMA at 33.5 TFLOP/s.
+ * Usage: bench_mla [decode|indexer|sparse|all] */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_ops.h"
+
+#define BW 4.3e12
+#define FP64 16.7e12 /* DFMA per second: 132 SMs x 64 lanes x 1.98 GHz */
+
+static int cmp_f(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+static float median(float *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_f);
+    return v[n / 2];
+}
+static void *dalloc(size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes);
+    if (!p) {
+        fprintf(stderr, "arena exhausted (%zu bytes more)\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+enum { MAXB = 64, MAXL = 131072, BS = 128 };
+static lunar_cuda_event e0, e1;
+
+/* The latent pool: MAXB sequences of MAXL tokens, sequence b's block i = i * MAXB + b. */
+static void *pool_bf16, *pool_fp8;
+static int32_t *d_bt;
+static const int max_blocks = MAXL / BS;
+
+static void make_pool(void) {
+    const size_t rows = (size_t)MAXB * MAXL;
+    pool_bf16 = dalloc(rows * 576 * 2);
+    pool_fp8 = dalloc(rows * 576);
+    lunar_cuda_fill_u32(pool_bf16, 0x3c003c00u, rows * 576 / 2); /* bf16 1/128 */
+    lunar_cuda_fill_u32(pool_fp8, 0x30303030u, rows * 576 / 4);  /* e4m3 0.125 */
+    int32_t *bt = malloc((size_t)MAXB * max_blocks * 4);
+    for (int b = 0; b < MAXB; b++)
+        for (int i = 0; i < max_blocks; i++) bt[b * max_blocks + i] = i * MAXB + b;
+    d_bt = dalloc((size_t)MAXB * max_blocks * 4);
+    lunar_cuda_upload(d_bt, bt, (size_t)MAXB * max_blocks * 4);
+    free(bt);
+}
+
+typedef void (*call_fn)(void *);
+static float time_us(call_fn f, void *arg, int reps) {
+    float ts[32];
+    f(arg), f(arg);
+    for (int i = 0; i < reps; i++) {
+        lunar_cuda_event_record(e0, NULL);
+        f(arg);
+        lunar_cuda_event_record(e1, NULL);
+        ts[i] = lunar_cuda_event_ms(e0, e1) * 1000.0f;
+    }
+    return median(ts, reps);
+}
+
+typedef struct {
+    float *o, *ql, *qp;
+    lunar_cuda_mla_cache c;
+    int32_t *lens, *idx;
+    int B, H, L, topk;
+    void *ws;
+} mla_case;
+static void call_decode(void *p) {
+    mla_case *m = p;
+    lunar_cuda_mla_absorbed(m->o, m->ql, m->qp, &m->c, NULL, m->lens, m->L, m->B, m->H, 0.07f, m->ws, NULL);
+}
+static void call_sparse(void *p) {
+    mla_case *m = p;
+    lunar_cuda_mla_sparse(m->o, m->ql, m->qp, &m->c, NULL, m->idx, m->topk, m->B, m->H, 0.07f, m->ws, NULL);
+}
+
+static void setup_case(mla_case *m, int B, int H, int L, int fp8) {
+    memset(m, 0, sizeof *m);
+    m->B = B, m->H = H, m->L = L;
+    m->o = dalloc((size_t)B * H * 512 * 4);
+    m->ql = dalloc((size_t)B * H * 512 * 4);
+    m->qp = dalloc((size_t)B * H * 64 * 4);
+    lunar_cuda_fill_uniform(m->ql, (size_t)B * H * 512, 1, -1, 1);
+    lunar_cuda_fill_uniform(m->qp, (size_t)B * H * 64, 2, -1, 1);
+    m->c.latent = fp8 ? pool_fp8 : pool_bf16;
+    m->c.dtype = fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16;
+    m->c.scale = 1.0f / 64;
+    m->c.block_tables = d_bt;
+    m->c.max_blocks = max_blocks;
+    int32_t lens[MAXB];
+    for (int b = 0; b < B; b++) lens[b] = L;
+    m->lens = dalloc((size_t)B * 4);
+    lunar_cuda_upload(m->lens, lens, (size_t)B * 4);
+}
+
+static void bench_decode(void) {
+    printf("\n### MLA absorbed decode (paged latent, all heads read each row once per 48-head block)\n\n");
+    printf("| cache | H | B | context | time | latent bytes | floor (4.3 TB/s) | of floor |\n|---|---|---|---|---|---|---|---|\n");
+    static const int Ls[] = {1024, 8192, 32768, 131072}, Bs[] = {1, 8, 64};
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (int hi = 0; hi < 2; hi++) {
+            const int H = hi ? 12 : 96;
+            if (fp8 && hi) continue;
+            for (int li = 0; li < 4; li++)
+                for (int bi = 0; bi < 3; bi++) {
+                    const int B = Bs[bi], L = Ls[li];
+                    size_t mark = lunar_cuda_mark();
+                    mla_case m;
+                    setup_case(&m, B, H, L, fp8);
+                    size_t wsb = lunar_cuda_mla_ws(B, H, L);
+                    m.ws = wsb ? dalloc(wsb) : NULL;
+                    float us = time_us(call_decode, &m, 9);
+                    double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
+                    double floor = bytes / BW * 1e6;
+                    printf("| %s | %d | %d | %dK | %.1f us | %.1f MB | %.1f us | %.0f%% |\n", fp8 ? "fp8" : "bf16", H, B,
+                           L / 1024, us, bytes / 1e6, floor, 100.0 * floor / us);
+                    fflush(stdout);
+                    lunar_cuda_release(mark);
+                }
+        }
+}
+
+static void bench_sparse(void) {
+    printf("\n### Sparse MLA decode (DSA, 2048 selected positions per row, bf16 latent)\n\n");
+    printf("| H | B | context | time | latent bytes read | floor | of floor |\n|---|---|---|---|---|---|---|\n");
+    static const int Ls[] = {4096, 32768, 131072}, Bs[] = {1, 8, 64};
+    const int topk = 2048;
+    int32_t *idx = malloc((size_t)MAXB * topk * 4);
+    for (int li = 0; li < 3; li++)
+        for (int bi = 0; bi < 3; bi++) {
+            const int B = Bs[bi], L = Ls[li], H = 96;
+            size_t mark = lunar_cuda_mark();
+            mla_case m;
+            setup_case(&m, B, H, L, 0);
+            m.topk = topk;
+            /* spread over the context, ascending (the indexer's order) */
+            unsigned x = 7;
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < topk; i++) {
+                    x = x * 1664525u + 1013904223u;
+                    idx[b * topk + i] = (int)((long long)i * L / topk + (x >> 8) % (unsigned)(L / topk));
+                }
+            m.idx = dalloc((size_t)B * topk * 4);
+            lunar_cuda_upload(m.idx, idx, (size_t)B * topk * 4);
+            size_t wsb = lunar_cuda_mla_ws(B, H, topk);
+            m.ws = wsb ? dalloc(wsb) : NULL;
+            float us = time_us(call_sparse, &m, 9);
+            double bytes = (double)B * topk * 1152, floor = bytes / BW * 1e6;
+            printf("| %d | %d | %dK | %.1f us | %.1f MB | %.1f us | %.0f%% |\n", H, B, L / 1024, us, bytes / 1e6, floor,
+                   100.0 * floor / us);
+            fflush(stdout);
+            lunar_cuda_release(mark);
+        }
+    free(idx);
+}
+
+typedef struct {
+    float *scores, *iq, *w;
+    uint8_t *codes;
+    float *scales;
+    int32_t *lens, *idx;
+    int rows, nh, L, topk;
+} idx_case;
+static void call_score(void *p) {
+    idx_case *c = p;
+    lunar_cuda_dsa_index_score(c->scores, c->L, c->iq, c->w, c->codes, c->scales, d_bt, max_blocks, NULL, c->lens,
+                               c->L, c->rows, c->nh, 128, NULL);
+}
+static void call_topk(void *p) {
+    idx_case *c = p;
+    lunar_cuda_dsa_topk(c->idx, NULL, c->scores, c->L, c->lens, c->rows, c->topk, NULL);
+}
+
+static void bench_indexer(void) {
+    printf("\n### DSA indexer (FP8 keys, 132 B/token; exact scores in fp64)\n\n");
+    printf("| step | nh | rows | context | time | key bytes | floor (4.3 TB/s) | of floor | fp64 floor |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
+    const size_t slots = (size_t)MAXB * MAXL;
+    size_t mark0 = lunar_cuda_mark();
+    uint8_t *codes = dalloc(slots * 128);
+    float *scales = dalloc(slots * 4);
+    lunar_cuda_fill_uniform((float *)codes, slots * 32, 3, 0.01f, 0.02f); /* random-ish e4m3 bytes */
+    lunar_cuda_fill_uniform(scales, slots, 4, 1.0f, 1.0f);
+    static const int nhs[] = {32, 64}, Rs[] = {1, 8};
+    for (int ni = 0; ni < 2; ni++)
+        for (int ri = 0; ri < 2; ri++) {
+            const int rows = Rs[ri], nh = nhs[ni], L = MAXL;
+            size_t mark = lunar_cuda_mark();
+            idx_case c = {0};
+            c.rows = rows, c.nh = nh, c.L = L, c.topk = 2048, c.codes = codes, c.scales = scales;
+            c.scores = dalloc((size_t)rows * L * 4);
+            c.iq = dalloc((size_t)rows * nh * 128 * 4);
+            c.w = dalloc((size_t)rows * nh * 4);
+            c.idx = dalloc((size_t)rows * 2048 * 4);
+            lunar_cuda_fill_uniform(c.iq, (size_t)rows * nh * 128, 5, -1, 1);
+            lunar_cuda_fill_uniform(c.w, (size_t)rows * nh, 6, -0.02f, 0.02f);
+            int32_t lens[8];
+            for (int r = 0; r < rows; r++) lens[r] = L;
+            c.lens = dalloc(32);
+            lunar_cuda_upload(c.lens, lens, (size_t)rows * 4);
+            float us = time_us(call_score, &c, 9);
+            double bytes = (double)rows * L * 132, floor = bytes / BW * 1e6;
+            double f64 = (double)rows * L * nh * 128 / FP64 * 1e6;
+            printf("| score | %d | %d | %dK | %.1f us | %.1f MB | %.1f us | %.0f%% | %.1f us |\n", nh, rows, L / 1024, us,
+                   bytes / 1e6, floor, 100.0 * floor / us, f64);
+            float ut = time_us(call_topk, &c, 9);
+            printf("| top-2048 | - | %d | %dK | %.1f us | %.1f MB (scores) | %.1f us | %.0f%% | - |\n", rows, L / 1024,
+                   ut, rows * L * 4 / 1e6, rows * L * 4 / BW * 1e6, 100.0 * (rows * L * 4 / BW * 1e6) / ut);
+            fflush(stdout);
+            lunar_cuda_release(mark);
+        }
+    /* top-k at 1M */
+    {
+        size_t mark = lunar_cuda_mark();
+        idx_case c = {0};
+        const int L = 1 << 20;
+        c.rows = 1, c.L = L, c.topk = 2048;
+        c.scores = dalloc((size_t)L * 4);
+        c.idx = dalloc(2048 * 4);
+        lunar_cuda_fill_uniform(c.scores, (size_t)L, 9, -1, 1);
+        c.lens = dalloc(4);
+        lunar_cuda_upload(c.lens, &L, 4);
+        float ut = time_us(call_topk, &c, 9);
+        printf("| top-2048 | - | 1 | 1024K | %.1f us | 4.2 MB (scores) | %.1f us | %.0f%% | - |\n", ut,
+               L * 4 / BW * 1e6, 100.0 * (L * 4 / BW * 1e6) / ut);
+        lunar_cuda_release(mark);
+    }
+    lunar_cuda_release(mark0);
+}
+
+int main(int argc, char **argv) {
+    const char *what = argc > 1 ? argv[1] : "all";
+    lunar_err err;
+    if (lunar_cuda_init(0, 0, &err) != 0) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    printf("%s\n", lunar_cuda_describe());
+    e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    make_pool();
+    if (!strcmp(what, "all") || !strcmp(what, "decode")) bench_decode();
+    if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
+    if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
+    lunar_cuda_shutdown();
+    return 0;
+}
