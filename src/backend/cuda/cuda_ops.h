@@ -119,8 +119,10 @@ void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log, const flo
  * the 3xTF32 split (fp32-level accuracy); see cuda_kda_chunk.cu. ws: lunar_cuda_kda_chunk_ws bytes
  * of device scratch. */
 size_t lunar_cuda_kda_chunk_ws(int T, int H);
-/* 1 (default): 3xTF32 split matmuls, fp32-accurate; 0: plain tf32 (faster, ~1e-3 relative). */
-void lunar_cuda_kda_chunk_precision(int split);
+/* Precision mode, returns the previous one. 1 (default): 3xTF32 split matmuls, fp32-accurate;
+ * 0: plain tf32 (~1e-3 relative); 2: bf16 scratch and bf16 mma.sync state pass (fp32 gates,
+ * Gamma and state; ~5e-3 relative, fla chunk_kda's rounding). */
+int lunar_cuda_kda_chunk_precision(int mode);
 /* Benchmarks: record events around the two kernels of each call (on), and read the last call's
  * intra-chunk and state-pass times. */
 void lunar_cuda_kda_chunk_profile(int on);
