@@ -16,7 +16,9 @@
 //    the [128 x BV] state slice in shared memory in fp32:
 //    Vn = U - W S;  O = Qg S + Aqk Vn;  S = exp(Gamma_C) S + Kg^T Vn.
 // Matmuls: wmma m16n16k8 tf32 with fp32 accumulation; with the 3xTF32 split (a = hi + lo,
-// a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (default), plain tf32 as an option.
+// a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (mode 1), plain tf32 (mode 0).
+// Mode 2 (default, fast): the intra kernel in tf32 writes W, U, Qg, Kg, Aqk as bf16, and the state
+// pass is kda_state_bf16_kernel (mma.sync bf16, state in fp32 registers), as fla rounds them.
 #include <mma.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -35,7 +37,7 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::c
 typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC;
 
 // 0: plain tf32, 1: 3xTF32 (fp32-accurate), 2: bf16 scratch and bf16 state pass (fast)
-static int g_mode = 1;
+static int g_mode = 2;
 extern "C" int lunar_cuda_kda_chunk_precision(int mode) {
     const int prev = g_mode;
     g_mode = mode == 2 ? 2 : mode ? 1 : 0;
@@ -187,26 +189,36 @@ __global__ void __launch_bounds__(256, 1)
         }
     }
     if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
-    {  // diagonal 16x16 blocks: thread (m, ri, ii) owns rows {ri, ri+8} x columns {ii, ii+8}
-        const int m = tid >> 6, ri = (tid >> 3) & 7, ii = tid & 7;
-        const int ra[2] = {16 * m + ri, 16 * m + ri + 8}, ib[2] = {16 * m + ii, 16 * m + ii + 8};
-        float sk[2][2] = {{0, 0}, {0, 0}}, sq[2][2] = {{0, 0}, {0, 0}};
-        for (int j = 0; j < DK; j += 4) {
-            float4 Gr[2], Kr[2], Qr[2], Gi[2], Ki[2];
+    // diagonal 16x16 blocks in 4x4 groups (rows 4R.., columns 4C.., C <= R: 10 per block, the
+    // groups above the diagonal skipped), 8 lanes per group splitting the key dimension (each
+    // float4 load a 128-byte row segment), reduced by shuffles; 320 units in 2 passes (warp-uniform)
+    for (int u = tid; u < 40 * 8; u += 256) {
+        const int grp = u >> 3, q8 = u & 7, m = grp / 10, e = grp % 10;
+        const int R = e >= 6 ? 3 : e >= 3 ? 2 : e >= 1 ? 1 : 0, C = e - R * (R + 1) / 2;
+        const int rb = 16 * m + 4 * R, ib0 = 16 * m + 4 * C;
+        float sk[4][4], sq[4][4];
 #pragma unroll
-            for (int a = 0; a < 2; a++) {
-                Gr[a] = *reinterpret_cast<const float4 *>(Gs + ra[a] * LDK + j);
-                Kr[a] = *reinterpret_cast<const float4 *>(Ks + ra[a] * LDK + j);
-                Qr[a] = *reinterpret_cast<const float4 *>(Qs + ra[a] * LDK + j);
-                Gi[a] = *reinterpret_cast<const float4 *>(Gs + ib[a] * LDK + j);
-                Ki[a] = *reinterpret_cast<const float4 *>(Ks + ib[a] * LDK + j);
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) sk[a][b] = sq[a][b] = 0.0f;
+#pragma unroll 1
+        for (int it = 0; it < 4; it++) {
+            const int j = 32 * it + 4 * q8;
+            float4 Gr[4], Kr[4], Qr[4], Gi[4], Ki[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                Gr[a] = *reinterpret_cast<const float4 *>(Gs + (rb + a) * LDK + j);
+                Kr[a] = *reinterpret_cast<const float4 *>(Ks + (rb + a) * LDK + j);
+                Qr[a] = *reinterpret_cast<const float4 *>(Qs + (rb + a) * LDK + j);
+                Gi[a] = *reinterpret_cast<const float4 *>(Gs + (ib0 + a) * LDK + j);
+                Ki[a] = *reinterpret_cast<const float4 *>(Ks + (ib0 + a) * LDK + j);
             }
 #pragma unroll
-            for (int a = 0; a < 2; a++)
+            for (int a = 0; a < 4; a++)
 #pragma unroll
-                for (int b = 0; b < 2; b++) {
+                for (int b = 0; b < 4; b++) {
                     // the exponent is <= 0 for every pair kept (i <= r); the clamp only keeps the
-                    // discarded pairs (i > r) finite
+                    // discarded pairs (i > r, in the diagonal groups) finite
                     float e0 = Ki[b].x * __expf(fminf(Gr[a].x - Gi[b].x, 0.0f));
                     float e1 = Ki[b].y * __expf(fminf(Gr[a].y - Gi[b].y, 0.0f));
                     float e2 = Ki[b].z * __expf(fminf(Gr[a].z - Gi[b].z, 0.0f));
@@ -216,13 +228,25 @@ __global__ void __launch_bounds__(256, 1)
                 }
         }
 #pragma unroll
-        for (int a = 0; a < 2; a++)
+        for (int a = 0; a < 4; a++)
 #pragma unroll
-            for (int b = 0; b < 2; b++) {
-                const int r = ra[a], i = ib[b];
-                if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
-                if (i <= r) Aqk[r * LDA + i] = sq[a][b] * scale;
+            for (int b = 0; b < 4; b++) {
+#pragma unroll
+                for (int x = 1; x < 8; x <<= 1) {
+                    sk[a][b] += __shfl_xor_sync(0xffffffffu, sk[a][b], x);
+                    sq[a][b] += __shfl_xor_sync(0xffffffffu, sq[a][b], x);
+                }
             }
+        if (q8 == 0) {
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    const int r = rb + a, i = ib0 + b;
+                    if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
+                    if (i <= r) Aqk[r * LDA + i] = sq[a][b] * scale;
+                }
+        }
     }
     // off-diagonal blocks, sub-chunk by sub-chunk
     for (int m = 1; m < 4; m++) {
