@@ -189,36 +189,26 @@ __global__ void __launch_bounds__(256, 1)
         }
     }
     if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
-    // diagonal 16x16 blocks in 4x4 groups (rows 4R.., columns 4C.., C <= R: 10 per block, the
-    // groups above the diagonal skipped), 8 lanes per group splitting the key dimension (each
-    // float4 load a 128-byte row segment), reduced by shuffles; 320 units in 2 passes (warp-uniform)
-    for (int u = tid; u < 40 * 8; u += 256) {
-        const int grp = u >> 3, q8 = u & 7, m = grp / 10, e = grp % 10;
-        const int R = e >= 6 ? 3 : e >= 3 ? 2 : e >= 1 ? 1 : 0, C = e - R * (R + 1) / 2;
-        const int rb = 16 * m + 4 * R, ib0 = 16 * m + 4 * C;
-        float sk[4][4], sq[4][4];
+    {  // diagonal 16x16 blocks: thread (m, ri, ii) owns rows {ri, ri+8} x columns {ii, ii+8}
+        const int m = tid >> 6, ri = (tid >> 3) & 7, ii = tid & 7;
+        const int ra[2] = {16 * m + ri, 16 * m + ri + 8}, ib[2] = {16 * m + ii, 16 * m + ii + 8};
+        float sk[2][2] = {{0, 0}, {0, 0}}, sq[2][2] = {{0, 0}, {0, 0}};
+        for (int j = 0; j < DK; j += 4) {
+            float4 Gr[2], Kr[2], Qr[2], Gi[2], Ki[2];
 #pragma unroll
-        for (int a = 0; a < 4; a++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) sk[a][b] = sq[a][b] = 0.0f;
-#pragma unroll 1
-        for (int it = 0; it < 4; it++) {
-            const int j = 32 * it + 4 * q8;
-            float4 Gr[4], Kr[4], Qr[4], Gi[4], Ki[4];
-#pragma unroll
-            for (int a = 0; a < 4; a++) {
-                Gr[a] = *reinterpret_cast<const float4 *>(Gs + (rb + a) * LDK + j);
-                Kr[a] = *reinterpret_cast<const float4 *>(Ks + (rb + a) * LDK + j);
-                Qr[a] = *reinterpret_cast<const float4 *>(Qs + (rb + a) * LDK + j);
-                Gi[a] = *reinterpret_cast<const float4 *>(Gs + (ib0 + a) * LDK + j);
-                Ki[a] = *reinterpret_cast<const float4 *>(Ks + (ib0 + a) * LDK + j);
+            for (int a = 0; a < 2; a++) {
+                Gr[a] = *reinterpret_cast<const float4 *>(Gs + ra[a] * LDK + j);
+                Kr[a] = *reinterpret_cast<const float4 *>(Ks + ra[a] * LDK + j);
+                Qr[a] = *reinterpret_cast<const float4 *>(Qs + ra[a] * LDK + j);
+                Gi[a] = *reinterpret_cast<const float4 *>(Gs + ib[a] * LDK + j);
+                Ki[a] = *reinterpret_cast<const float4 *>(Ks + ib[a] * LDK + j);
             }
 #pragma unroll
-            for (int a = 0; a < 4; a++)
+            for (int a = 0; a < 2; a++)
 #pragma unroll
-                for (int b = 0; b < 4; b++) {
+                for (int b = 0; b < 2; b++) {
                     // the exponent is <= 0 for every pair kept (i <= r); the clamp only keeps the
-                    // discarded pairs (i > r, in the diagonal groups) finite
+                    // discarded pairs (i > r) finite
                     float e0 = Ki[b].x * __expf(fminf(Gr[a].x - Gi[b].x, 0.0f));
                     float e1 = Ki[b].y * __expf(fminf(Gr[a].y - Gi[b].y, 0.0f));
                     float e2 = Ki[b].z * __expf(fminf(Gr[a].z - Gi[b].z, 0.0f));
@@ -228,25 +218,13 @@ __global__ void __launch_bounds__(256, 1)
                 }
         }
 #pragma unroll
-        for (int a = 0; a < 4; a++)
+        for (int a = 0; a < 2; a++)
 #pragma unroll
-            for (int b = 0; b < 4; b++) {
-#pragma unroll
-                for (int x = 1; x < 8; x <<= 1) {
-                    sk[a][b] += __shfl_xor_sync(0xffffffffu, sk[a][b], x);
-                    sq[a][b] += __shfl_xor_sync(0xffffffffu, sq[a][b], x);
-                }
+            for (int b = 0; b < 2; b++) {
+                const int r = ra[a], i = ib[b];
+                if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
+                if (i <= r) Aqk[r * LDA + i] = sq[a][b] * scale;
             }
-        if (q8 == 0) {
-#pragma unroll
-            for (int a = 0; a < 4; a++)
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    const int r = rb + a, i = ib0 + b;
-                    if (i < r) Akk[r * LDA + i] = bs[r] * sk[a][b];
-                    if (i <= r) Aqk[r * LDA + i] = sq[a][b] * scale;
-                }
-        }
     }
     // off-diagonal blocks, sub-chunk by sub-chunk
     for (int m = 1; m < 4; m++) {
