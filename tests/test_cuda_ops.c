@@ -376,7 +376,8 @@ static void kin_free(kin *in) {
     free(in->q), free(in->k), free(in->v), free(in->g), free(in->beta), free(in->S0);
 }
 
-static void check_chunked(int T, int H, float lb, int split, unsigned seed) {
+/* mode: 1 3xTF32 (fp32-accurate), 0 plain tf32, 2 bf16 scratch and bf16 state-pass operands. */
+static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
     const int dk = 128, dv = 128;
     size_t mark = lunar_cuda_mark();
     kin in = kin_make(T, H, dk, dv, lb, seed);
@@ -393,15 +394,20 @@ static void check_chunked(int T, int H, float lb, int split, unsigned seed) {
     lunar_cuda_fill_u32(ws, SENT, lunar_cuda_kda_chunk_ws(T, H) / 4); /* scratch poisoned too */
     dout o;
     float *dO = dout_new(&o, no * 4);
-    lunar_cuda_kda_chunk_precision(split);
+    const int prev = lunar_cuda_kda_chunk_precision(mode);
     lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
-    lunar_cuda_kda_chunk_precision(1);
+    lunar_cuda_kda_chunk_precision(prev);
     float *out = down_f32(dO, no), *S = down_f32(dS, ns);
-    const double tol = split ? 1e-4 : 5e-3;
+    /* 3xTF32: fp32-level. tf32: 10-bit mantissa operands (u = 2^-11 ~ 4.9e-4 per rounding), a few
+     * roundings chained. bf16: 8-bit mantissa (u = 2^-9 ~ 2e-3) on W, U, Qg, Kg, Aqk, the state
+     * copy and V_new, chained through V_new -> O and V_new -> S; 1e-2 = 5u bounds it (fla's
+     * chunk_kda rounds the same operands to bf16). */
+    const double tol = mode == 1 ? 1e-4 : mode == 0 ? 5e-3 : 1e-2;
+    const char *tag = mode == 1 ? "" : mode == 0 ? " (tf32)" : " (bf16)";
     char what[96];
-    snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: o", split ? "" : " (tf32)", T, H, lb);
+    snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: o", tag, T, H, lb);
     report(what, lunar_max_rel_err(out, ref, no), tol);
-    snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: S", split ? "" : " (tf32)", T, H, lb);
+    snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: S", tag, T, H, lb);
     report(what, lunar_max_rel_err(S, Sref, ns), tol);
     CHECK(dout_guards_ok(&o));
     free(ref), free(Sref), free(out), free(S);
@@ -419,6 +425,12 @@ TEST(cuda_kda_chunked_vs_cpu) {
     check_chunked(130, 70, 0.0f, 1, 8);  /* H >= 66: the 64-column state tiles */
     check_chunked(200, 3, 0.0f, 0, 9);   /* plain tf32 */
     check_chunked(130, 70, -5.0f, 0, 10);
+    /* bf16: both state tile widths (32 below 66 heads, 64 from 66), partial chunks, lb = -5 */
+    for (unsigned a = 0; a < 6; a++) check_chunked(Ts[a], 3, a & 1 ? -5.0f : 0.0f, 2, seed += 10);
+    check_chunked(1000, 2, 0.0f, 2, 11);
+    check_chunked(1000, 2, -5.0f, 2, 12);
+    check_chunked(130, 70, 0.0f, 2, 13);
+    check_chunked(333, 70, -5.0f, 2, 14);
 }
 
 /* Batch of B sequences of T tokens with permuted state slots, in place and in the verify form

@@ -31,7 +31,7 @@ static void *dalloc(size_t bytes) {
 }
 
 /* ---------------------------------------------------------------- KDA prefill */
-static void bench_prefill(int T, int H, int split) {
+static void bench_prefill(int T, int H, int mode) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, mark = lunar_cuda_mark();
     float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
@@ -50,7 +50,7 @@ static void bench_prefill(int T, int H, int split) {
     lunar_cuda_fill_uniform(beta, (size_t)T * H, 7, -3, 3);
     lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
     lunar_cuda_fill_uniform(S, (size_t)H * d * d, 8, -0.5f, 0.5f);
-    lunar_cuda_kda_chunk_precision(split);
+    const int prev = lunar_cuda_kda_chunk_precision(mode);
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     const int reps = T >= 32768 ? 5 : 15;
     float ts[32];
@@ -74,9 +74,9 @@ static void bench_prefill(int T, int H, int split) {
     const double flops = 2.0 * H * (6.0 * T * d * d + 3.0 * T * 64 * d + (double)T * 64 * 64);
     const double fl_ms = fmax(bytes / BW, flops / TC) * 1e3;
     printf("| kda prefill %s | T=%d H=%d | %.3f ms (intra %.2f + state %.2f) | %.3f ms (%s) | %.0f%% | %.1f TFLOP/s |\n",
-           split ? "3xTF32" : "tf32", T, H, ms, t_intra, t_state, fl_ms, bytes / BW > flops / TC ? "bytes" : "flops",
+           mode == 1 ? "3xTF32" : mode == 0 ? "tf32" : "bf16", T, H, ms, t_intra, t_state, fl_ms, bytes / BW > flops / TC ? "bytes" : "flops",
            100.0 * fl_ms / ms, flops / (ms * 1e-3) / 1e12);
-    lunar_cuda_kda_chunk_precision(1);
+    lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     lunar_cuda_release(mark);
 }
@@ -185,7 +185,7 @@ int main(int argc, char **argv) {
         static const int Ts[] = {8192, 65536}, Hs[] = {32, 96};
         for (int a = 0; a < 2; a++)
             for (int b = 0; b < 2; b++)
-                for (int split = 1; split >= 0; split--) bench_prefill(Ts[a], Hs[b], split);
+                for (int mode = 0; mode < 3; mode++) bench_prefill(Ts[a], Hs[b], (mode + 1) % 3);
     }
     if (all || strcmp(what, "decode") == 0) {
         static const int Bs[] = {1, 8, 32, 64, 128, 256};

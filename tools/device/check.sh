@@ -3,7 +3,7 @@
 # the benchmarks (lunar, then fla side by side) and print a short table. Builds with nvcc and cc
 # directly (no make, no jansson/pcre2: only the ops, base and CUDA sources are needed).
 #   tools/device/check.sh [tests|bench|all]      (logs under $OUT when set)
-# env: BENCH='prefill decode gemm' (default all), FLA=0 skips fla, FLA_WHAT=decode|prefill|all,
+# env: TESTS=filter (default cuda), BENCH='prefill decode gemm' (default all), FLA=0 skips fla, FLA_WHAT=decode|prefill|all,
 #      FLA_TIMEOUT seconds (default 150; triton autotunes each new shape)
 # fla wheels (downloaded on a networked machine: pip download flash-linear-attention fla-core
 # --no-deps -d device/wheels) are installed from device/wheels when present.
@@ -46,12 +46,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 rc=0
 if [ "$WHAT" = all ] || [ "$WHAT" = tests ]; then
   echo "== CUDA ops vs CPU ops ($(date +%T))"
-  LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 $B/lunar_cuda_tests cuda > "$OUT/tests.log" 2>&1
+  LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 $B/lunar_cuda_tests ${TESTS:-cuda} > "$OUT/tests.log" 2>&1
   rc=$?
   grep -E "max rel err|FAILED|ok$|passed|skipped|error" "$OUT/tests.log" | sed 's/^ *//' | awk '{print}' | tail -n 200 > "$OUT/tests_summary.log"
   grep -E "FAILED|passed|CUDA error|internal error" "$OUT/tests.log"
   echo "-- worst error per op family:"
-  grep "max rel err" "$OUT/tests.log" | sed -E 's/^ *([a-z_]+( verify| \(tf32\)| \(no weight\)| \(no beta_l\))?).*max rel err ([0-9.e+-]+|inf) \(tol ([0-9e.+-]+)\).*/\1 \3 \4/' |
+  grep "max rel err" "$OUT/tests.log" | sed -E 's/^ *([a-z_]+( verify| \(tf32\)| \(no weight\)| \(no beta_l\)| \(bf16\))?).*max rel err ([0-9.e+-]+|inf) \(tol ([0-9e.+-]+)\).*/\1 \3 \4/' |
     awk '{n=$1; for(i=2;i<NF-1;i++) n=n" "$i; e=$(NF-1); t=$NF; if (!(n in m) || e+0 > m[n]+0) {m[n]=e; tt[n]=t}} END {for (n in m) printf "   %-28s %-10s tol %s\n", n, m[n], tt[n]}' | sort
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then

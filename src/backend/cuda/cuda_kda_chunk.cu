@@ -16,7 +16,9 @@
 //    the [128 x BV] state slice in shared memory in fp32:
 //    Vn = U - W S;  O = Qg S + Aqk Vn;  S = exp(Gamma_C) S + Kg^T Vn.
 // Matmuls: wmma m16n16k8 tf32 with fp32 accumulation; with the 3xTF32 split (a = hi + lo,
-// a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (default), plain tf32 as an option.
+// a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (mode 1), plain tf32 (mode 0).
+// Mode 2 (default, fast): the intra kernel in tf32 writes W, U, Qg, Kg, Aqk as bf16, and the state
+// pass is kda_state_bf16_kernel (mma.sync bf16, state in fp32 registers), as fla rounds them.
 #include <mma.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -34,8 +36,13 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::r
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragBc;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC;
 
-static int g_split = 1;
-extern "C" void lunar_cuda_kda_chunk_precision(int split) { g_split = split ? 1 : 0; }
+// 0: plain tf32, 1: 3xTF32 (fp32-accurate), 2: bf16 scratch and bf16 state pass (fast)
+static int g_mode = 2;
+extern "C" int lunar_cuda_kda_chunk_precision(int mode) {
+    const int prev = g_mode;
+    g_mode = mode == 2 ? 2 : mode ? 1 : 0;
+    return prev;
+}
 
 // c += a . b for raw fp32 fragments (NEG: c -= a . b); SPLIT: 3xTF32.
 template <int SPLIT, int NEG, class FA, class FB>
@@ -104,7 +111,8 @@ extern "C" size_t lunar_cuda_kda_chunk_ws(int T, int H) {
 
 #define K1_SMEM_FLOATS (3 * BT * LDK + 80 * LDK + 2 * BT * LDA + BT)
 
-template <int SPLIT>
+// BF: W, U, Qg, Kg and Aqk go to the scratch as bf16 (the bf16 state pass reads them).
+template <int SPLIT, int BF>
 __global__ void __launch_bounds__(256, 1)
     kda_intra_kernel(const float *__restrict__ q, const float *__restrict__ k,
                      const float *__restrict__ v, const float *__restrict__ g,
@@ -147,20 +155,38 @@ __global__ void __launch_bounds__(256, 1)
     cp_wait_all();
     __syncthreads();
     // 2. Gamma: inclusive cumsum down each key column (token order, as torch.cumsum)
-    if (tid < DK) {
+    if (tid < DK) {  // all 64 loads in flight, then the scan in registers
+        float x[BT];
+#pragma unroll
+        for (int r = 0; r < BT; r++) x[r] = Gs[r * LDK + tid];
         float acc = 0.0f;
+#pragma unroll
         for (int r = 0; r < BT; r++) {
-            acc += Gs[r * LDK + tid];
+            acc += x[r];
             Gs[r * LDK + tid] = acc;
         }
     }
     __syncthreads();
     // 3. Qg, Kg, exp(Gamma_C) to scratch; diagonal blocks of L and Aqk pair by pair
-    for (int idx = tid; idx < BT * DK; idx += 256) {
-        const int r = idx >> 7, j = idx & 127;
-        const float G = Gs[r * LDK + j], GC = Gs[(BT - 1) * LDK + j];
-        ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * scale * __expf(G);
-        ws.Kg[cb * BT * DK + idx] = Ks[r * LDK + j] * __expf(GC - G);
+    if (BF) {
+        __nv_bfloat162 *Qg2 = reinterpret_cast<__nv_bfloat162 *>(ws.Qg) + cb * BT * DK / 2;
+        __nv_bfloat162 *Kg2 = reinterpret_cast<__nv_bfloat162 *>(ws.Kg) + cb * BT * DK / 2;
+        for (int idx = tid; idx < BT * DK / 2; idx += 256) {
+            const int r = idx >> 6, j = (idx & 63) * 2;
+            const float G0 = Gs[r * LDK + j], G1 = Gs[r * LDK + j + 1];
+            const float C0 = Gs[(BT - 1) * LDK + j], C1 = Gs[(BT - 1) * LDK + j + 1];
+            Qg2[idx] = __floats2bfloat162_rn(Qs[r * LDK + j] * scale * __expf(G0),
+                                             Qs[r * LDK + j + 1] * scale * __expf(G1));
+            Kg2[idx] = __floats2bfloat162_rn(Ks[r * LDK + j] * __expf(C0 - G0),
+                                             Ks[r * LDK + j + 1] * __expf(C1 - G1));
+        }
+    } else {
+        for (int idx = tid; idx < BT * DK; idx += 256) {
+            const int r = idx >> 7, j = idx & 127;
+            const float G = Gs[r * LDK + j], GC = Gs[(BT - 1) * LDK + j];
+            ws.Qg[cb * BT * DK + idx] = Qs[r * LDK + j] * scale * __expf(G);
+            ws.Kg[cb * BT * DK + idx] = Ks[r * LDK + j] * __expf(GC - G);
+        }
     }
     if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
     {  // diagonal 16x16 blocks: thread (m, ri, ii) owns rows {ri, ri+8} x columns {ii, ii+8}
@@ -296,8 +322,14 @@ __global__ void __launch_bounds__(256, 1)
         *reinterpret_cast<float4 *>(Qs + r * LDK + j) =
             make_float4(vv.x * b, vv.y * b, vv.z * b, vv.w * b);
     }
-    for (int idx = tid; idx < BT * BT; idx += 256)
-        ws.Aq[cb * BT * BT + idx] = Aqk[(idx >> 6) * LDA + (idx & 63)];
+    if (BF) {
+        __nv_bfloat16 *Aq = reinterpret_cast<__nv_bfloat16 *>(ws.Aq) + cb * BT * BT;
+        for (int idx = tid; idx < BT * BT; idx += 256)
+            Aq[idx] = __float2bfloat16_rn(Aqk[(idx >> 6) * LDA + (idx & 63)]);
+    } else {
+        for (int idx = tid; idx < BT * BT; idx += 256)
+            ws.Aq[cb * BT * BT + idx] = Aqk[(idx >> 6) * LDA + (idx & 63)];
+    }
     __syncthreads();
     // 7. W = X KB, U = X VB (X lower triangular: k-steps up to the diagonal block)
     for (int s = 0; s < 8; s++) {
@@ -312,8 +344,25 @@ __global__ void __launch_bounds__(256, 1)
             wmma::load_matrix_sync(b, B + kk * LDK + 16 * ct, LDK);
             mma_f32<SPLIT, 0>(acc, a, b);
         }
-        float *dst = (which ? ws.U : ws.W) + cb * BT * DK + 16 * rt * DK + 16 * ct;
-        wmma::store_matrix_sync(dst, acc, DK, wmma::mem_row_major);
+        if (BF) {  // through a per-warp 16x16 staging tile (past Xs and Ps), 16 bytes per lane
+            float *stg = Ls + 5120 + warp * 256;
+            wmma::store_matrix_sync(stg, acc, 16, wmma::mem_row_major);
+            __syncwarp();
+            const int rr = lane >> 1, c8 = (lane & 1) * 8;
+            const float *src = stg + rr * 16 + c8;
+            __nv_bfloat162 p0 = __floats2bfloat162_rn(src[0], src[1]), p1 = __floats2bfloat162_rn(src[2], src[3]);
+            __nv_bfloat162 p2 = __floats2bfloat162_rn(src[4], src[5]), p3 = __floats2bfloat162_rn(src[6], src[7]);
+            uint4 pk;
+            pk.x = *reinterpret_cast<unsigned *>(&p0), pk.y = *reinterpret_cast<unsigned *>(&p1);
+            pk.z = *reinterpret_cast<unsigned *>(&p2), pk.w = *reinterpret_cast<unsigned *>(&p3);
+            __nv_bfloat16 *dst = reinterpret_cast<__nv_bfloat16 *>(which ? ws.U : ws.W) + cb * BT * DK +
+                                 (16 * rt + rr) * DK + 16 * ct + c8;
+            *reinterpret_cast<uint4 *>(dst) = pk;
+            __syncwarp();
+        } else {
+            float *dst = (which ? ws.U : ws.W) + cb * BT * DK + 16 * rt * DK + 16 * ct;
+            wmma::store_matrix_sync(dst, acc, DK, wmma::mem_row_major);
+        }
     }
 }
 
@@ -482,6 +531,244 @@ static void launch_state(float *o, float *S, kda_ws w, int T, int H, int NC, cud
     CUDA_CHECK_LAUNCH();
 }
 
+// ---------------------------------------------------------------- kernel 2b: bf16 state pass
+
+// mma.sync m16n8k16 bf16 with fp32 accumulation; fragments from shared memory with ldmatrix.
+// Fragment layouts (PTX ISA), g = lane / 4, t = lane % 4: A regs {(g, 2t..2t+1), (g+8, 2t..),
+// (g, 2t+8..), (g+8, 2t+8..)}; B regs {(k 2t..2t+1, n g), (k 2t+8.., n g)}; C {(g, 2t), (g, 2t+1),
+// (g+8, 2t), (g+8, 2t+1)}.
+__device__ __forceinline__ void ldsm4(unsigned (&r)[4], const __nv_bfloat16 *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm4t(unsigned (&r)[4], const __nv_bfloat16 *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void cp16b(__nv_bfloat16 *sdst, const __nv_bfloat16 *gsrc) {
+    const unsigned sa = (unsigned)__cvta_generic_to_shared(sdst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gsrc));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned pack_bf16(float a, float b) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<unsigned *>(&p);
+}
+
+#define LDB 136  // bf16 row stride of [.][128] tiles: 272 bytes, conflict-free ldmatrix rows
+#define LDB64 72 // bf16 row stride of [.][64] tiles (144 bytes)
+template <int BV> struct bstate_smem {
+    static const int LDV = BV + 8;  // 16 (mod 128) bytes for BV = 32 / 64 ... (80 / 144 bytes)
+    static const int halves = DK * LDV + 3 * BT * LDB + BT * LDB64 + 2 * BT * LDV;
+    static const size_t bytes = sizeof(__nv_bfloat16) * halves + sizeof(float) * DK;
+};
+
+// One block per (head, BV value columns), 8 warps, walking the chunks. The fp32 state slice lives
+// in registers (warp w: key rows 16w..16w+15, all BV columns); a bf16 copy in shared memory is
+// the B operand of W S and Qg S (fla's chunk kernels use bf16 h the same way). Per chunk:
+//   (a) V_new = U - W S       (warp: 16 rows x BV/2 columns)  -> bf16 Vb
+//   (b) O = Qg S + Aqk V_new  (same tiling)                   -> fp32 o
+//   (c) S = exp(Gamma_C) S + Kg^T V_new                        -> registers, bf16 copy
+// Loads are cp.async groups issued as soon as their buffer is consumed: Kg/decay for chunk n at
+// the top of step n, W/U for n+1 after (a), Qg/Aqk for n+1 after (b).
+template <int BV>
+__global__ void __launch_bounds__(256, 2)
+    kda_state_bf16_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
+    constexpr int LDV = BV + 8, NT = BV / 16, NS = BV / 8;
+    extern __shared__ __align__(128) __nv_bfloat16 smb[];
+    __nv_bfloat16 *Sb = smb;              // [128][LDV] bf16 state
+    __nv_bfloat16 *Wb = Sb + DK * LDV;    // [64][LDB]
+    __nv_bfloat16 *Qb = Wb + BT * LDB;    // [64][LDB]
+    __nv_bfloat16 *Kb = Qb + BT * LDB;    // [64][LDB]
+    __nv_bfloat16 *Ab = Kb + BT * LDB;    // [64][LDB64] Aqk
+    __nv_bfloat16 *Ub = Ab + BT * LDB64;  // [64][LDV]
+    __nv_bfloat16 *Vb = Ub + BT * LDV;    // [64][LDV] V_new
+    float *dec = reinterpret_cast<float *>(Vb + BT * LDV);  // [128]
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int v0 = blockIdx.x * BV, h = blockIdx.y;
+    const __nv_bfloat16 *Wg = reinterpret_cast<const __nv_bfloat16 *>(ws.W);
+    const __nv_bfloat16 *Ug = reinterpret_cast<const __nv_bfloat16 *>(ws.U);
+    const __nv_bfloat16 *Qgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Qg);
+    const __nv_bfloat16 *Kgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Kg);
+    const __nv_bfloat16 *Agg = reinterpret_cast<const __nv_bfloat16 *>(ws.Aq);
+    float *Sh = S + (size_t)h * DK * DK;
+
+    auto load_wu = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
+            const int r = idx >> 4, j = (idx & 15) * 8;
+            cp16b(Wb + r * LDB + j, Wg + cb * BT * DK + r * DK + j);
+        }
+        for (int idx = tid; idx < BT * BV / 8; idx += 256) {
+            const int r = idx / (BV / 8), j = (idx % (BV / 8)) * 8;
+            cp16b(Ub + r * LDV + j, Ug + cb * BT * DK + r * DK + v0 + j);
+        }
+    };
+    auto load_qa = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
+            const int r = idx >> 4, j = (idx & 15) * 8;
+            cp16b(Qb + r * LDB + j, Qgg + cb * BT * DK + r * DK + j);
+        }
+        for (int idx = tid; idx < BT * BT / 8; idx += 256) {
+            const int r = idx >> 3, j = (idx & 7) * 8;
+            cp16b(Ab + r * LDB64 + j, Agg + cb * BT * BT + r * BT + j);
+        }
+    };
+    auto load_kd = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
+            const int r = idx >> 4, j = (idx & 15) * 8;
+            cp16b(Kb + r * LDB + j, Kgg + cb * BT * DK + r * DK + j);
+        }
+        if (tid < DK / 4) cp16(dec + tid * 4, ws.Dc + cb * DK + tid * 4);
+    };
+
+    load_wu(0);
+    cp_commit();
+    load_qa(0);
+    cp_commit();
+    // state slice into registers (C-fragment positions) and its bf16 copy
+    float s[NS][4];
+    const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+        const int cc = 8 * i + 2 * t4;
+        const float2 x0 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr0 * DK + v0 + cc);
+        const float2 x1 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr1 * DK + v0 + cc);
+        s[i][0] = x0.x, s[i][1] = x0.y, s[i][2] = x1.x, s[i][3] = x1.y;
+        *reinterpret_cast<unsigned *>(Sb + sr0 * LDV + cc) = pack_bf16(x0.x, x0.y);
+        *reinterpret_cast<unsigned *>(Sb + sr1 * LDV + cc) = pack_bf16(x1.x, x1.y);
+    }
+    const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);  // (a), (b): rows 16mt.., columns c0..
+    const int lr = lane & 15, lc = 8 * (lane >> 4);           // ldmatrix row / column of this lane
+    for (int n = 0; n < NC; n++) {
+        const int t0 = n * BT, c = min(BT, T - t0);
+        cp_wait1();  // W/U(n) landed (Qg/Aqk(n) may be in flight)
+        __syncthreads();
+        load_kd(n);
+        cp_commit();
+        // (a) V_new = U - W S
+        float acc[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) {
+            unsigned a[4];
+            ldsm4(a, Wb + (16 * mt + lr) * LDB + 16 * ks + lc);
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                unsigned b[4];
+                ldsm4t(b, Sb + (16 * ks + lr) * LDV + c0 + 16 * p + lc);
+                mma_bf16(acc[2 * p], a, b[0], b[1]);
+                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+            }
+        }
+        const int r0 = 16 * mt + g, r1 = r0 + 8;
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            const int cc = c0 + 8 * i + 2 * t4;
+            const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r0 * LDV + cc));
+            const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r1 * LDV + cc));
+            *reinterpret_cast<unsigned *>(Vb + r0 * LDV + cc) = pack_bf16(u0.x - acc[i][0], u0.y - acc[i][1]);
+            *reinterpret_cast<unsigned *>(Vb + r1 * LDV + cc) = pack_bf16(u1.x - acc[i][2], u1.y - acc[i][3]);
+        }
+        cp_wait1();  // Qg/Aqk(n) landed (Kg(n) may be in flight)
+        __syncthreads();
+        if (n + 1 < NC) load_wu(n + 1);
+        cp_commit();
+        // (b) O = Qg S + Aqk V_new
+#pragma unroll
+        for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < DK / 16; ks++) {
+            unsigned a[4];
+            ldsm4(a, Qb + (16 * mt + lr) * LDB + 16 * ks + lc);
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                unsigned b[4];
+                ldsm4t(b, Sb + (16 * ks + lr) * LDV + c0 + 16 * p + lc);
+                mma_bf16(acc[2 * p], a, b[0], b[1]);
+                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+            }
+        }
+        for (int ks = 0; ks <= mt; ks++) {  // Aqk lower triangular: tokens up to this row tile
+            unsigned a[4];
+            ldsm4(a, Ab + (16 * mt + lr) * LDB64 + 16 * ks + lc);
+#pragma unroll
+            for (int p = 0; p < NT / 2; p++) {
+                unsigned b[4];
+                ldsm4t(b, Vb + (16 * ks + lr) * LDV + c0 + 16 * p + lc);
+                mma_bf16(acc[2 * p], a, b[0], b[1]);
+                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            const int cc = v0 + c0 + 8 * i + 2 * t4;
+            if (r0 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r0) * H + h) * DK + cc) = make_float2(acc[i][0], acc[i][1]);
+            if (r1 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r1) * H + h) * DK + cc) = make_float2(acc[i][2], acc[i][3]);
+        }
+        cp_wait1();  // Kg/decay(n) landed (W/U(n+1) may be in flight)
+        __syncthreads();  // also: every warp is done reading Sb, Qb, Ab
+        if (n + 1 < NC) load_qa(n + 1);
+        cp_commit();
+        // (c) S = exp(Gamma_C) S + Kg^T V_new, warp w: key rows 16w.., all BV columns
+        {
+            const float d0 = dec[sr0], d1 = dec[sr1];
+#pragma unroll
+            for (int i = 0; i < NS; i++) s[i][0] *= d0, s[i][1] *= d0, s[i][2] *= d1, s[i][3] *= d1;
+            const int kr = (lane & 7) + 8 * (lane >> 4), kc = 16 * warp + 8 * ((lane >> 3) & 1);
+#pragma unroll
+            for (int ks = 0; ks < BT / 16; ks++) {
+                unsigned a[4];
+                ldsm4t(a, Kb + (16 * ks + kr) * LDB + kc);
+#pragma unroll
+                for (int p = 0; p < NS / 2; p++) {
+                    unsigned b[4];
+                    ldsm4t(b, Vb + (16 * ks + lr) * LDV + 16 * p + lc);
+                    mma_bf16(s[2 * p], a, b[0], b[1]);
+                    mma_bf16(s[2 * p + 1], a, b[2], b[3]);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int cc = 8 * i + 2 * t4;
+                *reinterpret_cast<unsigned *>(Sb + sr0 * LDV + cc) = pack_bf16(s[i][0], s[i][1]);
+                *reinterpret_cast<unsigned *>(Sb + sr1 * LDV + cc) = pack_bf16(s[i][2], s[i][3]);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+        const int cc = 8 * i + 2 * t4;
+        *reinterpret_cast<float2 *>(Sh + (size_t)sr0 * DK + v0 + cc) = make_float2(s[i][0], s[i][1]);
+        *reinterpret_cast<float2 *>(Sh + (size_t)sr1 * DK + v0 + cc) = make_float2(s[i][2], s[i][3]);
+    }
+    cp_wait_all();
+}
+
+template <int BV>
+static void launch_state_bf16(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st) {
+    const size_t bytes = bstate_smem<BV>::bytes;
+    CUDA_CHECK(cudaFuncSetAttribute(kda_state_bf16_kernel<BV>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    kda_state_bf16_kernel<BV><<<dim3(DK / BV, H), 256, bytes, st>>>(o, S, w, T, H, NC);
+    CUDA_CHECK_LAUNCH();
+}
+
 static int g_prof;
 static cudaEvent_t g_ev[3];
 extern "C" void lunar_cuda_kda_chunk_profile(int on) {
@@ -495,20 +782,23 @@ extern "C" void lunar_cuda_kda_chunk_profile_ms(float *intra, float *state) {
     CUDA_CHECK(cudaEventElapsedTime(state, g_ev[1], g_ev[2]));
 }
 
-template <int SPLIT>
+template <int SPLIT, int BF>
 static void launch_all(float *o, const float *q, const float *k, const float *v, const float *g,
                        const float *beta, float *S, int T, int H, float scale, kda_ws w,
                        cudaStream_t st) {
     const int NC = (T + BT - 1) / BT;
     const size_t b1 = sizeof(float) * K1_SMEM_FLOATS;
-    CUDA_CHECK(cudaFuncSetAttribute(kda_intra_kernel<SPLIT>,
+    CUDA_CHECK(cudaFuncSetAttribute(kda_intra_kernel<SPLIT, BF>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)b1));
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
-    kda_intra_kernel<SPLIT><<<dim3(NC, H), 256, b1, st>>>(q, k, v, g, beta, w, T, H, scale);
+    kda_intra_kernel<SPLIT, BF><<<dim3(NC, H), 256, b1, st>>>(q, k, v, g, beta, w, T, H, scale);
     CUDA_CHECK_LAUNCH();
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     // enough blocks for the SMs: 64-column tiles from 66 heads up, else 32
-    if (H * 2 >= 132) launch_state<64, SPLIT>(o, S, w, T, H, NC, st);
+    if (BF) {  // 2 blocks per SM: 64-column tiles once they fill 264 slots' worth... from 66 heads
+        if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
+        else launch_state_bf16<32>(o, S, w, T, H, NC, st);
+    } else if (H * 2 >= 132) launch_state<64, SPLIT>(o, S, w, T, H, NC, st);
     else launch_state<32, SPLIT>(o, S, w, T, H, NC, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
@@ -522,6 +812,7 @@ extern "C" void lunar_cuda_kda_chunked(float *o, const float *q, const float *k,
     CUDA_REQUIRE((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)g) & 15) == 0);
     CUDA_REQUIRE(((uintptr_t)o & 31) == 0);
     kda_ws w = ws_layout(ws, T, H);
-    if (g_split) launch_all<1>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
-    else launch_all<0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+    if (g_mode == 2) launch_all<0, 1>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+    else if (g_mode == 1) launch_all<1, 0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+    else launch_all<0, 0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
 }

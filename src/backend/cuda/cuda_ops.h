@@ -115,12 +115,14 @@ void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log, const flo
                          int H, int dk, float lower_bound, lunar_cuda_stream s);
 
 /* op_kda_chunked for one sequence, chunk 64, dk = dv = 128: fp32 q, k, v, g, beta, o and state
- * S [H, dk, dv] (updated in place). Gates and Gamma fp32, matmuls on tensor cores in tf32 with
- * the 3xTF32 split (fp32-level accuracy); see cuda_kda_chunk.cu. ws: lunar_cuda_kda_chunk_ws bytes
+ * S [H, dk, dv] (updated in place). Gates, Gamma and the state fp32; matmul operands per
+ * lunar_cuda_kda_chunk_precision; see cuda_kda_chunk.cu. ws: lunar_cuda_kda_chunk_ws bytes
  * of device scratch. */
 size_t lunar_cuda_kda_chunk_ws(int T, int H);
-/* 1 (default): 3xTF32 split matmuls, fp32-accurate; 0: plain tf32 (faster, ~1e-3 relative). */
-void lunar_cuda_kda_chunk_precision(int split);
+/* Precision mode, returns the previous one. 2 (default): bf16 scratch and bf16 mma.sync state
+ * pass, fp32 gates, Gamma and state (<= 5e-3 relative to the CPU op, fla chunk_kda's rounding);
+ * 1: 3xTF32 split matmuls, fp32-accurate (~5e-6); 0: plain tf32 (~7e-4). */
+int lunar_cuda_kda_chunk_precision(int mode);
 /* Benchmarks: record events around the two kernels of each call (on), and read the last call's
  * intra-chunk and state-pass times. */
 void lunar_cuda_kda_chunk_profile(int on);
