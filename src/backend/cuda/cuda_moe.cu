@@ -299,6 +299,26 @@ struct xargs {
 };
 
 // ---------------------------------------------------------------- decode kernel
+
+#define DEC_STAGES 4
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Programmatic dependent launch: the gate/up kernel lets the down kernel start early; the down
+// kernel issues its weight copies, then waits for the gate/up results (no-ops without PDL).
+__device__ __forceinline__ void griddep_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // grid (row groups, active-expert slots); block 128 = 4 warps = RT row tiles (of 16 weight rows)
 // x S k-splits (RT * S = 4). Each warp streams its rows' bytes once: per chunk of 128 columns a
 // lane reads one 16-byte block of each of its 2 rows (per matrix) plus the scale byte, the next
@@ -306,9 +326,11 @@ struct xargs {
 // to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
 // are summed in a fixed order (deterministic).
 template <int NT, bool MX, bool GATEUP, int S>
-__global__ void __launch_bounds__(128) moe_decode_kernel(xargs a) {
-    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4;
-    extern __shared__ float red[];  // [4 warps][NACC][32] when S > 1
+__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
+    extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
+    float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
+    if (GATEUP) griddep_launch_dependents();  // the down kernel may start streaming its weights
     const int slot = blockIdx.y;
     if (slot >= a.counts[a.E]) return;
     const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
@@ -336,67 +358,60 @@ __global__ void __launch_bounds__(128) moe_decode_kernel(xargs a) {
         }
         if (tile_ok && j0 < j1) {
             if (MX) {
+                // Per-thread cp.async ring of ST stages (this thread's 16-byte blocks of its rows
+                // and their scale words): ST - 1 chunks stay in flight without registers. Each
+                // thread reads back only what it copied itself, so wait_group is the only sync.
                 const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
 #pragma unroll
                 for (int i = 0; i < NM; i++) {
-                    qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2);
-                    qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2);
+                    qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
+                    qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
                     sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
                     sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
                 }
-                // small token counts: the activations of the next chunk are prefetched too (L2
-                // latency off the chain); for NT > 2 they are loaded in the chunk (registers)
-                constexpr bool PFX = NT <= 2;
-                uint4 wa[NM], wb[NM], xv[NT][4];
-                uint32_t s_a[NM], s_b[NM];
+                uint4 *rw = (uint4 *)ring;                       // [ST][2 NM][128]
+                uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // [ST][2 NM][128]
+                const int tid = threadIdx.x;
+                auto issue = [&](int j) {
+                    if (j < j1) {
+                        const int st = (j - j0) % ST;
 #pragma unroll
-                for (int i = 0; i < NM; i++) {
-                    int blk = 4 * j0 + c;
-                    wa[i] = __ldg((const uint4 *)(qa[i] + blk * 16));
-                    wb[i] = __ldg((const uint4 *)(qb[i] + blk * 16));
-                    s_a[i] = __ldg(sa[i] + blk);
-                    s_b[i] = __ldg(sb[i] + blk);
-                }
-                if (PFX) {
+                        for (int i = 0; i < NM; i++) {
+                            cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + tid, qa[i] + (size_t)j * 64);
+                            cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + tid, qb[i] + (size_t)j * 64);
+                            cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                            cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                        }
+                    }
+                    cp_async_commit();
+                };
+#pragma unroll
+                for (int p = 0; p < ST; p++) issue(j0 + p);
+                if (!GATEUP) griddep_wait();  // hbuf comes from the previous kernel
+                uint4 xv[NT][4];
+                auto load_x = [&](int j, uint4 (*dst)[4]) {
 #pragma unroll
                     for (int t = 0; t < NT; t++)
 #pragma unroll
                         for (int w = 0; w < 4; w++)
-                            xv[t][w] = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + (4 * j0 + c) * 32 + w * 8))
-                                                 : make_uint4(0, 0, 0, 0);
-                }
+                            dst[t][w] = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + (4 * j + c) * 32 + w * 8))
+                                                  : make_uint4(0, 0, 0, 0);
+                };
+                load_x(j0, xv);
                 for (int j = j0; j < j1; j++) {
-                    const int blk = 4 * j + c;
-                    uint4 na[NM], nb[NM], nx[PFX ? NT : 1][4];
-                    uint32_t ns_a[NM], ns_b[NM];
-                    if (j + 1 < j1) {
-#pragma unroll
-                        for (int i = 0; i < NM; i++) {
-                            na[i] = __ldg((const uint4 *)(qa[i] + (blk + 4) * 16));
-                            nb[i] = __ldg((const uint4 *)(qb[i] + (blk + 4) * 16));
-                            ns_a[i] = __ldg(sa[i] + blk + 4);
-                            ns_b[i] = __ldg(sb[i] + blk + 4);
-                        }
-                        if (PFX) {
-#pragma unroll
-                            for (int t = 0; t < (PFX ? NT : 0); t++)
-#pragma unroll
-                                for (int w = 0; w < 4; w++)
-                                    nx[t][w] = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + (blk + 4) * 32 + w * 8))
-                                                         : make_uint4(0, 0, 0, 0);
-                        }
-                    }
-                    if (!PFX) {
-#pragma unroll
-                        for (int t = 0; t < NT; t++)
-#pragma unroll
-                            for (int w = 0; w < 4; w++)
-                                xv[t][w] = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + blk * 32 + w * 8))
-                                                     : make_uint4(0, 0, 0, 0);
-                    }
+                    const int st = (j - j0) % ST;
+                    cp_async_wait<ST - 1>();
+                    uint4 wa[NM], wb[NM];
                     mxscale sca[NM], scb[NM];
 #pragma unroll
-                    for (int i = 0; i < NM; i++) sca[i] = mx_scale(s_a[i]), scb[i] = mx_scale(s_b[i]);
+                    for (int i = 0; i < NM; i++) {
+                        wa[i] = rw[(st * 2 * NM + 2 * i) * 128 + tid];
+                        wb[i] = rw[(st * 2 * NM + 2 * i + 1) * 128 + tid];
+                        sca[i] = mx_scale((rs[(st * 2 * NM + 2 * i) * 128 + tid] >> (8 * c)) & 255u);
+                        scb[i] = mx_scale((rs[(st * 2 * NM + 2 * i + 1) * 128 + tid] >> (8 * c)) & 255u);
+                    }
+                    uint4 nx[NT][4];
+                    if (j + 1 < j1) load_x(j + 1, nx);
 #pragma unroll
                     for (int w = 0; w < 4; w++) {
                         uint32_t pa[NM][4], pb[NM][4];
@@ -409,6 +424,7 @@ __global__ void __launch_bounds__(128) moe_decode_kernel(xargs a) {
                         }
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
+                            if (t0 + t * 8 >= m) continue;  // empty token group (warp-uniform)
                             uint32_t px[4];
                             pairs_bf16(xv[t][w], px);
 #pragma unroll
@@ -419,18 +435,17 @@ __global__ void __launch_bounds__(128) moe_decode_kernel(xargs a) {
                                              pb[i][2 * h + 1], px[2 * h], px[2 * h + 1]);
                         }
                     }
+                    issue(j + ST);  // into the stage just consumed (its values are in registers)
                     if (j + 1 < j1) {
 #pragma unroll
-                        for (int i = 0; i < NM; i++) wa[i] = na[i], wb[i] = nb[i], s_a[i] = ns_a[i], s_b[i] = ns_b[i];
-                        if (PFX) {
+                        for (int t = 0; t < NT; t++)
 #pragma unroll
-                            for (int t = 0; t < (PFX ? NT : 0); t++)
-#pragma unroll
-                                for (int w = 0; w < 4; w++) xv[t][w] = nx[t][w];
-                        }
+                            for (int w = 0; w < 4; w++) xv[t][w] = nx[t][w];
                     }
                 }
+                cp_async_wait<0>();
             } else {
+                if (!GATEUP) griddep_wait();
                 for (int j = j0; j < j1; j++) {
                     const int blk = 4 * j + c;
 #pragma unroll
@@ -679,34 +694,43 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 
 // ---------------------------------------------------------------- launchers
 
-template <int NT, bool MX, bool GATEUP>
-static void decode_launch(const xargs &a, int slots, cudaStream_t st) {
-    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1, RT = 4 / S;
-    const int nacc = (GATEUP ? 2 : 1) * NT * 4;
-    const size_t smem = S > 1 ? (size_t)4 * nacc * 32 * 4 : 0;
-    dim3 grid(ceil_div_u(a.R / 16, RT), slots);
-    if (S == 4) {
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, 4>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        moe_decode_kernel<NT, MX, GATEUP, 4><<<grid, 128, smem, st>>>(a);
-    } else if (S == 2) {
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, 2>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        moe_decode_kernel<NT, MX, GATEUP, 2><<<grid, 128, smem, st>>>(a);
-    } else {
-        moe_decode_kernel<NT, MX, GATEUP, 1><<<grid, 128, 0, st>>>(a);
+template <int NT, bool MX, bool GATEUP, int S>
+static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
+                        (MX ? (size_t)DEC_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20 : 0);
+    static bool attr = false;
+    if (!attr && smem > 48 * 1024) {
+        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
     }
-    CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(ceil_div_u(a.R / 16, RT), slots);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (!GATEUP) cfg.attrs = at, cfg.numAttrs = 1;  // the down kernel overlaps the gate/up tail
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, MX, GATEUP, S>, a));
 }
 
+template <int NT, bool MX, bool GATEUP>
+static void decode_launch(const xargs &a, int slots, cudaStream_t st) {
+    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;
+    if (S == 4) decode_launch_s<NT, MX, GATEUP, 4>(a, slots, st);
+    else if (S == 2) decode_launch_s<NT, MX, GATEUP, 2>(a, slots, st);
+    else decode_launch_s<NT, MX, GATEUP, 1>(a, slots, st);
+}
+
+// One group of 8 tokens per pass (NT = 1: 126 registers, 4 blocks per SM, no spills); an expert
+// with more rows takes more passes, its weights then coming from L2 again. At batch <= 64 over
+// 256-896 experts an expert rarely has more than 8 rows.
 template <bool MX, bool GATEUP>
 static void decode_nt(const xargs &a, int n, int slots, cudaStream_t st) {
-    if (n <= 8) decode_launch<1, MX, GATEUP>(a, slots, st);
-    else if (n <= 16) decode_launch<2, MX, GATEUP>(a, slots, st);
-    else if (n <= 32) decode_launch<4, MX, GATEUP>(a, slots, st);
-    else decode_launch<8, MX, GATEUP>(a, slots, st);
+    decode_launch<1, MX, GATEUP>(a, slots, st);
 }
 
 template <bool MX, bool GATEUP>
