@@ -196,7 +196,7 @@ void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
 void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
                             lunar_cuda_stream s);
 
-/* The whole latent routed path of forward.c's moe_layer (shared experts excluded): x bf16 [n, H];
+/* The whole latent routed path of forward.c's moe_layer: x bf16 [n, H];
  * router bf16 [E, H], bias fp32 [E] or NULL; down bf16 [Lat, H]; norm bf16 [Lat] or NULL; up bf16
  * [H, Lat]; experts at width Lat. y [n, H] as ydt. ws: lunar_cuda_moe_layer_ws bytes. */
 size_t lunar_cuda_moe_layer_ws(int n, int H, int k, const lunar_cuda_moe_experts *w);
@@ -206,6 +206,9 @@ void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16_t *x, int 
                           const uint16_t *norm, float eps, const uint16_t *up,
                           const lunar_cuda_moe_experts *w, int path, void *ws,
                           lunar_cuda_stream s);
+/* Shared experts are not part of it: they depend only on x, so the caller runs them (bf16 GEMMs
+ * and lunar_cuda_situ_mul) on a second stream after an event recorded once x is ready, and joins
+ * with lunar_cuda_stream_wait before adding them to y (not yet wired into a model forward). */
 
 #ifdef __cplusplus
 }
