@@ -209,6 +209,77 @@ void lunar_cuda_dsa_index_score(float *scores, int ld, const float *iq, const fl
 void lunar_cuda_dsa_topk(int32_t *idx, int32_t *count, const float *scores, int ld,
                          const int32_t *lens, int rows, int topk, lunar_cuda_stream s);
 
+/* ---------------------------------------------------------------- latent MoE (cuda_moe.cu) */
+
+/* op_router_topk on fp32 logits [n, E] (E <= 4096); bias fp32 [E] or NULL. One block per token:
+ * sigmoid, bias, group mask, k rounds of block argmax (ties to the lower index, as the CPU),
+ * renormalise in selection order, scale. experts, weights: [n, k]. */
+void lunar_cuda_router_topk(int32_t *experts, float *weights, const float *logits,
+                            const float *bias, int n, int E, int k, int n_group, int topk_group,
+                            int renorm, float scale, lunar_cuda_stream s);
+
+/* Expert-contiguous order of the n*k (token, slot) pairs. Rows of expert e are
+ * [offsets[e], offsets[e+1]); their order inside an expert is unspecified (atomics), which
+ * changes no result: every row is computed independently and the combine sums a token's k rows
+ * in slot order. active[0..*n_active) lists the experts with rows (increasing id); tiles lists
+ * the prefill M tiles (expert, first row) of LUNAR_CUDA_MOE_BM rows, *n_tiles of them. */
+#define LUNAR_CUDA_MOE_BM 128
+typedef struct lunar_cuda_moe_route {
+    int n, k, E;
+    int32_t *experts;   /* [n, k] (router output, input of the permutation) */
+    float *weights;     /* [n, k] */
+    int32_t *offsets;   /* [E + 1] */
+    int32_t *row_token; /* [n*k] token of each permuted row */
+    float *row_weight;  /* [n*k] router weight of each permuted row */
+    int32_t *pair_row;  /* [n*k] permuted row of pair (t, j) */
+    int32_t *active;    /* [E] */
+    int32_t *tiles;     /* [2 * max tiles] (expert, first row) */
+    int32_t *counts;    /* [E + 2] scratch; counts[E] = n_active, counts[E + 1] = n_tiles */
+    int32_t *cursor;    /* [E] scratch */
+} lunar_cuda_moe_route;
+size_t lunar_cuda_moe_route_bytes(int n, int k, int E);
+/* Carves r's buffers out of ws (lunar_cuda_moe_route_bytes of device memory). */
+void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int n, int k, int E);
+/* Fills offsets .. tiles from r->experts / r->weights. Any n >= 1, empty and overloaded experts. */
+void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
+
+/* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as
+ * lunar_mxfp4): w1q/w3q [E, I, D/2], w1s/w3s [E, I, D/32], w2q [E, D, I/2], w2s [E, D, I/32];
+ * BF16: w1/w3 [E, I, D], w2 [E, D, I]. act: 0 SwiGLU, 1 SiTU(beta, beta_l). D, I multiples of
+ * 128. */
+typedef struct lunar_cuda_moe_experts {
+    int E, D, I, mxfp4, act;
+    float beta, beta_l;
+    const uint8_t *w1q, *w1s, *w3q, *w3s, *w2q, *w2s;
+    const uint16_t *w1, *w3, *w2;
+} lunar_cuda_moe_experts;
+
+/* The experts on the permuted rows: hbuf[r, I] = bf16(act(w1 z, w3 z)) for z = x[row_token[r]]
+ * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
+ * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
+ * fp32 accumulation). path: 0 auto (decode kernel for n <= 64, grouped GEMM above), 1 decode
+ * (n <= 64), 2 grouped GEMM. hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
+void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
+                                const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
+                                int path, lunar_cuda_stream s);
+/* acc[t, :] = sum_j ybuf[pair_row[t, j], :] (slot order), fp32 [n, D]. */
+void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
+                            lunar_cuda_stream s);
+
+/* The whole latent routed path of forward.c's moe_layer: x bf16 [n, H];
+ * router bf16 [E, H], bias fp32 [E] or NULL; down bf16 [Lat, H]; norm bf16 [Lat] or NULL; up bf16
+ * [H, Lat]; experts at width Lat. y [n, H] as ydt. ws: lunar_cuda_moe_layer_ws bytes. */
+size_t lunar_cuda_moe_layer_ws(int n, int H, int k, const lunar_cuda_moe_experts *w);
+void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16_t *x, int n, int H,
+                          const uint16_t *router, const float *bias, int k, int n_group,
+                          int topk_group, int renorm, float scale, const uint16_t *down,
+                          const uint16_t *norm, float eps, const uint16_t *up,
+                          const lunar_cuda_moe_experts *w, int path, void *ws,
+                          lunar_cuda_stream s);
+/* Shared experts are not part of it: they depend only on x, so the caller runs them (bf16 GEMMs
+ * and lunar_cuda_situ_mul) on a second stream after an event recorded once x is ready, and joins
+ * with lunar_cuda_stream_wait before adding them to y (not yet wired into a model forward). */
+
 #ifdef __cplusplus
 }
 #endif

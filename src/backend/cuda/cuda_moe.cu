@@ -1,0 +1,855 @@
+// Latent MoE on the GPU: fused sigmoid/bias/group top-k router, the expert-contiguous permutation,
+// the experts (MXFP4 or BF16 weights) as a memory-bound decode kernel (n <= 64 tokens) and a
+// grouped GEMM (prefill), the slot-ordered combine and the whole latent routed path.
+//
+// MXFP4 -> bf16 in registers (both kernels). A 32-bit word holds 8 E2M1 nibbles n0..n7 (n0 in
+// bits 0-3 = input column 0). With q the word shifted left by 4p (p = 0..3),
+//   (q & 0x80008000) | ((q & 0x70007000) >> 6)
+// is a bf16x2 holding nibbles n(3-p) (low half) and n(7-p) (high half) with the sign in bit 15 and
+// E1 E0 M in bits 8..6, i.e. the value E2M1 * 2^-126 (E = 0 lands in the bf16 subnormals, still
+// exact). One bf16x2 multiply by 2^(s-1) (two when s > 128) gives E2M1 * 2^(s-127) exactly: every
+// widened weight equals the CPU's dequantised fp32 weight. The pair order inside each 8-column
+// group is therefore P0 = (x3, x7), P1 = (x2, x6), P2 = (x1, x5), P3 = (x0, x4); the activations
+// are put in the same order (prmt) so that a thread's logical mma k pairs meet the same columns of
+// both operands (a dot product does not care which physical column each logical k holds).
+//
+// Fragment ownership (mma.m16n8k16, g = lane / 4, c = lane % 4): per chunk of 128 columns (4 scale
+// blocks), thread c owns block c of the chunk; mma q (0..7) of the chunk uses word q/2 of that
+// block, pairs P(2(q&1)) at logical k (2c, 2c+1) and P(2(q&1)+1) at (2c+8, 2c+9).
+#include <string.h>
+
+#include <cub/block/block_scan.cuh>
+
+#include "backend/cuda/cuda_common.cuh"
+
+// ---------------------------------------------------------------- router
+
+__global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, float *weights,
+                                                          const float *logits, const float *bias,
+                                                          int E, int k, int n_group,
+                                                          int topk_group, int renorm,
+                                                          float scale) {
+    extern __shared__ float sm[];
+    float *sc = sm, *ch = sm + E;  // sigmoid, choice (-inf once taken or not eligible)
+    __shared__ float gscore[64];
+    __shared__ int gok[64];
+    __shared__ float rv[8];
+    __shared__ int ri[8];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float *lg = logits + (size_t)t * E;
+    for (int e = tid; e < E; e += blockDim.x) {
+        float s = 1.0f / (1.0f + expf(-lg[e]));
+        sc[e] = s;
+        ch[e] = s + (bias ? bias[e] : 0.0f);
+    }
+    __syncthreads();
+    if (n_group > 1) {
+        const int gs = E / n_group;
+        if (tid < n_group) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = 0; e < gs; e++) {
+                float v = ch[tid * gs + e];
+                if (v > m1) m2 = m1, m1 = v;
+                else if (v > m2) m2 = v;
+            }
+            gscore[tid] = gs >= 2 ? m1 + m2 : m1;
+            gok[tid] = 0;
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int sel = 0; sel < topk_group; sel++) {
+                int best = -1;
+                for (int gi = 0; gi < n_group; gi++)
+                    if (!gok[gi] && (best < 0 || gscore[gi] > gscore[best])) best = gi;
+                gok[best] = 1;
+            }
+        __syncthreads();
+        for (int e = tid; e < E; e += blockDim.x)
+            if (!gok[e / gs]) ch[e] = NAN;
+    }
+    // k rounds of argmax over the eligible entries (not taken, in a kept group); NaN marks the
+    // others, so an eligible -inf choice still wins over them (as argmax_eligible).
+    float wsum = 0.0f;
+    int32_t *ex = experts + (size_t)t * k;
+    float *wt = weights + (size_t)t * k;
+    for (int sel = 0; sel < k; sel++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = tid; e < E; e += blockDim.x) {
+            float v = ch[e];
+            if (isnan(v)) continue;  // taken / ineligible marker
+            if (bi < 0 || v > bv) bv = v, bi = e;  // increasing e: ties keep the lower index
+        }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if ((tid & 31) == 0) rv[tid >> 5] = bv, ri[tid >> 5] = bi;
+        __syncthreads();
+        if (tid == 0) {
+            int nw = blockDim.x >> 5;
+            bv = rv[0], bi = ri[0];
+            for (int w = 1; w < nw; w++)
+                if (ri[w] >= 0 && (bi < 0 || rv[w] > bv || (rv[w] == bv && ri[w] < bi)))
+                    bv = rv[w], bi = ri[w];
+            ex[sel] = bi;
+            wt[sel] = sc[bi];
+            wsum += sc[bi];
+            ch[bi] = NAN;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        for (int sel = 0; sel < k; sel++) {
+            float w = wt[sel];
+            if (renorm) w /= wsum + 1e-20f;
+            wt[sel] = w * scale;
+        }
+    }
+}
+
+extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const float *logits,
+                                       const float *bias, int n, int E, int k, int n_group,
+                                       int topk_group, int renorm, float scale,
+                                       lunar_cuda_stream s) {
+    if (n_group < 1) n_group = 1;
+    CUDA_REQUIRE(E >= 1 && E <= 4096 && k >= 1 && k <= E && E % n_group == 0 && n_group <= 64);
+    if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
+    if (n <= 0) return;
+    router_topk_kernel<<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
+        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- permutation
+
+static int max_tiles(int n, int k, int E) {
+    int rows = n * k;
+    return (rows + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM + (E < rows ? E : rows);
+}
+static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
+
+extern "C" size_t lunar_cuda_moe_route_bytes(int n, int k, int E) {
+    size_t p = (size_t)n * k;
+    return al256(p * 4) * 2 + al256((E + 1) * 4) + al256(p * 4) * 3 + al256(E * 4) +
+           al256((size_t)max_tiles(n, k, E) * 8) + al256((E + 2) * 4) + al256(E * 4);
+}
+
+extern "C" void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int n, int k, int E) {
+    char *p = (char *)ws;
+    size_t np = (size_t)n * k;
+#define TAKE(field, T, bytes) (r->field = (T *)p, p += al256(bytes))
+    r->n = n, r->k = k, r->E = E;
+    TAKE(experts, int32_t, np * 4);
+    TAKE(weights, float, np * 4);
+    TAKE(offsets, int32_t, (E + 1) * 4);
+    TAKE(row_token, int32_t, np * 4);
+    TAKE(row_weight, float, np * 4);
+    TAKE(pair_row, int32_t, np * 4);
+    TAKE(active, int32_t, E * 4);
+    TAKE(tiles, int32_t, (size_t)max_tiles(n, k, E) * 8);
+    TAKE(counts, int32_t, (E + 2) * 4);
+    TAKE(cursor, int32_t, E * 4);
+#undef TAKE
+}
+
+__global__ void moe_count_kernel(int32_t *counts, const int32_t *experts, int np) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < np) atomicAdd(&counts[experts[i]], 1);
+}
+
+#define SCAN_T 1024
+#define SCAN_IPT 4
+// One block: offsets (exclusive scan of counts), cursors, the active list and the tile list.
+__global__ void __launch_bounds__(SCAN_T) moe_scan_kernel(lunar_cuda_moe_route r) {
+    typedef cub::BlockScan<int, SCAN_T> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    const int E = r.E, base = threadIdx.x * SCAN_IPT;
+    int cnt[SCAN_IPT], act[SCAN_IPT], til[SCAN_IPT];
+    for (int i = 0; i < SCAN_IPT; i++) {
+        int e = base + i;
+        cnt[i] = e < E ? r.counts[e] : 0;
+        act[i] = cnt[i] > 0;
+        til[i] = (cnt[i] + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM;
+    }
+    int off[SCAN_IPT], aoff[SCAN_IPT], toff[SCAN_IPT], tot, atot, ttot;
+    Scan(tmp).ExclusiveSum(cnt, off, tot);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(act, aoff, atot);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(til, toff, ttot);
+    for (int i = 0; i < SCAN_IPT; i++) {
+        int e = base + i;
+        if (e >= E) break;
+        r.offsets[e] = off[i];
+        r.cursor[e] = off[i];
+        if (act[i]) r.active[aoff[i]] = e;
+        for (int tt = 0; tt < til[i]; tt++) {
+            r.tiles[2 * (toff[i] + tt)] = e;
+            r.tiles[2 * (toff[i] + tt) + 1] = off[i] + tt * LUNAR_CUDA_MOE_BM;
+        }
+    }
+    if (threadIdx.x == 0) {
+        r.offsets[E] = tot;
+        r.counts[E] = atot;
+        r.counts[E + 1] = ttot;
+    }
+}
+
+__global__ void moe_scatter_kernel(lunar_cuda_moe_route r) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= r.n * r.k) return;
+    int e = r.experts[i];
+    int pos = atomicAdd(&r.cursor[e], 1);
+    r.row_token[pos] = i / r.k;
+    r.row_weight[pos] = r.weights[i];
+    r.pair_row[i] = pos;
+}
+
+extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s) {
+    CUDA_REQUIRE(r->E <= SCAN_T * SCAN_IPT && r->n >= 1 && r->k >= 1);
+    const int np = r->n * r->k;
+    CUDA_CHECK(cudaMemsetAsync(r->counts, 0, (r->E + 2) * 4, to_stream(s)));
+    moe_count_kernel<<<ceil_div_u(np, 256), 256, 0, to_stream(s)>>>(r->counts, r->experts, np);
+    CUDA_CHECK_LAUNCH();
+    moe_scan_kernel<<<1, SCAN_T, 0, to_stream(s)>>>(*r);
+    CUDA_CHECK_LAUNCH();
+    moe_scatter_kernel<<<ceil_div_u(np, 256), 256, 0, to_stream(s)>>>(*r);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- shared device helpers
+
+__device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
+                               *reinterpret_cast<__nv_bfloat162 *>(&b));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+// 8 bf16 (one uint4, columns x0..x7) -> the pairs P0..P3.
+__device__ __forceinline__ void pairs_bf16(uint4 u, uint32_t *p) {
+    p[0] = prmt(u.y, u.w, 0x7632);
+    p[1] = prmt(u.y, u.w, 0x5410);
+    p[2] = prmt(u.x, u.z, 0x7632);
+    p[3] = prmt(u.x, u.z, 0x5410);
+}
+
+// E8M0 scale byte -> the bf16x2 multipliers: m1 = 2^(s-1) (s <= 128) or 2^127, m2 = 2^(s-128)
+// (used only when s > 128).
+struct mxscale {
+    uint32_t m1, m2;
+    bool two;
+};
+__device__ __forceinline__ mxscale mx_scale(uint32_t s) {
+    mxscale r;
+    r.two = s > 128;
+    uint32_t e1 = r.two ? 254u : s + 126u;
+    r.m1 = (e1 << 7) | (e1 << 23);
+    uint32_t e2 = r.two ? s - 1u : 127u;
+    r.m2 = (e2 << 7) | (e2 << 23);
+    return r;
+}
+// One word of 8 nibbles -> P0..P3 scaled.
+__device__ __forceinline__ void pairs_mx(uint32_t q, const mxscale &sc, uint32_t *p) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t o = (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
+        o = bmul2(o, sc.m1);
+        if (sc.two) o = bmul2(o, sc.m2);
+        p[i] = o;
+        q <<= 4;
+    }
+}
+
+__device__ __forceinline__ float glu_act(float g, float u, int act, float beta, float beta_l) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;
+    float ga = beta * tanhf(g / beta) / (1.0f + expf(-g));
+    float ub = beta_l > 0.0f ? beta_l * tanhf(u / beta_l) : u;
+    return ga * ub;
+}
+
+// Arguments shared by the expert kernels. GATEUP: weights w[0] = w1, w[1] = w3 ([E, R=I, K=D]),
+// x = the token activations gathered by row_token; DOWN: w[0] = w2 ([E, R=D, K=I]), x = hbuf rows.
+struct xargs {
+    const uint8_t *wq[2], *ws[2];
+    const uint16_t *wb[2];
+    int R, K;
+    const uint16_t *x;
+    const int32_t *offsets, *active, *counts, *tiles, *row_token;
+    const float *row_weight;
+    uint16_t *h;  // GATEUP output [rows, R]
+    float *y;     // DOWN output [rows, R]
+    int E, act;
+    float beta, beta_l;
+};
+
+// ---------------------------------------------------------------- decode kernel
+
+#define DEC_STAGES 4
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Programmatic dependent launch: the gate/up kernel lets the down kernel start early; the down
+// kernel issues its weight copies, then waits for the gate/up results (no-ops without PDL).
+__device__ __forceinline__ void griddep_launch_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+// grid (row groups, active-expert slots); block 128 = 4 warps = RT row tiles (of 16 weight rows)
+// x S k-splits (RT * S = 4). Each warp streams its rows' bytes once: per chunk of 128 columns a
+// lane reads one 16-byte block of each of its 2 rows (per matrix) plus the scale byte, the next
+// chunk prefetched while the current one is widened and multiplied (A = weights 16 rows, B = up
+// to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
+// are summed in a fixed order (deterministic).
+template <int NT, bool MX, bool GATEUP, int S>
+__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
+    extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
+    float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
+    if (GATEUP) griddep_launch_dependents();  // the down kernel may start streaming its weights
+    const int slot = blockIdx.y;
+    if (slot >= a.counts[a.E]) return;
+    const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int rt = warp / S, ks = warp % S;
+    const int tile = blockIdx.x * RT + rt;
+    const bool tile_ok = tile * 16 < a.R;
+    const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
+    const int ra = tile * 16 + g, rb = ra + 8;
+    const size_t estr = (size_t)a.R * a.K;  // elements per expert matrix
+    for (int t0 = 0; t0 < m; t0 += NT * 8) {
+        float acc[NM][NT][4];
+#pragma unroll
+        for (int i = 0; i < NM; i++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[i][t][0] = acc[i][t][1] = acc[i][t][2] = acc[i][t][3] = 0.0f;
+        const uint16_t *xr[NT];
+        bool tok_ok[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            int tk = t0 + t * 8 + g;
+            tok_ok[t] = tk < m;
+            int row = tok_ok[t] ? (GATEUP ? a.row_token[off + tk] : off + tk) : 0;
+            xr[t] = a.x + (size_t)row * a.K;
+        }
+        if (tile_ok && j0 < j1) {
+            if (MX) {
+                // Per-thread cp.async ring of ST stages (this thread's 16-byte blocks of its rows
+                // and their scale words): ST - 1 chunks stay in flight without registers. Each
+                // thread reads back only what it copied itself, so wait_group is the only sync.
+                const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
+#pragma unroll
+                for (int i = 0; i < NM; i++) {
+                    qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
+                    qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
+                    sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
+                    sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
+                }
+                uint4 *rw = (uint4 *)ring;                       // [ST][2 NM][128]
+                uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // [ST][2 NM][128]
+                const int tid = threadIdx.x;
+                auto issue = [&](int j) {
+                    if (j < j1) {
+                        const int st = (j - j0) % ST;
+#pragma unroll
+                        for (int i = 0; i < NM; i++) {
+                            cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + tid, qa[i] + (size_t)j * 64);
+                            cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + tid, qb[i] + (size_t)j * 64);
+                            cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                            cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                        }
+                    }
+                    cp_async_commit();
+                };
+#pragma unroll
+                for (int p = 0; p < ST; p++) issue(j0 + p);
+                if (!GATEUP) griddep_wait();  // hbuf comes from the previous kernel
+                uint4 xv[NT][4];
+                auto load_x = [&](int j, uint4 (*dst)[4]) {
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+#pragma unroll
+                        for (int w = 0; w < 4; w++)
+                            dst[t][w] = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + (4 * j + c) * 32 + w * 8))
+                                                  : make_uint4(0, 0, 0, 0);
+                };
+                load_x(j0, xv);
+                for (int j = j0; j < j1; j++) {
+                    const int st = (j - j0) % ST;
+                    cp_async_wait<ST - 1>();
+                    uint4 wa[NM], wb[NM];
+                    mxscale sca[NM], scb[NM];
+#pragma unroll
+                    for (int i = 0; i < NM; i++) {
+                        wa[i] = rw[(st * 2 * NM + 2 * i) * 128 + tid];
+                        wb[i] = rw[(st * 2 * NM + 2 * i + 1) * 128 + tid];
+                        sca[i] = mx_scale((rs[(st * 2 * NM + 2 * i) * 128 + tid] >> (8 * c)) & 255u);
+                        scb[i] = mx_scale((rs[(st * 2 * NM + 2 * i + 1) * 128 + tid] >> (8 * c)) & 255u);
+                    }
+                    uint4 nx[NT][4];
+                    if (j + 1 < j1) load_x(j + 1, nx);
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        uint32_t pa[NM][4], pb[NM][4];
+#pragma unroll
+                        for (int i = 0; i < NM; i++) {
+                            const uint32_t qwa = w == 0 ? wa[i].x : w == 1 ? wa[i].y : w == 2 ? wa[i].z : wa[i].w;
+                            const uint32_t qwb = w == 0 ? wb[i].x : w == 1 ? wb[i].y : w == 2 ? wb[i].z : wb[i].w;
+                            pairs_mx(qwa, sca[i], pa[i]);
+                            pairs_mx(qwb, scb[i], pb[i]);
+                        }
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            if (t0 + t * 8 >= m) continue;  // empty token group (warp-uniform)
+                            uint32_t px[4];
+                            pairs_bf16(xv[t][w], px);
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+#pragma unroll
+                                for (int i = 0; i < NM; i++)
+                                    mma_bf16(acc[i][t], pa[i][2 * h], pb[i][2 * h], pa[i][2 * h + 1],
+                                             pb[i][2 * h + 1], px[2 * h], px[2 * h + 1]);
+                        }
+                    }
+                    issue(j + ST);  // into the stage just consumed (its values are in registers)
+                    if (j + 1 < j1) {
+#pragma unroll
+                        for (int t = 0; t < NT; t++)
+#pragma unroll
+                            for (int w = 0; w < 4; w++) xv[t][w] = nx[t][w];
+                    }
+                }
+                cp_async_wait<0>();
+            } else {
+                if (!GATEUP) griddep_wait();
+                for (int j = j0; j < j1; j++) {
+                    const int blk = 4 * j + c;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        uint32_t pa[NM][4], pb[NM][4];
+#pragma unroll
+                        for (int i = 0; i < NM; i++) {
+                            const uint16_t *base = a.wb[i] + e * estr;
+                            pairs_bf16(__ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)), pa[i]);
+                            pairs_bf16(__ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)), pb[i]);
+                        }
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            uint32_t px[4];
+                            uint4 xv = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + blk * 32 + w * 8))
+                                                 : make_uint4(0, 0, 0, 0);
+                            pairs_bf16(xv, px);
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+#pragma unroll
+                                for (int i = 0; i < NM; i++)
+                                    mma_bf16(acc[i][t], pa[i][2 * h], pb[i][2 * h], pa[i][2 * h + 1],
+                                             pb[i][2 * h + 1], px[2 * h], px[2 * h + 1]);
+                        }
+                    }
+                }
+            }
+        }
+        if (S > 1) {
+            float *mine = red + (size_t)warp * NACC * 32;
+#pragma unroll
+            for (int i = 0; i < NM; i++)
+#pragma unroll
+                for (int t = 0; t < NT; t++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) mine[((i * NT + t) * 4 + v) * 32 + lane] = acc[i][t][v];
+            __syncthreads();
+            if (ks == 0) {
+                for (int s2 = 1; s2 < S; s2++) {
+                    const float *o = red + (size_t)(warp + s2) * NACC * 32;
+#pragma unroll
+                    for (int i = 0; i < NM; i++)
+#pragma unroll
+                        for (int t = 0; t < NT; t++)
+#pragma unroll
+                            for (int v = 0; v < 4; v++) acc[i][t][v] += o[((i * NT + t) * 4 + v) * 32 + lane];
+                }
+            }
+            __syncthreads();
+        }
+        if (ks == 0 && tile_ok) {
+            // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1)
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const int tk = t0 + t * 8 + 2 * c + (v & 1), row = v < 2 ? ra : rb;
+                    if (tk >= m) continue;
+                    const size_t pr = (size_t)(off + tk);
+                    if (GATEUP) {
+                        float hv = glu_act(acc[0][t][v], acc[NM - 1][t][v], a.act, a.beta, a.beta_l);
+                        __nv_bfloat16 hb = __float2bfloat16_rn(hv);
+                        a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hb);
+                    } else {
+                        a.y[pr * a.R + row] = acc[0][t][v] * a.row_weight[pr];
+                    }
+                }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- grouped GEMM (prefill)
+// CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
+// (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
+// 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
+// registers (next chunk prefetched) -> shared memory in the pair order -> ldmatrix; weights:
+// global -> registers (next chunk prefetched) -> widened to bf16 in registers -> mma B fragments.
+#define GM_BM 128
+#define GM_BK 128
+#define GM_LDS (GM_BK + 8)  // bf16 per smem row: 272 bytes, ldmatrix rows hit distinct banks
+#define GM_SMEM (2 * GM_BM * GM_LDS * 2)
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+template <bool MX, bool GATEUP>
+__global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
+    extern __shared__ __align__(16) uint16_t As[];  // [2][GM_BM][GM_LDS]
+    const int ti = blockIdx.y;
+    if (ti >= a.counts[a.E + 1]) return;
+    const int e = a.tiles[2 * ti], r0 = a.tiles[2 * ti + 1];
+    const int rend = a.offsets[e + 1];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
+    const int wm = warp >> 2, wn = warp & 3;
+    const int J = a.K / GM_BK;
+    const size_t estr = (size_t)a.R * a.K;
+    // weight rows of this thread for its 4 n8 tiles
+    int wrow[4], wmat[4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+        if (GATEUP) {
+            wmat[nt] = nt >> 1;
+            wrow[nt] = blockIdx.x * 64 + wn * 16 + (nt & 1) * 8 + g;
+        } else {
+            wmat[nt] = 0;
+            wrow[nt] = blockIdx.x * 128 + wn * 32 + nt * 8 + g;
+        }
+    }
+    // activation loads: 2048 uint4 per chunk, 8 per thread: row = (tid >> 4) + 16 i, col16 = tid & 15
+    const int lcol = tid & 15;
+    const uint16_t *xrow[8];
+    bool xok[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        int r = r0 + (tid >> 4) + 16 * i;
+        xok[i] = r < rend;
+        int src = xok[i] ? (GATEUP ? a.row_token[r] : r) : 0;
+        xrow[i] = a.x + (size_t)src * a.K;
+    }
+    // smem destination of a uint4 of block b = lcol >> 2, word w = lcol & 3 (pairs P0..P3 to mma
+    // q = 2w (P0, P1) and 2w+1 (P2, P3); logical k 2b (lo pair) and 2b+8 (hi pair))
+    const int bq = lcol >> 2, wq = lcol & 3;
+    const int d0 = (2 * wq) * 16 + 2 * bq, d1 = d0 + 8, d2 = (2 * wq + 1) * 16 + 2 * bq, d3 = d2 + 8;
+
+    uint4 xa[8];
+    uint4 wv[4];
+    uint32_t wsc[4];
+    auto load_x = [&](int j) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            xa[i] = xok[i] ? __ldg((const uint4 *)(xrow[i] + j * GM_BK + lcol * 8)) : make_uint4(0, 0, 0, 0);
+    };
+    auto store_x = [&](int buf) {
+        uint16_t *base = As + buf * GM_BM * GM_LDS;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            uint32_t p[4];
+            pairs_bf16(xa[i], p);
+            uint32_t *row = (uint32_t *)(base + ((tid >> 4) + 16 * i) * GM_LDS);
+            row[d0 / 2] = p[0];
+            row[d1 / 2] = p[1];
+            row[d2 / 2] = p[2];
+            row[d3 / 2] = p[3];
+        }
+    };
+    auto load_w = [&](int j) {
+        if (MX) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const size_t ro = e * estr + (size_t)wrow[nt] * a.K;
+                wv[nt] = __ldg((const uint4 *)(a.wq[wmat[nt]] + ro / 2 + (4 * j + c) * 16));
+                wsc[nt] = __ldg(a.ws[wmat[nt]] + ro / 32 + 4 * j + c);
+            }
+        }
+    };
+    float acc[4][4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int k2 = 0; k2 < 4; k2++) acc[i][k2][0] = acc[i][k2][1] = acc[i][k2][2] = acc[i][k2][3] = 0.0f;
+
+    load_x(0);
+    load_w(0);
+    store_x(0);
+    __syncthreads();
+    for (int j = 0; j < J; j++) {
+        const int buf = j & 1;
+        uint4 cw[4];
+        uint32_t cs[4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) cw[nt] = wv[nt], cs[nt] = wsc[nt];
+        if (j + 1 < J) {
+            load_x(j + 1);
+            load_w(j + 1);
+        }
+        const uint16_t *Ab = As + buf * GM_BM * GM_LDS;
+        mxscale sc[4];
+        if (MX) {
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) sc[nt] = mx_scale(cs[nt]);
+        }
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t bp[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                if (MX) {
+                    const uint32_t q = w == 0 ? cw[nt].x : w == 1 ? cw[nt].y : w == 2 ? cw[nt].z : cw[nt].w;
+                    pairs_mx(q, sc[nt], bp[nt]);
+                } else {
+                    const size_t ro = e * estr + (size_t)wrow[nt] * a.K;
+                    pairs_bf16(__ldg((const uint4 *)(a.wb[wmat[nt]] + ro + j * GM_BK + c * 32 + w * 8)),
+                               bp[nt]);
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int q = 2 * w + h;
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    uint32_t af[4];
+                    const int arow = wm * 64 + mt * 16 + (lane & 15);
+                    ldmatrix_x4(af, Ab + arow * GM_LDS + q * 16 + (lane >> 4) * 8);
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+                        mma_bf16(acc[mt][nt], af[0], af[1], af[2], af[3], bp[nt][2 * h], bp[nt][2 * h + 1]);
+                }
+            }
+        }
+        if (j + 1 < J) {
+            store_x(buf ^ 1);
+            __syncthreads();
+        }
+    }
+    // epilogue. C fragment of (mt, nt): (row g, cols 2c, 2c+1), (row g+8, cols 2c, 2c+1)
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = r0 + wm * 64 + mt * 16 + g + hh * 8;
+            if (r >= rend) continue;
+            if (GATEUP) {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const int col = blockIdx.x * 64 + wn * 16 + nt * 8 + 2 * c;
+                    float h0 = glu_act(acc[mt][nt][2 * hh], acc[mt][nt + 2][2 * hh], a.act, a.beta, a.beta_l);
+                    float h1 = glu_act(acc[mt][nt][2 * hh + 1], acc[mt][nt + 2][2 * hh + 1], a.act, a.beta, a.beta_l);
+                    __nv_bfloat162 hv = __floats2bfloat162_rn(h0, h1);
+                    *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = hv;
+                }
+            } else {
+                const float rw = a.row_weight[r];
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const int col = blockIdx.x * 128 + wn * 32 + nt * 8 + 2 * c;
+                    *(float2 *)(a.y + (size_t)r * a.R + col) =
+                        make_float2(acc[mt][nt][2 * hh] * rw, acc[mt][nt][2 * hh + 1] * rw);
+                }
+            }
+        }
+}
+
+// ---------------------------------------------------------------- launchers
+
+template <int NT, bool MX, bool GATEUP, int S>
+static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
+                        (MX ? (size_t)DEC_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20 : 0);
+    static bool attr = false;
+    if (!attr && smem > 48 * 1024) {
+        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr = true;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(ceil_div_u(a.R / 16, RT), slots);
+    cfg.blockDim = dim3(128);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (!GATEUP) cfg.attrs = at, cfg.numAttrs = 1;  // the down kernel overlaps the gate/up tail
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, MX, GATEUP, S>, a));
+}
+
+template <int NT, bool MX, bool GATEUP>
+static void decode_launch(const xargs &a, int slots, cudaStream_t st) {
+    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;
+    if (S == 4) decode_launch_s<NT, MX, GATEUP, 4>(a, slots, st);
+    else if (S == 2) decode_launch_s<NT, MX, GATEUP, 2>(a, slots, st);
+    else decode_launch_s<NT, MX, GATEUP, 1>(a, slots, st);
+}
+
+// One group of 8 tokens per pass (NT = 1: 126 registers, 4 blocks per SM, no spills); an expert
+// with more rows takes more passes, its weights then coming from L2 again. At batch <= 64 over
+// 256-896 experts an expert rarely has more than 8 rows.
+template <bool MX, bool GATEUP>
+static void decode_nt(const xargs &a, int n, int slots, cudaStream_t st) {
+    decode_launch<1, MX, GATEUP>(a, slots, st);
+}
+
+template <bool MX, bool GATEUP>
+static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(moe_gemm_kernel<MX, GATEUP>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, GM_SMEM));
+        attr = true;
+    }
+    dim3 grid(GATEUP ? a.R / 64 : a.R / 128, tiles);
+    moe_gemm_kernel<MX, GATEUP><<<grid, 256, GM_SMEM, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
+                                           const lunar_cuda_moe_experts *w,
+                                           const lunar_cuda_moe_route *r, int path,
+                                           lunar_cuda_stream s) {
+    CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
+    const int n = r->n, np = n * r->k;
+    if (path == 0) path = n <= 64 ? 1 : 2;
+    CUDA_REQUIRE(path == 2 || n <= 64);
+    cudaStream_t st = to_stream(s);
+    xargs a;
+    memset(&a, 0, sizeof a);
+    a.offsets = r->offsets, a.active = r->active, a.counts = r->counts, a.tiles = r->tiles;
+    a.row_token = r->row_token, a.row_weight = r->row_weight;
+    a.E = w->E, a.act = w->act, a.beta = w->beta, a.beta_l = w->beta_l;
+    // gate/up
+    xargs g = a;
+    g.wq[0] = w->w1q, g.ws[0] = w->w1s, g.wq[1] = w->w3q, g.ws[1] = w->w3s;
+    g.wb[0] = w->w1, g.wb[1] = w->w3;
+    g.R = w->I, g.K = w->D, g.x = x, g.h = hbuf;
+    xargs d = a;
+    d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2;
+    d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
+    if (path == 1) {
+        const int slots = np < w->E ? np : w->E;
+        if (w->mxfp4) {
+            decode_nt<true, true>(g, n, slots, st);
+            decode_nt<true, false>(d, n, slots, st);
+        } else {
+            decode_nt<false, true>(g, n, slots, st);
+            decode_nt<false, false>(d, n, slots, st);
+        }
+    } else {
+        const int tiles = max_tiles(n, r->k, w->E);
+        if (w->mxfp4) {
+            gemm_launch<true, true>(g, tiles, st);
+            gemm_launch<true, false>(d, tiles, st);
+        } else {
+            gemm_launch<false, true>(g, tiles, st);
+            gemm_launch<false, false>(d, tiles, st);
+        }
+    }
+}
+
+__global__ void moe_combine_kernel(float *acc, const float *ybuf, const int32_t *pair_row, int k,
+                                   int D) {
+    const int t = blockIdx.x;
+    for (int i = threadIdx.x * 4; i < D; i += blockDim.x * 4) {
+        float4 s = make_float4(0, 0, 0, 0);
+        for (int j = 0; j < k; j++) {
+            float4 v = *(const float4 *)(ybuf + (size_t)pair_row[t * k + j] * D + i);
+            s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+        }
+        *(float4 *)(acc + (size_t)t * D + i) = s;
+    }
+}
+
+extern "C" void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r,
+                                       int D, lunar_cuda_stream s) {
+    CUDA_REQUIRE(D % 4 == 0);
+    moe_combine_kernel<<<r->n, 256, 0, to_stream(s)>>>(acc, ybuf, r->pair_row, r->k, D);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- the latent routed path
+
+extern "C" size_t lunar_cuda_moe_layer_ws(int n, int H, int k, const lunar_cuda_moe_experts *w) {
+    const size_t np = (size_t)n * k;
+    return lunar_cuda_moe_route_bytes(n, k, w->E) + al256((size_t)n * w->E * 4) +
+           al256((size_t)n * w->D * 2) * 2 + al256(np * w->I * 2) + al256(np * w->D * 4) +
+           al256((size_t)n * w->D * 4);
+}
+
+extern "C" void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16_t *x, int n, int H,
+                                     const uint16_t *router, const float *bias, int k, int n_group,
+                                     int topk_group, int renorm, float scale,
+                                     const uint16_t *down, const uint16_t *norm, float eps,
+                                     const uint16_t *up, const lunar_cuda_moe_experts *w, int path,
+                                     void *ws, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    const int E = w->E, Lat = w->D;
+    const size_t np = (size_t)n * k;
+    char *p = (char *)ws;
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, p, n, k, E);
+    p += lunar_cuda_moe_route_bytes(n, k, E);
+    float *logits = (float *)p;
+    p += al256((size_t)n * E * 4);
+    uint16_t *z = (uint16_t *)p;
+    p += al256((size_t)n * Lat * 2);
+    uint16_t *zn = (uint16_t *)p;
+    p += al256((size_t)n * Lat * 2);
+    uint16_t *hbuf = (uint16_t *)p;
+    p += al256(np * w->I * 2);
+    float *ybuf = (float *)p;
+    p += al256(np * Lat * 4);
+    float *acc = (float *)p;
+    lunar_cuda_matmul(logits, LUNAR_CUDA_F32, x, router, n, E, H, s);
+    lunar_cuda_router_topk(r.experts, r.weights, logits, bias, n, E, k, n_group, topk_group,
+                           renorm, scale, s);
+    lunar_cuda_moe_permute(&r, s);
+    lunar_cuda_matmul(z, LUNAR_CUDA_BF16, x, down, n, Lat, H, s);
+    lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, &r, path, s);
+    lunar_cuda_moe_combine(acc, ybuf, &r, Lat, s);
+    if (norm) lunar_cuda_rmsnorm(zn, LUNAR_CUDA_BF16, acc, norm, n, Lat, eps, s);
+    else lunar_cuda_f32_to_bf16(zn, acc, (size_t)n * Lat);
+    lunar_cuda_matmul(y, ydt, zn, up, n, H, Lat, s);
+}

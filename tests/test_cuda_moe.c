@@ -1,0 +1,521 @@
+/* The CUDA latent MoE (src/backend/cuda/cuda_moe.cu) against the CPU ops on random weights and
+ * routings: router top-k, the permutation (empty and overloaded experts), the MXFP4 and BF16
+ * experts on both paths (decode kernel, grouped GEMM), the whole latent routed path. Skipped when
+ * no CUDA device is present. LUNAR_MOE_BENCH=1 also runs the benchmarks (tools/device/check_moe.sh).
+ *
+ * Tolerances (relative to max |reference|, lunar_max_rel_err):
+ *  - router weights: same sigmoid (expf, 2 ulp), same renormalisation order: 1e-5; experts exact.
+ *  - experts: the GPU widens every MXFP4 weight exactly (E2M1 * 2^(s-127) in bf16) and both sides
+ *    get the same bf16 input z, so products are exact and the fp32 sums differ in order only; the
+ *    one real difference is the intermediate h, stored bf16 on the GPU (the second GEMM's
+ *    operand) and fp32 on the CPU: 2^-9 relative per element, random signs over I terms, so the
+ *    output sees ~2^-9 of its own size at worst: 1e-2 (the bf16-activation level of the issue).
+ *  - the whole path: z and the normed latent are rounded to bf16 on both sides (the CPU rounds
+ *    the same values), plus h as above: 2e-2. */
+#include "test.h"
+
+#ifndef LUNAR_HAVE_CUDA
+
+TEST(cuda_moe_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was built without CUDA] "); }
+
+#else
+
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "ops.h"
+#include "ops_util.h"
+
+static int moe_cuda_on(void) {
+    static int state = -1;
+    static char why[1100];
+    if (state < 0) {
+        char desc[256];
+        lunar_err err;
+        size_t arena = getenv("LUNAR_MOE_BENCH") ? (size_t)48 << 30 : (size_t)6 << 30;
+        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", desc);
+            state = 0;
+        } else if (lunar_cuda_init(0, arena, &err) != 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
+            state = 0;
+        } else {
+            state = 1;
+        }
+    }
+    if (!state) fprintf(stderr, "[skipped: %s] ", why);
+    return state;
+}
+
+static void *din(const void *h, size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p);
+    if (bytes) lunar_cuda_upload(p, h, bytes);
+    return p;
+}
+static void *dalloc(size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p);
+    return p;
+}
+static float *dl_f32(const void *d, long n) {
+    float *h = test_alloc(n);
+    lunar_cuda_sync();
+    lunar_cuda_download(h, d, (size_t)n * 4);
+    return h;
+}
+static void rnd_bf16(float *x, long n) {
+    for (long i = 0; i < n; i++) x[i] = lunar_bf16_to_f32(lunar_f32_to_bf16(x[i]));
+}
+static uint16_t *bf16_of(const float *x, long n) {
+    uint16_t *b = malloc((size_t)(n > 0 ? n : 1) * 2);
+    for (long i = 0; i < n; i++) b[i] = lunar_f32_to_bf16(x[i]);
+    return b;
+}
+static void moe_report(const char *what, double e, double tol) {
+    if (getenv("LUNAR_TEST_VERBOSE")) fprintf(stderr, "\n    %-52s max rel err %.3g (tol %.0e)", what, e, tol);
+    CHECK_MSG(e <= tol, "%s: max rel err %.3g > %.0e", what, e, tol);
+}
+static uint32_t lcg(uint32_t *s) {
+    *s = *s * 1664525u + 1013904223u;
+    return *s >> 8;
+}
+
+/* ---------------------------------------------------------------- router */
+
+TEST(cuda_moe_router_topk_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    static const int cases[][6] = {/* n, E, k, n_group, topk_group, renorm */
+                                   {1, 896, 16, 1, 1, 1},  {37, 896, 16, 1, 1, 1}, {64, 256, 8, 1, 1, 1},
+                                   {19, 256, 8, 8, 4, 1},  {5, 64, 6, 8, 3, 0},    {300, 384, 8, 1, 1, 1}};
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int n = cases[c][0], E = cases[c][1], k = cases[c][2], ng = cases[c][3], tg = cases[c][4];
+        const int renorm = cases[c][5];
+        const float scale = renorm ? 1.0f : 2.5f;
+        size_t mark = lunar_cuda_mark();
+        float *lg = test_rand((long)n * E, 100 + c, -4, 4), *b = test_rand(E, 200 + c, -0.3f, 0.3f);
+        lunar_tensor B = test_tensor1(LUNAR_DTYPE_F32, E, b);
+        int32_t *ex = malloc((size_t)n * k * 4), *gx = malloc((size_t)n * k * 4);
+        float *w = test_alloc((long)n * k);
+        op_router_topk(ex, w, lg, &B, n, E, k, ng, tg, renorm, scale);
+        int32_t *dex = dalloc((size_t)n * k * 4);
+        float *dw = dalloc((size_t)n * k * 4);
+        lunar_cuda_router_topk(dex, dw, din(lg, (size_t)n * E * 4), din(b, (size_t)E * 4), n, E, k, ng,
+                               tg, renorm, scale, NULL);
+        float *gw = dl_f32(dw, (long)n * k);
+        lunar_cuda_download(gx, dex, (size_t)n * k * 4);
+        int same = 1;
+        for (long i = 0; i < (long)n * k; i++) same &= gx[i] == ex[i];
+        CHECK_MSG(same, "router n=%d E=%d k=%d: experts differ", n, E, k);
+        char what[96];
+        snprintf(what, sizeof what, "router_topk n=%d E=%d k=%d groups %d/%d", n, E, k, ng, tg);
+        moe_report(what, lunar_max_rel_err(gw, w, (long)n * k), 1e-5);
+        free(lg), free(b), free(ex), free(gx), free(w), free(gw);
+        lunar_cuda_release(mark);
+    }
+}
+
+/* ---------------------------------------------------------------- permutation + experts */
+
+/* Random distinct experts per token; mode 1: every token takes experts 0..k-1 (overloaded, all
+ * others empty); mode 2: experts drawn from the first 2k only (skewed). */
+static void make_routing(int32_t *ex, float *w, int n, int k, int E, int mode, uint32_t seed) {
+    for (int t = 0; t < n; t++) {
+        for (int j = 0; j < k; j++) {
+            int e;
+            if (mode == 1) e = j;
+            else
+                for (;;) {
+                    e = (int)(lcg(&seed) % (uint32_t)(mode == 2 ? 2 * k : E));
+                    int dup = 0;
+                    for (int i = 0; i < j; i++) dup |= ex[t * k + i] == e;
+                    if (!dup) break;
+                }
+            ex[t * k + j] = e;
+            w[t * k + j] = 0.05f + (float)(lcg(&seed) % 1000) / 1000.0f;
+        }
+    }
+}
+
+static int check_permutation(const lunar_cuda_moe_route *r, const int32_t *ex, const float *w) {
+    const int n = r->n, k = r->k, E = r->E, np = n * k;
+    int32_t *off = malloc((size_t)(E + 2) * 4), *rt = malloc((size_t)np * 4), *pr = malloc((size_t)np * 4);
+    int32_t *act = malloc((size_t)E * 4), *cnt = malloc((size_t)(E + 2) * 4);
+    float *rw = malloc((size_t)np * 4);
+    lunar_cuda_sync();
+    lunar_cuda_download(off, r->offsets, (size_t)(E + 1) * 4);
+    lunar_cuda_download(rt, r->row_token, (size_t)np * 4);
+    lunar_cuda_download(pr, r->pair_row, (size_t)np * 4);
+    lunar_cuda_download(rw, r->row_weight, (size_t)np * 4);
+    lunar_cuda_download(act, r->active, (size_t)E * 4);
+    lunar_cuda_download(cnt, r->counts, (size_t)(E + 2) * 4);
+    int ok = off[0] == 0 && off[E] == np, na = 0;
+    for (int e = 0; e < E && ok; e++) {
+        int c = 0;
+        for (int i = 0; i < np; i++) c += ex[i] == e;
+        ok &= off[e + 1] - off[e] == c;
+        if (c) ok &= na < cnt[E] && act[na++] == e;
+    }
+    ok &= na == cnt[E];
+    char *seen = calloc((size_t)np, 1);
+    for (int i = 0; i < np && ok; i++) {
+        int p = pr[i];
+        ok &= p >= 0 && p < np && !seen[p];
+        if (!ok) break;
+        seen[p] = 1;
+        ok &= rt[p] == i / k && rw[p] == w[i] && p >= off[ex[i]] && p < off[ex[i] + 1];
+    }
+    free(off), free(rt), free(pr), free(act), free(cnt), free(rw), free(seen);
+    return ok;
+}
+
+typedef struct host_experts {
+    int E, D, I, mxfp4;
+    uint8_t *q[3], *s[3]; /* w1, w3, w2 */
+    float *f[3];          /* bf16-valued fp32 (BF16 experts) */
+} host_experts;
+
+static void host_experts_make(host_experts *h, int E, int D, int I, int mxfp4, uint32_t seed) {
+    memset(h, 0, sizeof *h);
+    h->E = E, h->D = D, h->I = I, h->mxfp4 = mxfp4;
+    for (int m = 0; m < 3; m++) {
+        const size_t n = (size_t)E * I * D;
+        if (mxfp4) {
+            h->q[m] = malloc(n / 2);
+            h->s[m] = malloc(n / 32);
+            for (size_t i = 0; i < n / 2; i++) h->q[m][i] = (uint8_t)lcg(&seed);
+            /* scales mostly around 2^-6..2^-3, a few above 128 (the two-multiply path) and tiny */
+            for (size_t i = 0; i < n / 32; i++) {
+                uint32_t v = lcg(&seed) % 64;
+                h->s[m][i] = (uint8_t)(v == 0 ? 129 + lcg(&seed) % 3 : v == 1 ? 2 : 118 + v % 6);
+            }
+        } else {
+            h->f[m] = test_rand((long)n, seed + (unsigned)m, -0.1f, 0.1f);
+            rnd_bf16(h->f[m], (long)n);
+        }
+    }
+}
+static void host_experts_free(host_experts *h) {
+    for (int m = 0; m < 3; m++) free(h->q[m]), free(h->s[m]), free(h->f[m]);
+}
+static void host_experts_upload(lunar_cuda_moe_experts *d, const host_experts *h, int act) {
+    memset(d, 0, sizeof *d);
+    d->E = h->E, d->D = h->D, d->I = h->I, d->mxfp4 = h->mxfp4, d->act = act;
+    d->beta = 4.0f, d->beta_l = 25.0f;
+    const size_t n = (size_t)h->E * h->I * h->D;
+    if (h->mxfp4) {
+        d->w1q = din(h->q[0], n / 2), d->w1s = din(h->s[0], n / 32);
+        d->w3q = din(h->q[1], n / 2), d->w3s = din(h->s[1], n / 32);
+        d->w2q = din(h->q[2], n / 2), d->w2s = din(h->s[2], n / 32);
+    } else {
+        const uint16_t **dst[3] = {&d->w1, &d->w3, &d->w2};
+        for (int m = 0; m < 3; m++) {
+            uint16_t *b = bf16_of(h->f[m], (long)n);
+            *dst[m] = din(b, n * 2);
+            free(b);
+        }
+    }
+}
+
+/* forward.c's routed sum: acc[t] = sum over (t, j) of w * expert_e(z[t]), the CPU ops. */
+static void cpu_experts(float *acc, const float *z, const host_experts *h, const int32_t *ex,
+                        const float *w, int n, int k, const lunar_glu *act) {
+    const int D = h->D, I = h->I;
+    memset(acc, 0, (size_t)n * D * 4);
+    float *y = test_alloc(D), *g = test_alloc(I), *u = test_alloc(I);
+    for (int i = 0; i < n * k; i++) {
+        const int e = ex[i], t = i / k;
+        if (h->mxfp4) {
+            lunar_tensor P[3], S[3];
+            lunar_mxfp4 M[3];
+            for (int m = 0; m < 3; m++) {
+                const int rows = m == 2 ? D : I, cols = m == 2 ? I : D;
+                memset(&P[m], 0, sizeof P[m]), memset(&S[m], 0, sizeof S[m]);
+                P[m].dtype = S[m].dtype = LUNAR_DTYPE_U8;
+                P[m].ndim = S[m].ndim = 2;
+                P[m].shape[0] = S[m].shape[0] = rows;
+                P[m].shape[1] = cols / 2, S[m].shape[1] = cols / 32;
+                P[m].data = h->q[m] + (size_t)e * rows * cols / 2;
+                S[m].data = h->s[m] + (size_t)e * rows * cols / 32;
+                P[m].nbytes = (size_t)rows * cols / 2, S[m].nbytes = (size_t)rows * cols / 32;
+                M[m].packed = &P[m], M[m].scale = &S[m];
+            }
+            op_mxfp4_mlp(y, z + (size_t)t * D, &M[0], &M[1], &M[2], 1, act);
+        } else {
+            lunar_tensor W1 = {0}, W3 = {0}, W2 = {0};
+            W1.dtype = W3.dtype = W2.dtype = LUNAR_DTYPE_F32;
+            W1.ndim = W3.ndim = W2.ndim = 2;
+            W1.shape[0] = W3.shape[0] = I, W1.shape[1] = W3.shape[1] = D;
+            W2.shape[0] = D, W2.shape[1] = I;
+            W1.data = h->f[0] + (size_t)e * I * D, W3.data = h->f[1] + (size_t)e * I * D;
+            W2.data = h->f[2] + (size_t)e * I * D;
+            W1.nbytes = W3.nbytes = W2.nbytes = (size_t)I * D * 4;
+            op_matmul(g, z + (size_t)t * D, &W1, 1);
+            op_matmul(u, z + (size_t)t * D, &W3, 1);
+            op_glu(g, g, u, I, act);
+            op_matmul(y, g, &W2, 1);
+        }
+        for (int d = 0; d < D; d++) acc[(size_t)t * D + d] += w[i] * y[d];
+    }
+    free(y), free(g), free(u);
+}
+
+static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
+    size_t mark = lunar_cuda_mark();
+    host_experts h;
+    host_experts_make(&h, E, D, I, mxfp4, 1000u + (uint32_t)(n * 7 + E + mode));
+    lunar_cuda_moe_experts dw;
+    host_experts_upload(&dw, &h, act);
+    int32_t *ex = malloc((size_t)n * k * 4);
+    float *w = test_alloc((long)n * k);
+    make_routing(ex, w, n, k, E, mode, 77u + (uint32_t)n);
+    float *z = test_rand((long)n * D, 300 + n, -1, 1);
+    rnd_bf16(z, (long)n * D);
+    const lunar_glu ga = {act ? LUNAR_GLU_SITU : LUNAR_GLU_SWIGLU, 4.0f, 25.0f};
+    float *ref = test_alloc((long)n * D);
+    cpu_experts(ref, z, &h, ex, w, n, k, &ga);
+
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+    lunar_cuda_upload(r.experts, ex, (size_t)n * k * 4);
+    lunar_cuda_upload(r.weights, w, (size_t)n * k * 4);
+    lunar_cuda_moe_permute(&r, NULL);
+    CHECK_MSG(check_permutation(&r, ex, w), "permutation n=%d k=%d E=%d mode %d", n, k, E, mode);
+    uint16_t *zb = bf16_of(z, (long)n * D);
+    const uint16_t *dz = din(zb, (size_t)n * D * 2);
+    uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
+    float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
+    float *first = NULL;
+    for (int path = 1; path <= 2; path++) {
+        if (!(paths & path)) continue;
+        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D); /* NaN: unwritten rows fail */
+        lunar_cuda_moe_experts_run(ybuf, hbuf, dz, &dw, &r, path, NULL);
+        lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+        float *y = dl_f32(acc, (long)n * D);
+        char what[128];
+        snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
+                 act ? "situ" : "swiglu", path == 1 ? "decode" : "gemm", n, k, E, D, I,
+                 mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
+        moe_report(what, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
+        if (first) {
+            snprintf(what, sizeof what, "  decode vs gemm n=%d", n);
+            moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);
+            free(y);
+        } else {
+            first = y;
+        }
+    }
+    free(first);
+    host_experts_free(&h);
+    free(ex), free(w), free(z), free(ref), free(zb);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_moe_experts_mxfp4_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    experts_case(1, 4, 16, 256, 384, 1, 1, 0, 3);
+    experts_case(5, 4, 16, 256, 384, 1, 1, 0, 3);
+    experts_case(13, 4, 16, 256, 128, 1, 0, 0, 3);
+    experts_case(64, 4, 16, 256, 384, 1, 1, 2, 3);
+    experts_case(40, 4, 8, 128, 256, 1, 1, 1, 3); /* 40 rows on each of 4 experts, 4 empty */
+    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2);
+    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2);
+}
+
+TEST(cuda_moe_experts_bf16_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, 3);
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3);
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2);
+}
+
+/* ---------------------------------------------------------------- the latent routed path */
+
+TEST(cuda_moe_layer_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    const int H = 384, Lat = 256, I = 256, E = 32, k = 4;
+    const int ns[] = {1, 7, 150};
+    for (unsigned c = 0; c < 3; c++) {
+        const int n = ns[c];
+        size_t mark = lunar_cuda_mark();
+        host_experts h;
+        host_experts_make(&h, E, Lat, I, 1, 4242u + c);
+        lunar_cuda_moe_experts dw;
+        host_experts_upload(&dw, &h, 1);
+        float *x = test_rand((long)n * H, 500 + c, -1, 1), *wr = test_rand((long)E * H, 501, -0.1f, 0.1f);
+        float *wd = test_rand((long)Lat * H, 502, -0.1f, 0.1f), *wu = test_rand((long)H * Lat, 503, -0.1f, 0.1f);
+        float *nw = test_rand(Lat, 504, 0.5f, 1.5f), *bias = test_rand(E, 505, -0.2f, 0.2f);
+        rnd_bf16(x, (long)n * H);
+        lunar_tensor Wr = test_tensor2(LUNAR_DTYPE_BF16, E, H, wr), Wd = test_tensor2(LUNAR_DTYPE_BF16, Lat, H, wd);
+        lunar_tensor Wu = test_tensor2(LUNAR_DTYPE_BF16, H, Lat, wu), Nw = test_tensor1(LUNAR_DTYPE_BF16, Lat, nw);
+        lunar_tensor B = test_tensor1(LUNAR_DTYPE_F32, E, bias);
+        /* CPU: moe_layer's routed path, with the GPU's bf16 storage points rounded the same way */
+        float *lg = test_alloc((long)n * E), *wt = test_alloc((long)n * k), *z = test_alloc((long)n * Lat);
+        int32_t *sel = malloc((size_t)n * k * 4);
+        op_matmul(lg, x, &Wr, n);
+        op_router_topk(sel, wt, lg, &B, n, E, k, 1, 1, 1, 1.0f);
+        op_matmul(z, x, &Wd, n);
+        rnd_bf16(z, (long)n * Lat);
+        float *acc = test_alloc((long)n * Lat), *ref = test_alloc((long)n * H);
+        const lunar_glu ga = {LUNAR_GLU_SITU, 4.0f, 25.0f};
+        cpu_experts(acc, z, &h, sel, wt, n, k, &ga);
+        op_rmsnorm(acc, acc, &Nw, n, Lat, 1e-5f);
+        rnd_bf16(acc, (long)n * Lat);
+        op_matmul(ref, acc, &Wu, n);
+
+        uint16_t *xb = bf16_of(x, (long)n * H);
+        void *ws = dalloc(lunar_cuda_moe_layer_ws(n, H, k, &dw));
+        float *dy = dalloc((size_t)n * H * 4);
+        lunar_cuda_moe_layer(dy, LUNAR_CUDA_F32, din(xb, (size_t)n * H * 2), n, H, din(Wr.data, Wr.nbytes),
+                             din(bias, (size_t)E * 4), k, 1, 1, 1, 1.0f, din(Wd.data, Wd.nbytes),
+                             din(Nw.data, Nw.nbytes), 1e-5f, din(Wu.data, Wu.nbytes), &dw, 0, ws, NULL);
+        float *y = dl_f32(dy, (long)n * H);
+        lunar_cuda_moe_route r;
+        lunar_cuda_moe_route_init(&r, ws, n, k, E);
+        int32_t *gsel = malloc((size_t)n * k * 4);
+        lunar_cuda_download(gsel, r.experts, (size_t)n * k * 4);
+        CHECK_MSG(memcmp(gsel, sel, (size_t)n * k * 4) == 0, "layer n=%d: routing differs", n);
+        char what[96];
+        snprintf(what, sizeof what, "moe_layer (latent, mxfp4, situ) n=%d H=%d Lat=%d", n, H, Lat);
+        moe_report(what, lunar_max_rel_err(y, ref, (long)n * H), 2e-2);
+        host_experts_free(&h);
+        test_tensor_free(&Wr), test_tensor_free(&Wd), test_tensor_free(&Wu), test_tensor_free(&Nw), test_tensor_free(&B);
+        free(x), free(wr), free(wd), free(wu), free(nw), free(bias), free(lg), free(wt), free(z), free(sel);
+        free(acc), free(ref), free(xb), free(y), free(gsel);
+        lunar_cuda_release(mark);
+    }
+}
+
+/* ---------------------------------------------------------------- benchmarks (LUNAR_MOE_BENCH=1) */
+
+#define BW 4.3e12 /* device-to-device copy bandwidth measured on these H200s (KINDS.md) */
+#define TC 790e12 /* bf16 dense peak measured on them */
+
+static int cmpf(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Times experts_run (both kernels) with L2 flushed before each repeat; median of reps. */
+static float time_experts(float *ybuf, uint16_t *hbuf, const uint16_t *z, const lunar_cuda_moe_experts *w,
+                          const lunar_cuda_moe_route *r, int path, int reps, void *flush, size_t flush_words) {
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    float ts[64];
+    for (int i = 0; i < 2; i++) lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);
+    for (int i = 0; i < reps; i++) {
+        if (flush) lunar_cuda_fill_u32(flush, (uint32_t)i, flush_words);
+        lunar_cuda_event_record(e0, NULL);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);
+        lunar_cuda_event_record(e1, NULL);
+        ts[i] = lunar_cuda_event_ms(e0, e1);
+    }
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    qsort(ts, (size_t)reps, sizeof ts[0], cmpf);
+    return ts[reps / 2];
+}
+
+static void bench_shape(int E, int k, int D, int I, const char *label, void *flush, size_t fw) {
+    size_t mark = lunar_cuda_mark();
+    lunar_cuda_moe_experts w;
+    memset(&w, 0, sizeof w);
+    w.E = E, w.D = D, w.I = I, w.mxfp4 = 1, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
+    const size_t nw = (size_t)E * I * D;
+    uint8_t *q[3], *s[3];
+    for (int m = 0; m < 3; m++) {
+        q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
+        lunar_cuda_fill_uniform((float *)q[m], nw / 8, 900u + (uint32_t)m, -1, 1); /* arbitrary nibbles */
+        lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+    }
+    w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
+    const double ebytes = 3.0 * I * D / 2 + 3.0 * I * D / 32; /* one expert's bytes */
+    static const int batches[] = {1, 8, 16, 32, 64};
+    for (unsigned b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+        const int n = batches[b];
+        size_t m2 = lunar_cuda_mark();
+        lunar_cuda_moe_route r;
+        lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+        float *lg = dalloc((size_t)n * E * 4);
+        lunar_cuda_fill_uniform(lg, (size_t)n * E, 31u + (uint32_t)n, -4, 4);
+        lunar_cuda_router_topk(r.experts, r.weights, lg, NULL, n, E, k, 1, 1, 1, 1.0f, NULL);
+        lunar_cuda_moe_permute(&r, NULL);
+        int32_t *cnt = malloc((size_t)(E + 2) * 4);
+        lunar_cuda_sync();
+        lunar_cuda_download(cnt, r.counts, (size_t)(E + 2) * 4);
+        const int touched = cnt[E];
+        free(cnt);
+        uint16_t *z = dalloc((size_t)n * D * 2), *hbuf = dalloc((size_t)n * k * I * 2);
+        float *zf = dalloc((size_t)n * D * 4), *ybuf = dalloc((size_t)n * k * D * 4);
+        lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
+        lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
+        float ms = time_experts(ybuf, hbuf, z, &w, &r, 1, 21, flush, fw);
+        const double bytes = touched * ebytes, floor_us = bytes / BW * 1e6;
+        printf("| decode %-22s | %2d | %3d | %8.1f | %8.1f | %8.1f | %5.2f | %6.0f |\n", label, n, touched,
+               bytes / 1e6, ms * 1e3, floor_us, ms * 1e3 / floor_us, bytes / (ms * 1e-3) / 1e9);
+        lunar_cuda_release(m2);
+    }
+    lunar_cuda_release(mark);
+}
+
+static void bench_prefill(int n, int E, int k, int D, int I, const char *label) {
+    size_t mark = lunar_cuda_mark();
+    lunar_cuda_moe_experts w;
+    memset(&w, 0, sizeof w);
+    w.E = E, w.D = D, w.I = I, w.mxfp4 = 1, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
+    const size_t nw = (size_t)E * I * D;
+    uint8_t *q[3], *s[3];
+    for (int m = 0; m < 3; m++) {
+        q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
+        lunar_cuda_fill_uniform((float *)q[m], nw / 8, 700u + (uint32_t)m, -1, 1);
+        lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+    }
+    w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+    float *lg = dalloc((size_t)n * E * 4);
+    lunar_cuda_fill_uniform(lg, (size_t)n * E, 77, -4, 4);
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    lunar_cuda_event_record(e0, NULL);
+    lunar_cuda_router_topk(r.experts, r.weights, lg, NULL, n, E, k, 1, 1, 1, 1.0f, NULL);
+    lunar_cuda_event_record(e1, NULL);
+    float ms_router = lunar_cuda_event_ms(e0, e1);
+    lunar_cuda_event_record(e0, NULL);
+    lunar_cuda_moe_permute(&r, NULL);
+    lunar_cuda_event_record(e1, NULL);
+    float ms_perm = lunar_cuda_event_ms(e0, e1);
+    uint16_t *z = dalloc((size_t)n * D * 2), *hbuf = dalloc((size_t)n * k * I * 2);
+    float *zf = dalloc((size_t)n * D * 4), *ybuf = dalloc((size_t)n * k * D * 4);
+    lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
+    lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
+    float ms = time_experts(ybuf, hbuf, z, &w, &r, 2, 5, NULL, 0);
+    const double flops = 2.0 * n * k * 3.0 * D * I;
+    printf("| prefill %-21s | %5d | %8.2f | %6.1f | %5.0f %% | router %.3f ms, permute %.3f ms |\n", label, n, ms,
+           flops / (ms * 1e-3) / 1e12, 100.0 * flops / (ms * 1e-3) / TC, ms_router, ms_perm);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_moe_bench) {
+    if (!getenv("LUNAR_MOE_BENCH")) return;
+    if (!moe_cuda_on()) return;
+    const size_t fw = (size_t)64 << 20; /* 256 MiB L2 flush buffer */
+    void *flush = dalloc(fw * 4);
+    printf("\n%s\n\n", lunar_cuda_describe());
+    printf("Decode (memory-bound MXFP4 kernel, both expert GEMMs; L2 flushed before each repeat, median of 21).\n"
+           "floor = bytes of the distinct touched experts (packed + scales) / %.1f TB/s; target ratio <= 1.3.\n\n",
+           BW / 1e12);
+    printf("| shape                         |  n | exp | MB touched | us | floor us | ratio | GB/s |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    bench_shape(896, 16, 3584, 3072, "K3.1 (lat 3584, I 3072)", flush, fw);
+    bench_shape(896, 16, 3584, 384, "K3.1 TP8 (I 384)", flush, fw);
+    bench_shape(256, 8, 2304, 1024, "Kimi-Linear (2304, 1024)", flush, fw);
+    printf("\nPrefill (grouped GEMM, MXFP4 widened in registers, mma.sync bf16), FLOPs = 2 n k 3 D I; "
+           "target >= 50 %% of %.0f TFLOP/s.\n\n", TC / 1e12);
+    printf("| shape                         |     n |    ms | TFLOP/s | of peak | routing |\n|---|---|---|---|---|---|\n");
+    bench_prefill(8192, 896, 16, 3584, 3072, "K3.1 (lat 3584, I 3072)");
+    bench_prefill(8192, 896, 16, 3584, 384, "K3.1 TP8 (I 384)");
+    fflush(stdout);
+}
+
+#endif
