@@ -72,7 +72,7 @@ typedef struct {
 } gu_run;
 
 /* Tokens whose bytes contain '"', '}' or ']' (bitmask over the vocabulary; malloc'd). */
-static uint32_t *gu_closing_mask(const lunar_tokenizer *tok, int32_t vocab) {
+static inline uint32_t *gu_closing_mask(const lunar_tokenizer *tok, int32_t vocab) {
     uint32_t *c = calloc((size_t)(vocab + 31) / 32, 4);
     for (int32_t id = 0; id < vocab && id < lunar_tokenizer_num_ranks(tok); id++) {
         size_t len;
