@@ -1,0 +1,707 @@
+/* Kimi-family forward on the CUDA backend (see forward_cuda.h): model/forward.c op for op. */
+#include "model/forward_cuda.h"
+
+#ifndef LUNAR_HAVE_CUDA
+
+int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err) {
+    (void)m;
+    *out = NULL;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+void lunar_cuda_model_free(lunar_cuda_model *g) { (void)g; }
+int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+                           lunar_err *err) {
+    (void)c, (void)m, (void)n_blocks, (void)n_slots;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+void lunar_cuda_caches_free(lunar_cuda_caches *c) { (void)c; }
+void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) { (void)c, (void)slot; }
+int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
+                             const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
+    (void)g, (void)c, (void)seqs, (void)n_seqs, (void)logits;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
+    (void)s, (void)m, (void)max_tokens;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+void lunar_cuda_seq_reset(lunar_cuda_seq *s) { (void)s; }
+void lunar_cuda_seq_free(lunar_cuda_seq *s) { (void)s; }
+int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32_t *ids, int n,
+                       float *logits, int all_logits, lunar_err *err) {
+    (void)g, (void)s, (void)ids, (void)n, (void)logits, (void)all_logits;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+
+#else
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_glue.h"
+#include "backend/cuda/cuda_ops.h"
+#include "ops.h"
+
+#define KDA_L2_EPS 1e-6f
+#define MLA_LATENT_NORM_EPS 1e-6f
+#define INDEX_K_NORM_EPS 1e-6f
+#define ARENA_BYTES ((size_t)16 << 30)
+
+typedef struct dmat { uint16_t *p; int out, in; } dmat; /* bf16 [out, in] */
+
+typedef struct dlayer {
+    uint16_t *attn_norm, *ffn_norm;  /* bf16 for lunar_cuda_rmsnorm */
+    float *attn_norm_f, *ffn_norm_f; /* fp32 for the AttnRes mix */
+    float *ares_u, *mres_u;          /* proj * norm */
+    /* KDA */
+    dmat q, k, v, fa, fb, b, ga, gb, g, o;
+    float *qc, *kc, *vc, *dt_bias, *A_log;
+    uint16_t *o_norm;
+    /* MLA */
+    dmat mq, qa, qb, kva, kvb, mo, mg, iwq, iwk, iwp;
+    uint16_t *qa_norm;
+    float *kva_norm, *ik_w, *ik_b;
+    /* FFN */
+    dmat gate, up, down, router, sg, su, sd, ldown, lup;
+    float *rbias;
+    uint16_t *lnorm;
+    dmat *w1, *w3, *w2; /* [E] */
+} dlayer;
+
+struct lunar_cuda_model {
+    const lunar_model *m;
+    size_t mark;
+    uint16_t *embed;
+    dmat lm_head;
+    uint16_t *final_norm;
+    float *final_norm_f, *out_u;
+    float *rope_inv; /* indexer RoPE inverse frequencies */
+    dlayer *L;
+};
+
+static void *dalloc(size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p != NULL);
+    return p;
+}
+
+static float *host_f32(const lunar_tensor *t, int64_t *n) {
+    *n = lunar_tensor_numel(t);
+    float *f = lunar_xmalloc((size_t)*n * sizeof(float));
+    lunar_tensor_read_f32(t, 0, *n, f);
+    return f;
+}
+
+static uint16_t *up_bf16_host(const float *f, int64_t n) {
+    uint16_t *h = lunar_xmalloc((size_t)n * sizeof(uint16_t));
+    for (int64_t i = 0; i < n; i++) h[i] = lunar_f32_to_bf16(f[i]);
+    uint16_t *d = dalloc((size_t)n * 2);
+    lunar_cuda_upload(d, h, (size_t)n * 2);
+    free(h);
+    return d;
+}
+
+static uint16_t *up_bf16(const lunar_tensor *t) {
+    if (!t) return NULL;
+    int64_t n;
+    float *f = host_f32(t, &n);
+    uint16_t *d = up_bf16_host(f, n);
+    free(f);
+    return d;
+}
+
+static float *up_f32(const lunar_tensor *t) {
+    if (!t) return NULL;
+    int64_t n;
+    float *f = host_f32(t, &n);
+    float *d = dalloc((size_t)n * 4);
+    lunar_cuda_upload(d, f, (size_t)n * 4);
+    free(f);
+    return d;
+}
+
+static dmat up_mat(const lunar_tensor *t) {
+    dmat r = {0};
+    if (!t) return r;
+    r.out = (int)t->shape[0];
+    r.in = (int)(lunar_tensor_numel(t) / t->shape[0]);
+    r.p = up_bf16(t);
+    return r;
+}
+
+static dmat up_mxfp4(const lunar_mxfp4 *w) {
+    dmat r = {0};
+    r.out = (int)w->packed->shape[0];
+    r.in = (int)(lunar_tensor_numel(w->packed) / w->packed->shape[0]) * 2;
+    float *f = lunar_xmalloc((size_t)r.out * r.in * sizeof(float));
+    for (int i = 0; i < r.out; i++) lunar_mxfp4_dequant_row(f + (size_t)i * r.in, w, i);
+    r.p = up_bf16_host(f, (int64_t)r.out * r.in); /* exact: E2M1 * 2^k has 3 significant bits */
+    free(f);
+    return r;
+}
+
+/* proj * norm folded in fp32, as op_attnres_mix */
+static float *up_fold(const lunar_tensor *proj, const lunar_tensor *norm) {
+    if (!proj) return NULL;
+    int64_t n, n2;
+    float *u = host_f32(proj, &n), *r = host_f32(norm, &n2);
+    LUNAR_ASSERT(n == n2);
+    for (int64_t i = 0; i < n; i++) u[i] *= r[i];
+    float *d = dalloc((size_t)n * 4);
+    lunar_cuda_upload(d, u, (size_t)n * 4);
+    free(u), free(r);
+    return d;
+}
+
+int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err) {
+    *out = NULL;
+    if (lunar_cuda_init(0, ARENA_BYTES, err)) return -1;
+    const lunar_config *c = &m->cfg;
+    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
+    g->m = m;
+    g->mark = lunar_cuda_mark();
+    g->embed = up_bf16(m->embed);
+    g->lm_head = up_mat(m->lm_head);
+    g->final_norm = up_bf16(m->final_norm);
+    g->final_norm_f = up_f32(m->final_norm);
+    g->out_u = up_fold(m->out_res_proj, m->out_res_norm);
+    if (c->index_topk > 0 && c->index_rope) {
+        const int rot = c->qk_rope_head_dim;
+        float *inv = lunar_xmalloc((size_t)rot / 2 * sizeof(float));
+        for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(c->rope_theta, -2.0 * i / rot);
+        g->rope_inv = dalloc((size_t)rot / 2 * 4);
+        lunar_cuda_upload(g->rope_inv, inv, (size_t)rot / 2 * 4);
+        free(inv);
+    }
+    g->L = lunar_xcalloc((size_t)c->num_hidden_layers, sizeof *g->L);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const lunar_layer_weights *w = &m->layers[l];
+        dlayer *d = &g->L[l];
+        d->attn_norm = up_bf16(w->attn_norm), d->ffn_norm = up_bf16(w->ffn_norm);
+        d->attn_norm_f = up_f32(w->attn_norm), d->ffn_norm_f = up_f32(w->ffn_norm);
+        d->ares_u = up_fold(w->attn_res_proj, w->attn_res_norm);
+        d->mres_u = up_fold(w->mlp_res_proj, w->mlp_res_norm);
+        if (c->attn_kind[l] == LUNAR_ATTN_KDA) {
+            const lunar_kda_weights *k = &w->kda;
+            d->q = up_mat(k->q_proj), d->k = up_mat(k->k_proj), d->v = up_mat(k->v_proj);
+            d->qc = up_f32(k->q_conv), d->kc = up_f32(k->k_conv), d->vc = up_f32(k->v_conv);
+            d->fa = up_mat(k->f_a_proj), d->fb = up_mat(k->f_b_proj);
+            d->dt_bias = up_f32(k->dt_bias), d->A_log = up_f32(k->A_log);
+            d->b = up_mat(k->b_proj);
+            d->ga = up_mat(k->g_a_proj), d->gb = up_mat(k->g_b_proj), d->g = up_mat(k->g_proj);
+            d->o_norm = up_bf16(k->o_norm), d->o = up_mat(k->o_proj);
+        } else {
+            const lunar_mla_weights *a = &w->mla;
+            d->mq = up_mat(a->q_proj), d->qa = up_mat(a->q_a_proj), d->qb = up_mat(a->q_b_proj);
+            d->qa_norm = up_bf16(a->q_a_norm);
+            d->kva = up_mat(a->kv_a_proj), d->kva_norm = up_f32(a->kv_a_norm);
+            d->kvb = up_mat(a->kv_b_proj), d->mo = up_mat(a->o_proj), d->mg = up_mat(a->g_proj);
+            d->iwq = up_mat(a->idx_wq_b), d->iwk = up_mat(a->idx_wk), d->iwp = up_mat(a->idx_weights_proj);
+            d->ik_w = up_f32(a->idx_k_norm_w), d->ik_b = up_f32(a->idx_k_norm_b);
+        }
+        const lunar_ffn_weights *f = &w->ffn;
+        if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
+            d->gate = up_mat(f->gate_proj), d->up = up_mat(f->up_proj), d->down = up_mat(f->down_proj);
+        } else {
+            d->router = up_mat(f->router), d->rbias = up_f32(f->router_bias);
+            d->sg = up_mat(f->shared_gate), d->su = up_mat(f->shared_up), d->sd = up_mat(f->shared_down);
+            d->ldown = up_mat(f->latent_down), d->lup = up_mat(f->latent_up);
+            d->lnorm = up_bf16(f->latent_norm);
+            const int E = c->num_experts;
+            d->w1 = lunar_xcalloc((size_t)E, sizeof(dmat));
+            d->w3 = lunar_xcalloc((size_t)E, sizeof(dmat));
+            d->w2 = lunar_xcalloc((size_t)E, sizeof(dmat));
+            for (int e = 0; e < E; e++) {
+                const lunar_expert_weights *x = &f->experts[e];
+                if (c->experts_mxfp4) {
+                    d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
+                } else {
+                    d->w1[e] = up_mat(x->w1), d->w3[e] = up_mat(x->w3), d->w2[e] = up_mat(x->w2);
+                }
+            }
+        }
+    }
+    lunar_cuda_sync();
+    *out = g;
+    return 0;
+}
+
+void lunar_cuda_model_free(lunar_cuda_model *g) {
+    if (!g) return;
+    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) free(g->L[l].w1), free(g->L[l].w2), free(g->L[l].w3);
+    free(g->L);
+    lunar_cuda_release(g->mark);
+    free(g);
+}
+
+int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+                           lunar_err *err) {
+    const lunar_config *k = &m->cfg;
+    memset(c, 0, sizeof *c);
+    if (!lunar_cuda_ready()) return lunar_fail(err, "CUDA caches: the device is not initialised");
+    c->mark = lunar_cuda_mark();
+    c->n_blocks = n_blocks, c->n_slots = n_slots;
+    c->n_mla = k->n_mla_layers, c->n_kda = k->n_kda_layers;
+    c->row = k->kv_lora_rank + k->qk_rope_head_dim;
+    c->idx_dim = k->index_topk > 0 ? k->index_head_dim : 0;
+    const size_t toks = (size_t)c->n_mla * n_blocks * LUNAR_BLOCK_SIZE;
+    const int HD = k->kda_num_heads * k->kda_head_dim;
+    c->conv_len = (size_t)3 * HD * (k->kda_conv_size - 1);
+    c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
+    c->latent = lunar_cuda_alloc(toks * c->row * 2 + 4);
+    c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
+    c->idx_scales = lunar_cuda_alloc(toks * 4 + 4);
+    c->conv = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->conv_len * 4 + 4);
+    c->state = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->state_len * 4 + 4);
+    if (!c->latent || !c->idx_codes || !c->idx_scales || !c->conv || !c->state) {
+        lunar_cuda_release(c->mark);
+        return lunar_fail(err, "CUDA caches: device arena exhausted (%d blocks, %d slots)", n_blocks, n_slots);
+    }
+    lunar_cuda_fill_u32(c->latent, 0, (toks * c->row * 2 + 4) / 4);
+    for (int s = 0; s < n_slots; s++) lunar_cuda_state_clear(c, s);
+    return 0;
+}
+
+void lunar_cuda_caches_free(lunar_cuda_caches *c) {
+    if (c->latent) lunar_cuda_release(c->mark);
+    memset(c, 0, sizeof *c);
+}
+
+void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) {
+    size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
+    if (nc) lunar_cuda_fill_u32(c->conv + (size_t)slot * nc, 0, nc);
+    if (ns) lunar_cuda_fill_u32(c->state + (size_t)slot * ns, 0, ns);
+}
+
+/* ------------------------------------------------------------------ the step */
+
+typedef struct dstep {
+    const lunar_batch_seq *seqs;
+    int n_seqs, T, max_blocks, max_len;
+    int *off;            /* host [n_seqs + 1] */
+    int32_t *row_seq, *lens, *pos, *slots, *bt; /* device: per token; block tables [n_seqs, max_blocks] */
+    int32_t *zero;       /* device [1] = 0 */
+    lunar_cuda_caches *c;
+} dstep;
+
+static float *fd(size_t n) { return dalloc(n * sizeof(float)); }
+
+/* y[n, W.out] = x[n, W.in] . W^T, x rounded to bf16 (the GEMM operand) */
+static void mm(float *y, const float *x, const dmat *W, int n) {
+    if (n <= 0) return;
+    size_t mk = lunar_cuda_mark();
+    uint16_t *xb = dalloc((size_t)n * W->in * 2);
+    lunar_cuda_f32_to_bf16(xb, x, (size_t)n * W->in);
+    static int glue_only = -1;
+    if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
+    if (!glue_only && W->in % 8 == 0 && W->out % 8 == 0)
+        lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, NULL);
+    else
+        lunar_glue_matmul(y, xb, W->p, n, W->out, W->in, NULL);
+    lunar_cuda_release(mk); /* stream-ordered: later allocations are used after this launch */
+}
+
+static void glu(const lunar_config *c, float *y, const float *x, const dmat *gate, const dmat *up,
+                const dmat *down, int n) {
+    if (n <= 0) return;
+    size_t mk = lunar_cuda_mark();
+    const int I = gate->out;
+    float *a = fd((size_t)n * I), *b = fd((size_t)n * I);
+    mm(a, x, gate, n);
+    mm(b, x, up, n);
+    if (c->act_situ)
+        lunar_cuda_situ_mul(a, LUNAR_CUDA_F32, a, b, (int64_t)n * I, c->situ_beta, c->situ_linear_beta, NULL);
+    else
+        lunar_cuda_silu_mul(a, LUNAR_CUDA_F32, a, b, (int64_t)n * I, NULL);
+    mm(y, a, down, n);
+    lunar_cuda_release(mk);
+}
+
+static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
+                      float *out) {
+    const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
+    size_t mk = lunar_cuda_mark();
+    float *pre = fd((size_t)n * HD), *q = fd((size_t)n * HD), *k = fd((size_t)n * HD), *v = fd((size_t)n * HD);
+    float *g = fd((size_t)n * HD), *low = fd((size_t)n * dk), *beta = fd((size_t)n * H), *o = fd((size_t)n * HD);
+    const size_t state_stride = (size_t)HD * (K - 1);
+    const dmat *proj[3] = {&w->q, &w->k, &w->v};
+    const float *conv[3] = {w->qc, w->kc, w->vc};
+    float *dst[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) {
+        mm(pre, h, proj[i], n);
+        for (int j = 0; j < b->n_seqs; j++) {
+            const size_t r = (size_t)b->off[j] * HD;
+            float *st = b->c->conv + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->conv_len + i * state_stride;
+            lunar_cuda_short_conv(dst[i] + r, pre + r, conv[i], st, b->seqs[j].n, HD, K, NULL);
+        }
+    }
+    lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
+    lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+    mm(low, h, &w->fa, n);
+    mm(pre, low, &w->fb, n);
+    lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
+    mm(beta, h, &w->b, n);
+    lunar_cuda_sigmoid_inplace(beta, (size_t)n * H);
+    const float scale = 1.0f / sqrtf((float)dk);
+    for (int j = 0; j < b->n_seqs; j++) {
+        const int nj = b->seqs[j].n;
+        const size_t r = (size_t)b->off[j] * HD;
+        float *S = b->c->state + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->state_len;
+        const float *bj = beta + (size_t)b->off[j] * H;
+        if (dk == 128 && nj == 1) {
+            lunar_cuda_kda_recurrent(o + r, q + r, k + r, v + r, g + r, bj, S, b->zero, NULL, 1, 1, H,
+                                     dk, dk, scale, NULL);
+        } else if (dk == 128) {
+            size_t m2 = lunar_cuda_mark();
+            void *ws = dalloc(lunar_cuda_kda_chunk_ws(nj, H));
+            lunar_cuda_kda_chunked(o + r, q + r, k + r, v + r, g + r, bj, S, nj, H, scale, ws, NULL);
+            lunar_cuda_release(m2);
+        } else { /* generic head size: the recurrence token by token (prefill included) */
+            lunar_glue_kda_recurrent(o + r, q + r, k + r, v + r, g + r, bj, S, nj, H, dk, dk, scale, NULL);
+        }
+    }
+    if (w->g.p) {
+        mm(pre, h, &w->g, n);
+    } else {
+        mm(low, h, &w->ga, n);
+        mm(pre, low, &w->gb, n);
+    }
+    lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+    mm(out, o, &w->o, n);
+    lunar_cuda_release(mk);
+}
+
+static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *b, int ki,
+                      const float *h, float *out) {
+    const lunar_config *c = &gm->m->cfg;
+    const int nh = c->num_attention_heads, N = c->qk_nope_head_dim, P = c->qk_rope_head_dim,
+              Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, n = b->T, row = R + P;
+    lunar_cuda_caches *kv = b->c;
+    size_t mk = lunar_cuda_mark();
+    float *q = fd((size_t)n * nh * qk), *kvr = fd((size_t)n * row), *o = fd((size_t)n * nh * Vd);
+    float *qa = NULL;
+    if (w->mq.p) {
+        mm(q, h, &w->mq, n);
+    } else {
+        qa = fd((size_t)n * c->q_lora_rank);
+        mm(qa, h, &w->qa, n);
+        lunar_cuda_rmsnorm(qa, LUNAR_CUDA_F32, qa, w->qa_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS, NULL);
+        mm(q, qa, &w->qb, n);
+    }
+    /* latent row = [RMSNorm(c) | k_pe], stored bf16 into the pages */
+    mm(kvr, h, &w->kva, n);
+    const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
+    uint16_t *latent = kv->latent + (size_t)ki * layer_toks * row;
+    lunar_glue_latent_store(latent, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
+
+    const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
+    int32_t *idx = NULL;
+    if (topk > 0) { /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
+        float *iq = fd((size_t)n * ni * di), *ik = fd((size_t)n * di), *wt = fd((size_t)n * ni);
+        mm(iq, qa, &w->iwq, n);
+        mm(ik, h, &w->iwk, n);
+        lunar_glue_layernorm(ik, ik, w->ik_w, w->ik_b, n, di, INDEX_K_NORM_EPS, NULL);
+        mm(wt, h, &w->iwp, n);
+        lunar_glue_scale(wt, 1.0f / sqrtf((float)ni) / sqrtf((float)di), (size_t)n * ni, NULL);
+        if (c->index_rope) {
+            lunar_glue_rope_neox(iq, gm->rope_inv, b->pos, n, ni, di, c->qk_rope_head_dim, NULL);
+            lunar_glue_rope_neox(ik, gm->rope_inv, b->pos, n, 1, di, c->qk_rope_head_dim, NULL);
+        }
+        lunar_glue_hadamard(iq, n * ni, di, NULL);
+        uint8_t *codes = kv->idx_codes + (size_t)ki * layer_toks * di;
+        float *scales = kv->idx_scales + (size_t)ki * layer_toks;
+        lunar_cuda_dsa_index_write(codes, scales, ik, b->slots, n, di, NULL); /* rotates ik itself */
+        idx = dalloc((size_t)n * topk * sizeof(int32_t));
+        float *scores = fd((size_t)n * b->max_len);
+        lunar_cuda_dsa_index_score(scores, b->max_len, iq, wt, codes, scales, b->bt, b->max_blocks,
+                                   b->row_seq, b->lens, b->max_len, n, ni, di, NULL);
+        lunar_cuda_dsa_topk(idx, NULL, scores, b->max_len, b->lens, n, topk, NULL);
+    }
+    /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
+    float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
+    lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
+    const float scale = 1.0f / sqrtf((float)qk);
+    if (R == 512 && P == 64) {
+        lunar_cuda_mla_cache cd = {latent, LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
+        const int ml = topk > 0 ? topk : b->max_len;
+        size_t wsb = lunar_cuda_mla_ws(n, nh, ml);
+        void *ws = wsb ? dalloc(wsb) : NULL;
+        if (topk > 0)
+            lunar_cuda_mla_sparse(o_lat, q_lat, q_pe, &cd, b->row_seq, idx, topk, n, nh, scale, ws, NULL);
+        else
+            lunar_cuda_mla_absorbed(o_lat, q_lat, q_pe, &cd, b->row_seq, b->lens, b->max_len, n, nh,
+                                    scale, ws, NULL);
+    } else {
+        lunar_glue_mla_attn(o_lat, q_lat, q_pe, latent, b->bt, b->max_blocks, b->row_seq, b->lens, idx,
+                            topk, b->max_len, n, nh, R, P, scale, NULL);
+    }
+    lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
+    if (w->mg.p) { /* K3 output gate */
+        float *gate = fd((size_t)n * nh * Vd);
+        mm(gate, h, &w->mg, n);
+        lunar_glue_sigmoid_mul(o, gate, (size_t)n * nh * Vd, NULL);
+    }
+    mm(out, o, &w->mo, n);
+    lunar_cuda_release(mk);
+}
+
+/* MoE: router + top-k on the device; the (token, slot) pairs are grouped per expert on the host
+ * (one small download), each expert runs as bf16 GEMMs over its gathered rows, and the weighted
+ * outputs are added in expert order, as the CPU. */
+static void moe_layer(const lunar_config *c, const dlayer *w, const float *h, int n, float *out) {
+    const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
+    const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
+    size_t mk = lunar_cuda_mark();
+    float *logits = fd((size_t)n * E), *wt = fd((size_t)n * k);
+    int32_t *sel = dalloc((size_t)n * k * sizeof(int32_t));
+    mm(logits, h, &w->router, n);
+    lunar_cuda_router_topk(sel, wt, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
+                           c->moe_renormalize, c->routed_scaling_factor, NULL);
+    int32_t *hsel = lunar_xmalloc((size_t)n * k * sizeof(int32_t));
+    float *hwt = lunar_xmalloc((size_t)n * k * sizeof(float));
+    lunar_cuda_download(hsel, sel, (size_t)n * k * sizeof(int32_t));
+    lunar_cuda_download(hwt, wt, (size_t)n * k * sizeof(float));
+    int32_t *tok = lunar_xmalloc((size_t)n * k * sizeof(int32_t));
+    float *tw = lunar_xmalloc((size_t)n * k * sizeof(float));
+    int *eoff = lunar_xmalloc(((size_t)E + 1) * sizeof(int)), m = 0;
+    for (int e = 0; e < E; e++) {
+        eoff[e] = m;
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < k; j++)
+                if (hsel[t * k + j] == e) tok[m] = t, tw[m] = hwt[t * k + j], m++;
+    }
+    eoff[E] = m;
+    int32_t *dtok = dalloc((size_t)m * sizeof(int32_t) + 4);
+    float *dtw = fd((size_t)m + 1);
+    lunar_cuda_upload(dtok, tok, (size_t)m * sizeof(int32_t));
+    lunar_cuda_upload(dtw, tw, (size_t)m * sizeof(float));
+
+    const float *z = h;
+    float *acc = out;
+    if (Lat) {
+        float *zb = fd((size_t)n * Lat);
+        mm(zb, h, &w->ldown, n);
+        z = zb;
+        acc = fd((size_t)n * Lat);
+    }
+    lunar_cuda_fill_u32(acc, 0, (size_t)n * De);
+    float *xin = fd((size_t)n * De), *xout = fd((size_t)n * De);
+    for (int e = 0; e < E; e++) {
+        const int me = eoff[e + 1] - eoff[e];
+        if (!me) continue;
+        lunar_glue_gather(xin, z, dtok + eoff[e], me, De, NULL);
+        glu(c, xout, xin, &w->w1[e], &w->w3[e], &w->w2[e], me);
+        lunar_glue_scatter_add(acc, xout, dtok + eoff[e], dtw + eoff[e], me, De, NULL);
+    }
+    if (Lat) {
+        if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
+        mm(out, acc, &w->lup, n);
+    }
+    if (w->sg.p) {
+        float *sh = fd((size_t)n * D);
+        glu(c, sh, h, &w->sg, &w->su, &w->sd, n);
+        lunar_glue_add(out, sh, (size_t)n * D, NULL);
+    }
+    lunar_cuda_sync();
+    free(hsel), free(hwt), free(tok), free(tw), free(eoff);
+    lunar_cuda_release(mk);
+}
+
+static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, float *y) {
+    const lunar_config *c = &g->m->cfg;
+    if (c->attn_kind[l] == LUNAR_ATTN_KDA)
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y);
+    else
+        mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
+}
+
+static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *y) {
+    const lunar_config *c = &g->m->cfg;
+    const dlayer *w = &g->L[l];
+    if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
+        glu(c, y, h, &w->gate, &w->up, &w->down, n);
+    else
+        moe_layer(c, w, h, n, y);
+}
+
+static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
+    const lunar_config *c = &g->m->cfg;
+    const int D = c->hidden_size;
+    float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        const dlayer *w = &g->L[l];
+        lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        attention(g, b, l, h, y);
+        lunar_glue_add(x, y, (size_t)n * D, NULL);
+        lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        ffn(g, l, h, n, y);
+        lunar_glue_add(x, y, (size_t)n * D, NULL);
+    }
+    lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
+}
+
+/* AttnRes mix: the candidate pointers go to the device (one small upload per mix). */
+static void mix(float *out, float **blocks, int nb, float *P, const float *u, const float *on, int n,
+                int D, float eps) {
+    const float *src[64];
+    LUNAR_ASSERT(nb + 1 <= 64);
+    for (int i = 0; i < nb; i++) src[i] = blocks[i];
+    int S = nb;
+    src[S++] = P;
+    size_t mk = lunar_cuda_mark();
+    const float **d = dalloc(sizeof(src));
+    lunar_cuda_upload(d, src, (size_t)S * sizeof *src);
+    lunar_glue_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
+    lunar_cuda_release(mk);
+}
+
+static void run_attn_res(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
+    const lunar_config *c = &g->m->cfg;
+    const int D = c->hidden_size, bs = c->attn_res_block_size, L = c->num_hidden_layers;
+    const float eps = c->rms_norm_eps;
+    float *blocks[64];
+    float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    float *P = x;
+    int nb = 0;
+    for (int l = 0; l < L; l++) {
+        const dlayer *w = &g->L[l];
+        /* a NULL partial sum is never a candidate: the CPU's src[nb] = P = NULL is only reached
+         * right after banking, where the mix is not taken */
+        mix(h, blocks, nb, P, w->ares_u, w->attn_norm_f, n, D, eps);
+        if (l % bs == 0) {
+            blocks[nb++] = P;
+            P = NULL;
+        }
+        attention(g, b, l, h, y);
+        if (P) {
+            lunar_glue_add(P, y, (size_t)n * D, NULL);
+        } else {
+            P = y;
+            y = fd((size_t)n * D);
+        }
+        mix(h, blocks, nb, P, w->mres_u, w->ffn_norm_f, n, D, eps);
+        ffn(g, l, h, n, y);
+        lunar_glue_add(P, y, (size_t)n * D, NULL);
+    }
+    mix(hout, blocks, nb, P, g->out_u, g->final_norm_f, n, D, eps);
+}
+
+int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
+                             const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
+    const lunar_config *cf = &g->m->cfg;
+    const int D = cf->hidden_size, V = cf->vocab_size;
+    if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
+    int *off = lunar_xmalloc(((size_t)n_seqs + 1) * sizeof *off), T = 0, rows = 0, max_blocks = 1, max_len = 1;
+    for (int j = 0; j < n_seqs; j++) {
+        const lunar_batch_seq *sq = &seqs[j];
+        if (sq->n <= 0 || sq->pos0 < 0) {
+            free(off);
+            return lunar_fail(err, "forward: sequence %d has %d tokens at position %d", j, sq->n, sq->pos0);
+        }
+        for (int i = 0; i < sq->n; i++)
+            if (sq->ids[i] < 0 || sq->ids[i] >= V) {
+                free(off);
+                return lunar_fail(err, "token id %d at position %d is outside the vocabulary [0, %d)",
+                                  sq->ids[i], sq->pos0 + i, V);
+            }
+        if (sq->slot < 0 || sq->slot >= c->n_slots ||
+            (sq->pos0 + sq->n + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE > c->n_blocks) {
+            free(off);
+            return lunar_fail(err, "forward: sequence %d exceeds the device caches", j);
+        }
+        off[j] = T;
+        T += sq->n;
+        rows += sq->logits == LUNAR_LOGITS_ALL ? sq->n : sq->logits == LUNAR_LOGITS_LAST;
+        int L = sq->pos0 + sq->n, nbk = (L + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+        if (nbk > max_blocks) max_blocks = nbk;
+        if (L > max_len) max_len = L;
+    }
+    off[n_seqs] = T;
+    const size_t mk = lunar_cuda_mark();
+    /* per-token tables */
+    int32_t *h_ids = lunar_xmalloc((size_t)T * 4), *h_rs = lunar_xmalloc((size_t)T * 4),
+            *h_lens = lunar_xmalloc((size_t)T * 4), *h_pos = lunar_xmalloc((size_t)T * 4),
+            *h_slots = lunar_xmalloc((size_t)T * 4),
+            *h_bt = lunar_xcalloc((size_t)n_seqs * max_blocks, 4), *h_sel = lunar_xmalloc((size_t)(rows + 1) * 4);
+    int r = 0;
+    for (int j = 0; j < n_seqs; j++) {
+        const lunar_batch_seq *sq = &seqs[j];
+        const int nbk = (sq->pos0 + sq->n + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+        for (int i = 0; i < nbk; i++) h_bt[(size_t)j * max_blocks + i] = sq->blocks[i];
+        for (int i = 0; i < sq->n; i++) {
+            const int t = off[j] + i, p = sq->pos0 + i;
+            h_ids[t] = sq->ids[i], h_rs[t] = j, h_lens[t] = p + 1, h_pos[t] = p;
+            h_slots[t] = sq->blocks[p / LUNAR_BLOCK_SIZE] * LUNAR_BLOCK_SIZE + p % LUNAR_BLOCK_SIZE;
+        }
+        if (sq->logits == LUNAR_LOGITS_ALL)
+            for (int i = 0; i < sq->n; i++) h_sel[r++] = off[j] + i;
+        else if (sq->logits == LUNAR_LOGITS_LAST)
+            h_sel[r++] = off[j + 1] - 1;
+    }
+    dstep b = {seqs, n_seqs, T, max_blocks, max_len, off, NULL, NULL, NULL, NULL, NULL, NULL, c};
+    int32_t *ids = dalloc((size_t)T * 4), *sel = dalloc((size_t)(rows + 1) * 4);
+    b.row_seq = dalloc((size_t)T * 4), b.lens = dalloc((size_t)T * 4), b.pos = dalloc((size_t)T * 4);
+    b.slots = dalloc((size_t)T * 4), b.bt = dalloc((size_t)n_seqs * max_blocks * 4), b.zero = dalloc(4);
+    lunar_cuda_upload(ids, h_ids, (size_t)T * 4);
+    lunar_cuda_upload(b.row_seq, h_rs, (size_t)T * 4);
+    lunar_cuda_upload(b.lens, h_lens, (size_t)T * 4);
+    lunar_cuda_upload(b.pos, h_pos, (size_t)T * 4);
+    lunar_cuda_upload(b.slots, h_slots, (size_t)T * 4);
+    lunar_cuda_upload(b.bt, h_bt, (size_t)n_seqs * max_blocks * 4);
+    lunar_cuda_upload(sel, h_sel, (size_t)(rows + 1) * 4);
+    lunar_cuda_fill_u32(b.zero, 0, 1);
+
+    float *x = fd((size_t)T * D), *h = fd((size_t)T * D);
+    lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
+    if (cf->attn_res_block_size > 0)
+        run_attn_res(g, &b, x, T, h);
+    else
+        run_residual(g, &b, x, T, h);
+    if (rows) {
+        float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * V);
+        lunar_glue_gather(hs, h, sel, rows, D, NULL);
+        mm(lg, hs, &g->lm_head, rows);
+        lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
+    }
+    lunar_cuda_sync();
+    lunar_cuda_release(mk);
+    free(h_ids), free(h_rs), free(h_lens), free(h_pos), free(h_slots), free(h_bt), free(h_sel), free(off);
+    return 0;
+}
+
+int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
+    memset(s, 0, sizeof *s);
+    if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
+    const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+    if (lunar_cuda_caches_init(&s->c, m, n_blocks, 1, err)) return -1;
+    s->blocks = lunar_xmalloc((size_t)n_blocks * sizeof *s->blocks);
+    for (int i = 0; i < n_blocks; i++) s->blocks[i] = i;
+    s->max_tokens = max_tokens;
+    return 0;
+}
+
+void lunar_cuda_seq_reset(lunar_cuda_seq *s) {
+    lunar_cuda_state_clear(&s->c, 0);
+    s->pos = 0;
+}
+
+void lunar_cuda_seq_free(lunar_cuda_seq *s) {
+    lunar_cuda_caches_free(&s->c);
+    free(s->blocks);
+    memset(s, 0, sizeof *s);
+}
+
+int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32_t *ids, int n,
+                       float *logits, int all_logits, lunar_err *err) {
+    if (n <= 0) return lunar_fail(err, "forward: no tokens");
+    if (s->pos + n > s->max_tokens)
+        return lunar_fail(err, "forward: %d + %d tokens exceed the sequence capacity of %d", s->pos, n,
+                          s->max_tokens);
+    lunar_batch_seq one = {ids, n, s->pos, 0, s->blocks, all_logits ? LUNAR_LOGITS_ALL : LUNAR_LOGITS_LAST};
+    if (lunar_forward_batch_cuda(g, &s->c, &one, 1, logits, err)) return -1;
+    s->pos += n;
+    return 0;
+}
+
+#endif
