@@ -20,6 +20,7 @@ import copy
 import glob
 import json
 import os
+import sys
 import shlex
 import socket
 import subprocess
@@ -29,6 +30,9 @@ import time
 import httpx
 import openai
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from schema_wrap import wrap  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LUNAR = os.path.join(ROOT, "build", "lunar")
@@ -408,28 +412,6 @@ def all_schema_cases():
             if line.strip():
                 out.append(pytest.param(json.loads(line), id=f"{os.path.basename(os.path.dirname(f))}-{i}"))
     return out
-
-
-def strip_defaults(x):
-    if isinstance(x, dict):
-        return {k: strip_defaults(v) for k, v in x.items() if k != "default"}
-    if isinstance(x, list):
-        return [strip_defaults(v) for v in x]
-    return x
-
-
-def wrap(schema):
-    """KVV's wrapping (reference/kvv.md §4)."""
-    s = copy.deepcopy(schema)
-    w = {"type": "object", "required": ["value"], "additionalProperties": False, "properties": {"value": s}}
-    if isinstance(s, dict):
-        for k in ("$defs", "$id"):
-            if k in s:
-                w[k] = s.pop(k)
-        if s.get("$ref") == "#":
-            w.setdefault("$defs", {})["__case_schema"] = {k: v for k, v in s.items() if k != "$ref"}
-            w["properties"]["value"] = {"$ref": "#/$defs/__case_schema"}
-    return strip_defaults(w)
 
 
 # Random weights can wander inside a free string: a bound keeps the CPU run short. A call cut by
