@@ -16,7 +16,6 @@ Environment:
   LUNAR_SERVE_ARGS      extra flags for lunar serve (e.g. "--backend cuda").
 """
 import concurrent.futures
-import copy
 import glob
 import json
 import os
