@@ -91,7 +91,11 @@ run: deps
 	./$(BUILD)/lunar generate models/kimi-linear-tiny --prompt "$(RUN_PROMPT)" --max-tokens 32
 
 # The OpenAI-API tests: a live `lunar serve` on the bundled model, driven by the openai client.
-test-server: $(BUILD)/lunar
+# the constrained outputs of the random model that tests/server/test_grammar_samples.py validates
+build/model_grammar_samples.jsonl: build/lunar_tests
+	./build/lunar_tests engine_grammar
+
+test-server: $(BUILD)/lunar build/model_grammar_samples.jsonl
 	@scripts/install-py-deps.sh
 	.venv/bin/python -m pytest -q tests/server
 
