@@ -55,4 +55,17 @@ typedef void (*lunar_chat_event_fn)(void *ctx, const lunar_chat_event *ev);
 /* Fills buf[n] with random bytes (tool-call ids). */
 typedef void (*lunar_chat_rand_fn)(void *ctx, unsigned char *buf, size_t n);
 
+/* Length of the longest prefix of s[0..n) that does not end inside a UTF-8 sequence: both parsers
+ * hold back the rest so every delta ends on a character boundary. */
+static inline size_t lunar_utf8_complete(const char *s, size_t n) {
+    const unsigned char *u = (const unsigned char *)s;
+    size_t i = n, k = 0;
+    while (i > 0 && k < 4 && (u[i - 1] & 0xc0) == 0x80) i--, k++;
+    if (i == 0) return n;
+    unsigned char lead = u[i - 1];
+    size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+    if (need > 1 && k + 1 < need) return i - 1;
+    return n;
+}
+
 #endif

@@ -51,21 +51,10 @@ static void emit_event(lunar_k2_parser *p, lunar_chat_ev_kind kind, const char *
     p->emit(p->emit_ctx, &ev);
 }
 
-static size_t utf8_complete(const char *s, size_t n) {
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = n, k = 0;
-    while (i > 0 && k < 4 && (u[i - 1] & 0xc0) == 0x80) i--, k++;
-    if (i == 0) return n;
-    unsigned char lead = u[i - 1];
-    size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
-    if (need > 1 && k + 1 < need) return i - 1;
-    return n;
-}
-
 static void emit_held(lunar_k2_parser *p, lunar_sbuf *hold, lunar_chat_ev_kind kind, const char *s, size_t n) {
     if (n == 0) return;
     lunar_sbuf_put(hold, s, n);
-    size_t ok = utf8_complete(hold->p, hold->len);
+    size_t ok = lunar_utf8_complete(hold->p, hold->len);
     if (ok == 0) return;
     emit_event(p, kind, hold->p, ok);
     memmove(hold->p, hold->p + ok, hold->len - ok);
