@@ -376,7 +376,8 @@ static void kin_free(kin *in) {
     free(in->q), free(in->k), free(in->v), free(in->g), free(in->beta), free(in->S0);
 }
 
-/* mode: 1 3xTF32 (fp32-accurate), 0 plain tf32, 2 bf16 scratch and bf16 state-pass operands. */
+/* mode: 1 3xTF32 (fp32-accurate), 0 plain tf32, 2 bf16 scratch and bf16 state-pass operands
+ * (3: the same from the older intra kernel). */
 static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
     const int dk = 128, dv = 128;
     size_t mark = lunar_cuda_mark();
@@ -403,7 +404,7 @@ static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
      * copy and V_new, chained through V_new -> O and V_new -> S; 1e-2 = 5u bounds it (fla's
      * chunk_kda rounds the same operands to bf16). */
     const double tol = mode == 1 ? 1e-4 : mode == 0 ? 5e-3 : 1e-2;
-    const char *tag = mode == 1 ? "" : mode == 0 ? " (tf32)" : " (bf16)";
+    const char *tag = mode == 1 ? "" : mode == 0 ? " (tf32)" : mode == 3 ? " (bf16 old)" : " (bf16)";
     char what[96];
     snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: o", tag, T, H, lb);
     report(what, lunar_max_rel_err(out, ref, no), tol);
@@ -431,6 +432,8 @@ TEST(cuda_kda_chunked_vs_cpu) {
     check_chunked(1000, 2, -5.0f, 2, 12);
     check_chunked(130, 70, 0.0f, 2, 13);
     check_chunked(333, 70, -5.0f, 2, 14);
+    check_chunked(333, 3, -5.0f, 3, 15); /* mode 3: the older intra kernel, same outputs */
+    check_chunked(130, 70, 0.0f, 3, 16);
 }
 
 /* Batch of B sequences of T tokens with permuted state slots, in place and in the verify form

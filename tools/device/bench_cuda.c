@@ -2,7 +2,7 @@
  * Kimi-Linear shapes. Device events around the region, warm-up first, median of the repeats.
  * Floors: bytes / 4.3 TB/s (copy bandwidth measured on these H200s) and FLOPs / 790 TFLOP/s
  * (bf16 8192^3 product measured on them). Prints one table row per case.
- * Usage: bench_cuda [prefill|decode|gemm|all] */
+ * Usage: bench_cuda [prefill|decode|gemm|all|profile]   (profile: one KDA prefill call per bf16 mode, for ncu) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,10 +74,62 @@ static void bench_prefill(int T, int H, int mode) {
     const double flops = 2.0 * H * (6.0 * T * d * d + 3.0 * T * 64 * d + (double)T * 64 * 64);
     const double fl_ms = fmax(bytes / BW, flops / TC) * 1e3;
     printf("| kda prefill %s | T=%d H=%d | %.3f ms (intra %.2f + state %.2f) | %.3f ms (%s) | %.0f%% | %.1f TFLOP/s |\n",
-           mode == 1 ? "3xTF32" : mode == 0 ? "tf32" : "bf16", T, H, ms, t_intra, t_state, fl_ms, bytes / BW > flops / TC ? "bytes" : "flops",
+           mode == 1 ? "3xTF32" : mode == 0 ? "tf32" : mode == 3 ? "bf16 old intra" : "bf16", T, H, ms, t_intra, t_state, fl_ms, bytes / BW > flops / TC ? "bytes" : "flops",
            100.0 * fl_ms / ms, flops / (ms * 1e-3) / 1e12);
     lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    lunar_cuda_release(mark);
+}
+
+/* Same inputs through modes 2 (default), 3 (old intra kernel) and 1 (3xTF32, fp32-accurate): max
+ * |difference| of o and of the final state relative to max |3xTF32| at a benchmark size (the
+ * tests cover small shapes against the CPU op; this covers long sequences and many heads). */
+static double max_rel(const float *a, const float *ref, size_t n) {
+    double m = 0, r = 0;
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)a[i] - ref[i]);
+        if (!(d <= m)) m = d; /* NaN propagates */
+        if (fabs(ref[i]) > r) r = fabs(ref[i]);
+    }
+    return m / r;
+}
+static void crosscheck_prefill(int T, int H) {
+    const int d = 128;
+    const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
+    float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
+    float *f = dalloc(nq * 4), *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4);
+    float *S0 = dalloc(ns * 4), *S = dalloc(ns * 4), *al = dalloc(H * 4), *db = dalloc((size_t)H * d * 4);
+    void *ws = dalloc(lunar_cuda_kda_chunk_ws(T, H));
+    lunar_cuda_fill_uniform(q, nq, 31, -1, 1);
+    lunar_cuda_fill_uniform(k, nq, 32, -1, 1);
+    lunar_cuda_l2norm(q, q, T * H, d, 1e-6f, NULL);
+    lunar_cuda_l2norm(k, k, T * H, d, 1e-6f, NULL);
+    lunar_cuda_fill_uniform(v, nq, 33, -1, 1);
+    lunar_cuda_fill_uniform(f, nq, 34, -4, 2);
+    lunar_cuda_fill_uniform(al, H, 35, -2, 1);
+    lunar_cuda_fill_uniform(db, (size_t)H * d, 36, -1, 1);
+    lunar_cuda_kda_gate(g, f, al, db, T, H, d, 0.0f, NULL);
+    lunar_cuda_fill_uniform(beta, (size_t)T * H, 37, -3, 3);
+    lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
+    lunar_cuda_fill_uniform(S0, ns, 38, -0.5f, 0.5f);
+    float *ho[3], *hs[3];
+    static const int modes[3] = {1, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        ho[i] = malloc(nq * 4), hs[i] = malloc(ns * 4);
+        lunar_cuda_fill_u32(o, 0x7fc00000u, nq); /* NaN: every element must be written */
+        const int prev = lunar_cuda_kda_chunk_precision(modes[i]);
+        /* S = S0 (a copy through the host: this is not timed) */
+        lunar_cuda_download(hs[i], S0, ns * 4);
+        lunar_cuda_upload(S, hs[i], ns * 4);
+        lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
+        lunar_cuda_kda_chunk_precision(prev);
+        lunar_cuda_download(ho[i], o, nq * 4);
+        lunar_cuda_download(hs[i], S, ns * 4);
+    }
+    printf("| kda prefill check | T=%d H=%d | o: bf16 %.2e, bf16 old intra %.2e; S: %.2e, %.2e (vs 3xTF32) | | | |\n",
+           T, H, max_rel(ho[1], ho[0], nq), max_rel(ho[2], ho[0], nq), max_rel(hs[1], hs[0], ns),
+           max_rel(hs[2], hs[0], ns));
+    for (int i = 0; i < 3; i++) free(ho[i]), free(hs[i]);
     lunar_cuda_release(mark);
 }
 
@@ -185,7 +237,28 @@ int main(int argc, char **argv) {
         static const int Ts[] = {8192, 65536}, Hs[] = {32, 96};
         for (int a = 0; a < 2; a++)
             for (int b = 0; b < 2; b++)
-                for (int mode = 0; mode < 3; mode++) bench_prefill(Ts[a], Hs[b], (mode + 1) % 3);
+                for (int mode = 0; mode < 3; mode++) bench_prefill(Ts[a], Hs[b], mode == 0 ? 2 : mode == 1 ? 3 : 1);
+        crosscheck_prefill(8192, 96);
+        crosscheck_prefill(65536, 32);
+    }
+    if (strcmp(what, "profile") == 0) { /* one call per mode, for ncu */
+        const int T = 8192, H = 96, d = 128;
+        const size_t nq = (size_t)T * H * d;
+        float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
+        float *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4), *S = dalloc((size_t)H * d * d * 4);
+        void *ws = dalloc(lunar_cuda_kda_chunk_ws(T, H));
+        lunar_cuda_fill_uniform(q, nq, 1, -0.1f, 0.1f);
+        lunar_cuda_fill_uniform(k, nq, 2, -0.1f, 0.1f);
+        lunar_cuda_fill_uniform(v, nq, 3, -1, 1);
+        lunar_cuda_fill_uniform(g, nq, 4, -1, 0);
+        lunar_cuda_fill_uniform(beta, (size_t)T * H, 5, 0, 1);
+        lunar_cuda_fill_uniform(S, (size_t)H * d * d, 6, -0.5f, 0.5f);
+        for (int mode = 2; mode <= 3; mode++) {
+            const int prev = lunar_cuda_kda_chunk_precision(mode);
+            lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
+            lunar_cuda_kda_chunk_precision(prev);
+        }
+        lunar_cuda_sync();
     }
     if (all || strcmp(what, "decode") == 0) {
         static const int Bs[] = {1, 8, 32, 64, 128, 256};

@@ -36,11 +36,12 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::r
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> FragBc;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 8, float> FragC;
 
-// 0: plain tf32, 1: 3xTF32 (fp32-accurate), 2: bf16 scratch and bf16 state pass (fast)
+// 0: plain tf32, 1: 3xTF32 (fp32-accurate), 2: bf16 scratch and bf16 state pass (fast),
+// 3: mode 2's outputs from the older one-block-per-SM intra kernel (kept for comparison)
 static int g_mode = 2;
 extern "C" int lunar_cuda_kda_chunk_precision(int mode) {
     const int prev = g_mode;
-    g_mode = mode == 2 ? 2 : mode ? 1 : 0;
+    g_mode = mode == 2 || mode == 3 ? mode : mode ? 1 : 0;
     return prev;
 }
 
@@ -362,6 +363,318 @@ __global__ void __launch_bounds__(256, 1)
         } else {
             float *dst = (which ? ws.U : ws.W) + cb * BT * DK + 16 * rt * DK + 16 * ct;
             wmma::store_matrix_sync(dst, acc, DK, wmma::mem_row_major);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- kernel 1b: intra-chunk, fast
+
+// tf32 m16n8k8 with fp32 accumulation on raw registers (g = lane / 4, t = lane % 4): A regs
+// {(g, t), (g+8, t), (g, t+4), (g+8, t+4)}, B regs {(k t, n g), (k t+4, n g)}, C {(g, 2t),
+// (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} (PTX ISA, mma.m16n8k8 .tf32).
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Three fp32 [64][LDK] tiles and beta: 99.3 KB, so two blocks share an SM and one block's loads
+// and stores overlap the other's arithmetic (kda_intra_kernel needed 178 KB: one block per SM,
+// every phase exposed).
+#define I2_SMEM_BYTES (3 * BT * LDK * 4 + BT * 4)
+
+// Mode 2's intra kernel: the same outputs as kda_intra_kernel<0, 1> (bf16 W, U, Qg, Kg, Aqk, fp32
+// exp(Gamma_C)), with the work rearranged:
+//  - diagonal 16x16 blocks of L and Aqk without one exp per pair: along a column i the decay is
+//    a running product, exp(Gamma_r - Gamma_i) = exp(Gamma_{r-1} - Gamma_i) exp(g_r), so a lane
+//    holding p = k_i exp(Gamma_r - Gamma_i) for 32 dims multiplies it by exp(g_r) per row r
+//    (exp(g) once per element; every factor <= 1, so nothing overflows; ~15 roundings of 2^-24);
+//  - the six off-diagonal blocks (anchored as in kda_intra_kernel) as one warp each, the scaled
+//    operands built in registers straight into tf32 mma.sync fragments (no staging, no barrier
+//    per sub-chunk);
+//  - L is held in registers until q is consumed, then the inverse lives where q was; V lands
+//    where Gamma was.
+__global__ void __launch_bounds__(256, 2)
+    kda_intra2_kernel(const float *__restrict__ q, const float *__restrict__ k,
+                      const float *__restrict__ v, const float *__restrict__ g,
+                      const float *__restrict__ beta, kda_ws ws, int T, int H, float scale) {
+    extern __shared__ __align__(128) float sm[];
+    float *Gs = sm;             // [64][LDK] exp(g), then Gamma, then V
+    float *Ks = Gs + BT * LDK;  // [64][LDK] k, then exp(Gamma) k
+    float *Qs = Ks + BT * LDK;  // [64][LDK] q; then Xs [64][LDA], Lo [6][16][16], Ps [3][256]
+    float *bs = Qs + BT * LDK;  // [64] beta
+    float *Xs = Qs;             // diagonal L blocks, inverted in place into X
+    float *Lo = Qs + BT * LDA;  // off-diagonal L blocks (m, n), n < m, at m (m - 1) / 2 + n
+    float *Ps = Lo + 6 * 256;
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int n = blockIdx.x, h = blockIdx.y, NC = gridDim.x;
+    const int t0 = n * BT, c = min(BT, T - t0);
+    const size_t cb = (size_t)h * NC + n;
+    __nv_bfloat16 *Aq = reinterpret_cast<__nv_bfloat16 *>(ws.Aq) + cb * BT * BT;
+
+    // 1. k, q, g (zero rows past the end: k = q = 0, g = 0), then exp(g) by the thread that
+    //    copied it (its own cp.async results are visible to it after the wait)
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        if (r < c) {
+            const size_t off = ((size_t)(t0 + r) * H + h) * DK + j;
+            cp16(Ks + r * LDK + j, k + off);
+            cp16(Qs + r * LDK + j, q + off);
+            cp16(Gs + r * LDK + j, g + off);
+        } else {
+            const float4 z = make_float4(0, 0, 0, 0);
+            *reinterpret_cast<float4 *>(Ks + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Qs + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Gs + r * LDK + j) = z;
+        }
+    }
+    if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
+    cp_wait_all();
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK + (idx & 31) * 4);
+        const float4 x = *p;
+        *p = make_float4(__expf(x.x), __expf(x.y), __expf(x.z), __expf(x.w));
+    }
+    // Aqk above the diagonal blocks is zero (8 bf16 per store)
+    for (int idx = tid; idx < BT * BT / 8; idx += 256) {
+        const int r = idx >> 3, cblk = (idx & 7) >> 1;
+        if (cblk > (r >> 4)) *reinterpret_cast<uint4 *>(Aq + idx * 8) = make_uint4(0, 0, 0, 0);
+    }
+    __syncthreads();
+
+    // 2. diagonal blocks. Warp (m = warp / 2, half ch = warp % 2): lane owns column
+    //    i = 16m + 8ch + (lane % 8) and dims {16u + 4s .. +3 : u < 8}, s = lane / 8; the four s
+    //    lanes of a column are summed by shuffles. Columns 8..15 start at row 8 (warp-uniform).
+    const int dm = warp >> 1, dch = warp & 1, dil = lane & 7, ds = lane >> 3;
+    const int icol = 8 * dch + dil, rb = 16 * dm;
+    float dkk[4];  // this lane's L entries: rows rb + 4u + ds, column rb + icol
+    {
+        float p[32], sk[16], sq[16];
+#pragma unroll
+        for (int e = 0; e < 32; e++) p[e] = 0.0f;
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            sk[rr] = sq[rr] = 0.0f;
+            if (rr < 8 * dch) continue;
+            const float *kr = Ks + (rb + rr) * LDK + 4 * ds, *qr = Qs + (rb + rr) * LDK + 4 * ds;
+            const float *ar = Gs + (rb + rr) * LDK + 4 * ds;
+            const bool start = rr == icol;
+            float ak = 0.0f, aq = 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const float4 K4 = *reinterpret_cast<const float4 *>(kr + 16 * u);
+                const float4 Q4 = *reinterpret_cast<const float4 *>(qr + 16 * u);
+                const float4 A4 = *reinterpret_cast<const float4 *>(ar + 16 * u);
+                float *pp = p + 4 * u;
+                pp[0] = start ? K4.x : pp[0] * A4.x;
+                pp[1] = start ? K4.y : pp[1] * A4.y;
+                pp[2] = start ? K4.z : pp[2] * A4.z;
+                pp[3] = start ? K4.w : pp[3] * A4.w;
+                ak += K4.x * pp[0] + K4.y * pp[1] + K4.z * pp[2] + K4.w * pp[3];
+                aq += Q4.x * pp[0] + Q4.y * pp[1] + Q4.z * pp[2] + Q4.w * pp[3];
+            }
+            sk[rr] = ak, sq[rr] = aq;
+        }
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            sk[rr] += __shfl_xor_sync(0xffffffffu, sk[rr], 8);
+            sk[rr] += __shfl_xor_sync(0xffffffffu, sk[rr], 16);
+            sq[rr] += __shfl_xor_sync(0xffffffffu, sq[rr], 8);
+            sq[rr] += __shfl_xor_sync(0xffffffffu, sq[rr], 16);
+        }
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++)
+            if ((rr & 3) == ds) {
+                Aq[(rb + rr) * BT + rb + icol] = __float2bfloat16_rn(icol <= rr ? sq[rr] * scale : 0.0f);
+                dkk[rr >> 2] = icol < rr ? bs[rb + rr] * sk[rr] : 0.0f;
+            }
+    }
+    __syncthreads();  // exp(g) consumed
+
+    // 3. Gamma: inclusive cumsum of g down each key column (token order), g re-read (L2)
+    if (tid < DK) {
+        float x[BT];
+#pragma unroll
+        for (int r = 0; r < BT; r++) x[r] = r < c ? g[((size_t)(t0 + r) * H + h) * DK + tid] : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int r = 0; r < BT; r++) {
+            acc += x[r];
+            Gs[r * LDK + tid] = acc;
+        }
+    }
+    __syncthreads();
+
+    // 4a. off-diagonal blocks (m, n), n < m, one per warp 0..5, anchor Gamma* = Gamma at row
+    //     16m: (x_r exp(Gamma_r - Gamma*)) . (k_i exp(Gamma* - Gamma_i)), both exponents <= 0.
+    float lo[2][4];  // this warp's L block (beta_r applied), C-fragment order per n8 half
+    const int om = warp < 1 ? 1 : warp < 3 ? 2 : 3, on = warp - om * (om - 1) / 2;
+    if (warp < 6) {
+        float ck[2][4], cq[2][4];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ck[hf][e] = cq[hf][e] = 0.0f;
+        const float *Ga = Gs + 16 * om * LDK;
+        const int r0 = 16 * om + gq, r1 = r0 + 8;
+#pragma unroll 4
+        for (int kk = 0; kk < DK; kk += 8) {
+            const int j0 = kk + t4, j1 = j0 + 4;
+            const float ga0 = Ga[j0], ga1 = Ga[j1];
+            const float e00 = __expf(Gs[r0 * LDK + j0] - ga0), e10 = __expf(Gs[r1 * LDK + j0] - ga0);
+            const float e01 = __expf(Gs[r0 * LDK + j1] - ga1), e11 = __expf(Gs[r1 * LDK + j1] - ga1);
+            const unsigned ak[4] = {to_tf32(Ks[r0 * LDK + j0] * e00), to_tf32(Ks[r1 * LDK + j0] * e10),
+                                    to_tf32(Ks[r0 * LDK + j1] * e01), to_tf32(Ks[r1 * LDK + j1] * e11)};
+            const unsigned aq[4] = {to_tf32(Qs[r0 * LDK + j0] * e00), to_tf32(Qs[r1 * LDK + j0] * e10),
+                                    to_tf32(Qs[r0 * LDK + j1] * e01), to_tf32(Qs[r1 * LDK + j1] * e11)};
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int i = 16 * on + 8 * hf + gq;
+                const unsigned b0 = to_tf32(Ks[i * LDK + j0] * __expf(ga0 - Gs[i * LDK + j0]));
+                const unsigned b1 = to_tf32(Ks[i * LDK + j1] * __expf(ga1 - Gs[i * LDK + j1]));
+                mma_tf32(ck[hf], ak, b0, b1);
+                mma_tf32(cq[hf], aq, b0, b1);
+            }
+        }
+        const float br0 = bs[r0], br1 = bs[r1];
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int col = 16 * on + 8 * hf + 2 * t4;
+            *reinterpret_cast<__nv_bfloat162 *>(Aq + r0 * BT + col) = __floats2bfloat162_rn(cq[hf][0] * scale, cq[hf][1] * scale);
+            *reinterpret_cast<__nv_bfloat162 *>(Aq + r1 * BT + col) = __floats2bfloat162_rn(cq[hf][2] * scale, cq[hf][3] * scale);
+            lo[hf][0] = ck[hf][0] * br0, lo[hf][1] = ck[hf][1] * br0;
+            lo[hf][2] = ck[hf][2] * br1, lo[hf][3] = ck[hf][3] * br1;
+        }
+    }
+    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16), exp(Gamma_C)
+    {
+        __nv_bfloat162 *Qg2 = reinterpret_cast<__nv_bfloat162 *>(ws.Qg) + cb * BT * DK / 2;
+        __nv_bfloat162 *Kg2 = reinterpret_cast<__nv_bfloat162 *>(ws.Kg) + cb * BT * DK / 2;
+        for (int idx = tid; idx < BT * DK / 2; idx += 256) {
+            const int r = idx >> 6, j = (idx & 63) * 2;
+            const float2 G = *reinterpret_cast<const float2 *>(Gs + r * LDK + j);
+            const float2 C = *reinterpret_cast<const float2 *>(Gs + (BT - 1) * LDK + j);
+            const float2 Q = *reinterpret_cast<const float2 *>(Qs + r * LDK + j);
+            const float2 K = *reinterpret_cast<const float2 *>(Ks + r * LDK + j);
+            Qg2[idx] = __floats2bfloat162_rn(Q.x * scale * __expf(G.x), Q.y * scale * __expf(G.y));
+            Kg2[idx] = __floats2bfloat162_rn(K.x * __expf(C.x - G.x), K.y * __expf(C.y - G.y));
+        }
+        if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
+    }
+    __syncthreads();  // q and raw k consumed
+
+    // 5. L into the freed q tile: diagonal blocks into Xs, off-diagonal ones into Lo; exp(Gamma) k
+#pragma unroll
+    for (int u = 0; u < 4; u++) Xs[(rb + 4 * u + ds) * LDA + rb + icol] = dkk[u];
+    if (warp < 6) {
+        float *L = Lo + warp * 256;  // warp = om (om - 1) / 2 + on
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+            const int cc = 8 * hf + 2 * t4;
+            L[gq * 16 + cc] = lo[hf][0], L[gq * 16 + cc + 1] = lo[hf][1];
+            L[(gq + 8) * 16 + cc] = lo[hf][2], L[(gq + 8) * 16 + cc + 1] = lo[hf][3];
+        }
+    }
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK + j);
+        float4 *kp = reinterpret_cast<float4 *>(Ks + r * LDK + j);
+        float4 kv = *kp;
+        kv.x *= __expf(G.x), kv.y *= __expf(G.y), kv.z *= __expf(G.z), kv.w *= __expf(G.w);
+        *kp = kv;
+    }
+    __syncthreads();  // Gamma consumed
+
+    // 6. V into the Gamma tile, in flight during the inverse
+    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+        const int r = idx >> 5, j = (idx & 31) * 4;
+        if (r < c) cp16(Gs + r * LDK + j, v + ((size_t)(t0 + r) * H + h) * DK + j);
+        else *reinterpret_cast<float4 *>(Gs + r * LDK + j) = make_float4(0, 0, 0, 0);
+    }
+    // X_mm = (I + L_mm)^-1 by forward substitution (warp m, lane = column), in place once the
+    // whole warp has read its block
+    if (warp < 4) {
+        const int m = warp, col = lane & 15;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; r++) {
+            float s = r == col ? 1.0f : 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < r; kk++) s -= Xs[(16 * m + r) * LDA + 16 * m + kk] * x[kk];
+            x[r] = s;
+        }
+        __syncwarp();
+        if (lane < 16)
+#pragma unroll
+            for (int r = 0; r < 16; r++) Xs[(16 * m + r) * LDA + 16 * m + col] = x[r];
+    }
+    __syncthreads();
+    // X_mn, n = m - d, level by level: P = sum_{k=n}^{m-1} L_mk X_kn, X_mn = -X_mm P
+    for (int d = 1; d < 4; d++) {
+        const int nb = 4 - d;
+        for (int idx = tid; idx < nb * 256; idx += 256) {
+            const int m = d + idx / 256, nn = m - d, e = idx % 256, r = e >> 4, cc = e & 15;
+            float s = 0.0f;
+            for (int kb = nn; kb < m; kb++) {
+                const float *L = Lo + (m * (m - 1) / 2 + kb) * 256 + r * 16;
+                const float *X = Xs + 16 * kb * LDA + 16 * nn + cc;
+#pragma unroll
+                for (int kk = 0; kk < 16; kk++) s += L[kk] * X[kk * LDA];
+            }
+            Ps[idx] = s;
+        }
+        __syncthreads();
+        for (int idx = tid; idx < nb * 256; idx += 256) {
+            const int m = d + idx / 256, nn = m - d, e = idx % 256, r = e >> 4, cc = e & 15;
+            const float *P = Ps + (idx / 256) * 256;
+            float s = 0.0f;
+            for (int kk = 0; kk <= r; kk++) s += Xs[(16 * m + r) * LDA + 16 * m + kk] * P[kk * 16 + cc];
+            Xs[(16 * m + r) * LDA + 16 * nn + cc] = -s;
+        }
+        __syncthreads();
+    }
+    // 7. beta_i on the columns of X (W = X diag(beta) exp(Gamma) K, U = X diag(beta) V)
+    for (int idx = tid; idx < BT * BT; idx += 256) {
+        const int r = idx >> 6, i = idx & 63;
+        if ((i >> 4) <= (r >> 4)) Xs[r * LDA + i] *= bs[i];
+    }
+    cp_wait_all();
+    __syncthreads();
+    // 8. W (warps 0-3) and U (warps 4-7), 32 columns per warp, tf32 mma.sync, bf16 out
+    {
+        const int which = warp >> 2, cs = (warp & 3) * 32;
+        const float *B = which ? Gs : Ks;
+        __nv_bfloat16 *dst = reinterpret_cast<__nv_bfloat16 *>(which ? ws.U : ws.W) + cb * BT * DK;
+#pragma unroll
+        for (int rt = 0; rt < 4; rt++) {
+            float acc[4][4];
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+            const int r0 = 16 * rt + gq;
+#pragma unroll
+            for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {
+                const unsigned a[4] = {to_tf32(Xs[r0 * LDA + kk + t4]), to_tf32(Xs[(r0 + 8) * LDA + kk + t4]),
+                                       to_tf32(Xs[r0 * LDA + kk + t4 + 4]), to_tf32(Xs[(r0 + 8) * LDA + kk + t4 + 4])};
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const int col = cs + 8 * nt + gq;
+                    mma_tf32(acc[nt], a, to_tf32(B[(kk + t4) * LDK + col]), to_tf32(B[(kk + t4 + 4) * LDK + col]));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const int col = cs + 8 * nt + 2 * t4;
+                *reinterpret_cast<__nv_bfloat162 *>(dst + r0 * DK + col) = __floats2bfloat162_rn(acc[nt][0], acc[nt][1]);
+                *reinterpret_cast<__nv_bfloat162 *>(dst + (r0 + 8) * DK + col) = __floats2bfloat162_rn(acc[nt][2], acc[nt][3]);
+            }
         }
     }
 }
@@ -803,6 +1116,24 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
 
+// Mode 2: kda_intra2_kernel (two blocks per SM), then the bf16 state pass.
+static void launch_fast(float *o, const float *q, const float *k, const float *v, const float *g,
+                        const float *beta, float *S, int T, int H, float scale, kda_ws w,
+                        cudaStream_t st) {
+    const int NC = (T + BT - 1) / BT;
+    CUDA_CHECK(cudaFuncSetAttribute(kda_intra2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    I2_SMEM_BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(kda_intra2_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
+    kda_intra2_kernel<<<dim3(NC, H), 256, I2_SMEM_BYTES, st>>>(q, k, v, g, beta, w, T, H, scale);
+    CUDA_CHECK_LAUNCH();
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
+    if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
+    else launch_state_bf16<32>(o, S, w, T, H, NC, st);
+    if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
+}
+
 extern "C" void lunar_cuda_kda_chunked(float *o, const float *q, const float *k, const float *v,
                                        const float *g, const float *beta, float *S, int T, int H,
                                        float scale, void *ws, lunar_cuda_stream s) {
@@ -812,7 +1143,8 @@ extern "C" void lunar_cuda_kda_chunked(float *o, const float *q, const float *k,
     CUDA_REQUIRE((((uintptr_t)q | (uintptr_t)k | (uintptr_t)v | (uintptr_t)g) & 15) == 0);
     CUDA_REQUIRE(((uintptr_t)o & 31) == 0);
     kda_ws w = ws_layout(ws, T, H);
-    if (g_mode == 2) launch_all<0, 1>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+    if (g_mode == 2) launch_fast(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
+    else if (g_mode == 3) launch_all<0, 1>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
     else if (g_mode == 1) launch_all<1, 0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
     else launch_all<0, 0>(o, q, k, v, g, beta, S, T, H, scale, w, to_stream(s));
 }
