@@ -372,6 +372,11 @@ __global__ void __launch_bounds__(256, 1)
 // tf32 m16n8k8 with fp32 accumulation on raw registers (g = lane / 4, t = lane % 4): A regs
 // {(g, t), (g+8, t), (g, t+4), (g+8, t+4)}, B regs {(k t, n g), (k t+4, n g)}, C {(g, 2t),
 // (g, 2t+1), (g+8, 2t), (g+8, 2t+1)} (PTX ISA, mma.m16n8k8 .tf32).
+__device__ __forceinline__ unsigned pack_bf16(float a, float b) {
+    __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<unsigned *>(&p);
+}
+__device__ __forceinline__ float2 ld2(const float *p) { return *reinterpret_cast<const float2 *>(p); }
 __device__ __forceinline__ unsigned to_tf32(float x) {
     unsigned r;
     asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
@@ -385,20 +390,25 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Three fp32 [64][LDK] tiles and beta: 99.3 KB, so two blocks share an SM and one block's loads
+// Three fp32 [64][LDK2] tiles and beta: 102 KB, so two blocks share an SM and one block's loads
 // and stores overlap the other's arithmetic (kda_intra_kernel needed 178 KB: one block per SM,
 // every phase exposed).
-#define I2_SMEM_BYTES (3 * BT * LDK * 4 + BT * 4)
+// LDK2 = 8 (mod 32) floats: the 8-byte fragment loads (rows g, dims 2t) hit 32 distinct banks per
+// half-warp
+#define LDK2 136
+#define I2_SMEM_BYTES (3 * BT * LDK2 * 4 + BT * 4)
 
 // Mode 2's intra kernel: the same outputs as kda_intra_kernel<0, 1> (bf16 W, U, Qg, Kg, Aqk, fp32
 // exp(Gamma_C)), with the work rearranged:
-//  - diagonal 16x16 blocks of L and Aqk without one exp per pair: along a column i the decay is
-//    a running product, exp(Gamma_r - Gamma_i) = exp(Gamma_{r-1} - Gamma_i) exp(g_r), so a lane
-//    holding p = k_i exp(Gamma_r - Gamma_i) for 32 dims multiplies it by exp(g_r) per row r
-//    (exp(g) once per element; every factor <= 1, so nothing overflows; ~15 roundings of 2^-24);
-//  - the six off-diagonal blocks (anchored as in kda_intra_kernel) as one warp each, the scaled
-//    operands built in registers straight into tf32 mma.sync fragments (no staging, no barrier
-//    per sub-chunk);
+//  - the 8x8 triangles on the diagonal of L and Aqk without one exp per pair: along a column i
+//    the decay is a running product, exp(Gamma_r - Gamma_i) = exp(Gamma_{r-1} - Gamma_i) exp(g_r),
+//    so a lane holding p = k_i exp(Gamma_r - Gamma_i) for 32 dims multiplies it by exp(g_r) per
+//    row r (exp(g) once per element; every factor <= 1, so nothing overflows; <= 7 roundings of
+//    2^-24 more than one exp);
+//  - the six off-diagonal 16x16 blocks and the lower-left 8x8 of each diagonal block (anchored
+//    at their first row as in kda_intra_kernel, both exponents <= 0) one or two per warp, the
+//    scaled operands built in registers straight into tf32 mma.sync fragments (no staging, no
+//    barrier per sub-chunk);
 //  - L is held in registers until q is consumed, then the inverse lives where q was; V lands
 //    where Gamma was.
 __global__ void __launch_bounds__(256, 2)
@@ -406,10 +416,10 @@ __global__ void __launch_bounds__(256, 2)
                       const float *__restrict__ v, const float *__restrict__ g,
                       const float *__restrict__ beta, kda_ws ws, int T, int H, float scale) {
     extern __shared__ __align__(128) float sm[];
-    float *Gs = sm;             // [64][LDK] exp(g), then Gamma, then V
-    float *Ks = Gs + BT * LDK;  // [64][LDK] k, then exp(Gamma) k
-    float *Qs = Ks + BT * LDK;  // [64][LDK] q; then Xs [64][LDA], Lo [6][16][16], Ps [3][256]
-    float *bs = Qs + BT * LDK;  // [64] beta
+    float *Gs = sm;             // [64][LDK2] exp(g), then Gamma, then V
+    float *Ks = Gs + BT * LDK2;  // [64][LDK2] k, then exp(Gamma) k
+    float *Qs = Ks + BT * LDK2;  // [64][LDK2] q; then Xs [64][LDA], Lo [6][16][16], Ps [3][256]
+    float *bs = Qs + BT * LDK2;  // [64] beta
     float *Xs = Qs;             // diagonal L blocks, inverted in place into X
     float *Lo = Qs + BT * LDA;  // off-diagonal L blocks (m, n), n < m, at m (m - 1) / 2 + n
     float *Ps = Lo + 6 * 256;
@@ -426,75 +436,75 @@ __global__ void __launch_bounds__(256, 2)
         const int r = idx >> 5, j = (idx & 31) * 4;
         if (r < c) {
             const size_t off = ((size_t)(t0 + r) * H + h) * DK + j;
-            cp16(Ks + r * LDK + j, k + off);
-            cp16(Qs + r * LDK + j, q + off);
-            cp16(Gs + r * LDK + j, g + off);
+            cp16(Ks + r * LDK2 + j, k + off);
+            cp16(Qs + r * LDK2 + j, q + off);
+            cp16(Gs + r * LDK2 + j, g + off);
         } else {
             const float4 z = make_float4(0, 0, 0, 0);
-            *reinterpret_cast<float4 *>(Ks + r * LDK + j) = z;
-            *reinterpret_cast<float4 *>(Qs + r * LDK + j) = z;
-            *reinterpret_cast<float4 *>(Gs + r * LDK + j) = z;
+            *reinterpret_cast<float4 *>(Ks + r * LDK2 + j) = z;
+            *reinterpret_cast<float4 *>(Qs + r * LDK2 + j) = z;
+            *reinterpret_cast<float4 *>(Gs + r * LDK2 + j) = z;
         }
     }
     if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
     cp_wait_all();
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
-        float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK + (idx & 31) * 4);
+        float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
         const float4 x = *p;
         *p = make_float4(__expf(x.x), __expf(x.y), __expf(x.z), __expf(x.w));
     }
-    // Aqk above the diagonal blocks is zero (8 bf16 per store)
+    // Aqk is zero where the 8-column group is past the 8-row group (8 bf16 per store)
     for (int idx = tid; idx < BT * BT / 8; idx += 256) {
-        const int r = idx >> 3, cblk = (idx & 7) >> 1;
-        if (cblk > (r >> 4)) *reinterpret_cast<uint4 *>(Aq + idx * 8) = make_uint4(0, 0, 0, 0);
+        const int r = idx >> 3;
+        if ((idx & 7) > (r >> 3)) *reinterpret_cast<uint4 *>(Aq + idx * 8) = make_uint4(0, 0, 0, 0);
     }
     __syncthreads();
 
-    // 2. diagonal blocks. Warp (m = warp / 2, half ch = warp % 2): lane owns column
-    //    i = 16m + 8ch + (lane % 8) and dims {16u + 4s .. +3 : u < 8}, s = lane / 8; the four s
-    //    lanes of a column are summed by shuffles. Columns 8..15 start at row 8 (warp-uniform).
-    const int dm = warp >> 1, dch = warp & 1, dil = lane & 7, ds = lane >> 3;
-    const int icol = 8 * dch + dil, rb = 16 * dm;
-    float dkk[4];  // this lane's L entries: rows rb + 4u + ds, column rb + icol
+    // 2. diagonal blocks, as eight 8x8 triangles (the lower-left 8x8 of each 16x16 block is an
+    //    anchored mma in step 4). Warp (m = warp / 2, half ch = warp % 2) owns rows and columns
+    //    rb .. rb + 7, rb = 16m + 8ch; lane: column i = rb + (lane % 8), dims {16u + 4s .. +3 :
+    //    u < 8}, s = lane / 8; the four s lanes of a column are summed by shuffles. p starts as k_i
+    //    and is multiplied by exp(g_r) from row i + 1 on; rows above i are computed and dropped.
+    const int dil = lane & 7, ds = lane >> 3, rb = 16 * (warp >> 1) + 8 * (warp & 1);
+    float dkk[2];  // this lane's L entries: rows rb + ds + 4v, column rb + dil
     {
-        float p[32], sk[16], sq[16];
+        float p[32], sk[8], sq[8];
 #pragma unroll
-        for (int e = 0; e < 32; e++) p[e] = 0.0f;
+        for (int u = 0; u < 8; u++) {
+            const float4 K4 = *reinterpret_cast<const float4 *>(Ks + (rb + dil) * LDK2 + 4 * ds + 16 * u);
+            p[4 * u] = K4.x, p[4 * u + 1] = K4.y, p[4 * u + 2] = K4.z, p[4 * u + 3] = K4.w;
+        }
 #pragma unroll
-        for (int rr = 0; rr < 16; rr++) {
-            sk[rr] = sq[rr] = 0.0f;
-            if (rr < 8 * dch) continue;
-            const float *kr = Ks + (rb + rr) * LDK + 4 * ds, *qr = Qs + (rb + rr) * LDK + 4 * ds;
-            const float *ar = Gs + (rb + rr) * LDK + 4 * ds;
-            const bool start = rr == icol;
+        for (int rr = 0; rr < 8; rr++) {
+            const float *kr = Ks + (rb + rr) * LDK2 + 4 * ds, *qr = Qs + (rb + rr) * LDK2 + 4 * ds;
+            const float *ar = Gs + (rb + rr) * LDK2 + 4 * ds;
             float ak = 0.0f, aq = 0.0f;
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const float4 K4 = *reinterpret_cast<const float4 *>(kr + 16 * u);
                 const float4 Q4 = *reinterpret_cast<const float4 *>(qr + 16 * u);
-                const float4 A4 = *reinterpret_cast<const float4 *>(ar + 16 * u);
                 float *pp = p + 4 * u;
-                pp[0] = start ? K4.x : pp[0] * A4.x;
-                pp[1] = start ? K4.y : pp[1] * A4.y;
-                pp[2] = start ? K4.z : pp[2] * A4.z;
-                pp[3] = start ? K4.w : pp[3] * A4.w;
-                ak += K4.x * pp[0] + K4.y * pp[1] + K4.z * pp[2] + K4.w * pp[3];
-                aq += Q4.x * pp[0] + Q4.y * pp[1] + Q4.z * pp[2] + Q4.w * pp[3];
+                if (rr > 0) {
+                    const float4 A4 = *reinterpret_cast<const float4 *>(ar + 16 * u);
+                    if (rr > dil) pp[0] *= A4.x, pp[1] *= A4.y, pp[2] *= A4.z, pp[3] *= A4.w;
+                }
+                ak = fmaf(K4.x, pp[0], fmaf(K4.y, pp[1], fmaf(K4.z, pp[2], fmaf(K4.w, pp[3], ak))));
+                aq = fmaf(Q4.x, pp[0], fmaf(Q4.y, pp[1], fmaf(Q4.z, pp[2], fmaf(Q4.w, pp[3], aq))));
             }
             sk[rr] = ak, sq[rr] = aq;
         }
 #pragma unroll
-        for (int rr = 0; rr < 16; rr++) {
+        for (int rr = 0; rr < 8; rr++) {
             sk[rr] += __shfl_xor_sync(0xffffffffu, sk[rr], 8);
             sk[rr] += __shfl_xor_sync(0xffffffffu, sk[rr], 16);
             sq[rr] += __shfl_xor_sync(0xffffffffu, sq[rr], 8);
             sq[rr] += __shfl_xor_sync(0xffffffffu, sq[rr], 16);
         }
 #pragma unroll
-        for (int rr = 0; rr < 16; rr++)
+        for (int rr = 0; rr < 8; rr++)
             if ((rr & 3) == ds) {
-                Aq[(rb + rr) * BT + rb + icol] = __float2bfloat16_rn(icol <= rr ? sq[rr] * scale : 0.0f);
-                dkk[rr >> 2] = icol < rr ? bs[rb + rr] * sk[rr] : 0.0f;
+                Aq[(rb + rr) * BT + rb + dil] = __float2bfloat16_rn(dil <= rr ? sq[rr] * scale : 0.0f);
+                dkk[rr >> 2] = dil < rr ? bs[rb + rr] * sk[rr] : 0.0f;
             }
     }
     __syncthreads();  // exp(g) consumed
@@ -508,7 +518,7 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int r = 0; r < BT; r++) {
             acc += x[r];
-            Gs[r * LDK + tid] = acc;
+            Gs[r * LDK2 + tid] = acc;
         }
     }
     __syncthreads();
@@ -523,23 +533,26 @@ __global__ void __launch_bounds__(256, 2)
         for (int hf = 0; hf < 2; hf++)
 #pragma unroll
             for (int e = 0; e < 4; e++) ck[hf][e] = cq[hf][e] = 0.0f;
-        const float *Ga = Gs + 16 * om * LDK;
+        const float *Ga = Gs + 16 * om * LDK2;
         const int r0 = 16 * om + gq, r1 = r0 + 8;
+        // the k slots of each 8-dim step are permuted (slot t: dim kk + 2t, slot t + 4: kk + 2t + 1,
+        // the same for A and B, so the dot products are unchanged): one 8-byte load per pair
 #pragma unroll 4
         for (int kk = 0; kk < DK; kk += 8) {
-            const int j0 = kk + t4, j1 = j0 + 4;
-            const float ga0 = Ga[j0], ga1 = Ga[j1];
-            const float e00 = __expf(Gs[r0 * LDK + j0] - ga0), e10 = __expf(Gs[r1 * LDK + j0] - ga0);
-            const float e01 = __expf(Gs[r0 * LDK + j1] - ga1), e11 = __expf(Gs[r1 * LDK + j1] - ga1);
-            const unsigned ak[4] = {to_tf32(Ks[r0 * LDK + j0] * e00), to_tf32(Ks[r1 * LDK + j0] * e10),
-                                    to_tf32(Ks[r0 * LDK + j1] * e01), to_tf32(Ks[r1 * LDK + j1] * e11)};
-            const unsigned aq[4] = {to_tf32(Qs[r0 * LDK + j0] * e00), to_tf32(Qs[r1 * LDK + j0] * e10),
-                                    to_tf32(Qs[r0 * LDK + j1] * e01), to_tf32(Qs[r1 * LDK + j1] * e11)};
+            const int j = kk + 2 * t4;
+            const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+            const float e00 = __expf(G0.x - ga.x), e01 = __expf(G0.y - ga.y);
+            const float e10 = __expf(G1.x - ga.x), e11 = __expf(G1.y - ga.y);
+            const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+            const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+            const unsigned ak[4] = {to_tf32(K0.x * e00), to_tf32(K1.x * e10), to_tf32(K0.y * e01), to_tf32(K1.y * e11)};
+            const unsigned aq[4] = {to_tf32(Q0.x * e00), to_tf32(Q1.x * e10), to_tf32(Q0.y * e01), to_tf32(Q1.y * e11)};
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int i = 16 * on + 8 * hf + gq;
-                const unsigned b0 = to_tf32(Ks[i * LDK + j0] * __expf(ga0 - Gs[i * LDK + j0]));
-                const unsigned b1 = to_tf32(Ks[i * LDK + j1] * __expf(ga1 - Gs[i * LDK + j1]));
+                const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
+                const unsigned b0 = to_tf32(Ki.x * __expf(ga.x - Gi.x));
+                const unsigned b1 = to_tf32(Ki.y * __expf(ga.y - Gi.y));
                 mma_tf32(ck[hf], ak, b0, b1);
                 mma_tf32(cq[hf], aq, b0, b1);
             }
@@ -553,28 +566,64 @@ __global__ void __launch_bounds__(256, 2)
             lo[hf][0] = ck[hf][0] * br0, lo[hf][1] = ck[hf][1] * br0;
             lo[hf][2] = ck[hf][2] * br1, lo[hf][3] = ck[hf][3] * br1;
         }
-    }
-    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16), exp(Gamma_C)
-    {
-        __nv_bfloat162 *Qg2 = reinterpret_cast<__nv_bfloat162 *>(ws.Qg) + cb * BT * DK / 2;
-        __nv_bfloat162 *Kg2 = reinterpret_cast<__nv_bfloat162 *>(ws.Kg) + cb * BT * DK / 2;
-        for (int idx = tid; idx < BT * DK / 2; idx += 256) {
-            const int r = idx >> 6, j = (idx & 63) * 2;
-            const float2 G = *reinterpret_cast<const float2 *>(Gs + r * LDK + j);
-            const float2 C = *reinterpret_cast<const float2 *>(Gs + (BT - 1) * LDK + j);
-            const float2 Q = *reinterpret_cast<const float2 *>(Qs + r * LDK + j);
-            const float2 K = *reinterpret_cast<const float2 *>(Ks + r * LDK + j);
-            Qg2[idx] = __floats2bfloat162_rn(Q.x * scale * __expf(G.x), Q.y * scale * __expf(G.y));
-            Kg2[idx] = __floats2bfloat162_rn(K.x * __expf(C.x - G.x), K.y * __expf(C.y - G.y));
+    } else {
+        // warps 6, 7: the lower-left 8x8 of diagonal blocks m = 2 (warp - 6) + mj, anchored at row
+        // a = 16m + 8: rows a + g against columns 16m + g; A rows g + 8 are zero (half the mma idle)
+#pragma unroll
+        for (int mj = 0; mj < 2; mj++) {
+            const int m = 2 * (warp - 6) + mj, a = 16 * m + 8, r = a + gq, ic = 16 * m + gq;
+            float ck[4] = {0, 0, 0, 0}, cq[4] = {0, 0, 0, 0};
+#pragma unroll 4
+            for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in the warps above
+                const int j = kk + 2 * t4;
+                const float2 ga = ld2(Gs + a * LDK2 + j), Gr = ld2(Gs + r * LDK2 + j), Gi = ld2(Gs + ic * LDK2 + j);
+                const float e0 = __expf(Gr.x - ga.x), e1 = __expf(Gr.y - ga.y);
+                const float2 Kr = ld2(Ks + r * LDK2 + j), Qr = ld2(Qs + r * LDK2 + j), Ki = ld2(Ks + ic * LDK2 + j);
+                const unsigned ak[4] = {to_tf32(Kr.x * e0), 0u, to_tf32(Kr.y * e1), 0u};
+                const unsigned aq[4] = {to_tf32(Qr.x * e0), 0u, to_tf32(Qr.y * e1), 0u};
+                const unsigned b0 = to_tf32(Ki.x * __expf(ga.x - Gi.x));
+                const unsigned b1 = to_tf32(Ki.y * __expf(ga.y - Gi.y));
+                mma_tf32(ck, ak, b0, b1);
+                mma_tf32(cq, aq, b0, b1);
+            }
+            *reinterpret_cast<__nv_bfloat162 *>(Aq + r * BT + 16 * m + 2 * t4) = __floats2bfloat162_rn(cq[0] * scale, cq[1] * scale);
+            const float br = bs[r];
+            lo[mj][0] = ck[0] * br, lo[mj][1] = ck[1] * br;
         }
-        if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK + tid]);
+    }
+    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16, 4 per store), exp(Gamma_C)
+    {
+        __nv_bfloat16 *Qg = reinterpret_cast<__nv_bfloat16 *>(ws.Qg) + cb * BT * DK;
+        __nv_bfloat16 *Kg = reinterpret_cast<__nv_bfloat16 *>(ws.Kg) + cb * BT * DK;
+        const int j = (tid & 31) * 4;  // the same 4 columns on every iteration
+        const float4 C = *reinterpret_cast<const float4 *>(Gs + (BT - 1) * LDK2 + j);
+        for (int r = tid >> 5; r < BT; r += 8) {
+            const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
+            const float4 Q = *reinterpret_cast<const float4 *>(Qs + r * LDK2 + j);
+            const float4 K = *reinterpret_cast<const float4 *>(Ks + r * LDK2 + j);
+            uint2 qv, kv;
+            qv.x = pack_bf16(Q.x * scale * __expf(G.x), Q.y * scale * __expf(G.y));
+            qv.y = pack_bf16(Q.z * scale * __expf(G.z), Q.w * scale * __expf(G.w));
+            kv.x = pack_bf16(K.x * __expf(C.x - G.x), K.y * __expf(C.y - G.y));
+            kv.y = pack_bf16(K.z * __expf(C.z - G.z), K.w * __expf(C.w - G.w));
+            *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
+            *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
+        }
+        if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK2 + tid]);
     }
     __syncthreads();  // q and raw k consumed
 
     // 5. L into the freed q tile: diagonal blocks into Xs, off-diagonal ones into Lo; exp(Gamma) k
+    Xs[(rb + ds) * LDA + rb + dil] = dkk[0];
+    Xs[(rb + ds + 4) * LDA + rb + dil] = dkk[1];
+    if (warp >= 6)
 #pragma unroll
-    for (int u = 0; u < 4; u++) Xs[(rb + 4 * u + ds) * LDA + rb + icol] = dkk[u];
-    if (warp < 6) {
+        for (int mj = 0; mj < 2; mj++) {
+            const int m = 2 * (warp - 6) + mj;
+            Xs[(16 * m + 8 + gq) * LDA + 16 * m + 2 * t4] = lo[mj][0];
+            Xs[(16 * m + 8 + gq) * LDA + 16 * m + 2 * t4 + 1] = lo[mj][1];
+        }
+    else {
         float *L = Lo + warp * 256;  // warp = om (om - 1) / 2 + on
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) {
@@ -585,8 +634,8 @@ __global__ void __launch_bounds__(256, 2)
     }
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
-        const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK + j);
-        float4 *kp = reinterpret_cast<float4 *>(Ks + r * LDK + j);
+        const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
+        float4 *kp = reinterpret_cast<float4 *>(Ks + r * LDK2 + j);
         float4 kv = *kp;
         kv.x *= __expf(G.x), kv.y *= __expf(G.y), kv.z *= __expf(G.z), kv.w *= __expf(G.w);
         *kp = kv;
@@ -596,8 +645,8 @@ __global__ void __launch_bounds__(256, 2)
     // 6. V into the Gamma tile, in flight during the inverse
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
-        if (r < c) cp16(Gs + r * LDK + j, v + ((size_t)(t0 + r) * H + h) * DK + j);
-        else *reinterpret_cast<float4 *>(Gs + r * LDK + j) = make_float4(0, 0, 0, 0);
+        if (r < c) cp16(Gs + r * LDK2 + j, v + ((size_t)(t0 + r) * H + h) * DK + j);
+        else *reinterpret_cast<float4 *>(Gs + r * LDK2 + j) = make_float4(0, 0, 0, 0);
     }
     // X_mm = (I + L_mm)^-1 by forward substitution (warp m, lane = column), in place once the
     // whole warp has read its block
@@ -635,8 +684,9 @@ __global__ void __launch_bounds__(256, 2)
         for (int idx = tid; idx < nb * 256; idx += 256) {
             const int m = d + idx / 256, nn = m - d, e = idx % 256, r = e >> 4, cc = e & 15;
             const float *P = Ps + (idx / 256) * 256;
-            float s = 0.0f;
-            for (int kk = 0; kk <= r; kk++) s += Xs[(16 * m + r) * LDA + 16 * m + kk] * P[kk * 16 + cc];
+            float s = 0.0f;  // X_mm is stored with zeros above its diagonal
+#pragma unroll
+            for (int kk = 0; kk < 16; kk++) s += Xs[(16 * m + r) * LDA + 16 * m + kk] * P[kk * 16 + cc];
             Xs[(16 * m + r) * LDA + 16 * nn + cc] = -s;
         }
         __syncthreads();
@@ -660,14 +710,12 @@ __global__ void __launch_bounds__(256, 2)
             for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
             const int r0 = 16 * rt + gq;
 #pragma unroll
-            for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {
-                const unsigned a[4] = {to_tf32(Xs[r0 * LDA + kk + t4]), to_tf32(Xs[(r0 + 8) * LDA + kk + t4]),
-                                       to_tf32(Xs[r0 * LDA + kk + t4 + 4]), to_tf32(Xs[(r0 + 8) * LDA + kk + t4 + 4])};
+            for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {  // k slots permuted: tokens kk + 2t, +1
+                const float2 x0 = ld2(Xs + r0 * LDA + kk + 2 * t4), x1 = ld2(Xs + (r0 + 8) * LDA + kk + 2 * t4);
+                const unsigned a[4] = {to_tf32(x0.x), to_tf32(x1.x), to_tf32(x0.y), to_tf32(x1.y)};
+                const float *b = B + (kk + 2 * t4) * LDK2 + cs + gq;
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    const int col = cs + 8 * nt + gq;
-                    mma_tf32(acc[nt], a, to_tf32(B[(kk + t4) * LDK + col]), to_tf32(B[(kk + t4 + 4) * LDK + col]));
-                }
+                for (int nt = 0; nt < 4; nt++) mma_tf32(acc[nt], a, to_tf32(b[8 * nt]), to_tf32(b[LDK2 + 8 * nt]));
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
@@ -875,10 +923,6 @@ __device__ __forceinline__ void cp16b(__nv_bfloat16 *sdst, const __nv_bfloat16 *
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
-__device__ __forceinline__ unsigned pack_bf16(float a, float b) {
-    __nv_bfloat162 p = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<unsigned *>(&p);
-}
 
 #define LDB 136  // bf16 row stride of [.][128] tiles: 272 bytes, conflict-free ldmatrix rows
 #define LDB64 72 // bf16 row stride of [.][64] tiles (144 bytes)
