@@ -17,8 +17,10 @@
 //    Vn = U - W S;  O = Qg S + Aqk Vn;  S = exp(Gamma_C) S + Kg^T Vn.
 // Matmuls: wmma m16n16k8 tf32 with fp32 accumulation; with the 3xTF32 split (a = hi + lo,
 // a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (mode 1), plain tf32 (mode 0).
-// Mode 2 (default, fast): the intra kernel in tf32 writes W, U, Qg, Kg, Aqk as bf16, and the state
-// pass is kda_state_bf16_kernel (mma.sync bf16, state in fp32 registers), as fla rounds them.
+// Mode 2 (default, fast): kda_intra2_kernel (the same quantities, rearranged for two blocks per
+// SM; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass is kda_state_bf16_kernel
+// (mma.sync bf16, state in fp32 registers), as fla rounds them. Mode 3: kda_intra_kernel in tf32
+// writing the same bf16 scratch, then the same state pass (kept to measure against).
 #include <mma.h>
 
 #include "backend/cuda/cuda_common.cuh"

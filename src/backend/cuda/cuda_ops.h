@@ -121,7 +121,8 @@ void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log, const flo
 size_t lunar_cuda_kda_chunk_ws(int T, int H);
 /* Precision mode, returns the previous one. 2 (default): bf16 scratch and bf16 mma.sync state
  * pass, fp32 gates, Gamma and state (<= 5e-3 relative to the CPU op, fla chunk_kda's rounding);
- * 1: 3xTF32 split matmuls, fp32-accurate (~5e-6); 0: plain tf32 (~7e-4). */
+ * 1: 3xTF32 split matmuls, fp32-accurate (~5e-6); 0: plain tf32 (~7e-4); 3: mode 2's outputs
+ * from the older, slower intra-chunk kernel (benchmark comparison). */
 int lunar_cuda_kda_chunk_precision(int mode);
 /* Benchmarks: record events around the two kernels of each call (on), and read the last call's
  * intra-chunk and state-pass times. */
