@@ -286,3 +286,103 @@ TEST(dummy_device_matches_host) {
     lunar_model_free(m);
 }
 #endif
+
+/* ---- floors, statistics, and the commands ---- */
+
+#include <jansson.h>
+
+#include "cli/bench_floor.h"
+#include "cli/bench_serve.h"
+
+int lunar_cmd_bench(int argc, char **argv);
+
+/* The issue's anchor: Kimi-Linear-48B-A3B in BF16 moves ~6 GB per batch-1 decode step (its active
+ * weights), a 1.4 ms floor at 4.3 TB/s; prefill of 8K tokens is ~5e13 FLOPs. */
+TEST(bench_floors_kimi_linear_48b) {
+    lunar_model m;
+    memset(&m, 0, sizeof m);
+    lunar_err err;
+    CHECK(lunar_config_load(&m.cfg, "configs/kimi-linear-48b-a3b.json", &err) == 0);
+    lunar_weight_bytes w;
+    lunar_weight_bytes_of(&m, &w); /* no tensors: BF16 sizes from the shapes */
+    CHECK(w.n_moe == 26 && fabs(w.per_expert - 3.0 * 2304 * 1024 * 2) < 1);
+    const double b1 = lunar_decode_bytes(&m, &w, 1, 1, 2);
+    CHECK_MSG(b1 > 5.5e9 && b1 < 6.6e9, "batch-1 bytes %.3g", b1);
+    CHECK_NEAR(b1 / 4.3e12 * 1e3, 1.4, 0.1);
+    /* 64 tokens touch 222 of 256 experts in expectation; long contexts add the latent rows */
+    CHECK_NEAR(lunar_experts_touched(256, 8, 64), 222.3, 0.5);
+    const double kv = lunar_decode_bytes(&m, &w, 1, 131072, 2) - lunar_decode_bytes(&m, &w, 1, 0, 2);
+    CHECK_NEAR(kv, 7.0 * 131072 * 576 * 2, 1);
+    const double f = lunar_prefill_flops(&m.cfg, 8192);
+    CHECK_MSG(f > 4e13 && f < 6e13, "prefill flops %.3g", f);
+    /* DSA caps the attended keys: K3.1 Pro's attention FLOPs grow linearly past index_topk */
+    lunar_config k;
+    CHECK(lunar_config_load(&k, "configs/kimi-k3.1-pro.json", &err) == 0);
+    const double d1 = lunar_prefill_flops(&k, 65536) - lunar_prefill_flops(&k, 32768);
+    const double d2 = lunar_prefill_flops(&k, 98304) - lunar_prefill_flops(&k, 65536);
+    CHECK(d2 > d1); /* the indexer's scoring of every key stays quadratic */
+}
+
+TEST(bench_serve_statistics) {
+    const double v[5] = {4, 1, 3, 2, 10};
+    lunar_stats s;
+    lunar_stats_of(v, 5, &s);
+    CHECK_NEAR(s.mean, 4.0, 1e-12);
+    CHECK_NEAR(s.median, 3.0, 1e-12);
+    CHECK_NEAR(s.p99, 4 + 6 * 0.96, 1e-12); /* numpy: rank 0.99 * 4 = 3.96 between 4 and 10 */
+    CHECK_NEAR(s.std, sqrt((0 + 9 + 1 + 4 + 36) / 5.0), 1e-12);
+    lunar_stats_of(v, 0, &s);
+    CHECK(s.n == 0 && s.mean == 0);
+}
+
+static json_t *run_bench(int argc, char **argv, const char *json_path) {
+    fflush(stdout), fflush(stderr);
+    int saved = dup(1), saved_err = dup(2);
+    FILE *null = fopen("/dev/null", "w");
+    dup2(fileno(null), 1), dup2(fileno(null), 2);
+    int rc = lunar_cmd_bench(argc, argv);
+    fflush(stdout), fflush(stderr);
+    dup2(saved, 1), dup2(saved_err, 2);
+    close(saved), close(saved_err), fclose(null);
+    CHECK_MSG(rc == 0, "lunar bench exited %d", rc);
+    json_error_t je;
+    json_t *j = json_load_file(json_path, 0, &je);
+    CHECK_MSG(j != NULL, "%s: %s", json_path, je.text);
+    return j;
+}
+
+/* `lunar bench` on the bundled model: every figure present, positive, and on the right side of its
+ * floor; lengths over --max-len are reported as skipped; --project-layers adds projections. */
+TEST(bench_command_bundled_model_json) {
+    char path[] = "/tmp/lunar_bench_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    char *argv[] = {"bench", "models/kimi-linear-tiny", "--input-lens", "64,512", "--batch-sizes", "1,4",
+                    "--contexts", "100", "--steps", "2", "--max-len", "256", "--profile", "--peak-tflops",
+                    "0.5", "--project-layers", "8", "--json", path};
+    json_t *j = run_bench((int)(sizeof argv / sizeof *argv), argv, path);
+    unlink(path);
+    if (!j) return;
+    CHECK(json_integer_value(json_object_get(j, "layers")) == 4);
+    CHECK(json_real_value(json_object_get(j, "bandwidth_gbs")) > 0.05);
+    json_t *pre = json_object_get(j, "prefill"), *dec = json_object_get(j, "decode");
+    CHECK(json_array_size(pre) == 2 && json_array_size(dec) == 2);
+    json_t *p0 = json_array_get(pre, 0);
+    const double s = json_real_value(json_object_get(p0, "seconds")), mfu = json_real_value(json_object_get(p0, "mfu"));
+    CHECK(s > 0 && mfu > 0 && mfu < 1);
+    CHECK(json_real_value(json_object_get(p0, "projected_seconds")) > 0);
+    CHECK(json_object_get(json_array_get(pre, 1), "skipped") != NULL); /* 512 > --max-len 256 */
+    for (size_t i = 0; i < json_array_size(dec); i++) {
+        json_t *d = json_array_get(dec, i);
+        const double tpot = json_real_value(json_object_get(d, "tpot_ms")),
+                     fr = json_real_value(json_object_get(d, "floor_over_tpot"));
+        CHECK_MSG(tpot > 0 && fr > 0 && fr < 2, "tpot %.3g ms, floor/tpot %.3g", tpot, fr);
+        CHECK(json_integer_value(json_object_get(d, "batch")) == (i ? 4 : 1));
+        CHECK(json_real_value(json_object_get(d, "bytes_per_step")) > 2.0 * 163840 * 32); /* lm_head at least */
+        CHECK(json_object_get(d, "projected_tpot_ms") != NULL);
+    }
+    json_t *prof = json_object_get(j, "profile_ms");
+    CHECK(json_real_value(json_object_get(prof, "lm_head")) > 0 && json_real_value(json_object_get(prof, "kda_core")) > 0);
+    json_decref(j);
+}
