@@ -227,8 +227,15 @@ out:
 static double measure_bandwidth_gbs(const runner *r) {
 #ifdef LUNAR_HAVE_CUDA
     if (r->cuda) {
-        const size_t bytes = (size_t)1 << 30, mark = lunar_cuda_mark();
-        void *a = lunar_cuda_alloc(bytes), *b = lunar_cuda_alloc(bytes);
+        /* 1 GiB buffers, or smaller ones when the model left less of the arena */
+        const size_t mark = lunar_cuda_mark();
+        size_t bytes = (size_t)1 << 30;
+        void *a = NULL, *b = NULL;
+        for (; bytes >= ((size_t)64 << 20); bytes /= 2) {
+            a = lunar_cuda_alloc(bytes), b = a ? lunar_cuda_alloc(bytes) : NULL;
+            if (a && b) break;
+            lunar_cuda_release(mark);
+        }
         double best = 0;
         if (a && b)
             for (int i = 0; i < 5; i++) {

@@ -153,10 +153,11 @@ static void add_one(void *ctx, const char *name, int ndim, const int64_t *shape)
     for (int i = 0; i < ndim; i++) n *= shape[i];
     const int scale = ends_with(name, ".weight_scale");
     void *data = NULL;
-    /* device_lazy: only the big tensors the upload converts through the hook stay ungenerated;
-     * vectors, MXFP4 scales (checked at bind time) and small matrices are made here. */
-    const int lazy = b->lazy && n >= LUNAR_DUMMY_LAZY_MIN && !scale &&
-                     (g.kind == LUNAR_DUMMY_UNIFORM || g.kind == LUNAR_DUMMY_MXFP4);
+    /* device_lazy: the tensors the upload converts through the hook stay ungenerated (every MXFP4
+     * packed tensor, the big BF16 matrices); vectors, MXFP4 scales (checked at bind time) and
+     * small matrices are made here. */
+    const int lazy = b->lazy && !scale &&
+                     ((g.kind == LUNAR_DUMMY_UNIFORM && n >= LUNAR_DUMMY_LAZY_MIN) || g.kind == LUNAR_DUMMY_MXFP4);
     if (!lazy) {
         data = malloc((size_t)n * lunar_dtype_size(dt) + 1);
         if (!data) {

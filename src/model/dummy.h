@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-/* Tensors at least this large are left ungenerated (data NULL) in device_lazy mode. */
+/* BF16 matrices at least this large (and every MXFP4 packed tensor) are left ungenerated (data
+ * NULL) in device_lazy mode. */
 #define LUNAR_DUMMY_LAZY_MIN ((int64_t)1 << 20)
 
 /* Builds the set of every tensor cfg implies. device_lazy: large BF16 matrices and MXFP4 packed
