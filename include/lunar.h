@@ -42,6 +42,7 @@ typedef struct lunar_engine_options {
                                      model_dir's config (a config.json or a directory holding one) */
     int num_layers;               /* > 0: only the first num_layers layers (benchmarks) */
     int tp_slice;                 /* > 1: the shapes one rank of TP tp_slice holds (benchmarks) */
+    uint64_t dummy_seed;          /* load_format "dummy": the weights' seed */
 } lunar_engine_options;
 
 void lunar_engine_options_default(lunar_engine_options *o);

@@ -171,6 +171,7 @@ int lunar_cmd_serve(int argc, char **argv) {
         eo.load_format = o.load.load_format;
         eo.num_layers = o.load.num_layers;
         eo.tp_slice = o.load.tp_slice;
+        eo.dummy_seed = o.load.seed;
         if (o.cache_bytes > 0) eo.cache_memory_bytes = o.cache_bytes;
         /* --gpu-memory-utilization: lunar_engine_options has no fraction yet (cache_memory_bytes only); the
          * engine sizes its caches itself unless --cache-memory-bytes is given. */
