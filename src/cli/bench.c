@@ -105,7 +105,23 @@ typedef struct runner {
     int have_caches;
 } runner;
 
+/* CPU caches are calloc'd and then filled: with overcommit a too-large request would succeed and
+ * the fill would meet the OOM killer, so the size is checked against the available memory first. */
+static int cpu_caches_fit(const lunar_config *c, int n_blocks, int n_slots, lunar_err *err) {
+    const double toks = (double)n_blocks * LUNAR_BLOCK_SIZE;
+    const double kv = toks * c->n_mla_layers * ((c->kv_lora_rank + c->qk_rope_head_dim) * 4.0 +
+                                                (c->index_topk > 0 ? c->index_head_dim + 4.0 : 0));
+    const double hd = (double)c->kda_num_heads * c->kda_head_dim;
+    const double st = (double)n_slots * c->n_kda_layers * 4.0 * (hd * c->kda_head_dim + 3 * hd * (c->kda_conv_size - 1));
+    const double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (kv + st > 0.8 * avail)
+        return lunar_fail(err, "caches of %.1f GiB exceed 80%% of the %.1f GiB of free memory", (kv + st) / 1073741824.0,
+                          avail / 1073741824.0);
+    return 0;
+}
+
 static int caches_init(runner *r, int n_blocks, int n_slots, lunar_err *err) {
+    if (!r->cuda && cpu_caches_fit(&r->m->cfg, n_blocks, n_slots, err)) return -1;
     if (r->cuda) {
         if (lunar_cuda_caches_init(&r->cc, r->m, n_blocks, n_slots, err)) return -1;
     } else {
