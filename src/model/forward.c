@@ -76,7 +76,7 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     const lunar_tensor *proj[3] = {w->q_proj, w->k_proj, w->v_proj};
     const lunar_tensor *conv[3] = {w->q_conv, w->k_conv, w->v_conv};
     float *dst[3] = {q, k, v};
-    PROF(KDA_PROJ,
+    double t0 = lunar_prof_begin();
     for (int i = 0; i < 3; i++) {
         op_matmul(pre, h, proj[i], n);
         for (int j = 0; j < b->n_seqs; j++) {
@@ -94,10 +94,11 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     op_matmul(pre, low, w->f_b_proj, n);
     op_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound);
     op_matmul(beta, h, w->b_proj, n);
-    for (int i = 0; i < n * H; i++) beta[i] = sigmoidf(beta[i]));
+    for (int i = 0; i < n * H; i++) beta[i] = sigmoidf(beta[i]);
+    lunar_prof_end(LUNAR_PROF_KDA_PROJ, t0);
 
     const float scale = 1.0f / sqrtf((float)dk);
-    PROF(KDA_CORE,
+    t0 = lunar_prof_begin();
     for (int j = 0; j < b->n_seqs; j++) {
         const int nj = b->seqs[j].n;
         const size_t r = (size_t)b->off[j] * HD;
@@ -110,10 +111,11 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
                            dk, dk, scale, KDA_CHUNK);
         if (b->st->fp16) /* the fp16 state option stores S rounded */
             for (size_t i = 0; i < b->st->state_len; i++) S[i] = lunar_f16_to_f32(lunar_f32_to_f16(S[i]));
-    });
+    }
+    lunar_prof_end(LUNAR_PROF_KDA_CORE, t0);
 
     /* output gate (full rank in K3, low rank in Kimi-Linear), per-head gated RMSNorm, o_proj */
-    PROF(KDA_OUT,
+    t0 = lunar_prof_begin();
     if (w->g_proj) {
         op_matmul(pre, h, w->g_proj, n);
     } else {
@@ -121,7 +123,8 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
         op_matmul(pre, low, w->g_b_proj, n);
     }
     op_rmsnorm_gated(o, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps);
-    op_matmul(out, o, w->o_proj, n));
+    op_matmul(out, o, w->o_proj, n);
+    lunar_prof_end(LUNAR_PROF_KDA_OUT, t0);
 
     free(pre), free(q), free(k), free(v), free(g), free(low), free(beta), free(o);
 }
@@ -168,7 +171,7 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
     float *q = fbuf((size_t)n * nh * qk), *kvr = fbuf((size_t)n * row), *o = fbuf((size_t)n * nh * Vd);
     float *qa = NULL;
 
-    PROF(MLA_PROJ,
+    double t0 = lunar_prof_begin();
     if (w->q_proj) {
         op_matmul(q, h, w->q_proj, n);
     } else {
@@ -183,7 +186,8 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
         float *r = kvr + (size_t)t * row;
         op_rmsnorm(r, r, w->kv_a_norm, 1, R, MLA_LATENT_NORM_EPS);
         lunar_kv_round(kv, r);
-    });
+    }
+    lunar_prof_end(LUNAR_PROF_MLA_PROJ, t0);
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     float *iq = NULL, *ik = NULL, *wt = NULL;
     if (topk > 0) {
@@ -212,11 +216,13 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
         if (topk > 0) {
             uint8_t *codes = lunar_xmalloc((size_t)L * di);
             float *scales = fbuf((size_t)L);
-            PROF(DSA, for (int p = 0; p < L; p++) {
+            const double tg = lunar_prof_begin();
+            for (int p = 0; p < L; p++) {
                 size_t tok = lunar_kv_token(kv, ki, sq->blocks, p);
                 memcpy(codes + (size_t)p * di, kv->idx_codes + tok * di, (size_t)di);
                 scales[p] = kv->idx_scales[tok];
-            });
+            }
+            lunar_prof_end(LUNAR_PROF_DSA, tg);
             lunar_index_cache ic = {.codes = codes, .scales = scales};
             int32_t *idx = lunar_xmalloc((size_t)nj * topk * sizeof *idx);
             PROF(DSA, op_dsa_indexer(idx, NULL, iq + (size_t)r0 * ni * di, wt + (size_t)r0 * ni, &ic, nj,
@@ -232,14 +238,15 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
         }
         free(cache);
     }
-    PROF(MLA_OUT,
+    t0 = lunar_prof_begin();
     if (w->g_proj) { /* K3 output gate: sigmoid(W_g x) on the concatenated heads, from the layer input */
         float *gate = fbuf((size_t)n * nh * Vd);
         op_matmul(gate, h, w->g_proj, n);
         for (size_t i = 0; i < (size_t)n * nh * Vd; i++) o[i] *= sigmoidf(gate[i]);
         free(gate);
     }
-    op_matmul(out, o, w->o_proj, n));
+    op_matmul(out, o, w->o_proj, n);
+    lunar_prof_end(LUNAR_PROF_MLA_OUT, t0);
     free(q), free(kvr), free(o), free(qa), free(iq), free(ik), free(wt);
 }
 
@@ -270,7 +277,7 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     const lunar_glu act = model_act(c);
     float *xin = fbuf((size_t)n * De), *xout = fbuf((size_t)n * De), *tw = fbuf((size_t)n);
     int *tok = lunar_xmalloc((size_t)n * sizeof(int));
-    PROF(EXPERTS,
+    const double t0 = lunar_prof_begin();
     for (int e = 0; e < E; e++) {
         int m = 0;
         for (int t = 0; t < n; t++)
@@ -292,7 +299,8 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
             const float *r = xout + (size_t)i * De;
             for (int d = 0; d < De; d++) y[d] += tw[i] * r[d];
         }
-    });
+    }
+    lunar_prof_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         PROF(LATENT, if (w->latent_norm) op_rmsnorm(acc, acc, w->latent_norm, n, Lat, c->rms_norm_eps);
              op_matmul(out, acc, w->latent_up, n));

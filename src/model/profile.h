@@ -43,7 +43,16 @@ static inline double lunar_prof_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* PROF(f, statements): the time the statements take goes to family f (regions never nest). */
+/* A region: t0 = lunar_prof_begin(); ...; lunar_prof_end(LUNAR_PROF_X, t0); (regions never nest) */
+static inline double lunar_prof_begin(void) { return lunar_prof_active ? lunar_prof_now() : 0.0; }
+static inline void lunar_prof_end(lunar_prof_family f, double t0) {
+    if (lunar_prof_active) {
+        lunar_prof_active->seconds[f] += lunar_prof_now() - t0;
+        lunar_prof_active->calls[f]++;
+    }
+}
+
+/* PROF(f, statement): the same around one statement. */
 #define PROF(f, ...)                                                                     \
     do {                                                                                 \
         const double prof_t0_ = lunar_prof_active ? lunar_prof_now() : 0.0;             \
