@@ -212,6 +212,16 @@ TEST(dummy_lazy_set_and_slices) {
     lunar_model *m = load_dummy(TINY_K2, 9, 1), *h = load_dummy(TINY_K2, 9, 0);
     if (!m || !h) return;
     CHECK(lunar_dummy_is_lazy(m->embed) && !m->embed->data); /* 163840 x 32 >= 2^20 */
+    { /* the CPU forward refuses it with a message instead of reading missing data */
+        lunar_seq q;
+        lunar_err err;
+        int32_t id = 1;
+        float *lg = malloc((size_t)m->cfg.vocab_size * sizeof *lg);
+        CHECK(lunar_seq_init(&q, m, 2, &err) == 0);
+        CHECK(lunar_forward(m, &q, &id, 1, lg, 0, &err) != 0 && strstr(err.msg, "CUDA backend only"));
+        lunar_seq_free(&q);
+        free(lg);
+    }
     CHECK(!lunar_dummy_is_lazy(h->embed) && !lunar_dummy_is_lazy(m->final_norm));
     lunar_dummy_gen g;
     lunar_dtype dt;

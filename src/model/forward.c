@@ -403,6 +403,8 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
     const lunar_config *c = &m->cfg;
     const int D = c->hidden_size, V = c->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
+    if (!m->embed->data) /* a device_lazy dummy model (model/dummy.h): its weights exist on the device only */
+        return lunar_fail(err, "forward: this model's weights were generated for the CUDA backend only");
     int *off = lunar_xmalloc(((size_t)n_seqs + 1) * sizeof *off), T = 0, rows = 0;
     for (int j = 0; j < n_seqs; j++) {
         const lunar_batch_seq *sq = &seqs[j];
