@@ -46,6 +46,7 @@ typedef struct req {
     int32_t *ids;
     double arrival;    /* planned send time (s after the start) */
     double t_send, ttft, e2el; /* e2el = last choices event - send */
+    double t_done;     /* the response fully read (absolute) */
     double last;       /* time of the last choices event (absolute) */
     double *itl;
     int n_itl, cap_itl, cap_ev;
@@ -140,6 +141,7 @@ static void run_one(bench *b, req *q) {
     lunar_err err;
     q->t_send = now_s();
     int rc = lunar_http_request(&b->url, "POST", o->endpoint, s, o->api_key, (int)o->timeout, &status, on_body, q, &err);
+    q->t_done = now_s();
     if (q->line_len && q->line_cap) { /* an error body without a final newline */
         q->line[q->line_len] = 0;
         if (q->line[0] == '{') snprintf(q->error, sizeof q->error, "%.190s", q->line);
@@ -318,9 +320,10 @@ int lunar_cmd_bench_serve(int argc, char **argv) {
     b.t0 = now_s();
     for (int i = 0; i < n_workers; i++) pthread_create(&th[i], NULL, worker, &b);
     for (int i = 0; i < n_workers; i++) pthread_join(th[i], NULL);
+    /* the wall time of the whole run, first send to the last response read in full (as vLLM's) */
     double t_end = b.t0;
     for (int i = 0; i < N; i++)
-        if (b.r[i].ok && b.r[i].last > t_end) t_end = b.r[i].last;
+        if (b.r[i].t_done > t_end) t_end = b.r[i].t_done;
     const double dur = t_end > b.t0 ? t_end - b.t0 : 1e-9;
 
     /* aggregate */
