@@ -38,6 +38,11 @@ typedef struct lunar_engine_options {
     int kda_state_fp16;           /* fp16 KDA recurrent state instead of fp32 */
     int enable_prefix_caching;    /* default 1 */
     int prefix_checkpoint_blocks; /* KDA state checkpoint every N blocks of 128 tokens (default 1) */
+    const char *load_format;      /* NULL/"auto": the checkpoint in model_dir; "dummy": random weights of
+                                     model_dir's config (a config.json or a directory holding one) */
+    int num_layers;               /* > 0: only the first num_layers layers (benchmarks) */
+    int tp_slice;                 /* > 1: the shapes one rank of TP tp_slice holds (benchmarks) */
+    uint64_t dummy_seed;          /* load_format "dummy": the weights' seed */
 } lunar_engine_options;
 
 void lunar_engine_options_default(lunar_engine_options *o);

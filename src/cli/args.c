@@ -59,3 +59,24 @@ const char *lunar_opt_value(int argc, char **argv, int *i, lunar_err *err) {
     }
     return argv[++*i];
 }
+
+int lunar_parse_load_option(const char *a, const char *v, lunar_load_options *lo, lunar_err *err) {
+    long n;
+    if (strcmp(a, "--load-format") == 0) {
+        if (strcmp(v, "auto") && strcmp(v, "safetensors") && strcmp(v, "dummy"))
+            return lunar_fail(err, "--load-format: '%s' is not one of auto, safetensors, dummy", v);
+        lo->load_format = v;
+    } else if (strcmp(a, "--num-layers") == 0) {
+        if (lunar_parse_int(a, v, 1, 4096, &n, err)) return -1;
+        lo->num_layers = (int)n;
+    } else if (strcmp(a, "--tp-slice") == 0) {
+        if (lunar_parse_int(a, v, 1, 1024, &n, err)) return -1;
+        lo->tp_slice = (int)n;
+    } else if (strcmp(a, "--dummy-seed") == 0) {
+        if (lunar_parse_int(a, v, 0, 0x7fffffffffffffffL, &n, err)) return -1;
+        lo->seed = (uint64_t)n;
+    } else {
+        return 0;
+    }
+    return 1;
+}

@@ -23,6 +23,7 @@ typedef struct run_opts {
     long max_tokens;
     double temperature, top_p;
     long top_k, seed;
+    lunar_load_options load;
 } run_opts;
 
 /* Parses the options both commands share; `generate` selects the sampling ones. */
@@ -56,8 +57,11 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
             o->top_k = n;
         } else if (generate && strcmp(a, "--seed") == 0) {
             if (lunar_parse_int(a, v, 0, 0x7fffffffffffffffL, &o->seed, err)) return -1;
-        } else
-            return lunar_fail(err, "unknown option '%s'", a);
+        } else {
+            int h = lunar_parse_load_option(a, v, &o->load, err);
+            if (h < 0) return -1;
+            if (!h) return lunar_fail(err, "unknown option '%s'", a);
+        }
     }
     if (!o->model_dir) return lunar_fail(err, "missing MODEL_DIR");
     if (!o->ids && !o->prompt)
@@ -89,7 +93,7 @@ static int setup(const run_opts *o, lunar_model **m, int32_t **ids, int *n, luna
         lunar_tokenizer_free(*tok);
         return -1;
     }
-    if (lunar_model_load(m, o->model_dir, err)) {
+    if (lunar_model_load_ex(m, o->model_dir, &o->load, err)) {
         free(*ids);
         lunar_tokenizer_free(*tok);
         return -1;
@@ -106,7 +110,7 @@ int lunar_cmd_logits(int argc, char **argv) {
     int n = 0, rc = 1;
     if (parse(argc, argv, 0, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar logits: %s\n", err.msg);
-        fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--backend cpu]\n");
+        fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--backend cpu] " LUNAR_LOAD_OPTIONS_USAGE "\n");
         return 1;
     }
     const int V = m->cfg.vocab_size;
@@ -139,7 +143,7 @@ int lunar_cmd_generate(int argc, char **argv) {
     if (parse(argc, argv, 1, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar generate: %s\n", err.msg);
         fprintf(stderr, "usage: lunar generate MODEL_DIR (--ids 1,2,3 | --prompt TEXT) --max-tokens N "
-                        "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n");
+                        "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n       " LUNAR_LOAD_OPTIONS_USAGE "\n");
         return 1;
     }
     const int V = m->cfg.vocab_size;

@@ -7,6 +7,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "io/config.h"
+#include "model/dummy.h"
 #include "server/server.h"
 
 static const char *USAGE =
@@ -14,7 +15,8 @@ static const char *USAGE =
     "         [--max-model-len N] [--max-num-seqs N] [--max-num-batched-tokens N] [--gpu-memory-utilization F]\n"
     "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--api-key KEY] [--backend cpu|cuda|auto]\n"
     "         [--sampling-guard auto|on|off] [--max-body-bytes N] [--timeout-keep-alive S] [--max-pending N]\n"
-    "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n";
+    "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n"
+    "         " LUNAR_LOAD_OPTIONS_USAGE " (dummy: MODEL_DIR may be a config.json)\n";
 
 typedef struct serve_opts {
     const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
@@ -22,6 +24,7 @@ typedef struct serve_opts {
     long long cache_bytes;
     double gpu_util;
     int fake, quiet, no_prefix;
+    lunar_load_options load;
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
@@ -68,7 +71,11 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         else if (strcmp(a, "--max-pending") == 0) { if (lunar_parse_int(a, v, 1, 1 << 20, &o->max_pending, err)) return -1; }
         else if (strcmp(a, "--fake-script") == 0) o->fake_script = v;
         else if (strcmp(a, "--fake-delay-ms") == 0) { if (lunar_parse_int(a, v, 0, 60000, &o->fake_delay_ms, err)) return -1; }
-        else return lunar_fail(err, "unknown option '%s'", a);
+        else {
+            int h = lunar_parse_load_option(a, v, &o->load, err);
+            if (h < 0) return -1;
+            if (!h) return lunar_fail(err, "unknown option '%s'", a);
+        }
     }
     if (!o->model_dir) return lunar_fail(err, "missing MODEL_DIR");
     if (strcmp(o->guard, "auto") && strcmp(o->guard, "on") && strcmp(o->guard, "off"))
@@ -99,8 +106,12 @@ int lunar_cmd_serve(int argc, char **argv) {
     }
     char path[4200];
     lunar_config cfg;
-    snprintf(path, sizeof path, "%s/config.json", o.model_dir);
-    if (lunar_config_load(&cfg, path, &err)) {
+    if (o.load.load_format && strcmp(o.load.load_format, "dummy") == 0)
+        lunar_config_path(o.model_dir, path, sizeof path);
+    else
+        snprintf(path, sizeof path, "%s/config.json", o.model_dir);
+    if (lunar_config_load(&cfg, path, &err) ||
+        (o.load.tp_slice > 1 && lunar_config_tp_slice(&cfg, o.load.tp_slice, &err))) {
         fprintf(stderr, "lunar serve: %s\n", err.msg);
         return 1;
     }
@@ -157,6 +168,10 @@ int lunar_cmd_serve(int argc, char **argv) {
         eo.max_model_len = (int)o.max_model_len;
         eo.kv_cache_dtype = o.kv_dtype;
         eo.enable_prefix_caching = !o.no_prefix;
+        eo.load_format = o.load.load_format;
+        eo.num_layers = o.load.num_layers;
+        eo.tp_slice = o.load.tp_slice;
+        eo.dummy_seed = o.load.seed;
         if (o.cache_bytes > 0) eo.cache_memory_bytes = o.cache_bytes;
         /* --gpu-memory-utilization: lunar_engine_options has no fraction yet (cache_memory_bytes only); the
          * engine sizes its caches itself unless --cache-memory-bytes is given. */

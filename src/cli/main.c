@@ -16,7 +16,9 @@ static void usage(FILE *f) {
             "  render MODEL_DIR --request REQ.json   chat request -> prompt text, ids, prompt_tokens\n"
             "  plan --config CONFIG.json [--tp N --draft F ...]   memory plan per GPU (plan --help)\n"
             "  serve MODEL_DIR [--port P --api-key K ...]   OpenAI-compatible HTTP server (docs/api.md)\n"
-            "common options: --backend cpu|cuda|auto\n");
+            "  bench MODEL [--load-format dummy ...]   offline prefill/decode throughput vs the floors (bench --help)\n"
+            "  bench serve --base-url URL ...        drive a running server as vllm bench serve (bench serve --help)\n"
+            "common options: --backend cpu|cuda|auto; --load-format dummy (MODEL_DIR may then be a config.json)\n");
 }
 
 int main(int argc, char **argv) {

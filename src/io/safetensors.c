@@ -38,6 +38,8 @@ struct lunar_st {
     uint32_t *slots; /* open-addressing hash of names: tensor index + 1, 0 = empty */
     uint32_t *slot_hash; /* low hash bits of the name in each slot */
     size_t n_slots;      /* power of two, kept >= 2n */
+    void **owned;        /* buffers of tensors added with lunar_st_add (freed at close) */
+    size_t n_owned;
 };
 
 /* ---- name table ---- */
@@ -138,6 +140,8 @@ void lunar_st_close(lunar_st *st) {
         free(f->meta);
         free(f->path);
     }
+    for (size_t i = 0; i < st->n_owned; i++) free(st->owned[i]);
+    free(st->owned);
     free(st->files);
     free(st->tensors);
     free(st->file_of);
@@ -528,4 +532,37 @@ done:
     free(hdr);
     json_decref(root);
     return rc;
+}
+
+/* ---- in-memory sets (--load-format dummy) ---- */
+
+lunar_st *lunar_st_new(const char *label) {
+    lunar_st *st = lunar_xcalloc(1, sizeof *st);
+    add_file(st, label);
+    return st;
+}
+
+int lunar_st_add(lunar_st *st, const char *name, lunar_dtype dtype, int ndim, const int64_t *shape,
+                 void *data, lunar_err *err) {
+    LUNAR_ASSERT(ndim >= 1 && ndim <= LUNAR_MAX_DIMS);
+    lunar_tensor t;
+    memset(&t, 0, sizeof t);
+    t.name = strdup(name);
+    LUNAR_ASSERT(t.name);
+    t.dtype = dtype;
+    t.ndim = ndim;
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (size_t)(t.shape[i] = shape[i]);
+    t.nbytes = n * lunar_dtype_size(dtype);
+    t.data = data;
+    if (add_tensor(st, &t, 0, err)) {
+        free(data);
+        return -1;
+    }
+    if (data) {
+        st->owned = realloc(st->owned, (st->n_owned + 1) * sizeof *st->owned);
+        LUNAR_ASSERT(st->owned);
+        st->owned[st->n_owned++] = data;
+    }
+    return 0;
 }

@@ -36,4 +36,11 @@ int lunar_st_parse_buffer(lunar_st **out, const uint8_t *buf, size_t len, const 
 int lunar_st_write(const char *path, const lunar_tensor *tensors, size_t n,
                    const char *const *metadata, lunar_err *err);
 
+/* An empty in-memory set (label names it in errors), and adding a tensor to it: the set takes
+ * ownership of data (malloc'd), which may be NULL for a tensor whose values live elsewhere (the
+ * device-side dummy weights); nbytes is set from the shape either way. */
+lunar_st *lunar_st_new(const char *label);
+int lunar_st_add(lunar_st *st, const char *name, lunar_dtype dtype, int ndim, const int64_t *shape,
+                 void *data, lunar_err *err);
+
 #endif

@@ -10,7 +10,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/profile.h"
 #include "ops.h"
+
+lunar_profile *lunar_prof_active;
+void lunar_profile_install(lunar_profile *p) { lunar_prof_active = p; }
+
+const char *const lunar_prof_names[LUNAR_PROF_N] = {
+    "embed", "norm", "kda_proj", "kda_core", "kda_out", "mla_proj", "dsa_indexer", "mla_attn",
+    "mla_out", "router", "experts", "latent_proj", "shared_dense_mlp", "lm_head"};
 
 /* Chunk length of the KDA chunked prefill (kda.md section 2; FLA's default). */
 #define KDA_CHUNK 64
@@ -68,6 +76,7 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     const lunar_tensor *proj[3] = {w->q_proj, w->k_proj, w->v_proj};
     const lunar_tensor *conv[3] = {w->q_conv, w->k_conv, w->v_conv};
     float *dst[3] = {q, k, v};
+    double t0 = lunar_prof_begin();
     for (int i = 0; i < 3; i++) {
         op_matmul(pre, h, proj[i], n);
         for (int j = 0; j < b->n_seqs; j++) {
@@ -86,8 +95,10 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     op_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound);
     op_matmul(beta, h, w->b_proj, n);
     for (int i = 0; i < n * H; i++) beta[i] = sigmoidf(beta[i]);
+    lunar_prof_end(LUNAR_PROF_KDA_PROJ, t0);
 
     const float scale = 1.0f / sqrtf((float)dk);
+    t0 = lunar_prof_begin();
     for (int j = 0; j < b->n_seqs; j++) {
         const int nj = b->seqs[j].n;
         const size_t r = (size_t)b->off[j] * HD;
@@ -101,8 +112,10 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
         if (b->st->fp16) /* the fp16 state option stores S rounded */
             for (size_t i = 0; i < b->st->state_len; i++) S[i] = lunar_f16_to_f32(lunar_f32_to_f16(S[i]));
     }
+    lunar_prof_end(LUNAR_PROF_KDA_CORE, t0);
 
     /* output gate (full rank in K3, low rank in Kimi-Linear), per-head gated RMSNorm, o_proj */
+    t0 = lunar_prof_begin();
     if (w->g_proj) {
         op_matmul(pre, h, w->g_proj, n);
     } else {
@@ -111,6 +124,7 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     }
     op_rmsnorm_gated(o, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps);
     op_matmul(out, o, w->o_proj, n);
+    lunar_prof_end(LUNAR_PROF_KDA_OUT, t0);
 
     free(pre), free(q), free(k), free(v), free(g), free(low), free(beta), free(o);
 }
@@ -157,6 +171,7 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
     float *q = fbuf((size_t)n * nh * qk), *kvr = fbuf((size_t)n * row), *o = fbuf((size_t)n * nh * Vd);
     float *qa = NULL;
 
+    double t0 = lunar_prof_begin();
     if (w->q_proj) {
         op_matmul(q, h, w->q_proj, n);
     } else {
@@ -172,17 +187,18 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
         op_rmsnorm(r, r, w->kv_a_norm, 1, R, MLA_LATENT_NORM_EPS);
         lunar_kv_round(kv, r);
     }
+    lunar_prof_end(LUNAR_PROF_MLA_PROJ, t0);
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     float *iq = NULL, *ik = NULL, *wt = NULL;
     if (topk > 0) {
         iq = fbuf((size_t)n * ni * di), ik = fbuf((size_t)n * di), wt = fbuf((size_t)n * ni);
-        dsa_project(c, w, h, qa, n, iq, ik, wt);
+        PROF(DSA, dsa_project(c, w, h, qa, n, iq, ik, wt));
     }
     const float scale = 1.0f / sqrtf((float)qk);
     for (int j = 0; j < b->n_seqs; j++) {
         const lunar_batch_seq *sq = &b->seqs[j];
         const int r0 = b->off[j], nj = sq->n, L = sq->pos0 + nj;
-        if (topk > 0) dsa_rotate(c, iq + (size_t)r0 * ni * di, ik + (size_t)r0 * di, nj, sq->pos0);
+        if (topk > 0) PROF(DSA, dsa_rotate(c, iq + (size_t)r0 * ni * di, ik + (size_t)r0 * di, nj, sq->pos0));
         for (int t = 0; t < nj; t++) {
             memcpy(lunar_kv_latent_row(kv, ki, sq->blocks, sq->pos0 + t), kvr + (size_t)(r0 + t) * row,
                    (size_t)row * sizeof(float));
@@ -192,33 +208,37 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
             }
         }
         float *cache = fbuf((size_t)L * row);
-        for (int p = 0; p < L; p++)
-            memcpy(cache + (size_t)p * row, lunar_kv_latent_row(kv, ki, sq->blocks, p), (size_t)row * sizeof(float));
+        /* the reference gathers the pages into one copy: part of its attention's cost */
+        PROF(MLA_ATTN, for (int p = 0; p < L; p++)
+            memcpy(cache + (size_t)p * row, lunar_kv_latent_row(kv, ki, sq->blocks, p), (size_t)row * sizeof(float)));
         const float *qj = q + (size_t)r0 * nh * qk;
         float *oj = o + (size_t)r0 * nh * Vd;
         if (topk > 0) {
             uint8_t *codes = lunar_xmalloc((size_t)L * di);
             float *scales = fbuf((size_t)L);
+            const double tg = lunar_prof_begin();
             for (int p = 0; p < L; p++) {
                 size_t tok = lunar_kv_token(kv, ki, sq->blocks, p);
                 memcpy(codes + (size_t)p * di, kv->idx_codes + tok * di, (size_t)di);
                 scales[p] = kv->idx_scales[tok];
             }
+            lunar_prof_end(LUNAR_PROF_DSA, tg);
             lunar_index_cache ic = {.codes = codes, .scales = scales};
             int32_t *idx = lunar_xmalloc((size_t)nj * topk * sizeof *idx);
-            op_dsa_indexer(idx, NULL, iq + (size_t)r0 * ni * di, wt + (size_t)r0 * ni, &ic, nj, sq->pos0,
-                           ni, di, topk);
-            op_mla_attention_sparse(oj, qj, cache, w->kv_b_proj, idx, topk, nj, L, nh, N, P, Vd, R, scale);
+            PROF(DSA, op_dsa_indexer(idx, NULL, iq + (size_t)r0 * ni * di, wt + (size_t)r0 * ni, &ic, nj,
+                                     sq->pos0, ni, di, topk));
+            PROF(MLA_ATTN, op_mla_attention_sparse(oj, qj, cache, w->kv_b_proj, idx, topk, nj, L, nh, N, P, Vd, R, scale));
             free(idx), free(codes), free(scales);
         } else if (nj == 1) {
             /* decode: absorbed form (reads the latent once per head) */
-            op_mla_attention_absorbed(oj, qj, cache, w->kv_b_proj, nj, sq->pos0, nh, N, P, Vd, R, scale);
+            PROF(MLA_ATTN, op_mla_attention_absorbed(oj, qj, cache, w->kv_b_proj, nj, sq->pos0, nh, N, P, Vd, R, scale));
         } else {
             /* prefill: naive form, cheaper per (query, key) pair when many queries share the keys */
-            op_mla_attention_naive(oj, qj, cache, w->kv_b_proj, nj, sq->pos0, nh, N, P, Vd, R, scale);
+            PROF(MLA_ATTN, op_mla_attention_naive(oj, qj, cache, w->kv_b_proj, nj, sq->pos0, nh, N, P, Vd, R, scale));
         }
         free(cache);
     }
+    t0 = lunar_prof_begin();
     if (w->g_proj) { /* K3 output gate: sigmoid(W_g x) on the concatenated heads, from the layer input */
         float *gate = fbuf((size_t)n * nh * Vd);
         op_matmul(gate, h, w->g_proj, n);
@@ -226,6 +246,7 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
         free(gate);
     }
     op_matmul(out, o, w->o_proj, n);
+    lunar_prof_end(LUNAR_PROF_MLA_OUT, t0);
     free(q), free(kvr), free(o), free(qa), free(iq), free(ik), free(wt);
 }
 
@@ -238,15 +259,15 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
     float *logits = fbuf((size_t)n * E), *wt = fbuf((size_t)n * k);
     int32_t *sel = lunar_xmalloc((size_t)n * k * sizeof(int32_t));
-    op_matmul(logits, h, w->router, n);
-    op_router_topk(sel, wt, logits, w->router_bias, n, E, k, c->num_expert_group, c->topk_group,
-                   c->moe_renormalize, c->routed_scaling_factor);
+    PROF(ROUTER, op_matmul(logits, h, w->router, n);
+         op_router_topk(sel, wt, logits, w->router_bias, n, E, k, c->num_expert_group, c->topk_group,
+                        c->moe_renormalize, c->routed_scaling_factor));
 
     const float *z = h; /* the experts' input */
     float *zbuf = NULL, *acc = out;
     if (Lat) {
         zbuf = fbuf((size_t)n * Lat);
-        op_matmul(zbuf, h, w->latent_down, n);
+        PROF(LATENT, op_matmul(zbuf, h, w->latent_down, n));
         z = zbuf;
         acc = fbuf((size_t)n * Lat);
     }
@@ -256,6 +277,7 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     const lunar_glu act = model_act(c);
     float *xin = fbuf((size_t)n * De), *xout = fbuf((size_t)n * De), *tw = fbuf((size_t)n);
     int *tok = lunar_xmalloc((size_t)n * sizeof(int));
+    const double t0 = lunar_prof_begin();
     for (int e = 0; e < E; e++) {
         int m = 0;
         for (int t = 0; t < n; t++)
@@ -278,14 +300,15 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
             for (int d = 0; d < De; d++) y[d] += tw[i] * r[d];
         }
     }
+    lunar_prof_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
-        if (w->latent_norm) op_rmsnorm(acc, acc, w->latent_norm, n, Lat, c->rms_norm_eps);
-        op_matmul(out, acc, w->latent_up, n);
+        PROF(LATENT, if (w->latent_norm) op_rmsnorm(acc, acc, w->latent_norm, n, Lat, c->rms_norm_eps);
+             op_matmul(out, acc, w->latent_up, n));
         free(acc);
     }
     if (w->shared_gate) { /* shared experts: one MLP on the full width */
         float *sh = fbuf((size_t)n * D);
-        glu_mlp(c, sh, h, w->shared_gate, w->shared_up, w->shared_down, n);
+        PROF(SHARED, glu_mlp(c, sh, h, w->shared_gate, w->shared_up, w->shared_down, n));
         for (size_t i = 0; i < (size_t)n * D; i++) out[i] += sh[i];
         free(sh);
     }
@@ -304,7 +327,7 @@ static void ffn(const lunar_model *m, int l, const float *h, int n, float *y) {
     const lunar_config *c = &m->cfg;
     const lunar_ffn_weights *w = &m->layers[l].ffn;
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
-        glu_mlp(c, y, h, w->gate_proj, w->up_proj, w->down_proj, n);
+        PROF(SHARED, glu_mlp(c, y, h, w->gate_proj, w->up_proj, w->down_proj, n));
     else
         moe_layer(c, w, h, n, y);
 }
@@ -320,14 +343,14 @@ static void run_residual(const lunar_model *m, const step *b, float *x, int n, f
     float *h = fbuf((size_t)n * D), *y = fbuf((size_t)n * D);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const lunar_layer_weights *w = &m->layers[l];
-        op_rmsnorm(h, x, w->attn_norm, n, D, c->rms_norm_eps);
+        PROF(NORM, op_rmsnorm(h, x, w->attn_norm, n, D, c->rms_norm_eps));
         attention(m, b, l, h, y);
         add_into(x, y, (size_t)n * D);
-        op_rmsnorm(h, x, w->ffn_norm, n, D, c->rms_norm_eps);
+        PROF(NORM, op_rmsnorm(h, x, w->ffn_norm, n, D, c->rms_norm_eps));
         ffn(m, l, h, n, y);
         add_into(x, y, (size_t)n * D);
     }
-    op_rmsnorm(hout, x, m->final_norm, n, D, c->rms_norm_eps);
+    PROF(NORM, op_rmsnorm(hout, x, m->final_norm, n, D, c->rms_norm_eps));
     free(h), free(y);
 }
 
@@ -348,7 +371,7 @@ static void run_attn_res(const lunar_model *m, const step *b, float *x, int n, f
     for (int l = 0; l < L; l++) {
         const lunar_layer_weights *w = &m->layers[l];
         int S = CANDIDATES();
-        op_attnres_mix(h, src, S, w->attn_res_proj, w->attn_res_norm, w->attn_norm, n, D, eps);
+        PROF(NORM, op_attnres_mix(h, src, S, w->attn_res_proj, w->attn_res_norm, w->attn_norm, n, D, eps));
         if (l % bs == 0) { /* bank the finished block (at layer 0: the embedding) */
             blocks[nb++] = P;
             P = NULL;
@@ -361,13 +384,13 @@ static void run_attn_res(const lunar_model *m, const step *b, float *x, int n, f
             y = fbuf((size_t)n * D);
         }
         S = CANDIDATES();
-        op_attnres_mix(h, src, S, w->mlp_res_proj, w->mlp_res_norm, w->ffn_norm, n, D, eps);
+        PROF(NORM, op_attnres_mix(h, src, S, w->mlp_res_proj, w->mlp_res_norm, w->ffn_norm, n, D, eps));
         ffn(m, l, h, n, y);
         add_into(P, y, (size_t)n * D);
     }
     /* output mix over b_0.. and the partial block, fused with model.norm */
     int S = CANDIDATES();
-    op_attnres_mix(hout, src, S, m->out_res_proj, m->out_res_norm, m->final_norm, n, D, eps);
+    PROF(NORM, op_attnres_mix(hout, src, S, m->out_res_proj, m->out_res_norm, m->final_norm, n, D, eps));
 #undef CANDIDATES
     /* blocks[0] is x, owned by the caller */
     for (int i = 1; i < nb; i++) free(blocks[i]);
@@ -380,6 +403,8 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
     const lunar_config *c = &m->cfg;
     const int D = c->hidden_size, V = c->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
+    if (!m->embed->data) /* a device_lazy dummy model (model/dummy.h): its weights exist on the device only */
+        return lunar_fail(err, "forward: this model's weights were generated for the CUDA backend only");
     int *off = lunar_xmalloc(((size_t)n_seqs + 1) * sizeof *off), T = 0, rows = 0;
     for (int j = 0; j < n_seqs; j++) {
         const lunar_batch_seq *sq = &seqs[j];
@@ -402,7 +427,7 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
 
     float *x = fbuf((size_t)T * D); /* embeddings, then the residual stream */
     float *h = fbuf((size_t)T * D); /* final normalised hidden states */
-    for (int j = 0; j < n_seqs; j++) op_embedding(x + (size_t)off[j] * D, m->embed, seqs[j].ids, seqs[j].n);
+    PROF(EMBED, for (int j = 0; j < n_seqs; j++) op_embedding(x + (size_t)off[j] * D, m->embed, seqs[j].ids, seqs[j].n));
     if (c->attn_res_block_size > 0)
         run_attn_res(m, &b, x, T, h);
     else
@@ -417,7 +442,7 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
         memcpy(sel + (size_t)r * D, h + (size_t)first * D, (size_t)cnt * D * sizeof(float));
         r += cnt;
     }
-    if (rows) op_matmul(logits, sel, m->lm_head, rows);
+    if (rows) PROF(LM_HEAD, op_matmul(logits, sel, m->lm_head, rows));
     free(x), free(h), free(sel), free(off);
     return 0;
 }

@@ -41,6 +41,7 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
+#include "model/dummy.h"
 #include "ops.h"
 
 #define KDA_L2_EPS 1e-6f
@@ -104,6 +105,11 @@ static uint16_t *up_bf16_host(const float *f, int64_t n) {
 
 static uint16_t *up_bf16(const lunar_tensor *t) {
     if (!t) return NULL;
+    if (lunar_dummy_is_lazy(t)) { /* DUMMY HOOK (model/dummy.h): --load-format dummy, generated on the device */
+        uint16_t *d = dalloc((size_t)lunar_tensor_numel(t) * 2);
+        LUNAR_ASSERT(lunar_dummy_device_bf16(d, t) == 0);
+        return d;
+    }
     int64_t n;
     float *f = host_f32(t, &n);
     uint16_t *d = up_bf16_host(f, n);
@@ -134,6 +140,11 @@ static dmat up_mxfp4(const lunar_mxfp4 *w) {
     dmat r = {0};
     r.out = (int)w->packed->shape[0];
     r.in = (int)(lunar_tensor_numel(w->packed) / w->packed->shape[0]) * 2;
+    if (lunar_dummy_is_lazy(w->packed)) { /* DUMMY HOOK (model/dummy.h): dequantised on the device */
+        r.p = dalloc((size_t)r.out * r.in * 2);
+        LUNAR_ASSERT(lunar_dummy_device_mxfp4_bf16(r.p, w) == 0);
+        return r;
+    }
     float *f = lunar_xmalloc((size_t)r.out * r.in * sizeof(float));
     for (int i = 0; i < r.out; i++) lunar_mxfp4_dequant_row(f + (size_t)i * r.in, w, i);
     r.p = up_bf16_host(f, (int64_t)r.out * r.in); /* exact: E2M1 * 2^k has 3 significant bits */

@@ -75,8 +75,19 @@ typedef struct lunar_layer_weights {
     const lunar_tensor *mlp_res_proj, *mlp_res_norm;
 } lunar_layer_weights;
 
+/* How to load: from the checkpoint (default) or `--load-format dummy` (model/dummy.c), optionally
+ * only the first num_layers layers and/or the shapes one rank of tensor parallelism tp_slice holds. */
+typedef struct lunar_load_options {
+    const char *load_format; /* NULL, "auto" or "safetensors": the checkpoint; "dummy": random weights */
+    int num_layers;          /* > 0: keep layers [0, num_layers) only */
+    int tp_slice;            /* > 1: the per-rank shapes of TP tp_slice (lunar_config_tp_slice) */
+    int device_lazy;         /* dummy: leave large matrices for the CUDA upload to generate on the device */
+    uint64_t seed;           /* dummy: weights are a function of (seed, tensor name, element index) */
+} lunar_load_options;
+
 typedef struct lunar_model {
     lunar_config cfg;
+    lunar_load_options load; /* how it was loaded (load_format NULL = checkpoint) */
     char dir[1024];
     lunar_st *st;
     const lunar_tensor *embed;      /* [V, D] */
@@ -90,6 +101,9 @@ typedef struct lunar_model {
 
 /* Loads dir/config.json and the checkpoint in dir, binds and checks every tensor. */
 int lunar_model_load(lunar_model **out, const char *dir, lunar_err *err);
+/* The same with options (o may be NULL). With load_format "dummy", path is a config.json or a
+ * directory holding one, and no checkpoint is read. */
+int lunar_model_load_ex(lunar_model **out, const char *path, const lunar_load_options *o, lunar_err *err);
 void lunar_model_free(lunar_model *m);
 
 /* Parameter counts by role, from the config alone (no weights needed). */

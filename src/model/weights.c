@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "model/dummy.h"
 #include "model/model.h"
 
 typedef enum role {
@@ -329,13 +330,38 @@ void lunar_config_walk_tensors(const lunar_config *cfg, lunar_tensor_visitor vis
 }
 
 int lunar_model_load(lunar_model **out, const char *dir, lunar_err *err) {
+    return lunar_model_load_ex(out, dir, NULL, err);
+}
+
+int lunar_model_load_ex(lunar_model **out, const char *path, const lunar_load_options *o, lunar_err *err) {
     *out = NULL;
+    lunar_load_options none;
+    memset(&none, 0, sizeof none);
+    if (!o) o = &none;
+    const char *fmt = o->load_format ? o->load_format : "auto";
+    const int dummy = strcmp(fmt, "dummy") == 0;
+    if (!dummy && strcmp(fmt, "auto") != 0 && strcmp(fmt, "safetensors") != 0)
+        return lunar_fail(err, "--load-format: '%s' is not one of auto, safetensors, dummy", fmt);
     lunar_model *m = lunar_xcalloc(1, sizeof *m);
-    snprintf(m->dir, sizeof m->dir, "%s", dir);
-    char path[1100];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    if (lunar_config_load(&m->cfg, path, err) != 0) goto fail;
-    if (lunar_st_open(&m->st, dir, err) != 0) goto fail;
+    m->load = *o;
+    m->load.load_format = dummy ? "dummy" : NULL; /* not the caller's string: it may not outlive m */
+    char cfg_path[sizeof m->dir];
+    if (dummy) {
+        lunar_config_path(path, cfg_path, sizeof cfg_path);
+        snprintf(m->dir, sizeof m->dir, "%s", cfg_path);
+        char *slash = strrchr(m->dir, '/');
+        if (slash) *slash = 0;
+        else snprintf(m->dir, sizeof m->dir, ".");
+    } else {
+        snprintf(m->dir, sizeof m->dir, "%s", path);
+        snprintf(cfg_path, sizeof cfg_path, "%s/config.json", path);
+    }
+    if (lunar_config_load(&m->cfg, cfg_path, err) != 0) goto fail;
+    if (o->tp_slice > 1 && lunar_config_tp_slice(&m->cfg, o->tp_slice, err)) goto fail;
+    if (o->num_layers > 0 && lunar_config_truncate_layers(&m->cfg, o->num_layers, err)) goto fail;
+    if (dummy ? lunar_dummy_build(&m->st, &m->cfg, o->seed, o->device_lazy, err)
+              : lunar_st_open(&m->st, path, err))
+        goto fail;
     m->layers = lunar_xcalloc((size_t)m->cfg.num_hidden_layers, sizeof *m->layers);
     int n_kda = 0, n_mla = 0;
     for (int l = 0; l < m->cfg.num_hidden_layers; l++)
@@ -343,7 +369,7 @@ int lunar_model_load(lunar_model **out, const char *dir, lunar_err *err) {
     binder b = {.st = m->st, .cfg = &m->cfg, .err = err};
     walk(&b, &m->cfg, m);
     if (b.failed) {
-        lunar_fail_prefix(err, "%s: ", dir);
+        lunar_fail_prefix(err, "%s: ", path);
         goto fail;
     }
     *out = m;
@@ -358,6 +384,7 @@ void lunar_model_free(lunar_model *m) {
     if (m->layers)
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) free(m->layers[l].ffn.experts);
     free(m->layers);
+    if (m->st && m->load.load_format) lunar_dummy_forget(m->st);
     lunar_st_close(m->st);
     free(m);
 }
