@@ -27,7 +27,11 @@ typedef struct lunar_kv_pool {
     float *latent;        /* [n_mla][n_blocks][block_size][row] */
     int idx_dim;          /* index_head_dim; 0 without a DSA indexer */
     uint8_t *idx_codes;   /* [n_mla][n_blocks][block_size][idx_dim] FP8 e4m3 */
-    float *idx_scales;    /* [n_mla][n_blocks][block_size] */
+    float *idx_scales;    /* [n_mla][n_blocks][block_size] (x idx_rep) */
+    /* Index keys per slot: 1, or the DCP size under decode context parallelism, where a rank's
+     * slot i holds the latent row of its token i only but the index keys of all dcp tokens
+     * i*dcp .. i*dcp+dcp-1 (keys replicated so the top-k is global; docs/parallel.md). */
+    int idx_rep;
 } lunar_kv_pool;
 
 typedef struct lunar_state_pool {
@@ -41,6 +45,9 @@ typedef struct lunar_state_pool {
 
 int lunar_kv_pool_init(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
                        lunar_err *err);
+/* The pool of one DCP rank: n_blocks blocks of local slots, idx_rep = dcp (dcp 1: the above). */
+int lunar_kv_pool_init_dcp(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
+                           int dcp, lunar_err *err);
 void lunar_kv_pool_free(lunar_kv_pool *p);
 /* Latent row of token `pos` of a sequence with this block table, in MLA layer `layer`. */
 float *lunar_kv_latent_row(const lunar_kv_pool *p, int layer, const int32_t *blocks, int pos);

@@ -1,0 +1,359 @@
+/* Tensor and decode-context parallelism on the CPU backend: ranks are threads joined by the CPU
+ * collectives (parallel/comm.h), each running the forward on its shards (model/shard.h).
+ *  - collectives: all-reduce / all-gather / all-to-all results, equal bits on every rank;
+ *  - the TCP rendezvous on localhost: threads and a forked process receive rank 0's blob;
+ *  - the staged DCP attention ops: partials over a round-robin split of the cache, merged by
+ *    log-sum-exp, equal the absorbed op over the whole cache;
+ *  - every tiny golden model (Kimi-Linear with K2 MoE, K3 with latent MoE + AttnRes, K3.1 with the
+ *    DSA indexer): prefill + decode steps at TP 2/4/8, TP 2/4 with expert parallelism, and DCP 2/4
+ *    (also TP 4 x DCP 2) give the logits of the single-rank forward, and every rank the same bits.
+ * The goldens have 1-5 heads: splits are uneven (and at TP 8 some ranks hold no head of a layer),
+ * which the sharding supports by design, so no special model is needed.
+ * Tolerance 2e-5 relative to the largest |logit|: each all-reduce sums fp32 partial dot products in
+ * a different order than one long dot product (~1e-7 relative per add), and DCP reorders the
+ * attention softmax sums; measured differences are ~1e-6 (see the failure message). */
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "io/safetensors.h"
+#include "model/forward.h"
+#include "model/shard.h"
+#include "ops.h"
+#include "parallel/comm.h"
+#include "test.h"
+
+#define TP_TOL 2e-5
+
+/* ---------------------------------------------------------------- collectives */
+
+typedef struct coll_arg {
+    lunar_comm *c;
+    float out_reduce[7], out_gather[3 * 5], out_a2a[3 * 2];
+    int rc;
+} coll_arg;
+
+static void *coll_rank(void *p) {
+    coll_arg *a = p;
+    const int r = a->c->rank;
+    lunar_err err;
+    float x[7], g[5], s[3 * 2];
+    for (int i = 0; i < 7; i++) x[i] = 0.1f * (float)(r + 1) + (float)i;
+    for (int i = 0; i < 5; i++) g[i] = (float)(100 * r + i);
+    for (int j = 0; j < 3; j++) s[j * 2] = (float)(10 * r + j), s[j * 2 + 1] = -(float)(10 * r + j);
+    a->rc = lunar_all_reduce_sum(a->c, x, 7, &err) | lunar_all_gather(a->c, g, a->out_gather, 5, &err) |
+            lunar_all_to_all(a->c, s, a->out_a2a, 2, &err) | lunar_barrier(a->c, &err);
+    memcpy(a->out_reduce, x, sizeof x);
+    return NULL;
+}
+
+TEST(tp_comm_cpu_collectives) {
+    lunar_comm *comms[3];
+    lunar_comm_cpu_world(comms, 3);
+    coll_arg a[3];
+    pthread_t th[3];
+    for (int r = 0; r < 3; r++) {
+        memset(&a[r], 0, sizeof a[r]);
+        a[r].c = comms[r];
+        pthread_create(&th[r], NULL, coll_rank, &a[r]);
+    }
+    for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 3; r++) {
+        CHECK(a[r].rc == 0);
+        for (int i = 0; i < 7; i++) { /* sum in rank order: (0.1+i) + (0.2+i) + (0.3+i) */
+            float want = ((0.1f + (float)i) + (0.2f + (float)i)) + (0.3f + (float)i);
+            CHECK(a[r].out_reduce[i] == want);
+            CHECK(memcmp(&a[r].out_reduce[i], &a[0].out_reduce[i], sizeof(float)) == 0);
+        }
+        for (int k = 0; k < 3; k++)
+            for (int i = 0; i < 5; i++) CHECK(a[r].out_gather[k * 5 + i] == (float)(100 * k + i));
+        for (int k = 0; k < 3; k++) { /* chunk r of rank k */
+            CHECK(a[r].out_a2a[k * 2] == (float)(10 * k + r));
+            CHECK(a[r].out_a2a[k * 2 + 1] == -(float)(10 * k + r));
+        }
+    }
+    for (int r = 0; r < 3; r++) lunar_comm_free(comms[r]);
+}
+
+/* ---------------------------------------------------------------- rendezvous */
+
+typedef struct rdv_arg {
+    int port, rank;
+    unsigned char blob[LUNAR_NCCL_ID_BYTES];
+    int rc;
+    lunar_err err;
+} rdv_arg;
+
+static void *rdv_join(void *p) {
+    rdv_arg *a = p;
+    a->rc = lunar_rdv_join("127.0.0.1", a->port, a->rank, a->blob, sizeof a->blob, 10000, &a->err);
+    return NULL;
+}
+
+TEST(tp_rendezvous_localhost) {
+    enum { WORLD = 5 };
+    lunar_rdv_server s;
+    lunar_err err;
+    if (lunar_rdv_listen(&s, "127.0.0.1", 0, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    CHECK(s.port > 0);
+    unsigned char id[LUNAR_NCCL_ID_BYTES];
+    for (int i = 0; i < (int)sizeof id; i++) id[i] = (unsigned char)(i * 37 + 11);
+    /* rank 4 is another process: it exits 0 iff it received the blob */
+    pid_t child = fork();
+    if (child == 0) {
+        unsigned char got[LUNAR_NCCL_ID_BYTES];
+        lunar_err e;
+        int rc = lunar_rdv_join("127.0.0.1", s.port, 4, got, sizeof got, 10000, &e);
+        _exit(rc == 0 && memcmp(got, id, sizeof id) == 0 ? 0 : 1);
+    }
+    rdv_arg a[3];
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++) {
+        memset(&a[i], 0, sizeof a[i]);
+        a[i].port = s.port, a[i].rank = i + 1;
+        pthread_create(&th[i], NULL, rdv_join, &a[i]);
+    }
+    CHECK_MSG(lunar_rdv_serve(&s, WORLD, id, sizeof id, 10000, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < 3; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_MSG(a[i].rc == 0, "rank %d: %s", a[i].rank, a[i].err.msg);
+        CHECK(memcmp(a[i].blob, id, sizeof id) == 0);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+TEST(tp_rendezvous_errors) {
+    lunar_rdv_server s;
+    lunar_err err;
+    unsigned char id[16] = {1, 2, 3};
+    /* nobody joins: the master times out and says how many are missing */
+    CHECK(lunar_rdv_listen(&s, "127.0.0.1", 0, &err) == 0);
+    CHECK(lunar_rdv_serve(&s, 3, id, sizeof id, 100, &err) == -1);
+    CHECK(strstr(err.msg, "2 of 2 ranks") != NULL);
+    /* a rank outside the world is refused */
+    CHECK(lunar_rdv_listen(&s, "127.0.0.1", 0, &err) == 0);
+    rdv_arg a;
+    memset(&a, 0, sizeof a);
+    a.port = s.port, a.rank = 7;
+    pthread_t th;
+    pthread_create(&th, NULL, rdv_join, &a);
+    CHECK(lunar_rdv_serve(&s, 3, id, sizeof id, 5000, &err) == -1);
+    CHECK(strstr(err.msg, "rank 7") != NULL);
+    pthread_join(th, NULL);
+    CHECK(a.rc == -1);
+    /* nobody listens: joining fails after the timeout */
+    CHECK(lunar_rdv_join("127.0.0.1", 1, 1, id, sizeof id, 100, &err) == -1);
+    CHECK(lunar_rendezvous("127.0.0.1", 0, 3, 2, id, sizeof id, 100, &err) == -1);
+}
+
+/* ---------------------------------------------------------------- DCP attention ops */
+
+TEST(tp_dcp_partial_merge_equals_absorbed) {
+    const int H = 3, N = 5, P = 3, Vd = 4, R = 7, T = 4, pos0 = 9, L = pos0 + T;
+    float *Wd = malloc(sizeof(float) * H * (N + Vd) * R), *q = malloc(sizeof(float) * T * H * (N + P));
+    float *cache = malloc(sizeof(float) * L * (R + P)), *want = malloc(sizeof(float) * T * H * Vd);
+    lunar_test_fill(Wd, H * (N + Vd) * R, 1, -1, 1);
+    lunar_test_fill(q, T * H * (N + P), 2, -1, 1);
+    lunar_test_fill(cache, L * (R + P), 3, -1, 1);
+    lunar_tensor W = {.dtype = LUNAR_DTYPE_F32, .ndim = 2, .shape = {H * (N + Vd), R}, .data = Wd,
+                      .nbytes = sizeof(float) * H * (N + Vd) * R};
+    const float scale = 0.37f;
+    op_mla_attention_absorbed(want, q, cache, &W, T, pos0, H, N, P, Vd, R, scale);
+
+    for (int D = 1; D <= 4; D++) {
+        float *qlat = malloc(sizeof(float) * T * H * (R + P));
+        op_mla_absorb_q(qlat, q, &W, T, H, N, P, Vd, R);
+        const size_t part = (size_t)T * H * (R + 1);
+        float *parts = malloc(sizeof(float) * part * D), *olat = malloc(sizeof(float) * T * H * R);
+        float *lse = malloc(sizeof(float) * T * H);
+        for (int d = 0; d < D; d++) { /* rank d holds positions d, d + D, ... */
+            int Ll = L > d ? (L - d + D - 1) / D : 0, cnt[4];
+            float *loc = malloc(sizeof(float) * (Ll + 1) * (R + P));
+            for (int i = 0; i < Ll; i++) memcpy(loc + i * (R + P), cache + (size_t)(d + i * D) * (R + P), sizeof(float) * (R + P));
+            for (int t = 0; t < T; t++) cnt[t] = pos0 + t >= d ? (pos0 + t - d) / D + 1 : 0;
+            op_mla_attention_partial(olat, lse, qlat, loc, NULL, cnt, 0, T, H, R, P, scale);
+            for (int i = 0; i < T * H; i++) {
+                memcpy(parts + d * part + i * (R + 1), olat + i * R, sizeof(float) * R);
+                parts[d * part + i * (R + 1) + R] = lse[i];
+            }
+            free(loc);
+        }
+        float *merged = malloc(sizeof(float) * T * H * R), *got = malloc(sizeof(float) * T * H * Vd);
+        op_mla_merge_partials(merged, parts, D, part, T * H, R);
+        op_mla_output_v(got, merged, &W, T, H, N, Vd, R);
+        double e = lunar_max_rel_err(got, want, T * H * Vd);
+        CHECK_MSG(e < 1e-5, "DCP %d: max rel err %.3g", D, e); /* fp32 reordering only */
+        free(qlat), free(parts), free(olat), free(lse), free(merged), free(got);
+    }
+    /* an empty part (lse -inf) contributes nothing; all parts empty gives 0 */
+    float two[2 * 3] = {1, 2, -INFINITY, 5, 6, 0.5f}, out[2];
+    op_mla_merge_partials(out, two, 2, 3, 1, 2);
+    CHECK(out[0] == 5 && out[1] == 6);
+    float none[3] = {7, 8, -INFINITY};
+    op_mla_merge_partials(out, none, 1, 3, 1, 2);
+    CHECK(out[0] == 0 && out[1] == 0);
+    free(Wd), free(q), free(cache), free(want);
+}
+
+/* ---------------------------------------------------------------- the model at TP / DCP */
+
+typedef struct run_case {
+    const lunar_model *full;
+    lunar_tp_opts o;
+    const int32_t *ids;
+    int T, nd;         /* prefill T tokens (all logits), then nd decode steps */
+    float **logits;    /* [tp] each [(T + nd) * V] */
+    lunar_comm **comm, **dcp;
+    int *rc;
+    char (*msg)[1024];
+} run_case;
+
+typedef struct rank_arg {
+    run_case *rc;
+    int rank;
+} rank_arg;
+
+/* prefill + decode on one sequence: logits [(T + nd), V] */
+static int run_seq(const lunar_model *m, const int32_t *ids, int T, int nd, float *logits, lunar_err *err) {
+    lunar_seq s;
+    const int V = m->cfg.vocab_size;
+    if (lunar_seq_init(&s, m, T + nd, err)) return -1;
+    int rc = lunar_forward(m, &s, ids, T, logits, 1, err);
+    for (int i = 0; i < nd && rc == 0; i++)
+        rc = lunar_forward(m, &s, ids + T + i, 1, logits + (size_t)(T + i) * V, 0, err);
+    lunar_seq_free(&s);
+    return rc;
+}
+
+static void *rank_main(void *p) {
+    rank_arg *a = p;
+    run_case *c = a->rc;
+    lunar_err err;
+    lunar_model *m;
+    int rc = lunar_shard_model(&m, c->full, &c->o, a->rank, c->comm[a->rank], c->dcp ? c->dcp[a->rank] : NULL, &err);
+    if (rc == 0) {
+        rc = run_seq(m, c->ids, c->T, c->nd, c->logits[a->rank], &err);
+        lunar_model_free(m);
+    }
+    c->rc[a->rank] = rc;
+    if (rc) snprintf(c->msg[a->rank], 1024, "%s", err.msg);
+    return NULL;
+}
+
+/* Runs the model on o.tp rank threads; fills logits[r] for every rank. 0 when all succeeded. */
+static int run_parallel(const lunar_model *full, lunar_tp_opts o, const int32_t *ids, int T, int nd,
+                        float **logits, char *why) {
+    const int n = o.tp;
+    lunar_comm **comm = calloc(n, sizeof *comm), **dcp = o.dcp > 1 ? calloc(n, sizeof *dcp) : NULL;
+    lunar_comm_cpu_world(comm, n);
+    for (int g = 0; dcp && g < n / o.dcp; g++) lunar_comm_cpu_world(dcp + g * o.dcp, o.dcp);
+    int *rcs = calloc(n, sizeof *rcs);
+    char(*msg)[1024] = calloc(n, sizeof *msg);
+    run_case c = {full, o, ids, T, nd, logits, comm, dcp, rcs, msg};
+    rank_arg *args = calloc(n, sizeof *args);
+    pthread_t *th = calloc(n, sizeof *th);
+    for (int r = 0; r < n; r++) {
+        args[r].rc = &c, args[r].rank = r;
+        pthread_create(&th[r], NULL, rank_main, &args[r]);
+    }
+    int bad = 0;
+    for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < n; r++)
+        if (rcs[r] && !bad) bad = 1, snprintf(why, 1024, "rank %d: %s", r, msg[r]);
+    for (int r = 0; r < n; r++) {
+        lunar_comm_free(comm[r]);
+        if (dcp) lunar_comm_free(dcp[r]);
+    }
+    free(comm), free(dcp), free(rcs), free(msg), free(args), free(th);
+    return bad ? -1 : 0;
+}
+
+static void check_model(const char *name) {
+    char dir[256], path[300];
+    snprintf(dir, sizeof dir, "tests/golden/%s", name);
+    lunar_err err;
+    lunar_st *g;
+    snprintf(path, sizeof path, "%s/golden.safetensors", dir);
+    if (lunar_st_open(&g, path, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    const char *md = lunar_st_metadata(g, "model_dir");
+    lunar_model *full;
+    if (lunar_model_load(&full, md ? md : dir, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        lunar_st_close(g);
+        return;
+    }
+    const lunar_tensor *pid = lunar_st_find(g, "prompt_ids"), *did = lunar_st_find(g, "decode_ids");
+    const int T = (int)pid->shape[0], nd = (int)did->shape[0], V = full->cfg.vocab_size;
+    int32_t *ids = malloc(sizeof(int32_t) * (T + nd));
+    memcpy(ids, pid->data, sizeof(int32_t) * T);
+    memcpy(ids + T, did->data, sizeof(int32_t) * nd);
+    const size_t n = (size_t)(T + nd) * V;
+    float *want = malloc(n * sizeof(float));
+    CHECK(run_seq(full, ids, T, nd, want, &err) == 0);
+
+    const lunar_tp_opts cases[] = {{2, 1, 0}, {4, 1, 0}, {8, 1, 0}, {2, 1, 1}, {4, 1, 1},
+                                   {2, 2, 0}, {4, 4, 0}, {4, 2, 0}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        lunar_tp_opts o = cases[k];
+        if (o.dcp > 1 && full->cfg.n_mla_layers == 0) continue;
+        float **lg = calloc(o.tp, sizeof *lg);
+        for (int r = 0; r < o.tp; r++) lg[r] = malloc(n * sizeof(float));
+        char why[1024] = "";
+        if (run_parallel(full, o, ids, T, nd, lg, why) == 0) {
+            double e = lunar_max_rel_err(lg[0], want, (long)n);
+            CHECK_MSG(e <= TP_TOL, "%s tp %d dcp %d ep %d: max rel err %.3g vs the single rank", name, o.tp,
+                      o.dcp, o.ep, e);
+            for (int r = 1; r < o.tp; r++)
+                CHECK_MSG(memcmp(lg[r], lg[0], n * sizeof(float)) == 0, "%s tp %d dcp %d: rank %d differs from rank 0",
+                          name, o.tp, o.dcp, r);
+            if (getenv("LUNAR_TP_VERBOSE"))
+                fprintf(stderr, "\n  %s tp %d dcp %d ep %d: max rel err %.3g", name, o.tp, o.dcp, o.ep, e);
+        } else {
+            CHECK_MSG(0, "%s tp %d dcp %d: %s", name, o.tp, o.dcp, why);
+        }
+        for (int r = 0; r < o.tp; r++) free(lg[r]);
+        free(lg);
+    }
+    free(ids), free(want);
+    lunar_model_free(full);
+    lunar_st_close(g);
+}
+
+TEST(tp_tiny_kimi_linear) { check_model("tiny-a"), check_model("tiny-b"), check_model("tiny-c"); }
+TEST(tp_kimi_linear_tiny_k2_moe) { check_model("kimi-linear-tiny"); }
+TEST(tp_k3) { check_model("k3-a"), check_model("k3-b"); }
+TEST(tp_k31_indexer) { check_model("k31-a"), check_model("k31-b"); }
+
+TEST(tp_options_checked) {
+    lunar_config c;
+    memset(&c, 0, sizeof c);
+    c.n_mla_layers = 1;
+    lunar_err err;
+    lunar_tp_opts bad_dcp = {4, 3, 0}, zero = {0, 1, 0}, ok = {4, 2, 0};
+    CHECK(lunar_tp_check(&c, &bad_dcp, &err) == -1 && strstr(err.msg, "must divide"));
+    CHECK(lunar_tp_check(&c, &zero, &err) == -1);
+    CHECK(lunar_tp_check(&c, &ok, &err) == 0);
+    c.n_mla_layers = 0;
+    CHECK(lunar_tp_check(&c, &ok, &err) == -1 && strstr(err.msg, "no MLA layer"));
+    /* uneven splits cover every unit exactly once */
+    for (int parts = 1; parts <= 8; parts++) {
+        int64_t next = 0;
+        for (int r = 0; r < parts; r++) {
+            int64_t off, len;
+            lunar_split(96, parts, r, 32, &off, &len);
+            CHECK(off == next && len % 32 == 0);
+            next = off + len;
+        }
+        CHECK(next == 96);
+    }
+}
