@@ -22,6 +22,7 @@
 #include "io/safetensors.h"
 #include "model/forward.h"
 #include "model/shard.h"
+#include "model/tp_group.h"
 #include "ops.h"
 #include "parallel/comm.h"
 #include "test.h"
@@ -356,4 +357,121 @@ TEST(tp_options_checked) {
         }
         CHECK(next == 96);
     }
+}
+
+/* ---------------------------------------------------------------- the group: batches of sequences */
+
+/* Two sequences share the paged pools: prefilled together in one step (different lengths), then
+ * decoded together for 3 steps; the group's logits equal the single-rank batch forward's. */
+static void check_group_batch(const char *dir, lunar_tp_opts o) {
+    lunar_err err;
+    lunar_model *full;
+    if (lunar_model_load(&full, dir, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    const int V = full->cfg.vocab_size, nA = 37, nB = 21, steps = 3, n_blocks = 4;
+    int32_t ids[64], blkA[2] = {0, 2}, blkB[2] = {3, 1};
+    for (int i = 0; i < 64; i++) ids[i] = (int32_t)((i * 7919 + 13) % V);
+    const int rows = nA + 1 + steps * 2;
+    float *want = malloc(sizeof(float) * rows * V), *got = malloc(sizeof(float) * rows * V);
+    lunar_tp_group *g = NULL;
+    lunar_kv_pool kv;
+    lunar_state_pool st;
+    CHECK(lunar_kv_pool_init(&kv, &full->cfg, n_blocks, LUNAR_KV_F32, &err) == 0);
+    CHECK(lunar_state_pool_init(&st, &full->cfg, 2, 0, &err) == 0);
+    CHECK_MSG(lunar_tp_group_create(&g, full, &o, &err) == 0, "%s", err.msg);
+    CHECK(g && lunar_tp_group_pools(g, n_blocks, LUNAR_KV_F32, 2, 0, &err) == 0);
+    for (int pass = 0; pass < 2 && g; pass++) {
+        float *out = pass ? got : want;
+        /* step 1: A (all logits) and B (last) prefill together */
+        lunar_batch_seq s[2] = {{ids, nA, 0, 0, blkA, LUNAR_LOGITS_ALL}, {ids + nA, nB, 0, 1, blkB, LUNAR_LOGITS_LAST}};
+        int rc = pass ? lunar_tp_group_forward_batch(g, s, 2, out, &err)
+                      : lunar_forward_batch(full, &kv, &st, s, 2, out, &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+        for (int k = 0; k < steps; k++) {
+            lunar_batch_seq d[2] = {{ids + 60 - k, 1, nA + k, 0, blkA, LUNAR_LOGITS_LAST},
+                                    {ids + 50 + k, 1, nB + k, 1, blkB, LUNAR_LOGITS_LAST}};
+            float *o2 = out + (size_t)(nA + 1 + 2 * k) * V;
+            rc = pass ? lunar_tp_group_forward_batch(g, d, 2, o2, &err) : lunar_forward_batch(full, &kv, &st, d, 2, o2, &err);
+            CHECK_MSG(rc == 0, "%s", err.msg);
+        }
+    }
+    double e = lunar_max_rel_err(got, want, (long)rows * V);
+    CHECK_MSG(e <= TP_TOL, "%s tp %d dcp %d: batched max rel err %.3g", dir, o.tp, o.dcp, e);
+    /* an invalid id fails on every rank alike, and the group stays usable */
+    int32_t bad = V;
+    lunar_batch_seq sb = {&bad, 1, nA + steps, 0, blkA, LUNAR_LOGITS_LAST};
+    CHECK(g && lunar_tp_group_forward_batch(g, &sb, 1, got, &err) == -1 && strstr(err.msg, "outside the vocabulary"));
+    /* the KDA state ops reach every rank: clearing a slot changes the next step's logits */
+    if (g && full->cfg.n_kda_layers) {
+        lunar_batch_seq d = {ids + 5, 1, nA + steps, 0, blkA, LUNAR_LOGITS_LAST};
+        lunar_tp_group_state_copy(g, 1, 0); /* slot 1 := slot 0 */
+        CHECK(lunar_tp_group_forward_batch(g, &d, 1, want, &err) == 0);
+        d.slot = 1;
+        CHECK(lunar_tp_group_forward_batch(g, &d, 1, got, &err) == 0);
+        CHECK(memcmp(want, got, sizeof(float) * V) == 0);
+        lunar_tp_group_state_clear(g, 1);
+        CHECK(lunar_tp_group_forward_batch(g, &d, 1, got, &err) == 0);
+        CHECK(memcmp(want, got, sizeof(float) * V) != 0);
+    }
+    lunar_tp_group_free(g);
+    lunar_kv_pool_free(&kv);
+    lunar_state_pool_free(&st);
+    free(want), free(got);
+    lunar_model_free(full);
+}
+
+TEST(tp_group_batches) {
+    const lunar_tp_opts tp2 = {2, 1, 0}, dcp2 = {2, 2, 0}, tp4dcp2 = {4, 2, 0}, dcp4 = {4, 4, 0};
+    check_group_batch("tests/golden/tiny-a", tp2);
+    check_group_batch("tests/golden/tiny-a", dcp4);
+    check_group_batch("tests/golden/k3-a", tp4dcp2);
+    check_group_batch("tests/golden/k31-a", dcp2);
+    check_group_batch("tests/golden/k31-b", tp4dcp2);
+}
+
+/* ---------------------------------------------------------------- CLI */
+
+int lunar_cmd_logits(int argc, char **argv);
+
+/* `lunar logits --tensor-parallel-size 4 --decode-context-parallel-size 2` on the tiny K3.1 model
+ * reproduces the oracle's prefill logits (the golden tolerance: fp32 vs fp32), and bad sizes fail. */
+TEST(tp_cli_logits_match_golden) {
+    lunar_st *g;
+    lunar_err err;
+    if (lunar_st_open(&g, "tests/golden/k31-b/golden.safetensors", &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return;
+    }
+    const lunar_tensor *pid = lunar_st_find(g, "prompt_ids"), *pl = lunar_st_find(g, "prefill_logits");
+    const int T = (int)pid->shape[0], V = (int)pl->shape[1];
+    char ids[8192] = "";
+    size_t len = 0;
+    for (int i = 0; i < T; i++)
+        len += (size_t)snprintf(ids + len, sizeof ids - len, "%s%d", i ? "," : "", ((const int32_t *)pid->data)[i]);
+    char out[] = "/tmp/lunar-test-tp-XXXXXX";
+    close(mkstemp(out));
+    char *argv[] = {"logits", "tests/golden/k31-b", "--ids", ids, "--out", out,
+                    "--tensor-parallel-size", "4", "--decode-context-parallel-size", "2", "--enable-expert-parallel"};
+    CHECK(lunar_cmd_logits(11, argv) == 0);
+    FILE *f = fopen(out, "rb");
+    char *buf = malloc((size_t)T * V * 4 + 4096);
+    size_t n = f ? fread(buf, 1, (size_t)T * V * 4 + 4096, f) : 0;
+    if (f) fclose(f);
+    size_t hlen = n > 10 ? ((size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8) : 0;
+    CHECK(n == 10 + hlen + (size_t)T * V * 4);
+    if (n == 10 + hlen + (size_t)T * V * 4) {
+        float *got = malloc((size_t)T * V * sizeof(float));
+        memcpy(got, buf + 10 + hlen, (size_t)T * V * sizeof(float));
+        double e = lunar_max_rel_err(got, pl->data, (long)T * V);
+        CHECK_MSG(e <= 1e-4, "max rel err %.3g", e);
+        free(got);
+    }
+    free(buf);
+    char *bad[] = {"logits", "tests/golden/k31-b", "--ids", "1,2", "--out", out, "-tp", "4", "-dcp", "3"};
+    fprintf(stderr, "[expected error:] ");
+    CHECK(lunar_cmd_logits(10, bad) == 1);
+    unlink(out);
+    lunar_st_close(g);
 }
