@@ -475,3 +475,101 @@ TEST(tp_cli_logits_match_golden) {
     unlink(out);
     lunar_st_close(g);
 }
+
+/* ---------------------------------------------------------------- the multi-process launcher */
+
+#include "parallel/launch.h"
+
+static int test_id(void *id, lunar_err *err) {
+    (void)err;
+    for (int i = 0; i < LUNAR_NCCL_ID_BYTES; i++) ((unsigned char *)id)[i] = (unsigned char)(getpid() * 31 + i);
+    return 0;
+}
+
+/* each rank writes "rank world node local" and its id to DIR/rank-R; rank `fail_rank` fails */
+typedef struct launch_arg {
+    char dir[64];
+    int fail_rank;
+} launch_arg;
+
+static int write_rank(const lunar_rank_info *ri, void *p) {
+    const launch_arg *a = p;
+    if (ri->rank == a->fail_rank) return 3;
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank-%d", a->dir, ri->rank);
+    FILE *f = fopen(path, "wb");
+    if (!f) return 1;
+    fprintf(f, "%d %d %d %d\n", ri->rank, ri->world, ri->node_rank, ri->local_rank);
+    fwrite(ri->id, 1, sizeof ri->id, f);
+    fclose(f);
+    return 0;
+}
+
+typedef struct node_arg {
+    lunar_dist_opts o;
+    launch_arg *la;
+    int rc;
+    lunar_err err;
+} node_arg;
+
+static void *run_node(void *p) {
+    node_arg *n = p;
+    n->rc = lunar_launch_node(&n->o, test_id, write_rank, n->la, 10000, &n->err);
+    return NULL;
+}
+
+static int free_port(void) {
+    lunar_rdv_server s;
+    lunar_err err;
+    if (lunar_rdv_listen(&s, "127.0.0.1", 0, &err)) return 0;
+    close(s.fd);
+    return s.port;
+}
+
+/* Two "nodes" of two processes each on localhost: every rank learns its place and rank 0's id. */
+TEST(tp_launch_two_nodes_localhost) {
+    launch_arg la = {"", -1};
+    snprintf(la.dir, sizeof la.dir, "/tmp/lunar-launch-XXXXXX");
+    CHECK(mkdtemp(la.dir) != NULL);
+    const int port = free_port();
+    node_arg nodes[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        lunar_dist_opts o = {2, i, 2, "127.0.0.1", port};
+        nodes[i] = (node_arg){.o = o, .la = &la};
+        pthread_create(&th[i], NULL, run_node, &nodes[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        CHECK_MSG(nodes[i].rc == 0, "node %d: %s", i, nodes[i].err.msg);
+    }
+    unsigned char id0[LUNAR_NCCL_ID_BYTES];
+    for (int r = 0; r < 4; r++) {
+        char path[128], line[64];
+        snprintf(path, sizeof path, "%s/rank-%d", la.dir, r);
+        FILE *f = fopen(path, "rb");
+        CHECK_MSG(f != NULL, "rank %d wrote nothing", r);
+        if (!f) continue;
+        int rank, world, node, local;
+        unsigned char id[LUNAR_NCCL_ID_BYTES];
+        CHECK(fgets(line, sizeof line, f) && sscanf(line, "%d %d %d %d", &rank, &world, &node, &local) == 4);
+        CHECK(rank == r && world == 4 && node == r / 2 && local == r % 2);
+        CHECK(fread(id, 1, sizeof id, f) == sizeof id);
+        fclose(f);
+        unlink(path);
+        if (r == 0) memcpy(id0, id, sizeof id);
+        CHECK(memcmp(id, id0, sizeof id) == 0);
+    }
+    /* a failing rank is reported by number */
+    lunar_err err;
+    launch_arg bad = la;
+    bad.fail_rank = 1;
+    lunar_dist_opts one = {1, 0, 2, "127.0.0.1", free_port()};
+    CHECK(lunar_launch_node(&one, test_id, write_rank, &bad, 10000, &err) == -1 && strstr(err.msg, "rank 1"));
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank-0", la.dir);
+    unlink(path);
+    rmdir(la.dir);
+    lunar_dist_opts bad_node = {2, 2, 1, NULL, 0};
+    CHECK(lunar_launch_node(&bad_node, test_id, write_rank, &bad, 100, &err) == -1 && strstr(err.msg, "--node-rank"));
+}

@@ -10,6 +10,7 @@ int lunar_cmd_detokenize(int argc, char **argv);
 int lunar_cmd_render(int argc, char **argv);
 int lunar_cmd_plan(int argc, char **argv);
 int lunar_cmd_serve(int argc, char **argv);
+int lunar_cmd_bench_comm(int argc, char **argv);
 
 const lunar_command lunar_commands[] = {
     {"info", lunar_cmd_info},
@@ -20,5 +21,6 @@ const lunar_command lunar_commands[] = {
     {"render", lunar_cmd_render},
     {"plan", lunar_cmd_plan},
     {"serve", lunar_cmd_serve},
+    {"bench-comm", lunar_cmd_bench_comm},
     {NULL, NULL},
 };

@@ -16,7 +16,11 @@ static void usage(FILE *f) {
             "  render MODEL_DIR --request REQ.json   chat request -> prompt text, ids, prompt_tokens\n"
             "  plan --config CONFIG.json [--tp N --draft F ...]   memory plan per GPU (plan --help)\n"
             "  serve MODEL_DIR [--port P --api-key K ...]   OpenAI-compatible HTTP server (docs/api.md)\n"
-            "common options: --backend cpu|cuda|auto\n");
+            "  bench-comm --tensor-parallel-size N [--nnodes K --node-rank I --master-addr A --master-port P]\n"
+            "                                       NCCL all-reduce latency/bandwidth, one process per GPU\n"
+            "common options: --backend cpu|cuda|auto\n"
+            "parallel (logits, generate; CPU: rank threads): --tensor-parallel-size N\n"
+            "  [--decode-context-parallel-size D] [--enable-expert-parallel]   (docs/parallel.md)\n");
 }
 
 int main(int argc, char **argv) {
