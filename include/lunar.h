@@ -38,6 +38,8 @@ typedef struct lunar_engine_options {
     int kda_state_fp16;           /* fp16 KDA recurrent state instead of fp32 */
     int enable_prefix_caching;    /* default 1 */
     int prefix_checkpoint_blocks; /* KDA state checkpoint every N blocks of 128 tokens (default 1) */
+    /* CPU tensor parallelism: rank threads with shards of the model (docs/parallel.md); 0 or 1 = off */
+    int tensor_parallel_size, decode_context_parallel_size, enable_expert_parallel;
 } lunar_engine_options;
 
 void lunar_engine_options_default(lunar_engine_options *o);

@@ -344,6 +344,8 @@ TEST(tp_options_checked) {
     CHECK(lunar_tp_check(&c, &bad_dcp, &err) == -1 && strstr(err.msg, "must divide"));
     CHECK(lunar_tp_check(&c, &zero, &err) == -1);
     CHECK(lunar_tp_check(&c, &ok, &err) == 0);
+    lunar_tp_opts three = {6, 3, 0}; /* a rank's share of a 128-token block must be whole */
+    CHECK(lunar_tp_check(&c, &three, &err) == -1 && strstr(err.msg, "block size"));
     c.n_mla_layers = 0;
     CHECK(lunar_tp_check(&c, &ok, &err) == -1 && strstr(err.msg, "no MLA layer"));
     /* uneven splits cover every unit exactly once */
@@ -572,4 +574,91 @@ TEST(tp_launch_two_nodes_localhost) {
     rmdir(la.dir);
     lunar_dist_opts bad_node = {2, 2, 1, NULL, 0};
     CHECK(lunar_launch_node(&bad_node, test_id, write_rank, &bad, 100, &err) == -1 && strstr(err.msg, "--node-rank"));
+}
+
+/* ---------------------------------------------------------------- the engine */
+
+#include "lunar.h"
+
+typedef struct eng_out {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int32_t toks[4][16];
+    int n[4];
+} eng_out;
+
+typedef struct eng_ctx {
+    eng_out *o;
+    int i;
+} eng_ctx;
+
+static void eng_event(void *user, const lunar_event *ev) {
+    eng_ctx *x = user;
+    pthread_mutex_lock(&x->o->mu);
+    if (ev->has_token && x->o->n[x->i] < 16) x->o->toks[x->i][x->o->n[x->i]++] = ev->token;
+    if (ev->finish) x->o->done++, pthread_cond_broadcast(&x->o->cv);
+    pthread_mutex_unlock(&x->o->mu);
+}
+
+/* Greedy outputs of 4 requests (two rounds sharing a 130-token prefix, so the second round resumes
+ * from the prefix cache: latent blocks + KDA checkpoints copied on every rank). */
+static int run_engine(const char *dir, int tp, int dcp, int ep, int32_t out[4][16], int64_t *hits) {
+    lunar_engine_options o;
+    lunar_engine_options_default(&o);
+    o.model_dir = dir, o.backend = "cpu", o.max_num_seqs = 4, o.max_model_len = 256;
+    o.tensor_parallel_size = tp, o.decode_context_parallel_size = dcp, o.enable_expert_parallel = ep;
+    o.cache_memory_bytes = 64 << 20;
+    lunar_engine *e;
+    lunar_err err;
+    if (lunar_engine_create(&e, &o, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return -1;
+    }
+    eng_out r;
+    memset(&r, 0, sizeof r);
+    pthread_mutex_init(&r.mu, NULL);
+    pthread_cond_init(&r.cv, NULL);
+    eng_ctx cx[4];
+    int32_t prompt[300];
+    for (int i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 131 + 7) % 250);
+    for (int round = 0; round < 2; round++) {
+        for (int k = 0; k < 2; k++) {
+            const int i = round * 2 + k;
+            cx[i] = (eng_ctx){&r, i};
+            prompt[130 + k] = (int32_t)(round * 10 + k); /* distinct tails */
+            lunar_request q = {.prompt = prompt, .n_prompt = 134 + 5 * k, .on_event = eng_event, .user = &cx[i]};
+            lunar_sampling_params_default(&q.sampling);
+            q.sampling.temperature = 0;
+            q.sampling.max_tokens = 8;
+            CHECK_MSG(lunar_engine_submit(e, &q, NULL, &err) == 0, "%s", err.msg);
+        }
+        pthread_mutex_lock(&r.mu);
+        while (r.done < 2 * (round + 1)) pthread_cond_wait(&r.cv, &r.mu);
+        pthread_mutex_unlock(&r.mu);
+    }
+    lunar_engine_metrics mt;
+    lunar_engine_metrics_get(e, &mt);
+    *hits = mt.prefix_cache_hits;
+    lunar_engine_destroy(e);
+    memcpy(out, r.toks, sizeof r.toks);
+    for (int i = 0; i < 4; i++) CHECK(r.n[i] >= 1); /* 8, or fewer when the end token came */
+    pthread_mutex_destroy(&r.mu);
+    pthread_cond_destroy(&r.cv);
+    return 0;
+}
+
+TEST(tp_engine_greedy_matches_single_rank) {
+    const char *dirs[] = {"tests/golden/k3-a", "tests/golden/k31-b"};
+    for (int d = 0; d < 2; d++) {
+        int32_t want[4][16], got[4][16];
+        int64_t h1 = 0, h2 = 0;
+        if (run_engine(dirs[d], 1, 1, 0, want, &h1)) continue;
+        if (run_engine(dirs[d], 4, 2, d, got, &h2)) continue;
+        CHECK_MSG(h1 > 0 && h2 == h1, "%s: prefix cache hits %lld vs %lld", dirs[d], (long long)h2, (long long)h1);
+        CHECK_MSG(memcmp(want, got, sizeof want) == 0, "%s: greedy outputs differ at tp 4 dcp 2", dirs[d]);
+        if (getenv("LUNAR_TP_VERBOSE"))
+            for (int i = 0; i < 4; i++)
+                for (int k = 0; k < 8; k++) fprintf(stderr, "%d:%d/%d%s", i, want[i][k], got[i][k], k == 7 ? "\n" : " ");
+    }
 }

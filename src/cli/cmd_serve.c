@@ -14,7 +14,8 @@ static const char *USAGE =
     "         [--max-model-len N] [--max-num-seqs N] [--max-num-batched-tokens N] [--gpu-memory-utilization F]\n"
     "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--api-key KEY] [--backend cpu|cuda|auto]\n"
     "         [--sampling-guard auto|on|off] [--max-body-bytes N] [--timeout-keep-alive S] [--max-pending N]\n"
-    "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n";
+    "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n"
+    "         [--tensor-parallel-size N [--decode-context-parallel-size D] [--enable-expert-parallel]]\n";
 
 typedef struct serve_opts {
     const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
@@ -22,6 +23,8 @@ typedef struct serve_opts {
     long long cache_bytes;
     double gpu_util;
     int fake, quiet, no_prefix;
+    long tp, dcp; /* --tensor-parallel-size, --decode-context-parallel-size (CPU rank threads) */
+    int ep;       /* --enable-expert-parallel */
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
@@ -49,6 +52,7 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         if (strcmp(a, "--fake-engine") == 0) { o->fake = 1; continue; }
         if (strcmp(a, "--quiet") == 0) { o->quiet = 1; continue; }
         if (strcmp(a, "--no-prefix-caching") == 0) { o->no_prefix = 1; continue; }
+        if (strcmp(a, "--enable-expert-parallel") == 0) { o->ep = 1; continue; }
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
         if (strcmp(a, "--host") == 0) o->host = v;
         else if (strcmp(a, "--port") == 0) { if (lunar_parse_int(a, v, 0, 65535, &o->port, err)) return -1; }
@@ -62,6 +66,8 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         else if (strcmp(a, "--kv-cache-dtype") == 0) o->kv_dtype = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
         else if (strcmp(a, "--backend") == 0) o->backend = v;
+        else if (strcmp(a, "--tensor-parallel-size") == 0 || strcmp(a, "-tp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->tp, err)) return -1; }
+        else if (strcmp(a, "--decode-context-parallel-size") == 0 || strcmp(a, "-dcp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->dcp, err)) return -1; }
         else if (strcmp(a, "--sampling-guard") == 0) o->guard = v;
         else if (strcmp(a, "--max-body-bytes") == 0) { if (lunar_parse_int(a, v, 1024, 1l << 40, &o->max_body, err)) return -1; }
         else if (strcmp(a, "--timeout-keep-alive") == 0) { if (lunar_parse_int(a, v, 1, 86400, &o->timeout, err)) return -1; }
@@ -157,6 +163,9 @@ int lunar_cmd_serve(int argc, char **argv) {
         eo.max_model_len = (int)o.max_model_len;
         eo.kv_cache_dtype = o.kv_dtype;
         eo.enable_prefix_caching = !o.no_prefix;
+        eo.tensor_parallel_size = (int)o.tp;
+        eo.decode_context_parallel_size = (int)o.dcp;
+        eo.enable_expert_parallel = o.ep;
         if (o.cache_bytes > 0) eo.cache_memory_bytes = o.cache_bytes;
         /* --gpu-memory-utilization: lunar_engine_options has no fraction yet (cache_memory_bytes only); the
          * engine sizes its caches itself unless --cache-memory-bytes is given. */

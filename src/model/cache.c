@@ -15,7 +15,10 @@ int lunar_kv_pool_init_dcp(lunar_kv_pool *p, const lunar_config *c, int n_blocks
     memset(p, 0, sizeof *p);
     p->idx_rep = dcp;
     if (n_blocks <= 0) return lunar_fail(err, "KV pool: need at least one block (got %d)", n_blocks);
-    p->block_size = LUNAR_BLOCK_SIZE;
+    if (dcp < 1 || LUNAR_BLOCK_SIZE % dcp != 0)
+        return lunar_fail(err, "KV pool: decode context parallel size %d does not divide the block size %d", dcp,
+                          LUNAR_BLOCK_SIZE);
+    p->block_size = LUNAR_BLOCK_SIZE / dcp;
     p->n_blocks = n_blocks;
     p->n_mla = c->n_mla_layers;
     p->row = c->kv_lora_rank + c->qk_rope_head_dim;

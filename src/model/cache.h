@@ -28,9 +28,10 @@ typedef struct lunar_kv_pool {
     int idx_dim;          /* index_head_dim; 0 without a DSA indexer */
     uint8_t *idx_codes;   /* [n_mla][n_blocks][block_size][idx_dim] FP8 e4m3 */
     float *idx_scales;    /* [n_mla][n_blocks][block_size] (x idx_rep) */
-    /* Index keys per slot: 1, or the DCP size under decode context parallelism, where a rank's
-     * slot i holds the latent row of its token i only but the index keys of all dcp tokens
-     * i*dcp .. i*dcp+dcp-1 (keys replicated so the top-k is global; docs/parallel.md). */
+    /* Index keys per slot: 1, or the DCP size D under decode context parallelism. Then a block
+     * still covers 128 positions of a sequence, but a rank stores only the 128 / D of them with
+     * p % D == its DCP rank (block_size = 128 / D latent rows), while each row carries the index
+     * keys of all D positions p - p % D .. + D-1 (replicated, so the top-k is global). */
     int idx_rep;
 } lunar_kv_pool;
 
@@ -45,7 +46,8 @@ typedef struct lunar_state_pool {
 
 int lunar_kv_pool_init(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
                        lunar_err *err);
-/* The pool of one DCP rank: n_blocks blocks of local slots, idx_rep = dcp (dcp 1: the above). */
+/* The pool of one DCP rank: n_blocks blocks of 128 / dcp latent rows, idx_rep = dcp (dcp must
+ * divide 128; dcp 1: lunar_kv_pool_init). */
 int lunar_kv_pool_init_dcp(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
                            int dcp, lunar_err *err);
 void lunar_kv_pool_free(lunar_kv_pool *p);

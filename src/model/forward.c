@@ -468,9 +468,9 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
 int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
     memset(s, 0, sizeof *s);
     if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
-    /* under DCP a rank holds every dcp-th token: ceil(max_tokens / dcp) local slots */
-    const int dcp = m->tp ? m->tp->dcp_size : 1, local = (max_tokens + dcp - 1) / dcp;
-    const int n_blocks = (local + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+    /* under DCP a rank holds every dcp-th token: blocks of 128 / dcp rows */
+    const int dcp = m->tp ? m->tp->dcp_size : 1;
+    const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
     if (lunar_kv_pool_init_dcp(&s->kv, &m->cfg, n_blocks, LUNAR_KV_F32, dcp, err)) return -1;
     if (lunar_state_pool_init(&s->st, &m->cfg, 1, 0, err)) {
         lunar_kv_pool_free(&s->kv);

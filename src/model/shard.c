@@ -23,6 +23,9 @@ int lunar_tp_check(const lunar_config *c, const lunar_tp_opts *o, lunar_err *err
     if (o->dcp < 1 || o->tp % o->dcp != 0)
         return lunar_fail(err, "--decode-context-parallel-size %d must divide --tensor-parallel-size %d "
                           "(DCP shards the latent cache inside the TP group)", o->dcp, o->tp);
+    if (LUNAR_BLOCK_SIZE % o->dcp != 0)
+        return lunar_fail(err, "--decode-context-parallel-size %d must divide the KV block size %d", o->dcp,
+                          LUNAR_BLOCK_SIZE);
     if (o->dcp > 1 && c->n_mla_layers == 0)
         return lunar_fail(err, "--decode-context-parallel-size %d: the model has no MLA layer", o->dcp);
     if (c->experts_mxfp4 && c->moe_intermediate_size % 32 != 0)

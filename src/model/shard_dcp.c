@@ -18,8 +18,22 @@
 #include "model/shard.h"
 #include "ops.h"
 
+/* A block keeps its meaning of 128 global positions, so block tables and the prefix cache work as
+ * without DCP; each rank stores the block's 128 / D positions p with p % D == its rank, in local
+ * rows (p % 128) / D of a block of kv->block_size = 128 / D rows. */
+static size_t dcp_token(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
+    int32_t b = blocks[p / LUNAR_BLOCK_SIZE];
+    LUNAR_ASSERT(b >= 0 && b < kv->n_blocks && kv->block_size * D == LUNAR_BLOCK_SIZE);
+    return ((size_t)layer * kv->n_blocks + (size_t)b) * kv->block_size + (size_t)(p % LUNAR_BLOCK_SIZE / D);
+}
+
+static float *dcp_row(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
+    return kv->latent + dcp_token(kv, layer, blocks, p, D) * kv->row;
+}
+
+/* the index keys of all D positions of a local row sit next to each other */
 static size_t idx_slot(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
-    return lunar_kv_token(kv, layer, blocks, p / D) * (size_t)D + (size_t)(p % D);
+    return dcp_token(kv, layer, blocks, p, D) * (size_t)D + (size_t)(p % D);
 }
 
 void lunar_dcp_mla(const lunar_model *m, const lunar_mla_weights *w, int layer,
@@ -41,7 +55,7 @@ void lunar_dcp_mla(const lunar_model *m, const lunar_mla_weights *w, int layer,
             const int p = sq->pos0 + t;
             const size_t r = (size_t)(off[j] + t);
             if (p % D == dr)
-                memcpy(lunar_kv_latent_row(kv, layer, sq->blocks, p / D), kvr + r * row, (size_t)row * sizeof(float));
+                memcpy(dcp_row(kv, layer, sq->blocks, p, D), kvr + r * row, (size_t)row * sizeof(float));
             if (topk > 0) {
                 size_t s = idx_slot(kv, layer, sq->blocks, p, D);
                 kv->idx_scales[s] = lunar_fp8_quantize_pow2(kv->idx_codes + s * di, ik + r * di, di);
@@ -72,7 +86,7 @@ void lunar_dcp_mla(const lunar_model *m, const lunar_mla_weights *w, int layer,
         const int Lloc = L > dr ? (L - dr + D - 1) / D : 0;
         float *cache = lunar_xmalloc((size_t)(Lloc ? Lloc : 1) * row * sizeof(float));
         for (int i = 0; i < Lloc; i++)
-            memcpy(cache + (size_t)i * row, lunar_kv_latent_row(kv, layer, sq->blocks, i), (size_t)row * sizeof(float));
+            memcpy(cache + (size_t)i * row, dcp_row(kv, layer, sq->blocks, dr + i * D, D), (size_t)row * sizeof(float));
         int32_t *count = lunar_xmalloc((size_t)nj * sizeof *count), *rows = NULL;
         if (topk > 0) {
             /* the replicated indexer over all L index keys: the same selection on every rank */
