@@ -432,11 +432,12 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
     float *x = fbuf((size_t)T * D); /* embeddings, then the residual stream */
     float *h = fbuf((size_t)T * D); /* final normalised hidden states */
     for (int j = 0; j < n_seqs; j++) {
-        if (m->tp) /* vocab-parallel: each rank holds a slice of the rows */
+        if (m->tp) /* vocab-parallel: each rank holds a slice of the rows, zeros elsewhere */
             lunar_tp_embedding(m, x + (size_t)off[j] * D, seqs[j].ids, seqs[j].n);
         else
             op_embedding(x + (size_t)off[j] * D, m->embed, seqs[j].ids, seqs[j].n);
     }
+    if (m->tp) lunar_tp_all_reduce(m, x, (size_t)T * D); /* one rank's row plus zeros: exact */
     if (c->attn_res_block_size > 0)
         run_attn_res(m, &b, x, T, h);
     else

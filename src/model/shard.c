@@ -264,8 +264,6 @@ void lunar_tp_embedding(const lunar_model *m, float *y, const int32_t *ids, int 
             memset(yi, 0, (size_t)D * sizeof(float));
         }
     }
-    /* one rank holds each row, the others add zeros: the sum is exact */
-    lunar_tp_all_reduce(m, y, (size_t)n * D);
 }
 
 void lunar_tp_lm_head(const lunar_model *m, float *logits, const float *h, int rows_n) {

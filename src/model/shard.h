@@ -61,7 +61,8 @@ void lunar_shard_free(lunar_model *m);
  * All are collective over the model's TP (or DCP) group. A failed collective marks tp->failed;
  * the step then returns its message. */
 void lunar_tp_all_reduce(const lunar_model *m, float *x, size_t n);
-/* y[n, D]: vocab-parallel lookup (rows outside this rank's range are zero) + all-reduce. */
+/* y[n, D]: vocab-parallel lookup (rows outside this rank's range are zero); the caller all-reduces
+ * the whole step's rows at once. */
 void lunar_tp_embedding(const lunar_model *m, float *y, const int32_t *ids, int n);
 /* logits[rows, V] = lm_head h: this rank's vocabulary slice, then an all-gather. */
 void lunar_tp_lm_head(const lunar_model *m, float *logits, const float *h, int rows);
