@@ -42,6 +42,12 @@ CFLAGS  += -DLUNAR_HAVE_CUDA
 LDLIBS  += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart_static \
            -ldl -lrt -lpthread -lstdc++
 CU_OBJ  := $(CU_SRC:%.cu=$(BUILD)/%.o)
+# NCCL ships with the CUDA toolkit here; the collectives of src/parallel/comm_nccl.c need it
+ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+CFLAGS  += -DLUNAR_HAVE_NCCL
+LDLIBS  := -lnccl $(LDLIBS)
+$(BUILD)/src/parallel/comm_nccl.o: CFLAGS += -isystem $(CUDA_HOME)/include
+endif
 NVFLAGS := -std=c++17 -O3 $(CUDA_ARCH) -Isrc -Iinclude -Xcompiler -Wall,-Werror -Werror all-warnings
 else
 CU_OBJ  :=

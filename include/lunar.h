@@ -43,6 +43,8 @@ typedef struct lunar_engine_options {
     int num_layers;               /* > 0: only the first num_layers layers (benchmarks) */
     int tp_slice;                 /* > 1: the shapes one rank of TP tp_slice holds (benchmarks) */
     uint64_t dummy_seed;          /* load_format "dummy": the weights' seed */
+    /* CPU tensor parallelism: rank threads with shards of the model (docs/parallel.md); 0 or 1 = off */
+    int tensor_parallel_size, decode_context_parallel_size, enable_expert_parallel;
 } lunar_engine_options;
 
 void lunar_engine_options_default(lunar_engine_options *o);

@@ -99,6 +99,36 @@ void op_mla_attention_absorbed(float *o, const float *q, const float *cache,
                                const lunar_tensor *W_kvb, int T, int pos0, int H, int N, int P,
                                int Vd, int R, float scale);
 
+/* ---------------------------------------------------------------- MLA, decode context parallelism
+ * The absorbed form split into its three stages, so the middle one can run over a subset of the
+ * cache (the tokens one DCP rank holds) and the partial results be merged exactly afterwards
+ * (docs/parallel.md). Composed over the whole cache they compute op_mla_attention_absorbed. */
+
+/* qlat[T, H, R + P] = [W_k_h^T q_nope_h | q_pe_h] per token and head (W_kvb as above). */
+void op_mla_absorb_q(float *qlat, const float *q, const lunar_tensor *W_kvb, int T, int H, int N,
+                     int P, int Vd, int R);
+
+/* Attention of absorbed queries over listed cache rows, normalised over those rows only:
+ *   s_j = scale * (qlat_lat . c_j + qlat_pe . k_pe_j)      j in rows(t)
+ *   olat[t, h] = sum_j softmax_j(s) c_j          [R];   lse[t, h] = log sum_j exp(s_j)
+ * rows(t) = rows[t * stride + i] for i < count[t], or 0 .. count[t]-1 when rows is NULL. A query
+ * with count 0 gets olat = 0 and lse = -INFINITY (it contributes nothing to a merge).
+ * qlat: [T, H, R + P]; cache: [*, R + P]; olat: [T, H, R]; lse: [T, H]. */
+void op_mla_attention_partial(float *olat, float *lse, const float *qlat, const float *cache,
+                              const int32_t *rows, const int32_t *count, int stride, int T, int H,
+                              int R, int P, float scale);
+
+/* Merges n partial results of the same queries over disjoint row sets, in order i = 0..n-1:
+ *   M = max_i lse_i;  w_i = exp(lse_i - M);  out = sum_i w_i olat_i / sum_i w_i
+ * part i: olat at parts + i * part_stride ([rows, R] with row pitch R + 1) and its lse in the
+ * last column, i.e. one part is [rows, R + 1]. out: [rows, R]. Rows whose parts are all empty
+ * (every lse -inf) get 0. */
+void op_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows, int R);
+
+/* o[T, H, Vd] = W_v_h olat_h (the absorbed form's output projection). */
+void op_mla_output_v(float *o, const float *olat, const lunar_tensor *W_kvb, int T, int H, int N,
+                     int Vd, int R);
+
 /* ---------------------------------------------------------------- MoE routing */
 
 /* Sigmoid router with selection bias (DeepSeek-V3 / Kimi): per token, s = sigmoid(logits);

@@ -10,6 +10,7 @@
 #include "engine/sampler.h"
 #include "io/npy.h"
 #include "model/forward.h"
+#include "model/tp_group.h"
 #include "text/tokenizer.h"
 
 static double now_s(void) {
@@ -24,6 +25,8 @@ typedef struct run_opts {
     double temperature, top_p;
     long top_k, seed;
     lunar_load_options load;
+    long tp, dcp; /* --tensor-parallel-size, --decode-context-parallel-size */
+    int ep;       /* --enable-expert-parallel */
 } run_opts;
 
 /* Parses the options both commands share; `generate` selects the sampling ones. */
@@ -31,11 +34,16 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
     memset(o, 0, sizeof *o);
     o->max_tokens = 16;
     o->top_p = 1.0;
+    o->tp = o->dcp = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (a[0] != '-') {
             if (o->model_dir) return lunar_fail(err, "unexpected argument '%s'", a);
             o->model_dir = a;
+            continue;
+        }
+        if (strcmp(a, "--enable-expert-parallel") == 0) {
+            o->ep = 1;
             continue;
         }
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
@@ -44,6 +52,11 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
         if (strcmp(a, "--ids") == 0) o->ids = v;
         else if (strcmp(a, "--prompt") == 0) o->prompt = v;
         else if (strcmp(a, "--backend") == 0) o->backend = v;
+        else if (strcmp(a, "--tensor-parallel-size") == 0 || strcmp(a, "-tp") == 0) {
+            if (lunar_parse_int(a, v, 1, 1024, &o->tp, err)) return -1;
+        } else if (strcmp(a, "--decode-context-parallel-size") == 0 || strcmp(a, "-dcp") == 0) {
+            if (lunar_parse_int(a, v, 1, 1024, &o->dcp, err)) return -1;
+        }
         else if (!generate && strcmp(a, "--out") == 0) o->out = v;
         else if (generate && strcmp(a, "--max-tokens") == 0) {
             if (lunar_parse_int(a, v, 0, 1 << 24, &o->max_tokens, err)) return -1;
@@ -69,6 +82,39 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
     if (o->ids && o->prompt) return lunar_fail(err, "give --ids or --prompt, not both");
     if (!generate && !o->out) return lunar_fail(err, "missing --out FILE.npy");
     return 0;
+}
+
+/* One sequence on the single-rank model, or on a CPU tensor-parallel group of rank threads. */
+typedef struct runner {
+    const lunar_model *m;
+    lunar_seq s;
+    lunar_tp_group *g;
+} runner;
+
+static int runner_init(runner *r, const lunar_model *m, const run_opts *o, int max_tokens, lunar_err *err) {
+    memset(r, 0, sizeof *r);
+    r->m = m;
+    if (o->tp == 1 && o->dcp == 1 && !o->ep) return lunar_seq_init(&r->s, m, max_tokens, err);
+    lunar_tp_opts t = {(int)o->tp, (int)o->dcp, o->ep};
+    if (lunar_tp_group_create(&r->g, m, &t, err)) return -1;
+    if (lunar_tp_group_seq_init(r->g, max_tokens, err)) {
+        lunar_tp_group_free(r->g);
+        r->g = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+static int runner_forward(runner *r, const int32_t *ids, int n, float *logits, int all, lunar_err *err) {
+    if (r->g) return lunar_tp_group_forward(r->g, ids, n, logits, all, err);
+    return lunar_forward(r->m, &r->s, ids, n, logits, all, err);
+}
+
+static void runner_free(runner *r) {
+    if (r->g)
+        lunar_tp_group_free(r->g);
+    else
+        lunar_seq_free(&r->s);
 }
 
 /* --prompt: the text's ids under the model directory's tokenizer (special-token strings are
@@ -115,15 +161,15 @@ int lunar_cmd_logits(int argc, char **argv) {
     }
     const int V = m->cfg.vocab_size;
     float *logits = malloc((size_t)n * V * sizeof(float));
-    lunar_seq s;
+    runner s;
     if (!logits) {
         fprintf(stderr, "lunar logits: cannot allocate %d x %d logits\n", n, V);
-    } else if (lunar_seq_init(&s, m, n, &err) == 0) {
-        if (lunar_forward(m, &s, ids, n, logits, 1, &err) == 0) {
+    } else if (runner_init(&s, m, &o, n, &err) == 0) {
+        if (runner_forward(&s, ids, n, logits, 1, &err) == 0) {
             int64_t shape[2] = {n, V};
             rc = lunar_npy_write_f32(o.out, logits, 2, shape, &err) ? 1 : 0;
         }
-        lunar_seq_free(&s);
+        runner_free(&s);
     }
     if (rc) fprintf(stderr, "lunar logits: %s\n", err.msg);
     free(logits);
@@ -143,7 +189,9 @@ int lunar_cmd_generate(int argc, char **argv) {
     if (parse(argc, argv, 1, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar generate: %s\n", err.msg);
         fprintf(stderr, "usage: lunar generate MODEL_DIR (--ids 1,2,3 | --prompt TEXT) --max-tokens N "
-                        "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n       " LUNAR_LOAD_OPTIONS_USAGE "\n");
+                        "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n       " LUNAR_LOAD_OPTIONS_USAGE "\n"
+                        "       [--tensor-parallel-size N [--decode-context-parallel-size D] "
+                        "[--enable-expert-parallel]]  (CPU: N rank threads)\n");
         return 1;
     }
     const int V = m->cfg.vocab_size;
@@ -153,11 +201,11 @@ int lunar_cmd_generate(int argc, char **argv) {
                          .top_p = (float)o.top_p, .seed = (uint64_t)o.seed};
     lunar_rng rng;
     lunar_rng_seed(&rng, sp.seed);
-    lunar_seq s;
+    runner s;
     int rc = 1;
-    if (lunar_seq_init(&s, m, n + (int)o.max_tokens, &err) == 0) {
+    if (runner_init(&s, m, &o, n + (int)o.max_tokens, &err) == 0) {
         double t0 = now_s();
-        rc = lunar_forward(m, &s, ids, n, logits, 0, &err) ? 1 : 0;
+        rc = runner_forward(&s, ids, n, logits, 0, &err) ? 1 : 0;
         double t1 = now_s(), t_prefill = t1 - t0;
         int generated = 0;
         /* with a tokenizer the output is streamed as text, never splitting a UTF-8 character */
@@ -175,7 +223,7 @@ int lunar_cmd_generate(int argc, char **argv) {
                 generated++;
                 break;
             }
-            if (generated + 1 < o.max_tokens && lunar_forward(m, &s, &next, 1, logits, 0, &err))
+            if (generated + 1 < o.max_tokens && runner_forward(&s, &next, 1, logits, 0, &err))
                 rc = 1;
         }
         if (tok) fwrite(piece, 1, lunar_detok_flush(&dt, piece), stdout);
@@ -184,10 +232,10 @@ int lunar_cmd_generate(int argc, char **argv) {
         double t_decode = now_s() - t1;
         if (rc == 0)
             fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s "
-                            "(%.2f tok/s, backend cpu)\n",
+                            "(%.2f tok/s, backend cpu, tp %ld, dcp %ld)\n",
                     n, t_prefill, n / t_prefill, generated, t_decode,
-                    generated > 1 ? (generated - 1) / t_decode : 0.0);
-        lunar_seq_free(&s);
+                    generated > 1 ? (generated - 1) / t_decode : 0.0, o.tp, o.dcp);
+        runner_free(&s);
     }
     if (rc) fprintf(stderr, "lunar generate: %s\n", err.msg);
     free(logits), free(scratch), free(ids);

@@ -16,7 +16,8 @@ static const char *USAGE =
     "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--api-key KEY] [--backend cpu|cuda|auto]\n"
     "         [--sampling-guard auto|on|off] [--max-body-bytes N] [--timeout-keep-alive S] [--max-pending N]\n"
     "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n"
-    "         " LUNAR_LOAD_OPTIONS_USAGE " (dummy: MODEL_DIR may be a config.json)\n";
+    "         " LUNAR_LOAD_OPTIONS_USAGE " (dummy: MODEL_DIR may be a config.json)\n"
+    "         [--tensor-parallel-size N [--decode-context-parallel-size D] [--enable-expert-parallel]]\n";
 
 typedef struct serve_opts {
     const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
@@ -25,6 +26,8 @@ typedef struct serve_opts {
     double gpu_util;
     int fake, quiet, no_prefix;
     lunar_load_options load;
+    long tp, dcp; /* --tensor-parallel-size, --decode-context-parallel-size (CPU rank threads) */
+    int ep;       /* --enable-expert-parallel */
 } serve_opts;
 
 static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
@@ -52,6 +55,7 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         if (strcmp(a, "--fake-engine") == 0) { o->fake = 1; continue; }
         if (strcmp(a, "--quiet") == 0) { o->quiet = 1; continue; }
         if (strcmp(a, "--no-prefix-caching") == 0) { o->no_prefix = 1; continue; }
+        if (strcmp(a, "--enable-expert-parallel") == 0) { o->ep = 1; continue; }
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
         if (strcmp(a, "--host") == 0) o->host = v;
         else if (strcmp(a, "--port") == 0) { if (lunar_parse_int(a, v, 0, 65535, &o->port, err)) return -1; }
@@ -65,6 +69,8 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         else if (strcmp(a, "--kv-cache-dtype") == 0) o->kv_dtype = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
         else if (strcmp(a, "--backend") == 0) o->backend = v;
+        else if (strcmp(a, "--tensor-parallel-size") == 0 || strcmp(a, "-tp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->tp, err)) return -1; }
+        else if (strcmp(a, "--decode-context-parallel-size") == 0 || strcmp(a, "-dcp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->dcp, err)) return -1; }
         else if (strcmp(a, "--sampling-guard") == 0) o->guard = v;
         else if (strcmp(a, "--max-body-bytes") == 0) { if (lunar_parse_int(a, v, 1024, 1l << 40, &o->max_body, err)) return -1; }
         else if (strcmp(a, "--timeout-keep-alive") == 0) { if (lunar_parse_int(a, v, 1, 86400, &o->timeout, err)) return -1; }
@@ -172,6 +178,9 @@ int lunar_cmd_serve(int argc, char **argv) {
         eo.num_layers = o.load.num_layers;
         eo.tp_slice = o.load.tp_slice;
         eo.dummy_seed = o.load.seed;
+        eo.tensor_parallel_size = (int)o.tp;
+        eo.decode_context_parallel_size = (int)o.dcp;
+        eo.enable_expert_parallel = o.ep;
         if (o.cache_bytes > 0) eo.cache_memory_bytes = o.cache_bytes;
         /* --gpu-memory-utilization: lunar_engine_options has no fraction yet (cache_memory_bytes only); the
          * engine sizes its caches itself unless --cache-memory-bytes is given. */

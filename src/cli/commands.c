@@ -11,6 +11,7 @@ int lunar_cmd_render(int argc, char **argv);
 int lunar_cmd_plan(int argc, char **argv);
 int lunar_cmd_serve(int argc, char **argv);
 int lunar_cmd_bench(int argc, char **argv);
+int lunar_cmd_bench_comm(int argc, char **argv);
 
 const lunar_command lunar_commands[] = {
     {"info", lunar_cmd_info},
@@ -22,5 +23,6 @@ const lunar_command lunar_commands[] = {
     {"plan", lunar_cmd_plan},
     {"serve", lunar_cmd_serve},
     {"bench", lunar_cmd_bench},
+    {"bench-comm", lunar_cmd_bench_comm},
     {NULL, NULL},
 };

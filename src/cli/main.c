@@ -18,7 +18,11 @@ static void usage(FILE *f) {
             "  serve MODEL_DIR [--port P --api-key K ...]   OpenAI-compatible HTTP server (docs/api.md)\n"
             "  bench MODEL [--load-format dummy ...]   offline prefill/decode throughput vs the floors (bench --help)\n"
             "  bench serve --base-url URL ...        drive a running server as vllm bench serve (bench serve --help)\n"
-            "common options: --backend cpu|cuda|auto; --load-format dummy (MODEL_DIR may then be a config.json)\n");
+            "  bench-comm --tensor-parallel-size N [--nnodes K --node-rank I --master-addr A --master-port P]\n"
+            "                                       NCCL all-reduce latency/bandwidth, one process per GPU\n"
+            "common options: --backend cpu|cuda|auto; --load-format dummy (MODEL_DIR may then be a config.json)\n"
+            "parallel (logits, generate, serve; CPU: rank threads): --tensor-parallel-size N\n"
+            "  [--decode-context-parallel-size D] [--enable-expert-parallel]   (docs/parallel.md)\n");
 }
 
 int main(int argc, char **argv) {

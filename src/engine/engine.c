@@ -27,6 +27,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/forward.h"
+#include "model/tp_group.h"
 #include "text/tokenizer.h"
 
 struct lunar_engine {
@@ -35,6 +36,7 @@ struct lunar_engine {
     lunar_tokenizer *tok; /* for stop strings; NULL when the model has none */
     lunar_kv_pool kv;
     lunar_state_pool st;
+    lunar_tp_group *tpg;  /* tensor parallelism: rank threads own the caches instead of kv, st */
     lunar_block_mgr *blocks;
     int ckpt_tokens;      /* checkpoint interval in tokens */
     int *free_slots, n_free_slots;
@@ -152,8 +154,17 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
 
     int n_blocks = 0, n_ckpt = 0;
     if (plan_memory(e, &n_blocks, &n_ckpt, err)) goto fail;
-    if (lunar_kv_pool_init(&e->kv, c, n_blocks, kvd, err)) goto fail;
-    if (lunar_state_pool_init(&e->st, c, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err)) goto fail;
+    const lunar_tp_opts tpo = {o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
+                               o->decode_context_parallel_size > 1 ? o->decode_context_parallel_size : 1,
+                               o->enable_expert_parallel};
+    if (tpo.tp > 1 || tpo.dcp > 1 || tpo.ep) {
+        if (lunar_tp_group_create(&e->tpg, e->model, &tpo, err) ||
+            lunar_tp_group_pools(e->tpg, n_blocks, kvd, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err))
+            goto fail;
+    } else {
+        if (lunar_kv_pool_init(&e->kv, c, n_blocks, kvd, err)) goto fail;
+        if (lunar_state_pool_init(&e->st, c, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err)) goto fail;
+    }
     e->blocks = lunar_block_mgr_new(n_blocks, o->max_num_seqs, n_ckpt);
     e->free_slots = lunar_xmalloc((size_t)o->max_num_seqs * sizeof *e->free_slots);
     for (int i = 0; i < o->max_num_seqs; i++) e->free_slots[i] = o->max_num_seqs - 1 - i;
@@ -179,6 +190,7 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     *out = e;
     return 0;
 fail:
+    lunar_tp_group_free(e->tpg);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);
@@ -301,6 +313,16 @@ static int ensure_blocks(lunar_engine *e, request *q, int upto) {
     return 0;
 }
 
+static void state_copy(lunar_engine *e, int to, int from) {
+    if (e->tpg) lunar_tp_group_state_copy(e->tpg, to, from);
+    else lunar_state_copy(&e->st, to, from);
+}
+
+static void state_clear(lunar_engine *e, int slot) {
+    if (e->tpg) lunar_tp_group_state_clear(e->tpg, slot);
+    else lunar_state_clear(&e->st, slot);
+}
+
 /* Largest prefix of q's tokens whose latent blocks and KDA state checkpoint are cached; takes
  * the blocks, copies the checkpoint into q's slot. Leaves at least one token to compute. */
 static void prefix_lookup(lunar_engine *e, request *q) {
@@ -332,7 +354,7 @@ static void prefix_lookup(lunar_engine *e, request *q) {
         lunar_request_add_block(q, lunar_block_cache_lookup(e->blocks, h[i]));
         lunar_request_add_hash(q, h[i]);
     }
-    if (ckpt >= 0) lunar_state_copy(&e->st, q->slot, ckpt);
+    if (ckpt >= 0) state_copy(e, q->slot, ckpt);
     q->n_computed = use * LUNAR_BLOCK_SIZE;
     q->cached_tokens = q->n_computed;
 }
@@ -363,7 +385,7 @@ static void publish(lunar_engine *e, request *q) {
     if (full > 0 && q->n_computed % e->ckpt_tokens == 0 && e->model->cfg.n_kda_layers > 0) {
         int is_new;
         int slot = lunar_ckpt_slot_for(e->blocks, q->hashes[full - 1], &is_new);
-        if (slot >= 0 && is_new) lunar_state_copy(&e->st, slot, q->slot);
+        if (slot >= 0 && is_new) state_copy(e, slot, q->slot);
     }
 }
 
@@ -401,7 +423,7 @@ static void step(lunar_engine *e) {
     while (budget > 0 && e->waiting.n && e->running.n < cap && e->n_free_slots > 0) {
         request *q = e->waiting.v[0];
         q->slot = e->free_slots[--e->n_free_slots];
-        lunar_state_clear(&e->st, q->slot);
+        state_clear(e, q->slot);
         prefix_lookup(e, q);
         int n = chunk_for(e, q, budget);
         const int need = (q->n_computed + n + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
@@ -433,7 +455,8 @@ static void step(lunar_engine *e) {
                                     last ? LUNAR_LOGITS_LAST : LUNAR_LOGITS_NONE};
     }
     lunar_err err;
-    int rc = lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
+    int rc = e->tpg ? lunar_tp_group_forward_batch(e->tpg, seqs, np, e->logits, &err)
+                    : lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
     free(seqs);
     pthread_mutex_lock(&e->mu);
     e->metrics.steps++;
@@ -518,6 +541,7 @@ void lunar_engine_destroy(lunar_engine *e) {
     free(e->running.v), free(e->waiting.v), free(e->incoming.v), free(e->cancels);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    lunar_tp_group_free(e->tpg);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);

@@ -7,9 +7,18 @@
 
 int lunar_kv_pool_init(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
                        lunar_err *err) {
+    return lunar_kv_pool_init_dcp(p, c, n_blocks, dtype, 1, err);
+}
+
+int lunar_kv_pool_init_dcp(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
+                           int dcp, lunar_err *err) {
     memset(p, 0, sizeof *p);
+    p->idx_rep = dcp;
     if (n_blocks <= 0) return lunar_fail(err, "KV pool: need at least one block (got %d)", n_blocks);
-    p->block_size = LUNAR_BLOCK_SIZE;
+    if (dcp < 1 || LUNAR_BLOCK_SIZE % dcp != 0)
+        return lunar_fail(err, "KV pool: decode context parallel size %d does not divide the block size %d", dcp,
+                          LUNAR_BLOCK_SIZE);
+    p->block_size = LUNAR_BLOCK_SIZE / dcp;
     p->n_blocks = n_blocks;
     p->n_mla = c->n_mla_layers;
     p->row = c->kv_lora_rank + c->qk_rope_head_dim;
@@ -18,8 +27,8 @@ int lunar_kv_pool_init(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lu
     const size_t tokens = (size_t)p->n_mla * n_blocks * p->block_size;
     int ok = !p->n_mla || (p->latent = calloc(tokens * p->row, sizeof(float)));
     if (ok && p->idx_dim) {
-        ok = (p->idx_codes = calloc(tokens, (size_t)p->idx_dim)) != NULL;
-        ok = ok && (p->idx_scales = calloc(tokens, sizeof(float)));
+        ok = (p->idx_codes = calloc(tokens * dcp, (size_t)p->idx_dim)) != NULL;
+        ok = ok && (p->idx_scales = calloc(tokens * dcp, sizeof(float)));
     }
     if (!ok) {
         lunar_kv_pool_free(p);

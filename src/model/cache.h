@@ -27,7 +27,12 @@ typedef struct lunar_kv_pool {
     float *latent;        /* [n_mla][n_blocks][block_size][row] */
     int idx_dim;          /* index_head_dim; 0 without a DSA indexer */
     uint8_t *idx_codes;   /* [n_mla][n_blocks][block_size][idx_dim] FP8 e4m3 */
-    float *idx_scales;    /* [n_mla][n_blocks][block_size] */
+    float *idx_scales;    /* [n_mla][n_blocks][block_size] (x idx_rep) */
+    /* Index keys per slot: 1, or the DCP size D under decode context parallelism. Then a block
+     * still covers 128 positions of a sequence, but a rank stores only the 128 / D of them with
+     * p % D == its DCP rank (block_size = 128 / D latent rows), while each row carries the index
+     * keys of all D positions p - p % D .. + D-1 (replicated, so the top-k is global). */
+    int idx_rep;
 } lunar_kv_pool;
 
 typedef struct lunar_state_pool {
@@ -41,6 +46,10 @@ typedef struct lunar_state_pool {
 
 int lunar_kv_pool_init(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
                        lunar_err *err);
+/* The pool of one DCP rank: n_blocks blocks of 128 / dcp latent rows, idx_rep = dcp (dcp must
+ * divide 128; dcp 1: lunar_kv_pool_init). */
+int lunar_kv_pool_init_dcp(lunar_kv_pool *p, const lunar_config *c, int n_blocks, lunar_kv_dtype dtype,
+                           int dcp, lunar_err *err);
 void lunar_kv_pool_free(lunar_kv_pool *p);
 /* Latent row of token `pos` of a sequence with this block table, in MLA layer `layer`. */
 float *lunar_kv_latent_row(const lunar_kv_pool *p, int layer, const int32_t *blocks, int pos);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model/profile.h"
+#include "model/shard.h"
 #include "ops.h"
 
 lunar_profile *lunar_prof_active;
@@ -163,8 +164,9 @@ static void dsa_rotate(const lunar_config *c, float *iq, float *ik, int n, int p
 /* Multi-head latent attention, NoPE (kda.md 3, k3_spec 5), optionally gated and DSA-sparse.
  * Each sequence's new latent rows (and index keys) are written to its pages; the CPU reference
  * then gathers its rows [0, pos0+n) into a contiguous copy for the attention op. */
-static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const step *b, int ki,
+static void mla_layer(const lunar_model *m, const lunar_mla_weights *w, const step *b, int ki,
                       const float *h, float *out) {
+    const lunar_config *c = &m->cfg;
     const int nh = c->num_attention_heads, N = c->qk_nope_head_dim, P = c->qk_rope_head_dim,
               Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, n = b->T, row = R + P;
     const lunar_kv_pool *kv = b->kv;
@@ -195,7 +197,13 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
         PROF(DSA, dsa_project(c, w, h, qa, n, iq, ik, wt));
     }
     const float scale = 1.0f / sqrtf((float)qk);
-    for (int j = 0; j < b->n_seqs; j++) {
+    if (m->tp && m->tp->dcp) { /* decode context parallelism: the latent cache is sharded */
+        for (int j = 0; j < b->n_seqs && topk > 0; j++)
+            dsa_rotate(c, iq + (size_t)b->off[j] * ni * di, ik + (size_t)b->off[j] * di, b->seqs[j].n,
+                       b->seqs[j].pos0);
+        lunar_dcp_mla(m, w, ki, b->seqs, b->n_seqs, b->off, n, b->kv, q, kvr, iq, ik, wt, o);
+    }
+    for (int j = 0; j < b->n_seqs && !(m->tp && m->tp->dcp); j++) {
         const lunar_batch_seq *sq = &b->seqs[j];
         const int r0 = b->off[j], nj = sq->n, L = sq->pos0 + nj;
         if (topk > 0) PROF(DSA, dsa_rotate(c, iq + (size_t)r0 * ni * di, ik + (size_t)r0 * di, nj, sq->pos0));
@@ -253,8 +261,9 @@ static void mla_layer(const lunar_config *c, const lunar_mla_weights *w, const s
 /* MoE: sigmoid router with correction bias on the full width; routed experts on the full width
  * (Kimi-Linear) or in the latent space (K3: down-projection, experts, RMSNorm, up-projection);
  * plus the shared experts. */
-static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const float *h, int n,
+static void moe_layer(const lunar_model *model, const lunar_ffn_weights *w, const float *h, int n,
                       float *out) {
+    const lunar_config *c = &model->cfg;
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
     float *logits = fbuf((size_t)n * E), *wt = fbuf((size_t)n * k);
@@ -279,6 +288,8 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     int *tok = lunar_xmalloc((size_t)n * sizeof(int));
     const double t0 = lunar_prof_begin();
     for (int e = 0; e < E; e++) {
+        const lunar_expert_weights *x = &w->experts[e];
+        if (!x->w1 && !x->q1.packed) continue; /* expert parallelism: held by another rank */
         int m = 0;
         for (int t = 0; t < n; t++)
             for (int j = 0; j < k; j++)
@@ -289,7 +300,6 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
                     m++;
                 }
         if (!m) continue;
-        const lunar_expert_weights *x = &w->experts[e];
         if (c->experts_mxfp4)
             op_mxfp4_mlp(xout, xin, &x->q1, &x->q3, &x->q2, m, &act);
         else
@@ -302,8 +312,16 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     }
     lunar_prof_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
-        PROF(LATENT, if (w->latent_norm) op_rmsnorm(acc, acc, w->latent_norm, n, Lat, c->rms_norm_eps);
-             op_matmul(out, acc, w->latent_up, n));
+        /* under TP each rank holds part of every expert (or whole experts): the routed sum is
+         * completed before its norm, which is not linear (k3_spec 6.4) */
+        if (model->tp) lunar_tp_all_reduce(model, acc, (size_t)n * Lat);
+        const double tl = lunar_prof_begin();
+        if (w->latent_norm) op_rmsnorm(acc, acc, w->latent_norm, n, Lat, c->rms_norm_eps);
+        if (model->tp)
+            lunar_tp_latent_up(model, w->latent_up, out, acc, n, Lat);
+        else
+            op_matmul(out, acc, w->latent_up, n);
+        lunar_prof_end(LUNAR_PROF_LATENT, tl);
         free(acc);
     }
     if (w->shared_gate) { /* shared experts: one MLP on the full width */
@@ -315,12 +333,24 @@ static void moe_layer(const lunar_config *c, const lunar_ffn_weights *w, const f
     free(logits), free(sel), free(wt), free(zbuf), free(xin), free(xout), free(tok), free(tw);
 }
 
+/* Under TP (m->tp) each rank computes its heads' share of o_proj's product (a rank may hold no
+ * head of a small model: it adds zeros), then one all-reduce completes the sub-layer. */
 static void attention(const lunar_model *m, const step *b, int l, const float *h, float *y) {
     const lunar_config *c = &m->cfg;
-    if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &m->layers[l].kda, b, m->kind_index[l], h, y);
-    else
-        mla_layer(c, &m->layers[l].mla, b, m->kind_index[l], h, y);
+    const size_t nD = (size_t)b->T * c->hidden_size;
+    if (c->attn_kind[l] == LUNAR_ATTN_KDA) {
+        if (c->kda_num_heads > 0)
+            kda_layer(c, &m->layers[l].kda, b, m->kind_index[l], h, y);
+        else
+            memset(y, 0, nD * sizeof(float));
+    } else {
+        /* under DCP a rank without heads still serves its share of the cache to the others */
+        if (c->num_attention_heads > 0 || (m->tp && m->tp->dcp))
+            mla_layer(m, &m->layers[l].mla, b, m->kind_index[l], h, y);
+        else
+            memset(y, 0, nD * sizeof(float));
+    }
+    if (m->tp) lunar_tp_all_reduce(m, y, nD);
 }
 
 static void ffn(const lunar_model *m, int l, const float *h, int n, float *y) {
@@ -329,7 +359,8 @@ static void ffn(const lunar_model *m, int l, const float *h, int n, float *y) {
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
         PROF(SHARED, glu_mlp(c, y, h, w->gate_proj, w->up_proj, w->down_proj, n));
     else
-        moe_layer(c, w, h, n, y);
+        moe_layer(m, w, h, n, y);
+    if (m->tp) lunar_tp_all_reduce(m, y, (size_t)n * c->hidden_size); /* row-parallel down projections */
 }
 
 static void add_into(float *x, const float *y, size_t n) {
@@ -427,7 +458,15 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
 
     float *x = fbuf((size_t)T * D); /* embeddings, then the residual stream */
     float *h = fbuf((size_t)T * D); /* final normalised hidden states */
-    PROF(EMBED, for (int j = 0; j < n_seqs; j++) op_embedding(x + (size_t)off[j] * D, m->embed, seqs[j].ids, seqs[j].n));
+    const double te = lunar_prof_begin();
+    for (int j = 0; j < n_seqs; j++) {
+        if (m->tp) /* vocab-parallel: each rank holds a slice of the rows, zeros elsewhere */
+            lunar_tp_embedding(m, x + (size_t)off[j] * D, seqs[j].ids, seqs[j].n);
+        else
+            op_embedding(x + (size_t)off[j] * D, m->embed, seqs[j].ids, seqs[j].n);
+    }
+    if (m->tp) lunar_tp_all_reduce(m, x, (size_t)T * D); /* one rank's row plus zeros: exact */
+    lunar_prof_end(LUNAR_PROF_EMBED, te);
     if (c->attn_res_block_size > 0)
         run_attn_res(m, &b, x, T, h);
     else
@@ -442,16 +481,29 @@ int lunar_forward_batch(const lunar_model *m, lunar_kv_pool *kv, lunar_state_poo
         memcpy(sel + (size_t)r * D, h + (size_t)first * D, (size_t)cnt * D * sizeof(float));
         r += cnt;
     }
-    if (rows) PROF(LM_HEAD, op_matmul(logits, sel, m->lm_head, rows));
+    if (rows) {
+        const double tl = lunar_prof_begin();
+        if (m->tp)
+            lunar_tp_lm_head(m, logits, sel, rows);
+        else
+            op_matmul(logits, sel, m->lm_head, rows);
+        lunar_prof_end(LUNAR_PROF_LM_HEAD, tl);
+    }
     free(x), free(h), free(sel), free(off);
+    if (m->tp && m->tp->failed) {
+        m->tp->failed = 0;
+        return lunar_fail(err, "tensor-parallel rank %d: %s", m->tp->rank, m->tp->err.msg);
+    }
     return 0;
 }
 
 int lunar_seq_init(lunar_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
     memset(s, 0, sizeof *s);
     if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
+    /* under DCP a rank holds every dcp-th token: blocks of 128 / dcp rows */
+    const int dcp = m->tp ? m->tp->dcp_size : 1;
     const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-    if (lunar_kv_pool_init(&s->kv, &m->cfg, n_blocks, LUNAR_KV_F32, err)) return -1;
+    if (lunar_kv_pool_init_dcp(&s->kv, &m->cfg, n_blocks, LUNAR_KV_F32, dcp, err)) return -1;
     if (lunar_state_pool_init(&s->st, &m->cfg, 1, 0, err)) {
         lunar_kv_pool_free(&s->kv);
         return -1;

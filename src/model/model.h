@@ -97,6 +97,9 @@ typedef struct lunar_model {
     lunar_layer_weights *layers;    /* [L] */
     /* which layer index among its kind (KDA or MLA) layer l is, for the per-kind caches */
     int kind_index[LUNAR_MAX_LAYERS];
+    /* tensor/decode-context parallelism: this rank's place and comms (model/shard.h); NULL for
+     * the single-rank model, whose forward makes no collective call */
+    struct lunar_tp *tp;
 } lunar_model;
 
 /* Loads dir/config.json and the checkpoint in dir, binds and checks every tensor. */

@@ -13,6 +13,7 @@
 
 #include "model/dummy.h"
 #include "model/model.h"
+#include "model/shard.h"
 
 typedef enum role {
     ROLE_EMBED,
@@ -381,6 +382,10 @@ fail:
 
 void lunar_model_free(lunar_model *m) {
     if (!m) return;
+    if (m->tp) { /* a rank's shards of a model that owns the checkpoint */
+        lunar_shard_free(m);
+        return;
+    }
     if (m->layers)
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) free(m->layers[l].ffn.experts);
     free(m->layers);

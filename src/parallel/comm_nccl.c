@@ -1,0 +1,132 @@
+/* The NCCL transport of parallel/comm.h: one rank per process and GPU. Buffers are device pointers;
+ * each collective is enqueued on the comm's own stream and waited for, so a caller sees the same
+ * synchronous contract as the CPU transport (the GPU forward, which overlaps its own work, may
+ * later take the stream instead). All-to-all is the grouped send/recv pattern NCCL documents for
+ * it. Built only with CUDA and nccl.h (LUNAR_HAVE_NCCL); otherwise every entry point says so. */
+#include "parallel/comm.h"
+
+#include <string.h>
+
+#ifdef LUNAR_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+typedef struct nccl_impl {
+    ncclComm_t comm;
+    cudaStream_t stream;
+    float *one; /* a device float for the barrier */
+} nccl_impl;
+
+static nccl_impl *impl_of(lunar_comm *c) { return c->impl; }
+
+#define NCCL_OK(call, what)                                                                    \
+    do {                                                                                       \
+        ncclResult_t r_ = (call);                                                              \
+        if (r_ != ncclSuccess) return lunar_fail(err, "NCCL %s: %s", what, ncclGetErrorString(r_)); \
+    } while (0)
+
+static int finish(nccl_impl *p, const char *what, lunar_err *err) {
+    cudaError_t e = cudaStreamSynchronize(p->stream);
+    if (e != cudaSuccess) return lunar_fail(err, "NCCL %s: %s", what, cudaGetErrorString(e));
+    return 0;
+}
+
+static int nccl_all_reduce(lunar_comm *c, float *buf, size_t n, lunar_err *err) {
+    nccl_impl *p = impl_of(c);
+    NCCL_OK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, p->comm, p->stream), "all-reduce");
+    return finish(p, "all-reduce", err);
+}
+
+static int nccl_all_gather(lunar_comm *c, const float *send, float *recv, size_t n, lunar_err *err) {
+    nccl_impl *p = impl_of(c);
+    NCCL_OK(ncclAllGather(send, recv, n, ncclFloat32, p->comm, p->stream), "all-gather");
+    return finish(p, "all-gather", err);
+}
+
+static int nccl_all_to_all(lunar_comm *c, const float *send, float *recv, size_t n, lunar_err *err) {
+    nccl_impl *p = impl_of(c);
+    NCCL_OK(ncclGroupStart(), "all-to-all");
+    for (int r = 0; r < c->size; r++) {
+        NCCL_OK(ncclSend(send + (size_t)r * n, n, ncclFloat32, r, p->comm, p->stream), "all-to-all send");
+        NCCL_OK(ncclRecv(recv + (size_t)r * n, n, ncclFloat32, r, p->comm, p->stream), "all-to-all recv");
+    }
+    NCCL_OK(ncclGroupEnd(), "all-to-all");
+    return finish(p, "all-to-all", err);
+}
+
+static int nccl_barrier(lunar_comm *c, lunar_err *err) {
+    nccl_impl *p = impl_of(c);
+    NCCL_OK(ncclAllReduce(p->one, p->one, 1, ncclFloat32, ncclSum, p->comm, p->stream), "barrier");
+    return finish(p, "barrier", err);
+}
+
+static void nccl_destroy(lunar_comm *c) {
+    nccl_impl *p = impl_of(c);
+    ncclCommDestroy(p->comm);
+    cudaFree(p->one);
+    cudaStreamDestroy(p->stream);
+    free(p);
+    free(c);
+}
+
+static const lunar_comm_vt nccl_vt = {nccl_all_reduce, nccl_all_gather, nccl_all_to_all, nccl_barrier,
+                                      nccl_destroy};
+
+int lunar_nccl_available(void) { return 1; }
+
+int lunar_nccl_get_unique_id(void *id, lunar_err *err) {
+    _Static_assert(sizeof(ncclUniqueId) == LUNAR_NCCL_ID_BYTES, "NCCL unique id size");
+    ncclUniqueId u;
+    NCCL_OK(ncclGetUniqueId(&u), "get unique id");
+    memcpy(id, &u, sizeof u);
+    return 0;
+}
+
+int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, int device,
+                         lunar_err *err) {
+    *out = NULL;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return lunar_fail(err, "NCCL rank %d: cuda device %d: %s", rank, device, cudaGetErrorString(e));
+    nccl_impl *p = lunar_xcalloc(1, sizeof *p);
+    if ((e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaMalloc((void **)&p->one, sizeof(float))) != cudaSuccess) {
+        if (p->stream) cudaStreamDestroy(p->stream);
+        free(p);
+        return lunar_fail(err, "NCCL rank %d: %s", rank, cudaGetErrorString(e));
+    }
+    cudaMemset(p->one, 0, sizeof(float));
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclResult_t r = ncclCommInitRank(&p->comm, size, u, rank);
+    if (r != ncclSuccess) {
+        cudaFree(p->one);
+        cudaStreamDestroy(p->stream);
+        free(p);
+        return lunar_fail(err, "NCCL rank %d of %d: init: %s", rank, size, ncclGetErrorString(r));
+    }
+    lunar_comm *c = lunar_xcalloc(1, sizeof *c);
+    c->rank = rank;
+    c->size = size;
+    c->vt = &nccl_vt;
+    c->impl = p;
+    *out = c;
+    return 0;
+}
+
+#else /* built without NCCL */
+
+int lunar_nccl_available(void) { return 0; }
+
+int lunar_nccl_get_unique_id(void *id, lunar_err *err) {
+    (void)id;
+    return lunar_fail(err, "this lunar was built without NCCL (needs CUDA and nccl.h)");
+}
+
+int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, int device,
+                         lunar_err *err) {
+    (void)id, (void)rank, (void)size, (void)device;
+    *out = NULL;
+    return lunar_fail(err, "this lunar was built without NCCL (needs CUDA and nccl.h)");
+}
+
+#endif
