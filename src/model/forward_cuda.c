@@ -9,12 +9,33 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_model_free(lunar_cuda_model *g) { (void)g; }
+int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
+    (void)gpu_memory_utilization;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+size_t lunar_cuda_model_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_block_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_slot_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
+    (void)m, (void)max_tokens, (void)max_rows, (void)max_len;
+    return 0;
+}
+void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) { (void)c, (void)to, (void)from; }
+size_t lunar_cuda_arena_left(void) { return 0; }
+const char *lunar_cuda_device_line(void) { return "no CUDA"; }
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
                            lunar_err *err) {
     (void)c, (void)m, (void)n_blocks, (void)n_slots;
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_caches_free(lunar_cuda_caches *c) { (void)c; }
+void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) {
+    const size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
+    if (to == from) return;
+    if (nc) lunar_glue_copy(c->conv + (size_t)to * nc, c->conv + (size_t)from * nc, nc * 4, NULL);
+    if (ns) lunar_glue_copy(c->state + (size_t)to * ns, c->state + (size_t)from * ns, ns * 4, NULL);
+}
+
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) { (void)c, (void)slot; }
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
@@ -36,6 +57,7 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #else
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,7 +68,8 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #define KDA_L2_EPS 1e-6f
 #define MLA_LATENT_NORM_EPS 1e-6f
 #define INDEX_K_NORM_EPS 1e-6f
-#define ARENA_BYTES ((size_t)16 << 30)
+/* The share of device memory the arena takes when nothing chose one (--gpu-memory-utilization). */
+#define DEFAULT_GPU_UTIL 0.9
 
 typedef struct dmat { uint16_t *p; int out, in; } dmat; /* bf16 [out, in] */
 
@@ -80,9 +103,19 @@ struct lunar_cuda_model {
     dlayer *L;
 };
 
+/* Counting mode (lunar_cuda_model_bytes): the upload walks the same code, dalloc only adds up the
+ * aligned sizes and returns a dummy pointer, and nothing is converted or copied. */
+static int counting;
+static size_t counted;
+
 static void *dalloc(size_t bytes) {
-    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
-    LUNAR_ASSERT(p != NULL);
+    if (!bytes) bytes = 4;
+    if (counting) {
+        counted += (bytes + 255) / 256 * 256;
+        return (void *)(uintptr_t)256;
+    }
+    void *p = lunar_cuda_alloc(bytes);
+    LUNAR_ASSERT(p != NULL); /* the upload checked the budget first; temporaries are planned */
     return p;
 }
 
@@ -93,33 +126,45 @@ static float *host_f32(const lunar_tensor *t, int64_t *n) {
     return f;
 }
 
-static uint16_t *up_bf16_host(const float *f, int64_t n) {
+static void up_bf16_host(uint16_t *d, const float *f, int64_t n) {
     uint16_t *h = lunar_xmalloc((size_t)n * sizeof(uint16_t));
     for (int64_t i = 0; i < n; i++) h[i] = lunar_f32_to_bf16(f[i]);
-    uint16_t *d = dalloc((size_t)n * 2);
     lunar_cuda_upload(d, h, (size_t)n * 2);
     free(h);
-    return d;
 }
 
 static uint16_t *up_bf16(const lunar_tensor *t) {
     if (!t) return NULL;
-    int64_t n;
-    float *f = host_f32(t, &n);
-    uint16_t *d = up_bf16_host(f, n);
+    const int64_t n = lunar_tensor_numel(t);
+    uint16_t *d = dalloc((size_t)n * 2);
+    if (counting) return d;
+    if (t->dtype == LUNAR_DTYPE_BF16 && t->nbytes >= (size_t)n * 2) { /* checkpoints: as stored */
+        lunar_cuda_upload(d, t->data, (size_t)n * 2);
+        return d;
+    }
+    int64_t nf;
+    float *f = host_f32(t, &nf);
+    up_bf16_host(d, f, n);
     free(f);
     return d;
 }
 
-static float *up_f32(const lunar_tensor *t) {
+/* fp32 on the device; rounded: through bf16 first (a weight every other path of the device reads
+ * in bf16 and this one kernel in fp32: the same values everywhere) */
+static float *up_f32_r(const lunar_tensor *t, int rounded) {
     if (!t) return NULL;
-    int64_t n;
-    float *f = host_f32(t, &n);
+    const int64_t n = lunar_tensor_numel(t);
     float *d = dalloc((size_t)n * 4);
+    if (counting) return d;
+    int64_t nf;
+    float *f = host_f32(t, &nf);
+    if (rounded)
+        for (int64_t i = 0; i < n; i++) f[i] = lunar_bf16_to_f32(lunar_f32_to_bf16(f[i]));
     lunar_cuda_upload(d, f, (size_t)n * 4);
     free(f);
     return d;
 }
+static float *up_f32(const lunar_tensor *t) { return up_f32_r(t, 0); }
 
 static dmat up_mat(const lunar_tensor *t) {
     dmat r = {0};
@@ -134,9 +179,11 @@ static dmat up_mxfp4(const lunar_mxfp4 *w) {
     dmat r = {0};
     r.out = (int)w->packed->shape[0];
     r.in = (int)(lunar_tensor_numel(w->packed) / w->packed->shape[0]) * 2;
+    r.p = dalloc((size_t)r.out * r.in * 2);
+    if (counting) return r;
     float *f = lunar_xmalloc((size_t)r.out * r.in * sizeof(float));
     for (int i = 0; i < r.out; i++) lunar_mxfp4_dequant_row(f + (size_t)i * r.in, w, i);
-    r.p = up_bf16_host(f, (int64_t)r.out * r.in); /* exact: E2M1 * 2^k has 3 significant bits */
+    up_bf16_host(r.p, f, (int64_t)r.out * r.in); /* exact: E2M1 * 2^k has 3 significant bits */
     free(f);
     return r;
 }
@@ -144,23 +191,38 @@ static dmat up_mxfp4(const lunar_mxfp4 *w) {
 /* proj * norm folded in fp32, as op_attnres_mix */
 static float *up_fold(const lunar_tensor *proj, const lunar_tensor *norm) {
     if (!proj) return NULL;
+    float *d = dalloc((size_t)lunar_tensor_numel(proj) * 4);
+    if (counting) return d;
     int64_t n, n2;
     float *u = host_f32(proj, &n), *r = host_f32(norm, &n2);
     LUNAR_ASSERT(n == n2);
     for (int64_t i = 0; i < n; i++) u[i] *= r[i];
-    float *d = dalloc((size_t)n * 4);
     lunar_cuda_upload(d, u, (size_t)n * 4);
     free(u), free(r);
     return d;
 }
 
-int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err) {
-    *out = NULL;
-    if (lunar_cuda_init(0, ARENA_BYTES, err)) return -1;
+int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
+    if (lunar_cuda_ready()) return 0;
+    if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
+        return lunar_fail(err, "--gpu-memory-utilization must be in (0, 1] (got %g)", gpu_memory_utilization);
+    size_t free_b = 0, total_b = 0;
+    if (lunar_cuda_mem_info(0, &free_b, &total_b, err)) return -1;
+    size_t want = (size_t)(gpu_memory_utilization * (double)total_b);
+    /* what others hold is not ours; leave the driver a little (context, cuBLASLt kernels) */
+    const size_t headroom = (size_t)256 << 20;
+    if (want + headroom > free_b) want = free_b > headroom ? free_b - headroom : 0;
+    if (want < ((size_t)256 << 20))
+        return lunar_fail(err, "CUDA: only %.2f GiB of %.2f GiB free on device 0", free_b / 1073741824.0,
+                          total_b / 1073741824.0);
+    return lunar_cuda_init(0, want, err);
+}
+
+/* Every weight the forward reads, in one place (the dummy-weights loader of the benchmarks may
+ * hook here). In counting mode only the sizes are summed. */
+static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     const lunar_config *c = &m->cfg;
-    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
     g->m = m;
-    g->mark = lunar_cuda_mark();
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);
@@ -171,7 +233,7 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
         float *inv = lunar_xmalloc((size_t)rot / 2 * sizeof(float));
         for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(c->rope_theta, -2.0 * i / rot);
         g->rope_inv = dalloc((size_t)rot / 2 * 4);
-        lunar_cuda_upload(g->rope_inv, inv, (size_t)rot / 2 * 4);
+        if (!counting) lunar_cuda_upload(g->rope_inv, inv, (size_t)rot / 2 * 4);
         free(inv);
     }
     g->L = lunar_xcalloc((size_t)c->num_hidden_layers, sizeof *g->L);
@@ -195,7 +257,8 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
             const lunar_mla_weights *a = &w->mla;
             d->mq = up_mat(a->q_proj), d->qa = up_mat(a->q_a_proj), d->qb = up_mat(a->q_b_proj);
             d->qa_norm = up_bf16(a->q_a_norm);
-            d->kva = up_mat(a->kv_a_proj), d->kva_norm = up_f32(a->kv_a_norm);
+            d->kva = up_mat(a->kv_a_proj);
+            d->kva_norm = up_f32_r(a->kv_a_norm, 1); /* a norm weight: bf16 as lunar_cuda_rmsnorm's */
             d->kvb = up_mat(a->kv_b_proj), d->mo = up_mat(a->o_proj), d->mg = up_mat(a->g_proj);
             d->iwq = up_mat(a->idx_wq_b), d->iwk = up_mat(a->idx_wk), d->iwp = up_mat(a->idx_weights_proj);
             d->ik_w = up_f32(a->idx_k_norm_w), d->ik_b = up_f32(a->idx_k_norm_b);
@@ -222,6 +285,34 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
             }
         }
     }
+}
+
+static void free_host_side(lunar_cuda_model *g) {
+    if (g->L)
+        for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) free(g->L[l].w1), free(g->L[l].w2), free(g->L[l].w3);
+    free(g->L);
+    free(g);
+}
+
+size_t lunar_cuda_model_bytes(const lunar_model *m) {
+    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
+    counting = 1, counted = 0;
+    upload_weights(g, m);
+    counting = 0;
+    free_host_side(g);
+    return counted;
+}
+
+int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err) {
+    *out = NULL;
+    if (lunar_cuda_backend_init(DEFAULT_GPU_UTIL, err)) return -1;
+    const size_t need = lunar_cuda_model_bytes(m), left = lunar_cuda_arena_size() - lunar_cuda_arena_used();
+    if (need > left)
+        return lunar_fail(err, "CUDA: the weights need %.2f GiB on the device, the arena has %.2f GiB left "
+                               "(raise --gpu-memory-utilization)", need / 1073741824.0, left / 1073741824.0);
+    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
+    g->mark = lunar_cuda_mark();
+    upload_weights(g, m);
     lunar_cuda_sync();
     *out = g;
     return 0;
@@ -229,10 +320,61 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
 
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;
-    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) free(g->L[l].w1), free(g->L[l].w2), free(g->L[l].w3);
-    free(g->L);
     lunar_cuda_release(g->mark);
-    free(g);
+    free_host_side(g);
+}
+
+size_t lunar_cuda_arena_left(void) {
+    return lunar_cuda_ready() ? lunar_cuda_arena_size() - lunar_cuda_arena_used() : 0;
+}
+const char *lunar_cuda_device_line(void) { return lunar_cuda_describe(); }
+
+size_t lunar_cuda_block_bytes(const lunar_model *m) {
+    const lunar_config *k = &m->cfg;
+    const size_t row = (size_t)k->kv_lora_rank + k->qk_rope_head_dim;
+    const size_t idx = k->index_topk > 0 ? (size_t)k->index_head_dim + 4 : 0;
+    return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * 2 + idx);
+}
+
+size_t lunar_cuda_slot_bytes(const lunar_model *m) {
+    const lunar_config *k = &m->cfg;
+    const size_t HD = (size_t)k->kda_num_heads * k->kda_head_dim;
+    return (size_t)k->n_kda_layers * (3 * HD * (k->kda_conv_size - 1) + HD * k->kda_head_dim) * 4;
+}
+
+/* An upper bound of the step's temporaries (forward_batch below, layer by layer: what stays for
+ * the whole step plus the largest layer's own buffers), 256-byte rounding and the kernels'
+ * workspaces included. */
+size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
+    const lunar_config *c = &m->cfg;
+    const size_t T = (size_t)max_tokens, D = c->hidden_size, V = c->vocab_size;
+    const size_t HD = (size_t)c->kda_num_heads * c->kda_head_dim, nh = c->num_attention_heads;
+    const size_t qk = (size_t)c->qk_nope_head_dim + c->qk_rope_head_dim, R = c->kv_lora_rank,
+                 P = c->qk_rope_head_dim, Vd = c->v_head_dim;
+    const size_t nb = c->attn_res_block_size > 0 ? (size_t)c->num_hidden_layers / c->attn_res_block_size + 3 : 0;
+    size_t step = 4 * (T * 8 + (4 + nb) * T * D + (size_t)max_rows * (D + V)) + 64 * 256;
+    size_t widest = D; /* the widest GEMM input (its bf16 copy) */
+    size_t kda = 4 * (6 * T * HD + T * c->kda_head_dim + T * c->kda_num_heads);
+    if (HD) {
+        if (HD > widest) widest = HD;
+        if (c->kda_head_dim == 128) kda += lunar_cuda_kda_chunk_ws(max_tokens, c->kda_num_heads);
+    }
+    const size_t ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
+    size_t mla = 4 * (T * nh * qk + T * (R + P) + T * nh * Vd + T * c->q_lora_rank + 2 * T * nh * R +
+                      T * nh * P + T * nh * Vd);
+    if (topk) mla += 4 * (T * ni * di + T * di + T * ni + T * topk + T * (size_t)max_len);
+    if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
+    if (nh * Vd > widest) widest = nh * Vd;
+    const size_t E = c->num_experts, k = c->num_experts_per_token;
+    const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
+    size_t I = (size_t)c->intermediate_size;
+    const size_t Ie = (size_t)c->moe_intermediate_size * (c->num_shared_experts > 1 ? c->num_shared_experts : 1);
+    if (Ie > I) I = Ie;
+    if (I > widest) widest = I;
+    const size_t ffn = 4 * (T * E + 2 * T * k + 4 * T * De + T * D + 2 * T * I) + 16 * 256;
+    size_t layer = kda > mla ? kda : mla;
+    if (ffn > layer) layer = ffn;
+    return step + layer + T * widest * 2 + ((size_t)16 << 20);
 }
 
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
@@ -266,6 +408,13 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
 void lunar_cuda_caches_free(lunar_cuda_caches *c) {
     if (c->latent) lunar_cuda_release(c->mark);
     memset(c, 0, sizeof *c);
+}
+
+void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) {
+    const size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
+    if (to == from) return;
+    if (nc) lunar_glue_copy(c->conv + (size_t)to * nc, c->conv + (size_t)from * nc, nc * 4, NULL);
+    if (ns) lunar_glue_copy(c->state + (size_t)to * ns, c->state + (size_t)from * ns, ns * 4, NULL);
 }
 
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) {

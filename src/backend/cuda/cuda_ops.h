@@ -33,6 +33,8 @@ typedef enum lunar_cuda_dtype { LUNAR_CUDA_F32 = 0, LUNAR_CUDA_BF16 = 1 } lunar_
 /* Selects `device`, allocates the whole memory budget once (arena_bytes; 0 = all free memory but
  * 1 GiB) and creates the cuBLASLt handle. Idempotent for the same device. 0 or -1 with err. */
 int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err);
+/* Free and total memory of `device` (before or after init). 0 or -1 with err. */
+int lunar_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, lunar_err *err);
 void lunar_cuda_shutdown(void);
 int lunar_cuda_ready(void); /* 1 after a successful init */
 /* Name, SM count, L2 size, memory of the selected device (one line). */

@@ -67,6 +67,19 @@ extern "C" int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err) {
     return 0;
 }
 
+extern "C" int lunar_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, lunar_err *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return lunar_fail(err, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (device < 0 || device >= n) return lunar_fail(err, "CUDA device %d of %d", device, n);
+    if (rt.ready && rt.device != device)
+        return lunar_fail(err, "CUDA backend initialised on device %d, not %d", rt.device, device);
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaMemGetInfo(free_bytes, total_bytes)) != cudaSuccess)
+        return lunar_fail(err, "cudaMemGetInfo on device %d: %s", device, cudaGetErrorString(e));
+    return 0;
+}
+
 extern "C" void lunar_cuda_shutdown(void) {
     if (!rt.ready) return;
     cudaDeviceSynchronize();
