@@ -10,6 +10,9 @@
 #include "engine/sampler.h"
 #include "io/npy.h"
 #include "model/forward.h"
+#include "model/cache.h"
+#include "model/forward_cuda.h"
+#include "ops.h"
 #include "text/tokenizer.h"
 
 static double now_s(void) {
@@ -20,6 +23,7 @@ static double now_s(void) {
 
 typedef struct run_opts {
     const char *model_dir, *ids, *prompt, *out, *backend;
+    int cuda_precision; /* CPU: model the CUDA backend's roundings */
     long max_tokens;
     double temperature, top_p;
     long top_k, seed;
@@ -35,6 +39,10 @@ static int parse(int argc, char **argv, int generate, run_opts *o, lunar_err *er
         if (a[0] != '-') {
             if (o->model_dir) return lunar_fail(err, "unexpected argument '%s'", a);
             o->model_dir = a;
+            continue;
+        }
+        if (strcmp(a, "--cuda-precision") == 0) {
+            o->cuda_precision = 1;
             continue;
         }
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
@@ -79,12 +87,72 @@ static int prompt_ids(const run_opts *o, lunar_tokenizer **tok, int32_t **ids, i
     return 0;
 }
 
+/* One sequence on the selected backend (CPU: its own caches, optionally modelling the CUDA
+ * backend's roundings; CUDA: device weights and caches). */
+typedef struct runner {
+    lunar_backend_kind be;
+    const lunar_model *m;
+    int pos, cuda_precision;
+    lunar_kv_pool kv;
+    lunar_state_pool st;
+    int32_t *blocks;
+    lunar_cuda_model *gm;
+    lunar_cuda_seq gpu;
+} runner;
+
+static int runner_init(runner *r, lunar_backend_kind be, const lunar_model *m, int max_tokens, int cuda_precision,
+                       lunar_err *err) {
+    memset(r, 0, sizeof *r);
+    r->be = be, r->m = m, r->cuda_precision = cuda_precision;
+    if (be == LUNAR_BACKEND_CPU) {
+        /* --cuda-precision: bf16 GEMM operands and weights (op_set_bf16_operands) and a bf16 latent
+         * cache, as the device computes, so that the two backends can be compared token for token */
+        const int nb = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+        if (lunar_kv_pool_init(&r->kv, &m->cfg, nb, cuda_precision ? LUNAR_KV_BF16 : LUNAR_KV_F32, err)) return -1;
+        if (lunar_state_pool_init(&r->st, &m->cfg, 1, 0, err)) {
+            lunar_kv_pool_free(&r->kv);
+            return -1;
+        }
+        r->blocks = lunar_xmalloc((size_t)nb * sizeof *r->blocks);
+        for (int i = 0; i < nb; i++) r->blocks[i] = i;
+        return 0;
+    }
+    if (lunar_cuda_model_upload(&r->gm, m, err)) return -1;
+    if (lunar_cuda_seq_init(&r->gpu, m, max_tokens, err)) {
+        lunar_cuda_model_free(r->gm);
+        return -1;
+    }
+    return 0;
+}
+
+static int runner_forward(runner *r, const int32_t *ids, int n, float *logits, int all, lunar_err *err) {
+    if (r->be != LUNAR_BACKEND_CPU) return lunar_forward_cuda(r->gm, &r->gpu, ids, n, logits, all, err);
+    lunar_batch_seq one = {ids, n, r->pos, 0, r->blocks, all ? LUNAR_LOGITS_ALL : LUNAR_LOGITS_LAST};
+    op_set_bf16_operands(r->cuda_precision);
+    int rc = lunar_forward_batch(r->m, &r->kv, &r->st, &one, 1, logits, err);
+    op_set_bf16_operands(0);
+    if (rc == 0) r->pos += n;
+    return rc;
+}
+
+static void runner_free(runner *r) {
+    if (r->be == LUNAR_BACKEND_CPU) {
+        lunar_kv_pool_free(&r->kv);
+        lunar_state_pool_free(&r->st);
+        free(r->blocks);
+    } else {
+        lunar_cuda_seq_free(&r->gpu); /* before the weights: the device arena is a stack */
+        lunar_cuda_model_free(r->gm);
+    }
+}
+
 /* Loads the model and the ids, selects the backend; on success the caller owns m, ids, tok. */
-static int setup(const run_opts *o, lunar_model **m, int32_t **ids, int *n, lunar_tokenizer **tok,
-                 lunar_err *err) {
+static int setup(const run_opts *o, lunar_backend_kind *be_out, lunar_model **m, int32_t **ids, int *n,
+                 lunar_tokenizer **tok, lunar_err *err) {
     lunar_backend_kind be;
     *tok = NULL;
     if (lunar_backend_select(o->backend, &be, err)) return -1;
+    *be_out = be;
     if (o->prompt ? prompt_ids(o, tok, ids, n, err) : lunar_parse_ids(o->ids, ids, n, err)) {
         lunar_tokenizer_free(*tok);
         return -1;
@@ -103,23 +171,24 @@ int lunar_cmd_logits(int argc, char **argv) {
     lunar_model *m = NULL;
     int32_t *ids = NULL;
     lunar_tokenizer *tok = NULL;
+    lunar_backend_kind be = LUNAR_BACKEND_CPU;
     int n = 0, rc = 1;
-    if (parse(argc, argv, 0, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
+    if (parse(argc, argv, 0, &o, &err) || setup(&o, &be, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar logits: %s\n", err.msg);
-        fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--backend cpu]\n");
+        fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--backend cpu|cuda|auto] [--cuda-precision]\n");
         return 1;
     }
     const int V = m->cfg.vocab_size;
     float *logits = malloc((size_t)n * V * sizeof(float));
-    lunar_seq s;
+    runner s;
     if (!logits) {
         fprintf(stderr, "lunar logits: cannot allocate %d x %d logits\n", n, V);
-    } else if (lunar_seq_init(&s, m, n, &err) == 0) {
-        if (lunar_forward(m, &s, ids, n, logits, 1, &err) == 0) {
+    } else if (runner_init(&s, be, m, n, o.cuda_precision, &err) == 0) {
+        if (runner_forward(&s, ids, n, logits, 1, &err) == 0) {
             int64_t shape[2] = {n, V};
             rc = lunar_npy_write_f32(o.out, logits, 2, shape, &err) ? 1 : 0;
         }
-        lunar_seq_free(&s);
+        runner_free(&s);
     }
     if (rc) fprintf(stderr, "lunar logits: %s\n", err.msg);
     free(logits);
@@ -135,11 +204,12 @@ int lunar_cmd_generate(int argc, char **argv) {
     lunar_model *m = NULL;
     int32_t *ids = NULL;
     lunar_tokenizer *tok = NULL;
+    lunar_backend_kind be = LUNAR_BACKEND_CPU;
     int n = 0;
-    if (parse(argc, argv, 1, &o, &err) || setup(&o, &m, &ids, &n, &tok, &err)) {
+    if (parse(argc, argv, 1, &o, &err) || setup(&o, &be, &m, &ids, &n, &tok, &err)) {
         fprintf(stderr, "lunar generate: %s\n", err.msg);
         fprintf(stderr, "usage: lunar generate MODEL_DIR (--ids 1,2,3 | --prompt TEXT) --max-tokens N "
-                        "[--temperature T --top-p P --top-k K --seed S --backend cpu]\n");
+                        "[--temperature T --top-p P --top-k K --seed S --backend cpu|cuda|auto --cuda-precision]\n");
         return 1;
     }
     const int V = m->cfg.vocab_size;
@@ -149,11 +219,11 @@ int lunar_cmd_generate(int argc, char **argv) {
                          .top_p = (float)o.top_p, .seed = (uint64_t)o.seed};
     lunar_rng rng;
     lunar_rng_seed(&rng, sp.seed);
-    lunar_seq s;
+    runner s;
     int rc = 1;
-    if (lunar_seq_init(&s, m, n + (int)o.max_tokens, &err) == 0) {
+    if (runner_init(&s, be, m, n + (int)o.max_tokens, o.cuda_precision, &err) == 0) {
         double t0 = now_s();
-        rc = lunar_forward(m, &s, ids, n, logits, 0, &err) ? 1 : 0;
+        rc = runner_forward(&s, ids, n, logits, 0, &err) ? 1 : 0;
         double t1 = now_s(), t_prefill = t1 - t0;
         int generated = 0;
         /* with a tokenizer the output is streamed as text, never splitting a UTF-8 character */
@@ -171,7 +241,7 @@ int lunar_cmd_generate(int argc, char **argv) {
                 generated++;
                 break;
             }
-            if (generated + 1 < o.max_tokens && lunar_forward(m, &s, &next, 1, logits, 0, &err))
+            if (generated + 1 < o.max_tokens && runner_forward(&s, &next, 1, logits, 0, &err))
                 rc = 1;
         }
         if (tok) fwrite(piece, 1, lunar_detok_flush(&dt, piece), stdout);
@@ -180,10 +250,10 @@ int lunar_cmd_generate(int argc, char **argv) {
         double t_decode = now_s() - t1;
         if (rc == 0)
             fprintf(stderr, "prefill: %d tokens in %.3f s (%.1f tok/s); decode: %d tokens in %.3f s "
-                            "(%.2f tok/s, backend cpu)\n",
+                            "(%.2f tok/s, backend %s)\n",
                     n, t_prefill, n / t_prefill, generated, t_decode,
-                    generated > 1 ? (generated - 1) / t_decode : 0.0);
-        lunar_seq_free(&s);
+                    generated > 1 ? (generated - 1) / t_decode : 0.0, lunar_backend_name(be));
+        runner_free(&s);
     }
     if (rc) fprintf(stderr, "lunar generate: %s\n", err.msg);
     free(logits), free(scratch), free(ids);

@@ -27,6 +27,7 @@
 #include "engine/request.h"
 #include "engine/sampler.h"
 #include "model/forward.h"
+#include "model/forward_cuda.h"
 #include "text/tokenizer.h"
 
 struct lunar_engine {
@@ -35,6 +36,10 @@ struct lunar_engine {
     lunar_tokenizer *tok; /* for stop strings; NULL when the model has none */
     lunar_kv_pool kv;
     lunar_state_pool st;
+    /* CUDA backend (gpu != NULL): weights, paged latent cache and state pool on the device; kv and
+     * st stay empty and every cache operation goes to gc (see state_clear / state_copy) */
+    lunar_cuda_model *gpu;
+    lunar_cuda_caches gc;
     lunar_block_mgr *blocks;
     int ckpt_tokens;      /* checkpoint interval in tokens */
     int *free_slots, n_free_slots;
@@ -64,7 +69,8 @@ void lunar_engine_options_default(lunar_engine_options *o) {
     o->max_num_seqs = 64;
     o->max_num_batched_tokens = 2048;
     o->max_model_len = 8192;
-    o->cache_memory_bytes = (int64_t)1 << 30;
+    o->cache_memory_bytes = 0; /* auto */
+    o->gpu_memory_utilization = 0.9;
     o->kv_cache_dtype = "auto";
     o->enable_prefix_caching = 1;
     o->prefix_checkpoint_blocks = 1;
@@ -82,21 +88,15 @@ void lunar_sampling_params_default(lunar_sampling_params *p) {
 
 /* Splits the cache budget: one KDA state slot per running request, checkpoint slots for the
  * prefix cache (a quarter of what remains, at most 4 per running request), the rest in blocks. */
-static int plan_memory(lunar_engine *e, int *n_blocks, int *n_ckpt, lunar_err *err) {
-    const lunar_config *c = &e->model->cfg;
+static int plan_memory(lunar_engine *e, int64_t budget, int64_t block_bytes, int64_t slot_bytes, int *n_blocks,
+                       int *n_ckpt, lunar_err *err) {
     const lunar_engine_options *o = &e->opt;
-    const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
-    const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *
-                                (row * (int64_t)sizeof(float) + (c->index_topk ? c->index_head_dim + 4 : 0));
-    const int64_t HD = (int64_t)c->kda_num_heads * c->kda_head_dim;
-    const int64_t slot_bytes = (int64_t)c->n_kda_layers * (3 * HD * (c->kda_conv_size - 1) + HD * c->kda_head_dim) *
-                               (int64_t)sizeof(float);
     const int blocks_per_seq = (o->max_model_len + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-    int64_t left = o->cache_memory_bytes - (int64_t)o->max_num_seqs * slot_bytes;
+    int64_t left = budget - (int64_t)o->max_num_seqs * slot_bytes;
     if (left <= 0)
         return lunar_fail(err, "cache memory of %lld bytes cannot hold the KDA states of %d sequences "
                                "(%lld bytes each): lower --max-num-seqs or raise the budget",
-                          (long long)o->cache_memory_bytes, o->max_num_seqs, (long long)slot_bytes);
+                          (long long)budget, o->max_num_seqs, (long long)slot_bytes);
     *n_ckpt = 0;
     if (o->enable_prefix_caching && slot_bytes > 0) {
         int64_t k = left / 4 / slot_bytes;
@@ -148,9 +148,40 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     if (c->eos_token_id >= 0) e->end_ids[e->n_end_ids++] = c->eos_token_id;
 
     int n_blocks = 0, n_ckpt = 0;
-    if (plan_memory(e, &n_blocks, &n_ckpt, err)) goto fail;
-    if (lunar_kv_pool_init(&e->kv, c, n_blocks, kvd, err)) goto fail;
-    if (lunar_state_pool_init(&e->st, c, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err)) goto fail;
+    if (be == LUNAR_BACKEND_CUDA) {
+        /* one arena of gpu_memory_utilization x the device: the weights, one step's temporaries,
+         * and the caches in all that is left */
+        if (kvd == LUNAR_KV_FP8 || o->kda_state_fp16) {
+            lunar_fail(err, "the CUDA forward keeps a bf16 latent cache and fp32 KDA states: "
+                            "--kv-cache-dtype fp8 / fp16 states are CPU-only for now");
+            goto fail;
+        }
+        if (lunar_cuda_backend_init(o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9, err) ||
+            lunar_cuda_model_upload(&e->gpu, e->model, err))
+            goto fail;
+        const int64_t step = (int64_t)lunar_cuda_step_bytes(e->model, o->max_num_batched_tokens, o->max_num_seqs,
+                                                            o->max_model_len);
+        int64_t budget = (int64_t)lunar_cuda_arena_left() - step;
+        if (o->cache_memory_bytes > 0 && o->cache_memory_bytes < budget) budget = o->cache_memory_bytes;
+        if (plan_memory(e, budget, (int64_t)lunar_cuda_block_bytes(e->model), (int64_t)lunar_cuda_slot_bytes(e->model),
+                        &n_blocks, &n_ckpt, err) ||
+            lunar_cuda_caches_init(&e->gc, e->model, n_blocks, o->max_num_seqs + n_ckpt, err))
+            goto fail;
+        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks + %d state slots, step reserve %.2f GiB\n",
+                lunar_cuda_device_line(), lunar_cuda_model_bytes(e->model) / 1073741824.0, n_blocks,
+                o->max_num_seqs + n_ckpt, step / 1073741824.0);
+    } else {
+        const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
+        const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *
+                                    (row * (int64_t)sizeof(float) + (c->index_topk ? c->index_head_dim + 4 : 0));
+        const int64_t HD = (int64_t)c->kda_num_heads * c->kda_head_dim;
+        const int64_t slot_bytes = (int64_t)c->n_kda_layers *
+                                   (3 * HD * (c->kda_conv_size - 1) + HD * c->kda_head_dim) * (int64_t)sizeof(float);
+        const int64_t budget = o->cache_memory_bytes > 0 ? o->cache_memory_bytes : (int64_t)1 << 30;
+        if (plan_memory(e, budget, block_bytes, slot_bytes, &n_blocks, &n_ckpt, err)) goto fail;
+        if (lunar_kv_pool_init(&e->kv, c, n_blocks, kvd, err)) goto fail;
+        if (lunar_state_pool_init(&e->st, c, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err)) goto fail;
+    }
     e->blocks = lunar_block_mgr_new(n_blocks, o->max_num_seqs, n_ckpt);
     e->free_slots = lunar_xmalloc((size_t)o->max_num_seqs * sizeof *e->free_slots);
     for (int i = 0; i < o->max_num_seqs; i++) e->free_slots[i] = o->max_num_seqs - 1 - i;
@@ -176,6 +207,8 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     *out = e;
     return 0;
 fail:
+    lunar_cuda_caches_free(&e->gc); /* the caches before the weights: the arena is a stack */
+    lunar_cuda_model_free(e->gpu);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);
@@ -298,6 +331,16 @@ static int ensure_blocks(lunar_engine *e, request *q, int upto) {
     return 0;
 }
 
+static void state_clear(lunar_engine *e, int slot) {
+    if (e->gpu) lunar_cuda_state_clear(&e->gc, slot);
+    else lunar_state_clear(&e->st, slot);
+}
+
+static void state_copy(lunar_engine *e, int to, int from) {
+    if (e->gpu) lunar_cuda_state_copy(&e->gc, to, from);
+    else lunar_state_copy(&e->st, to, from);
+}
+
 /* Largest prefix of q's tokens whose latent blocks and KDA state checkpoint are cached; takes
  * the blocks, copies the checkpoint into q's slot. Leaves at least one token to compute. */
 static void prefix_lookup(lunar_engine *e, request *q) {
@@ -329,7 +372,7 @@ static void prefix_lookup(lunar_engine *e, request *q) {
         lunar_request_add_block(q, lunar_block_cache_lookup(e->blocks, h[i]));
         lunar_request_add_hash(q, h[i]);
     }
-    if (ckpt >= 0) lunar_state_copy(&e->st, q->slot, ckpt);
+    if (ckpt >= 0) state_copy(e, q->slot, ckpt);
     q->n_computed = use * LUNAR_BLOCK_SIZE;
     q->cached_tokens = q->n_computed;
 }
@@ -360,7 +403,7 @@ static void publish(lunar_engine *e, request *q) {
     if (full > 0 && q->n_computed % e->ckpt_tokens == 0 && e->model->cfg.n_kda_layers > 0) {
         int is_new;
         int slot = lunar_ckpt_slot_for(e->blocks, q->hashes[full - 1], &is_new);
-        if (slot >= 0 && is_new) lunar_state_copy(&e->st, slot, q->slot);
+        if (slot >= 0 && is_new) state_copy(e, slot, q->slot);
     }
 }
 
@@ -398,7 +441,7 @@ static void step(lunar_engine *e) {
     while (budget > 0 && e->waiting.n && e->running.n < cap && e->n_free_slots > 0) {
         request *q = e->waiting.v[0];
         q->slot = e->free_slots[--e->n_free_slots];
-        lunar_state_clear(&e->st, q->slot);
+        state_clear(e, q->slot);
         prefix_lookup(e, q);
         int n = chunk_for(e, q, budget);
         const int need = (q->n_computed + n + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
@@ -430,7 +473,8 @@ static void step(lunar_engine *e) {
                                     last ? LUNAR_LOGITS_LAST : LUNAR_LOGITS_NONE};
     }
     lunar_err err;
-    int rc = lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
+    int rc = e->gpu ? lunar_forward_batch_cuda(e->gpu, &e->gc, seqs, np, e->logits, &err)
+                    : lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
     free(seqs);
     pthread_mutex_lock(&e->mu);
     e->metrics.steps++;
@@ -515,6 +559,8 @@ void lunar_engine_destroy(lunar_engine *e) {
     free(e->running.v), free(e->waiting.v), free(e->incoming.v), free(e->cancels);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
+    lunar_cuda_caches_free(&e->gc);
+    lunar_cuda_model_free(e->gpu);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);

@@ -9,6 +9,10 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_model_free(lunar_cuda_model *g) { (void)g; }
+int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
+    (void)g, (void)on;
+    return 0;
+}
 int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
     (void)gpu_memory_utilization;
     return lunar_fail(err, "lunar was built without CUDA");
@@ -57,6 +61,7 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #else
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +95,11 @@ typedef struct dlayer {
     float *rbias;
     uint16_t *lnorm;
     dmat *w1, *w3, *w2; /* [E] */
+    /* the fused routed-expert path (cuda_moe.cu) when the widths allow it (multiples of 128):
+     * the experts stacked per matrix (BF16: w1[e].p points into the stack; MXFP4: packed codes and
+     * scales as stored, beside the widened copies of the generic path) */
+    int fused_ok;
+    lunar_cuda_moe_experts mx;
 } dlayer;
 
 struct lunar_cuda_model {
@@ -101,6 +111,9 @@ struct lunar_cuda_model {
     float *final_norm_f, *out_u;
     float *rope_inv; /* indexer RoPE inverse frequencies */
     dlayer *L;
+    int fused_moe;          /* use the fused routed-expert path where fused_ok (lunar_cuda_model_fused_moe) */
+    lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
+    lunar_cuda_event ev_x, ev_shared;
 };
 
 /* Counting mode (lunar_cuda_model_bytes): the upload walks the same code, dalloc only adds up the
@@ -133,19 +146,48 @@ static void up_bf16_host(uint16_t *d, const float *f, int64_t n) {
     free(h);
 }
 
-static uint16_t *up_bf16(const lunar_tensor *t) {
-    if (!t) return NULL;
+/* t as bf16 into d (numel(t) elements) */
+static void up_bf16_into(uint16_t *d, const lunar_tensor *t) {
     const int64_t n = lunar_tensor_numel(t);
-    uint16_t *d = dalloc((size_t)n * 2);
-    if (counting) return d;
+    if (counting) return;
     if (t->dtype == LUNAR_DTYPE_BF16 && t->nbytes >= (size_t)n * 2) { /* checkpoints: as stored */
         lunar_cuda_upload(d, t->data, (size_t)n * 2);
-        return d;
+        return;
     }
     int64_t nf;
     float *f = host_f32(t, &nf);
     up_bf16_host(d, f, n);
     free(f);
+}
+
+static uint16_t *up_bf16(const lunar_tensor *t) {
+    if (!t) return NULL;
+    uint16_t *d = dalloc((size_t)lunar_tensor_numel(t) * 2);
+    up_bf16_into(d, t);
+    return d;
+}
+
+/* E tensors of one shape (the experts' w1, say) stacked: bf16, or raw bytes (MXFP4 codes/scales) */
+static uint16_t *up_stack_bf16(const lunar_expert_weights *x, int E, size_t off) {
+    const lunar_tensor *t0 = *(const lunar_tensor *const *)((const char *)&x[0] + off);
+    const size_t n = (size_t)lunar_tensor_numel(t0);
+    uint16_t *d = dalloc((size_t)E * n * 2);
+    for (int e = 0; e < E; e++) {
+        const lunar_tensor *t = *(const lunar_tensor *const *)((const char *)&x[e] + off);
+        LUNAR_ASSERT((size_t)lunar_tensor_numel(t) == n);
+        up_bf16_into(d + (size_t)e * n, t);
+    }
+    return d;
+}
+static uint8_t *up_stack_raw(const lunar_expert_weights *x, int E, size_t off) {
+    const lunar_tensor *t0 = *(const lunar_tensor *const *)((const char *)&x[0] + off);
+    const size_t n = t0->nbytes;
+    uint8_t *d = dalloc((size_t)E * n);
+    for (int e = 0; e < E && !counting; e++) {
+        const lunar_tensor *t = *(const lunar_tensor *const *)((const char *)&x[e] + off);
+        LUNAR_ASSERT(t->nbytes == n && t->dtype == LUNAR_DTYPE_U8);
+        lunar_cuda_upload(d + (size_t)e * n, t->data, n);
+    }
     return d;
 }
 
@@ -271,15 +313,39 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
             d->sg = up_mat(f->shared_gate), d->su = up_mat(f->shared_up), d->sd = up_mat(f->shared_down);
             d->ldown = up_mat(f->latent_down), d->lup = up_mat(f->latent_up);
             d->lnorm = up_bf16(f->latent_norm);
-            const int E = c->num_experts;
+            const int E = c->num_experts, I = c->moe_intermediate_size;
+            const int De = c->routed_expert_hidden_size ? c->routed_expert_hidden_size : c->hidden_size;
             d->w1 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w3 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w2 = lunar_xcalloc((size_t)E, sizeof(dmat));
+            d->fused_ok = De % 128 == 0 && I % 128 == 0;
+            lunar_cuda_moe_experts *X = &d->mx;
+            X->E = E, X->D = De, X->I = I, X->mxfp4 = c->experts_mxfp4, X->act = c->act_situ;
+            X->beta = c->situ_beta, X->beta_l = c->situ_linear_beta;
+            const lunar_expert_weights *xs = f->experts;
+            if (d->fused_ok && c->experts_mxfp4) {
+                X->w1q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q1.packed));
+                X->w1s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q1.scale));
+                X->w3q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q3.packed));
+                X->w3s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q3.scale));
+                X->w2q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q2.packed));
+                X->w2s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q2.scale));
+            } else if (d->fused_ok) {
+                uint16_t *s1 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w1));
+                uint16_t *s3 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w3));
+                uint16_t *s2 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w2));
+                X->w1 = s1, X->w3 = s3, X->w2 = s2;
+                for (int e = 0; e < E; e++) {
+                    d->w1[e] = (dmat){s1 + (size_t)e * I * De, I, De};
+                    d->w3[e] = (dmat){s3 + (size_t)e * I * De, I, De};
+                    d->w2[e] = (dmat){s2 + (size_t)e * De * I, De, I};
+                }
+            }
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];
                 if (c->experts_mxfp4) {
                     d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
-                } else {
+                } else if (!d->fused_ok) {
                     d->w1[e] = up_mat(x->w1), d->w3[e] = up_mat(x->w3), d->w2[e] = up_mat(x->w2);
                 }
             }
@@ -313,13 +379,25 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
     g->mark = lunar_cuda_mark();
     upload_weights(g, m);
+    g->side = lunar_cuda_stream_create();
+    g->ev_x = lunar_cuda_event_create(), g->ev_shared = lunar_cuda_event_create();
     lunar_cuda_sync();
     *out = g;
     return 0;
 }
 
+int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
+    int any = 0;
+    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) any |= g->L[l].fused_ok;
+    g->fused_moe = on != 0;
+    return any;
+}
+
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;
+    lunar_cuda_sync();
+    lunar_cuda_event_destroy(g->ev_x), lunar_cuda_event_destroy(g->ev_shared);
+    lunar_cuda_stream_destroy(g->side);
     lunar_cuda_release(g->mark);
     free_host_side(g);
 }
@@ -393,7 +471,8 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
     c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
     c->latent = lunar_cuda_alloc(toks * c->row * 2 + 4);
     c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
-    c->idx_scales = lunar_cuda_alloc(toks * 4 + 4);
+    c->idx_scales = lunar_cuda_alloc((c->idx_dim ? toks * 4 : 0) + 4); /* only with an indexer, as
+                                                 lunar_cuda_block_bytes counts it */
     c->conv = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->conv_len * 4 + 4);
     c->state = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->state_len * 4 + 4);
     if (!c->latent || !c->idx_codes || !c->idx_scales || !c->conv || !c->state) {
@@ -436,18 +515,24 @@ typedef struct dstep {
 
 static float *fd(size_t n) { return dalloc(n * sizeof(float)); }
 
+/* y[n, W.out] = xb[n, W.in] . W^T on stream st: cuBLASLt where its alignment holds, else the
+ * generic kernel (any shape) */
+static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+    static int glue_only = -1;
+    if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
+    if (!glue_only && W->in % 8 == 0 && W->out % 8 == 0)
+        lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, st);
+    else
+        lunar_glue_matmul(y, xb, W->p, n, W->out, W->in, st);
+}
+
 /* y[n, W.out] = x[n, W.in] . W^T, x rounded to bf16 (the GEMM operand) */
 static void mm(float *y, const float *x, const dmat *W, int n) {
     if (n <= 0) return;
     size_t mk = lunar_cuda_mark();
     uint16_t *xb = dalloc((size_t)n * W->in * 2);
     lunar_cuda_f32_to_bf16(xb, x, (size_t)n * W->in);
-    static int glue_only = -1;
-    if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
-    if (!glue_only && W->in % 8 == 0 && W->out % 8 == 0)
-        lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, NULL);
-    else
-        lunar_glue_matmul(y, xb, W->p, n, W->out, W->in, NULL);
+    mm_b(y, xb, W, n, NULL);
     lunar_cuda_release(mk); /* stream-ordered: later allocations are used after this launch */
 }
 
@@ -598,7 +683,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
 /* MoE: router + top-k on the device; the (token, slot) pairs are grouped per expert on the host
  * (one small download), each expert runs as bf16 GEMMs over its gathered rows, and the weighted
  * outputs are added in expert order, as the CPU. */
-static void moe_layer(const lunar_config *c, const dlayer *w, const float *h, int n, float *out) {
+static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, int n, float *out) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
     size_t mk = lunar_cuda_mark();
@@ -657,6 +742,76 @@ static void moe_layer(const lunar_config *c, const dlayer *w, const float *h, in
     lunar_cuda_release(mk);
 }
 
+/* The fused routed path (cuda_moe.cu): router GEMM, fused top-k, permutation, the experts over
+ * expert-contiguous rows (decode kernel up to 64 tokens, grouped GEMM above), the combine; no
+ * host round trip. The shared experts run meanwhile on the side stream: their buffers are taken
+ * from the arena before anything else of the layer (the arena is a stack shared by both streams,
+ * so nothing the main stream frees may lie under them), they start once h's bf16 copy exists
+ * (ev_x) and the main stream waits for them (ev_shared) before adding them. The roundings are the
+ * generic path's: bf16 GEMM operands, the activated product rounded to bf16 before w2. */
+static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
+                      float *out) {
+    const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
+    const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D, I = w->mx.I;
+    size_t mk = lunar_cuda_mark();
+    uint16_t *hb = dalloc((size_t)n * D * 2);
+    lunar_cuda_f32_to_bf16_on(hb, h, (size_t)n * D, NULL);
+    float *sh = NULL;
+    if (w->sg.p) {
+        const int Is = w->sg.out;
+        sh = fd((size_t)n * D);
+        float *sa = fd((size_t)n * Is), *sb = fd((size_t)n * Is);
+        uint16_t *sab = dalloc((size_t)n * Is * 2);
+        lunar_cuda_event_record(g->ev_x, NULL);
+        lunar_cuda_stream_wait(g->side, g->ev_x);
+        mm_b(sa, hb, &w->sg, n, g->side);
+        mm_b(sb, hb, &w->su, n, g->side);
+        if (c->act_situ)
+            lunar_cuda_situ_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, c->situ_beta, c->situ_linear_beta,
+                                g->side);
+        else
+            lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, g->side);
+        mm_b(sh, sab, &w->sd, n, g->side);
+        lunar_cuda_event_record(g->ev_shared, g->side);
+    }
+    float *logits = fd((size_t)n * E);
+    mm_b(logits, hb, &w->router, n, NULL);
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+    lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
+                           c->moe_renormalize, c->routed_scaling_factor, NULL);
+    lunar_cuda_moe_permute(&r, NULL);
+    const uint16_t *zb = hb;
+    if (Lat) {
+        float *z = fd((size_t)n * Lat);
+        mm_b(z, hb, &w->ldown, n, NULL);
+        uint16_t *z16 = dalloc((size_t)n * Lat * 2);
+        lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
+        zb = z16;
+    }
+    uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
+    float *ybuf = fd((size_t)n * k * De), *acc = Lat ? fd((size_t)n * Lat) : out;
+    lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    lunar_cuda_moe_combine(acc, ybuf, &r, De, NULL);
+    if (Lat) {
+        if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
+        mm(out, acc, &w->lup, n);
+    }
+    if (sh) {
+        lunar_cuda_stream_wait(NULL, g->ev_shared);
+        lunar_glue_add(out, sh, (size_t)n * D, NULL);
+    }
+    lunar_cuda_release(mk); /* stream-ordered after the join above */
+}
+
+static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
+                      float *out) {
+    if (g->fused_moe && w->fused_ok)
+        moe_fused(g, c, w, h, n, out);
+    else
+        moe_generic(c, w, h, n, out);
+}
+
 static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, float *y) {
     const lunar_config *c = &g->m->cfg;
     if (c->attn_kind[l] == LUNAR_ATTN_KDA)
@@ -671,7 +826,7 @@ static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
         glu(c, y, h, &w->gate, &w->up, &w->down, n);
     else
-        moe_layer(c, w, h, n, y);
+        moe_layer(g, c, w, h, n, y);
 }
 
 static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {

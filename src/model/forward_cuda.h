@@ -31,6 +31,13 @@ int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err);
 int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err);
 void lunar_cuda_model_free(lunar_cuda_model *g);
 
+/* Routed experts through the fused path of cuda_moe.cu (router top-k, permutation, decode kernel
+ * or grouped GEMM, combine; shared experts on a second stream) where a layer's widths allow it
+ * (expert input and intermediate multiples of 128), else the generic per-expert GEMMs. Off by
+ * default until tests/test_cuda_forward.c has passed with it on the device (it runs the
+ * kernel-shaped model both ways). Returns whether any layer of the model can take the path. */
+int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
+
 /* Sizes for planning device memory: the uploaded weights; one cache block of 128 tokens over all
  * MLA layers (bf16 latent + index keys); one KDA state slot; an upper bound of one step's
  * temporaries for max_tokens tokens, max_rows logits rows and contexts up to max_len. */

@@ -59,6 +59,7 @@ void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float lo, float 
 void lunar_cuda_sigmoid_inplace(float *p, size_t n);
 /* bf16 copy of fp32 data (round to nearest even). */
 void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void lunar_cuda_f32_to_bf16_on(uint16_t *dst, const float *src, size_t n, lunar_cuda_stream s);
 
 lunar_cuda_stream lunar_cuda_stream_create(void);
 void lunar_cuda_stream_destroy(lunar_cuda_stream s);
