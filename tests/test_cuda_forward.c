@@ -1,6 +1,7 @@
 /* The CUDA model forward end to end on every tests/golden/NAME: prefill (all rows), decode token by
  * token, a full recompute from empty caches, and one batched step of two sequences (the full
  * sequence on slot 0 beside the prompt alone on slot 1, on separate pages), on the device.
+ * The prompt is also run in three uneven chunks (pos0 > 0, as the engine's chunked prefill).
  * Skipped without a CUDA device.
  *
  * Reference: the CPU forward (the reference backend) with the device's roundings modelled
@@ -136,6 +137,17 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     const double e_dec = cmp_rows(dec, ref_dec, nd, V, &a_dec, &w_dec);
     if (gold_dec) g_dec = cmp_rows(dec, gold_dec, nd, V, &a_gold, &g_worst);
     free(dec);
+    /* chunked prefill (as the engine cuts prompts): uneven chunks continuing at pos0 > 0 */
+    int a_chk = 0;
+    double w_chk = 0;
+    lunar_cuda_seq_reset(&s);
+    const int c1 = T / 3 > 0 ? T / 3 : 1, c2 = T - c1 > 1 ? 1 : 0;
+    CHECK(lunar_forward_cuda(gm, &s, ids, c1, logits, 1, &err) == 0);
+    if (c2) CHECK(lunar_forward_cuda(gm, &s, ids + c1, c2, logits + (size_t)c1 * V, 1, &err) == 0);
+    if (T - c1 - c2 > 0)
+        CHECK(lunar_forward_cuda(gm, &s, ids + c1 + c2, T - c1 - c2, logits + (size_t)(c1 + c2) * V, 1, &err) == 0);
+    const double e_chk = cmp_rows(logits, ref_pre, T, V, &a_chk, &w_chk);
+
     lunar_cuda_seq_reset(&s);
     CHECK(lunar_forward_cuda(gm, &s, ids, N, logits, 1, &err) == 0);
     const double e_full = cmp_rows(logits, ref_full, N, V, &a_full, &w_full);
@@ -157,17 +169,17 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
         CHECK_MSG(0, "%s", err.msg);
     }
     fprintf(stderr, "\n  %-17s vs CPU(bf16 model), median/worst row: prefill %.1e/%.1e decode %.1e/%.1e "
-                    "full %.1e/%.1e batch %.1e/%.1e, argmax %d/%d %d/%d %d/%d %d/%d | vs golden: median %.1e "
-                    "%.1e worst %.1e, argmax %d/%d",
-            name, e_pre, w_pre, e_dec, w_dec, e_full, w_full, e_bat, w_bat, a_pre, T, a_dec, nd, a_full, N, a_bat,
-            N + 1, g_pre, g_dec, g_worst, a_gold, N);
-    CHECK_MSG(e_pre <= tol && e_dec <= tol && e_full <= tol && e_bat <= tol,
-              "%s: median row error vs the CPU reference: prefill %.3g decode %.3g full %.3g batch %.3g", name,
-              e_pre, e_dec, e_full, e_bat);
-    CHECK_MSG(a_pre >= CUDA_ARGMAX_MIN * T && a_dec >= CUDA_ARGMAX_MIN * nd && a_full >= CUDA_ARGMAX_MIN * N &&
-                  a_bat >= CUDA_ARGMAX_MIN * (N + 1),
-              "%s: argmax agreement prefill %d/%d decode %d/%d full %d/%d batch %d/%d", name, a_pre, T,
-              a_dec, nd, a_full, N, a_bat, N + 1);
+                    "chunked %.1e/%.1e full %.1e/%.1e batch %.1e/%.1e, argmax %d/%d %d/%d %d/%d %d/%d %d/%d | "
+                    "vs golden: median %.1e %.1e worst %.1e, argmax %d/%d",
+            name, e_pre, w_pre, e_dec, w_dec, e_chk, w_chk, e_full, w_full, e_bat, w_bat, a_pre, T, a_dec, nd, a_chk,
+            T, a_full, N, a_bat, N + 1, g_pre, g_dec, g_worst, a_gold, N);
+    CHECK_MSG(e_pre <= tol && e_dec <= tol && e_chk <= tol && e_full <= tol && e_bat <= tol,
+              "%s: median row error vs the CPU reference: prefill %.3g decode %.3g chunked %.3g full %.3g batch %.3g",
+              name, e_pre, e_dec, e_chk, e_full, e_bat);
+    CHECK_MSG(a_pre >= CUDA_ARGMAX_MIN * T && a_dec >= CUDA_ARGMAX_MIN * nd && a_chk >= CUDA_ARGMAX_MIN * T &&
+                  a_full >= CUDA_ARGMAX_MIN * N && a_bat >= CUDA_ARGMAX_MIN * (N + 1),
+              "%s: argmax agreement prefill %d/%d decode %d/%d chunked %d/%d full %d/%d batch %d/%d", name, a_pre, T,
+              a_dec, nd, a_chk, T, a_full, N, a_bat, N + 1);
     lunar_cuda_seq_free(&s);
     lunar_cuda_model_free(gm);
 out:

@@ -449,7 +449,10 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     const size_t Ie = (size_t)c->moe_intermediate_size * (c->num_shared_experts > 1 ? c->num_shared_experts : 1);
     if (Ie > I) I = Ie;
     if (I > widest) widest = I;
-    const size_t ffn = 4 * (T * E + 2 * T * k + 4 * T * De + T * D + 2 * T * I) + 16 * 256;
+    /* the generic MoE's gathers and GLU, or the fused path's bf16 copies, shared-expert buffers,
+     * permuted rows (k per token) and route tables */
+    size_t ffn = 4 * (T * E + 2 * T * k + 4 * T * De + 2 * T * D + 4 * T * I) + 16 * 256;
+    if (E) ffn += 4 * T * k * (De + I) + lunar_cuda_moe_route_bytes(max_tokens, (int)k, (int)E);
     size_t layer = kda > mla ? kda : mla;
     if (ffn > layer) layer = ffn;
     return step + layer + T * widest * 2 + ((size_t)16 << 20);

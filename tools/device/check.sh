@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one device script: in a single call, build for sm_90a, run every CUDA op against its CPU op
-# (tests/test_cuda_ops.c, test_cuda_mla.c, test_cuda_moe.c), the model forward end to end on every
+# (tests/test_cuda_ops.c, test_cuda_mla.c, test_cuda_moe.c, test_cuda_sample.c), the model forward end to end on every
 # tests/golden model (tests/test_cuda_forward.c), the engine on CUDA (tests/test_engine.c: batched,
 # chunked, preempted, prefix-cached greedy runs against lone CPU runs modelling the device), the
 # greedy `lunar generate` of the bundled model on the CPU and on the GPU, and a `lunar serve
@@ -43,8 +43,8 @@ for f in src/backend/cuda/*.cu; do
   "$NVCC" -std=c++17 -O3 $ARCH -Isrc -Iinclude -Xptxas -warn-spills -c "$f" -o "$B/$(basename "$f" .cu).cu.o" > "$B/$(basename "$f").log" 2>&1 &
   pids+=($!)
 done
-for f in src/backend/cpu/*.c src/base/err.c src/base/tensor.c tests/test_main.c tests/test_cuda_ops.c \
-         tests/test_cuda_mla.c tests/test_cuda_moe.c tools/device/bench_cuda.c tools/device/bench_mla.c; do
+for f in src/backend/cpu/*.c src/base/err.c src/base/tensor.c src/engine/sampler.c tests/test_main.c tests/test_cuda_ops.c \
+         tests/test_cuda_mla.c tests/test_cuda_moe.c tests/test_cuda_sample.c tools/device/bench_cuda.c tools/device/bench_mla.c; do
   $CC $CFLAGS -c "$f" -o "$B/$(echo "$f" | tr / _).o" &
   pids+=($!)
 done
@@ -54,8 +54,8 @@ grep -hE "error|warning|[1-9][0-9]* bytes spill" $B/*.cu.log | sort | uniq -c | 
 [ $fail = 0 ] || { cat $B/*.cu.log | grep -A3 error | head -40; echo "BUILD FAILED"; exit 1; }
 LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm -fopenmp"
 COMMON="$B/*.cu.o $B/src_backend_cpu_*.o $B/src_base_*.o"
-$CC -o $B/lunar_cuda_tests $COMMON $B/tests_test_main.c.o $B/tests_test_cuda_ops.c.o $B/tests_test_cuda_mla.c.o \
-    $B/tests_test_cuda_moe.c.o $LIBS || exit 1
+$CC -o $B/lunar_cuda_tests $COMMON $B/src_engine_sampler.c.o $B/tests_test_main.c.o $B/tests_test_cuda_ops.c.o \
+    $B/tests_test_cuda_mla.c.o $B/tests_test_cuda_moe.c.o $B/tests_test_cuda_sample.c.o $LIBS || exit 1
 $CC -o $B/bench_cuda $COMMON $B/tools_device_bench_cuda.c.o $LIBS || exit 1
 $CC -o $B/bench_mla $COMMON $B/tools_device_bench_mla.c.o $LIBS || exit 1
 echo "== op tests built in $(( $(date +%s) - t0 )) s"
@@ -91,7 +91,7 @@ if want ops; then
   grep -E "FAILED|CUDA error|internal error|requirement|differ" "$OUT/tests.log" | head -30
   summary=$(grep -E "^[0-9]+ passed, [0-9]+ failed" "$OUT/tests.log" | tail -1)
   [ $r = 124 ] && summary="TIMED OUT ($summary)"
-  row "op tests (ops, mla/dsa, moe)" "$([ $r = 0 ] && echo ok || echo FAILED)" "${summary:-rc $r}, $(( $(date +%s) - t1 )) s"
+  row "op tests (ops, mla/dsa, moe, sample)" "$([ $r = 0 ] && echo ok || echo FAILED)" "${summary:-rc $r}, $(( $(date +%s) - t1 )) s"
   echo "-- worst error per op family:"
   grep "max rel err" "$OUT/tests.log" | sed -E 's/^ *//; s/ max rel err ([0-9.e+-]+|inf|nan) \(tol ([0-9e.+-]+)\).*/ \1 \2/' |
     awk '{e=$(NF-1); t=$NF; n=$1; for(i=2;i<NF-1&&i<4;i++) if ($i !~ /[0-9=]/) n=n" "$i; if (!(n in m) || e+0 > m[n]+0) {m[n]=e; tt[n]=t}} END {for (n in m) printf "   %-34s %-10s tol %s\n", n, m[n], tt[n]}' | sort | tee "$OUT/op_errors.txt"

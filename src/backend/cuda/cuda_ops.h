@@ -283,6 +283,25 @@ void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16_t *x, int 
  * and lunar_cuda_situ_mul) on a second stream after an event recorded once x is ready, and joins
  * with lunar_cuda_stream_wait before adding them to y (not yet wired into a model forward). */
 
+/* ---------------------------------------------------------------- sampling (cuda_sample.cu) */
+
+/* engine/sampler.c's lunar_sample on the device, one row of fp32 logits [rows, V] each: greedy
+ * (argmax, ties to the lower id) when temperature <= 0 or top_k == 1; else temperature, top-k
+ * (best by logit, then lower id), top-p (the shortest best-first prefix reaching top_p of the
+ * survivors' mass), and the draw u in [0, 1) (taken on the host from the request's own stream,
+ * lunar_rng_uniform, so a seed reproduces a generation on either backend): the first candidate in
+ * rank order (id order without top-k/top-p) whose running mass exceeds u * total. The sets and the
+ * order are the CPU's exactly; masses are summed in another order (fp64 partial sums), so a draw
+ * within rounding of a boundary may pick the neighbour. params: device [rows]; ids: device [rows]. */
+typedef struct lunar_cuda_sample_params {
+    float temperature;
+    int top_k;
+    float top_p;
+    float u;
+} lunar_cuda_sample_params;
+void lunar_cuda_sample(int32_t *ids, const float *logits, int rows, int V,
+                       const lunar_cuda_sample_params *params, lunar_cuda_stream s);
+
 #ifdef __cplusplus
 }
 #endif
