@@ -472,8 +472,23 @@ static void step(lunar_engine *e) {
         seqs[i] = (lunar_batch_seq){q->tokens + q->n_computed, plan[i].n, q->n_computed, q->slot, q->blocks,
                                     last ? LUNAR_LOGITS_LAST : LUNAR_LOGITS_NONE};
     }
+    /* on CUDA, rows whose token needs nothing but temperature / top-k / top-p are sampled on the
+     * device and their logits stay there (LUNAR_CUDA_HOST_SAMPLING=1: all on the host, to compare) */
+    lunar_device_sampling *ds = NULL;
+    int32_t *dev_ids = NULL;
+    static int host_only = -1;
+    if (host_only < 0) host_only = getenv("LUNAR_CUDA_HOST_SAMPLING") != NULL;
+    if (e->gpu && !host_only) {
+        ds = lunar_xcalloc((size_t)np + 1, sizeof *ds);
+        dev_ids = lunar_xcalloc((size_t)np + 1, sizeof *dev_ids);
+        for (int i = 0, r = 0; i < np; i++) {
+            if (seqs[i].logits != LUNAR_LOGITS_LAST) continue;
+            lunar_device_sampling *d = &ds[r++];
+            d->on = lunar_request_device_sampling(plan[i].q, &d->temperature, &d->top_k, &d->top_p, &d->u);
+        }
+    }
     lunar_err err;
-    int rc = e->gpu ? lunar_forward_batch_cuda(e->gpu, &e->gc, seqs, np, e->logits, &err)
+    int rc = e->gpu ? lunar_forward_batch_cuda_sampled(e->gpu, &e->gc, seqs, np, e->logits, ds, dev_ids, &err)
                     : lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
     free(seqs);
     pthread_mutex_lock(&e->mu);
@@ -495,10 +510,12 @@ static void step(lunar_engine *e) {
         if (was_prefill) prompt_done += plan[i].n < q->n_prompt ? plan[i].n : q->n_prompt;
         publish(e, q);
         if (q->n_computed < q->n_tokens) continue; /* mid-prompt chunk */
-        float *lg = e->logits + (size_t)row++ * V;
+        float *lg = e->logits + (size_t)row * V;
         lunar_event ev = {0};
-        lunar_finish_reason why = lunar_request_sample(q, lg, V, e->end_ids, e->n_end_ids, e->sample_scratch,
-                                                       e->mask, &ev);
+        lunar_finish_reason why =
+            ds && ds[row].on ? lunar_request_accept(q, dev_ids[row], e->end_ids, e->n_end_ids, &ev)
+                             : lunar_request_sample(q, lg, V, e->end_ids, e->n_end_ids, e->sample_scratch, e->mask, &ev);
+        row++;
         generated++;
         if (why != LUNAR_FINISH_NONE) {
             ev.finish = why; /* the last token and the finish travel in one event */
@@ -507,6 +524,7 @@ static void step(lunar_engine *e) {
             emit(q, &ev);
         }
     }
+    free(ds), free(dev_ids);
     pthread_mutex_lock(&e->mu);
     e->metrics.prompt_tokens += prompt_done;
     e->metrics.generation_tokens += generated;

@@ -46,6 +46,12 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
     (void)g, (void)c, (void)seqs, (void)n_seqs, (void)logits;
     return lunar_fail(err, "lunar was built without CUDA");
 }
+int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
+                                     int n_seqs, float *logits, const lunar_device_sampling *ds, int32_t *ids,
+                                     lunar_err *err) {
+    (void)g, (void)c, (void)seqs, (void)n_seqs, (void)logits, (void)ds, (void)ids;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
 int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
     (void)s, (void)m, (void)max_tokens;
     return lunar_fail(err, "lunar was built without CUDA");
@@ -896,6 +902,36 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, float *x, in
 
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
+    return lunar_forward_batch_cuda_sampled(g, c, seqs, n_seqs, logits, NULL, NULL, err);
+}
+
+/* lg: device [rows, V]; rows with ds[r].on sampled into ids, the others' logits downloaded */
+static void finish_rows(const float *lg, int rows, int V, float *logits, const lunar_device_sampling *ds,
+                        int32_t *ids) {
+    int on = 0;
+    for (int r = 0; ds && r < rows; r++) on += ds[r].on != 0;
+    if (!on) {
+        lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
+        return;
+    }
+    size_t mk = lunar_cuda_mark();
+    lunar_cuda_sample_params *hp = lunar_xmalloc((size_t)rows * sizeof *hp);
+    for (int r = 0; r < rows; r++)
+        hp[r] = (lunar_cuda_sample_params){ds[r].on ? ds[r].temperature : 0.0f, ds[r].top_k, ds[r].top_p, ds[r].u};
+    lunar_cuda_sample_params *dp = dalloc((size_t)rows * sizeof *dp);
+    int32_t *did = dalloc((size_t)rows * sizeof *did);
+    lunar_cuda_upload(dp, hp, (size_t)rows * sizeof *hp);
+    lunar_cuda_sample(did, lg, rows, V, dp, NULL); /* every row: one launch; the others are ignored */
+    lunar_cuda_download(ids, did, (size_t)rows * sizeof *did);
+    for (int r = 0; r < rows; r++)
+        if (!ds[r].on) lunar_cuda_download(logits + (size_t)r * V, lg + (size_t)r * V, (size_t)V * sizeof(float));
+    free(hp);
+    lunar_cuda_release(mk);
+}
+
+int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
+                                     int n_seqs, float *logits, const lunar_device_sampling *ds, int32_t *sampled,
+                                     lunar_err *err) {
     const lunar_config *cf = &g->m->cfg;
     const int D = cf->hidden_size, V = cf->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
@@ -969,7 +1005,7 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
         float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * V);
         lunar_glue_gather(hs, h, sel, rows, D, NULL);
         mm(lg, hs, &g->lm_head, rows);
-        lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
+        finish_rows(lg, rows, V, logits, ds, sampled);
     }
     lunar_cuda_sync();
     lunar_cuda_release(mk);

@@ -71,6 +71,20 @@ void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from); /* conv + KD
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err);
 
+/* Sampling on the device for the logits rows that need nothing else (engine/request.c,
+ * lunar_request_device_sampling): lunar_sample's settings and its draw u, per row. */
+typedef struct lunar_device_sampling {
+    int on; /* 0: the row's logits go to the host as usual */
+    float temperature, top_p, u;
+    int top_k;
+} lunar_device_sampling;
+
+/* As lunar_forward_batch_cuda, and rows r with ds[r].on are sampled on the device (cuda_sample.cu):
+ * ids[r] receives the token and logits row r is left unwritten (it never leaves the device). */
+int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
+                                     int n_seqs, float *logits, const lunar_device_sampling *ds, int32_t *ids,
+                                     lunar_err *err);
+
 /* One sequence with device caches of its own (CLI, tests). */
 typedef struct lunar_cuda_seq {
     int pos, max_tokens;

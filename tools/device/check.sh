@@ -107,7 +107,8 @@ if want e2e && [ -n "$E2E_BIN" ]; then
   row "forward, 8 goldens (pre/dec/full/batch)" "$([ $r = 0 ] && echo ok || echo FAILED)" "$(grep -c 'vs CPU' "$OUT/forward.log") models; worst e vs CPU model: $(grep -o 'vs CPU(bf16 model): prefill [^(]*' "$OUT/forward.log" | grep -oE '[0-9.]+e[-+][0-9]+' | sort -g | tail -1)"
 
   echo "== engine on CUDA: batching, chunked prefill, preemption, prefix cache ($(date +%T))"
-  for t in engine_stress_matches_alone engine_preemption_under_a_small_cache engine_prefix_cache_hits_and_equal_outputs; do
+  for t in engine_stress_matches_alone engine_preemption_under_a_small_cache engine_prefix_cache_hits_and_equal_outputs \
+           engine_seeded_sampling_is_reproducible; do
     t1=$(date +%s)
     OMP_NUM_THREADS=16 timeout ${ENGINE_TIMEOUT:-240} $E2E_BIN/lunar_tests $t > "$OUT/$t.log" 2>&1
     r=$?
