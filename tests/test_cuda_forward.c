@@ -16,9 +16,10 @@
  * operand it rounds the other way. Measured on the H200 (first run, max over rows of
  * max |gpu - ref| / max |ref|): 1e-7 (kimi-linear-tiny, k31-a), 7e-6 (tiny-b), 3-8e-3 (tiny-a,
  * tiny-c, k3-a), 1.2e-2 (k3-b), 0.19 (k31-b: one routing / DSA top-k decision flips in the
- * prompt), argmax agreement 100 % in every phase of every model. So the criterion per phase is
- * on the typical row and on the decisions, not on the worst row: the median row error <= 1e-2 and
- * argmax agreement >= 95 % of rows (near-ties may flip). A wrong op moves most rows by
+ * prompt; the rows after it stay up to 1.45e-2 off through the KDA state, decode included), argmax
+ * agreement 100 % in every phase of every model. So the criterion per phase is on the typical row
+ * and on the decisions, not on the worst row: the median row error <= 3e-2 (2x what a flip left
+ * behind) and argmax agreement >= 95 % of rows (near-ties may flip). A wrong op moves most rows by
  * O(max |logit|) and their argmax; not modelling bf16 at all already costs 2-23 % of the argmaxes
  * on these models. The worst row is printed. */
 #include "test.h"
@@ -42,7 +43,7 @@ TEST(cuda_forward_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 #include "model/forward_cuda.h"
 #include "ops.h"
 
-#define CUDA_REF_TOL 1e-2 /* median row error, see above */
+#define CUDA_REF_TOL 3e-2 /* median row error, see above */
 #define CUDA_ARGMAX_MIN 0.95
 
 static int argmax(const float *x, int n) {
