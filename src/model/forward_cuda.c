@@ -33,13 +33,6 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_caches_free(lunar_cuda_caches *c) { (void)c; }
-void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) {
-    const size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
-    if (to == from) return;
-    if (nc) lunar_glue_copy(c->conv + (size_t)to * nc, c->conv + (size_t)from * nc, nc * 4, NULL);
-    if (ns) lunar_glue_copy(c->state + (size_t)to * ns, c->state + (size_t)from * ns, ns * 4, NULL);
-}
-
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) { (void)c, (void)slot; }
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
