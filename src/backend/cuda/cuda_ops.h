@@ -281,7 +281,7 @@ void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16_t *x, int 
                           lunar_cuda_stream s);
 /* Shared experts are not part of it: they depend only on x, so the caller runs them (bf16 GEMMs
  * and lunar_cuda_situ_mul) on a second stream after an event recorded once x is ready, and joins
- * with lunar_cuda_stream_wait before adding them to y (not yet wired into a model forward). */
+ * with lunar_cuda_stream_wait before adding them to y (model/forward_cuda.c, moe_fused). */
 
 /* ---------------------------------------------------------------- sampling (cuda_sample.cu) */
 
