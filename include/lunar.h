@@ -33,7 +33,9 @@ typedef struct lunar_engine_options {
     int max_num_seqs;             /* running requests at once (default 64) */
     int max_num_batched_tokens;   /* tokens per step, prefill chunks included (default 2048) */
     int max_model_len;            /* prompt + output limit per request (default: 8192) */
-    int64_t cache_memory_bytes;   /* bytes for the paged caches and the KDA state pool */
+    int64_t cache_memory_bytes;   /* bytes for the paged caches and the KDA state pool; 0 (default) =
+                                     1 GiB on the CPU, all the CUDA arena leaves on the GPU */
+    double gpu_memory_utilization; /* CUDA: share of device memory for weights + caches + steps (0.9) */
     const char *kv_cache_dtype;   /* "auto" (bf16 on GPU, fp32 on CPU) | "bf16" | "fp8" */
     int kda_state_fp16;           /* fp16 KDA recurrent state instead of fp32 */
     int enable_prefix_caching;    /* default 1 */

@@ -11,6 +11,7 @@
 #ifndef LUNAR_OPS_H
 #define LUNAR_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "base/tensor.h"
@@ -21,6 +22,22 @@
 #define PAR_MIN_WORK (1 << 18)
 
 /* ---------------------------------------------------------------- dense */
+
+/* The CUDA backend's precision, modelled on the CPU (process-wide, off by default; for the tests
+ * that compare the CUDA forward with this reference): when on, op_matmul and op_matmul_mxfp4 round
+ * both operands to bf16 (activations and weights, as the device feeds its GEMMs), op_embedding,
+ * op_rmsnorm and op_rmsnorm_gated round their tables/weights to bf16, and the MLA attention ops
+ * their W_kvb. fp32 accumulation is unchanged. Why a model of it rather than a looser tolerance:
+ * top-k routing and the DSA top-k are discontinuous, so bf16 operands alone move some tokens to
+ * other experts on the tiny goldens (max rel err 0.2-0.9 of the logits), which no tolerance that
+ * still catches a wrong op can absorb; with the same roundings on both sides only summation order
+ * differs. Not thread-safe to toggle while ops run. */
+void op_set_bf16_operands(int on);
+int op_bf16_operands(void);
+/* Its helpers for the ops: x rounded to bf16 in place when on (else untouched); a rounded copy
+ * (caller frees) when on, NULL when off. */
+void op_bf16_round_in_place(float *x, size_t n);
+float *op_bf16_copy(const float *x, size_t n);
 
 /* y[n, out] = x[n, in] . W[out, in]^T. W: F32/BF16/F16, 2-D. */
 void op_matmul(float *y, const float *x, const lunar_tensor *W, int n);

@@ -351,36 +351,39 @@ TEST(cuda_mla_sparse_vs_cpu) {
 
 enum { DI = 128 };
 
+/* d = 128 (K3.1) and d = 16 (the tiny goldens: fewer lanes than a warp) */
 TEST(cuda_dsa_index_write_bitwise) {
     if (!cuda_on()) return;
+    for (int di = 16; di <= DI; di *= 8) {
     const int n = 200, nslots = 3 * BS;
     size_t mark = lunar_cuda_mark();
-    float *k = test_rand((long)n * DI, 80, -2, 2);
-    for (int i = 0; i < DI; i++) k[5 * DI + i] *= 1e3f, k[6 * DI + i] *= 1e-3f, k[7 * DI + i] = 0.0f;
-    k[8 * DI + 3] = 1e6f;
+    float *k = test_rand((long)n * di, 80, -2, 2);
+    for (int i = 0; i < di; i++) k[5 * di + i] *= 1e3f, k[6 * di + i] *= 1e-3f, k[7 * di + i] = 0.0f;
+    k[8 * di + 3] = 1e6f;
     int32_t *perm = malloc((size_t)nslots * 4);
     for (int i = 0; i < nslots; i++) perm[i] = i;
     rng_state = 5;
     shuffle_i32(perm, nslots);
-    const float *dk = dev_in(k, (size_t)n * DI * 4);
+    const float *dk = dev_in(k, (size_t)n * di * 4);
     const int32_t *dslots = dev_in(perm, (size_t)n * 4);
     dout oc, os;
-    uint8_t *dcodes = dout_new(&oc, (size_t)nslots * DI);
+    uint8_t *dcodes = dout_new(&oc, (size_t)nslots * di);
     float *dsc = dout_new(&os, (size_t)nslots * 4);
-    lunar_cuda_dsa_index_write(dcodes, dsc, dk, dslots, n, DI, NULL);
-    uint8_t *codes = down(dcodes, (size_t)nslots * DI);
+    lunar_cuda_dsa_index_write(dcodes, dsc, dk, dslots, n, di, NULL);
+    uint8_t *codes = down(dcodes, (size_t)nslots * di);
     float *sc = down(dsc, (size_t)nslots * 4);
-    op_hadamard(k, n, DI);
+    op_hadamard(k, n, di);
     uint8_t q8[DI];
     int bad = 0;
     for (int i = 0; i < n; i++) {
-        float s = lunar_fp8_quantize_pow2(q8, k + (size_t)i * DI, DI);
-        bad += memcmp(q8, codes + (size_t)perm[i] * DI, DI) != 0 || memcmp(&s, sc + perm[i], 4) != 0;
+        float s = lunar_fp8_quantize_pow2(q8, k + (size_t)i * di, di);
+        bad += memcmp(q8, codes + (size_t)perm[i] * di, di) != 0 || memcmp(&s, sc + perm[i], 4) != 0;
     }
-    CHECK_MSG(bad == 0, "index write: %d of %d tokens differ from the CPU's codes/scale", bad, n);
+    CHECK_MSG(bad == 0, "index write d=%d: %d of %d tokens differ from the CPU's codes/scale", di, bad, n);
     CHECK(dout_guards_ok(&oc) && dout_guards_ok(&os));
     free(codes), free(sc), free(k), free(perm);
     lunar_cuda_release(mark);
+    }
 }
 
 /* indexer.c's score for one query row, statement for statement (to check bitwise equality) */

@@ -1,7 +1,7 @@
 /* The CUDA latent MoE (src/backend/cuda/cuda_moe.cu) against the CPU ops on random weights and
  * routings: router top-k, the permutation (empty and overloaded experts), the MXFP4 and BF16
  * experts on both paths (decode kernel, grouped GEMM), the whole latent routed path. Skipped when
- * no CUDA device is present. LUNAR_MOE_BENCH=1 also runs the benchmarks (tools/device/check_moe.sh).
+ * no CUDA device is present. LUNAR_MOE_BENCH=1 also runs the benchmarks (tools/device/check.sh bench-moe).
  *
  * Tolerances (relative to max |reference|, lunar_max_rel_err):
  *  - router weights: same sigmoid (expf, 2 ulp), same renormalisation order: 1e-5; experts exact.

@@ -28,6 +28,7 @@ TEST(cuda_ops_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
 #include "ops_util.h"
@@ -143,6 +144,55 @@ TEST(cuda_matmul_bf16_vs_cpu) {
         free(x), free(w), free(ref), free(xb);
         lunar_cuda_release(mark);
     }
+}
+
+/* The forward's GEMM use in isolation: multi-token (n > 1) prefill shapes of the tiny goldens
+ * (small, multiple-of-8 widths, odd token counts), more shapes than the 128-entry plan cache holds
+ * (so plans are recycled), each against the CPU op on bf16-exact operands, through cuBLASLt and
+ * through the generic glue GEMM; then the first shapes again, on recycled plans. */
+TEST(cuda_matmul_prefill_shapes_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int widths[] = {8, 16, 40, 48, 56, 64, 96, 128}, toks[] = {2, 7, 67, 83, 97, 129};
+    const int nw = (int)(sizeof widths / sizeof widths[0]), nt = (int)(sizeof toks / sizeof toks[0]);
+    double worst = 0;
+    int runs = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int a = 0; a < nw; a++)
+            for (int b = 0; b < nw; b++)
+                for (int t = 0; t < nt; t++) {
+                    if (pass == 1 && (a > 1 || b > 1)) continue; /* again: the first shapes */
+                    const int out = widths[a], in = widths[b], n = toks[t];
+                    size_t mark = lunar_cuda_mark();
+                    const unsigned seed = 1000u + (unsigned)(((pass * nw + a) * nw + b) * nt + t);
+                    float *x = test_rand((long)n * in, seed, -1, 1), *w = test_rand((long)out * in, seed + 7, -0.5f, 0.5f);
+                    round_bf16(x, (long)n * in);
+                    lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+                    float *ref = test_poisoned((long)n * out);
+                    op_matmul(ref, x, &W, n);
+                    uint16_t *xb = to_bf16(x, (long)n * in);
+                    const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(W.data, W.nbytes);
+                    for (int glue = 0; glue < 2; glue++) {
+                        dout o;
+                        float *dy = dout_new(&o, (size_t)n * out * 4);
+                        if (glue)
+                            lunar_glue_matmul(dy, dx, dw, n, out, in, NULL);
+                        else
+                            lunar_cuda_matmul(dy, LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
+                        float *y = down_f32(dy, (long)n * out);
+                        double e = lunar_max_rel_err(y, ref, (long)n * out);
+                        if (e > worst) worst = e;
+                        CHECK_MSG(e <= 1e-4, "%s n=%d out=%d in=%d (pass %d): max rel err %.3g",
+                                  glue ? "glue matmul" : "cuBLASLt matmul", n, out, in, pass, e);
+                        CHECK(dout_guards_ok(&o));
+                        free(y);
+                        runs++;
+                    }
+                    test_tensor_free(&W);
+                    free(x), free(w), free(ref), free(xb);
+                    lunar_cuda_release(mark);
+                }
+    report("matmul prefill shapes (cuBLASLt + glue)", worst, 1e-4);
+    CHECK(runs > 2 * 128);
 }
 
 /* ---------------------------------------------------------------- embedding, norms, GLU */

@@ -10,9 +10,12 @@ int lunar_cuda_device_count(char *desc, int desc_cap) {
 }
 #endif
 
-/* Whether the CUDA backend implements the model forward. The CUDA ops arrive with the CUDA
- * backend issues; until then a present GPU is reported but not selected. */
+/* Whether this build has the CUDA model forward (model/forward_cuda.c): with nvcc at build time. */
+#ifdef LUNAR_HAVE_CUDA
+static const int cuda_forward_available = 1;
+#else
 static const int cuda_forward_available = 0;
+#endif
 
 const char *lunar_backend_name(lunar_backend_kind kind) {
     return kind == LUNAR_BACKEND_CUDA ? "cuda" : "cpu";

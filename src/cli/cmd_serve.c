@@ -182,9 +182,7 @@ int lunar_cmd_serve(int argc, char **argv) {
         eo.decode_context_parallel_size = (int)o.dcp;
         eo.enable_expert_parallel = o.ep;
         if (o.cache_bytes > 0) eo.cache_memory_bytes = o.cache_bytes;
-        /* --gpu-memory-utilization: lunar_engine_options has no fraction yet (cache_memory_bytes only); the
-         * engine sizes its caches itself unless --cache-memory-bytes is given. */
-        (void)o.gpu_util;
+        if (o.gpu_util > 0) eo.gpu_memory_utilization = o.gpu_util;
         if (lunar_srv_backend_engine(&so.backend, &eo, &err)) goto out;
     }
 

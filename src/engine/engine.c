@@ -28,6 +28,7 @@
 #include "engine/sampler.h"
 #include "model/forward.h"
 #include "model/tp_group.h"
+#include "model/forward_cuda.h"
 #include "text/tokenizer.h"
 
 struct lunar_engine {
@@ -37,6 +38,10 @@ struct lunar_engine {
     lunar_kv_pool kv;
     lunar_state_pool st;
     lunar_tp_group *tpg;  /* tensor parallelism: rank threads own the caches instead of kv, st */
+    /* CUDA backend (gpu != NULL): weights, paged latent cache and state pool on the device; kv and
+     * st stay empty and every cache operation goes to gc (see state_clear / state_copy) */
+    lunar_cuda_model *gpu;
+    lunar_cuda_caches gc;
     lunar_block_mgr *blocks;
     int ckpt_tokens;      /* checkpoint interval in tokens */
     int *free_slots, n_free_slots;
@@ -66,7 +71,8 @@ void lunar_engine_options_default(lunar_engine_options *o) {
     o->max_num_seqs = 64;
     o->max_num_batched_tokens = 2048;
     o->max_model_len = 8192;
-    o->cache_memory_bytes = (int64_t)1 << 30;
+    o->cache_memory_bytes = 0; /* auto */
+    o->gpu_memory_utilization = 0.9;
     o->kv_cache_dtype = "auto";
     o->enable_prefix_caching = 1;
     o->prefix_checkpoint_blocks = 1;
@@ -84,21 +90,15 @@ void lunar_sampling_params_default(lunar_sampling_params *p) {
 
 /* Splits the cache budget: one KDA state slot per running request, checkpoint slots for the
  * prefix cache (a quarter of what remains, at most 4 per running request), the rest in blocks. */
-static int plan_memory(lunar_engine *e, int *n_blocks, int *n_ckpt, lunar_err *err) {
-    const lunar_config *c = &e->model->cfg;
+static int plan_memory(lunar_engine *e, int64_t budget, int64_t block_bytes, int64_t slot_bytes, int *n_blocks,
+                       int *n_ckpt, lunar_err *err) {
     const lunar_engine_options *o = &e->opt;
-    const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
-    const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *
-                                (row * (int64_t)sizeof(float) + (c->index_topk ? c->index_head_dim + 4 : 0));
-    const int64_t HD = (int64_t)c->kda_num_heads * c->kda_head_dim;
-    const int64_t slot_bytes = (int64_t)c->n_kda_layers * (3 * HD * (c->kda_conv_size - 1) + HD * c->kda_head_dim) *
-                               (int64_t)sizeof(float);
     const int blocks_per_seq = (o->max_model_len + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-    int64_t left = o->cache_memory_bytes - (int64_t)o->max_num_seqs * slot_bytes;
+    int64_t left = budget - (int64_t)o->max_num_seqs * slot_bytes;
     if (left <= 0)
         return lunar_fail(err, "cache memory of %lld bytes cannot hold the KDA states of %d sequences "
                                "(%lld bytes each): lower --max-num-seqs or raise the budget",
-                          (long long)o->cache_memory_bytes, o->max_num_seqs, (long long)slot_bytes);
+                          (long long)budget, o->max_num_seqs, (long long)slot_bytes);
     *n_ckpt = 0;
     if (o->enable_prefix_caching && slot_bytes > 0) {
         int64_t k = left / 4 / slot_bytes;
@@ -153,17 +153,54 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     if (c->eos_token_id >= 0) e->end_ids[e->n_end_ids++] = c->eos_token_id;
 
     int n_blocks = 0, n_ckpt = 0;
-    if (plan_memory(e, &n_blocks, &n_ckpt, err)) goto fail;
     const lunar_tp_opts tpo = {o->tensor_parallel_size > 1 ? o->tensor_parallel_size : 1,
                                o->decode_context_parallel_size > 1 ? o->decode_context_parallel_size : 1,
                                o->enable_expert_parallel};
-    if (tpo.tp > 1 || tpo.dcp > 1 || tpo.ep) {
-        if (lunar_tp_group_create(&e->tpg, e->model, &tpo, err) ||
-            lunar_tp_group_pools(e->tpg, n_blocks, kvd, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err))
+    const int use_tp = tpo.tp > 1 || tpo.dcp > 1 || tpo.ep;
+    if (use_tp && be == LUNAR_BACKEND_CUDA) {
+        lunar_fail(err, "tensor / decode-context / expert parallelism runs as CPU rank threads for now "
+                        "(the CUDA forward is one GPU): use --backend cpu");
+        goto fail;
+    }
+    if (be == LUNAR_BACKEND_CUDA) {
+        /* one arena of gpu_memory_utilization x the device: the weights, one step's temporaries,
+         * and the caches in all that is left */
+        if (kvd == LUNAR_KV_FP8 || o->kda_state_fp16) {
+            lunar_fail(err, "the CUDA forward keeps a bf16 latent cache and fp32 KDA states: "
+                            "--kv-cache-dtype fp8 / fp16 states are CPU-only for now");
             goto fail;
+        }
+        if (lunar_cuda_backend_init(o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9, err) ||
+            lunar_cuda_model_upload(&e->gpu, e->model, err))
+            goto fail;
+        const int64_t step = (int64_t)lunar_cuda_step_bytes(e->model, o->max_num_batched_tokens, o->max_num_seqs,
+                                                            o->max_model_len);
+        int64_t budget = (int64_t)lunar_cuda_arena_left() - step;
+        if (o->cache_memory_bytes > 0 && o->cache_memory_bytes < budget) budget = o->cache_memory_bytes;
+        if (plan_memory(e, budget, (int64_t)lunar_cuda_block_bytes(e->model), (int64_t)lunar_cuda_slot_bytes(e->model),
+                        &n_blocks, &n_ckpt, err) ||
+            lunar_cuda_caches_init(&e->gc, e->model, n_blocks, o->max_num_seqs + n_ckpt, err))
+            goto fail;
+        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks + %d state slots, step reserve %.2f GiB\n",
+                lunar_cuda_device_line(), lunar_cuda_model_bytes(e->model) / 1073741824.0, n_blocks,
+                o->max_num_seqs + n_ckpt, step / 1073741824.0);
     } else {
-        if (lunar_kv_pool_init(&e->kv, c, n_blocks, kvd, err)) goto fail;
-        if (lunar_state_pool_init(&e->st, c, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err)) goto fail;
+        const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
+        const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *
+                                    (row * (int64_t)sizeof(float) + (c->index_topk ? c->index_head_dim + 4 : 0));
+        const int64_t HD = (int64_t)c->kda_num_heads * c->kda_head_dim;
+        const int64_t slot_bytes = (int64_t)c->n_kda_layers *
+                                   (3 * HD * (c->kda_conv_size - 1) + HD * c->kda_head_dim) * (int64_t)sizeof(float);
+        const int64_t budget = o->cache_memory_bytes > 0 ? o->cache_memory_bytes : (int64_t)1 << 30;
+        if (plan_memory(e, budget, block_bytes, slot_bytes, &n_blocks, &n_ckpt, err)) goto fail;
+        if (use_tp) {
+            if (lunar_tp_group_create(&e->tpg, e->model, &tpo, err) ||
+                lunar_tp_group_pools(e->tpg, n_blocks, kvd, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err))
+                goto fail;
+        } else {
+            if (lunar_kv_pool_init(&e->kv, c, n_blocks, kvd, err)) goto fail;
+            if (lunar_state_pool_init(&e->st, c, o->max_num_seqs + n_ckpt, o->kda_state_fp16, err)) goto fail;
+        }
     }
     e->blocks = lunar_block_mgr_new(n_blocks, o->max_num_seqs, n_ckpt);
     e->free_slots = lunar_xmalloc((size_t)o->max_num_seqs * sizeof *e->free_slots);
@@ -191,6 +228,8 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     return 0;
 fail:
     lunar_tp_group_free(e->tpg);
+    lunar_cuda_caches_free(&e->gc); /* the caches before the weights: the arena is a stack */
+    lunar_cuda_model_free(e->gpu);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);
@@ -315,11 +354,13 @@ static int ensure_blocks(lunar_engine *e, request *q, int upto) {
 
 static void state_copy(lunar_engine *e, int to, int from) {
     if (e->tpg) lunar_tp_group_state_copy(e->tpg, to, from);
+    else if (e->gpu) lunar_cuda_state_copy(&e->gc, to, from);
     else lunar_state_copy(&e->st, to, from);
 }
 
 static void state_clear(lunar_engine *e, int slot) {
     if (e->tpg) lunar_tp_group_state_clear(e->tpg, slot);
+    else if (e->gpu) lunar_cuda_state_clear(&e->gc, slot);
     else lunar_state_clear(&e->st, slot);
 }
 
@@ -454,9 +495,25 @@ static void step(lunar_engine *e) {
         seqs[i] = (lunar_batch_seq){q->tokens + q->n_computed, plan[i].n, q->n_computed, q->slot, q->blocks,
                                     last ? LUNAR_LOGITS_LAST : LUNAR_LOGITS_NONE};
     }
+    /* on CUDA, rows whose token needs nothing but temperature / top-k / top-p are sampled on the
+     * device and their logits stay there (LUNAR_CUDA_HOST_SAMPLING=1: all on the host, to compare) */
+    lunar_device_sampling *ds = NULL;
+    int32_t *dev_ids = NULL;
+    static int host_only = -1;
+    if (host_only < 0) host_only = getenv("LUNAR_CUDA_HOST_SAMPLING") != NULL;
+    if (e->gpu && !host_only) {
+        ds = lunar_xcalloc((size_t)np + 1, sizeof *ds);
+        dev_ids = lunar_xcalloc((size_t)np + 1, sizeof *dev_ids);
+        for (int i = 0, r = 0; i < np; i++) {
+            if (seqs[i].logits != LUNAR_LOGITS_LAST) continue;
+            lunar_device_sampling *d = &ds[r++];
+            d->on = lunar_request_device_sampling(plan[i].q, &d->temperature, &d->top_k, &d->top_p, &d->u);
+        }
+    }
     lunar_err err;
-    int rc = e->tpg ? lunar_tp_group_forward_batch(e->tpg, seqs, np, e->logits, &err)
-                    : lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
+    int rc = e->tpg   ? lunar_tp_group_forward_batch(e->tpg, seqs, np, e->logits, &err)
+             : e->gpu ? lunar_forward_batch_cuda_sampled(e->gpu, &e->gc, seqs, np, e->logits, ds, dev_ids, &err)
+                      : lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
     free(seqs);
     pthread_mutex_lock(&e->mu);
     e->metrics.steps++;
@@ -477,10 +534,12 @@ static void step(lunar_engine *e) {
         if (was_prefill) prompt_done += plan[i].n < q->n_prompt ? plan[i].n : q->n_prompt;
         publish(e, q);
         if (q->n_computed < q->n_tokens) continue; /* mid-prompt chunk */
-        float *lg = e->logits + (size_t)row++ * V;
+        float *lg = e->logits + (size_t)row * V;
         lunar_event ev = {0};
-        lunar_finish_reason why = lunar_request_sample(q, lg, V, e->end_ids, e->n_end_ids, e->sample_scratch,
-                                                       e->mask, &ev);
+        lunar_finish_reason why =
+            ds && ds[row].on ? lunar_request_accept(q, dev_ids[row], e->end_ids, e->n_end_ids, &ev)
+                             : lunar_request_sample(q, lg, V, e->end_ids, e->n_end_ids, e->sample_scratch, e->mask, &ev);
+        row++;
         generated++;
         if (why != LUNAR_FINISH_NONE) {
             ev.finish = why; /* the last token and the finish travel in one event */
@@ -489,6 +548,7 @@ static void step(lunar_engine *e) {
             emit(q, &ev);
         }
     }
+    free(ds), free(dev_ids);
     pthread_mutex_lock(&e->mu);
     e->metrics.prompt_tokens += prompt_done;
     e->metrics.generation_tokens += generated;
@@ -542,6 +602,8 @@ void lunar_engine_destroy(lunar_engine *e) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     lunar_tp_group_free(e->tpg);
+    lunar_cuda_caches_free(&e->gc);
+    lunar_cuda_model_free(e->gpu);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);

@@ -205,7 +205,26 @@ lunar_finish_reason lunar_request_sample(request *q, float *lg, int V, const int
     int32_t tok = lunar_sample(lg, V, &sp, &q->rng, scratch);
     if (raw) ev->logprob = (float)(raw[tok] - lse);
     free(raw);
+    return lunar_request_accept(q, tok, end_ids, n_end, ev);
+}
 
+int lunar_request_device_sampling(request *q, float *temperature, int *top_k, float *top_p, float *u) {
+    const lunar_sampling_params *s = &q->sp;
+    const int n_gen = q->n_tokens - q->n_prompt;
+    if (s->logprobs || s->top_logprobs || s->n_logit_bias || s->repetition_penalty != 1.0f ||
+        s->presence_penalty != 0 || s->frequency_penalty != 0 || n_gen < s->min_tokens || q->matcher ||
+        (s->min_p > 0 && s->temperature > 0))
+        return 0;
+    *temperature = s->temperature, *top_k = s->top_k > 0 ? s->top_k : 0, *top_p = s->top_p;
+    /* lunar_sample draws once unless it is greedy: the same stream either way */
+    *u = s->temperature <= 0.0f || s->top_k == 1 ? 0.0f : lunar_rng_uniform(&q->rng);
+    return 1;
+}
+
+lunar_finish_reason lunar_request_accept(request *q, int32_t tok, const int32_t *end_ids, int n_end,
+                                         lunar_event *ev) {
+    const lunar_sampling_params *s = &q->sp;
+    const int n_gen = q->n_tokens - q->n_prompt;
     q->tokens[q->n_tokens++] = tok;
     ev->has_token = 1;
     ev->token = tok;

@@ -58,6 +58,15 @@ void lunar_request_add_hash(request *q, lunar_hash128 h);
 lunar_finish_reason lunar_request_sample(request *q, float *logits, int vocab, const int32_t *end_ids,
                                          int n_end, void *scratch, uint32_t *mask, lunar_event *ev);
 
+/* Device sampling (the CUDA backend samples in place, logits stay on the device): whether q's next
+ * token depends on nothing but temperature / top-k / top-p and its random stream (no logprobs,
+ * logit bias, penalties, pending min_tokens, grammar or min-p). If so, returns 1 with the settings
+ * and the draw u of lunar_sample taken from q's stream now (none for greedy, as lunar_sample). */
+int lunar_request_device_sampling(request *q, float *temperature, int *top_k, float *top_p, float *u);
+/* The part of lunar_request_sample after the draw: appends tok, fills ev, returns why q ends. */
+lunar_finish_reason lunar_request_accept(request *q, int32_t tok, const int32_t *end_ids, int n_end,
+                                         lunar_event *ev);
+
 /* A small array-backed list (order matters: admission order, FIFO). */
 typedef struct req_list {
     request **v;

@@ -213,6 +213,13 @@ int lunar_dummy_device_mxfp4_bf16(uint16_t *dst_dev, const lunar_mxfp4 *w) {
     lunar_cuda_dummy_mxfp4_bf16(dst_dev, &g, 0, w->packed->shape[0]);
     return 0;
 }
+
+int lunar_dummy_device_raw(uint8_t *dst_dev, const lunar_tensor *t) {
+    lunar_dummy_gen g;
+    if (!t || t->data || !lazy_find(t, &g) || g.kind != LUNAR_DUMMY_MXFP4) return -1;
+    lunar_cuda_dummy_mxfp4_packed(dst_dev, &g, 0, (uint64_t)t->nbytes);
+    return 0;
+}
 #else
 int lunar_dummy_device_bf16(uint16_t *dst_dev, const lunar_tensor *t) {
     (void)dst_dev, (void)t;
@@ -220,6 +227,10 @@ int lunar_dummy_device_bf16(uint16_t *dst_dev, const lunar_tensor *t) {
 }
 int lunar_dummy_device_mxfp4_bf16(uint16_t *dst_dev, const lunar_mxfp4 *w) {
     (void)dst_dev, (void)w;
+    return -1;
+}
+int lunar_dummy_device_raw(uint8_t *dst_dev, const lunar_tensor *t) {
+    (void)dst_dev, (void)t;
     return -1;
 }
 #endif

@@ -61,6 +61,7 @@ void lunar_dummy_fill_host(void *dst, lunar_dtype dtype, const lunar_dummy_gen *
 int lunar_dummy_is_lazy(const lunar_tensor *t);
 int lunar_dummy_device_bf16(uint16_t *dst_dev, const lunar_tensor *t);             /* [numel] bf16 */
 int lunar_dummy_device_mxfp4_bf16(uint16_t *dst_dev, const lunar_mxfp4 *w);        /* [out, in] bf16 */
+int lunar_dummy_device_raw(uint8_t *dst_dev, const lunar_tensor *t);               /* MXFP4 packed bytes */
 
 /* Device launchers (backend/cuda/cuda_dummy.cu; only with LUNAR_HAVE_CUDA): elements [i0, i0+n). */
 void lunar_cuda_dummy_bf16(uint16_t *dst, const lunar_dummy_gen *g, uint64_t i0, uint64_t n);

@@ -9,6 +9,24 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_model_free(lunar_cuda_model *g) { (void)g; }
+int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
+    (void)g, (void)on;
+    return 0;
+}
+int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
+    (void)gpu_memory_utilization;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+size_t lunar_cuda_model_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_block_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_slot_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
+    (void)m, (void)max_tokens, (void)max_rows, (void)max_len;
+    return 0;
+}
+void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) { (void)c, (void)to, (void)from; }
+size_t lunar_cuda_arena_left(void) { return 0; }
+const char *lunar_cuda_device_line(void) { return "no CUDA"; }
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
                            lunar_err *err) {
     (void)c, (void)m, (void)n_blocks, (void)n_slots;
@@ -19,6 +37,12 @@ void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) { (void)c, (void)slo
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
     (void)g, (void)c, (void)seqs, (void)n_seqs, (void)logits;
+    return lunar_fail(err, "lunar was built without CUDA");
+}
+int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
+                                     int n_seqs, float *logits, const lunar_device_sampling *ds, int32_t *ids,
+                                     lunar_err *err) {
+    (void)g, (void)c, (void)seqs, (void)n_seqs, (void)logits, (void)ds, (void)ids;
     return lunar_fail(err, "lunar was built without CUDA");
 }
 int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
@@ -36,6 +60,8 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #else
 
 #include <math.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,7 +73,8 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #define KDA_L2_EPS 1e-6f
 #define MLA_LATENT_NORM_EPS 1e-6f
 #define INDEX_K_NORM_EPS 1e-6f
-#define ARENA_BYTES ((size_t)16 << 30)
+/* The share of device memory the arena takes when nothing chose one (--gpu-memory-utilization). */
+#define DEFAULT_GPU_UTIL 0.9
 
 typedef struct dmat { uint16_t *p; int out, in; } dmat; /* bf16 [out, in] */
 
@@ -68,6 +95,11 @@ typedef struct dlayer {
     float *rbias;
     uint16_t *lnorm;
     dmat *w1, *w3, *w2; /* [E] */
+    /* the fused routed-expert path (cuda_moe.cu) when the widths allow it (multiples of 128):
+     * the experts stacked per matrix (BF16: w1[e].p points into the stack; MXFP4: packed codes and
+     * scales as stored, beside the widened copies of the generic path) */
+    int fused_ok;
+    lunar_cuda_moe_experts mx;
 } dlayer;
 
 struct lunar_cuda_model {
@@ -79,11 +111,24 @@ struct lunar_cuda_model {
     float *final_norm_f, *out_u;
     float *rope_inv; /* indexer RoPE inverse frequencies */
     dlayer *L;
+    int fused_moe;          /* use the fused routed-expert path where fused_ok (lunar_cuda_model_fused_moe) */
+    lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
+    lunar_cuda_event ev_x, ev_shared;
 };
 
+/* Counting mode (lunar_cuda_model_bytes): the upload walks the same code, dalloc only adds up the
+ * aligned sizes and returns a dummy pointer, and nothing is converted or copied. */
+static int counting;
+static size_t counted;
+
 static void *dalloc(size_t bytes) {
-    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
-    LUNAR_ASSERT(p != NULL);
+    if (!bytes) bytes = 4;
+    if (counting) {
+        counted += (bytes + 255) / 256 * 256;
+        return (void *)(uintptr_t)256;
+    }
+    void *p = lunar_cuda_alloc(bytes);
+    LUNAR_ASSERT(p != NULL); /* the upload checked the budget first; temporaries are planned */
     return p;
 }
 
@@ -94,38 +139,81 @@ static float *host_f32(const lunar_tensor *t, int64_t *n) {
     return f;
 }
 
-static uint16_t *up_bf16_host(const float *f, int64_t n) {
+static void up_bf16_host(uint16_t *d, const float *f, int64_t n) {
     uint16_t *h = lunar_xmalloc((size_t)n * sizeof(uint16_t));
     for (int64_t i = 0; i < n; i++) h[i] = lunar_f32_to_bf16(f[i]);
-    uint16_t *d = dalloc((size_t)n * 2);
     lunar_cuda_upload(d, h, (size_t)n * 2);
     free(h);
-    return d;
+}
+
+/* t as bf16 into d (numel(t) elements) */
+static void up_bf16_into(uint16_t *d, const lunar_tensor *t) {
+    const int64_t n = lunar_tensor_numel(t);
+    if (counting) return;
+    if (lunar_dummy_is_lazy(t)) { /* DUMMY HOOK (model/dummy.h): --load-format dummy, generated on the device */
+        LUNAR_ASSERT(lunar_dummy_device_bf16(d, t) == 0);
+        return;
+    }
+    if (t->dtype == LUNAR_DTYPE_BF16 && t->nbytes >= (size_t)n * 2) { /* checkpoints: as stored */
+        lunar_cuda_upload(d, t->data, (size_t)n * 2);
+        return;
+    }
+    int64_t nf;
+    float *f = host_f32(t, &nf);
+    up_bf16_host(d, f, n);
+    free(f);
 }
 
 static uint16_t *up_bf16(const lunar_tensor *t) {
     if (!t) return NULL;
-    if (lunar_dummy_is_lazy(t)) { /* DUMMY HOOK (model/dummy.h): --load-format dummy, generated on the device */
-        uint16_t *d = dalloc((size_t)lunar_tensor_numel(t) * 2);
-        LUNAR_ASSERT(lunar_dummy_device_bf16(d, t) == 0);
-        return d;
-    }
-    int64_t n;
-    float *f = host_f32(t, &n);
-    uint16_t *d = up_bf16_host(f, n);
-    free(f);
+    uint16_t *d = dalloc((size_t)lunar_tensor_numel(t) * 2);
+    up_bf16_into(d, t);
     return d;
 }
 
-static float *up_f32(const lunar_tensor *t) {
+/* E tensors of one shape (the experts' w1, say) stacked: bf16, or raw bytes (MXFP4 codes/scales) */
+static uint16_t *up_stack_bf16(const lunar_expert_weights *x, int E, size_t off) {
+    const lunar_tensor *t0 = *(const lunar_tensor *const *)((const char *)&x[0] + off);
+    const size_t n = (size_t)lunar_tensor_numel(t0);
+    uint16_t *d = dalloc((size_t)E * n * 2);
+    for (int e = 0; e < E; e++) {
+        const lunar_tensor *t = *(const lunar_tensor *const *)((const char *)&x[e] + off);
+        LUNAR_ASSERT((size_t)lunar_tensor_numel(t) == n);
+        up_bf16_into(d + (size_t)e * n, t);
+    }
+    return d;
+}
+static uint8_t *up_stack_raw(const lunar_expert_weights *x, int E, size_t off) {
+    const lunar_tensor *t0 = *(const lunar_tensor *const *)((const char *)&x[0] + off);
+    const size_t n = t0->nbytes;
+    uint8_t *d = dalloc((size_t)E * n);
+    for (int e = 0; e < E && !counting; e++) {
+        const lunar_tensor *t = *(const lunar_tensor *const *)((const char *)&x[e] + off);
+        LUNAR_ASSERT(t->nbytes == n && t->dtype == LUNAR_DTYPE_U8);
+        if (lunar_dummy_is_lazy(t)) /* DUMMY HOOK: MXFP4 codes generated on the device */
+            LUNAR_ASSERT(lunar_dummy_device_raw(d + (size_t)e * n, t) == 0);
+        else
+            lunar_cuda_upload(d + (size_t)e * n, t->data, n);
+    }
+    return d;
+}
+
+/* fp32 on the device; rounded: through bf16 first (a weight every other path of the device reads
+ * in bf16 and this one kernel in fp32: the same values everywhere) */
+static float *up_f32_r(const lunar_tensor *t, int rounded) {
     if (!t) return NULL;
-    int64_t n;
-    float *f = host_f32(t, &n);
+    const int64_t n = lunar_tensor_numel(t);
     float *d = dalloc((size_t)n * 4);
+    if (counting) return d;
+    int64_t nf;
+    float *f = host_f32(t, &nf);
+    if (rounded)
+        for (int64_t i = 0; i < n; i++) f[i] = lunar_bf16_to_f32(lunar_f32_to_bf16(f[i]));
     lunar_cuda_upload(d, f, (size_t)n * 4);
     free(f);
     return d;
 }
+static float *up_f32(const lunar_tensor *t) { return up_f32_r(t, 0); }
 
 static dmat up_mat(const lunar_tensor *t) {
     dmat r = {0};
@@ -140,14 +228,15 @@ static dmat up_mxfp4(const lunar_mxfp4 *w) {
     dmat r = {0};
     r.out = (int)w->packed->shape[0];
     r.in = (int)(lunar_tensor_numel(w->packed) / w->packed->shape[0]) * 2;
+    r.p = dalloc((size_t)r.out * r.in * 2);
+    if (counting) return r;
     if (lunar_dummy_is_lazy(w->packed)) { /* DUMMY HOOK (model/dummy.h): dequantised on the device */
-        r.p = dalloc((size_t)r.out * r.in * 2);
         LUNAR_ASSERT(lunar_dummy_device_mxfp4_bf16(r.p, w) == 0);
         return r;
     }
     float *f = lunar_xmalloc((size_t)r.out * r.in * sizeof(float));
     for (int i = 0; i < r.out; i++) lunar_mxfp4_dequant_row(f + (size_t)i * r.in, w, i);
-    r.p = up_bf16_host(f, (int64_t)r.out * r.in); /* exact: E2M1 * 2^k has 3 significant bits */
+    up_bf16_host(r.p, f, (int64_t)r.out * r.in); /* exact: E2M1 * 2^k has 3 significant bits */
     free(f);
     return r;
 }
@@ -155,23 +244,38 @@ static dmat up_mxfp4(const lunar_mxfp4 *w) {
 /* proj * norm folded in fp32, as op_attnres_mix */
 static float *up_fold(const lunar_tensor *proj, const lunar_tensor *norm) {
     if (!proj) return NULL;
+    float *d = dalloc((size_t)lunar_tensor_numel(proj) * 4);
+    if (counting) return d;
     int64_t n, n2;
     float *u = host_f32(proj, &n), *r = host_f32(norm, &n2);
     LUNAR_ASSERT(n == n2);
     for (int64_t i = 0; i < n; i++) u[i] *= r[i];
-    float *d = dalloc((size_t)n * 4);
     lunar_cuda_upload(d, u, (size_t)n * 4);
     free(u), free(r);
     return d;
 }
 
-int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err) {
-    *out = NULL;
-    if (lunar_cuda_init(0, ARENA_BYTES, err)) return -1;
+int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
+    if (lunar_cuda_ready()) return 0;
+    if (!(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0))
+        return lunar_fail(err, "--gpu-memory-utilization must be in (0, 1] (got %g)", gpu_memory_utilization);
+    size_t free_b = 0, total_b = 0;
+    if (lunar_cuda_mem_info(0, &free_b, &total_b, err)) return -1;
+    size_t want = (size_t)(gpu_memory_utilization * (double)total_b);
+    /* what others hold is not ours; leave the driver a little (context, cuBLASLt kernels) */
+    const size_t headroom = (size_t)256 << 20;
+    if (want + headroom > free_b) want = free_b > headroom ? free_b - headroom : 0;
+    if (want < ((size_t)256 << 20))
+        return lunar_fail(err, "CUDA: only %.2f GiB of %.2f GiB free on device 0", free_b / 1073741824.0,
+                          total_b / 1073741824.0);
+    return lunar_cuda_init(0, want, err);
+}
+
+/* Every weight the forward reads, in one place (the dummy-weights loader of the benchmarks may
+ * hook here). In counting mode only the sizes are summed. */
+static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     const lunar_config *c = &m->cfg;
-    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
     g->m = m;
-    g->mark = lunar_cuda_mark();
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);
@@ -182,7 +286,7 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
         float *inv = lunar_xmalloc((size_t)rot / 2 * sizeof(float));
         for (int i = 0; i < rot / 2; i++) inv[i] = (float)pow(c->rope_theta, -2.0 * i / rot);
         g->rope_inv = dalloc((size_t)rot / 2 * 4);
-        lunar_cuda_upload(g->rope_inv, inv, (size_t)rot / 2 * 4);
+        if (!counting) lunar_cuda_upload(g->rope_inv, inv, (size_t)rot / 2 * 4);
         free(inv);
     }
     g->L = lunar_xcalloc((size_t)c->num_hidden_layers, sizeof *g->L);
@@ -206,7 +310,8 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
             const lunar_mla_weights *a = &w->mla;
             d->mq = up_mat(a->q_proj), d->qa = up_mat(a->q_a_proj), d->qb = up_mat(a->q_b_proj);
             d->qa_norm = up_bf16(a->q_a_norm);
-            d->kva = up_mat(a->kv_a_proj), d->kva_norm = up_f32(a->kv_a_norm);
+            d->kva = up_mat(a->kv_a_proj);
+            d->kva_norm = up_f32_r(a->kv_a_norm, 1); /* a norm weight: bf16 as lunar_cuda_rmsnorm's */
             d->kvb = up_mat(a->kv_b_proj), d->mo = up_mat(a->o_proj), d->mg = up_mat(a->g_proj);
             d->iwq = up_mat(a->idx_wq_b), d->iwk = up_mat(a->idx_wk), d->iwp = up_mat(a->idx_weights_proj);
             d->ik_w = up_f32(a->idx_k_norm_w), d->ik_b = up_f32(a->idx_k_norm_b);
@@ -219,31 +324,149 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
             d->sg = up_mat(f->shared_gate), d->su = up_mat(f->shared_up), d->sd = up_mat(f->shared_down);
             d->ldown = up_mat(f->latent_down), d->lup = up_mat(f->latent_up);
             d->lnorm = up_bf16(f->latent_norm);
-            const int E = c->num_experts;
+            const int E = c->num_experts, I = c->moe_intermediate_size;
+            const int De = c->routed_expert_hidden_size ? c->routed_expert_hidden_size : c->hidden_size;
             d->w1 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w3 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w2 = lunar_xcalloc((size_t)E, sizeof(dmat));
+            d->fused_ok = De % 128 == 0 && I % 128 == 0;
+            lunar_cuda_moe_experts *X = &d->mx;
+            X->E = E, X->D = De, X->I = I, X->mxfp4 = c->experts_mxfp4, X->act = c->act_situ;
+            X->beta = c->situ_beta, X->beta_l = c->situ_linear_beta;
+            const lunar_expert_weights *xs = f->experts;
+            if (d->fused_ok && c->experts_mxfp4) {
+                X->w1q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q1.packed));
+                X->w1s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q1.scale));
+                X->w3q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q3.packed));
+                X->w3s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q3.scale));
+                X->w2q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q2.packed));
+                X->w2s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q2.scale));
+            } else if (d->fused_ok) {
+                uint16_t *s1 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w1));
+                uint16_t *s3 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w3));
+                uint16_t *s2 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w2));
+                X->w1 = s1, X->w3 = s3, X->w2 = s2;
+                for (int e = 0; e < E; e++) {
+                    d->w1[e] = (dmat){s1 + (size_t)e * I * De, I, De};
+                    d->w3[e] = (dmat){s3 + (size_t)e * I * De, I, De};
+                    d->w2[e] = (dmat){s2 + (size_t)e * De * I, De, I};
+                }
+            }
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];
                 if (c->experts_mxfp4) {
                     d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
-                } else {
+                } else if (!d->fused_ok) {
                     d->w1[e] = up_mat(x->w1), d->w3[e] = up_mat(x->w3), d->w2[e] = up_mat(x->w2);
                 }
             }
         }
     }
+}
+
+static void free_host_side(lunar_cuda_model *g) {
+    if (g->L)
+        for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) free(g->L[l].w1), free(g->L[l].w2), free(g->L[l].w3);
+    free(g->L);
+    free(g);
+}
+
+size_t lunar_cuda_model_bytes(const lunar_model *m) {
+    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
+    counting = 1, counted = 0;
+    upload_weights(g, m);
+    counting = 0;
+    free_host_side(g);
+    return counted;
+}
+
+int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_err *err) {
+    *out = NULL;
+    if (lunar_cuda_backend_init(DEFAULT_GPU_UTIL, err)) return -1;
+    const size_t need = lunar_cuda_model_bytes(m), left = lunar_cuda_arena_size() - lunar_cuda_arena_used();
+    if (need > left)
+        return lunar_fail(err, "CUDA: the weights need %.2f GiB on the device, the arena has %.2f GiB left "
+                               "(raise --gpu-memory-utilization)", need / 1073741824.0, left / 1073741824.0);
+    lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
+    g->mark = lunar_cuda_mark();
+    upload_weights(g, m);
+    g->side = lunar_cuda_stream_create();
+    g->ev_x = lunar_cuda_event_create(), g->ev_shared = lunar_cuda_event_create();
     lunar_cuda_sync();
     *out = g;
     return 0;
 }
 
+int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
+    int any = 0;
+    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) any |= g->L[l].fused_ok;
+    g->fused_moe = on != 0;
+    return any;
+}
+
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;
-    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) free(g->L[l].w1), free(g->L[l].w2), free(g->L[l].w3);
-    free(g->L);
+    lunar_cuda_sync();
+    lunar_cuda_event_destroy(g->ev_x), lunar_cuda_event_destroy(g->ev_shared);
+    lunar_cuda_stream_destroy(g->side);
     lunar_cuda_release(g->mark);
-    free(g);
+    free_host_side(g);
+}
+
+size_t lunar_cuda_arena_left(void) {
+    return lunar_cuda_ready() ? lunar_cuda_arena_size() - lunar_cuda_arena_used() : 0;
+}
+const char *lunar_cuda_device_line(void) { return lunar_cuda_describe(); }
+
+size_t lunar_cuda_block_bytes(const lunar_model *m) {
+    const lunar_config *k = &m->cfg;
+    const size_t row = (size_t)k->kv_lora_rank + k->qk_rope_head_dim;
+    const size_t idx = k->index_topk > 0 ? (size_t)k->index_head_dim + 4 : 0;
+    return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * 2 + idx);
+}
+
+size_t lunar_cuda_slot_bytes(const lunar_model *m) {
+    const lunar_config *k = &m->cfg;
+    const size_t HD = (size_t)k->kda_num_heads * k->kda_head_dim;
+    return (size_t)k->n_kda_layers * (3 * HD * (k->kda_conv_size - 1) + HD * k->kda_head_dim) * 4;
+}
+
+/* An upper bound of the step's temporaries (forward_batch below, layer by layer: what stays for
+ * the whole step plus the largest layer's own buffers), 256-byte rounding and the kernels'
+ * workspaces included. */
+size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
+    const lunar_config *c = &m->cfg;
+    const size_t T = (size_t)max_tokens, D = c->hidden_size, V = c->vocab_size;
+    const size_t HD = (size_t)c->kda_num_heads * c->kda_head_dim, nh = c->num_attention_heads;
+    const size_t qk = (size_t)c->qk_nope_head_dim + c->qk_rope_head_dim, R = c->kv_lora_rank,
+                 P = c->qk_rope_head_dim, Vd = c->v_head_dim;
+    const size_t nb = c->attn_res_block_size > 0 ? (size_t)c->num_hidden_layers / c->attn_res_block_size + 3 : 0;
+    size_t step = 4 * (T * 8 + (4 + nb) * T * D + (size_t)max_rows * (D + V)) + 64 * 256;
+    size_t widest = D; /* the widest GEMM input (its bf16 copy) */
+    size_t kda = 4 * (6 * T * HD + T * c->kda_head_dim + T * c->kda_num_heads);
+    if (HD) {
+        if (HD > widest) widest = HD;
+        if (c->kda_head_dim == 128) kda += lunar_cuda_kda_chunk_ws(max_tokens, c->kda_num_heads);
+    }
+    const size_t ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
+    size_t mla = 4 * (T * nh * qk + T * (R + P) + T * nh * Vd + T * c->q_lora_rank + 2 * T * nh * R +
+                      T * nh * P + T * nh * Vd);
+    if (topk) mla += 4 * (T * ni * di + T * di + T * ni + T * topk + T * (size_t)max_len);
+    if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
+    if (nh * Vd > widest) widest = nh * Vd;
+    const size_t E = c->num_experts, k = c->num_experts_per_token;
+    const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
+    size_t I = (size_t)c->intermediate_size;
+    const size_t Ie = (size_t)c->moe_intermediate_size * (c->num_shared_experts > 1 ? c->num_shared_experts : 1);
+    if (Ie > I) I = Ie;
+    if (I > widest) widest = I;
+    /* the generic MoE's gathers and GLU, or the fused path's bf16 copies, shared-expert buffers,
+     * permuted rows (k per token) and route tables */
+    size_t ffn = 4 * (T * E + 2 * T * k + 4 * T * De + 2 * T * D + 4 * T * I) + 16 * 256;
+    if (E) ffn += 4 * T * k * (De + I) + lunar_cuda_moe_route_bytes(max_tokens, (int)k, (int)E);
+    size_t layer = kda > mla ? kda : mla;
+    if (ffn > layer) layer = ffn;
+    return step + layer + T * widest * 2 + ((size_t)16 << 20);
 }
 
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
@@ -262,7 +485,8 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
     c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
     c->latent = lunar_cuda_alloc(toks * c->row * 2 + 4);
     c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
-    c->idx_scales = lunar_cuda_alloc(toks * 4 + 4);
+    c->idx_scales = lunar_cuda_alloc((c->idx_dim ? toks * 4 : 0) + 4); /* only with an indexer, as
+                                                 lunar_cuda_block_bytes counts it */
     c->conv = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->conv_len * 4 + 4);
     c->state = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->state_len * 4 + 4);
     if (!c->latent || !c->idx_codes || !c->idx_scales || !c->conv || !c->state) {
@@ -277,6 +501,13 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
 void lunar_cuda_caches_free(lunar_cuda_caches *c) {
     if (c->latent) lunar_cuda_release(c->mark);
     memset(c, 0, sizeof *c);
+}
+
+void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) {
+    const size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
+    if (to == from) return;
+    if (nc) lunar_glue_copy(c->conv + (size_t)to * nc, c->conv + (size_t)from * nc, nc * 4, NULL);
+    if (ns) lunar_glue_copy(c->state + (size_t)to * ns, c->state + (size_t)from * ns, ns * 4, NULL);
 }
 
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) {
@@ -298,18 +529,24 @@ typedef struct dstep {
 
 static float *fd(size_t n) { return dalloc(n * sizeof(float)); }
 
+/* y[n, W.out] = xb[n, W.in] . W^T on stream st: cuBLASLt where its alignment holds, else the
+ * generic kernel (any shape) */
+static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+    static int glue_only = -1;
+    if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
+    if (!glue_only && W->in % 8 == 0 && W->out % 8 == 0)
+        lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, st);
+    else
+        lunar_glue_matmul(y, xb, W->p, n, W->out, W->in, st);
+}
+
 /* y[n, W.out] = x[n, W.in] . W^T, x rounded to bf16 (the GEMM operand) */
 static void mm(float *y, const float *x, const dmat *W, int n) {
     if (n <= 0) return;
     size_t mk = lunar_cuda_mark();
     uint16_t *xb = dalloc((size_t)n * W->in * 2);
     lunar_cuda_f32_to_bf16(xb, x, (size_t)n * W->in);
-    static int glue_only = -1;
-    if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
-    if (!glue_only && W->in % 8 == 0 && W->out % 8 == 0)
-        lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, NULL);
-    else
-        lunar_glue_matmul(y, xb, W->p, n, W->out, W->in, NULL);
+    mm_b(y, xb, W, n, NULL);
     lunar_cuda_release(mk); /* stream-ordered: later allocations are used after this launch */
 }
 
@@ -460,7 +697,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
 /* MoE: router + top-k on the device; the (token, slot) pairs are grouped per expert on the host
  * (one small download), each expert runs as bf16 GEMMs over its gathered rows, and the weighted
  * outputs are added in expert order, as the CPU. */
-static void moe_layer(const lunar_config *c, const dlayer *w, const float *h, int n, float *out) {
+static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, int n, float *out) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
     size_t mk = lunar_cuda_mark();
@@ -519,6 +756,76 @@ static void moe_layer(const lunar_config *c, const dlayer *w, const float *h, in
     lunar_cuda_release(mk);
 }
 
+/* The fused routed path (cuda_moe.cu): router GEMM, fused top-k, permutation, the experts over
+ * expert-contiguous rows (decode kernel up to 64 tokens, grouped GEMM above), the combine; no
+ * host round trip. The shared experts run meanwhile on the side stream: their buffers are taken
+ * from the arena before anything else of the layer (the arena is a stack shared by both streams,
+ * so nothing the main stream frees may lie under them), they start once h's bf16 copy exists
+ * (ev_x) and the main stream waits for them (ev_shared) before adding them. The roundings are the
+ * generic path's: bf16 GEMM operands, the activated product rounded to bf16 before w2. */
+static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
+                      float *out) {
+    const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
+    const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D, I = w->mx.I;
+    size_t mk = lunar_cuda_mark();
+    uint16_t *hb = dalloc((size_t)n * D * 2);
+    lunar_cuda_f32_to_bf16_on(hb, h, (size_t)n * D, NULL);
+    float *sh = NULL;
+    if (w->sg.p) {
+        const int Is = w->sg.out;
+        sh = fd((size_t)n * D);
+        float *sa = fd((size_t)n * Is), *sb = fd((size_t)n * Is);
+        uint16_t *sab = dalloc((size_t)n * Is * 2);
+        lunar_cuda_event_record(g->ev_x, NULL);
+        lunar_cuda_stream_wait(g->side, g->ev_x);
+        mm_b(sa, hb, &w->sg, n, g->side);
+        mm_b(sb, hb, &w->su, n, g->side);
+        if (c->act_situ)
+            lunar_cuda_situ_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, c->situ_beta, c->situ_linear_beta,
+                                g->side);
+        else
+            lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, g->side);
+        mm_b(sh, sab, &w->sd, n, g->side);
+        lunar_cuda_event_record(g->ev_shared, g->side);
+    }
+    float *logits = fd((size_t)n * E);
+    mm_b(logits, hb, &w->router, n, NULL);
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+    lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
+                           c->moe_renormalize, c->routed_scaling_factor, NULL);
+    lunar_cuda_moe_permute(&r, NULL);
+    const uint16_t *zb = hb;
+    if (Lat) {
+        float *z = fd((size_t)n * Lat);
+        mm_b(z, hb, &w->ldown, n, NULL);
+        uint16_t *z16 = dalloc((size_t)n * Lat * 2);
+        lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
+        zb = z16;
+    }
+    uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
+    float *ybuf = fd((size_t)n * k * De), *acc = Lat ? fd((size_t)n * Lat) : out;
+    lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    lunar_cuda_moe_combine(acc, ybuf, &r, De, NULL);
+    if (Lat) {
+        if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
+        mm(out, acc, &w->lup, n);
+    }
+    if (sh) {
+        lunar_cuda_stream_wait(NULL, g->ev_shared);
+        lunar_glue_add(out, sh, (size_t)n * D, NULL);
+    }
+    lunar_cuda_release(mk); /* stream-ordered after the join above */
+}
+
+static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
+                      float *out) {
+    if (g->fused_moe && w->fused_ok)
+        moe_fused(g, c, w, h, n, out);
+    else
+        moe_generic(c, w, h, n, out);
+}
+
 static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, float *y) {
     const lunar_config *c = &g->m->cfg;
     if (c->attn_kind[l] == LUNAR_ATTN_KDA)
@@ -533,7 +840,7 @@ static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
         glu(c, y, h, &w->gate, &w->up, &w->down, n);
     else
-        moe_layer(c, w, h, n, y);
+        moe_layer(g, c, w, h, n, y);
 }
 
 static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
@@ -600,6 +907,36 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, float *x, in
 
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err) {
+    return lunar_forward_batch_cuda_sampled(g, c, seqs, n_seqs, logits, NULL, NULL, err);
+}
+
+/* lg: device [rows, V]; rows with ds[r].on sampled into ids, the others' logits downloaded */
+static void finish_rows(const float *lg, int rows, int V, float *logits, const lunar_device_sampling *ds,
+                        int32_t *ids) {
+    int on = 0;
+    for (int r = 0; ds && r < rows; r++) on += ds[r].on != 0;
+    if (!on) {
+        lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
+        return;
+    }
+    size_t mk = lunar_cuda_mark();
+    lunar_cuda_sample_params *hp = lunar_xmalloc((size_t)rows * sizeof *hp);
+    for (int r = 0; r < rows; r++)
+        hp[r] = (lunar_cuda_sample_params){ds[r].on ? ds[r].temperature : 0.0f, ds[r].top_k, ds[r].top_p, ds[r].u};
+    lunar_cuda_sample_params *dp = dalloc((size_t)rows * sizeof *dp);
+    int32_t *did = dalloc((size_t)rows * sizeof *did);
+    lunar_cuda_upload(dp, hp, (size_t)rows * sizeof *hp);
+    lunar_cuda_sample(did, lg, rows, V, dp, NULL); /* every row: one launch; the others are ignored */
+    lunar_cuda_download(ids, did, (size_t)rows * sizeof *did);
+    for (int r = 0; r < rows; r++)
+        if (!ds[r].on) lunar_cuda_download(logits + (size_t)r * V, lg + (size_t)r * V, (size_t)V * sizeof(float));
+    free(hp);
+    lunar_cuda_release(mk);
+}
+
+int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
+                                     int n_seqs, float *logits, const lunar_device_sampling *ds, int32_t *sampled,
+                                     lunar_err *err) {
     const lunar_config *cf = &g->m->cfg;
     const int D = cf->hidden_size, V = cf->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
@@ -673,7 +1010,7 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
         float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * V);
         lunar_glue_gather(hs, h, sel, rows, D, NULL);
         mm(lg, hs, &g->lm_head, rows);
-        lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
+        finish_rows(lg, rows, V, logits, ds, sampled);
     }
     lunar_cuda_sync();
     lunar_cuda_release(mk);

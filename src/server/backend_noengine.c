@@ -11,6 +11,7 @@ void lunar_srv_engine_options_default(lunar_engine_options *o) {
     o->max_num_seqs = 64;
     o->max_num_batched_tokens = 2048;
     o->max_model_len = 8192;
+    o->gpu_memory_utilization = 0.9;
     o->kv_cache_dtype = "auto";
     o->enable_prefix_caching = 1;
     o->prefix_checkpoint_blocks = 1;

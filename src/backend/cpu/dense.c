@@ -3,6 +3,7 @@
  * exact value than any fp32 summation order, torch's included. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "base/err.h"
 #include "ops.h"
@@ -61,12 +62,35 @@ static void widen_bf16(float *dst, const uint16_t *src, int n) {
  * row, never the whole matrix) and dots it against all n tokens, four at a time, so BF16/F16
  * decode (n = 1) reads the weight exactly once and prefill amortises the conversion and the weight
  * loads over the tokens. */
+static int bf16_operands;
+void op_set_bf16_operands(int on) { bf16_operands = on != 0; }
+int op_bf16_operands(void) { return bf16_operands; }
+
+static void round_bf16(float *v, size_t n) {
+    for (size_t i = 0; i < n; i++) v[i] = lunar_bf16_to_f32(lunar_f32_to_bf16(v[i]));
+}
+
+void op_bf16_round_in_place(float *x, size_t n) {
+    if (bf16_operands) round_bf16(x, n);
+}
+
+float *op_bf16_copy(const float *x, size_t n) {
+    if (!bf16_operands) return NULL;
+    float *r = lunar_xmalloc((n ? n : 1) * sizeof(float));
+    memcpy(r, x, n * sizeof(float));
+    round_bf16(r, n);
+    return r;
+}
+
 void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
     LUNAR_ASSERT(W->ndim == 2);
     const int out = (int)W->shape[0], in = (int)W->shape[1];
     LUNAR_ASSERT((size_t)out * (size_t)in * lunar_dtype_size(W->dtype) <= W->nbytes);
     if (n <= 0 || out <= 0) return;
-    const int direct = W->dtype == LUNAR_DTYPE_F32;
+    float *xr = op_bf16_copy(x, (size_t)n * in);
+    if (xr) x = xr;
+    const int round_w = bf16_operands && W->dtype != LUNAR_DTYPE_BF16;
+    const int direct = W->dtype == LUNAR_DTYPE_F32 && !round_w;
 #pragma omp parallel if ((int64_t)n * out * in > PAR_MIN_WORK)
     {
         float *row = direct ? NULL : lunar_xmalloc((size_t)(in > 0 ? in : 1) * sizeof(float));
@@ -80,6 +104,7 @@ void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
                 w = row;
             } else {
                 lunar_tensor_read_f32(W, (int64_t)o * in, in, row);
+                if (round_w) round_bf16(row, (size_t)in);
                 w = row;
             }
             int t = 0;
@@ -92,6 +117,7 @@ void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
         }
         free(row);
     }
+    free(xr);
 }
 
 /* y[i, :] = E[ids[i], :], widened to fp32. */
@@ -101,6 +127,7 @@ void op_embedding(float *y, const lunar_tensor *E, const int32_t *ids, int n) {
     for (int i = 0; i < n; i++) {
         LUNAR_ASSERT(ids[i] >= 0 && ids[i] < rows);
         lunar_tensor_read_f32(E, (int64_t)ids[i] * dim, dim, y + (size_t)i * (size_t)dim);
+        if (bf16_operands) round_bf16(y + (size_t)i * (size_t)dim, (size_t)dim);
     }
 }
 
@@ -110,6 +137,7 @@ static float *read_vec(const lunar_tensor *w, int dim) {
     LUNAR_ASSERT(lunar_tensor_numel(w) == dim);
     float *v = lunar_xmalloc((size_t)dim * sizeof(float));
     lunar_tensor_read_f32(w, 0, dim, v);
+    if (bf16_operands) round_bf16(v, (size_t)dim);
     return v;
 }
 

@@ -45,6 +45,7 @@ void op_mla_attention_naive(float *o, const float *q, const float *cache, const 
 #pragma omp for schedule(static)
         for (int h = 0; h < H; h++) {
             lunar_tensor_read_f32(W_kvb, (int64_t)h * (N + Vd) * R, (int64_t)(N + Vd) * R, Wh);
+            op_bf16_round_in_place(Wh, (size_t)(N + Vd) * R);
             for (int j = 0; j < L; j++) {
                 const float *cj = cache + (size_t)j * ld;
                 for (int n = 0; n < N; n++) Kn[(size_t)j * N + n] = dot(Wh + (size_t)n * R, cj, R);
@@ -90,6 +91,7 @@ void op_mla_attention_absorbed(float *o, const float *q, const float *cache,
 #pragma omp for schedule(static)
         for (int h = 0; h < H; h++) {
             lunar_tensor_read_f32(W_kvb, (int64_t)h * (N + Vd) * R, (int64_t)(N + Vd) * R, Wh);
+            op_bf16_round_in_place(Wh, (size_t)(N + Vd) * R);
             for (int t = 0; t < T; t++) {
                 const float *qt = q + ((size_t)t * H + h) * qd;
                 const int nj = pos0 + t + 1;
@@ -132,6 +134,7 @@ void op_mla_attention_sparse(float *o, const float *q, const float *cache,
 #pragma omp for schedule(static)
         for (int h = 0; h < H; h++) {
             lunar_tensor_read_f32(W_kvb, (int64_t)h * (N + Vd) * R, (int64_t)(N + Vd) * R, Wh);
+            op_bf16_round_in_place(Wh, (size_t)(N + Vd) * R);
             for (int t = 0; t < T; t++) {
                 const float *qt = q + ((size_t)t * H + h) * qd;
                 float *ot = o + ((size_t)t * H + h) * Vd;

@@ -131,6 +131,8 @@ void op_matmul_mxfp4(float *y, const float *x, const lunar_mxfp4 *W, int n) {
     shape_of(W, &out, &in);
     LUNAR_ASSERT(in % 32 == 0 && W->scale->shape[0] == out && W->scale->shape[1] == in / 32);
     LUNAR_ASSERT(W->packed->dtype == LUNAR_DTYPE_U8 && W->scale->dtype == LUNAR_DTYPE_U8);
+    float *xr = op_bf16_copy(x, (size_t)n * in); /* the weights are exact in bf16 already */
+    if (xr) x = xr;
 #pragma omp parallel if ((int64_t)n * out * in > PAR_MIN_WORK)
     {
         float *row = lunar_xmalloc((size_t)in * sizeof(float));
@@ -141,6 +143,7 @@ void op_matmul_mxfp4(float *y, const float *x, const lunar_mxfp4 *W, int n) {
         }
         free(row);
     }
+    free(xr);
 }
 
 void op_mxfp4_mlp(float *y, const float *x, const lunar_mxfp4 *w1, const lunar_mxfp4 *w3,

@@ -35,6 +35,7 @@
 struct cublasLtContext;
 void *lunar_cuda_cublaslt_handle(void);  // cublasLtHandle_t
 void *lunar_cuda_gemm_workspace(size_t *bytes);
+void *lunar_cuda_gemm_workspace_side(size_t *bytes); // for GEMMs on a stream other than the legacy one
 
 static inline cudaStream_t to_stream(lunar_cuda_stream s) { return (cudaStream_t)s; }
 

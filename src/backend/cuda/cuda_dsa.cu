@@ -57,20 +57,23 @@ __device__ __forceinline__ uint8_t quant1(float x, float scale) {
 }
 
 // ---------------------------------------------------------------- key write
+// blockDim.x = max(d, 32): a whole warp even for d = 16 (the shuffles name all 32 lanes); the
+// lanes past d hold nothing and write nothing
 __global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k, const int32_t *slots,
                                    int d, float norm) {
     extern __shared__ float v[];
     __shared__ float wmax[32];
     const int i = threadIdx.x, tok = blockIdx.x;
-    v[i] = k[(size_t)tok * d + i];
+    const bool on = i < d;
+    if (on) v[i] = k[(size_t)tok * d + i];
     __syncthreads();
     for (int h = 1; h < d; h <<= 1) {
-        const float x = (i & h) ? __fsub_rn(v[i - h], v[i]) : __fadd_rn(v[i], v[i + h]);
+        const float x = !on ? 0.0f : (i & h) ? __fsub_rn(v[i - h], v[i]) : __fadd_rn(v[i], v[i + h]);
         __syncthreads();
-        v[i] = x;
+        if (on) v[i] = x;
         __syncthreads();
     }
-    const float x = __fmul_rn(v[i], norm);
+    const float x = on ? __fmul_rn(v[i], norm) : 0.0f;
     float m = fabsf(x);
     m = m > 1e-4f ? m : 1e-4f; // NaN never wins, as on the CPU
     for (int o = 16; o; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
@@ -80,7 +83,7 @@ __global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k
     for (int j = 0; j < (d + 31) / 32; j++) amax = fmaxf(amax, wmax[j]);
     const float scale = pow2_scale(amax);
     const size_t slot = (size_t)slots[tok];
-    codes[slot * d + i] = quant1(x, scale);
+    if (on) codes[slot * d + i] = quant1(x, scale);
     if (i == 0) scales[slot] = scale;
 }
 
@@ -343,10 +346,11 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
 
 extern "C" void lunar_cuda_dsa_index_write(uint8_t *codes, float *scales, const float *k,
                                            const int32_t *slots, int n, int d, lunar_cuda_stream s) {
-    CUDA_REQUIRE(d >= 32 && d <= 1024 && (d & (d - 1)) == 0);
+    CUDA_REQUIRE(d >= 1 && d <= 1024 && (d & (d - 1)) == 0);
     if (n <= 0) return;
     const float norm = (float)(1.0 / sqrt((double)d));
-    index_write_kernel<<<n, d, d * sizeof(float), to_stream(s)>>>(codes, scales, k, slots, d, norm);
+    const int th = d < 32 ? 32 : d;
+    index_write_kernel<<<n, th, th * sizeof(float), to_stream(s)>>>(codes, scales, k, slots, d, norm);
     CUDA_CHECK_LAUNCH();
 }
 

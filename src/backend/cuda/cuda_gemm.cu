@@ -71,7 +71,9 @@ extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t 
     gemm_plan *p = get_plan(n, out, in, ydt);
     const float alpha = 1.0f, beta = 0.0f;
     size_t ws_bytes;
-    void *ws = lunar_cuda_gemm_workspace(&ws_bytes);
+    /* GEMMs may run at once on the legacy stream and on one side stream (the shared experts): each
+     * has its own workspace */
+    void *ws = s ? lunar_cuda_gemm_workspace_side(&ws_bytes) : lunar_cuda_gemm_workspace(&ws_bytes);
     LT_CHECK(cublasLtMatmul((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op, &alpha, W, p->a,
                             x, p->b, &beta, y, p->d, y, p->d, &p->algo, ws, ws_bytes,
                             to_stream(s)));

@@ -33,6 +33,8 @@ typedef enum lunar_cuda_dtype { LUNAR_CUDA_F32 = 0, LUNAR_CUDA_BF16 = 1 } lunar_
 /* Selects `device`, allocates the whole memory budget once (arena_bytes; 0 = all free memory but
  * 1 GiB) and creates the cuBLASLt handle. Idempotent for the same device. 0 or -1 with err. */
 int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err);
+/* Free and total memory of `device` (before or after init). 0 or -1 with err. */
+int lunar_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, lunar_err *err);
 void lunar_cuda_shutdown(void);
 int lunar_cuda_ready(void); /* 1 after a successful init */
 /* Name, SM count, L2 size, memory of the selected device (one line). */
@@ -57,6 +59,7 @@ void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float lo, float 
 void lunar_cuda_sigmoid_inplace(float *p, size_t n);
 /* bf16 copy of fp32 data (round to nearest even). */
 void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
+void lunar_cuda_f32_to_bf16_on(uint16_t *dst, const float *src, size_t n, lunar_cuda_stream s);
 
 lunar_cuda_stream lunar_cuda_stream_create(void);
 void lunar_cuda_stream_destroy(lunar_cuda_stream s);
@@ -279,7 +282,26 @@ void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16_t *x, int 
                           lunar_cuda_stream s);
 /* Shared experts are not part of it: they depend only on x, so the caller runs them (bf16 GEMMs
  * and lunar_cuda_situ_mul) on a second stream after an event recorded once x is ready, and joins
- * with lunar_cuda_stream_wait before adding them to y (not yet wired into a model forward). */
+ * with lunar_cuda_stream_wait before adding them to y (model/forward_cuda.c, moe_fused). */
+
+/* ---------------------------------------------------------------- sampling (cuda_sample.cu) */
+
+/* engine/sampler.c's lunar_sample on the device, one row of fp32 logits [rows, V] each: greedy
+ * (argmax, ties to the lower id) when temperature <= 0 or top_k == 1; else temperature, top-k
+ * (best by logit, then lower id), top-p (the shortest best-first prefix reaching top_p of the
+ * survivors' mass), and the draw u in [0, 1) (taken on the host from the request's own stream,
+ * lunar_rng_uniform, so a seed reproduces a generation on either backend): the first candidate in
+ * rank order (id order without top-k/top-p) whose running mass exceeds u * total. The sets and the
+ * order are the CPU's exactly; masses are summed in another order (fp64 partial sums), so a draw
+ * within rounding of a boundary may pick the neighbour. params: device [rows]; ids: device [rows]. */
+typedef struct lunar_cuda_sample_params {
+    float temperature;
+    int top_k;
+    float top_p;
+    float u;
+} lunar_cuda_sample_params;
+void lunar_cuda_sample(int32_t *ids, const float *logits, int rows, int V,
+                       const lunar_cuda_sample_params *params, lunar_cuda_stream s);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,7 @@ static struct {
     char *base;
     size_t size, used;
     cublasLtHandle_t lt;
-    void *ws;
+    void *ws, *ws2; /* cuBLASLt workspaces: the legacy stream's, and one side stream's */
     size_t ws_bytes;
     char desc[512];
 } rt;
@@ -55,7 +55,8 @@ extern "C" int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err) {
     rt.ready = 1;
     rt.ws_bytes = kGemmWorkspace;
     rt.ws = lunar_cuda_alloc(rt.ws_bytes);
-    if (!rt.ws) {
+    rt.ws2 = lunar_cuda_alloc(rt.ws_bytes);
+    if (!rt.ws || !rt.ws2) {
         lunar_cuda_shutdown();
         return lunar_fail(err, "CUDA arena too small for the GEMM workspace");
     }
@@ -64,6 +65,19 @@ extern "C" int lunar_cuda_init(int device, size_t arena_bytes, lunar_err *err) {
     snprintf(rt.desc, sizeof rt.desc, "%.200s, sm_%d%d, %d SMs, L2 %d MiB, %.0f GiB (arena %.1f GiB)",
              pr.name, pr.major, pr.minor, pr.multiProcessorCount, pr.l2CacheSize >> 20,
              total_b / 1073741824.0, arena_bytes / 1073741824.0);
+    return 0;
+}
+
+extern "C" int lunar_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, lunar_err *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return lunar_fail(err, "no CUDA device: %s", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    if (device < 0 || device >= n) return lunar_fail(err, "CUDA device %d of %d", device, n);
+    if (rt.ready && rt.device != device)
+        return lunar_fail(err, "CUDA backend initialised on device %d, not %d", rt.device, device);
+    if ((e = cudaSetDevice(device)) != cudaSuccess || (e = cudaMemGetInfo(free_bytes, total_bytes)) != cudaSuccess)
+        return lunar_fail(err, "cudaMemGetInfo on device %d: %s", device, cudaGetErrorString(e));
     return 0;
 }
 
@@ -98,6 +112,10 @@ void *lunar_cuda_cublaslt_handle(void) { return (void *)rt.lt; }
 void *lunar_cuda_gemm_workspace(size_t *bytes) {
     *bytes = rt.ws_bytes;
     return rt.ws;
+}
+void *lunar_cuda_gemm_workspace_side(size_t *bytes) {
+    *bytes = rt.ws_bytes;
+    return rt.ws2;
 }
 
 extern "C" void lunar_cuda_upload(void *dst, const void *src, size_t bytes) {
@@ -207,6 +225,9 @@ extern "C" void lunar_cuda_sigmoid_inplace(float *p, size_t n) {
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
-    to_bf16_kernel<<<grid_for(n), 256>>>((__nv_bfloat16 *)dst, src, n);
+    lunar_cuda_f32_to_bf16_on(dst, src, n, NULL);
+}
+extern "C" void lunar_cuda_f32_to_bf16_on(uint16_t *dst, const float *src, size_t n, lunar_cuda_stream s) {
+    to_bf16_kernel<<<grid_for(n), 256, 0, to_stream(s)>>>((__nv_bfloat16 *)dst, src, n);
     CUDA_CHECK_LAUNCH();
 }
