@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# MLA absorbed decode, new kernel (default) against the old one (LUNAR_MLA_DECODE=old), in one
+# device call of well under 150 s: build through check_mla.sh (nvcc sm_90a, only the runtime, the
+# MLA/DSA sources, the CPU ops and base), run tests/test_cuda_mla.c's MLA tests against the CPU ops
+# with each kernel, then time both on the same data (tools/device/bench_mla.c decode: H = 96 and 12,
+# B = 1, 8, 64, context 1K-128K, bf16 and fp8; L2 flushed before each timed call, median of 9) and
+# print one markdown table with the bandwidth floor and the fraction of it reached.
+#   tools/device/bench_mla_decode.sh            (logs under $OUT when set)
+# env: SANITIZE=1 also runs the decode test under compute-sanitizer (memcheck, then racecheck) when
+#      the machine has it (Firecracker runtimes), slower.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/lunar-mla-decode}
+mkdir -p "$OUT"
+t0=$(date +%s)
+BUILD_ONLY=1 OUT="$OUT" tools/device/check_mla.sh || { echo "BUILD FAILED"; exit 1; }
+B=build-device-mla
+grep -hE "decode_kernel|registers|spill" $B/cuda_mla.cu.log | grep -A2 decode_kernel | grep -E "registers|spill" | sed 's/^ *//' | sort | uniq -c
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader || true
+
+rc=0
+for impl in new old; do
+  if [ $impl = old ]; then export LUNAR_MLA_DECODE=old; else unset LUNAR_MLA_DECODE; fi
+  echo "== MLA tests vs CPU ops, $impl kernel ($(date +%T))"
+  LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 $B/lunar_mla_tests cuda_mla > "$OUT/tests_$impl.log" 2>&1
+  r=$?
+  grep -E "max rel err|FAILED|passed|CUDA error|requirement|sparse row" "$OUT/tests_$impl.log" | sed 's/^ *//'
+  [ $r = 124 ] && echo "TESTS TIMED OUT"
+  [ $r != 0 ] && rc=$r && tail -5 "$OUT/tests_$impl.log"
+done
+unset LUNAR_MLA_DECODE
+if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool, decode test ($(date +%T))"
+    timeout 120 compute-sanitizer --tool $tool --print-limit 5 $B/lunar_mla_tests cuda_mla_absorbed > "$OUT/san_$tool.log" 2>&1
+    tail -4 "$OUT/san_$tool.log"
+  done
+fi
+echo "== benchmark ($(date +%T))"
+timeout 90 $B/bench_mla decode 2>&1 | tee "$OUT/bench_decode.md"
+echo "== done ($(date +%T), $(( $(date +%s) - t0 )) s), tests rc=$rc"
+exit $rc
