@@ -402,11 +402,19 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) decode_kernel
 
     // Tile i into stage i % stages: 32 rows of one page (begin and chunk are multiples of 32),
     // rows at or past `end` zero-filled without reading them.
+    // The page of a tile comes from a block-table entry loaded when the previous page started, so
+    // that the copies of a page's first tile do not wait for it (tiles are loaded in order).
+    int pg = -1, pg_block = 0, nx_block = ntiles > 0 ? bt[begin >> 7] : 0;
     auto load_tile = [&](int i) {
         if (i >= ntiles) return;
         const int t0 = begin + i * kTile;
+        if ((t0 >> 7) != pg) {
+            pg = t0 >> 7;
+            pg_block = nx_block;
+            nx_block = pg + 1 < a.max_blocks ? bt[pg + 1] : 0; // past the row's pages: unused
+        }
         constexpr int per_row = kRow * (FP8 ? 1 : 2) / 16, total = kTile * per_row;
-        const unsigned char *src = a.cache + ((size_t)bt[t0 >> 7] * 128 + (t0 & 127)) * (size_t)(per_row * 16);
+        const unsigned char *src = a.cache + ((size_t)pg_block * 128 + (t0 & 127)) * (size_t)(per_row * 16);
         unsigned char *dst = smem + (i % C::stages) * C::tile_bytes;
         const int nvalid = min(kTile, end - t0);
 #pragma unroll
