@@ -111,14 +111,15 @@ static void setup_case(mla_case *m, int B, int H, int L, int fp8) {
     lunar_cuda_upload(m->lens, lens, (size_t)B * 4);
 }
 
-/* Absorbed decode, the new kernel (default) and the old one (LUNAR_MLA_DECODE=old) on the same
- * data in the same process. Floors: the latent bytes at 4.3 TB/s, and the matrix work (heads
+/* Absorbed decode, the new kernel (default), the old one (LUNAR_MLA_DECODE=old) and, for more than
+ * 16 heads, the new kernel's cluster variant (LUNAR_MLA_DECODE=cluster) on the same data in the same
+ * process. Floors: the latent bytes at 4.3 TB/s, and the matrix work (heads
  * padded to 16 per block, 2 x 576 + 2 x 512 flop per head and position) at 790 TFLOP/s (cuBLAS
  * bf16 on these H200s). */
 static void bench_decode(void) {
-    printf("\n### MLA absorbed decode (paged latent; old = LUNAR_MLA_DECODE=old)\n\n");
+    printf("\n### MLA absorbed decode (paged latent; old = LUNAR_MLA_DECODE=old, cluster = LUNAR_MLA_DECODE=cluster)\n\n");
     printf("| cache | H | B | context | latent bytes | floor (4.3 TB/s) | mma floor | old | of floor | new | of floor "
-           "| new vs old |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "| new vs old | cluster | of floor |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Ls[] = {1024, 8192, 32768, 131072}, Bs[] = {1, 8, 64};
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (int hi = 0; hi < 2; hi++) {
@@ -133,15 +134,22 @@ static void bench_decode(void) {
                     m.ws = wsb ? dalloc(wsb) : NULL;
                     setenv("LUNAR_MLA_DECODE", "old", 1);
                     const float us_old = time_us(call_decode, &m, 9);
+                    float us_cl = 0.0f;
+                    if (H > 16 && !getenv("NO_CLUSTER")) {
+                        setenv("LUNAR_MLA_DECODE", "cluster", 1);
+                        us_cl = time_us(call_decode, &m, 9);
+                    }
                     unsetenv("LUNAR_MLA_DECODE");
                     const float us = time_us(call_decode, &m, 9);
                     const double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
                     const double floor = bytes / BW * 1e6;
                     const double mma = (double)B * L * ((H + 15) / 16 * 16) * 2.0 * (576 + 512) / MMA * 1e6;
                     printf("| %s | %d | %d | %dK | %.1f MB | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | "
-                           "%.2fx |\n",
+                           "%.2fx |",
                            fp8 ? "fp8" : "bf16", H, B, L / 1024, bytes / 1e6, floor, mma, us_old, 100.0 * floor / us_old,
                            us, 100.0 * floor / us, us_old / us);
+                    if (us_cl > 0.0f) printf(" %.1f us | %.0f%% |\n", us_cl, 100.0 * floor / us_cl);
+                    else printf(" - | - |\n");
                     fflush(stdout);
                     lunar_cuda_release(mark);
                 }

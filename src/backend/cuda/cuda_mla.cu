@@ -334,7 +334,8 @@ template <bool FP8> struct Cfg {
     static constexpr int tile_bytes = kTile * rs;
     static constexpr int p_off = stages * tile_bytes;
     static constexpr int red_off = p_off + 2 * kHeads * kPS * 2;
-    static constexpr size_t smem = (size_t)red_off + (64 + 32 + 16) * 4;
+    static constexpr int bar_off = red_off + (64 + 32 + 16) * 4;  // cluster variant: mbarriers
+    static constexpr size_t smem = (size_t)bar_off + stages * 8;
 };
 
 struct Args {
@@ -345,6 +346,7 @@ struct Args {
     int max_blocks;
     const int32_t *row_seq, *lens;
     int rows, H, chunk, splits;
+    int cs; // cluster size (cluster variant)
     float scale2, out_scale;
 };
 
@@ -385,7 +387,40 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
 __device__ __forceinline__ void bar_all() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 __device__ __forceinline__ void bar_scores() { asm volatile("bar.sync 2, 128;\n" ::: "memory"); }
 
-template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) decode_kernel(Args a) {
+// Cluster variant (LUNAR_MLA_DECODE=cluster, opt-in, for H > 16): the CS head-group blocks of one
+// (row, split) form a thread-block cluster and each tile is read from L2/HBM once for all of them:
+// block rank r copies rows r, r + CS, ... with cp.async.bulk multicast into the same offset of
+// every block's stage, completing on each block's mbarrier (expecting the whole tile's bytes). A
+// cluster barrier per tile replaces the block barrier, so no block refills a stage that another
+// block still reads. Rows past the end are not copied: the stages are zeroed once at the start and
+// later hold only earlier (finite) rows, which the -inf mask and P = 0 ignore.
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                               uint16_t mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+template <bool FP8, bool CL> __global__ void __launch_bounds__(kThreads, 1) decode_kernel(Args a) {
     using C = Cfg<FP8>;
     extern __shared__ __align__(128) unsigned char smem[];
     uint16_t *pbuf = reinterpret_cast<uint16_t *>(smem + C::p_off); // [2][16][kPS]
@@ -399,6 +434,7 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) decode_kernel
     const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
     const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
     const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+    const uint32_t crank = CL ? cluster_rank() : 0;
 
     // Tile i into stage i % stages: 32 rows of one page (begin and chunk are multiples of 32),
     // rows at or past `end` zero-filled without reading them.
@@ -417,25 +453,49 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) decode_kernel
         const unsigned char *src = a.cache + ((size_t)pg_block * 128 + (t0 & 127)) * (size_t)(per_row * 16);
         unsigned char *dst = smem + (i % C::stages) * C::tile_bytes;
         const int nvalid = min(kTile, end - t0);
+        if constexpr (CL) {
+            const uint32_t bar = smem_u32(smem + C::bar_off) + (i % C::stages) * 8;
+            if (threadIdx.x == 0) mbar_expect_tx(bar, (uint32_t)(nvalid * per_row * 16));
+            const int r = (int)crank + (int)threadIdx.x * a.cs;
+            if (r < nvalid)
+                bulk_multicast(smem_u32(dst + r * C::rs), src + (size_t)r * per_row * 16, per_row * 16, bar,
+                               (uint16_t)((1u << a.cs) - 1));
+        } else {
 #pragma unroll
-        for (int c0 = 0; c0 < total; c0 += kThreads) {
-            const int c = c0 + threadIdx.x, r = c / per_row, col = c - r * per_row;
-            if (total % kThreads == 0 || c < total)
-                cp_async16(dst + r * C::rs + col * 16, src + (size_t)c * 16, r < nvalid);
+            for (int c0 = 0; c0 < total; c0 += kThreads) {
+                const int c = c0 + threadIdx.x, r = c / per_row, col = c - r * per_row;
+                if (total % kThreads == 0 || c < total)
+                    cp_async16(dst + r * C::rs + col * 16, src + (size_t)c * 16, r < nvalid);
+            }
         }
     };
-    // Top of step i (both roles): tile i has landed and step i-1 is over everywhere; then the
-    // stage of tile i-2 (values done at step i-1) takes tile i + stages - 2.
+    // Top of step i (both roles): tile i has landed and step i-1 is over everywhere (in the
+    // cluster variant: in every block of the cluster); then the stage of tile i-2 (values done at
+    // step i-1) takes tile i + stages - 2.
     auto step_sync = [&](int i) {
-        cp_wait<C::stages - 3>();
-        bar_all();
+        if (CL) {
+            if (i < ntiles) mbar_wait(smem_u32(smem + C::bar_off) + (i % C::stages) * 8, (uint32_t)(i / C::stages) & 1);
+            cluster_sync_all();
+        } else {
+            cp_wait<C::stages - 3>();
+            bar_all();
+        }
         load_tile(i + C::stages - 2);
-        cp_commit();
+        if (!CL) cp_commit();
     };
+    if (CL) {
+        // zero the stages (rows past the end are never copied), init the tile barriers, and make
+        // both visible to the async proxy and to the cluster before any copy is issued
+        for (int i = threadIdx.x * 16; i < C::stages * C::tile_bytes; i += kThreads * 16)
+            *reinterpret_cast<uint4 *>(smem + i) = make_uint4(0, 0, 0, 0);
+        if (threadIdx.x < C::stages) mbar_init(smem_u32(smem + C::bar_off) + threadIdx.x * 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        cluster_sync_all();
+    }
 #pragma unroll
     for (int i = 0; i < C::stages - 2; i++) {
         load_tile(i);
-        cp_commit();
+        if (!CL) cp_commit();
     }
 
     if (warp < 4) {
@@ -638,6 +698,7 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) decode_kernel
             if (hb < a.H) lse[hb] = l1 > 0.0f ? mfin[g + 8] + log2f(l1) : -INFINITY;
         }
     }
+    if (CL) cluster_sync_all(); // no block leaves while the cluster may still write to it
 }
 
 // o[row, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) (0 when no split saw a position), like
@@ -758,21 +819,47 @@ size_t ws_bytes(int rows, int H, int max_n) {
     const Plan p = plan(rows, H, max_n);
     return p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
 }
-template <bool FP8> void launch(const Args &a, const Plan &p, cudaStream_t s) {
+template <bool FP8, bool CL> void launch(const Args &a, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<FP8, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)Cfg<FP8>::smem));
         attr = true;
     }
-    decode_kernel<FP8><<<dim3(p.hg, p.splits, a.rows), kThreads, Cfg<FP8>::smem, s>>>(a);
-    CUDA_CHECK_LAUNCH();
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(p.hg, p.splits, a.rows);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = Cfg<FP8>::smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr_cl[1];
+    attr_cl[0].id = cudaLaunchAttributeClusterDimension;
+    attr_cl[0].val.clusterDim.x = CL ? a.cs : 1;
+    attr_cl[0].val.clusterDim.y = 1;
+    attr_cl[0].val.clusterDim.z = 1;
+    cfg.attrs = attr_cl;
+    cfg.numAttrs = CL ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<FP8, CL>, a));
 }
-// LUNAR_MLA_DECODE=old keeps the previous kernel for dense rows (read at every call, so one
-// process can time both).
+// Cluster size for the cluster variant: the largest divisor of the head groups up to
+// LUNAR_MLA_CLUSTER (default 6, at most 8, the portable limit); 1 = no cluster.
+int cluster_size(int hg) {
+    const char *e = getenv("LUNAR_MLA_CLUSTER");
+    int most = e ? atoi(e) : 6;
+    most = most < 1 ? 1 : most > 8 ? 8 : most;
+    int cs = 1;
+    for (int c = 2; c <= most; c++)
+        if (hg % c == 0) cs = c;
+    return cs;
+}
+// LUNAR_MLA_DECODE=old keeps the previous kernel for dense rows, =cluster selects the cluster
+// variant (read at every call, so one process can time all three).
 bool enabled() {
     const char *e = getenv("LUNAR_MLA_DECODE");
     return !(e && !strcmp(e, "old"));
+}
+bool cluster_wanted() {
+    const char *e = getenv("LUNAR_MLA_DECODE");
+    return e && !strcmp(e, "cluster");
 }
 void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_cache *c, const int32_t *row_seq,
          const int32_t *lens, int max_n, int rows, int H, float scale, void *ws, cudaStream_t s) {
@@ -790,8 +877,14 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     a.o_part = (float *)ws;
     a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
     if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
-    if (fp8) launch<true>(a, p, s);
-    else launch<false>(a, p, s);
+    a.cs = cluster_wanted() ? cluster_size(p.hg) : 1;
+    if (a.cs > 1) {
+        if (fp8) launch<true, true>(a, p, s);
+        else launch<false, true>(a, p, s);
+    } else {
+        if (fp8) launch<true, false>(a, p, s);
+        else launch<false, false>(a, p, s);
+    }
     if (p.splits > 1) {
         merge_kernel<<<rows * H, kR / 4, p.splits * sizeof(float), s>>>(o, a.o_part, a.lse_part, rows * H, p.splits,
                                                                           a.out_scale);
