@@ -11,6 +11,9 @@
  *    sqrt(576) * |q_i c_i| ~ 1e-3, the bf16 P adds 2^-9 per weight averaging out over the sum:
  *    ~2e-3 of max |o| expected, 1.5e-2 allowed (the worst-case bound, all 576 errors aligned, is
  *    ~3e-2 at these magnitudes).
+ *    The default decode kernel rounds q and P to f16 instead (2^-12) on FP8 pages: inside the same
+ *    bound. Dense rows run the new decode kernel unless LUNAR_MLA_DECODE=old (then the old one);
+ *    tools/device/bench_mla_decode.sh runs these tests under both.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
 
@@ -206,7 +209,9 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
     if (!cuda_on()) return;
     static const struct {
         int B, H, lens[4];
-    } cases[] = {{3, 16, {1, 300, 1000}}, {2, 12, {129, 4100}}, {1, 96, {2500}}, {2, 40, {777, 64}}};
+    } cases[] = {{3, 16, {1, 300, 1000}}, {2, 12, {129, 4100}}, {1, 96, {2500}}, {2, 40, {777, 64}},
+                 /* many splits over whole pages (batch 1, long), lengths on tile and page edges */
+                 {1, 12, {20000}}, {3, 24, {8192, 128, 63}}, {2, 96, {4096, 1}}};
     const float scale = 0.3f;
     for (unsigned ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int fp8 = 0; fp8 < 2; fp8++) {

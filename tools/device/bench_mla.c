@@ -1,6 +1,7 @@
 /* CUDA MLA / DSA benchmarks (not a test): absorbed MLA decode over the paged latent (bandwidth of
  * the latent bytes), DSA indexer scoring and top-k, sparse MLA decode over 2048 positions.
- * Device events around each call, warm-up first, median of the repeats. Floors: bytes / 4.3 TB/s
+ * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
+ * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against fp64 FMA at 33.5 TFLOP/s.
  * Usage: bench_mla [decode|indexer|sparse|all] */
 #include <math.h>
@@ -11,6 +12,7 @@
 #include "backend/cuda/cuda_ops.h"
 
 #define BW 4.3e12
+#define MMA 790e12 /* bf16 matrix flop per second (cuBLAS, measured on these H200s) */
 #define FP64 16.7e12 /* DFMA per second: 132 SMs x 64 lanes x 1.98 GHz */
 
 static int cmp_f(const void *a, const void *b) {
@@ -52,11 +54,20 @@ static void make_pool(void) {
     free(bt);
 }
 
+/* L2 (60 MB) is flushed before every timed call by writing this 256 MB buffer, so a small case
+ * reads its latent from HBM as a decode step does (the other layers evict it in between). */
+static void *flush_buf;
+enum { FLUSH_WORDS = 64 << 20 };
+
 typedef void (*call_fn)(void *);
+/* Median over reps (<= 31) of one call between device events, after 3 untimed warm-up calls (first
+ * launch, function attributes, clocks) and an L2 flush before each timed call. */
 static float time_us(call_fn f, void *arg, int reps) {
     float ts[32];
-    f(arg), f(arg);
+    if (reps > 31) reps = 31;
+    f(arg), f(arg), f(arg);
     for (int i = 0; i < reps; i++) {
+        lunar_cuda_fill_u32(flush_buf, (uint32_t)i, FLUSH_WORDS);
         lunar_cuda_event_record(e0, NULL);
         f(arg);
         lunar_cuda_event_record(e1, NULL);
@@ -100,14 +111,19 @@ static void setup_case(mla_case *m, int B, int H, int L, int fp8) {
     lunar_cuda_upload(m->lens, lens, (size_t)B * 4);
 }
 
+/* Absorbed decode, the new kernel (default), the old one (LUNAR_MLA_DECODE=old) and, for more than
+ * 16 heads, the new kernel's cluster variant (LUNAR_MLA_DECODE=cluster) on the same data in the same
+ * process. Floors: the latent bytes at 4.3 TB/s, and the matrix work (heads
+ * padded to 16 per block, 2 x 576 + 2 x 512 flop per head and position) at 790 TFLOP/s (cuBLAS
+ * bf16 on these H200s). */
 static void bench_decode(void) {
-    printf("\n### MLA absorbed decode (paged latent, all heads read each row once per 48-head block)\n\n");
-    printf("| cache | H | B | context | time | latent bytes | floor (4.3 TB/s) | of floor |\n|---|---|---|---|---|---|---|---|\n");
+    printf("\n### MLA absorbed decode (paged latent; old = LUNAR_MLA_DECODE=old, cluster = LUNAR_MLA_DECODE=cluster)\n\n");
+    printf("| cache | H | B | context | latent bytes | floor (4.3 TB/s) | mma floor | old | of floor | new | of floor "
+           "| new vs old | cluster | of floor |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Ls[] = {1024, 8192, 32768, 131072}, Bs[] = {1, 8, 64};
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (int hi = 0; hi < 2; hi++) {
             const int H = hi ? 12 : 96;
-            if (fp8 && hi) continue;
             for (int li = 0; li < 4; li++)
                 for (int bi = 0; bi < 3; bi++) {
                     const int B = Bs[bi], L = Ls[li];
@@ -116,11 +132,24 @@ static void bench_decode(void) {
                     setup_case(&m, B, H, L, fp8);
                     size_t wsb = lunar_cuda_mla_ws(B, H, L);
                     m.ws = wsb ? dalloc(wsb) : NULL;
-                    float us = time_us(call_decode, &m, 9);
-                    double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
-                    double floor = bytes / BW * 1e6;
-                    printf("| %s | %d | %d | %dK | %.1f us | %.1f MB | %.1f us | %.0f%% |\n", fp8 ? "fp8" : "bf16", H, B,
-                           L / 1024, us, bytes / 1e6, floor, 100.0 * floor / us);
+                    setenv("LUNAR_MLA_DECODE", "old", 1);
+                    const float us_old = time_us(call_decode, &m, 9);
+                    float us_cl = 0.0f;
+                    if (H > 16 && !getenv("NO_CLUSTER")) {
+                        setenv("LUNAR_MLA_DECODE", "cluster", 1);
+                        us_cl = time_us(call_decode, &m, 9);
+                    }
+                    unsetenv("LUNAR_MLA_DECODE");
+                    const float us = time_us(call_decode, &m, 9);
+                    const double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
+                    const double floor = bytes / BW * 1e6;
+                    const double mma = (double)B * L * ((H + 15) / 16 * 16) * 2.0 * (576 + 512) / MMA * 1e6;
+                    printf("| %s | %d | %d | %dK | %.1f MB | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | "
+                           "%.2fx |",
+                           fp8 ? "fp8" : "bf16", H, B, L / 1024, bytes / 1e6, floor, mma, us_old, 100.0 * floor / us_old,
+                           us, 100.0 * floor / us, us_old / us);
+                    if (us_cl > 0.0f) printf(" %.1f us | %.0f%% |\n", us_cl, 100.0 * floor / us_cl);
+                    else printf(" - | - |\n");
                     fflush(stdout);
                     lunar_cuda_release(mark);
                 }
@@ -245,6 +274,7 @@ int main(int argc, char **argv) {
     printf("%s\n", lunar_cuda_describe());
     e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     make_pool();
+    flush_buf = dalloc((size_t)FLUSH_WORDS * 4);
     if (!strcmp(what, "all") || !strcmp(what, "decode")) bench_decode();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();

@@ -17,6 +17,7 @@
 // is exact (bf16 or e4m3 widened to bf16), sums are fp32.
 #include <cuda_fp8.h>
 #include <math.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -294,6 +295,456 @@ __global__ void mla_merge_kernel(float *o, const float *o_part, const float *lse
     *reinterpret_cast<float4 *>(o + (size_t)rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
 }
 
+// ---------------------------------------------------------------- dense absorbed decode (default)
+//
+// The FlashMLA layout adapted to mma.sync: a block serves one row, one group of 16 heads (the M of
+// m16n8k16) and one split of the positions, and streams 32-position tiles of the latent (a quarter
+// of a 128-token page, so one contiguous 32 x 576 region) through shared memory with cp.async, six
+// stages for bf16 and eight for FP8 (4 / 6 tiles, ~150 / 113 KB, in flight per SM). Its 8 warps
+// have fixed roles:
+//  - warps 0-3 ("score warps") hold the 16 x 576 q fragments in registers (144 per thread; that is
+//    why a block takes 16 heads and not 64: with mma.sync the A operand lives in registers) and
+//    each computes S for 8 of the tile's 32 positions over all 576 dims, in four accumulator
+//    chains so that consecutive mma do not wait on each other; the 4 row maxima meet in shared
+//    memory behind a 128-thread named barrier; each warp then writes exp2(S - m) (bf16, or f16 for
+//    FP8 pages) into a double-buffered P tile and keeps its own partial row sums (every warp
+//    rescales by the same factor, so the partials add up at the end);
+//  - warps 4-7 ("value warps") own 128 output dims each (64 fp32 accumulators) and compute
+//    O = alpha O + P V for the previous tile, P read back with ldmatrix, V with ldmatrix.trans.
+// Scores of tile i and values of tile i-1 run at the same time; one 256-thread barrier per tile
+// hands the tile over. Each latent byte goes through shared memory once per 16-head group (H = 96:
+// the 6 groups of one split are adjacent in the grid, so they run together and share L2).
+// FP8 pages stay e4m3 in shared memory and are widened in registers with cvt.f16x2.e4m3x2 (exact);
+// the score warps read 4 consecutive bytes per fragment, so their k order inside each 16-dim step
+// is permuted (q is loaded in the same order), and the value warps gather 4 rows of 4 bytes and
+// regroup them with byte permutes, which permutes the output dims (undone at the store). q goes to
+// f16 under a power-of-two scale that puts the block's max |q| in [2^13, 2^14) (f16 range; folded
+// back into the score scale). Rows past the end are zero-filled by cp.async (never read) and
+// masked to -inf. Splits write O / l and log2-sum-exp to the workspace; mla_merge_kernel combines.
+namespace dec {
+
+constexpr int kTile = 32, kHeads = 16, kThreads = 256;
+constexpr int kPS = kTile + 8; // 16-bit elements per P row (80 B: ldmatrix and stores conflict-free)
+
+template <bool FP8> struct Cfg {
+    // tile row stride: bf16 1168 B (ldmatrix rows 4 banks apart), FP8 592 B (148 words: the
+    // 32-bit fragment loads of both warp roles hit 32 distinct banks)
+    static constexpr int rs = FP8 ? kRow + 16 : kRow * 2 + 16;
+    static constexpr int stages = FP8 ? 8 : 6; // stages - 2 tiles in flight: 113 KB (FP8), 150 KB
+    static constexpr int tile_bytes = kTile * rs;
+    static constexpr int p_off = stages * tile_bytes;
+    static constexpr int red_off = p_off + 2 * kHeads * kPS * 2;
+    static constexpr int bar_off = red_off + (64 + 32 + 16) * 4;  // cluster variant: mbarriers
+    static constexpr size_t smem = (size_t)bar_off + stages * 8;
+};
+
+struct Args {
+    float *o, *o_part, *lse_part;
+    const float *q_lat, *q_pe;
+    const unsigned char *cache;
+    const int32_t *bt;
+    int max_blocks;
+    const int32_t *row_seq, *lens;
+    int rows, H, chunk, splits;
+    int cs; // cluster size (cluster variant)
+    float scale2, out_scale;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+template <bool F16> __device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    if (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <bool F16> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    if (F16) {
+        __half2 v = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t *>(&v);
+    }
+    return pack_bf16(lo, hi);
+}
+// two e4m3 codes (low byte first) -> f16x2, exact
+__device__ __forceinline__ uint32_t e4m3x2_f16x2(uint32_t v16) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v16 & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void bar_all() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_scores() { asm volatile("bar.sync 2, 128;\n" ::: "memory"); }
+
+// Cluster variant (LUNAR_MLA_DECODE=cluster, opt-in, for H > 16): the CS head-group blocks of one
+// (row, split) form a thread-block cluster and each tile is read from L2/HBM once for all of them:
+// block rank r copies rows r, r + CS, ... with cp.async.bulk multicast into the same offset of
+// every block's stage, completing on each block's mbarrier (expecting the whole tile's bytes). A
+// cluster barrier per tile replaces the block barrier, so no block refills a stage that another
+// block still reads. Rows past the end are not copied: the stages are zeroed once at the start and
+// later hold only earlier (finite) rows, which the -inf mask and P = 0 ignore.
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
+                                               uint16_t mask) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1], %2, [%3], %4;\n" ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask)
+                 : "memory");
+}
+
+template <bool FP8, bool CL> __global__ void __launch_bounds__(kThreads, 1) decode_kernel(Args a) {
+    using C = Cfg<FP8>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint16_t *pbuf = reinterpret_cast<uint16_t *>(smem + C::p_off); // [2][16][kPS]
+    float *red = reinterpret_cast<float *>(smem + C::red_off);      // [4 warps][16]
+    float *alpha_s = red + 64;                                      // [2][16]
+    float *mfin = alpha_s + 32;                                     // [16]
+
+    const int row = blockIdx.z, split = blockIdx.y, head0 = blockIdx.x * kHeads;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+    const uint32_t crank = CL ? cluster_rank() : 0;
+
+    // Tile i into stage i % stages: 32 rows of one page (begin and chunk are multiples of 32),
+    // rows at or past `end` zero-filled without reading them.
+    // The page of a tile comes from a block-table entry loaded when the previous page started, so
+    // that the copies of a page's first tile do not wait for it (tiles are loaded in order).
+    int pg = -1, pg_block = 0, nx_block = ntiles > 0 ? bt[begin >> 7] : 0;
+    auto load_tile = [&](int i) {
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        if ((t0 >> 7) != pg) {
+            pg = t0 >> 7;
+            pg_block = nx_block;
+            nx_block = pg + 1 < a.max_blocks ? bt[pg + 1] : 0; // past the row's pages: unused
+        }
+        constexpr int per_row = kRow * (FP8 ? 1 : 2) / 16, total = kTile * per_row;
+        const unsigned char *src = a.cache + ((size_t)pg_block * 128 + (t0 & 127)) * (size_t)(per_row * 16);
+        unsigned char *dst = smem + (i % C::stages) * C::tile_bytes;
+        const int nvalid = min(kTile, end - t0);
+        if constexpr (CL) {
+            const uint32_t bar = smem_u32(smem + C::bar_off) + (i % C::stages) * 8;
+            if (threadIdx.x == 0) mbar_expect_tx(bar, (uint32_t)(nvalid * per_row * 16));
+            const int r = (int)crank + (int)threadIdx.x * a.cs;
+            if (r < nvalid)
+                bulk_multicast(smem_u32(dst + r * C::rs), src + (size_t)r * per_row * 16, per_row * 16, bar,
+                               (uint16_t)((1u << a.cs) - 1));
+        } else {
+#pragma unroll
+            for (int c0 = 0; c0 < total; c0 += kThreads) {
+                const int c = c0 + threadIdx.x, r = c / per_row, col = c - r * per_row;
+                if (total % kThreads == 0 || c < total)
+                    cp_async16(dst + r * C::rs + col * 16, src + (size_t)c * 16, r < nvalid);
+            }
+        }
+    };
+    // Top of step i (both roles): tile i has landed and step i-1 is over everywhere (in the
+    // cluster variant: in every block of the cluster); then the stage of tile i-2 (values done at
+    // step i-1) takes tile i + stages - 2.
+    auto step_sync = [&](int i) {
+        if (CL) {
+            if (i < ntiles) mbar_wait(smem_u32(smem + C::bar_off) + (i % C::stages) * 8, (uint32_t)(i / C::stages) & 1);
+            cluster_sync_all();
+        } else {
+            cp_wait<C::stages - 3>();
+            bar_all();
+        }
+        load_tile(i + C::stages - 2);
+        if (!CL) cp_commit();
+    };
+    if (CL) {
+        // zero the stages (rows past the end are never copied), init the tile barriers, and make
+        // both visible to the async proxy and to the cluster before any copy is issued
+        for (int i = threadIdx.x * 16; i < C::stages * C::tile_bytes; i += kThreads * 16)
+            *reinterpret_cast<uint4 *>(smem + i) = make_uint4(0, 0, 0, 0);
+        if (threadIdx.x < C::stages) mbar_init(smem_u32(smem + C::bar_off) + threadIdx.x * 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;\n" ::: "memory");
+        cluster_sync_all();
+    }
+#pragma unroll
+    for (int i = 0; i < C::stages - 2; i++) {
+        load_tile(i);
+        if (!CL) cp_commit();
+    }
+
+    if (warp < 4) {
+        // ---- score warps
+        const int w = warp;
+        const int ha = head0 + g, hb = head0 + g + 8;
+        const float *qa = ha < a.H ? a.q_lat + ((size_t)row * a.H + ha) * kR : nullptr;
+        const float *qb = hb < a.H ? a.q_lat + ((size_t)row * a.H + hb) * kR : nullptr;
+        const float *pa = ha < a.H ? a.q_pe + ((size_t)row * a.H + ha) * kP : nullptr;
+        const float *pb = hb < a.H ? a.q_pe + ((size_t)row * a.H + hb) * kP : nullptr;
+        // dims of fragment entries j (a0..a3) at k-step ks: bf16 natural order, FP8 the byte order
+        // of the 32-bit cache loads (a0: dims 4t, 4t+1; a2: 4t+2, 4t+3)
+        auto qpair = [&](int ks, int j) -> float2 {
+            const float *lat = (j & 1) ? qb : qa, *pe = (j & 1) ? pb : pa;
+            if (!lat) return make_float2(0.0f, 0.0f);
+            const int d = 16 * ks + (FP8 ? 4 * t + ((j & 2) ? 2 : 0) : 2 * t + ((j & 2) ? 8 : 0));
+            return d < kR ? *reinterpret_cast<const float2 *>(lat + d) : *reinterpret_cast<const float2 *>(pe + d - kR);
+        };
+        float qmul = 1.0f, sscale = a.scale2;
+        if (FP8) {
+            float mx = 0.0f;
+#pragma unroll 4
+            for (int ks = 0; ks < 36; ks++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const float2 v = qpair(ks, j);
+                    mx = fmaxf(mx, fmaxf(fabsf(v.x), fabsf(v.y)));
+                }
+#pragma unroll
+            for (int o = 16; o; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            int e = 0;
+            frexpf(mx, &e); // mx < 2^e
+            e = max(-100, min(100, e));
+            qmul = ldexpf(1.0f, 14 - e);
+            sscale = a.scale2 * ldexpf(1.0f, e - 14);
+        }
+        uint32_t qf[36][4];
+#pragma unroll
+        for (int ks = 0; ks < 36; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float2 v = qpair(ks, j);
+                qf[ks][j] = pack2<FP8>(v.x * qmul, v.y * qmul);
+            }
+        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+        const uint32_t tiles_u = smem_u32(smem);
+        // ldmatrix row addresses (bf16): position 8w + (lane & 7); matrix lane >> 3 = the k halves of
+        // two consecutive k-steps
+        const uint32_t b_lane = (uint32_t)((8 * w + (lane & 7)) * C::rs + (lane >> 3) * 16);
+        for (int it = 0; it <= ntiles; it++) {
+            step_sync(it);
+            if (it == ntiles) break;
+            const int st = it % C::stages;
+            float acc[4][4]; // four chains (k-step mod 4): consecutive mma are independent
+#pragma unroll
+            for (int p = 0; p < 4; p++) acc[p][0] = acc[p][1] = acc[p][2] = acc[p][3] = 0.0f;
+            if (FP8) {
+                const unsigned char *rp = smem + st * C::tile_bytes + (8 * w + g) * C::rs + 4 * t;
+#pragma unroll
+                for (int ks = 0; ks < 36; ks++) {
+                    const uint32_t v = *reinterpret_cast<const uint32_t *>(rp + 16 * ks);
+                    mma<true>(acc[ks & 3], qf[ks], e4m3x2_f16x2(v), e4m3x2_f16x2(v >> 16));
+                }
+            } else {
+                const uint32_t base = tiles_u + st * C::tile_bytes + b_lane;
+#pragma unroll
+                for (int ks = 0; ks < 36; ks += 2) {
+                    uint32_t b[4];
+                    ldsm_x4(b, base + 32 * ks);
+                    mma<false>(acc[ks & 3], qf[ks], b[0], b[1]);
+                    mma<false>(acc[(ks + 1) & 3], qf[ks + 1], b[2], b[3]);
+                }
+            }
+            // scores (log2 domain) of positions 8w + 2t, +1, masked past the end; row g: entries
+            // 0, 1; row g + 8: 2, 3
+            const int p0 = begin + it * kTile + 8 * w + 2 * t;
+            float sc[4], mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const bool ok = p0 + (j & 1) < end;
+                sc[j] = ok ? ((acc[0][j] + acc[1][j]) + (acc[2][j] + acc[3][j])) * sscale : -INFINITY;
+            }
+            mx0 = fmaxf(sc[0], sc[1]), mx1 = fmaxf(sc[2], sc[3]);
+#pragma unroll
+            for (int o = 1; o <= 2; o <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+            }
+            if (t == 0) red[w * 16 + g] = mx0, red[w * 16 + g + 8] = mx1;
+            bar_scores();
+#pragma unroll
+            for (int ww = 0; ww < 4; ww++) mx0 = fmaxf(mx0, red[ww * 16 + g]), mx1 = fmaxf(mx1, red[ww * 16 + g + 8]);
+            // the tile has a valid position, so the new maxima are finite (for finite inputs)
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+            m0 = mn0, m1 = mn1;
+            const float e0 = exp2f(sc[0] - mn0), e1 = exp2f(sc[1] - mn0);
+            const float e2 = exp2f(sc[2] - mn1), e3 = exp2f(sc[3] - mn1);
+            const float ps0 = e0 + e1, ps1 = e2 + e3;
+            uint16_t *P = pbuf + (it & 1) * kHeads * kPS + 8 * w + 2 * t;
+            *reinterpret_cast<uint32_t *>(P + g * kPS) = pack2<FP8>(e0, e1);
+            *reinterpret_cast<uint32_t *>(P + (g + 8) * kPS) = pack2<FP8>(e2, e3);
+            l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+            if (w == 0 && t == 0) alpha_s[(it & 1) * 16 + g] = al0, alpha_s[(it & 1) * 16 + g + 8] = al1;
+        }
+#pragma unroll
+        for (int o = 1; o <= 2; o <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+        }
+        // every score warp has passed the last step_sync, so nobody still reads red
+        if (t == 0) red[w * 16 + g] = l0, red[w * 16 + g + 8] = l1;
+        if (w == 0 && t == 0) mfin[g] = m0, mfin[g + 8] = m1;
+        bar_all();
+    } else {
+        // ---- value warps: dims 128v .. 128v + 127
+        const int v = warp - 4;
+        float o[16][4];
+#pragma unroll
+        for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        const uint32_t p_lane = smem_u32(pbuf) + (uint32_t)((((lane >> 3) & 1) * 8 + (lane & 7)) * kPS * 2 + ((lane >> 4) & 1) * 16);
+        const uint32_t v_lane = smem_u32(smem) + (uint32_t)((((lane >> 3) & 1) * 8 + (lane & 7)) * C::rs + 256 * v + ((lane >> 4) & 1) * 16);
+        for (int it = 0; it <= ntiles; it++) {
+            step_sync(it);
+            if (it == 0) continue;
+            const int st = (it - 1) % C::stages, pb = (it - 1) & 1;
+            const float al0 = alpha_s[pb * 16 + g], al1 = alpha_s[pb * 16 + g + 8];
+#pragma unroll
+            for (int i = 0; i < 16; i++) o[i][0] *= al0, o[i][1] *= al0, o[i][2] *= al1, o[i][3] *= al1;
+#pragma unroll
+            for (int ks = 0; ks < kTile / 16; ks++) {
+                uint32_t pa[4];
+                ldsm_x4(pa, p_lane + pb * kHeads * kPS * 2 + 32 * ks);
+                if (FP8) {
+                    // rows 16ks + 2t, +1, +8, +9; bytes 4g..4g+3 of each 32-dim group: n-tile
+                    // 4 grp + j column c is dim 128v + 32 grp + 4c + j
+                    const unsigned char *rp = smem + st * C::tile_bytes + (16 * ks + 2 * t) * C::rs + 128 * v + 4 * g;
+#pragma unroll
+                    for (int grp = 0; grp < 4; grp++) {
+                        const unsigned char *p = rp + 32 * grp;
+                        const uint32_t wa = *reinterpret_cast<const uint32_t *>(p);
+                        const uint32_t wb = *reinterpret_cast<const uint32_t *>(p + C::rs);
+                        const uint32_t wc = *reinterpret_cast<const uint32_t *>(p + 8 * C::rs);
+                        const uint32_t wd = *reinterpret_cast<const uint32_t *>(p + 9 * C::rs);
+                        const uint32_t x01 = __byte_perm(wa, wb, 0x5140), x23 = __byte_perm(wa, wb, 0x7362);
+                        const uint32_t y01 = __byte_perm(wc, wd, 0x5140), y23 = __byte_perm(wc, wd, 0x7362);
+                        mma<true>(o[4 * grp + 0], pa, e4m3x2_f16x2(x01), e4m3x2_f16x2(y01));
+                        mma<true>(o[4 * grp + 1], pa, e4m3x2_f16x2(x01 >> 16), e4m3x2_f16x2(y01 >> 16));
+                        mma<true>(o[4 * grp + 2], pa, e4m3x2_f16x2(x23), e4m3x2_f16x2(y23));
+                        mma<true>(o[4 * grp + 3], pa, e4m3x2_f16x2(x23 >> 16), e4m3x2_f16x2(y23 >> 16));
+                    }
+                } else {
+                    const uint32_t base = v_lane + st * C::tile_bytes + 16 * ks * C::rs;
+#pragma unroll
+                    for (int jp = 0; jp < 8; jp++) {
+                        uint32_t b[4];
+                        ldsm_x4_t(b, base + 32 * jp);
+                        mma<false>(o[2 * jp], pa, b[0], b[1]);
+                        mma<false>(o[2 * jp + 1], pa, b[2], b[3]);
+                    }
+                }
+            }
+        }
+        bar_all(); // the score warps' row sums and maxima are in red / mfin
+        float l0 = 0.0f, l1 = 0.0f;
+#pragma unroll
+        for (int ww = 0; ww < 4; ww++) l0 += red[ww * 16 + g], l1 += red[ww * 16 + g + 8];
+        const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+        const int ha = head0 + g, hb = head0 + g + 8;
+        const bool direct = a.splits == 1;
+        const float os = direct ? a.out_scale : 1.0f;
+        float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+        float *ra = base + ((size_t)row * a.H + ha) * kR + 128 * v, *rb = base + ((size_t)row * a.H + hb) * kR + 128 * v;
+        const float fa = inv0 * os, fb = inv1 * os;
+        if (FP8) {
+#pragma unroll
+            for (int grp = 0; grp < 4; grp++) {
+                const float *c0 = o[4 * grp], *c1 = o[4 * grp + 1], *c2 = o[4 * grp + 2], *c3 = o[4 * grp + 3];
+                const int d = 32 * grp + 8 * t;
+                if (ha < a.H) {
+                    *reinterpret_cast<float4 *>(ra + d) = make_float4(c0[0] * fa, c1[0] * fa, c2[0] * fa, c3[0] * fa);
+                    *reinterpret_cast<float4 *>(ra + d + 4) = make_float4(c0[1] * fa, c1[1] * fa, c2[1] * fa, c3[1] * fa);
+                }
+                if (hb < a.H) {
+                    *reinterpret_cast<float4 *>(rb + d) = make_float4(c0[2] * fb, c1[2] * fb, c2[2] * fb, c3[2] * fb);
+                    *reinterpret_cast<float4 *>(rb + d + 4) = make_float4(c0[3] * fb, c1[3] * fb, c2[3] * fb, c3[3] * fb);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int d = 8 * j + 2 * t;
+                if (ha < a.H) *reinterpret_cast<float2 *>(ra + d) = make_float2(o[j][0] * fa, o[j][1] * fa);
+                if (hb < a.H) *reinterpret_cast<float2 *>(rb + d) = make_float2(o[j][2] * fb, o[j][3] * fb);
+            }
+        }
+        if (!direct && v == 0 && t == 0) {
+            float *lse = a.lse_part + (size_t)split * a.rows * a.H + (size_t)row * a.H;
+            if (ha < a.H) lse[ha] = l0 > 0.0f ? mfin[g] + log2f(l0) : -INFINITY;
+            if (hb < a.H) lse[hb] = l1 > 0.0f ? mfin[g + 8] + log2f(l1) : -INFINITY;
+        }
+    }
+    if (CL) cluster_sync_all(); // no block leaves while the cluster may still write to it
+}
+
+// o[row, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) (0 when no split saw a position), like
+// mla_merge_kernel but with the split weights computed once per block into shared memory and the
+// partial loads unconditional and unrolled, so that batch 1 at long context (one block per head,
+// 100+ splits) is not a chain of dependent L2 round trips. Every split wrote finite O (0 when it
+// saw nothing), so a zero weight needs no branch.
+__global__ void __launch_bounds__(128) merge_kernel(float *o, const float *o_part, const float *lse, int RH,
+                                                    int splits, float out_scale) {
+    extern __shared__ float wsm[]; // [splits]
+    __shared__ float red[4];
+    const int rh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    float M = -INFINITY;
+    for (int s = threadIdx.x; s < splits; s += 128) M = fmaxf(M, lse[(size_t)s * RH + rh]);
+#pragma unroll
+    for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
+    if (lane == 0) red[warp] = M;
+    __syncthreads();
+    M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    __syncthreads();
+    float sum = 0.0f;
+    for (int s = threadIdx.x; s < splits; s += 128) {
+        const float l = lse[(size_t)s * RH + rh];
+        const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
+        wsm[s] = w;
+        sum += w;
+    }
+#pragma unroll
+    for (int k = 16; k; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
+    if (lane == 0) red[warp] = sum;
+    __syncthreads();
+    sum = (red[0] + red[1]) + (red[2] + red[3]);
+    const int d = threadIdx.x * 4;
+    float4 acc = make_float4(0, 0, 0, 0);
+#pragma unroll 8
+    for (int s = 0; s < splits; s++) {
+        const float w = wsm[s];
+        const float4 v = *reinterpret_cast<const float4 *>(o_part + ((size_t)s * RH + rh) * kR + d);
+        acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    }
+    const float f = sum > 0.0f ? out_scale / sum : 0.0f;
+    *reinterpret_cast<float4 *>(o + (size_t)rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+}
+
+} // namespace dec
+
 int sm_count() {
     static int n = 0;
     if (!n) {
@@ -340,10 +791,116 @@ template <bool FP8, bool SPARSE> void launch(const MlaArgs &a, const Plan &p, cu
     CUDA_CHECK_LAUNCH();
 }
 
+namespace dec {
+struct Plan {
+    int hg, splits, chunk;
+};
+// Splits of the context: minimise (waves of one-block-per-SM blocks) x (tiles per split + ~4 tiles
+// of fixed cost per block: q load, pipeline fill, partial write), so that batch 1 at long context
+// fills the 132 SMs once and large batches stay unsplit.
+Plan plan(int rows, int H, int max_n) {
+    Plan p;
+    p.hg = (H + kHeads - 1) / kHeads;
+    const int tiles = max_n > 0 ? (max_n + kTile - 1) / kTile : 1;
+    const double units = (double)rows * p.hg, sms = sm_count();
+    int best = 1;
+    double best_cost = 1e300;
+    const double most = ceil(4.0 * sms / units); // past 4 waves more splits only add cost
+    for (int s = 1; s <= tiles && s <= most; s++) {
+        const int per = (tiles + s - 1) / s;
+        const double cost = ceil(units * s / sms) * (per + 4.0);
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    p.chunk = (tiles + best - 1) / best * kTile;
+    p.splits = max_n > 0 ? (max_n + p.chunk - 1) / p.chunk : 1;
+    return p;
+}
+size_t ws_bytes(int rows, int H, int max_n) {
+    const Plan p = plan(rows, H, max_n);
+    return p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
+}
+template <bool FP8, bool CL> void launch(const Args &a, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<FP8, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)Cfg<FP8>::smem));
+        attr = true;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(p.hg, p.splits, a.rows);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = Cfg<FP8>::smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr_cl[1];
+    attr_cl[0].id = cudaLaunchAttributeClusterDimension;
+    attr_cl[0].val.clusterDim.x = CL ? a.cs : 1;
+    attr_cl[0].val.clusterDim.y = 1;
+    attr_cl[0].val.clusterDim.z = 1;
+    cfg.attrs = attr_cl;
+    cfg.numAttrs = CL ? 1 : 0;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<FP8, CL>, a));
+}
+// Cluster size for the cluster variant: the largest divisor of the head groups up to
+// LUNAR_MLA_CLUSTER (default 6, at most 8, the portable limit); 1 = no cluster.
+int cluster_size(int hg) {
+    const char *e = getenv("LUNAR_MLA_CLUSTER");
+    int most = e ? atoi(e) : 6;
+    most = most < 1 ? 1 : most > 8 ? 8 : most;
+    int cs = 1;
+    for (int c = 2; c <= most; c++)
+        if (hg % c == 0) cs = c;
+    return cs;
+}
+// LUNAR_MLA_DECODE=old keeps the previous kernel for dense rows, =cluster selects the cluster
+// variant (read at every call, so one process can time all three).
+bool enabled() {
+    const char *e = getenv("LUNAR_MLA_DECODE");
+    return !(e && !strcmp(e, "old"));
+}
+bool cluster_wanted() {
+    const char *e = getenv("LUNAR_MLA_DECODE");
+    return e && !strcmp(e, "cluster");
+}
+void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_cache *c, const int32_t *row_seq,
+         const int32_t *lens, int max_n, int rows, int H, float scale, void *ws, cudaStream_t s) {
+    CUDA_REQUIRE(rows <= 65535);
+    const Plan p = plan(rows, H, max_n);
+    Args a;
+    a.o = o;
+    a.q_lat = q_lat, a.q_pe = q_pe, a.cache = (const unsigned char *)c->latent, a.bt = c->block_tables;
+    a.max_blocks = c->max_blocks, a.row_seq = row_seq, a.lens = lens;
+    a.rows = rows, a.H = H, a.chunk = p.chunk, a.splits = p.splits;
+    const bool fp8 = c->dtype == LUNAR_CUDA_KV_FP8;
+    const float kv = fp8 ? c->scale : 1.0f;
+    a.scale2 = scale * kv * 1.4426950408889634f;
+    a.out_scale = kv;
+    a.o_part = (float *)ws;
+    a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
+    if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
+    a.cs = cluster_wanted() ? cluster_size(p.hg) : 1;
+    if (a.cs > 1) {
+        if (fp8) launch<true, true>(a, p, s);
+        else launch<false, true>(a, p, s);
+    } else {
+        if (fp8) launch<true, false>(a, p, s);
+        else launch<false, false>(a, p, s);
+    }
+    if (p.splits > 1) {
+        merge_kernel<<<rows * H, kR / 4, p.splits * sizeof(float), s>>>(o, a.o_part, a.lse_part, rows * H, p.splits,
+                                                                          a.out_scale);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+} // namespace dec
+
 void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_cache *c,
          const int32_t *row_seq, const int32_t *lens, const int32_t *idx, int topk, int max_n,
          int rows, int H, float scale, void *ws, cudaStream_t s) {
     CUDA_REQUIRE(rows >= 1 && H >= 1 && c && c->latent && c->block_tables);
+    if (!idx && dec::enabled()) {
+        dec::run(o, q_lat, q_pe, c, row_seq, lens, max_n, rows, H, scale, ws, s);
+        return;
+    }
     const Plan p = plan(rows, H, max_n);
     MlaArgs a;
     a.o = o;
@@ -370,8 +927,11 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
 } // namespace
 
 extern "C" size_t lunar_cuda_mla_ws(int rows, int H, int max_n) {
+    // the sparse path and LUNAR_MLA_DECODE=old plan with the old kernel: room for either
     const Plan p = plan(rows, H, max_n);
-    return p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
+    const size_t old_b = p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
+    const size_t new_b = dec::ws_bytes(rows, H, max_n);
+    return old_b > new_b ? old_b : new_b;
 }
 
 extern "C" void lunar_cuda_mla_absorbed(float *o_lat, const float *q_lat, const float *q_pe,
