@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # MLA absorbed decode, new kernel (default) against the old one (LUNAR_MLA_DECODE=old) and the new
 # kernel's opt-in cluster variant (LUNAR_MLA_DECODE=cluster, multicast tiles, H > 16), in one
-# device call of well under 150 s: build through check_mla.sh (nvcc sm_90a, only the runtime, the
-# MLA/DSA sources, the CPU ops and base), run tests/test_cuda_mla.c's MLA tests against the CPU ops
+# device call of well under 150 s: build through check.sh (nvcc sm_90a, the CUDA sources, the CPU
+# ops and base, the op tests; SKIP_BUILD=1 reuses a carried build-device/), run tests/test_cuda_mla.c's MLA tests against the CPU ops
 # with each kernel, then time both on the same data (tools/device/bench_mla.c decode: H = 96 and 12,
 # B = 1, 8, 64, context 1K-128K, bf16 and fp8; L2 flushed before each timed call, median of 9) and
 # print one markdown table with the bandwidth floor and the fraction of it reached.
@@ -14,9 +14,9 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/lunar-mla-decode}
 mkdir -p "$OUT"
 t0=$(date +%s)
-BUILD_ONLY=1 OUT="$OUT" tools/device/check_mla.sh > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
-grep "== built" "$OUT/build.log"
-B=build-device-mla
+BUILD_ONLY=1 OUT="$OUT/build" tools/device/check.sh ops > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; echo "BUILD FAILED"; exit 1; }
+grep "build:" "$OUT/build.log"
+B=build-device
 echo "-- decode_kernel<FP8, cluster> instances (ptxas):"
 grep -E "Compiling entry|Used|spill stores" $B/cuda_mla.cu.log | grep -A2 "decode_kernel" | grep -E "Used|stack frame" |
   sed 's/^ *//' | paste - - | sed 's/ptxas info *: //'
@@ -28,7 +28,7 @@ export NO_CLUSTER=0
 for impl in new cluster old; do
   if [ $impl = new ]; then unset LUNAR_MLA_DECODE; else export LUNAR_MLA_DECODE=$impl; fi
   echo "== MLA tests vs CPU ops, $impl kernel ($(date +%T))"
-  LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout ${TEST_TIMEOUT:-40} $B/lunar_mla_tests cuda_mla > "$OUT/tests_$impl.log" 2>&1
+  LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout ${TEST_TIMEOUT:-40} $B/lunar_cuda_tests cuda_mla > "$OUT/tests_$impl.log" 2>&1
   r=$?
   # every case for the new kernel; the worst error and the verdict for the others (all in $OUT)
   if [ $impl = new ]; then
@@ -52,7 +52,7 @@ unset LUNAR_MLA_DECODE
 if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool, decode test ($(date +%T))"
-    timeout 120 compute-sanitizer --tool $tool --print-limit 5 $B/lunar_mla_tests cuda_mla_absorbed > "$OUT/san_$tool.log" 2>&1
+    timeout 120 compute-sanitizer --tool $tool --print-limit 5 $B/lunar_cuda_tests cuda_mla_absorbed > "$OUT/san_$tool.log" 2>&1
     tail -4 "$OUT/san_$tool.log"
   done
 fi
