@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# A session's one device call, in priority order (each step capped so that the whole stays under
+# the 10-minute limit of one call; whatever finished is in $OUT when a later step is cut off):
+#   1. tools/device/check.sh tests: every CUDA op vs its CPU op, the model forward on every golden,
+#      the engine on CUDA, generate and serve on CUDA (its table);
+#   2. the device-only tests of the dummy loader (device values = host values) and NCCL (world 1);
+#   3. lunar bench, Kimi-Linear-48B-A3B at full size on dummy weights (issue 9's first config);
+#   4. tools/device/bench_mla_decode.sh: the MLA absorbed-decode kernels, new vs old.
+# Binaries come prebuilt from the developer's machine (no jansson/pcre2/microhttpd on the device):
+#   tools/device/prebuild.sh DIR   (then carry DIR and build-device)
+#   tools/device/session.sh DIR    (on the device; logs and tables under $OUT)
+set -u
+cd "$(dirname "$0")/../.."
+P=${1:?usage: session.sh PREBUILT_DIR}
+OUT=${OUT:-/tmp/lunar-session}
+mkdir -p "$OUT"
+# NVLink multicast stays off (the device README: it can take shared GPUs out of service)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# lunar links libnccl.so.2: the device has it in PyTorch's nvidia-nccl wheel, not in the toolkit
+NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
+export LD_LIBRARY_PATH="$P/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+T=$OUT/session.txt
+: > "$T"
+t0=$(date +%s)
+step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" | tee -a "$T"; }
+
+step "check.sh tests"
+SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=${OPS_TIMEOUT:-120} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-45} OUT=$OUT/check \
+  timeout ${CHECK_TIMEOUT:-300} tools/device/check.sh tests > "$OUT/check.log" 2>&1
+echo "check.sh rc=$?" >> "$T"
+sed -n '/^| check/,$p' "$OUT/check.log" >> "$T"
+
+step "device-only tests: dummy weights, NCCL world size 1"
+timeout 90 "$P/bin/lunar_tests" dummy_device > "$OUT/dummy_device.log" 2>&1
+echo "dummy_device rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/dummy_device.log")" >> "$T"
+timeout 90 "$P/bin/lunar_tests" nccl > "$OUT/nccl.log" 2>&1
+echo "nccl rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/nccl.log") $(grep -iE 'error|skipped' "$OUT/nccl.log" | head -2)" >> "$T"
+
+step "lunar bench: Kimi-Linear-48B-A3B, dummy weights, CUDA"
+timeout ${BENCH_TIMEOUT:-150} "$P/bin/lunar" bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda \
+  --input-lens ${INPUT_LENS:-1024,8192} --batch-sizes ${BATCHES:-1,8,32} --contexts ${CONTEXTS:-1024,8192} \
+  --json "$OUT/kl48.json" > "$OUT/bench_kl48.txt" 2>&1
+echo "bench rc=$?" >> "$T"
+cat "$OUT/bench_kl48.txt" >> "$T"
+
+step "MLA absorbed decode: new vs old kernel"
+SKIP_BUILD=1 OUT=$OUT/mla TEST_TIMEOUT=30 BENCH_TIMEOUT=80 timeout 170 tools/device/bench_mla_decode.sh > "$OUT/mla.log" 2>&1
+echo "bench_mla_decode rc=$?" >> "$T"
+grep -E "passed|FAILED|worst|^\|" "$OUT/mla.log" >> "$T"
+step "done"
+# the device tool brings back at most 8 files: the table, and everything else in one archive
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=session.txt -- * && find . -mindepth 1 ! -name all.tgz ! -name session.txt -delete)
+cat "$T"
