@@ -41,6 +41,7 @@ typedef struct {
      * raw key bodies the string must not equal (-1: none) */
     int64_t min_len, max_len;
     int32_t excl;
+    int raw; /* LEX_STR: the bare text, no quotes and no escapes (any code point but NUL); never with excl */
     /* LEX_NUM: integer only; value in [lo, hi] (inclusive, in 1/NUM_SCALE units) where has_* */
     int integer, has_lo, has_hi;
     __int128 lo, hi;
@@ -77,6 +78,7 @@ typedef struct g_builder {
     int n_xnodes, cap_xnodes;
     g_xedge *xedges;
     int n_xedges, cap_xedges;
+    char hint[200]; /* a front end's note for a refused grammar, e.g. the largest minLength and its path */
 } g_builder;
 
 int gb_rule(g_builder *b);
@@ -106,5 +108,7 @@ int g_lex_satisfiable(const g_lex *lx);
 
 /* JSON Schema -> rule (json_schema.c). */
 int js_compile(g_builder *b, const json_t *schema, int *root_rule, lunar_err *err);
+/* A strict tool's arguments in K3's typed-argument tags (json_schema.c; falls back to a json block). */
+int js_compile_k3_args(g_builder *b, const json_t *schema, int *root_rule, lunar_err *err);
 
 #endif
