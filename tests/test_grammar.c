@@ -558,6 +558,18 @@ TEST(grammar_k3_typed_arguments) {
                                                        strlen("argument") + 8));
         lunar_grammar_free(g);
     }
+    /* a property whose schema is true: any type, strings bare */
+    json_t *anyp = json_loads("{\"type\":\"object\",\"properties\":{\"d\":true},\"required\":[\"d\"],"
+                              "\"additionalProperties\":false}", 0, NULL);
+    schemas[0] = anyp;
+    CHECK(lunar_grammar_from_ebnf_with_forms(&g, g_voc, "root ::= args", names, schemas, forms, 1, &end, 1, &err) == 0);
+    if (g) {
+        CHECK(accepts_k3(g, "\1argument key=\"d\" type=\"string\"\3a\nb\2argument\3") == 1);
+        CHECK(accepts_k3(g, "\1argument key=\"d\" type=\"object\"\3{\"x\":[1,null]}\2argument\3") == 1);
+        CHECK(accepts_k3(g, "\1argument key=\"d\" type=\"object\"\3[1]\2argument\3") == 0);
+        lunar_grammar_free(g);
+    }
+    json_decref(anyp);
     /* additional properties allowed: no typed form, one json block */
     json_t *open = json_loads("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}", 0, NULL);
     schemas[0] = open;

@@ -1071,8 +1071,12 @@ static int k3_value(jsc *c, int r, const json_t *s, const char *path, int depth)
     char sub[1024];
     if (depth > 16) return lunar_fail(c->err, "k3 arguments: $ref / anyOf nesting too deep at %s", path);
     if (json_is_false(s)) return 0;
-    static const json_t *empty;
-    if (json_is_true(s)) s = empty ? empty : (empty = json_object());
+    if (json_is_true(s)) { /* as {}: a fresh object (only js_schema memoises by address, and it never sees it) */
+        json_t *e = json_object();
+        int rc = k3_value(c, r, e, path, depth);
+        json_decref(e);
+        return rc;
+    }
     if (!json_is_object(s)) return lunar_fail(c->err, "schema: expected an object or a boolean at %s", path);
     const char *key;
     json_t *x;
