@@ -154,3 +154,85 @@ TEST(engine_grammar_every_schema_on_the_random_model) {
     lunar_vocab_free(voc);
     lunar_tokenizer_free(tok);
 }
+
+/* The budget through the engine, fast: tiny max_tokens (2..7) under constraints the random model cannot
+ * finish by itself so soon (a free string, a list of integers, an object with a required free string).
+ * Every output must be a complete value within max_tokens; an output the budget shaped ends as LENGTH
+ * (some must: at max_tokens 2 a string only closes in time because the budget forces its quote). */
+TEST(engine_budget_closes_constrained_outputs) {
+    lunar_err err = {{0}};
+    lunar_tokenizer *tok = NULL;
+    lunar_vocab *voc = NULL;
+    if (lunar_tokenizer_load(&tok, MODEL, &err) || lunar_vocab_build(&voc, tok, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        lunar_tokenizer_free(tok);
+        return;
+    }
+    static const char *schemas[] = {"{\"type\":\"string\"}", "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}",
+                                    "{\"type\":\"object\",\"properties\":{\"k\":{\"type\":\"string\"}},\"required\":[\"k\"],"
+                                    "\"additionalProperties\":false}"};
+    enum { NS = 3, NM = 4, NJ = NS * NM * 2 };
+    lunar_grammar *g[NS] = {0};
+    int32_t end = IM_END;
+    for (int s = 0; s < NS; s++) {
+        json_t *j = json_loads(schemas[s], 0, NULL);
+        CHECK(lunar_grammar_from_json_schema(&g[s], voc, j, &end, 1, &err) == 0);
+        json_decref(j);
+    }
+    lunar_engine_options o;
+    lunar_engine_options_default(&o);
+    o.model_dir = MODEL;
+    o.max_num_seqs = 32;
+    o.max_model_len = 256;
+    lunar_engine *e = NULL;
+    if (!g[0] || !g[1] || !g[2] || lunar_engine_create(&e, &o, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        for (int s = 0; s < NS; s++) lunar_grammar_free(g[s]);
+        lunar_vocab_free(voc);
+        lunar_tokenizer_free(tok);
+        return;
+    }
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+    int done = 0;
+    job jobs[NJ];
+    int max_tok[NJ], which[NJ];
+    lunar_ids prompt = {0};
+    CHECK(lunar_tokenize(tok, "JSON:", 5, false, &prompt, &err) == 0);
+    for (int i = 0; i < NJ; i++) {
+        which[i] = i % NS;
+        int64_t shortest = lunar_grammar_min_tokens(g[which[i]]);
+        max_tok[i] = (int)shortest + (i / NS) % NM; /* from exactly the shortest output up */
+        jobs[i] = (job){&mu, &cv, &done, lunar_xmalloc(2048 * sizeof(int32_t)), 0, 0};
+        lunar_request r = {.prompt = prompt.ids, .n_prompt = (int)prompt.n, .grammar = g[which[i]], .on_event = on_ev,
+                           .user = &jobs[i]};
+        lunar_sampling_params_default(&r.sampling);
+        r.sampling.temperature = 1.0f, r.sampling.max_tokens = max_tok[i], r.sampling.has_seed = 1;
+        r.sampling.seed = (uint64_t)(1000 + i);
+        CHECK_MSG(lunar_engine_submit(e, &r, NULL, &err) == 0, "%s", err.msg);
+    }
+    pthread_mutex_lock(&mu);
+    while (done < NJ) pthread_cond_wait(&cv, &mu);
+    pthread_mutex_unlock(&mu);
+    int by_budget = 0;
+    for (int i = 0; i < NJ; i++) {
+        job *j = &jobs[i];
+        CHECK_MSG((j->finish == LUNAR_FINISH_STOP || j->finish == LUNAR_FINISH_LENGTH) && j->n <= max_tok[i],
+                  "%s max %d: finish %d after %d tokens", schemas[which[i]], max_tok[i], j->finish, j->n);
+        by_budget += j->finish == LUNAR_FINISH_LENGTH;
+        lunar_matcher *m = lunar_matcher_new(g[which[i]]);
+        int ok = 1;
+        for (int k = 0; k < j->n && ok; k++) ok = lunar_matcher_accept(m, j->toks[k]) == 0;
+        CHECK_MSG(ok && lunar_matcher_tokens_to_finish(m) == 0, "%s max %d: incomplete after %d tokens",
+                  schemas[which[i]], max_tok[i], j->n);
+        lunar_matcher_free(m);
+        free(j->toks);
+    }
+    fprintf(stderr, " [%d of %d closed by the budget]", by_budget, NJ);
+    CHECK(by_budget > 0);
+    lunar_engine_destroy(e);
+    for (int s = 0; s < NS; s++) lunar_grammar_free(g[s]);
+    lunar_ids_free(&prompt);
+    lunar_vocab_free(voc);
+    lunar_tokenizer_free(tok);
+}
