@@ -65,6 +65,9 @@ static inline double gu_now(void) {
 
 typedef struct {
     int n_tokens, done, dead, bad_accept;
+    int narrowed;          /* budget: some mask was narrowed by the budget */
+    int over_budget;       /* budget: a state needed more tokens to finish than were left */
+    int64_t to_finish;     /* lunar_matcher_tokens_to_finish at the end (0: the value is complete) */
     char *text; /* bytes of the accepted tokens before the end token */
     size_t len;
     double *mask_s; /* per step mask time (optional) */
@@ -99,8 +102,11 @@ static inline int32_t gu_kth(const uint32_t *mask, const uint32_t *sel, int word
 /* Drives a matcher: uniform over allowed tokens, but with probability 1/2 over the allowed tokens
  * that close something ('"', '}', ']'), and the end token whenever it is allowed with probability
  * 0.9. Stops at done, an empty mask, or max_tokens. closing: from gu_closing_mask. */
-static inline gu_run gu_sample(const lunar_grammar *g, const lunar_tokenizer *tok, const uint32_t *closing, int32_t vocab,
-                        uint64_t seed, int max_tokens, int timing) {
+/* budget: masks come from lunar_matcher_fill_mask_budget with the tokens left of max_tokens (as the
+ * engine does); stubborn: the opposite bias, never closing while anything else is allowed (the end
+ * token only when nothing else is), the walk that most needs the budget to end. */
+static inline gu_run gu_sample_ex(const lunar_grammar *g, const lunar_tokenizer *tok, const uint32_t *closing,
+                                  int32_t vocab, uint64_t seed, int max_tokens, int timing, int budget, int stubborn) {
     gu_run r = {0};
     lunar_matcher *m = lunar_matcher_new(g);
     int words = (vocab + 31) / 32;
@@ -111,7 +117,13 @@ static inline gu_run gu_sample(const lunar_grammar *g, const lunar_tokenizer *to
     uint64_t st = seed * 0x1234567ull + 1;
     while (r.n_tokens < max_tokens && !lunar_matcher_is_done(m)) {
         double t0 = timing ? gu_now() : 0;
-        lunar_matcher_fill_mask(m, mask);
+        if (budget) {
+            int64_t left = max_tokens - r.n_tokens, need = lunar_matcher_tokens_to_finish(m);
+            r.narrowed |= lunar_matcher_fill_mask_budget(m, mask, left);
+            if (need > left) r.over_budget = 1;
+        } else {
+            lunar_matcher_fill_mask(m, mask);
+        }
         if (timing) r.mask_s[r.n_mask++] = gu_now() - t0;
         uint64_t na = 0, nc = 0;
         for (int w = 0; w < words; w++) {
@@ -124,7 +136,18 @@ static inline gu_run gu_sample(const lunar_grammar *g, const lunar_tokenizer *to
         }
         int end_ok = mask[GU_END_ID >> 5] >> (GU_END_ID & 31) & 1;
         int32_t pick;
-        if (end_ok && gu_rng(&st) % 10 < 9) pick = GU_END_ID;
+        if (stubborn) {
+            if (end_ok) mask[GU_END_ID >> 5] &= ~(1u << (GU_END_ID & 31)), na--;
+            uint64_t open = na - nc + (end_ok && closing[GU_END_ID >> 5] >> (GU_END_ID & 31) & 1);
+            if (open) {
+                for (int w = 0; w < words; w++) mask[w] &= ~closing[w];
+                pick = gu_kth(mask, NULL, words, gu_rng(&st) % open);
+            } else if (nc) {
+                pick = gu_kth(mask, closing, words, gu_rng(&st) % nc);
+            } else {
+                pick = GU_END_ID;
+            }
+        } else if (end_ok && gu_rng(&st) % 10 < 9) pick = GU_END_ID;
         else if (nc && gu_rng(&st) % 2) pick = gu_kth(mask, closing, words, gu_rng(&st) % nc);
         else pick = gu_kth(mask, NULL, words, gu_rng(&st) % na);
         if (lunar_matcher_accept(m, pick)) {
@@ -145,9 +168,15 @@ static inline gu_run gu_sample(const lunar_grammar *g, const lunar_tokenizer *to
     }
     r.text[r.len] = 0;
     r.done = lunar_matcher_is_done(m);
+    r.to_finish = lunar_matcher_tokens_to_finish(m);
     lunar_matcher_free(m);
     free(mask);
     return r;
+}
+
+static inline gu_run gu_sample(const lunar_grammar *g, const lunar_tokenizer *tok, const uint32_t *closing, int32_t vocab,
+                               uint64_t seed, int max_tokens, int timing) {
+    return gu_sample_ex(g, tok, closing, vocab, seed, max_tokens, timing, 0, 0);
 }
 
 #endif

@@ -1,5 +1,6 @@
-/* Grammar-constrained decoding: the vocabulary index, the grammar IR and its builder, the string
- * and number lexemes, the matcher (a set of pushdown stacks over bytes) and the EBNF dialect.
+/* Grammar-constrained decoding: the grammar IR and its builder, the string and number lexemes, the
+ * completion costs of the token budget, and the matcher (a set of pushdown stacks over bytes). The
+ * vocabulary index is grammar_vocab.c, the EBNF front end grammar_ebnf.c.
  *
  * Matcher. A state is a set of stacks (nondeterminism from alternatives); a stack is a chain of
  * frames (pos, count/lexeme state, parent) in an arena, persistent: advancing a stack on a byte
@@ -19,288 +20,11 @@
  *     as the set is empty.
  * Masks are cached per state (the serialised stack set) in a small per-matcher cache; counters of
  * unbounded repetitions saturate at their minimum so that a state inside a long free string or list
- * repeats exactly.
- *
- * EBNF dialect (lunar_grammar_from_ebnf), GBNF-like:
- *   rule    ::= NAME "::=" alts             (rules end where the next "NAME ::=" starts)
- *   alts    ::= seq ("|" seq)*
- *   seq     ::= (atom quant?)*
- *   atom    ::= "literal" | [class] | NAME | "(" alts ")" | "<" ID ">" | "."
- *   quant   ::= "*" | "+" | "?" | "{" m "}" | "{" m ",}" | "{" m "," n "}"
- * Literals and classes are bytes (UTF-8 of the text; escapes \n \r \t \\ \" \] \- \xHH \uXXXX);
- * a class may be negated with ^ and has ranges a-z; "." is any byte; <ID> is the token with that id
- * (a control token of the chat format, e.g. <163587>). '#' starts a comment. The start rule is
- * "root". Left recursion and repetitions of rules that match the empty string are not supported. */
+ * repeats exactly. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/grammar_internal.h"
-
-/* ------------------------------------------------------------------------------------------ */
-/* JSON string lexeme phases                                                                   */
-
-enum {
-    S_START, /* expects the opening quote */
-    S_BODY,
-    S_ESC,                          /* after a backslash */
-    S_U4, S_U3, S_U3D, S_U3Z,       /* \u: hex digits left; D: first was d (no surrogates); Z: zeros */
-    S_U2, S_U2Z, S_U1, S_U1Z,
-    S_C1, S_C2, S_C3,               /* UTF-8 continuation bytes left */
-    S_E0, S_ED, S_F0, S_F4,         /* UTF-8 lead bytes with a restricted second byte */
-    S_DONE,
-    S_NPHASE
-};
-
-static int is_hex(uint8_t b) { return (b >= '0' && b <= '9') || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
-
-/* One byte of a JSON string (ignoring lengths and excluded keys): new phase or -1; *starts: the
- * byte starts a code point; a closing quote gives S_DONE. */
-static int str_phase_step(int p, uint8_t b, int *starts) {
-    *starts = 0;
-    switch (p) {
-    case S_START: return b == '"' ? S_BODY : -1;
-    case S_BODY:
-        if (b == '"') return S_DONE;
-        *starts = 1;
-        if (b == '\\') return S_ESC;
-        if (b < 0x20) return -1;
-        if (b < 0x80) return S_BODY;
-        if (b >= 0xC2 && b <= 0xDF) return S_C1;
-        if (b == 0xE0) return S_E0;
-        if ((b >= 0xE1 && b <= 0xEC) || b == 0xEE || b == 0xEF) return S_C2;
-        if (b == 0xED) return S_ED;
-        if (b == 0xF0) return S_F0;
-        if (b >= 0xF1 && b <= 0xF3) return S_C3;
-        if (b == 0xF4) return S_F4;
-        return -1;
-    case S_ESC:
-        if (b == 'u') return S_U4;
-        return strchr("\"\\/bfnrt", b) && b ? S_BODY : -1;
-    case S_U4:
-        if (b == 'd' || b == 'D') return S_U3D;
-        if (b == '0') return S_U3Z;
-        return is_hex(b) ? S_U3 : -1;
-    case S_U3D: return b >= '0' && b <= '7' ? S_U2 : -1;
-    case S_U3Z: return b == '0' ? S_U2Z : is_hex(b) ? S_U2 : -1;
-    case S_U3: return is_hex(b) ? S_U2 : -1;
-    case S_U2Z: return b == '0' ? S_U1Z : is_hex(b) ? S_U1 : -1;
-    case S_U2: return is_hex(b) ? S_U1 : -1;
-    case S_U1Z: return b != '0' && is_hex(b) ? S_BODY : -1; /* no \u0000 */
-    case S_U1: return is_hex(b) ? S_BODY : -1;
-    case S_C1: return b >= 0x80 && b <= 0xBF ? S_BODY : -1;
-    case S_C2: return b >= 0x80 && b <= 0xBF ? S_C1 : -1;
-    case S_C3: return b >= 0x80 && b <= 0xBF ? S_C2 : -1;
-    case S_E0: return b >= 0xA0 && b <= 0xBF ? S_C1 : -1;
-    case S_ED: return b >= 0x80 && b <= 0x9F ? S_C1 : -1;
-    case S_F0: return b >= 0x90 && b <= 0xBF ? S_C2 : -1;
-    case S_F4: return b >= 0x80 && b <= 0x8F ? S_C2 : -1;
-    default: return -1;
-    }
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* Vocabulary                                                                                  */
-
-typedef struct {
-    uint32_t *stay_mask;    /* tokens that stay inside the string body from this phase */
-    int32_t *stay_ids;      /* the same tokens, by code points started ascending */
-    int32_t *stay_n;
-    int32_t n_stay, max_n;
-    int32_t *close_ids;     /* tokens that close the string, grouped by the bytes after the quote */
-    int32_t *close_n, *close_off;
-    int32_t n_close;
-} str_table;
-
-struct lunar_vocab {
-    int32_t n, n_ranks, words;
-    uint32_t *off; /* token bytes: bytes[off[id] .. off[id+1]) for id < n_ranks */
-    uint8_t *bytes;
-    /* trie in depth-first order: node i has edge byte nb[i], depth nd[i] (root children: 1), the
-     * first token ending there ntok[i] (-1: none; more via same_next), its subtree ends before
-     * nskip[i] */
-    int32_t n_nodes, max_depth;
-    uint8_t *nb;
-    uint16_t *nd;
-    int32_t *ntok, *nskip, *same_next;
-    int32_t root_child[256]; /* node of the one-byte prefix c (-1: no token starts with c) */
-    str_table st[S_NPHASE];
-};
-
-int32_t lunar_vocab_size(const lunar_vocab *v) { return v->n; }
-
-static int cmp_tok_bytes(const void *pa, const void *pb, void *ctx) {
-    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
-    const lunar_vocab *v = ctx;
-    uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b];
-    int c = memcmp(v->bytes + v->off[a], v->bytes + v->off[b], la < lb ? la : lb);
-    if (c) return c;
-    if (la != lb) return la < lb ? -1 : 1;
-    return a < b ? -1 : a > b;
-}
-
-typedef struct {
-    int32_t id, n, off;
-} close_rec;
-static int cmp_close(const void *pa, const void *pb, void *ctx) {
-    const close_rec *a = pa, *b = pb;
-    const lunar_vocab *v = ctx;
-    uint32_t sa = v->off[a->id] + (uint32_t)a->off + 1, sb = v->off[b->id] + (uint32_t)b->off + 1;
-    uint32_t la = v->off[a->id + 1] - sa, lb = v->off[b->id + 1] - sb;
-    int c = memcmp(v->bytes + sa, v->bytes + sb, la < lb ? la : lb);
-    if (c) return c;
-    if (la != lb) return la < lb ? -1 : 1;
-    return a->id < b->id ? -1 : a->id > b->id;
-}
-typedef struct {
-    int32_t id, n;
-} stay_rec;
-static int cmp_stay(const void *pa, const void *pb) {
-    const stay_rec *a = pa, *b = pb;
-    if (a->n != b->n) return a->n < b->n ? -1 : 1;
-    return a->id < b->id ? -1 : a->id > b->id;
-}
-
-static void build_str_tables(lunar_vocab *v) {
-    stay_rec *stay = lunar_xmalloc((size_t)v->n_ranks * sizeof *stay);
-    close_rec *cl = lunar_xmalloc((size_t)v->n_ranks * sizeof *cl);
-    for (int p = S_BODY; p < S_DONE; p++) {
-        str_table *t = &v->st[p];
-        int ns = 0, nc = 0;
-        t->stay_mask = lunar_xcalloc((size_t)v->words, sizeof(uint32_t));
-        for (int32_t id = 0; id < v->n_ranks; id++) {
-            const uint8_t *s = v->bytes + v->off[id];
-            uint32_t len = v->off[id + 1] - v->off[id];
-            int ph = p, n = 0, starts;
-            uint32_t k;
-            for (k = 0; k < len; k++) {
-                ph = str_phase_step(ph, s[k], &starts);
-                if (ph < 0) break;
-                n += starts;
-                if (ph == S_DONE) break;
-            }
-            if (ph < 0 || len == 0) continue;
-            if (ph == S_DONE) {
-                cl[nc++] = (close_rec){id, n, (int32_t)k};
-            } else {
-                stay[ns++] = (stay_rec){id, n};
-                t->stay_mask[id >> 5] |= 1u << (id & 31);
-            }
-        }
-        qsort(stay, (size_t)ns, sizeof *stay, cmp_stay);
-        qsort_r(cl, (size_t)nc, sizeof *cl, cmp_close, v);
-        t->n_stay = ns;
-        t->stay_ids = lunar_xmalloc((size_t)(ns ? ns : 1) * sizeof(int32_t));
-        t->stay_n = lunar_xmalloc((size_t)(ns ? ns : 1) * sizeof(int32_t));
-        for (int i = 0; i < ns; i++) t->stay_ids[i] = stay[i].id, t->stay_n[i] = stay[i].n;
-        t->max_n = ns ? stay[ns - 1].n : 0;
-        t->n_close = nc;
-        t->close_ids = lunar_xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
-        t->close_n = lunar_xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
-        t->close_off = lunar_xmalloc((size_t)(nc ? nc : 1) * sizeof(int32_t));
-        for (int i = 0; i < nc; i++) t->close_ids[i] = cl[i].id, t->close_n[i] = cl[i].n, t->close_off[i] = cl[i].off;
-    }
-    free(stay);
-    free(cl);
-}
-
-int lunar_vocab_build(lunar_vocab **out, const lunar_tokenizer *tok, lunar_err *err) {
-    *out = NULL;
-    lunar_vocab *v = lunar_xcalloc(1, sizeof *v);
-    v->n = lunar_tokenizer_vocab_size(tok);
-    v->n_ranks = lunar_tokenizer_num_ranks(tok);
-    if (v->n <= 0 || v->n_ranks < 0 || v->n_ranks > v->n) {
-        free(v);
-        return lunar_fail(err, "vocab: bad tokenizer sizes");
-    }
-    v->words = (v->n + 31) / 32;
-    size_t total = 0;
-    for (int32_t id = 0; id < v->n_ranks; id++) {
-        size_t len = 0;
-        lunar_token_bytes(tok, id, &len);
-        total += len;
-    }
-    v->off = lunar_xmalloc(((size_t)v->n_ranks + 1) * sizeof(uint32_t));
-    v->bytes = lunar_xmalloc(total ? total : 1);
-    total = 0;
-    for (int32_t id = 0; id < v->n_ranks; id++) {
-        size_t len = 0;
-        const char *s = lunar_token_bytes(tok, id, &len);
-        v->off[id] = (uint32_t)total;
-        if (len) memcpy(v->bytes + total, s, len);
-        total += len;
-    }
-    v->off[v->n_ranks] = (uint32_t)total;
-
-    /* trie over the byte tokens (special ids are never bytes: only G_TOKENS elements allow them) */
-    int32_t *order = lunar_xmalloc(((size_t)v->n_ranks + 1) * sizeof(int32_t));
-    int32_t n_ord = 0;
-    for (int32_t id = 0; id < v->n_ranks; id++)
-        if (v->off[id + 1] > v->off[id]) order[n_ord++] = id;
-    qsort_r(order, (size_t)n_ord, sizeof(int32_t), cmp_tok_bytes, v);
-    size_t cap = total + 1;
-    v->nb = lunar_xmalloc(cap);
-    v->nd = lunar_xmalloc(cap * sizeof(uint16_t));
-    v->ntok = lunar_xmalloc(cap * sizeof(int32_t));
-    v->nskip = lunar_xmalloc(cap * sizeof(int32_t));
-    v->same_next = lunar_xmalloc((size_t)v->n * sizeof(int32_t));
-    for (int32_t i = 0; i < v->n; i++) v->same_next[i] = -1;
-    int32_t *path = NULL; /* node index per depth (1-based) */
-    int path_cap = 0, depth = 0, nn = 0;
-    int32_t prev = -1;
-    for (int32_t oi = 0; oi < n_ord; oi++) {
-        int32_t id = order[oi];
-        const uint8_t *s = v->bytes + v->off[id];
-        int len = (int)(v->off[id + 1] - v->off[id]);
-        if (len > 65535) continue;
-        int lcp = 0;
-        if (prev >= 0) {
-            const uint8_t *ps = v->bytes + v->off[prev];
-            int pl = (int)(v->off[prev + 1] - v->off[prev]);
-            while (lcp < len && lcp < pl && ps[lcp] == s[lcp]) lcp++;
-            if (lcp == len && pl == len) { /* same bytes as prev */
-                int32_t t = v->ntok[path[len - 1]];
-                while (v->same_next[t] >= 0) t = v->same_next[t];
-                v->same_next[t] = id;
-                continue;
-            }
-        }
-        while (depth > lcp) v->nskip[path[--depth]] = nn;
-        if (len > path_cap) {
-            path_cap = len * 2;
-            path = realloc(path, (size_t)path_cap * sizeof(int32_t));
-        }
-        for (int d = lcp; d < len; d++) {
-            v->nb[nn] = s[d];
-            v->nd[nn] = (uint16_t)(d + 1);
-            v->ntok[nn] = -1;
-            path[depth++] = nn++;
-        }
-        v->ntok[nn - 1] = id;
-        if (len > v->max_depth) v->max_depth = len;
-        prev = id;
-    }
-    while (depth > 0) v->nskip[path[--depth]] = nn;
-    v->n_nodes = nn;
-    for (int c = 0; c < 256; c++) v->root_child[c] = -1;
-    for (int32_t i = 0; i < nn; i = v->nskip[i]) v->root_child[v->nb[i]] = i;
-    free(path);
-    free(order);
-    build_str_tables(v);
-    *out = v;
-    return 0;
-}
-
-void lunar_vocab_free(lunar_vocab *v) {
-    if (!v) return;
-    for (int p = 0; p < S_NPHASE; p++) {
-        str_table *t = &v->st[p];
-        free(t->stay_mask), free(t->stay_ids), free(t->stay_n);
-        free(t->close_ids), free(t->close_n), free(t->close_off);
-    }
-    free(v->off), free(v->bytes), free(v->nb), free(v->nd), free(v->ntok), free(v->nskip);
-    free(v->same_next);
-    free(v);
-}
 
 /* ------------------------------------------------------------------------------------------ */
 /* Builder                                                                                     */
@@ -446,12 +170,20 @@ struct lunar_grammar {
     g_xnode *xnodes;
     g_xedge *xedges;
     int start_pos; /* the synthetic root alternative: root rule, then end tokens */
+    /* completion costs (see "Budget"), in units: a byte, or a control token (end tokens: 0) */
+    int64_t *sfx;      /* [n_elems] fewest units from this element to the end of its alternative */
+    int64_t *rmin;     /* [n_rules] fewest units of a rule's language (G_INF: none) */
+    int64_t *xcost;    /* [n_xnodes] excluded-key trie node: fewest units to close the key from there */
+    int64_t xcost_max;
+    int n_xnodes;
+    int budget;        /* units are tokens (the vocabulary has every byte as a token): budgets apply */
 };
 
 void lunar_grammar_free(lunar_grammar *g) {
     if (!g) return;
     free(g->elems), free(g->alts), free(g->rule_first), free(g->rule_n), free(g->classes);
     free(g->lexes), free(g->ids), free(g->xnodes), free(g->xedges);
+    free(g->sfx), free(g->rmin), free(g->xcost);
     free(g);
 }
 
@@ -585,6 +317,18 @@ static int num_can_continue(const g_lex *lx, int64_t I, int64_t n2) {
 static int str_step(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t n2, uint8_t c, int64_t *on,
                     int64_t *on2) {
     int ph = (int)(n2 & 255), t = (int)(n2 >> 8), starts;
+    if (lx->raw) { /* no quotes, no excluded keys: lengths only */
+        int np = raw_phase_step(ph, c, &starts);
+        if (np < 0) return 0;
+        if (starts) {
+            if (lx->max_len >= 0 && n + 1 > lx->max_len) return 0;
+            n = n + 1;
+            if (lx->max_len < 0 && n > lx->min_len) n = lx->min_len;
+        }
+        *on = n;
+        *on2 = np;
+        return 1;
+    }
     int np = str_phase_step(ph, c, &starts);
     if (np < 0) return 0;
     if (ph == S_START) {
@@ -611,9 +355,8 @@ static int str_step(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t 
 }
 
 static void lex_init(const g_lex *lx, int64_t *n, int64_t *n2) {
-    (void)lx;
     *n = 0;
-    *n2 = 0;
+    *n2 = lx->kind == LEX_STR && lx->raw ? S_BODY : 0;
 }
 
 static int lex_step(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t n2, uint8_t c, int64_t *on,
@@ -622,12 +365,186 @@ static int lex_step(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t 
     return num_step(lx, n, n2, c, on, on2);
 }
 static int lex_can_end(const g_lex *lx, int64_t n, int64_t n2) {
+    if (lx->kind == LEX_STR && lx->raw) return n2 == S_BODY && n >= lx->min_len;
     if (lx->kind == LEX_STR) return (n2 & 255) == S_DONE;
     return num_can_end(lx, n, n2);
 }
 static int lex_can_continue(const g_lex *lx, int64_t n, int64_t n2) {
+    if (lx->kind == LEX_STR && lx->raw) return n2 != S_BODY || lx->max_len < 0 || n < lx->max_len;
     if (lx->kind == LEX_STR) return (n2 & 255) != S_DONE;
     return num_can_continue(lx, n, n2);
+}
+
+
+/* ------------------------------------------------------------------------------------------ */
+/* Budget: the fewest units that finish the value                                             */
+/*
+ * A unit is one byte of output, or one control token (the end tokens count 0: the value is complete
+ * before them). D(state) = the fewest units from a matcher state to a complete value, exact over the
+ * grammar: the min over its stacks of (the top element's own cost + the frame's precomputed "after"
+ * cost, see frame_after). Because every byte is a token of a byte-level BPE vocabulary (checked:
+ * vocab->bytes_complete), D is also a number of tokens that surely suffices: emit the shortest
+ * completion one byte-token at a time. It is exact in bytes, so its first byte always lowers it by
+ * one: a state with D <= R tokens left has a token t with D(state.t) <= R - 1, and keeping only such
+ * tokens keeps the output closable to the end (lunar_matcher_fill_mask_budget). */
+
+#define G_INF ((int64_t)1 << 60)
+static inline int64_t c_add(int64_t a, int64_t b) { return a >= G_INF || b >= G_INF || a + b >= G_INF ? G_INF : a + b; }
+static inline int64_t c_mul(int64_t k, int64_t c) {
+    if (k <= 0) return 0;
+    if (c >= G_INF || c > G_INF / k) return G_INF;
+    return k * c;
+}
+
+/* A multiple of u (units) inside magnitudes [a, b] that satisfies the bounds for this sign. */
+static int num_grid(const g_lex *lx, int neg, __int128 a, __int128 b, __int128 u) {
+    __int128 cl = 0, ch = NUM_BIG;
+    if (!neg) {
+        if (lx->has_lo && lx->lo > cl) cl = lx->lo;
+        if (lx->has_hi) ch = lx->hi;
+    } else {
+        if (lx->has_hi && -lx->hi > cl) cl = -lx->hi;
+        if (lx->has_lo) ch = -lx->lo;
+    }
+    if (a < cl) a = cl;
+    if (b > ch) b = ch;
+    if (a > b) return 0;
+    return (a + u - 1) / u * u <= b;
+}
+
+/* Fewest bytes that end a number whose magnitude so far is the integer I (no '.' yet), when up to
+ * jmax more integer digits may follow: j digits, then for non-integers maybe '.' and k digits. */
+static int64_t num_int_cost(const g_lex *lx, int neg, __int128 I, int jmax) {
+    int64_t best = G_INF;
+    for (int j = 0; j <= jmax && j < best; j++) {
+        __int128 a = I * p10(j) * NUM_SCALE, b = (I + 1) * p10(j) * NUM_SCALE - 1;
+        if (num_grid(lx, neg, a, b, NUM_SCALE)) return j < best ? j : best;
+        if (lx->integer) continue;
+        for (int k = 1; k <= NUM_MAX_FRAC_DIGITS && j + 1 + k < best; k++)
+            if (num_grid(lx, neg, a, b, p10(NUM_MAX_FRAC_DIGITS - k))) best = j + 1 + k;
+    }
+    return best;
+}
+
+/* Fewest fraction digits (at least kmin) that end a number whose magnitude lies in [a, b], the
+ * digits so far fixing it to a multiple of 10^kmax units. */
+static int64_t num_frac_cost(const g_lex *lx, int neg, __int128 a, __int128 b, int kmax, int kmin) {
+    for (int k = kmin; k <= kmax; k++)
+        if (num_grid(lx, neg, a, b, p10(kmax - k))) return k;
+    return G_INF;
+}
+
+/* A magnitude from no digit yet: "0" (then maybe a fraction) or D digits led by 1-9. */
+static int64_t num_mag_cost(const g_lex *lx, int neg) {
+    int64_t best = c_add(1, num_int_cost(lx, neg, 0, 0));
+    for (int d = 1; d <= NUM_MAX_INT_DIGITS && d < best; d++) {
+        __int128 a = p10(d - 1) * NUM_SCALE, b = p10(d) * NUM_SCALE - 1;
+        if (num_grid(lx, neg, a, b, NUM_SCALE)) return d;
+        if (lx->integer) continue;
+        for (int k = 1; k <= NUM_MAX_FRAC_DIGITS && d + 1 + k < best; k++)
+            if (num_grid(lx, neg, a, b, p10(NUM_MAX_FRAC_DIGITS - k))) best = d + 1 + k;
+    }
+    return best;
+}
+
+/* Fewest bytes that end the number lexeme from its state (exact: the bounds decide). */
+static int64_t num_cost(const g_lex *lx, int64_t I, int64_t n2) {
+    int ph = (int)(n2 & 7), neg = (int)(n2 >> 3 & 1), idig = (int)(n2 >> 4 & 31), fdig = (int)(n2 >> 9 & 15);
+    int64_t F = n2 >> 13;
+    if (!lx->has_lo && !lx->has_hi) return ph == N_START || ph == N_MINUS || ph == N_DOT;
+    __int128 S = NUM_SCALE;
+    switch (ph) {
+    case N_START: {
+        int64_t p = num_mag_cost(lx, 0), q = c_add(1, num_mag_cost(lx, 1));
+        return p < q ? p : q;
+    }
+    case N_MINUS: return num_mag_cost(lx, 1);
+    case N_ZERO: return num_int_cost(lx, neg, 0, 0);
+    case N_INT: return num_int_cost(lx, neg, I, NUM_MAX_INT_DIGITS - idig);
+    case N_DOT: return num_frac_cost(lx, neg, (__int128)I * S, (__int128)I * S + S - 1, NUM_MAX_FRAC_DIGITS, 1);
+    case N_FRAC: {
+        __int128 w = p10(NUM_MAX_FRAC_DIGITS - fdig), base = (__int128)I * S + (__int128)F * w;
+        return num_frac_cost(lx, neg, base, base + w - 1, NUM_MAX_FRAC_DIGITS - fdig, 0);
+    }
+    }
+    return G_INF;
+}
+
+/* Fewest bytes that end the string lexeme from its state. n2 = phase | excluded-key node << 8. Keys
+ * checked against excluded names have no length bounds (g_finish checks): on the trie, a key can
+ * close now unless it equals an excluded name (xcost: fewest bytes to step to one that does not). */
+static int64_t str_cost(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t n2) {
+    int ph = (int)(n2 & 255), t = (int)(n2 >> 8);
+    if (lx->raw) return c_add(phase_pend(ph), lx->min_len > n ? lx->min_len - n : 0);
+    if (ph == S_DONE) return 0;
+    if (ph == S_START) {
+        if (lx->excl >= 0) return 1 + (g->xnodes[lx->excl].terminal ? g->xcost[lx->excl] : 1);
+        return c_add(2, lx->min_len);
+    }
+    if (t) {
+        if (ph == S_BODY) return g->xnodes[t].terminal ? g->xcost[t] : 1;
+        /* inside a code point on the trie: an upper bound that still drops by one per byte */
+        return phase_pend(ph) + g->xcost_max;
+    }
+    int64_t rem = lx->min_len > n ? lx->min_len - n : 0;
+    return c_add(phase_pend(ph) + 1, rem);
+}
+
+static int64_t lex_cost(const lunar_grammar *g, const g_lex *lx, int64_t n, int64_t n2) {
+    return lx->kind == LEX_STR ? str_cost(g, lx, n, n2) : num_cost(lx, n, n2);
+}
+
+/* The excluded-key trie's costs (children have higher indices than their parents). */
+static void x_costs(lunar_grammar *g) {
+    g->xcost = lunar_xcalloc((size_t)(g->n_xnodes ? g->n_xnodes : 1), sizeof(int64_t));
+    g->xcost_max = 1;
+    for (int t = g->n_xnodes - 1; t >= 1; t--) {
+        if (!g->xnodes[t].terminal) {
+            g->xcost[t] = 1;
+            continue;
+        }
+        int64_t best = G_INF;
+        for (int c = 0x20; c < 0x7F; c++) {
+            if (c == '"' || c == '\\') continue;
+            int ch = xchild(g, t, (uint8_t)c);
+            int64_t k = !ch || !g->xnodes[ch].terminal ? 1 : g->xcost[ch];
+            if (k < best) best = k;
+        }
+        g->xcost[t] = c_add(1, best);
+        if (g->xcost[t] > g->xcost_max && g->xcost[t] < G_INF) g->xcost_max = g->xcost[t];
+    }
+}
+
+static int64_t elem_cost(const lunar_grammar *g, const g_elem *e) {
+    switch (e->kind) {
+    case G_BYTES: return 1;
+    case G_TOKENS: return e->is_end ? 0 : 1;
+    case G_LEX: return lex_cost(g, &g->lexes[e->a], 0, 0);
+    case G_RULE: return g->rmin[e->a];
+    case G_REPEAT: return c_mul(e->b, g->rmin[e->a]);
+    default: return 0;
+    }
+}
+
+/* sfx and rmin: a fixed point from "nothing derivable" (shortest derivations use no rule twice on a
+ * path, so it settles within n_rules rounds; rules are mostly created parent first, so a backwards
+ * sweep settles in a few). */
+static void g_costs(lunar_grammar *g) {
+    g->rmin = lunar_xmalloc((size_t)(g->n_rules ? g->n_rules : 1) * sizeof(int64_t));
+    g->sfx = lunar_xmalloc((size_t)(g->n_elems ? g->n_elems : 1) * sizeof(int64_t));
+    for (int r = 0; r < g->n_rules; r++) g->rmin[r] = G_INF;
+    for (int round = 0, changed = 1; changed && round <= g->n_rules + 1; round++) {
+        changed = 0;
+        for (int r = g->n_rules - 1; r >= 0; r--)
+            for (int i = 0; i < g->rule_n[r]; i++) {
+                int64_t c = 0;
+                for (int p = g->alts[g->rule_first[r] + i]; g->elems[p].kind != G_END && c < G_INF; p++)
+                    c = c_add(c, elem_cost(g, &g->elems[p]));
+                if (c < g->rmin[r]) g->rmin[r] = c, changed = 1;
+            }
+    }
+    for (int p = g->n_elems - 1; p >= 0; p--)
+        g->sfx[p] = g->elems[p].kind == G_END ? 0 : c_add(elem_cost(g, &g->elems[p]), g->sfx[p + 1]);
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -636,6 +553,7 @@ static int lex_can_continue(const g_lex *lx, int64_t n, int64_t n2) {
 typedef struct {
     int32_t pos, parent;
     int64_t n, n2;
+    int64_t after; /* fewest units once the element at pos is done (frame_after) */
 } g_frame;
 
 #define ACCEPTED (-2)
@@ -647,6 +565,7 @@ typedef struct {
     int64_t *key;
     int nkey, valid;
     uint32_t *mask;
+    int64_t xmax;
 } mcache_ent;
 
 struct lunar_matcher {
@@ -659,17 +578,56 @@ struct lunar_matcher {
     int32_t *lvl_s, *lvl_e, *lvl_ar; /* trie walk: per depth */
     int64_t *key;
     int n_key, cap_key;
+    int64_t xmax; /* compute_mask: the largest D after any allowed token (an upper bound) */
     mcache_ent cache[MCACHE];
     int cache_next;
-    uint32_t *tmp, *tmp2;
+    uint32_t *tmp, *tmp2, *plain;
     int32_t *remap;
     int cap_remap;
 };
 
+/* The fewest units after the element at pos is done: the rest of its alternative, then what its
+ * parent still needs (a repetition: the iterations still owed to its minimum, then its own after). */
+static int64_t frame_after(const lunar_matcher *m, int32_t pos, int32_t parent) {
+    const lunar_grammar *g = m->g;
+    if (g->elems[pos].kind == G_END) return 0; /* a transient frame: never asked */
+    int64_t c = g->sfx[pos + 1];
+    if (parent < 0) return c;
+    const g_frame *p = &m->ar[parent];
+    const g_elem *pe = &g->elems[p->pos];
+    int64_t up = p->after;
+    if (pe->kind == G_REPEAT && pe->b > p->n + 1) up = c_add(up, c_mul(pe->b - (p->n + 1), g->rmin[pe->a]));
+    return c_add(c, up);
+}
+
 static int32_t fr_new(lunar_matcher *m, int32_t pos, int32_t parent, int64_t n, int64_t n2) {
+    int64_t after = frame_after(m, pos, parent);
     GROW(m->ar, m->n_ar, m->cap_ar);
-    m->ar[m->n_ar] = (g_frame){pos, parent, n, n2};
+    m->ar[m->n_ar] = (g_frame){pos, parent, n, n2, after};
     return m->n_ar++;
+}
+
+/* D of one stack: its top element's own cost, then its frame's after. */
+static int64_t top_cost(const lunar_matcher *m, int32_t top) {
+    if (top == ACCEPTED) return 0;
+    const g_frame *f = &m->ar[top];
+    const g_elem *e = &m->g->elems[f->pos];
+    switch (e->kind) {
+    case G_BYTES: return c_add(1, f->after);
+    case G_TOKENS: return c_add(e->is_end ? 0 : 1, f->after);
+    case G_LEX: return c_add(lex_cost(m->g, &m->g->lexes[e->a], f->n, f->n2), f->after);
+    default: return G_INF;
+    }
+}
+
+/* D of a set of stacks buf[s .. e). */
+static int64_t set_cost(const lunar_matcher *m, int s, int e) {
+    int64_t d = G_INF;
+    for (int k = s; k < e; k++) {
+        int64_t c = top_cost(m, m->buf[k]);
+        if (c < d) d = c;
+    }
+    return d;
 }
 
 static int32_t fr_enter(lunar_matcher *m, int32_t pos, int32_t parent) {
@@ -783,7 +741,7 @@ void lunar_matcher_free(lunar_matcher *m) {
     if (!m) return;
     for (int i = 0; i < MCACHE; i++) free(m->cache[i].key), free(m->cache[i].mask);
     free(m->ar), free(m->buf), free(m->lvl_s), free(m->lvl_e), free(m->lvl_ar), free(m->key);
-    free(m->tmp), free(m->tmp2), free(m->remap);
+    free(m->tmp), free(m->tmp2), free(m->plain), free(m->remap);
     free(m);
 }
 
@@ -813,9 +771,22 @@ static uint64_t state_key(lunar_matcher *m) {
     return h;
 }
 
+/* Masks take a limit lim on D after the token: G_INF (no limit: every allowed token, and m->xmax
+ * gathers the largest D after one, an upper bound) or a number (budget mode: only tokens after which
+ * D <= lim). */
+static inline void add_tok(lunar_matcher *m, uint32_t *mask, int32_t id, int64_t d, int64_t lim) {
+    if (lim >= G_INF) {
+        if (d > m->xmax) m->xmax = d;
+        bit_set(mask, id);
+    } else if (d <= lim) {
+        bit_set(mask, id);
+    }
+}
+
 /* Trie walk for the stacks buf[s0 .. e0) (at the end of buf). */
-static void walk_range(lunar_matcher *m, int s0, int e0, uint32_t *mask, int32_t from, int32_t to) {
+static void walk_range(lunar_matcher *m, int s0, int e0, uint32_t *mask, int32_t from, int32_t to, int64_t lim) {
     const lunar_vocab *v = m->g->v;
+    const int costs = m->g->budget;
     m->lvl_s[0] = s0;
     m->lvl_e[0] = e0;
     m->lvl_ar[0] = m->n_ar;
@@ -833,18 +804,24 @@ static void walk_range(lunar_matcher *m, int s0, int e0, uint32_t *mask, int32_t
         m->lvl_s[d] = ns;
         m->lvl_e[d] = m->n_buf;
         m->lvl_ar[d] = m->n_ar;
-        for (int32_t t = v->ntok[i]; t >= 0; t = v->same_next[t]) bit_set(mask, t);
+        if (v->ntok[i] >= 0) {
+            int64_t dn = costs ? set_cost(m, ns, m->n_buf) : 0;
+            for (int32_t t = v->ntok[i]; t >= 0; t = v->same_next[t]) add_tok(m, mask, t, dn, lim);
+        }
         i++;
     }
     m->n_buf = e0;
     m->n_ar = m->lvl_ar[0];
 }
 
-static void walk(lunar_matcher *m, int s0, int e0, uint32_t *mask) { walk_range(m, s0, e0, mask, 0, m->g->v->n_nodes); }
+static void walk(lunar_matcher *m, int s0, int e0, uint32_t *mask, int64_t lim) {
+    walk_range(m, s0, e0, mask, 0, m->g->v->n_nodes, lim);
+}
 
 /* A string lexeme inside its body, off the excluded-key trie: the tables decide the tokens that
- * stay inside; tokens that close it are checked per group of equal trailing bytes. */
-static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close_now) {
+ * stay inside; tokens that close it are checked per group of equal trailing bytes. D after a token
+ * that stays: its pending bytes + the code points still owed + the quote + the frame's after. */
+static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close_now, int64_t lim) {
     const lunar_grammar *g = m->g;
     const lunar_vocab *v = g->v;
     g_frame f = m->ar[top];
@@ -852,21 +829,33 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close
     const g_lex *lx = &g->lexes[g->elems[f.pos].a];
     const str_table *t = &v->st[f.n2 & 255];
     int64_t room = lx->max_len < 0 ? INT64_MAX : lx->max_len - f.n;
-    if (room >= t->max_n) {
-        for (int w = 0; w < v->words; w++) mask[w] |= t->stay_mask[w];
-    } else if (room >= 0) {
-        int lo = 0, hi = t->n_stay; /* first index with stay_n > room */
-        while (lo < hi) {
-            int mid = (lo + hi) / 2;
-            if (t->stay_n[mid] <= room) lo = mid + 1;
-            else hi = mid;
+    int64_t rem = lx->min_len > f.n ? lx->min_len - f.n : 0;
+    if (lim < G_INF) { /* budget mode: token by token */
+        for (int i = 0; i < t->n_stay && t->stay_n[i] <= room; i++) {
+            int64_t d = c_add(c_add(t->stay_pend[i] + 1, rem > t->stay_n[i] ? rem - t->stay_n[i] : 0), f.after);
+            if (d <= lim) bit_set(mask, t->stay_ids[i]);
         }
-        if (lo < t->n_stay - lo) {
-            for (int i = 0; i < lo; i++) bit_set(mask, t->stay_ids[i]);
-        } else {
-            memcpy(m->tmp, t->stay_mask, (size_t)v->words * sizeof(uint32_t));
-            for (int i = lo; i < t->n_stay; i++) m->tmp[t->stay_ids[i] >> 5] &= ~(1u << (t->stay_ids[i] & 31));
-            for (int w = 0; w < v->words; w++) mask[w] |= m->tmp[w];
+    } else {
+        if (t->n_stay && room >= t->stay_n[0]) {
+            int64_t d = c_add(c_add(t->max_pend + 1, rem), f.after);
+            if (d > m->xmax) m->xmax = d;
+        }
+        if (room >= t->max_n) {
+            for (int w = 0; w < v->words; w++) mask[w] |= t->stay_mask[w];
+        } else if (room >= 0) {
+            int lo = 0, hi = t->n_stay; /* first index with stay_n > room */
+            while (lo < hi) {
+                int mid = (lo + hi) / 2;
+                if (t->stay_n[mid] <= room) lo = mid + 1;
+                else hi = mid;
+            }
+            if (lo < t->n_stay - lo) {
+                for (int i = 0; i < lo; i++) bit_set(mask, t->stay_ids[i]);
+            } else {
+                memcpy(m->tmp, t->stay_mask, (size_t)v->words * sizeof(uint32_t));
+                for (int i = lo; i < t->n_stay; i++) m->tmp[t->stay_ids[i] >> 5] &= ~(1u << (t->stay_ids[i] & 31));
+                for (int w = 0; w < v->words; w++) mask[w] |= m->tmp[w];
+            }
         }
     }
     if (!t->n_close) return;
@@ -878,6 +867,7 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close
         const uint8_t *prev = NULL;
         size_t prev_len = 0;
         int ok = 0;
+        int64_t dg = 0;
         for (int i = 0; i < t->n_close; i++) {
             int32_t id = t->close_ids[i];
             const uint8_t *r = v->bytes + v->off[id] + t->close_off[i] + 1;
@@ -886,6 +876,7 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close
                 int rs;
                 advance_bytes(m, cs, ce, r, rl, &rs);
                 ok = m->n_buf > rs || rl == 0;
+                dg = !g->budget ? 0 : rl == 0 ? set_cost(m, cs, ce) : set_cost(m, rs, m->n_buf);
                 m->n_buf = ce;
                 m->n_ar = ar1;
                 prev = r;
@@ -894,7 +885,7 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close
             if (!ok || (no_close_now && t->close_off[i] == 0)) continue;
             int64_t cnt = f.n + t->close_n[i];
             if (cnt < lx->min_len || (lx->max_len >= 0 && cnt > lx->max_len)) continue;
-            bit_set(mask, id);
+            add_tok(m, mask, id, dg, lim);
         }
     }
     m->n_buf = cs;
@@ -905,13 +896,13 @@ static void str_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int no_close
  * whose first byte leaves the trie behave exactly as off the trie (the tables), except that a
  * backslash is refused and an immediate closing quote is refused at a full excluded key; tokens
  * whose first byte follows the trie are walked. Adds this stack's tokens to mask. */
-static void str_on_trie(lunar_matcher *m, int32_t top, uint32_t *mask) {
+static void str_on_trie(lunar_matcher *m, int32_t top, uint32_t *mask, int64_t lim) {
     const lunar_grammar *g = m->g;
     const lunar_vocab *v = g->v;
     int t = (int)(m->ar[top].n2 >> 8);
     uint32_t *own = m->tmp2;
     memset(own, 0, (size_t)v->words * sizeof(uint32_t));
-    str_fast(m, top, own, g->xnodes[t].terminal);
+    str_fast(m, top, own, g->xnodes[t].terminal, lim);
     const g_xnode *x = &g->xnodes[t];
     for (int e = -1; e < x->n_edges; e++) {
         int32_t node = v->root_child[e < 0 ? '\\' : g->xedges[x->first_edge + e].byte];
@@ -922,16 +913,41 @@ static void str_on_trie(lunar_matcher *m, int32_t top, uint32_t *mask) {
         int s0 = m->n_buf;
         GROW(m->buf, m->n_buf, m->cap_buf);
         m->buf[m->n_buf++] = top;
-        walk_range(m, s0, m->n_buf, own, node, v->nskip[node]);
+        walk_range(m, s0, m->n_buf, own, node, v->nskip[node], lim);
         m->n_buf = s0;
     }
     for (int w = 0; w < v->words; w++) mask[w] |= own[w];
 }
 
-static void compute_mask(lunar_matcher *m, uint32_t *mask) {
+/* A raw string: the tokens that stay inside it (the raw tables, filtered by the room left); what may
+ * follow it has stacks of its own in the state (closure), so nothing here ends it. D after a token:
+ * its pending bytes + the code points still owed + the frame's after. */
+static void raw_fast(lunar_matcher *m, int32_t top, uint32_t *mask, int64_t lim) {
+    const lunar_vocab *v = m->g->v;
+    const g_frame *f = &m->ar[top];
+    const g_lex *lx = &m->g->lexes[m->g->elems[f->pos].a];
+    const str_table *t = &v->rt[f->n2];
+    int64_t room = lx->max_len < 0 ? INT64_MAX : lx->max_len - f->n;
+    int64_t rem = lx->min_len > f->n ? lx->min_len - f->n : 0;
+    if (lim >= G_INF && room >= t->max_n) {
+        for (int w = 0; w < v->words; w++) mask[w] |= t->stay_mask[w];
+        if (t->n_stay) {
+            int64_t d = c_add(c_add(t->max_pend, rem), f->after);
+            if (d > m->xmax) m->xmax = d;
+        }
+        return;
+    }
+    for (int i = 0; i < t->n_stay && t->stay_n[i] <= room; i++) {
+        int64_t d = c_add(c_add(t->stay_pend[i], rem > t->stay_n[i] ? rem - t->stay_n[i] : 0), f->after);
+        add_tok(m, mask, t->stay_ids[i], d, lim);
+    }
+}
+
+static void compute_mask(lunar_matcher *m, uint32_t *mask, int64_t lim) {
     const lunar_grammar *g = m->g;
     const lunar_vocab *v = g->v;
     memset(mask, 0, (size_t)v->words * sizeof(uint32_t));
+    m->xmax = 0;
     int ar0 = m->n_ar;
     m->n_buf = m->n_state;
     int gs = m->n_buf;
@@ -940,10 +956,10 @@ static void compute_mask(lunar_matcher *m, uint32_t *mask) {
         if (top < 0) continue;
         const g_frame *f = &m->ar[top];
         const g_elem *e = &g->elems[f->pos];
-        if (e->kind == G_TOKENS) {
+        if (e->kind == G_TOKENS) { /* after the token: the frame's after */
             for (int i = 0; i < e->b; i++) {
                 int32_t id = g->ids[e->a + i];
-                if (id >= 0 && id < v->n) bit_set(mask, id);
+                if (id >= 0 && id < v->n) add_tok(m, mask, id, g->budget ? f->after : 0, lim);
             }
         } else {
             GROW(m->buf, m->n_buf, m->cap_buf);
@@ -957,15 +973,17 @@ static void compute_mask(lunar_matcher *m, uint32_t *mask) {
         const g_frame *f = &m->ar[top];
         const g_elem *e = &g->elems[f->pos];
         int ph = (int)(f->n2 & 255);
-        if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph > S_START && ph < S_DONE && (f->n2 >> 8) == 0)
-            str_fast(m, top, mask, 0);
+        if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && g->lexes[e->a].raw)
+            raw_fast(m, top, mask, lim);
+        else if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph > S_START && ph < S_DONE && (f->n2 >> 8) == 0)
+            str_fast(m, top, mask, 0, lim);
         else if (e->kind == G_LEX && g->lexes[e->a].kind == LEX_STR && ph == S_BODY)
-            str_on_trie(m, top, mask);
+            str_on_trie(m, top, mask, lim);
         else
             m->buf[gk++] = top;
     }
     m->n_buf = gk;
-    if (gk > gs) walk(m, gs, gk, mask);
+    if (gk > gs) walk(m, gs, gk, mask, lim);
     m->n_buf = m->n_state;
     m->n_ar = ar0;
 }
@@ -978,10 +996,11 @@ void lunar_matcher_fill_mask(lunar_matcher *m, uint32_t *mask) {
         mcache_ent *c = &m->cache[i];
         if (c->valid && c->h == h && c->nkey == m->n_key && !memcmp(c->key, m->key, (size_t)m->n_key * sizeof(int64_t))) {
             memcpy(mask, c->mask, bytes);
+            m->xmax = c->xmax;
             return;
         }
     }
-    compute_mask(m, mask);
+    compute_mask(m, mask, G_INF);
     mcache_ent *c = &m->cache[m->cache_next];
     m->cache_next = (m->cache_next + 1) % MCACHE;
     if (!c->mask) c->mask = lunar_xmalloc(bytes);
@@ -991,8 +1010,37 @@ void lunar_matcher_fill_mask(lunar_matcher *m, uint32_t *mask) {
     c->nkey = m->n_key;
     c->h = h;
     c->valid = 1;
+    c->xmax = m->xmax;
     memcpy(c->mask, mask, bytes);
 }
+
+int lunar_matcher_fill_mask_budget(lunar_matcher *m, uint32_t *mask, int64_t tokens_left) {
+    const lunar_vocab *v = m->g->v;
+    size_t bytes = (size_t)v->words * sizeof(uint32_t);
+    lunar_matcher_fill_mask(m, mask);
+    if (!m->g->budget) return 0;
+    /* without a budget, still never enter a state from which no value can be finished */
+    int64_t left = tokens_left < 0 ? G_INF - 1 : tokens_left - 1;
+    if (m->xmax <= left) return 0; /* every allowed token leaves enough */
+    int64_t d = set_cost(m, 0, m->n_state), xmax = m->xmax;
+    if (d >= G_INF) return 0;
+    /* too little left to finish at all: still the fastest way towards the end (output cut at length) */
+    int64_t lim = left > d - 1 ? left : d - 1;
+    if (!m->plain) m->plain = lunar_xmalloc(bytes);
+    memcpy(m->plain, mask, bytes);
+    if (xmax >= G_INF && lim < G_INF - 1) compute_mask(m, m->plain, G_INF - 1); /* the reference: no dead ends */
+    compute_mask(m, mask, lim);
+    m->xmax = xmax;
+    return tokens_left >= 0 && memcmp(m->plain, mask, bytes) != 0;
+}
+
+int64_t lunar_matcher_tokens_to_finish(const lunar_matcher *m) {
+    if (!m->g->budget || m->n_state == 0) return -1;
+    int64_t d = set_cost(m, 0, m->n_state);
+    return d >= G_INF ? -1 : d;
+}
+
+int64_t lunar_grammar_min_tokens(const lunar_grammar *g) { return g->budget ? g->sfx[g->start_pos] : -1; }
 
 /* Keeps only the frames reachable from buf[s .. e), which becomes the state. */
 static void commit(lunar_matcher *m, int s, int e) {
@@ -1102,6 +1150,7 @@ int g_finish(lunar_grammar **out, g_builder *b, const lunar_vocab *v, int root, 
     g->lexes = b->lexes, b->lexes = NULL;
     g->ids = b->ids, b->ids = NULL;
     if (!b->xnodes) gb_xtrie(b, NULL, NULL, 0);
+    g->n_xnodes = b->n_xnodes;
     g->xnodes = b->xnodes, b->xnodes = NULL;
     g->xedges = b->xedges, b->xedges = NULL;
     g->n_rules = b->n_rules;
@@ -1117,7 +1166,33 @@ int g_finish(lunar_grammar **out, g_builder *b, const lunar_vocab *v, int root, 
         for (int i = 0; i < b->rule_nalts[r]; i++) g->alts[total++] = b->rule_alts[r][i];
     }
     g->start_pos = g->alts[g->rule_first[start_rule]];
+    char hint[sizeof b->hint];
+    memcpy(hint, b->hint, sizeof hint);
+    int n_lexes = b->n_lexes;
     gb_free(b);
+    for (int i = 0; i < n_lexes; i++)
+        if (g->lexes[i].kind == LEX_STR && g->lexes[i].excl >= 0 && (g->lexes[i].min_len || g->lexes[i].max_len >= 0)) {
+            lunar_grammar_free(g);
+            return lunar_fail(err, "grammar: internal error: a key with excluded names has length bounds");
+        }
+    g->budget = v->bytes_complete;
+    x_costs(g);
+    g_costs(g);
+    int64_t shortest = g->sfx[g->start_pos];
+    if (shortest >= G_INF) {
+        lunar_grammar_free(g);
+        return lunar_fail(err, "grammar: admits no output (every alternative needs something that cannot be produced, "
+                               "e.g. a required property whose schema is false, or a recursion with no way out)%s%s",
+                          hint[0] ? "; " : "", hint);
+    }
+    /* a byte count over the longest token's bytes: fewer tokens cannot hold the shortest output */
+    int64_t tokens_lb = (shortest + v->max_depth - 1) / (v->max_depth > 0 ? v->max_depth : 1);
+    if (tokens_lb > LUNAR_GRAMMAR_MAX_TOKENS) {
+        lunar_grammar_free(g);
+        return lunar_fail(err, "grammar: the shortest output it allows is %lld bytes, at least %lld tokens: more than any "
+                               "context holds (limit %d tokens)%s%s",
+                          (long long)shortest, (long long)tokens_lb, LUNAR_GRAMMAR_MAX_TOKENS, hint[0] ? "; " : "", hint);
+    }
     lunar_matcher *m = lunar_matcher_new(g);
     int empty = m->n_state == 0, overflow = m->overflow;
     lunar_matcher_free(m);
@@ -1131,326 +1206,6 @@ int g_finish(lunar_grammar **out, g_builder *b, const lunar_vocab *v, int root, 
     }
     *out = g;
     return 0;
-}
-
-/* ------------------------------------------------------------------------------------------ */
-/* EBNF                                                                                        */
-
-typedef struct {
-    const char *s;
-    size_t i;
-    g_builder *b;
-    char **names;
-    int *rules, *defined;
-    int n, cap;
-    lunar_err *err;
-    int failed;
-} ebnf_p;
-
-static int ep_fail(ebnf_p *p, const char *what) {
-    if (!p->failed) {
-        int line = 1;
-        for (size_t k = 0; k < p->i && p->s[k]; k++) line += p->s[k] == '\n';
-        lunar_fail(p->err, "grammar: %s at line %d", what, line);
-    }
-    p->failed = 1;
-    return -1;
-}
-
-static void ep_ws(ebnf_p *p) {
-    for (;;) {
-        char c = p->s[p->i];
-        if (c == ' ' || c == '\t' || c == '\n' || c == '\r') p->i++;
-        else if (c == '#')
-            while (p->s[p->i] && p->s[p->i] != '\n') p->i++;
-        else break;
-    }
-}
-
-static int is_id0(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
-static int is_id(char c) { return is_id0(c) || (c >= '0' && c <= '9') || c == '-'; }
-
-static size_t ep_ident(ebnf_p *p, size_t at) {
-    size_t j = at;
-    if (!is_id0(p->s[j])) return 0;
-    while (is_id(p->s[j])) j++;
-    return j - at;
-}
-
-static int ep_rule_start(ebnf_p *p) {
-    size_t n = ep_ident(p, p->i);
-    if (!n) return 0;
-    size_t j = p->i + n;
-    while (p->s[j] == ' ' || p->s[j] == '\t') j++;
-    return !strncmp(p->s + j, "::=", 3);
-}
-
-static int ep_rule_id(ebnf_p *p, const char *name, size_t n) {
-    for (int k = 0; k < p->n; k++)
-        if (strlen(p->names[k]) == n && !memcmp(p->names[k], name, n)) return k;
-    if (p->n == p->cap) {
-        p->cap = p->cap ? p->cap * 2 : 16;
-        p->names = realloc(p->names, (size_t)p->cap * sizeof(char *));
-        p->rules = realloc(p->rules, (size_t)p->cap * sizeof(int));
-        p->defined = realloc(p->defined, (size_t)p->cap * sizeof(int));
-        LUNAR_ASSERT(p->names && p->rules && p->defined);
-    }
-    p->names[p->n] = strndup(name, n);
-    p->rules[p->n] = gb_rule(p->b);
-    p->defined[p->n] = 0;
-    return p->n++;
-}
-
-static int hexval(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-}
-
-/* One (possibly escaped) character of a literal or class: its code point (bytes: < 256 with raw). */
-static long ep_char(ebnf_p *p, int *raw_byte) {
-    *raw_byte = 0;
-    unsigned char c = (unsigned char)p->s[p->i];
-    if (!c) return ep_fail(p, "unexpected end");
-    if (c != '\\') {
-        p->i++;
-        *raw_byte = 1;
-        return c;
-    }
-    char e = p->s[p->i + 1];
-    p->i += 2;
-    switch (e) {
-    case 'n': return '\n';
-    case 'r': return '\r';
-    case 't': return '\t';
-    case 'x': case 'u': {
-        int nd = e == 'x' ? 2 : 4;
-        long v = 0;
-        for (int k = 0; k < nd; k++) {
-            int h = hexval(p->s[p->i]);
-            if (h < 0) return ep_fail(p, "bad hex escape");
-            v = v * 16 + h;
-            p->i++;
-        }
-        if (e == 'x') *raw_byte = 1;
-        return v;
-    }
-    case 0: return ep_fail(p, "unexpected end");
-    default: *raw_byte = 1; return (unsigned char)e;
-    }
-}
-
-static int ep_alts(ebnf_p *p, int rule);
-
-static int ep_atom(ebnf_p *p, g_seq *s) {
-    char c = p->s[p->i];
-    if (c == '"') {
-        p->i++;
-        while (p->s[p->i] != '"') {
-            int raw;
-            long cp = ep_char(p, &raw);
-            if (cp < 0) return -1;
-            char u[4];
-            int n = 0;
-            if (raw || cp < 0x80) u[n++] = (char)cp;
-            else if (cp < 0x800) u[n++] = (char)(0xC0 | cp >> 6), u[n++] = (char)(0x80 | (cp & 63));
-            else u[n++] = (char)(0xE0 | cp >> 12), u[n++] = (char)(0x80 | (cp >> 6 & 63)), u[n++] = (char)(0x80 | (cp & 63));
-            seq_lit(p->b, s, u, (size_t)n);
-        }
-        p->i++;
-        return 0;
-    }
-    if (c == '[') {
-        uint8_t cls[32] = {0};
-        int neg = 0;
-        p->i++;
-        if (p->s[p->i] == '^') neg = 1, p->i++;
-        while (p->s[p->i] != ']') {
-            int raw;
-            long a = ep_char(p, &raw), z = a;
-            if (a < 0) return -1;
-            if (p->s[p->i] == '-' && p->s[p->i + 1] != ']') {
-                p->i++;
-                z = ep_char(p, &raw);
-                if (z < 0) return -1;
-            }
-            if (a > 255 || z > 255 || z < a) return ep_fail(p, "class ranges are bytes (0-255) in order");
-            for (long k = a; k <= z; k++) cls[k >> 3] |= (uint8_t)(1u << (k & 7));
-        }
-        p->i++;
-        if (neg)
-            for (int k = 0; k < 32; k++) cls[k] = (uint8_t)~cls[k];
-        seq_bytes(p->b, s, cls);
-        return 0;
-    }
-    if (c == '.') {
-        uint8_t cls[32];
-        memset(cls, 0xFF, 32);
-        p->i++;
-        seq_bytes(p->b, s, cls);
-        return 0;
-    }
-    if (c == '(') {
-        p->i++;
-        int r = gb_rule(p->b);
-        if (ep_alts(p, r)) return -1;
-        ep_ws(p);
-        if (p->s[p->i] != ')') return ep_fail(p, "expected ')'");
-        p->i++;
-        seq_rule(s, r);
-        return 0;
-    }
-    if (c == '<') {
-        p->i++;
-        long id = 0;
-        int nd = 0;
-        while (p->s[p->i] >= '0' && p->s[p->i] <= '9' && nd < 10) id = id * 10 + (p->s[p->i++] - '0'), nd++;
-        if (!nd || p->s[p->i] != '>') return ep_fail(p, "expected <token id>");
-        p->i++;
-        int32_t tid = (int32_t)id;
-        seq_push(s, (g_elem){.kind = G_TOKENS, .a = gb_tokens(p->b, &tid, 1), .b = 1});
-        return 0;
-    }
-    size_t n = ep_ident(p, p->i);
-    if (n) {
-        int k = ep_rule_id(p, p->s + p->i, n);
-        p->i += n;
-        seq_rule(s, p->rules[k]);
-        return 0;
-    }
-    return ep_fail(p, "expected a literal, class, rule name, group or <token id>");
-}
-
-static int ep_num(ebnf_p *p, int64_t *v) {
-    int nd = 0;
-    *v = 0;
-    while (p->s[p->i] >= '0' && p->s[p->i] <= '9' && nd < 12) *v = *v * 10 + (p->s[p->i++] - '0'), nd++;
-    return nd ? 0 : ep_fail(p, "expected a number");
-}
-
-static int ep_seq(ebnf_p *p, g_seq *s) {
-    for (;;) {
-        ep_ws(p);
-        char c = p->s[p->i];
-        if (!c || c == '|' || c == ')' || ep_rule_start(p)) return 0;
-        g_seq a = {0};
-        if (ep_atom(p, &a)) {
-            seq_free(&a);
-            return -1;
-        }
-        c = p->s[p->i];
-        int64_t lo = -2, hi = -1;
-        if (c == '*') lo = 0, hi = -1, p->i++;
-        else if (c == '+') lo = 1, hi = -1, p->i++;
-        else if (c == '?') lo = 0, hi = 1, p->i++;
-        else if (c == '{') {
-            p->i++;
-            if (ep_num(p, &lo)) return seq_free(&a), -1;
-            hi = lo;
-            if (p->s[p->i] == ',') {
-                p->i++;
-                hi = -1;
-                if (p->s[p->i] != '}' && ep_num(p, &hi)) return seq_free(&a), -1;
-            }
-            if (p->s[p->i] != '}' || (hi >= 0 && hi < lo)) return seq_free(&a), ep_fail(p, "bad {m,n}");
-            p->i++;
-        }
-        if (lo == -2) {
-            for (int k = 0; k < a.n; k++) seq_push(s, a.e[k]);
-        } else {
-            int r = gb_rule(p->b);
-            gb_add_alt(p->b, r, &a);
-            seq_repeat(s, r, lo, hi);
-        }
-        seq_free(&a);
-    }
-}
-
-static int ep_alts(ebnf_p *p, int rule) {
-    for (;;) {
-        g_seq s = {0};
-        if (ep_seq(p, &s)) return seq_free(&s), -1;
-        gb_add_alt(p->b, rule, &s);
-        seq_free(&s);
-        ep_ws(p);
-        if (p->s[p->i] != '|') return 0;
-        p->i++;
-    }
-}
-
-int lunar_grammar_from_ebnf(lunar_grammar **out, const lunar_vocab *v, const char *ebnf, const int32_t *end_ids,
-                            int n_end, lunar_err *err) {
-    return lunar_grammar_from_ebnf_with_schemas(out, v, ebnf, NULL, NULL, 0, end_ids, n_end, err);
-}
-
-int lunar_grammar_from_ebnf_with_schemas(lunar_grammar **out, const lunar_vocab *v, const char *ebnf,
-                                         const char *const *names, const json_t *const *schemas, int n_schemas,
-                                         const int32_t *end_ids, int n_end, lunar_err *err) {
-    *out = NULL;
-    g_builder b = {0};
-    ebnf_p p = {.s = ebnf, .b = &b, .err = err};
-    int rc = 0;
-    /* the schema rules: defined up front under their names (a later "NAME ::=" is a redefinition) */
-    for (int k = 0; k < n_schemas; k++) {
-        size_t n = strlen(names[k]);
-        for (size_t j = 0; j < n; j++)
-            if (!is_id(names[k][j])) n = 0;
-        if (!n || !is_id0(names[k][0])) {
-            rc = lunar_fail(err, "grammar: bad schema rule name \"%s\"", names[k]);
-            break;
-        }
-        int kk = ep_rule_id(&p, names[k], n);
-        if (p.defined[kk]) {
-            rc = lunar_fail(err, "grammar: schema rule \"%s\" given twice", names[k]);
-            break;
-        }
-        int root;
-        lunar_err e2 = {{0}};
-        if (js_compile(&b, schemas[k], &root, &e2)) {
-            rc = lunar_fail(err, "%s: %s", names[k], e2.msg);
-            break;
-        }
-        /* the name's rule is an alias of the compiled root */
-        g_seq s = {0};
-        seq_rule(&s, root);
-        gb_add_alt(&b, p.rules[kk], &s);
-        seq_free(&s);
-        p.defined[kk] = 1;
-    }
-    for (; !rc;) {
-        ep_ws(&p);
-        if (!p.s[p.i]) break;
-        size_t n = ep_ident(&p, p.i);
-        if (!n || !ep_rule_start(&p)) {
-            rc = ep_fail(&p, "expected 'name ::='");
-            break;
-        }
-        int k = ep_rule_id(&p, p.s + p.i, n);
-        if (p.defined[k]) {
-            rc = ep_fail(&p, "rule defined twice");
-            break;
-        }
-        p.defined[k] = 1;
-        p.i = strstr(p.s + p.i, "::=") - p.s + 3;
-        if (ep_alts(&p, p.rules[k])) {
-            rc = -1;
-            break;
-        }
-    }
-    int root = -1;
-    for (int k = 0; k < p.n && !rc; k++) {
-        if (!p.defined[k]) rc = lunar_fail(err, "grammar: rule '%s' is used but not defined", p.names[k]);
-        if (!strcmp(p.names[k], "root")) root = p.rules[k];
-    }
-    if (!rc && root < 0) rc = lunar_fail(err, "grammar: no rule 'root'");
-    for (int k = 0; k < p.n; k++) free(p.names[k]);
-    free(p.names), free(p.rules), free(p.defined);
-    if (rc) {
-        gb_free(&b);
-        return -1;
-    }
-    return g_finish(out, &b, v, root, end_ids, n_end, err);
 }
 
 int g_lex_satisfiable(const g_lex *lx) {

@@ -31,6 +31,7 @@
 #include <pcre2.h>
 
 #include "engine/grammar_internal.h"
+#include "text/chat_k3.h"
 
 typedef struct {
     g_builder *b;
@@ -39,8 +40,15 @@ typedef struct {
     int *memo_r;
     int n_memo, cap_memo;
     int any_value, any_object, any_str_lex, utf8_rule;
+    int64_t hint_min; /* the largest minLength / minItems so far (named if the grammar is refused) */
     lunar_err *err;
 } jsc;
+
+static void note_min(jsc *c, const char *kw, int64_t v, const char *path) {
+    if (v <= c->hint_min) return;
+    c->hint_min = v;
+    snprintf(c->b->hint, sizeof c->b->hint, "the largest minimum is %s %lld at %s", kw, (long long)v, path);
+}
 
 static int js_schema(jsc *c, const json_t *s, const char *path);
 
@@ -712,6 +720,7 @@ static int js_string(jsc *c, int r, const json_t *s, const char *path) {
     int64_t minl, maxl;
     if (get_count(c, s, "minLength", 0, &minl, path) || get_count(c, s, "maxLength", -1, &maxl, path)) return -1;
     if (maxl >= 0 && maxl < minl) return lunar_fail(c->err, "schema: maxLength < minLength at %s", path);
+    note_min(c, "minLength", minl, path);
     json_t *p = json_object_get(s, "pattern");
     if (p) {
         if (!json_is_string(p)) return lunar_fail(c->err, "schema: pattern must be a string at %s/pattern", path);
@@ -733,6 +742,7 @@ static int js_array(jsc *c, int r, const json_t *s, const char *path) {
     json_t *it = json_object_get(s, "items");
     if (it && json_is_false(it)) mx = 0;
     if (mx >= 0 && mx < mn) return lunar_fail(c->err, "schema: no array satisfies minItems/maxItems/items at %s", path);
+    note_min(c, "minItems", mn, path);
     if (mx == 0) return lit_rule_alt(c, r, "[]");
     int item;
     if (!it || json_is_true(it)) {
@@ -1015,6 +1025,226 @@ static int js_schema(jsc *c, const json_t *s, const char *path) {
     if (want[5] && js_number(c, r, s, 0, path)) return -1;
     if (want[6] && js_number(c, r, s, 1, path)) return -1;
     return r;
+}
+
+/* ---- K3 typed arguments --------------------------------------------------------------- */
+/*
+ * A strict tool's arguments in the K3 form (reference/dspark_vl_api_spec.md 2.1): one block per
+ * property, in schema order (required always, optional maybe),
+ *   <|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|>
+ * where a string VALUE is the bare text (no quotes, no escapes; lengths hold) and any other VALUE is
+ * compact JSON of the property's schema restricted to T (number for integers too; boolean, null,
+ * object, array). Needs an object schema with properties and additionalProperties: false (what OpenAI
+ * strict mode requires); otherwise, or for a string property with a pattern, the arguments are one
+ * <|open|>json type="object"<|sep|>JSON<|close|>json<|sep|> block, as the K3 encoder writes raw ones. */
+
+static void seq_tok(jsc *c, g_seq *q, int32_t id) {
+    seq_push(q, (g_elem){.kind = G_TOKENS, .a = gb_tokens(c->b, &id, 1), .b = 1});
+}
+
+/* r gets the alternative type="T"<|sep|>VALUE with VALUE the rule v (or, v < 0, the raw lexeme lex). */
+static void k3_alt(jsc *c, int r, const char *type, int v, int lex) {
+    g_seq q = {0};
+    char t[32];
+    snprintf(t, sizeof t, "type=\"%s\"", type);
+    seq_lit(c->b, &q, t, strlen(t));
+    seq_tok(c, &q, LUNAR_K3_ID_SEP);
+    if (v >= 0) seq_rule(&q, v);
+    else seq_lexeme(&q, lex);
+    gb_add_alt(c->b, r, &q);
+    seq_free(&q);
+}
+
+static const char *json_type_name(const json_t *v) {
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: return "object";
+    case JSON_ARRAY: return "array";
+    case JSON_STRING: return "string";
+    case JSON_INTEGER: case JSON_REAL: return "number";
+    case JSON_TRUE: case JSON_FALSE: return "boolean";
+    default: return "null";
+    }
+}
+
+/* The typed alternatives of one argument's value (schema s) into rule r. -1: not expressible (c->err). */
+static int k3_value(jsc *c, int r, const json_t *s, const char *path, int depth) {
+    char sub[1024];
+    if (depth > 16) return lunar_fail(c->err, "k3 arguments: $ref / anyOf nesting too deep at %s", path);
+    if (json_is_false(s)) return 0;
+    if (json_is_true(s)) { /* as {}: a fresh object (only js_schema memoises by address, and it never sees it) */
+        json_t *e = json_object();
+        int rc = k3_value(c, r, e, path, depth);
+        json_decref(e);
+        return rc;
+    }
+    if (!json_is_object(s)) return lunar_fail(c->err, "schema: expected an object or a boolean at %s", path);
+    const char *key;
+    json_t *x;
+    json_object_foreach((json_t *)s, key, x) if (!in_list(key, IGNORED) && !in_list(key, SUPPORTED))
+        return lunar_fail(c->err, "schema: unsupported keyword '%s' at %s", key, path);
+    json_t *ref = json_object_get(s, "$ref"), *any = json_object_get(s, "anyOf"), *all = json_object_get(s, "allOf");
+    if (ref) {
+        const json_t *t = json_is_string(ref) ? resolve_ref(c, json_string_value(ref), path) : NULL;
+        return t ? k3_value(c, r, t, json_string_value(ref), depth + 1) : -1;
+    }
+    if (any || all) {
+        json_t *arr = any ? any : all;
+        for (size_t i = 0; i < json_array_size(arr); i++) {
+            char idx[32];
+            snprintf(idx, sizeof idx, "%zu", i);
+            subpath(sub, sizeof sub, path, any ? "anyOf" : "allOf", idx);
+            if (k3_value(c, r, json_array_get(arr, i), sub, depth + 1)) return -1;
+        }
+        return 0;
+    }
+    json_t *e = json_object_get(s, "enum"), *k = json_object_get(s, "const");
+    if (e || k) {
+        json_t *vals = json_array();
+        if (json_is_array(e)) json_array_extend(vals, e);
+        if (k) { /* with an enum too: the const if it is among them */
+            int found = !e;
+            for (size_t i = 0; e && i < json_array_size(e); i++) found |= json_equal(json_array_get(e, i), k);
+            json_array_clear(vals);
+            if (found) json_array_append(vals, k);
+        }
+        for (size_t i = 0; i < json_array_size(vals); i++) {
+            json_t *v = json_array_get(vals, i);
+            if (value_ok(c, s, v, path) != 1) continue;
+            int lr = gb_rule(c->b);
+            if (json_is_string(v)) {
+                if (memchr(json_string_value(v), 0, json_string_length(v))) continue;
+                g_seq q = {0};
+                seq_lit(c->b, &q, json_string_value(v), json_string_length(v));
+                gb_add_alt(c->b, lr, &q);
+                seq_free(&q);
+            } else {
+                sbuf_t b = {0};
+                dump_compact(&b, v);
+                lit_rule_alt(c, lr, b.s);
+                free(b.s);
+            }
+            k3_alt(c, r, json_type_name(v), lr, -1);
+        }
+        json_decref(vals);
+        return 0;
+    }
+    static const char *TYPES[] = {"null", "boolean", "object", "array", "string", "number", "integer", NULL};
+    int want[7] = {0};
+    json_t *t = json_object_get(s, "type");
+    for (int i = 0; i < 7; i++) want[i] = !t;
+    for (size_t i = 0; t && i < (json_is_array(t) ? json_array_size(t) : 1); i++) {
+        json_t *ti = json_is_array(t) ? json_array_get(t, i) : t;
+        for (int j = 0; TYPES[j]; j++)
+            if (json_is_string(ti) && !strcmp(json_string_value(ti), TYPES[j])) want[j] = 1;
+    }
+    if (want[5]) want[6] = 0;
+    for (int j = 0; j < 7; j++) {
+        if (!want[j]) continue;
+        if (j == 4) {
+            int64_t minl, maxl;
+            if (json_object_get(s, "pattern"))
+                return lunar_fail(c->err, "k3 arguments: a string pattern (raw text has no regex form here) at %s", path);
+            if (get_count(c, s, "minLength", 0, &minl, path) || get_count(c, s, "maxLength", -1, &maxl, path)) return -1;
+            if (maxl >= 0 && maxl < minl) return lunar_fail(c->err, "schema: maxLength < minLength at %s", path);
+            note_min(c, "minLength", minl, path);
+            g_lex lx = {.kind = LEX_STR, .min_len = minl, .max_len = maxl, .excl = -1, .raw = 1};
+            k3_alt(c, r, "string", -1, gb_lex(c->b, &lx));
+            continue;
+        }
+        int vr = gb_rule(c->b), rc = 0;
+        if (j == 0) lit_rule_alt(c, vr, "null");
+        else if (j == 1) lit_rule_alt(c, vr, "true"), lit_rule_alt(c, vr, "false");
+        else if (j == 2) rc = js_object(c, vr, s, path);
+        else if (j == 3) rc = js_array(c, vr, s, path);
+        else rc = js_number(c, vr, s, j == 6, path);
+        if (rc) return -1;
+        k3_alt(c, r, j == 6 ? "number" : TYPES[j], vr, -1);
+    }
+    return 0;
+}
+
+/* The arguments rule (see above); -1 when the schema has no typed-argument form (c->err says why). */
+static int k3_args(jsc *c, const json_t *s, const char *path, int depth) {
+    if (depth > 16 || !json_is_object(s)) return lunar_fail(c->err, "k3 arguments: not an object schema at %s", path);
+    json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        const json_t *t = json_is_string(ref) && json_object_size(s) == 1 ? resolve_ref(c, json_string_value(ref), path) : NULL;
+        return t ? k3_args(c, t, json_string_value(ref), depth + 1) : lunar_fail(c->err, "k3 arguments: $ref at %s", path);
+    }
+    json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    json_t *type = json_object_get(s, "type");
+    if (!json_is_object(props) || !json_is_false(json_object_get(s, "additionalProperties")) ||
+        (type && !(json_is_string(type) && !strcmp(json_string_value(type), "object"))))
+        return lunar_fail(c->err, "k3 arguments: needs type object, properties and additionalProperties false at %s", path);
+    static const char *OK[] = {"type", "properties", "required", "additionalProperties", NULL};
+    const char *key;
+    json_t *x;
+    json_object_foreach((json_t *)s, key, x) if (!in_list(key, IGNORED) && !in_list(key, OK))
+        return lunar_fail(c->err, "k3 arguments: keyword '%s' at %s", key, path);
+    for (size_t i = 0; req && i < json_array_size(req); i++)
+        if (!json_is_string(json_array_get(req, i)) || !json_object_get(props, json_string_value(json_array_get(req, i))))
+            return lunar_fail(c->err, "k3 arguments: a required name is not a property at %s", path);
+    int r = gb_rule(c->b);
+    g_seq all = {0};
+    json_object_foreach(props, key, x) {
+        char sub[1024];
+        subpath(sub, sizeof sub, path, "properties", key);
+        int vr = gb_rule(c->b);
+        if (k3_value(c, vr, x, sub, 0)) return seq_free(&all), -1;
+        /* the key as an attribute value: & and " escaped (the K3 parser unescapes them) */
+        sbuf_t a = {0};
+        sb_add(&a, "argument key=\"", 14);
+        for (const char *p = key; *p; p++) {
+            if (*p == '&') sb_add(&a, "&amp;", 5);
+            else if (*p == '"') sb_add(&a, "&quot;", 6);
+            else sb_add(&a, p, 1);
+        }
+        sb_add(&a, "\" ", 2);
+        g_seq q = {0};
+        seq_tok(c, &q, LUNAR_K3_ID_OPEN);
+        seq_lit(c->b, &q, a.s, a.n);
+        seq_rule(&q, vr);
+        seq_tok(c, &q, LUNAR_K3_ID_CLOSE);
+        seq_lit(c->b, &q, "argument", 8);
+        seq_tok(c, &q, LUNAR_K3_ID_SEP);
+        free(a.s);
+        int ar = rule_of_seq(c, &q);
+        int required = 0;
+        for (size_t i = 0; req && i < json_array_size(req); i++)
+            required |= !strcmp(json_string_value(json_array_get(req, i)), key);
+        if (required) seq_rule(&all, ar);
+        else seq_repeat(&all, ar, 0, 1);
+    }
+    gb_add_alt(c->b, r, &all);
+    seq_free(&all);
+    return r;
+}
+
+int js_compile_k3_args(g_builder *b, const json_t *schema, int *root_rule, lunar_err *err) {
+    jsc c = {.b = b, .root = schema, .any_value = -1, .any_object = -1, .any_str_lex = -1, .utf8_rule = -1, .err = err};
+    int r = schema ? k3_args(&c, schema, "#", 0) : -1;
+    if (r < 0) { /* the JSON block: rules built by the failed attempt stay unreferenced; nothing memoised is reused */
+        lunar_err e2 = {{0}};
+        free(c.memo_s), free(c.memo_r);
+        c = (jsc){.b = b, .root = schema, .any_value = -1, .any_object = -1, .any_str_lex = -1, .utf8_rule = -1, .err = &e2};
+        int v = schema ? js_schema(&c, schema, "#") : any_object(&c);
+        if (v < 0) {
+            free(c.memo_s), free(c.memo_r);
+            return lunar_fail(err, "%s", e2.msg);
+        }
+        g_seq q = {0};
+        seq_tok(&c, &q, LUNAR_K3_ID_OPEN);
+        seq_lit(b, &q, "json type=\"object\"", 18);
+        seq_tok(&c, &q, LUNAR_K3_ID_SEP);
+        seq_rule(&q, v);
+        seq_tok(&c, &q, LUNAR_K3_ID_CLOSE);
+        seq_lit(b, &q, "json", 4);
+        seq_tok(&c, &q, LUNAR_K3_ID_SEP);
+        r = rule_of_seq(&c, &q);
+    }
+    free(c.memo_s), free(c.memo_r);
+    *root_rule = r;
+    return 0;
 }
 
 int js_compile(g_builder *b, const json_t *schema, int *root_rule, lunar_err *err) {

@@ -190,7 +190,8 @@ lunar_finish_reason lunar_request_sample(request *q, float *lg, int V, const int
         for (int i = 0; i < s->n_stop_token_ids; i++) lg[s->stop_token_ids[i]] = -INFINITY;
     }
     if (q->matcher) {
-        lunar_matcher_fill_mask(q->matcher, mask);
+        /* the budget: the output must still close into a complete value within max_tokens */
+        if (lunar_matcher_fill_mask_budget(q->matcher, mask, (int64_t)s->max_tokens - n_gen)) q->budget_narrowed = 1;
         for (int i = 0; i < V; i++)
             if (!(mask[i >> 5] >> (i & 31) & 1)) lg[i] = -INFINITY;
     }
@@ -230,14 +231,16 @@ lunar_finish_reason lunar_request_accept(request *q, int32_t tok, const int32_t 
     ev->token = tok;
     if (q->matcher) lunar_matcher_accept(q->matcher, tok);
 
-    if (!s->ignore_eos && is_in(tok, end_ids, n_end) && n_gen + 1 > s->min_tokens) return LUNAR_FINISH_STOP;
-    if (is_in(tok, q->stop_ids, s->n_stop_token_ids) && n_gen + 1 > s->min_tokens) return LUNAR_FINISH_STOP;
+    /* an output the budget shaped ends as "length" even when complete: max_tokens cut it short */
+    const lunar_finish_reason stop = q->budget_narrowed ? LUNAR_FINISH_LENGTH : LUNAR_FINISH_STOP;
+    if (!s->ignore_eos && is_in(tok, end_ids, n_end) && n_gen + 1 > s->min_tokens) return stop;
+    if (is_in(tok, q->stop_ids, s->n_stop_token_ids) && n_gen + 1 > s->min_tokens) return stop;
     const char *hit = check_stop_strings(q, tok);
     if (hit && n_gen + 1 >= s->min_tokens) {
         ev->stop_string = hit;
-        return LUNAR_FINISH_STOP;
+        return stop;
     }
-    if (q->matcher && lunar_matcher_is_done(q->matcher)) return LUNAR_FINISH_STOP;
+    if (q->matcher && lunar_matcher_is_done(q->matcher)) return stop;
     if (n_gen + 1 >= s->max_tokens || q->n_tokens >= q->cap_tokens) return LUNAR_FINISH_LENGTH;
     return LUNAR_FINISH_NONE;
 }

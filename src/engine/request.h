@@ -27,6 +27,7 @@ typedef struct request {
     float *bias_values;
     lunar_rng rng;
     lunar_matcher *matcher; /* NULL without a grammar */
+    int budget_narrowed;    /* the token budget removed a token the grammar allowed: finishes as length */
 
     int32_t *blocks; /* block table */
     int n_blocks, cap_blocks;

@@ -37,8 +37,8 @@ static int any_strict(const json_t *tools) {
 }
 
 int lunar_constrain_spec(lunar_arch arch, const lunar_chat_prompt *p, char **ebnf, char ***names,
-                         const json_t ***schemas, int *n, int32_t *end_id) {
-    *ebnf = NULL, *names = NULL, *schemas = NULL, *n = 0, *end_id = END_ID;
+                         const json_t ***schemas, int **forms, int *n, int32_t *end_id) {
+    *ebnf = NULL, *names = NULL, *schemas = NULL, *forms = NULL, *n = 0, *end_id = END_ID;
     const json_t *tools = p->tools;
     size_t n_tools = tools ? json_array_size(tools) : 0;
     int json = p->response_format != LUNAR_RESPONSE_TEXT;
@@ -53,6 +53,7 @@ int lunar_constrain_spec(lunar_arch arch, const lunar_chat_prompt *p, char **ebn
     int cap = (int)n_tools + 1, k = 0;
     *names = lunar_xcalloc((size_t)cap, sizeof(char *));
     *schemas = lunar_xcalloc((size_t)cap, sizeof(json_t *));
+    *forms = lunar_xcalloc((size_t)cap, sizeof(int));
     lunar_sbuf b = {0};
     int k3 = arch == LUNAR_ARCH_KIMI_K3;
     if (json && !only_calls) {
@@ -71,11 +72,19 @@ int lunar_constrain_spec(lunar_arch arch, const lunar_chat_prompt *p, char **ebn
             char rn[32];
             snprintf(rn, sizeof rn, "args%zu", i);
             (*names)[k] = strdup(rn);
-            (*schemas)[k++] = tool_schema(t);
+            (*schemas)[k] = tool_schema(t);
+            /* K3 strict tools: typed argument tags (engine/grammar.h); other arguments: one json block */
+            int tagged = k3 && (*schemas)[k];
+            (*forms)[k++] = tagged ? LUNAR_SCHEMA_K3_ARGS : LUNAR_SCHEMA_JSON;
             /* names are ^[A-Za-z_][A-Za-z0-9_-]*$ (validated): no escaping in literals or attributes */
             lunar_sbuf_puts(&b, first ? "" : "\n       | ");
             first = 0;
-            if (k3)
+            if (k3 && tagged)
+                lunar_sbuf_printf(&b,
+                                  K3_OPEN " \"call tool=\\\"%s\\\" index=\\\"\" [1-9] [0-9]{0,2} \"\\\"\" " K3_SEP
+                                          " %s " K3_CLOSE " \"call\" " K3_SEP,
+                                  name, rn);
+            else if (k3)
                 lunar_sbuf_printf(&b,
                                   K3_OPEN " \"call tool=\\\"%s\\\" index=\\\"\" [1-9] [0-9]{0,2} \"\\\"\" " K3_SEP
                                           " " K3_OPEN " \"json type=\\\"object\\\"\" " K3_SEP " %s " K3_CLOSE
@@ -124,9 +133,9 @@ int lunar_constrain_spec(lunar_arch arch, const lunar_chat_prompt *p, char **ebn
     return 0;
 }
 
-static void spec_free(char *ebnf, char **names, const json_t **schemas, int n) {
+static void spec_free(char *ebnf, char **names, const json_t **schemas, int *forms, int n) {
     for (int i = 0; i < n; i++) free(names[i]);
-    free(names), free((void *)schemas), free(ebnf);
+    free(names), free((void *)schemas), free(forms), free(ebnf);
 }
 
 int lunar_constrain_build(const lunar_vocab *v, lunar_arch arch, const lunar_chat_prompt *p, lunar_grammar **g,
@@ -134,12 +143,12 @@ int lunar_constrain_build(const lunar_vocab *v, lunar_arch arch, const lunar_cha
     *g = NULL;
     char *ebnf, **names;
     const json_t **schemas;
-    int n;
+    int n, *forms;
     int32_t end;
-    lunar_constrain_spec(arch, p, &ebnf, &names, &schemas, &n, &end);
+    lunar_constrain_spec(arch, p, &ebnf, &names, &schemas, &forms, &n, &end);
     if (!ebnf) return 0;
-    int rc = lunar_grammar_from_ebnf_with_schemas(g, v, ebnf, (const char *const *)names, schemas, n, &end, 1, err);
-    spec_free(ebnf, names, schemas, n);
+    int rc = lunar_grammar_from_ebnf_with_forms(g, v, ebnf, (const char *const *)names, schemas, forms, n, &end, 1, err);
+    spec_free(ebnf, names, schemas, forms, n);
     return rc;
 }
 
@@ -192,9 +201,9 @@ int lunar_constrain_get(lunar_constrain *c, const lunar_chat_prompt *p, const lu
     *g = NULL;
     char *ebnf, **names;
     const json_t **schemas;
-    int n;
+    int n, *forms;
     int32_t end;
-    lunar_constrain_spec(c->arch, p, &ebnf, &names, &schemas, &n, &end);
+    lunar_constrain_spec(c->arch, p, &ebnf, &names, &schemas, &forms, &n, &end);
     if (!ebnf) return 0;
     /* key: the grammar text, then each schema as compact JSON (key order kept: it is the output order) */
     lunar_sbuf key = {0};
@@ -205,6 +214,7 @@ int lunar_constrain_get(lunar_constrain *c, const lunar_chat_prompt *p, const lu
         lunar_sbuf_puts(&key, names[i]);
         lunar_sbuf_putc(&key, '=');
         lunar_sbuf_puts(&key, d ? d : "null");
+        lunar_sbuf_putc(&key, (char)('0' + forms[i]));
         free(d);
     }
     int rc = 0;
@@ -216,8 +226,8 @@ int lunar_constrain_get(lunar_constrain *c, const lunar_chat_prompt *p, const lu
         }
     if (!*g) {
         lunar_grammar *ng;
-        rc = lunar_grammar_from_ebnf_with_schemas(&ng, c->v, ebnf, (const char *const *)names, schemas, n, &end, 1,
-                                                  err);
+        rc = lunar_grammar_from_ebnf_with_forms(&ng, c->v, ebnf, (const char *const *)names, schemas, forms, n, &end, 1,
+                                                err);
         if (rc == 0) {
             if (c->n == c->cap) {
                 c->cap = c->cap ? 2 * c->cap : 16;
@@ -231,6 +241,6 @@ int lunar_constrain_get(lunar_constrain *c, const lunar_chat_prompt *p, const lu
     }
     pthread_mutex_unlock(&c->mu);
     lunar_sbuf_free(&key);
-    spec_free(ebnf, names, schemas, n);
+    spec_free(ebnf, names, schemas, forms, n);
     return rc;
 }

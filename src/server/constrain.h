@@ -9,7 +9,9 @@
  *   tool_choice required / named: the output is one to 8 tool calls (named: of that tool only); arguments
  *     follow the tool's parameters schema when the tool is strict, else any JSON object. K2: the
  *     <|tool_calls_section_begin|> section; K3: the tools channel, each call's arguments one
- *     <|open|>json type="object"<|sep|> block (reasoning and an optional free response come first).
+ *     <|open|>argument key="K" type="T"<|sep|>VALUE<|close|>argument<|sep|> block per property for a strict
+ *     tool (string values bare text, others compact JSON), one <|open|>json type="object"<|sep|> block
+ *     otherwise (reasoning and an optional free response come first).
  *   tool_choice none (with tools declared): no tool-call syntax can be produced (K2: only text, no control
  *     token but <|im_end|>; K3: the response channel, no tools channel).
  *   tool_choice auto with at least one strict tool: free text, and/or tool calls as above.
@@ -27,10 +29,11 @@
 #include "text/tokenizer.h"
 
 /* The grammar text and its embedded schemas for a prompt's options. 0 with *ebnf NULL: nothing to
- * constrain. Else *ebnf (malloc'd), names[k] = "resp" / "args<i>" and schemas[k] (borrowed from p; NULL =
- * any JSON object), *n entries (arrays malloc'd). End token: *end_id. */
+ * constrain. Else *ebnf (malloc'd), names[k] = "resp" / "args<i>", schemas[k] (borrowed from p; NULL =
+ * any JSON object) and forms[k] (LUNAR_SCHEMA_*: K3 strict tools use typed argument tags), *n entries
+ * (arrays malloc'd). End token: *end_id. */
 int lunar_constrain_spec(lunar_arch arch, const lunar_chat_prompt *p, char **ebnf, char ***names,
-                         const json_t ***schemas, int *n, int32_t *end_id);
+                         const json_t ***schemas, int **forms, int *n, int32_t *end_id);
 
 /* Uncached: compiles the grammar of lunar_constrain_spec (*g NULL: nothing to constrain). -1: the schema or
  * grammar was refused (a request error). */

@@ -1,7 +1,7 @@
 /* Mask timing over the schema cases: for every case of tests/data/json-schema-cases (as given and
  * wrapped as a strict tool's parameters) and json_object mode, a deterministic random sampler
  * drives a matcher over the Kimi vocabulary (tests/grammar_util.h) and every
- * lunar_matcher_fill_mask call is timed. Prints per-case and overall mean / p50 / p99 / max.
+ * lunar_matcher_fill_mask_budget call (max_tokens 2048, as the engine) is timed. Prints per-case and overall mean / p50 / p99 / max.
  *   make bench-grammar && build/bench_grammar [seeds per case (default 3)] [-v] */
 #include "../../tests/grammar_util.h"
 
@@ -53,7 +53,9 @@ int main(int argc, char **argv) {
             if (tc > compile_max) compile_max = tc;
             n_grammars++;
             for (int sd = 0; sd < seeds; sd++) {
-                gu_run r = gu_sample(g, tok, closing, lunar_vocab_size(v), (uint64_t)(i * 7 + w + sd * 1000), 2048, 1);
+                /* masks as the engine takes them: under the budget of max_tokens 2048 */
+                gu_run r = gu_sample_ex(g, tok, closing, lunar_vocab_size(v), (uint64_t)(i * 7 + w + sd * 1000), 2048, 1,
+                                        1, 0);
                 double tot = 0, mx = 0;
                 for (int k = 0; k < r.n_mask; k++) {
                     tot += r.mask_s[k];
