@@ -71,6 +71,10 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #include "model/profile.h"
 #include "ops.h"
 
+/* One sequence's MLA prefill of at least this many tokens goes through the chunked GEMM form
+ * (cuda_mla_prefill.cu: 10x the row kernel at 8K tokens); fewer rows stay on the row kernel. */
+#define MLA_PREFILL_GEMM_MIN 64
+
 #define KDA_L2_EPS 1e-6f
 #define MLA_LATENT_NORM_EPS 1e-6f
 #define INDEX_K_NORM_EPS 1e-6f
@@ -459,6 +463,8 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
                       T * nh * P + T * nh * Vd);
     if (topk) mla += 4 * (T * ni * di + T * di + T * ni + T * topk + T * (size_t)max_len);
     if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
+    if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
+        mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
@@ -720,7 +726,13 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
     lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
     const float scale = 1.0f / sqrtf((float)qk);
-    if (R == 512 && P == 64) {
+    static int kernel_only = -1; /* LUNAR_MLA_PREFILL=kernel: prefill through the row kernel too */
+    if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
+    if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && !kernel_only) {
+        void *ws = dalloc(lunar_glue_mla_prefill_ws(n, nh, b->seqs[0].pos0 + n));
+        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
+                               ws, NULL);
+    } else if (R == 512 && P == 64) {
         lunar_cuda_mla_cache cd = {latent, LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
         const int ml = topk > 0 ? topk : b->max_len;
         size_t wsb = lunar_cuda_mla_ws(n, nh, ml);
