@@ -698,8 +698,8 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     int32_t *idx = NULL;
     cp_end(LUNAR_PROF_MLA_PROJ, t0);
-    t0 = cp_begin();
-    if (topk > 0) { /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
+    if (topk > 0) {
+        t0 = cp_begin(); /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
         float *iq = fd((size_t)n * ni * di), *ik = fd((size_t)n * di), *wt = fd((size_t)n * ni);
         mm(iq, qa, &w->iwq, n);
         mm_b(ik, hb, &w->iwk, n, NULL);
@@ -720,11 +720,13 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
                                    b->row_seq, b->lens, b->max_len, n, ni, di, NULL);
         lunar_cuda_dsa_topk(idx, NULL, scores, b->max_len, b->lens, n, topk, NULL);
         cp_end(LUNAR_PROF_DSA, t0);
-        t0 = cp_begin();
     }
     /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
+    t0 = cp_begin();
     lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
+    cp_end(LUNAR_PROF_MLA_ABSORB, t0);
+    t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)qk);
     static int kernel_only = -1; /* LUNAR_MLA_PREFILL=kernel: prefill through the row kernel too */
     if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
@@ -746,8 +748,10 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_glue_mla_attn(o_lat, q_lat, q_pe, latent, b->bt, b->max_blocks, b->row_seq, b->lens, idx,
                             topk, b->max_len, n, nh, R, P, scale, NULL);
     }
-    lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
     cp_end(LUNAR_PROF_MLA_ATTN, t0);
+    t0 = cp_begin();
+    lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
+    cp_end(LUNAR_PROF_MLA_ABSORB, t0);
     t0 = cp_begin();
     if (w->mg.p) { /* K3 output gate */
         float *gate = fd((size_t)n * nh * Vd);
