@@ -19,7 +19,7 @@ void lunar_profile_install(lunar_profile *p) { lunar_prof_active = p; }
 
 const char *const lunar_prof_names[LUNAR_PROF_N] = {
     "embed", "norm", "kda_proj", "kda_core", "kda_out", "mla_proj", "dsa_indexer", "mla_attn",
-    "mla_out", "router", "experts", "latent_proj", "shared_dense_mlp", "lm_head"};
+    "mla_out", "router", "experts", "latent_proj", "shared_dense_mlp", "lm_head", "mla_absorb"};
 
 /* Chunk length of the KDA chunked prefill (kda.md section 2; FLA's default). */
 #define KDA_CHUNK 64

@@ -68,7 +68,12 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 #include "model/dummy.h"
+#include "model/profile.h"
 #include "ops.h"
+
+/* One sequence's MLA prefill of at least this many tokens goes through the chunked GEMM form
+ * (cuda_mla_prefill.cu: 10x the row kernel at 8K tokens); fewer rows stay on the row kernel. */
+#define MLA_PREFILL_GEMM_MIN 64
 
 #define KDA_L2_EPS 1e-6f
 #define MLA_LATENT_NORM_EPS 1e-6f
@@ -392,6 +397,11 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     upload_weights(g, m);
     g->side = lunar_cuda_stream_create();
     g->ev_x = lunar_cuda_event_create(), g->ev_shared = lunar_cuda_event_create();
+    /* the fused routed experts by default (no host round trip, one launch per step for all the
+     * experts instead of ~10 per active expert, 11x the decode speed of Kimi-Linear at batch 1 on
+     * the H200); LUNAR_CUDA_MOE=generic keeps the per-expert path reachable for comparison */
+    const char *moe = getenv("LUNAR_CUDA_MOE");
+    g->fused_moe = !(moe && strcmp(moe, "generic") == 0);
     lunar_cuda_sync();
     *out = g;
     return 0;
@@ -453,6 +463,8 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
                       T * nh * P + T * nh * Vd);
     if (topk) mla += 4 * (T * ni * di + T * di + T * ni + T * topk + T * (size_t)max_len);
     if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
+    if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
+        mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
@@ -525,9 +537,28 @@ typedef struct dstep {
     int32_t *row_seq, *lens, *pos, *slots, *bt; /* device: per token; block tables [n_seqs, max_blocks] */
     int32_t *zero;       /* device [1] = 0 */
     lunar_cuda_caches *c;
+    /* a decode step (every sequence one token): sequence j's KDA conv / recurrent state as an index
+     * into layer ki's pools (cache base + ki * conv_len, stride HD * (K - 1); + ki * state_len,
+     * stride state_len), so each KDA layer takes one launch per op for the batch; NULL otherwise */
+    int32_t *kda_conv_idx, *kda_state_idx;
 } dstep;
 
 static float *fd(size_t n) { return dalloc(n * sizeof(float)); }
+
+/* `lunar bench --profile` on CUDA: a region waits for the whole device before and after (both
+ * streams), so its host wall time is its ops' device time plus their launches. The price is the
+ * shared experts' overlap with the routed ones (timed apart here), and the syncs themselves:
+ * profiled steps are slower than timed ones, the shares are what the profile is for. */
+static double cp_begin(void) {
+    if (!lunar_prof_active) return 0.0;
+    lunar_cuda_sync();
+    return lunar_prof_now();
+}
+static void cp_end(lunar_prof_family f, double t0) {
+    if (!lunar_prof_active) return;
+    lunar_cuda_sync();
+    lunar_prof_end(f, t0);
+}
 
 /* y[n, W.out] = xb[n, W.in] . W^T on stream st: cuBLASLt where its alignment holds, else the
  * generic kernel (any shape) */
@@ -576,8 +607,18 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     const dmat *proj[3] = {&w->q, &w->k, &w->v};
     const float *conv[3] = {w->qc, w->kc, w->vc};
     float *dst[3] = {q, k, v};
+    double t0 = cp_begin();
+    /* h's bf16 copy once for the six projections that read it (mm would make one each) */
+    uint16_t *hb = dalloc((size_t)n * c->hidden_size * 2);
+    lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
+    const int dec = b->kda_conv_idx && dk == 128;
     for (int i = 0; i < 3; i++) {
-        mm(pre, h, proj[i], n);
+        mm_b(pre, hb, proj[i], n, NULL);
+        if (dec) {
+            lunar_cuda_short_conv_decode(dst[i], pre, conv[i], b->c->conv + ki * b->c->conv_len + i * state_stride,
+                                         b->kda_conv_idx, n, HD, K, NULL);
+            continue;
+        }
         for (int j = 0; j < b->n_seqs; j++) {
             const size_t r = (size_t)b->off[j] * HD;
             float *st = b->c->conv + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->conv_len + i * state_stride;
@@ -586,13 +627,18 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     }
     lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
     lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
-    mm(low, h, &w->fa, n);
+    mm_b(low, hb, &w->fa, n, NULL);
     mm(pre, low, &w->fb, n);
     lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
-    mm(beta, h, &w->b, n);
+    mm_b(beta, hb, &w->b, n, NULL);
     lunar_cuda_sigmoid_inplace(beta, (size_t)n * H);
+    cp_end(LUNAR_PROF_KDA_PROJ, t0);
+    t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)dk);
-    for (int j = 0; j < b->n_seqs; j++) {
+    if (dec)
+        lunar_cuda_kda_recurrent(o, q, k, v, g, beta, b->c->state + ki * b->c->state_len, b->kda_state_idx, NULL,
+                                 n, 1, H, dk, dk, scale, NULL);
+    for (int j = 0; j < b->n_seqs && !dec; j++) {
         const int nj = b->seqs[j].n;
         const size_t r = (size_t)b->off[j] * HD;
         float *S = b->c->state + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->state_len;
@@ -609,14 +655,17 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
             lunar_glue_kda_recurrent(o + r, q + r, k + r, v + r, g + r, bj, S, nj, H, dk, dk, scale, NULL);
         }
     }
+    cp_end(LUNAR_PROF_KDA_CORE, t0);
+    t0 = cp_begin();
     if (w->g.p) {
-        mm(pre, h, &w->g, n);
+        mm_b(pre, hb, &w->g, n, NULL);
     } else {
-        mm(low, h, &w->ga, n);
+        mm_b(low, hb, &w->ga, n, NULL);
         mm(pre, low, &w->gb, n);
     }
     lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
     mm(out, o, &w->o, n);
+    cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
 }
 
@@ -629,28 +678,33 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     size_t mk = lunar_cuda_mark();
     float *q = fd((size_t)n * nh * qk), *kvr = fd((size_t)n * row), *o = fd((size_t)n * nh * Vd);
     float *qa = NULL;
+    double t0 = cp_begin();
+    uint16_t *hb = dalloc((size_t)n * c->hidden_size * 2); /* h's bf16 copy for every projection of h */
+    lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
     if (w->mq.p) {
-        mm(q, h, &w->mq, n);
+        mm_b(q, hb, &w->mq, n, NULL);
     } else {
         qa = fd((size_t)n * c->q_lora_rank);
-        mm(qa, h, &w->qa, n);
+        mm_b(qa, hb, &w->qa, n, NULL);
         lunar_cuda_rmsnorm(qa, LUNAR_CUDA_F32, qa, w->qa_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS, NULL);
         mm(q, qa, &w->qb, n);
     }
     /* latent row = [RMSNorm(c) | k_pe], stored bf16 into the pages */
-    mm(kvr, h, &w->kva, n);
+    mm_b(kvr, hb, &w->kva, n, NULL);
     const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
     uint16_t *latent = kv->latent + (size_t)ki * layer_toks * row;
     lunar_glue_latent_store(latent, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
 
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     int32_t *idx = NULL;
-    if (topk > 0) { /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
+    cp_end(LUNAR_PROF_MLA_PROJ, t0);
+    if (topk > 0) {
+        t0 = cp_begin(); /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
         float *iq = fd((size_t)n * ni * di), *ik = fd((size_t)n * di), *wt = fd((size_t)n * ni);
         mm(iq, qa, &w->iwq, n);
-        mm(ik, h, &w->iwk, n);
+        mm_b(ik, hb, &w->iwk, n, NULL);
         lunar_glue_layernorm(ik, ik, w->ik_w, w->ik_b, n, di, INDEX_K_NORM_EPS, NULL);
-        mm(wt, h, &w->iwp, n);
+        mm_b(wt, hb, &w->iwp, n, NULL);
         lunar_glue_scale(wt, 1.0f / sqrtf((float)ni) / sqrtf((float)di), (size_t)n * ni, NULL);
         if (c->index_rope) {
             lunar_glue_rope_neox(iq, gm->rope_inv, b->pos, n, ni, di, c->qk_rope_head_dim, NULL);
@@ -665,12 +719,22 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_cuda_dsa_index_score(scores, b->max_len, iq, wt, codes, scales, b->bt, b->max_blocks,
                                    b->row_seq, b->lens, b->max_len, n, ni, di, NULL);
         lunar_cuda_dsa_topk(idx, NULL, scores, b->max_len, b->lens, n, topk, NULL);
+        cp_end(LUNAR_PROF_DSA, t0);
     }
     /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
+    t0 = cp_begin();
     lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
+    cp_end(LUNAR_PROF_MLA_ABSORB, t0);
+    t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)qk);
-    if (R == 512 && P == 64) {
+    static int kernel_only = -1; /* LUNAR_MLA_PREFILL=kernel: prefill through the row kernel too */
+    if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
+    if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && !kernel_only) {
+        void *ws = dalloc(lunar_glue_mla_prefill_ws(n, nh, b->seqs[0].pos0 + n));
+        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
+                               ws, NULL);
+    } else if (R == 512 && P == 64) {
         lunar_cuda_mla_cache cd = {latent, LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
         const int ml = topk > 0 ? topk : b->max_len;
         size_t wsb = lunar_cuda_mla_ws(n, nh, ml);
@@ -684,13 +748,18 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_glue_mla_attn(o_lat, q_lat, q_pe, latent, b->bt, b->max_blocks, b->row_seq, b->lens, idx,
                             topk, b->max_len, n, nh, R, P, scale, NULL);
     }
+    cp_end(LUNAR_PROF_MLA_ATTN, t0);
+    t0 = cp_begin();
     lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
+    cp_end(LUNAR_PROF_MLA_ABSORB, t0);
+    t0 = cp_begin();
     if (w->mg.p) { /* K3 output gate */
         float *gate = fd((size_t)n * nh * Vd);
-        mm(gate, h, &w->mg, n);
+        mm_b(gate, hb, &w->mg, n, NULL);
         lunar_glue_sigmoid_mul(o, gate, (size_t)n * nh * Vd, NULL);
     }
     mm(out, o, &w->mo, n);
+    cp_end(LUNAR_PROF_MLA_OUT, t0);
     lunar_cuda_release(mk);
 }
 
@@ -703,6 +772,7 @@ static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, 
     size_t mk = lunar_cuda_mark();
     float *logits = fd((size_t)n * E), *wt = fd((size_t)n * k);
     int32_t *sel = dalloc((size_t)n * k * sizeof(int32_t));
+    double t0 = cp_begin();
     mm(logits, h, &w->router, n);
     lunar_cuda_router_topk(sel, wt, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
                            c->moe_renormalize, c->routed_scaling_factor, NULL);
@@ -724,15 +794,19 @@ static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, 
     float *dtw = fd((size_t)m + 1);
     lunar_cuda_upload(dtok, tok, (size_t)m * sizeof(int32_t));
     lunar_cuda_upload(dtw, tw, (size_t)m * sizeof(float));
+    cp_end(LUNAR_PROF_ROUTER, t0);
 
     const float *z = h;
     float *acc = out;
     if (Lat) {
+        t0 = cp_begin();
         float *zb = fd((size_t)n * Lat);
         mm(zb, h, &w->ldown, n);
         z = zb;
         acc = fd((size_t)n * Lat);
+        cp_end(LUNAR_PROF_LATENT, t0);
     }
+    t0 = cp_begin();
     lunar_cuda_fill_u32(acc, 0, (size_t)n * De);
     float *xin = fd((size_t)n * De), *xout = fd((size_t)n * De);
     for (int e = 0; e < E; e++) {
@@ -742,14 +816,19 @@ static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, 
         glu(c, xout, xin, &w->w1[e], &w->w3[e], &w->w2[e], me);
         lunar_glue_scatter_add(acc, xout, dtok + eoff[e], dtw + eoff[e], me, De, NULL);
     }
+    cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
+        t0 = cp_begin();
         if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
         mm(out, acc, &w->lup, n);
+        cp_end(LUNAR_PROF_LATENT, t0);
     }
     if (w->sg.p) {
+        t0 = cp_begin();
         float *sh = fd((size_t)n * D);
         glu(c, sh, h, &w->sg, &w->su, &w->sd, n);
         lunar_glue_add(out, sh, (size_t)n * D, NULL);
+        cp_end(LUNAR_PROF_SHARED, t0);
     }
     lunar_cuda_sync();
     free(hsel), free(hwt), free(tok), free(tw), free(eoff);
@@ -771,6 +850,7 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     uint16_t *hb = dalloc((size_t)n * D * 2);
     lunar_cuda_f32_to_bf16_on(hb, h, (size_t)n * D, NULL);
     float *sh = NULL;
+    double t0 = cp_begin();
     if (w->sg.p) {
         const int Is = w->sg.out;
         sh = fd((size_t)n * D);
@@ -787,6 +867,8 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
             lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, g->side);
         mm_b(sh, sab, &w->sd, n, g->side);
         lunar_cuda_event_record(g->ev_shared, g->side);
+        cp_end(LUNAR_PROF_SHARED, t0); /* the h -> bf16 copy included */
+        t0 = cp_begin();
     }
     float *logits = fd((size_t)n * E);
     mm_b(logits, hb, &w->router, n, NULL);
@@ -795,21 +877,28 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
                            c->moe_renormalize, c->routed_scaling_factor, NULL);
     lunar_cuda_moe_permute(&r, NULL);
+    cp_end(LUNAR_PROF_ROUTER, t0);
     const uint16_t *zb = hb;
     if (Lat) {
+        t0 = cp_begin();
         float *z = fd((size_t)n * Lat);
         mm_b(z, hb, &w->ldown, n, NULL);
         uint16_t *z16 = dalloc((size_t)n * Lat * 2);
         lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
         zb = z16;
+        cp_end(LUNAR_PROF_LATENT, t0);
     }
+    t0 = cp_begin();
     uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
     float *ybuf = fd((size_t)n * k * De), *acc = Lat ? fd((size_t)n * Lat) : out;
     lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     lunar_cuda_moe_combine(acc, ybuf, &r, De, NULL);
+    cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
+        t0 = cp_begin();
         if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
         mm(out, acc, &w->lup, n);
+        cp_end(LUNAR_PROF_LATENT, t0);
     }
     if (sh) {
         lunar_cuda_stream_wait(NULL, g->ev_shared);
@@ -837,9 +926,11 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
 static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *y) {
     const lunar_config *c = &g->m->cfg;
     const dlayer *w = &g->L[l];
-    if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
+    if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
+        const double t0 = cp_begin();
         glu(c, y, h, &w->gate, &w->up, &w->down, n);
-    else
+        cp_end(LUNAR_PROF_SHARED, t0);
+    } else
         moe_layer(g, c, w, h, n, y);
 }
 
@@ -849,14 +940,20 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
+        double t0 = cp_begin();
         lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        cp_end(LUNAR_PROF_NORM, t0);
         attention(g, b, l, h, y);
+        t0 = cp_begin();
         lunar_glue_add(x, y, (size_t)n * D, NULL);
         lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        cp_end(LUNAR_PROF_NORM, t0);
         ffn(g, l, h, n, y);
         lunar_glue_add(x, y, (size_t)n * D, NULL);
     }
+    const double t0 = cp_begin();
     lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
+    cp_end(LUNAR_PROF_NORM, t0);
 }
 
 /* AttnRes mix: the candidate pointers go to the device (one small upload per mix). */
@@ -868,9 +965,11 @@ static void mix(float *out, float **blocks, int nb, float *P, const float *u, co
     int S = nb;
     src[S++] = P;
     size_t mk = lunar_cuda_mark();
+    const double t0 = cp_begin();
     const float **d = dalloc(sizeof(src));
     lunar_cuda_upload(d, src, (size_t)S * sizeof *src);
     lunar_glue_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
+    cp_end(LUNAR_PROF_NORM, t0);
     lunar_cuda_release(mk);
 }
 
@@ -987,7 +1086,7 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
         else if (sq->logits == LUNAR_LOGITS_LAST)
             h_sel[r++] = off[j + 1] - 1;
     }
-    dstep b = {seqs, n_seqs, T, max_blocks, max_len, off, NULL, NULL, NULL, NULL, NULL, NULL, c};
+    dstep b = {seqs, n_seqs, T, max_blocks, max_len, off, NULL, NULL, NULL, NULL, NULL, NULL, c, NULL, NULL};
     int32_t *ids = dalloc((size_t)T * 4), *sel = dalloc((size_t)(rows + 1) * 4);
     b.row_seq = dalloc((size_t)T * 4), b.lens = dalloc((size_t)T * 4), b.pos = dalloc((size_t)T * 4);
     b.slots = dalloc((size_t)T * 4), b.bt = dalloc((size_t)n_seqs * max_blocks * 4), b.zero = dalloc(4);
@@ -999,18 +1098,31 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     lunar_cuda_upload(b.bt, h_bt, (size_t)n_seqs * max_blocks * 4);
     lunar_cuda_upload(sel, h_sel, (size_t)(rows + 1) * 4);
     lunar_cuda_fill_u32(b.zero, 0, 1);
+    if (T == n_seqs && c->n_kda) { /* a decode step */
+        int32_t *hc = lunar_xmalloc((size_t)n_seqs * 2 * 4);
+        for (int j = 0; j < n_seqs; j++)
+            hc[j] = seqs[j].slot * c->n_kda * 3, hc[n_seqs + j] = seqs[j].slot * c->n_kda;
+        b.kda_conv_idx = dalloc((size_t)n_seqs * 2 * 4);
+        b.kda_state_idx = b.kda_conv_idx + n_seqs;
+        lunar_cuda_upload(b.kda_conv_idx, hc, (size_t)n_seqs * 2 * 4);
+        free(hc);
+    }
 
     float *x = fd((size_t)T * D), *h = fd((size_t)T * D);
+    double t0 = cp_begin();
     lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
+    cp_end(LUNAR_PROF_EMBED, t0);
     if (cf->attn_res_block_size > 0)
         run_attn_res(g, &b, x, T, h);
     else
         run_residual(g, &b, x, T, h);
     if (rows) {
         float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * V);
+        t0 = cp_begin();
         lunar_glue_gather(hs, h, sel, rows, D, NULL);
         mm(lg, hs, &g->lm_head, rows);
-        finish_rows(lg, rows, V, logits, ds, sampled);
+        finish_rows(lg, rows, V, logits, ds, sampled); /* the logits' download or the sampling included */
+        cp_end(LUNAR_PROF_LM_HEAD, t0);
     }
     lunar_cuda_sync();
     lunar_cuda_release(mk);

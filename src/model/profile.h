@@ -23,6 +23,8 @@ typedef enum lunar_prof_family {
     LUNAR_PROF_LATENT,     /* latent MoE down / norm / up projections (K3) */
     LUNAR_PROF_SHARED,     /* shared experts and dense MLP layers */
     LUNAR_PROF_LM_HEAD,    /* lm_head over the requested rows */
+    LUNAR_PROF_MLA_ABSORB, /* CUDA only: q_nope -> latent and latent -> v through kv_b (the CPU's
+                            * attention ops do it inside mla_attn) */
     LUNAR_PROF_N
 } lunar_prof_family;
 

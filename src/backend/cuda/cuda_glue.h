@@ -56,6 +56,16 @@ void lunar_glue_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, co
                          const int32_t *lens, const int32_t *idx, int topk, int max_len, int rows,
                          int H, int R, int P, float scale, lunar_cuda_stream s);
 
+/* MLA prefill of ONE sequence, absorbed form, R = 512, P = 64 (cuda_mla_prefill.cu): rows t of
+ * q_lat [n, H, 512] / q_pe [n, H, 64] at positions pos0 + t over the sequence's bf16 latent pages
+ * (bt: its block table, page tokens per block, positions 0 .. pos0 + n - 1 already written), causal;
+ * o_lat [n, H, 512] fp32. Scores and outputs are cuBLASLt GEMMs over query chunks; ws:
+ * lunar_glue_mla_prefill_ws(n, H, pos0 + n) bytes. */
+size_t lunar_glue_mla_prefill_ws(int n, int H, int L);
+void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe, const uint16_t *latent,
+                            const int32_t *bt, int page, int pos0, int n, int H, float scale, void *ws,
+                            lunar_cuda_stream s);
+
 #ifdef __cplusplus
 }
 #endif
