@@ -31,7 +31,8 @@ static int bench_rank(const lunar_rank_info *ri, void *arg) {
     const bench_opts *o = arg;
     lunar_err err;
     lunar_comm *c = NULL;
-    if (lunar_cuda_init(ri->local_rank, (size_t)o->max_bytes + ((size_t)64 << 20), &err) ||
+    /* the arena also holds the runtime's two GEMM workspaces (cuda_rt.cu): room for them and slack */
+    if (lunar_cuda_init(ri->local_rank, (size_t)o->max_bytes + ((size_t)512 << 20), &err) ||
         lunar_comm_nccl_init(&c, ri->id, ri->rank, ri->world, ri->local_rank, &err)) {
         fprintf(stderr, "rank %d: %s\n", ri->rank, err.msg);
         return 1;
