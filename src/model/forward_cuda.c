@@ -468,7 +468,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
     if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
         mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
-    if (max_tokens >= MLA_ABSORB_GEMM_MIN) mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256;
+    mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
@@ -729,9 +729,15 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
     t0 = cp_begin();
     /* many rows: GEMMs over heads (the row kernel re-reads each head's weights per row) */
-    static int absorb_rows = -1; /* LUNAR_MLA_ABSORB=kernel: the row kernels at any size (A/B runs) */
-    if (absorb_rows < 0) absorb_rows = getenv("LUNAR_MLA_ABSORB") && strcmp(getenv("LUNAR_MLA_ABSORB"), "kernel") == 0;
-    float *w32 = n >= MLA_ABSORB_GEMM_MIN && !absorb_rows ? fd((size_t)nh * (N + Vd) * R) : NULL;
+    /* LUNAR_MLA_ABSORB=kernel: the row kernels at any size; =gemm: the GEMMs at any size (A/B runs;
+     * at batch 1 the row kernels cost ~0.25 ms per layer in the profile, the GEMMs are not yet
+     * measured there) */
+    static int absorb_min = -2;
+    if (absorb_min == -2) {
+        const char *e = getenv("LUNAR_MLA_ABSORB");
+        absorb_min = e && strcmp(e, "kernel") == 0 ? -1 : e && strcmp(e, "gemm") == 0 ? 1 : MLA_ABSORB_GEMM_MIN;
+    }
+    float *w32 = absorb_min > 0 && n >= absorb_min ? fd((size_t)nh * (N + Vd) * R) : NULL;
     if (w32)
         lunar_cuda_mla_absorb_gemm(q_lat, q_pe, w32, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
     else
