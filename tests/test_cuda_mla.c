@@ -255,6 +255,48 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
         }
 }
 
+/* The GEMM absorption / un-absorption (prefill's) against the CPU loops above on the same bf16
+ * weights: fp32 on both sides, only the summation order differs (~1e-6 relative); 1e-4 allowed. The
+ * row counts cross the GEMM tile edges, the head counts include K-Linear's 32. */
+TEST(cuda_mla_absorb_gemm_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][2] = {{1, 4}, {70, 32}, {257, 12}}; /* rows, H */
+    for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int T = shapes[si][0], H = shapes[si][1];
+        const size_t nw = (size_t)H * (N_NOPE + VD) * R;
+        size_t mark = lunar_cuda_mark();
+        float *W = test_rand((long)nw, 80 + si, -0.1f, 0.1f);
+        uint16_t *Wb = malloc(nw * 2);
+        for (size_t i = 0; i < nw; i++) W[i] = lunar_bf16_to_f32(Wb[i] = lunar_f32_to_bf16(W[i]));
+        float *q = test_rand((long)T * H * (N_NOPE + P), 90 + si, -1, 1);
+        float *olat = test_rand((long)T * H * R, 95 + si, -1, 1);
+        float *ql = test_alloc((long)T * H * R), *qp = test_alloc((long)T * H * P), *o = test_alloc((long)T * H * VD);
+        for (int t = 0; t < T; t++) {
+            absorb(ql + (size_t)t * H * R, qp + (size_t)t * H * P, q + (size_t)t * H * (N_NOPE + P), W, H);
+            unabsorb(o + (size_t)t * H * VD, olat + (size_t)t * H * R, W, H);
+        }
+        const uint16_t *dW = dev_in(Wb, nw * 2);
+        const float *dq = dev_in(q, (size_t)T * H * (N_NOPE + P) * 4), *dol = dev_in(olat, (size_t)T * H * R * 4);
+        float *w32 = lunar_cuda_alloc(nw * 4);
+        dout a, b, c;
+        float *dql = dout_new(&a, (size_t)T * H * R * 4), *dqp = dout_new(&b, (size_t)T * H * P * 4);
+        float *dout_o = dout_new(&c, (size_t)T * H * VD * 4);
+        lunar_cuda_mla_absorb_gemm(dql, dqp, w32, dq, dW, T, H, N_NOPE, P, VD, R, NULL);
+        lunar_cuda_mla_unabsorb_gemm(dout_o, dol, w32, T, H, N_NOPE, VD, R, NULL);
+        float *gql = down(dql, (size_t)T * H * R * 4), *gqp = down(dqp, (size_t)T * H * P * 4);
+        float *go = down(dout_o, (size_t)T * H * VD * 4);
+        char what[96];
+        snprintf(what, sizeof what, "absorb gemm T=%d H=%d q_lat", T, H);
+        report(what, lunar_max_rel_err(gql, ql, (long)T * H * R), 1e-4);
+        snprintf(what, sizeof what, "absorb gemm T=%d H=%d o", T, H);
+        report(what, lunar_max_rel_err(go, o, (long)T * H * VD), 1e-4);
+        CHECK(memcmp(gqp, qp, (size_t)T * H * P * 4) == 0);
+        CHECK(dout_guards_ok(&a) && dout_guards_ok(&b) && dout_guards_ok(&c));
+        free(W), free(Wb), free(q), free(olat), free(ql), free(qp), free(o), free(gql), free(gqp), free(go);
+        lunar_cuda_release(mark);
+    }
+}
+
 TEST(cuda_mla_prefill_vs_naive) {
     if (!cuda_on()) return;
     static const int shapes[][3] = {{37, 91, 16}, {50, 200, 12}, {1, 0, 16}}; /* T, pos0, H */

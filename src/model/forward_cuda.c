@@ -74,6 +74,9 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 /* One sequence's MLA prefill of at least this many tokens goes through the chunked GEMM form
  * (cuda_mla_prefill.cu: 10x the row kernel at 8K tokens); fewer rows stay on the row kernel. */
 #define MLA_PREFILL_GEMM_MIN 64
+/* Steps of at least this many rows absorb / un-absorb through GEMMs over heads (the weights widened
+ * to fp32 once per layer, 16 MB at K-Linear's shapes, pays off from a few dozen rows). */
+#define MLA_ABSORB_GEMM_MIN 64
 
 #define KDA_L2_EPS 1e-6f
 #define MLA_LATENT_NORM_EPS 1e-6f
@@ -465,6 +468,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
     if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
         mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
+    mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
@@ -724,7 +728,20 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
     t0 = cp_begin();
-    lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
+    /* many rows: GEMMs over heads (the row kernel re-reads each head's weights per row) */
+    /* LUNAR_MLA_ABSORB=kernel: the row kernels at any size; =gemm: the GEMMs at any size (A/B runs;
+     * at batch 1 the row kernels cost ~0.25 ms per layer in the profile, the GEMMs are not yet
+     * measured there) */
+    static int absorb_min = -2;
+    if (absorb_min == -2) {
+        const char *e = getenv("LUNAR_MLA_ABSORB");
+        absorb_min = e && strcmp(e, "kernel") == 0 ? -1 : e && strcmp(e, "gemm") == 0 ? 1 : MLA_ABSORB_GEMM_MIN;
+    }
+    float *w32 = absorb_min > 0 && n >= absorb_min ? fd((size_t)nh * (N + Vd) * R) : NULL;
+    if (w32)
+        lunar_cuda_mla_absorb_gemm(q_lat, q_pe, w32, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
+    else
+        lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
     cp_end(LUNAR_PROF_MLA_ABSORB, t0);
     t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)qk);
@@ -750,7 +767,10 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     }
     cp_end(LUNAR_PROF_MLA_ATTN, t0);
     t0 = cp_begin();
-    lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
+    if (w32)
+        lunar_cuda_mla_unabsorb_gemm(o, o_lat, w32, n, nh, N, Vd, R, NULL);
+    else
+        lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
     cp_end(LUNAR_PROF_MLA_ABSORB, t0);
     t0 = cp_begin();
     if (w->mg.p) { /* K3 output gate */

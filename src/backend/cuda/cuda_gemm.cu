@@ -3,6 +3,7 @@
 // A = W seen as column-major [in, out] (ld in) transposed, B = x seen as column-major [in, n].
 // Plans (layouts + the heuristic's best algorithm) are cached per shape.
 #include <cublasLt.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -77,4 +78,107 @@ extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t 
     LT_CHECK(cublasLtMatmul((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op, &alpha, W, p->a,
                             x, p->b, &beta, y, p->d, y, p->d, &p->algo, ws, ws_bytes,
                             to_stream(s)));
+}
+
+/* ---------------------------------------------------------------- MLA absorption GEMMs
+ * The per-head absorption (q_nope . W_UK) and un-absorption (W_UV . o_lat) were one block per
+ * (token, head) re-reading the head's weights for every token: ~90 ms per layer at 8K tokens. Here
+ * they are fp32 strided-batched GEMMs over heads (one cuBLASLt call each), on W widened to fp32
+ * once per layer, so activations keep the fp32 precision of the CPU op (no bf16 rounding of q). */
+struct sgemm_plan {
+    int key[11], used;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, d;
+    cublasLtMatmulAlgo_t algo;
+};
+#define MAX_SPLANS 32
+static sgemm_plan splans[MAX_SPLANS];
+static int n_splans, next_splan;
+
+static void set_batch(cublasLtMatrixLayout_t l, int batch, int64_t stride) {
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &batch, sizeof batch));
+    LT_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                              sizeof stride));
+}
+
+/* Column-major C[m, n] (ldc, strideC) = op(A) B for `batch` matrices: A stored [m, k] (lda) or,
+ * transa, [k, m]; B stored [k, n] (ldb). */
+static void sgemm_strided(float *C, const float *A, const float *B, int transa, int m, int n, int k,
+                          int lda, int sa, int ldb, int sb, int ldc, int sc, int batch, cudaStream_t st) {
+    const int key[11] = {transa, m, n, k, lda, sa, ldb, sb, ldc, sc, batch};
+    sgemm_plan *p = NULL;
+    for (int i = 0; i < n_splans && !p; i++)
+        if (memcmp(splans[i].key, key, sizeof key) == 0) p = &splans[i];
+    if (!p) {
+        p = &splans[n_splans < MAX_SPLANS ? n_splans++ : (next_splan++ % MAX_SPLANS)];
+        if (p->used) {
+            cublasLtMatmulDescDestroy(p->op);
+            cublasLtMatrixLayoutDestroy(p->a);
+            cublasLtMatrixLayoutDestroy(p->b);
+            cublasLtMatrixLayoutDestroy(p->d);
+        }
+        memcpy(p->key, key, sizeof key);
+        p->used = 1;
+        LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        cublasOperation_t ta = transa ? CUBLAS_OP_T : CUBLAS_OP_N, tb = CUBLAS_OP_N;
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        LT_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_32F, transa ? k : m, transa ? m : k, lda));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_32F, k, n, ldb));
+        LT_CHECK(cublasLtMatrixLayoutCreate(&p->d, CUDA_R_32F, m, n, ldc));
+        set_batch(p->a, batch, sa);
+        set_batch(p->b, batch, sb);
+        set_batch(p->d, batch, sc);
+        cublasLtMatmulPreference_t pref;
+        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        size_t ws_bytes;
+        lunar_cuda_gemm_workspace(&ws_bytes);
+        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &ws_bytes, sizeof ws_bytes));
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        LT_CHECK(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op,
+                                                p->a, p->b, p->d, p->d, pref, 1, &res, &found));
+        cublasLtMatmulPreferenceDestroy(pref);
+        CUDA_REQUIRE(found > 0);
+        p->algo = res.algo;
+    }
+    const float alpha = 1.0f, beta = 0.0f;
+    size_t ws_bytes;
+    void *ws = lunar_cuda_gemm_workspace(&ws_bytes);
+    LT_CHECK(cublasLtMatmul((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op, &alpha, A, p->a, B,
+                            p->b, &beta, C, p->d, C, p->d, &p->algo, ws, ws_bytes, st));
+}
+
+__global__ void k_widen_bf16(float *y, const uint16_t *x, size_t n) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = bf16_bits_to_f32(x[i]);
+}
+
+extern "C" void lunar_cuda_mla_absorb_gemm(float *q_lat, float *q_pe, float *w32, const float *q,
+                                           const uint16_t *W, int rows, int H, int N, int P, int Vd,
+                                           int R, lunar_cuda_stream s) {
+    CUDA_REQUIRE(rows >= 0 && H > 0 && N > 0 && P >= 0 && Vd > 0 && R > 0);
+    if (rows == 0) return;
+    cudaStream_t st = to_stream(s);
+    const size_t nw = (size_t)H * (N + Vd) * R;
+    k_widen_bf16<<<(int)((nw + 255) / 256 < 4096 ? (nw + 255) / 256 : 4096), 256, 0, st>>>(w32, W, nw);
+    CUDA_CHECK_LAUNCH();
+    /* per head h: q_lat_h[rows, R] (row-major, ld H*R) = Q_h[rows, N] (ld H*(N+P)) . W_UK_h[N, R];
+     * column-major: q_lat_h^T[R, rows] = W_UK_h^T[R, N] (stored [R, N], ld R) . Q_h^T[N, rows] */
+    sgemm_strided(q_lat, w32, q, 0, R, rows, N, R, (N + Vd) * R, H * (N + P), N + P, H * R, R, H, st);
+    /* q_pe: the rope columns of each (token, head) as one strided copy */
+    if (P > 0)
+        CUDA_CHECK(cudaMemcpy2DAsync(q_pe, (size_t)P * sizeof(float), q + N, (size_t)(N + P) * sizeof(float),
+                                     (size_t)P * sizeof(float), (size_t)rows * H, cudaMemcpyDeviceToDevice, st));
+}
+
+extern "C" void lunar_cuda_mla_unabsorb_gemm(float *o, const float *o_lat, const float *w32, int rows, int H,
+                                             int N, int Vd, int R, lunar_cuda_stream s) {
+    CUDA_REQUIRE(rows >= 0 && H > 0 && N >= 0 && Vd > 0 && R > 0);
+    if (rows == 0) return;
+    /* per head h: o_h^T[Vd, rows] (ld H*Vd) = W_UV_h[Vd, R] (stored column-major [R, Vd], ld R,
+     * transposed) . o_lat_h^T[R, rows] (ld H*R) */
+    sgemm_strided(o, w32 + (size_t)N * R, o_lat, 1, Vd, rows, R, R, (N + Vd) * R, H * R, R, H * Vd, Vd, H,
+                  to_stream(s));
 }

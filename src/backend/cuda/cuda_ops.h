@@ -85,6 +85,17 @@ void lunar_cuda_graph_destroy(lunar_cuda_graph g);
 void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n,
                        int out, int in, lunar_cuda_stream s);
 
+/* The MLA absorption for many rows (prefill): q [rows, H, N+P] fp32 -> q_lat [rows, H, R] =
+ * q_nope . W_UK per head and q_pe [rows, H, P] (the rope columns), with W = kv_b_proj bf16
+ * [H*(N+Vd), R]; two fp32 strided-batched GEMMs over heads on W widened into w32 (H*(N+Vd)*R
+ * floats of scratch, written here). The un-absorption o [rows, H, Vd] = W_UV . o_lat per head
+ * reads the same w32 (so it must follow an absorb call on the same W). Equals the row kernels
+ * (lunar_glue_mla_absorb / _unabsorb) up to fp32 summation order. */
+void lunar_cuda_mla_absorb_gemm(float *q_lat, float *q_pe, float *w32, const float *q, const uint16_t *W,
+                                int rows, int H, int N, int P, int Vd, int R, lunar_cuda_stream s);
+void lunar_cuda_mla_unabsorb_gemm(float *o, const float *o_lat, const float *w32, int rows, int H, int N,
+                                  int Vd, int R, lunar_cuda_stream s);
+
 /* op_embedding from a bf16 table E[vocab, dim]; ids in [0, vocab). */
 void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16_t *E, const int32_t *ids,
                           int n, int dim, lunar_cuda_stream s);
