@@ -264,13 +264,17 @@ __device__ __forceinline__ mxscale mx_scale(uint32_t s) {
     r.m2 = (e2 << 7) | (e2 << 23);
     return r;
 }
-// One word of 8 nibbles -> P0..P3 scaled.
+// One word of 8 nibbles -> P0..P3 scaled. TWO: the warp holds some scale above 128, so the
+// second multiply is needed (in every lane, as a select: the warp takes one path, not a per-pair
+// divergent branch); without it the widening is 5 integer/bf16 operations per pair of weights,
+// which at ~4 TB/s is most of the SM's issue rate.
+template <bool TWO>
 __device__ __forceinline__ void pairs_mx(uint32_t q, const mxscale &sc, uint32_t *p) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         uint32_t o = (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
         o = bmul2(o, sc.m1);
-        if (sc.two) o = bmul2(o, sc.m2);
+        if (TWO) o = bmul2(o, sc.m2);  // m2 = 1.0 where this lane's scale is small
         p[i] = o;
         q <<= 4;
     }
@@ -412,6 +416,10 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
                     }
                     uint4 nx[NT][4];
                     if (j + 1 < j1) load_x(j + 1, nx);
+                    bool two = false;
+#pragma unroll
+                    for (int i = 0; i < NM; i++) two = two || sca[i].two || scb[i].two;
+                    two = __any_sync(0xffffffffu, two);  // warp-uniform: one widening path per chunk
 #pragma unroll
                     for (int w = 0; w < 4; w++) {
                         uint32_t pa[NM][4], pb[NM][4];
@@ -419,8 +427,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
                         for (int i = 0; i < NM; i++) {
                             const uint32_t qwa = w == 0 ? wa[i].x : w == 1 ? wa[i].y : w == 2 ? wa[i].z : wa[i].w;
                             const uint32_t qwb = w == 0 ? wb[i].x : w == 1 ? wb[i].y : w == 2 ? wb[i].z : wb[i].w;
-                            pairs_mx(qwa, sca[i], pa[i]);
-                            pairs_mx(qwb, scb[i], pb[i]);
+                            if (two) {
+                                pairs_mx<true>(qwa, sca[i], pa[i]);
+                                pairs_mx<true>(qwb, scb[i], pb[i]);
+                            } else {
+                                pairs_mx<false>(qwa, sca[i], pa[i]);
+                                pairs_mx<false>(qwb, scb[i], pb[i]);
+                            }
                         }
 #pragma unroll
                         for (int t = 0; t < NT; t++) {
@@ -631,6 +644,10 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) sc[nt] = mx_scale(cs[nt]);
         }
+        bool two = false;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) two = two || (MX && sc[nt].two);
+        two = __any_sync(0xffffffffu, two);  // as in the decode kernel: one path per warp and chunk
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             uint32_t bp[4][4];
@@ -638,7 +655,8 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
             for (int nt = 0; nt < 4; nt++) {
                 if (MX) {
                     const uint32_t q = w == 0 ? cw[nt].x : w == 1 ? cw[nt].y : w == 2 ? cw[nt].z : cw[nt].w;
-                    pairs_mx(q, sc[nt], bp[nt]);
+                    if (two) pairs_mx<true>(q, sc[nt], bp[nt]);
+                    else pairs_mx<false>(q, sc[nt], bp[nt]);
                 } else {
                     const size_t ro = e * estr + (size_t)wrow[nt] * a.K;
                     pairs_bf16(__ldg((const uint4 *)(a.wb[wmat[nt]] + ro + j * GM_BK + c * 32 + w * 8)),
