@@ -1,5 +1,6 @@
 /* The CLI commands, driven in-process: argument errors are messages (exit status 1 or 2), and
  * `lunar logits` writes a .npy that holds exactly the logits the forward computes. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -146,4 +147,43 @@ TEST(cli_k31_logits_match_golden_and_generate_runs) {
     char *gen[] = {"generate", "tests/golden/k31-b", "--ids", "1,2,3,4", "--max-tokens", "6", "--temperature", "0.7", "--seed", "3"};
     CHECK(run_quiet(lunar_cmd_generate, 10, gen) == 0);
     lunar_st_close(g);
+}
+
+/* `lunar logits --decode-after K`: a prefill of K ids, then one decode step per id, gives the rows of
+ * one prefill of all of them (up to the fp32 order of the two paths: 1e-6 of max |logit| on tiny-a)
+ * and fails on a bad K. */
+static float *logits_rows(const char *extra, int *ok) {
+    char out[] = "/tmp/lunar-test-dec-XXXXXX";
+    int fd = mkstemp(out);
+    close(fd);
+    char *argv[] = {"logits", "tests/golden/tiny-a", "--ids", "5,6,7,8,9", "--out", out, "--backend", "cpu",
+                    "--decode-after", (char *)extra};
+    *ok = run_quiet(lunar_cmd_logits, extra ? 10 : 8, argv) == 0;
+    char *buf = NULL;
+    size_t len;
+    lunar_err err;
+    float *x = NULL;
+    if (*ok && lunar_read_file(out, 1 << 26, &buf, &len, &err) == 0) {
+        size_t hlen = (size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8;
+        x = lunar_xmalloc(len - 10 - hlen);
+        memcpy(x, buf + 10 + hlen, len - 10 - hlen);
+        free(buf);
+    }
+    unlink(out);
+    return x;
+}
+
+TEST(cli_logits_decode_after) {
+    int ok1, ok2, ok3;
+    float *a = logits_rows(NULL, &ok1), *b = logits_rows("2", &ok2);
+    CHECK(ok1 && ok2 && a && b);
+    lunar_config c;
+    lunar_err err;
+    CHECK(lunar_config_load(&c, "tests/golden/tiny-a/config.json", &err) == 0);
+    double mx = 0, d = 0;
+    for (long i = 0; a && b && i < 5L * c.vocab_size; i++) mx = fmax(mx, fabs(a[i])), d = fmax(d, fabs(a[i] - b[i]));
+    CHECK_MSG(a && b && d <= 1e-5 * mx, "decode rows differ from the prefill rows by %g (max |logit| %g)", d, mx);
+    free(logits_rows("x", &ok3));
+    CHECK(!ok3);
+    free(a), free(b);
 }

@@ -68,6 +68,8 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 #include "model/dummy.h"
+#include "model/forward_cuda_tp.h"
+#include "model/shard.h"
 #include "model/profile.h"
 #include "ops.h"
 
@@ -337,7 +339,9 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
             d->w1 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w3 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w2 = lunar_xcalloc((size_t)E, sizeof(dmat));
-            d->fused_ok = De % 128 == 0 && I % 128 == 0;
+            /* TP hook: a rank holds shares of the experts (or, under EP, some whole experts only):
+             * the generic path reads every expert's own shape and skips the absent ones */
+            d->fused_ok = De % 128 == 0 && I % 128 == 0 && !m->tp;
             lunar_cuda_moe_experts *X = &d->mx;
             X->E = E, X->D = De, X->I = I, X->mxfp4 = c->experts_mxfp4, X->act = c->act_situ;
             X->beta = c->situ_beta, X->beta_l = c->situ_linear_beta;
@@ -362,7 +366,7 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
             }
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];
-                if (c->experts_mxfp4) {
+                if (c->experts_mxfp4 && x->q1.packed) {
                     d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
                 } else if (!d->fused_ok) {
                     d->w1[e] = up_mat(x->w1), d->w3[e] = up_mat(x->w3), d->w2[e] = up_mat(x->w2);
@@ -786,7 +790,8 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
 /* MoE: router + top-k on the device; the (token, slot) pairs are grouped per expert on the host
  * (one small download), each expert runs as bf16 GEMMs over its gathered rows, and the weighted
  * outputs are added in expert order, as the CPU. */
-static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, int n, float *out) {
+static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dlayer *w, const float *h, int n,
+                        float *out) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D;
     size_t mk = lunar_cuda_mark();
@@ -831,7 +836,7 @@ static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, 
     float *xin = fd((size_t)n * De), *xout = fd((size_t)n * De);
     for (int e = 0; e < E; e++) {
         const int me = eoff[e + 1] - eoff[e];
-        if (!me) continue;
+        if (!me || !w->w1[e].p) continue; /* TP hook: under EP another rank holds the expert */
         lunar_glue_gather(xin, z, dtok + eoff[e], me, De, NULL);
         glu(c, xout, xin, &w->w1[e], &w->w3[e], &w->w2[e], me);
         lunar_glue_scatter_add(acc, xout, dtok + eoff[e], dtw + eoff[e], me, De, NULL);
@@ -839,8 +844,14 @@ static void moe_generic(const lunar_config *c, const dlayer *w, const float *h, 
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         t0 = cp_begin();
+        if (mdl->tp) lunar_cuda_tp_all_reduce(mdl, acc, (size_t)n * Lat); /* TP hook: before the norm */
         if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
-        mm(out, acc, &w->lup, n);
+        if (mdl->tp) { /* TP hook: this rank's column slice of routed_expert_up_proj */
+            float *cols = fd((size_t)n * mdl->tp->lat_n + 1);
+            lunar_cuda_tp_latent_cols(mdl, cols, acc, n, Lat);
+            mm(out, cols, &w->lup, n);
+        } else
+            mm(out, acc, &w->lup, n);
         cp_end(LUNAR_PROF_LATENT, t0);
     }
     if (w->sg.p) {
@@ -932,15 +943,19 @@ static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dl
     if (g->fused_moe && w->fused_ok)
         moe_fused(g, c, w, h, n, out);
     else
-        moe_generic(c, w, h, n, out);
+        moe_generic(g->m, c, w, h, n, out);
 }
 
 static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, float *y) {
     const lunar_config *c = &g->m->cfg;
-    if (c->attn_kind[l] == LUNAR_ATTN_KDA)
+    const int heads = c->attn_kind[l] == LUNAR_ATTN_KDA ? c->kda_num_heads : c->num_attention_heads;
+    if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
+        lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
+    else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
         kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y);
     else
         mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
+    if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
 }
 
 static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *y) {
@@ -952,6 +967,7 @@ static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *
         cp_end(LUNAR_PROF_SHARED, t0);
     } else
         moe_layer(g, c, w, h, n, y);
+    if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)n * c->hidden_size); /* TP hook: down projections */
 }
 
 static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
@@ -1059,6 +1075,9 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     const lunar_config *cf = &g->m->cfg;
     const int D = cf->hidden_size, V = cf->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
+    if (g->m->tp) /* TP hook: the logits are gathered on the host; no device sampling */
+        for (int j = 0; ds && j < n_seqs; j++)
+            if (ds[j].on) return lunar_fail(err, "forward: device sampling is not available under tensor parallelism");
     int *off = lunar_xmalloc(((size_t)n_seqs + 1) * sizeof *off), T = 0, rows = 0, max_blocks = 1, max_len = 1;
     for (int j = 0; j < n_seqs; j++) {
         const lunar_batch_seq *sq = &seqs[j];
@@ -1130,24 +1149,31 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
 
     float *x = fd((size_t)T * D), *h = fd((size_t)T * D);
     double t0 = cp_begin();
-    lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
+    if (g->m->tp) /* TP hook: vocab-parallel embedding */
+        lunar_cuda_tp_embedding(g->m, x, g->embed, h_ids, T);
+    else
+        lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
     cp_end(LUNAR_PROF_EMBED, t0);
     if (cf->attn_res_block_size > 0)
         run_attn_res(g, &b, x, T, h);
     else
         run_residual(g, &b, x, T, h);
     if (rows) {
-        float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * V);
+        const int64_t Vl = g->m->tp ? g->m->tp->vocab_chunk : V; /* TP hook: this rank's padded slice */
+        float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * Vl);
         t0 = cp_begin();
         lunar_glue_gather(hs, h, sel, rows, D, NULL);
-        mm(lg, hs, &g->lm_head, rows);
-        finish_rows(lg, rows, V, logits, ds, sampled); /* the logits' download or the sampling included */
+        if (g->lm_head.out > 0) mm(lg, hs, &g->lm_head, rows);
+        if (g->m->tp) /* TP hook: all-gather of the vocabulary slices */
+            lunar_cuda_tp_lm_head(g->m, logits, lg, rows);
+        else
+            finish_rows(lg, rows, V, logits, ds, sampled); /* the logits' download or the sampling included */
         cp_end(LUNAR_PROF_LM_HEAD, t0);
     }
     lunar_cuda_sync();
     lunar_cuda_release(mk);
     free(h_ids), free(h_rs), free(h_lens), free(h_pos), free(h_slots), free(h_bt), free(h_sel), free(off);
-    return 0;
+    return lunar_cuda_tp_status(g->m, err); /* TP hook: a failed collective */
 }
 
 int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
