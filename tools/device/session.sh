@@ -5,7 +5,10 @@
 #      the engine on CUDA, generate and serve on CUDA (its table);
 #   2. the device-only tests of the dummy loader (device values = host values) and NCCL (world 1);
 #   3. lunar bench, Kimi-Linear-48B-A3B at full size on dummy weights (issue 9's first config);
-#   4. tools/device/bench_mla_decode.sh: the MLA absorbed-decode kernels, new vs old.
+#   4. lunar bench, the Kimi-K3.1 Pro TP8 rank slice (K31_LAYERS layers, projected to 93);
+#   5. lunar serve (Kimi-Linear-48B, dummy, CUDA) driven by lunar bench serve (the seed's workloads
+#      scaled down to the call: SERVE_WORKLOADS "in/out/prompts/concurrency ...");
+#   6. (MLA=1) tools/device/bench_mla_decode.sh: the MLA absorbed-decode kernels, new vs old.
 # Binaries come prebuilt from the developer's machine (no jansson/pcre2/microhttpd on the device):
 #   tools/device/prebuild.sh DIR   (then carry DIR and build-device)
 #   tools/device/session.sh DIR    (on the device; logs and tables under $OUT)
@@ -35,18 +38,52 @@ timeout 90 "$P/bin/lunar_tests" dummy_device > "$OUT/dummy_device.log" 2>&1
 echo "dummy_device rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/dummy_device.log")" >> "$T"
 timeout 90 "$P/bin/lunar_tests" nccl > "$OUT/nccl.log" 2>&1
 echo "nccl rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/nccl.log") $(grep -iE 'error|skipped' "$OUT/nccl.log" | head -2)" >> "$T"
+timeout 120 "$P/bin/lunar_tests" cuda_tp > "$OUT/cuda_tp.log" 2>&1
+echo "cuda_tp rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/cuda_tp.log") $(grep -E 'vs|FAILED' "$OUT/cuda_tp.log" | head -6 | tr '\n' ' ')" >> "$T"
 
 step "lunar bench: Kimi-Linear-48B-A3B, dummy weights, CUDA"
 timeout ${BENCH_TIMEOUT:-150} "$P/bin/lunar" bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda \
-  --input-lens ${INPUT_LENS:-1024,8192} --batch-sizes ${BATCHES:-1,8,32} --contexts ${CONTEXTS:-1024,8192} \
+  --input-lens ${INPUT_LENS:-1024,8192} --batch-sizes ${BATCHES:-1,8,32} --contexts ${CONTEXTS:-1024,8192} ${BENCH_FLAGS:-} \
   --json "$OUT/kl48.json" > "$OUT/bench_kl48.txt" 2>&1
 echo "bench rc=$?" >> "$T"
 cat "$OUT/bench_kl48.txt" >> "$T"
 
+step "lunar bench: Kimi-K3.1 Pro, one TP8 rank's slice, ${K31_LAYERS:=10} layers projected to 93, CUDA"
+timeout ${K31_TIMEOUT:-120} "$P/bin/lunar" bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 \
+  --num-layers $K31_LAYERS --project-layers 93 --backend cuda --input-lens ${K31_INPUT_LENS:-1024,8192} \
+  --batch-sizes ${K31_BATCHES:-1,8,32} --contexts ${K31_CONTEXTS:-1024,8192} --json "$OUT/k31.json" > "$OUT/bench_k31.txt" 2>&1
+echo "bench rc=$?" >> "$T"
+cat "$OUT/bench_k31.txt" >> "$T"
+
+step "lunar serve + lunar bench serve: Kimi-Linear-48B-A3B, dummy weights, CUDA"
+PORT=18778
+"$P/bin/lunar" serve configs/kimi-linear-48b-a3b.json --load-format dummy --tokenizer models/kimi-linear-tiny \
+  --backend cuda --port $PORT --max-model-len ${SERVE_MAX_LEN:-20000} --max-num-seqs 64 --quiet > "$OUT/serve.log" 2>&1 &
+spid=$!
+python3 - $PORT << 'PY'
+import sys, time, urllib.request
+for _ in range(240):
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/health", timeout=1); break
+    except Exception:
+        time.sleep(0.5)
+PY
+for w in ${SERVE_WORKLOADS:-8192/1024/16/8 1024/128/64/32}; do
+  IFS=/ read -r il ol np mc <<< "$w"
+  timeout ${SERVE_TIMEOUT:-100} "$P/bin/lunar" bench serve --base-url "http://127.0.0.1:$PORT" --input-len $il --output-len $ol \
+    --num-prompts $np --max-concurrency $mc --result-file "$OUT/serve_${il}_${ol}.json" > "$OUT/serve_${il}_${ol}.txt" 2>&1
+  echo "bench serve $w rc=$?" >> "$T"
+  cat "$OUT/serve_${il}_${ol}.txt" >> "$T"
+done
+kill $spid 2> /dev/null; wait $spid 2> /dev/null
+grep -E "lunar: CUDA|error" "$OUT/serve.log" | head -3 >> "$T"
+
+[ "${MLA:-0}" = 1 ] && {
 step "MLA absorbed decode: new vs old kernel"
 SKIP_BUILD=1 OUT=$OUT/mla TEST_TIMEOUT=30 BENCH_TIMEOUT=80 timeout 170 tools/device/bench_mla_decode.sh > "$OUT/mla.log" 2>&1
 echo "bench_mla_decode rc=$?" >> "$T"
 grep -E "passed|FAILED|worst|^\|" "$OUT/mla.log" >> "$T"
+}
 step "done"
 # the device tool brings back at most 8 files: the table, and everything else in one archive
 (cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=session.txt -- * && find . -mindepth 1 ! -name all.tgz ! -name session.txt -delete)
