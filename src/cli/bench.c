@@ -429,9 +429,14 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
 
 /* ---- report ---- */
 
-/* projected value at `target` layers from the runs at two depths (linear in the layer count) */
+/* projected value at `target` layers from the runs at two depths (linear in the layer count). A
+ * layer cannot take negative time: on a busy machine the half-depth run can come out slower than
+ * the full one, so the per-layer slope is clamped at 0 (the projection is then the full run). */
 static double project(double full, double half, int L, int Lh, int target) {
-    return full + (full - half) / (L - Lh) * (target - L);
+    double slope = (full - half) / (L - Lh);
+    if (slope < 0) slope = 0;
+    const double p = full + slope * (target - L);
+    return p > 0 ? p : 0;
 }
 
 int lunar_cmd_bench(int argc, char **argv) {
