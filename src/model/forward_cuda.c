@@ -514,6 +514,10 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
         return lunar_fail(err, "CUDA caches: device arena exhausted (%d blocks, %d slots)", n_blocks, n_slots);
     }
     lunar_cuda_fill_u32(c->latent, 0, (toks * c->row * 2 + 4) / 4);
+    /* index keys too: a reader of positions nobody wrote (lunar bench's decode at a context it did
+     * not prefill) must see zero codes and zero scales, not whatever the arena held (NaN scales) */
+    lunar_cuda_fill_u32(c->idx_codes, 0, (toks * (size_t)c->idx_dim + 4) / 4);
+    lunar_cuda_fill_u32(c->idx_scales, 0, ((c->idx_dim ? toks * 4 : 0) + 4) / 4);
     for (int s = 0; s < n_slots; s++) lunar_cuda_state_clear(c, s);
     return 0;
 }
