@@ -342,7 +342,22 @@ static int run(const run_job *j, lunar_err *err) {
     return lunar_launch_node(&d, lunar_nccl_get_unique_id, tp_rank, (void *)j, 300000, err);
 }
 
-int lunar_cmd_logits(int argc, char **argv) {
+static const char LOGITS_USAGE[] =
+    "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--decode-after K] [--backend cpu|cuda|auto] [--cuda-precision]\n"
+    "       " LUNAR_LOAD_OPTIONS_USAGE "\n"
+    "       [--tensor-parallel-size N [--enable-expert-parallel] [--master-port P]]  "
+    "(CPU: N rank threads; CUDA: N rank processes, one per GPU)\n";
+static const char GENERATE_USAGE[] =
+    "usage: lunar generate MODEL_DIR (--ids 1,2,3 | --prompt TEXT) --max-tokens N "
+    "[--temperature T --top-p P --top-k K --seed S --backend cpu|cuda|auto --cuda-precision]\n"
+    "       " LUNAR_LOAD_OPTIONS_USAGE "\n"
+    "       [--tensor-parallel-size N [--decode-context-parallel-size D] "
+    "[--enable-expert-parallel] [--master-port P]]  (CPU: N rank threads; CUDA: N rank "
+    "processes, one per GPU, no DCP)\n";
+
+/* `lunar logits` and `lunar generate`: parse, load, run (one process, or N rank processes) */
+static int run_command(int argc, char **argv, int generate) {
+    const char *name = generate ? "generate" : "logits";
     run_opts o;
     lunar_err err;
     lunar_model *m = NULL;
@@ -350,44 +365,18 @@ int lunar_cmd_logits(int argc, char **argv) {
     lunar_tokenizer *tok = NULL;
     lunar_backend_kind be = LUNAR_BACKEND_CPU;
     int n = 0;
-    if (parse(argc, argv, 0, &o, &err) || setup(&o, &be, &m, &ids, &n, &tok, &err)) {
-        fprintf(stderr, "lunar logits: %s\n", err.msg);
-        fprintf(stderr, "usage: lunar logits MODEL_DIR --ids 1,2,3 --out FILE.npy [--decode-after K] [--backend cpu|cuda|auto] [--cuda-precision]\n       " LUNAR_LOAD_OPTIONS_USAGE "\n"
-                        "       [--tensor-parallel-size N [--enable-expert-parallel] [--master-port P]]  "
-                        "(CPU: N rank threads; CUDA: N rank processes, one per GPU)\n");
+    if (parse(argc, argv, generate, &o, &err) || setup(&o, &be, &m, &ids, &n, &tok, &err)) {
+        fprintf(stderr, "lunar %s: %s\n%s", name, err.msg, generate ? GENERATE_USAGE : LOGITS_USAGE);
         return 1;
     }
-    run_job j = {&o, be, m, ids, n, tok, 0};
+    run_job j = {&o, be, m, ids, n, tok, generate};
     int rc = run(&j, &err) ? 1 : 0;
-    if (rc) fprintf(stderr, "lunar logits: %s\n", err.msg);
+    if (rc) fprintf(stderr, "lunar %s: %s\n", name, err.msg);
     free(ids);
     lunar_tokenizer_free(tok);
     lunar_model_free(m);
     return rc;
 }
 
-int lunar_cmd_generate(int argc, char **argv) {
-    run_opts o;
-    lunar_err err;
-    lunar_model *m = NULL;
-    int32_t *ids = NULL;
-    lunar_tokenizer *tok = NULL;
-    lunar_backend_kind be = LUNAR_BACKEND_CPU;
-    int n = 0;
-    if (parse(argc, argv, 1, &o, &err) || setup(&o, &be, &m, &ids, &n, &tok, &err)) {
-        fprintf(stderr, "lunar generate: %s\n", err.msg);
-        fprintf(stderr, "usage: lunar generate MODEL_DIR (--ids 1,2,3 | --prompt TEXT) --max-tokens N "
-                        "[--temperature T --top-p P --top-k K --seed S --backend cpu|cuda|auto --cuda-precision]\n       " LUNAR_LOAD_OPTIONS_USAGE "\n"
-                        "       [--tensor-parallel-size N [--decode-context-parallel-size D] "
-                        "[--enable-expert-parallel] [--master-port P]]  (CPU: N rank threads; CUDA: N rank "
-                        "processes, one per GPU, no DCP)\n");
-        return 1;
-    }
-    run_job j = {&o, be, m, ids, n, tok, 1};
-    int rc = run(&j, &err) ? 1 : 0;
-    if (rc) fprintf(stderr, "lunar generate: %s\n", err.msg);
-    free(ids);
-    lunar_tokenizer_free(tok);
-    lunar_model_free(m);
-    return rc;
-}
+int lunar_cmd_logits(int argc, char **argv) { return run_command(argc, argv, 0); }
+int lunar_cmd_generate(int argc, char **argv) { return run_command(argc, argv, 1); }
