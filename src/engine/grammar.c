@@ -205,8 +205,8 @@ static __int128 p10(int k) {
 
 #define NUM_BIG (p10(NUM_MAX_INT_DIGITS + 18))
 
-/* Some magnitude in [a, b] (units) satisfies the bounds for this sign (integers: a whole number). */
-static int num_feasible(const g_lex *lx, int neg, __int128 a, __int128 b) {
+/* Narrows magnitudes [*a, *b] (units) to the bounds for this sign; 0 when nothing is left. */
+static int num_clamp(const g_lex *lx, int neg, __int128 *a, __int128 *b) {
     __int128 cl = 0, ch = NUM_BIG;
     if (!neg) {
         if (lx->has_lo && lx->lo > cl) cl = lx->lo;
@@ -215,9 +215,14 @@ static int num_feasible(const g_lex *lx, int neg, __int128 a, __int128 b) {
         if (lx->has_hi && -lx->hi > cl) cl = -lx->hi;
         if (lx->has_lo) ch = -lx->lo;
     }
-    if (a < cl) a = cl;
-    if (b > ch) b = ch;
-    if (a > b) return 0;
+    if (*a < cl) *a = cl;
+    if (*b > ch) *b = ch;
+    return *a <= *b;
+}
+
+/* Some magnitude in [a, b] (units) satisfies the bounds for this sign (integers: a whole number). */
+static int num_feasible(const g_lex *lx, int neg, __int128 a, __int128 b) {
+    if (!num_clamp(lx, neg, &a, &b)) return 0;
     if (lx->integer) {
         __int128 k = (a + NUM_SCALE - 1) / NUM_SCALE;
         return k * NUM_SCALE <= b;
@@ -398,17 +403,7 @@ static inline int64_t c_mul(int64_t k, int64_t c) {
 
 /* A multiple of u (units) inside magnitudes [a, b] that satisfies the bounds for this sign. */
 static int num_grid(const g_lex *lx, int neg, __int128 a, __int128 b, __int128 u) {
-    __int128 cl = 0, ch = NUM_BIG;
-    if (!neg) {
-        if (lx->has_lo && lx->lo > cl) cl = lx->lo;
-        if (lx->has_hi) ch = lx->hi;
-    } else {
-        if (lx->has_hi && -lx->hi > cl) cl = -lx->hi;
-        if (lx->has_lo) ch = -lx->lo;
-    }
-    if (a < cl) a = cl;
-    if (b > ch) b = ch;
-    if (a > b) return 0;
+    if (!num_clamp(lx, neg, &a, &b)) return 0;
     return (a + u - 1) / u * u <= b;
 }
 
