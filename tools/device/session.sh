@@ -3,7 +3,9 @@
 # the 10-minute limit of one call; whatever finished is in $OUT when a later step is cut off):
 #   1. tools/device/check.sh tests: every CUDA op vs its CPU op, the model forward on every golden,
 #      the engine on CUDA, generate and serve on CUDA (its table);
-#   2. the device-only tests of the dummy loader (device values = host values) and NCCL (world 1);
+#   2. the device-only tests of the dummy loader (device values = host values), NCCL (world 1), the
+#      CUDA rank processes (TP 2 on the goldens when there are two GPUs) and, with several GPUs,
+#      lunar bench-comm;
 #   3. lunar bench, Kimi-Linear-48B-A3B at full size on dummy weights (issue 9's first config);
 #   4. lunar bench, the Kimi-K3.1 Pro TP8 rank slice (K31_LAYERS layers, projected to 93);
 #   5. lunar serve (Kimi-Linear-48B, dummy, CUDA) driven by lunar bench serve (the seed's workloads
@@ -40,6 +42,14 @@ timeout 90 "$P/bin/lunar_tests" nccl > "$OUT/nccl.log" 2>&1
 echo "nccl rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/nccl.log") $(grep -iE 'error|skipped' "$OUT/nccl.log" | head -2)" >> "$T"
 timeout 120 "$P/bin/lunar_tests" cuda_tp > "$OUT/cuda_tp.log" 2>&1
 echo "cuda_tp rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/cuda_tp.log") $(grep -E 'vs|FAILED' "$OUT/cuda_tp.log" | head -6 | tr '\n' ' ')" >> "$T"
+
+NG=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
+[ "$NG" -ge 2 ] && {
+step "all-reduce latency and bandwidth across the $NG GPUs (NCCL)"
+timeout 90 "$P/bin/lunar" bench-comm --tensor-parallel-size "$NG" > "$OUT/bench_comm.txt" 2>&1
+echo "bench-comm rc=$?" >> "$T"
+cat "$OUT/bench_comm.txt" >> "$T"
+}
 
 step "lunar bench: Kimi-Linear-48B-A3B, dummy weights, CUDA"
 timeout ${BENCH_TIMEOUT:-150} "$P/bin/lunar" bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda \
