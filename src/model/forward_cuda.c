@@ -227,7 +227,9 @@ static float *up_f32(const lunar_tensor *t) { return up_f32_r(t, 0); }
 
 static dmat up_mat(const lunar_tensor *t) {
     dmat r = {0};
-    if (!t) return r;
+    /* TP hook: a rank's share of a matrix may be empty (a tiny MXFP4 expert split in blocks of 32
+     * columns): no matrix, which the callers skip */
+    if (!t || lunar_tensor_numel(t) == 0) return r;
     r.out = (int)t->shape[0];
     r.in = (int)(lunar_tensor_numel(t) / t->shape[0]);
     r.p = up_bf16(t);
@@ -236,6 +238,7 @@ static dmat up_mat(const lunar_tensor *t) {
 
 static dmat up_mxfp4(const lunar_mxfp4 *w) {
     dmat r = {0};
+    if (lunar_tensor_numel(w->packed) == 0) return r; /* an empty TP share, as up_mat */
     r.out = (int)w->packed->shape[0];
     r.in = (int)(lunar_tensor_numel(w->packed) / w->packed->shape[0]) * 2;
     r.p = dalloc((size_t)r.out * r.in * 2);
