@@ -117,6 +117,32 @@ TEST(cuda_moe_router_topk_vs_cpu) {
     }
 }
 
+/* NaN logits (an overflowed activation): every selected index stays a valid expert, the same as
+ * the CPU op's (NaN ranks last); the forward permutes by these indices, so -1 would be an
+ * illegal address, not just a wrong answer. Rows: all NaN, half NaN, one NaN, none. */
+TEST(cuda_moe_router_nan_logits_stay_in_range) {
+    if (!moe_cuda_on()) return;
+    const int n = 4, E = 256, k = 8;
+    size_t mark = lunar_cuda_mark();
+    float *lg = test_rand((long)n * E, 77, -4, 4);
+    for (int e = 0; e < E; e++) lg[e] = NAN;
+    for (int e = 0; e < E; e += 2) lg[E + e] = NAN;
+    lg[2 * E + 5] = NAN;
+    int32_t ex[32], gx[32];
+    float w[32];
+    op_router_topk(ex, w, lg, NULL, n, E, k, 1, 1, 1, 1.0f);
+    int32_t *dex = dalloc((size_t)n * k * 4);
+    float *dw = dalloc((size_t)n * k * 4);
+    lunar_cuda_router_topk(dex, dw, din(lg, (size_t)n * E * 4), NULL, n, E, k, 1, 1, 1, 1.0f, NULL);
+    lunar_cuda_download(gx, dex, sizeof gx);
+    for (int i = 0; i < n * k; i++) {
+        CHECK_MSG(gx[i] >= 0 && gx[i] < E, "slot %d: expert %d out of range", i, gx[i]);
+        CHECK_MSG(gx[i] == ex[i], "slot %d: CUDA expert %d, CPU %d", i, gx[i], ex[i]);
+    }
+    free(lg);
+    lunar_cuda_release(mark);
+}
+
 /* ---------------------------------------------------------------- permutation + experts */
 
 /* Random distinct experts per token; mode 1: every token takes experts 0..k-1 (overloaded, all

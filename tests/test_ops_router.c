@@ -86,3 +86,14 @@ TEST(router_matches_brute_force) {
     test_tensor_free(&bias);
     free(logits), free(bv), free(ex), free(w);
 }
+
+/* A NaN logit ranks last and never makes the selection fail or return an out-of-range index:
+ * an all-NaN row still selects k valid experts (the lowest indices, all tied at -inf). */
+TEST(router_nan_logits_rank_last) {
+    float logits[8] = {NAN, 1.0f, NAN, 0.5f, /* token 2: all NaN */ NAN, NAN, NAN, NAN};
+    int32_t ex[4] = {-1, -1, -1, -1};
+    float w[4];
+    op_router_topk(ex, w, logits, NULL, 2, 4, 2, 1, 1, 0, 1.0f);
+    CHECK(ex[0] == 1 && ex[1] == 3);
+    CHECK(ex[2] == 0 && ex[3] == 1);
+}

@@ -46,6 +46,9 @@ void op_router_topk(int32_t *experts, float *weights, const float *logits, const
         for (int e = 0; e < E; e++) {
             s[e] = 1.0f / (1.0f + expf(-lg[e]));
             choice[e] = s[e] + (b ? b[e] : 0.0f);
+            /* a NaN logit (an overflowed activation) ranks last but stays a valid choice: the
+             * selection is total and every expert index it returns is in range */
+            if (isnan(choice[e])) choice[e] = -INFINITY;
         }
         for (int e = 0; e < E; e++) ok[e] = 1;
         if (n_group > 1) {

@@ -40,7 +40,8 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
     for (int e = tid; e < E; e += blockDim.x) {
         float s = 1.0f / (1.0f + expf(-lg[e]));
         sc[e] = s;
-        ch[e] = s + (bias ? bias[e] : 0.0f);
+        const float v = s + (bias ? bias[e] : 0.0f);
+        ch[e] = isnan(v) ? -INFINITY : v;  // NaN marks taken entries below; a NaN logit ranks last (as the CPU op)
     }
     __syncthreads();
     if (n_group > 1) {
@@ -731,7 +732,11 @@ static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[0].val.programmaticStreamSerializationAllowed = 1;
-    if (!GATEUP) cfg.attrs = at, cfg.numAttrs = 1;  // the down kernel overlaps the gate/up tail
+    // The down kernel overlaps the gate/up tail (programmatic dependent launch), on explicit
+    // streams only: on the legacy default stream (the model forward's) the H200 let the down
+    // kernel read hbuf before gate/up wrote it (garbage, then NaN routing, then an illegal
+    // address in the K3.1 slice's decode; fine with CUDA_LAUNCH_BLOCKING or without the attribute)
+    if (!GATEUP && st != 0) cfg.attrs = at, cfg.numAttrs = 1;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, MX, GATEUP, S>, a));
 }
 
