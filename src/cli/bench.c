@@ -36,7 +36,7 @@ static const char *USAGE =
     "usage: lunar bench MODEL [--backend cpu|cuda] " LUNAR_LOAD_OPTIONS_USAGE "\n"
     "         [--input-lens 1024,8192,32768,131072] [--batch-sizes 1,8,32,64] [--contexts 1024,8192,32768,131072]\n"
     "         [--max-len N] [--steps N] [--prefill-chunk N] [--profile] [--json FILE]\n"
-    "         [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N]\n"
+    "         [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
 
 #define MAX_LIST 32
@@ -48,6 +48,7 @@ typedef struct bench_opts {
     int n_in, n_b, n_ctx;
     long max_len, steps, chunk, project;
     int profile;
+    int kv_fp8; /* --kv-cache-dtype fp8: the FP8 latent cache (CUDA: 1 byte per element; CPU: emulated) */
     double bw_gbs, peak_tflops;
 } bench_opts;
 
@@ -68,6 +69,11 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
         if (strcmp(a, "--backend") == 0) o->backend = v;
         else if (strcmp(a, "--json") == 0) o->json = v;
+        else if (strcmp(a, "--kv-cache-dtype") == 0) {
+            if (strcmp(v, "fp8") && strcmp(v, "fp8_e4m3") && strcmp(v, "bf16") && strcmp(v, "auto"))
+                return lunar_fail(err, "--kv-cache-dtype: '%s' is not one of auto, bf16, fp8", v);
+            o->kv_fp8 = strncmp(v, "fp8", 3) == 0;
+        }
         else if (strcmp(a, "--input-lens") == 0) in = v;
         else if (strcmp(a, "--batch-sizes") == 0) bs = v;
         else if (strcmp(a, "--contexts") == 0) ctx = v;
@@ -98,7 +104,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
 
 typedef struct runner {
     const lunar_model *m;
-    int cuda;
+    int cuda, kv_fp8;
     lunar_cuda_model *g;
     lunar_kv_pool kv;
     lunar_state_pool st;
@@ -124,9 +130,9 @@ static int cpu_caches_fit(const lunar_config *c, int n_blocks, int n_slots, luna
 static int caches_init(runner *r, int n_blocks, int n_slots, lunar_err *err) {
     if (!r->cuda && cpu_caches_fit(&r->m->cfg, n_blocks, n_slots, err)) return -1;
     if (r->cuda) {
-        if (lunar_cuda_caches_init(&r->cc, r->m, n_blocks, n_slots, err)) return -1;
+        if (lunar_cuda_caches_init_kv(&r->cc, r->m, n_blocks, n_slots, r->kv_fp8, err)) return -1;
     } else {
-        if (lunar_kv_pool_init(&r->kv, &r->m->cfg, n_blocks, LUNAR_KV_F32, err)) return -1;
+        if (lunar_kv_pool_init(&r->kv, &r->m->cfg, n_blocks, r->kv_fp8 ? LUNAR_KV_FP8 : LUNAR_KV_F32, err)) return -1;
         if (lunar_state_pool_init(&r->st, &r->m->cfg, n_slots, 0, err)) {
             lunar_kv_pool_free(&r->kv);
             return -1;
@@ -360,7 +366,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     lunar_model *m = NULL;
     double t0 = now_s();
     if (lunar_model_load_ex(&m, o->model, &lo, err)) return -1;
-    runner r = {.m = m, .cuda = cuda};
+    runner r = {.m = m, .cuda = cuda, .kv_fp8 = o->kv_fp8};
     if (cuda && device_fits(m, err)) {
         lunar_model_free(m);
         return -1;
@@ -374,7 +380,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
             m->cfg.num_hidden_layers, now_s() - t0);
     rr->layers = m->cfg.num_hidden_layers;
     rr->cfg = m->cfg;
-    rr->kv_elem = cuda ? 2 : 4;
+    rr->kv_elem = cuda ? (o->kv_fp8 ? 1 : 2) : 4; /* bytes per latent element read */
     lunar_weight_bytes_of(m, &rr->wb);
     if (o->bw_gbs > 0) rr->bw = o->bw_gbs, snprintf(rr->bw_src, sizeof rr->bw_src, "--bandwidth-gbs");
     else rr->bw = measure_bandwidth_gbs(&r), snprintf(rr->bw_src, sizeof rr->bw_src, "measured: %s memcpy", cuda ? "device" : "host");

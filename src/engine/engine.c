@@ -165,11 +165,11 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     if (be == LUNAR_BACKEND_CUDA) {
         /* one arena of gpu_memory_utilization x the device: the weights, one step's temporaries,
          * and the caches in all that is left */
-        if (kvd == LUNAR_KV_FP8 || o->kda_state_fp16) {
-            lunar_fail(err, "the CUDA forward keeps a bf16 latent cache and fp32 KDA states: "
-                            "--kv-cache-dtype fp8 / fp16 states are CPU-only for now");
+        if (o->kda_state_fp16) {
+            lunar_fail(err, "the CUDA forward keeps fp32 KDA states: fp16 states are CPU-only for now");
             goto fail;
         }
+        const int fp8 = kvd == LUNAR_KV_FP8; /* else bf16 (auto / fp32 / bf16: the device's latent is bf16) */
         if (lunar_cuda_backend_init(o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9, err) ||
             lunar_cuda_model_upload(&e->gpu, e->model, err))
             goto fail;
@@ -177,12 +177,12 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
                                                             o->max_model_len);
         int64_t budget = (int64_t)lunar_cuda_arena_left() - step;
         if (o->cache_memory_bytes > 0 && o->cache_memory_bytes < budget) budget = o->cache_memory_bytes;
-        if (plan_memory(e, budget, (int64_t)lunar_cuda_block_bytes(e->model), (int64_t)lunar_cuda_slot_bytes(e->model),
+        if (plan_memory(e, budget, (int64_t)lunar_cuda_block_bytes_kv(e->model, fp8), (int64_t)lunar_cuda_slot_bytes(e->model),
                         &n_blocks, &n_ckpt, err) ||
-            lunar_cuda_caches_init(&e->gc, e->model, n_blocks, o->max_num_seqs + n_ckpt, err))
+            lunar_cuda_caches_init_kv(&e->gc, e->model, n_blocks, o->max_num_seqs + n_ckpt, fp8, err))
             goto fail;
-        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks + %d state slots, step reserve %.2f GiB\n",
-                lunar_cuda_device_line(), lunar_cuda_model_bytes(e->model) / 1073741824.0, n_blocks,
+        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks (%s latent) + %d state slots, step reserve %.2f GiB\n",
+                lunar_cuda_device_line(), lunar_cuda_model_bytes(e->model) / 1073741824.0, n_blocks, fp8 ? "fp8" : "bf16",
                 o->max_num_seqs + n_ckpt, step / 1073741824.0);
     } else {
         const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;

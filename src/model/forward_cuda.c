@@ -19,6 +19,7 @@ int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
 }
 size_t lunar_cuda_model_bytes(const lunar_model *m) { (void)m; return 0; }
 size_t lunar_cuda_block_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) { (void)m, (void)latent_fp8; return 0; }
 size_t lunar_cuda_slot_bytes(const lunar_model *m) { (void)m; return 0; }
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
     (void)m, (void)max_tokens, (void)max_rows, (void)max_len;
@@ -29,7 +30,11 @@ size_t lunar_cuda_arena_left(void) { return 0; }
 const char *lunar_cuda_device_line(void) { return "no CUDA"; }
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
                            lunar_err *err) {
-    (void)c, (void)m, (void)n_blocks, (void)n_slots;
+    return lunar_cuda_caches_init_kv(c, m, n_blocks, n_slots, 0, err);
+}
+int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+                              int latent_fp8, lunar_err *err) {
+    (void)c, (void)m, (void)n_blocks, (void)n_slots, (void)latent_fp8;
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_caches_free(lunar_cuda_caches *c) { (void)c; }
@@ -46,7 +51,11 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     return lunar_fail(err, "lunar was built without CUDA");
 }
 int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
-    (void)s, (void)m, (void)max_tokens;
+    return lunar_cuda_seq_init_kv(s, m, max_tokens, 0, err);
+}
+int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int latent_fp8,
+                           lunar_err *err) {
+    (void)s, (void)m, (void)max_tokens, (void)latent_fp8;
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_seq_reset(lunar_cuda_seq *s) { (void)s; }
@@ -438,11 +447,13 @@ size_t lunar_cuda_arena_left(void) {
 }
 const char *lunar_cuda_device_line(void) { return lunar_cuda_describe(); }
 
-size_t lunar_cuda_block_bytes(const lunar_model *m) {
+size_t lunar_cuda_block_bytes(const lunar_model *m) { return lunar_cuda_block_bytes_kv(m, 0); }
+
+size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) {
     const lunar_config *k = &m->cfg;
     const size_t row = (size_t)k->kv_lora_rank + k->qk_rope_head_dim;
     const size_t idx = k->index_topk > 0 ? (size_t)k->index_head_dim + 4 : 0;
-    return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * 2 + idx);
+    return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * (latent_fp8 ? 1 : 2) + idx);
 }
 
 size_t lunar_cuda_slot_bytes(const lunar_model *m) {
@@ -494,6 +505,11 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
 
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
                            lunar_err *err) {
+    return lunar_cuda_caches_init_kv(c, m, n_blocks, n_slots, 0, err);
+}
+
+int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+                              int latent_fp8, lunar_err *err) {
     const lunar_config *k = &m->cfg;
     memset(c, 0, sizeof *c);
     if (!lunar_cuda_ready()) return lunar_fail(err, "CUDA caches: the device is not initialised");
@@ -506,7 +522,9 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
     const int HD = k->kda_num_heads * k->kda_head_dim;
     c->conv_len = (size_t)3 * HD * (k->kda_conv_size - 1);
     c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
-    c->latent = lunar_cuda_alloc(toks * c->row * 2 + 4);
+    c->latent_fp8 = latent_fp8 != 0;
+    const size_t latent_bytes = toks * c->row * (c->latent_fp8 ? 1 : 2) + 4;
+    c->latent = lunar_cuda_alloc(latent_bytes);
     c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
     c->idx_scales = lunar_cuda_alloc((c->idx_dim ? toks * 4 : 0) + 4); /* only with an indexer, as
                                                  lunar_cuda_block_bytes counts it */
@@ -516,7 +534,7 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
         lunar_cuda_release(c->mark);
         return lunar_fail(err, "CUDA caches: device arena exhausted (%d blocks, %d slots)", n_blocks, n_slots);
     }
-    lunar_cuda_fill_u32(c->latent, 0, (toks * c->row * 2 + 4) / 4);
+    lunar_cuda_fill_u32(c->latent, 0, latent_bytes / 4);
     /* index keys too: a reader of positions nobody wrote (lunar bench's decode at a context it did
      * not prefill) must see zero codes and zero scales, not whatever the arena held (NaN scales) */
     lunar_cuda_fill_u32(c->idx_codes, 0, (toks * (size_t)c->idx_dim + 4) / 4);
@@ -704,11 +722,12 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_cuda_rmsnorm(qa, LUNAR_CUDA_F32, qa, w->qa_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS, NULL);
         mm(q, qa, &w->qb, n);
     }
-    /* latent row = [RMSNorm(c) | k_pe], stored bf16 into the pages */
+    /* latent row = [RMSNorm(c) | k_pe], stored bf16 (or FP8) into the pages */
     mm_b(kvr, hb, &w->kva, n, NULL);
     const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
-    uint16_t *latent = kv->latent + (size_t)ki * layer_toks * row;
-    lunar_glue_latent_store(latent, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
+    const int fp8 = kv->latent_fp8;
+    void *latent = (char *)kv->latent + (size_t)ki * layer_toks * row * (fp8 ? 1 : 2);
+    lunar_glue_latent_store(latent, fp8, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
 
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     int32_t *idx = NULL;
@@ -760,10 +779,10 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
     if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && !kernel_only) {
         void *ws = dalloc(lunar_glue_mla_prefill_ws(n, nh, b->seqs[0].pos0 + n));
-        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
+        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, fp8, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
                                ws, NULL);
     } else if (R == 512 && P == 64) {
-        lunar_cuda_mla_cache cd = {latent, LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
+        lunar_cuda_mla_cache cd = {latent, fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
         const int ml = topk > 0 ? topk : b->max_len;
         size_t wsb = lunar_cuda_mla_ws(n, nh, ml);
         void *ws = wsb ? dalloc(wsb) : NULL;
@@ -773,7 +792,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
             lunar_cuda_mla_absorbed(o_lat, q_lat, q_pe, &cd, b->row_seq, b->lens, b->max_len, n, nh,
                                     scale, ws, NULL);
     } else {
-        lunar_glue_mla_attn(o_lat, q_lat, q_pe, latent, b->bt, b->max_blocks, b->row_seq, b->lens, idx,
+        lunar_glue_mla_attn(o_lat, q_lat, q_pe, latent, fp8, b->bt, b->max_blocks, b->row_seq, b->lens, idx,
                             topk, b->max_len, n, nh, R, P, scale, NULL);
     }
     cp_end(LUNAR_PROF_MLA_ATTN, t0);
@@ -1184,10 +1203,15 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
 }
 
 int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
+    return lunar_cuda_seq_init_kv(s, m, max_tokens, 0, err);
+}
+
+int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int latent_fp8,
+                           lunar_err *err) {
     memset(s, 0, sizeof *s);
     if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
     const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-    if (lunar_cuda_caches_init(&s->c, m, n_blocks, 1, err)) return -1;
+    if (lunar_cuda_caches_init_kv(&s->c, m, n_blocks, 1, latent_fp8, err)) return -1;
     s->blocks = lunar_xmalloc((size_t)n_blocks * sizeof *s->blocks);
     for (int i = 0; i < n_blocks; i++) s->blocks[i] = i;
     s->max_tokens = max_tokens;

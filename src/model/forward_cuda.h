@@ -39,20 +39,23 @@ void lunar_cuda_model_free(lunar_cuda_model *g);
 int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
 
 /* Sizes for planning device memory: the uploaded weights; one cache block of 128 tokens over all
- * MLA layers (bf16 latent + index keys); one KDA state slot; an upper bound of one step's
+ * MLA layers (bf16 latent + index keys; _kv: an FP8 latent when latent_fp8); one KDA state slot; an upper bound of one step's
  * temporaries for max_tokens tokens, max_rows logits rows and contexts up to max_len. */
 size_t lunar_cuda_model_bytes(const lunar_model *m);
 size_t lunar_cuda_block_bytes(const lunar_model *m);
+size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8);
 size_t lunar_cuda_slot_bytes(const lunar_model *m);
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len);
 /* Bytes the arena has left; the device's one-line description (for logs). */
 size_t lunar_cuda_arena_left(void);
 const char *lunar_cuda_device_line(void);
 
-/* Device caches: the paged MLA latent (bf16) + DSA index keys, and n_slots KDA state slots. */
+/* Device caches: the paged MLA latent (bf16, or FP8 e4m3 of scale 1 as the CPU's LUNAR_KV_FP8:
+ * half the bytes per token) + DSA index keys, and n_slots KDA state slots. */
 typedef struct lunar_cuda_caches {
     int n_blocks, n_slots, n_mla, n_kda, row, idx_dim;
-    uint16_t *latent;   /* [n_mla][n_blocks][128][row] bf16 */
+    int latent_fp8;     /* latent holds e4m3 codes (1 byte per element) instead of bf16 */
+    void *latent;       /* [n_mla][n_blocks][128][row] bf16 or e4m3 */
     uint8_t *idx_codes; /* [n_mla][n_blocks][128][idx_dim] */
     float *idx_scales;  /* [n_mla][n_blocks][128] */
     size_t conv_len, state_len;
@@ -63,6 +66,8 @@ typedef struct lunar_cuda_caches {
 
 int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
                            lunar_err *err);
+int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+                              int latent_fp8, lunar_err *err);
 void lunar_cuda_caches_free(lunar_cuda_caches *c);
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot);
 void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from); /* conv + KDA state of a slot */
@@ -93,6 +98,8 @@ typedef struct lunar_cuda_seq {
 } lunar_cuda_seq;
 
 int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err);
+int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int latent_fp8,
+                           lunar_err *err);
 void lunar_cuda_seq_reset(lunar_cuda_seq *s);
 void lunar_cuda_seq_free(lunar_cuda_seq *s);
 int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32_t *ids, int n,

@@ -3,6 +3,7 @@
 #define LUNAR_BACKEND_CUDA_COMMON_CUH
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,28 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 }
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
+}
+
+// e4m3 (FP8) codes as the CPU's tensor.c lunar_f32_to_e4m3 / lunar_e4m3_to_f32, statement for
+// statement (round half to even, saturation to +-448, NaN -> 0x7f), so that both backends store
+// the same codes: the DSA index keys and the FP8 latent cache.
+__device__ __forceinline__ uint8_t f32_to_e4m3(float f) {
+    if (isnan(f)) return 0x7f;
+    const uint8_t sign = signbit(f) ? 0x80 : 0;
+    const float a = fabsf(f);
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0.015625f) return sign | (uint8_t)rintf(__fmul_rn(a, 512.0f));
+    int e;
+    const float m = frexpf(a, &e);
+    float mant = rintf(__fmul_rn(__fsub_rn(__fmul_rn(m, 2.0f), 1.0f), 8.0f));
+    int ex = e - 1 + 7;
+    if (mant >= 8.0f) mant = 0.0f, ex++;
+    if (ex > 15 || (ex == 15 && mant > 6.0f)) return sign | 0x7e;
+    return sign | (uint8_t)(ex << 3) | (uint8_t)mant;
+}
+__device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
+    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3);
+    return __half2float(*reinterpret_cast<__half *>(&h));
 }
 
 static inline unsigned ceil_div_u(long long a, long long b) { return (unsigned)((a + b - 1) / b); }

@@ -17,31 +17,12 @@
 //    to +0 since the CPU compares them equal), so the k largest keys are the CPU's set.
 // Cost: the exact dots run in fp64 on the CUDA cores (tile GEMM, 4 heads x 4 positions per thread,
 // operands as doubles in shared memory): compute-bound, not bandwidth-bound (see docs).
-#include <cuda_fp8.h>
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
 namespace {
 
-__device__ __forceinline__ uint8_t f32_to_e4m3(float f) { // tensor.c lunar_f32_to_e4m3
-    if (isnan(f)) return 0x7f;
-    const uint8_t sign = signbit(f) ? 0x80 : 0;
-    const float a = fabsf(f);
-    if (a >= 448.0f) return sign | 0x7e;
-    if (a < 0.015625f) return sign | (uint8_t)rintf(__fmul_rn(a, 512.0f));
-    int e;
-    const float m = frexpf(a, &e);
-    float mant = rintf(__fmul_rn(__fsub_rn(__fmul_rn(m, 2.0f), 1.0f), 8.0f));
-    int ex = e - 1 + 7;
-    if (mant >= 8.0f) mant = 0.0f, ex++;
-    if (ex > 15 || (ex == 15 && mant > 6.0f)) return sign | 0x7e;
-    return sign | (uint8_t)(ex << 3) | (uint8_t)mant;
-}
-__device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
-    __half_raw h = __nv_cvt_fp8_to_halfraw((__nv_fp8_storage_t)c, __NV_E4M3);
-    return __half2float(*reinterpret_cast<__half *>(&h));
-}
 // quant.c: scale = 2^ceil(log2(amax / 448)) by the bits of the fp32 quotient
 __device__ __forceinline__ float pow2_scale(float amax) {
     const float s = __fdiv_rn(amax, 448.0f);

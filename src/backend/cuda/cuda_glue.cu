@@ -255,7 +255,8 @@ extern "C" void lunar_glue_kda_recurrent(float *o, const float *q, const float *
     CUDA_CHECK_LAUNCH();
 }
 
-__global__ void k_latent_store(uint16_t *latent, const float *kvr, const float *w, const int32_t *slots,
+template <bool FP8>
+__global__ void k_latent_store(void *latent, const float *kvr, const float *w, const int32_t *slots,
                                int R, int P, float eps) {
     __shared__ double red[32];
     const int i = blockIdx.x, row = R + P;
@@ -264,18 +265,22 @@ __global__ void k_latent_store(uint16_t *latent, const float *kvr, const float *
     for (int d = threadIdx.x; d < R; d += blockDim.x) ss += (double)x[d] * x[d];
     ss = block_sum(ss, red);
     float inv = (float)(1.0 / sqrt(ss / R + (double)eps));
-    uint16_t *dst = latent + (size_t)slots[i] * row;
     for (int d = threadIdx.x; d < row; d += blockDim.x) {
         float val = d < R ? x[d] * inv * w[d] : x[d];
-        __nv_bfloat16 b = __float2bfloat16_rn(val);
-        dst[d] = *(uint16_t *)&b;
+        if (FP8) { // per-tensor scale 1 (cache.c lunar_kv_round): the RMS-normalised latent fits e4m3
+            ((uint8_t *)latent)[(size_t)slots[i] * row + d] = f32_to_e4m3(val);
+        } else {
+            __nv_bfloat16 b = __float2bfloat16_rn(val);
+            ((uint16_t *)latent)[(size_t)slots[i] * row + d] = *(uint16_t *)&b;
+        }
     }
 }
-extern "C" void lunar_glue_latent_store(uint16_t *latent, const float *kvr, const float *w,
+extern "C" void lunar_glue_latent_store(void *latent, int fp8, const float *kvr, const float *w,
                                         const int32_t *slots, int n, int R, int P, float eps,
                                         lunar_cuda_stream s) {
     if (n <= 0) return;
-    k_latent_store<<<n, 128, 0, to_stream(s)>>>(latent, kvr, w, slots, R, P, eps);
+    if (fp8) k_latent_store<true><<<n, 128, 0, to_stream(s)>>>(latent, kvr, w, slots, R, P, eps);
+    else k_latent_store<false><<<n, 128, 0, to_stream(s)>>>(latent, kvr, w, slots, R, P, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -316,7 +321,12 @@ extern "C" void lunar_glue_mla_unabsorb(float *o, const float *o_lat, const uint
 }
 
 // block per (row, head); scores in shared memory
-__global__ void k_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, const uint16_t *latent,
+// element d of the latent row of cache slot `slot` (bf16 or e4m3 codes)
+template <bool FP8> __device__ __forceinline__ float lat_at(const void *latent, size_t slot, int row, int d) {
+    return FP8 ? e4m3_to_f32(((const uint8_t *)latent)[slot * row + d]) : BF(((const uint16_t *)latent)[slot * row + d]);
+}
+template <bool FP8>
+__global__ void k_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, const void *latent,
                            const int32_t *bt, int max_blocks, const int32_t *row_seq,
                            const int32_t *lens, const int32_t *idx, int topk, int H, int R, int P,
                            float scale) {
@@ -333,10 +343,10 @@ __global__ void k_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, 
             if (lane == 0) sc[j] = -INFINITY;
             continue;
         }
-        const uint16_t *c = latent + ((size_t)bt[(size_t)seq * max_blocks + p / 128] * 128 + p % 128) * row;
+        const size_t c = (size_t)bt[(size_t)seq * max_blocks + p / 128] * 128 + p % 128;
         float a = 0.f, b = 0.f;
-        for (int d = lane; d < R; d += 32) a += ql[d] * BF(c[d]);
-        for (int d = lane; d < P; d += 32) b += qp[d] * BF(c[R + d]);
+        for (int d = lane; d < R; d += 32) a += ql[d] * lat_at<FP8>(latent, c, row, d);
+        for (int d = lane; d < P; d += 32) b += qp[d] * lat_at<FP8>(latent, c, row, R + d);
         for (int d = 16; d; d >>= 1) {
             a += __shfl_xor_sync(0xffffffffu, a, d);
             b += __shfl_xor_sync(0xffffffffu, b, d);
@@ -354,21 +364,25 @@ __global__ void k_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, 
         for (int j = 0; j < n; j++) {
             if (sc[j] == -INFINITY) continue;
             int p = idx ? idx[(size_t)r * topk + j] : j;
-            const uint16_t *c = latent + ((size_t)bt[(size_t)seq * max_blocks + p / 128] * 128 + p % 128) * row;
-            a += expf(sc[j] - mx) / sum * BF(c[d]);
+            const size_t c = (size_t)bt[(size_t)seq * max_blocks + p / 128] * 128 + p % 128;
+            a += expf(sc[j] - mx) / sum * lat_at<FP8>(latent, c, row, d);
         }
         out[d] = sum > 0.f ? a : 0.f;
     }
 }
 extern "C" void lunar_glue_mla_attn(float *o_lat, const float *q_lat, const float *q_pe,
-                                    const uint16_t *latent, const int32_t *block_tables, int max_blocks,
+                                    const void *latent, int fp8, const int32_t *block_tables, int max_blocks,
                                     const int32_t *row_seq, const int32_t *lens, const int32_t *idx,
                                     int topk, int max_len, int rows, int H, int R, int P, float scale,
                                     lunar_cuda_stream s) {
     if (rows <= 0) return;
     int n = idx ? topk : max_len;
     CUDA_REQUIRE(n >= 1 && (size_t)n * sizeof(float) <= 48 * 1024);
-    k_mla_attn<<<rows * H, 128, (size_t)n * sizeof(float), to_stream(s)>>>(
-        o_lat, q_lat, q_pe, latent, block_tables, max_blocks, row_seq, lens, idx, topk, H, R, P, scale);
+    if (fp8)
+        k_mla_attn<true><<<rows * H, 128, (size_t)n * sizeof(float), to_stream(s)>>>(
+            o_lat, q_lat, q_pe, latent, block_tables, max_blocks, row_seq, lens, idx, topk, H, R, P, scale);
+    else
+        k_mla_attn<false><<<rows * H, 128, (size_t)n * sizeof(float), to_stream(s)>>>(
+            o_lat, q_lat, q_pe, latent, block_tables, max_blocks, row_seq, lens, idx, topk, H, R, P, scale);
     CUDA_CHECK_LAUNCH();
 }

@@ -39,9 +39,10 @@ void lunar_glue_rope_neox(float *x, const float *inv_freq, const int32_t *pos, i
 void lunar_glue_kda_recurrent(float *o, const float *q, const float *k, const float *v,
                               const float *g, const float *beta, float *S, int T, int H, int dk,
                               int dv, float scale, lunar_cuda_stream s);
-/* latent rows: row = [RMSNorm(c) * w | k_pe] of kvr [n, R+P] stored as bf16 into the paged cache
- * latent [..][R+P] at slots[i] (block * 128 + offset). w fp32 [R]. */
-void lunar_glue_latent_store(uint16_t *latent, const float *kvr, const float *w, const int32_t *slots,
+/* latent rows: row = [RMSNorm(c) * w | k_pe] of kvr [n, R+P] stored as bf16 (fp8 = 0) or FP8 e4m3
+ * codes of scale 1 (fp8 = 1, as the CPU's lunar_kv_round) into the paged cache latent [..][R+P] at
+ * slots[i] (block * 128 + offset). w fp32 [R]. */
+void lunar_glue_latent_store(void *latent, int fp8, const float *kvr, const float *w, const int32_t *slots,
                              int n, int R, int P, float eps, lunar_cuda_stream s);
 /* q [rows, H, N+P] -> q_lat [rows, H, R] = W_UK^T q_nope, q_pe [rows, H, P]; W bf16 [H*(N+Vd), R]. */
 void lunar_glue_mla_absorb(float *q_lat, float *q_pe, const float *q, const uint16_t *W, int rows,
@@ -50,19 +51,20 @@ void lunar_glue_mla_absorb(float *q_lat, float *q_pe, const float *q, const uint
 void lunar_glue_mla_unabsorb(float *o, const float *o_lat, const uint16_t *W, int rows, int H, int N,
                              int Vd, int R, lunar_cuda_stream s);
 /* The absorbed (idx NULL: positions 0..lens[r]) or sparse (idx [rows, topk], -1 skipped) attention
- * core over a bf16 paged latent cache, any R, P; max_len >= every lens / topk (shared memory). */
-void lunar_glue_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, const uint16_t *latent,
+ * core over a bf16 (fp8 = 0) or FP8 (fp8 = 1) paged latent cache, any R, P; max_len >= every
+ * lens / topk (shared memory). */
+void lunar_glue_mla_attn(float *o_lat, const float *q_lat, const float *q_pe, const void *latent, int fp8,
                          const int32_t *block_tables, int max_blocks, const int32_t *row_seq,
                          const int32_t *lens, const int32_t *idx, int topk, int max_len, int rows,
                          int H, int R, int P, float scale, lunar_cuda_stream s);
 
 /* MLA prefill of ONE sequence, absorbed form, R = 512, P = 64 (cuda_mla_prefill.cu): rows t of
- * q_lat [n, H, 512] / q_pe [n, H, 64] at positions pos0 + t over the sequence's bf16 latent pages
+ * q_lat [n, H, 512] / q_pe [n, H, 64] at positions pos0 + t over the sequence's latent pages (bf16, or FP8)
  * (bt: its block table, page tokens per block, positions 0 .. pos0 + n - 1 already written), causal;
  * o_lat [n, H, 512] fp32. Scores and outputs are cuBLASLt GEMMs over query chunks; ws:
  * lunar_glue_mla_prefill_ws(n, H, pos0 + n) bytes. */
 size_t lunar_glue_mla_prefill_ws(int n, int H, int L);
-void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe, const uint16_t *latent,
+void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe, const void *latent, int fp8,
                             const int32_t *bt, int page, int pos0, int n, int H, float scale, void *ws,
                             lunar_cuda_stream s);
 

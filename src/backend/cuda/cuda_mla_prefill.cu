@@ -19,16 +19,25 @@ constexpr size_t kChunkBudget = (size_t)256 << 20; // S (fp32) + P (bf16) of one
 
 size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// C[j] = latent row of position j (page bt[j / page], slot j % page), zero rows for j >= L
-__global__ void k_gather(uint16_t *C, const uint16_t *latent, const int32_t *bt, int L, int page) {
+// C[j] = latent row of position j (page bt[j / page], slot j % page), zero rows for j >= L; FP8
+// pages are widened here (e4m3 -> bf16 is exact), so the GEMMs below read the same values
+template <bool FP8>
+__global__ void k_gather(uint16_t *C, const void *latent, const int32_t *bt, int L, int page) {
     const int j = blockIdx.x;
     uint16_t *dst = C + (size_t)j * kRow;
     if (j >= L) {
         for (int d = threadIdx.x; d < kRow; d += blockDim.x) dst[d] = 0;
         return;
     }
-    const uint16_t *src = latent + ((size_t)bt[j / page] * page + j % page) * kRow;
-    for (int d = threadIdx.x; d < kRow; d += blockDim.x) dst[d] = src[d];
+    const size_t slot = (size_t)bt[j / page] * page + j % page;
+    for (int d = threadIdx.x; d < kRow; d += blockDim.x) {
+        if (FP8) {
+            __nv_bfloat16 b = __float2bfloat16_rn(e4m3_to_f32(((const uint8_t *)latent)[slot * kRow + d]));
+            dst[d] = *(uint16_t *)&b;
+        } else {
+            dst[d] = ((const uint16_t *)latent)[slot * kRow + d];
+        }
+    }
 }
 
 // Ct[d, j] = C[j, d] for d < 512, j < N (32 x 32 tiles through shared memory)
@@ -112,8 +121,8 @@ Layout layout(int n, int H, int L) {
 
 extern "C" size_t lunar_glue_mla_prefill_ws(int n, int H, int L) { return layout(n, H, L).bytes; }
 
-extern "C" void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe, const uint16_t *latent,
-                                       const int32_t *bt, int page, int pos0, int n, int H, float scale, void *ws,
+extern "C" void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe, const void *latent,
+                                       int fp8, const int32_t *bt, int page, int pos0, int n, int H, float scale, void *ws,
                                        lunar_cuda_stream s) {
     CUDA_REQUIRE(n >= 1 && H >= 1 && pos0 >= 0 && ws != NULL);
     const int L = pos0 + n;
@@ -123,7 +132,8 @@ extern "C" void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const f
     float *S = (float *)(w + a.s_off);
     uint16_t *Pm = (uint16_t *)(w + a.p_off);
     cudaStream_t st = to_stream(s);
-    k_gather<<<(unsigned)a.Lpad, 128, 0, st>>>(C, latent, bt, L, page);
+    if (fp8) k_gather<true><<<(unsigned)a.Lpad, 128, 0, st>>>(C, latent, bt, L, page);
+    else k_gather<false><<<(unsigned)a.Lpad, 128, 0, st>>>(C, latent, bt, L, page);
     CUDA_CHECK_LAUNCH();
     k_pack_q<<<(unsigned)((size_t)n * H), 128, 0, st>>>(Q, q_lat, q_pe);
     CUDA_CHECK_LAUNCH();
