@@ -357,6 +357,8 @@ def main(argv):
     import transformers
     dev = torch.device(a.device)
     if dev.type == "cuda":
+        if dev.index is None:  # "cuda": the current device, named by its index (set_device wants one)
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
     model, cfg, impl, t_load = build_model(a, torch, dev)
     print(f"peer: built {cfg.num_hidden_layers} layers on {dev} in {t_load:.1f} s; {impl}", file=sys.stderr, flush=True)
