@@ -350,6 +350,9 @@ def save(res, path):
 def main(argv):
     a = args_of(argv)
     if a.from_json:
+        if not os.path.exists(a.from_json):
+            print(f"peer: no {a.from_json}: the peer measured nothing (see its stderr)")
+            return 1
         with open(a.from_json) as f:
             print(report(json.load(f), a.lunar_json))
         return 0
