@@ -11,6 +11,10 @@
 #   5. lunar serve (Kimi-Linear-48B, dummy, CUDA) driven by lunar bench serve (the seed's workloads
 #      scaled down to the call: SERVE_WORKLOADS "in/out/prompts/concurrency ...");
 #   6. (MLA=1) tools/device/bench_mla_decode.sh: the MLA absorbed-decode kernels, new vs old.
+# With PEER=1, right after step 3 on the same GPU: transformers' KimiLinearForCausalLM at the same
+# points (tools/device/peer_transformers.py; random bf16 weights, fla's KDA kernels) and the two side by
+# side. It needs the wheels the device lacks in PEER_WHEELS (default $P/wheels: transformers 5.24.0 and
+# regex, `pip download --no-deps --only-binary=:all: --python-version 3.12 ...`) and fla's in device/wheels.
 # Binaries come prebuilt from the developer's machine (no jansson/pcre2/microhttpd on the device):
 #   tools/device/prebuild.sh DIR   (then carry DIR and build-device)
 #   tools/device/session.sh DIR    (on the device; logs and tables under $OUT)
@@ -57,6 +61,21 @@ timeout ${BENCH_TIMEOUT:-150} "$P/bin/lunar" bench configs/kimi-linear-48b-a3b.j
   --json "$OUT/kl48.json" > "$OUT/bench_kl48.txt" 2>&1
 echo "bench rc=$?" >> "$T"
 cat "$OUT/bench_kl48.txt" >> "$T"
+
+[ "${PEER:-0}" = 1 ] && {
+step "transformers peer: KimiLinearForCausalLM, random bf16 weights, fla KDA, lunar bench's points"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/peer-site \
+  "${PEER_WHEELS:-$P/wheels}"/*.whl device/wheels/*.whl > "$OUT/peer_pip.log" 2>&1
+echo "peer wheels rc=$?" >> "$T"
+# its own lengths and points (a 48B model in eager PyTorch; fla autotunes its kernels on first use)
+PYTHONPATH=/tmp/peer-site PYTHONUNBUFFERED=1 timeout ${PEER_TIMEOUT:-240} python3 tools/device/peer_transformers.py \
+  configs/kimi-linear-48b-a3b.json --input-lens ${PEER_INPUT_LENS:-1024,8192} --batch-sizes ${PEER_BATCHES:-1,8} \
+  --contexts ${PEER_CONTEXTS:-1024} --json "$OUT/peer.json" > "$OUT/peer.txt" 2> "$OUT/peer.err"
+echo "peer rc=$?" >> "$T"
+# from the JSON it saved after every point, so a run cut off by its timeout still reports
+python3 tools/device/peer_transformers.py --from-json "$OUT/peer.json" --lunar-json "$OUT/kl48.json" >> "$T" 2>&1 ||
+  grep -vi warn "$OUT/peer.err" | tail -5 >> "$T"
+}
 
 step "lunar bench: Kimi-K3.1 Pro, one TP8 rank's slice, ${K31_LAYERS:=10} layers projected to 93, CUDA"
 timeout ${K31_TIMEOUT:-120} "$P/bin/lunar" bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 \
