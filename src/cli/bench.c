@@ -4,7 +4,9 @@
  * steps, as its regions synchronize the device).
  *
  * Method. Prefill: one sequence of n random token ids from empty caches (chunks of --prefill-chunk
- * tokens when given), timed end to end. Decode at (B, ctx): B sequences whose caches already
+ * tokens when given), timed end to end after --warmup-iters untimed runs of the same length (1 by
+ * default, as vLLM's bench latency: the first run of a length pays one-time costs, e.g. cuBLASLt's
+ * algorithm search for each new GEMM shape, ~0.18 s per length on the H200). Decode at (B, ctx): B sequences whose caches already
  * hold ctx positions; the latent rows, index keys and KDA states are filled with small values
  * instead of being computed (a decode step's cost does not depend on them, and prefilling
  * 64 x 128K tokens would take longer than the measurement), then --steps steps of one token per
@@ -35,7 +37,7 @@ int lunar_cmd_bench_serve(int argc, char **argv);
 static const char *USAGE =
     "usage: lunar bench MODEL [--backend cpu|cuda] " LUNAR_LOAD_OPTIONS_USAGE "\n"
     "         [--input-lens 1024,8192,32768,131072] [--batch-sizes 1,8,32,64] [--contexts 1024,8192,32768,131072]\n"
-    "         [--max-len N] [--steps N] [--prefill-chunk N] [--profile] [--json FILE]\n"
+    "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--json FILE]\n"
     "         [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
 
@@ -46,7 +48,7 @@ typedef struct bench_opts {
     lunar_load_options load;
     int32_t *in_lens, *batches, *contexts;
     int n_in, n_b, n_ctx;
-    long max_len, steps, chunk, project;
+    long max_len, steps, chunk, project, warmup;
     int profile;
     int kv_fp8; /* --kv-cache-dtype fp8: the FP8 latent cache (CUDA: 1 byte per element; CPU: emulated) */
     double bw_gbs, peak_tflops;
@@ -58,6 +60,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
     const char *in = "1024,8192,32768,131072", *bs = "1,8,32,64", *ctx = "1024,8192,32768,131072";
     o->max_len = 131072;
     o->steps = 8;
+    o->warmup = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (a[0] != '-') {
@@ -79,6 +82,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
         else if (strcmp(a, "--contexts") == 0) ctx = v;
         else if (strcmp(a, "--max-len") == 0) { if (lunar_parse_int(a, v, 1, 1 << 24, &o->max_len, err)) return -1; }
         else if (strcmp(a, "--steps") == 0) { if (lunar_parse_int(a, v, 1, 100000, &o->steps, err)) return -1; }
+        else if (strcmp(a, "--warmup-iters") == 0) { if (lunar_parse_int(a, v, 0, 100, &o->warmup, err)) return -1; }
         else if (strcmp(a, "--prefill-chunk") == 0) { if (lunar_parse_int(a, v, 0, 1 << 24, &o->chunk, err)) return -1; }
         else if (strcmp(a, "--project-layers") == 0) { if (lunar_parse_int(a, v, 1, 4096, &o->project, err)) return -1; }
         else if (strcmp(a, "--bandwidth-gbs") == 0) { if (lunar_parse_float(a, v, 1e-3, 1e6, &o->bw_gbs, err)) return -1; }
@@ -396,8 +400,15 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     for (int i = 0; i < o->n_in; i++) {
         prefill_res *p = &rr->pre[i];
         p->n = o->in_lens[i];
-        if (p->n > o->max_len) snprintf(p->why, sizeof p->why, "over --max-len %ld", o->max_len);
-        else measure_prefill(&r, o, p);
+        if (p->n > o->max_len) {
+            snprintf(p->why, sizeof p->why, "over --max-len %ld", o->max_len);
+        } else {
+            for (long k = 0; k < o->warmup; k++) {
+                prefill_res w = {.n = p->n};
+                measure_prefill(&r, o, &w);
+            }
+            measure_prefill(&r, o, p);
+        }
         fprintf(stderr, "  prefill %7d: %s\n", p->n, p->ok ? "done" : p->why);
     }
     if (o->profile && o->n_in > 0 && rr->pre[o->n_in - 1].ok) { /* apart from the timed runs */
