@@ -9,7 +9,8 @@
 #   3. lunar bench, Kimi-Linear-48B-A3B at full size on dummy weights (issue 9's first config);
 #   4. lunar bench, the Kimi-K3.1 Pro TP8 rank slice (K31_LAYERS layers, projected to 93);
 #   5. lunar serve (Kimi-Linear-48B, dummy, CUDA) driven by lunar bench serve (the seed's workloads
-#      scaled down to the call: SERVE_WORKLOADS "in/out/prompts/concurrency ...");
+#      scaled down to the call: SERVE_WORKLOADS "in/out/prompts/concurrency ...", SERVE_FLAGS for
+#      serve, e.g. --kv-cache-dtype fp8); with K31_SERVE_WORKLOADS the same for the K3.1 rank slice;
 #   6. (MLA=1) tools/device/bench_mla_decode.sh: the MLA absorbed-decode kernels, new vs old.
 # With PEER=1, right after step 3 on the same GPU: transformers' KimiLinearForCausalLM at the same
 # points (tools/device/peer_transformers.py; random bf16 weights, fla's KDA kernels) and the two side by
@@ -84,12 +85,15 @@ timeout ${K31_TIMEOUT:-120} "$P/bin/lunar" bench configs/kimi-k3.1-pro.json --lo
 echo "bench rc=$?" >> "$T"
 cat "$OUT/bench_k31.txt" >> "$T"
 
-step "lunar serve + lunar bench serve: Kimi-Linear-48B-A3B, dummy weights, CUDA"
-PORT=18778
-"$P/bin/lunar" serve configs/kimi-linear-48b-a3b.json --load-format dummy --tokenizer models/kimi-linear-tiny \
-  --backend cuda --port $PORT --max-model-len ${SERVE_MAX_LEN:-20000} --max-num-seqs 64 --quiet > "$OUT/serve.log" 2>&1 &
-spid=$!
-python3 - $PORT << 'PY'
+# serve_bench TAG "WORKLOADS" MODEL [serve options...]: lunar serve on dummy weights, driven by
+# lunar bench serve for each workload "in/out/prompts/concurrency"
+serve_bench() {
+  local tag=$1 wl=$2 port=18778
+  shift 2
+  "$P/bin/lunar" serve "$@" --load-format dummy --tokenizer models/kimi-linear-tiny --backend cuda --port $port \
+    --max-num-seqs 64 --quiet > "$OUT/serve_$tag.log" 2>&1 &
+  local spid=$!
+  python3 - $port << 'PY'
 import sys, time, urllib.request
 for _ in range(240):
     try:
@@ -97,15 +101,28 @@ for _ in range(240):
     except Exception:
         time.sleep(0.5)
 PY
-for w in ${SERVE_WORKLOADS:-8192/1024/16/8 1024/128/64/32}; do
-  IFS=/ read -r il ol np mc <<< "$w"
-  timeout ${SERVE_TIMEOUT:-100} "$P/bin/lunar" bench serve --base-url "http://127.0.0.1:$PORT" --input-len $il --output-len $ol \
-    --num-prompts $np --max-concurrency $mc --result-file "$OUT/serve_${il}_${ol}.json" > "$OUT/serve_${il}_${ol}.txt" 2>&1
-  echo "bench serve $w rc=$?" >> "$T"
-  cat "$OUT/serve_${il}_${ol}.txt" >> "$T"
-done
-kill $spid 2> /dev/null; wait $spid 2> /dev/null
-grep -E "lunar: CUDA|error" "$OUT/serve.log" | head -3 >> "$T"
+  for w in $wl; do
+    IFS=/ read -r il ol np mc <<< "$w"
+    timeout ${SERVE_TIMEOUT:-100} "$P/bin/lunar" bench serve --base-url "http://127.0.0.1:$port" --input-len $il \
+      --output-len $ol --num-prompts $np --max-concurrency $mc --result-file "$OUT/serve_${tag}_${il}_${ol}.json" \
+      > "$OUT/serve_${tag}_${il}_${ol}.txt" 2>&1
+    echo "bench serve $tag $w rc=$?" >> "$T"
+    cat "$OUT/serve_${tag}_${il}_${ol}.txt" >> "$T"
+  done
+  kill $spid 2> /dev/null; wait $spid 2> /dev/null
+  grep -E "lunar: CUDA|error" "$OUT/serve_$tag.log" | head -3 >> "$T"
+}
+
+step "lunar serve + lunar bench serve: Kimi-Linear-48B-A3B, dummy weights, CUDA"
+serve_bench kl48 "${SERVE_WORKLOADS:-8192/1024/16/8 1024/128/64/32}" configs/kimi-linear-48b-a3b.json \
+  --max-model-len ${SERVE_MAX_LEN:-20000} ${SERVE_FLAGS:-}
+
+[ -n "${K31_SERVE_WORKLOADS:-}" ] && {
+step "lunar serve + lunar bench serve: Kimi-K3.1 Pro TP8 rank slice, $K31_LAYERS layers, dummy weights, CUDA"
+# the K3 sampling guard is off: bench serve pins the output length with min_tokens / ignore_eos
+serve_bench k31 "$K31_SERVE_WORKLOADS" configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers $K31_LAYERS \
+  --max-model-len ${K31_SERVE_MAX_LEN:-20000} --sampling-guard off
+}
 
 [ "${MLA:-0}" = 1 ] && {
 step "MLA absorbed decode: new vs old kernel"
