@@ -1030,7 +1030,10 @@ static void mix(float *out, float **blocks, int nb, float *P, const float *u, co
     const double t0 = cp_begin();
     const float **d = dalloc(sizeof(src));
     lunar_cuda_upload(d, src, (size_t)S * sizeof *src);
-    lunar_glue_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
+    if (lunar_cuda_attnres_supported(D)) /* one pass over the candidates (cuda_attnres.cu) */
+        lunar_cuda_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
+    else
+        lunar_glue_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
     cp_end(LUNAR_PROF_NORM, t0);
     lunar_cuda_release(mk);
 }

@@ -46,7 +46,8 @@ for f in src/backend/cuda/*.cu; do
   pids+=($!)
 done
 for f in src/backend/cpu/*.c src/base/err.c src/base/tensor.c src/engine/sampler.c tests/test_main.c tests/test_cuda_ops.c \
-         tests/test_cuda_mla.c tests/test_cuda_moe.c tests/test_cuda_sample.c tools/device/bench_cuda.c tools/device/bench_mla.c; do
+         tests/test_cuda_mla.c tests/test_cuda_moe.c tests/test_cuda_sample.c tests/test_cuda_attnres.c \
+         tools/device/bench_cuda.c tools/device/bench_mla.c; do
   $CC $CFLAGS -c "$f" -o "$B/$(echo "$f" | tr / _).o" &
   pids+=($!)
 done
@@ -57,7 +58,8 @@ grep -hE "error|warning|[1-9][0-9]* bytes spill" $B/*.cu.log | sort | uniq -c | 
 LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm -fopenmp"
 COMMON="$B/*.cu.o $B/src_backend_cpu_*.o $B/src_base_*.o"
 $CC -o $B/lunar_cuda_tests $COMMON $B/src_engine_sampler.c.o $B/tests_test_main.c.o $B/tests_test_cuda_ops.c.o \
-    $B/tests_test_cuda_mla.c.o $B/tests_test_cuda_moe.c.o $B/tests_test_cuda_sample.c.o $LIBS || exit 1
+    $B/tests_test_cuda_mla.c.o $B/tests_test_cuda_moe.c.o $B/tests_test_cuda_sample.c.o $B/tests_test_cuda_attnres.c.o \
+    $LIBS || exit 1
 $CC -o $B/bench_cuda $COMMON $B/tools_device_bench_cuda.c.o $LIBS || exit 1
 $CC -o $B/bench_mla $COMMON $B/tools_device_bench_mla.c.o $LIBS || exit 1
 echo "== op tests built in $(( $(date +%s) - t0 )) s"

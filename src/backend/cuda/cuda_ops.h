@@ -100,6 +100,14 @@ void lunar_cuda_mla_unabsorb_gemm(float *o, const float *o_lat, const float *w32
 void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16_t *E, const int32_t *ids,
                           int n, int dim, lunar_cuda_stream s);
 
+/* op_attnres_mix fused with its out-norm, one pass over the candidates (cuda_attnres.cu): src
+ * device array of S device pointers, each [n, D] fp32; u = proj * norm folded, fp32 [D]; on fp32
+ * [D] or NULL (no out-norm); out [n, D] fp32 (not aliasing a candidate). D <= 8192
+ * (lunar_cuda_attnres_supported). */
+int lunar_cuda_attnres_supported(int D);
+void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on, int n,
+                            int D, float eps, lunar_cuda_stream s);
+
 /* op_rmsnorm / op_rmsnorm_gated / op_l2norm. x, gate fp32; w bf16 [dim] (NULL: no weight, rmsnorm
  * only). Sum of squares in fp32 (tree order). y may alias x when ydt is F32. */
 void lunar_cuda_rmsnorm(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *w, int n,
