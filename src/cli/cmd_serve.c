@@ -145,6 +145,14 @@ static int serve_body(const serve_job *j, const lunar_tp_link *l, lunar_err *err
     const serve_opts *o = j->o;
     const lunar_config *cfg = j->cfg;
     lunar_server_options *so = j->so;
+    /* signals go to sigwait below, not to the engine's, NCCL's or the server's threads (they
+     * inherit this mask): a SIGTERM that reached one of them would end the process uncleanly */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
     if (o->fake) {
         const char *dflt = cfg->arch == LUNAR_ARCH_KIMI_K3
                                ? "Hello from the fake engine.<|close|>response<|sep|><|close|>message<|sep|><|end_of_msg|>"
@@ -164,13 +172,6 @@ static int serve_body(const serve_job *j, const lunar_tp_link *l, lunar_err *err
         if (lunar_srv_backend_engine(&so->backend, &eo, err)) return -1;
     }
 
-    /* signals go to sigwait below, not to the server's threads (they inherit this mask) */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
-    signal(SIGPIPE, SIG_IGN);
     lunar_server *srv;
     if (lunar_server_start(&srv, so, err)) return -1;
     fprintf(stderr, "lunar serve: %s (%s) on http://%s:%d  model name%s: %s%s%s%s\n", o->model_dir, cfg->model_type,
