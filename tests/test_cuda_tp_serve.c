@@ -244,10 +244,14 @@ static void serve_model(const char *bin, const char *model, int port) {
     const double t2 = now_s();
     int diverged = 0, failed = 0, tokens = 0;
     for (int i = 0; i < N_REQ && p2 > 0; i++) {
-        json_t *a = ref[i] ? json_loads(ref[i], 0, NULL) : NULL, *b = got[i] ? json_loads(got[i], 0, NULL) : NULL;
+        /* (a byte token can be "\u0000": JSON_ALLOW_NUL) */
+        json_t *a = ref[i] ? json_loads(ref[i], JSON_ALLOW_NUL, NULL) : NULL,
+               *b = got[i] ? json_loads(got[i], JSON_ALLOW_NUL, NULL) : NULL;
         json_t *ta, *pa, *tb, *pb;
         if (!a || !b || answer_parts(a, &ta, &pa) || answer_parts(b, &tb, &pb)) {
             failed++;
+            fprintf(stderr, "\n  %s request %d: unreadable answer: %.200s | %.200s", model, i, ref[i] ? ref[i] : "-",
+                    got[i] ? got[i] : "-");
         } else {
             const size_t na = json_array_size(ta), nb = json_array_size(tb);
             size_t k = 0;
