@@ -22,6 +22,7 @@
 #include "cli/bench_floor.h"
 #include "cli/commands.h"
 #include "model/forward.h"
+#include "model/dummy.h"
 #include "model/dummy_gen.h"
 #include "model/forward_cuda.h"
 #include "model/profile.h"
@@ -408,9 +409,16 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
             m->load.load_format ? "dummy weights" : "checkpoint", cuda ? ", on the device" : "",
             m->cfg.num_hidden_layers, now_s() - t0);
     rr->layers = m->cfg.num_hidden_layers;
-    rr->cfg = r.m->cfg; /* a rank's: its local head counts */
+    rr->cfg = m->cfg;
     rr->kv_elem = cuda ? 2 : 4;
-    lunar_weight_bytes_of(r.m, &rr->wb);
+    /* under TP the floors are a rank's: the config cut to one rank of the group (heads, FFN widths,
+     * vocabulary), the stored bytes per element of the full set at those shapes; when the widths
+     * do not divide, the rank model's config (local heads, full widths: an upper bound) */
+    lunar_err serr;
+    if (tp_rank.on && lunar_config_tp_slice(&rr->cfg, tp_rank.ri.world, &serr)) rr->cfg = r.m->cfg;
+    lunar_model view = *m;
+    view.cfg = rr->cfg;
+    lunar_weight_bytes_of(&view, &rr->wb);
     if (o->bw_gbs > 0) rr->bw = o->bw_gbs, snprintf(rr->bw_src, sizeof rr->bw_src, "--bandwidth-gbs");
     else rr->bw = measure_bandwidth_gbs(&r), snprintf(rr->bw_src, sizeof rr->bw_src, "measured: %s memcpy", cuda ? "device" : "host");
     if (o->peak_tflops > 0) rr->peak = o->peak_tflops, snprintf(rr->peak_src, sizeof rr->peak_src, "--peak-tflops");
