@@ -157,10 +157,10 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     lunar_engine *e = lunar_xcalloc(1, sizeof *e);
     e->opt = *o;
     e->ckpt_tokens = o->prefix_checkpoint_blocks * LUNAR_BLOCK_SIZE;
-    /* dummy weights on the CUDA backend are generated on the device at upload (model/dummy.h) */
-    /* (not under CUDA TP: the shards are cut from host tensors) */
+    /* dummy weights on the CUDA backend are generated on the device at upload (model/dummy.h), also
+     * as a rank's shards (lazy windows) under CUDA TP */
     lunar_load_options lo = {.load_format = o->load_format, .num_layers = o->num_layers, .tp_slice = o->tp_slice,
-                             .seed = o->dummy_seed, .device_lazy = be == LUNAR_BACKEND_CUDA && !o->tp_link};
+                             .seed = o->dummy_seed, .device_lazy = be == LUNAR_BACKEND_CUDA};
     if (lunar_model_load_ex(&e->model, o->model_dir, &lo, err)) goto fail;
     if (file_exists(o->model_dir, "tiktoken.model") && lunar_tokenizer_load(&e->tok, o->model_dir, err)) goto fail;
     const lunar_config *c = &e->model->cfg;

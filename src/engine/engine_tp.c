@@ -120,8 +120,9 @@ static int follow_loop(const lunar_cuda_rank *r, lunar_cuda_caches *c, int fd, l
 int lunar_engine_follow(const lunar_engine_options *o, const lunar_tp_link *l, lunar_err *err) {
     const int fd = l->fds[0];
     lunar_model *full = NULL;
+    /* dummy weights: generated on this rank's device, its shards only (model/dummy.h) */
     lunar_load_options lo = {.load_format = o->load_format, .num_layers = o->num_layers, .tp_slice = o->tp_slice,
-                             .seed = o->dummy_seed};
+                             .seed = o->dummy_seed, .device_lazy = 1};
     if (lunar_model_load_ex(&full, o->model_dir, &lo, err)) return -1;
     lunar_cuda_rank r;
     if (lunar_cuda_rank_open(&r, full, o, l, err)) {
