@@ -47,6 +47,9 @@ typedef struct lunar_engine_options {
     uint64_t dummy_seed;          /* load_format "dummy": the weights' seed */
     /* CPU tensor parallelism: rank threads with shards of the model (docs/parallel.md); 0 or 1 = off */
     int tensor_parallel_size, decode_context_parallel_size, enable_expert_parallel;
+    /* CUDA tensor parallelism: this process is rank 0 of `lunar serve`'s rank processes, linked to
+     * the others (engine/engine_tp.h); NULL otherwise */
+    const struct lunar_tp_link *tp_link;
 } lunar_engine_options;
 
 void lunar_engine_options_default(lunar_engine_options *o);

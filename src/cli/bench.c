@@ -24,9 +24,13 @@
 #include "cli/bench_floor.h"
 #include "cli/commands.h"
 #include "model/forward.h"
+#include "model/dummy.h"
 #include "model/dummy_gen.h"
 #include "model/forward_cuda.h"
 #include "model/profile.h"
+#include "model/forward_cuda_tp.h"
+#include "model/shard.h"
+#include "parallel/launch.h"
 #include "ops.h"
 #ifdef LUNAR_HAVE_CUDA
 #include "backend/cuda/cuda_glue.h"
@@ -39,6 +43,8 @@ static const char *USAGE =
     "         [--input-lens 1024,8192,32768,131072] [--batch-sizes 1,8,32,64] [--contexts 1024,8192,32768,131072]\n"
     "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--json FILE]\n"
     "         [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
+    "         [--tensor-parallel-size N [--enable-expert-parallel] [--master-port P]]  (--backend cuda: one rank\n"
+    "         process per GPU, rank 0 reports per-rank figures; the all-reduces are real)\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
 
 #define MAX_LIST 32
@@ -52,7 +58,17 @@ typedef struct bench_opts {
     int profile;
     int kv_fp8; /* --kv-cache-dtype fp8: the FP8 latent cache (CUDA: 1 byte per element; CPU: emulated) */
     double bw_gbs, peak_tflops;
+    long tp, master_port; /* CUDA tensor parallelism: rank processes */
+    int ep;
 } bench_opts;
+
+/* This process is a CUDA rank of `lunar bench --tensor-parallel-size N` (set before bench_body):
+ * its place, and its comm, made at the first load and kept for the second depth. */
+static struct {
+    int on;
+    lunar_rank_info ri;
+    lunar_comm *comm;
+} tp_rank;
 
 static double now_s(void) { return lunar_prof_now(); }
 
@@ -69,6 +85,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
             continue;
         }
         if (strcmp(a, "--profile") == 0) { o->profile = 1; continue; }
+        if (strcmp(a, "--enable-expert-parallel") == 0) { o->ep = 1; continue; }
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
         if (strcmp(a, "--backend") == 0) o->backend = v;
         else if (strcmp(a, "--json") == 0) o->json = v;
@@ -84,6 +101,8 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
         else if (strcmp(a, "--steps") == 0) { if (lunar_parse_int(a, v, 1, 100000, &o->steps, err)) return -1; }
         else if (strcmp(a, "--warmup-iters") == 0) { if (lunar_parse_int(a, v, 0, 100, &o->warmup, err)) return -1; }
         else if (strcmp(a, "--prefill-chunk") == 0) { if (lunar_parse_int(a, v, 0, 1 << 24, &o->chunk, err)) return -1; }
+        else if (strcmp(a, "--tensor-parallel-size") == 0 || strcmp(a, "-tp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->tp, err)) return -1; }
+        else if (strcmp(a, "--master-port") == 0) { if (lunar_parse_int(a, v, 1, 65535, &o->master_port, err)) return -1; }
         else if (strcmp(a, "--project-layers") == 0) { if (lunar_parse_int(a, v, 1, 4096, &o->project, err)) return -1; }
         else if (strcmp(a, "--bandwidth-gbs") == 0) { if (lunar_parse_float(a, v, 1e-3, 1e6, &o->bw_gbs, err)) return -1; }
         else if (strcmp(a, "--peak-tflops") == 0) { if (lunar_parse_float(a, v, 1e-6, 1e6, &o->peak_tflops, err)) return -1; }
@@ -367,15 +386,32 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     lunar_load_options lo = o->load;
     lo.num_layers = layers;
     lo.device_lazy = cuda && lo.load_format && strcmp(lo.load_format, "dummy") == 0;
-    lunar_model *m = NULL;
+    lunar_model *m = NULL, *rank_m = NULL;
     double t0 = now_s();
     if (lunar_model_load_ex(&m, o->model, &lo, err)) return -1;
     runner r = {.m = m, .cuda = cuda, .kv_fp8 = o->kv_fp8};
-    if (cuda && device_fits(m, err)) {
+    if (tp_rank.on) { /* this rank's shards (lazy dummy tensors stay lazy: model/dummy.h's windows) */
+        const lunar_tp_opts t = {tp_rank.ri.world, 1, o->ep};
+        if (!tp_rank.comm && (lunar_tp_check(&m->cfg, &t, err) ||
+                              lunar_comm_nccl_init(&tp_rank.comm, tp_rank.ri.id, tp_rank.ri.rank, tp_rank.ri.world,
+                                                   tp_rank.ri.local_rank, err) ||
+                              lunar_cuda_rank_init(tp_rank.ri.local_rank, 0.9, err))) {
+            lunar_model_free(m);
+            return -1;
+        }
+        if (lunar_shard_model(&rank_m, m, &t, tp_rank.ri.rank, tp_rank.comm, NULL, err) ||
+            lunar_cuda_tp_check(rank_m, err)) {
+            lunar_model_free(rank_m);
+            lunar_model_free(m);
+            return -1;
+        }
+        r.m = rank_m;
+    } else if (cuda && device_fits(m, err)) {
         lunar_model_free(m);
         return -1;
     }
-    if (cuda && lunar_cuda_model_upload(&r.g, m, err)) {
+    if (cuda && lunar_cuda_model_upload(&r.g, r.m, err)) {
+        lunar_model_free(rank_m);
         lunar_model_free(m);
         return -1;
     }
@@ -385,7 +421,14 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     rr->layers = m->cfg.num_hidden_layers;
     rr->cfg = m->cfg;
     rr->kv_elem = cuda ? (o->kv_fp8 ? 1 : 2) : 4; /* bytes per latent element read */
-    lunar_weight_bytes_of(m, &rr->wb);
+    /* under TP the floors are a rank's: the config cut to one rank of the group (heads, FFN widths,
+     * vocabulary), the stored bytes per element of the full set at those shapes; when the widths
+     * do not divide, the rank model's config (local heads, full widths: an upper bound) */
+    lunar_err serr;
+    if (tp_rank.on && lunar_config_tp_slice(&rr->cfg, tp_rank.ri.world, &serr)) rr->cfg = r.m->cfg;
+    lunar_model view = *m;
+    view.cfg = rr->cfg;
+    lunar_weight_bytes_of(&view, &rr->wb);
     if (o->bw_gbs > 0) rr->bw = o->bw_gbs, snprintf(rr->bw_src, sizeof rr->bw_src, "--bandwidth-gbs");
     else rr->bw = measure_bandwidth_gbs(&r), snprintf(rr->bw_src, sizeof rr->bw_src, "measured: %s memcpy", cuda ? "device" : "host");
     if (o->peak_tflops > 0) rr->peak = o->peak_tflops, snprintf(rr->peak_src, sizeof rr->peak_src, "--peak-tflops");
@@ -440,6 +483,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
             fprintf(stderr, "  decode B=%d ctx=%d: %s\n", d->B, d->ctx, d->ok ? "done" : d->why);
         }
     lunar_cuda_model_free(r.g);
+    lunar_model_free(rank_m);
     lunar_model_free(m);
     return 0;
 }
@@ -456,15 +500,8 @@ static double project(double full, double half, int L, int Lh, int target) {
     return p > 0 ? p : 0;
 }
 
-int lunar_cmd_bench(int argc, char **argv) {
-    if (argc >= 2 && strcmp(argv[1], "serve") == 0) return lunar_cmd_bench_serve(argc - 1, argv + 1);
-    bench_opts o;
-    memset(&o, 0, sizeof o);
+static int bench_body(bench_opts o) {
     lunar_err err;
-    if (parse(argc, argv, &o, &err)) {
-        fprintf(stderr, "lunar bench: %s\n%s", err.msg, USAGE);
-        return 2;
-    }
     lunar_backend_kind be;
     int rc = 1;
     run_res full, half;
@@ -487,7 +524,11 @@ int lunar_cmd_bench(int argc, char **argv) {
     const lunar_config *c = &full.cfg;
     printf("lunar bench: %s  backend %s  %s  layers %d%s", o.model, lunar_backend_name(be),
            o.load.load_format ? o.load.load_format : "checkpoint", full.layers, o.load.tp_slice > 1 ? "" : "\n");
-    if (o.load.tp_slice > 1) printf("  (one rank of TP %d: no all-reduce modelled)\n", o.load.tp_slice);
+    if (o.load.tp_slice > 1) printf("  (one rank of TP %d%s)\n", o.load.tp_slice,
+                                    tp_rank.on ? "" : ": no all-reduce modelled");
+    if (tp_rank.on)
+        printf("tensor parallel %d%s: rank 0's figures (its shards, its floor); the all-reduces are real\n",
+               tp_rank.ri.world, o.ep ? " + expert parallel" : "");
     printf("bandwidth %.4g GB/s (%s); peak %.4g TFLOPS (%s)\n", full.bw, full.bw_src, full.peak, full.peak_src);
     if (o.project) printf("projected to %ld layers from runs at %d and %d layers (linear in depth)\n", o.project, full.layers, Lh);
     json_t *jpre = json_array(), *jdec = json_array();
@@ -576,6 +617,7 @@ int lunar_cmd_bench(int argc, char **argv) {
                                  "bandwidth_gbs", full.bw, "bandwidth_source", full.bw_src, "peak_tflops", full.peak,
                                  "peak_source", full.peak_src, "decode_steps", (int)o.steps, "prefill", jpre,
                                  "decode", jdec, "profile_ms", jprof);
+        json_object_set_new(root, "tensor_parallel_size", json_integer(tp_rank.on ? tp_rank.ri.world : 1));
         if (o.project) {
             json_object_set_new(root, "projected_layers", json_integer(o.project));
             json_object_set_new(root, "projection_depths", json_pack("[i,i]", full.layers, Lh));
@@ -591,8 +633,48 @@ int lunar_cmd_bench(int argc, char **argv) {
     }
     rc = 0;
 out:
-    if (rc) fprintf(stderr, "lunar bench: %s\n", err.msg);
+    if (rc) fprintf(stderr, "lunar bench: %s%s\n", tp_rank.on ? "rank: " : "", err.msg);
     free(full.pre), free(full.dec), free(half.pre), free(half.dec);
+    return rc;
+}
+
+/* A rank process: every rank runs the same measurements in the same order (their collectives
+ * meet); rank 0 alone prints and writes the JSON. */
+static int bench_rank(const lunar_rank_info *ri, void *arg) {
+    bench_opts o = *(const bench_opts *)arg;
+    tp_rank.on = 1, tp_rank.ri = *ri;
+    if (ri->rank != 0) {
+        o.json = NULL;
+        if (!freopen("/dev/null", "w", stdout)) return 1;
+    }
+    const int rc = bench_body(o);
+    lunar_comm_free(tp_rank.comm);
+    return rc;
+}
+
+int lunar_cmd_bench(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0) return lunar_cmd_bench_serve(argc - 1, argv + 1);
+    bench_opts o;
+    memset(&o, 0, sizeof o);
+    lunar_err err;
+    if (parse(argc, argv, &o, &err)) {
+        fprintf(stderr, "lunar bench: %s\n%s", err.msg, USAGE);
+        return 2;
+    }
+    int rc;
+    if (o.tp > 1 || o.ep) {
+        /* one process per GPU; the parent touches no device before the fork (so no probing) */
+        if (!o.backend || strcmp(o.backend, "cuda") != 0) {
+            fprintf(stderr, "lunar bench: --tensor-parallel-size needs --backend cuda (one rank process per GPU)\n");
+            rc = 2;
+        } else {
+            lunar_dist_opts d = {1, 0, (int)(o.tp > 1 ? o.tp : 1), "127.0.0.1", (int)o.master_port};
+            rc = lunar_launch_node(&d, lunar_nccl_get_unique_id, bench_rank, &o, 300000, &err) ? 1 : 0;
+            if (rc) fprintf(stderr, "lunar bench: %s\n", err.msg);
+        }
+    } else {
+        rc = bench_body(o);
+    }
     free(o.in_lens), free(o.batches), free(o.contexts);
     return rc;
 }

@@ -10,12 +10,15 @@ typedef struct acc {
     double experts; /* all routed experts' bytes */
 } acc;
 
-/* bytes of the tensor `name` as stored, or as BF16 when the set does not hold it */
+/* bytes of the tensor `name` as stored, or as BF16 when the set does not hold it; at the shape the
+ * config implies, which is a rank's slice when the config is one rank's (lunar_config_tp_slice)
+ * and the set the full model's: then the stored bytes per element times the slice's elements */
 static double stored_bytes(const lunar_model *m, const char *name, int ndim, const int64_t *shape) {
     const lunar_tensor *t = m->st ? lunar_st_find(m->st, name) : NULL;
-    if (t) return (double)t->nbytes;
     double n = 1;
     for (int i = 0; i < ndim; i++) n *= (double)shape[i];
+    const double tn = t ? (double)lunar_tensor_numel(t) : 0;
+    if (t && tn > 0) return (double)t->nbytes * (n / tn);
     return 2 * n;
 }
 

@@ -231,7 +231,10 @@ static int setup(const run_opts *o, lunar_backend_kind *be_out, lunar_model **m,
         lunar_tokenizer_free(*tok);
         return -1;
     }
-    if (lunar_model_load_ex(m, o->model_dir, &o->load, err)) {
+    /* dummy weights for the device are generated there (model/dummy.h), also as rank shards */
+    lunar_load_options lo = o->load;
+    lo.device_lazy = be == LUNAR_BACKEND_CUDA && lo.load_format && strcmp(lo.load_format, "dummy") == 0;
+    if (lunar_model_load_ex(m, o->model_dir, &lo, err)) {
         free(*ids);
         lunar_tokenizer_free(*tok);
         return -1;

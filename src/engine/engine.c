@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "backend/backend.h"
+#include "engine/engine_tp.h"
 #include "engine/grammar.h"
 #include "engine/prefix_cache.h"
 #include "engine/request.h"
@@ -42,6 +43,11 @@ struct lunar_engine {
      * st stay empty and every cache operation goes to gc (see state_clear / state_copy) */
     lunar_cuda_model *gpu;
     lunar_cuda_caches gc;
+    /* CUDA tensor parallelism (opt.tp_link): this rank's comm, shards and their upload (gpu is
+     * rk.gpu); every device operation is first sent to the follower ranks (engine_tp.h) */
+    lunar_cuda_rank rk;
+    int link_failed;      /* a follower is gone: every later step fails with link_err */
+    lunar_err link_err;
     lunar_block_mgr *blocks;
     int ckpt_tokens;      /* checkpoint interval in tokens */
     int *free_slots, n_free_slots;
@@ -119,6 +125,13 @@ static int plan_memory(lunar_engine *e, int64_t budget, int64_t block_bytes, int
 
 static void *engine_main(void *arg);
 
+/* The device weights: a rank's own (comm and shards with them) or the single GPU's. */
+static void free_device_model(lunar_engine *e) {
+    if (e->rk.gpu) lunar_cuda_rank_close(&e->rk);
+    else lunar_cuda_model_free(e->gpu);
+    e->gpu = NULL;
+}
+
 static int file_exists(const char *dir, const char *name) {
     char path[1200];
     struct stat sb;
@@ -144,7 +157,8 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     lunar_engine *e = lunar_xcalloc(1, sizeof *e);
     e->opt = *o;
     e->ckpt_tokens = o->prefix_checkpoint_blocks * LUNAR_BLOCK_SIZE;
-    /* dummy weights on the CUDA backend are generated on the device at upload (model/dummy.h) */
+    /* dummy weights on the CUDA backend are generated on the device at upload (model/dummy.h), also
+     * as a rank's shards (lazy windows) under CUDA TP */
     lunar_load_options lo = {.load_format = o->load_format, .num_layers = o->num_layers, .tp_slice = o->tp_slice,
                              .seed = o->dummy_seed, .device_lazy = be == LUNAR_BACKEND_CUDA};
     if (lunar_model_load_ex(&e->model, o->model_dir, &lo, err)) goto fail;
@@ -157,9 +171,10 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
                                o->decode_context_parallel_size > 1 ? o->decode_context_parallel_size : 1,
                                o->enable_expert_parallel};
     const int use_tp = tpo.tp > 1 || tpo.dcp > 1 || tpo.ep;
-    if (use_tp && be == LUNAR_BACKEND_CUDA) {
-        lunar_fail(err, "tensor / decode-context / expert parallelism runs as CPU rank threads for now "
-                        "(the CUDA forward is one GPU): use --backend cpu");
+    if (use_tp && be == LUNAR_BACKEND_CUDA && (!o->tp_link || tpo.dcp > 1)) {
+        lunar_fail(err, tpo.dcp > 1 ? "--decode-context-parallel-size runs on the CPU backend only for now"
+                                    : "tensor / expert parallelism on CUDA runs as one process per GPU: "
+                                      "`lunar serve --backend cuda --tensor-parallel-size N` starts them");
         goto fail;
     }
     if (be == LUNAR_BACKEND_CUDA) {
@@ -170,20 +185,43 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
             goto fail;
         }
         const int fp8 = kvd == LUNAR_KV_FP8; /* else bf16 (auto / fp32 / bf16: the device's latent is bf16) */
-        if (lunar_cuda_backend_init(o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9, err) ||
-            lunar_cuda_model_upload(&e->gpu, e->model, err))
+        const lunar_tp_link *l = o->tp_link;
+        if (l) {
+            if (lunar_cuda_rank_open(&e->rk, e->model, o, l, err)) goto fail;
+            e->gpu = e->rk.gpu;
+        } else if (lunar_cuda_backend_init(o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9, err) ||
+                   lunar_cuda_model_upload(&e->gpu, e->model, err)) {
             goto fail;
-        const int64_t step = (int64_t)lunar_cuda_step_bytes(e->model, o->max_num_batched_tokens, o->max_num_seqs,
+        }
+        const lunar_model *dm = l ? e->rk.rank_m : e->model; /* what this device holds */
+        /* under TP the plan must fit every rank (their shards, hence their rooms, may differ): the
+         * fewest blocks and checkpoint slots any rank can hold */
+        const int world = l ? l->world : 1;
+        lunar_rank_room *rooms = lunar_xcalloc((size_t)world, sizeof *rooms);
+        rooms[0] = lunar_cuda_rank_room(dm, o);
+        int prc = l ? lunar_tp_link_rooms(l, rooms + 1, 600000, err) : 0;
+        for (int r = 0; r < world && prc == 0; r++) {
+            int nb, nc;
+            prc = plan_memory(e, rooms[r].budget, rooms[r].block_bytes, rooms[r].slot_bytes, &nb, &nc, err);
+            if (prc == 0 && (r == 0 || nb < n_blocks)) n_blocks = nb;
+            if (prc == 0 && (r == 0 || nc < n_ckpt)) n_ckpt = nc;
+        }
+        const int64_t step = (int64_t)lunar_cuda_step_bytes(dm, o->max_num_batched_tokens, o->max_num_seqs,
                                                             o->max_model_len);
-        int64_t budget = (int64_t)lunar_cuda_arena_left() - step;
-        if (o->cache_memory_bytes > 0 && o->cache_memory_bytes < budget) budget = o->cache_memory_bytes;
-        if (plan_memory(e, budget, (int64_t)lunar_cuda_block_bytes_kv(e->model, fp8), (int64_t)lunar_cuda_slot_bytes(e->model),
-                        &n_blocks, &n_ckpt, err) ||
-            lunar_cuda_caches_init_kv(&e->gc, e->model, n_blocks, o->max_num_seqs + n_ckpt, fp8, err))
-            goto fail;
-        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks (%s latent) + %d state slots, step reserve %.2f GiB\n",
-                lunar_cuda_device_line(), lunar_cuda_model_bytes(e->model) / 1073741824.0, n_blocks, fp8 ? "fp8" : "bf16",
-                o->max_num_seqs + n_ckpt, step / 1073741824.0);
+        free(rooms);
+        if (prc) goto fail;
+        if (l) {
+            lunar_wire_msg m = {0};
+            lunar_wire_reset(&m, LUNAR_WIRE_INIT);
+            lunar_wire_push(&m, n_blocks), lunar_wire_push(&m, o->max_num_seqs + n_ckpt);
+            prc = lunar_tp_link_send(l, &m, err);
+            lunar_wire_free(&m);
+            if (prc) goto fail;
+        }
+        if (lunar_cuda_caches_init_kv(&e->gc, dm, n_blocks, o->max_num_seqs + n_ckpt, fp8, err)) goto fail;
+        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks (%s latent) + %d state slots, step reserve %.2f GiB%s\n",
+                lunar_cuda_device_line(), lunar_cuda_model_bytes(dm) / 1073741824.0, n_blocks, fp8 ? "fp8" : "bf16",
+                o->max_num_seqs + n_ckpt, step / 1073741824.0, l ? " (rank 0; each rank alike)" : "");
     } else {
         const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
         const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *
@@ -229,7 +267,7 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
 fail:
     lunar_tp_group_free(e->tpg);
     lunar_cuda_caches_free(&e->gc); /* the caches before the weights: the arena is a stack */
-    lunar_cuda_model_free(e->gpu);
+    free_device_model(e);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);
@@ -352,13 +390,28 @@ static int ensure_blocks(lunar_engine *e, request *q, int upto) {
     return 0;
 }
 
+/* CUDA TP: an operation on rank 0's device goes to the followers first, in the order rank 0 makes
+ * them. A follower that is gone fails this and every later step (their requests end with an
+ * error: HTTP 500), while the launcher, which saw it exit, stops the server. */
+static void link_send(lunar_engine *e, uint32_t kind, int a, int b, int nw) {
+    if (!e->opt.tp_link || e->link_failed) return;
+    lunar_wire_msg m = {0};
+    lunar_wire_reset(&m, kind);
+    lunar_wire_push(&m, a);
+    if (nw > 1) lunar_wire_push(&m, b);
+    if (lunar_tp_link_send(e->opt.tp_link, &m, &e->link_err)) e->link_failed = 1;
+    lunar_wire_free(&m);
+}
+
 static void state_copy(lunar_engine *e, int to, int from) {
+    link_send(e, LUNAR_WIRE_COPY, to, from, 2);
     if (e->tpg) lunar_tp_group_state_copy(e->tpg, to, from);
     else if (e->gpu) lunar_cuda_state_copy(&e->gc, to, from);
     else lunar_state_copy(&e->st, to, from);
 }
 
 static void state_clear(lunar_engine *e, int slot) {
+    link_send(e, LUNAR_WIRE_CLEAR, slot, 0, 1);
     if (e->tpg) lunar_tp_group_state_clear(e->tpg, slot);
     else if (e->gpu) lunar_cuda_state_clear(&e->gc, slot);
     else lunar_state_clear(&e->st, slot);
@@ -501,7 +554,7 @@ static void step(lunar_engine *e) {
     int32_t *dev_ids = NULL;
     static int host_only = -1;
     if (host_only < 0) host_only = getenv("LUNAR_CUDA_HOST_SAMPLING") != NULL;
-    if (e->gpu && !host_only) {
+    if (e->gpu && !host_only && !e->opt.tp_link) { /* under TP every rank gets the gathered logits on the host */
         ds = lunar_xcalloc((size_t)np + 1, sizeof *ds);
         dev_ids = lunar_xcalloc((size_t)np + 1, sizeof *dev_ids);
         for (int i = 0, r = 0; i < np; i++) {
@@ -511,7 +564,14 @@ static void step(lunar_engine *e) {
         }
     }
     lunar_err err;
-    int rc = e->tpg   ? lunar_tp_group_forward_batch(e->tpg, seqs, np, e->logits, &err)
+    if (e->opt.tp_link && !e->link_failed) { /* the followers run the same step on their shards */
+        lunar_wire_msg m = {0};
+        lunar_wire_step_encode(&m, seqs, np);
+        if (lunar_tp_link_send(e->opt.tp_link, &m, &e->link_err)) e->link_failed = 1;
+        lunar_wire_free(&m);
+    }
+    int rc = e->link_failed ? (err = e->link_err, -1)
+             : e->tpg ? lunar_tp_group_forward_batch(e->tpg, seqs, np, e->logits, &err)
              : e->gpu ? lunar_forward_batch_cuda_sampled(e->gpu, &e->gc, seqs, np, e->logits, ds, dev_ids, &err)
                       : lunar_forward_batch(e->model, &e->kv, &e->st, seqs, np, e->logits, &err);
     free(seqs);
@@ -602,8 +662,15 @@ void lunar_engine_destroy(lunar_engine *e) {
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
     lunar_tp_group_free(e->tpg);
+    if (e->opt.tp_link && !e->link_failed) { /* the followers stop cleanly (a lost one has gone already) */
+        lunar_wire_msg m = {0};
+        lunar_wire_reset(&m, LUNAR_WIRE_STOP);
+        lunar_err err;
+        if (lunar_tp_link_send(e->opt.tp_link, &m, &err)) fprintf(stderr, "lunar: %s\n", err.msg);
+        lunar_wire_free(&m);
+    }
     lunar_cuda_caches_free(&e->gc);
-    lunar_cuda_model_free(e->gpu);
+    free_device_model(e);
     lunar_kv_pool_free(&e->kv);
     lunar_state_pool_free(&e->st);
     lunar_block_mgr_free(e->blocks);

@@ -125,6 +125,49 @@ static int lazy_find(const lunar_tensor *t, lunar_dummy_gen *g) {
     return found;
 }
 
+/* TP shards of lazy tensors (lunar_dummy_window): a list searched by address. A K3.1 slice has
+ * ~10^4 of them and the upload asks about each once: a linear search is cheap enough. */
+typedef struct lazy_window {
+    const lunar_tensor *t, *parent;
+    int64_t base, ld, cols;
+} lazy_window;
+
+static lazy_window *windows;
+static int n_windows, cap_windows;
+
+void lunar_dummy_window(const lunar_tensor *t, const lunar_tensor *parent, int64_t base, int64_t ld, int64_t cols) {
+    pthread_mutex_lock(&lazy_mu);
+    if (n_windows == cap_windows) {
+        cap_windows = cap_windows ? 2 * cap_windows : 256;
+        windows = realloc(windows, (size_t)cap_windows * sizeof *windows);
+        LUNAR_ASSERT(windows);
+    }
+    windows[n_windows++] = (lazy_window){t, parent, base, ld, cols};
+    pthread_mutex_unlock(&lazy_mu);
+}
+
+void lunar_dummy_window_forget(const lunar_tensor *t) {
+    pthread_mutex_lock(&lazy_mu);
+    for (int i = n_windows - 1; i >= 0; i--)
+        if (windows[i].t == t) {
+            windows[i] = windows[--n_windows];
+            break;
+        }
+    pthread_mutex_unlock(&lazy_mu);
+}
+
+/* The generator of a lazy tensor's values; *w: its window when it is a shard (w->t NULL: the
+ * tensor itself belongs to a lazy set). 0 when t is not lazy. */
+static int lazy_lookup(const lunar_tensor *t, lunar_dummy_gen *g, lazy_window *w) {
+    memset(w, 0, sizeof *w);
+    if (lazy_find(t, g)) return 1;
+    pthread_mutex_lock(&lazy_mu);
+    for (int i = n_windows - 1; i >= 0 && !w->t; i--)
+        if (windows[i].t == t) *w = windows[i];
+    pthread_mutex_unlock(&lazy_mu);
+    return w->t && lazy_find(w->parent, g);
+}
+
 void lunar_dummy_forget(const lunar_st *st) {
     pthread_mutex_lock(&lazy_mu);
     for (int i = 0; i < n_lazy_sets; i++)
@@ -196,28 +239,43 @@ int lunar_dummy_build(lunar_st **out, const lunar_config *cfg, uint64_t seed, in
 
 int lunar_dummy_is_lazy(const lunar_tensor *t) {
     lunar_dummy_gen g;
-    return t && !t->data && lazy_find(t, &g);
+    lazy_window w;
+    return t && !t->data && lazy_lookup(t, &g, &w);
 }
 
 #ifdef LUNAR_HAVE_CUDA
 int lunar_dummy_device_bf16(uint16_t *dst_dev, const lunar_tensor *t) {
     lunar_dummy_gen g;
-    if (!t || t->data || !lazy_find(t, &g) || g.kind == LUNAR_DUMMY_MXFP4) return -1;
-    lunar_cuda_dummy_bf16(dst_dev, &g, 0, (uint64_t)lunar_tensor_numel(t));
+    lazy_window w;
+    if (!t || t->data || !lazy_lookup(t, &g, &w) || g.kind == LUNAR_DUMMY_MXFP4) return -1;
+    const uint64_t n = (uint64_t)lunar_tensor_numel(t);
+    if (w.t)
+        lunar_cuda_dummy_bf16_2d(dst_dev, &g, (uint64_t)w.base, (uint64_t)w.ld, (uint64_t)w.cols, n);
+    else
+        lunar_cuda_dummy_bf16(dst_dev, &g, 0, n);
     return 0;
 }
 
-int lunar_dummy_device_mxfp4_bf16(uint16_t *dst_dev, const lunar_mxfp4 *w) {
+int lunar_dummy_device_mxfp4_bf16(uint16_t *dst_dev, const lunar_mxfp4 *q) {
     lunar_dummy_gen g;
-    if (!w->packed || w->packed->data || !lazy_find(w->packed, &g) || g.kind != LUNAR_DUMMY_MXFP4) return -1;
-    lunar_cuda_dummy_mxfp4_bf16(dst_dev, &g, 0, w->packed->shape[0]);
+    lazy_window w;
+    if (!q->packed || q->packed->data || !lazy_lookup(q->packed, &g, &w) || g.kind != LUNAR_DUMMY_MXFP4) return -1;
+    if (w.t) /* a window of the packed bytes: two codes a byte */
+        lunar_cuda_dummy_mxfp4_bf16_cols(dst_dev, &g, w.base / w.ld, q->packed->shape[0], 2 * (w.base % w.ld),
+                                         2 * w.cols);
+    else
+        lunar_cuda_dummy_mxfp4_bf16(dst_dev, &g, 0, q->packed->shape[0]);
     return 0;
 }
 
 int lunar_dummy_device_raw(uint8_t *dst_dev, const lunar_tensor *t) {
     lunar_dummy_gen g;
-    if (!t || t->data || !lazy_find(t, &g) || g.kind != LUNAR_DUMMY_MXFP4) return -1;
-    lunar_cuda_dummy_mxfp4_packed(dst_dev, &g, 0, (uint64_t)t->nbytes);
+    lazy_window w;
+    if (!t || t->data || !lazy_lookup(t, &g, &w) || g.kind != LUNAR_DUMMY_MXFP4) return -1;
+    if (w.t)
+        lunar_cuda_dummy_mxfp4_packed_2d(dst_dev, &g, (uint64_t)w.base, (uint64_t)w.ld, (uint64_t)w.cols, t->nbytes);
+    else
+        lunar_cuda_dummy_mxfp4_packed(dst_dev, &g, 0, (uint64_t)t->nbytes);
     return 0;
 }
 #else

@@ -63,6 +63,14 @@ int lunar_dummy_device_bf16(uint16_t *dst_dev, const lunar_tensor *t);          
 int lunar_dummy_device_mxfp4_bf16(uint16_t *dst_dev, const lunar_mxfp4 *w);        /* [out, in] bf16 */
 int lunar_dummy_device_raw(uint8_t *dst_dev, const lunar_tensor *t);               /* MXFP4 packed bytes */
 
+/* Tensor-parallel shards of lazy tensors (model/shard.c): t is a window of parent (a lazy tensor of
+ * a device_lazy set): its element (r, c), with rows of `cols` elements, is element base + r * ld + c
+ * of parent (elements are bytes for MXFP4 packed tensors). A window is lazy too: the hooks above
+ * generate exactly the parent's values at those places, so the shards of a lazy dummy model are
+ * the shards of the same model, bit for bit, and no rank ever holds the full model. */
+void lunar_dummy_window(const lunar_tensor *t, const lunar_tensor *parent, int64_t base, int64_t ld, int64_t cols);
+void lunar_dummy_window_forget(const lunar_tensor *t);
+
 /* Device launchers (backend/cuda/cuda_dummy.cu; only with LUNAR_HAVE_CUDA): elements [i0, i0+n). */
 void lunar_cuda_dummy_bf16(uint16_t *dst, const lunar_dummy_gen *g, uint64_t i0, uint64_t n);
 void lunar_cuda_dummy_f32(float *dst, const lunar_dummy_gen *g, uint64_t i0, uint64_t n);
@@ -70,6 +78,14 @@ void lunar_cuda_dummy_mxfp4_packed(uint8_t *dst, const lunar_dummy_gen *g, uint6
 void lunar_cuda_dummy_mxfp4_scale(uint8_t *dst, const lunar_dummy_gen *g, uint64_t i0, uint64_t n);
 /* The dequantised matrix [rows, in] (rows from row0) as bf16 (exact: E2M1 x 2^k fits bf16). */
 void lunar_cuda_dummy_mxfp4_bf16(uint16_t *dst, const lunar_dummy_gen *g, int64_t row0, int64_t rows);
+/* Windows: dst[r * cols + c] = element base + r * ld + c, for n = rows * cols elements (bf16 values,
+ * MXFP4 packed bytes); the dequantised MXFP4 columns [col0, col0 + cols) of rows [row0, row0 + rows). */
+void lunar_cuda_dummy_bf16_2d(uint16_t *dst, const lunar_dummy_gen *g, uint64_t base, uint64_t ld, uint64_t cols,
+                              uint64_t n);
+void lunar_cuda_dummy_mxfp4_packed_2d(uint8_t *dst, const lunar_dummy_gen *g, uint64_t base, uint64_t ld,
+                                      uint64_t cols, uint64_t n);
+void lunar_cuda_dummy_mxfp4_bf16_cols(uint16_t *dst, const lunar_dummy_gen *g, int64_t row0, int64_t rows,
+                                      int64_t col0, int64_t cols);
 
 /* ---- config transforms ---- */
 

@@ -346,14 +346,21 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
             d->sg = up_mat(f->shared_gate), d->su = up_mat(f->shared_up), d->sd = up_mat(f->shared_down);
             d->ldown = up_mat(f->latent_down), d->lup = up_mat(f->latent_up);
             d->lnorm = up_bf16(f->latent_norm);
-            const int E = c->num_experts, I = c->moe_intermediate_size;
+            const int E = c->num_experts;
+            /* TP hook: a rank's experts hold its slice of the intermediate channels */
+            const lunar_expert_weights *x0 = &f->experts[0];
+            const int I = !m->tp ? c->moe_intermediate_size
+                          : c->experts_mxfp4 ? (x0->q1.packed ? (int)x0->q1.packed->shape[0] : 0)
+                                             : (x0->w1 ? (int)x0->w1->shape[0] : 0);
             const int De = c->routed_expert_hidden_size ? c->routed_expert_hidden_size : c->hidden_size;
             d->w1 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w3 = lunar_xcalloc((size_t)E, sizeof(dmat));
             d->w2 = lunar_xcalloc((size_t)E, sizeof(dmat));
             /* TP hook: a rank holds shares of the experts (or, under EP, some whole experts only):
              * the generic path reads every expert's own shape and skips the absent ones */
-            d->fused_ok = De % 128 == 0 && I % 128 == 0 && !m->tp;
+            /* TP hook: the fused kernels take a rank's slice (its partial sums join the layer's
+             * all-reduce; the latent sum is all-reduced before its norm, below), not EP's gaps */
+            d->fused_ok = De % 128 == 0 && I > 0 && I % 128 == 0 && !(m->tp && m->tp->ep);
             lunar_cuda_moe_experts *X = &d->mx;
             X->E = E, X->D = De, X->I = I, X->mxfp4 = c->experts_mxfp4, X->act = c->act_situ;
             X->beta = c->situ_beta, X->beta_l = c->situ_linear_beta;
@@ -953,8 +960,14 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         t0 = cp_begin();
+        if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, acc, (size_t)n * Lat); /* TP hook: before the norm */
         if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
-        mm(out, acc, &w->lup, n);
+        if (g->m->tp) { /* TP hook: this rank's column slice of routed_expert_up_proj */
+            float *cols = fd((size_t)n * g->m->tp->lat_n + 1);
+            lunar_cuda_tp_latent_cols(g->m, cols, acc, n, Lat);
+            mm(out, cols, &w->lup, n);
+        } else
+            mm(out, acc, &w->lup, n);
         cp_end(LUNAR_PROF_LATENT, t0);
     }
     if (sh) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/cache.h"
+#include "model/dummy.h"
 #include "ops.h"
 
 void lunar_split(int64_t n, int parts, int part, int64_t gran, int64_t *off, int64_t *len) {
@@ -56,9 +57,34 @@ static lunar_tensor *new_tensor(lunar_tp *tp, const lunar_tensor *like) {
     return tp->tensors[tp->n_tensors++] = t;
 }
 
+/* A shard of a lazy dummy tensor (no host data; generated on the device at upload): a tensor of
+ * shape `shape` with no data, registered as the window of t whose element (r, c) is element
+ * base + r * ld + c of t (model/dummy.h). Without any host copy, a rank of a full-size dummy
+ * model holds only its shards, and only on its device. */
+static const lunar_tensor *lazy_window(lunar_tp *tp, const lunar_tensor *t, int ndim, const int64_t *shape,
+                                       int64_t base, int64_t ld, int64_t cols) {
+    lunar_tensor v = *t;
+    v.ndim = ndim;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (v.shape[i] = shape[i]);
+    v.data = NULL;
+    v.nbytes = (size_t)n * lunar_dtype_size(t->dtype);
+    const lunar_tensor *w = new_tensor(tp, &v);
+    lunar_dummy_window(w, t, base, ld, cols);
+    return w;
+}
+
 /* rows [r0, r0 + n) of t (a view) */
 static const lunar_tensor *rows(lunar_tp *tp, const lunar_tensor *t, int64_t r0, int64_t n) {
     if (!t) return NULL;
+    if (!t->data && lunar_dummy_is_lazy(t)) {
+        LUNAR_ASSERT(r0 >= 0 && n >= 0 && r0 + n <= t->shape[0]);
+        const int64_t row = t->shape[0] ? lunar_tensor_numel(t) / t->shape[0] : 0;
+        int64_t shape[LUNAR_MAX_DIMS];
+        memcpy(shape, t->shape, sizeof shape);
+        shape[0] = n;
+        return lazy_window(tp, t, t->ndim, shape, r0 * row, row, row);
+    }
     lunar_tensor v = lunar_tensor_rows(t, r0, n);
     return new_tensor(tp, &v);
 }
@@ -66,6 +92,7 @@ static const lunar_tensor *rows(lunar_tp *tp, const lunar_tensor *t, int64_t r0,
 /* elements [e0, e0 + n) of t as a 1-D view (per-channel vectors stored in varying shapes) */
 static const lunar_tensor *elems(lunar_tp *tp, const lunar_tensor *t, int64_t e0, int64_t n) {
     LUNAR_ASSERT(e0 >= 0 && e0 + n <= lunar_tensor_numel(t));
+    if (!t->data && lunar_dummy_is_lazy(t)) return lazy_window(tp, t, 1, &n, e0, n, n);
     lunar_tensor v = *t;
     const size_t es = lunar_dtype_size(t->dtype);
     v.ndim = 1;
@@ -79,6 +106,10 @@ static const lunar_tensor *elems(lunar_tp *tp, const lunar_tensor *t, int64_t e0
 static const lunar_tensor *cols(lunar_tp *tp, const lunar_tensor *t, int64_t c0, int64_t n) {
     if (!t) return NULL;
     LUNAR_ASSERT(t->ndim == 2 && c0 >= 0 && c0 + n <= t->shape[1]);
+    if (!t->data && lunar_dummy_is_lazy(t)) {
+        const int64_t shape[2] = {t->shape[0], n};
+        return lazy_window(tp, t, 2, shape, c0, t->shape[1], n);
+    }
     const size_t es = lunar_dtype_size(t->dtype), R = (size_t)t->shape[0], C = (size_t)t->shape[1];
     uint8_t *d = own(tp, R * (size_t)n * es);
     for (size_t r = 0; r < R; r++)
@@ -232,7 +263,10 @@ void lunar_shard_free(lunar_model *m) {
     if (!m) return;
     lunar_tp *tp = m->tp;
     for (int i = 0; i < tp->n_owned; i++) free(tp->owned[i]);
-    for (int i = 0; i < tp->n_tensors; i++) free(tp->tensors[i]);
+    for (int i = 0; i < tp->n_tensors; i++) {
+        if (!tp->tensors[i]->data) lunar_dummy_window_forget(tp->tensors[i]); /* a lazy shard */
+        free(tp->tensors[i]);
+    }
     free(tp->owned), free(tp->tensors), free(tp->dcp_heads), free(tp);
     free(m->layers);
     free(m);

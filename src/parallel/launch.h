@@ -24,8 +24,15 @@ typedef int (*lunar_id_fn)(void *id, lunar_err *err);
 int lunar_dist_check(lunar_dist_opts *o, lunar_err *err);
 
 /* Forks o->nproc_per_node rank processes on this node, waits for all, and returns 0 when every one
- * exited 0; otherwise -1 naming the first failed rank. timeout_ms bounds the rendezvous. */
+ * exited 0; otherwise -1 naming the first failed rank. timeout_ms bounds the rendezvous. The first
+ * rank to fail makes the launcher send SIGTERM to the others; SIGINT / SIGTERM to the launcher go
+ * to every rank; ranks still alive 10 s after either are killed (no hang on a rank stuck in a
+ * collective with a dead peer). */
 int lunar_launch_node(const lunar_dist_opts *o, lunar_id_fn make_id, lunar_rank_fn fn, void *arg,
                       int timeout_ms, lunar_err *err);
+/* As lunar_launch_node; after_fork(arg) runs in the launcher once every rank is forked (to close
+ * the launcher's copies of descriptors only the ranks should hold). */
+int lunar_launch_node_ex(const lunar_dist_opts *o, lunar_id_fn make_id, lunar_rank_fn fn, void *arg,
+                         void (*after_fork)(void *arg), int timeout_ms, lunar_err *err);
 
 #endif

@@ -44,6 +44,24 @@ __global__ void k_mxfp4_bf16(uint16_t *dst, lunar_dummy_gen g, int64_t row0, uin
     }
 }
 
+// Windows of a tensor (TP shards of lazy dummy tensors): element i of the window is element
+// base + (i / cols) * ld + i % cols of the tensor.
+__global__ void k_bf16_2d(uint16_t *dst, lunar_dummy_gen g, uint64_t base, uint64_t ld, uint64_t cols, uint64_t n) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = lunar_dummy_bf16(lunar_dummy_value(&g, base + i / cols * ld + i % cols));
+}
+
+__global__ void k_packed_2d(uint8_t *dst, lunar_dummy_gen g, uint64_t base, uint64_t ld, uint64_t cols, uint64_t n) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = lunar_dummy_mxfp4_packed(&g, base + i / cols * ld + i % cols);
+}
+
+__global__ void k_mxfp4_bf16_cols(uint16_t *dst, lunar_dummy_gen g, int64_t row0, int64_t col0, uint64_t cols,
+                                  uint64_t n) {
+    for (uint64_t i = blockIdx.x * (uint64_t)blockDim.x + threadIdx.x; i < n; i += (uint64_t)gridDim.x * blockDim.x)
+        dst[i] = lunar_dummy_bf16(lunar_dummy_mxfp4_value(&g, row0 + (int64_t)(i / cols), col0 + (int64_t)(i % cols)));
+}
+
 }  // namespace
 
 extern "C" {
@@ -76,6 +94,28 @@ void lunar_cuda_dummy_mxfp4_bf16(uint16_t *dst, const lunar_dummy_gen *g, int64_
     const uint64_t n = (uint64_t)rows * (uint64_t)g->in;
     if (!n) return;
     k_mxfp4_bf16<<<grid_for(n), kThreads>>>(dst, *g, row0, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void lunar_cuda_dummy_bf16_2d(uint16_t *dst, const lunar_dummy_gen *g, uint64_t base, uint64_t ld, uint64_t cols,
+                              uint64_t n) {
+    if (!n || !cols) return;
+    k_bf16_2d<<<grid_for(n), kThreads>>>(dst, *g, base, ld, cols, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void lunar_cuda_dummy_mxfp4_packed_2d(uint8_t *dst, const lunar_dummy_gen *g, uint64_t base, uint64_t ld,
+                                      uint64_t cols, uint64_t n) {
+    if (!n || !cols) return;
+    k_packed_2d<<<grid_for(n), kThreads>>>(dst, *g, base, ld, cols, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+void lunar_cuda_dummy_mxfp4_bf16_cols(uint16_t *dst, const lunar_dummy_gen *g, int64_t row0, int64_t rows,
+                                      int64_t col0, int64_t cols) {
+    const uint64_t n = (uint64_t)rows * (uint64_t)cols;
+    if (!n) return;
+    k_mxfp4_bf16_cols<<<grid_for(n), kThreads>>>(dst, *g, row0, col0, (uint64_t)cols, n);
     CUDA_CHECK_LAUNCH();
 }
 
