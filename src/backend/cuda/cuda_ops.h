@@ -76,6 +76,14 @@ void lunar_cuda_graph_begin(lunar_cuda_stream s);
 lunar_cuda_graph lunar_cuda_graph_end(lunar_cuda_stream s);
 void lunar_cuda_graph_launch(lunar_cuda_graph g, lunar_cuda_stream s);
 void lunar_cuda_graph_destroy(lunar_cuda_graph g);
+/* The forward's decode steps (model/forward_cuda.c): between begin and end, every op launched on
+ * the NULL stream is captured instead of run (on an internal stream); end instantiates it (NULL +
+ * message when the driver refused the capture; *nodes: the graph's node count, may be NULL).
+ * Replay with lunar_cuda_graph_launch(g, NULL) (the legacy stream). Uploads, downloads, fills and
+ * syncs abort while capturing: each is a host round trip the graph could not replay. */
+int lunar_cuda_capture_begin(lunar_err *err);
+int lunar_cuda_capture_end(lunar_cuda_graph *out, size_t *nodes, lunar_err *err);
+int lunar_cuda_capturing(void);
 
 /* ---------------------------------------------------------------- dense (cuda_dense.cu, cuda_gemm.cu) */
 
