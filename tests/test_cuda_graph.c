@@ -113,13 +113,13 @@ static void graphs_vs_eager(const lunar_model *m, int fused, long *captures, lon
         int32_t *ie = lunar_xcalloc((size_t)STEPS * B, 4), *igr = lunar_xcalloc((size_t)STEPS * B, 4);
         long c0, r0, c1, r1;
         lunar_cuda_model_graphs(gm, 0);
-        lunar_cuda_model_graph_stats(gm, &c0, &r0, NULL);
+        lunar_cuda_model_graph_stats(gm, &c0, &r0, NULL, NULL);
         decode_run(gm, &c, &sv, B, plen, per, blocks, V, le, ie);
-        lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL);
+        lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         CHECK_MSG(c1 == c0 && r1 == r0, "graphs off, yet %ld captures and %ld replays", c1 - c0, r1 - r0);
         lunar_cuda_model_graphs(gm, 1);
         decode_run(gm, &c, &sv, B, plen, per, blocks, V, lgr, igr);
-        lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL);
+        lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         *captures += c1 - c0, *replays += r1 - r0;
         int bad_steps = 0, first_bad = -1;
         for (int k = 0; k < STEPS; k++) {
@@ -130,7 +130,7 @@ static void graphs_vs_eager(const lunar_model *m, int fused, long *captures, lon
             bad_steps += !same;
         }
         size_t nodes = 0;
-        lunar_cuda_model_graph_stats(gm, NULL, NULL, &nodes);
+        lunar_cuda_model_graph_stats(gm, NULL, NULL, &nodes, NULL);
         fprintf(stderr, "\n  %s MoE, B=%d: %ld captures, %ld replays (last graph %zu nodes), %d/%d steps differ",
                 fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
         CHECK_MSG(bad_steps == 0, "B=%d: %d of %d decode steps differ between graphs and eager (first: step %d)", B,

@@ -428,9 +428,10 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     if (cuda) {
         long cap = 0, rep = 0;
         size_t nodes = 0;
-        lunar_cuda_model_graph_stats(r.g, &cap, &rep, &nodes);
-        fprintf(stderr, "lunar bench: CUDA graphs %s: %ld captured, %ld steps replayed, %zu nodes in the last\n",
-                o->eager ? "off (--enforce-eager)" : "on", cap, rep, nodes);
+        double cs = 0;
+        lunar_cuda_model_graph_stats(r.g, &cap, &rep, &nodes, &cs);
+        fprintf(stderr, "lunar bench: CUDA graphs %s: %ld captured (%.1f ms each), %ld steps replayed, %zu nodes in the last\n",
+                o->eager ? "off (--enforce-eager)" : "on", cap, cap ? cs * 1e3 / cap : 0.0, rep, nodes);
     }
     lunar_cuda_model_free(r.g);
     lunar_model_free(m);

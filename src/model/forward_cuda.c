@@ -17,11 +17,13 @@ int lunar_cuda_model_graphs(lunar_cuda_model *g, int on) {
     (void)g, (void)on;
     return 0;
 }
-void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes) {
+void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
+                                  double *capture_s) {
     (void)g;
     if (captures) *captures = 0;
     if (replays) *replays = 0;
     if (nodes) *nodes = 0;
+    if (capture_s) *capture_s = 0;
 }
 int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
     (void)gpu_memory_utilization;
@@ -170,7 +172,8 @@ struct lunar_cuda_graphs {
     int on;
     unsigned long tick;
     long captures, replays;
-    size_t nodes; /* of the last capture */
+    size_t nodes;     /* of the last capture */
+    double capture_s; /* host time of all captures + instantiations */
     graph_ent e[GRAPH_SLOTS];
 };
 
@@ -1172,10 +1175,12 @@ int lunar_cuda_model_graphs(lunar_cuda_model *g, int on) {
     return was;
 }
 
-void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes) {
+void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
+                                  double *capture_s) {
     if (captures) *captures = g->graphs->captures;
     if (replays) *replays = g->graphs->replays;
     if (nodes) *nodes = g->graphs->nodes;
+    if (capture_s) *capture_s = g->graphs->capture_s;
 }
 
 /* The device work of one step, from the input block to the logits rows (lg) and, when sampling,
@@ -1314,6 +1319,7 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     if (ge && !ge->x && ge->seen > 0) { /* the key's second step: capture it */
         lunar_err cerr;
         size_t nodes = 0;
+        const double tc = lunar_prof_now();
         int rc = lunar_cuda_capture_begin(&cerr);
         if (!rc) {
             step_enqueue(g, &b, ids, h_ids, sel, rows, dp, logits, &lg, &did, &t_lm);
@@ -1327,6 +1333,7 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
         } else {
             ge->in = in, ge->lg = lg, ge->did = did;
             g->graphs->captures++, g->graphs->nodes = nodes;
+            g->graphs->capture_s += lunar_prof_now() - tc;
         }
     }
     if (ge && ge->x) {

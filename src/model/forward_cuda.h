@@ -42,8 +42,10 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
  * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host
  * round trip (generic MoE, tensor parallelism, AttnRes, profiling) always run eagerly. */
 int lunar_cuda_model_graphs(lunar_cuda_model *g, int on);
-/* graphs captured, steps replayed, and the last capture's node count (launches per step) */
-void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes);
+/* graphs captured, steps replayed, the last capture's node count (launches per step), and the
+ * host seconds spent capturing and instantiating (each may be NULL) */
+void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
+                                  double *capture_s);
 
 /* Sizes for planning device memory: the uploaded weights; one cache block of 128 tokens over all
  * MLA layers (bf16 latent + index keys); one KDA state slot; an upper bound of one step's
