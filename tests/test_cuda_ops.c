@@ -140,7 +140,20 @@ TEST(cuda_matmul_bf16_vs_cpu) {
             snprintf(what, sizeof what, "matmul n=%d out=%d in=%d %s", n, out, in, dt ? "bf16" : "f32");
             report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
             CHECK(dout_guards_ok(&o));
-            free(y);
+            /* fp32 x rounded inside the skinny kernel: the same bits as the bf16 copy's product */
+            float *xr = test_rand((long)n * in, 10 + s, -1, 1); /* x before its rounding */
+            const float *dxf = dev_in(xr, (size_t)n * in * 4);
+            dout o2;
+            void *dy2 = dout_new(&o2, (size_t)n * out * (dt ? 2 : 4));
+            const int took = lunar_cuda_matmul_f32x(dy2, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL);
+            CHECK(took == (n <= 8 && in % 8 == 0 ? 0 : -1));
+            if (took == 0) {
+                float *y2 = dt ? down_bf16(dy2, (long)n * out) : down_f32(dy2, (long)n * out);
+                CHECK_MSG(memcmp(y2, y, (size_t)n * out * sizeof *y) == 0, "%s: fp32-x kernel differs from bf16-x", what);
+                CHECK(dout_guards_ok(&o2));
+                free(y2);
+            }
+            free(xr), free(y);
         }
         test_tensor_free(&W);
         free(x), free(w), free(ref), free(xb);

@@ -87,8 +87,22 @@ __device__ __forceinline__ float gv_dot8(uint4 a, uint4 b) {
 __device__ __forceinline__ void gv_store(float *y, float v) { *y = v; }
 __device__ __forceinline__ void gv_store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
 
-template <int NR, typename TY>
-__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const uint16_t *x, const uint16_t *W, int out,
+/* 8 consecutive x values as bf16 pairs: bf16 x as stored, or fp32 x rounded to bf16 here (the
+ * value the f32 -> bf16 copy before a GEMM would have made) */
+__device__ __forceinline__ uint4 gv_x8(const uint16_t *x, size_t row, int i, int in) {
+    return __ldg((const uint4 *)(x + row * in) + i);
+}
+__device__ __forceinline__ uint32_t gv_pack(float a, float b) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+}
+__device__ __forceinline__ uint4 gv_x8(const float *x, size_t row, int i, int in) {
+    const float4 a = __ldg((const float4 *)(x + row * in) + 2 * i), b = __ldg((const float4 *)(x + row * in) + 2 * i + 1);
+    return make_uint4(gv_pack(a.x, a.y), gv_pack(a.z, a.w), gv_pack(b.x, b.y), gv_pack(b.z, b.w));
+}
+
+template <int NR, typename TY, typename TX>
+__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
                                                             int in, int split) {
     __shared__ float red[kGvWarps][NR];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
@@ -102,7 +116,7 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const uint16
         for (int i = part * 32 + lane; i < n8; i += 32 * split) {
             const uint4 wv = __ldcs(w4 + i); /* streamed once: not kept in L1 */
 #pragma unroll
-            for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, __ldg((const uint4 *)(x + (size_t)r * in) + i));
+            for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, gv_x8(x, (size_t)r, i, in));
         }
     }
 #pragma unroll
@@ -127,8 +141,8 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const uint16
     }
 }
 
-template <typename TY> static void gemv_launch(TY *y, const uint16_t *x, const uint16_t *W, int n, int out, int in,
-                                               cudaStream_t st) {
+template <typename TY, typename TX>
+static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
     /* ~8K warps fill the H200 (132 SMs x 64); fewer outputs share each one among up to 8 warps,
      * each warp keeping at least one 512-byte stretch of its row per pass */
     int split = 1;
@@ -137,7 +151,7 @@ template <typename TY> static void gemv_launch(TY *y, const uint16_t *x, const u
     switch (n) {
 #define GV_CASE(R)                                                                                   \
     case R:                                                                                          \
-        gemv_kernel<R, TY><<<blocks, kGvWarps * 32, 0, st>>>(y, x, W, out, in, split);               \
+        gemv_kernel<R, TY, TX><<<blocks, kGvWarps * 32, 0, st>>>(y, x, W, out, in, split);               \
         break;
         GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4) GV_CASE(5) GV_CASE(6) GV_CASE(7) GV_CASE(8)
 #undef GV_CASE
@@ -152,6 +166,16 @@ static bool gemv_wanted(const void *x, const void *W, int n, int out, int in) {
     if (on < 0) on = !(getenv("LUNAR_CUDA_GEMV") && strcmp(getenv("LUNAR_CUDA_GEMV"), "0") == 0);
     return on && n <= kGvRows && in % 8 == 0 && (long long)out * in <= kGvMaxElems &&
            ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
+}
+
+extern "C" int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n,
+                                      int out, int in, lunar_cuda_stream s) {
+    CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
+    if (n == 0) return 0;
+    if (!gemv_wanted(x, W, n, out, in)) return -1;
+    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
+    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
+    return 0;
 }
 
 extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x,

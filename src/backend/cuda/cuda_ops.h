@@ -92,6 +92,12 @@ int lunar_cuda_capturing(void);
  * the final bf16 rounding when ydt is BF16). lm_head is this with ydt = F32. */
 void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n,
                        int out, int in, lunar_cuda_stream s);
+/* The same product from fp32 x, rounded to bf16 inside the kernel (the values of an f32 -> bf16 copy
+ * followed by lunar_cuda_matmul, with one launch and no copy): only where the skinny kernel takes
+ * the shape (n <= 8, in % 8 == 0, 16-byte aligned x and W, W up to 64 M elements; LUNAR_CUDA_GEMV
+ * not 0). Returns -1, launching nothing, elsewhere. */
+int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
+                           int in, lunar_cuda_stream s);
 
 /* The MLA absorption for many rows (prefill): q [rows, H, N+P] fp32 -> q_lat [rows, H, R] =
  * q_nope . W_UK per head and q_pe [rows, H, P] (the rope columns), with W = kv_b_proj bf16
