@@ -237,6 +237,42 @@ TEST(cuda_embedding_vs_cpu) {
     lunar_cuda_release(mark);
 }
 
+/* the fused residual add + RMSNorm against the CPU composition (x + r, then op_rmsnorm), and bit
+ * for bit against the device's two launches it replaces (lunar_glue_add, lunar_cuda_rmsnorm) */
+TEST(cuda_add_rmsnorm_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], dim = shapes[s][1];
+        const long N = (long)n * dim;
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand(N, 140 + s, -3, 3), *r = test_rand(N, 150 + s, -3, 3);
+        float *wv = test_rand(dim, 160 + s, 0.5f, 1.5f);
+        lunar_tensor w = test_tensor1(LUNAR_DTYPE_BF16, dim, wv);
+        float *sum = test_alloc(N), *ref = test_poisoned(N);
+        for (long i = 0; i < N; i++) sum[i] = x[i] + r[i];
+        op_rmsnorm(ref, sum, &w, n, dim, 1e-5f);
+        const float *dr = dev_in(r, N * 4);
+        const uint16_t *dw = dev_in(w.data, w.nbytes);
+        float *dx = (float *)dev_in(x, N * 4), *dx2 = (float *)dev_in(x, N * 4);
+        dout o1, o2;
+        float *y1 = dout_new(&o1, N * 4), *y2 = dout_new(&o2, N * 4);
+        lunar_cuda_add_rmsnorm(y1, LUNAR_CUDA_F32, dx, dr, dw, n, dim, 1e-5f, NULL);
+        lunar_glue_add(dx2, dr, (size_t)N, NULL);
+        lunar_cuda_rmsnorm(y2, LUNAR_CUDA_F32, dx2, dw, n, dim, 1e-5f, NULL);
+        float *h1 = down_f32(y1, N), *h2 = down_f32(y2, N), *xs = down_f32(dx, N);
+        char what[96];
+        snprintf(what, sizeof what, "add_rmsnorm n=%d dim=%d", n, dim);
+        report(what, lunar_max_rel_err(h1, ref, N), 1e-5);
+        CHECK_MSG(memcmp(xs, sum, (size_t)N * 4) == 0, "%s: x + r not stored exactly", what);
+        CHECK_MSG(memcmp(h1, h2, (size_t)N * 4) == 0, "%s: differs from add + rmsnorm", what);
+        CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        test_tensor_free(&w);
+        free(x), free(r), free(wv), free(sum), free(ref), free(h1), free(h2), free(xs);
+        lunar_cuda_release(mark);
+    }
+}
+
 TEST(cuda_norms_vs_cpu) {
     if (!cuda_on()) return;
     static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}, {64, 4096}};

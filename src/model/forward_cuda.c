@@ -683,7 +683,10 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
                       float *out) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
-    float *pre = fd((size_t)n * HD), *q = fd((size_t)n * HD), *k = fd((size_t)n * HD), *v = fd((size_t)n * HD);
+    /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
+     * them, their L2 norms (per head row) are one launch over 2 n H rows */
+    const size_t qk_stride = ((size_t)n * HD + 63) / 64 * 64;
+    float *pre = fd((size_t)n * HD), *q = fd(2 * qk_stride), *k = q + qk_stride, *v = fd((size_t)n * HD);
     float *g = fd((size_t)n * HD), *low = fd((size_t)n * dk), *beta = fd((size_t)n * H), *o = fd((size_t)n * HD);
     const size_t state_stride = (size_t)HD * (K - 1);
     const dmat *proj[3] = {&w->q, &w->k, &w->v};
@@ -707,8 +710,12 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
             lunar_cuda_short_conv(dst[i] + r, pre + r, conv[i], st, b->seqs[j].n, HD, K, NULL);
         }
     }
-    lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
-    lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+    if (qk_stride == (size_t)n * HD) {
+        lunar_cuda_l2norm(q, q, 2 * n * H, dk, KDA_L2_EPS, NULL);
+    } else {
+        lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
+        lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+    }
     mm_b(low, hb, &w->fa, n, NULL);
     mm(pre, low, &w->fb, n);
     lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
@@ -1048,21 +1055,26 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size;
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
         double t0 = cp_begin();
-        lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        if (l == 0)
+            lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        else /* the previous layer's FFN output */
+            lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         attention(g, b, l, h, y);
         t0 = cp_begin();
-        lunar_glue_add(x, y, (size_t)n * D, NULL);
-        lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         ffn(g, l, h, n, y);
-        lunar_glue_add(x, y, (size_t)n * D, NULL);
     }
     const double t0 = cp_begin();
-    lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
+    if (c->num_hidden_layers > 0)
+        lunar_cuda_add_rmsnorm(hout, LUNAR_CUDA_F32, x, y, g->final_norm, n, D, c->rms_norm_eps, NULL);
+    else
+        lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
     cp_end(LUNAR_PROF_NORM, t0);
 }
 

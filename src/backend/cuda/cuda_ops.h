@@ -121,6 +121,11 @@ void lunar_cuda_rmsnorm(void *y, lunar_cuda_dtype ydt, const float *x, const uin
 void lunar_cuda_rmsnorm_gated(void *y, lunar_cuda_dtype ydt, const float *x, const float *gate,
                               const uint16_t *w, int n, int dim, float eps, lunar_cuda_stream s);
 void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps, lunar_cuda_stream s);
+/* The residual add and the next norm in one launch: x += r (x [n, dim] updated in place), then
+ * y = op_rmsnorm(x) as lunar_cuda_rmsnorm (y must not alias x or r). Bit-equal to the add followed by
+ * lunar_cuda_rmsnorm. */
+void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w, int n,
+                            int dim, float eps, lunar_cuda_stream s);
 
 /* op_silu_mul / op_situ_mul on fp32 inputs; y stored as ydt (may alias gate or up when F32). */
 void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate, const float *up,
