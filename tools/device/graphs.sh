@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# CUDA graphs of decode steps on the device, in one call (prebuilt binaries in DIR/bin, libraries in
-# DIR/lib, as session.sh): the CUDA tests (ops, forward incl. graphs == eager), the engine tests,
-# lunar bench of Kimi-Linear-48B-A3B (dummy) with graphs on, --enforce-eager, and --profile, and
-# lunar serve + bench serve with graphs on and off (LUNAR_CUDA_GRAPHS=0). Logs under $OUT.
+# Decode launch work on the device, in one call (prebuilt binaries in DIR/bin, libraries in DIR/lib,
+# as session.sh): the CUDA tests (ops, forward incl. graphs == eager), the CUDA engine stress test,
+# lunar bench of Kimi-Linear-48B-A3B (dummy) with graphs on, --enforce-eager, LUNAR_CUDA_GEMV=0
+# (cuBLASLt for every GEMM), LUNAR_MLA_ABSORB=gemm, and --profile, and lunar serve + bench serve
+# (SERVE_GRAPHS="1 0": with graphs on and off). Logs under $OUT.
 #   tools/device/graphs.sh DIR
 set -u
 P=${1:?usage: graphs.sh PREBUILT_DIR}
@@ -17,30 +18,27 @@ T=$OUT/summary.txt
 t0=$(date +%s)
 step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
 
-step "lunar_tests cuda_forward_graphs"
-OMP_NUM_THREADS=16 timeout 60 "$P/bin/lunar_tests" cuda_forward_graphs > "$OUT/graphs_test.log" 2>&1
-echo "rc=$?" >> "$T"; grep -E "MoE, B=|FAIL|passed|abort|error" "$OUT/graphs_test.log" | head -20 >> "$T"
+step "lunar_tests cuda (ops incl. skinny GEMM / add+rmsnorm / MLA row kernels, forward on goldens + wide, graphs == eager, TP)"
+OMP_NUM_THREADS=16 timeout 120 "$P/bin/lunar_tests" cuda > "$OUT/tests_cuda.log" 2>&1
+echo "rc=$?" >> "$T"; grep -E "MoE, B=|passed|FAIL|abort|CUDA error|absorb rows|matmul n=[1-8] " "$OUT/tests_cuda.log" | head -24 >> "$T"
+step "lunar_tests engine_stress (CUDA)"
+OMP_NUM_THREADS=16 timeout 40 "$P/bin/lunar_tests" engine_stress > "$OUT/engine.log" 2>&1
+echo "rc=$?" >> "$T"; grep -E "passed|FAIL|abort|CUDA error" "$OUT/engine.log" | head -5 >> "$T"
 
 B="$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024"
-step "bench KL48, graphs on"
-timeout 60 $B --batch-sizes 1,8,64 --contexts 1024,32768 > "$OUT/bench_graphs.txt" 2>&1
-echo "rc=$?" >> "$T"; grep -vE "^  (prefill|decode) " "$OUT/bench_graphs.txt" | tail -16 >> "$T"
-step "bench KL48, --enforce-eager"
-timeout 60 $B --batch-sizes 1,8,64 --contexts 1024,32768 --enforce-eager > "$OUT/bench_eager.txt" 2>&1
-echo "rc=$?" >> "$T"; grep -vE "^  (prefill|decode) " "$OUT/bench_eager.txt" | tail -12 >> "$T"
-
-step "lunar_tests cuda (ops, forward on the goldens, TP)"
-OMP_NUM_THREADS=16 timeout 120 "$P/bin/lunar_tests" cuda > "$OUT/tests_cuda.log" 2>&1
-echo "rc=$?" >> "$T"; grep -E "passed|FAIL|abort|CUDA error" "$OUT/tests_cuda.log" | head -10 >> "$T"
-step "lunar_tests engine"
-OMP_NUM_THREADS=16 timeout 60 "$P/bin/lunar_tests" engine > "$OUT/engine.log" 2>&1
-echo "rc=$?" >> "$T"; grep -E "passed|FAIL|abort|CUDA error" "$OUT/engine.log" | head -10 >> "$T"
-
-step "bench KL48 B=1 --profile (graphs on: the profiled steps run eagerly)"
+for v in "graphs" "eager --enforce-eager" "cublaslt LUNAR_CUDA_GEMV=0" "absorbgemm LUNAR_MLA_ABSORB=gemm"; do
+  set -- $v; name=$1; shift
+  flags=; envs=
+  for a in "$@"; do case $a in --*) flags="$flags $a" ;; *) envs="$envs $a" ;; esac; done
+  step "bench KL48 ($name:$envs$flags)"
+  env $envs timeout 60 $B --batch-sizes 1,8,64 --contexts 1024,32768 $flags > "$OUT/bench_$name.txt" 2>&1
+  echo "rc=$?" >> "$T"; grep -E "CUDA graphs|^ +[0-9]+ +[0-9]+ +[0-9.]+ " "$OUT/bench_$name.txt" >> "$T"
+done
+step "bench KL48 B=1 --profile (the profiled steps run eagerly)"
 timeout 60 $B --batch-sizes 1 --contexts 1024 --profile > "$OUT/bench_profile.txt" 2>&1
-echo "rc=$?" >> "$T"; sed -n '/^profile of one decode/,$p' "$OUT/bench_profile.txt" | head -30 >> "$T"
+echo "rc=$?" >> "$T"; sed -n '/^profile of one decode/,/sum/p' "$OUT/bench_profile.txt" >> "$T"
 
-for g in 1 0; do
+for g in ${SERVE_GRAPHS:-1}; do
   step "serve KL48 + bench serve 1024/128/64/32, LUNAR_CUDA_GRAPHS=$g"
   PORT=$((18780 + g))
   LUNAR_CUDA_GRAPHS=$g "$P/bin/lunar" serve configs/kimi-linear-48b-a3b.json --load-format dummy \
