@@ -68,13 +68,17 @@ static gemm_plan *get_plan(int n, int out, int in, lunar_cuda_dtype ydt) {
 }
 
 /* ---------------------------------------------------------------- skinny GEMM (decode)
- * y[n, out] = x[n, in] . W[out, in]^T for n <= kGvRows: memory-bound (W read once for all n rows),
+ * y[n, out] = x[n, in] . W[out, in]^T for n <= kGvRows (4): memory-bound (W read once for all n rows),
  * where cuBLASLt pays a fixed ~5-8 us per call and reaches 25-45 % of the bandwidth on the small
  * matrices of a decode step (docs/benchmarks.md, BF16 GEMM table). A warp streams rows of W in 16-byte
  * loads (8 bf16, lanes contiguous) against the n rows of x (small, L1-resident); `split` warps
  * share one output when there are too few outputs to fill the device, their partial sums added in
  * warp order through shared memory. fp32 accumulation, fixed summation order: deterministic. */
-constexpr int kGvRows = 8, kGvWarps = 8;
+/* Rows: measured on the H200 (Kimi-Linear-48B decode, graphs on, docs/benchmarks.md): at n = 1 this
+ * kernel saves 0.9 ms of a 4.5 ms step against cuBLASLt, at n = 8 it loses 0.8 ms of 9.2 (each W
+ * load then waits on 8 x loads and 64 FMAs); 2..4 are unmeasured and kept here (x loads per W load
+ * at most 4). */
+constexpr int kGvRows = 4, kGvWarps = 8;
 /* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
 constexpr long long kGvMaxElems = 64ll << 20;
 
@@ -153,7 +157,7 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     case R:                                                                                          \
         gemv_kernel<R, TY, TX><<<blocks, kGvWarps * 32, 0, st>>>(y, x, W, out, in, split);               \
         break;
-        GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4) GV_CASE(5) GV_CASE(6) GV_CASE(7) GV_CASE(8)
+        GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
 #undef GV_CASE
     default: CUDA_REQUIRE(n >= 1 && n <= kGvRows);
     }

@@ -94,7 +94,7 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
                        int out, int in, lunar_cuda_stream s);
 /* The same product from fp32 x, rounded to bf16 inside the kernel (the values of an f32 -> bf16 copy
  * followed by lunar_cuda_matmul, with one launch and no copy): only where the skinny kernel takes
- * the shape (n <= 8, in % 8 == 0, 16-byte aligned x and W, W up to 64 M elements; LUNAR_CUDA_GEMV
+ * the shape (n <= 4, in % 8 == 0, 16-byte aligned x and W, W up to 64 M elements; LUNAR_CUDA_GEMV
  * not 0). Returns -1, launching nothing, elsewhere. */
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
