@@ -42,6 +42,7 @@ TEST(cuda_forward_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 #include "model/cache.h"
 #include "model/forward_cuda.h"
 #include "ops.h"
+#include "cuda_wide.h"
 
 #define CUDA_REF_TOL 3e-2 /* median row error, see above */
 #define CUDA_ARGMAX_MIN 0.95
@@ -282,15 +283,11 @@ static void wide_tensor(void *ctx, const char *name, int ndim, const int64_t *sh
     c->n++;
 }
 
-TEST(cuda_forward_kernel_shapes_vs_cpu) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
-    char tmpl[] = "/tmp/lunar-cuda-wide-XXXXXX", path[512];
-    const char *dir = mkdtemp(tmpl);
-    LUNAR_ASSERT(dir);
+/* the wide model's checkpoint in a new temporary directory (dir: room for 64 bytes); 0 on success */
+int lunar_test_wide_model_dir(char *dir) {
+    strcpy(dir, "/tmp/lunar-cuda-wide-XXXXXX");
+    if (!mkdtemp(dir)) return -1;
+    char path[512];
     lunar_err err;
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
@@ -301,11 +298,32 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
     CHECK_MSG(lunar_config_load(&cfg, path, &err) == 0, "%s", err.msg);
     wide_ckpt *c = lunar_xcalloc(1, sizeof *c);
     lunar_config_walk_tensors(&cfg, wide_tensor, c);
-    char spath[512];
-    snprintf(spath, sizeof spath, "%s/model.safetensors", dir);
-    CHECK_MSG(lunar_st_write(spath, c->t, (size_t)c->n, NULL, &err) == 0, "%s", err.msg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    const int rc = lunar_st_write(path, c->t, (size_t)c->n, NULL, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
     for (int i = 0; i < c->n; i++) free(c->bufs[i]);
     free(c);
+    return rc;
+}
+
+void lunar_test_wide_model_rm(const char *dir) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+TEST(cuda_forward_kernel_shapes_vs_cpu) {
+    char desc[256];
+    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
+        return;
+    }
+    char dir[64];
+    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
+    lunar_err err;
     lunar_model *m;
     if (lunar_model_load(&m, dir, &err) == 0) {
         enum { T = 150, ND = 3 };
@@ -320,9 +338,7 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
     } else {
         CHECK_MSG(0, "%s", err.msg);
     }
-    unlink(spath);
-    unlink(path);
-    rmdir(dir);
+    lunar_test_wide_model_rm(dir);
 }
 
 TEST(cuda_forward_matches_goldens) {

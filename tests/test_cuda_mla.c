@@ -26,6 +26,7 @@ TEST(cuda_mla_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include <stdint.h>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
 #include "ops_util.h"
@@ -255,8 +256,8 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
         }
 }
 
-/* The GEMM absorption / un-absorption (prefill's) against the CPU loops above on the same bf16
- * weights: fp32 on both sides, only the summation order differs (~1e-6 relative); 1e-4 allowed. The
+/* The GEMM absorption / un-absorption (prefill's) and the row kernels (decode's) against the CPU
+ * loops above on the same bf16 weights: fp32 on both sides, only the summation order differs (~1e-6 relative); 1e-4 allowed. The
  * row counts cross the GEMM tile edges, the head counts include K-Linear's 32. */
 TEST(cuda_mla_absorb_gemm_vs_cpu) {
     if (!cuda_on()) return;
@@ -292,6 +293,22 @@ TEST(cuda_mla_absorb_gemm_vs_cpu) {
         report(what, lunar_max_rel_err(go, o, (long)T * H * VD), 1e-4);
         CHECK(memcmp(gqp, qp, (size_t)T * H * P * 4) == 0);
         CHECK(dout_guards_ok(&a) && dout_guards_ok(&b) && dout_guards_ok(&c));
+        free(gql), free(gqp), free(go);
+        /* the row kernels (cuda_glue.cu: decode and short prefills) on the same inputs, fresh poisoned
+         * outputs */
+        dout a2, b2, c2;
+        dql = dout_new(&a2, (size_t)T * H * R * 4), dqp = dout_new(&b2, (size_t)T * H * P * 4);
+        dout_o = dout_new(&c2, (size_t)T * H * VD * 4);
+        lunar_glue_mla_absorb(dql, dqp, dq, dW, T, H, N_NOPE, P, VD, R, NULL);
+        lunar_glue_mla_unabsorb(dout_o, dol, dW, T, H, N_NOPE, VD, R, NULL);
+        gql = down(dql, (size_t)T * H * R * 4), gqp = down(dqp, (size_t)T * H * P * 4);
+        go = down(dout_o, (size_t)T * H * VD * 4);
+        snprintf(what, sizeof what, "absorb rows T=%d H=%d q_lat", T, H);
+        report(what, lunar_max_rel_err(gql, ql, (long)T * H * R), 1e-4);
+        snprintf(what, sizeof what, "absorb rows T=%d H=%d o", T, H);
+        report(what, lunar_max_rel_err(go, o, (long)T * H * VD), 1e-4);
+        CHECK(memcmp(gqp, qp, (size_t)T * H * P * 4) == 0);
+        CHECK(dout_guards_ok(&a2) && dout_guards_ok(&b2) && dout_guards_ok(&c2));
         free(W), free(Wb), free(q), free(olat), free(ql), free(qp), free(o), free(gql), free(gqp), free(go);
         lunar_cuda_release(mark);
     }

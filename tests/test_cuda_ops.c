@@ -117,8 +117,11 @@ static void report(const char *what, double e, double tol) {
 
 TEST(cuda_matmul_bf16_vs_cpu) {
     if (!cuda_on()) return;
+    /* n <= 4 takes the skinny kernel (cuda_gemm.cu): n = 1..4, few outputs (split over warps) and
+     * many; the rest cuBLASLt */
     static const int shapes[][3] = {{1, 4096, 2304}, {64, 2304, 4096}, {33, 1000, 64}, {7, 129, 200},
-                                    {5, 3, 40}}; /* odd ones last */
+                                    {8, 300, 2304}, {3, 256, 9216}, {2, 9000, 512}, {4, 520, 1024},
+                                    {4, 3, 40}, {5, 3, 40}}; /* odd ones last */
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
         size_t mark = lunar_cuda_mark();
@@ -138,7 +141,20 @@ TEST(cuda_matmul_bf16_vs_cpu) {
             snprintf(what, sizeof what, "matmul n=%d out=%d in=%d %s", n, out, in, dt ? "bf16" : "f32");
             report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
             CHECK(dout_guards_ok(&o));
-            free(y);
+            /* fp32 x rounded inside the skinny kernel: the same bits as the bf16 copy's product */
+            float *xr = test_rand((long)n * in, 10 + s, -1, 1); /* x before its rounding */
+            const float *dxf = dev_in(xr, (size_t)n * in * 4);
+            dout o2;
+            void *dy2 = dout_new(&o2, (size_t)n * out * (dt ? 2 : 4));
+            const int took = lunar_cuda_matmul_f32x(dy2, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL);
+            CHECK(took == (n <= 4 && in % 8 == 0 ? 0 : -1));
+            if (took == 0) {
+                float *y2 = dt ? down_bf16(dy2, (long)n * out) : down_f32(dy2, (long)n * out);
+                CHECK_MSG(memcmp(y2, y, (size_t)n * out * sizeof *y) == 0, "%s: fp32-x kernel differs from bf16-x", what);
+                CHECK(dout_guards_ok(&o2));
+                free(y2);
+            }
+            free(xr), free(y);
         }
         test_tensor_free(&W);
         free(x), free(w), free(ref), free(xb);
@@ -220,6 +236,42 @@ TEST(cuda_embedding_vs_cpu) {
     test_tensor_free(&E);
     free(e), free(ref);
     lunar_cuda_release(mark);
+}
+
+/* the fused residual add + RMSNorm against the CPU composition (x + r, then op_rmsnorm), and bit
+ * for bit against the device's two launches it replaces (lunar_glue_add, lunar_cuda_rmsnorm) */
+TEST(cuda_add_rmsnorm_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], dim = shapes[s][1];
+        const long N = (long)n * dim;
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand(N, 140 + s, -3, 3), *r = test_rand(N, 150 + s, -3, 3);
+        float *wv = test_rand(dim, 160 + s, 0.5f, 1.5f);
+        lunar_tensor w = test_tensor1(LUNAR_DTYPE_BF16, dim, wv);
+        float *sum = test_alloc(N), *ref = test_poisoned(N);
+        for (long i = 0; i < N; i++) sum[i] = x[i] + r[i];
+        op_rmsnorm(ref, sum, &w, n, dim, 1e-5f);
+        const float *dr = dev_in(r, N * 4);
+        const uint16_t *dw = dev_in(w.data, w.nbytes);
+        float *dx = (float *)dev_in(x, N * 4), *dx2 = (float *)dev_in(x, N * 4);
+        dout o1, o2;
+        float *y1 = dout_new(&o1, N * 4), *y2 = dout_new(&o2, N * 4);
+        lunar_cuda_add_rmsnorm(y1, LUNAR_CUDA_F32, dx, dr, dw, n, dim, 1e-5f, NULL);
+        lunar_glue_add(dx2, dr, (size_t)N, NULL);
+        lunar_cuda_rmsnorm(y2, LUNAR_CUDA_F32, dx2, dw, n, dim, 1e-5f, NULL);
+        float *h1 = down_f32(y1, N), *h2 = down_f32(y2, N), *xs = down_f32(dx, N);
+        char what[96];
+        snprintf(what, sizeof what, "add_rmsnorm n=%d dim=%d", n, dim);
+        report(what, lunar_max_rel_err(h1, ref, N), 1e-5);
+        CHECK_MSG(memcmp(xs, sum, (size_t)N * 4) == 0, "%s: x + r not stored exactly", what);
+        CHECK_MSG(memcmp(h1, h2, (size_t)N * 4) == 0, "%s: differs from add + rmsnorm", what);
+        CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        test_tensor_free(&w);
+        free(x), free(r), free(wv), free(sum), free(ref), free(h1), free(h2), free(xs);
+        lunar_cuda_release(mark);
+    }
 }
 
 TEST(cuda_norms_vs_cpu) {

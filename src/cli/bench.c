@@ -10,7 +10,8 @@
  * hold ctx positions; the latent rows, index keys and KDA states are filled with small values
  * instead of being computed (a decode step's cost does not depend on them, and prefilling
  * 64 x 128K tokens would take longer than the measurement), then --steps steps of one token per
- * sequence after one untimed warm-up step. TPOT = mean step time. Logits come back to the host
+ * sequence after two untimed warm-up steps (on CUDA the second captures the step's CUDA graph, which
+ * the timed steps replay; --enforce-eager runs them without). TPOT = mean step time. Logits come back to the host
  * every step, as the engine's do. */
 #include <jansson.h>
 #include <stdio.h>
@@ -41,8 +42,8 @@ int lunar_cmd_bench_serve(int argc, char **argv);
 static const char *USAGE =
     "usage: lunar bench MODEL [--backend cpu|cuda] " LUNAR_LOAD_OPTIONS_USAGE "\n"
     "         [--input-lens 1024,8192,32768,131072] [--batch-sizes 1,8,32,64] [--contexts 1024,8192,32768,131072]\n"
-    "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--json FILE]\n"
-    "         [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
+    "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--enforce-eager]\n"
+    "         [--json FILE] [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
     "         [--tensor-parallel-size N [--enable-expert-parallel] [--master-port P]]  (--backend cuda: one rank\n"
     "         process per GPU, rank 0 reports per-rank figures; the all-reduces are real)\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
@@ -55,7 +56,7 @@ typedef struct bench_opts {
     int32_t *in_lens, *batches, *contexts;
     int n_in, n_b, n_ctx;
     long max_len, steps, chunk, project, warmup;
-    int profile;
+    int profile, eager;
     int kv_fp8; /* --kv-cache-dtype fp8: the FP8 latent cache (CUDA: 1 byte per element; CPU: emulated) */
     double bw_gbs, peak_tflops;
     long tp, master_port; /* CUDA tensor parallelism: rank processes */
@@ -86,6 +87,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
         }
         if (strcmp(a, "--profile") == 0) { o->profile = 1; continue; }
         if (strcmp(a, "--enable-expert-parallel") == 0) { o->ep = 1; continue; }
+        if (strcmp(a, "--enforce-eager") == 0) { o->eager = 1; continue; }
         if (!(v = lunar_opt_value(argc, argv, &i, err))) return -1;
         if (strcmp(a, "--backend") == 0) o->backend = v;
         else if (strcmp(a, "--json") == 0) o->json = v;
@@ -232,7 +234,7 @@ static void measure_prefill(runner *r, const bench_opts *o, prefill_res *res) {
 static void measure_decode(runner *r, const bench_opts *o, decode_res *res, lunar_profile *prof) {
     const int B = res->B, ctx = res->ctx, V = r->m->cfg.vocab_size, steps = (int)o->steps;
     lunar_err err;
-    const int per = (ctx + steps + 1 + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+    const int per = (ctx + steps + 2 + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
     if (caches_init(r, per * B, B, &err)) {
         snprintf(res->why, sizeof res->why, "caches: %.80s", err.msg);
         return;
@@ -249,8 +251,8 @@ static void measure_decode(runner *r, const bench_opts *o, decode_res *res, luna
     random_ids(ids, B, V, 77);
     int rc = 0;
     double t0 = 0;
-    for (int k = 0; k <= steps && !rc; k++) { /* step 0 is the warm-up */
-        if (k == 1) {
+    for (int k = 0; k <= steps + 1 && !rc; k++) { /* steps 0 and 1 are the warm-up (1: the graph's capture) */
+        if (k == 2) {
             t0 = now_s();
             if (prof) lunar_profile_install(prof);
         }
@@ -415,6 +417,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
         lunar_model_free(m);
         return -1;
     }
+    if (cuda && o->eager) lunar_cuda_model_graphs(r.g, 0);
     fprintf(stderr, "lunar bench: loaded %s (%s%s, %d layers) in %.1f s\n", o->model,
             m->load.load_format ? "dummy weights" : "checkpoint", cuda ? ", on the device" : "",
             m->cfg.num_hidden_layers, now_s() - t0);
@@ -466,7 +469,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
             d->B = o->batches[i], d->ctx = o->contexts[j];
             const int prof = o->profile && i == 0 && j == 0;
             decode_res pd = *d;
-            if (d->ctx + o->steps + 1 > o->max_len) {
+            if (d->ctx + o->steps + 2 > o->max_len) {
                 snprintf(d->why, sizeof d->why, "over --max-len %ld", o->max_len);
             } else if (prof && cuda) { /* the profile's device syncs stay out of the timed steps */
                 measure_decode(&r, o, d, NULL);
@@ -482,6 +485,14 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
             }
             fprintf(stderr, "  decode B=%d ctx=%d: %s\n", d->B, d->ctx, d->ok ? "done" : d->why);
         }
+    if (cuda) {
+        long cap = 0, rep = 0;
+        size_t nodes = 0;
+        double cs = 0;
+        lunar_cuda_model_graph_stats(r.g, &cap, &rep, &nodes, &cs);
+        fprintf(stderr, "lunar bench: CUDA graphs %s: %ld captured (%.1f ms each), %ld steps replayed, %zu nodes in the last\n",
+                o->eager ? "off (--enforce-eager)" : "on", cap, cap ? cs * 1e3 / cap : 0.0, rep, nodes);
+    }
     lunar_cuda_model_free(r.g);
     lunar_model_free(rank_m);
     lunar_model_free(m);

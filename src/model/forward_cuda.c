@@ -13,6 +13,18 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
     (void)g, (void)on;
     return 0;
 }
+int lunar_cuda_model_graphs(lunar_cuda_model *g, int on) {
+    (void)g, (void)on;
+    return 0;
+}
+void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
+                                  double *capture_s) {
+    (void)g;
+    if (captures) *captures = 0;
+    if (replays) *replays = 0;
+    if (nodes) *nodes = 0;
+    if (capture_s) *capture_s = 0;
+}
 int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
     (void)gpu_memory_utilization;
     return lunar_fail(err, "lunar was built without CUDA");
@@ -133,7 +145,48 @@ struct lunar_cuda_model {
     int fused_moe;          /* use the fused routed-expert path where fused_ok (lunar_cuda_model_fused_moe) */
     lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
     lunar_cuda_event ev_x, ev_shared;
+    struct lunar_cuda_graphs *graphs; /* the decode steps' CUDA graphs (see "decode graphs" below) */
 };
+
+/* decode steps plan for a longest context rounded up to a quarter of its power of two (>= 256):
+ * at most 25 % of empty tiles for the MLA decode kernel (it skips them per row), four graphs per
+ * doubling of the context */
+static int decode_len_bucket(int L) {
+    int p = 1;
+    while (p <= L / 2) p *= 2;
+    const int q = p / 4 > 256 ? p / 4 : 256;
+    return (L + q - 1) / q * q;
+}
+
+/* the decode graphs' table (see "decode graphs" below) */
+#define GRAPH_SLOTS 32
+
+typedef struct graph_key {
+    const void *latent, *idx_codes, *idx_scales, *conv, *state; /* the caches the graph writes */
+    int n_blocks, n_slots, n_seqs, rows, max_len, sampled, fused_moe;
+    size_t mark;
+} graph_key;
+
+typedef struct graph_ent {
+    graph_key k;
+    int seen;               /* eager steps of this key so far */
+    lunar_cuda_graph x;     /* NULL until captured */
+    const void *in;         /* the input block's address at capture */
+    const float *lg;        /* the logits rows' device address at capture */
+    const int32_t *did;     /* the sampled ids' */
+    unsigned long used;
+} graph_ent;
+
+struct lunar_cuda_graphs {
+    int on;
+    unsigned long tick;
+    long captures, replays;
+    size_t nodes;     /* of the last capture */
+    double capture_s; /* host time of all captures + instantiations */
+    graph_ent e[GRAPH_SLOTS];
+};
+
+static void graphs_free(struct lunar_cuda_graphs *gs);
 
 /* Counting mode (lunar_cuda_model_bytes): the upload walks the same code, dalloc only adds up the
  * aligned sizes and returns a dummy pointer, and nothing is converted or copied. */
@@ -428,6 +481,11 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
      * the H200); LUNAR_CUDA_MOE=generic keeps the per-expert path reachable for comparison */
     const char *moe = getenv("LUNAR_CUDA_MOE");
     g->fused_moe = !(moe && strcmp(moe, "generic") == 0);
+    /* decode steps as CUDA graphs by default; LUNAR_CUDA_GRAPHS=0 (or lunar_cuda_model_graphs, the
+     * CLI's --enforce-eager) runs every step eagerly, for comparison */
+    const char *gr = getenv("LUNAR_CUDA_GRAPHS");
+    g->graphs = lunar_xcalloc(1, sizeof *g->graphs);
+    g->graphs->on = !(gr && strcmp(gr, "0") == 0);
     lunar_cuda_sync();
     *out = g;
     return 0;
@@ -443,6 +501,7 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;
     lunar_cuda_sync();
+    graphs_free(g->graphs);
     lunar_cuda_event_destroy(g->ev_x), lunar_cuda_event_destroy(g->ev_shared);
     lunar_cuda_stream_destroy(g->side);
     lunar_cuda_release(g->mark);
@@ -474,6 +533,7 @@ size_t lunar_cuda_slot_bytes(const lunar_model *m) {
  * workspaces included. */
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
     const lunar_config *c = &m->cfg;
+    max_len = decode_len_bucket(max_len); /* what a decode step plans with */
     const size_t T = (size_t)max_tokens, D = c->hidden_size, V = c->vocab_size;
     const size_t HD = (size_t)c->kda_num_heads * c->kda_head_dim, nh = c->num_attention_heads;
     const size_t qk = (size_t)c->qk_nope_head_dim + c->qk_rope_head_dim, R = c->kv_lora_rank,
@@ -602,10 +662,13 @@ static void cp_end(lunar_prof_family f, double t0) {
 
 /* y[n, W.out] = xb[n, W.in] . W^T on stream st: cuBLASLt where its alignment holds, else the
  * generic kernel (any shape) */
-static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+static int glue_gemm_only(void) { /* LUNAR_CUDA_GLUE_GEMM: every GEMM through the generic kernel */
     static int glue_only = -1;
     if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
-    if (!glue_only && W->in % 8 == 0 && W->out % 8 == 0)
+    return glue_only;
+}
+static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+    if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0)
         lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, st);
     else
         lunar_glue_matmul(y, xb, W->p, n, W->out, W->in, st);
@@ -614,6 +677,10 @@ static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_
 /* y[n, W.out] = x[n, W.in] . W^T, x rounded to bf16 (the GEMM operand) */
 static void mm(float *y, const float *x, const dmat *W, int n) {
     if (n <= 0) return;
+    /* decode rows: the skinny kernel rounds x itself (one launch instead of two) */
+    if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
+        lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, W->p, n, W->out, W->in, NULL) == 0)
+        return;
     size_t mk = lunar_cuda_mark();
     uint16_t *xb = dalloc((size_t)n * W->in * 2);
     lunar_cuda_f32_to_bf16(xb, x, (size_t)n * W->in);
@@ -641,7 +708,10 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
                       float *out) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
-    float *pre = fd((size_t)n * HD), *q = fd((size_t)n * HD), *k = fd((size_t)n * HD), *v = fd((size_t)n * HD);
+    /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
+     * them, their L2 norms (per head row) are one launch over 2 n H rows */
+    const size_t qk_stride = ((size_t)n * HD + 63) / 64 * 64;
+    float *pre = fd((size_t)n * HD), *q = fd(2 * qk_stride), *k = q + qk_stride, *v = fd((size_t)n * HD);
     float *g = fd((size_t)n * HD), *low = fd((size_t)n * dk), *beta = fd((size_t)n * H), *o = fd((size_t)n * HD);
     const size_t state_stride = (size_t)HD * (K - 1);
     const dmat *proj[3] = {&w->q, &w->k, &w->v};
@@ -665,8 +735,12 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
             lunar_cuda_short_conv(dst[i] + r, pre + r, conv[i], st, b->seqs[j].n, HD, K, NULL);
         }
     }
-    lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
-    lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+    if (qk_stride == (size_t)n * HD) {
+        lunar_cuda_l2norm(q, q, 2 * n * H, dk, KDA_L2_EPS, NULL);
+    } else {
+        lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
+        lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+    }
     mm_b(low, hb, &w->fa, n, NULL);
     mm(pre, low, &w->fb, n);
     lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
@@ -1013,21 +1087,26 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size;
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
         double t0 = cp_begin();
-        lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        if (l == 0)
+            lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        else /* the previous layer's FFN output */
+            lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         attention(g, b, l, h, y);
         t0 = cp_begin();
-        lunar_glue_add(x, y, (size_t)n * D, NULL);
-        lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         ffn(g, l, h, n, y);
-        lunar_glue_add(x, y, (size_t)n * D, NULL);
     }
     const double t0 = cp_begin();
-    lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
+    if (c->num_hidden_layers > 0)
+        lunar_cuda_add_rmsnorm(hout, LUNAR_CUDA_F32, x, y, g->final_norm, n, D, c->rms_norm_eps, NULL);
+    else
+        lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
     cp_end(LUNAR_PROF_NORM, t0);
 }
 
@@ -1087,35 +1166,118 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
     return lunar_forward_batch_cuda_sampled(g, c, seqs, n_seqs, logits, NULL, NULL, err);
 }
 
-/* lg: device [rows, V]; rows with ds[r].on sampled into ids, the others' logits downloaded */
-static void finish_rows(const float *lg, int rows, int V, float *logits, const lunar_device_sampling *ds,
-                        int32_t *ids) {
-    int on = 0;
-    for (int r = 0; ds && r < rows; r++) on += ds[r].on != 0;
-    if (!on) {
-        lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
-        return;
+/* ------------------------------------------------------------------ decode graphs
+ *
+ * A decode step of Kimi-Linear issues ~1100 launches (and the host waits for none of them), so at
+ * batch 1 the step costs its launches, not its bytes. Eligible decode steps are captured once into
+ * a CUDA graph and replayed: everything the kernels read that changes from step to step (ids,
+ * positions, lengths, slots, block tables, KDA state indices, sampling parameters) lives in one
+ * device block uploaded before the replay, and every other pointer is the same at each replay
+ * because the arena is a stack: the same mark and the same sequence of allocations give the same
+ * addresses (checked: the key holds the mark, and the input block's address is compared).
+ *
+ * Exact batch sizes, captured lazily, not padded buckets: a padded row would need a scratch KDA
+ * state slot and a scratch cache page to write into (it updates both), which the caches do not
+ * have; an exact size costs one capture per batch size met (the engine's batch changes slowly).
+ * The context is bucketed instead (decode_len_bucket): the MLA decode kernel's split plan depends
+ * on the longest context, so every decode step, graphed or not, plans with the bucket, and a graph
+ * serves all the steps of its bucket with results identical to the eager ones.
+ *
+ * A key's first step runs eagerly (it warms the kernels' one-time set-up: lazy module loading,
+ * cuBLASLt plans, shared-memory attributes), its second is captured and replayed. */
+
+/* Can this step be captured? Everything with a host round trip or host-side per-sequence pointers
+ * stays eager: profiling (its regions synchronise), tensor parallelism (NCCL, host-gathered logits),
+ * the generic MoE (routing downloaded to the host), the generic KDA decode (head size other than
+ * 128: per-sequence state pointers), AttnRes (one candidate-pointer upload per mix). */
+static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {
+    const lunar_config *c = &g->m->cfg;
+    if (!g->graphs->on || T != n_seqs || lunar_prof_active || g->m->tp) return 0;
+    if (c->attn_res_block_size > 0 || (c->n_kda_layers && c->kda_head_dim != 128)) return 0;
+    for (int l = 0; l < c->num_hidden_layers; l++)
+        if (c->ffn_kind[l] == LUNAR_FFN_MOE && !(g->fused_moe && g->L[l].fused_ok)) return 0;
+    return 1;
+}
+
+static graph_ent *graph_find(struct lunar_cuda_graphs *gs, const graph_key *k) {
+    graph_ent *lru = &gs->e[0];
+    for (int i = 0; i < GRAPH_SLOTS; i++) {
+        graph_ent *e = &gs->e[i];
+        if (e->used && memcmp(&e->k, k, sizeof *k) == 0) {
+            e->used = ++gs->tick;
+            return e;
+        }
+        if (e->used < lru->used) lru = e;
     }
-    size_t mk = lunar_cuda_mark();
-    lunar_cuda_sample_params *hp = lunar_xmalloc((size_t)rows * sizeof *hp);
-    for (int r = 0; r < rows; r++)
-        hp[r] = (lunar_cuda_sample_params){ds[r].on ? ds[r].temperature : 0.0f, ds[r].top_k, ds[r].top_p, ds[r].u};
-    lunar_cuda_sample_params *dp = dalloc((size_t)rows * sizeof *dp);
-    int32_t *did = dalloc((size_t)rows * sizeof *did);
-    lunar_cuda_upload(dp, hp, (size_t)rows * sizeof *hp);
-    lunar_cuda_sample(did, lg, rows, V, dp, NULL); /* every row: one launch; the others are ignored */
-    lunar_cuda_download(ids, did, (size_t)rows * sizeof *did);
-    for (int r = 0; r < rows; r++)
-        if (!ds[r].on) lunar_cuda_download(logits + (size_t)r * V, lg + (size_t)r * V, (size_t)V * sizeof(float));
-    free(hp);
-    lunar_cuda_release(mk);
+    if (lru->x) lunar_cuda_graph_destroy(lru->x); /* the least recently used key makes room */
+    memset(lru, 0, sizeof *lru);
+    lru->k = *k;
+    lru->used = ++gs->tick;
+    return lru;
+}
+
+static void graphs_free(struct lunar_cuda_graphs *gs) {
+    if (!gs) return;
+    for (int i = 0; i < GRAPH_SLOTS; i++)
+        if (gs->e[i].x) lunar_cuda_graph_destroy(gs->e[i].x);
+    free(gs);
+}
+
+int lunar_cuda_model_graphs(lunar_cuda_model *g, int on) {
+    const int was = g->graphs->on;
+    g->graphs->on = on != 0;
+    return was;
+}
+
+void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
+                                  double *capture_s) {
+    if (captures) *captures = g->graphs->captures;
+    if (replays) *replays = g->graphs->replays;
+    if (nodes) *nodes = g->graphs->nodes;
+    if (capture_s) *capture_s = g->graphs->capture_s;
+}
+
+/* The device work of one step, from the input block to the logits rows (lg) and, when sampling,
+ * their sampled ids (did): what a graph captures. h_ids: the host ids (tensor parallelism's
+ * embedding only). */
+static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_t *ids, const int32_t *h_ids,
+                         const int32_t *sel, int rows, const lunar_cuda_sample_params *dp, float *logits,
+                         float **lg_out, int32_t **did_out, double *t_lm) {
+    const lunar_config *cf = &g->m->cfg;
+    const int D = cf->hidden_size, V = cf->vocab_size, T = b->T;
+    float *x = fd((size_t)T * D), *h = fd((size_t)T * D);
+    double t0 = cp_begin();
+    if (g->m->tp) /* TP hook: vocab-parallel embedding */
+        lunar_cuda_tp_embedding(g->m, x, g->embed, h_ids, T);
+    else
+        lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
+    cp_end(LUNAR_PROF_EMBED, t0);
+    if (cf->attn_res_block_size > 0)
+        run_attn_res(g, b, x, T, h);
+    else
+        run_residual(g, b, x, T, h);
+    *lg_out = NULL, *did_out = NULL;
+    if (!rows) return;
+    const int64_t Vl = g->m->tp ? g->m->tp->vocab_chunk : V; /* TP hook: this rank's padded slice */
+    float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * Vl);
+    *t_lm = cp_begin(); /* ended by the caller, after the logits' download or the sampled ids' */
+    lunar_glue_gather(hs, h, sel, rows, D, NULL);
+    if (g->lm_head.out > 0) mm(lg, hs, &g->lm_head, rows);
+    if (g->m->tp) /* TP hook: all-gather of the vocabulary slices */
+        lunar_cuda_tp_lm_head(g->m, logits, lg, rows);
+    *lg_out = lg;
+    if (dp) { /* every row: one launch; the others' ids are ignored */
+        int32_t *did = dalloc((size_t)rows * sizeof *did);
+        lunar_cuda_sample(did, lg, rows, V, dp, NULL);
+        *did_out = did;
+    }
 }
 
 int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
                                      int n_seqs, float *logits, const lunar_device_sampling *ds, int32_t *sampled,
                                      lunar_err *err) {
     const lunar_config *cf = &g->m->cfg;
-    const int D = cf->hidden_size, V = cf->vocab_size;
+    const int V = cf->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
     if (g->m->tp) /* TP hook: the logits are gathered on the host; no device sampling */
         for (int j = 0; ds && j < n_seqs; j++)
@@ -1146,12 +1308,24 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
         if (L > max_len) max_len = L;
     }
     off[n_seqs] = T;
-    const size_t mk = lunar_cuda_mark();
-    /* per-token tables */
-    int32_t *h_ids = lunar_xmalloc((size_t)T * 4), *h_rs = lunar_xmalloc((size_t)T * 4),
-            *h_lens = lunar_xmalloc((size_t)T * 4), *h_pos = lunar_xmalloc((size_t)T * 4),
-            *h_slots = lunar_xmalloc((size_t)T * 4),
-            *h_bt = lunar_xcalloc((size_t)n_seqs * max_blocks, 4), *h_sel = lunar_xmalloc((size_t)(rows + 1) * 4);
+    const int decode = T == n_seqs;
+    if (decode) { /* the bucket (see decode graphs above); table entries past a sequence's pages stay 0 */
+        max_len = decode_len_bucket(max_len);
+        max_blocks = (max_len + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+    }
+    int on = 0;
+    for (int r = 0; ds && r < rows; r++) on += ds[r].on != 0;
+    const int kda_idx = decode && c->n_kda;
+
+    /* the input block: every per-step table in one upload, int32 words:
+     * ids, row_seq, lens, pos, slots [T] | block tables [n_seqs, max_blocks] | sel [rows + 1] |
+     * zero [1] | KDA conv, state indices [2 n_seqs] (decode) | sampling parameters [rows] (16-byte aligned) */
+    const size_t o_bt = (size_t)5 * T, o_sel = o_bt + (size_t)n_seqs * max_blocks, o_zero = o_sel + rows + 1,
+                 o_kda = o_zero + 1, o_sp = (o_kda + (kda_idx ? 2 * (size_t)n_seqs : 0) + 3) / 4 * 4,
+                 words = o_sp + (on ? (size_t)rows * sizeof(lunar_cuda_sample_params) / 4 : 0);
+    int32_t *hin = lunar_xcalloc(words, 4);
+    int32_t *h_ids = hin, *h_rs = hin + T, *h_lens = hin + 2 * T, *h_pos = hin + 3 * T, *h_slots = hin + 4 * T,
+            *h_bt = hin + o_bt, *h_sel = hin + o_sel;
     int r = 0;
     for (int j = 0; j < n_seqs; j++) {
         const lunar_batch_seq *sq = &seqs[j];
@@ -1167,54 +1341,78 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
         else if (sq->logits == LUNAR_LOGITS_LAST)
             h_sel[r++] = off[j + 1] - 1;
     }
-    dstep b = {seqs, n_seqs, T, max_blocks, max_len, off, NULL, NULL, NULL, NULL, NULL, NULL, c, NULL, NULL};
-    int32_t *ids = dalloc((size_t)T * 4), *sel = dalloc((size_t)(rows + 1) * 4);
-    b.row_seq = dalloc((size_t)T * 4), b.lens = dalloc((size_t)T * 4), b.pos = dalloc((size_t)T * 4);
-    b.slots = dalloc((size_t)T * 4), b.bt = dalloc((size_t)n_seqs * max_blocks * 4), b.zero = dalloc(4);
-    lunar_cuda_upload(ids, h_ids, (size_t)T * 4);
-    lunar_cuda_upload(b.row_seq, h_rs, (size_t)T * 4);
-    lunar_cuda_upload(b.lens, h_lens, (size_t)T * 4);
-    lunar_cuda_upload(b.pos, h_pos, (size_t)T * 4);
-    lunar_cuda_upload(b.slots, h_slots, (size_t)T * 4);
-    lunar_cuda_upload(b.bt, h_bt, (size_t)n_seqs * max_blocks * 4);
-    lunar_cuda_upload(sel, h_sel, (size_t)(rows + 1) * 4);
-    lunar_cuda_fill_u32(b.zero, 0, 1);
-    if (T == n_seqs && c->n_kda) { /* a decode step */
-        int32_t *hc = lunar_xmalloc((size_t)n_seqs * 2 * 4);
-        for (int j = 0; j < n_seqs; j++)
-            hc[j] = seqs[j].slot * c->n_kda * 3, hc[n_seqs + j] = seqs[j].slot * c->n_kda;
-        b.kda_conv_idx = dalloc((size_t)n_seqs * 2 * 4);
-        b.kda_state_idx = b.kda_conv_idx + n_seqs;
-        lunar_cuda_upload(b.kda_conv_idx, hc, (size_t)n_seqs * 2 * 4);
-        free(hc);
+    for (int j = 0; kda_idx && j < n_seqs; j++) /* a decode step: each sequence's KDA pools by index */
+        hin[o_kda + j] = seqs[j].slot * c->n_kda * 3, hin[o_kda + n_seqs + j] = seqs[j].slot * c->n_kda;
+    if (on) {
+        lunar_cuda_sample_params *hp = (lunar_cuda_sample_params *)(hin + o_sp);
+        for (int i = 0; i < rows; i++)
+            hp[i] = (lunar_cuda_sample_params){ds[i].on ? ds[i].temperature : 0.0f, ds[i].top_k, ds[i].top_p, ds[i].u};
     }
 
-    float *x = fd((size_t)T * D), *h = fd((size_t)T * D);
-    double t0 = cp_begin();
-    if (g->m->tp) /* TP hook: vocab-parallel embedding */
-        lunar_cuda_tp_embedding(g->m, x, g->embed, h_ids, T);
-    else
-        lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
-    cp_end(LUNAR_PROF_EMBED, t0);
-    if (cf->attn_res_block_size > 0)
-        run_attn_res(g, &b, x, T, h);
-    else
-        run_residual(g, &b, x, T, h);
-    if (rows) {
-        const int64_t Vl = g->m->tp ? g->m->tp->vocab_chunk : V; /* TP hook: this rank's padded slice */
-        float *hs = fd((size_t)rows * D), *lg = fd((size_t)rows * Vl);
-        t0 = cp_begin();
-        lunar_glue_gather(hs, h, sel, rows, D, NULL);
-        if (g->lm_head.out > 0) mm(lg, hs, &g->lm_head, rows);
-        if (g->m->tp) /* TP hook: all-gather of the vocabulary slices */
-            lunar_cuda_tp_lm_head(g->m, logits, lg, rows);
-        else
-            finish_rows(lg, rows, V, logits, ds, sampled); /* the logits' download or the sampling included */
-        cp_end(LUNAR_PROF_LM_HEAD, t0);
+    const size_t mk = lunar_cuda_mark();
+    int32_t *in = dalloc(words * 4);
+    lunar_cuda_upload(in, hin, words * 4);
+    const size_t after_in = lunar_cuda_mark();
+    dstep b = {seqs, n_seqs, T, max_blocks, max_len, off, in + T, in + 2 * T, in + 3 * T, in + 4 * T, in + o_bt,
+               in + o_zero, c, kda_idx ? in + o_kda : NULL, kda_idx ? in + o_kda + n_seqs : NULL};
+    const int32_t *ids = in, *sel = in + o_sel;
+    const lunar_cuda_sample_params *dp = on ? (const lunar_cuda_sample_params *)(in + o_sp) : NULL;
+
+    graph_ent *ge = NULL;
+    if (graph_eligible(g, n_seqs, T)) {
+        graph_key k;
+        memset(&k, 0, sizeof k); /* padding bytes too: the key is compared with memcmp */
+        k.latent = c->latent, k.idx_codes = c->idx_codes, k.idx_scales = c->idx_scales, k.conv = c->conv;
+        k.state = c->state, k.n_blocks = c->n_blocks, k.n_slots = c->n_slots, k.n_seqs = n_seqs, k.rows = rows;
+        k.max_len = max_len, k.sampled = on != 0, k.fused_moe = g->fused_moe, k.mark = mk;
+        ge = graph_find(g->graphs, &k);
     }
+    float *lg = NULL;
+    int32_t *did = NULL;
+    double t_lm = 0.0;
+    if (ge && !ge->x && ge->seen > 0) { /* the key's second step: capture it */
+        lunar_err cerr;
+        size_t nodes = 0;
+        const double tc = lunar_prof_now();
+        int rc = lunar_cuda_capture_begin(&cerr);
+        if (!rc) {
+            step_enqueue(g, &b, ids, h_ids, sel, rows, dp, logits, &lg, &did, &t_lm);
+            rc = lunar_cuda_capture_end(&ge->x, &nodes, &cerr);
+        }
+        if (rc) { /* the step still runs, eagerly; graphs stay off in this process */
+            fprintf(stderr, "lunar: CUDA graphs disabled: %s\n", cerr.msg);
+            g->graphs->on = 0;
+            ge = NULL;
+            lunar_cuda_release(after_in);
+        } else {
+            ge->in = in, ge->lg = lg, ge->did = did;
+            g->graphs->captures++, g->graphs->nodes = nodes;
+            g->graphs->capture_s += lunar_prof_now() - tc;
+        }
+    }
+    if (ge && ge->x) {
+        LUNAR_ASSERT(ge->in == in); /* same mark, same first allocation: the captured addresses hold */
+        lunar_cuda_graph_launch(ge->x, NULL);
+        lg = (float *)ge->lg, did = (int32_t *)ge->did;
+        g->graphs->replays++;
+    } else {
+        step_enqueue(g, &b, ids, h_ids, sel, rows, dp, logits, &lg, &did, &t_lm);
+        if (ge) ge->seen++;
+    }
+    if (rows && !g->m->tp) { /* the logits rows to the host, or the sampled ids and the other rows */
+        if (!on) {
+            lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
+        } else {
+            lunar_cuda_download(sampled, did, (size_t)rows * sizeof *did);
+            for (int i = 0; i < rows; i++)
+                if (!ds[i].on)
+                    lunar_cuda_download(logits + (size_t)i * V, lg + (size_t)i * V, (size_t)V * sizeof(float));
+        }
+    }
+    if (rows) cp_end(LUNAR_PROF_LM_HEAD, t_lm);
     lunar_cuda_sync();
     lunar_cuda_release(mk);
-    free(h_ids), free(h_rs), free(h_lens), free(h_pos), free(h_slots), free(h_bt), free(h_sel), free(off);
+    free(hin), free(off);
     return lunar_cuda_tp_status(g->m, err); /* TP hook: a failed collective */
 }
 

@@ -37,6 +37,15 @@ void lunar_cuda_model_free(lunar_cuda_model *g);
  * default until tests/test_cuda_forward.c has passed with it on the device (it runs the
  * kernel-shaped model both ways). Returns whether any layer of the model can take the path. */
 int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
+/* Decode steps (one token per sequence) as CUDA graphs, captured per batch size and context bucket
+ * on a key's second step and replayed after (forward_cuda.c, "decode graphs"); on by default,
+ * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host
+ * round trip (generic MoE, tensor parallelism, AttnRes, profiling) always run eagerly. */
+int lunar_cuda_model_graphs(lunar_cuda_model *g, int on);
+/* graphs captured, steps replayed, the last capture's node count (launches per step), and the
+ * host seconds spent capturing and instantiating (each may be NULL) */
+void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
+                                  double *capture_s);
 
 /* Sizes for planning device memory: the uploaded weights; one cache block of 128 tokens over all
  * MLA layers (bf16 latent + index keys; _kv: an FP8 latent when latent_fp8); one KDA state slot; an upper bound of one step's

@@ -38,7 +38,11 @@ void *lunar_cuda_cublaslt_handle(void);  // cublasLtHandle_t
 void *lunar_cuda_gemm_workspace(size_t *bytes);
 void *lunar_cuda_gemm_workspace_side(size_t *bytes); // for GEMMs on a stream other than the legacy one
 
-static inline cudaStream_t to_stream(lunar_cuda_stream s) { return (cudaStream_t)s; }
+// What the forward's NULL stream means: the legacy stream, except while a decode step is being
+// captured into a CUDA graph (lunar_cuda_capture_begin, cuda_rt.cu), when it is the capture stream
+// (the legacy stream itself cannot be captured). Every launch of the backend goes through here.
+extern cudaStream_t lunar_cuda_cur_stream;
+static inline cudaStream_t to_stream(lunar_cuda_stream s) { return s ? (cudaStream_t)s : lunar_cuda_cur_stream; }
 
 template <typename T> __device__ __forceinline__ T from_f32(float x);
 template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }

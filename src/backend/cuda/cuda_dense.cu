@@ -68,6 +68,40 @@ extern "C" void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, floa
     norm_launch<2>(y, LUNAR_CUDA_F32, x, NULL, NULL, n, dim, eps, s);
 }
 
+// the residual add fused with the next RMSNorm: x += r (stored), y = rmsnorm(x) w; the sum and its
+// square are those of an add kernel followed by norm_kernel<.., 0> (same fp32 ops, same tree
+// order), so the pair gives the same bits in one launch
+template <typename Y>
+__global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps) {
+    __shared__ float red[32];
+    const size_t row = blockIdx.x;
+    float *xr = x + row * dim;
+    const float *rr = r + row * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] + rr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] * inv;
+        if (w) v *= bf16_bits_to_f32(w[i]);
+        y[row * dim + i] = from_f32<Y>(v);
+    }
+}
+extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w,
+                                       int n, int dim, float eps, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    const int th = row_threads(dim);
+    if (ydt == LUNAR_CUDA_F32)
+        add_norm_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, x, r, w, dim, eps);
+    else
+        add_norm_kernel<__nv_bfloat16><<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, r, w, dim, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
 template <typename Y>
 __global__ void embedding_kernel(Y *y, const uint16_t *E, const int32_t *ids, int dim) {
     const size_t row = blockIdx.x;

@@ -3,6 +3,8 @@
 // A = W seen as column-major [in, out] (ld in) transposed, B = x seen as column-major [in, n].
 // Plans (layouts + the heuristic's best algorithm) are cached per shape.
 #include <cublasLt.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -65,10 +67,130 @@ static gemm_plan *get_plan(int n, int out, int in, lunar_cuda_dtype ydt) {
     return p;
 }
 
+/* ---------------------------------------------------------------- skinny GEMM (decode)
+ * y[n, out] = x[n, in] . W[out, in]^T for n <= kGvRows (4): memory-bound (W read once for all n rows),
+ * where cuBLASLt pays a fixed ~5-8 us per call and reaches 25-45 % of the bandwidth on the small
+ * matrices of a decode step (docs/benchmarks.md, BF16 GEMM table). A warp streams rows of W in 16-byte
+ * loads (8 bf16, lanes contiguous) against the n rows of x (small, L1-resident); `split` warps
+ * share one output when there are too few outputs to fill the device, their partial sums added in
+ * warp order through shared memory. fp32 accumulation, fixed summation order: deterministic. */
+/* Rows: measured on the H200 (Kimi-Linear-48B decode, graphs on, docs/benchmarks.md): at n = 1 this
+ * kernel saves 0.9 ms of a 4.5 ms step against cuBLASLt, at n = 8 it loses 0.8 ms of 9.2 (each W
+ * load then waits on 8 x loads and 64 FMAs); 2..4 are unmeasured and kept here (x loads per W load
+ * at most 4). */
+constexpr int kGvRows = 4, kGvWarps = 8;
+/* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
+constexpr long long kGvMaxElems = 64ll << 20;
+
+__device__ __forceinline__ float gv_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float gv_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float gv_dot8(uint4 a, uint4 b) {
+    return gv_lo(a.x) * gv_lo(b.x) + gv_hi(a.x) * gv_hi(b.x) + gv_lo(a.y) * gv_lo(b.y) + gv_hi(a.y) * gv_hi(b.y) +
+           gv_lo(a.z) * gv_lo(b.z) + gv_hi(a.z) * gv_hi(b.z) + gv_lo(a.w) * gv_lo(b.w) + gv_hi(a.w) * gv_hi(b.w);
+}
+__device__ __forceinline__ void gv_store(float *y, float v) { *y = v; }
+__device__ __forceinline__ void gv_store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
+
+/* 8 consecutive x values as bf16 pairs: bf16 x as stored, or fp32 x rounded to bf16 here (the
+ * value the f32 -> bf16 copy before a GEMM would have made) */
+__device__ __forceinline__ uint4 gv_x8(const uint16_t *x, size_t row, int i, int in) {
+    return __ldg((const uint4 *)(x + row * in) + i);
+}
+__device__ __forceinline__ uint32_t gv_pack(float a, float b) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+}
+__device__ __forceinline__ uint4 gv_x8(const float *x, size_t row, int i, int in) {
+    const float4 a = __ldg((const float4 *)(x + row * in) + 2 * i), b = __ldg((const float4 *)(x + row * in) + 2 * i + 1);
+    return make_uint4(gv_pack(a.x, a.y), gv_pack(a.z, a.w), gv_pack(b.x, b.y), gv_pack(b.z, b.w));
+}
+
+template <int NR, typename TY, typename TX>
+__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
+                                                            int in, int split) {
+    __shared__ float red[kGvWarps][NR];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
+    const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8;
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.f;
+    if (o < out) {
+        const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
+#pragma unroll 4
+        for (int i = part * 32 + lane; i < n8; i += 32 * split) {
+            const uint4 wv = __ldcs(w4 + i); /* streamed once: not kept in L1 */
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, gv_x8(x, (size_t)r, i, in));
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < NR; r++)
+        for (int m = 16; m > 0; m >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], m);
+    if (split == 1) {
+        if (lane == 0 && o < out)
+#pragma unroll
+            for (int r = 0; r < NR; r++) gv_store(y + (size_t)r * out + o, acc[r]);
+        return;
+    }
+    if (lane == 0)
+#pragma unroll
+        for (int r = 0; r < NR; r++) red[warp][r] = acc[r];
+    __syncthreads();
+    const int t = threadIdx.x, ob = t / NR, r = t % NR; /* thread t: row r of the block's output ob */
+    if (t < per_block * NR) {
+        const int oo = blockIdx.x * per_block + ob;
+        float v = 0.f;
+        for (int w = 0; w < split; w++) v += red[ob * split + w][r];
+        if (oo < out) gv_store(y + (size_t)r * out + oo, v);
+    }
+}
+
+template <typename TY, typename TX>
+static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
+    /* ~8K warps fill the H200 (132 SMs x 64); fewer outputs share each one among up to 8 warps,
+     * each warp keeping at least one 512-byte stretch of its row per pass */
+    int split = 1;
+    while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
+    const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
+    switch (n) {
+#define GV_CASE(R)                                                                                   \
+    case R:                                                                                          \
+        gemv_kernel<R, TY, TX><<<blocks, kGvWarps * 32, 0, st>>>(y, x, W, out, in, split);               \
+        break;
+        GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
+#undef GV_CASE
+    default: CUDA_REQUIRE(n >= 1 && n <= kGvRows);
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
+/* LUNAR_CUDA_GEMV=0 keeps every GEMM on cuBLASLt (A/B runs) */
+static bool gemv_wanted(const void *x, const void *W, int n, int out, int in) {
+    static int on = -1;
+    if (on < 0) on = !(getenv("LUNAR_CUDA_GEMV") && strcmp(getenv("LUNAR_CUDA_GEMV"), "0") == 0);
+    return on && n <= kGvRows && in % 8 == 0 && (long long)out * in <= kGvMaxElems &&
+           ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
+}
+
+extern "C" int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n,
+                                      int out, int in, lunar_cuda_stream s) {
+    CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
+    if (n == 0) return 0;
+    if (!gemv_wanted(x, W, n, out, in)) return -1;
+    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
+    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
+    return 0;
+}
+
 extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x,
                                   const uint16_t *W, int n, int out, int in, lunar_cuda_stream s) {
     CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
     if (n == 0) return;
+    if (gemv_wanted(x, W, n, out, in)) {
+        if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
+        else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
+        return;
+    }
     gemm_plan *p = get_plan(n, out, in, ydt);
     const float alpha = 1.0f, beta = 0.0f;
     size_t ws_bytes;

@@ -284,39 +284,66 @@ extern "C" void lunar_glue_latent_store(void *latent, int fp8, const float *kvr,
     CUDA_CHECK_LAUNCH();
 }
 
-// block per (row, head): q_lat[r] = sum_n q[n] W[h*(N+Vd)+n, r]
+// The absorption's row kernels (decode and short prefills; >= MLA_ABSORB_GEMM_MIN rows take the
+// GEMMs). Memory-bound: each row reads its head's W_UK / W_UV (128 KB each at K-Linear's shapes),
+// so both spread a head's weights over many blocks and read them coalesced; the earlier block per
+// (row, head) used 32 blocks at batch 1 and its un-absorption read W_UV column-wise (~0.25 ms per
+// layer at batch 1 on the H200). Both sum in a fixed order (no atomics): deterministic.
+#define ABS_COLS 64  // q_lat columns per block (two per lane)
+#define ABS_WARPS 8  // the N rows of W_UK split over the warps, partial sums added in warp order
+
+// block per (row x head, chunk of ABS_COLS columns: grid.y): q_lat[c] = sum_n q[n] W[h*(N+Vd)+n, c]
 __global__ void k_absorb(float *q_lat, float *q_pe, const float *q, const uint16_t *W, int H, int N,
                          int P, int Vd, int R) {
-    const int rh = blockIdx.x, h = rh % H;
+    __shared__ float part[ABS_WARPS][ABS_COLS];
+    const int rh = blockIdx.x, h = rh % H, c0 = blockIdx.y * ABS_COLS;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *qt = q + (size_t)rh * (N + P);
     const uint16_t *Wh = W + (size_t)h * (N + Vd) * R;
-    for (int r = threadIdx.x; r < R; r += blockDim.x) {
-        float a = 0.f;
-        for (int n = 0; n < N; n++) a += qt[n] * BF(Wh[(size_t)n * R + r]);
-        q_lat[(size_t)rh * R + r] = a;
+    const int ca = c0 + lane, cb = c0 + lane + 32;
+    float a = 0.f, b = 0.f;
+    for (int n = warp; n < N; n += ABS_WARPS) {
+        const float x = qt[n];
+        const uint16_t *row = Wh + (size_t)n * R;
+        if (ca < R) a += x * BF(row[ca]);
+        if (cb < R) b += x * BF(row[cb]);
     }
-    for (int p = threadIdx.x; p < P; p += blockDim.x) q_pe[(size_t)rh * P + p] = qt[N + p];
+    part[warp][lane] = a, part[warp][lane + 32] = b;
+    __syncthreads();
+    if (threadIdx.x < ABS_COLS && c0 + (int)threadIdx.x < R) {
+        float t = 0.f;
+        for (int w = 0; w < ABS_WARPS; w++) t += part[w][threadIdx.x];
+        q_lat[(size_t)rh * R + c0 + threadIdx.x] = t;
+    }
+    if (blockIdx.y == 0)
+        for (int p = threadIdx.x; p < P; p += blockDim.x) q_pe[(size_t)rh * P + p] = qt[N + p];
 }
 extern "C" void lunar_glue_mla_absorb(float *q_lat, float *q_pe, const float *q, const uint16_t *W,
                                       int rows, int H, int N, int P, int Vd, int R, lunar_cuda_stream s) {
     if (rows <= 0) return;
-    k_absorb<<<rows * H, 128, 0, to_stream(s)>>>(q_lat, q_pe, q, W, H, N, P, Vd, R);
+    dim3 grid(rows * H, ceil_div_u(R, ABS_COLS));
+    k_absorb<<<grid, ABS_WARPS * 32, 0, to_stream(s)>>>(q_lat, q_pe, q, W, H, N, P, Vd, R);
     CUDA_CHECK_LAUNCH();
 }
+// warp per output x of (row, head): o[x] = sum_r W[h*(N+Vd)+N+x, r] c[r], lanes along r (a row of
+// W_UV read contiguously), shuffle reduction
+#define UNABS_WARPS 8
 __global__ void k_unabsorb(float *o, const float *o_lat, const uint16_t *W, int H, int N, int Vd, int R) {
-    const int rh = blockIdx.x, h = rh % H;
+    const int rh = blockIdx.x, h = rh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int x = blockIdx.y * UNABS_WARPS + warp;
+    if (x >= Vd) return;
     const float *c = o_lat + (size_t)rh * R;
-    const uint16_t *Wh = W + ((size_t)h * (N + Vd) + N) * R;
-    for (int x = threadIdx.x; x < Vd; x += blockDim.x) {
-        float a = 0.f;
-        for (int r = 0; r < R; r++) a += BF(Wh[(size_t)x * R + r]) * c[r];
-        o[(size_t)rh * Vd + x] = a;
-    }
+    const uint16_t *wr = W + ((size_t)h * (N + Vd) + N + x) * R;
+    float a = 0.f;
+    for (int r = lane; r < R; r += 32) a += BF(wr[r]) * c[r];
+    for (int m = 16; m > 0; m >>= 1) a += __shfl_xor_sync(0xffffffffu, a, m);
+    if (lane == 0) o[(size_t)rh * Vd + x] = a;
 }
 extern "C" void lunar_glue_mla_unabsorb(float *o, const float *o_lat, const uint16_t *W, int rows, int H,
                                         int N, int Vd, int R, lunar_cuda_stream s) {
     if (rows <= 0) return;
-    k_unabsorb<<<rows * H, 128, 0, to_stream(s)>>>(o, o_lat, W, H, N, Vd, R);
+    dim3 grid(rows * H, ceil_div_u(Vd, UNABS_WARPS));
+    k_unabsorb<<<grid, UNABS_WARPS * 32, 0, to_stream(s)>>>(o, o_lat, W, H, N, Vd, R);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -76,6 +76,14 @@ void lunar_cuda_graph_begin(lunar_cuda_stream s);
 lunar_cuda_graph lunar_cuda_graph_end(lunar_cuda_stream s);
 void lunar_cuda_graph_launch(lunar_cuda_graph g, lunar_cuda_stream s);
 void lunar_cuda_graph_destroy(lunar_cuda_graph g);
+/* The forward's decode steps (model/forward_cuda.c): between begin and end, every op launched on
+ * the NULL stream is captured instead of run (on an internal stream); end instantiates it (NULL +
+ * message when the driver refused the capture; *nodes: the graph's node count, may be NULL).
+ * Replay with lunar_cuda_graph_launch(g, NULL) (the legacy stream). Uploads, downloads, fills and
+ * syncs abort while capturing: each is a host round trip the graph could not replay. */
+int lunar_cuda_capture_begin(lunar_err *err);
+int lunar_cuda_capture_end(lunar_cuda_graph *out, size_t *nodes, lunar_err *err);
+int lunar_cuda_capturing(void);
 
 /* ---------------------------------------------------------------- dense (cuda_dense.cu, cuda_gemm.cu) */
 
@@ -84,6 +92,12 @@ void lunar_cuda_graph_destroy(lunar_cuda_graph g);
  * the final bf16 rounding when ydt is BF16). lm_head is this with ydt = F32. */
 void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n,
                        int out, int in, lunar_cuda_stream s);
+/* The same product from fp32 x, rounded to bf16 inside the kernel (the values of an f32 -> bf16 copy
+ * followed by lunar_cuda_matmul, with one launch and no copy): only where the skinny kernel takes
+ * the shape (n <= 4, in % 8 == 0, 16-byte aligned x and W, W up to 64 M elements; LUNAR_CUDA_GEMV
+ * not 0). Returns -1, launching nothing, elsewhere. */
+int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
+                           int in, lunar_cuda_stream s);
 
 /* The MLA absorption for many rows (prefill): q [rows, H, N+P] fp32 -> q_lat [rows, H, R] =
  * q_nope . W_UK per head and q_pe [rows, H, P] (the rope columns), with W = kv_b_proj bf16
@@ -115,6 +129,11 @@ void lunar_cuda_rmsnorm(void *y, lunar_cuda_dtype ydt, const float *x, const uin
 void lunar_cuda_rmsnorm_gated(void *y, lunar_cuda_dtype ydt, const float *x, const float *gate,
                               const uint16_t *w, int n, int dim, float eps, lunar_cuda_stream s);
 void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps, lunar_cuda_stream s);
+/* The residual add and the next norm in one launch: x += r (x [n, dim] updated in place), then
+ * y = op_rmsnorm(x) as lunar_cuda_rmsnorm (y must not alias x or r). Bit-equal to the add followed by
+ * lunar_cuda_rmsnorm. */
+void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w, int n,
+                            int dim, float eps, lunar_cuda_stream s);
 
 /* op_silu_mul / op_situ_mul on fp32 inputs; y stored as ydt (may alias gate or up when F32). */
 void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate, const float *up,

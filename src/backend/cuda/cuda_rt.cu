@@ -15,6 +15,11 @@ static struct {
     char desc[512];
 } rt;
 
+cudaStream_t lunar_cuda_cur_stream = 0;
+/* the stream decode steps are captured on: a blocking one, so that a stray launch on the legacy
+ * stream during a capture is an error (cudaErrorStreamCaptureImplicit), not a silently eager op */
+static cudaStream_t capture_stream;
+
 static const size_t kAlign = 256;
 static const size_t kGemmWorkspace = 64ull << 20;
 
@@ -84,6 +89,8 @@ extern "C" int lunar_cuda_mem_info(int device, size_t *free_bytes, size_t *total
 extern "C" void lunar_cuda_shutdown(void) {
     if (!rt.ready) return;
     cudaDeviceSynchronize();
+    if (capture_stream) cudaStreamDestroy(capture_stream);
+    capture_stream = NULL;
     cublasLtDestroy(rt.lt);
     cudaFree(rt.base);
     memset(&rt, 0, sizeof rt);
@@ -118,10 +125,23 @@ void *lunar_cuda_gemm_workspace_side(size_t *bytes) {
     return rt.ws2;
 }
 
+/* A host round trip inside a captured step would be baked into the graph as nothing (the copy
+ * happens once, at capture) or fail the capture: a programming error, caught here by name. */
+#define NOT_CAPTURING(what)                                                                      \
+    do {                                                                                        \
+        if (lunar_cuda_cur_stream) {                                                            \
+            fprintf(stderr, "CUDA backend: %s inside a captured decode step (a host round trip " \
+                            "the graph cannot replay)\n", what);                                 \
+            abort();                                                                            \
+        }                                                                                       \
+    } while (0)
+
 extern "C" void lunar_cuda_upload(void *dst, const void *src, size_t bytes) {
+    NOT_CAPTURING("lunar_cuda_upload");
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }
 extern "C" void lunar_cuda_download(void *dst, const void *src, size_t bytes) {
+    NOT_CAPTURING("lunar_cuda_download");
     CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
 }
 
@@ -131,6 +151,7 @@ __global__ void fill_u32_kernel(uint32_t *p, uint32_t v, size_t n) {
         p[i] = v;
 }
 extern "C" void lunar_cuda_fill_u32(void *dst, uint32_t value, size_t count) {
+    NOT_CAPTURING("lunar_cuda_fill_u32 (it synchronises)");
     if (!count) return;
     unsigned blocks = ceil_div_u((long long)count, 256);
     if (blocks > 65536) blocks = 65536;
@@ -138,7 +159,10 @@ extern "C" void lunar_cuda_fill_u32(void *dst, uint32_t value, size_t count) {
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());
 }
-extern "C" void lunar_cuda_sync(void) { CUDA_CHECK(cudaDeviceSynchronize()); }
+extern "C" void lunar_cuda_sync(void) {
+    NOT_CAPTURING("lunar_cuda_sync");
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 extern "C" lunar_cuda_stream lunar_cuda_stream_create(void) {
     cudaStream_t s;
@@ -184,6 +208,40 @@ extern "C" lunar_cuda_graph lunar_cuda_graph_end(lunar_cuda_stream s) {
     CUDA_CHECK(cudaGraphDestroy(g));
     return (lunar_cuda_graph)x;
 }
+/* Decode-step capture: the NULL stream of every op becomes the capture stream until the end; the
+ * side stream joins through its events (fork/join inside the capture). Errors are values here:
+ * a capture the driver refused leaves *out NULL and the caller runs the step eagerly. */
+extern "C" int lunar_cuda_capture_begin(lunar_err *err) {
+    CUDA_REQUIRE(rt.ready && !lunar_cuda_cur_stream);
+    cudaError_t e;
+    if (!capture_stream && (e = cudaStreamCreate(&capture_stream)) != cudaSuccess)
+        return lunar_fail(err, "cudaStreamCreate: %s", cudaGetErrorString(e));
+    if ((e = cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
+        return lunar_fail(err, "cudaStreamBeginCapture: %s", cudaGetErrorString(e));
+    lunar_cuda_cur_stream = capture_stream;
+    return 0;
+}
+extern "C" int lunar_cuda_capture_end(lunar_cuda_graph *out, size_t *nodes, lunar_err *err) {
+    CUDA_REQUIRE(lunar_cuda_cur_stream == capture_stream && capture_stream);
+    *out = NULL;
+    lunar_cuda_cur_stream = 0;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(capture_stream, &g);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* the sticky-free capture error, not the device's */
+        return lunar_fail(err, "cudaStreamEndCapture: %s", cudaGetErrorString(e));
+    }
+    size_t n = 0;
+    if (nodes && cudaGraphGetNodes(g, NULL, &n) == cudaSuccess) *nodes = n;
+    cudaGraphExec_t x;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) return lunar_fail(err, "cudaGraphInstantiate: %s", cudaGetErrorString(e));
+    *out = (lunar_cuda_graph)x;
+    return 0;
+}
+extern "C" int lunar_cuda_capturing(void) { return lunar_cuda_cur_stream != 0; }
+
 extern "C" void lunar_cuda_graph_launch(lunar_cuda_graph g, lunar_cuda_stream s) {
     CUDA_CHECK(cudaGraphLaunch((cudaGraphExec_t)g, to_stream(s)));
 }
@@ -217,11 +275,11 @@ static unsigned grid_for(size_t n) {
     return (unsigned)(b > 65536 ? 65536 : (b ? b : 1));
 }
 extern "C" void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float lo, float hi) {
-    fill_uniform_kernel<<<grid_for(n), 256>>>(p, n, seed, lo, hi);
+    fill_uniform_kernel<<<grid_for(n), 256, 0, to_stream(NULL)>>>(p, n, seed, lo, hi);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_sigmoid_inplace(float *p, size_t n) {
-    sigmoid_kernel<<<grid_for(n), 256>>>(p, n);
+    sigmoid_kernel<<<grid_for(n), 256, 0, to_stream(NULL)>>>(p, n);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
