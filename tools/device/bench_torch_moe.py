@@ -26,10 +26,10 @@ def timed(f, reps=10):
 
 buf = torch.ones(2 << 30, device="cuda", dtype=torch.bfloat16)  # 4 GiB
 ms = timed(lambda: buf.sum(dtype=torch.float32))
-print(f"| torch.sum 4 GiB bf16 (read) | {ms:.3f} ms | {buf.numel() * 2 / ms / 1e9:.0f} GB/s |")
+print(f"| torch.sum 4 GiB bf16 (read) | {ms:.3f} ms | {buf.numel() * 2 / ms / 1e6:.0f} GB/s |")
 dst = torch.empty(1 << 30, device="cuda", dtype=torch.bfloat16)
 ms = timed(lambda: dst.copy_(buf[: 1 << 30]))
-print(f"| copy 2 GiB (read + write) | {ms:.3f} ms | {2 * dst.numel() * 2 / ms / 1e9:.0f} GB/s (read+write) |")
+print(f"| copy 2 GiB (read + write) | {ms:.3f} ms | {2 * dst.numel() * 2 / ms / 1e6:.0f} GB/s (read+write) |")
 del buf, dst
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
 ms = timed(lambda: a @ a)

@@ -571,6 +571,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
 // item in each block's list, so a waiting warp only waits for gate/up items that are running or
 // done in resident blocks (the grid never exceeds the resident capacity, computed at launch;
 // blocks of ours that wait for a slot only wait for independent kernels to finish).
+// Measured (H200, session 3): correct (op tests, the forward on the MXFP4 goldens) but slower than
+// the pair at every shape: K3.1 batch 1 199 us vs 136 us, ~1.4-1.5 TB/s. Time tracked resident
+// warps per SM (8: 244 us, 12: 199 us; the pair runs 16+), not bytes in flight nor the copy shape
+// (128- and 256-column stages equal): each warp's consumer is latency-bound. Suspects, unprofiled:
+// the per-item chain of dependent loads (group, offsets, row_token, activations) with only ~3.5
+// chunks per warp and item, the activations prefetched one sub-chunk ahead only, and the
+// producer advancing only when the consumer does. Not the default (path 3, LUNAR_MOE_DECODE=fused).
 template <int CW, int ST>
 struct fz {
     static constexpr int U = CW / 32;              // 16-byte units per row per chunk
@@ -1087,13 +1094,15 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
     if (path == 0) {
-        // LUNAR_MOE_DECODE=old keeps the decode kernel pair (the comparison point of the benchmarks)
-        static int old_pair = -1;
-        if (old_pair < 0) old_pair = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "old");
-        path = n > 64 ? 2 : old_pair ? 1 : 3;
+        // The decode kernel pair by default: the fused kernel is correct but measured slower on the
+        // H200 (docs/benchmarks.md, "MoE decode: the fused persistent kernel"); LUNAR_MOE_DECODE=fused
+        // selects it for further measurement.
+        static int fused = -1;
+        if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
+        path = n > 64 ? 2 : fused ? 3 : 1;
     }
-    if (path >= 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    CUDA_REQUIRE(path >= 1 && path <= 5 && (path == 2 || n <= 64));
+    if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
+    CUDA_REQUIRE(path >= 1 && path <= 3 && (path == 2 || n <= 64));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1108,10 +1117,10 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     xargs d = a;
     d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
-    if (path >= 3) {
-        if (path == 3) fused_launch<256, 4>(g, d, r, st);
-        else if (path == 4) fused_launch<256, 3>(g, d, r, st);
-        else fused_launch<128, 6>(g, d, r, st);
+    if (path == 3) {
+        // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
+        // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
+        fused_launch<256, 3>(g, d, r, st);
     } else if (path == 1) {
         const int slots = np < w->E ? np : w->E;
         if (w->mxfp4) {

@@ -276,10 +276,10 @@ typedef struct lunar_cuda_moe_experts {
 /* The experts on the permuted rows: hbuf[r, I] = bf16(act(w1 z, w3 z)) for z = x[row_token[r]]
  * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
- * fp32 accumulation). path: 0 auto (n <= 64: the fused decode kernel for MXFP4 experts, the decode
- * kernel pair for BF16, or as LUNAR_MOE_DECODE=old|fused says; grouped GEMM above), 1 the decode
- * kernel pair (n <= 64), 2 grouped GEMM, 3..5 the fused decode kernel (MXFP4, n <= 64; BF16 falls
- * back to 1) in its variants: 3 = 256-column stages x 4, 4 = 256 x 3, 5 = 128 x 6.
+ * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, or the fused decode kernel
+ * when LUNAR_MOE_DECODE=fused; grouped GEMM above), 1 the decode kernel pair (n <= 64), 2 grouped
+ * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
+ * falls back to 1).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
