@@ -252,7 +252,7 @@ typedef struct lunar_cuda_moe_route {
     int32_t *active;    /* [E] */
     int32_t *tiles;     /* [2 * max tiles] (expert, first row) */
     int32_t *groups;    /* [2 * max groups] (expert, first row) */
-    int32_t *gdone;     /* [max groups] */
+    int32_t *gdone;     /* [max groups + 1]: per group, then the fused kernel's exit count */
     int32_t *counts;    /* [E + 3] scratch; counts[E] = n_active, [E + 1] = n_tiles, [E + 2] = n_groups */
     int32_t *cursor;    /* [E] scratch */
 } lunar_cuda_moe_route;
