@@ -264,7 +264,9 @@ void lunar_cuda_router_topk(int32_t *experts, float *weights, const float *logit
  * [offsets[e], offsets[e+1]); their order inside an expert is unspecified (atomics), which
  * changes no result: every row is computed independently and the combine sums a token's k rows
  * in slot order. active[0..*n_active) lists the experts with rows (increasing id); tiles lists
- * the prefill M tiles (expert, first row) of LUNAR_CUDA_MOE_BM rows, *n_tiles of them. */
+ * the prefill M tiles (expert, first row) of LUNAR_CUDA_MOE_BM rows, *n_tiles of them; groups
+ * the decode token groups (expert, first row) of up to 8 rows, *n_groups of them, and gdone one
+ * zeroed counter per group (the fused decode kernel's gate/up -> down dependency). */
 #define LUNAR_CUDA_MOE_BM 128
 typedef struct lunar_cuda_moe_route {
     int n, k, E;
@@ -276,7 +278,9 @@ typedef struct lunar_cuda_moe_route {
     int32_t *pair_row;  /* [n*k] permuted row of pair (t, j) */
     int32_t *active;    /* [E] */
     int32_t *tiles;     /* [2 * max tiles] (expert, first row) */
-    int32_t *counts;    /* [E + 2] scratch; counts[E] = n_active, counts[E + 1] = n_tiles */
+    int32_t *groups;    /* [2 * max groups] (expert, first row) */
+    int32_t *gdone;     /* [max groups + 1]: per group, then the fused kernel's exit count */
+    int32_t *counts;    /* [E + 3] scratch; counts[E] = n_active, [E + 1] = n_tiles, [E + 2] = n_groups */
     int32_t *cursor;    /* [E] scratch */
 } lunar_cuda_moe_route;
 size_t lunar_cuda_moe_route_bytes(int n, int k, int E);
@@ -299,8 +303,11 @@ typedef struct lunar_cuda_moe_experts {
 /* The experts on the permuted rows: hbuf[r, I] = bf16(act(w1 z, w3 z)) for z = x[row_token[r]]
  * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
- * fp32 accumulation). path: 0 auto (decode kernel for n <= 64, grouped GEMM above), 1 decode
- * (n <= 64), 2 grouped GEMM. hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
+ * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, or the fused decode kernel
+ * when LUNAR_MOE_DECODE=fused; grouped GEMM above), 1 the decode kernel pair (n <= 64), 2 grouped
+ * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
+ * falls back to 1).
+ * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
