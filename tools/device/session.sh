@@ -45,11 +45,17 @@ timeout 90 "$P/bin/lunar_tests" dummy_device > "$OUT/dummy_device.log" 2>&1
 echo "dummy_device rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/dummy_device.log")" >> "$T"
 timeout 90 "$P/bin/lunar_tests" nccl > "$OUT/nccl.log" 2>&1
 echo "nccl rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/nccl.log") $(grep -iE 'error|skipped' "$OUT/nccl.log" | head -2)" >> "$T"
-timeout 120 "$P/bin/lunar_tests" cuda_tp > "$OUT/cuda_tp.log" 2>&1
+timeout ${CUDA_TP_TIMEOUT:-180} "$P/bin/lunar_tests" cuda_tp > "$OUT/cuda_tp.log" 2>&1
 echo "cuda_tp rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/cuda_tp.log") $(grep -E 'vs|FAILED' "$OUT/cuda_tp.log" | head -6 | tr '\n' ' ')" >> "$T"
 
+step "CUDA graphs == eager, the fused AttnRes mix vs the CPU, and its bandwidth"
+timeout 120 "$P/bin/lunar_tests" cuda_graph cuda_attnres > "$OUT/graph_attnres.log" 2>&1
+echo "cuda_graph cuda_attnres rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/graph_attnres.log") $(grep -E 'FAIL' "$OUT/graph_attnres.log" | head -3 | tr '\n' ' ')" >> "$T"
+LUNAR_NORM_BENCH=1 timeout 60 "$P/bin/lunar_tests" cuda_attnres_bench > "$OUT/norm_bench.log" 2>&1
+grep -E '^\||^floor' "$OUT/norm_bench.log" >> "$T"
+
 NG=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
-[ "$NG" -ge 2 ] && {
+[ "$NG" -ge 2 ] && [ "${COMM:-1}" = 1 ] && {
 step "all-reduce latency and bandwidth across the $NG GPUs (NCCL)"
 timeout 90 "$P/bin/lunar" bench-comm --tensor-parallel-size "$NG" > "$OUT/bench_comm.txt" 2>&1
 echo "bench-comm rc=$?" >> "$T"
@@ -113,9 +119,11 @@ PY
   grep -E "lunar: CUDA|error" "$OUT/serve_$tag.log" | head -3 >> "$T"
 }
 
+[ "${SERVE:-1}" = 1 ] && {
 step "lunar serve + lunar bench serve: Kimi-Linear-48B-A3B, dummy weights, CUDA"
 serve_bench kl48 "${SERVE_WORKLOADS:-8192/1024/16/8 1024/128/64/32}" configs/kimi-linear-48b-a3b.json \
   --max-model-len ${SERVE_MAX_LEN:-20000} ${SERVE_FLAGS:-}
+}
 
 [ -n "${K31_SERVE_WORKLOADS:-}" ] && {
 step "lunar serve + lunar bench serve: Kimi-K3.1 Pro TP8 rank slice, $K31_LAYERS layers, dummy weights, CUDA"
