@@ -81,12 +81,13 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
 /* The CPU reference with the device's roundings: rows [0, T) of pre = prefill, rows of dec = decode
  * steps, full = the recompute of all T + nd tokens. */
 static int cpu_reference(const lunar_model *m, const int32_t *ids, int T, int nd, float *pre, float *dec,
-                         float *full, int kv_fp8, lunar_err *err) {
+                         float *full, int flags, lunar_err *err) {
     const int nb = (T + nd + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE, V = m->cfg.vocab_size;
     lunar_kv_pool kv;
     lunar_state_pool st;
-    if (lunar_kv_pool_init(&kv, &m->cfg, nb, kv_fp8 ? LUNAR_KV_FP8 : LUNAR_KV_BF16, err)) return -1;
-    if (lunar_state_pool_init(&st, &m->cfg, 1, 0, err)) {
+    if (lunar_kv_pool_init(&kv, &m->cfg, nb, flags & LUNAR_CUDA_CACHE_FP8_LATENT ? LUNAR_KV_FP8 : LUNAR_KV_BF16, err))
+        return -1;
+    if (lunar_state_pool_init(&st, &m->cfg, 1, (flags & LUNAR_CUDA_CACHE_FP16_STATE) != 0, err)) {
         lunar_kv_pool_free(&kv);
         return -1;
     }
@@ -111,23 +112,24 @@ static int cpu_reference(const lunar_model *m, const int32_t *ids, int T, int nd
 
 /* prefill, decode, full recompute and a 2-sequence batch of ids[0..T+nd) on the device against the
  * CPU reference; gold_pre / gold_dec (or NULL): the golden logits, whose distance is printed.
- * kv_fp8: both sides keep the latent cache in FP8 e4m3 (the device stores the codes the CPU's
- * LUNAR_KV_FP8 rounding gives; the kernels widen them exactly), else bf16. */
+ * flags (LUNAR_CUDA_CACHE_*): FP8_LATENT: both sides keep the latent cache in FP8 e4m3 (the device
+ * stores the codes the CPU's LUNAR_KV_FP8 rounding gives; the kernels widen them exactly), else
+ * bf16; FP16_STATE: both keep the KDA states in fp16, rounded after each call. */
 static void run_model(const char *name, const lunar_model *m, const int32_t *ids, int T, int nd,
-                      const float *gold_pre, const float *gold_dec, double tol, int fused_moe, int kv_fp8) {
+                      const float *gold_pre, const float *gold_dec, double tol, int fused_moe, int flags) {
     lunar_err err;
     const int V = m->cfg.vocab_size, N = T + nd;
     float *logits = lunar_xmalloc((size_t)(N + 1) * V * sizeof(float));
     float *ref_pre = lunar_xmalloc((size_t)T * V * sizeof(float)), *ref_dec = lunar_xmalloc((size_t)nd * V * sizeof(float));
     float *ref_full = lunar_xmalloc((size_t)N * V * sizeof(float));
-    CHECK_MSG(cpu_reference(m, ids, T, nd, ref_pre, ref_dec, ref_full, kv_fp8, &err) == 0, "%s", err.msg);
+    CHECK_MSG(cpu_reference(m, ids, T, nd, ref_pre, ref_dec, ref_full, flags, &err) == 0, "%s", err.msg);
 
     lunar_cuda_model *gm = NULL;
     lunar_cuda_seq s;
     lunar_cuda_caches two;
     memset(&two, 0, sizeof two);
     CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
-    CHECK_MSG(gm && lunar_cuda_seq_init_kv(&s, m, N, kv_fp8, &err) == 0, "%s", err.msg);
+    CHECK_MSG(gm && lunar_cuda_seq_init_kv(&s, m, N, flags, &err) == 0, "%s", err.msg);
     if (!gm) goto out;
     CHECK(lunar_cuda_model_fused_moe(gm, fused_moe) || !fused_moe); /* the path exists where asked for */
     int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0;
@@ -160,7 +162,7 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
      * block table is not the identity) and the prompt alone on slot 1 (pages 0..nb-1) */
     const int nb = (N + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
     double e_bat = INFINITY;
-    if (lunar_cuda_caches_init_kv(&two, m, 2 * nb, 2, kv_fp8, &err) == 0) {
+    if (lunar_cuda_caches_init_kv(&two, m, 2 * nb, 2, flags, &err) == 0) {
         int32_t *bt = lunar_xmalloc((size_t)2 * nb * sizeof *bt);
         for (int i = 0; i < nb; i++) bt[i] = 2 * nb - 1 - i, bt[nb + i] = i;
         lunar_batch_seq sq[2] = {{ids, N, 0, 0, bt, LUNAR_LOGITS_ALL}, {ids, T, 0, 1, bt + nb, LUNAR_LOGITS_LAST}};
@@ -220,7 +222,9 @@ static void run_one(const char *dir) {
         if (m->cfg.n_mla_layers && (strstr(dir, "k31-a") || strstr(dir, "kimi-linear-tiny"))) {
             char fp8_name[300];
             snprintf(fp8_name, sizeof fp8_name, "%s, fp8 kv", strrchr(dir, '/') + 1);
-            run_model(fp8_name, m, ids, T, nd, NULL, NULL, CUDA_REF_TOL, 0, 1);
+            run_model(fp8_name, m, ids, T, nd, NULL, NULL, CUDA_REF_TOL, 0, LUNAR_CUDA_CACHE_FP8_LATENT);
+            snprintf(fp8_name, sizeof fp8_name, "%s, fp16 state", strrchr(dir, '/') + 1);
+            run_model(fp8_name, m, ids, T, nd, NULL, NULL, CUDA_REF_TOL, 0, LUNAR_CUDA_CACHE_FP16_STATE);
         }
         free(ids);
     }
@@ -333,7 +337,10 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
         run_model("wide, generic MoE", m, ids, T, ND, NULL, NULL, 3e-2, 0, 0);
         run_model("wide, fused MoE", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         /* FP8 latent: the tuned decode kernel's FP8 pages and the prefill GEMM's widening gather */
-        run_model("wide, fused MoE, fp8 kv", m, ids, T, ND, NULL, NULL, 3e-2, 1, 1);
+        run_model("wide, fused MoE, fp8 kv", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP8_LATENT);
+        /* fp16 KDA states: the recurrent kernel's fp16 slots (decode) and the widened copy around
+         * the chunked prefill */
+        run_model("wide, fused MoE, fp16 state", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP16_STATE);
         lunar_model_free(m);
     } else {
         CHECK_MSG(0, "%s", err.msg);

@@ -595,6 +595,63 @@ static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {
     lunar_cuda_release(mark);
 }
 
+/* The fp16 state option: the pool holds halves; the kernel widens a slot once, runs T tokens in
+ * fp32 and rounds once at the store, as the CPU reference (fp32 recurrence over the call, then S
+ * rounded to fp16: model/forward.c). Outputs: the same fp32 arithmetic from the same state values,
+ * 1e-5. Pool: one rounding to fp16 of values that differ by fp32 summation order, so a rare
+ * element lands on the other side of a rounding boundary: one fp16 ulp (2^-11 relative to the
+ * element) bounds it, 1e-3 of max |ref|. */
+static void check_recurrent_f16(int B, int T, int H, unsigned seed) {
+    const int dk = 128, dv = 128, NS = B + 2;
+    size_t mark = lunar_cuda_mark();
+    const long per_q = (long)T * H * dk, per_v = (long)T * H * dv, ns = (long)H * dk * dv;
+    kin in = kin_make(B * T, H, dk, dv, 0.0f, seed);
+    float *pool = test_rand(NS * ns, seed + 99, -0.5f, 0.5f);
+    uint16_t *pool16 = malloc((size_t)NS * ns * 2);
+    for (long i = 0; i < NS * ns; i++) pool16[i] = lunar_f32_to_f16(pool[i]), pool[i] = lunar_f16_to_f32(pool16[i]);
+    int32_t slots[16];
+    for (int b = 0; b < B; b++) slots[b] = (b * 3 + 1) % NS;
+    const float scale = 1.0f / sqrtf((float)dk);
+    float *ref = test_poisoned((long)B * per_v), *pool_ref = test_alloc(NS * ns);
+    memcpy(pool_ref, pool, sizeof(float) * NS * ns);
+    for (int b = 0; b < B; b++) {
+        float *Sb = pool_ref + (long)slots[b] * ns;
+        const long row = (long)b * T;
+        op_kda_recurrent(ref + row * H * dv, in.q + row * H * dk, in.k + row * H * dk, in.v + row * H * dv,
+                         in.g + row * H * dk, in.beta + row * H, Sb, T, H, dk, dv, scale);
+        for (long i = 0; i < ns; i++) Sb[i] = lunar_f16_to_f32(lunar_f32_to_f16(Sb[i]));
+    }
+    const float *dq = dev_in(in.q, B * per_q * 4), *dk_ = dev_in(in.k, B * per_q * 4);
+    const float *dvv = dev_in(in.v, B * per_v * 4), *dg = dev_in(in.g, B * per_q * 4);
+    const float *db = dev_in(in.beta, (long)B * T * H * 4);
+    const int32_t *dsl = dev_in(slots, sizeof(int32_t) * B);
+    uint16_t *dpool = dev_in(pool16, (size_t)NS * ns * 2);
+    dout o;
+    float *dO = dout_new(&o, (size_t)B * per_v * 4);
+    lunar_cuda_kda_recurrent_f16(dO, dq, dk_, dvv, dg, db, dpool, dsl, NULL, B, T, H, dk, dv, scale, NULL);
+    float *out = down_f32(dO, (long)B * per_v), *p2 = test_alloc(NS * ns);
+    uint16_t *h16 = malloc((size_t)NS * ns * 2);
+    lunar_cuda_download(h16, dpool, (size_t)NS * ns * 2);
+    for (long i = 0; i < NS * ns; i++) p2[i] = lunar_f16_to_f32(h16[i]);
+    char what[96];
+    snprintf(what, sizeof what, "kda_recurrent fp16 state B=%d T=%d H=%d: o", B, T, H);
+    report(what, lunar_max_rel_err(out, ref, (long)B * per_v), 1e-5);
+    snprintf(what, sizeof what, "kda_recurrent fp16 state B=%d T=%d H=%d: pool", B, T, H);
+    report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), 1e-3);
+    CHECK(dout_guards_ok(&o));
+    free(out), free(p2), free(h16), free(pool16);
+    free(pool), free(ref), free(pool_ref);
+    kin_free(&in);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_kda_recurrent_f16_state_vs_cpu) {
+    if (!cuda_on()) return;
+    check_recurrent_f16(1, 1, 2, 11);
+    check_recurrent_f16(3, 1, 8, 12);
+    check_recurrent_f16(2, 3, 4, 13);
+}
+
 TEST(cuda_kda_recurrent_vs_cpu) {
     if (!cuda_on()) return;
     check_recurrent(1, 1, 1, 128, 1);

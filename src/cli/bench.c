@@ -44,6 +44,7 @@ static const char *USAGE =
     "         [--input-lens 1024,8192,32768,131072] [--batch-sizes 1,8,32,64] [--contexts 1024,8192,32768,131072]\n"
     "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--enforce-eager]\n"
     "         [--json FILE] [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
+    "         [--kda-state-dtype fp32|fp16]\n"
     "         [--tensor-parallel-size N [--enable-expert-parallel] [--master-port P]]  (--backend cuda: one rank\n"
     "         process per GPU, rank 0 reports per-rank figures; the all-reduces are real)\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
@@ -58,6 +59,7 @@ typedef struct bench_opts {
     long max_len, steps, chunk, project, warmup;
     int profile, eager;
     int kv_fp8; /* --kv-cache-dtype fp8: the FP8 latent cache (CUDA: 1 byte per element; CPU: emulated) */
+    int state_fp16; /* --kda-state-dtype fp16: fp16 KDA states (CUDA: 2 bytes per element; CPU: emulated) */
     double bw_gbs, peak_tflops;
     long tp, master_port; /* CUDA tensor parallelism: rank processes */
     int ep;
@@ -95,6 +97,9 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
             if (strcmp(v, "fp8") && strcmp(v, "fp8_e4m3") && strcmp(v, "bf16") && strcmp(v, "auto"))
                 return lunar_fail(err, "--kv-cache-dtype: '%s' is not one of auto, bf16, fp8", v);
             o->kv_fp8 = strncmp(v, "fp8", 3) == 0;
+        } else if (strcmp(a, "--kda-state-dtype") == 0) {
+            if (strcmp(v, "fp16") && strcmp(v, "fp32")) return lunar_fail(err, "--kda-state-dtype: '%s' is not fp32 or fp16", v);
+            o->state_fp16 = strcmp(v, "fp16") == 0;
         }
         else if (strcmp(a, "--input-lens") == 0) in = v;
         else if (strcmp(a, "--batch-sizes") == 0) bs = v;
@@ -129,7 +134,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
 
 typedef struct runner {
     const lunar_model *m;
-    int cuda, kv_fp8;
+    int cuda, kv_fp8, state_fp16;
     lunar_cuda_model *g;
     lunar_kv_pool kv;
     lunar_state_pool st;
@@ -155,10 +160,14 @@ static int cpu_caches_fit(const lunar_config *c, int n_blocks, int n_slots, luna
 static int caches_init(runner *r, int n_blocks, int n_slots, lunar_err *err) {
     if (!r->cuda && cpu_caches_fit(&r->m->cfg, n_blocks, n_slots, err)) return -1;
     if (r->cuda) {
-        if (lunar_cuda_caches_init_kv(&r->cc, r->m, n_blocks, n_slots, r->kv_fp8, err)) return -1;
+        if (lunar_cuda_caches_init_kv(&r->cc, r->m, n_blocks, n_slots,
+                                      (r->kv_fp8 ? LUNAR_CUDA_CACHE_FP8_LATENT : 0) |
+                                          (r->state_fp16 ? LUNAR_CUDA_CACHE_FP16_STATE : 0),
+                                      err))
+            return -1;
     } else {
         if (lunar_kv_pool_init(&r->kv, &r->m->cfg, n_blocks, r->kv_fp8 ? LUNAR_KV_FP8 : LUNAR_KV_F32, err)) return -1;
-        if (lunar_state_pool_init(&r->st, &r->m->cfg, n_slots, 0, err)) {
+        if (lunar_state_pool_init(&r->st, &r->m->cfg, n_slots, r->state_fp16, err)) {
             lunar_kv_pool_free(&r->kv);
             return -1;
         }
@@ -391,7 +400,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     lunar_model *m = NULL, *rank_m = NULL;
     double t0 = now_s();
     if (lunar_model_load_ex(&m, o->model, &lo, err)) return -1;
-    runner r = {.m = m, .cuda = cuda, .kv_fp8 = o->kv_fp8};
+    runner r = {.m = m, .cuda = cuda, .kv_fp8 = o->kv_fp8, .state_fp16 = o->state_fp16};
     if (tp_rank.on) { /* this rank's shards (lazy dummy tensors stay lazy: model/dummy.h's windows) */
         const lunar_tp_opts t = {tp_rank.ri.world, 1, o->ep};
         if (!tp_rank.comm && (lunar_tp_check(&m->cfg, &t, err) ||
@@ -573,7 +582,8 @@ static int bench_body(bench_opts o) {
             continue;
         }
         lunar_model view = {.cfg = *c}; /* the byte count needs the config and the stored sizes only */
-        const double by = lunar_decode_bytes(&view, &full.wb, d->B, d->ctx, full.kv_elem);
+        const double by = lunar_decode_bytes_st(&view, &full.wb, d->B, d->ctx, full.kv_elem,
+                                                o.state_fp16 && full.kv_elem < 4 ? 2 : 4);
         const double floor = full.bw > 0 ? by / (full.bw * 1e9) : 0;
         printf("          %5d  %7d  %8.3f  %9.1f  %8.1f  %8.3f  %9.1f%%", d->B, d->ctx, 1e3 * d->s, d->B / d->s, by / 1e6,
                1e3 * floor, 100 * floor / d->s);

@@ -46,6 +46,11 @@ double lunar_experts_touched(int E, int k, int B) {
 
 double lunar_decode_bytes(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx,
                           int kv_elem) {
+    return lunar_decode_bytes_st(m, w, B, ctx, kv_elem, 4);
+}
+
+double lunar_decode_bytes_st(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx, int kv_elem,
+                             int state_elem) {
     const lunar_config *c = &m->cfg;
     double bytes = w->dense + B * w->embed_row +
                    w->n_moe * lunar_experts_touched(c->num_experts, c->num_experts_per_token, B) * w->per_expert;
@@ -60,7 +65,7 @@ double lunar_decode_bytes(const lunar_model *m, const lunar_weight_bytes *w, int
     }
     per_seq += c->n_mla_layers * row; /* the new latent row written */
     const double HD = (double)c->kda_num_heads * c->kda_head_dim;
-    const double state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * 4;
+    const double state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * state_elem;
     const double conv = 3 * HD * (c->kda_conv_size - 1) * 4;
     per_seq += c->n_kda_layers * 2 * (state + conv); /* read and write back */
     return bytes + B * per_seq;

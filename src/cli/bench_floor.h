@@ -27,6 +27,9 @@ double lunar_experts_touched(int E, int k, int B);
  * every KDA state read and written. kv_elem: bytes per stored latent value (4 CPU fp32, 2 bf16). */
 double lunar_decode_bytes(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx,
                           int kv_elem);
+/* The same with state_elem bytes per stored KDA state value (4 fp32, 2 the fp16 state option). */
+double lunar_decode_bytes_st(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx, int kv_elem,
+                             int state_elem);
 
 /* FLOPs of a prefill of n tokens from empty caches: 2 x active weights per token (the lm_head
  * for the last token only), causal MLA attention (or DSA: top-k keys plus the indexer's scoring of

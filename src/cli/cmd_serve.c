@@ -17,7 +17,7 @@
 static const char *USAGE =
     "usage: lunar serve MODEL_DIR [--host H] [--port P] [--served-model-name NAME[,NAME...]] [--tokenizer DIR]\n"
     "         [--max-model-len N] [--max-num-seqs N] [--max-num-batched-tokens N] [--gpu-memory-utilization F]\n"
-    "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--api-key KEY] [--backend cpu|cuda|auto]\n"
+    "         [--cache-memory-bytes N] [--kv-cache-dtype auto|bf16|fp8] [--kda-state-dtype fp32|fp16] [--api-key KEY] [--backend cpu|cuda|auto]\n"
     "         [--sampling-guard auto|on|off] [--max-body-bytes N] [--timeout-keep-alive S] [--max-pending N]\n"
     "         [--no-prefix-caching] [--quiet] [--fake-engine [--fake-script TEXT] [--fake-delay-ms MS]]\n"
     "         " LUNAR_LOAD_OPTIONS_USAGE " (dummy: MODEL_DIR may be a config.json)\n"
@@ -25,7 +25,7 @@ static const char *USAGE =
     "         (--backend cpu: N rank threads; --backend cuda: N rank processes, one per GPU, no DCP)\n";
 
 typedef struct serve_opts {
-    const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *guard, *fake_script;
+    const char *model_dir, *tokenizer, *host, *names, *api_key, *backend, *kv_dtype, *state_dtype, *guard, *fake_script;
     long port, max_model_len, max_num_seqs, max_batched, max_body, timeout, max_pending, fake_delay_ms;
     long long cache_bytes;
     double gpu_util;
@@ -49,6 +49,7 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
     o->gpu_util = 0.9;
     o->backend = "auto";
     o->kv_dtype = "auto";
+    o->state_dtype = "fp32";
     o->guard = "auto";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -73,6 +74,8 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         else if (strcmp(a, "--gpu-memory-utilization") == 0) { if (lunar_parse_float(a, v, 0.01, 1.0, &o->gpu_util, err)) return -1; }
         else if (strcmp(a, "--cache-memory-bytes") == 0) { if (lunar_parse_float(a, v, 0, 1e15, &d, err)) return -1; o->cache_bytes = (long long)d; }
         else if (strcmp(a, "--kv-cache-dtype") == 0) o->kv_dtype = v;
+        /* vLLM names the recurrent-state dtype of hybrid models --mamba-ssm-cache-dtype */
+        else if (strcmp(a, "--kda-state-dtype") == 0 || strcmp(a, "--mamba-ssm-cache-dtype") == 0) o->state_dtype = v;
         else if (strcmp(a, "--api-key") == 0) o->api_key = v;
         else if (strcmp(a, "--backend") == 0) o->backend = v;
         else if (strcmp(a, "--tensor-parallel-size") == 0 || strcmp(a, "-tp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->tp, err)) return -1; }
@@ -95,6 +98,9 @@ static int parse(int argc, char **argv, serve_opts *o, lunar_err *err) {
         return lunar_fail(err, "--sampling-guard: auto, on or off");
     if (strcmp(o->kv_dtype, "auto") && strcmp(o->kv_dtype, "bf16") && strcmp(o->kv_dtype, "fp8"))
         return lunar_fail(err, "--kv-cache-dtype: auto, bf16 or fp8");
+    if (strcmp(o->state_dtype, "fp32") && strcmp(o->state_dtype, "float32") && strcmp(o->state_dtype, "fp16") &&
+        strcmp(o->state_dtype, "float16"))
+        return lunar_fail(err, "--kda-state-dtype: fp32 or fp16");
     return 0;
 }
 
@@ -127,6 +133,7 @@ static void engine_options(const serve_opts *o, lunar_engine_options *eo) {
     eo->max_num_batched_tokens = (int)o->max_batched;
     eo->max_model_len = (int)o->max_model_len;
     eo->kv_cache_dtype = o->kv_dtype;
+    eo->kda_state_fp16 = strcmp(o->state_dtype, "fp16") == 0 || strcmp(o->state_dtype, "float16") == 0;
     eo->enable_prefix_caching = !o->no_prefix;
     eo->load_format = o->load.load_format;
     eo->num_layers = o->load.num_layers;

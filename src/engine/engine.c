@@ -180,11 +180,8 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     if (be == LUNAR_BACKEND_CUDA) {
         /* one arena of gpu_memory_utilization x the device: the weights, one step's temporaries,
          * and the caches in all that is left */
-        if (o->kda_state_fp16) {
-            lunar_fail(err, "the CUDA forward keeps fp32 KDA states: fp16 states are CPU-only for now");
-            goto fail;
-        }
         const int fp8 = kvd == LUNAR_KV_FP8; /* else bf16 (auto / fp32 / bf16: the device's latent is bf16) */
+        const int cflags = lunar_engine_cuda_cache_flags(o);
         const lunar_tp_link *l = o->tp_link;
         if (l) {
             if (lunar_cuda_rank_open(&e->rk, e->model, o, l, err)) goto fail;
@@ -218,10 +215,10 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
             lunar_wire_free(&m);
             if (prc) goto fail;
         }
-        if (lunar_cuda_caches_init_kv(&e->gc, dm, n_blocks, o->max_num_seqs + n_ckpt, fp8, err)) goto fail;
-        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks (%s latent) + %d state slots, step reserve %.2f GiB%s\n",
+        if (lunar_cuda_caches_init_kv(&e->gc, dm, n_blocks, o->max_num_seqs + n_ckpt, cflags, err)) goto fail;
+        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks (%s latent) + %d state slots (%s), step reserve %.2f GiB%s\n",
                 lunar_cuda_device_line(), lunar_cuda_model_bytes(dm) / 1073741824.0, n_blocks, fp8 ? "fp8" : "bf16",
-                o->max_num_seqs + n_ckpt, step / 1073741824.0, l ? " (rank 0; each rank alike)" : "");
+                o->max_num_seqs + n_ckpt, o->kda_state_fp16 ? "fp16" : "fp32", step / 1073741824.0, l ? " (rank 0; each rank alike)" : "");
     } else {
         const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
         const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *

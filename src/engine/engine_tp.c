@@ -33,16 +33,20 @@ void lunar_cuda_rank_close(lunar_cuda_rank *r) {
     memset(r, 0, sizeof *r);
 }
 
-/* --kv-cache-dtype fp8: the FP8 latent cache on every rank (engine.c validates the name) */
-static int kv_fp8(const lunar_engine_options *o) {
-    return o->kv_cache_dtype && strncmp(o->kv_cache_dtype, "fp8", 3) == 0;
+static int kv_fp8_of(const lunar_engine_options *o) {
+    return (lunar_engine_cuda_cache_flags(o) & LUNAR_CUDA_CACHE_FP8_LATENT) != 0;
+}
+
+int lunar_engine_cuda_cache_flags(const lunar_engine_options *o) {
+    const int fp8 = o->kv_cache_dtype && strncmp(o->kv_cache_dtype, "fp8", 3) == 0; /* engine.c validates the name */
+    return (fp8 ? LUNAR_CUDA_CACHE_FP8_LATENT : 0) | (o->kda_state_fp16 ? LUNAR_CUDA_CACHE_FP16_STATE : 0);
 }
 
 lunar_rank_room lunar_cuda_rank_room(const lunar_model *rank_m, const lunar_engine_options *o) {
     const int64_t step = (int64_t)lunar_cuda_step_bytes(rank_m, o->max_num_batched_tokens, o->max_num_seqs,
                                                         o->max_model_len);
-    lunar_rank_room r = {(int64_t)lunar_cuda_arena_left() - step, (int64_t)lunar_cuda_block_bytes_kv(rank_m, kv_fp8(o)),
-                         (int64_t)lunar_cuda_slot_bytes(rank_m)};
+    lunar_rank_room r = {(int64_t)lunar_cuda_arena_left() - step, (int64_t)lunar_cuda_block_bytes_kv(rank_m, kv_fp8_of(o)),
+                         (int64_t)lunar_cuda_slot_bytes_st(rank_m, o->kda_state_fp16)};
     if (o->cache_memory_bytes > 0 && o->cache_memory_bytes < r.budget) r.budget = o->cache_memory_bytes;
     return r;
 }
@@ -146,7 +150,7 @@ int lunar_engine_follow(const lunar_engine_options *o, const lunar_tp_link *l, l
         if (k == 0) lunar_fail(err, "rank 0 closed the link before the caches were planned");
         else if (k > 0 && (m.kind != LUNAR_WIRE_INIT || m.n != 2))
             lunar_fail(err, "rank link: expected the cache plan, got message kind %u", m.kind);
-        else if (k > 0 && lunar_cuda_caches_init_kv(&c, r.rank_m, m.w[0], m.w[1], kv_fp8(o), err) == 0)
+        else if (k > 0 && lunar_cuda_caches_init_kv(&c, r.rank_m, m.w[0], m.w[1], lunar_engine_cuda_cache_flags(o), err) == 0)
             rc = follow_loop(&r, &c, fd, err);
     }
     lunar_wire_free(&m);

@@ -48,6 +48,9 @@ typedef struct lunar_rank_room {
 
 /* This process's room: the arena left after the step reserve, capped by o->cache_memory_bytes. */
 lunar_rank_room lunar_cuda_rank_room(const lunar_model *rank_m, const lunar_engine_options *o);
+/* The CUDA caches' LUNAR_CUDA_CACHE_* flags for o's --kv-cache-dtype and fp16 state option (every
+ * rank makes the same caches). */
+int lunar_engine_cuda_cache_flags(const lunar_engine_options *o);
 /* Rank 0: every follower's room (rooms[j - 1] for rank j), waiting up to timeout_ms each. */
 int lunar_tp_link_rooms(const lunar_tp_link *l, lunar_rank_room *rooms, int timeout_ms, lunar_err *err);
 /* Rank 0: the message to every follower. */

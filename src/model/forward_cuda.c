@@ -33,6 +33,7 @@ size_t lunar_cuda_model_bytes(const lunar_model *m) { (void)m; return 0; }
 size_t lunar_cuda_block_bytes(const lunar_model *m) { (void)m; return 0; }
 size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) { (void)m, (void)latent_fp8; return 0; }
 size_t lunar_cuda_slot_bytes(const lunar_model *m) { (void)m; return 0; }
+size_t lunar_cuda_slot_bytes_st(const lunar_model *m, int state_fp16) { (void)m, (void)state_fp16; return 0; }
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
     (void)m, (void)max_tokens, (void)max_rows, (void)max_len;
     return 0;
@@ -522,10 +523,12 @@ size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) {
     return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * (latent_fp8 ? 1 : 2) + idx);
 }
 
-size_t lunar_cuda_slot_bytes(const lunar_model *m) {
+size_t lunar_cuda_slot_bytes(const lunar_model *m) { return lunar_cuda_slot_bytes_st(m, 0); }
+
+size_t lunar_cuda_slot_bytes_st(const lunar_model *m, int state_fp16) {
     const lunar_config *k = &m->cfg;
     const size_t HD = (size_t)k->kda_num_heads * k->kda_head_dim;
-    return (size_t)k->n_kda_layers * (3 * HD * (k->kda_conv_size - 1) + HD * k->kda_head_dim) * 4;
+    return (size_t)k->n_kda_layers * (3 * HD * (k->kda_conv_size - 1) * 4 + HD * k->kda_head_dim * (state_fp16 ? 2 : 4));
 }
 
 /* An upper bound of the step's temporaries (forward_batch below, layer by layer: what stays for
@@ -576,7 +579,7 @@ int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blo
 }
 
 int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
-                              int latent_fp8, lunar_err *err) {
+                              int flags, lunar_err *err) {
     const lunar_config *k = &m->cfg;
     memset(c, 0, sizeof *c);
     if (!lunar_cuda_ready()) return lunar_fail(err, "CUDA caches: the device is not initialised");
@@ -589,14 +592,16 @@ int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_
     const int HD = k->kda_num_heads * k->kda_head_dim;
     c->conv_len = (size_t)3 * HD * (k->kda_conv_size - 1);
     c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
-    c->latent_fp8 = latent_fp8 != 0;
+    c->latent_fp8 = (flags & LUNAR_CUDA_CACHE_FP8_LATENT) != 0;
+    c->state_fp16 = (flags & LUNAR_CUDA_CACHE_FP16_STATE) != 0;
+    const size_t state_bytes = (size_t)n_slots * c->n_kda * c->state_len * (c->state_fp16 ? 2 : 4) + 4;
     const size_t latent_bytes = toks * c->row * (c->latent_fp8 ? 1 : 2) + 4;
     c->latent = lunar_cuda_alloc(latent_bytes);
     c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
     c->idx_scales = lunar_cuda_alloc((c->idx_dim ? toks * 4 : 0) + 4); /* only with an indexer, as
                                                  lunar_cuda_block_bytes counts it */
     c->conv = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->conv_len * 4 + 4);
-    c->state = lunar_cuda_alloc((size_t)n_slots * c->n_kda * c->state_len * 4 + 4);
+    c->state = lunar_cuda_alloc(state_bytes);
     if (!c->latent || !c->idx_codes || !c->idx_scales || !c->conv || !c->state) {
         lunar_cuda_release(c->mark);
         return lunar_fail(err, "CUDA caches: device arena exhausted (%d blocks, %d slots)", n_blocks, n_slots);
@@ -619,13 +624,15 @@ void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) {
     const size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
     if (to == from) return;
     if (nc) lunar_glue_copy(c->conv + (size_t)to * nc, c->conv + (size_t)from * nc, nc * 4, NULL);
-    if (ns) lunar_glue_copy(c->state + (size_t)to * ns, c->state + (size_t)from * ns, ns * 4, NULL);
+    const size_t sb = ns * (c->state_fp16 ? 2 : 4);
+    if (ns) lunar_glue_copy((char *)c->state + (size_t)to * sb, (char *)c->state + (size_t)from * sb, sb, NULL);
 }
 
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot) {
     size_t nc = (size_t)c->n_kda * c->conv_len, ns = (size_t)c->n_kda * c->state_len;
     if (nc) lunar_cuda_fill_u32(c->conv + (size_t)slot * nc, 0, nc);
-    if (ns) lunar_cuda_fill_u32(c->state + (size_t)slot * ns, 0, ns);
+    const size_t sb = ns * (c->state_fp16 ? 2 : 4); /* a multiple of 4: state_len = H * dk * dk */
+    if (ns) lunar_cuda_fill_u32((char *)c->state + (size_t)slot * sb, 0, sb / 4);
 }
 
 /* ------------------------------------------------------------------ the step */
@@ -749,14 +756,29 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     cp_end(LUNAR_PROF_KDA_PROJ, t0);
     t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)dk);
-    if (dec)
-        lunar_cuda_kda_recurrent(o, q, k, v, g, beta, b->c->state + ki * b->c->state_len, b->kda_state_idx, NULL,
+    /* the fp16 state option: the recurrent kernel reads and rounds fp16 slots itself; the other
+     * paths run on an fp32 copy of the slot, rounded back after the call (as the CPU rounds S) */
+    const int f16 = b->c->state_fp16;
+    const size_t sl = b->c->state_len;
+    if (dec && f16)
+        lunar_cuda_kda_recurrent_f16(o, q, k, v, g, beta, (uint16_t *)b->c->state + ki * sl, b->kda_state_idx, NULL,
+                                     n, 1, H, dk, dk, scale, NULL);
+    else if (dec)
+        lunar_cuda_kda_recurrent(o, q, k, v, g, beta, (float *)b->c->state + ki * sl, b->kda_state_idx, NULL,
                                  n, 1, H, dk, dk, scale, NULL);
+    float *S32 = f16 && !dec ? fd(sl) : NULL;
     for (int j = 0; j < b->n_seqs && !dec; j++) {
         const int nj = b->seqs[j].n;
-        const size_t r = (size_t)b->off[j] * HD;
-        float *S = b->c->state + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->state_len;
+        const size_t r = (size_t)b->off[j] * HD, at = ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * sl;
+        uint16_t *S16 = f16 ? (uint16_t *)b->c->state + at : NULL;
+        float *S = f16 ? S32 : (float *)b->c->state + at;
         const float *bj = beta + (size_t)b->off[j] * H;
+        if (dk == 128 && nj == 1 && f16) {
+            lunar_cuda_kda_recurrent_f16(o + r, q + r, k + r, v + r, g + r, bj, S16, b->zero, NULL, 1, 1, H,
+                                         dk, dk, scale, NULL);
+            continue;
+        }
+        if (f16) lunar_glue_f16_to_f32(S32, S16, sl, NULL);
         if (dk == 128 && nj == 1) {
             lunar_cuda_kda_recurrent(o + r, q + r, k + r, v + r, g + r, bj, S, b->zero, NULL, 1, 1, H,
                                      dk, dk, scale, NULL);
@@ -768,6 +790,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         } else { /* generic head size: the recurrence token by token (prefill included) */
             lunar_glue_kda_recurrent(o + r, q + r, k + r, v + r, g + r, bj, S, nj, H, dk, dk, scale, NULL);
         }
+        if (f16) lunar_glue_f32_to_f16(S16, S32, sl, NULL);
     }
     cp_end(LUNAR_PROF_KDA_CORE, t0);
     t0 = cp_begin();
@@ -1420,12 +1443,12 @@ int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens,
     return lunar_cuda_seq_init_kv(s, m, max_tokens, 0, err);
 }
 
-int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int latent_fp8,
+int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int flags,
                            lunar_err *err) {
     memset(s, 0, sizeof *s);
     if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
     const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-    if (lunar_cuda_caches_init_kv(&s->c, m, n_blocks, 1, latent_fp8, err)) return -1;
+    if (lunar_cuda_caches_init_kv(&s->c, m, n_blocks, 1, flags, err)) return -1;
     s->blocks = lunar_xmalloc((size_t)n_blocks * sizeof *s->blocks);
     for (int i = 0; i < n_blocks; i++) s->blocks[i] = i;
     s->max_tokens = max_tokens;

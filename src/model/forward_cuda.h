@@ -54,6 +54,10 @@ size_t lunar_cuda_model_bytes(const lunar_model *m);
 size_t lunar_cuda_block_bytes(const lunar_model *m);
 size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8);
 size_t lunar_cuda_slot_bytes(const lunar_model *m);
+size_t lunar_cuda_slot_bytes_st(const lunar_model *m, int state_fp16);
+/* lunar_cuda_caches_init_kv's flags (an int, so that 0 / 1 keep meaning bf16 / FP8 latent) */
+#define LUNAR_CUDA_CACHE_FP8_LATENT 1
+#define LUNAR_CUDA_CACHE_FP16_STATE 2
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len);
 /* Bytes the arena has left; the device's one-line description (for logs). */
 size_t lunar_cuda_arena_left(void);
@@ -64,12 +68,13 @@ const char *lunar_cuda_device_line(void);
 typedef struct lunar_cuda_caches {
     int n_blocks, n_slots, n_mla, n_kda, row, idx_dim;
     int latent_fp8;     /* latent holds e4m3 codes (1 byte per element) instead of bf16 */
+    int state_fp16;     /* state holds fp16 (the fp16 KDA state option: half the bytes per slot) */
     void *latent;       /* [n_mla][n_blocks][128][row] bf16 or e4m3 */
     uint8_t *idx_codes; /* [n_mla][n_blocks][128][idx_dim] */
     float *idx_scales;  /* [n_mla][n_blocks][128] */
     size_t conv_len, state_len;
     float *conv;  /* [n_slots][n_kda][conv_len] */
-    float *state; /* [n_slots][n_kda][state_len] fp32 */
+    void *state;  /* [n_slots][n_kda][state_len] fp32, or fp16 when state_fp16 */
     size_t mark;  /* arena mark before the caches */
 } lunar_cuda_caches;
 

@@ -413,3 +413,25 @@ extern "C" void lunar_glue_mla_attn(float *o_lat, const float *q_lat, const floa
             o_lat, q_lat, q_pe, latent, block_tables, max_blocks, row_seq, lens, idx, topk, H, R, P, scale);
     CUDA_CHECK_LAUNCH();
 }
+
+// fp16 <-> fp32 copies of n elements (the fp16 KDA state around the kernels that take fp32 states)
+__global__ void k_f16_to_f32(float *y, const __half *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __half2float(x[i]);
+}
+__global__ void k_f32_to_f16(__half *y, const float *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = __float2half_rn(x[i]);
+}
+extern "C" void lunar_glue_f16_to_f32(float *y, const uint16_t *x, size_t n, lunar_cuda_stream s) {
+    if (!n) return;
+    const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    k_f16_to_f32<<<blocks, 256, 0, to_stream(s)>>>(y, reinterpret_cast<const __half *>(x), n);
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lunar_glue_f32_to_f16(uint16_t *y, const float *x, size_t n, lunar_cuda_stream s) {
+    if (!n) return;
+    const unsigned blocks = (unsigned)((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
+    k_f32_to_f16<<<blocks, 256, 0, to_stream(s)>>>(reinterpret_cast<__half *>(y), x, n);
+    CUDA_CHECK_LAUNCH();
+}

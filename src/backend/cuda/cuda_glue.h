@@ -17,6 +17,9 @@ extern "C" {
 void lunar_glue_matmul(float *y, const uint16_t *x, const uint16_t *W, int n, int out, int in,
                        lunar_cuda_stream s);
 void lunar_glue_copy(void *dst, const void *src, size_t bytes, lunar_cuda_stream s);
+/* y = x widened (fp16 -> fp32) or rounded to nearest (fp32 -> fp16), n elements. */
+void lunar_glue_f16_to_f32(float *y, const uint16_t *x, size_t n, lunar_cuda_stream s);
+void lunar_glue_f32_to_f16(uint16_t *y, const float *x, size_t n, lunar_cuda_stream s);
 void lunar_glue_add(float *x, const float *y, size_t n, lunar_cuda_stream s);        /* x += y */
 void lunar_glue_sigmoid_mul(float *o, const float *g, size_t n, lunar_cuda_stream s); /* o *= sigmoid(g) */
 void lunar_glue_scale(float *x, float a, size_t n, lunar_cuda_stream s);

@@ -7,15 +7,37 @@
 // verify form). 128 threads: thread (rg = tid / 8, cg = tid % 8) holds rows 8rg..8rg+7 and the 4
 // columns 4cg..4cg+3 (float4 loads: a warp reads 4 rows x 128 contiguous bytes). The two dot
 // products over the 128 rows reduce through warp shuffles then 4 warps' partials in shared memory.
+// The pool may hold the state in fp16 (the fp16 state option: half the bytes per slot): loaded and
+// widened once, updated in fp32 registers, rounded to nearest once at the store, as the CPU
+// reference rounds S after each call (model/forward.c).
 #include "backend/cuda/cuda_common.cuh"
+
+#include <cuda_fp16.h>
 
 #define RDK 128
 #define RTILE 32
 
+// 4 consecutive state elements in the pool's storage type
+__device__ __forceinline__ float4 load4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
+__device__ __forceinline__ float4 load4(const __half *p) {
+    const uint2 u = *reinterpret_cast<const uint2 *>(p);
+    const float2 a = __half22float2(*reinterpret_cast<const __half2 *>(&u.x));
+    const float2 b = __half22float2(*reinterpret_cast<const __half2 *>(&u.y));
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+__device__ __forceinline__ void store4(float *p, float4 v) { *reinterpret_cast<float4 *>(p) = v; }
+__device__ __forceinline__ void store4(__half *p, float4 v) {
+    const __half2 a = __floats2half2_rn(v.x, v.y), b = __floats2half2_rn(v.z, v.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t *>(&a), u.y = *reinterpret_cast<const uint32_t *>(&b);
+    *reinterpret_cast<uint2 *>(p) = u;
+}
+
+template <typename ST>
 __global__ void __launch_bounds__(128) kda_recurrent_kernel(
     float *__restrict__ o, const float *__restrict__ q, const float *__restrict__ k,
     const float *__restrict__ v, const float *__restrict__ g, const float *__restrict__ beta,
-    float *__restrict__ S_pool, const int32_t *__restrict__ slots, float *__restrict__ S_steps,
+    ST *__restrict__ S_pool, const int32_t *__restrict__ slots, ST *__restrict__ S_steps,
     int T, int H, int dv, float scale) {
     __shared__ float ks[RDK], qs[RDK], es[RDK];
     __shared__ float red_d[4][RTILE], red_o[4][RTILE];
@@ -24,12 +46,11 @@ __global__ void __launch_bounds__(128) kda_recurrent_kernel(
     const int c0 = blockIdx.x * RTILE + cg * 4;
     const int h = blockIdx.y, b = blockIdx.z;
     const size_t state_elems = (size_t)H * RDK * dv;
-    float *Sb = S_pool + (size_t)slots[b] * state_elems + (size_t)h * RDK * dv;
+    ST *Sb = S_pool + (size_t)slots[b] * state_elems + (size_t)h * RDK * dv;
 
     float4 st[8];
 #pragma unroll
-    for (int r = 0; r < 8; r++)
-        st[r] = *reinterpret_cast<const float4 *>(Sb + (size_t)(rg * 8 + r) * dv + c0);
+    for (int r = 0; r < 8; r++) st[r] = load4(Sb + (size_t)(rg * 8 + r) * dv + c0);
 
     for (int t = 0; t < T; t++) {
         const size_t th = ((size_t)b * T + t) * H + h;
@@ -84,10 +105,9 @@ __global__ void __launch_bounds__(128) kda_recurrent_kernel(
         }
         if (lane < 8) *reinterpret_cast<float4 *>(&red_o[w][cg * 4]) = oo;
         if (S_steps) {
-            float *Sx = S_steps + ((size_t)b * T + t) * state_elems + (size_t)h * RDK * dv;
+            ST *Sx = S_steps + ((size_t)b * T + t) * state_elems + (size_t)h * RDK * dv;
 #pragma unroll
-            for (int r = 0; r < 8; r++)
-                *reinterpret_cast<float4 *>(Sx + (size_t)(rg * 8 + r) * dv + c0) = st[r];
+            for (int r = 0; r < 8; r++) store4(Sx + (size_t)(rg * 8 + r) * dv + c0, st[r]);
         }
         __syncthreads();
         if (tid < 8) {
@@ -105,8 +125,7 @@ __global__ void __launch_bounds__(128) kda_recurrent_kernel(
     }
     if (!S_steps) {
 #pragma unroll
-        for (int r = 0; r < 8; r++)
-            *reinterpret_cast<float4 *>(Sb + (size_t)(rg * 8 + r) * dv + c0) = st[r];
+        for (int r = 0; r < 8; r++) store4(Sb + (size_t)(rg * 8 + r) * dv + c0, st[r]);
     }
 }
 
@@ -118,7 +137,21 @@ extern "C" void lunar_cuda_kda_recurrent(float *o, const float *q, const float *
     CUDA_REQUIRE(dk == RDK && dv % RTILE == 0 && dv > 0);
     if (B <= 0 || T <= 0 || H <= 0) return;
     dim3 grid(dv / RTILE, H, B);
-    kda_recurrent_kernel<<<grid, 128, 0, to_stream(s)>>>(o, q, k, v, g, beta, S_pool, slots,
-                                                          S_steps, T, H, dv, scale);
+    kda_recurrent_kernel<float><<<grid, 128, 0, to_stream(s)>>>(o, q, k, v, g, beta, S_pool, slots,
+                                                                 S_steps, T, H, dv, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const float *k, const float *v,
+                                             const float *g, const float *beta, uint16_t *S_pool,
+                                             const int32_t *slots, uint16_t *S_steps, int B, int T,
+                                             int H, int dk, int dv, float scale,
+                                             lunar_cuda_stream s) {
+    CUDA_REQUIRE(dk == RDK && dv % RTILE == 0 && dv > 0);
+    if (B <= 0 || T <= 0 || H <= 0) return;
+    dim3 grid(dv / RTILE, H, B);
+    kda_recurrent_kernel<__half><<<grid, 128, 0, to_stream(s)>>>(
+        o, q, k, v, g, beta, reinterpret_cast<__half *>(S_pool), slots, reinterpret_cast<__half *>(S_steps), T,
+        H, dv, scale);
     CUDA_CHECK_LAUNCH();
 }

@@ -182,6 +182,11 @@ void lunar_cuda_kda_recurrent(float *o, const float *q, const float *k, const fl
                               const float *g, const float *beta, float *S_pool,
                               const int32_t *slots, float *S_steps, int B, int T, int H, int dk,
                               int dv, float scale, lunar_cuda_stream s);
+/* The same with the pool (and S_steps) in fp16 ([H, dk, dv] halves per slot): loaded once, updated in
+ * fp32, rounded to nearest at the store (the fp16 state option, lunar_state_pool.fp16 on the CPU). */
+void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const float *k, const float *v, const float *g,
+                                  const float *beta, uint16_t *S_pool, const int32_t *slots, uint16_t *S_steps,
+                                  int B, int T, int H, int dk, int dv, float scale, lunar_cuda_stream s);
 
 /* ---------------------------------------------------------------- MLA (cuda_mla.cu) */
 
