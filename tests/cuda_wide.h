@@ -1,11 +1,15 @@
 /* The random Kimi-Linear checkpoint at the tuned kernels' shapes (tests/test_cuda_forward.c):
- * KDA head_dim 128, MLA 512 + 64, fused-MoE widths; for the CUDA tests that need those paths. */
+ * KDA head_dim 128, MLA 512 + 64, fused-MoE widths; for the CUDA tests that need those paths.
+ * The K3 one adds AttnRes, the latent MXFP4 MoE and the DSA indexer. Both removed with
+ * lunar_test_wide_model_rm. */
 #ifndef LUNAR_TESTS_CUDA_WIDE_H
 #define LUNAR_TESTS_CUDA_WIDE_H
 
 /* writes config.json + model.safetensors into a new temporary directory (dir: room for 64 bytes);
  * 0 on success */
 int lunar_test_wide_model_dir(char *dir);
+/* the same for the K3 / K3.1-shaped model (AttnRes, latent MXFP4 MoE, DSA indexer, output gate) */
+int lunar_test_k3_model_dir(char *dir);
 void lunar_test_wide_model_rm(const char *dir);
 
 #endif

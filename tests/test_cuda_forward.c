@@ -258,10 +258,37 @@ static const char *wide_config =
     " \"num_heads\": 2, \"head_dim\": 128, \"short_conv_kernel_size\": 4},"
     " \"bos_token_id\": 1, \"eos_token_id\": 2, \"pad_token_id\": 0}";
 
+/* The K3 / K3.1 counterpart (issue 9's TP8 slice at toy widths, the paths a K3.1 decode step
+ * takes): AttnRes with blocks of 2 layers (mixes of 1 to 3 candidates, blocks banked at layers 0
+ * and 2), a dense first layer, a latent MoE (routed_expert_hidden_size 128, two shared experts,
+ * SiTU) with MXFP4 experts (the fused path's MXFP4 kernels), KDA head 128 with the full-rank gate,
+ * MLA 512 + 64 with a q latent and the output gate, and a DSA indexer (FP8 keys, top-128: the
+ * 150-token prompt's later rows select a subset). Layer kinds: KDA, MLA, KDA, MLA. */
+static const char *k3_config =
+    "{\"model_type\": \"kimi_linear\", \"vocab_size\": 320, \"hidden_size\": 256,"
+    " \"num_hidden_layers\": 4, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false,"
+    " \"attn_res_block_size\": 2, \"hidden_act\": \"situ\", \"activation_situ_beta\": 4.0,"
+    " \"activation_situ_linear_beta\": 25.0,"
+    " \"intermediate_size\": 384, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1,"
+    " \"num_experts\": 4, \"num_experts_per_token\": 4, \"moe_intermediate_size\": 128,"
+    " \"routed_expert_hidden_size\": 128, \"latent_moe_use_norm\": true,"
+    " \"num_shared_experts\": 2, \"moe_renormalize\": true, \"routed_scaling_factor\": 2.0,"
+    " \"num_expert_group\": 1, \"topk_group\": 1, \"num_attention_heads\": 2,"
+    " \"num_key_value_heads\": 2, \"q_lora_rank\": 256, \"kv_lora_rank\": 512,"
+    " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"mla_use_nope\": true,"
+    " \"mla_use_output_gate\": true, \"index_n_heads\": 2, \"index_head_dim\": 128, \"index_topk\": 128,"
+    " \"index_rope\": false,"
+    " \"quantization_config\": {\"format\": \"mxfp4-pack-quantized\"},"
+    " \"linear_attn_config\": {\"kda_layers\": [1, 3], \"full_attn_layers\": [2, 4],"
+    " \"num_heads\": 2, \"head_dim\": 128, \"short_conv_kernel_size\": 4, \"use_full_rank_gate\": true,"
+    " \"gate_lower_bound\": -5.0},"
+    " \"bos_token_id\": 1, \"eos_token_id\": 2, \"pad_token_id\": 0}";
+
+enum { CKPT_MAX = 256 };
 typedef struct wide_ckpt {
-    lunar_tensor t[128];
-    char names[128][128];
-    float *bufs[128];
+    lunar_tensor t[CKPT_MAX];
+    char names[CKPT_MAX][128];
+    void *bufs[CKPT_MAX];
     int n;
     unsigned seed;
 } wide_ckpt;
@@ -269,7 +296,7 @@ typedef struct wide_ckpt {
 /* uniform weights of std ~ 1/sqrt(fan-in) for matrices, ~1 for norms, as a trained model's scale */
 static void wide_tensor(void *ctx, const char *name, int ndim, const int64_t *shape) {
     wide_ckpt *c = ctx;
-    LUNAR_ASSERT(c->n < 128);
+    LUNAR_ASSERT(c->n < CKPT_MAX);
     lunar_tensor *t = &c->t[c->n];
     snprintf(c->names[c->n], sizeof c->names[0], "%s", name);
     t->name = c->names[c->n];
@@ -277,18 +304,33 @@ static void wide_tensor(void *ctx, const char *name, int ndim, const int64_t *sh
     t->ndim = ndim;
     memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
     const int64_t numel = lunar_tensor_numel(t);
+    const size_t nl = strlen(name);
+    const int packed = nl > 14 && strcmp(name + nl - 14, ".weight_packed") == 0,
+              scale = nl > 13 && strcmp(name + nl - 13, ".weight_scale") == 0;
+    if (packed || scale) { /* MXFP4: any byte is two E2M1 codes; scales 2^-6..2^-5 (E8M0 121, 122) give
+                            * the rows about the std of the bf16 matrices (E2M1's rms is ~2.9) */
+        uint8_t *u = lunar_xmalloc((size_t)numel);
+        for (int64_t i = 0; i < numel; i++) {
+            c->seed = c->seed * 1103515245u + 12345u;
+            u[i] = packed ? (uint8_t)(c->seed >> 16) : (uint8_t)(121 + ((c->seed >> 16) & 1));
+        }
+        t->dtype = LUNAR_DTYPE_U8, t->data = u, t->nbytes = (size_t)numel;
+        c->bufs[c->n++] = u;
+        return;
+    }
     const float a = ndim >= 2 ? 1.7f / sqrtf((float)(numel / shape[0])) : 0.5f;
-    c->bufs[c->n] = lunar_xmalloc((size_t)numel * sizeof(float));
-    lunar_test_fill(c->bufs[c->n], numel, 4242u + c->seed++, -a, a);
+    float *f = lunar_xmalloc((size_t)numel * sizeof(float));
+    lunar_test_fill(f, numel, 4242u + c->seed++, -a, a);
     if (strstr(name, "norm")) /* norm weights around 1 */
-        for (int64_t i = 0; i < numel; i++) c->bufs[c->n][i] += 1.0f;
-    t->data = c->bufs[c->n];
+        for (int64_t i = 0; i < numel; i++) f[i] += 1.0f;
+    c->bufs[c->n] = f;
+    t->data = f;
     t->nbytes = (size_t)numel * sizeof(float);
     c->n++;
 }
 
-/* the wide model's checkpoint in a new temporary directory (dir: room for 64 bytes); 0 on success */
-int lunar_test_wide_model_dir(char *dir) {
+/* a config's random checkpoint in a new temporary directory (dir: room for 64 bytes); 0 on success */
+static int test_model_dir(char *dir, const char *config) {
     strcpy(dir, "/tmp/lunar-cuda-wide-XXXXXX");
     if (!mkdtemp(dir)) return -1;
     char path[512];
@@ -296,7 +338,7 @@ int lunar_test_wide_model_dir(char *dir) {
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "w");
     LUNAR_ASSERT(f);
-    fputs(wide_config, f);
+    fputs(config, f);
     fclose(f);
     lunar_config cfg;
     CHECK_MSG(lunar_config_load(&cfg, path, &err) == 0, "%s", err.msg);
@@ -309,6 +351,9 @@ int lunar_test_wide_model_dir(char *dir) {
     free(c);
     return rc;
 }
+
+int lunar_test_wide_model_dir(char *dir) { return test_model_dir(dir, wide_config); }
+int lunar_test_k3_model_dir(char *dir) { return test_model_dir(dir, k3_config); }
 
 void lunar_test_wide_model_rm(const char *dir) {
     char path[512];
@@ -341,6 +386,35 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
         /* fp16 KDA states: the recurrent kernel's fp16 slots (decode) and the widened copy around
          * the chunked prefill */
         run_model("wide, fused MoE, fp16 state", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP16_STATE);
+        lunar_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    lunar_test_wide_model_rm(dir);
+}
+
+/* the K3-shaped model (k3_config) vs the CPU: its eager forward, which its graphs must equal
+ * (tests/test_cuda_graph.c); BF16 and FP8 latent caches */
+TEST(cuda_forward_k3_shapes_vs_cpu) {
+    char desc[256];
+    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
+        return;
+    }
+    char dir[64];
+    LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
+    lunar_err err;
+    lunar_model *m;
+    if (lunar_model_load(&m, dir, &err) == 0) {
+        CHECK(m->cfg.attn_res_block_size == 2 && m->cfg.index_topk == 128 && m->cfg.experts_mxfp4 &&
+              m->cfg.n_kda_layers == 2 && m->cfg.n_mla_layers == 2);
+        enum { T = 150, ND = 3 };
+        int32_t ids[T + ND];
+        unsigned st = 11;
+        for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
+        run_model("k3, generic MoE", m, ids, T, ND, NULL, NULL, 3e-2, 0, 0);
+        run_model("k3, fused MoE", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        run_model("k3, fused, fp8 kv", m, ids, T, ND, NULL, NULL, 3e-2, 1, 1);
         lunar_model_free(m);
     } else {
         CHECK_MSG(0, "%s", err.msg);

@@ -12,7 +12,8 @@
  * arguments in both runs, so the logits and sampled ids must be bit-identical; a replay with a
  * stale input (an id, a length, a block table, a KDA state index not refreshed) or a stale pointer
  * changes them. The capture and replay counts must show the graphs were used, and the generic-MoE
- * model must not capture at all (and still match). Skipped without a CUDA device. */
+ * model must not capture at all (and still match). The same for the K3-shaped model (AttnRes, DSA,
+ * latent MXFP4 MoE) at batch sizes 1 and 3. Skipped without a CUDA device. */
 #include "test.h"
 
 #ifndef LUNAR_HAVE_CUDA
@@ -32,23 +33,30 @@ TEST(cuda_forward_graphs_skipped) { fprintf(stderr, "[skipped: no CUDA device: l
 enum { STEPS = 16, SAMPLED_FROM = 8 };
 
 typedef struct saved_caches {
-    void *latent, *conv, *state;
-    size_t nl, nc, ns;
+    void *latent, *conv, *state, *codes, *scales; /* the last two: the DSA indexer's keys */
+    size_t nl, nc, ns, ni;
 } saved_caches;
 
 static void caches_save(saved_caches *s, const lunar_cuda_caches *c) {
-    s->nl = (size_t)c->n_mla * c->n_blocks * LUNAR_BLOCK_SIZE * c->row * 2;
+    const size_t toks = (size_t)c->n_mla * c->n_blocks * LUNAR_BLOCK_SIZE;
+    s->nl = toks * c->row * 2;
     s->nc = (size_t)c->n_slots * c->n_kda * c->conv_len * 4;
     s->ns = (size_t)c->n_slots * c->n_kda * c->state_len * 4;
+    s->ni = c->idx_dim ? toks : 0;
     s->latent = lunar_xmalloc(s->nl + 1), s->conv = lunar_xmalloc(s->nc + 1), s->state = lunar_xmalloc(s->ns + 1);
+    s->codes = lunar_xmalloc(s->ni * c->idx_dim + 1), s->scales = lunar_xmalloc(s->ni * 4 + 1);
     lunar_cuda_download(s->latent, c->latent, s->nl);
     lunar_cuda_download(s->conv, c->conv, s->nc);
     lunar_cuda_download(s->state, c->state, s->ns);
+    lunar_cuda_download(s->codes, c->idx_codes, s->ni * c->idx_dim);
+    lunar_cuda_download(s->scales, c->idx_scales, s->ni * 4);
 }
 static void caches_restore(const saved_caches *s, lunar_cuda_caches *c) {
     lunar_cuda_upload(c->latent, s->latent, s->nl);
     lunar_cuda_upload(c->conv, s->conv, s->nc);
     lunar_cuda_upload(c->state, s->state, s->ns);
+    lunar_cuda_upload(c->idx_codes, s->codes, s->ni * c->idx_dim);
+    lunar_cuda_upload(c->idx_scales, s->scales, s->ni * 4);
 }
 
 /* STEPS decode steps of B sequences from the saved state: logits [STEPS][B][V] (sampled rows left
@@ -78,16 +86,19 @@ static int decode_run(lunar_cuda_model *gm, lunar_cuda_caches *c, const saved_ca
     return rc;
 }
 
-/* one model, batch sizes 1, 3, 6: graphed == eager; returns the captures and replays seen */
-static void graphs_vs_eager(const lunar_model *m, int fused, long *captures, long *replays) {
+/* one model, batch sizes Bs[0..nB) (each <= 6): graphed == eager; returns the captures and replays
+ * seen */
+static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, const int *Bs, int nB,
+                            long *captures, long *replays) {
     lunar_err err;
     lunar_cuda_model *gm = NULL;
     CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
     if (!gm) return;
     CHECK(lunar_cuda_model_fused_moe(gm, fused) || !fused);
-    const int V = m->cfg.vocab_size, Bs[] = {1, 3, 6};
-    for (int bi = 0; bi < 3; bi++) {
+    const int V = m->cfg.vocab_size;
+    for (int bi = 0; bi < nB; bi++) {
         const int B = Bs[bi];
+        LUNAR_ASSERT(B >= 1 && B <= 6);
         int plen[6];
         for (int b = 0; b < B; b++) plen[b] = 250 - 40 * b; /* row 0 crosses 256 at step 6 */
         const int per = (250 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
@@ -131,12 +142,12 @@ static void graphs_vs_eager(const lunar_model *m, int fused, long *captures, lon
         }
         size_t nodes = 0;
         lunar_cuda_model_graph_stats(gm, NULL, NULL, &nodes, NULL);
-        fprintf(stderr, "\n  %s MoE, B=%d: %ld captures, %ld replays (last graph %zu nodes), %d/%d steps differ",
-                fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
-        CHECK_MSG(bad_steps == 0, "B=%d: %d of %d decode steps differ between graphs and eager (first: step %d)", B,
+        fprintf(stderr, "\n  %s, %s MoE, B=%d: %ld captures, %ld replays (last graph %zu nodes), %d/%d steps differ",
+                name, fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
+        CHECK_MSG(bad_steps == 0, "%s, B=%d: %d of %d decode steps differ between graphs and eager (first: step %d)", name, B,
                   bad_steps, STEPS, first_bad);
         free(le), free(lgr), free(ie), free(igr), free(pl), free(blocks);
-        free(sv.latent), free(sv.conv), free(sv.state);
+        free(sv.latent), free(sv.conv), free(sv.state), free(sv.codes), free(sv.scales);
         lunar_cuda_caches_free(&c);
     }
     lunar_cuda_model_free(gm);
@@ -154,13 +165,39 @@ TEST(cuda_forward_graphs_match_eager) {
     lunar_model *m;
     if (lunar_model_load(&m, dir, &err) == 0) {
         long cap = 0, rep = 0;
-        graphs_vs_eager(m, 1, &cap, &rep);
+        const int Bs[] = {1, 3, 6};
+        graphs_vs_eager("kimi-linear", m, 1, Bs, 3, &cap, &rep);
         /* per batch size: three keys (bucket 256, bucket 512, sampled), each eager once then
          * captured; every later step of a key replays: 16 steps - 3 eager = 13 graph launches */
         CHECK_MSG(cap == 9 && rep == 39, "fused MoE: %ld captures, %ld replays (want 9, 39)", cap, rep);
         cap = rep = 0;
-        graphs_vs_eager(m, 0, &cap, &rep); /* the generic MoE downloads the routing: never captured */
+        graphs_vs_eager("kimi-linear", m, 0, Bs, 3, &cap, &rep); /* the generic MoE downloads the routing: never captured */
         CHECK_MSG(cap == 0 && rep == 0, "generic MoE: %ld captures, %ld replays (want none)", cap, rep);
+        lunar_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    lunar_test_wide_model_rm(dir);
+}
+
+/* The K3 / K3.1-shaped model (tests/cuda_wide.h): AttnRes (its candidates read from the step's
+ * input block), the DSA indexer and sparse MLA, the dense first layer, the latent MXFP4 MoE on the
+ * fused path. Batch sizes 1 and 3, the same three keys per batch size as above. */
+TEST(cuda_forward_graphs_k3_match_eager) {
+    char desc[256];
+    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
+        return;
+    }
+    char dir[64];
+    LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
+    lunar_err err;
+    lunar_model *m;
+    if (lunar_model_load(&m, dir, &err) == 0) {
+        long cap = 0, rep = 0;
+        const int Bs[] = {1, 3};
+        graphs_vs_eager("k3", m, 1, Bs, 2, &cap, &rep);
+        CHECK_MSG(cap == 6 && rep == 26, "k3: %ld captures, %ld replays (want 6, 26)", cap, rep);
         lunar_model_free(m);
     } else {
         CHECK_MSG(0, "%s", err.msg);

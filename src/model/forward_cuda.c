@@ -173,6 +173,7 @@ typedef struct graph_ent {
     int seen;               /* eager steps of this key so far */
     lunar_cuda_graph x;     /* NULL until captured */
     const void *in;         /* the input block's address at capture */
+    const void *bank;       /* the AttnRes bank's (right after the block; NULL without AttnRes) */
     const float *lg;        /* the logits rows' device address at capture */
     const int32_t *did;     /* the sampled ids' */
     unsigned long used;
@@ -648,6 +649,10 @@ typedef struct dstep {
      * into layer ki's pools (cache base + ki * conv_len, stride HD * (K - 1); + ki * state_len,
      * stride state_len), so each KDA layer takes one launch per op for the batch; NULL otherwise */
     int32_t *kda_conv_idx, *kda_state_idx;
+    /* AttnRes (run_attn_res): the bank of ares_n slots [T, D] and its slots' device pointer table */
+    float *ares_bank;
+    const float *const *ares_tab;
+    int ares_n;
 } dstep;
 
 static float *fd(size_t n) { return dalloc(n * sizeof(float)); }
@@ -1133,55 +1138,50 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     cp_end(LUNAR_PROF_NORM, t0);
 }
 
-/* AttnRes mix: the candidate pointers go to the device (one small upload per mix). */
-static void mix(float *out, float **blocks, int nb, float *P, const float *u, const float *on, int n,
-                int D, float eps) {
-    const float *src[64];
-    LUNAR_ASSERT(nb + 1 <= 64);
-    for (int i = 0; i < nb; i++) src[i] = blocks[i];
-    int S = nb;
-    src[S++] = P;
-    size_t mk = lunar_cuda_mark();
-    const double t0 = cp_begin();
-    const float **d = dalloc(sizeof(src));
-    lunar_cuda_upload(d, src, (size_t)S * sizeof *src);
-    if (lunar_cuda_attnres_supported(D)) /* one pass over the candidates (cuda_attnres.cu) */
-        lunar_cuda_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
-    else
-        lunar_glue_attnres_mix(out, (const float *const *)d, S, u, on, n, D, eps, NULL);
-    cp_end(LUNAR_PROF_NORM, t0);
-    lunar_cuda_release(mk);
+/* AttnRes without a pointer upload per mix (which a captured step could not replay): the banked
+ * blocks and the partial sum live in one bank of ares_slots(c) buffers [n, D] in bank order,
+ * slot 0 the embeddings, slot i the i-th block's sum, the partial sum always in the slot after
+ * the last banked block. A mix's candidates are then the slots 0..nb, a prefix of one pointer
+ * table that the step uploads with its other inputs (dstep.ares_tab), the same for every mix. */
+static int ares_slots(const lunar_config *c) {
+    const int bs = c->attn_res_block_size;
+    return bs > 0 ? (c->num_hidden_layers + bs - 1) / bs + 1 : 0;
 }
 
-static void run_attn_res(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
+static void mix(float *out, const float *const *tab, int S, const float *u, const float *on, int n, int D,
+                float eps) {
+    const double t0 = cp_begin();
+    if (lunar_cuda_attnres_supported(D)) /* one pass over the candidates (cuda_attnres.cu) */
+        lunar_cuda_attnres_mix(out, tab, S, u, on, n, D, eps, NULL);
+    else
+        lunar_glue_attnres_mix(out, tab, S, u, on, n, D, eps, NULL);
+    cp_end(LUNAR_PROF_NORM, t0);
+}
+
+/* op for op forward.c's AttnRes loop: where it banks P and starts a new partial sum from the
+ * sub-layer's output (P = NULL, then P = y), the output is written into the next slot instead */
+static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float *hout) {
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size, bs = c->attn_res_block_size, L = c->num_hidden_layers;
+    const size_t nD = (size_t)n * D;
     const float eps = c->rms_norm_eps;
-    float *blocks[64];
-    float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
-    float *P = x;
-    int nb = 0;
+    const float *const *tab = b->ares_tab;
+    float *h = fd(nD), *y = fd(nD);
+    int nb = 0, live = 1; /* banked blocks; whether slot nb holds a partial sum (x at first) */
     for (int l = 0; l < L; l++) {
         const dlayer *w = &g->L[l];
-        /* a NULL partial sum is never a candidate: the CPU's src[nb] = P = NULL is only reached
-         * right after banking, where the mix is not taken */
-        mix(h, blocks, nb, P, w->ares_u, w->attn_norm_f, n, D, eps);
-        if (l % bs == 0) {
-            blocks[nb++] = P;
-            P = NULL;
-        }
-        attention(g, b, l, h, y);
-        if (P) {
-            lunar_glue_add(P, y, (size_t)n * D, NULL);
-        } else {
-            P = y;
-            y = fd((size_t)n * D);
-        }
-        mix(h, blocks, nb, P, w->mres_u, w->ffn_norm_f, n, D, eps);
+        mix(h, tab, nb + 1, w->ares_u, w->attn_norm_f, n, D, eps);
+        if (l % bs == 0) nb++, live = 0;
+        LUNAR_ASSERT(nb < b->ares_n);
+        float *P = b->ares_bank + (size_t)nb * nD;
+        attention(g, b, l, h, live ? y : P);
+        if (live) lunar_glue_add(P, y, nD, NULL);
+        live = 1;
+        mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
         ffn(g, l, h, n, y);
-        lunar_glue_add(P, y, (size_t)n * D, NULL);
+        lunar_glue_add(P, y, nD, NULL);
     }
-    mix(hout, blocks, nb, P, g->out_u, g->final_norm_f, n, D, eps);
+    mix(hout, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);
 }
 
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
@@ -1212,11 +1212,11 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
 /* Can this step be captured? Everything with a host round trip or host-side per-sequence pointers
  * stays eager: profiling (its regions synchronise), tensor parallelism (NCCL, host-gathered logits),
  * the generic MoE (routing downloaded to the host), the generic KDA decode (head size other than
- * 128: per-sequence state pointers), AttnRes (one candidate-pointer upload per mix). */
+ * 128: per-sequence state pointers). AttnRes reads its candidates from the step's input block. */
 static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {
     const lunar_config *c = &g->m->cfg;
     if (!g->graphs->on || T != n_seqs || lunar_prof_active || g->m->tp) return 0;
-    if (c->attn_res_block_size > 0 || (c->n_kda_layers && c->kda_head_dim != 128)) return 0;
+    if (c->n_kda_layers && c->kda_head_dim != 128) return 0;
     for (int l = 0; l < c->num_hidden_layers; l++)
         if (c->ffn_kind[l] == LUNAR_FFN_MOE && !(g->fused_moe && g->L[l].fused_ok)) return 0;
     return 1;
@@ -1268,7 +1268,7 @@ static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_
                          float **lg_out, int32_t **did_out, double *t_lm) {
     const lunar_config *cf = &g->m->cfg;
     const int D = cf->hidden_size, V = cf->vocab_size, T = b->T;
-    float *x = fd((size_t)T * D), *h = fd((size_t)T * D);
+    float *x = b->ares_bank ? b->ares_bank : fd((size_t)T * D), *h = fd((size_t)T * D); /* AttnRes: slot 0 */
     double t0 = cp_begin();
     if (g->m->tp) /* TP hook: vocab-parallel embedding */
         lunar_cuda_tp_embedding(g->m, x, g->embed, h_ids, T);
@@ -1276,7 +1276,7 @@ static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_
         lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
     cp_end(LUNAR_PROF_EMBED, t0);
     if (cf->attn_res_block_size > 0)
-        run_attn_res(g, b, x, T, h);
+        run_attn_res(g, b, T, h);
     else
         run_residual(g, b, x, T, h);
     *lg_out = NULL, *did_out = NULL;
@@ -1342,10 +1342,14 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
 
     /* the input block: every per-step table in one upload, int32 words:
      * ids, row_seq, lens, pos, slots [T] | block tables [n_seqs, max_blocks] | sel [rows + 1] |
-     * zero [1] | KDA conv, state indices [2 n_seqs] (decode) | sampling parameters [rows] (16-byte aligned) */
+     * zero [1] | KDA conv, state indices [2 n_seqs] (decode) | sampling parameters [rows] (16-byte aligned) |
+     * AttnRes slot pointers [ares_slots] (16-byte aligned; the bank is allocated right after the
+     * block, so the host knows its addresses before the upload) */
+    const int n_ares = ares_slots(cf);
     const size_t o_bt = (size_t)5 * T, o_sel = o_bt + (size_t)n_seqs * max_blocks, o_zero = o_sel + rows + 1,
                  o_kda = o_zero + 1, o_sp = (o_kda + (kda_idx ? 2 * (size_t)n_seqs : 0) + 3) / 4 * 4,
-                 words = o_sp + (on ? (size_t)rows * sizeof(lunar_cuda_sample_params) / 4 : 0);
+                 o_ares = (o_sp + (on ? (size_t)rows * sizeof(lunar_cuda_sample_params) / 4 : 0) + 3) / 4 * 4,
+                 words = o_ares + (size_t)n_ares * sizeof(float *) / 4;
     int32_t *hin = lunar_xcalloc(words, 4);
     int32_t *h_ids = hin, *h_rs = hin + T, *h_lens = hin + 2 * T, *h_pos = hin + 3 * T, *h_slots = hin + 4 * T,
             *h_bt = hin + o_bt, *h_sel = hin + o_sel;
@@ -1374,10 +1378,16 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
 
     const size_t mk = lunar_cuda_mark();
     int32_t *in = dalloc(words * 4);
+    float *bank = n_ares ? fd((size_t)n_ares * T * cf->hidden_size) : NULL;
+    for (int i = 0; i < n_ares; i++) {
+        const float *slot = bank + (size_t)i * T * cf->hidden_size;
+        memcpy(hin + o_ares + (size_t)i * sizeof slot / 4, &slot, sizeof slot);
+    }
     lunar_cuda_upload(in, hin, words * 4);
-    const size_t after_in = lunar_cuda_mark();
+    const size_t after_in = lunar_cuda_mark(); /* the bank included: the graph's addresses start here */
     dstep b = {seqs, n_seqs, T, max_blocks, max_len, off, in + T, in + 2 * T, in + 3 * T, in + 4 * T, in + o_bt,
-               in + o_zero, c, kda_idx ? in + o_kda : NULL, kda_idx ? in + o_kda + n_seqs : NULL};
+               in + o_zero, c, kda_idx ? in + o_kda : NULL, kda_idx ? in + o_kda + n_seqs : NULL, bank,
+               n_ares ? (const float *const *)(in + o_ares) : NULL, n_ares};
     const int32_t *ids = in, *sel = in + o_sel;
     const lunar_cuda_sample_params *dp = on ? (const lunar_cuda_sample_params *)(in + o_sp) : NULL;
 
@@ -1408,13 +1418,15 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
             ge = NULL;
             lunar_cuda_release(after_in);
         } else {
-            ge->in = in, ge->lg = lg, ge->did = did;
+            ge->in = in, ge->bank = bank, ge->lg = lg, ge->did = did;
             g->graphs->captures++, g->graphs->nodes = nodes;
             g->graphs->capture_s += lunar_prof_now() - tc;
         }
     }
     if (ge && ge->x) {
-        LUNAR_ASSERT(ge->in == in); /* same mark, same first allocation: the captured addresses hold */
+        /* same mark, same first allocations: the captured addresses hold (the table in the input
+         * block names the bank's slots; the kernels that write them have them baked in) */
+        LUNAR_ASSERT(ge->in == in && ge->bank == bank);
         lunar_cuda_graph_launch(ge->x, NULL);
         lg = (float *)ge->lg, did = (int32_t *)ge->did;
         g->graphs->replays++;
