@@ -78,10 +78,18 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
     return med;
 }
 
+/* The prompt's chunks in the chunked-prefill phase (uneven, the second one token) */
+static void chunks_of(int T, int *c1, int *c2) {
+    *c1 = T / 3 > 0 ? T / 3 : 1;
+    *c2 = T - *c1 > 1 ? 1 : 0;
+}
+
 /* The CPU reference with the device's roundings: rows [0, T) of pre = prefill, rows of dec = decode
- * steps, full = the recompute of all T + nd tokens. */
+ * steps, full = the recompute of all T + nd tokens, chk = the prompt again in chunks_of's chunks
+ * (equal to pre up to summation order, except with fp16 states: those are rounded at every chunk
+ * boundary, so the chunked prefill has its own reference). */
 static int cpu_reference(const lunar_model *m, const int32_t *ids, int T, int nd, float *pre, float *dec,
-                         float *full, int flags, lunar_err *err) {
+                         float *full, float *chk, int flags, lunar_err *err) {
     const int nb = (T + nd + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE, V = m->cfg.vocab_size;
     lunar_kv_pool kv;
     lunar_state_pool st;
@@ -103,6 +111,15 @@ static int cpu_reference(const lunar_model *m, const int32_t *ids, int T, int nd
     lunar_state_clear(&st, 0);
     lunar_batch_seq f = {ids, T + nd, 0, 0, blocks, LUNAR_LOGITS_ALL};
     if (!rc) rc = lunar_forward_batch(m, &kv, &st, &f, 1, full, err);
+    int c1, c2;
+    chunks_of(T, &c1, &c2);
+    const int cuts[4] = {0, c1, c1 + c2, T};
+    lunar_state_clear(&st, 0);
+    for (int i = 0; i < 3 && !rc; i++) {
+        if (cuts[i + 1] == cuts[i]) continue;
+        lunar_batch_seq c = {ids + cuts[i], cuts[i + 1] - cuts[i], cuts[i], 0, blocks, LUNAR_LOGITS_ALL};
+        rc = lunar_forward_batch(m, &kv, &st, &c, 1, chk + (size_t)cuts[i] * V, err);
+    }
     op_set_bf16_operands(0);
     free(blocks);
     lunar_kv_pool_free(&kv);
@@ -121,8 +138,8 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     const int V = m->cfg.vocab_size, N = T + nd;
     float *logits = lunar_xmalloc((size_t)(N + 1) * V * sizeof(float));
     float *ref_pre = lunar_xmalloc((size_t)T * V * sizeof(float)), *ref_dec = lunar_xmalloc((size_t)nd * V * sizeof(float));
-    float *ref_full = lunar_xmalloc((size_t)N * V * sizeof(float));
-    CHECK_MSG(cpu_reference(m, ids, T, nd, ref_pre, ref_dec, ref_full, flags, &err) == 0, "%s", err.msg);
+    float *ref_full = lunar_xmalloc((size_t)N * V * sizeof(float)), *ref_chk = lunar_xmalloc((size_t)T * V * sizeof(float));
+    CHECK_MSG(cpu_reference(m, ids, T, nd, ref_pre, ref_dec, ref_full, ref_chk, flags, &err) == 0, "%s", err.msg);
 
     lunar_cuda_model *gm = NULL;
     lunar_cuda_seq s;
@@ -147,12 +164,13 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     int a_chk = 0;
     double w_chk = 0;
     lunar_cuda_seq_reset(&s);
-    const int c1 = T / 3 > 0 ? T / 3 : 1, c2 = T - c1 > 1 ? 1 : 0;
+    int c1, c2;
+    chunks_of(T, &c1, &c2);
     CHECK(lunar_forward_cuda(gm, &s, ids, c1, logits, 1, &err) == 0);
     if (c2) CHECK(lunar_forward_cuda(gm, &s, ids + c1, c2, logits + (size_t)c1 * V, 1, &err) == 0);
     if (T - c1 - c2 > 0)
         CHECK(lunar_forward_cuda(gm, &s, ids + c1 + c2, T - c1 - c2, logits + (size_t)(c1 + c2) * V, 1, &err) == 0);
-    const double e_chk = cmp_rows(logits, ref_pre, T, V, &a_chk, &w_chk);
+    const double e_chk = cmp_rows(logits, ref_chk, T, V, &a_chk, &w_chk);
 
     lunar_cuda_seq_reset(&s);
     CHECK(lunar_forward_cuda(gm, &s, ids, N, logits, 1, &err) == 0);
@@ -189,7 +207,7 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     lunar_cuda_seq_free(&s);
     lunar_cuda_model_free(gm);
 out:
-    free(logits), free(ref_pre), free(ref_dec), free(ref_full);
+    free(logits), free(ref_pre), free(ref_dec), free(ref_full), free(ref_chk);
 }
 
 static void run_one(const char *dir) {
