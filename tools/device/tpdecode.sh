@@ -20,13 +20,13 @@ t0=$(date +%s)
 step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
 rows() { grep -E "CUDA graphs|rror|^ +[0-9]+ +[0-9]+ +[0-9.]+ " "$1" | head -12 >> "$T"; }
 
-step "lunar_tests: embedding_range, copy_2d (ops vs CPU) and cuda_tp (TP 2 vs 1 GPU, TP serve)"
+step "lunar_tests: embedding_range, copy_2d (ops vs CPU) and cuda_tp (TP 2 vs 1 GPU, TP serve, TP graphs vs eager)"
 OMP_NUM_THREADS=16 timeout 15 "$P/bin/lunar_tests" cuda_embedding_range > "$OUT/tests_ops.log" 2>&1
 echo "ops rc=$?" >> "$T"
 OMP_NUM_THREADS=16 timeout 10 "$P/bin/lunar_tests" cuda_copy_2d >> "$OUT/tests_ops.log" 2>&1
 echo "copy_2d rc=$?" >> "$T"; grep -E "passed|FAIL|abort|CUDA error|exact" "$OUT/tests_ops.log" | head -8 >> "$T"
-OMP_NUM_THREADS=16 timeout 40 "$P/bin/lunar_tests" cuda_tp > "$OUT/tests_tp.log" 2>&1
-echo "cuda_tp rc=$?" >> "$T"; grep -E "passed|FAIL|abort|CUDA error|diverg|argmax|median" "$OUT/tests_tp.log" | head -10 >> "$T"
+OMP_NUM_THREADS=16 timeout 75 "$P/bin/lunar_tests" cuda_tp > "$OUT/tests_tp.log" 2>&1
+echo "cuda_tp rc=$?" >> "$T"; grep -E "passed|FAIL|abort|CUDA error|diverg|argmax|median|graphs" "$OUT/tests_tp.log" | head -12 >> "$T"
 
 B="$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --contexts 1024"
 step "bench KL48 TP 1"
