@@ -690,3 +690,19 @@ TEST(tp_vocab_slices_tile_the_vocabulary) {
     lunar_tp_vocab_slice(5, 2, 3, &v0, &vn);
     CHECK(v0 == 5 && vn == 0);
 }
+
+/* The stream-ordered collectives are NCCL's alone: handed a CPU comm they fail as values (the CUDA
+ * forward then marks its step failed), never touching the buffer or the CPU world's barrier. */
+TEST(tp_nccl_stream_calls_refuse_cpu_comms) {
+    lunar_comm *c[1];
+    lunar_comm_cpu_world(c, 1);
+    float x[4] = {1, 2, 3, 4}, y[4] = {0};
+    lunar_err e = {0};
+    CHECK(lunar_comm_nccl_all_reduce_on(c[0], x, 4, NULL, &e) == -1 && strstr(e.msg, "NCCL"));
+    e.msg[0] = 0;
+    CHECK(lunar_comm_nccl_all_gather_on(c[0], x, y, 4, NULL, &e) == -1 && strstr(e.msg, "NCCL"));
+    e.msg[0] = 0;
+    CHECK(lunar_comm_nccl_check(c[0], &e) == -1 && strstr(e.msg, "NCCL"));
+    CHECK(x[0] == 1 && x[3] == 4 && y[0] == 0);
+    lunar_comm_free(c[0]);
+}
