@@ -18,7 +18,8 @@ T=$OUT/summary.txt
 : > "$T"
 t0=$(date +%s)
 step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
-rows() { grep -E "CUDA graphs|rror|^ +[0-9]+ +[0-9]+ +[0-9.]+ " "$1" | head -12 >> "$T"; }
+# the bench's result rows, its graph line, and what a failed run said (its messages start "lunar")
+rows() { grep -E "^lunar bench: (CUDA graphs|rank|[^l])|rror|abort|^  (prefill|decode) .*: [^d]|^ +[0-9]+ +[0-9]+ +[0-9.]+ |projected" "$1" | grep -v "^lunar bench: second" | head -14 >> "$T"; }
 
 step "lunar_tests: embedding_range, copy_2d (ops vs CPU) and cuda_tp (TP 2 vs 1 GPU, TP serve, TP graphs vs eager)"
 OMP_NUM_THREADS=16 timeout 15 "$P/bin/lunar_tests" cuda_embedding_range > "$OUT/tests_ops.log" 2>&1
@@ -43,7 +44,7 @@ step "bench K3.1 TP8 per-rank step on 2 ranks (--tp-slice 4, 10 of 93 layers)"
 timeout 40 "$P/bin/lunar" bench configs/kimi-k3.1-pro.json --load-format dummy --backend cuda --tp-slice 4 \
   --tensor-parallel-size 2 --num-layers 10 --project-layers 93 --input-lens 1024 --batch-sizes 1,8 \
   --contexts 1024 > "$OUT/bench_k31.txt" 2>&1
-echo "rc=$?" >> "$T"; grep -E "rror|projected|^ +[0-9]+ +[0-9]+ +[0-9.]+ " "$OUT/bench_k31.txt" | head -10 >> "$T"
+echo "rc=$?" >> "$T"; rows "$OUT/bench_k31.txt"
 step "done"
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=summary.txt -- * && find . -mindepth 1 ! -name logs.tgz ! -name summary.txt -delete)
 cat "$T"
