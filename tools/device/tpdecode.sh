@@ -19,7 +19,7 @@ T=$OUT/summary.txt
 t0=$(date +%s)
 step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
 # the bench's result rows, its graph line, and what a failed run said (its messages start "lunar")
-rows() { grep -E "^lunar bench: (CUDA graphs|rank|[^l])|rror|abort|^  (prefill|decode) .*: [^d]|^ +[0-9]+ +[0-9]+ +[0-9.]+ |projected" "$1" | grep -v "^lunar bench: second" | head -14 >> "$T"; }
+rows() { grep -E "^lunar bench: (CUDA graphs|rank|[^l])|rror|abort|^  (prefill|decode) .*: [^d]|^ +[0-9]+ +[0-9.]+ +[0-9.]+ |projected" "$1" | grep -v "^lunar bench: second" | head -14 >> "$T"; }
 
 step "lunar_tests: embedding_range, copy_2d (ops vs CPU) and cuda_tp (TP 2 vs 1 GPU, TP serve, TP graphs vs eager)"
 OMP_NUM_THREADS=16 timeout 15 "$P/bin/lunar_tests" cuda_embedding_range > "$OUT/tests_ops.log" 2>&1
