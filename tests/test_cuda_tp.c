@@ -284,7 +284,7 @@ static int run_logits_env(const char *bin, const char *ids, int T, const char *o
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-TEST(cuda_tp_graphs_match_eager) {
+TEST(graphs_tp_cuda_match_eager) {
     char desc[256];
     const int n = lunar_cuda_device_count(desc, sizeof desc);
     if (n < 2) {
