@@ -59,7 +59,6 @@ void lunar_cuda_tp_latent_cols(const lunar_model *m, float *dst, const float *y,
 
 #else
 
-#include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 
 int lunar_cuda_rank_init(int device, double util, lunar_err *err) {
