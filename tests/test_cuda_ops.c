@@ -238,6 +238,65 @@ TEST(cuda_embedding_vs_cpu) {
     lunar_cuda_release(mark);
 }
 
+/* Tensor parallelism's vocabulary-parallel embedding: each rank's slice of rows looked up, zeros
+ * for the ids of the other ranks (ids below, inside and above the slice, and both ends of it);
+ * the reference is op_embedding on the whole table with the other ranks' rows zeroed, and the
+ * ranks' outputs summed must give the whole embedding exactly. */
+TEST(cuda_embedding_range_vs_cpu) {
+    if (!cuda_on()) return;
+    const int V = 1000, dim = 640, n = 10, slices[3][2] = {{0, 334}, {334, 334}, {668, 332}};
+    size_t mark = lunar_cuda_mark();
+    float *e = test_rand((long)V * dim, 5, -1, 1);
+    lunar_tensor E = test_tensor2(LUNAR_DTYPE_BF16, V, dim, e);
+    int32_t ids[10] = {0, 999, 333, 334, 667, 668, 5, 500, 998, 334};
+    float *full = test_poisoned((long)n * dim), *sum = calloc((size_t)n * dim, sizeof *sum);
+    op_embedding(full, &E, ids, n);
+    const uint16_t *dE = dev_in(E.data, E.nbytes);
+    const int32_t *di = dev_in(ids, sizeof ids);
+    for (int r = 0; r < 3; r++) {
+        const int v0 = slices[r][0], vn = slices[r][1];
+        float *ref = test_poisoned((long)n * dim);
+        for (int t = 0; t < n; t++) {
+            const int mine = ids[t] >= v0 && ids[t] < v0 + vn;
+            for (int i = 0; i < dim; i++) ref[(size_t)t * dim + i] = mine ? full[(size_t)t * dim + i] : 0.0f;
+        }
+        dout o;
+        float *dy = dout_new(&o, (size_t)n * dim * 4);
+        lunar_cuda_embedding_range(dy, dE + (size_t)v0 * dim, di, n, dim, v0, vn, NULL);
+        float *y = down_f32(dy, (long)n * dim);
+        report("embedding, one rank's vocabulary slice (exact)", lunar_max_rel_err(y, ref, (long)n * dim), 0.0);
+        CHECK(dout_guards_ok(&o));
+        for (size_t i = 0; i < (size_t)n * dim; i++) sum[i] += y[i];
+        free(y), free(ref);
+    }
+    report("embedding, the ranks' slices summed (exact)", lunar_max_rel_err(sum, full, (long)n * dim), 0.0);
+    test_tensor_free(&E);
+    free(e), free(full), free(sum);
+    lunar_cuda_release(mark);
+}
+
+/* The strided device copy (the reorder of the gathered vocabulary slices into [rows, V]): rows of
+ * `width` bytes from one pitch to another, against the same copy on the host; the bytes between
+ * the destination's rows must stay as they were. */
+TEST(cuda_copy_2d_vs_host) {
+    if (!cuda_on()) return;
+    const size_t rows = 7, spitch = 52 * 4, dpitch = 131 * 4, width = 49 * 4;
+    size_t mark = lunar_cuda_mark();
+    float *src = test_rand((long)(rows * spitch / 4), 11, -1, 1), *dst = test_rand((long)(rows * dpitch / 4), 12, -1, 1);
+    float *ref = malloc(rows * dpitch);
+    memcpy(ref, dst, rows * dpitch);
+    for (size_t r = 0; r < rows; r++) memcpy((char *)ref + r * dpitch + 40, (char *)src + r * spitch, width);
+    const void *ds = dev_in(src, rows * spitch);
+    float *dd = lunar_cuda_alloc(rows * dpitch);
+    CHECK(dd != NULL);
+    lunar_cuda_upload(dd, dst, rows * dpitch);
+    lunar_cuda_copy_2d((char *)dd + 40, dpitch, ds, spitch, width, rows);
+    float *y = down_f32(dd, (long)(rows * dpitch / 4));
+    report("copy_2d (exact)", lunar_max_rel_err(y, ref, (long)(rows * dpitch / 4)), 0.0);
+    free(src), free(dst), free(ref), free(y);
+    lunar_cuda_release(mark);
+}
+
 /* the fused residual add + RMSNorm against the CPU composition (x + r, then op_rmsnorm), and bit
  * for bit against the device's two launches it replaces (lunar_glue_add, lunar_cuda_rmsnorm) */
 TEST(cuda_add_rmsnorm_vs_cpu) {

@@ -661,3 +661,48 @@ TEST(tp_engine_greedy_matches_single_rank) {
                 for (int k = 0; k < 8; k++) fprintf(stderr, "%d:%d/%d%s", i, want[i][k], got[i][k], k == 7 ? "\n" : " ");
     }
 }
+
+/* ---------------------------------------------------------------- the CUDA lm_head's gather plan */
+
+#include "model/forward_cuda_tp.h"
+
+/* lunar_tp_vocab_slice places each rank's block of the gathered logits (forward_cuda_tp.c reorders
+ * the all-gather on the device by it): in rank order the slices must tile [0, V) without gap or
+ * overlap, each at most one chunk wide, full chunks before the last non-empty one, empty past V
+ * (V = 5 on 4 ranks: chunks of 2, the last rank has none). */
+TEST(tp_vocab_slices_tile_the_vocabulary) {
+    const int64_t Vs[] = {5, 7, 8, 1000, 163840, 163841};
+    for (size_t a = 0; a < sizeof Vs / sizeof *Vs; a++)
+        for (int size = 1; size <= 8; size++) {
+            const int64_t V = Vs[a], C = (V + size - 1) / size;
+            int64_t next = 0;
+            for (int r = 0; r < size; r++) {
+                int64_t v0, vn;
+                lunar_tp_vocab_slice(V, C, r, &v0, &vn);
+                CHECK(v0 == next);
+                CHECK(vn >= 0 && vn <= C);
+                CHECK(vn == C || v0 + vn == V); /* only the last non-empty slice is short */
+                next = v0 + vn;
+            }
+            CHECK(next == V);
+        }
+    int64_t v0, vn;
+    lunar_tp_vocab_slice(5, 2, 3, &v0, &vn);
+    CHECK(v0 == 5 && vn == 0);
+}
+
+/* The stream-ordered collectives are NCCL's alone: handed a CPU comm they fail as values (the CUDA
+ * forward then marks its step failed), never touching the buffer or the CPU world's barrier. */
+TEST(tp_nccl_stream_calls_refuse_cpu_comms) {
+    lunar_comm *c[1];
+    lunar_comm_cpu_world(c, 1);
+    float x[4] = {1, 2, 3, 4}, y[4] = {0};
+    lunar_err e = {0};
+    CHECK(lunar_comm_nccl_all_reduce_on(c[0], x, 4, NULL, &e) == -1 && strstr(e.msg, "NCCL"));
+    e.msg[0] = 0;
+    CHECK(lunar_comm_nccl_all_gather_on(c[0], x, y, 4, NULL, &e) == -1 && strstr(e.msg, "NCCL"));
+    e.msg[0] = 0;
+    CHECK(lunar_comm_nccl_check(c[0], &e) == -1 && strstr(e.msg, "NCCL"));
+    CHECK(x[0] == 1 && x[3] == 4 && y[0] == 0);
+    lunar_comm_free(c[0]);
+}

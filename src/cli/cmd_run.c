@@ -268,6 +268,10 @@ static int logits_body(const run_job *j, const lunar_rank_info *ri, lunar_err *e
             int64_t shape[2] = {n, V};
             rc = ri && ri->rank != 0 ? 0 : lunar_npy_write_f32(j->o->out, logits, 2, shape, err);
         }
+        long cap = 0, rep = 0;
+        if (s.gm) lunar_cuda_model_graph_stats(s.gm, &cap, &rep, NULL, NULL);
+        if (cap && (!ri || ri->rank == 0)) /* the decode rows came from graphs (tests/test_cuda_tp.c) */
+            fprintf(stderr, "lunar: CUDA graphs: %ld captured, %ld replayed\n", cap, rep);
         runner_free(&s);
     }
     free(logits);

@@ -551,7 +551,7 @@ static void step(lunar_engine *e) {
     int32_t *dev_ids = NULL;
     static int host_only = -1;
     if (host_only < 0) host_only = getenv("LUNAR_CUDA_HOST_SAMPLING") != NULL;
-    if (e->gpu && !host_only && !e->opt.tp_link) { /* under TP every rank gets the gathered logits on the host */
+    if (e->gpu && !host_only) { /* under TP too: rank 0 holds the gathered logits on its device */
         ds = lunar_xcalloc((size_t)np + 1, sizeof *ds);
         dev_ids = lunar_xcalloc((size_t)np + 1, sizeof *dev_ids);
         for (int i = 0, r = 0; i < np; i++) {

@@ -84,9 +84,6 @@ int lunar_tp_link_send(const lunar_tp_link *l, const lunar_wire_msg *m, lunar_er
 /* The replay loop of a follower whose rank is up and whose caches are made. */
 static int follow_loop(const lunar_cuda_rank *r, lunar_cuda_caches *c, int fd, lunar_err *err) {
     lunar_wire_msg m = {0};
-    float *logits = NULL;
-    size_t logits_cap = 0;
-    const size_t V = (size_t)r->rank_m->cfg.vocab_size;
     int rc = -1;
     for (;;) {
         const int k = lunar_wire_recv(fd, &m, -1, err);
@@ -108,12 +105,8 @@ static int follow_loop(const lunar_cuda_rank *r, lunar_cuda_caches *c, int fd, l
             lunar_batch_seq *seqs;
             int n, rows;
             if (lunar_wire_step_decode(&m, &seqs, &n, &rows, err)) break;
-            if ((size_t)rows * V > logits_cap) { /* the gathered logits land here too; rank 0 alone samples */
-                logits_cap = (size_t)rows * V;
-                free(logits);
-                logits = lunar_xmalloc(logits_cap * sizeof *logits);
-            }
-            const int frc = lunar_forward_batch_cuda(r->gpu, c, seqs, n, logits, err);
+            (void)rows; /* rank 0 alone samples: the gathered logits stay on this device */
+            const int frc = lunar_forward_batch_cuda(r->gpu, c, seqs, n, NULL, err);
             free(seqs);
             if (frc) break;
         } else {
@@ -121,7 +114,6 @@ static int follow_loop(const lunar_cuda_rank *r, lunar_cuda_caches *c, int fd, l
             break;
         }
     }
-    free(logits);
     lunar_wire_free(&m);
     return rc;
 }

@@ -1209,13 +1209,22 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
  * A key's first step runs eagerly (it warms the kernels' one-time set-up: lazy module loading,
  * cuBLASLt plans, shared-memory attributes), its second is captured and replayed. */
 
+/* Tensor parallelism's steps have no host round trip (forward_cuda_tp.h) and NCCL kernels can be
+ * captured, but every rank must capture and replay the same collectives in the same order: opt-in
+ * (LUNAR_TP_GRAPHS=1) until measured on the device. */
+static int tp_graphs_on(void) {
+    static int on = -1;
+    if (on < 0) on = getenv("LUNAR_TP_GRAPHS") && atoi(getenv("LUNAR_TP_GRAPHS")) > 0;
+    return on;
+}
+
 /* Can this step be captured? Everything with a host round trip or host-side per-sequence pointers
- * stays eager: profiling (its regions synchronise), tensor parallelism (NCCL, host-gathered logits),
+ * stays eager: profiling (its regions synchronise), tensor parallelism unless opted in (above),
  * the generic MoE (routing downloaded to the host), the generic KDA decode (head size other than
  * 128: per-sequence state pointers). AttnRes reads its candidates from the step's input block. */
 static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {
     const lunar_config *c = &g->m->cfg;
-    if (!g->graphs->on || T != n_seqs || lunar_prof_active || g->m->tp) return 0;
+    if (!g->graphs->on || T != n_seqs || lunar_prof_active || (g->m->tp && !tp_graphs_on())) return 0;
     if (c->n_kda_layers && c->kda_head_dim != 128) return 0;
     for (int l = 0; l < c->num_hidden_layers; l++)
         if (c->ffn_kind[l] == LUNAR_FFN_MOE && !(g->fused_moe && g->L[l].fused_ok)) return 0;
@@ -1261,17 +1270,17 @@ void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, lon
 }
 
 /* The device work of one step, from the input block to the logits rows (lg) and, when sampling,
- * their sampled ids (did): what a graph captures. h_ids: the host ids (tensor parallelism's
- * embedding only). */
-static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_t *ids, const int32_t *h_ids,
-                         const int32_t *sel, int rows, const lunar_cuda_sample_params *dp, float *logits,
-                         float **lg_out, int32_t **did_out, double *t_lm) {
+ * their sampled ids (did): what a graph captures. Host-free under tensor parallelism too: its
+ * collectives are stream-ordered and its logits gathered on the device (forward_cuda_tp.h). */
+static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_t *ids, const int32_t *sel,
+                         int rows, const lunar_cuda_sample_params *dp, float **lg_out, int32_t **did_out,
+                         double *t_lm) {
     const lunar_config *cf = &g->m->cfg;
     const int D = cf->hidden_size, V = cf->vocab_size, T = b->T;
     float *x = b->ares_bank ? b->ares_bank : fd((size_t)T * D), *h = fd((size_t)T * D); /* AttnRes: slot 0 */
     double t0 = cp_begin();
     if (g->m->tp) /* TP hook: vocab-parallel embedding */
-        lunar_cuda_tp_embedding(g->m, x, g->embed, h_ids, T);
+        lunar_cuda_tp_embedding(g->m, x, g->embed, ids, T);
     else
         lunar_cuda_embedding(x, LUNAR_CUDA_F32, g->embed, ids, T, D, NULL);
     cp_end(LUNAR_PROF_EMBED, t0);
@@ -1286,8 +1295,8 @@ static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_
     *t_lm = cp_begin(); /* ended by the caller, after the logits' download or the sampled ids' */
     lunar_glue_gather(hs, h, sel, rows, D, NULL);
     if (g->lm_head.out > 0) mm(lg, hs, &g->lm_head, rows);
-    if (g->m->tp) /* TP hook: all-gather of the vocabulary slices */
-        lunar_cuda_tp_lm_head(g->m, logits, lg, rows);
+    if (g->m->tp) /* TP hook: all-gather of the vocabulary slices, [rows, V] on the device */
+        lg = lunar_cuda_tp_lm_head(g->m, lg, rows);
     *lg_out = lg;
     if (dp) { /* every row: one launch; the others' ids are ignored */
         int32_t *did = dalloc((size_t)rows * sizeof *did);
@@ -1302,9 +1311,6 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     const lunar_config *cf = &g->m->cfg;
     const int V = cf->vocab_size;
     if (n_seqs <= 0) return lunar_fail(err, "forward: empty batch");
-    if (g->m->tp) /* TP hook: the logits are gathered on the host; no device sampling */
-        for (int j = 0; ds && j < n_seqs; j++)
-            if (ds[j].on) return lunar_fail(err, "forward: device sampling is not available under tensor parallelism");
     int *off = lunar_xmalloc(((size_t)n_seqs + 1) * sizeof *off), T = 0, rows = 0, max_blocks = 1, max_len = 1;
     for (int j = 0; j < n_seqs; j++) {
         const lunar_batch_seq *sq = &seqs[j];
@@ -1409,7 +1415,7 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
         const double tc = lunar_prof_now();
         int rc = lunar_cuda_capture_begin(&cerr);
         if (!rc) {
-            step_enqueue(g, &b, ids, h_ids, sel, rows, dp, logits, &lg, &did, &t_lm);
+            step_enqueue(g, &b, ids, sel, rows, dp, &lg, &did, &t_lm);
             rc = lunar_cuda_capture_end(&ge->x, &nodes, &cerr);
         }
         if (rc) { /* the step still runs, eagerly; graphs stay off in this process */
@@ -1431,10 +1437,10 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
         lg = (float *)ge->lg, did = (int32_t *)ge->did;
         g->graphs->replays++;
     } else {
-        step_enqueue(g, &b, ids, h_ids, sel, rows, dp, logits, &lg, &did, &t_lm);
+        step_enqueue(g, &b, ids, sel, rows, dp, &lg, &did, &t_lm);
         if (ge) ge->seen++;
     }
-    if (rows && !g->m->tp) { /* the logits rows to the host, or the sampled ids and the other rows */
+    if (rows && logits) { /* the logits rows to the host, or the sampled ids and the other rows */
         if (!on) {
             lunar_cuda_download(logits, lg, (size_t)rows * V * sizeof(float));
         } else {

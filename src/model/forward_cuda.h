@@ -86,7 +86,8 @@ void lunar_cuda_caches_free(lunar_cuda_caches *c);
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot);
 void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from); /* conv + KDA state of a slot */
 
-/* lunar_forward_batch on the device; logits is host memory ([rows, V] as the CPU one). */
+/* lunar_forward_batch on the device; logits is host memory ([rows, V] as the CPU one), or NULL
+ * when no row is wanted on the host (a tensor-parallel follower: rank 0 has the same rows). */
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
                              const lunar_batch_seq *seqs, int n_seqs, float *logits, lunar_err *err);
 

@@ -5,10 +5,13 @@
  * sum before routed_expert_norm, the vocab-parallel embedding (all-reduce) and lm_head
  * (all-gather). A step calls these only when m->tp is set, so world size 1 makes no comm call.
  *
- * The comm's collectives run on its own stream and wait for it; the forward's work is on the
- * runtime's stream, so each collective first waits for the device (lunar_cuda_sync): simple and
- * ordered, at the price of the overlap (a later step may hand the comm the forward's stream).
- * A failed collective marks m->tp->failed; the step then returns its message.
+ * The collectives are stream-ordered (parallel/comm.h lunar_comm_nccl_*_on): each runs after the
+ * forward's work on the current stream and before what follows, and the host waits for none of
+ * them; the embedding looks up this rank's vocabulary rows on the device and the lm_head's slices
+ * are gathered and reordered on the device, so a TP step has no host round trip but the final
+ * download. A failed enqueue marks m->tp->failed (later collectives are skipped: the ranks are out
+ * of step); a failure while running is read once per step, after the step's wait
+ * (lunar_cuda_tp_status); the step then returns its message.
  * DCP is not supported on the device (lunar_cuda_tp_check says so). */
 #ifndef LUNAR_MODEL_FORWARD_CUDA_TP_H
 #define LUNAR_MODEL_FORWARD_CUDA_TP_H
@@ -25,12 +28,16 @@ int lunar_cuda_rank_init(int device, double util, lunar_err *err);
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err);
 /* x[n] (device) <- sum over the ranks. */
 void lunar_cuda_tp_all_reduce(const lunar_model *m, float *x, size_t n);
-/* x[T, D] (device) <- the embeddings of ids (host) from this rank's vocabulary rows (embed: bf16
+/* x[T, D] (device) <- the embeddings of ids (device) from this rank's vocabulary rows (embed: bf16
  * [vocab_n, D] on the device), zeros elsewhere, then the all-reduce: exact (one non-zero term). */
 void lunar_cuda_tp_embedding(const lunar_model *m, float *x, const uint16_t *embed, const int32_t *ids, int T);
-/* logits[rows, V] (host) <- every rank's lg[rows, vocab_n] (device; lg must have room for
- * rows * vocab_chunk floats): one all-gather of the padded slices, reordered on the host. */
-void lunar_cuda_tp_lm_head(const lunar_model *m, float *logits, float *lg, int rows);
+/* The logits [rows, V] (device, from the arena: freed with the caller's mark) <- every rank's
+ * lg[rows, vocab_n] (device; lg must have room for rows * vocab_chunk floats): one all-gather of
+ * the padded slices, each rank's block copied into its columns on the device. */
+float *lunar_cuda_tp_lm_head(const lunar_model *m, float *lg, int rows);
+/* Rank r's columns [*v0, *v0 + *vn) of a vocabulary of V split into chunks of C (shard.c's split:
+ * equal chunks, the last short, empty past V). */
+void lunar_tp_vocab_slice(int64_t V, int64_t C, int r, int64_t *v0, int64_t *vn);
 /* dst[n, lat_n] (device) <- columns [lat0, lat0 + lat_n) of y[n, Lat] (device), the input of this
  * rank's column slice of routed_expert_up_proj. */
 void lunar_cuda_tp_latent_cols(const lunar_model *m, float *dst, const float *y, int n, int Lat);

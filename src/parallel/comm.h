@@ -75,13 +75,27 @@ int lunar_rendezvous(const char *addr, int port, int rank, int world, void *blob
 /* ---------------------------------------------------------------- NCCL (comm_nccl.c)
  * Available when built with CUDA and NCCL (LUNAR_HAVE_NCCL). One rank per process and GPU:
  * `device` is the CUDA device this process uses; the unique id comes from rank 0 through the
- * rendezvous. Buffers passed to an NCCL comm's collectives are device pointers; the calls are
- * synchronous on the stream the comm owns (a step issues few, large collectives). */
+ * rendezvous. Buffers passed to an NCCL comm's collectives are device pointers; the vtable's calls
+ * are synchronous on the stream the comm owns (the contract of the CPU transport), the _on calls
+ * below are not. */
 #define LUNAR_NCCL_ID_BYTES 128
 int lunar_nccl_available(void);
 int lunar_nccl_get_unique_id(void *id /* LUNAR_NCCL_ID_BYTES */, lunar_err *err);
 int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, int device,
                          lunar_err *err);
+
+/* Stream-ordered collectives of an NCCL comm (the GPU forward's, model/forward_cuda_tp.c): the
+ * collective runs after the work already enqueued on `stream` (a cudaStream_t; NULL = the legacy
+ * default stream) and that stream's later work runs after it, through two events and the comm's
+ * own stream; the host waits for nothing, and the pattern can be captured into a CUDA graph (all
+ * ranks must then capture the same sequence). A failure to enqueue is returned at once; a failure
+ * while running shows at the next lunar_comm_nccl_check. -1 with err for a comm that is not NCCL. */
+int lunar_comm_nccl_all_reduce_on(lunar_comm *c, float *buf, size_t n, void *stream, lunar_err *err);
+int lunar_comm_nccl_all_gather_on(lunar_comm *c, const float *send, float *recv, size_t n, void *stream,
+                                  lunar_err *err);
+/* The comm's asynchronous error state (ncclCommGetAsyncError): 0, or -1 with its message. A step
+ * calls it once, after it has waited for the device. */
+int lunar_comm_nccl_check(lunar_comm *c, lunar_err *err);
 
 /* Launcher arguments of a multi-process run: node `node_rank` of `nnodes`, `nproc_per_node`
  * ranks (GPUs) on each, rendezvous at master_addr:master_port. Global rank = node_rank *

@@ -1,7 +1,7 @@
 /* The NCCL transport of parallel/comm.h: one rank per process and GPU. Buffers are device pointers;
- * each collective is enqueued on the comm's own stream and waited for, so a caller sees the same
- * synchronous contract as the CPU transport (the GPU forward, which overlaps its own work, may
- * later take the stream instead). All-to-all is the grouped send/recv pattern NCCL documents for
+ * each vtable collective is enqueued on the comm's own stream and waited for, so a caller sees the
+ * same synchronous contract as the CPU transport; the GPU forward uses the stream-ordered _on calls
+ * instead (no host wait: they order against the forward's stream through events). All-to-all is the grouped send/recv pattern NCCL documents for
  * it. Built only with CUDA and nccl.h (LUNAR_HAVE_NCCL); otherwise every entry point says so. */
 #include "parallel/comm.h"
 
@@ -15,6 +15,9 @@ typedef struct nccl_impl {
     ncclComm_t comm;
     cudaStream_t stream;
     float *one; /* a device float for the barrier */
+    /* the stream-ordered calls: `in` marks the caller's stream before the collective (the comm's
+     * stream waits for it), `out` the comm's stream after it (the caller's stream waits for that) */
+    cudaEvent_t in, out;
 } nccl_impl;
 
 static nccl_impl *impl_of(lunar_comm *c) { return c->impl; }
@@ -63,6 +66,8 @@ static int nccl_barrier(lunar_comm *c, lunar_err *err) {
 static void nccl_destroy(lunar_comm *c) {
     nccl_impl *p = impl_of(c);
     ncclCommDestroy(p->comm);
+    if (p->in) cudaEventDestroy(p->in);
+    if (p->out) cudaEventDestroy(p->out);
     cudaFree(p->one);
     cudaStreamDestroy(p->stream);
     free(p);
@@ -73,6 +78,51 @@ static const lunar_comm_vt nccl_vt = {nccl_all_reduce, nccl_all_gather, nccl_all
                                       nccl_destroy};
 
 int lunar_nccl_available(void) { return 1; }
+
+#define CUDA_OK(call, what)                                                                        \
+    do {                                                                                           \
+        cudaError_t e_ = (call);                                                                   \
+        if (e_ != cudaSuccess) return lunar_fail(err, "NCCL %s: %s", what, cudaGetErrorString(e_)); \
+    } while (0)
+
+/* The comm's stream joins the caller's (fork), or the caller's joins the comm's (join). Events
+ * rather than handing NCCL the caller's stream: that stream is the legacy default stream outside a
+ * capture, which NCCL versions treat unevenly; the fork/join costs two event records. */
+static int fork_from(lunar_comm *c, cudaStream_t s, const char *what, nccl_impl **pp, lunar_err *err) {
+    if (c->vt != &nccl_vt) return lunar_fail(err, "%s: not an NCCL comm", what);
+    nccl_impl *p = *pp = impl_of(c);
+    CUDA_OK(cudaEventRecord(p->in, s), what);
+    CUDA_OK(cudaStreamWaitEvent(p->stream, p->in, 0), what);
+    return 0;
+}
+static int join_into(nccl_impl *p, cudaStream_t s, const char *what, lunar_err *err) {
+    CUDA_OK(cudaEventRecord(p->out, p->stream), what);
+    CUDA_OK(cudaStreamWaitEvent(s, p->out, 0), what);
+    return 0;
+}
+
+int lunar_comm_nccl_all_reduce_on(lunar_comm *c, float *buf, size_t n, void *stream, lunar_err *err) {
+    nccl_impl *p;
+    if (fork_from(c, (cudaStream_t)stream, "all-reduce", &p, err)) return -1;
+    NCCL_OK(ncclAllReduce(buf, buf, n, ncclFloat32, ncclSum, p->comm, p->stream), "all-reduce");
+    return join_into(p, (cudaStream_t)stream, "all-reduce", err);
+}
+
+int lunar_comm_nccl_all_gather_on(lunar_comm *c, const float *send, float *recv, size_t n, void *stream,
+                                  lunar_err *err) {
+    nccl_impl *p;
+    if (fork_from(c, (cudaStream_t)stream, "all-gather", &p, err)) return -1;
+    NCCL_OK(ncclAllGather(send, recv, n, ncclFloat32, p->comm, p->stream), "all-gather");
+    return join_into(p, (cudaStream_t)stream, "all-gather", err);
+}
+
+int lunar_comm_nccl_check(lunar_comm *c, lunar_err *err) {
+    if (c->vt != &nccl_vt) return lunar_fail(err, "NCCL check: not an NCCL comm");
+    ncclResult_t a = ncclSuccess;
+    NCCL_OK(ncclCommGetAsyncError(impl_of(c)->comm, &a), "async error query");
+    if (a != ncclSuccess) return lunar_fail(err, "NCCL: %s", ncclGetErrorString(a));
+    return 0;
+}
 
 int lunar_nccl_get_unique_id(void *id, lunar_err *err) {
     _Static_assert(sizeof(ncclUniqueId) == LUNAR_NCCL_ID_BYTES, "NCCL unique id size");
@@ -89,8 +139,12 @@ int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, i
     if (e != cudaSuccess) return lunar_fail(err, "NCCL rank %d: cuda device %d: %s", rank, device, cudaGetErrorString(e));
     nccl_impl *p = lunar_xcalloc(1, sizeof *p);
     if ((e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&p->in, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&p->out, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaMalloc((void **)&p->one, sizeof(float))) != cudaSuccess) {
         if (p->stream) cudaStreamDestroy(p->stream);
+        if (p->in) cudaEventDestroy(p->in);
+        if (p->out) cudaEventDestroy(p->out);
         free(p);
         return lunar_fail(err, "NCCL rank %d: %s", rank, cudaGetErrorString(e));
     }
@@ -100,6 +154,7 @@ int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, i
     ncclResult_t r = ncclCommInitRank(&p->comm, size, u, rank);
     if (r != ncclSuccess) {
         cudaFree(p->one);
+        cudaEventDestroy(p->in), cudaEventDestroy(p->out);
         cudaStreamDestroy(p->stream);
         free(p);
         return lunar_fail(err, "NCCL rank %d of %d: init: %s", rank, size, ncclGetErrorString(r));
@@ -114,6 +169,20 @@ int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, i
 }
 
 #else /* built without NCCL */
+
+int lunar_comm_nccl_all_reduce_on(lunar_comm *c, float *buf, size_t n, void *stream, lunar_err *err) {
+    (void)c, (void)buf, (void)n, (void)stream;
+    return lunar_fail(err, "this lunar was built without NCCL (needs CUDA and nccl.h)");
+}
+int lunar_comm_nccl_all_gather_on(lunar_comm *c, const float *send, float *recv, size_t n, void *stream,
+                                  lunar_err *err) {
+    (void)c, (void)send, (void)recv, (void)n, (void)stream;
+    return lunar_fail(err, "this lunar was built without NCCL (needs CUDA and nccl.h)");
+}
+int lunar_comm_nccl_check(lunar_comm *c, lunar_err *err) {
+    (void)c;
+    return lunar_fail(err, "this lunar was built without NCCL (needs CUDA and nccl.h)");
+}
 
 int lunar_nccl_available(void) { return 0; }
 

@@ -121,6 +121,25 @@ extern "C" void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16
     CUDA_CHECK_LAUNCH();
 }
 
+__global__ void embedding_range_kernel(float *y, const uint16_t *E, const int32_t *ids, int dim, int64_t v0,
+                                       int64_t vn) {
+    const size_t row = blockIdx.x;
+    const int64_t r = (int64_t)ids[row] - v0;
+    float *yr = y + row * dim;
+    if (r < 0 || r >= vn) { // another rank's row: this rank's term of the all-reduce is zero
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = 0.0f;
+        return;
+    }
+    const uint16_t *er = E + (size_t)r * dim;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = bf16_bits_to_f32(er[i]);
+}
+extern "C" void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids, int n, int dim,
+                                           int64_t v0, int64_t vn, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    embedding_range_kernel<<<n, row_threads(dim), 0, to_stream(s)>>>(y, E, ids, dim, v0, vn);
+    CUDA_CHECK_LAUNCH();
+}
+
 // act 0: silu(g) * u; act 1: SiTU  beta*tanh(g/beta)*sigmoid(g) * (beta_l>0 ? beta_l*tanh(u/beta_l) : u)
 template <typename Y, int ACT>
 __global__ void glu_kernel(Y *y, const float *g, const float *u, int64_t n, float beta,

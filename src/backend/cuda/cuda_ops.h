@@ -53,6 +53,14 @@ void lunar_cuda_upload(void *dst_dev, const void *src_host, size_t bytes);
 void lunar_cuda_download(void *dst_host, const void *src_dev, size_t bytes);
 void lunar_cuda_fill_u32(void *dst_dev, uint32_t value, size_t count); /* count 32-bit words */
 void lunar_cuda_sync(void);
+/* dst[r * dpitch + i] = src[r * spitch + i] for r < rows, i < width (bytes, device to device),
+ * enqueued on the forward's stream without waiting (capturable): a strided row copy such as the
+ * reorder of tensor parallelism's gathered vocabulary slices. */
+void lunar_cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
+/* The stream the NULL-stream ops of the forward go to right now: the legacy default stream (NULL)
+ * or, while a decode step is captured, the capture stream. Work that leaves the runtime's ops (the
+ * NCCL collectives of tensor parallelism) is ordered against this one. */
+lunar_cuda_stream lunar_cuda_current_stream(void);
 /* p[i] = uniform in [lo, hi) from a counter hash of (seed, i): device-side test and bench data. */
 void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float lo, float hi);
 /* p[i] = sigmoid(p[i]) in place (beta from raw projections). */
@@ -113,6 +121,12 @@ void lunar_cuda_mla_unabsorb_gemm(float *o, const float *o_lat, const float *w32
 /* op_embedding from a bf16 table E[vocab, dim]; ids in [0, vocab). */
 void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16_t *E, const int32_t *ids,
                           int n, int dim, lunar_cuda_stream s);
+/* The vocabulary-parallel embedding of one rank (tensor parallelism): E holds the rows [v0, v0 +
+ * vn) of the table; y[t] = E[ids[t] - v0] for ids in that range, zeros for every other id (ids
+ * from the whole vocabulary): op_embedding of the rank's rows, exactly, and the all-reduce of the
+ * ranks' outputs is the full embedding (one non-zero term per row). fp32 output. */
+void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids, int n, int dim, int64_t v0,
+                                int64_t vn, lunar_cuda_stream s);
 
 /* op_attnres_mix fused with its out-norm, one pass over the candidates (cuda_attnres.cu): src
  * device array of S device pointers, each [n, D] fp32; u = proj * norm folded, fp32 [D]; on fp32

@@ -164,6 +164,14 @@ extern "C" void lunar_cuda_sync(void) {
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+extern "C" void lunar_cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                   size_t rows) {
+    if (!width || !rows) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
+                                 lunar_cuda_cur_stream));
+}
+extern "C" lunar_cuda_stream lunar_cuda_current_stream(void) { return (lunar_cuda_stream)lunar_cuda_cur_stream; }
+
 extern "C" lunar_cuda_stream lunar_cuda_stream_create(void) {
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
