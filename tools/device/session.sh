@@ -45,8 +45,10 @@ timeout 90 "$P/bin/lunar_tests" dummy_device > "$OUT/dummy_device.log" 2>&1
 echo "dummy_device rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/dummy_device.log")" >> "$T"
 timeout 90 "$P/bin/lunar_tests" nccl > "$OUT/nccl.log" 2>&1
 echo "nccl rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/nccl.log") $(grep -iE 'error|skipped' "$OUT/nccl.log" | head -2)" >> "$T"
+[ "${CUDA_TP:-1}" = 1 ] && {
 timeout ${CUDA_TP_TIMEOUT:-180} "$P/bin/lunar_tests" cuda_tp > "$OUT/cuda_tp.log" 2>&1
 echo "cuda_tp rc=$?: $(grep -E '^[0-9]+ passed' "$OUT/cuda_tp.log") $(grep -E 'vs|FAILED' "$OUT/cuda_tp.log" | head -6 | tr '\n' ' ')" >> "$T"
+}
 
 step "the fused AttnRes mix and RMSNorm against the bandwidth floor (their tests ran in check.sh)"
 LUNAR_NORM_BENCH=1 timeout 60 "$P/bin/lunar_tests" cuda_attnres_bench > "$OUT/norm_bench.log" 2>&1
