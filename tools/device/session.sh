@@ -91,11 +91,11 @@ timeout ${K31_TIMEOUT:-120} "$P/bin/lunar" bench configs/kimi-k3.1-pro.json --lo
 echo "bench rc=$?" >> "$T"
 cat "$OUT/bench_k31.txt" >> "$T"
 
-# serve_bench TAG "WORKLOADS" MODEL [serve options...]: lunar serve on dummy weights, driven by
-# lunar bench serve for each workload "in/out/prompts/concurrency"
+# serve_bench TAG "WORKLOADS" "BENCH_SERVE_FLAGS" MODEL [serve options...]: lunar serve on dummy
+# weights, driven by lunar bench serve for each workload "in/out/prompts/concurrency"
 serve_bench() {
-  local tag=$1 wl=$2 port=18778
-  shift 2
+  local tag=$1 wl=$2 bflags=$3 port=18778
+  shift 3
   "$P/bin/lunar" serve "$@" --load-format dummy --tokenizer models/kimi-linear-tiny --backend cuda --port $port \
     --max-num-seqs 64 --quiet > "$OUT/serve_$tag.log" 2>&1 &
   local spid=$!
@@ -110,7 +110,7 @@ PY
   for w in $wl; do
     IFS=/ read -r il ol np mc <<< "$w"
     timeout ${SERVE_TIMEOUT:-100} "$P/bin/lunar" bench serve --base-url "http://127.0.0.1:$port" --input-len $il \
-      --output-len $ol --num-prompts $np --max-concurrency $mc --result-file "$OUT/serve_${tag}_${il}_${ol}.json" \
+      --output-len $ol --num-prompts $np --max-concurrency $mc $bflags --result-file "$OUT/serve_${tag}_${il}_${ol}.json" \
       > "$OUT/serve_${tag}_${il}_${ol}.txt" 2>&1
     echo "bench serve $tag $w rc=$?" >> "$T"
     cat "$OUT/serve_${tag}_${il}_${ol}.txt" >> "$T"
@@ -121,14 +121,15 @@ PY
 
 [ "${SERVE:-1}" = 1 ] && {
 step "lunar serve + lunar bench serve: Kimi-Linear-48B-A3B, dummy weights, CUDA"
-serve_bench kl48 "${SERVE_WORKLOADS:-8192/1024/16/8 1024/128/64/32}" configs/kimi-linear-48b-a3b.json \
+serve_bench kl48 "${SERVE_WORKLOADS:-8192/1024/16/8 1024/128/64/32}" "" configs/kimi-linear-48b-a3b.json \
   --max-model-len ${SERVE_MAX_LEN:-20000} ${SERVE_FLAGS:-}
 }
 
 [ -n "${K31_SERVE_WORKLOADS:-}" ] && {
 step "lunar serve + lunar bench serve: Kimi-K3.1 Pro TP8 rank slice, $K31_LAYERS layers, dummy weights, CUDA"
-# the K3 sampling guard is off: bench serve pins the output length with min_tokens / ignore_eos
-serve_bench k31 "$K31_SERVE_WORKLOADS" configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers $K31_LAYERS \
+# the K3 sampling guard is off: bench serve pins the output length with min_tokens / ignore_eos; the
+# slice's vocabulary is one rank's share (163840 / 8), so the prompts' ids are drawn below it
+serve_bench k31 "$K31_SERVE_WORKLOADS" "--vocab-size 20480" configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers $K31_LAYERS \
   --max-model-len ${K31_SERVE_MAX_LEN:-20000} --sampling-guard off
 }
 
