@@ -243,6 +243,17 @@ void lunar_cuda_mla_sparse(float *o_lat, const float *q_lat, const float *q_pe,
                            const int32_t *idx, int topk, int rows, int H, float scale, void *ws,
                            lunar_cuda_stream s);
 
+/* Decode context parallelism (cuda_mla_partial.cu): op_mla_attention_partial and
+ * op_mla_merge_partials on the device, same arguments and layouts (qlat [T, H, R + P], cache
+ * [*, R + P] fp32 contiguous, rows/count device int32, rows NULL = 0..count-1; parts [n][rows,
+ * R + 1]). fp32 throughout; the partial uses an online softmax (the CPU takes the max first), so
+ * results differ from the CPU's by fp32 summation order only. R <= 12288. */
+void lunar_cuda_mla_partial(float *olat, float *lse, const float *qlat, const float *cache,
+                            const int32_t *rows, const int32_t *count, int stride, int T, int H, int R,
+                            int P, float scale, lunar_cuda_stream s);
+void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows,
+                                   int R, lunar_cuda_stream s);
+
 /* ---------------------------------------------------------------- DSA indexer (cuda_dsa.cu) */
 
 /* Index keys into the paged FP8 key cache: for each token i, k[i] (fp32 [d], before the rotation)

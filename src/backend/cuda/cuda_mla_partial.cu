@@ -1,0 +1,102 @@
+// The two device stages of decode context parallelism for MLA that the fast decode kernels
+// (cuda_mla.cu) do not expose: attention of absorbed queries over listed fp32 cache rows returning
+// the log-sum-exp beside the normalised latent context (op_mla_attention_partial), and the exact
+// merge of such partials over disjoint row sets (op_mla_merge_partials). Correctness first: fp32
+// throughout, one block per (query, head) walking its rows with an online softmax, so a rank's
+// partial is the CPU op's up to fp32 summation order. The CPU-simulated DCP tests stay the oracle;
+// a tensor-core variant can replace the first kernel once the device path is measured.
+#include <math.h>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace {
+
+constexpr int kThreads = 128;
+
+// sum over the block; every thread gets the total. red: kThreads / 32 floats.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    __syncthreads(); // the previous use of red is over
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    v = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kThreads / 32; i++) v += red[i];
+    return v;
+}
+
+// Block (t, h): acc (shared, [R]) holds sum_j exp(s_j - m) c_j for the rows seen so far; thread i
+// owns entries i, i + kThreads, .. so the rescale needs no synchronisation.
+__global__ void __launch_bounds__(kThreads) partial_kernel(float *olat, float *lse, const float *qlat,
+                                                           const float *cache, const int32_t *rows,
+                                                           const int32_t *count, int stride, int H, int R,
+                                                           int P, float scale) {
+    extern __shared__ float acc[]; // [R]
+    __shared__ float red[kThreads / 32];
+    const size_t th = blockIdx.x;
+    const int t = (int)(th / H), ld = R + P, nj = count[t];
+    const float *ql = qlat + th * ld;
+    for (int r = threadIdx.x; r < R; r += kThreads) acc[r] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
+    for (int j = 0; j < nj; j++) {
+        const float *cj = cache + (size_t)(rows ? rows[(size_t)t * stride + j] : j) * ld;
+        float d = 0.0f;
+        for (int i = threadIdx.x; i < ld; i += kThreads) d += ql[i] * cj[i];
+        const float s = scale * block_sum(d, red);
+        const float mn = fmaxf(m, s);
+        const float a = expf(m - mn), p = expf(s - mn); // a = 0 at the first row (m = -inf)
+        l = l * a + p;
+        for (int r = threadIdx.x; r < R; r += kThreads) acc[r] = acc[r] * a + p * cj[r];
+        m = mn;
+    }
+    // no row: o = 0 and lse = -inf, so the part carries no weight in a merge (as the CPU op)
+    const float inv = nj > 0 ? 1.0f / l : 0.0f;
+    for (int r = threadIdx.x; r < R; r += kThreads) olat[th * R + r] = acc[r] * inv;
+    if (threadIdx.x == 0) lse[th] = nj > 0 ? m + logf(l) : -INFINITY;
+}
+
+// Row i: out = sum_p w_p o_p / sum_p w_p, w_p = exp(lse_p - max lse), parts in order p = 0..n-1
+// (the CPU op's order); every part -inf: 0.
+__global__ void __launch_bounds__(kThreads) merge_kernel(float *out, const float *parts, int n,
+                                                         size_t part_stride, int R) {
+    const size_t i = blockIdx.x, pitch = (size_t)R + 1;
+    float mx = -INFINITY;
+    for (int p = 0; p < n; p++) mx = fmaxf(mx, parts[p * part_stride + i * pitch + R]);
+    float *o = out + i * R;
+    if (mx == -INFINITY) {
+        for (int r = threadIdx.x; r < R; r += kThreads) o[r] = 0.0f;
+        return;
+    }
+    float wsum = 0.0f;
+    for (int p = 0; p < n; p++) wsum += expf(parts[p * part_stride + i * pitch + R] - mx);
+    const float inv = 1.0f / wsum;
+    for (int r = threadIdx.x; r < R; r += kThreads) {
+        float acc = 0.0f;
+        for (int p = 0; p < n; p++) {
+            const float *pr = parts + p * part_stride + i * pitch;
+            acc += expf(pr[R] - mx) * pr[r];
+        }
+        o[r] = acc * inv;
+    }
+}
+
+} // namespace
+
+extern "C" void lunar_cuda_mla_partial(float *olat, float *lse, const float *qlat, const float *cache,
+                                       const int32_t *rows, const int32_t *count, int stride, int T, int H,
+                                       int R, int P, float scale, lunar_cuda_stream s) {
+    if (T <= 0 || H <= 0) return;
+    CUDA_REQUIRE(R > 0 && P >= 0 && (size_t)R * sizeof(float) <= 48 * 1024);
+    partial_kernel<<<(unsigned)((size_t)T * H), kThreads, (size_t)R * sizeof(float), to_stream(s)>>>(
+        olat, lse, qlat, cache, rows, count, stride, H, R, P, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows,
+                                              int R, lunar_cuda_stream s) {
+    if (rows <= 0) return;
+    CUDA_REQUIRE(n > 0 && R > 0);
+    merge_kernel<<<(unsigned)rows, kThreads, 0, to_stream(s)>>>(out, parts, n, part_stride, R);
+    CUDA_CHECK_LAUNCH();
+}

@@ -1,0 +1,195 @@
+/* The device stages of decode context parallelism (cuda_mla_partial.cu) against the CPU ops
+ * (backend/cpu/mla_partial.c): the partial attention with its log-sum-exp over listed and over
+ * leading cache rows, the merge of partials, and the two composed the way DCP uses them (the cache
+ * dealt round-robin to D ranks, each rank's partial, the merge) against one partial over the whole
+ * cache. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
+ * without a CUDA device.
+ *
+ * Tolerances: both sides are fp32; the device takes the max online and sums in another order, so
+ * olat differs by a few fp32 ulps of max |o| (1e-5 relative allowed) and lse by ~1e-6 absolute
+ * (|lse| ~ 10 here; 1e-4 allowed). An empty row set must give lse = -inf and o = 0 exactly. */
+#include "test.h"
+
+#ifndef LUNAR_HAVE_CUDA
+
+TEST(cuda_dcp_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was built without CUDA] "); }
+
+#else
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "ops.h"
+#include "ops_util.h"
+
+enum { R = 512, P = 64, LD = R + P };
+
+static int cuda_on(void) {
+    static int state = -1;
+    static char why[1100];
+    if (state < 0) {
+        char desc[256];
+        lunar_err err;
+        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", desc);
+            state = 0;
+        } else if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
+            state = 0;
+        } else {
+            state = 1;
+        }
+    }
+    if (!state) fprintf(stderr, "[skipped: %s] ", why);
+    return state;
+}
+
+static void *dev_in(const void *h, size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p);
+    if (bytes) lunar_cuda_upload(p, h, bytes);
+    return p;
+}
+static float *dev_poisoned(size_t n) {
+    float *p = lunar_cuda_alloc((n ? n : 1) * sizeof(float));
+    LUNAR_ASSERT(p);
+    lunar_cuda_fill_u32(p, 0x7fc00000u, n ? n : 1);
+    return p;
+}
+static float *down(const float *d, size_t n) {
+    float *h = test_alloc((long)n);
+    lunar_cuda_sync();
+    lunar_cuda_download(h, d, n * sizeof(float));
+    return h;
+}
+
+/* lse: the same -inf entries, finite ones within tol */
+static void check_lse(const float *got, const float *want, int n, double tol) {
+    for (int i = 0; i < n; i++) {
+        if (isinf(want[i])) {
+            CHECK_MSG(isinf(got[i]) && got[i] < 0, "lse[%d] = %g, want -inf", i, got[i]);
+        } else {
+            CHECK_MSG(isfinite(got[i]) && fabs(got[i] - want[i]) <= tol, "lse[%d] = %.9g, want %.9g", i, got[i],
+                      want[i]);
+        }
+    }
+}
+
+/* One partial on both backends; rows NULL = leading rows. */
+static void run_partial(const float *q, const float *cache, int n_cache, const int32_t *rows,
+                        const int32_t *count, int stride, int T, int H, float scale) {
+    const size_t mark = lunar_cuda_mark();
+    float *o_ref = test_alloc((long)T * H * R), *l_ref = test_alloc((long)T * H);
+    op_mla_attention_partial(o_ref, l_ref, q, cache, rows, count, stride, T, H, R, P, scale);
+    float *dq = dev_in(q, (size_t)T * H * LD * sizeof(float));
+    float *dc = dev_in(cache, (size_t)n_cache * LD * sizeof(float));
+    int32_t *dr = rows ? dev_in(rows, (size_t)T * stride * sizeof(int32_t)) : NULL;
+    int32_t *dn = dev_in(count, (size_t)T * sizeof(int32_t));
+    float *dO = dev_poisoned((size_t)T * H * R), *dl = dev_poisoned((size_t)T * H);
+    lunar_cuda_mla_partial(dO, dl, dq, dc, dr, dn, stride, T, H, R, P, scale, NULL);
+    float *o = down(dO, (size_t)T * H * R), *l = down(dl, (size_t)T * H);
+    double e = lunar_max_rel_err(o, o_ref, (long)T * H * R);
+    CHECK_MSG(e <= 1e-5, "olat max rel err %.3g", e);
+    check_lse(l, l_ref, T * H, 1e-4);
+    for (int t = 0; t < T; t++) /* an empty set: exactly zero */
+        for (int i = 0; i < (count[t] == 0 ? H * R : 0); i++) CHECK(o[(size_t)t * H * R + i] == 0.0f);
+    free(o_ref), free(l_ref), free(o), free(l);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_dcp_partial_leading_rows) {
+    if (!cuda_on()) return;
+    enum { T = 5, H = 3, N = 300 };
+    float *q = test_rand((long)T * H * LD, 11, -1, 1), *cache = test_rand((long)N * LD, 12, -1, 1);
+    const int32_t count[T] = {1, 0, 17, 300, 129};
+    run_partial(q, cache, N, NULL, count, 0, T, H, 1.0f / sqrtf(192.0f));
+    /* a peaked softmax (large logits) exercises the online rescale */
+    run_partial(q, cache, N, NULL, count, 0, T, H, 0.5f);
+    free(q), free(cache);
+}
+
+TEST(cuda_dcp_partial_listed_rows) {
+    if (!cuda_on()) return;
+    enum { T = 4, H = 2, N = 200, K = 64 };
+    float *q = test_rand((long)T * H * LD, 21, -1, 1), *cache = test_rand((long)N * LD, 22, -1, 1);
+    int32_t rows[T * K], count[T] = {64, 0, 33, 1};
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < K; i++) rows[t * K + i] = (int32_t)((i * 37 + t * 11) % N); /* scattered */
+    for (int t = 0; t < T; t++) /* past count: never read (an out-of-range row would fault or poison) */
+        for (int i = count[t]; i < K; i++) rows[t * K + i] = 1 << 28;
+    run_partial(q, cache, N, rows, count, K, T, H, 1.0f / sqrtf(192.0f));
+    free(q), free(cache);
+}
+
+TEST(cuda_dcp_merge_partials) {
+    if (!cuda_on()) return;
+    enum { NP = 3, ROWS = 7 };
+    const size_t stride = (size_t)ROWS * (R + 1) + 5; /* a padded part pitch */
+    float *parts = test_rand((long)(NP * stride), 31, -1, 1);
+    for (int p = 0; p < NP; p++)
+        for (int i = 0; i < ROWS; i++) {
+            float *l = parts + p * stride + (size_t)i * (R + 1) + R;
+            *l = 8.0f * *l; /* lse spread */
+            if ((i == 2 && p == 1) || i == 5 || (i == 6 && p != 0)) *l = -INFINITY; /* empty sets */
+        }
+    float *ref = test_alloc((long)ROWS * R);
+    op_mla_merge_partials(ref, parts, NP, stride, ROWS, R);
+    const size_t mark = lunar_cuda_mark();
+    float *dp = dev_in(parts, NP * stride * sizeof(float)), *dout = dev_poisoned((size_t)ROWS * R);
+    lunar_cuda_mla_merge_partials(dout, dp, NP, stride, ROWS, R, NULL);
+    float *got = down(dout, (size_t)ROWS * R);
+    double e = lunar_max_rel_err(got, ref, (long)ROWS * R);
+    CHECK_MSG(e <= 1e-5, "merge max rel err %.3g", e);
+    for (int r = 0; r < R; r++) CHECK(got[5 * R + r] == 0.0f); /* every part empty */
+    lunar_cuda_release(mark);
+    free(parts), free(ref), free(got);
+}
+
+/* DCP's use: the cache dealt round-robin to D ranks (position p on rank p % D, local row p / D),
+ * causal counts per rank as shard_dcp.c forms them, each rank's partial, the parts packed
+ * [D][T, H, R + 1] and merged on the device == one partial over the whole cache. */
+TEST(cuda_dcp_partials_merge_exact) {
+    if (!cuda_on()) return;
+    enum { D = 2, T = 3, H = 4, L = 97 };
+    const int pos0 = L - T; /* a prefill chunk's last T positions */
+    float *q = test_rand((long)T * H * LD, 41, -1, 1), *cache = test_rand((long)L * LD, 42, -1, 1);
+    const float scale = 1.0f / sqrtf(192.0f);
+    int32_t count[T];
+    for (int t = 0; t < T; t++) count[t] = pos0 + t + 1;
+    float *o_ref = test_alloc((long)T * H * R), *l_ref = test_alloc((long)T * H);
+    op_mla_attention_partial(o_ref, l_ref, q, cache, NULL, count, 0, T, H, R, P, scale);
+
+    const size_t mark = lunar_cuda_mark(), prow = R + 1, part_n = (size_t)T * H * prow;
+    float *dq = dev_in(q, (size_t)T * H * LD * sizeof(float));
+    float *dparts = dev_poisoned(D * part_n);
+    float *dO = lunar_cuda_alloc((size_t)T * H * R * sizeof(float)), *dl = lunar_cuda_alloc((size_t)T * H * sizeof(float));
+    LUNAR_ASSERT(dO && dl);
+    for (int dr = 0; dr < D; dr++) {
+        const int nloc = (L - dr + D - 1) / D;
+        float *loc = test_alloc((long)nloc * LD);
+        for (int i = 0; i < nloc; i++) memcpy(loc + (size_t)i * LD, cache + (size_t)(dr + i * D) * LD, LD * sizeof(float));
+        int32_t cnt[T];
+        for (int t = 0; t < T; t++) cnt[t] = pos0 + t >= dr ? (pos0 + t - dr) / D + 1 : 0;
+        float *dc = dev_in(loc, (size_t)nloc * LD * sizeof(float));
+        int32_t *dn = dev_in(cnt, sizeof cnt);
+        lunar_cuda_mla_partial(dO, dl, dq, dc, NULL, dn, 0, T, H, R, P, scale, NULL);
+        /* pack [T * H][R | lse] as the all-to-all payload */
+        lunar_cuda_copy_2d(dparts + dr * part_n, prow * sizeof(float), dO, R * sizeof(float), R * sizeof(float),
+                           (size_t)T * H);
+        lunar_cuda_copy_2d(dparts + dr * part_n + R, prow * sizeof(float), dl, sizeof(float), sizeof(float),
+                           (size_t)T * H);
+        free(loc);
+    }
+    float *dm = dev_poisoned((size_t)T * H * R);
+    lunar_cuda_mla_merge_partials(dm, dparts, D, part_n, T * H, R, NULL);
+    float *got = down(dm, (size_t)T * H * R);
+    double e = lunar_max_rel_err(got, o_ref, (long)T * H * R);
+    CHECK_MSG(e <= 1e-5, "DCP-merged vs whole-cache max rel err %.3g", e);
+    lunar_cuda_release(mark);
+    free(q), free(cache), free(o_ref), free(l_ref), free(got);
+}
+
+#endif
