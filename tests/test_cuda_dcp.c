@@ -2,7 +2,8 @@
  * (backend/cpu/mla_partial.c): the partial attention with its log-sum-exp over listed and over
  * leading cache rows, the merge of partials, and the two composed the way DCP uses them (the cache
  * dealt round-robin to D ranks, each rank's partial, the merge) against one partial over the whole
- * cache. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
+ * cache; and the gather of a rank's rows from a paged bf16 / FP8 pool in the DCP layout at the
+ * places the CPU's lunar_dcp_token names. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
  * without a CUDA device.
  *
  * Tolerances: both sides are fp32; the device takes the max online and sums in another order, so
@@ -22,6 +23,7 @@ TEST(cuda_dcp_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
+#include "model/shard.h"
 #include "ops.h"
 #include "ops_util.h"
 
@@ -190,6 +192,66 @@ TEST(cuda_dcp_partials_merge_exact) {
     CHECK_MSG(e <= 1e-5, "DCP-merged vs whole-cache max rel err %.3g", e);
     lunar_cuda_release(mark);
     free(q), free(cache), free(o_ref), free(l_ref), free(got);
+}
+
+/* Sequence 1 of two, L positions over shuffled blocks of 128 / D rows; each rank's gather ==
+ * the stored values at lunar_dcp_token (the CPU layout), decoded; rows never to be read hold NaN
+ * codes, so a wrong place shows. */
+static void gather_case(int D, int fp8) {
+    enum { NB = 9, MB = 3, L = 300 };
+    const int br = 128 / D;
+    const size_t nrow = (size_t)NB * br;
+    int32_t bt[2 * MB] = {8, 0, 5, /* seq 1: */ 2, 7, 4};
+    lunar_kv_pool kv = {.block_size = br, .n_blocks = NB, .n_mla = 1, .row = LD};
+    float *vals = test_rand((long)(nrow * LD), 51 + D, -3, 3);
+    const size_t bytes = nrow * LD * (fp8 ? 1 : 2);
+    uint8_t *stored = malloc(bytes);
+    const float kv_scale = 1.0f / 32;
+    for (size_t i = 0; i < nrow * LD; i++) { /* NaN codes everywhere first */
+        if (fp8) stored[i] = 0x7f;
+        else ((uint16_t *)stored)[i] = 0x7fc1;
+    }
+    for (int p = 0; p < L; p++) { /* only seq 1's rows get values */
+        const size_t tok = lunar_dcp_token(&kv, 0, bt + MB, p, D);
+        for (int r = 0; r < LD; r++) {
+            const size_t k = tok * LD + r;
+            if (fp8) stored[k] = lunar_f32_to_e4m3(vals[k] / kv_scale);
+            else ((uint16_t *)stored)[k] = lunar_f32_to_bf16(vals[k]);
+        }
+    }
+    const size_t mark = lunar_cuda_mark();
+    lunar_cuda_mla_cache c = {dev_in(stored, bytes), fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16,
+                              fp8 ? kv_scale : 1.0f, dev_in(bt, sizeof bt), MB};
+    for (int dr = 0; dr < D; dr++) {
+        const int n_loc = (L - dr + D - 1) / D;
+        float *d = dev_poisoned((size_t)n_loc * LD);
+        lunar_cuda_dcp_gather(d, &c, 1, D, dr, n_loc, LD, NULL);
+        float *got = down(d, (size_t)n_loc * LD);
+        int bad = 0;
+        for (int i = 0; i < n_loc && !bad; i++) {
+            const size_t tok = lunar_dcp_token(&kv, 0, bt + MB, dr + i * D, D);
+            for (int r = 0; r < LD && !bad; r++) {
+                const size_t k = tok * LD + r;
+                const float want = fp8 ? lunar_e4m3_to_f32(stored[k]) * kv_scale
+                                       : lunar_bf16_to_f32(((uint16_t *)stored)[k]);
+                if (!(got[(size_t)i * LD + r] == want)) {
+                    CHECK_MSG(0, "D %d fp8 %d rank %d local row %d [%d]: %g, want %g", D, fp8, dr, i, r,
+                              got[(size_t)i * LD + r], want);
+                    bad = 1;
+                }
+            }
+        }
+        free(got);
+    }
+    lunar_cuda_release(mark);
+    free(vals), free(stored);
+}
+
+TEST(cuda_dcp_gather_layout) {
+    if (!cuda_on()) return;
+    gather_case(2, 0);
+    gather_case(4, 1);
+    gather_case(1, 0);
 }
 
 #endif

@@ -71,6 +71,12 @@ void lunar_tp_lm_head(const lunar_model *m, float *logits, const float *h, int r
 void lunar_tp_latent_up(const lunar_model *m, const lunar_tensor *up, float *out, const float *y_lat,
                         int n, int Lat);
 
+/* Under DCP of size D: the token index (layer, block, local row) in the rank's pool at which
+ * position p of a sequence with block table `blocks` is stored, p % D being the rank (block
+ * blocks[p / 128], local row (p % 128) / D of kv->block_size = 128 / D). The CUDA gather
+ * (lunar_cuda_dcp_gather) reads the same places. */
+size_t lunar_dcp_token(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D);
+
 /* One MLA layer's attention under DCP for a step: writes this rank's latent rows and all index
  * keys of the new tokens, attends over this rank's tokens for every head of the DCP group, and
  * merges the partials of its own heads. q: [T, nh, N+P] (local heads), kvr: [T, R+P] new latent

@@ -21,19 +21,19 @@
 /* A block keeps its meaning of 128 global positions, so block tables and the prefix cache work as
  * without DCP; each rank stores the block's 128 / D positions p with p % D == its rank, in local
  * rows (p % 128) / D of a block of kv->block_size = 128 / D rows. */
-static size_t dcp_token(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
+size_t lunar_dcp_token(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
     int32_t b = blocks[p / LUNAR_BLOCK_SIZE];
     LUNAR_ASSERT(b >= 0 && b < kv->n_blocks && kv->block_size * D == LUNAR_BLOCK_SIZE);
     return ((size_t)layer * kv->n_blocks + (size_t)b) * kv->block_size + (size_t)(p % LUNAR_BLOCK_SIZE / D);
 }
 
 static float *dcp_row(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
-    return kv->latent + dcp_token(kv, layer, blocks, p, D) * kv->row;
+    return kv->latent + lunar_dcp_token(kv, layer, blocks, p, D) * kv->row;
 }
 
 /* the index keys of all D positions of a local row sit next to each other */
 static size_t idx_slot(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D) {
-    return dcp_token(kv, layer, blocks, p, D) * (size_t)D + (size_t)(p % D);
+    return lunar_dcp_token(kv, layer, blocks, p, D) * (size_t)D + (size_t)(p % D);
 }
 
 void lunar_dcp_mla(const lunar_model *m, const lunar_mla_weights *w, int layer,

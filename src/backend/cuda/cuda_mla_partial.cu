@@ -81,7 +81,34 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(float *out, const float
     }
 }
 
+// Block i: local row i of the rank, position p = dr + i * D, stored in block
+// block_tables[seq, p / 128] at local row (p % 128) / D of blocks of 128 / D rows (shard_dcp.c's
+// lunar_dcp_token), decoded to fp32 as the CPU reads the stored values.
+__global__ void __launch_bounds__(kThreads) gather_kernel(float *dst, const void *latent, int fp8, float kv_scale,
+                                                          const int32_t *bt, int D, int dr, int row) {
+    const int i = blockIdx.x, p = dr + i * D, block_rows = 128 / D;
+    const size_t src = (size_t)bt[p / 128] * block_rows + (size_t)(p % 128 / D);
+    float *d = dst + (size_t)i * row;
+    if (fp8) {
+        const uint8_t *s = (const uint8_t *)latent + src * row;
+        for (int r = threadIdx.x; r < row; r += kThreads) d[r] = e4m3_to_f32(s[r]) * kv_scale;
+    } else {
+        const uint16_t *s = (const uint16_t *)latent + src * row;
+        for (int r = threadIdx.x; r < row; r += kThreads) d[r] = bf16_bits_to_f32(s[r]);
+    }
+}
+
 } // namespace
+
+extern "C" void lunar_cuda_dcp_gather(float *dst, const lunar_cuda_mla_cache *c, int seq, int D, int dr, int n_loc,
+                                      int row, lunar_cuda_stream s) {
+    if (n_loc <= 0) return;
+    CUDA_REQUIRE(D >= 1 && 128 % D == 0 && dr >= 0 && dr < D && row > 0);
+    gather_kernel<<<(unsigned)n_loc, kThreads, 0, to_stream(s)>>>(
+        dst, c->latent, c->dtype == LUNAR_CUDA_KV_FP8, c->scale, c->block_tables + (size_t)seq * c->max_blocks, D,
+        dr, row);
+    CUDA_CHECK_LAUNCH();
+}
 
 extern "C" void lunar_cuda_mla_partial(float *olat, float *lse, const float *qlat, const float *cache,
                                        const int32_t *rows, const int32_t *count, int stride, int T, int H,

@@ -253,6 +253,13 @@ void lunar_cuda_mla_partial(float *olat, float *lse, const float *qlat, const fl
                             int P, float scale, lunar_cuda_stream s);
 void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows,
                                    int R, lunar_cuda_stream s);
+/* dst[n_loc, row] (fp32) <- the latent rows DCP rank dr of D holds for sequence seq of c, in
+ * local order: row i is position dr + i * D, stored in block c->block_tables[seq, p / 128] at
+ * local row (p % 128) / D of a pool whose blocks have 128 / D rows (shard_dcp.c's layout,
+ * lunar_dcp_token); values decoded as the CPU reads them (bf16, or e4m3 * c->scale). The input of
+ * lunar_cuda_mla_partial for that rank. */
+void lunar_cuda_dcp_gather(float *dst, const lunar_cuda_mla_cache *c, int seq, int D, int dr, int n_loc, int row,
+                           lunar_cuda_stream s);
 
 /* ---------------------------------------------------------------- DSA indexer (cuda_dsa.cu) */
 
