@@ -11,6 +11,28 @@
  * (|lse| ~ 10 here; 1e-4 allowed). An empty row set must give lse = -inf and o = 0 exactly. */
 #include "test.h"
 
+#include "model/shard.h"
+
+/* The device DCP path keeps the device's DSA index-key cache as it is: under DCP each local latent
+ * row carries the keys of its D positions (idx_rep = D), at key slot lunar_dcp_token * D + p % D,
+ * which is the plain pool's slot block * 128 + p % 128 for every D dividing 128. CPU only. */
+TEST(dcp_index_slots_match_the_plain_layout) {
+    const int32_t blocks[3] = {5, 0, 3};
+    for (int D = 1; D <= 128; D *= 2) {
+        lunar_kv_pool kv = {.block_size = 128 / D, .n_blocks = 6, .n_mla = 2, .row = 576};
+        int bad = 0;
+        for (int layer = 0; layer < 2; layer++)
+            for (int p = 0; p < 3 * 128 && !bad; p++) {
+                const size_t want = ((size_t)layer * kv.n_blocks + (size_t)blocks[p / 128]) * 128 + (size_t)(p % 128);
+                const size_t got = lunar_dcp_token(&kv, layer, blocks, p, D) * (size_t)D + (size_t)(p % D);
+                if (got != want) {
+                    CHECK_MSG(0, "D %d layer %d p %d: slot %zu, plain %zu", D, layer, p, got, want);
+                    bad = 1;
+                }
+            }
+    }
+}
+
 #ifndef LUNAR_HAVE_CUDA
 
 TEST(cuda_dcp_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was built without CUDA] "); }
@@ -23,7 +45,6 @@ TEST(cuda_dcp_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
-#include "model/shard.h"
 #include "ops.h"
 #include "ops_util.h"
 
