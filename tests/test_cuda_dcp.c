@@ -50,6 +50,12 @@ TEST(cuda_dcp_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 
 enum { R = 512, P = 64, LD = R + P };
 
+static uint32_t rng_state;
+static uint32_t rng(void) {
+    rng_state = rng_state * 1664525u + 1013904223u;
+    return rng_state >> 8;
+}
+
 static int cuda_on(void) {
     static int state = -1;
     static char why[1100];
@@ -266,6 +272,36 @@ static void gather_case(int D, int fp8) {
     }
     lunar_cuda_release(mark);
     free(vals), free(stored);
+}
+
+/* The DSA filter on the device == the CPU's (bitwise: kept entries, their order, the counts). */
+TEST(cuda_dcp_local_rows) {
+    if (!cuda_on()) return;
+    enum { T = 37, K = 50 };
+    int32_t idx[T * K];
+    rng_state = 61;
+    for (int i = 0; i < T * K; i++) idx[i] = rng() % 5 == 0 ? -1 : (int32_t)(rng() % 1000);
+    for (int i = 0; i < K; i++) idx[3 * K + i] = -1; /* a row with nothing selected */
+    for (int D = 1; D <= 8; D *= 2)
+        for (int dr = 0; dr < D; dr++) {
+            int32_t want[T * K], cnt[T], got_cnt[T], got[T * K];
+            memcpy(want, idx, sizeof idx);
+            lunar_dcp_local_rows(want, cnt, T, K, D, dr);
+            const size_t mark = lunar_cuda_mark();
+            int32_t *di = dev_in(idx, sizeof idx), *dout = lunar_cuda_alloc(sizeof idx), *dc = lunar_cuda_alloc(sizeof cnt);
+            LUNAR_ASSERT(dout && dc);
+            lunar_cuda_fill_u32(dc, 0xffffffffu, T);
+            lunar_cuda_dcp_local_rows(dout, dc, di, T, K, D, dr, NULL);
+            lunar_cuda_sync();
+            lunar_cuda_download(got, dout, sizeof got);
+            lunar_cuda_download(got_cnt, dc, sizeof got_cnt);
+            for (int t = 0; t < T; t++) {
+                CHECK_MSG(got_cnt[t] == cnt[t], "D %d rank %d row %d: count %d, want %d", D, dr, t, got_cnt[t], cnt[t]);
+                for (int i = 0; i < cnt[t] && got_cnt[t] == cnt[t]; i++)
+                    CHECK_MSG(got[t * K + i] == want[t * K + i], "D %d rank %d row %d [%d]", D, dr, t, i);
+            }
+            lunar_cuda_release(mark);
+        }
 }
 
 TEST(cuda_dcp_gather_layout) {

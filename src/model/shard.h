@@ -77,6 +77,11 @@ void lunar_tp_latent_up(const lunar_model *m, const lunar_tensor *up, float *out
  * (lunar_cuda_dcp_gather) reads the same places. */
 size_t lunar_dcp_token(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D);
 
+/* DSA under DCP: rows[T, topk] (global positions, -1 = none) <- in place, per row, the positions
+ * p with p % D == dr in their order, as local rows p / D, first; count[t] = how many (the entries
+ * past it are left as they are). The CUDA twin: lunar_cuda_dcp_local_rows. */
+void lunar_dcp_local_rows(int32_t *rows, int32_t *count, int T, int topk, int D, int dr);
+
 /* One MLA layer's attention under DCP for a step: writes this rank's latent rows and all index
  * keys of the new tokens, attends over this rank's tokens for every head of the DCP group, and
  * merges the partials of its own heads. q: [T, nh, N+P] (local heads), kvr: [T, R+P] new latent

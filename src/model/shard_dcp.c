@@ -36,6 +36,16 @@ static size_t idx_slot(const lunar_kv_pool *kv, int layer, const int32_t *blocks
     return lunar_dcp_token(kv, layer, blocks, p, D) * (size_t)D + (size_t)(p % D);
 }
 
+void lunar_dcp_local_rows(int32_t *rows, int32_t *count, int T, int topk, int D, int dr) {
+    for (int t = 0; t < T; t++) { /* keep the selected positions this rank holds, as local slots */
+        int32_t *rt = rows + (size_t)t * topk;
+        int k = 0;
+        for (int i = 0; i < topk; i++)
+            if (rt[i] >= 0 && rt[i] % D == dr) rt[k++] = rt[i] / D;
+        count[t] = k;
+    }
+}
+
 void lunar_dcp_mla(const lunar_model *m, const lunar_mla_weights *w, int layer,
                    const lunar_batch_seq *seqs, int n_seqs, const int *off, int T, lunar_kv_pool *kv,
                    const float *q, const float *kvr, const float *iq, const float *ik, const float *wt,
@@ -100,13 +110,7 @@ void lunar_dcp_mla(const lunar_model *m, const lunar_mla_weights *w, int layer,
             lunar_index_cache ic = {.codes = codes, .scales = scales};
             rows = lunar_xmalloc((size_t)nj * topk * sizeof *rows);
             op_dsa_indexer(rows, NULL, iq + (size_t)r0 * ni * di, wt + (size_t)r0 * ni, &ic, nj, sq->pos0, ni, di, topk);
-            for (int t = 0; t < nj; t++) { /* keep the selected positions this rank holds, as local slots */
-                int32_t *rt = rows + (size_t)t * topk;
-                int k = 0;
-                for (int i = 0; i < topk; i++)
-                    if (rt[i] >= 0 && rt[i] % D == dr) rt[k++] = rt[i] / D;
-                count[t] = k;
-            }
+            lunar_dcp_local_rows(rows, count, nj, topk, D, dr);
             free(codes), free(scales);
         } else {
             for (int t = 0; t < nj; t++) { /* causal: local positions dr, dr + D, .. <= pos0 + t */

@@ -98,7 +98,29 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(float *dst, const void
     }
 }
 
+// Row t by one thread: the order of the kept entries is the CPU's (a scan), and topk is small.
+__global__ void local_rows_kernel(int32_t *out, int32_t *count, const int32_t *idx, int T, int topk, int D, int dr) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const int32_t *it = idx + (size_t)t * topk;
+    int32_t *ot = out + (size_t)t * topk;
+    int k = 0;
+    for (int i = 0; i < topk; i++) {
+        const int32_t v = it[i];
+        if (v >= 0 && v % D == dr) ot[k++] = v / D;
+    }
+    count[t] = k;
+}
+
 } // namespace
+
+extern "C" void lunar_cuda_dcp_local_rows(int32_t *out, int32_t *count, const int32_t *idx, int T, int topk, int D,
+                                          int dr, lunar_cuda_stream s) {
+    if (T <= 0) return;
+    CUDA_REQUIRE(D >= 1 && dr >= 0 && dr < D && topk >= 0);
+    local_rows_kernel<<<ceil_div_u(T, 128), 128, 0, to_stream(s)>>>(out, count, idx, T, topk, D, dr);
+    CUDA_CHECK_LAUNCH();
+}
 
 extern "C" void lunar_cuda_dcp_gather(float *dst, const lunar_cuda_mla_cache *c, int seq, int D, int dr, int n_loc,
                                       int row, lunar_cuda_stream s) {

@@ -258,6 +258,11 @@ void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t
  * local row (p % 128) / D of a pool whose blocks have 128 / D rows (shard_dcp.c's layout,
  * lunar_dcp_token); values decoded as the CPU reads them (bf16, or e4m3 * c->scale). The input of
  * lunar_cuda_mla_partial for that rank. */
+/* DSA under DCP, shard_dcp.c's lunar_dcp_local_rows on the device: out[t, 0..count[t]) <- the
+ * entries p of idx[t, 0..topk) (global positions, -1 = none) with p % D == dr, in order, as local
+ * rows p / D (out may be idx; entries past count are not written). */
+void lunar_cuda_dcp_local_rows(int32_t *out, int32_t *count, const int32_t *idx, int T, int topk, int D, int dr,
+                               lunar_cuda_stream s);
 void lunar_cuda_dcp_gather(float *dst, const lunar_cuda_mla_cache *c, int seq, int D, int dr, int n_loc, int row,
                            lunar_cuda_stream s);
 
