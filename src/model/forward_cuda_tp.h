@@ -12,7 +12,8 @@
  * download. A failed enqueue marks m->tp->failed (later collectives are skipped: the ranks are out
  * of step); a failure while running is read once per step, after the step's wait
  * (lunar_cuda_tp_status); the step then returns its message.
- * DCP is not supported on the device (lunar_cuda_tp_check says so). */
+ * DCP is not supported by the device forward yet (lunar_cuda_tp_check says so); its device stages
+ * are in backend/cuda/cuda_mla_partial.cu, and docs/parallel.md lists what is left. */
 #ifndef LUNAR_MODEL_FORWARD_CUDA_TP_H
 #define LUNAR_MODEL_FORWARD_CUDA_TP_H
 
