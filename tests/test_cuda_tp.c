@@ -85,7 +85,7 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
 
 /* lunar logits MODEL --ids IDS --decode-after T --backend cuda --out OUT [extra...]; its exit status */
 static int run_lunar(const char *bin, const char *model, const char *ids, int T, const char *out, const char *tp,
-                     const char *ep) {
+                     const char *ep, const char *dcp) {
     char dec[32];
     snprintf(dec, sizeof dec, "%d", T);
     fflush(stdout), fflush(stderr);
@@ -93,7 +93,9 @@ static int run_lunar(const char *bin, const char *model, const char *ids, int T,
     if (p == 0) {
         char *argv[] = {(char *)bin, "logits", (char *)model, "--ids", (char *)ids, "--decode-after", dec,
                         "--backend", "cuda", "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
-                        "--master-port", "29611", (char *)ep, NULL};
+                        "--master-port", "29611", "--decode-context-parallel-size", dcp ? (char *)dcp : "1",
+                        (char *)ep, NULL};
+        if (dcp) setenv("LUNAR_CUDA_DCP", "1", 1); /* DCP on CUDA is opt-in (forward_cuda_tp.h) */
         execv(bin, argv);
         _exit(127);
     }
@@ -102,8 +104,9 @@ static int run_lunar(const char *bin, const char *model, const char *ids, int T,
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-/* runs[k] = {tensor-parallel size, "--enable-expert-parallel" or NULL} against the plain 1-GPU run */
-static void tp_model(const char *bin, const char *name, const char *const (*runs)[2], int n_runs) {
+/* runs[k] = {tensor-parallel size, "--enable-expert-parallel" or NULL, decode-context-parallel size
+ * or NULL} against the plain 1-GPU run */
+static void tp_model(const char *bin, const char *name, const char *const (*runs)[3], int n_runs) {
     char gpath[512], model_dir[512];
     lunar_err err;
     lunar_st *g;
@@ -132,12 +135,12 @@ static void tp_model(const char *bin, const char *name, const char *const (*runs
     int f1 = mkstemp(ref_path), f2 = mkstemp(tp_path);
     LUNAR_ASSERT(f1 >= 0 && f2 >= 0);
     close(f1), close(f2);
-    int rc1 = run_lunar(bin, model_dir, ids, T, ref_path, "1", NULL);
+    int rc1 = run_lunar(bin, model_dir, ids, T, ref_path, "1", NULL, NULL);
     CHECK_MSG(rc1 == 0, "%s: lunar logits on one GPU exited %d", name, rc1);
     float *ref = rc1 == 0 ? read_npy(ref_path, N, V) : NULL;
     for (int k = 0; k < n_runs && ref; k++) {
-        const char *tp = runs[k][0], *ep = runs[k][1] ? "+EP" : "   ";
-        int rc2 = run_lunar(bin, model_dir, ids, T, tp_path, tp, runs[k][1]);
+        const char *tp = runs[k][0], *ep = runs[k][1] ? "+EP" : runs[k][2] ? "+DCP" : "   ";
+        int rc2 = run_lunar(bin, model_dir, ids, T, tp_path, tp, runs[k][1], runs[k][2]);
         CHECK_MSG(rc2 == 0, "%s: lunar logits with TP %s%s exited %d", name, tp, ep, rc2);
         float *got = rc2 == 0 ? read_npy(tp_path, N, V) : NULL;
         CHECK_MSG(got != NULL, "%s: no logits from TP %s%s", name, tp, ep);
@@ -181,13 +184,39 @@ TEST(cuda_tp_matches_one_gpu) {
     snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
     CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
     /* KDA + MLA + MoE (Kimi-Linear), dense + MoE, K3 (AttnRes, latent MoE; also with EP), K3.1 (DSA) */
-    static const char *const one[][2] = {{"1", "--enable-expert-parallel"}};
-    static const char *const two[][2] = {{"1", "--enable-expert-parallel"}, {"2", NULL}};
-    static const char *const two_ep[][2] = {{"1", "--enable-expert-parallel"}, {"2", NULL}, {"2", "--enable-expert-parallel"}};
+    static const char *const one[][3] = {{"1", "--enable-expert-parallel", NULL}};
+    static const char *const two[][3] = {{"1", "--enable-expert-parallel", NULL}, {"2", NULL, NULL}};
+    static const char *const two_ep[][3] = {
+        {"1", "--enable-expert-parallel", NULL}, {"2", NULL, NULL}, {"2", "--enable-expert-parallel", NULL}};
     tp_model(bin, "kimi-linear-tiny", n < 2 ? one : two, n < 2 ? 1 : 2);
     tp_model(bin, "tiny-a", n < 2 ? one : two, n < 2 ? 1 : 2);
     tp_model(bin, "k3-a", n < 2 ? one : two_ep, n < 2 ? 1 : 3);
     tp_model(bin, "k31-a", n < 2 ? one : two, n < 2 ? 1 : 2);
+}
+
+/* Decode context parallelism on CUDA (forward_cuda_dcp.c, opt-in LUNAR_CUDA_DCP=1): TP 2 with DCP 2
+ * (each GPU holds every other position's latent row, attends with both ranks' heads over them, the
+ * partials merged by their log-sum-exp) against one GPU, under the same rule as TP: the merge
+ * reorders the softmax sums (fp32) and the absorbed path runs fp32 over bf16 / FP8 rows where the
+ * one-GPU kernels round q and P for the tensor cores, so differences of summation order and bf16
+ * rounding are expected, and a wrong row, slot or head (O(1) logits) is not. Models with MLA: the
+ * causal path (kimi-linear-tiny) and DSA (k31-a: the replicated top-k reduced to local rows). */
+TEST(cuda_dcp_tp2_matches_one_gpu) {
+    char desc[256];
+    const int n = lunar_cuda_device_count(desc, sizeof desc);
+    if (n < 2) {
+        fprintf(stderr, "[skipped: DCP 2 needs two CUDA devices: %s] ", n < 1 ? desc : "one found");
+        return;
+    }
+    char self[1024], bin[1100];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    LUNAR_ASSERT(k > 0);
+    self[k] = 0;
+    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
+    static const char *const dcp[][3] = {{"2", NULL, "2"}};
+    tp_model(bin, "kimi-linear-tiny", dcp, 1);
+    tp_model(bin, "k31-a", dcp, 1);
 }
 
 /* `--load-format dummy` under TP: the weights are generated on each device, a rank's shards as

@@ -144,8 +144,14 @@ static int runner_init(runner *r, lunar_backend_kind be, const lunar_model *m, c
         if (lunar_tp_check(&m->cfg, &t, err) ||
             lunar_comm_nccl_init(&r->comm, ri->id, ri->rank, ri->world, ri->local_rank, err))
             return -1;
+        if (t.dcp > 1 && t.dcp != t.tp) {
+            lunar_comm_free(r->comm);
+            return lunar_fail(err, "--decode-context-parallel-size %d with --backend cuda: only equal to "
+                                   "--tensor-parallel-size %d for now", t.dcp, t.tp);
+        }
+        /* DCP = TP: the TP comm is the DCP group (ranks [0, tp), DCP rank = rank) */
         if (lunar_cuda_rank_init(ri->local_rank, 0.9, err) ||
-            lunar_shard_model(&r->rank_m, m, &t, ri->rank, r->comm, NULL, err) ||
+            lunar_shard_model(&r->rank_m, m, &t, ri->rank, r->comm, t.dcp > 1 ? r->comm : NULL, err) ||
             lunar_cuda_tp_check(r->rank_m, err)) {
             lunar_model_free(r->rank_m);
             lunar_comm_free(r->comm);

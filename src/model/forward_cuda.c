@@ -834,9 +834,9 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     /* latent row = [RMSNorm(c) | k_pe], stored bf16 (or FP8) into the pages */
     mm_b(kvr, hb, &w->kva, n, NULL);
     const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
-    const int fp8 = kv->latent_fp8;
+    const int fp8 = kv->latent_fp8, dcp = gm->m->tp && gm->m->tp->dcp_size > 1; /* DCP: stored below */
     void *latent = (char *)kv->latent + (size_t)ki * layer_toks * row * (fp8 ? 1 : 2);
-    lunar_glue_latent_store(latent, fp8, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
+    if (!dcp) lunar_glue_latent_store(latent, fp8, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
 
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     int32_t *idx = NULL;
@@ -863,6 +863,12 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
                                    b->row_seq, b->lens, b->max_len, n, ni, di, NULL);
         lunar_cuda_dsa_topk(idx, NULL, scores, b->max_len, b->lens, n, topk, NULL);
         cp_end(LUNAR_PROF_DSA, t0);
+    }
+    if (dcp) { /* TP hook: the latent rows sharded over the DCP group (forward_cuda_tp.h) */
+        lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, latent, fp8, kvr,
+                                  w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
+        lunar_cuda_dcp_mla(gm->m, &a, o);
+        goto out_proj;
     }
     /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
@@ -911,6 +917,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     else
         lunar_glue_mla_unabsorb(o, o_lat, w->kvb.p, n, nh, N, Vd, R, NULL);
     cp_end(LUNAR_PROF_MLA_ABSORB, t0);
+out_proj:
     t0 = cp_begin();
     if (w->mg.p) { /* K3 output gate */
         float *gate = fd((size_t)n * nh * Vd);
@@ -1225,6 +1232,7 @@ static int tp_graphs_on(void) {
 static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {
     const lunar_config *c = &g->m->cfg;
     if (!g->graphs->on || T != n_seqs || lunar_prof_active || (g->m->tp && !tp_graphs_on())) return 0;
+    if (g->m->tp && g->m->tp->dcp_size > 1) return 0; /* DCP uploads per-layer host data */
     if (c->n_kda_layers && c->kda_head_dim != 128) return 0;
     for (int l = 0; l < c->num_hidden_layers; l++)
         if (c->ffn_kind[l] == LUNAR_FFN_MOE && !(g->fused_moe && g->L[l].fused_ok)) return 0;

@@ -1,6 +1,7 @@
 /* The collectives of the CUDA forward under tensor parallelism (see forward_cuda_tp.h). */
 #include "model/forward_cuda_tp.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "model/shard.h"
@@ -15,8 +16,18 @@ static void failed(lunar_tp *tp, const lunar_err *e) {
 #endif
 
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err) {
-    if (m->tp && m->tp->dcp_size > 1)
-        return lunar_fail(err, "--decode-context-parallel-size runs on the CPU backend only for now");
+    const lunar_tp *tp = m->tp;
+    if (!tp || tp->dcp_size <= 1) return 0;
+    const char *on = getenv("LUNAR_CUDA_DCP");
+    if (!on || strcmp(on, "1") != 0)
+        return lunar_fail(err, "--decode-context-parallel-size with --backend cuda is experimental (set "
+                               "LUNAR_CUDA_DCP=1); the CPU backend runs it");
+    if (tp->dcp_size != tp->size)
+        return lunar_fail(err, "--decode-context-parallel-size %d on CUDA: only equal to --tensor-parallel-size "
+                               "%d for now (the DCP group is then the TP comm)", tp->dcp_size, tp->size);
+    for (int j = 0; j < tp->dcp_size; j++)
+        if (tp->dcp_heads[j] == 0) /* such a rank skips its MLA layers on the device, yet holds rows */
+            return lunar_fail(err, "--decode-context-parallel-size on CUDA: every rank needs an MLA head");
     return 0;
 }
 
@@ -56,6 +67,7 @@ float *lunar_cuda_tp_lm_head(const lunar_model *m, float *lg, int rows) {
 void lunar_cuda_tp_latent_cols(const lunar_model *m, float *dst, const float *y, int n, int Lat) {
     (void)m, (void)dst, (void)y, (void)n, (void)Lat;
 }
+void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o) { (void)m, (void)a, (void)o; }
 
 #else
 

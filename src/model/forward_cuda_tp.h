@@ -12,20 +12,22 @@
  * download. A failed enqueue marks m->tp->failed (later collectives are skipped: the ranks are out
  * of step); a failure while running is read once per step, after the step's wait
  * (lunar_cuda_tp_status); the step then returns its message.
- * DCP is not supported by the device forward yet (lunar_cuda_tp_check says so); its device stages
- * are in backend/cuda/cuda_mla_partial.cu, and docs/parallel.md lists what is left. */
+ * DCP (--decode-context-parallel-size, docs/parallel.md) runs when the DCP group is the TP group
+ * and LUNAR_CUDA_DCP=1 (experimental until measured on the device; lunar_cuda_tp_check). */
 #ifndef LUNAR_MODEL_FORWARD_CUDA_TP_H
 #define LUNAR_MODEL_FORWARD_CUDA_TP_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/forward.h"
 #include "model/model.h"
 
 /* A rank process's device: `device` (its GPU on the node) with an arena of `util` of its memory,
  * leaving what NCCL and the driver need outside it (call after the comm's init). */
 int lunar_cuda_rank_init(int device, double util, lunar_err *err);
-/* The rank model can run on the device (no DCP). */
+/* The rank model can run on the device (DCP: only dcp == tp, every rank with MLA heads, and
+ * LUNAR_CUDA_DCP=1). */
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err);
 /* x[n] (device) <- sum over the ranks. */
 void lunar_cuda_tp_all_reduce(const lunar_model *m, float *x, size_t n);
@@ -42,6 +44,33 @@ void lunar_tp_vocab_slice(int64_t V, int64_t C, int r, int64_t *v0, int64_t *vn)
 /* dst[n, lat_n] (device) <- columns [lat0, lat0 + lat_n) of y[n, Lat] (device), the input of this
  * rank's column slice of routed_expert_up_proj. */
 void lunar_cuda_tp_latent_cols(const lunar_model *m, float *dst, const float *y, int n, int Lat);
+/* One MLA layer's inputs under DCP (forward_cuda.c mla_layer): the step's sequences (host: seqs,
+ * off [n_seqs + 1]), its T tokens, the device block tables bt [n_seqs, max_blocks] (128-position
+ * blocks), this layer's latent pages (bf16, or FP8), the new rows kvr [T, R + P] before their
+ * norm (kva_norm fp32 [R], eps), q [T, nh, N + P], kv_b_proj bf16, and the DSA top-k idx [T, topk]
+ * (global positions; NULL without DSA). */
+typedef struct lunar_cuda_dcp_layer {
+    const lunar_batch_seq *seqs;
+    int n_seqs;
+    const int *off;
+    int T;
+    const int32_t *bt;
+    int max_blocks;
+    void *latent;
+    int fp8;
+    const float *kvr, *kva_norm;
+    float eps;
+    const float *q;
+    const uint16_t *kvb;
+    const int32_t *idx;
+} lunar_cuda_dcp_layer;
+/* shard_dcp.c's lunar_dcp_mla on the device (forward_cuda_dcp.c): stores this rank's latent rows
+ * (positions p % D == its DCP rank, at local rows of 128 / D-row blocks inside the plain pages),
+ * all-gathers the group's absorbed queries, attends over its rows for every group head, exchanges
+ * the (o, lse) partials and merges its own heads: o [T, nh, Vd] before the output gate and o_proj.
+ * Collectives on the forward's stream; host uploads of the slots and counts (no graphs). */
+void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o);
+
 /* The step's verdict: 0, or -1 with the failed collective's message (and the mark cleared). */
 int lunar_cuda_tp_status(const lunar_model *m, lunar_err *err);
 

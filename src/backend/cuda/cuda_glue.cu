@@ -260,6 +260,7 @@ __global__ void k_latent_store(void *latent, const float *kvr, const float *w, c
                                int R, int P, float eps) {
     __shared__ double red[32];
     const int i = blockIdx.x, row = R + P;
+    if (slots[i] < 0) return; /* not stored here (DCP: another rank's token); the whole block leaves */
     const float *x = kvr + (size_t)i * row;
     double ss = 0;
     for (int d = threadIdx.x; d < R; d += blockDim.x) ss += (double)x[d] * x[d];

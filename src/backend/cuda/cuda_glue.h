@@ -44,7 +44,7 @@ void lunar_glue_kda_recurrent(float *o, const float *q, const float *k, const fl
                               int dv, float scale, lunar_cuda_stream s);
 /* latent rows: row = [RMSNorm(c) * w | k_pe] of kvr [n, R+P] stored as bf16 (fp8 = 0) or FP8 e4m3
  * codes of scale 1 (fp8 = 1, as the CPU's lunar_kv_round) into the paged cache latent [..][R+P] at
- * slots[i] (block * 128 + offset). w fp32 [R]. */
+ * slots[i] (block * 128 + offset; a negative slot: row i is not stored). w fp32 [R]. */
 void lunar_glue_latent_store(void *latent, int fp8, const float *kvr, const float *w, const int32_t *slots,
                              int n, int R, int P, float eps, lunar_cuda_stream s);
 /* q [rows, H, N+P] -> q_lat [rows, H, R] = W_UK^T q_nope, q_pe [rows, H, P]; W bf16 [H*(N+Vd), R]. */

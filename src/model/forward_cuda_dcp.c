@@ -1,0 +1,124 @@
+/* Decode context parallelism of an MLA layer on the device (forward_cuda_tp.h): shard_dcp.c's
+ * lunar_dcp_mla with the device stages of backend/cuda/cuda_mla_partial.cu, the same layout and
+ * the same arithmetic, so the CPU rank threads stay the oracle. The exchange of the partials is an
+ * all-gather of every rank's whole send buffer (NCCL has no all-to-all; D times the bytes of one,
+ * read in place by the merge's part stride). Host work per layer: the owned tokens' local slots and
+ * the causal counts (from the host block tables), uploaded synchronously: no CUDA graph under DCP. */
+#include "model/forward_cuda_tp.h"
+
+#ifdef LUNAR_HAVE_CUDA
+
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_glue.h"
+#include "backend/cuda/cuda_ops.h"
+#include "model/shard.h"
+#include "parallel/comm.h"
+
+static void *dev(size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p); /* the arena is sized for the step's scratch (as forward_cuda.c's dalloc) */
+    return p;
+}
+
+static void gather_on(lunar_tp *tp, const float *send, float *recv, size_t n) {
+    lunar_err e;
+    if (tp->failed) return; /* the ranks are out of step: stop talking */
+    if (lunar_comm_nccl_all_gather_on(tp->dcp, send, recv, n, lunar_cuda_current_stream(), &e)) {
+        tp->failed = 1;
+        tp->err = e;
+    }
+}
+
+void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o) {
+    lunar_tp *tp = m->tp;
+    const lunar_config *c = &m->cfg;
+    const int D = tp->dcp_size, dr = tp->dcp_rank, nh = c->num_attention_heads, Hm = tp->mla_heads_max;
+    const int N = c->qk_nope_head_dim, P = c->qk_rope_head_dim, Vd = c->v_head_dim, R = c->kv_lora_rank;
+    const int row = R + P, T = a->T, topk = c->index_topk, br = 128 / D;
+    const float scale = 1.0f / sqrtf((float)(N + P));
+    const size_t mk = lunar_cuda_mark();
+
+    /* 1. the owned tokens' latent rows at their local slots (-1: another rank's token) */
+    int32_t *slots = lunar_xmalloc((size_t)T * sizeof *slots);
+    for (int j = 0; j < a->n_seqs; j++) {
+        const lunar_batch_seq *sq = &a->seqs[j];
+        for (int t = 0; t < sq->n; t++) {
+            const int p = sq->pos0 + t;
+            slots[a->off[j] + t] = p % D == dr ? sq->blocks[p / 128] * br + p % 128 / D : -1;
+        }
+    }
+    int32_t *dslots = dev((size_t)T * sizeof *dslots);
+    lunar_cuda_upload(dslots, slots, (size_t)T * sizeof *slots);
+    lunar_glue_latent_store(a->latent, a->fp8, a->kvr, a->kva_norm, dslots, T, R, P, a->eps, NULL);
+
+    /* 2. the absorbed queries [T, Hm, R + P] (padding heads zero), all-gathered: [D][T, Hm, R + P] */
+    const size_t qrow = (size_t)Hm * row;
+    float *q_lat = dev((size_t)T * nh * R * sizeof(float)), *q_pe = dev((size_t)T * nh * P * sizeof(float));
+    lunar_glue_mla_absorb(q_lat, q_pe, a->q, a->kvb, T, nh, N, P, Vd, R, NULL);
+    float *qsend = dev((size_t)T * qrow * sizeof(float)), *qall = dev((size_t)D * T * qrow * sizeof(float));
+    lunar_cuda_fill_u32(qsend, 0, (size_t)T * qrow);
+    for (int t = 0; t < T; t++) { /* token t's nh heads: [R] and [P] into rows of R + P */
+        float *dst = qsend + (size_t)t * qrow;
+        lunar_cuda_copy_2d(dst, (size_t)row * sizeof(float), q_lat + (size_t)t * nh * R, (size_t)R * sizeof(float),
+                           (size_t)R * sizeof(float), (size_t)nh);
+        lunar_cuda_copy_2d(dst + R, (size_t)row * sizeof(float), q_pe + (size_t)t * nh * P, (size_t)P * sizeof(float),
+                           (size_t)P * sizeof(float), (size_t)nh);
+    }
+    gather_on(tp, qsend, qall, (size_t)T * qrow);
+
+    /* 3. partial attention over the local tokens for every group head: send [dest g][T, Hm, R + 1] */
+    const size_t prow = (size_t)R + 1, part_n = (size_t)T * Hm * prow;
+    float *send = dev((size_t)D * part_n * sizeof(float)), *all = dev((size_t)D * D * part_n * sizeof(float));
+    float *olat = dev((size_t)T * Hm * R * sizeof(float)), *lse = dev((size_t)T * Hm * sizeof(float));
+    int32_t *count = dev((size_t)T * sizeof(int32_t)), *lrows = topk > 0 ? dev((size_t)T * topk * sizeof(int32_t)) : NULL;
+    int32_t *hcount = lunar_xmalloc((size_t)T * sizeof *hcount);
+    lunar_cuda_mla_cache cd = {a->latent, a->fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16, 1.0f, a->bt, a->max_blocks};
+    for (int j = 0; j < a->n_seqs; j++) {
+        const lunar_batch_seq *sq = &a->seqs[j];
+        const int nj = sq->n, L = sq->pos0 + nj, r0 = a->off[j];
+        const int Lloc = L > dr ? (L - dr + D - 1) / D : 0;
+        const size_t smk = lunar_cuda_mark();
+        float *cache = dev((size_t)(Lloc ? Lloc : 1) * row * sizeof(float));
+        lunar_cuda_dcp_gather(cache, &cd, j, D, dr, Lloc, row, NULL);
+        int32_t *cnt = count + r0, *rows = NULL;
+        if (topk > 0) { /* the replicated top-k (global positions) to this rank's local rows */
+            rows = lrows + (size_t)r0 * topk;
+            lunar_cuda_dcp_local_rows(rows, cnt, a->idx + (size_t)r0 * topk, nj, topk, D, dr, NULL);
+        } else { /* causal: local positions dr, dr + D, .. <= pos0 + t */
+            for (int t = 0; t < nj; t++) {
+                const int pt = sq->pos0 + t;
+                hcount[t] = pt >= dr ? (pt - dr) / D + 1 : 0;
+            }
+            lunar_cuda_upload(cnt, hcount, (size_t)nj * sizeof *hcount);
+        }
+        for (int g = 0; g < D; g++) {
+            lunar_cuda_mla_partial(olat, lse, qall + ((size_t)g * T + r0) * qrow, cache, rows, cnt, topk, nj, Hm, R,
+                                   P, scale, NULL);
+            float *dst = send + g * part_n + (size_t)r0 * Hm * prow;
+            lunar_cuda_copy_2d(dst, prow * sizeof(float), olat, (size_t)R * sizeof(float), (size_t)R * sizeof(float),
+                               (size_t)nj * Hm);
+            lunar_cuda_copy_2d(dst + R, prow * sizeof(float), lse, sizeof(float), sizeof(float), (size_t)nj * Hm);
+        }
+        lunar_cuda_release(smk); /* the copies above are ordered before any later use of the space */
+    }
+
+    /* 4. every rank's send buffer to every rank; source g's part for this rank at (g D + dr) part_n */
+    gather_on(tp, send, all, (size_t)D * part_n);
+    float *merged = dev((size_t)T * Hm * R * sizeof(float));
+    lunar_cuda_mla_merge_partials(merged, all + (size_t)dr * part_n, D, (size_t)D * part_n, T * Hm, R, NULL);
+
+    /* 5. this rank's nh heads of the Hm, then the value projection */
+    float *mine = merged;
+    if (nh != Hm) {
+        mine = dev((size_t)T * nh * R * sizeof(float));
+        lunar_cuda_copy_2d(mine, (size_t)nh * R * sizeof(float), merged, (size_t)Hm * R * sizeof(float),
+                           (size_t)nh * R * sizeof(float), (size_t)T);
+    }
+    lunar_glue_mla_unabsorb(o, mine, a->kvb, T, nh, N, Vd, R, NULL);
+    free(slots), free(hcount);
+    lunar_cuda_release(mk);
+}
+
+#endif
