@@ -2,9 +2,10 @@
  * (backend/cpu/mla_partial.c): the partial attention with its log-sum-exp over listed and over
  * leading cache rows, the merge of partials, and the two composed the way DCP uses them (the cache
  * dealt round-robin to D ranks, each rank's partial, the merge) against one partial over the whole
- * cache; and the gather of a rank's rows from a paged bf16 / FP8 pool in the DCP layout at the
- * places the CPU's lunar_dcp_token names. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
- * without a CUDA device.
+ * cache; the gather of a rank's rows from a paged bf16 / FP8 pool in the DCP layout at the places
+ * the CPU's lunar_dcp_token names; the DSA top-k reduced to local rows as lunar_dcp_local_rows
+ * does. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
+ * without a CUDA device (the layout test on index-key slots runs everywhere).
  *
  * Tolerances: both sides are fp32; the device takes the max online and sums in another order, so
  * olat differs by a few fp32 ulps of max |o| (1e-5 relative allowed) and lse by ~1e-6 absolute

@@ -865,7 +865,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         cp_end(LUNAR_PROF_DSA, t0);
     }
     if (dcp) { /* TP hook: the latent rows sharded over the DCP group (forward_cuda_tp.h) */
-        lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, latent, fp8, kvr,
+        lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, kv->n_blocks, latent, fp8, kvr,
                                   w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
         lunar_cuda_dcp_mla(gm->m, &a, o);
         goto out_proj;

@@ -40,13 +40,15 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
     const float scale = 1.0f / sqrtf((float)(N + P));
     const size_t mk = lunar_cuda_mark();
 
-    /* 1. the owned tokens' latent rows at their local slots (-1: another rank's token) */
+    /* 1. the owned tokens' latent rows at their local slots (-1: another rank's token), placed by
+     * the CPU layout's own function over one layer of blocks of 128 / D rows */
+    const lunar_kv_pool lay = {.block_size = br, .n_blocks = a->n_blocks, .n_mla = 1, .row = row};
     int32_t *slots = lunar_xmalloc((size_t)T * sizeof *slots);
     for (int j = 0; j < a->n_seqs; j++) {
         const lunar_batch_seq *sq = &a->seqs[j];
         for (int t = 0; t < sq->n; t++) {
             const int p = sq->pos0 + t;
-            slots[a->off[j] + t] = p % D == dr ? sq->blocks[p / 128] * br + p % 128 / D : -1;
+            slots[a->off[j] + t] = p % D == dr ? (int32_t)lunar_dcp_token(&lay, 0, sq->blocks, p, D) : -1;
         }
     }
     int32_t *dslots = dev((size_t)T * sizeof *dslots);

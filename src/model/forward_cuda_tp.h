@@ -46,7 +46,7 @@ void lunar_tp_vocab_slice(int64_t V, int64_t C, int r, int64_t *v0, int64_t *vn)
 void lunar_cuda_tp_latent_cols(const lunar_model *m, float *dst, const float *y, int n, int Lat);
 /* One MLA layer's inputs under DCP (forward_cuda.c mla_layer): the step's sequences (host: seqs,
  * off [n_seqs + 1]), its T tokens, the device block tables bt [n_seqs, max_blocks] (128-position
- * blocks), this layer's latent pages (bf16, or FP8), the new rows kvr [T, R + P] before their
+ * blocks) of a pool of n_blocks, this layer's latent pages (bf16, or FP8), the new rows kvr [T, R + P] before their
  * norm (kva_norm fp32 [R], eps), q [T, nh, N + P], kv_b_proj bf16, and the DSA top-k idx [T, topk]
  * (global positions; NULL without DSA). */
 typedef struct lunar_cuda_dcp_layer {
@@ -55,7 +55,7 @@ typedef struct lunar_cuda_dcp_layer {
     const int *off;
     int T;
     const int32_t *bt;
-    int max_blocks;
+    int max_blocks, n_blocks; /* n_blocks: the pages' blocks per layer */
     void *latent;
     int fp8;
     const float *kvr, *kva_norm;
