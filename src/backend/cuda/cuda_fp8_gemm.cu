@@ -4,8 +4,9 @@
 // Layout as cuda_gemm.cu: row-major y[n, out] is column-major D[out, n] = op(A) B with A = the
 // codes of W seen column-major [in, out] and transposed (the "TN" form FP8 GEMMs require), B = the
 // codes of x column-major [in, n]; so s_A = s_w (M = out) and s_B = s_x (N = n).
-// Where cuBLASLt has no algorithm for a shape (or the shape breaks FP8's 16-byte rules) a plain
-// kernel computes the same product from the same codes (counted: lunar_cuda_ptpc_stats).
+// Where cuBLASLt has no scaled algorithm for a shape, an unscaled FP8 GEMM plus a scaling kernel
+// (fp32 y), else (or where the shape breaks FP8's 16-byte rules) a plain kernel computes the same
+// product from the same codes (each form counted: lunar_cuda_ptpc_stats).
 #include <cublasLt.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -89,10 +90,19 @@ static void fallback_launch(void *y, lunar_cuda_dtype ydt, const uint8_t *qx, co
     CUDA_CHECK_LAUNCH();
 }
 
-/* ---------------------------------------------------------------- cuBLASLt FP8 GEMM */
+/* ---------------------------------------------------------------- cuBLASLt FP8 GEMM
+ * Two forms: scaled (outer-vector scales inside the GEMM, one launch) and, where cuBLASLt has no
+ * scaled algorithm (fp32 y only), unscaled (y = qx . qw^T in fp32, then y *= s_x s_w in the
+ * CPU's order by scale_kernel). Each plan is per (shape, y type, form). */
+
+__global__ void ptpc_scale_kernel(float *y, const float *sx, const float *sw, int n, int out) {
+    const size_t total = (size_t)n * out;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = y[i] * sx[i / out] * sw[i % out];
+}
 
 struct fp8_plan {
-    int n, out, in, ydt, used, ok; // ok = 0: no algorithm, this shape takes the fallback kernel
+    int n, out, in, ydt, scaled, used, ok; // ok = 0: no algorithm for this form
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, d;
     cublasLtMatmulAlgo_t algo;
@@ -101,8 +111,8 @@ struct fp8_plan {
 #define MAX_FP8_PLANS 128
 static fp8_plan fplans[MAX_FP8_PLANS];
 static int n_fplans;
-static long long n_lt, n_fallback;
-static int force_fallback;
+static long long n_scaled, n_unscaled, n_fallback;
+static int forced;
 
 static void plan_destroy(fp8_plan *p) {
     if (p->op) cublasLtMatmulDescDestroy(p->op);
@@ -112,17 +122,18 @@ static void plan_destroy(fp8_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
-// Every cuBLASLt status here is an answer ("not for this shape"), not an abort: the fallback
-// kernel computes the same product.
+// Every cuBLASLt status here is an answer ("not for this shape"), not an abort: another form or
+// the fallback kernel computes the same product.
 static int plan_build(fp8_plan *p) {
     const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     const cudaDataType_t dt = p->ydt == LUNAR_CUDA_F32 ? CUDA_R_32F : CUDA_R_16BF;
     if (cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS) return 0;
     if (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta) ||
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb) ||
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec) ||
-        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec))
+        cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb))
+        return 0;
+    if (p->scaled && (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec) ||
+                      cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec)))
         return 0;
     if (cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, p->in, p->out, p->in) ||
         cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, p->in, p->n, p->in) ||
@@ -145,18 +156,40 @@ static int plan_build(fp8_plan *p) {
     return 1;
 }
 
-static fp8_plan *get_fp8_plan(int n, int out, int in, lunar_cuda_dtype ydt) {
-    for (int i = 0; i < n_fplans; i++)
-        if (fplans[i].n == n && fplans[i].out == out && fplans[i].in == in && fplans[i].ydt == (int)ydt)
-            return &fplans[i];
+static fp8_plan *get_fp8_plan(int n, int out, int in, lunar_cuda_dtype ydt, int scaled) {
+    for (int i = 0; i < n_fplans; i++) {
+        fp8_plan *q = &fplans[i];
+        if (q->n == n && q->out == out && q->in == in && q->ydt == (int)ydt && q->scaled == scaled) return q;
+    }
+    // a full cache recycles a slot, as cuda_gemm.cu's plans
     fp8_plan *p = &fplans[n_fplans < MAX_FP8_PLANS ? n_fplans++ : (n % MAX_FP8_PLANS)];
     if (p->used) plan_destroy(p);
-    p->n = n, p->out = out, p->in = in, p->ydt = (int)ydt, p->used = 1;
+    p->n = n, p->out = out, p->in = in, p->ydt = (int)ydt, p->scaled = scaled, p->used = 1;
     p->ok = plan_build(p);
     return p;
 }
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+// One cuBLASLt call of plan p (scale pointers set when the form is scaled: host state read at
+// enqueue, so a captured graph keeps the ones of its call); 0 when cuBLASLt took it.
+static int lt_run(fp8_plan *p, void *y, const uint8_t *qx, const float *sx, const uint8_t *qw, const float *sw,
+                  lunar_cuda_stream s) {
+    const float alpha = 1.0f, beta = 0.0f;
+    size_t ws_bytes;
+    void *ws = s ? lunar_cuda_gemm_workspace_side(&ws_bytes) : lunar_cuda_gemm_workspace(&ws_bytes);
+    cublasStatus_t r = CUBLAS_STATUS_SUCCESS;
+    if (p->scaled) {
+        r = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
+        if (r == CUBLAS_STATUS_SUCCESS)
+            r = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx);
+    }
+    if (r == CUBLAS_STATUS_SUCCESS)
+        r = cublasLtMatmul((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op, &alpha, qw, p->a, qx, p->b, &beta,
+                           y, p->d, y, p->d, &p->algo, ws, ws_bytes, to_stream(s));
+    if (r != CUBLAS_STATUS_SUCCESS) p->ok = 0; // refused at run time: not this form for this shape again
+    return r == CUBLAS_STATUS_SUCCESS ? 0 : -1;
+}
 
 extern "C" void lunar_cuda_ptpc_matmul(void *y, lunar_cuda_dtype ydt, const uint8_t *qx, const float *sx,
                                        const uint8_t *qw, const float *sw, int n, int out, int in,
@@ -167,34 +200,34 @@ extern "C" void lunar_cuda_ptpc_matmul(void *y, lunar_cuda_dtype ydt, const uint
     // FP8 GEMMs want 16-byte aligned operands and leading dimensions (in bytes: in for the codes,
     // out * 2 or 4 for y)
     const size_t ysz = ydt == LUNAR_CUDA_F32 ? 4 : 2;
-    int lt = !force_fallback && in % 16 == 0 && ((size_t)out * ysz) % 16 == 0 && aligned16(qx) && aligned16(qw) &&
-             aligned16(y);
-    fp8_plan *p = lt ? get_fp8_plan(n, out, in, ydt) : NULL;
-    if (p && p->ok) {
-        const float alpha = 1.0f, beta = 0.0f;
-        size_t ws_bytes;
-        void *ws = s ? lunar_cuda_gemm_workspace_side(&ws_bytes) : lunar_cuda_gemm_workspace(&ws_bytes);
-        // the scale vectors change per call (per matrix, per batch): set on the shared descriptor
-        // right before the call (host state, read at enqueue, so graph capture bakes the right ones)
-        cublasStatus_t r = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
-        if (r == CUBLAS_STATUS_SUCCESS)
-            r = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx);
-        if (r == CUBLAS_STATUS_SUCCESS)
-            r = cublasLtMatmul((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op, &alpha, qw, p->a, qx, p->b,
-                               &beta, y, p->d, y, p->d, &p->algo, ws, ws_bytes, st);
-        if (r == CUBLAS_STATUS_SUCCESS) {
-            n_lt++;
+    const int lt = forced < 2 && in % 16 == 0 && ((size_t)out * ysz) % 16 == 0 && aligned16(qx) && aligned16(qw) &&
+                   aligned16(y);
+    if (lt && forced < 1) {
+        fp8_plan *p = get_fp8_plan(n, out, in, ydt, 1);
+        if (p->ok && lt_run(p, y, qx, sx, qw, sw, s) == 0) {
+            n_scaled++;
             return;
         }
-        p->ok = 0; // refused at run time: this shape takes the fallback from now on
+    }
+    if (lt && ydt == LUNAR_CUDA_F32) {
+        fp8_plan *p = get_fp8_plan(n, out, in, ydt, 0);
+        if (p->ok && lt_run(p, y, qx, sx, qw, sw, s) == 0) {
+            const size_t total = (size_t)n * out;
+            const unsigned blocks = (unsigned)(total < ((size_t)1 << 20) ? (total + 255) / 256 : 4096);
+            ptpc_scale_kernel<<<blocks, 256, 0, st>>>((float *)y, sx, sw, n, out);
+            CUDA_CHECK_LAUNCH();
+            n_unscaled++;
+            return;
+        }
     }
     n_fallback++;
     fallback_launch(y, ydt, qx, sx, qw, sw, n, out, in, st);
 }
 
-extern "C" void lunar_cuda_ptpc_stats(long long *lt_calls, long long *fallback_calls) {
-    if (lt_calls) *lt_calls = n_lt;
-    if (fallback_calls) *fallback_calls = n_fallback;
+extern "C" void lunar_cuda_ptpc_stats(long long *scaled, long long *unscaled, long long *fallback) {
+    if (scaled) *scaled = n_scaled;
+    if (unscaled) *unscaled = n_unscaled;
+    if (fallback) *fallback = n_fallback;
 }
 
-extern "C" void lunar_cuda_ptpc_force_fallback(int on) { force_fallback = on != 0; }
+extern "C" void lunar_cuda_ptpc_force(int level) { forced = level; }
