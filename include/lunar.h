@@ -45,6 +45,7 @@ typedef struct lunar_engine_options {
     int num_layers;               /* > 0: only the first num_layers layers (benchmarks) */
     int tp_slice;                 /* > 1: the shapes one rank of TP tp_slice holds (benchmarks) */
     uint64_t dummy_seed;          /* load_format "dummy": the weights' seed */
+    int ptpc_fp8;                 /* --quantization ptpc_fp8: the BF16 linears of SPEC 2 as PTPC-FP8 */
     /* CPU tensor parallelism: rank threads with shards of the model (docs/parallel.md); 0 or 1 = off */
     int tensor_parallel_size, decode_context_parallel_size, enable_expert_parallel;
     /* CUDA tensor parallelism: this process is rank 0 of `lunar serve`'s rank processes, linked to

@@ -246,6 +246,19 @@ void op_mxfp4_mlp(float *y, const float *x, const lunar_mxfp4 *w1, const lunar_m
  * Returns scale (an fp32 power of two); x ~= e4m3_to_f32(q) * scale. n values. */
 float lunar_fp8_quantize_pow2(uint8_t *q, const float *x, int n);
 
+/* PTPC-FP8 (per-token activation scale, per-output-channel weight scale; vLLM's ptpc_fp8), the
+ * optional quantisation of the BF16 linears (SPEC §2). One vector (a weight row or a token):
+ *   amax = max_i |x_i| (NaN ignored);  s = amax / 448 in fp32 (s = 1 when that is not > 0);
+ *   q_i  = lunar_f32_to_e4m3(x_i / s)  (fp32 division, then round to nearest even, saturating at
+ *          +-448: x_i / s may exceed 448 by an ulp);
+ * returns s; x ~= e4m3_to_f32(q) * s. n values. */
+float lunar_ptpc_quantize_row(uint8_t *q, const float *x, int n);
+/* y[n, out] = (q_x[t] . q_w[o]) * s_x[t] * s_w[o] with (q_w[o], s_w[o]) = lunar_ptpc_quantize_row of
+ * weight row o and (q_x[t], s_x[t]) that of token t (x rounded to bf16 first, and W too, when
+ * op_set_bf16_operands is on: what the device quantises); the dot in fp32 over the decoded codes
+ * (exact products), as op_matmul sums; scaled in the order (dot * s_x) * s_w. W: F32/BF16/F16. */
+void op_matmul_ptpc_fp8(float *y, const float *x, const lunar_tensor *W, int n);
+
 /* In-place orthonormal Walsh-Hadamard rotation of `rows` vectors of length len (a power of two):
  * x <- H x / sqrt(len), H the Sylvester (natural-order) Hadamard matrix, H[i][j] = (-1)^popcount(i&j)
  * (fast_hadamard_transform with scale len^-0.5). Applying it twice is the identity. */

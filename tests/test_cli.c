@@ -187,3 +187,54 @@ TEST(cli_logits_decode_after) {
     CHECK(!ok3);
     free(a), free(b);
 }
+
+/* --quantization (serve, bench, logits, generate share the load options): ptpc_fp8 is accepted and
+ * changes the logits a little (the CPU forward's linears quantised), anything else is refused by
+ * name. */
+static float *logits_npy(const char *quant, size_t *n) {
+    char out[] = "/tmp/lunar-test-ptpc-XXXXXX";
+    int fd = mkstemp(out);
+    LUNAR_ASSERT(fd >= 0);
+    close(fd);
+    char *argv[] = {"logits", "tests/golden/tiny-a", "--ids", "5,6,7,9", "--out", out, "--backend", "cpu",
+                    "--quantization", (char *)quant};
+    float *v = NULL;
+    char *buf;
+    size_t len;
+    lunar_err err;
+    if (run_quiet(lunar_cmd_logits, quant ? 10 : 8, argv) == 0 && lunar_read_file(out, 1 << 26, &buf, &len, &err) == 0) {
+        size_t h = 10 + ((size_t)(unsigned char)buf[8] | (size_t)(unsigned char)buf[9] << 8);
+        *n = (len - h) / 4;
+        v = malloc(len - h);
+        memcpy(v, buf + h, len - h);
+        free(buf);
+    }
+    unlink(out);
+    return v;
+}
+
+TEST(cli_quantization_ptpc_fp8) {
+    lunar_load_options lo = {0};
+    lunar_err err;
+    CHECK(lunar_parse_load_option("--quantization", "ptpc_fp8", &lo, &err) == 1 && lo.ptpc_fp8 == 1);
+    CHECK(lunar_parse_load_option("--quantization", "fp8", &lo, &err) == -1 && strstr(err.msg, "'fp8'") &&
+          strstr(err.msg, "ptpc_fp8"));
+    size_t n0 = 0, n1 = 0;
+    float *plain = logits_npy(NULL, &n0), *q = logits_npy("ptpc_fp8", &n1);
+    CHECK(plain && q && n0 == n1 && n0 > 0);
+    if (plain && q && n0 == n1) {
+        double amax = 0, dmax = 0;
+        int differ = 0;
+        for (size_t i = 0; i < n0; i++) {
+            CHECK(isfinite(q[i]));
+            amax = fmax(amax, fabs(plain[i]));
+            dmax = fmax(dmax, fabs(q[i] - plain[i]));
+            differ += q[i] != plain[i];
+        }
+        CHECK_MSG(differ > (int)(n0 / 2) && dmax <= 0.15 * amax, "differ %d of %zu, max diff %g of max %g", differ,
+                  n0, dmax, amax);
+    }
+    char *bad[] = {"logits", "tests/golden/tiny-a", "--ids", "1", "--out", "/dev/null", "--quantization", "awq"};
+    CHECK(run_quiet(lunar_cmd_logits, 8, bad) == 1);
+    free(plain), free(q);
+}

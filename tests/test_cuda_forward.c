@@ -41,6 +41,7 @@ TEST(cuda_forward_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 #include "io/safetensors.h"
 #include "model/cache.h"
 #include "model/forward_cuda.h"
+#include "backend/cuda/cuda_ops.h"
 #include "ops.h"
 #include "cuda_wide.h"
 
@@ -404,6 +405,42 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
         /* fp16 KDA states: the recurrent kernel's fp16 slots (decode) and the widened copy around
          * the chunked prefill */
         run_model("wide, fused MoE, fp16 state", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP16_STATE);
+        lunar_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    lunar_test_wide_model_rm(dir);
+}
+
+/* --quantization ptpc_fp8 on both sides (the CPU's op_matmul_ptpc_fp8 is the reference): the wide
+ * model's projections and dense/shared/latent linears as e4m3 GEMMs. Same bound as the bf16 runs:
+ * both sides quantise the same bf16 activations by the same rule, so codes differ only where an
+ * upstream summation-order difference moves a value across an e4m3 rounding boundary (one code
+ * step in one element of a row, diluted over the row's dot). The GEMMs must have gone through the
+ * FP8 path (counted); how many took cuBLASLt is printed. */
+TEST(cuda_ptpc_forward_wide_vs_cpu) {
+    char desc[256];
+    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
+        return;
+    }
+    char dir[64];
+    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
+    lunar_err err;
+    lunar_model *m;
+    lunar_load_options lo = {.ptpc_fp8 = 1};
+    if (lunar_model_load_ex(&m, dir, &lo, &err) == 0) {
+        CHECK(m->cfg.ptpc_fp8);
+        enum { T = 150, ND = 3 };
+        int32_t ids[T + ND];
+        unsigned st = 11;
+        for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
+        long long s0, u0, f0, s1, u1, f1;
+        lunar_cuda_ptpc_stats(&s0, &u0, &f0);
+        run_model("wide, fused MoE, ptpc fp8", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        lunar_cuda_ptpc_stats(&s1, &u1, &f1);
+        CHECK(s1 + u1 + f1 > s0 + u0 + f0);
+        fprintf(stderr, "\n  ptpc GEMMs: cuBLASLt scaled %lld, unscaled %lld, fallback %lld ", s1 - s0, u1 - u0, f1 - f0);
         lunar_model_free(m);
     } else {
         CHECK_MSG(0, "%s", err.msg);

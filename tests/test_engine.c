@@ -248,3 +248,21 @@ TEST(engine_prefix_cache_hits_and_equal_outputs) {
     /* every request admitted after the first batch finished its prefill reuses both blocks */
     CHECK_MSG(mt.prefix_cache_hits >= 256 * 30, "prefix cache hits %lld tokens", (long long)mt.prefix_cache_hits);
 }
+
+/* --quantization ptpc_fp8 reaches the engine's model (serve builds its engine from these options;
+ * the CUDA TP followers load with the same field) */
+TEST(engine_ptpc_fp8_option_reaches_the_model) {
+    for (int q = 0; q < 2; q++) {
+        lunar_engine_options o;
+        lunar_engine_options_default(&o);
+        o.model_dir = MODEL;
+        o.backend = "cpu";
+        o.ptpc_fp8 = q;
+        lunar_engine *e;
+        lunar_err err;
+        CHECK_MSG(lunar_engine_create(&e, &o, &err) == 0, "%s", err.msg);
+        if (!e) continue;
+        CHECK(lunar_engine_model(e)->cfg.ptpc_fp8 == q);
+        lunar_engine_destroy(e);
+    }
+}

@@ -131,3 +131,84 @@ TEST(rope_neox_half_split) {
     CHECK(memcmp(y, x, sizeof(float) * nh * hd) == 0);
     free(x), free(y);
 }
+
+TEST(ptpc_fp8_quantize_row_rule) {
+    /* s = amax / 448 in fp32: 3.5 -> 2^-7 (exact) and codes x / s = 448, 128, 64, 0; a zero row
+     * gets s = 1 and zero codes; NaN neither sets the scale nor loses its NaN code */
+    uint8_t q[4];
+    float a[4] = {3.5f, -1, 0.5f, 0};
+    CHECK(lunar_ptpc_quantize_row(q, a, 4) == 0.0078125f);
+    CHECK(q[0] == 0x7e && q[1] == lunar_f32_to_e4m3(-128) && q[2] == lunar_f32_to_e4m3(64) && q[3] == 0);
+    float z[3] = {0, -0.0f, 0};
+    CHECK(lunar_ptpc_quantize_row(q, z, 3) == 1.0f && (q[0] | (q[1] & 0x7f) | q[2]) == 0);
+    float nn[3] = {NAN, 2.0f, -1.0f};
+    CHECK(lunar_ptpc_quantize_row(q, nn, 3) == 2.0f / 448.0f);
+    CHECK((q[0] & 0x7f) == 0x7f && q[1] == 0x7e && q[2] == lunar_f32_to_e4m3(-1.0f / (2.0f / 448.0f)));
+    /* 0.3 with amax 1: 0.3 / (1/448) = 134.4, between e4m3 128 and 144 -> 128 */
+    float r[2] = {1, 0.3f};
+    float s = lunar_ptpc_quantize_row(q, r, 2);
+    CHECK(s == 1.0f / 448.0f && q[0] == 0x7e && lunar_e4m3_to_f32(q[1]) == 128.0f);
+    /* random rows: amax maps to 448 (to within the rounding of two divisions) and every element
+     * dequantises to within half an e4m3 ulp (2^-4 relative) or half the smallest subnormal */
+    for (int rep = 0; rep < 10; rep++) {
+        float v[96];
+        uint8_t c[96];
+        float amp = ldexpf(1.0f, 3 * rep - 15) * (1.0f + 0.29f * rep);
+        lunar_test_fill(v, 96, 300 + rep, -amp, amp);
+        float sc = lunar_ptpc_quantize_row(c, v, 96), amax = 0;
+        for (int i = 0; i < 96; i++) amax = fmaxf(amax, fabsf(v[i]));
+        CHECK(sc == amax / 448.0f);
+        for (int i = 0; i < 96; i++) {
+            CHECK(c[i] == lunar_f32_to_e4m3(v[i] / sc));
+            CHECK(fabsf(lunar_e4m3_to_f32(c[i]) * sc - v[i]) <= fabsf(v[i]) / 16 + ldexpf(1, -10) * sc);
+        }
+    }
+}
+
+TEST(ptpc_fp8_matmul_hand_values) {
+    /* W rows: [448, -224, 0, 1] (s_w = 1, exact codes), [3.5, 1, 0.5, 0] (s_w = 2^-7, exact),
+     * [0, 0, 0, 0] (s_w = 1, codes 0). Tokens: [7, -7, 3.5, 0] (s_x = 1/64, exact) and
+     * [1, 0.3, 0, 0] (s_x = 1/448; 0.3 -> code 128, i.e. 0.2857). */
+    const float w[12] = {448, -224, 0, 1, 3.5f, 1, 0.5f, 0, 0, 0, 0, 0};
+    const float x[8] = {7, -7, 3.5f, 0, 1, 0.3f, 0, 0};
+    for (int dt = 0; dt < 2; dt++) {
+        lunar_tensor W = test_tensor2(dt ? LUNAR_DTYPE_BF16 : LUNAR_DTYPE_F32, 3, 4, w);
+        float y[6], yd[6];
+        op_matmul_ptpc_fp8(y, x, &W, 2);
+        op_matmul(yd, x, &W, 2);
+        /* token 0: every code exact, so the quantised product equals the plain one */
+        CHECK(y[0] == 4704.0f && y[1] == 19.25f && y[2] == 0.0f);
+        CHECK(yd[0] == 4704.0f && yd[1] == 19.25f);
+        /* token 1: (448*448 + 128*(-224)) / 448 = 384 (plain: 448 - 0.3*224 = 380.8); row 1:
+         * (448*448 + 128*128) * 2^-7 / 448 = 3.5 + 0.2857 = 3.7857 (plain 3.8) */
+        CHECK_MSG(fabsf(y[3] - 384.0f) < 1e-3f, "y[3] %g", y[3]);
+        CHECK_MSG(fabsf(y[4] - (3.5f + 128.0f / 448.0f)) < 1e-6f, "y[4] %g", y[4]);
+        CHECK(y[5] == 0.0f && fabsf(yd[3] - 380.8f) < 1e-3f);
+        test_tensor_free(&W);
+    }
+}
+
+TEST(ptpc_fp8_matmul_random_close_to_plain) {
+    /* per element, the quantised product is within 2 half-ulps of e4m3 (2^-4 each, plus the
+     * subnormal floor) of sum |x||w|: the error bound of two rounded operands */
+    const int n = 5, out = 7, in = 37;
+    float *x = test_rand(n * in, 11, -2, 2), *w = test_rand(out * in, 12, -0.05f, 0.05f);
+    w[3 * in + 5] = 3.0f; /* one large weight: the other weights of row 3 lose precision */
+    lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+    float *y = test_poisoned(n * out), *yd = test_poisoned(n * out);
+    op_matmul_ptpc_fp8(y, x, &W, n);
+    op_matmul(yd, x, &W, n);
+    int differs = 0;
+    for (int t = 0; t < n; t++)
+        for (int o = 0; o < out; o++) {
+            double mag = 0;
+            for (int i = 0; i < in; i++)
+                mag += fabs((double)x[t * in + i] * lunar_bf16_to_f32(lunar_f32_to_bf16(w[o * in + i])));
+            float e = fabsf(y[t * out + o] - yd[t * out + o]);
+            CHECK_MSG(e <= mag * (2.0 / 16 + 1.0 / 256) + 1e-6, "t %d o %d err %g mag %g", t, o, e, mag);
+            differs += e > 0;
+        }
+    CHECK(differs > n * out / 2); /* it does quantise */
+    test_tensor_free(&W);
+    free(x), free(w), free(y), free(yd);
+}

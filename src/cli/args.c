@@ -72,6 +72,12 @@ int lunar_parse_load_option(const char *a, const char *v, lunar_load_options *lo
     } else if (strcmp(a, "--tp-slice") == 0) {
         if (lunar_parse_int(a, v, 1, 1024, &n, err)) return -1;
         lo->tp_slice = (int)n;
+    } else if (strcmp(a, "--quantization") == 0) {
+        /* vLLM's spelling; the only online scheme implemented (SPEC 2) */
+        if (strcmp(v, "ptpc_fp8"))
+            return lunar_fail(err, "--quantization: '%s' is not supported (the only online quantization is ptpc_fp8)",
+                              v);
+        lo->ptpc_fp8 = 1;
     } else if (strcmp(a, "--dummy-seed") == 0) {
         if (lunar_parse_int(a, v, 0, 0x7fffffffffffffffL, &n, err)) return -1;
         lo->seed = (uint64_t)n;

@@ -18,9 +18,10 @@ const char *lunar_opt_value(int argc, char **argv, int *i, lunar_err *err);
 
 /* The model-loading options every command that loads a model takes (vLLM spellings):
  *   --load-format auto|safetensors|dummy   --num-layers L   --tp-slice N   --dummy-seed S
+ *   --quantization ptpc_fp8 (the only value; default: none)
  * Returns 1 when a is one of them (v consumed), 0 when not, -1 on a bad value. */
 int lunar_parse_load_option(const char *a, const char *v, lunar_load_options *lo, lunar_err *err);
 #define LUNAR_LOAD_OPTIONS_USAGE \
-    "[--load-format auto|dummy] [--num-layers L] [--tp-slice N] [--dummy-seed S]"
+    "[--load-format auto|dummy] [--num-layers L] [--tp-slice N] [--dummy-seed S] [--quantization ptpc_fp8]"
 
 #endif

@@ -139,6 +139,7 @@ static void engine_options(const serve_opts *o, lunar_engine_options *eo) {
     eo->num_layers = o->load.num_layers;
     eo->tp_slice = o->load.tp_slice;
     eo->dummy_seed = o->load.seed;
+    eo->ptpc_fp8 = o->load.ptpc_fp8;
     eo->tensor_parallel_size = (int)o->tp;
     eo->decode_context_parallel_size = (int)o->dcp;
     eo->enable_expert_parallel = o->ep;

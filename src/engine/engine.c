@@ -160,7 +160,8 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     /* dummy weights on the CUDA backend are generated on the device at upload (model/dummy.h), also
      * as a rank's shards (lazy windows) under CUDA TP */
     lunar_load_options lo = {.load_format = o->load_format, .num_layers = o->num_layers, .tp_slice = o->tp_slice,
-                             .seed = o->dummy_seed, .device_lazy = be == LUNAR_BACKEND_CUDA};
+                             .seed = o->dummy_seed, .device_lazy = be == LUNAR_BACKEND_CUDA,
+                             .ptpc_fp8 = o->ptpc_fp8};
     if (lunar_model_load_ex(&e->model, o->model_dir, &lo, err)) goto fail;
     if (file_exists(o->model_dir, "tiktoken.model") && lunar_tokenizer_load(&e->tok, o->model_dir, err)) goto fail;
     const lunar_config *c = &e->model->cfg;

@@ -123,7 +123,7 @@ int lunar_engine_follow(const lunar_engine_options *o, const lunar_tp_link *l, l
     lunar_model *full = NULL;
     /* dummy weights: generated on this rank's device, its shards only (model/dummy.h) */
     lunar_load_options lo = {.load_format = o->load_format, .num_layers = o->num_layers, .tp_slice = o->tp_slice,
-                             .seed = o->dummy_seed, .device_lazy = 1};
+                             .seed = o->dummy_seed, .device_lazy = 1, .ptpc_fp8 = o->ptpc_fp8};
     if (lunar_model_load_ex(&full, o->model_dir, &lo, err)) return -1;
     lunar_cuda_rank r;
     if (lunar_cuda_rank_open(&r, full, o, l, err)) {

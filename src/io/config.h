@@ -71,6 +71,7 @@ typedef struct lunar_config {
     int act_situ;                  /* hidden_act "situ": SiTU-GLU instead of SwiGLU */
     float situ_beta, situ_linear_beta; /* activation_situ_beta / _linear_beta; linear 0 = none */
     int experts_mxfp4;             /* routed experts stored MXFP4 (compressed-tensors) */
+    int ptpc_fp8;                  /* not from config.json: --quantization ptpc_fp8 (load option) */
 
     /* Kimi-K3.1 DSA indexer on every MLA layer (SPEC section 1.1); index_topk 0 = dense MLA. */
     int index_n_heads, index_head_dim, index_topk, index_rope;

@@ -52,9 +52,29 @@ static lunar_glu model_act(const lunar_config *c) {
     return a;
 }
 
-/* y[n, D] = down(act(gate x, up x)) with BF16/F32 weights. */
+/* A BF16 linear that SPEC 2 lets --quantization ptpc_fp8 quantise (attention/MLA/KDA projections
+ * but kv_b_proj and the indexer's, dense and shared-expert FFN, latent down/up): PTPC-FP8 when the
+ * model was loaded so; embeddings, lm_head, convs, routers and routed experts keep op_matmul. */
+static void lin(const lunar_config *c, float *y, const float *x, const lunar_tensor *W, int n) {
+    if (c->ptpc_fp8) op_matmul_ptpc_fp8(y, x, W, n);
+    else op_matmul(y, x, W, n);
+}
+
+/* y[n, D] = down(act(gate x, up x)) with BF16/F32 weights; quantised: the dense and shared-expert
+ * MLPs under ptpc_fp8 (the routed experts never are). */
 static void glu_mlp(const lunar_config *c, float *y, const float *x, const lunar_tensor *gate,
-                    const lunar_tensor *up, const lunar_tensor *down, int n) {
+                    const lunar_tensor *up, const lunar_tensor *down, int n, int quantised) {
+    if (quantised && c->ptpc_fp8) { /* op_swiglu_mlp / op_situ_mlp with lin's GEMMs */
+        const int I = (int)gate->shape[0];
+        float *g = fbuf((size_t)n * I), *u = fbuf((size_t)n * I);
+        lin(c, g, x, gate, n);
+        lin(c, u, x, up, n);
+        if (c->act_situ) op_situ_mul(g, g, u, (int64_t)n * I, c->situ_beta, c->situ_linear_beta);
+        else op_silu_mul(g, g, u, (int64_t)n * I);
+        lin(c, y, g, down, n);
+        free(g), free(u);
+        return;
+    }
     if (c->act_situ)
         op_situ_mlp(y, x, gate, up, down, n, c->situ_beta, c->situ_linear_beta);
     else
@@ -79,7 +99,7 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     float *dst[3] = {q, k, v};
     double t0 = lunar_prof_begin();
     for (int i = 0; i < 3; i++) {
-        op_matmul(pre, h, proj[i], n);
+        lin(c, pre, h, proj[i], n);
         for (int j = 0; j < b->n_seqs; j++) {
             const size_t r = (size_t)b->off[j] * HD;
             op_short_conv(dst[i] + r, pre + r, conv[i],
@@ -91,10 +111,10 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     op_l2norm(k, k, n * H, dk, KDA_L2_EPS);
 
     /* forget gate g (log space; bounded when gate_lower_bound < 0) and beta */
-    op_matmul(low, h, w->f_a_proj, n);
-    op_matmul(pre, low, w->f_b_proj, n);
+    lin(c, low, h, w->f_a_proj, n);
+    lin(c, pre, low, w->f_b_proj, n);
     op_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound);
-    op_matmul(beta, h, w->b_proj, n);
+    lin(c, beta, h, w->b_proj, n);
     for (int i = 0; i < n * H; i++) beta[i] = sigmoidf(beta[i]);
     lunar_prof_end(LUNAR_PROF_KDA_PROJ, t0);
 
@@ -118,13 +138,13 @@ static void kda_layer(const lunar_config *c, const lunar_kda_weights *w, const s
     /* output gate (full rank in K3, low rank in Kimi-Linear), per-head gated RMSNorm, o_proj */
     t0 = lunar_prof_begin();
     if (w->g_proj) {
-        op_matmul(pre, h, w->g_proj, n);
+        lin(c, pre, h, w->g_proj, n);
     } else {
-        op_matmul(low, h, w->g_a_proj, n);
-        op_matmul(pre, low, w->g_b_proj, n);
+        lin(c, low, h, w->g_a_proj, n);
+        lin(c, pre, low, w->g_b_proj, n);
     }
     op_rmsnorm_gated(o, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps);
-    op_matmul(out, o, w->o_proj, n);
+    lin(c, out, o, w->o_proj, n);
     lunar_prof_end(LUNAR_PROF_KDA_OUT, t0);
 
     free(pre), free(q), free(k), free(v), free(g), free(low), free(beta), free(o);
@@ -175,15 +195,15 @@ static void mla_layer(const lunar_model *m, const lunar_mla_weights *w, const st
 
     double t0 = lunar_prof_begin();
     if (w->q_proj) {
-        op_matmul(q, h, w->q_proj, n);
+        lin(c, q, h, w->q_proj, n);
     } else {
         qa = fbuf((size_t)n * c->q_lora_rank);
-        op_matmul(qa, h, w->q_a_proj, n);
+        lin(c, qa, h, w->q_a_proj, n);
         op_rmsnorm(qa, qa, w->q_a_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS);
-        op_matmul(q, qa, w->q_b_proj, n);
+        lin(c, q, qa, w->q_b_proj, n);
     }
     /* latent row = [RMSNorm(c) | k_pe] */
-    op_matmul(kvr, h, w->kv_a_proj, n);
+    lin(c, kvr, h, w->kv_a_proj, n);
     for (int t = 0; t < n; t++) {
         float *r = kvr + (size_t)t * row;
         op_rmsnorm(r, r, w->kv_a_norm, 1, R, MLA_LATENT_NORM_EPS);
@@ -249,11 +269,11 @@ static void mla_layer(const lunar_model *m, const lunar_mla_weights *w, const st
     t0 = lunar_prof_begin();
     if (w->g_proj) { /* K3 output gate: sigmoid(W_g x) on the concatenated heads, from the layer input */
         float *gate = fbuf((size_t)n * nh * Vd);
-        op_matmul(gate, h, w->g_proj, n);
+        lin(c, gate, h, w->g_proj, n);
         for (size_t i = 0; i < (size_t)n * nh * Vd; i++) o[i] *= sigmoidf(gate[i]);
         free(gate);
     }
-    op_matmul(out, o, w->o_proj, n);
+    lin(c, out, o, w->o_proj, n);
     lunar_prof_end(LUNAR_PROF_MLA_OUT, t0);
     free(q), free(kvr), free(o), free(qa), free(iq), free(ik), free(wt);
 }
@@ -276,7 +296,7 @@ static void moe_layer(const lunar_model *model, const lunar_ffn_weights *w, cons
     float *zbuf = NULL, *acc = out;
     if (Lat) {
         zbuf = fbuf((size_t)n * Lat);
-        PROF(LATENT, op_matmul(zbuf, h, w->latent_down, n));
+        PROF(LATENT, lin(c, zbuf, h, w->latent_down, n));
         z = zbuf;
         acc = fbuf((size_t)n * Lat);
     }
@@ -303,7 +323,7 @@ static void moe_layer(const lunar_model *model, const lunar_ffn_weights *w, cons
         if (c->experts_mxfp4)
             op_mxfp4_mlp(xout, xin, &x->q1, &x->q3, &x->q2, m, &act);
         else
-            glu_mlp(c, xout, xin, x->w1, x->w3, x->w2, m);
+            glu_mlp(c, xout, xin, x->w1, x->w3, x->w2, m, 0);
         for (int i = 0; i < m; i++) {
             float *y = acc + (size_t)tok[i] * De;
             const float *r = xout + (size_t)i * De;
@@ -320,13 +340,13 @@ static void moe_layer(const lunar_model *model, const lunar_ffn_weights *w, cons
         if (model->tp)
             lunar_tp_latent_up(model, w->latent_up, out, acc, n, Lat);
         else
-            op_matmul(out, acc, w->latent_up, n);
+            lin(c, out, acc, w->latent_up, n);
         lunar_prof_end(LUNAR_PROF_LATENT, tl);
         free(acc);
     }
     if (w->shared_gate) { /* shared experts: one MLP on the full width */
         float *sh = fbuf((size_t)n * D);
-        PROF(SHARED, glu_mlp(c, sh, h, w->shared_gate, w->shared_up, w->shared_down, n));
+        PROF(SHARED, glu_mlp(c, sh, h, w->shared_gate, w->shared_up, w->shared_down, n, 1));
         for (size_t i = 0; i < (size_t)n * D; i++) out[i] += sh[i];
         free(sh);
     }
@@ -357,7 +377,7 @@ static void ffn(const lunar_model *m, int l, const float *h, int n, float *y) {
     const lunar_config *c = &m->cfg;
     const lunar_ffn_weights *w = &m->layers[l].ffn;
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE)
-        PROF(SHARED, glu_mlp(c, y, h, w->gate_proj, w->up_proj, w->down_proj, n));
+        PROF(SHARED, glu_mlp(c, y, h, w->gate_proj, w->up_proj, w->down_proj, n, 1));
     else
         moe_layer(m, w, h, n, y);
     if (m->tp) lunar_tp_all_reduce(m, y, (size_t)n * c->hidden_size); /* row-parallel down projections */

@@ -108,7 +108,9 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 /* The share of device memory the arena takes when nothing chose one (--gpu-memory-utilization). */
 #define DEFAULT_GPU_UTIL 0.9
 
-typedef struct dmat { uint16_t *p; int out, in; } dmat; /* bf16 [out, in] */
+/* bf16 [out, in]; PTPC-FP8 (s8 set, --quantization ptpc_fp8): p holds the e4m3 codes [out, in]
+ * (bytes, read only by mm_fp8) and s8 [out] their row scales, the bf16 copy gone */
+typedef struct dmat { uint16_t *p; int out, in; float *s8; } dmat;
 
 typedef struct dlayer {
     uint16_t *attn_norm, *ffn_norm;  /* bf16 for lunar_cuda_rmsnorm */
@@ -300,6 +302,30 @@ static dmat up_mat(const lunar_tensor *t) {
     return r;
 }
 
+/* A linear SPEC 2 lets --quantization ptpc_fp8 quantise: up_mat, or (ptpc) its codes and row
+ * scales from a temporary bf16 copy released at once (counting: the largest such copy is added
+ * once, the upload's transient peak) */
+static int ptpc;
+static size_t ptpc_tmp;
+static dmat up_lin(const lunar_tensor *t) {
+    if (!ptpc || !t || lunar_tensor_numel(t) == 0) return up_mat(t);
+    dmat r = {0};
+    r.out = (int)t->shape[0];
+    r.in = (int)(lunar_tensor_numel(t) / t->shape[0]);
+    r.p = dalloc((size_t)r.out * r.in);
+    r.s8 = dalloc((size_t)r.out * 4);
+    if (counting) {
+        if ((size_t)r.out * r.in * 2 > ptpc_tmp) ptpc_tmp = (size_t)r.out * r.in * 2;
+        return r;
+    }
+    size_t mk = lunar_cuda_mark();
+    const uint16_t *b = up_bf16(t);
+    lunar_cuda_ptpc_quantize((uint8_t *)r.p, r.s8, b, LUNAR_CUDA_BF16, r.out, r.in, NULL);
+    lunar_cuda_sync();
+    lunar_cuda_release(mk);
+    return r;
+}
+
 static dmat up_mxfp4(const lunar_mxfp4 *w) {
     dmat r = {0};
     if (lunar_tensor_numel(w->packed) == 0) return r; /* an empty TP share, as up_mat */
@@ -353,6 +379,7 @@ int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
 static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     const lunar_config *c = &m->cfg;
     g->m = m;
+    ptpc = c->ptpc_fp8, ptpc_tmp = 0;
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);
@@ -376,30 +403,30 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
         d->mres_u = up_fold(w->mlp_res_proj, w->mlp_res_norm);
         if (c->attn_kind[l] == LUNAR_ATTN_KDA) {
             const lunar_kda_weights *k = &w->kda;
-            d->q = up_mat(k->q_proj), d->k = up_mat(k->k_proj), d->v = up_mat(k->v_proj);
+            d->q = up_lin(k->q_proj), d->k = up_lin(k->k_proj), d->v = up_lin(k->v_proj);
             d->qc = up_f32(k->q_conv), d->kc = up_f32(k->k_conv), d->vc = up_f32(k->v_conv);
-            d->fa = up_mat(k->f_a_proj), d->fb = up_mat(k->f_b_proj);
+            d->fa = up_lin(k->f_a_proj), d->fb = up_lin(k->f_b_proj);
             d->dt_bias = up_f32(k->dt_bias), d->A_log = up_f32(k->A_log);
-            d->b = up_mat(k->b_proj);
-            d->ga = up_mat(k->g_a_proj), d->gb = up_mat(k->g_b_proj), d->g = up_mat(k->g_proj);
-            d->o_norm = up_bf16(k->o_norm), d->o = up_mat(k->o_proj);
+            d->b = up_lin(k->b_proj);
+            d->ga = up_lin(k->g_a_proj), d->gb = up_lin(k->g_b_proj), d->g = up_lin(k->g_proj);
+            d->o_norm = up_bf16(k->o_norm), d->o = up_lin(k->o_proj);
         } else {
             const lunar_mla_weights *a = &w->mla;
-            d->mq = up_mat(a->q_proj), d->qa = up_mat(a->q_a_proj), d->qb = up_mat(a->q_b_proj);
+            d->mq = up_lin(a->q_proj), d->qa = up_lin(a->q_a_proj), d->qb = up_lin(a->q_b_proj);
             d->qa_norm = up_bf16(a->q_a_norm);
-            d->kva = up_mat(a->kv_a_proj);
+            d->kva = up_lin(a->kv_a_proj);
             d->kva_norm = up_f32_r(a->kv_a_norm, 1); /* a norm weight: bf16 as lunar_cuda_rmsnorm's */
-            d->kvb = up_mat(a->kv_b_proj), d->mo = up_mat(a->o_proj), d->mg = up_mat(a->g_proj);
+            d->kvb = up_mat(a->kv_b_proj), d->mo = up_lin(a->o_proj), d->mg = up_lin(a->g_proj);
             d->iwq = up_mat(a->idx_wq_b), d->iwk = up_mat(a->idx_wk), d->iwp = up_mat(a->idx_weights_proj);
             d->ik_w = up_f32(a->idx_k_norm_w), d->ik_b = up_f32(a->idx_k_norm_b);
         }
         const lunar_ffn_weights *f = &w->ffn;
         if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
-            d->gate = up_mat(f->gate_proj), d->up = up_mat(f->up_proj), d->down = up_mat(f->down_proj);
+            d->gate = up_lin(f->gate_proj), d->up = up_lin(f->up_proj), d->down = up_lin(f->down_proj);
         } else {
             d->router = up_mat(f->router), d->rbias = up_f32(f->router_bias);
-            d->sg = up_mat(f->shared_gate), d->su = up_mat(f->shared_up), d->sd = up_mat(f->shared_down);
-            d->ldown = up_mat(f->latent_down), d->lup = up_mat(f->latent_up);
+            d->sg = up_lin(f->shared_gate), d->su = up_lin(f->shared_up), d->sd = up_lin(f->shared_down);
+            d->ldown = up_lin(f->latent_down), d->lup = up_lin(f->latent_up);
             d->lnorm = up_bf16(f->latent_norm);
             const int E = c->num_experts;
             /* TP hook: a rank's experts hold its slice of the intermediate channels */
@@ -433,9 +460,9 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                 uint16_t *s2 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w2));
                 X->w1 = s1, X->w3 = s3, X->w2 = s2;
                 for (int e = 0; e < E; e++) {
-                    d->w1[e] = (dmat){s1 + (size_t)e * I * De, I, De};
-                    d->w3[e] = (dmat){s3 + (size_t)e * I * De, I, De};
-                    d->w2[e] = (dmat){s2 + (size_t)e * De * I, De, I};
+                    d->w1[e] = (dmat){s1 + (size_t)e * I * De, I, De, NULL};
+                    d->w3[e] = (dmat){s3 + (size_t)e * I * De, I, De, NULL};
+                    d->w2[e] = (dmat){s2 + (size_t)e * De * I, De, I, NULL};
                 }
             }
             for (int e = 0; e < E; e++) {
@@ -461,6 +488,7 @@ size_t lunar_cuda_model_bytes(const lunar_model *m) {
     lunar_cuda_model *g = lunar_xcalloc(1, sizeof *g);
     counting = 1, counted = 0;
     upload_weights(g, m);
+    counted += ptpc_tmp;
     counting = 0;
     free_host_side(g);
     return counted;
@@ -679,7 +707,21 @@ static int glue_gemm_only(void) { /* LUNAR_CUDA_GLUE_GEMM: every GEMM through th
     if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
     return glue_only;
 }
+/* PTPC-FP8: x's per-token codes into scratch, then the scaled FP8 GEMM. On a side stream the
+ * scratch stays until the caller's mark (the main stream may reuse released memory at once) */
+static void mm_fp8(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+    size_t mk = lunar_cuda_mark();
+    uint8_t *qx = dalloc((size_t)n * W->in);
+    float *sx = dalloc((size_t)n * 4);
+    lunar_cuda_ptpc_quantize(qx, sx, xb, LUNAR_CUDA_BF16, n, W->in, st);
+    lunar_cuda_ptpc_matmul(y, LUNAR_CUDA_F32, qx, sx, (const uint8_t *)W->p, W->s8, n, W->out, W->in, st);
+    if (!st) lunar_cuda_release(mk);
+}
 static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+    if (W->s8) {
+        mm_fp8(y, xb, W, n, st);
+        return;
+    }
     if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0)
         lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, st);
     else
@@ -690,7 +732,7 @@ static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_
 static void mm(float *y, const float *x, const dmat *W, int n) {
     if (n <= 0) return;
     /* decode rows: the skinny kernel rounds x itself (one launch instead of two) */
-    if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
+    if (!W->s8 && !glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
         lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, W->p, n, W->out, W->in, NULL) == 0)
         return;
     size_t mk = lunar_cuda_mark();

@@ -83,6 +83,7 @@ typedef struct lunar_load_options {
     int tp_slice;            /* > 1: the per-rank shapes of TP tp_slice (lunar_config_tp_slice) */
     int device_lazy;         /* dummy: leave large matrices for the CUDA upload to generate on the device */
     uint64_t seed;           /* dummy: weights are a function of (seed, tensor name, element index) */
+    int ptpc_fp8;            /* --quantization ptpc_fp8: the BF16 linears of SPEC 2 run as PTPC-FP8 */
 } lunar_load_options;
 
 typedef struct lunar_model {

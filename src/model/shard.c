@@ -326,6 +326,7 @@ void lunar_tp_latent_up(const lunar_model *m, const lunar_tensor *up, float *out
     float *slice = lunar_xmalloc((size_t)n * (tp->lat_n ? tp->lat_n : 1) * sizeof(float));
     for (int t = 0; t < n; t++)
         memcpy(slice + (size_t)t * tp->lat_n, y_lat + (size_t)t * Lat + tp->lat0, (size_t)tp->lat_n * sizeof(float));
-    op_matmul(out, slice, up, n);
+    if (m->cfg.ptpc_fp8) op_matmul_ptpc_fp8(out, slice, up, n); /* forward.c's lin() on the rank's slice */
+    else op_matmul(out, slice, up, n);
     free(slice);
 }

@@ -360,6 +360,7 @@ int lunar_model_load_ex(lunar_model **out, const char *path, const lunar_load_op
     if (lunar_config_load(&m->cfg, cfg_path, err) != 0) goto fail;
     if (o->tp_slice > 1 && lunar_config_tp_slice(&m->cfg, o->tp_slice, err)) goto fail;
     if (o->num_layers > 0 && lunar_config_truncate_layers(&m->cfg, o->num_layers, err)) goto fail;
+    m->cfg.ptpc_fp8 = o->ptpc_fp8 != 0; /* both forwards read it from the config they are handed */
     if (dummy ? lunar_dummy_build(&m->st, &m->cfg, o->seed, o->device_lazy, err)
               : lunar_st_open(&m->st, path, err))
         goto fail;

@@ -120,6 +120,49 @@ void op_matmul(float *y, const float *x, const lunar_tensor *W, int n) {
     free(xr);
 }
 
+/* PTPC-FP8 emulation (ops.h): the codes of both operands are decoded to fp32 (exact) and dotted
+ * exactly as op_matmul dots (e4m3 x e4m3 products are exact in fp32: 4 + 4 significant bits), then
+ * scaled as (dot * s_x) * s_w, the order the CUDA fallback kernel uses. */
+void op_matmul_ptpc_fp8(float *y, const float *x, const lunar_tensor *W, int n) {
+    LUNAR_ASSERT(W->ndim == 2);
+    const int out = (int)W->shape[0], in = (int)W->shape[1];
+    LUNAR_ASSERT((size_t)out * (size_t)in * lunar_dtype_size(W->dtype) <= W->nbytes);
+    if (n <= 0 || out <= 0) return;
+    const size_t cin = (size_t)(in > 0 ? in : 1);
+    float *xr = op_bf16_copy(x, (size_t)n * in);
+    if (xr) x = xr;
+    float *xq = lunar_xmalloc((size_t)n * cin * sizeof(float)), *sx = lunar_xmalloc((size_t)n * sizeof(float));
+    uint8_t *codes = lunar_xmalloc((size_t)n * cin);
+    for (int t = 0; t < n; t++) {
+        sx[t] = lunar_ptpc_quantize_row(codes + (size_t)t * in, x + (size_t)t * in, in);
+        for (int i = 0; i < in; i++) xq[(size_t)t * in + i] = lunar_e4m3_to_f32(codes[(size_t)t * in + i]);
+    }
+    free(codes);
+    const int round_w = bf16_operands && W->dtype != LUNAR_DTYPE_BF16;
+#pragma omp parallel if ((int64_t)n * out * in > PAR_MIN_WORK)
+    {
+        float *row = lunar_xmalloc(cin * sizeof(float));
+        uint8_t *q = lunar_xmalloc(cin);
+#pragma omp for schedule(static)
+        for (int o = 0; o < out; o++) {
+            if (W->dtype == LUNAR_DTYPE_BF16) {
+                widen_bf16(row, (const uint16_t *)W->data + (size_t)o * (size_t)in, in);
+            } else {
+                lunar_tensor_read_f32(W, (int64_t)o * in, in, row);
+                if (round_w) round_bf16(row, (size_t)in);
+            }
+            const float sw = lunar_ptpc_quantize_row(q, row, in);
+            for (int i = 0; i < in; i++) row[i] = lunar_e4m3_to_f32(q[i]);
+            for (int t = 0; t < n; t++) y[(size_t)t * out + o] = dot_f32(xq + (size_t)t * in, row, in) * sx[t] * sw;
+        }
+        free(row);
+        free(q);
+    }
+    free(xq);
+    free(sx);
+    free(xr);
+}
+
 /* y[i, :] = E[ids[i], :], widened to fp32. */
 void op_embedding(float *y, const lunar_tensor *E, const int32_t *ids, int n) {
     LUNAR_ASSERT(E->ndim == 2);

@@ -1,5 +1,5 @@
 /* CPU reference: FP8 e4m3 quantisation with a power-of-two scale (DeepSeek-V3.2 act_quant,
- * ue8m0), the orthonormal Walsh-Hadamard rotation, and non-interleaved RoPE (the DSA indexer's
+ * ue8m0), the per-row fp32-scale quantiser of PTPC-FP8, the orthonormal Walsh-Hadamard rotation, and non-interleaved RoPE (the DSA indexer's
  * pre-processing). */
 #include <math.h>
 #include <stdlib.h>
@@ -32,6 +32,21 @@ float lunar_fp8_quantize_pow2(uint8_t *q, const float *x, int n) {
         q[i] = lunar_f32_to_e4m3(v);
     }
     return scale;
+}
+
+/* PTPC-FP8 (ops.h): s = amax / 448 as one fp32 division; x / s also one fp32 division (not a
+ * multiply by 1/s, which rounds twice); an all-zero (or all-NaN, or subnormal-amax) row gets s = 1
+ * and codes 0 (NaN entries keep NaN codes). */
+float lunar_ptpc_quantize_row(uint8_t *q, const float *x, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        float a = fabsf(x[i]);
+        if (a > amax) amax = a; /* NaN never compares greater */
+    }
+    float s = amax / 448.0f;
+    if (!(s > 0.0f)) s = 1.0f;
+    for (int i = 0; i < n; i++) q[i] = lunar_f32_to_e4m3(x[i] / s);
+    return s;
 }
 
 void op_hadamard(float *x, int rows, int len) {

@@ -107,6 +107,24 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
 
+/* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
+ * Quantise `rows` rows of x ([rows, in], fp32 or bf16 by xdt) to e4m3 codes q [rows, in] with one
+ * fp32 scale per row s [rows]: bit-identical to lunar_ptpc_quantize_row on the same values (weights
+ * once at upload, activations per call). */
+void lunar_cuda_ptpc_quantize(uint8_t *q, float *s, const void *x, lunar_cuda_dtype xdt, int rows, int in,
+                              lunar_cuda_stream st);
+/* y[n, out] = (qx[t] . qw[o]) * sx[t] * sw[o], y stored as ydt, fp32 accumulation (differs from the
+ * CPU op in summation order and, in the scaled form, where the two scales are applied), by the
+ * first form that takes the shape: (1) "scaled": cuBLASLt e4m3 GEMM with outer-vector fp32 scales;
+ * (2) "unscaled" (ydt F32 only): cuBLASLt e4m3 GEMM into y, then y *= s_x s_w; (3) "fallback": a
+ * plain fp32 kernel (also where in % 16, out * sizeof(y) % 16 or a pointer's 16-byte alignment
+ * rules FP8 GEMMs out). lunar_cuda_ptpc_stats counts the calls per form; lunar_cuda_ptpc_force
+ * (tests): 0 = all forms, 1 = skip the scaled form, 2 = the fallback only. */
+void lunar_cuda_ptpc_matmul(void *y, lunar_cuda_dtype ydt, const uint8_t *qx, const float *sx, const uint8_t *qw,
+                            const float *sw, int n, int out, int in, lunar_cuda_stream s);
+void lunar_cuda_ptpc_stats(long long *scaled, long long *unscaled, long long *fallback);
+void lunar_cuda_ptpc_force(int level);
+
 /* The MLA absorption for many rows (prefill): q [rows, H, N+P] fp32 -> q_lat [rows, H, R] =
  * q_nope . W_UK per head and q_pe [rows, H, P] (the rope columns), with W = kv_b_proj bf16
  * [H*(N+Vd), R]; two fp32 strided-batched GEMMs over heads on W widened into w32 (H*(N+Vd)*R

@@ -1,0 +1,187 @@
+/* PTPC-FP8 on CUDA against the CPU op (op_matmul_ptpc_fp8): quantisation codes and scales must be
+ * bit-identical (same rule, IEEE divisions, same e4m3 rounding), the GEMM equal up to fp32
+ * summation order. Skipped, with a clear message, without a CUDA device.
+ *
+ * GEMM tolerance, per element, against m = sum_k |qx_k qw_k| s_x s_w (the magnitude the sum is
+ * formed from): every e4m3 x e4m3 product is exact in fp32 on both sides, so the CPU (8 partial
+ * sums) and the device differ only in how the sum is rounded. Hopper's FP8 tensor cores keep
+ * fewer accumulator bits than fp32 inside one MMA chain (DeepSeek-V3 reports ~14 bits) before
+ * cuBLASLt promotes to fp32 (fast accumulation is left off): 2^-12 m covers a 2^-14 error per
+ * promoted chunk with margin; the fallback kernel (plain fp32, in <= 1024: in * 2^-24 m) sits well
+ * inside. bf16 outputs add their own rounding, 2^-8 |ref|. A wrong scale, a transposed operand or
+ * a wrong code is off by O(m). */
+#include "test.h"
+
+#ifndef LUNAR_HAVE_CUDA
+
+TEST(cuda_ptpc_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was built without CUDA] "); }
+
+#else
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_glue.h"
+#include "backend/cuda/cuda_ops.h"
+#include "ops.h"
+#include "ops_util.h"
+
+#define GUARD 64
+#define SENT 0x7fc17fc1u
+
+static int ptpc_cuda_on(void) {
+    static int state = -1;
+    static char why[1100];
+    if (state < 0) {
+        char desc[256];
+        lunar_err err;
+        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", desc);
+            state = 0;
+        } else if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
+            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
+            state = 0;
+        } else {
+            state = 1;
+        }
+    }
+    if (!state) fprintf(stderr, "[skipped: %s] ", why);
+    return state;
+}
+
+/* a device buffer of `bytes` between guard words, all poisoned (NaN as fp32 and as bf16) */
+static void *guarded(uint32_t **base, size_t bytes) {
+    size_t words = (bytes + 3) / 4;
+    *base = lunar_cuda_alloc((words + 2 * GUARD) * 4);
+    LUNAR_ASSERT(*base);
+    lunar_cuda_fill_u32(*base, SENT, words + 2 * GUARD);
+    return *base + GUARD;
+}
+static int guards_ok(const uint32_t *base, size_t bytes) {
+    size_t words = (bytes + 3) / 4;
+    uint32_t g[2 * GUARD];
+    lunar_cuda_sync();
+    lunar_cuda_download(g, base, GUARD * 4);
+    lunar_cuda_download(g + GUARD, base + GUARD + words, GUARD * 4);
+    for (int i = 0; i < 2 * GUARD; i++)
+        if (g[i] != SENT) return 0;
+    return 1;
+}
+static void *up(const void *h, size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes);
+    LUNAR_ASSERT(p);
+    lunar_cuda_upload(p, h, bytes);
+    return p;
+}
+
+TEST(cuda_ptpc_fp8_vs_cpu) {
+    if (!ptpc_cuda_on()) return;
+    /* aligned shapes (cuBLASLt) first, then ones FP8's 16-byte rules send to the fallback:
+     * in % 16 != 0, odd out (bf16 y rows of 66 bytes), odd token counts */
+    static const int shapes[][3] = {{1, 64, 128}, {4, 256, 512}, {17, 136, 256}, {64, 512, 1024},
+                                    {3, 33, 80},  {2, 48, 100},  {5, 7, 16}};
+    long long sc0, un0, fb0;
+    lunar_cuda_ptpc_stats(&sc0, &un0, &fb0);
+    int calls = 0;
+    double worst = 0;
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)n * in, 40 + s, -3, 3), *w = test_rand((long)out * in, 50 + s, -0.02f, 0.02f);
+        w[(out / 2) * in + in / 3] = 1.5f; /* an outlier: its row's scale is 1.5 / 448 */
+        for (int i = 0; i < in; i++) w[(size_t)(out - 1) * in + i] = 0; /* a zero row: s = 1, codes 0 */
+        if (n > 1)
+            for (int i = 0; i < in; i++) x[(size_t)(n - 1) * in + i] = 0;
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        uint16_t *xb = malloc((size_t)n * in * 2);
+        for (long i = 0; i < (long)n * in; i++) {
+            xb[i] = lunar_f32_to_bf16(x[i]);
+            x[i] = lunar_bf16_to_f32(xb[i]); /* the CPU sees the device's bf16 x */
+        }
+        /* device quantisation: codes and scales bit-identical to the CPU rule */
+        const void *dw = up(W.data, W.nbytes), *dx = up(xb, (size_t)n * in * 2);
+        uint32_t *bq, *bs, *bxq, *bxs;
+        uint8_t *dqw = guarded(&bq, (size_t)out * in), *dqx = guarded(&bxq, (size_t)n * in);
+        float *dsw = guarded(&bs, (size_t)out * 4), *dsx = guarded(&bxs, (size_t)n * 4);
+        lunar_cuda_ptpc_quantize(dqw, dsw, dw, LUNAR_CUDA_BF16, out, in, NULL);
+        lunar_cuda_ptpc_quantize(dqx, dsx, dx, LUNAR_CUDA_BF16, n, in, NULL);
+        lunar_cuda_sync();
+        uint8_t *qw = malloc((size_t)out * in), *qx = malloc((size_t)n * in), *cq = malloc((size_t)in);
+        float *sw = test_alloc(out), *sx = test_alloc(n), *row = test_alloc(in);
+        lunar_cuda_download(qw, dqw, (size_t)out * in);
+        lunar_cuda_download(qx, dqx, (size_t)n * in);
+        lunar_cuda_download(sw, dsw, (size_t)out * 4);
+        lunar_cuda_download(sx, dsx, (size_t)n * 4);
+        int bad = 0;
+        for (int o = 0; o < out; o++) {
+            for (int i = 0; i < in; i++) row[i] = lunar_bf16_to_f32(((const uint16_t *)W.data)[(size_t)o * in + i]);
+            float cs = lunar_ptpc_quantize_row(cq, row, in);
+            bad += cs != sw[o] || memcmp(cq, qw + (size_t)o * in, (size_t)in) != 0;
+        }
+        for (int t = 0; t < n; t++) {
+            float cs = lunar_ptpc_quantize_row(cq, x + (size_t)t * in, in);
+            bad += cs != sx[t] || memcmp(cq, qx + (size_t)t * in, (size_t)in) != 0;
+        }
+        CHECK_MSG(bad == 0, "n=%d out=%d in=%d: %d rows quantised differently from the CPU", n, out, in, bad);
+        CHECK(sw[out - 1] == 1.0f && (n == 1 || sx[n - 1] == 1.0f));
+        CHECK(guards_ok(bq, (size_t)out * in) && guards_ok(bxq, (size_t)n * in));
+        CHECK(guards_ok(bs, (size_t)out * 4) && guards_ok(bxs, (size_t)n * 4));
+        /* the GEMM, both output types, by each form: all allowed (the scaled cuBLASLt GEMM where it
+         * takes the shape), the scaled one skipped (unscaled GEMM + scaling for fp32 y), the plain
+         * kernel only */
+        float *ref = test_poisoned((long)n * out), *mag = test_alloc((long)n * out);
+        op_matmul_ptpc_fp8(ref, x, &W, n);
+        for (int t = 0; t < n; t++)
+            for (int o = 0; o < out; o++) {
+                double m = 0;
+                for (int i = 0; i < in; i++)
+                    m += fabs((double)lunar_e4m3_to_f32(qx[(size_t)t * in + i]) * lunar_e4m3_to_f32(qw[(size_t)o * in + i]));
+                mag[(size_t)t * out + o] = (float)(m * sx[t] * sw[o]);
+            }
+        for (int v = 0; v < 6; v++) {
+            const int bf = v & 1, forced = v >> 1;
+            const size_t ybytes = (size_t)n * out * (bf ? 2 : 4);
+            uint32_t *by;
+            void *dy = guarded(&by, ybytes);
+            lunar_cuda_ptpc_force(forced);
+            lunar_cuda_ptpc_matmul(dy, bf ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dqx, dsx, dqw, dsw, n, out, in, NULL);
+            lunar_cuda_ptpc_force(0);
+            calls++;
+            lunar_cuda_sync();
+            float *y = test_alloc((long)n * out);
+            if (bf) {
+                uint16_t *b = malloc(ybytes);
+                lunar_cuda_download(b, dy, ybytes);
+                for (long i = 0; i < (long)n * out; i++) y[i] = lunar_bf16_to_f32(b[i]);
+                free(b);
+            } else {
+                lunar_cuda_download(y, dy, ybytes);
+            }
+            int fails = 0;
+            double e_max = 0;
+            for (long i = 0; i < (long)n * out; i++) {
+                double e = fabs((double)y[i] - ref[i]), tol = ldexp(mag[i], -12) + (bf ? ldexp(fabs(ref[i]), -8) : 0);
+                if (!(e <= tol + 1e-30)) fails++; /* NaN (unwritten) fails too */
+                if (mag[i] > 0 && e / mag[i] > e_max) e_max = e / mag[i];
+            }
+            if (e_max > worst) worst = e_max;
+            CHECK_MSG(fails == 0, "n=%d out=%d in=%d %s force %d: %d elements off (max err/m %.3g)", n, out, in,
+                      bf ? "bf16" : "f32", forced, fails, e_max);
+            CHECK(guards_ok(by, ybytes));
+            free(y);
+        }
+        test_tensor_free(&W);
+        free(x), free(w), free(xb), free(qw), free(qx), free(cq), free(sw), free(sx), free(row), free(ref), free(mag);
+        lunar_cuda_release(mark);
+    }
+    long long sc1, un1, fb1;
+    lunar_cuda_ptpc_stats(&sc1, &un1, &fb1);
+    CHECK(sc1 - sc0 + un1 - un0 + fb1 - fb0 == calls);
+    /* at least: the forced-plain calls, the unaligned shapes (3, both y types) of the other two
+     * levels, and the bf16 calls of level 1 (no unscaled form for bf16 y) on the 4 aligned shapes */
+    CHECK(fb1 - fb0 >= calls / 3 + 3 * 2 * 2 + 4);
+    fprintf(stderr, "[FP8 GEMM calls: cuBLASLt scaled %lld, unscaled + scaling %lld, fallback %lld; max err/m %.3g] ",
+            sc1 - sc0, un1 - un0, fb1 - fb0, worst);
+}
+
+#endif
