@@ -25,24 +25,13 @@ TEST(cuda_attnres_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
+#include "cuda_test.h"
 #include "ops_util.h"
 
 #define GUARD 64
 #define SENT 0x7fc17fc1u /* NaN as fp32 */
 
-static int attnres_cuda_on(void) {
-    char desc[256];
-    lunar_err err;
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return 0;
-    }
-    if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
-        fprintf(stderr, "[skipped: %s] ", err.msg);
-        return 0;
-    }
-    return 1;
-}
+static int attnres_cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
 static void *up(const void *h, size_t bytes) {
     void *p = lunar_cuda_alloc(bytes);

@@ -47,6 +47,7 @@ TEST(cuda_dcp_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
+#include "cuda_test.h"
 #include "ops_util.h"
 
 enum { R = 512, P = 64, LD = R + P };
@@ -57,25 +58,7 @@ static uint32_t rng(void) {
     return rng_state >> 8;
 }
 
-static int cuda_on(void) {
-    static int state = -1;
-    static char why[1100];
-    if (state < 0) {
-        char desc[256];
-        lunar_err err;
-        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-            snprintf(why, sizeof why, "no CUDA device: %s", desc);
-            state = 0;
-        } else if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
-            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
-            state = 0;
-        } else {
-            state = 1;
-        }
-    }
-    if (!state) fprintf(stderr, "[skipped: %s] ", why);
-    return state;
-}
+static int cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
 static void *dev_in(const void *h, size_t bytes) {
     void *p = lunar_cuda_alloc(bytes ? bytes : 4);

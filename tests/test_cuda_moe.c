@@ -26,27 +26,12 @@ TEST(cuda_moe_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
+#include "cuda_test.h"
 #include "ops_util.h"
 
+/* the MoE benchmark's full-size weights need a larger arena than the op tests' */
 static int moe_cuda_on(void) {
-    static int state = -1;
-    static char why[1100];
-    if (state < 0) {
-        char desc[256];
-        lunar_err err;
-        size_t arena = getenv("LUNAR_MOE_BENCH") ? (size_t)48 << 30 : (size_t)6 << 30;
-        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-            snprintf(why, sizeof why, "no CUDA device: %s", desc);
-            state = 0;
-        } else if (lunar_cuda_init(0, arena, &err) != 0) {
-            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
-            state = 0;
-        } else {
-            state = 1;
-        }
-    }
-    if (!state) fprintf(stderr, "[skipped: %s] ", why);
-    return state;
+    return lunar_test_cuda_on(getenv("LUNAR_MOE_BENCH") ? (size_t)48 << 30 : (size_t)6 << 30);
 }
 
 static void *din(const void *h, size_t bytes) {

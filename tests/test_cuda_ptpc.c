@@ -24,30 +24,13 @@ TEST(cuda_ptpc_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was b
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
+#include "cuda_test.h"
 #include "ops_util.h"
 
 #define GUARD 64
 #define SENT 0x7fc17fc1u
 
-static int ptpc_cuda_on(void) {
-    static int state = -1;
-    static char why[1100];
-    if (state < 0) {
-        char desc[256];
-        lunar_err err;
-        if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-            snprintf(why, sizeof why, "no CUDA device: %s", desc);
-            state = 0;
-        } else if (lunar_cuda_init(0, (size_t)6 << 30, &err) != 0) {
-            snprintf(why, sizeof why, "no CUDA device: %s", err.msg);
-            state = 0;
-        } else {
-            state = 1;
-        }
-    }
-    if (!state) fprintf(stderr, "[skipped: %s] ", why);
-    return state;
-}
+static int ptpc_cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
 /* a device buffer of `bytes` between guard words, all poisoned (NaN as fp32 and as bf16) */
 static void *guarded(uint32_t **base, size_t bytes) {
