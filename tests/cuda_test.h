@@ -7,6 +7,18 @@
 #include "backend/backend.h"
 #include "base/err.h"
 
+/* 1 when a CUDA device is present (nothing initialised: the model uploads do it), else 0 after
+ * printing why the test is skipped */
+static inline int lunar_test_cuda_device(void) {
+    char desc[256];
+    if (lunar_cuda_device_count(desc, sizeof desc) > 0) return 1;
+    fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
+    return 0;
+}
+
+#ifdef LUNAR_HAVE_CUDA
+#include "backend/cuda/cuda_ops.h"
+
 /* 1 when device 0 is initialised (an arena of `arena` bytes; lunar_cuda_init keeps the first
  * arena when a test before this one made it), else 0 after printing why the test is skipped. The
  * answer is kept per test file. */
@@ -30,5 +42,6 @@ static inline int lunar_test_cuda_on(size_t arena) {
     if (!state) fprintf(stderr, "[skipped: %s] ", why);
     return state;
 }
+#endif
 
 #endif

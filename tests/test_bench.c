@@ -14,6 +14,7 @@
 #include "model/profile.h"
 #include "ops.h"
 #include "test.h"
+#include "cuda_test.h"
 
 #define SMALL_K31 "tests/data/dummy-k31-small"
 #define TINY_K2 "models/kimi-linear-tiny/config.json"
@@ -243,11 +244,7 @@ TEST(dummy_lazy_set_and_slices) {
  * uploads hold identical bf16 values, so the only allowed difference is nondeterministic summation
  * order in the kernels (1e-5 of the largest logit is far below any wrong-weight effect, O(1)). */
 TEST(dummy_device_upload_hook_matches_host_upload) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     const char *paths[2] = {TINY_K2, SMALL_K31};
     for (int p = 0; p < 2; p++) {
         lunar_model *lz = load_dummy(paths[p], 2, 1), *h = load_dummy(paths[p], 2, 0);
@@ -274,11 +271,7 @@ TEST(dummy_device_upload_hook_matches_host_upload) {
 
 /* The device generator against the host one, bit for bit, for every kind and storage type. */
 TEST(dummy_device_matches_host) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     lunar_err err;
     CHECK_MSG(lunar_cuda_init(0, 0, &err) == 0, "%s", err.msg);
     lunar_model *m = load_dummy(SMALL_K31, 4, 0);

@@ -23,6 +23,7 @@
  * O(max |logit|) and their argmax; not modelling bf16 at all already costs 2-23 % of the argmaxes
  * on these models. The worst row is printed. */
 #include "test.h"
+#include "cuda_test.h"
 
 #ifndef LUNAR_HAVE_CUDA
 
@@ -384,11 +385,7 @@ void lunar_test_wide_model_rm(const char *dir) {
 }
 
 TEST(cuda_forward_kernel_shapes_vs_cpu) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     char dir[64];
     LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
     lunar_err err;
@@ -419,11 +416,7 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
  * step in one element of a row, diluted over the row's dot). The GEMMs must have gone through the
  * FP8 path (counted); how many took cuBLASLt is printed. */
 TEST(cuda_ptpc_forward_wide_vs_cpu) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     char dir[64];
     LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
     lunar_err err;
@@ -451,11 +444,7 @@ TEST(cuda_ptpc_forward_wide_vs_cpu) {
 /* the K3-shaped model (k3_config) vs the CPU: its eager forward, which its graphs must equal
  * (tests/test_cuda_graph.c); BF16 and FP8 latent caches */
 TEST(cuda_forward_k3_shapes_vs_cpu) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     char dir[64];
     LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
     lunar_err err;
@@ -478,11 +467,7 @@ TEST(cuda_forward_k3_shapes_vs_cpu) {
 }
 
 TEST(cuda_forward_matches_goldens) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     DIR *d = opendir("tests/golden");
     CHECK_MSG(d != NULL, "tests/golden is missing (run the tests from the repository root)");
     if (!d) return;

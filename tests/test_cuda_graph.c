@@ -15,6 +15,7 @@
  * model must not capture at all (and still match). The same for the K3-shaped model (AttnRes, DSA,
  * latent MXFP4 MoE) at batch sizes 1 and 3. Skipped without a CUDA device. */
 #include "test.h"
+#include "cuda_test.h"
 
 #ifndef LUNAR_HAVE_CUDA
 
@@ -154,11 +155,7 @@ static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, c
 }
 
 TEST(cuda_forward_graphs_match_eager) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     char dir[64];
     LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
     lunar_err err;
@@ -184,11 +181,7 @@ TEST(cuda_forward_graphs_match_eager) {
  * input block), the DSA indexer and sparse MLA, the dense first layer, the latent MXFP4 MoE on the
  * fused path. Batch sizes 1 and 3, the same three keys per batch size as above. */
 TEST(cuda_forward_graphs_k3_match_eager) {
-    char desc[256];
-    if (lunar_cuda_device_count(desc, sizeof desc) <= 0) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    if (!lunar_test_cuda_device()) return;
     char dir[64];
     LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
     lunar_err err;
