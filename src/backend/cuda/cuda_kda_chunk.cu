@@ -926,6 +926,20 @@ __device__ __forceinline__ void cp16b(__nv_bfloat16 *sdst, const __nv_bfloat16 *
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 
+// acc[0..N) += a x B for one 16-deep k step: a is the A fragment of 16 rows (ldmatrix), b points at
+// this lane's ldmatrix.trans row of the B slice (16 x 8N bf16, row stride in the pointer's tile).
+// Every matmul of the state pass below is a loop of this step.
+template <int N>
+__device__ __forceinline__ void mma_k16(float (&acc)[N][4], const unsigned (&a)[4], const __nv_bfloat16 *b) {
+#pragma unroll
+    for (int p = 0; p < N / 2; p++) {
+        unsigned r[4];
+        ldsm4t(r, b + 16 * p);
+        mma_bf16(acc[2 * p], a, r[0], r[1]);
+        mma_bf16(acc[2 * p + 1], a, r[2], r[3]);
+    }
+}
+
 #define LDB 136  // bf16 row stride of [.][128] tiles: 272 bytes, conflict-free ldmatrix rows
 #define LDB64 72 // bf16 row stride of [.][64] tiles (144 bytes)
 template <int BV> struct bstate_smem {
@@ -1027,13 +1041,7 @@ __global__ void __launch_bounds__(256, 2)
         for (int ks = 0; ks < DK / 16; ks++) {
             unsigned a[4];
             ldsm4(a, Wb + (16 * mt + lr) * LDB + 16 * ks + lc);
-#pragma unroll
-            for (int p = 0; p < NT / 2; p++) {
-                unsigned b[4];
-                ldsm4t(b, Sb + (16 * ks + lr) * LDV + c0 + 16 * p + lc);
-                mma_bf16(acc[2 * p], a, b[0], b[1]);
-                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
-            }
+            mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
         }
         const int r0 = 16 * mt + g, r1 = r0 + 8;
 #pragma unroll
@@ -1055,24 +1063,12 @@ __global__ void __launch_bounds__(256, 2)
         for (int ks = 0; ks < DK / 16; ks++) {
             unsigned a[4];
             ldsm4(a, Qb + (16 * mt + lr) * LDB + 16 * ks + lc);
-#pragma unroll
-            for (int p = 0; p < NT / 2; p++) {
-                unsigned b[4];
-                ldsm4t(b, Sb + (16 * ks + lr) * LDV + c0 + 16 * p + lc);
-                mma_bf16(acc[2 * p], a, b[0], b[1]);
-                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
-            }
+            mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
         }
         for (int ks = 0; ks <= mt; ks++) {  // Aqk lower triangular: tokens up to this row tile
             unsigned a[4];
             ldsm4(a, Ab + (16 * mt + lr) * LDB64 + 16 * ks + lc);
-#pragma unroll
-            for (int p = 0; p < NT / 2; p++) {
-                unsigned b[4];
-                ldsm4t(b, Vb + (16 * ks + lr) * LDV + c0 + 16 * p + lc);
-                mma_bf16(acc[2 * p], a, b[0], b[1]);
-                mma_bf16(acc[2 * p + 1], a, b[2], b[3]);
-            }
+            mma_k16(acc, a, Vb + (16 * ks + lr) * LDV + c0 + lc);
         }
 #pragma unroll
         for (int i = 0; i < NT; i++) {
@@ -1094,13 +1090,7 @@ __global__ void __launch_bounds__(256, 2)
             for (int ks = 0; ks < BT / 16; ks++) {
                 unsigned a[4];
                 ldsm4t(a, Kb + (16 * ks + kr) * LDB + kc);
-#pragma unroll
-                for (int p = 0; p < NS / 2; p++) {
-                    unsigned b[4];
-                    ldsm4t(b, Vb + (16 * ks + lr) * LDV + 16 * p + lc);
-                    mma_bf16(s[2 * p], a, b[0], b[1]);
-                    mma_bf16(s[2 * p + 1], a, b[2], b[3]);
-                }
+                mma_k16(s, a, Vb + (16 * ks + lr) * LDV + lc);
             }
 #pragma unroll
             for (int i = 0; i < NS; i++) {
