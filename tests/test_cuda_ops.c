@@ -32,6 +32,7 @@ TEST(cuda_ops_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include "backend/cuda/cuda_ops.h"
 #include "ops.h"
 #include "cuda_test.h"
+#include "kda_inputs.h"
 #include "ops_util.h"
 
 #define GUARD 64
@@ -489,42 +490,12 @@ TEST(cuda_kda_gate_vs_cpu) {
 
 /* ---------------------------------------------------------------- KDA */
 
-typedef struct kin {
-    int T, H, dk, dv;
-    float *q, *k, *v, *g, *beta, *S0;
-} kin;
-
-/* As tests/test_ops_kda.c: q, k L2-normalised, g from op_kda_gate, beta = sigmoid, S0 nonzero. */
-static kin kin_make(int T, int H, int dk, int dv, float lb, unsigned seed) {
-    kin in = {T, H, dk, dv, 0, 0, 0, 0, 0, 0};
-    long nq = (long)T * H * dk;
-    in.q = test_rand(nq, seed, -1, 1);
-    in.k = test_rand(nq, seed + 1, -1, 1);
-    op_l2norm(in.q, in.q, T * H, dk, 1e-6f);
-    op_l2norm(in.k, in.k, T * H, dk, 1e-6f);
-    in.v = test_rand((long)T * H * dv, seed + 2, -1, 1);
-    float *f = test_rand(nq, seed + 3, -4, 2), *al = test_rand(H, seed + 4, -2, 1);
-    float *db = test_rand(H * dk, seed + 5, -1, 1);
-    lunar_tensor A = test_tensor1(LUNAR_DTYPE_F32, H, al), B = test_tensor1(LUNAR_DTYPE_F32, H * dk, db);
-    in.g = test_alloc(nq);
-    op_kda_gate(in.g, f, &A, &B, T, H, dk, lb);
-    in.beta = test_rand((long)T * H, seed + 6, -3, 3);
-    for (long i = 0; i < (long)T * H; i++) in.beta[i] = 1.0f / (1.0f + expf(-in.beta[i]));
-    in.S0 = test_rand((long)H * dk * dv, seed + 7, -0.5f, 0.5f);
-    test_tensor_free(&A), test_tensor_free(&B);
-    free(f), free(al), free(db);
-    return in;
-}
-static void kin_free(kin *in) {
-    free(in->q), free(in->k), free(in->v), free(in->g), free(in->beta), free(in->S0);
-}
-
 /* mode: 1 3xTF32 (fp32-accurate), 0 plain tf32, 2 bf16 scratch and bf16 state-pass operands
  * (3: the same from the older intra kernel). */
 static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
     const int dk = 128, dv = 128;
     size_t mark = lunar_cuda_mark();
-    kin in = kin_make(T, H, dk, dv, lb, seed);
+    kda_inputs in = kda_make(T, H, dk, dv, lb, seed);
     const float scale = 1.0f / sqrtf((float)dk);
     const long no = (long)T * H * dv, ns = (long)H * dk * dv, nq = (long)T * H * dk;
     float *ref = test_poisoned(no), *Sref = test_alloc(ns);
@@ -555,7 +526,7 @@ static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
     report(what, lunar_max_rel_err(S, Sref, ns), tol);
     CHECK(dout_guards_ok(&o));
     free(ref), free(Sref), free(out), free(S);
-    kin_free(&in);
+    kda_free(&in);
     lunar_cuda_release(mark);
 }
 
@@ -585,7 +556,7 @@ static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {
     const int dk = 128, NS = B + 2;
     size_t mark = lunar_cuda_mark();
     const long per_q = (long)T * H * dk, per_v = (long)T * H * dv, ns = (long)H * dk * dv;
-    kin in = kin_make(B * T, H, dk, dv, seed & 1 ? -5.0f : 0.0f, seed); /* [B*T, H, .] = [B, T, H, .] */
+    kda_inputs in = kda_make(B * T, H, dk, dv, seed & 1 ? -5.0f : 0.0f, seed); /* [B*T, H, .] = [B, T, H, .] */
     float *pool = test_rand(NS * ns, seed + 99, -0.5f, 0.5f);
     int32_t slots[16];
     for (int b = 0; b < B; b++) slots[b] = (b * 3 + 1) % NS; /* NS = B + 2 is prime to 3 for B = 2, 3, 5: distinct */
@@ -632,7 +603,7 @@ static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {
         free(out), free(p2);
     }
     free(pool), free(ref), free(pool_ref), free(steps_ref);
-    kin_free(&in);
+    kda_free(&in);
     lunar_cuda_release(mark);
 }
 
@@ -646,7 +617,7 @@ static void check_recurrent_f16(int B, int T, int H, unsigned seed) {
     const int dk = 128, dv = 128, NS = B + 2;
     size_t mark = lunar_cuda_mark();
     const long per_q = (long)T * H * dk, per_v = (long)T * H * dv, ns = (long)H * dk * dv;
-    kin in = kin_make(B * T, H, dk, dv, 0.0f, seed);
+    kda_inputs in = kda_make(B * T, H, dk, dv, 0.0f, seed);
     float *pool = test_rand(NS * ns, seed + 99, -0.5f, 0.5f);
     uint16_t *pool16 = malloc((size_t)NS * ns * 2);
     for (long i = 0; i < NS * ns; i++) pool16[i] = lunar_f32_to_f16(pool[i]), pool[i] = lunar_f16_to_f32(pool16[i]);
@@ -682,7 +653,7 @@ static void check_recurrent_f16(int B, int T, int H, unsigned seed) {
     CHECK(dout_guards_ok(&o));
     free(out), free(p2), free(h16), free(pool16);
     free(pool), free(ref), free(pool_ref);
-    kin_free(&in);
+    kda_free(&in);
     lunar_cuda_release(mark);
 }
 
