@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/file.h"
+#include "chat_cases.h"
 #include "test.h"
 #include "text/chat_k2.h"
 
@@ -43,47 +43,22 @@ TEST(chat_k2_frame) {
     json_decref(req);
 }
 
-/* byte-for-byte and segment-for-segment against tools/chat/render_k2_reference.py (api.md §2 semantics) */
-TEST(chat_k2_golden) {
-    char *buf;
-    size_t len;
+static void k2_case(const json_t *c, void *ctx) {
+    (void)ctx;
+    const char *name = json_string_value(json_object_get(c, "name"));
+    lunar_chat_prompt p;
     lunar_err err;
-    if (lunar_read_file("tests/data/chat/k2_cases.jsonl", 1 << 24, &buf, &len, &err) != 0) {
-        CHECK_MSG(0, "%s", err.msg);
+    if (lunar_chat_k2_render(json_object_get(c, "request"), &p, &err) != 0) {
+        CHECK_MSG(0, "%s: %s", name, err.msg);
+        lunar_chat_prompt_free(&p); /* the renderer leaves p freeable on failure */
         return;
     }
-    int n = 0;
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        json_error_t je;
-        json_t *c = json_loads(line, 0, &je);
-        CHECK_MSG(c != NULL, "case line: %s", je.text);
-        if (!c) continue;
-        const char *name = json_string_value(json_object_get(c, "name"));
-        lunar_chat_prompt p;
-        if (lunar_chat_k2_render(json_object_get(c, "request"), &p, &err) != 0) {
-            CHECK_MSG(0, "%s: %s", name, err.msg);
-        } else {
-            const char *want = json_string_value(json_object_get(c, "text"));
-            CHECK_MSG(strcmp(lunar_chat_prompt_text(&p), want) == 0, "%s: got\n%s\nwant\n%s", name,
-                      lunar_chat_prompt_text(&p), want);
-            const json_t *segs = json_object_get(c, "segments");
-            CHECK_MSG(p.n_segs == json_array_size(segs), "%s: %zu segments, want %zu", name, p.n_segs,
-                      json_array_size(segs));
-            for (size_t i = 0; i < p.n_segs && i < json_array_size(segs); i++) {
-                const json_t *w = json_array_get(segs, i);
-                const json_t *wt = json_array_get(w, 0);
-                const lunar_chat_seg *s = &p.segs[i];
-                int ok = (s->kind == LUNAR_SEG_SPECIAL) == json_is_true(json_array_get(w, 1)) &&
-                         s->len == json_string_length(wt) && memcmp(p.bytes.p + s->off, json_string_value(wt), s->len) == 0;
-                CHECK_MSG(ok, "%s: segment %zu '%.*s' want '%s'", name, i, (int)s->len, p.bytes.p + s->off,
-                          json_string_value(wt));
-                if (!ok) break;
-            }
-        }
-        lunar_chat_prompt_free(&p);
-        json_decref(c);
-        n++;
-    }
-    CHECK(n >= 8);
-    free(buf);
+    const char *want = json_string_value(json_object_get(c, "text"));
+    CHECK_MSG(strcmp(lunar_chat_prompt_text(&p), want) == 0, "%s: got\n%s\nwant\n%s", name,
+              lunar_chat_prompt_text(&p), want);
+    test_same_segments(&p, json_object_get(c, "segments"), name);
+    lunar_chat_prompt_free(&p);
 }
+
+/* byte-for-byte and segment-for-segment against tools/chat/render_k2_reference.py (api.md §2 semantics) */
+TEST(chat_k2_golden) { CHECK(test_jsonl_each("tests/data/chat/k2_cases.jsonl", k2_case, NULL) >= 8); }

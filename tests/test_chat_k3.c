@@ -2,62 +2,25 @@
  * tools/chat/render_k3_reference.py, whose token counts reproduce KVV's 36/119/99), plus request errors. */
 #include <string.h>
 
-#include "base/file.h"
+#include "chat_cases.h"
 #include "test.h"
 #include "text/chat_k3.h"
 
-static int same_segments(const lunar_chat_prompt *p, const json_t *want, const char *name) {
-    size_t n = json_array_size(want);
-    int ok = 1;
-    for (size_t i = 0; i < n || i < p->n_segs; i++) {
-        if (i >= n || i >= p->n_segs) {
-            CHECK_MSG(0, "%s: %zu segments, want %zu", name, p->n_segs, n);
-            return 0;
-        }
-        const json_t *w = json_array_get(want, i);
-        const json_t *wt = json_array_get(w, 0);
-        int wspecial = json_is_true(json_array_get(w, 1));
-        const lunar_chat_seg *s = &p->segs[i];
-        int special = s->kind != LUNAR_SEG_TEXT;
-        if (special != wspecial || s->len != json_string_length(wt) ||
-            memcmp(p->bytes.p + s->off, json_string_value(wt), s->len) != 0) {
-            CHECK_MSG(0, "%s: segment %zu: got %s'%.*s' want %s'%s'", name, i, special ? "special " : "",
-                      (int)s->len, p->bytes.p + s->off, wspecial ? "special " : "", json_string_value(wt));
-            ok = 0;
-            break;
-        }
-    }
-    return ok;
-}
-
-TEST(chat_k3_golden) {
-    char *buf;
-    size_t len;
+static void k3_case(const json_t *c, void *ctx) {
+    (void)ctx;
+    const char *name = json_string_value(json_object_get(c, "name"));
+    lunar_chat_prompt p;
     lunar_err err;
-    if (lunar_read_file("tests/data/chat/k3_cases.jsonl", 1 << 24, &buf, &len, &err) != 0) {
-        CHECK_MSG(0, "%s", err.msg);
+    if (lunar_chat_k3_render(json_object_get(c, "request"), &p, &err) != 0) {
+        CHECK_MSG(0, "%s: %s", name, err.msg);
+        lunar_chat_prompt_free(&p); /* the renderer leaves p freeable on failure */
         return;
     }
-    int n = 0;
-    for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n")) {
-        json_error_t je;
-        json_t *c = json_loads(line, 0, &je);
-        CHECK_MSG(c != NULL, "case line: %s", je.text);
-        if (!c) continue;
-        const char *name = json_string_value(json_object_get(c, "name"));
-        lunar_chat_prompt p;
-        if (lunar_chat_k3_render(json_object_get(c, "request"), &p, &err) != 0) {
-            CHECK_MSG(0, "%s: %s", name, err.msg);
-        } else {
-            same_segments(&p, json_object_get(c, "segments"), name);
-        }
-        lunar_chat_prompt_free(&p);
-        json_decref(c);
-        n++;
-    }
-    CHECK(n >= 16);
-    free(buf);
+    test_same_segments(&p, json_object_get(c, "segments"), name);
+    lunar_chat_prompt_free(&p);
 }
+
+TEST(chat_k3_golden) { CHECK(test_jsonl_each("tests/data/chat/k3_cases.jsonl", k3_case, NULL) >= 16); }
 
 static void expect_error(const char *req_text, const char *want_prefix) {
     json_error_t je;
