@@ -31,6 +31,7 @@
 #define LUNAR_TEXT_CHAT_PARSE_H
 
 #include <stddef.h>
+#include <string.h>
 
 typedef enum {
     LUNAR_CHAT_EV_REASONING,
@@ -66,6 +67,31 @@ static inline size_t lunar_utf8_complete(const char *s, size_t n) {
     size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
     if (need > 1 && k + 1 < need) return i - 1;
     return n;
+}
+
+/* For text-only callers: splits s[0..n) into plain text (fed as id -2) and the control tokens spelled
+ * ctl[1..n_ctl) (fed as id -1 with their exact text); at a '<' the last spelling in ctl that matches
+ * wins. feed is the parser's feed function and parser its first argument. */
+static inline void lunar_chat_feed_split(void *parser, void (*feed)(void *, int, const char *, size_t),
+                                         const char *const *ctl, int n_ctl, const char *s, size_t n) {
+    size_t i = 0, start = 0;
+    while (i < n) {
+        int c = 0;
+        if (s[i] == '<')
+            for (int k = 1; k < n_ctl; k++) {
+                size_t l = strlen(ctl[k]);
+                if (n - i >= l && memcmp(s + i, ctl[k], l) == 0) c = k;
+            }
+        if (c == 0) {
+            i++;
+            continue;
+        }
+        if (i > start) feed(parser, -2, s + start, i - start);
+        feed(parser, -1, ctl[c], strlen(ctl[c]));
+        i += strlen(ctl[c]);
+        start = i;
+    }
+    if (n > start) feed(parser, -2, s + start, n - start);
 }
 
 #endif

@@ -375,25 +375,10 @@ void lunar_k3_parser_feed(lunar_k3_parser *p, int id, const char *s, size_t n) {
     p->tag.len = 0;
 }
 
+static void feed_any(void *p, int id, const char *s, size_t n) { lunar_k3_parser_feed(p, id, s, n); }
+
 void lunar_k3_parser_feed_text(lunar_k3_parser *p, const char *s, size_t n) {
-    size_t i = 0, start = 0;
-    while (i < n) {
-        int c = C_NONE;
-        if (s[i] == '<')
-            for (int k = C_OPEN; k <= C_EOM; k++) {
-                size_t l = strlen(CTL_TEXT[k]);
-                if (n - i >= l && memcmp(s + i, CTL_TEXT[k], l) == 0) c = k;
-            }
-        if (c == C_NONE) {
-            i++;
-            continue;
-        }
-        if (i > start) lunar_k3_parser_feed(p, -2, s + start, i - start);
-        lunar_k3_parser_feed(p, -1, CTL_TEXT[c], strlen(CTL_TEXT[c]));
-        i += strlen(CTL_TEXT[c]);
-        start = i;
-    }
-    if (n > start) lunar_k3_parser_feed(p, -2, s + start, n - start);
+    lunar_chat_feed_split(p, feed_any, CTL_TEXT, C_EOM + 1, s, n);
 }
 
 void lunar_k3_parser_finish(lunar_k3_parser *p, int truncated) {
