@@ -3,7 +3,7 @@
  * event sequence; every prefix of a tool-call answer, cut as by max tokens, stays well-formed. */
 #include <string.h>
 
-#include "chat_events.h"
+#include "chat_truncate.h"
 #include "test.h"
 #include "text/chat_k2.h"
 #include "text/parse_k2.h"
@@ -51,7 +51,6 @@ static void run_n(const char *out, size_t len, int thinking, int chunk, int trun
     lunar_k2_parser_free(p);
 }
 
-#define S(b) ((b).p ? (b).p : "")
 
 static void expect(const char *name, const char *out, int thinking, int truncated, const char *reasoning,
                    const char *content, const char *calls, const char *ids, const char *finish) {
@@ -148,26 +147,6 @@ TEST(chat_parse_k2_truncate_everywhere) {
     chat_collect full;
     run_n(out, n, 1, 0, 0, &full);
     CHECK_MSG(strcmp(S(full.calls), CALLS_OUT) == 0, "full calls '%s'", S(full.calls));
-    const char *all = S(full.calls);
-    int bad = 0;
-    for (size_t len = 0; len <= n && bad < 5; len++) {
-        chat_collect c[3];
-        static const int chunks[] = {0, 1, 4};
-        for (int k = 0; k < 3; k++) {
-            run_n(out, len, 1, chunks[k], 1, &c[k]);
-            int ok = chat_collect_ok(&c[k]) && strcmp(S(c[k].finish), "length") == 0;
-            const char *got = S(c[k].calls);
-            size_t gl = strlen(got);
-            if (gl && got[gl - 1] == ']') gl--;
-            ok = ok && (splits_control(out, len) || strncmp(got, all, gl) == 0);
-            if (k) ok = ok && strcmp(S(c[k].calls), S(c[0].calls)) == 0 &&
-                        strcmp(S(c[k].content), S(c[0].content)) == 0 &&
-                        strcmp(S(c[k].reasoning), S(c[0].reasoning)) == 0;
-            CHECK_MSG(ok, "cut at %zu/%d: order %d, calls '%s' content '%s'", len, chunks[k], c[k].bad_order, got,
-                      S(c[k].content));
-            bad += !ok;
-        }
-        for (int k = 0; k < 3; k++) chat_collect_free(&c[k]);
-    }
+    chat_check_truncations(out, S(full.calls), run_n, splits_control, NULL);
     chat_collect_free(&full);
 }

@@ -6,7 +6,7 @@
 #include "text/chat_k3.h"
 #include "text/parse_k3.h"
 #include "text/sbuf.h"
-#include "chat_events.h"
+#include "chat_truncate.h"
 
 static void fake_rand(void *ctx, unsigned char *buf, size_t n) {
     for (size_t i = 0; i < n; i++) buf[i] = (unsigned char)(i * 37 + 11);
@@ -70,7 +70,6 @@ static int ids_ok(const chat_collect *c) {
     return 1;
 }
 
-#define S(b) ((b).p ? (b).p : "")
 
 static void expect(const char *name, const char *out, int in_reasoning, int truncated, const char *reasoning,
                    const char *content, const char *calls, const char *finish) {
@@ -206,29 +205,8 @@ static int splits_control(const char *out, size_t len) {
 TEST(chat_parse_k3_truncate_everywhere) {
     const char *out = "Need 世界.<|close|>think<|sep|><|open|>response<|sep|>ok<|close|>response<|sep|><|open|>tools<|sep|>" CALL_A
                       "\n" CALL_B CALL_J "<|close|>tools<|sep|>" END;
-    size_t n = strlen(out);
     chat_collect full;
     run(out, 1, 0, 0, &full);
-    const char *all = S(full.calls);
-    int bad = 0;
-    for (size_t len = 0; len <= n && bad < 5; len++) {
-        chat_collect c[3];
-        static const int chunks[] = {0, 1, 4};
-        for (int k = 0; k < 3; k++) {
-            run_n(out, len, 1, chunks[k], 1, &c[k]);
-            int ok = chat_collect_ok(&c[k]) && ids_ok(&c[k]) && strcmp(S(c[k].finish), "length") == 0;
-            const char *got = S(c[k].calls);
-            size_t gl = strlen(got);
-            if (gl && got[gl - 1] == ']') gl--;
-            ok = ok && (splits_control(out, len) || strncmp(got, all, gl) == 0);
-            if (k) ok = ok && strcmp(S(c[k].calls), S(c[0].calls)) == 0 &&
-                        strcmp(S(c[k].content), S(c[0].content)) == 0 &&
-                        strcmp(S(c[k].reasoning), S(c[0].reasoning)) == 0;
-            CHECK_MSG(ok, "cut at %zu/%d: order %d, calls '%s' content '%s'", len, chunks[k], c[k].bad_order, got,
-                      S(c[k].content));
-            bad += !ok;
-        }
-        for (int k = 0; k < 3; k++) chat_collect_free(&c[k]);
-    }
+    chat_check_truncations(out, S(full.calls), run_n, splits_control, ids_ok);
     chat_collect_free(&full);
 }
