@@ -478,7 +478,22 @@ static bool py_isspace(uint32_t c) {
            c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
-/* length of the valid UTF-8 prefix (Python's strict decoder: no surrogates, no overlongs, <= U+10FFFF) */
+/* A UTF-8 lead byte c >= 0x80 (Python's strict decoder: no surrogates, no overlongs, <= U+10FFFF):
+ * how many continuation bytes follow it, and the range [lo, hi] the first of them must fall in (the
+ * others are 0x80..0xBF); 0 for a byte that cannot start a character. */
+static size_t utf8_lead(unsigned char c, unsigned char *lo, unsigned char *hi) {
+    *lo = 0x80, *hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) return 1;
+    if (c == 0xE0) return *lo = 0xA0, 2;
+    if (c == 0xED) return *hi = 0x9F, 2;
+    if (c >= 0xE1 && c <= 0xEF) return 2;
+    if (c == 0xF0) return *lo = 0x90, 3;
+    if (c == 0xF4) return *hi = 0x8F, 3;
+    if (c >= 0xF1 && c <= 0xF3) return 3;
+    return 0;
+}
+
+/* length of the valid UTF-8 prefix */
 static size_t utf8_valid_prefix(const unsigned char *p, size_t n) {
     size_t i = 0;
     while (i < n) {
@@ -487,16 +502,9 @@ static size_t utf8_valid_prefix(const unsigned char *p, size_t n) {
             i++;
             continue;
         }
-        size_t need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) need = 2, lo = 0xA0;
-        else if (c == 0xED) need = 2, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) need = 2;
-        else if (c == 0xF0) need = 3, lo = 0x90;
-        else if (c == 0xF4) need = 3, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else return i;
+        unsigned char lo, hi;
+        const size_t need = utf8_lead(c, &lo, &hi);
+        if (!need) return i;
         if (i + need >= n) return i;
         if (p[i + 1] < lo || p[i + 1] > hi) return i;
         for (size_t k = 2; k <= need; k++)
@@ -588,16 +596,9 @@ static size_t decode_bytes(lunar_detok *d, const unsigned char *b, size_t n, boo
             i++;
             continue;
         }
-        size_t need;
-        unsigned char lo = 0x80, hi = 0xBF;
-        if (c >= 0xC2 && c <= 0xDF) need = 1;
-        else if (c == 0xE0) need = 2, lo = 0xA0;
-        else if (c == 0xED) need = 2, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) need = 2;
-        else if (c == 0xF0) need = 3, lo = 0x90;
-        else if (c == 0xF4) need = 3, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) need = 3;
-        else {
+        unsigned char lo, hi;
+        const size_t need = utf8_lead(c, &lo, &hi);
+        if (!need) {
             memcpy(out + o, REPLACEMENT, 3), o += 3;
             i++;
             continue;
