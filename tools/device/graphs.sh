@@ -9,15 +9,8 @@
 set -u
 P=${1:?usage: graphs.sh PREBUILT_DIR}
 OUT=${OUT:-/tmp/lunar-graphs}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
-export LD_LIBRARY_PATH="$P/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/env.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-T=$OUT/summary.txt
-: > "$T"
-t0=$(date +%s)
-step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
 
 step "lunar_tests cuda (ops incl. skinny GEMM / add+rmsnorm / MLA row kernels, forward on goldens + wide, graphs == eager, TP)"
 OMP_NUM_THREADS=16 timeout 120 "$P/bin/lunar_tests" cuda > "$OUT/tests_cuda.log" 2>&1

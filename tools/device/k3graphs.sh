@@ -11,15 +11,8 @@
 set -u
 P=${1:?usage: k3graphs.sh PREBUILT_DIR}
 OUT=${OUT:-/tmp/lunar-k3graphs}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
-export LD_LIBRARY_PATH="$P/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/env.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
-T=$OUT/summary.txt
-: > "$T"
-t0=$(date +%s)
-step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
 # every command under a timeout of at most CAP s and at most what is left of 88 s in all
 cap() { local left=$(( 88 - ($(date +%s) - t0) )); [ $left -lt 1 ] && left=1; [ $1 -lt $left ] && echo $1 || echo $left; }
 

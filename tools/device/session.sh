@@ -23,16 +23,7 @@ set -u
 cd "$(dirname "$0")/../.."
 P=${1:?usage: session.sh PREBUILT_DIR}
 OUT=${OUT:-/tmp/lunar-session}
-mkdir -p "$OUT"
-# NVLink multicast stays off (the device README: it can take shared GPUs out of service)
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# lunar links libnccl.so.2: the device has it in PyTorch's nvidia-nccl wheel, not in the toolkit
-NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
-export LD_LIBRARY_PATH="$P/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-T=$OUT/session.txt
-: > "$T"
-t0=$(date +%s)
-step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" | tee -a "$T"; }
+SUMMARY=session.txt . tools/device/env.sh
 
 step "check.sh tests"
 SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=${OPS_TIMEOUT:-120} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-45} OUT=$OUT/check \

@@ -10,15 +10,8 @@
 set -u
 P=${1:?usage: tpdecode.sh PREBUILT_DIR}
 OUT=${OUT:-/tmp/lunar-tpdecode}
-mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-NCCL_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2> /dev/null)
-export LD_LIBRARY_PATH="$P/lib${NCCL_DIR:+:$NCCL_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. tools/device/env.sh
 export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0,1}
-T=$OUT/summary.txt
-: > "$T"
-t0=$(date +%s)
-step() { echo "== $1 (t = $(( $(date +%s) - t0 )) s)" >> "$T"; }
 # the bench's result rows, its graph line, and what a failed run said (its messages start "lunar")
 rows() { grep -E "^lunar bench: (CUDA graphs|rank|[^l])|rror|abort|^  (prefill|decode) .*: [^d]|^ +[0-9]+ +[0-9.]+ +[0-9.]+ |projected" "$1" | grep -v "^lunar bench: second" | head -14 >> "$T"; }
 
