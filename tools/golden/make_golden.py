@@ -28,6 +28,9 @@ from safetensors.torch import load_file, save_file
 from transformers import KimiLinearConfig, KimiLinearForCausalLM
 from transformers.models.kimi_linear import modeling_kimi_linear as mkl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from st_writer import save_st  # noqa: E402
+
 CMD_GOLDEN = "python3 tools/golden/make_golden.py --out tests/golden"
 CMD_BUNDLED = "python3 tools/golden/make_golden.py --bundled"
 
@@ -67,28 +70,6 @@ BUNDLED = dict(
 # gate.weight (router), dt_bias; plus A_log, which vLLM also keeps in fp32). Everything else is BF16.
 MIN_MARGIN = 1e-4
 FP32_KEEP_SUFFIXES = (".dt_bias", ".A_log", ".gate.e_score_correction_bias", "block_sparse_moe.gate.weight")
-
-
-_ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int32: "I32"}
-
-
-def save_st(tensors, path, metadata):
-    """Minimal safetensors writer with a key-sorted header, so files are byte-identical across runs (the safetensors
-    package orders __metadata__ keys by a randomised hash map)."""
-    header, blobs, off = {"__metadata__": dict(sorted(metadata.items()))}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        b = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": _ST_DTYPE[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(len(h).to_bytes(8, "little"))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 def hub_config(s):

@@ -26,6 +26,9 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, HERE)
 import kimi_k3_reference as R  # noqa: E402
 
+sys.path.insert(0, os.path.join(HERE, "..", "golden"))
+from st_writer import save_st  # noqa: E402
+
 CMD = "python3 tools/reference/make_k3_golden.py --out tests/golden"
 PUBLISHED = os.path.join(ROOT, "..", "shared", "data", "kimi-k3", "config.json")
 MIN_MARGIN = 1e-4
@@ -53,27 +56,6 @@ SPECS = {
 
 # Stay F32 in BF16 checkpoints (k3_spec 9 / open question 2: the reference keeps fp32 parameters for these).
 FP32_KEEP = (".dt_bias", ".A_log", ".gate.e_score_correction_bias")
-
-_ST_DTYPE = {torch.float32: "F32", torch.bfloat16: "BF16", torch.int32: "I32", torch.uint8: "U8"}
-
-
-def save_st(tensors, path, metadata):
-    """make_golden.py's writer (key-sorted header: byte-identical reruns), extended with U8."""
-    header, blobs, off = {"__metadata__": dict(sorted(metadata.items()))}, [], 0
-    for name in sorted(tensors):
-        t = tensors[name].contiguous()
-        b = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        header[name] = {"dtype": _ST_DTYPE[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
-        blobs.append(b)
-        off += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(len(h).to_bytes(8, "little"))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
 
 def make_config(s):
     with open(PUBLISHED) as f:
