@@ -48,6 +48,8 @@ TEST(cuda_forward_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 
 #define CUDA_REF_TOL 3e-2 /* median row error, see above */
 #define CUDA_ARGMAX_MIN 0.95
+static double argmax_min = CUDA_ARGMAX_MIN; /* the share run_model requires (one test lowers it) */
+#define PTPC_GOLDEN_TOL 1e-3 /* median row, cuda_ptpc_forward_goldens_vs_cpu: see there */
 
 static int argmax(const float *x, int n) {
     int b = 0;
@@ -194,16 +196,19 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     } else {
         CHECK_MSG(0, "%s", err.msg);
     }
-    fprintf(stderr, "\n  %-17s vs CPU(bf16 model), median/worst row: prefill %.1e/%.1e decode %.1e/%.1e "
-                    "chunked %.1e/%.1e full %.1e/%.1e batch %.1e/%.1e, argmax %d/%d %d/%d %d/%d %d/%d %d/%d | "
-                    "vs golden: median %.1e %.1e worst %.1e, argmax %d/%d",
-            name, e_pre, w_pre, e_dec, w_dec, e_chk, w_chk, e_full, w_full, e_bat, w_bat, a_pre, T, a_dec, nd, a_chk,
-            T, a_full, N, a_bat, N + 1, g_pre, g_dec, g_worst, a_gold, N);
+    /* the reference is the CPU forward of the same model (PTPC-FP8 emulated when it was loaded so)
+     * with the device's bf16 roundings; the golden part only where goldens were given */
+    fprintf(stderr, "\n  %-17s vs CPU (%s, bf16 operands), median/worst row: prefill %.1e/%.1e decode %.1e/%.1e "
+                    "chunked %.1e/%.1e full %.1e/%.1e batch %.1e/%.1e, argmax %d/%d %d/%d %d/%d %d/%d %d/%d",
+            name, m->cfg.ptpc_fp8 ? "ptpc fp8" : "bf16", e_pre, w_pre, e_dec, w_dec, e_chk, w_chk, e_full, w_full,
+            e_bat, w_bat, a_pre, T, a_dec, nd, a_chk, T, a_full, N, a_bat, N + 1);
+    if (gold_pre || gold_dec)
+        fprintf(stderr, " | vs golden: median %.1e %.1e worst %.1e, argmax %d/%d", g_pre, g_dec, g_worst, a_gold, N);
     CHECK_MSG(e_pre <= tol && e_dec <= tol && e_chk <= tol && e_full <= tol && e_bat <= tol,
               "%s: median row error vs the CPU reference: prefill %.3g decode %.3g chunked %.3g full %.3g batch %.3g",
               name, e_pre, e_dec, e_chk, e_full, e_bat);
-    CHECK_MSG(a_pre >= CUDA_ARGMAX_MIN * T && a_dec >= CUDA_ARGMAX_MIN * nd && a_chk >= CUDA_ARGMAX_MIN * T &&
-                  a_full >= CUDA_ARGMAX_MIN * N && a_bat >= CUDA_ARGMAX_MIN * (N + 1),
+    CHECK_MSG(a_pre >= argmax_min * T && a_dec >= argmax_min * nd && a_chk >= argmax_min * T &&
+                  a_full >= argmax_min * N && a_bat >= argmax_min * (N + 1),
               "%s: argmax agreement prefill %d/%d decode %d/%d chunked %d/%d full %d/%d batch %d/%d", name, a_pre, T,
               a_dec, nd, a_chk, T, a_full, N, a_bat, N + 1);
     lunar_cuda_seq_free(&s);
@@ -410,11 +415,24 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
 }
 
 /* --quantization ptpc_fp8 on both sides (the CPU's op_matmul_ptpc_fp8 is the reference): the wide
- * model's projections and dense/shared/latent linears as e4m3 GEMMs. Same bound as the bf16 runs:
- * both sides quantise the same bf16 activations by the same rule, so codes differ only where an
- * upstream summation-order difference moves a value across an e4m3 rounding boundary (one code
- * step in one element of a row, diluted over the row's dot). The GEMMs must have gone through the
- * FP8 path (counted); how many took cuBLASLt is printed. */
+ * model's projections and dense/shared/latent linears as e4m3 GEMMs (prompt) and the fused decode
+ * kernel (decode steps); both must have run (counted).
+ *
+ * Why not the bf16 runs' setting as is: PTPC amplifies any upstream difference. Both sides quantise
+ * the same rule, but e4m3 keeps 3 mantissa bits, so a value the GPU computed 1e-3 away from the
+ * CPU lands on another code with probability ~1e-3 / 2^-4 and is then off by a whole code step
+ * (6-12 %), and a shifted row maximum rescales the whole row; every later PTPC linear repeats it.
+ * Measured on the CPU alone (this model, T = 150): switching the bf16 operand rounding off moves
+ * the bf16 model's logits by 1.4e-2 (median row; argmax 144/150) but the PTPC model's by 1.15e-1
+ * (argmax 100/150): 8x. The device's tuned KDA chunk kernel rounds its matmul operands to bf16
+ * (<= 5e-3 of the CPU op in mode 2, the default; see above), which the CPU does not model: with
+ * it the first H200 run measured 6.8e-2 median / argmax 117/150, exactly that amplification.
+ * So the tight check runs the chunk kernel in its fp32-accurate mode (1: 3xTF32, ~5e-6), leaving
+ * the MLA kernels' bf16 roundings (one layer, the last) as the only upstream difference: same
+ * criterion as the bf16 runs. The default mode then runs as well, with bounds argued from the
+ * amplification above (median <= 0.2 against the CPU's 1.15e-1 for a larger, all-operand
+ * perturbation; argmax >= 30 % of rows, as 1 of the 3 decode rows agreed in the first run), a
+ * smoke check: a wrong linear moves most rows by O(max |logit|) (random argmax: 1/320). */
 TEST(cuda_ptpc_forward_wide_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
@@ -428,17 +446,63 @@ TEST(cuda_ptpc_forward_wide_vs_cpu) {
         int32_t ids[T + ND];
         unsigned st = 11;
         for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
-        long long s0, u0, f0, s1, u1, f1;
-        lunar_cuda_ptpc_stats(&s0, &u0, &f0);
-        run_model("wide, fused MoE, ptpc fp8", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
-        lunar_cuda_ptpc_stats(&s1, &u1, &f1);
-        CHECK(s1 + u1 + f1 > s0 + u0 + f0);
-        fprintf(stderr, "\n  ptpc GEMMs: cuBLASLt scaled %lld, unscaled %lld, fallback %lld ", s1 - s0, u1 - u0, f1 - f0);
+        long long s0, u0, f0, g0, s1, u1, f1, g1;
+        lunar_cuda_ptpc_stats(&s0, &u0, &f0, &g0);
+        const int prev = lunar_cuda_kda_chunk_precision(1);
+        run_model("wide, fused MoE, ptpc fp8, fp32 KDA chunk", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        lunar_cuda_kda_chunk_precision(prev);
+        lunar_cuda_ptpc_stats(&s1, &u1, &f1, &g1);
+        CHECK(s1 + u1 + f1 > s0 + u0 + f0 && g1 > g0); /* prefill GEMMs and decode kernels both ran */
+        fprintf(stderr, "\n  ptpc GEMMs: cuBLASLt scaled %lld, unscaled %lld, fallback %lld, decode kernel %lld ",
+                s1 - s0, u1 - u0, f1 - f0, g1 - g0);
+        argmax_min = 0.3;
+        run_model("wide, fused MoE, ptpc fp8, default KDA chunk", m, ids, T, ND, NULL, NULL, 0.2, 1, 0);
+        argmax_min = CUDA_ARGMAX_MIN;
         lunar_model_free(m);
     } else {
         CHECK_MSG(0, "%s", err.msg);
     }
     lunar_test_wide_model_rm(dir);
+}
+
+/* --quantization ptpc_fp8 where the device follows the CPU op for op (the goldens' narrow models
+ * take the generic glue kernels, 1e-7 from the CPU in bf16 on kimi-linear-tiny and k31-a, above):
+ * GPU-PTPC against CPU-PTPC must be tight here, since both quantise the same values to the same
+ * codes and only fp32 summation order (and the FP8 tensor cores' accumulation, 2^-12 of a dot's
+ * magnitude, tests/test_cuda_ptpc.c) differs. kimi-linear-tiny (hidden 32) takes the cuBLASLt FP8
+ * GEMM for its prompt and the decode kernel for its decode steps; k31-a's odd widths (39, 21, 9)
+ * the plain fallback kernel. */
+TEST(cuda_ptpc_forward_goldens_vs_cpu) {
+    if (!lunar_test_cuda_device()) return;
+    static const char *dirs[] = {"tests/golden/kimi-linear-tiny", "tests/golden/k31-a"};
+    for (int d = 0; d < 2; d++) {
+        char path[300];
+        lunar_err err;
+        lunar_st *g;
+        snprintf(path, sizeof path, "%s/golden.safetensors", dirs[d]);
+        if (lunar_st_open(&g, path, &err) != 0) {
+            CHECK_MSG(0, "%s", err.msg);
+            continue;
+        }
+        const char *md = lunar_st_metadata(g, "model_dir");
+        lunar_model *m;
+        lunar_load_options lo = {.ptpc_fp8 = 1};
+        const lunar_tensor *pid = lunar_st_find(g, "prompt_ids"), *did = lunar_st_find(g, "decode_ids");
+        if (pid && did && lunar_model_load_ex(&m, md ? md : dirs[d], &lo, &err) == 0) {
+            const int T = (int)pid->shape[0], nd = (int)did->shape[0];
+            int32_t *ids = lunar_xmalloc((size_t)(T + nd) * sizeof(int32_t));
+            memcpy(ids, pid->data, (size_t)T * sizeof(int32_t));
+            memcpy(ids + T, did->data, (size_t)nd * sizeof(int32_t));
+            char name[64];
+            snprintf(name, sizeof name, "%s, ptpc fp8", strrchr(dirs[d], '/') + 1);
+            run_model(name, m, ids, T, nd, NULL, NULL, PTPC_GOLDEN_TOL, 0, 0);
+            free(ids);
+            lunar_model_free(m);
+        } else {
+            CHECK_MSG(0, "%s: %s", dirs[d], pid && did ? err.msg : "no prompt_ids / decode_ids");
+        }
+        lunar_st_close(g);
+    }
 }
 
 /* the K3-shaped model (k3_config) vs the CPU: its eager forward, which its graphs must equal
