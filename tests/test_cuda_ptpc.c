@@ -174,12 +174,15 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
  * |err| <= (in + 2) 2^-24 m (m = sum |products| s_x s_w; 2 for the two scalings); bf16 y adds
  * 2^-8 |ref|. A code off by one step in element i moves the sum by >= m_i / 16, far above that for
  * any element carrying more than in 2^-20 of its row. The x values are not bf16 numbers: the
- * fp32 input must be rounded to bf16 before it is quantised. The last shape has more outputs than
- * the kernel's grid has warps (the grid-stride loop). Refused shapes launch nothing. */
+ * fp32 input must be rounded to bf16 before it is quantised. Shapes with few outputs have 2-8
+ * warps share each one (96 x 10240, 40 x 10240, 256 x 4096, 128 x 20480: the last also streams past
+ * the loads issued before the quantisation); 4096 x 2304 is Kimi-Linear's q/k/v projection.
+ * Refused shapes launch nothing. */
 TEST(cuda_ptpc_gemv_vs_cpu) {
     if (!ptpc_cuda_on()) return;
-    static const int shapes[][3] = {{1, 64, 128}, {2, 256, 512}, {3, 136, 256}, {4, 512, 1024},
-                                    {1, 96, 10240}, {4, 40, 10240}, {2, 4500, 64}};
+    static const int shapes[][3] = {{1, 64, 128},    {2, 256, 512},   {3, 136, 256},  {4, 512, 1024},
+                                    {1, 96, 10240},  {4, 40, 10240},  {2, 4500, 64},  {3, 256, 4096},
+                                    {1, 128, 20480}, {1, 4096, 2304}};
     long long g0, g1;
     lunar_cuda_ptpc_stats(NULL, NULL, NULL, &g0);
     int calls = 0;
