@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kQThreads) ptpc_quant_kernel(uint8_t *q, float
     for (int i = threadIdx.x; i < in; i += kQThreads) qr[i] = f32_to_e4m3(__fdiv_rn(to_f32(xr[i]), sc));
 }
 
-static void pg_init(void); /* the decode kernel's one-time setup (below) */
+static int pg_init(void); /* the decode kernel's one-time setup (below) */
 
 extern "C" void lunar_cuda_ptpc_quantize(uint8_t *q, float *s, const void *x, lunar_cuda_dtype xdt, int rows,
                                          int in, lunar_cuda_stream st) {
@@ -101,17 +101,17 @@ static void fallback_launch(void *y, lunar_cuda_dtype ydt, const uint8_t *qx, co
 /* ---------------------------------------------------------------- skinny GEMM (decode)
  * y[n, out] for n <= 4 token rows in ONE launch, from the unquantised x: every block quantises the
  * n rows itself (the rule of ptpc_quant_kernel, so the same codes and scales: an fp32 x rounded to
- * bf16 first) into shared memory as decoded fp32 values, while its warps' first weight loads are
- * already in flight (issued before, into registers); then the warps stream rows of the e4m3
- * weight codes (1 byte per weight: half the bf16 GEMV's bytes) in 16-byte loads, fp32 sums of
- * exact products, scaled (dot * s_x) * s_w as the CPU op. `split` warps share one output where
- * there are too few outputs to fill the device (partial sums added in warp order through shared
- * memory), as cuda_gemm.cu's bf16 GEMV. The redundant per-block quantisation reads n * in values
- * from L2; it replaces the f32 -> bf16 copy, the quantiser and the scaling launches of the GEMM
- * path (4 launches -> 1 per linear in a decode step). Shared x: lane l reads its 16 values as four
- * float4 in a rotated order ((l / 2 + q) % 4) so the 8 lanes of a quarter warp, 64 bytes apart,
- * hit 32 distinct banks. */
-constexpr int kPgWarps = 8, kPgRows = 4, kPgPre = 4;
+ * bf16 first; the e4m3 rounding by the hardware's saturating round-to-nearest-even conversion,
+ * which is f32_to_e4m3's rule) into shared memory as decoded fp32 values, while its warps' first
+ * weight loads are already in flight (issued before, into registers); then each warp streams
+ * whole rows of the e4m3 weight codes (1 byte per weight: half the bf16 GEMV's bytes) in 16-byte
+ * loads, fp32 sums of exact products, scaled (dot * s_x) * s_w as the CPU op. The quantisation is
+ * redundant per block, so the grid is at most two blocks per SM, their warps walking the rows
+ * (first H200 runs: one block per 4-16 outputs made it cost more than the weights). It replaces
+ * the f32 -> bf16 copy, the quantiser and the scaling launches of the GEMM path (4 launches -> 1
+ * per linear in a decode step). Shared x: lane l reads its 16 values as four float4 in a rotated
+ * order ((l / 2 + q) % 4) so the 8 lanes of a quarter warp, 64 bytes apart, hit 32 banks. */
+constexpr int kPgWarps = 16, kPgRows = 4, kPgPre = 4;
 /* shared x at most this many bytes (n * in * 4): 160 KB holds in = 10240 at n = 4, 40960 at n = 1 */
 constexpr size_t kPgMaxSmem = 160u << 10;
 
@@ -139,21 +139,26 @@ __device__ __forceinline__ void pg_dot16(float *acc, uint4 wv, const float4 *xs4
         }
     }
 }
+/* the code of v / s, decoded: e4m3 with round to nearest even and saturation at +-448 */
+__device__ __forceinline__ float pg_q(float v, float s) {
+    const __nv_fp8_storage_t c = __nv_cvt_float_to_fp8(__fdiv_rn(v, s), __NV_SATFINITE, __NV_E4M3);
+    return e4m3_to_f32((uint8_t)c);
+}
 
 template <int NR, typename TY, typename TX>
 __global__ void __launch_bounds__(kPgWarps * 32) ptpc_gemv_kernel(TY *y, const TX *x, const uint8_t *qw,
-                                                                   const float *sw, int out, int in, int split) {
+                                                                   const float *sw, int out, int in) {
     extern __shared__ float4 xs4[]; /* [NR][in] decoded codes of x */
     float *xs = reinterpret_cast<float *>(xs4);
     __shared__ float red[kPgWarps][NR], scl[NR];
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, per_block = kPgWarps / split;
-    const int o = blockIdx.x * per_block + warp / split, part = warp % split, n16 = in / 16, step = 32 * split;
-    const uint4 *w4 = reinterpret_cast<const uint4 *>(qw + (size_t)(o < out ? o : out - 1) * in);
-    uint4 pre[kPgPre]; /* this lane's first weight loads, in flight during the quantisation */
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, n16 = in / 16;
+    const int o0 = blockIdx.x * kPgWarps + warp, ostep = gridDim.x * kPgWarps;
+    uint4 pre[kPgPre]; /* this lane's first loads of its first row, in flight during the quantisation */
 #pragma unroll
     for (int j = 0; j < kPgPre; j++) {
-        const int i = part * 32 + lane + j * step;
-        pre[j] = o < out && i < n16 ? __ldcs(w4 + i) : make_uint4(0, 0, 0, 0);
+        const int i = lane + 32 * j;
+        pre[j] = o0 < out && i < n16 ? __ldcs(reinterpret_cast<const uint4 *>(qw + (size_t)o0 * in) + i)
+                                     : make_uint4(0, 0, 0, 0);
     }
     float amax[NR];
 #pragma unroll
@@ -178,79 +183,61 @@ __global__ void __launch_bounds__(kPgWarps * 32) ptpc_gemv_kernel(TY *y, const T
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         const float sc = scl[r];
-        for (int i = tid; i < in; i += kPgWarps * 32)
-            xs[(size_t)r * in + i] = e4m3_to_f32(f32_to_e4m3(__fdiv_rn(xs[(size_t)r * in + i], sc)));
+        for (int i = tid; i < in; i += kPgWarps * 32) xs[(size_t)r * in + i] = pg_q(xs[(size_t)r * in + i], sc);
     }
     __syncthreads();
     const int rot = (lane >> 1) & 3;
-    float acc[NR];
+    for (int o = o0; o < out; o += ostep) {
+        const uint4 *w4 = reinterpret_cast<const uint4 *>(qw + (size_t)o * in);
+        float acc[NR];
 #pragma unroll
-    for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+        for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+        int i = lane;
+        if (o == o0) {
 #pragma unroll
-    for (int j = 0; j < kPgPre; j++) {
-        const int i = part * 32 + lane + j * step;
-        if (i < n16) pg_dot16<NR>(acc, pre[j], xs4, in, i, rot);
-    }
-    if (o < out) {
+            for (int j = 0; j < kPgPre; j++, i += 32)
+                if (i < n16) pg_dot16<NR>(acc, pre[j], xs4, in, i, rot);
+        }
 #pragma unroll 4
-        for (int i = part * 32 + lane + kPgPre * step; i < n16; i += step) pg_dot16<NR>(acc, __ldcs(w4 + i), xs4, in, i, rot);
-    }
+        for (; i < n16; i += 32) pg_dot16<NR>(acc, __ldcs(w4 + i), xs4, in, i, rot);
 #pragma unroll
-    for (int r = 0; r < NR; r++)
-        for (int m = 16; m > 0; m >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], m);
-    if (split == 1) {
-        if (lane == 0 && o < out) {
+        for (int r = 0; r < NR; r++)
+            for (int m = 16; m > 0; m >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], m);
+        if (lane == 0) {
             const float s = sw[o];
 #pragma unroll
             for (int r = 0; r < NR; r++) y[(size_t)r * out + o] = from_f32<TY>(acc[r] * scl[r] * s);
         }
-        return;
-    }
-    if (lane == 0) /* red's amax readers (tid < NR) finished before the second barrier above */
-#pragma unroll
-        for (int r = 0; r < NR; r++) red[warp][r] = acc[r];
-    __syncthreads();
-    const int ob = tid / NR, r = tid % NR; /* thread tid: row r of the block's output ob */
-    const int oo = blockIdx.x * per_block + ob;
-    if (tid < per_block * NR && oo < out) {
-        float v = 0.0f;
-        for (int w = 0; w < split; w++) v += red[ob * split + w][r];
-        y[(size_t)r * out + oo] = from_f32<TY>(v * scl[r] * sw[oo]);
     }
 }
 
 /* Shared memory above 48 KB is opted into per kernel and per device, once, outside any graph
  * capture: lunar_cuda_ptpc_quantize (the weights' upload, before any decode step) calls this too. */
 constexpr int kPgMaxDev = 16;
-static bool pg_ready[kPgMaxDev];
+static int pg_sms[kPgMaxDev];
 template <int NR, typename TY> static void pg_attr_one() {
     CUDA_CHECK(cudaFuncSetAttribute(ptpc_gemv_kernel<NR, TY, float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     (int)kPgMaxSmem));
     CUDA_CHECK(cudaFuncSetAttribute(ptpc_gemv_kernel<NR, TY, __nv_bfloat16>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kPgMaxSmem));
 }
-static void pg_init(void) {
+static int pg_init(void) { /* returns the device's SM count */
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_REQUIRE(dev >= 0 && dev < kPgMaxDev);
-    if (!pg_ready[dev]) {
+    if (!pg_sms[dev]) {
         pg_attr_one<1, float>(), pg_attr_one<2, float>(), pg_attr_one<3, float>(), pg_attr_one<4, float>();
         pg_attr_one<1, __nv_bfloat16>(), pg_attr_one<2, __nv_bfloat16>(), pg_attr_one<3, __nv_bfloat16>();
         pg_attr_one<4, __nv_bfloat16>();
-        pg_ready[dev] = true;
+        CUDA_CHECK(cudaDeviceGetAttribute(&pg_sms[dev], cudaDevAttrMultiProcessorCount, dev));
     }
+    return pg_sms[dev];
 }
 
 template <int NR, typename TY, typename TX>
 static void pg_launch(TY *y, const TX *x, const uint8_t *qw, const float *sw, int out, int in, cudaStream_t st) {
-    pg_init();
-    /* ~8K warps fill the H200 (132 SMs x 64): fewer outputs share each one among up to 8 warps,
-     * each warp keeping at least two 16-byte loads per lane of its row */
-    int split = 1;
-    while (split < kPgWarps && (long long)out * split < 8192 && in / 16 >= 32 * split * 2) split *= 2;
-    const int per_block = kPgWarps / split;
-    ptpc_gemv_kernel<NR, TY, TX><<<ceil_div_u(out, per_block), kPgWarps * 32, (size_t)NR * in * 4, st>>>(
-        y, x, qw, sw, out, in, split);
+    const int blocks = (int)std::min<long long>(ceil_div_u(out, kPgWarps), 2ll * pg_init());
+    ptpc_gemv_kernel<NR, TY, TX><<<blocks, kPgWarps * 32, (size_t)NR * in * 4, st>>>(y, x, qw, sw, out, in);
     CUDA_CHECK_LAUNCH();
 }
 
