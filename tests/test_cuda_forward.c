@@ -441,7 +441,9 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
  * amplification above, median row <= 0.2 (the CPU's own 1.15e-1 for a larger, all-operand
  * perturbation) and argmax >= 30 % of rows (1 of the 3 decode rows agreed in the first run): a
  * smoke check that the fast forms do not break the model (a wrong linear moves most rows by
- * O(max |logit|), random argmax agreement is 1/320). Each form must have run (counted). */
+ * O(max |logit|), random argmax agreement is 1/320). Each form must have run (counted). H200
+ * (this session's last run): (1) median row 8.1e-3 prefill, 1.4e-2 decode, argmax 147/150;
+ * (2) 6.8e-2 and 8.4e-2, argmax 114/150, the prompt's GEMMs all on the scaled cuBLASLt form. */
 TEST(cuda_ptpc_forward_wide_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];

@@ -4,9 +4,12 @@
 // Layout as cuda_gemm.cu: row-major y[n, out] is column-major D[out, n] = op(A) B with A = the
 // codes of W seen column-major [in, out] and transposed (the "TN" form FP8 GEMMs require), B = the
 // codes of x column-major [in, n]; so s_A = s_w (M = out) and s_B = s_x (N = n).
+// On the H200 (cuBLASLt 13.1, sm_90) the scaled form is taken for every aligned shape once its
+// heuristic query sees scale pointers (without them it answered CUBLAS_STATUS_INVALID_VALUE).
 // Where cuBLASLt has no scaled algorithm for a shape, an unscaled FP8 GEMM plus a scaling kernel
 // (fp32 y), else (or where the shape breaks FP8's 16-byte rules) a plain kernel computes the same
-// product from the same codes (each form counted: lunar_cuda_ptpc_stats).
+// product from the same codes (each form counted: lunar_cuda_ptpc_stats). Decode rows (n <= 4)
+// take lunar_cuda_ptpc_gemv instead: quantiser and GEMV in one launch.
 #include <cublasLt.h>
 #include <stdint.h>
 #include <stdio.h>
