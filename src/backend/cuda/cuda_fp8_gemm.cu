@@ -353,8 +353,9 @@ static int plan_build(fp8_plan *p) {
     size_t ws_bytes;
     void *ws = lunar_cuda_gemm_workspace(&ws_bytes);
     /* the scaled form's vectors are set per call (lt_run); the heuristic gets a device address
-     * already (the workspace: never dereferenced here), as a NULL scale pointer may be what makes
-     * it answer CUBLAS_STATUS_INVALID_VALUE (cuBLASLt 13.1 on sm_90, first H200 run) */
+     * already (the workspace: never dereferenced here): with NULL scale pointers cuBLASLt 13.1 on
+     * sm_90 answered CUBLAS_STATUS_INVALID_VALUE for every shape (this session's first H200 run),
+     * with them it returns scaled algorithms (the second) */
     if (p->scaled && (cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws) ||
                       cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &ws, sizeof ws)))
         return 0;
