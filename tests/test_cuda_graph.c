@@ -177,6 +177,33 @@ TEST(cuda_forward_graphs_match_eager) {
     lunar_test_wide_model_rm(dir);
 }
 
+/* --quantization ptpc_fp8 (the wide model's linears as PTPC-FP8): batch 1 and 3 decode steps take the
+ * fused decode kernel, batch 6 the per-token quantiser (its codes and scales in arena scratch) and
+ * the scaled cuBLASLt FP8 GEMM, whose scale pointers are descriptor state read when the call is
+ * enqueued: a graph must replay the ones of its capture, which the bit-identical logits show. */
+TEST(cuda_ptpc_graphs_match_eager) {
+    if (!lunar_test_cuda_device()) return;
+    char dir[64];
+    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
+    lunar_err err;
+    lunar_model *m;
+    lunar_load_options lo = {.ptpc_fp8 = 1};
+    if (lunar_model_load_ex(&m, dir, &lo, &err) == 0) {
+        long cap = 0, rep = 0;
+        long long g0, g1;
+        const int Bs[] = {1, 3, 6};
+        lunar_cuda_ptpc_stats(NULL, NULL, NULL, &g0);
+        graphs_vs_eager("kimi-linear, ptpc fp8", m, 1, Bs, 3, &cap, &rep);
+        lunar_cuda_ptpc_stats(NULL, NULL, NULL, &g1);
+        CHECK_MSG(cap == 9 && rep == 39, "ptpc: %ld captures, %ld replays (want 9, 39)", cap, rep);
+        CHECK(g1 > g0); /* the decode kernel ran (eager and captured steps) */
+        lunar_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    lunar_test_wide_model_rm(dir);
+}
+
 /* The K3 / K3.1-shaped model (tests/cuda_wide.h): AttnRes (its candidates read from the step's
  * input block), the DSA indexer and sparse MLA, the dense first layer, the latent MXFP4 MoE on the
  * fused path. Batch sizes 1 and 3, the same three keys per batch size as above. */

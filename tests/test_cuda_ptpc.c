@@ -64,7 +64,7 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
     static const int shapes[][3] = {{1, 64, 128}, {4, 256, 512}, {17, 136, 256}, {64, 512, 1024},
                                     {3, 33, 80},  {2, 48, 100},  {5, 7, 16}};
     long long sc0, un0, fb0;
-    lunar_cuda_ptpc_stats(&sc0, &un0, &fb0);
+    lunar_cuda_ptpc_stats(&sc0, &un0, &fb0, NULL);
     int calls = 0;
     double worst = 0;
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -158,13 +158,114 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
         lunar_cuda_release(mark);
     }
     long long sc1, un1, fb1;
-    lunar_cuda_ptpc_stats(&sc1, &un1, &fb1);
+    lunar_cuda_ptpc_stats(&sc1, &un1, &fb1, NULL);
     CHECK(sc1 - sc0 + un1 - un0 + fb1 - fb0 == calls);
     /* at least: the forced-plain calls, the unaligned shapes (3, both y types) of the other two
      * levels, and the bf16 calls of level 1 (no unscaled form for bf16 y) on the 4 aligned shapes */
     CHECK(fb1 - fb0 >= calls / 3 + 3 * 2 * 2 + 4);
     fprintf(stderr, "[FP8 GEMM calls: cuBLASLt scaled %lld, unscaled + scaling %lld, fallback %lld; max err/m %.3g] ",
             sc1 - sc0, un1 - un0, fb1 - fb0, worst);
+    if (lunar_cuda_ptpc_scaled_note()[0]) fprintf(stderr, "\n  [%s] ", lunar_cuda_ptpc_scaled_note());
+}
+
+/* The decode kernel (lunar_cuda_ptpc_gemv: quantisation of x fused, n <= 4) against the CPU op with
+ * bf16 operands (x rounded to bf16 first, as the kernel does with an fp32 x). Both sum exact
+ * products in fp32, only in another order, so the bound is the one of any fp32 summation order:
+ * |err| <= (in + 2) 2^-24 m (m = sum |products| s_x s_w; 2 for the two scalings); bf16 y adds
+ * 2^-8 |ref|. A code off by one step in element i moves the sum by >= m_i / 16, far above that for
+ * any element carrying more than in 2^-20 of its row. The x values are not bf16 numbers: the
+ * fp32 input must be rounded to bf16 before it is quantised. Shapes with few outputs have 2-8
+ * warps share each one (96 x 10240, 40 x 10240, 256 x 4096, 128 x 20480: the last also streams past
+ * the loads issued before the quantisation); 4096 x 2304 is Kimi-Linear's q/k/v projection.
+ * Refused shapes launch nothing. */
+TEST(cuda_ptpc_gemv_vs_cpu) {
+    if (!ptpc_cuda_on()) return;
+    static const int shapes[][3] = {{1, 64, 128},    {2, 256, 512},   {3, 136, 256},  {4, 512, 1024},
+                                    {1, 96, 10240},  {4, 40, 10240},  {2, 4500, 64},  {3, 256, 4096},
+                                    {1, 128, 20480}, {1, 4096, 2304}};
+    long long g0, g1;
+    lunar_cuda_ptpc_stats(NULL, NULL, NULL, &g0);
+    int calls = 0;
+    double worst = 0;
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)n * in, 70 + s, -3, 3), *w = test_rand((long)out * in, 80 + s, -0.02f, 0.02f);
+        w[(out / 2) * in + in / 3] = 1.5f; /* an outlier row */
+        for (int i = 0; i < in; i++) w[(size_t)(out - 1) * in + i] = 0; /* a zero row */
+        x[in / 2] = 1e-3f;                                                /* codes far below the row's amax */
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        uint16_t *xb = malloc((size_t)n * in * 2);
+        for (long i = 0; i < (long)n * in; i++) xb[i] = lunar_f32_to_bf16(x[i]);
+        const void *dw = up(W.data, W.nbytes), *dxf = up(x, (size_t)n * in * 4), *dxb = up(xb, (size_t)n * in * 2);
+        uint8_t *dqw = lunar_cuda_alloc((size_t)out * in);
+        float *dsw = lunar_cuda_alloc((size_t)out * 4);
+        lunar_cuda_ptpc_quantize(dqw, dsw, dw, LUNAR_CUDA_BF16, out, in, NULL);
+        float *ref = test_poisoned((long)n * out), *mag = test_alloc((long)n * out);
+        op_set_bf16_operands(1);
+        op_matmul_ptpc_fp8(ref, x, &W, n);
+        op_set_bf16_operands(0);
+        { /* m per element from the CPU's codes */
+            uint8_t *qx = malloc((size_t)in), *qw = malloc((size_t)in);
+            float *row = test_alloc(in);
+            for (int t = 0; t < n; t++) {
+                for (int i = 0; i < in; i++) row[i] = lunar_bf16_to_f32(xb[(size_t)t * in + i]);
+                const float sx = lunar_ptpc_quantize_row(qx, row, in);
+                for (int o = 0; o < out; o++) {
+                    for (int i = 0; i < in; i++) row[i] = lunar_bf16_to_f32(((const uint16_t *)W.data)[(size_t)o * in + i]);
+                    const float sw = lunar_ptpc_quantize_row(qw, row, in);
+                    double m = 0;
+                    for (int i = 0; i < in; i++) m += fabs((double)lunar_e4m3_to_f32(qx[i]) * lunar_e4m3_to_f32(qw[i]));
+                    mag[(size_t)t * out + o] = (float)(m * sx * sw);
+                    for (int i = 0; i < in; i++) row[i] = lunar_bf16_to_f32(xb[(size_t)t * in + i]);
+                }
+            }
+            free(qx), free(qw), free(row);
+        }
+        for (int v = 0; v < 4; v++) {
+            const int bf = v & 1, xf = v >> 1;
+            const size_t ybytes = (size_t)n * out * (bf ? 2 : 4);
+            uint32_t *by;
+            void *dy = guarded(&by, ybytes);
+            const int rc = lunar_cuda_ptpc_gemv(dy, bf ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, xf ? dxf : dxb,
+                                                xf ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16, dqw, dsw, n, out, in, NULL);
+            CHECK_MSG(rc == 0, "n=%d out=%d in=%d: the decode kernel refused the shape", n, out, in);
+            calls += rc == 0;
+            float *y = test_alloc((long)n * out);
+            lunar_cuda_sync();
+            if (bf) {
+                uint16_t *b = malloc(ybytes);
+                lunar_cuda_download(b, dy, ybytes);
+                for (long i = 0; i < (long)n * out; i++) y[i] = lunar_bf16_to_f32(b[i]);
+                free(b);
+            } else {
+                lunar_cuda_download(y, dy, ybytes);
+            }
+            int fails = 0;
+            double e_max = 0;
+            for (long i = 0; i < (long)n * out; i++) {
+                const double e = fabs((double)y[i] - ref[i]);
+                const double tol = ldexp(mag[i], -24) * (in + 2) + (bf ? ldexp(fabs(ref[i]), -8) : 0);
+                if (!(e <= tol + 1e-30)) fails++;
+                if (mag[i] > 0 && e / mag[i] > e_max) e_max = e / mag[i];
+            }
+            if (e_max > worst) worst = e_max;
+            CHECK_MSG(fails == 0, "n=%d out=%d in=%d y %s x %s: %d elements off (max err/m %.3g)", n, out, in,
+                      bf ? "bf16" : "f32", xf ? "f32" : "bf16", fails, e_max);
+            CHECK(guards_ok(by, ybytes));
+            free(y);
+        }
+        test_tensor_free(&W);
+        free(x), free(w), free(xb), free(ref), free(mag);
+        lunar_cuda_release(mark);
+    }
+    /* shapes it must refuse (nothing launched, nothing counted): 5 rows, in % 16 != 0, x over 160 KB */
+    CHECK(lunar_cuda_ptpc_gemv(NULL, LUNAR_CUDA_F32, NULL, LUNAR_CUDA_F32, NULL, NULL, 5, 64, 128, NULL) == -1);
+    CHECK(lunar_cuda_ptpc_gemv(NULL, LUNAR_CUDA_F32, NULL, LUNAR_CUDA_F32, NULL, NULL, 1, 64, 100, NULL) == -1);
+    CHECK(lunar_cuda_ptpc_gemv(NULL, LUNAR_CUDA_F32, NULL, LUNAR_CUDA_F32, NULL, NULL, 4, 64, 10256, NULL) == -1);
+    lunar_cuda_ptpc_stats(NULL, NULL, NULL, &g1);
+    CHECK(g1 - g0 == calls);
+    fprintf(stderr, "[%d decode-kernel calls; max err/m %.3g] ", calls, worst);
 }
 
 #endif

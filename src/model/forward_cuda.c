@@ -707,19 +707,23 @@ static int glue_gemm_only(void) { /* LUNAR_CUDA_GLUE_GEMM: every GEMM through th
     if (glue_only < 0) glue_only = getenv("LUNAR_CUDA_GLUE_GEMM") != NULL;
     return glue_only;
 }
-/* PTPC-FP8: x's per-token codes into scratch, then the scaled FP8 GEMM. On a side stream the
- * scratch stays until the caller's mark (the main stream may reuse released memory at once) */
-static void mm_fp8(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
+/* PTPC-FP8 of x (bf16, or fp32: rounded to bf16 by the quantiser, as the GEMM operand): decode rows
+ * in one launch (lunar_cuda_ptpc_gemv), else x's per-token codes into scratch, then the FP8 GEMM. On
+ * a side stream the scratch stays until the caller's mark (the main stream may reuse released
+ * memory at once) */
+static void mm_fp8(float *y, const void *x, lunar_cuda_dtype xdt, const dmat *W, int n, lunar_cuda_stream st) {
+    const uint8_t *qw = (const uint8_t *)W->p;
+    if (lunar_cuda_ptpc_gemv(y, LUNAR_CUDA_F32, x, xdt, qw, W->s8, n, W->out, W->in, st) == 0) return;
     size_t mk = lunar_cuda_mark();
     uint8_t *qx = dalloc((size_t)n * W->in);
     float *sx = dalloc((size_t)n * 4);
-    lunar_cuda_ptpc_quantize(qx, sx, xb, LUNAR_CUDA_BF16, n, W->in, st);
-    lunar_cuda_ptpc_matmul(y, LUNAR_CUDA_F32, qx, sx, (const uint8_t *)W->p, W->s8, n, W->out, W->in, st);
+    lunar_cuda_ptpc_quantize(qx, sx, x, xdt, n, W->in, st);
+    lunar_cuda_ptpc_matmul(y, LUNAR_CUDA_F32, qx, sx, qw, W->s8, n, W->out, W->in, st);
     if (!st) lunar_cuda_release(mk);
 }
 static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_stream st) {
     if (W->s8) {
-        mm_fp8(y, xb, W, n, st);
+        mm_fp8(y, xb, LUNAR_CUDA_BF16, W, n, st);
         return;
     }
     if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0)
@@ -731,8 +735,12 @@ static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_
 /* y[n, W.out] = x[n, W.in] . W^T, x rounded to bf16 (the GEMM operand) */
 static void mm(float *y, const float *x, const dmat *W, int n) {
     if (n <= 0) return;
+    if (W->s8) { /* the quantiser (or the decode kernel) rounds x to bf16 itself */
+        mm_fp8(y, x, LUNAR_CUDA_F32, W, n, NULL);
+        return;
+    }
     /* decode rows: the skinny kernel rounds x itself (one launch instead of two) */
-    if (!W->s8 && !glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
+    if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
         lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, W->p, n, W->out, W->in, NULL) == 0)
         return;
     size_t mk = lunar_cuda_mark();

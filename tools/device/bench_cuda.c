@@ -2,7 +2,8 @@
  * Kimi-Linear shapes. Device events around the region, warm-up first, median of the repeats.
  * Floors: bytes / 4.3 TB/s (copy bandwidth measured on these H200s) and FLOPs / 790 TFLOP/s
  * (bf16 8192^3 product measured on them). Prints one table row per case.
- * Usage: bench_cuda [prefill|decode|gemm|all|profile]   (profile: one KDA prefill call per bf16 mode, for ncu) */
+ * Usage: bench_cuda [prefill|decode|gemm|all|profile|ptpc]
+ *   (profile: one KDA prefill call per bf16 mode, for ncu; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +224,67 @@ static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtyp
     lunar_cuda_release(mark);
 }
 
+/* ---------------------------------------------------------------- PTPC-FP8 linears
+ * One model linear from its fp32 input as the forward's mm() runs it: bf16 weights (n <= 4: the
+ * skinny kernel rounding x itself; else x -> bf16 + cuBLASLt) against PTPC-FP8 (n <= 4: the fused
+ * decode kernel; else the per-token quantiser + the FP8 GEMM + its scaling). Floor: the weight bytes
+ * (2 or 1 per weight) plus x and y at the bandwidth, or the flops at the bf16 / fp8 dense peak. */
+static double ptpc_floor_us(int n, int out, int in, int wbytes_per) {
+    const double bytes = (double)out * in * wbytes_per + (double)n * in * 4 + (double)n * out * 4;
+    return fmax(bytes / BW, 2.0 * n * out * in / (wbytes_per == 1 ? 2 * TC : TC)) * 1e6;
+}
+static void bench_ptpc(const char *name, int n, int out, int in) {
+    const size_t mark = lunar_cuda_mark();
+    const size_t wbytes = (size_t)out * in * 2;
+    const int copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 1;
+    uint16_t **W = malloc(sizeof(uint16_t *) * copies);
+    uint8_t **Q = malloc(sizeof(uint8_t *) * copies);
+    float **S = malloc(sizeof(float *) * copies);
+    float *tmp = dalloc((size_t)out * in * 4 > (size_t)n * in * 4 ? (size_t)out * in * 4 : (size_t)n * in * 4);
+    for (int c = 0; c < copies; c++) {
+        W[c] = dalloc(wbytes), Q[c] = dalloc((size_t)out * in), S[c] = dalloc((size_t)out * 4);
+        lunar_cuda_fill_uniform(tmp, (size_t)out * in, 20 + c, -0.05f, 0.05f);
+        lunar_cuda_f32_to_bf16(W[c], tmp, (size_t)out * in);
+        lunar_cuda_ptpc_quantize(Q[c], S[c], W[c], LUNAR_CUDA_BF16, out, in, NULL);
+    }
+    float *x = dalloc((size_t)n * in * 4), *y = dalloc((size_t)n * out * 4);
+    lunar_cuda_fill_uniform(x, (size_t)n * in, 99, -1, 1);
+    uint16_t *xb = dalloc((size_t)n * in * 2);
+    uint8_t *qx = dalloc((size_t)n * in);
+    float *sx = dalloc((size_t)n * 4);
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    float ms[2];
+    for (int form = 0; form < 2; form++) {
+        const int reps = 20, inner = 10;
+        float ts[20];
+        for (int i = -1; i < reps; i++) { /* i = -1: warm-up (plans, heuristics) */
+            lunar_cuda_event_record(e0, NULL);
+            for (int j = 0; j < inner; j++) {
+                const int c = ((i + 1) * inner + j) % copies;
+                if (form == 0) {
+                    if (lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, W[c], n, out, in, NULL) != 0) {
+                        lunar_cuda_f32_to_bf16(xb, x, (size_t)n * in);
+                        lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W[c], n, out, in, NULL);
+                    }
+                } else if (lunar_cuda_ptpc_gemv(y, LUNAR_CUDA_F32, x, LUNAR_CUDA_F32, Q[c], S[c], n, out, in, NULL)) {
+                    lunar_cuda_ptpc_quantize(qx, sx, x, LUNAR_CUDA_F32, n, in, NULL);
+                    lunar_cuda_ptpc_matmul(y, LUNAR_CUDA_F32, qx, sx, Q[c], S[c], n, out, in, NULL);
+                }
+            }
+            lunar_cuda_event_record(e1, NULL);
+            if (i >= 0) ts[i] = lunar_cuda_event_ms(e0, e1) / inner;
+        }
+        ms[form] = median(ts, reps);
+    }
+    const double fb = ptpc_floor_us(n, out, in, 2), f8 = ptpc_floor_us(n, out, in, 1);
+    printf("| ptpc %s | n=%d out=%d in=%d | bf16 %.1f us (%.0f%% of %.1f) | ptpc %.1f us (%.0f%% of %.1f) | %.2fx |\n",
+           name, n, out, in, ms[0] * 1e3, 100 * fb / (ms[0] * 1e3), fb, ms[1] * 1e3, 100 * f8 / (ms[1] * 1e3), f8,
+           ms[0] / ms[1]);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    free(W), free(Q), free(S);
+    lunar_cuda_release(mark);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     lunar_err err;
@@ -275,6 +337,21 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 4; i++)
                 bench_gemm(sh[s].name, ns[i], sh[s].out, sh[s].in, s == 5 ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16);
         bench_gemm("peak", 8192, 8192, 8192, LUNAR_CUDA_BF16);
+    }
+    if (strcmp(what, "ptpc") == 0) { /* Kimi-Linear-48B's PTPC linears (not in "all") */
+        static const struct { const char *name; int out, in; } sh[] = {
+            {"kda q/k/v", 4096, 2304}, {"kda o", 2304, 4096}, {"kda f_a/g_a", 128, 2304}, {"kda f_b/g_b", 4096, 128},
+            {"mla q", 6144, 2304}, {"mla kv_a", 576, 2304}, {"shared gate/up", 1024, 2304},
+            {"shared down", 2304, 1024}, {"dense gate/up", 9216, 2304}, {"dense down", 2304, 9216}};
+        static const int ns[] = {1, 4, 64, 8192};
+        printf("\n| PTPC linear | shape | bf16 | ptpc | bf16/ptpc |\n|---|---|---|---|---|\n");
+        for (unsigned s = 0; s < sizeof sh / sizeof sh[0]; s++)
+            for (int i = 0; i < 4; i++) bench_ptpc(sh[s].name, ns[i], sh[s].out, sh[s].in);
+        long long sc, un, fb, gv;
+        lunar_cuda_ptpc_stats(&sc, &un, &fb, &gv);
+        printf("\nPTPC calls: cuBLASLt scaled %lld, unscaled + scaling %lld, fallback %lld, decode kernel %lld\n", sc, un,
+               fb, gv);
+        if (lunar_cuda_ptpc_scaled_note()[0]) printf("%s\n", lunar_cuda_ptpc_scaled_note());
     }
     lunar_cuda_shutdown();
     return 0;

@@ -108,8 +108,8 @@ int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const 
                            int in, lunar_cuda_stream s);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
- * Quantise `rows` rows of x ([rows, in], fp32 or bf16 by xdt) to e4m3 codes q [rows, in] with one
- * fp32 scale per row s [rows]: bit-identical to lunar_ptpc_quantize_row on the same values (weights
+ * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
+ * q [rows, in] with one fp32 scale per row s [rows]: bit-identical to lunar_ptpc_quantize_row on the same values (weights
  * once at upload, activations per call). */
 void lunar_cuda_ptpc_quantize(uint8_t *q, float *s, const void *x, lunar_cuda_dtype xdt, int rows, int in,
                               lunar_cuda_stream st);
@@ -122,8 +122,18 @@ void lunar_cuda_ptpc_quantize(uint8_t *q, float *s, const void *x, lunar_cuda_dt
  * (tests): 0 = all forms, 1 = skip the scaled form, 2 = the fallback only. */
 void lunar_cuda_ptpc_matmul(void *y, lunar_cuda_dtype ydt, const uint8_t *qx, const float *sx, const uint8_t *qw,
                             const float *sw, int n, int out, int in, lunar_cuda_stream s);
-void lunar_cuda_ptpc_stats(long long *scaled, long long *unscaled, long long *fallback);
+/* Decode rows (n <= 4; in % 16 == 0, qw 16-byte aligned, n * in * 4 <= 160 KB; LUNAR_PTPC_GEMV not
+ * 0): the whole PTPC linear in one launch from the unquantised x (bf16, or fp32 rounded to bf16 as
+ * the GEMM operand): x quantised per row as lunar_cuda_ptpc_quantize (same codes and scales), the
+ * e4m3 weight codes streamed once, y = (dot * s_x) * s_w with fp32 sums. Returns -1, launching
+ * nothing, elsewhere (the caller quantises and takes lunar_cuda_ptpc_matmul). */
+int lunar_cuda_ptpc_gemv(void *y, lunar_cuda_dtype ydt, const void *x, lunar_cuda_dtype xdt, const uint8_t *qw,
+                         const float *sw, int n, int out, int in, lunar_cuda_stream s);
+/* calls per form so far (each pointer may be NULL); gemv: lunar_cuda_ptpc_gemv calls taken */
+void lunar_cuda_ptpc_stats(long long *scaled, long long *unscaled, long long *fallback, long long *gemv);
 void lunar_cuda_ptpc_force(int level);
+/* why the last scaled (outer-vector) plan was refused, "" if none was */
+const char *lunar_cuda_ptpc_scaled_note(void);
 
 /* The MLA absorption for many rows (prefill): q [rows, H, N+P] fp32 -> q_lat [rows, H, R] =
  * q_nope . W_UK per head and q_pe [rows, H, P] (the rope columns), with W = kv_b_proj bf16
