@@ -12,8 +12,9 @@
  *    ~2e-3 of max |o| expected, 1.5e-2 allowed (the worst-case bound, all 576 errors aligned, is
  *    ~3e-2 at these magnitudes).
  *    The default decode kernel rounds q and P to f16 instead (2^-12) on FP8 pages: inside the same
- *    bound. Dense rows run the new decode kernel unless LUNAR_MLA_DECODE=old (then the old one);
- *    tools/device/bench_mla_decode.sh runs these tests under both. The wgmma decode kernel widens
+ *    bound. Dense rows run the new decode kernel or, where it is faster (cuda_mla.cu,
+ *    wgmma_default), the wgmma one, unless LUNAR_MLA_DECODE=old / new / cluster / wgmma picks one;
+ *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel widens
  *    FP8 pages to bf16 (exact) and rounds q and P to bf16: the bf16 bound; its own test forces it
  *    (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */

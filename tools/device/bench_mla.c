@@ -139,8 +139,9 @@ static void bench_decode(void) {
                         setenv("LUNAR_MLA_DECODE", "cluster", 1);
                         us_cl = time_us(call_decode, &m, 9);
                     }
-                    unsetenv("LUNAR_MLA_DECODE");
+                    setenv("LUNAR_MLA_DECODE", "new", 1);
                     const float us = time_us(call_decode, &m, 9);
+                    unsetenv("LUNAR_MLA_DECODE");
                     const double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
                     const double floor = bytes / BW * 1e6;
                     const double mma = (double)B * L * ((H + 15) / 16 * 16) * 2.0 * (576 + 512) / MMA * 1e6;

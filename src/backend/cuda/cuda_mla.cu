@@ -851,16 +851,23 @@ bool enabled() {
     const char *e = getenv("LUNAR_MLA_DECODE");
     return !(e && !strcmp(e, "old"));
 }
-// The wgmma kernel pads heads to 64 per block: it is the default only where a device run showed it
-// faster than this kernel (docs/benchmarks.md, "MLA decode with wgmma").
-bool wgmma_default(int H) {
-    (void)H;
-    return false;
+// The wgmma kernel pads heads to 64 per block and has a fixed cost per block of a 64-head q load:
+// it is the default where the device run showed it faster than this kernel (docs/benchmarks.md,
+// "MLA decode with wgmma", H = 32 / 64 / 96, B = 1-64, 1K-128K; 17..32 heads cost both kernels
+// what 32 do, 33..64 what 64 do): FP8 pages from 33 heads (1.4-2.8x), and up to 32 heads while
+// rows x context <= 256K (1.2-2.2x; 0.99-1.06x past it); bf16 pages from 33 heads once rows x
+// context >= 64K (1.15-1.7x; below it B = 1 / 8 are latency-bound, 0.67-1.0x). Never at 16 heads
+// or fewer (one mma.sync group against a 4x padded wgmma block; not measured).
+bool wgmma_default(int H, int rows, int max_n, bool fp8) {
+    const double work = (double)rows * max_n;
+    if (H <= 16) return false;
+    if (fp8) return H > 32 || work <= 262144.0;
+    return H > 32 && work >= 65536.0;
 }
-bool wgmma_wanted(int H) {
+bool wgmma_wanted(int H, int rows, int max_n, bool fp8) {
     const char *e = getenv("LUNAR_MLA_DECODE");
     if (e && *e) return !strcmp(e, "wgmma");
-    return wgmma_default(H);
+    return wgmma_default(H, rows, max_n, fp8);
 }
 bool cluster_wanted() {
     const char *e = getenv("LUNAR_MLA_DECODE");
@@ -902,7 +909,7 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
          const int32_t *row_seq, const int32_t *lens, const int32_t *idx, int topk, int max_n,
          int rows, int H, float scale, void *ws, cudaStream_t s) {
     CUDA_REQUIRE(rows >= 1 && H >= 1 && c && c->latent && c->block_tables);
-    if (!idx && dec::wgmma_wanted(H)) {
+    if (!idx && dec::wgmma_wanted(H, rows, max_n, c->dtype == LUNAR_CUDA_KV_FP8)) {
         lunar_mla_wgmma_decode(o, q_lat, q_pe, c, row_seq, lens, max_n, rows, H, scale, ws, s);
         return;
     }
