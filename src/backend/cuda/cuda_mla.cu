@@ -854,9 +854,9 @@ bool enabled() {
 // The wgmma kernel pads heads to 64 per block and has a fixed cost per block of a 64-head q load:
 // it is the default where the device run showed it faster than this kernel (docs/benchmarks.md,
 // "MLA decode with wgmma", H = 32 / 64 / 96, B = 1-64, 1K-128K; 17..32 heads cost both kernels
-// what 32 do, 33..64 what 64 do): FP8 pages from 33 heads (1.4-2.8x), and up to 32 heads while
-// rows x context <= 256K (1.2-2.2x; 0.99-1.06x past it); bf16 pages from 33 heads once rows x
-// context >= 64K (1.15-1.7x; below it B = 1 / 8 are latency-bound, 0.67-1.0x). Never at 16 heads
+// what 32 do, 33..64 what 64 do): FP8 pages from 33 heads (1.5-2.9x), and up to 32 heads while
+// rows x context <= 256K (1.2-2.4x; 1.0-1.07x past it); bf16 pages from 33 heads once rows x
+// context >= 64K (1.2-1.8x; below it B = 1 / 8 are latency-bound, 0.5-1.06x). Never at 16 heads
 // or fewer (one mma.sync group against a 4x padded wgmma block; not measured).
 bool wgmma_default(int H, int rows, int max_n, bool fp8) {
     const double work = (double)rows * max_n;

@@ -3,9 +3,11 @@
 // A block serves one row (query token), up to 64 heads (the M = 64 of wgmma; H = 96 runs as two
 // blocks of 48, each padded to 64 with zero rows: the same MMA work as 64 + 32, but equal blocks)
 // and one split of the row's positions, and streams 64-position tiles of the latent (half a
-// 128-token page: one contiguous 64 x 576 region) through shared memory with cp.async, loading
-// tile i + 1 while tile i is computed. Each latent byte enters shared memory once per block and is
-// read there by both products:
+// 128-token page: one contiguous 64 x 576 region) through two shared-memory stages, loading tile
+// i + 1 while tile i is computed: bf16 pages by bulk tensor copies (TMA: warp 0 issues 72 copies of
+// 16 bytes x 64 rows per tile, completing on an mbarrier; LUNAR_MLA_WGMMA_TMA=0 or a refused tensor
+// map: cp.async by every thread, 5-10 % slower), FP8 pages by cp.async. Each latent byte enters
+// shared memory once per block and is read there by both products:
 //  - S = Q C^T: Q [64 heads x 576] bf16 in shared memory (written once, the A operand), the tile
 //    the B operand, K-major; warpgroup w takes positions 32w .. 32w + 31 (m64n32k16, 36 k-steps);
 //  - online softmax in registers (log2 domain, fp32); the row maxima of the two warpgroups meet in
@@ -14,18 +16,22 @@
 //  - O += P C: warpgroup w owns output dims 256w .. 256w + 255 (m64n256k16, 128 fp32 accumulators
 //    per thread), A = P from shared memory, B = the same tile read N-major (imm-trans-b).
 // Both views of the tile use one layout, the no-swizzle "core matrix" order of the wgmma shared
-// memory descriptors: 8 rows x 16 bytes contiguous (128 B), core matrices of one 8-row group
-// adjacent along the 576 dims (72 x 128 B = one 9216 B group), groups after each other. K-major
-// (S: rows = positions, K = dims): leading byte offset 128, stride byte offset 9216; N-major (O:
-// K = positions, N = dims): leading 9216, stride 128. cp.async writes each 16-byte chunk of the
-// cache straight into that order, so there is no transposition and no swizzle to get wrong.
+// memory descriptors: 8 rows x 16 bytes contiguous (128 B); the tile is chunk-major (the 64 rows of
+// 16-byte chunk j, dims 8j .. 8j + 7, are one contiguous KB, which is what one tensor copy of a
+// 16-byte x 64-row box writes). K-major (S: rows = positions, K = dims): leading byte offset 1024,
+// stride byte offset 128; N-major (O: K = positions, N = dims): leading 128, stride 1024. Q keeps
+// the row-group-major order (8 heads x 576 dims = 9216 B per group: leading 128, stride 9216). No
+// transposition and no swizzle anywhere.
 // FP8 pages are staged raw (two stages) and widened to bf16 in shared memory (e4m3 -> bf16 is
 // exact), so both cache types run the same bf16 MMA. Accuracy: q and P are rounded to bf16 as in
 // the mma.sync kernels; sums are fp32. Long contexts are split over blocks (split-K); each split
 // writes O / l and log2-sum-exp, and the mma.sync kernel's merge combines them.
 //
 // Shared memory: Q 72 KB + two bf16 tiles 144 KB (FP8: one bf16 tile + two raw stages of 36 KB)
-// + P 8 KB = 225 KB of the 227 KB a block may have: one block per SM, 256 threads.
+// + P 8 KB = 225 KB of the 227 KB a block may have: one block per SM, 256 threads. The time goes
+// to the tile copies, not the tensor cores (docs/benchmarks.md, "MLA decode with wgmma").
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_fp8.h>
 #include <math.h>
 #include <stdlib.h>
@@ -54,7 +60,8 @@ template <bool FP8> struct Lay {
     static constexpr int raw_off = tile_off + (FP8 ? 1 : 2) * kTileBytes;
     static constexpr int p_off = raw_off + (FP8 ? 2 * kRawBytes : 0);
     static constexpr int red_off = p_off + kPBytes; // [2 warpgroups][64] floats
-    static constexpr size_t smem = (size_t)red_off + 2 * 64 * 4;
+    static constexpr int bar_off = red_off + 2 * 64 * 4; // TMA variant: one mbarrier per stage
+    static constexpr size_t smem = (size_t)bar_off + 2 * 8;
 };
 static_assert(Lay<false>::smem <= 232448 && Lay<true>::smem <= 232448, "227 KB of shared memory per block");
 
@@ -142,8 +149,34 @@ __device__ __forceinline__ void wgmma_v256(float d[128], uint64_t da, uint64_t d
 // order. The copy loops hand lane l row 8 rg + (l & 7) and chunk 4 jg + (l >> 3): a warp reads 8
 // rows x 64 contiguous bytes and writes 512 contiguous bytes of shared memory (no bank conflict).
 __device__ __forceinline__ int core_off(int r, int j) { return (r >> 3) * kGroup + j * 128 + (r & 7) * 16; }
+// The latent tiles: the same core matrices, chunk-major (chunk j's 64 rows = 8 core matrices are
+// one contiguous KB), so one bulk tensor copy of 16 bytes x 64 rows fills one chunk column:
+// K-major (S) leading byte offset 1024 and stride 128, N-major (O) leading 128 and stride 1024.
+__device__ __forceinline__ int tile_off(int r, int j) { return j * 1024 + r * 16; }
 
-template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a) {
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// 16 bytes x 64 rows of the latent (coordinates: byte in the row, cache slot) into shared memory,
+// completing on the mbarrier
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
+// TMA (bf16 pages only): the tiles come by bulk tensor copies issued by warp 0 (tile i + 1 before
+// waiting for tile i), completing on an mbarrier per stage, instead of cp.async by every thread;
+// rows past the end are copied too and zeroed in shared memory afterwards.
+template <bool FP8, bool TMA>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using L = Lay<FP8>;
     extern __shared__ __align__(128) unsigned char smem[];
     const uint32_t sb = smem_u32(smem);
@@ -178,12 +211,31 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_
                 // warp, conflict-free shared stores but half lines, measured the same.)
                 const int blk = c >> 5, l = c & 31, rq = blk / 9, jg = blk - rq * 9;
                 const int r = rq * 4 + (l >> 3), j = jg * 8 + (l & 7);
-                cp_async16(dst + core_off(r, j), src + (size_t)r * (kRow * 2) + j * 16, r < nvalid);
+                cp_async16(dst + tile_off(r, j), src + (size_t)r * (kRow * 2) + j * 16, r < nvalid);
             }
         }
     };
-    load_tile(0);
-    cp_commit();
+    const uint32_t bars = sb + L::bar_off;
+    auto issue_tma = [&](int i) { // warp 0
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i & 1) * 8, dst = sb + L::tile_off + (i & 1) * kTileBytes;
+        if (lane == 0) mbar_expect_tx(bar, kTileBytes);
+        __syncwarp();
+        for (int j = lane; j < kChunks; j += 32) tma_2d(dst + j * 1024, &tm, j * 16, slot0, bar);
+    };
+    if (TMA) {
+        if (tid == 0) {
+            mbar_init(bars, 1), mbar_init(bars + 8, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        if (tid < 32) issue_tma(0);
+    } else {
+        load_tile(0);
+        cp_commit();
+    }
 
     // Q: heads h0 .. h0 + nh - 1 as bf16 rows 0 .. nh - 1, rows past nh zero (their scores are
     // finite and never stored)
@@ -211,11 +263,25 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_
     const uint64_t dp = desc(sb + L::p_off, 128, kPGroup);
 
     for (int it = 0; it < ntiles; it++) {
-        cp_wait_all();
-        if (!FP8) fence_async_smem();
-        __syncthreads(); // tile it is in; both warpgroups are done with tile it - 1 and with P
-        load_tile(it + 1);
-        cp_commit();
+        if (TMA) {
+            __syncthreads(); // both warpgroups are done with tile it - 1: its stage takes tile it + 1
+            if (tid < 32) issue_tma(it + 1);
+            mbar_wait(bars + (it & 1) * 8, (uint32_t)(it >> 1) & 1);
+            const int nvalid = min(kTile, end - (begin + it * kTile));
+            if (nvalid < kTile) { // rows past the end hold whatever the page has: zero them
+                unsigned char *tp = smem + L::tile_off + (it & 1) * kTileBytes;
+                for (int c = tid; c < (kTile - nvalid) * kChunks; c += kThreads)
+                    *reinterpret_cast<uint4 *>(tp + tile_off(nvalid + c / kChunks, c % kChunks)) = make_uint4(0, 0, 0, 0);
+                fence_async_smem();
+            }
+            __syncthreads(); // tile it is in everywhere
+        } else {
+            cp_wait_all();
+            if (!FP8) fence_async_smem();
+            __syncthreads(); // tile it is in; both warpgroups are done with tile it - 1 and with P
+            load_tile(it + 1);
+            cp_commit();
+        }
         uint32_t tile;
         if (FP8) {
             // widen raw stage it & 1 into the bf16 tile (core-matrix order): 16 raw bytes (chunks 2jj,
@@ -238,9 +304,9 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_
                     o8[2 * k] = pack_bf16(flo.x, flo.y);
                     o8[2 * k + 1] = pack_bf16(fhi.x, fhi.y);
                 }
-                unsigned char *d = smem + L::tile_off + core_off(r, 2 * jj);
+                unsigned char *d = smem + L::tile_off + tile_off(r, 2 * jj);
                 *reinterpret_cast<uint4 *>(d) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
-                *reinterpret_cast<uint4 *>(d + 128) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+                *reinterpret_cast<uint4 *>(d + 1024) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
             }
             fence_async_smem();
             __syncthreads();
@@ -253,11 +319,11 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_
         float s[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) s[i] = 0.0f;
-        const uint64_t dc = desc(tile + wg * 4 * kGroup, 128, kGroup);
+        const uint64_t dc = desc(tile + wg * 4 * 128, 1024, 128);
         pin(s);
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < kRow / 16; ks++) wgmma_s32(s, dq + 16 * ks, dc + 16 * ks, ks > 0);
+        for (int ks = 0; ks < kRow / 16; ks++) wgmma_s32(s, dq + 16 * ks, dc + 128 * ks, ks > 0);
         wg_commit();
         wg_wait0();
         pin(s);
@@ -304,11 +370,11 @@ template <bool FP8> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_
         __syncthreads(); // all of P is written
 
         // O[:, 256 wg .. + 255] += P C[:, 256 wg .. + 255]; a k-step is 16 positions (2 groups)
-        const uint64_t dv = desc(tile + wg * 32 * 128, kGroup, 128);
+        const uint64_t dv = desc(tile + wg * 32 * 1024, 128, 1024);
         pin(o);
         wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < kTile / 16; ks++) wgmma_v256(o, dp + 16 * ks, dv + (2 * kGroup / 16) * ks, 1);
+        for (int ks = 0; ks < kTile / 16; ks++) wgmma_v256(o, dp + 16 * ks, dv + 16 * ks, 1);
         wg_commit();
         wg_wait0();
         pin(o);
@@ -368,15 +434,41 @@ Plan plan(int rows, int H, int max_n) {
     return p;
 }
 
-template <bool FP8> void launch(const Args &a, const Plan &p, cudaStream_t s) {
+template <bool FP8, bool TMA> void launch(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)Lay<FP8>::smem));
         attr = true;
     }
-    wgmma_decode_kernel<FP8><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a);
+    wgmma_decode_kernel<FP8, TMA><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
+}
+
+// The bf16 latent as a 2-D byte tensor [slots][1152] for the bulk tensor copies (boxes of 16 bytes
+// x 64 slots). The pool's slot count is not passed down: 2^28 slots (309 GB) bound every pool, and
+// only the slots of listed pages are ever addressed. false: no driver entry point or the map was
+// refused (the caller keeps cp.async).
+bool make_tmap(CUtensorMap *m, const void *latent) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+        else
+            (void)cudaGetLastError();
+    }
+    if (!fn) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)kRow * 2, 1ull << 28}, strides[1] = {(cuuint64_t)kRow * 2};
+    const cuuint32_t box[2] = {16, kTile}, es[2] = {1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(latent), dims, strides, box, es,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 } // namespace
@@ -403,7 +495,11 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     a.o_part = (float *)ws;
     a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
     if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
-    if (fp8) launch<true>(a, p, s);
-    else launch<false>(a, p, s);
+    CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    const char *e = getenv("LUNAR_MLA_WGMMA_TMA"); // "0": cp.async for bf16 pages too
+    if (fp8) launch<true, false>(a, tm, p, s);
+    else if (!(e && !strcmp(e, "0")) && make_tmap(&tm, c->latent)) launch<false, true>(a, tm, p, s);
+    else launch<false, false>(a, tm, p, s);
     if (p.splits > 1) lunar_mla_merge_splits(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale, s);
 }
