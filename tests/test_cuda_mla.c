@@ -247,7 +247,7 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
     decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), "");
 }
 
-/* The wgmma kernel (cuda_mla_wgmma.cu) whatever the default: head counts one block of 64 takes
+/* The wgmma kernel (cuda_mla_wgmma.cu) whatever the default, both tile copy paths: head counts one block of 64 takes
  * (12, 32, 64), two blocks of 48 (96) or 64 (128) and an odd split (40 = one block of 40); lengths
  * 1, 63, 65, on and off the 64-position tiles and 128-token pages, and long rows split over many
  * blocks (batch 1) beside short ones (splits that see nothing). */
@@ -256,13 +256,19 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
     static const decode_case cases[] = {{3, 32, {1, 65, 1000}},  {2, 64, {129, 4100}}, {1, 96, {2500}},
                                         {2, 40, {777, 64}},      {1, 96, {9000}},      {3, 12, {8192, 128, 63}},
                                         {2, 128, {4096, 1}},     {4, 96, {191, 256, 1, 3000}}};
-    const char *prev = getenv("LUNAR_MLA_DECODE");
-    char *saved = prev ? strdup(prev) : NULL;
+    const char *prev = getenv("LUNAR_MLA_DECODE"), *prev_tma = getenv("LUNAR_MLA_WGMMA_TMA");
+    char *saved = prev ? strdup(prev) : NULL, *saved_tma = prev_tma ? strdup(prev_tma) : NULL;
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+    /* bf16 tiles by bulk tensor copies (the default), then by cp.async (LUNAR_MLA_WGMMA_TMA=0) */
+    unsetenv("LUNAR_MLA_WGMMA_TMA");
     decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " wgmma");
+    setenv("LUNAR_MLA_WGMMA_TMA", "0", 1);
+    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " wgmma cp.async");
     if (saved) setenv("LUNAR_MLA_DECODE", saved, 1);
     else unsetenv("LUNAR_MLA_DECODE");
-    free(saved);
+    if (saved_tma) setenv("LUNAR_MLA_WGMMA_TMA", saved_tma, 1);
+    else unsetenv("LUNAR_MLA_WGMMA_TMA");
+    free(saved), free(saved_tma);
 }
 
 /* The GEMM absorption / un-absorption (prefill's) and the row kernels (decode's) against the CPU
