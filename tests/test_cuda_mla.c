@@ -12,8 +12,11 @@
  *    ~2e-3 of max |o| expected, 1.5e-2 allowed (the worst-case bound, all 576 errors aligned, is
  *    ~3e-2 at these magnitudes).
  *    The default decode kernel rounds q and P to f16 instead (2^-12) on FP8 pages: inside the same
- *    bound. Dense rows run the new decode kernel unless LUNAR_MLA_DECODE=old (then the old one);
- *    tools/device/bench_mla_decode.sh runs these tests under both.
+ *    bound. Dense rows run the new decode kernel or, where it is faster (cuda_mla.cu,
+ *    wgmma_default), the wgmma one, unless LUNAR_MLA_DECODE=old / new / cluster / wgmma picks one;
+ *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel widens
+ *    FP8 pages to bf16 (exact) and rounds q and P to bf16: the bf16 bound; its own test forces it
+ *    (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
 
@@ -189,15 +192,12 @@ static void unabsorb(float *o, const float *o_lat, const float *W, int H) {
 
 /* ---------------------------------------------------------------- MLA */
 
-TEST(cuda_mla_absorbed_decode_vs_cpu) {
-    if (!cuda_on()) return;
-    static const struct {
-        int B, H, lens[4];
-    } cases[] = {{3, 16, {1, 300, 1000}}, {2, 12, {129, 4100}}, {1, 96, {2500}}, {2, 40, {777, 64}},
-                 /* many splits over whole pages (batch 1, long), lengths on tile and page edges */
-                 {1, 12, {20000}}, {3, 24, {8192, 128, 63}}, {2, 96, {4096, 1}}};
+typedef struct decode_case {
+    int B, H, lens[4];
+} decode_case;
+static void decode_vs_cpu(const decode_case *cases, int n_cases, const char *tag) {
     const float scale = 0.3f;
-    for (unsigned ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+    for (int ci = 0; ci < n_cases; ci++)
         for (int fp8 = 0; fp8 < 2; fp8++) {
             const int B = cases[ci].B, H = cases[ci].H;
             const int *lens = cases[ci].lens;
@@ -229,7 +229,7 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
             float *olat = down(dout_lat, (size_t)B * H * R * 4);
             for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
             char what[96];
-            snprintf(what, sizeof what, "mla decode B=%d H=%d max_len=%d %s", B, H, max_len, fp8 ? "fp8" : "bf16");
+            snprintf(what, sizeof what, "mla decode%s B=%d H=%d max_len=%d %s", tag, B, H, max_len, fp8 ? "fp8" : "bf16");
             report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
             CHECK(dout_guards_ok(&od));
             free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W);
@@ -237,6 +237,38 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
             pool_free(&p);
             lunar_cuda_release(mark);
         }
+}
+
+TEST(cuda_mla_absorbed_decode_vs_cpu) {
+    if (!cuda_on()) return;
+    static const decode_case cases[] = {{3, 16, {1, 300, 1000}}, {2, 12, {129, 4100}}, {1, 96, {2500}}, {2, 40, {777, 64}},
+                                        /* many splits over whole pages (batch 1, long), lengths on tile and page edges */
+                                        {1, 12, {20000}}, {3, 24, {8192, 128, 63}}, {2, 96, {4096, 1}}};
+    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), "");
+}
+
+/* The wgmma kernel (cuda_mla_wgmma.cu) whatever the default, both tile copy paths: head counts one block of 64 takes
+ * (12, 32, 64), two blocks of 48 (96) or 64 (128) and an odd split (40 = one block of 40); lengths
+ * 1, 63, 65, on and off the 64-position tiles and 128-token pages, and long rows split over many
+ * blocks (batch 1) beside short ones (splits that see nothing). */
+TEST(cuda_mla_wgmma_decode_vs_cpu) {
+    if (!cuda_on()) return;
+    static const decode_case cases[] = {{3, 32, {1, 65, 1000}},  {2, 64, {129, 4100}}, {1, 96, {2500}},
+                                        {2, 40, {777, 64}},      {1, 96, {9000}},      {3, 12, {8192, 128, 63}},
+                                        {2, 128, {4096, 1}},     {4, 96, {191, 256, 1, 3000}}};
+    const char *prev = getenv("LUNAR_MLA_DECODE"), *prev_tma = getenv("LUNAR_MLA_WGMMA_TMA");
+    char *saved = prev ? strdup(prev) : NULL, *saved_tma = prev_tma ? strdup(prev_tma) : NULL;
+    setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+    /* bf16 tiles by bulk tensor copies (the default), then by cp.async (LUNAR_MLA_WGMMA_TMA=0) */
+    unsetenv("LUNAR_MLA_WGMMA_TMA");
+    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " wgmma");
+    setenv("LUNAR_MLA_WGMMA_TMA", "0", 1);
+    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " wgmma cp.async");
+    if (saved) setenv("LUNAR_MLA_DECODE", saved, 1);
+    else unsetenv("LUNAR_MLA_DECODE");
+    if (saved_tma) setenv("LUNAR_MLA_WGMMA_TMA", saved_tma, 1);
+    else unsetenv("LUNAR_MLA_WGMMA_TMA");
+    free(saved), free(saved_tma);
 }
 
 /* The GEMM absorption / un-absorption (prefill's) and the row kernels (decode's) against the CPU

@@ -3,7 +3,7 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against fp64 FMA at 33.5 TFLOP/s.
- * Usage: bench_mla [decode|indexer|sparse|all] */
+ * Usage: bench_mla [decode|wgmma|indexer|sparse|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,8 +139,9 @@ static void bench_decode(void) {
                         setenv("LUNAR_MLA_DECODE", "cluster", 1);
                         us_cl = time_us(call_decode, &m, 9);
                     }
-                    unsetenv("LUNAR_MLA_DECODE");
+                    setenv("LUNAR_MLA_DECODE", "new", 1);
                     const float us = time_us(call_decode, &m, 9);
+                    unsetenv("LUNAR_MLA_DECODE");
                     const double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
                     const double floor = bytes / BW * 1e6;
                     const double mma = (double)B * L * ((H + 15) / 16 * 16) * 2.0 * (576 + 512) / MMA * 1e6;
@@ -150,6 +151,44 @@ static void bench_decode(void) {
                            us, 100.0 * floor / us, us_old / us);
                     if (us_cl > 0.0f) printf(" %.1f us | %.0f%% |\n", us_cl, 100.0 * floor / us_cl);
                     else printf(" - | - |\n");
+                    fflush(stdout);
+                    lunar_cuda_release(mark);
+                }
+        }
+}
+
+/* The wgmma decode kernel (LUNAR_MLA_DECODE=wgmma) beside the mma.sync one (=new, 16 heads per
+ * block) at the head counts of the family's TP slices (96, 64, 32), same data, same process. Floors:
+ * the latent bytes at 4.3 TB/s, and the wgmma kernel's matrix work (heads padded to 64 per block:
+ * 96 -> 128) at 790 TFLOP/s. */
+static void bench_decode_wgmma(void) {
+    printf("\n### MLA decode with wgmma (new = LUNAR_MLA_DECODE=new, wgmma = LUNAR_MLA_DECODE=wgmma)\n\n");
+    printf("| cache | H | B | context | latent bytes | floor (4.3 TB/s) | wgmma mma floor | new | of floor | wgmma | of floor "
+           "| wgmma vs new |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const int Ls[] = {1024, 8192, 32768, 131072}, Bs[] = {1, 8, 64}, Hs[] = {96, 64, 32};
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (int hi = 0; hi < 3; hi++) {
+            const int H = Hs[hi];
+            for (int li = 0; li < 4; li++)
+                for (int bi = 0; bi < 3; bi++) {
+                    const int B = Bs[bi], L = Ls[li];
+                    size_t mark = lunar_cuda_mark();
+                    mla_case m;
+                    setup_case(&m, B, H, L, fp8);
+                    size_t wsb = lunar_cuda_mla_ws(B, H, L);
+                    m.ws = wsb ? dalloc(wsb) : NULL;
+                    setenv("LUNAR_MLA_DECODE", "new", 1);
+                    const float us_new = time_us(call_decode, &m, 9);
+                    setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+                    const float us = time_us(call_decode, &m, 9);
+                    unsetenv("LUNAR_MLA_DECODE");
+                    const double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
+                    const double floor = bytes / BW * 1e6;
+                    const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
+                    printf("| %s | %d | %d | %dK | %.1f MB | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | "
+                           "%.2fx |\n",
+                           fp8 ? "fp8" : "bf16", H, B, L / 1024, bytes / 1e6, floor, mma, us_new, 100.0 * floor / us_new,
+                           us, 100.0 * floor / us, us_new / us);
                     fflush(stdout);
                     lunar_cuda_release(mark);
                 }
@@ -276,6 +315,7 @@ int main(int argc, char **argv) {
     make_pool();
     flush_buf = dalloc((size_t)FLUSH_WORDS * 4);
     if (!strcmp(what, "all") || !strcmp(what, "decode")) bench_decode();
+    if (!strcmp(what, "all") || !strcmp(what, "wgmma")) bench_decode_wgmma();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
     lunar_cuda_shutdown();

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# MLA absorbed decode, new kernel (default) against the old one (LUNAR_MLA_DECODE=old) and the new
-# kernel's opt-in cluster variant (LUNAR_MLA_DECODE=cluster, multicast tiles, H > 16), in one
+# MLA absorbed decode, new kernel (mma.sync; the default picks it or the wgmma kernel by shape)
+# against the old one (LUNAR_MLA_DECODE=old), the new kernel's opt-in cluster variant
+# (LUNAR_MLA_DECODE=cluster, multicast tiles, H > 16) and the wgmma kernel (=wgmma), in one
 # device call of well under 150 s: build through check.sh (nvcc sm_90a, the CUDA sources, the CPU
 # ops and base, the op tests; SKIP_BUILD=1 reuses a carried build-device/), run tests/test_cuda_mla.c's MLA tests against the CPU ops
 # with each kernel, then time both on the same data (tools/device/bench_mla.c decode: H = 96 and 12,
 # B = 1, 8, 64, context 1K-128K, bf16 and fp8; L2 flushed before each timed call, median of 9) and
-# print one markdown table with the bandwidth floor and the fraction of it reached.
+# print one markdown table with the bandwidth floor and the fraction of it reached; then the wgmma
+# kernel beside the new one at H = 96 / 64 / 32 (bench_mla wgmma).
 #   tools/device/bench_mla_decode.sh            (logs under $OUT when set)
 # env: TEST_TIMEOUT (40) / BENCH_TIMEOUT (80) seconds; SANITIZE=1 also runs the decode test under
 #      compute-sanitizer (memcheck, then racecheck) when the machine has it (Firecracker), slower.
@@ -25,7 +27,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu 
 rc=0
 hung=0
 export NO_CLUSTER=0
-for impl in new cluster old; do
+for impl in new cluster old wgmma; do
   if [ $impl = new ]; then unset LUNAR_MLA_DECODE; else export LUNAR_MLA_DECODE=$impl; fi
   echo "== MLA tests vs CPU ops, $impl kernel ($(date +%T))"
   LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout ${TEST_TIMEOUT:-40} $B/lunar_cuda_tests cuda_mla > "$OUT/tests_$impl.log" 2>&1
@@ -58,5 +60,6 @@ if [ "${SANITIZE:-0}" = 1 ] && command -v compute-sanitizer > /dev/null; then
 fi
 echo "== benchmark ($(date +%T))"
 timeout ${BENCH_TIMEOUT:-80} $B/bench_mla decode 2>&1 | tee "$OUT/bench_decode.md"
+timeout ${BENCH_TIMEOUT:-80} $B/bench_mla wgmma 2>&1 | tee "$OUT/bench_wgmma.md"
 echo "== done ($(date +%T), $(( $(date +%s) - t0 )) s), tests rc=$rc"
 exit $rc

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mla_wgmma.h"
 
 namespace {
 
@@ -745,15 +746,7 @@ __global__ void __launch_bounds__(128) merge_kernel(float *o, const float *o_par
 
 } // namespace dec
 
-int sm_count() {
-    static int n = 0;
-    if (!n) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    }
-    return n;
-}
+int sm_count() { return lunar_mla_sm_count(); }
 
 struct Plan {
     int groups, head_blocks, splits, chunk;
@@ -852,10 +845,29 @@ int cluster_size(int hg) {
     return cs;
 }
 // LUNAR_MLA_DECODE=old keeps the previous kernel for dense rows, =cluster selects the cluster
-// variant (read at every call, so one process can time all three).
+// variant, =new this kernel, =wgmma the wgmma kernel (cuda_mla_wgmma.cu) for every head count;
+// unset: wgmma_default() decides (read at every call, so one process can time them all).
 bool enabled() {
     const char *e = getenv("LUNAR_MLA_DECODE");
     return !(e && !strcmp(e, "old"));
+}
+// The wgmma kernel pads heads to 64 per block and has a fixed cost per block of a 64-head q load:
+// it is the default where the device run showed it faster than this kernel (docs/benchmarks.md,
+// "MLA decode with wgmma", H = 32 / 64 / 96, B = 1-64, 1K-128K; 17..32 heads cost both kernels
+// what 32 do, 33..64 what 64 do): FP8 pages from 33 heads (1.5-2.9x), and up to 32 heads while
+// rows x context <= 256K (1.2-2.4x; 1.0-1.07x past it); bf16 pages from 33 heads once rows x
+// context >= 64K (1.2-1.8x; below it B = 1 / 8 are latency-bound, 0.5-1.06x). Never at 16 heads
+// or fewer (one mma.sync group against a 4x padded wgmma block; not measured).
+bool wgmma_default(int H, int rows, int max_n, bool fp8) {
+    const double work = (double)rows * max_n;
+    if (H <= 16) return false;
+    if (fp8) return H > 32 || work <= 262144.0;
+    return H > 32 && work >= 65536.0;
+}
+bool wgmma_wanted(int H, int rows, int max_n, bool fp8) {
+    const char *e = getenv("LUNAR_MLA_DECODE");
+    if (e && *e) return !strcmp(e, "wgmma");
+    return wgmma_default(H, rows, max_n, fp8);
 }
 bool cluster_wanted() {
     const char *e = getenv("LUNAR_MLA_DECODE");
@@ -897,6 +909,10 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
          const int32_t *row_seq, const int32_t *lens, const int32_t *idx, int topk, int max_n,
          int rows, int H, float scale, void *ws, cudaStream_t s) {
     CUDA_REQUIRE(rows >= 1 && H >= 1 && c && c->latent && c->block_tables);
+    if (!idx && dec::wgmma_wanted(H, rows, max_n, c->dtype == LUNAR_CUDA_KV_FP8)) {
+        lunar_mla_wgmma_decode(o, q_lat, q_pe, c, row_seq, lens, max_n, rows, H, scale, ws, s);
+        return;
+    }
     if (!idx && dec::enabled()) {
         dec::run(o, q_lat, q_pe, c, row_seq, lens, max_n, rows, H, scale, ws, s);
         return;
@@ -927,11 +943,13 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
 } // namespace
 
 extern "C" size_t lunar_cuda_mla_ws(int rows, int H, int max_n) {
-    // the sparse path and LUNAR_MLA_DECODE=old plan with the old kernel: room for either
+    // the sparse path and LUNAR_MLA_DECODE=old plan with the old kernel, =wgmma with its own: room
+    // for any
     const Plan p = plan(rows, H, max_n);
     const size_t old_b = p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
-    const size_t new_b = dec::ws_bytes(rows, H, max_n);
-    return old_b > new_b ? old_b : new_b;
+    const size_t new_b = dec::ws_bytes(rows, H, max_n), wg_b = lunar_mla_wgmma_ws(rows, H, max_n);
+    const size_t most = old_b > new_b ? old_b : new_b;
+    return most > wg_b ? most : wg_b;
 }
 
 extern "C" void lunar_cuda_mla_absorbed(float *o_lat, const float *q_lat, const float *q_pe,
@@ -947,4 +965,20 @@ extern "C" void lunar_cuda_mla_sparse(float *o_lat, const float *q_lat, const fl
                                       void *ws, lunar_cuda_stream s) {
     CUDA_REQUIRE(idx != NULL && topk >= 1);
     run(o_lat, q_lat, q_pe, c, row_seq, NULL, idx, topk, topk, rows, H, scale, ws, to_stream(s));
+}
+
+int lunar_mla_sm_count(void) {
+    static int n = 0;
+    if (!n) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return n;
+}
+
+void lunar_mla_merge_splits(float *o, const float *o_part, const float *lse, int RH, int splits, float out_scale,
+                            cudaStream_t s) {
+    dec::merge_kernel<<<RH, kR / 4, splits * sizeof(float), s>>>(o, o_part, lse, RH, splits, out_scale);
+    CUDA_CHECK_LAUNCH();
 }

@@ -1,0 +1,505 @@
+// MLA absorbed decode with wgmma (sm_90a): the FlashMLA layout on Hopper's warpgroup MMA.
+//
+// A block serves one row (query token), up to 64 heads (the M = 64 of wgmma; H = 96 runs as two
+// blocks of 48, each padded to 64 with zero rows: the same MMA work as 64 + 32, but equal blocks)
+// and one split of the row's positions, and streams 64-position tiles of the latent (half a
+// 128-token page: one contiguous 64 x 576 region) through two shared-memory stages, loading tile
+// i + 1 while tile i is computed: bf16 pages by bulk tensor copies (TMA: warp 0 issues 72 copies of
+// 16 bytes x 64 rows per tile, completing on an mbarrier; LUNAR_MLA_WGMMA_TMA=0 or a refused tensor
+// map: cp.async by every thread, 5-10 % slower), FP8 pages by cp.async. Each latent byte enters
+// shared memory once per block and is read there by both products:
+//  - S = Q C^T: Q [64 heads x 576] bf16 in shared memory (written once, the A operand), the tile
+//    the B operand, K-major; warpgroup w takes positions 32w .. 32w + 31 (m64n32k16, 36 k-steps);
+//  - online softmax in registers (log2 domain, fp32); the row maxima of the two warpgroups meet in
+//    shared memory; P = exp2(S - m) goes to shared memory as bf16 (both warpgroups need all 64
+//    positions of it);
+//  - O += P C: warpgroup w owns output dims 256w .. 256w + 255 (m64n256k16, 128 fp32 accumulators
+//    per thread), A = P from shared memory, B = the same tile read N-major (imm-trans-b).
+// Both views of the tile use one layout, the no-swizzle "core matrix" order of the wgmma shared
+// memory descriptors: 8 rows x 16 bytes contiguous (128 B); the tile is chunk-major (the 64 rows of
+// 16-byte chunk j, dims 8j .. 8j + 7, are one contiguous KB, which is what one tensor copy of a
+// 16-byte x 64-row box writes). K-major (S: rows = positions, K = dims): leading byte offset 1024,
+// stride byte offset 128; N-major (O: K = positions, N = dims): leading 128, stride 1024. Q keeps
+// the row-group-major order (8 heads x 576 dims = 9216 B per group: leading 128, stride 9216). No
+// transposition and no swizzle anywhere.
+// FP8 pages are staged raw (two stages) and widened to bf16 in shared memory (e4m3 -> bf16 is
+// exact), so both cache types run the same bf16 MMA. Accuracy: q and P are rounded to bf16 as in
+// the mma.sync kernels; sums are fp32. Long contexts are split over blocks (split-K); each split
+// writes O / l and log2-sum-exp, and the mma.sync kernel's merge combines them.
+//
+// Shared memory: Q 72 KB + two bf16 tiles 144 KB (FP8: one bf16 tile + two raw stages of 36 KB)
+// + P 8 KB = 225 KB of the 227 KB a block may have: one block per SM, 256 threads. The time goes
+// to the tile copies, not the tensor cores (docs/benchmarks.md, "MLA decode with wgmma").
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mla_wgmma.h"
+
+namespace {
+
+constexpr int kR = 512, kP = 64, kRow = 576;
+constexpr int kTile = 64;                              // positions per tile
+constexpr int kM = 64;                                 // heads per block (padded)
+constexpr int kThreads = 256;                          // two warpgroups
+constexpr int kChunks = kRow / 8;                      // 16-byte bf16 chunks per row: 72
+constexpr int kGroup = kChunks * 128;                  // one 8-row group in core-matrix order: 9216 B
+constexpr int kTileBytes = kTile / 8 * kGroup;         // 73728
+constexpr int kQBytes = kM / 8 * kGroup;               // 73728
+constexpr int kPGroup = kTile / 8 * 128;               // P: one 8-head group, 64 positions: 1024 B
+constexpr int kPBytes = kM / 8 * kPGroup;              // 8192
+constexpr int kRawBytes = kTile * kRow;                // one raw FP8 tile: 36864
+
+template <bool FP8> struct Lay {
+    static constexpr int q_off = 0;
+    static constexpr int tile_off = kQBytes;
+    static constexpr int raw_off = tile_off + (FP8 ? 1 : 2) * kTileBytes;
+    static constexpr int p_off = raw_off + (FP8 ? 2 * kRawBytes : 0);
+    static constexpr int red_off = p_off + kPBytes; // [2 warpgroups][64] floats
+    static constexpr int bar_off = red_off + 2 * 64 * 4; // TMA variant: one mbarrier per stage
+    static constexpr size_t smem = (size_t)bar_off + 2 * 8;
+};
+static_assert(Lay<false>::smem <= 232448 && Lay<true>::smem <= 232448, "227 KB of shared memory per block");
+
+struct Args {
+    float *o, *o_part, *lse_part;
+    const float *q_lat, *q_pe;
+    const unsigned char *cache;
+    const int32_t *bt;
+    int max_blocks;
+    const int32_t *row_seq, *lens;
+    int rows, H, hpb, chunk, splits;
+    float scale2, out_scale;
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// shared memory written by this thread's ordinary stores / cp.async, read next by wgmma (the async
+// proxy): each writer fences before the barrier
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// keeps the compiler from moving accumulator reads / writes across the wgmma fence and wait
+template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+// wgmma shared memory descriptor, no swizzle: start address, leading and stride byte offsets (all
+// in 16-byte units), base offset 0, layout type 0 (bits 62-63)
+__device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)((lbo >> 4) & 0x3fff) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3fff) << 32);
+}
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32], A and B K-major in shared memory
+__device__ __forceinline__ void wgmma_s32(float d[16], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+// D[64 x 256] (+)= A[64 x 16] B[16 x 256], A K-major, B N-major (imm-trans-b = 1) in shared memory
+__device__ __forceinline__ void wgmma_v256(float d[128], uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// Byte offset of 16-byte chunk j (dims 8j .. 8j + 7) of row r (position or head) in core-matrix
+// order. The copy loops hand lane l row 8 rg + (l & 7) and chunk 4 jg + (l >> 3): a warp reads 8
+// rows x 64 contiguous bytes and writes 512 contiguous bytes of shared memory (no bank conflict).
+__device__ __forceinline__ int core_off(int r, int j) { return (r >> 3) * kGroup + j * 128 + (r & 7) * 16; }
+// The latent tiles: the same core matrices, chunk-major (chunk j's 64 rows = 8 core matrices are
+// one contiguous KB), so one bulk tensor copy of 16 bytes x 64 rows fills one chunk column:
+// K-major (S) leading byte offset 1024 and stride 128, N-major (O) leading 128 and stride 1024.
+__device__ __forceinline__ int tile_off(int r, int j) { return j * 1024 + r * 16; }
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
+// 16 bytes x 64 rows of the latent (coordinates: byte in the row, cache slot) into shared memory,
+// completing on the mbarrier
+__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+
+// TMA (bf16 pages only): the tiles come by bulk tensor copies issued by warp 0 (tile i + 1 before
+// waiting for tile i), completing on an mbarrier per stage, instead of cp.async by every thread;
+// rows past the end are copied too and zeroed in shared memory afterwards.
+template <bool FP8, bool TMA>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using L = Lay<FP8>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + L::red_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = ((tid >> 5) & 3) * 16 + g, r1 = r0 + 8; // this thread's accumulator rows (heads)
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    // Tile i (begin and chunk are multiples of 64, so one page holds it) into stage i & 1; rows at
+    // or past `end` are zero-filled without being read.
+    auto load_tile = [&](int i) {
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile, nvalid = min(kTile, end - t0);
+        const size_t slot0 = (size_t)bt[t0 >> 7] * 128 + (t0 & 127);
+        if (FP8) {
+            const unsigned char *src = a.cache + slot0 * kRow;
+            const uint32_t dst = sb + L::raw_off + (i & 1) * kRawBytes;
+#pragma unroll
+            for (int c = tid; c < kTile * kRow / 16; c += kThreads) // row-major, 36 chunks per row
+                cp_async16(dst + c * 16, src + (size_t)c * 16, c / (kRow / 16) < nvalid);
+        } else {
+            const unsigned char *src = a.cache + slot0 * (kRow * 2);
+            const uint32_t dst = sb + L::tile_off + (i & 1) * kTileBytes;
+#pragma unroll
+            for (int c = tid; c < kTile * kChunks; c += kThreads) {
+                // 8 lanes per 128-byte line: a warp reads 4 whole lines (4 rows). (8 rows x 64 B per
+                // warp, conflict-free shared stores but half lines, measured the same.)
+                const int blk = c >> 5, l = c & 31, rq = blk / 9, jg = blk - rq * 9;
+                const int r = rq * 4 + (l >> 3), j = jg * 8 + (l & 7);
+                cp_async16(dst + tile_off(r, j), src + (size_t)r * (kRow * 2) + j * 16, r < nvalid);
+            }
+        }
+    };
+    const uint32_t bars = sb + L::bar_off;
+    auto issue_tma = [&](int i) { // warp 0
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i & 1) * 8, dst = sb + L::tile_off + (i & 1) * kTileBytes;
+        if (lane == 0) mbar_expect_tx(bar, kTileBytes);
+        __syncwarp();
+        for (int j = lane; j < kChunks; j += 32) tma_2d(dst + j * 1024, &tm, j * 16, slot0, bar);
+    };
+    if (TMA) {
+        if (tid == 0) {
+            mbar_init(bars, 1), mbar_init(bars + 8, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        if (tid < 32) issue_tma(0);
+    } else {
+        load_tile(0);
+        cp_commit();
+    }
+
+    // Q: heads h0 .. h0 + nh - 1 as bf16 rows 0 .. nh - 1, rows past nh zero (their scores are
+    // finite and never stored)
+#pragma unroll 2
+    for (int c = tid; c < kM * kChunks; c += kThreads) {
+        const int blk = c >> 5, l = c & 31, rg = blk / 18, jg = blk - rg * 18;
+        const int r = rg * 8 + (l & 7), j = jg * 4 + (l >> 3);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < nh) {
+            const size_t qr = (size_t)row * a.H + h0 + r;
+            const float2 *src = reinterpret_cast<const float2 *>(j < kR / 8 ? a.q_lat + qr * kR + j * 8
+                                                                           : a.q_pe + qr * kP + (j - kR / 8) * 8);
+            const float2 x0 = src[0], x1 = src[1], x2 = src[2], x3 = src[3];
+            v = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x1.x, x1.y), pack_bf16(x2.x, x2.y), pack_bf16(x3.x, x3.y));
+        }
+        *reinterpret_cast<uint4 *>(smem + L::q_off + core_off(r, j)) = v;
+    }
+    fence_async_smem();
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const uint64_t dq = desc(sb + L::q_off, 128, kGroup);
+    const uint64_t dp = desc(sb + L::p_off, 128, kPGroup);
+
+    for (int it = 0; it < ntiles; it++) {
+        if (TMA) {
+            __syncthreads(); // both warpgroups are done with tile it - 1: its stage takes tile it + 1
+            if (tid < 32) issue_tma(it + 1);
+            mbar_wait(bars + (it & 1) * 8, (uint32_t)(it >> 1) & 1);
+            const int nvalid = min(kTile, end - (begin + it * kTile));
+            if (nvalid < kTile) { // rows past the end hold whatever the page has: zero them
+                unsigned char *tp = smem + L::tile_off + (it & 1) * kTileBytes;
+                for (int c = tid; c < (kTile - nvalid) * kChunks; c += kThreads)
+                    *reinterpret_cast<uint4 *>(tp + tile_off(nvalid + c / kChunks, c % kChunks)) = make_uint4(0, 0, 0, 0);
+                fence_async_smem();
+            }
+            __syncthreads(); // tile it is in everywhere
+        } else {
+            cp_wait_all();
+            if (!FP8) fence_async_smem();
+            __syncthreads(); // tile it is in; both warpgroups are done with tile it - 1 and with P
+            load_tile(it + 1);
+            cp_commit();
+        }
+        uint32_t tile;
+        if (FP8) {
+            // widen raw stage it & 1 into the bf16 tile (core-matrix order): 16 raw bytes (chunks 2jj,
+            // 2jj + 1 of row r) per step; lane l takes row 8 rg + (l & 7), unit 4 jq + (l >> 3), so
+            // the 16-byte loads and both 16-byte stores of a warp each take the minimum 4 wavefronts
+            const unsigned char *raw = smem + L::raw_off + (it & 1) * kRawBytes;
+#pragma unroll 3
+            for (int c = tid; c < kTile * kRow / 16; c += kThreads) {
+                const int blk = c >> 5, l = c & 31, rg = blk / 9, jq = blk - rg * 9;
+                const int r = rg * 8 + (l & 7), jj = jq * 4 + (l >> 3);
+                const uint4 v = *reinterpret_cast<const uint4 *>(raw + r * kRow + jj * 16);
+                const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+                uint32_t o8[8];
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[k] & 0xffff), __NV_E4M3);
+                    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[k] >> 16), __NV_E4M3);
+                    const float2 flo = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+                    const float2 fhi = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+                    o8[2 * k] = pack_bf16(flo.x, flo.y);
+                    o8[2 * k + 1] = pack_bf16(fhi.x, fhi.y);
+                }
+                unsigned char *d = smem + L::tile_off + tile_off(r, 2 * jj);
+                *reinterpret_cast<uint4 *>(d) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+                *reinterpret_cast<uint4 *>(d + 1024) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+            }
+            fence_async_smem();
+            __syncthreads();
+            tile = sb + L::tile_off;
+        } else {
+            tile = sb + L::tile_off + (it & 1) * kTileBytes;
+        }
+
+        // S for positions 32 wg .. + 31 of the tile over all 576 dims; a k-step is 2 chunks (256 B)
+        float s[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) s[i] = 0.0f;
+        const uint64_t dc = desc(tile + wg * 4 * 128, 1024, 128);
+        pin(s);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < kRow / 16; ks++) wgmma_s32(s, dq + 16 * ks, dc + 128 * ks, ks > 0);
+        wg_commit();
+        wg_wait0();
+        pin(s);
+
+        // s[4k + 2e + c]: head row r0 (e = 0) or r1 (e = 1), tile position 32 wg + 8k + 2t + c
+        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const bool ok = pbase + 8 * k + c < end;
+                s[4 * k + c] = ok ? s[4 * k + c] * a.scale2 : -INFINITY;
+                s[4 * k + 2 + c] = ok ? s[4 * k + 2 + c] * a.scale2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[4 * k + c]), mx1 = fmaxf(mx1, s[4 * k + 2 + c]);
+            }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
+        __syncthreads();
+        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
+        // the tile has a valid position, so the new maxima are finite (for finite inputs)
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        unsigned char *P = smem + L::p_off + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+            ps0 += e0 + e1, ps1 += e2 + e3;
+            // chunk 4 wg + k of rows r0 and r1 = r0 + 8 (the next 8-row group)
+            *reinterpret_cast<uint32_t *>(P + (4 * wg + k) * 128) = pack_bf16(e0, e1);
+            *reinterpret_cast<uint32_t *>(P + kPGroup + (4 * wg + k) * 128) = pack_bf16(e2, e3);
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+#pragma unroll
+        for (int k = 0; k < 32; k++) o[4 * k] *= al0, o[4 * k + 1] *= al0, o[4 * k + 2] *= al1, o[4 * k + 3] *= al1;
+        fence_async_smem();
+        __syncthreads(); // all of P is written
+
+        // O[:, 256 wg .. + 255] += P C[:, 256 wg .. + 255]; a k-step is 16 positions (2 groups)
+        const uint64_t dv = desc(tile + wg * 32 * 1024, 128, 1024);
+        pin(o);
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < kTile / 16; ks++) wgmma_v256(o, dp + 16 * ks, dv + 16 * ks, 1);
+        wg_commit();
+        wg_wait0();
+        pin(o);
+    }
+    cp_wait_all();
+
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads(); // nobody reads red any more
+    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
+    __syncthreads();
+    l0 = red[r0] + red[64 + r0], l1 = red[r1] + red[64 + r1];
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const bool direct = a.splits == 1;
+    const float os = direct ? a.out_scale : 1.0f;
+    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+    const size_t ha = (size_t)row * a.H + h0 + r0, hbr = (size_t)row * a.H + h0 + r1;
+    const float fa = inv0 * os, fb = inv1 * os;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const int d = 256 * wg + 8 * k + 2 * t;
+        if (r0 < nh) *reinterpret_cast<float2 *>(base + ha * kR + d) = make_float2(o[4 * k] * fa, o[4 * k + 1] * fa);
+        if (r1 < nh) *reinterpret_cast<float2 *>(base + hbr * kR + d) = make_float2(o[4 * k + 2] * fb, o[4 * k + 3] * fb);
+    }
+    if (!direct && wg == 0 && t == 0) {
+        float *lse = a.lse_part + (size_t)split * a.rows * a.H;
+        if (r0 < nh) lse[ha] = l0 > 0.0f ? m0 + log2f(l0) : -INFINITY;
+        if (r1 < nh) lse[hbr] = l1 > 0.0f ? m1 + log2f(l1) : -INFINITY;
+    }
+}
+
+struct Plan {
+    int hb, hpb, splits, chunk;
+};
+// Heads: ceil(H / 64) blocks of equal size (H = 96: 2 x 48). Splits of the context: as the
+// mma.sync kernel's plan, minimise (waves of one-block-per-SM blocks) x (tiles per split + ~3 tiles
+// of fixed cost per block: the 64 x 576 q load, pipeline fill, partial write).
+Plan plan(int rows, int H, int max_n) {
+    Plan p;
+    p.hb = (H + kM - 1) / kM;
+    p.hpb = (H + p.hb - 1) / p.hb;
+    const int tiles = max_n > 0 ? (max_n + kTile - 1) / kTile : 1;
+    const double units = (double)rows * p.hb, sms = lunar_mla_sm_count();
+    int best = 1;
+    double best_cost = 1e300;
+    const double most = ceil(4.0 * sms / units);
+    for (int s = 1; s <= tiles && s <= most; s++) {
+        const int per = (tiles + s - 1) / s;
+        const double cost = ceil(units * s / sms) * (per + 3.0);
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    p.chunk = (tiles + best - 1) / best * kTile;
+    p.splits = max_n > 0 ? (max_n + p.chunk - 1) / p.chunk : 1;
+    return p;
+}
+
+template <bool FP8, bool TMA> void launch(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)Lay<FP8>::smem));
+        attr = true;
+    }
+    wgmma_decode_kernel<FP8, TMA><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a, tm);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The bf16 latent as a 2-D byte tensor [slots][1152] for the bulk tensor copies (boxes of 16 bytes
+// x 64 slots). The pool's slot count is not passed down: 2^28 slots (309 GB) bound every pool, and
+// only the slots of listed pages are ever addressed. false: no driver entry point or the map was
+// refused (the caller keeps cp.async).
+bool make_tmap(CUtensorMap *m, const void *latent) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+        else
+            (void)cudaGetLastError();
+    }
+    if (!fn) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)kRow * 2, 1ull << 28}, strides[1] = {(cuuint64_t)kRow * 2};
+    const cuuint32_t box[2] = {16, kTile}, es[2] = {1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(latent), dims, strides, box, es,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+} // namespace
+
+size_t lunar_mla_wgmma_ws(int rows, int H, int max_n) {
+    const Plan p = plan(rows, H, max_n);
+    return p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
+}
+
+void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_cache *c,
+                            const int32_t *row_seq, const int32_t *lens, int max_n, int rows, int H, float scale,
+                            void *ws, cudaStream_t s) {
+    CUDA_REQUIRE(rows <= 65535);
+    const Plan p = plan(rows, H, max_n);
+    Args a;
+    a.o = o;
+    a.q_lat = q_lat, a.q_pe = q_pe, a.cache = (const unsigned char *)c->latent, a.bt = c->block_tables;
+    a.max_blocks = c->max_blocks, a.row_seq = row_seq, a.lens = lens;
+    a.rows = rows, a.H = H, a.hpb = p.hpb, a.chunk = p.chunk, a.splits = p.splits;
+    const bool fp8 = c->dtype == LUNAR_CUDA_KV_FP8;
+    const float kv = fp8 ? c->scale : 1.0f;
+    a.scale2 = scale * kv * 1.4426950408889634f;
+    a.out_scale = kv;
+    a.o_part = (float *)ws;
+    a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
+    if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
+    CUtensorMap tm;
+    memset(&tm, 0, sizeof tm);
+    const char *e = getenv("LUNAR_MLA_WGMMA_TMA"); // "0": cp.async for bf16 pages too
+    if (fp8) launch<true, false>(a, tm, p, s);
+    else if (!(e && !strcmp(e, "0")) && make_tmap(&tm, c->latent)) launch<false, true>(a, tm, p, s);
+    else launch<false, false>(a, tm, p, s);
+    if (p.splits > 1) lunar_mla_merge_splits(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale, s);
+}
