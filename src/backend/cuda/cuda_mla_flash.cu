@@ -20,13 +20,13 @@
 
 namespace {
 constexpr int kR = 512, kP = 64, kN = 128, kV = 128, kQK = kN + kP, kHS = kN + kV; // kHS: a head's KV row
-constexpr int BM = 64, BN = 64, WARPS = BM / 16, THREADS = WARPS * 32;
+constexpr int BN = 64; // keys per tile
 // smem rows padded by 16 bytes: rows 400 / 272 bytes apart put the 8 rows of an ldmatrix phase in
 // 8 different 4-bank groups (conflict-free)
 constexpr int KST = kQK + 8, VST = kV + 8;
-constexpr int STAGE = BN * (KST + VST); // bf16 elements per stage
-constexpr int SMEM = 2 * STAGE * 2;     // two stages: 86016 bytes
+constexpr int STAGE = BN * (KST + VST); // bf16 elements per stage (43008 bytes)
 constexpr size_t kKvBudget = (size_t)256 << 20;
+constexpr int kWarps = 4, kStages = 2; // the default variant (measured: docs/benchmarks.md)
 
 size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -87,7 +87,7 @@ __device__ __forceinline__ void cp16(void *dst, const void *src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *p) {
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
@@ -114,13 +114,16 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return *(unsigned *)&v;
 }
 
-// One block: 64 query rows (i0 .. i0+63, 16 per warp) of head blockIdx.y against the keys
-// [k0, k1) of the chunk that its last row sees. KV / Kpe row r is position k0 + r. Thread (g =
+// One block: WARPS * 16 query rows (16 per warp) of head blockIdx.y against the keys [k0, k1) of
+// the chunk that its last row sees, through a ring of STAGES key tiles. More warps per block: each
+// key tile fetched from L2 serves more rows (the L2 -> SM traffic is the kernel's largest cost). KV / Kpe row r is position k0 + r. Thread (g =
 // lane / 4, t = lane % 4) owns rows g and g + 8 of its warp's 16 and, in every 8-wide accumulator
 // tile, columns 2t and 2t + 1 (the mma.sync C layout).
-__global__ void __launch_bounds__(THREADS, 2)
+template <int WARPS, int STAGES>
+__global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 2 : 1)
     k_flash(float *o, float *ml, const float *q, const uint16_t *KV, const uint16_t *Kpe, int k0, int k1, int pos0,
             int n, int H, float sl, int first, int last) {
+    constexpr int BM = WARPS * 16, THREADS = WARPS * 32;
     extern __shared__ __align__(16) uint16_t sm[];
     const int tiles = (n + BM - 1) / BM;
     const int i0 = (tiles - 1 - (int)blockIdx.x) * BM; // the longest rows first (causal imbalance)
@@ -175,15 +178,21 @@ __global__ void __launch_bounds__(THREADS, 2)
             else if (c < 24) cp16(Ks + j * KST + kN + (c - 16) * 8, Kpe + row * kP + (c - 16) * 8);
             else cp16(Vs + j * VST + (c - 24) * 8, KV + row * kvld + (size_t)h * kHS + kN + (c - 24) * 8);
         }
-        cp_commit();
     };
 
-    if (nkt > 0) load(0, 0);
+    // one commit group per tile slot, empty past the last tile, so "tile kt landed" is always
+    // "at most STAGES - 2 groups pending"
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; st++) {
+        if (st < nkt) load(st, st);
+        cp_commit();
+    }
     for (int kt = 0; kt < nkt; kt++) {
-        cp_wait_all();
+        cp_wait<STAGES - 2>();
         __syncthreads(); // tile kt landed for everyone; everyone is done with tile kt - 1's stage
-        if (kt + 1 < nkt) load((kt + 1) & 1, kt + 1);
-        const uint16_t *Ks = sm + (kt & 1) * STAGE, *Vs = Ks + BN * KST;
+        if (kt + STAGES - 1 < nkt) load((kt + STAGES - 1) % STAGES, kt + STAGES - 1);
+        cp_commit();
+        const uint16_t *Ks = sm + (kt % STAGES) * STAGE, *Vs = Ks + BN * KST;
 
         float s[BN / 8][4];
 #pragma unroll
@@ -276,17 +285,25 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
     uint16_t *Clat = (uint16_t *)(w + a.clat), *Kpe = (uint16_t *)(w + a.kpe), *KV = (uint16_t *)(w + a.kv);
     float *ml = (float *)(w + a.ml);
     cudaStream_t st = to_stream(s);
+    /* LUNAR_MLA_FLASH_WARPS=4|8 (query rows per block / 16), LUNAR_MLA_FLASH_STAGES=2|3: the
+     * variants bench_mla compares */
+    const char *ew = getenv("LUNAR_MLA_FLASH_WARPS"), *es = getenv("LUNAR_MLA_FLASH_STAGES");
+    const int warps = ew && atoi(ew) == 4 ? 4 : kWarps, stages = es && atoi(es) == 3 ? 3 : es ? 2 : kStages;
+    void (*kern)(float *, float *, const float *, const uint16_t *, const uint16_t *, int, int, int, int, int, float,
+                 int, int) = warps == 4 ? (stages == 3 ? k_flash<4, 3> : k_flash<4, 2>)
+                                        : (stages == 3 ? k_flash<8, 3> : k_flash<8, 2>);
+    const int smem = stages * STAGE * 2;
     // per call, not once: the attribute is per device and TP ranks share this code on several
-    CUDA_CHECK(cudaFuncSetAttribute(k_flash, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
+    CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float sl = scale * 1.4426950408889634f;
-    const int kc_ = (int)a.kc, tiles = (n + BM - 1) / BM;
+    const int kc_ = (int)a.kc, bm = warps * 16, tiles = (n + bm - 1) / bm;
     for (int k0 = 0; k0 < L; k0 += kc_) {
         const int cnt = L - k0 < kc_ ? L - k0 : kc_, rows = (int)up((size_t)cnt, BN);
         if (fp8) k_gather<true><<<rows, 128, 0, st>>>(Clat, Kpe, latent, bt, k0, cnt, page);
         else k_gather<false><<<rows, 128, 0, st>>>(Clat, Kpe, latent, bt, k0, cnt, page);
         CUDA_CHECK_LAUNCH();
         lunar_cuda_matmul(KV, LUNAR_CUDA_BF16, Clat, W, rows, H * kHS, kR, s);
-        k_flash<<<dim3((unsigned)tiles, (unsigned)H), THREADS, SMEM, st>>>(o, ml, q, KV, Kpe, k0, k0 + rows, pos0, n, H,
+        kern<<<dim3((unsigned)tiles, (unsigned)H), warps * 32, smem, st>>>(o, ml, q, KV, Kpe, k0, k0 + rows, pos0, n, H,
                                                                            sl, k0 == 0, k0 + kc_ >= L);
         CUDA_CHECK_LAUNCH();
     }
