@@ -95,8 +95,10 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #include "model/profile.h"
 #include "ops.h"
 
-/* One sequence's MLA prefill of at least this many tokens goes through the chunked GEMM form
- * (cuda_mla_prefill.cu: 10x the row kernel at 8K tokens); fewer rows stay on the row kernel. */
+/* One sequence's MLA prefill of at least this many tokens goes through the decompressed flash
+ * kernel (cuda_mla_flash.cu: 2x the absorbed GEMM form at 8K tokens, 3.2x at 1K, H200), or with
+ * LUNAR_MLA_PREFILL=absorbed the absorbed GEMM form (cuda_mla_prefill.cu: 10x the row kernel at
+ * 8K tokens); fewer rows stay on the row kernel. */
 #define MLA_PREFILL_GEMM_MIN 64
 /* Steps of at least this many rows absorb / un-absorb through GEMMs over heads (the weights widened
  * to fp32 once per layer, 16 MB at K-Linear's shapes, pays off from a few dozen rows). */
