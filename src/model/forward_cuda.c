@@ -95,8 +95,10 @@ int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32
 #include "model/profile.h"
 #include "ops.h"
 
-/* One sequence's MLA prefill of at least this many tokens goes through the chunked GEMM form
- * (cuda_mla_prefill.cu: 10x the row kernel at 8K tokens); fewer rows stay on the row kernel. */
+/* One sequence's MLA prefill of at least this many tokens goes through the decompressed flash
+ * kernel (cuda_mla_flash.cu: 2x the absorbed GEMM form at 8K tokens, 3.2x at 1K, H200), or with
+ * LUNAR_MLA_PREFILL=absorbed the absorbed GEMM form (cuda_mla_prefill.cu: 10x the row kernel at
+ * 8K tokens); fewer rows stay on the row kernel. */
 #define MLA_PREFILL_GEMM_MIN 64
 /* Steps of at least this many rows absorb / un-absorb through GEMMs over heads (the weights widened
  * to fp32 once per layer, 16 MB at K-Linear's shapes, pays off from a few dozen rows). */
@@ -583,8 +585,11 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
                       T * nh * P + T * nh * Vd);
     if (topk) mla += 4 * (T * ni * di + T * di + T * ni + T * topk + T * (size_t)max_len);
     if (R == 512 && P == 64) mla += lunar_cuda_mla_ws(max_tokens, (int)nh, topk ? (int)topk : max_len);
-    if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
-        mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
+    if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN) { /* either prefill form: the larger */
+        const size_t a = lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len),
+                     f = lunar_glue_mla_flash_ws(max_tokens, (int)nh, max_len, 0);
+        mla += (a > f ? a : f) + 256;
+    }
     mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
@@ -920,6 +925,26 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_cuda_dcp_mla(gm->m, &a, o);
         goto out_proj;
     }
+    /* LUNAR_MLA_PREFILL: unset = the decompressed flash prefill (cuda_mla_flash.cu) where it
+     * applies, =absorbed: the absorbed GEMM prefill (cuda_mla_prefill.cu), =kernel: the row
+     * kernel for prefill too */
+    static int prefill_mode = -1; /* 0 flash, 1 absorbed, 2 kernel */
+    if (prefill_mode < 0) {
+        const char *e = getenv("LUNAR_MLA_PREFILL");
+        prefill_mode = e && strcmp(e, "absorbed") == 0 ? 1 : e && strcmp(e, "kernel") == 0 ? 2 : 0;
+    }
+    const float scale = 1.0f / sqrtf((float)qk);
+    if (prefill_mode == 0 && R == 512 && P == 64 && N == 128 && Vd == 128 && topk <= 0 && b->n_seqs == 1 &&
+        n >= MLA_PREFILL_GEMM_MIN) {
+        /* decompressed: k = [W_UK c | k_pe], v = W_UV c per head; 2 * (192 + 128) flops per
+         * (query, head, key) instead of the absorbed form's 2 * (576 + 512), no (un)absorption */
+        t0 = cp_begin();
+        const int pos0 = b->seqs[0].pos0;
+        void *ws = dalloc(lunar_glue_mla_flash_ws(n, nh, pos0 + n, 0));
+        lunar_glue_mla_flash(o, q, w->kvb.p, latent, fp8, b->bt, LUNAR_BLOCK_SIZE, pos0, n, nh, scale, 0, ws, NULL);
+        cp_end(LUNAR_PROF_MLA_ATTN, t0);
+        goto out_proj;
+    }
     /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
     t0 = cp_begin();
@@ -939,10 +964,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
     cp_end(LUNAR_PROF_MLA_ABSORB, t0);
     t0 = cp_begin();
-    const float scale = 1.0f / sqrtf((float)qk);
-    static int kernel_only = -1; /* LUNAR_MLA_PREFILL=kernel: prefill through the row kernel too */
-    if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
-    if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && !kernel_only) {
+    if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && prefill_mode != 2) {
         void *ws = dalloc(lunar_glue_mla_prefill_ws(n, nh, b->seqs[0].pos0 + n));
         lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, fp8, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
                                ws, NULL);

@@ -3,12 +3,13 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against fp64 FMA at 33.5 TFLOP/s.
- * Usage: bench_mla [decode|wgmma|indexer|sparse|all] */
+ * Usage: bench_mla [decode|wgmma|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 
 #define BW 4.3e12
@@ -303,6 +304,74 @@ static void bench_indexer(void) {
     lunar_cuda_release(mark0);
 }
 
+/* MLA prefill of one sequence, the whole attention op from q [n, H, 192] to o [n, H, 128]:
+ * old = the absorbed form (absorption GEMM + cuda_mla_prefill.cu's GEMMs + un-absorption GEMM),
+ * new = the decompressed flash form (cuda_mla_flash.cu: gather, lift GEMM, flash kernel). The
+ * lift GEMM alone is timed too (same shape), so the flash kernel's rate is (new - lift). Flop
+ * counts: causal attention 2 * (192 + 128) per (query, head, visible key); the floor at 790
+ * TFLOP/s (cuBLAS bf16 measured on these H200s) of those flops plus the lift's. */
+typedef struct {
+    float *q, *o, *qlat, *qpe, *olat, *w32;
+    uint16_t *W, *KV, *C;
+    void *ws_old, *ws_new;
+    int n, pos0, H;
+} pre_case;
+static void call_pre_old(void *p) {
+    pre_case *c = p;
+    lunar_cuda_mla_absorb_gemm(c->qlat, c->qpe, c->w32, c->q, c->W, c->n, c->H, 128, 64, 128, 512, NULL);
+    lunar_glue_mla_prefill(c->olat, c->qlat, c->qpe, pool_bf16, 0, d_bt, BS, c->pos0, c->n, c->H, 0.072f, c->ws_old,
+                           NULL);
+    lunar_cuda_mla_unabsorb_gemm(c->o, c->olat, c->w32, c->n, c->H, 128, 128, 512, NULL);
+}
+static void call_pre_new(void *p) {
+    pre_case *c = p;
+    lunar_glue_mla_flash(c->o, c->q, c->W, pool_bf16, 0, d_bt, BS, c->pos0, c->n, c->H, 0.072f, 0, c->ws_new, NULL);
+}
+static void call_pre_lift(void *p) {
+    pre_case *c = p;
+    lunar_cuda_matmul(c->KV, LUNAR_CUDA_BF16, c->C, c->W, c->pos0 + c->n, c->H * 256, 512, NULL);
+}
+static void bench_prefill(void) {
+    static const char *var[][2] = {{"4", "2"}, {"8", "2"}, {"8", "3"}, {"4", "3"}}; /* warps, stages */
+    printf("\n### MLA prefill, one sequence: absorbed GEMMs (old) vs decompressed flash (new; variants: "
+           "LUNAR_MLA_FLASH_WARPS x LUNAR_MLA_FLASH_STAGES)\n\n");
+    printf("| H | n | pos0 | attn TFLOP | old | lift GEMM | new 4w2s | new 8w2s | new 8w3s | new 4w3s | best vs old | "
+           "best kernel TFLOP/s | of 790 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const int cases[][3] = {{32, 8192, 0}, {12, 8192, 0}, {32, 4096, 4096}, {32, 1024, 0}, {32, 16384, 0}};
+    for (unsigned ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        size_t mark = lunar_cuda_mark();
+        pre_case c = {0};
+        c.H = cases[ci][0], c.n = cases[ci][1], c.pos0 = cases[ci][2];
+        const int n = c.n, H = c.H, L = c.pos0 + n;
+        c.q = dalloc((size_t)n * H * 192 * 4), c.o = dalloc((size_t)n * H * 128 * 4);
+        c.qlat = dalloc((size_t)n * H * 512 * 4), c.qpe = dalloc((size_t)n * H * 64 * 4);
+        c.olat = dalloc((size_t)n * H * 512 * 4), c.w32 = dalloc((size_t)H * 256 * 512 * 4);
+        c.W = dalloc((size_t)H * 256 * 512 * 2);
+        c.KV = dalloc((size_t)L * H * 256 * 2), c.C = dalloc((size_t)L * 512 * 2);
+        lunar_cuda_fill_uniform(c.q, (size_t)n * H * 192, 11, -1, 1);
+        lunar_cuda_fill_u32(c.W, 0x3c003c00u, (size_t)H * 256 * 512 / 2);
+        lunar_cuda_fill_u32(c.C, 0x3c003c00u, (size_t)L * 512 / 2);
+        c.ws_old = dalloc(lunar_glue_mla_prefill_ws(n, H, L));
+        c.ws_new = dalloc(lunar_glue_mla_flash_ws(n, H, L, 0));
+        const float t_old = time_us(call_pre_old, &c, 5), t_lift = time_us(call_pre_lift, &c, 9);
+        float t[4], best = 1e30f;
+        for (int v = 0; v < 4; v++) {
+            setenv("LUNAR_MLA_FLASH_WARPS", var[v][0], 1), setenv("LUNAR_MLA_FLASH_STAGES", var[v][1], 1);
+            t[v] = time_us(call_pre_new, &c, 9);
+            if (t[v] < best) best = t[v];
+        }
+        unsetenv("LUNAR_MLA_FLASH_WARPS"), unsetenv("LUNAR_MLA_FLASH_STAGES");
+        const double attn = 2.0 * (192 + 128) * H * ((double)n * c.pos0 + (double)n * (n + 1) / 2);
+        const double kern = best - t_lift;
+        printf("| %d | %d | %d | %.2f | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.2fx | %.0f | "
+               "%.0f%% |\n",
+               H, n, c.pos0, attn / 1e12, t_old, t_lift, t[0], t[1], t[2], t[3], t_old / best, attn / kern / 1e6,
+               100.0 * attn / kern / 1e6 / (MMA / 1e12));
+        fflush(stdout);
+        lunar_cuda_release(mark);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     lunar_err err;
@@ -318,6 +387,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "wgmma")) bench_decode_wgmma();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
+    if (!strcmp(what, "all") || !strcmp(what, "prefill")) bench_prefill();
     lunar_cuda_shutdown();
     return 0;
 }

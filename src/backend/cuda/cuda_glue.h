@@ -71,6 +71,18 @@ void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe,
                             const int32_t *bt, int page, int pos0, int n, int H, float scale, void *ws,
                             lunar_cuda_stream s);
 
+/* MLA prefill of ONE sequence in the decompressed form (cuda_mla_flash.cu), N = Vd = 128, R = 512,
+ * P = 64: o [n, H, 128] fp32 = op_mla_attention_naive's output for the rows t of q [n, H, 192] fp32
+ * at positions pos0 + t over the sequence's latent pages (bf16, or FP8 of scale 1; bt: its block
+ * table, page tokens per block, positions 0 .. pos0 + n - 1 already written), causal. W: W_kvb
+ * bf16 [H * 256, 512]. The per-head keys and values are lifted from the latent with one GEMM per
+ * key chunk of kc positions (0: as many as fit 256 MiB), then a flash-attention kernel; q, k, v and
+ * the probabilities are bf16 operands, sums fp32. ws: lunar_glue_mla_flash_ws(n, H, pos0 + n, kc). */
+size_t lunar_glue_mla_flash_ws(int n, int H, int L, int kc);
+void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W, const void *latent, int fp8,
+                          const int32_t *bt, int page, int pos0, int n, int H, float scale, int kc, void *ws,
+                          lunar_cuda_stream s);
+
 #ifdef __cplusplus
 }
 #endif

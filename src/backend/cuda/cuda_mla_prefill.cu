@@ -1,4 +1,6 @@
 // MLA prefill of one sequence in the absorbed form as two GEMMs per query chunk (R = 512, P = 64).
+// Since cuda_mla_flash.cu (the decompressed form, 3.4x fewer flops) this is the forward's prefill
+// only with LUNAR_MLA_PREFILL=absorbed.
 // Why: the absorbed attention kernel (cuda_mla.cu) serves a prefill with one block per query row,
 // so each of the n rows streams its whole prefix of the latent cache through shared memory (at 8K
 // tokens, ~77 GB of L2/HBM traffic per layer, 71 % of Kimi-Linear's prefill). In the absorbed form
