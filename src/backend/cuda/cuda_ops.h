@@ -366,7 +366,8 @@ typedef struct lunar_cuda_moe_experts {
  * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, or the fused decode kernel
  * when LUNAR_MOE_DECODE=fused; grouped GEMM above), 1 the decode kernel pair (n <= 64), 2 grouped
  * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
- * falls back to 1).
+ * falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu; LUNAR_MOE_PREFILL=new makes it
+ * auto's prefill path), 5 the same with 128-row weight tiles throughout (4 uses 256 where R allows).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
