@@ -1025,10 +1025,11 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // selects it for further measurement.
         static int fused = -1;
         if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
-        // Prefill: the mma.sync grouped GEMM (path 2) unless LUNAR_MOE_PREFILL=new selects the wgmma
-        // one (path 4), which is not the default until a device run shows it correct and faster.
+        // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
+        // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
+        // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2).
         static int pre = -1;
-        if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "new") ? 4 : 2;
+        if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "old") ? 2 : 4;
         path = n > 64 ? pre : fused ? 3 : 1;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
