@@ -38,15 +38,10 @@
 #define WG_BK 64
 #define WG_T 256
 
-// Copy stages (prefetch distance ST - 2 chunks): 4 x (16 + 32) KB for BN 256, 6 x (16 + 16) KB for
-// BN 128 (bf16 weights); MXFP4 keeps 3 bf16 B tiles plus ST raw stages instead. DEEP (the
-// experiment LUNAR_MOE_WG_DEEP=1): as many stages as 227 KB hold (MXFP4 BN 256: 5, BN 128: 8;
-// bf16 BN 128: 7), to tell whether the copies' latency limits the kernel.
-template <int BN, bool MX, bool DEEP> constexpr int wg_stages() {
-    return BN == 256 ? (MX && DEEP ? 5 : 4) : DEEP ? (MX ? 8 : 7) : 6;
-}
-template <int BN, int ST_> struct wg_cfg {
-    static constexpr int ST = ST_;
+template <int BN> struct wg_cfg {
+    // copy stages (prefetch distance ST - 2 chunks): 4 x (16 + 32) KB for BN 256, 6 x (16 + 16) KB
+    // for BN 128 (bf16 weights); MXFP4 keeps 3 bf16 B tiles plus ST raw stages instead.
+    static constexpr int ST = BN == 256 ? 4 : 6;
     static constexpr uint32_t A_BYTES = WG_BM * 128, B_BYTES = BN * 128;
     static constexpr int UNITS = BN * 2;                 // MXFP4: 32-column blocks per chunk
     static constexpr uint32_t RAW_BYTES = UNITS * 16, SCW_BYTES = UNITS * 4;
@@ -168,9 +163,9 @@ template <int N> __device__ __forceinline__ void fence_acc(float *d) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-template <bool MX, bool GATEUP, int BN, int ST_>
+template <bool MX, bool GATEUP, int BN>
 __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__ xargs a) {
-    typedef wg_cfg<BN, ST_> C;
+    typedef wg_cfg<BN> C;
     constexpr int ST = C::ST, NB = MX ? 3 : ST;  // copy stages, bf16 B tiles
     constexpr int NH = GATEUP ? BN / 2 : BN;      // output columns per N tile
     constexpr int NACC = BN / 2;                  // accumulators per thread (m64nBN over 128 threads)
@@ -331,17 +326,15 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
 // ---------------------------------------------------------------- launchers
 
 #define WG_MAX_DEV 64
-template <bool MX, bool GATEUP, int BN, bool DEEP> static void wg_launch(const xargs &a, int tiles, cudaStream_t st) {
-    constexpr int ST = wg_stages<BN, MX, DEEP>();
-    const size_t smem = wg_cfg<BN, ST>::smem(MX);
-    static_assert(wg_cfg<BN, ST>::smem(MX) <= 227 * 1024, "more shared memory than an SM has");
+template <bool MX, bool GATEUP, int BN> static void wg_launch(const xargs &a, int tiles, cudaStream_t st) {
+    const size_t smem = wg_cfg<BN>::smem(MX);
     static bool attr[WG_MAX_DEV];
     static int sms[WG_MAX_DEV];
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_REQUIRE(dev >= 0 && dev < WG_MAX_DEV);
     if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_wg_kernel<MX, GATEUP, BN, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_wg_kernel<MX, GATEUP, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
         attr[dev] = true;
@@ -349,22 +342,19 @@ template <bool MX, bool GATEUP, int BN, bool DEEP> static void wg_launch(const x
     const long items = (long)tiles * (a.R / (GATEUP ? BN / 2 : BN));
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return;
-    moe_wg_kernel<MX, GATEUP, BN, ST><<<grid, WG_T, smem, st>>>(a);
+    moe_wg_kernel<MX, GATEUP, BN><<<grid, WG_T, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
-template <bool MX, bool DEEP>
-static void wg_pair(const xargs &g, const xargs &d, int tiles, bool narrow, cudaStream_t st) {
-    if (narrow) wg_launch<MX, true, 128, DEEP>(g, tiles, st);
-    else wg_launch<MX, true, 256, DEEP>(g, tiles, st);  // I % 128 == 0: 128 columns of w1 and of w3
-    if (narrow || d.R % 256) wg_launch<MX, false, 128, DEEP>(d, tiles, st);
-    else wg_launch<MX, false, 256, DEEP>(d, tiles, st);
+template <bool MX> static void wg_pair(const xargs &g, const xargs &d, int tiles, bool narrow, cudaStream_t st) {
+    if (narrow) wg_launch<MX, true, 128>(g, tiles, st);
+    else wg_launch<MX, true, 256>(g, tiles, st);  // I % 128 == 0: 128 columns of w1 and of w3
+    if (narrow || d.R % 256) wg_launch<MX, false, 128>(d, tiles, st);
+    else wg_launch<MX, false, 256>(d, tiles, st);
 }
 
 void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st) {
     CUDA_REQUIRE(g.R % 128 == 0 && g.K % WG_BK == 0 && d.R % 128 == 0 && d.K % WG_BK == 0);
-    static int deep = -1;
-    if (deep < 0) deep = getenv("LUNAR_MOE_WG_DEEP") && !strcmp(getenv("LUNAR_MOE_WG_DEEP"), "1");
-    if (mx) deep ? wg_pair<true, true>(g, d, tiles, narrow, st) : wg_pair<true, false>(g, d, tiles, narrow, st);
-    else deep ? wg_pair<false, true>(g, d, tiles, narrow, st) : wg_pair<false, false>(g, d, tiles, narrow, st);
+    if (mx) wg_pair<true>(g, d, tiles, narrow, st);
+    else wg_pair<false>(g, d, tiles, narrow, st);
 }
