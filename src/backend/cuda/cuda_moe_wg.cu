@@ -9,10 +9,8 @@
 //
 // Pipeline: K in chunks of 64 columns (one 128-byte row of bf16, the 128-byte swizzle atom). Every
 // thread copies (cp.async) its share of the chunk ST-2 chunks ahead: activation rows (gathered
-// through row_token for GATEUP; rows past the expert's end are not copied: their stage keeps older
-// data, which reaches only output rows the epilogue does not store, an output row depending on its
-// own activation row alone) and either the bf16 weight rows or, for MXFP4, the packed nibbles and
-// the 4-byte word holding their E8M0 scale. The flat
+// through row_token for GATEUP; rows past the expert's end zero-filled) and either the bf16 weight
+// rows or, for MXFP4, the packed nibbles and the 4-byte word holding their E8M0 scale. The flat
 // chunk sequence runs across items, so the next item's first chunks load during the current item's
 // last ones and its epilogue. MXFP4 is widened to bf16 by the same thread that copied it (no
 // barrier between copy and widening), exactly as in the mma.sync kernels (pairs_mx), then
@@ -54,8 +52,10 @@ template <int BN> struct wg_cfg {
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+// 16 bytes global -> shared; ok = false: 16 zero bytes, nothing read.
+__device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
 }
 __device__ __forceinline__ void wg_cp4(uint32_t dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
 #pragma unroll
         for (int i = 0; i < APT; i++) {
             const int row = a_row0 + 32 * i;
-            if (xok[i]) wg_cp16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WG_BK);
+            wg_cp16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WG_BK, xok[i]);
         }
         const size_t ebase = (size_t)ld_e * estr;
         if (MX) {
@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
                 const bool m3 = GATEUP && nr >= NH;
                 const size_t base = ebase + (size_t)(ld_n0 + (m3 ? nr - NH : nr)) * a.K;
                 const uint8_t *q4 = m3 ? a.wq[1] : a.wq[0], *s8 = m3 ? a.ws[1] : a.ws[0];
-                wg_cp16(sR + stage * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16);
+                wg_cp16(sR + stage * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
                 // the aligned word holding this block's scale byte (never past the allocation)
                 const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
                 wg_cp4(sS + stage * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
                 const bool m3 = GATEUP && nr >= NH;
                 const uint16_t *wb = m3 ? a.wb[1] : a.wb[0];
                 const size_t base = ebase + (size_t)(ld_n0 + (m3 ? nr - NH : nr)) * a.K;
-                wg_cp16(dB + nr * 128 + ((a_ch ^ (nr & 7)) << 4), wb + base + j * WG_BK + a_ch * 8);
+                wg_cp16(dB + nr * 128 + ((a_ch ^ (nr & 7)) << 4), wb + base + j * WG_BK + a_ch * 8, true);
             }
         }
     };
