@@ -773,6 +773,8 @@ static void fused_launch(const xargs &g, const xargs &d, const lunar_cuda_moe_ro
 }
 
 // ---------------------------------------------------------------- grouped GEMM (prefill)
+// The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the wgmma one of
+// cuda_moe_wg.cu, path 4, is the default).
 // CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
 // (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
 // 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
