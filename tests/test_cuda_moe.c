@@ -312,14 +312,17 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 3; path++) {
+    for (int path = 1; path <= 5; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
-        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D); /* NaN: unwritten rows fail */
+        /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
+        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
+        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
         lunar_cuda_moe_experts_run(ybuf, hbuf, dz, &dw, &r, path, NULL);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
-        static const char *pname[] = {"", "decode", "gemm", "fused"};
+        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -338,30 +341,40 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     lunar_cuda_release(mark);
 }
 
-/* paths: bit p - 1 runs path p (1 decode pair, 2 grouped GEMM, 3 the fused decode kernel). The
+/* paths: bit p - 1 runs path p (1 decode pair, 2 grouped GEMM, 3 the fused decode kernel, 4 the
+ * wgmma grouped GEMM, 5 the same with 128-row weight tiles). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
  * ring crossing items and phases, the down items waiting on other blocks' gate/up). */
 #define ALL_DECODE 7
+/* The wgmma kernels' shapes: M tiles of 1..128 rows (a warpgroup whose 64 rows are all past the
+ * expert's end skips its products), K of 2 chunks (fewer than its copy stages: the prefetch runs
+ * into the next items) to 18, 128- and 256-row weight tiles (D = 128 and 384 fall back to 128 in
+ * the down GEMM), and more items than blocks (every block walks several, its copies crossing
+ * items). */
+#define WG (8 | 16)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE);
-    experts_case(5, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE);
-    experts_case(13, 4, 16, 256, 128, 1, 0, 0, ALL_DECODE);
-    experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE);
-    experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE); /* 40 rows on each of 4 experts, 4 empty */
-    experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4);
-    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2);
-    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2);
+    experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
+    experts_case(5, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
+    experts_case(13, 4, 16, 256, 128, 1, 0, 0, ALL_DECODE | WG);
+    experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG);
+    experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG); /* 40 rows on each of 4 experts, 4 empty */
+    experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | WG);
+    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG);
+    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
+    experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */
+    experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG); /* ~200 rows per expert, 192 gate/up items */
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3);
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2);
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG);
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG); /* ~300 rows per expert, 288 gate/up items */
 }
 
 /* ---------------------------------------------------------------- the latent routed path */
@@ -510,19 +523,38 @@ static void bench_shape(int E, int k, int D, int I, const char *label, void *flu
     lunar_cuda_release(mark);
 }
 
-static void bench_prefill(int n, int E, int k, int D, int I, const char *label) {
+/* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
+ * (2 mma.sync, 4 wgmma, 5 wgmma with 128-row weight tiles), median of 5, and each wgmma path's
+ * combined output against path 2's (max rel err: the same products summed in another order). */
+static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char *label) {
     size_t mark = lunar_cuda_mark();
     lunar_cuda_moe_experts w;
     memset(&w, 0, sizeof w);
-    w.E = E, w.D = D, w.I = I, w.mxfp4 = 1, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
+    w.E = E, w.D = D, w.I = I, w.mxfp4 = mx, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
     const size_t nw = (size_t)E * I * D;
-    uint8_t *q[3], *s[3];
-    for (int m = 0; m < 3; m++) {
-        q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
-        lunar_cuda_fill_uniform((float *)q[m], nw / 8, 700u + (uint32_t)m, -1, 1);
-        lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+    if (mx) {
+        uint8_t *q[3], *s[3];
+        for (int m = 0; m < 3; m++) {
+            q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
+            lunar_cuda_fill_uniform((float *)q[m], nw / 8, 700u + (uint32_t)m, -1, 1);
+            lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+        }
+        w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
+    } else {
+        /* random bf16 weights (constant data would flatter the tensor cores), converted in pieces */
+        const size_t piece = (size_t)64 << 20;
+        float *tmp = dalloc(piece * 4);
+        uint16_t *b3[3];
+        for (int m = 0; m < 3; m++) {
+            b3[m] = dalloc(nw * 2);
+            for (size_t o = 0; o < nw; o += piece) {
+                const size_t cnt = nw - o < piece ? nw - o : piece;
+                lunar_cuda_fill_uniform(tmp, cnt, 700u + (uint32_t)(m * 1000 + o / piece), -0.05f, 0.05f);
+                lunar_cuda_f32_to_bf16(b3[m] + o, tmp, cnt);
+            }
+        }
+        w.w1 = b3[0], w.w3 = b3[1], w.w2 = b3[2];
     }
-    w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
     lunar_cuda_moe_route r;
     lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
     float *lg = dalloc((size_t)n * E * 4);
@@ -537,13 +569,27 @@ static void bench_prefill(int n, int E, int k, int D, int I, const char *label) 
     lunar_cuda_event_record(e1, NULL);
     float ms_perm = lunar_cuda_event_ms(e0, e1);
     uint16_t *z = dalloc((size_t)n * D * 2), *hbuf = dalloc((size_t)n * k * I * 2);
-    float *zf = dalloc((size_t)n * D * 4), *ybuf = dalloc((size_t)n * k * D * 4);
+    float *zf = dalloc((size_t)n * D * 4), *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
-    float ms = time_experts(ybuf, hbuf, z, &w, &r, 2, 5, NULL, 0);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    printf("| prefill %-21s | %5d | %8.2f | %6.1f | %5.0f %% | router %.3f ms, permute %.3f ms |\n", label, n, ms,
-           flops / (ms * 1e-3) / 1e12, 100.0 * flops / (ms * 1e-3) / g_dense_peak, ms_router, ms_perm);
+    static const int paths[] = {2, 4, 5};
+    static const char *pn[] = {"mma.sync (old)", "wgmma", "wgmma BN128"};
+    float *ref = NULL;
+    for (int i = 0; i < 3; i++) {
+        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
+        float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
+        lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+        float *y = dl_f32(acc, (long)n * D);
+        double err = 0.0;
+        if (ref) err = lunar_max_rel_err(y, ref, (long)n * D);
+        printf("| prefill %-24s %-5s | %-14s | %5d | %8.2f | %6.1f | %5.0f %% | %s%.2g | router %.3f ms, permute %.3f ms |\n",
+               label, mx ? "mxfp4" : "bf16", pn[i], n, ms, flops / (ms * 1e-3) / 1e12,
+               100.0 * flops / (ms * 1e-3) / g_dense_peak, ref ? "vs old " : "", ref ? err : 0.0, ms_router, ms_perm);
+        if (ref) free(y);
+        else ref = y;
+    }
+    free(ref);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     lunar_cuda_release(mark);
 }
@@ -587,7 +633,9 @@ TEST(cuda_moe_bench) {
                gemv, g_read_bw / 1e12, mm, g_dense_peak / 1e12);
         lunar_cuda_release(mark);
     }
-    printf("Decode (MXFP4, both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
+    /* LUNAR_MOE_BENCH=prefill: the references and the prefill shapes only */
+    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0;
+    if (decode) printf("Decode (MXFP4, both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
            "the distinct touched experts (packed + scales) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
            "ratio(m) = time / (bytes / the GEMV read rate above). pair = the decode kernel pair (path 1, the\n"
            "default), fused = the fused persistent kernel (path 3).\n\n",
@@ -595,16 +643,19 @@ TEST(cuda_moe_bench) {
     g_flush_x = dalloc(4096 * 2), g_flush_y = dalloc((fw * 2 / 4096) * 4);
     lunar_cuda_fill_u32(g_flush_x, 0, 4096 / 2);
     g_flush_clean = 1;
-    printf("| shape | n | exp | MB | floor us | pair us | ratio | ratio(m) | GB/s | fused us | fused ratio |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-    bench_shape(896, 16, 3584, 3072, "K3.1 (3584, 3072)", flush, fw);
-    bench_shape(896, 16, 3584, 384, "K3.1 TP8 (3584, 384)", flush, fw);
-    bench_shape(256, 8, 2304, 1024, "Kimi-Linear (2304, 1024)", flush, fw);
-    printf("\nPrefill (grouped GEMM, MXFP4 widened in registers, mma.sync bf16), FLOPs = 2 n k 3 D I; "
+    if (decode) {
+        printf("| shape | n | exp | MB | floor us | pair us | ratio | ratio(m) | GB/s | fused us | fused ratio |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+        bench_shape(896, 16, 3584, 3072, "K3.1 (3584, 3072)", flush, fw);
+        bench_shape(896, 16, 3584, 384, "K3.1 TP8 (3584, 384)", flush, fw);
+        bench_shape(256, 8, 2304, 1024, "Kimi-Linear (2304, 1024)", flush, fw);
+    }
+    printf("\nPrefill (grouped GEMMs, both; MXFP4 widened to bf16), FLOPs = 2 n k 3 D I; "
            "target >= 50 %% of the measured dense peak (%.0f TFLOP/s; nominal %.0f).\n\n", g_dense_peak / 1e12, TC / 1e12);
-    printf("| shape                         |     n |    ms | TFLOP/s | of peak | routing |\n|---|---|---|---|---|---|\n");
-    bench_prefill(8192, 896, 16, 3584, 3072, "K3.1 (lat 3584, I 3072)");
-    bench_prefill(8192, 896, 16, 3584, 384, "K3.1 TP8 (I 384)");
+    printf("| shape | kernel | n | ms | TFLOP/s | of peak | output | routing |\n|---|---|---|---|---|---|---|---|\n");
+    bench_prefill(8192, 896, 16, 3584, 3072, 1, "K3.1 (lat 3584, I 3072)");
+    bench_prefill(8192, 896, 16, 3584, 384, 1, "K3.1 TP8 (I 384)");
+    bench_prefill(8192, 256, 8, 2304, 1024, 0, "Kimi-Linear (2304, 1024)");
     fflush(stdout);
 }
 

@@ -1,0 +1,96 @@
+// Internal to the MoE kernels (cuda_moe.cu: router, permutation, decode kernels, the mma.sync
+// grouped GEMM; cuda_moe_wg.cu: the wgmma grouped GEMM): the bf16/MXFP4 widening helpers, the
+// GLU activation and the expert kernels' argument block. The MXFP4 widening is explained at the
+// top of cuda_moe.cu.
+#ifndef LUNAR_BACKEND_CUDA_MOE_CUH
+#define LUNAR_BACKEND_CUDA_MOE_CUH
+
+#include "backend/cuda/cuda_common.cuh"
+
+__device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b) {
+    __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162 *>(&a),
+                               *reinterpret_cast<__nv_bfloat162 *>(&b));
+    return *reinterpret_cast<uint32_t *>(&r);
+}
+
+// 8 bf16 (one uint4, columns x0..x7) -> the pairs P0..P3.
+__device__ __forceinline__ void pairs_bf16(uint4 u, uint32_t *p) {
+    p[0] = prmt(u.y, u.w, 0x7632);
+    p[1] = prmt(u.y, u.w, 0x5410);
+    p[2] = prmt(u.x, u.z, 0x7632);
+    p[3] = prmt(u.x, u.z, 0x5410);
+}
+
+// E8M0 scale byte -> the bf16x2 multipliers: m1 = 2^(s-1) (s <= 128) or 2^127, m2 = 2^(s-128)
+// (used only when s > 128).
+struct mxscale {
+    uint32_t m1, m2;
+    bool two;
+};
+__device__ __forceinline__ mxscale mx_scale(uint32_t s) {
+    mxscale r;
+    r.two = s > 128;
+    uint32_t e1 = r.two ? 254u : s + 126u;
+    r.m1 = (e1 << 7) | (e1 << 23);
+    uint32_t e2 = r.two ? s - 1u : 127u;
+    r.m2 = (e2 << 7) | (e2 << 23);
+    return r;
+}
+// One word of 8 nibbles -> P0..P3 scaled. TWO: the warp holds some scale above 128, so the
+// second multiply is needed (in every lane, as a select: the warp takes one path, not a per-pair
+// divergent branch); without it the widening is 5 integer/bf16 operations per pair of weights,
+// which at ~4 TB/s is most of the SM's issue rate.
+template <bool TWO>
+__device__ __forceinline__ void pairs_mx(uint32_t q, const mxscale &sc, uint32_t *p) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint32_t o = (q & 0x80008000u) | ((q & 0x70007000u) >> 6);
+        o = bmul2(o, sc.m1);
+        if (TWO) o = bmul2(o, sc.m2);  // m2 = 1.0 where this lane's scale is small
+        p[i] = o;
+        q <<= 4;
+    }
+}
+
+__device__ __forceinline__ float glu_act(float g, float u, int act, float beta, float beta_l) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;
+    float ga = beta * tanhf(g / beta) / (1.0f + expf(-g));
+    float ub = beta_l > 0.0f ? beta_l * tanhf(u / beta_l) : u;
+    return ga * ub;
+}
+
+// Arguments shared by the expert kernels. GATEUP: weights w[0] = w1, w[1] = w3 ([E, R=I, K=D]),
+// x = the token activations gathered by row_token; DOWN: w[0] = w2 ([E, R=D, K=I]), x = hbuf rows.
+struct xargs {
+    const uint8_t *wq[2], *ws[2];
+    const uint16_t *wb[2];
+    int R, K;
+    const uint16_t *x;
+    const int32_t *offsets, *active, *counts, *tiles, *row_token;
+    const float *row_weight;
+    uint16_t *h;  // GATEUP output [rows, R]
+    float *y;     // DOWN output [rows, R]
+    int E, act;
+    float beta, beta_l;
+};
+
+// The wgmma grouped GEMM (cuda_moe_wg.cu): both expert GEMMs over the tile list of r's
+// permutation (tiles = an upper bound of its length). narrow: 128-row weight tiles everywhere
+// (else 256 where R allows it).
+void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st);
+
+#endif

@@ -1,0 +1,360 @@
+// The MoE prefill grouped GEMM on Hopper's warpgroup tensor-core instructions (wgmma, sm_90a).
+//
+// Work: items (M tile of 128 permuted rows of one expert, from the permutation's tile list) x
+// (N tile of BN weight rows), walked by a persistent grid of one 256-thread block per SM (block b
+// takes items b, b + grid, ...). GATEUP: an N tile is BN/2 rows of w1 and the same BN/2 rows of w3,
+// so that a thread's accumulators hold gate and up of the same output columns and SiTU/SwiGLU is
+// applied before anything leaves the registers; DOWN: BN rows of w2, the router weight of the row
+// applied in the epilogue.
+//
+// Pipeline: K in chunks of 64 columns (one 128-byte row of bf16, the 128-byte swizzle atom). Every
+// thread copies (cp.async) its share of the chunk ST-2 chunks ahead: activation rows (gathered
+// through row_token for GATEUP; rows past the expert's end zero-filled) and either the bf16 weight
+// rows or, for MXFP4, the packed nibbles and the 4-byte word holding their E8M0 scale. The flat
+// chunk sequence runs across items, so the next item's first chunks load during the current item's
+// last ones and its epilogue. MXFP4 is widened to bf16 by the same thread that copied it (no
+// barrier between copy and widening), exactly as in the mma.sync kernels (pairs_mx), then
+// reordered from the pair order to natural column order, into a 3-deep ring of bf16 B tiles.
+// Warpgroup w (threads 128w..128w+127) multiplies rows 64w..64w+63 of the M tile by the whole B
+// tile: wgmma m64nBNk16, A and B both K-major in shared memory with the 128-byte swizzle; a
+// warpgroup whose 64 rows are all past the expert's end issues nothing (the last M tile of an
+// expert is often short). One barrier per chunk; a warpgroup keeps one chunk of wgmma in flight
+// (wait_group 1) while the next chunk is widened and copied.
+//
+// Why the buffers are safe with one barrier per chunk (iteration q): the copies issued in q go to
+// stage (q-2) % ST, last read by chunk q-2's wgmma, which every warpgroup waited for (wait_group 1)
+// in q-1, before q's barrier; the widening of q writes B ring slot q % 3, last read by chunk
+// q-3's wgmma, waited for in q-2, before q-1's barrier; a thread's raw copies are read back only
+// by itself.
+//
+// Shared-memory layout of a tile (A: 128 rows, B: BN rows): row r at r * 128 bytes, its 16-byte
+// chunk c (columns 8c..8c+7) at chunk position c ^ (r % 8), tiles 1024-byte aligned: the layout
+// the wgmma descriptor's 128-byte swizzle mode reads (8-row groups 1024 bytes apart).
+#include <string.h>
+
+#include "backend/cuda/cuda_moe.cuh"
+
+#define WG_BM 128
+#define WG_BK 64
+#define WG_T 256
+
+template <int BN> struct wg_cfg {
+    // copy stages (prefetch distance ST - 2 chunks): 4 x (16 + 32) KB for BN 256, 6 x (16 + 16) KB
+    // for BN 128 (bf16 weights); MXFP4 keeps 3 bf16 B tiles plus ST raw stages instead.
+    static constexpr int ST = BN == 256 ? 4 : 6;
+    static constexpr uint32_t A_BYTES = WG_BM * 128, B_BYTES = BN * 128;
+    static constexpr int UNITS = BN * 2;                 // MXFP4: 32-column blocks per chunk
+    static constexpr uint32_t RAW_BYTES = UNITS * 16, SCW_BYTES = UNITS * 4;
+    static constexpr size_t smem(bool mx) {
+        return 1024 + (size_t)ST * A_BYTES + (size_t)(mx ? 3 : ST) * B_BYTES +
+               (mx ? (size_t)ST * (RAW_BYTES + SCW_BYTES) : 0);
+    }
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+// 16 bytes global -> shared; ok = false: 16 zero bytes, nothing read.
+__device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void wg_cp4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void wg_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// Ordinary shared stores (and cp.async results) -> visible to the tensor cores' (async proxy) reads.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle (layout type 1, bits 62-63), 8-row
+// groups 1024 bytes apart (stride byte offset, bits 32-45, in 16-byte units); the leading byte
+// offset is unused in this mode (1 by convention). Stepping k by 16 columns inside the 64-column
+// atom adds 32 bytes to the start address: the hardware applies the swizzle to the final address.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+// wgmma m64nNk16, fp32 accumulators d[N/2], A and B from shared memory (descriptors), both
+// K-major (no transpose); scale_d = 0 starts the sum (d = A B), 1 accumulates.
+__device__ __forceinline__ void wgmma_n128(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+        :
+          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+template <int BN> __device__ __forceinline__ void wgmma_bn(float *d, uint64_t da, uint64_t db, int scale_d);
+template <> __device__ __forceinline__ void wgmma_bn<128>(float *d, uint64_t da, uint64_t db, int scale_d) {
+    wgmma_n128(d, da, db, scale_d);
+}
+template <> __device__ __forceinline__ void wgmma_bn<256>(float *d, uint64_t da, uint64_t db, int scale_d) {
+    wgmma_n256(d, da, db, scale_d);
+}
+// Keeps the compiler from moving accumulator reads/writes across the wgmma wait/fence (which
+// carry no register operands).
+template <int N> __device__ __forceinline__ void fence_acc(float *d) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+template <bool MX, bool GATEUP, int BN>
+__global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__ xargs a) {
+    typedef wg_cfg<BN> C;
+    constexpr int ST = C::ST, NB = MX ? 3 : ST;  // copy stages, bf16 B tiles
+    constexpr int NH = GATEUP ? BN / 2 : BN;      // output columns per N tile
+    constexpr int NACC = BN / 2;                  // accumulators per thread (m64nBN over 128 threads)
+    constexpr int APT = WG_BM * 8 / WG_T;         // 16-byte A pieces per thread and chunk
+    constexpr int BPT = BN * 8 / WG_T;            // 16-byte bf16 B pieces per thread and chunk
+    constexpr int UPT = C::UNITS / WG_T;          // MXFP4 32-column blocks per thread and chunk
+    extern __shared__ uint8_t wg_smem[];
+    const uint32_t sA = (smem_u32(wg_smem) + 1023u) & ~1023u;
+    const uint32_t sB = sA + ST * C::A_BYTES, sR = sB + NB * C::B_BYTES, sS = sR + ST * C::RAW_BYTES;
+
+    const int NN = a.R / NH, J = a.K / WG_BK;
+    const int total = a.counts[a.E + 1] * NN, G = gridDim.x, b = blockIdx.x;
+    if (b >= total) return;
+    const int Q = ((total - 1 - b) / G + 1) * J;  // this block's chunks, all its items in a row
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
+    const size_t estr = (size_t)a.R * a.K;
+
+    // ---- copies (the item whose chunks are being copied: ld_*)
+    const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 32 i, 16-byte chunk a_ch
+    const uint16_t *xsrc[APT];
+    bool xok[APT];
+    int ld_e = 0, ld_n0 = 0;
+    auto load = [&](int q) {
+        const int li = q / J, j = q - li * J, stage = q % ST;
+        if (j == 0) {
+            const int w = b + li * G, ti = w / NN;
+            const int e = a.tiles[2 * ti], r0 = a.tiles[2 * ti + 1], rend = a.offsets[e + 1];
+            ld_e = e, ld_n0 = (w - ti * NN) * NH;
+#pragma unroll
+            for (int i = 0; i < APT; i++) {
+                const int r = r0 + a_row0 + 32 * i;
+                xok[i] = r < rend;
+                const int src = xok[i] ? (GATEUP ? a.row_token[r] : r) : 0;
+                xsrc[i] = a.x + (size_t)src * a.K + a_ch * 8;
+            }
+        }
+        const uint32_t dA = sA + stage * C::A_BYTES;
+#pragma unroll
+        for (int i = 0; i < APT; i++) {
+            const int row = a_row0 + 32 * i;
+            wg_cp16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WG_BK, xok[i]);
+        }
+        const size_t ebase = (size_t)ld_e * estr;
+        if (MX) {
+#pragma unroll
+            for (int i = 0; i < UPT; i++) {
+                const int u = tid + WG_T * i, nr = u >> 1, half = u & 1;
+                const bool m3 = GATEUP && nr >= NH;
+                const size_t base = ebase + (size_t)(ld_n0 + (m3 ? nr - NH : nr)) * a.K;
+                const uint8_t *q4 = m3 ? a.wq[1] : a.wq[0], *s8 = m3 ? a.ws[1] : a.ws[0];
+                wg_cp16(sR + stage * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
+                // the aligned word holding this block's scale byte (never past the allocation)
+                const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
+                wg_cp4(sS + stage * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
+            }
+        } else {
+            const uint32_t dB = sB + stage * C::B_BYTES;
+#pragma unroll
+            for (int i = 0; i < BPT; i++) {
+                const int nr = a_row0 + 32 * i;
+                const bool m3 = GATEUP && nr >= NH;
+                const uint16_t *wb = m3 ? a.wb[1] : a.wb[0];
+                const size_t base = ebase + (size_t)(ld_n0 + (m3 ? nr - NH : nr)) * a.K;
+                wg_cp16(dB + nr * 128 + ((a_ch ^ (nr & 7)) << 4), wb + base + j * WG_BK + a_ch * 8, true);
+            }
+        }
+    };
+    // ---- MXFP4: this thread's copied blocks of chunk q (column chunk j) -> bf16 B tile q % 3
+    auto widen = [&](int q, int j) {
+        const int stage = q % ST;
+        const uint32_t dB = sB + (q % 3) * C::B_BYTES;
+#pragma unroll
+        for (int i = 0; i < UPT; i++) {
+            const int u = tid + WG_T * i, nr = u >> 1, half = u & 1;
+            const bool m3 = GATEUP && nr >= NH;
+            const uint4 nib = lds128(sR + stage * C::RAW_BYTES + u * 16);
+            const uint32_t sw = lds32(sS + stage * C::SCW_BYTES + u * 4);
+            // the byte's place in its word: the scale offsets of a row and an expert are multiples of 4
+            const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + 2 * j + half) & 3;
+            const mxscale sc = mx_scale((sw >> (8 * sel)) & 0xffu);
+            const bool two = __any_sync(0xffffffffu, sc.two);
+            const uint32_t row = dB + nr * 128;
+            const uint32_t words[4] = {nib.x, nib.y, nib.z, nib.w};
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
+                if (two) pairs_mx<true>(words[w], sc, p);
+                else pairs_mx<false>(words[w], sc, p);
+                sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410), prmt(p[1], p[0], 0x5410),
+                       prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
+            }
+        }
+    };
+
+    float acc[NACC];
+#pragma unroll
+    for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int q = 0; q < ST - 2; q++) {
+        if (q < Q) load(q);
+        wg_commit();  // one group per chunk, empty ones too: wait_group counts stay fixed
+    }
+    const int g = lane >> 2, c = lane & 3;
+    for (int ci = 0, q = 0; q < Q; ci++) {
+        int c_r0, c_rend, c_n0;
+        {
+            const int w = b + ci * G, ti = w / NN;
+            const int e = a.tiles[2 * ti];
+            c_r0 = a.tiles[2 * ti + 1] + wg * 64, c_rend = a.offsets[e + 1], c_n0 = (w - ti * NN) * NH;
+        }
+        const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
+        for (int j = 0; j < J; j++, q++) {
+            wg_cp_wait<ST - 3>();  // this thread's copies of chunk q have landed
+            if (MX) widen(q, j);
+            fence_async_smem();
+            __syncthreads();
+            if (q + ST - 2 < Q) load(q + ST - 2);
+            wg_commit();
+            if (c_on) {
+                const uint32_t aT = sA + (q % ST) * C::A_BYTES + wg * 64 * 128, bT = sB + (q % NB) * C::B_BYTES;
+                wgmma_fence();
+                fence_acc<NACC>(acc);
+#pragma unroll
+                for (int kk = 0; kk < WG_BK / 16; kk++)
+                    wgmma_bn<BN>(acc, wg_desc(aT + kk * 32), wg_desc(bT + kk * 32), j > 0 || kk > 0);
+                wgmma_commit();
+                fence_acc<NACC>(acc);
+            }
+            wgmma_wait<1>();  // chunk q - 1 done: its stage is free after the next barrier
+        }
+        wgmma_wait<0>();
+        fence_acc<NACC>(acc);
+        if (c_on) {
+            // accumulator i: row 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1)
+            const int rlo = c_r0 + wwarp * 16 + g;
+#pragma unroll
+            for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
+                const int col = c_n0 + 2 * p + 2 * c;
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = rlo + 8 * hh;
+                    if (r >= c_rend) continue;
+                    const float *v = acc + p + 2 * hh;
+                    if (GATEUP) {
+                        const float h0 = glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
+                        const float h1 = glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
+                        *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
+                    } else {
+                        const float rw = a.row_weight[r];
+                        *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- launchers
+
+#define WG_MAX_DEV 64
+template <bool MX, bool GATEUP, int BN> static void wg_launch(const xargs &a, int tiles, cudaStream_t st) {
+    const size_t smem = wg_cfg<BN>::smem(MX);
+    static bool attr[WG_MAX_DEV];
+    static int sms[WG_MAX_DEV];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_REQUIRE(dev >= 0 && dev < WG_MAX_DEV);
+    if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
+        CUDA_CHECK(cudaFuncSetAttribute(moe_wg_kernel<MX, GATEUP, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
+        attr[dev] = true;
+    }
+    const long items = (long)tiles * (a.R / (GATEUP ? BN / 2 : BN));
+    const int grid = items < sms[dev] ? (int)items : sms[dev];
+    if (grid <= 0) return;
+    moe_wg_kernel<MX, GATEUP, BN><<<grid, WG_T, smem, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <bool MX> static void wg_pair(const xargs &g, const xargs &d, int tiles, bool narrow, cudaStream_t st) {
+    if (narrow) wg_launch<MX, true, 128>(g, tiles, st);
+    else wg_launch<MX, true, 256>(g, tiles, st);  // I % 128 == 0: 128 columns of w1 and of w3
+    if (narrow || d.R % 256) wg_launch<MX, false, 128>(d, tiles, st);
+    else wg_launch<MX, false, 256>(d, tiles, st);
+}
+
+void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st) {
+    CUDA_REQUIRE(g.R % 128 == 0 && g.K % WG_BK == 0 && d.R % 128 == 0 && d.K % WG_BK == 0);
+    if (mx) wg_pair<true>(g, d, tiles, narrow, st);
+    else wg_pair<false>(g, d, tiles, narrow, st);
+}
