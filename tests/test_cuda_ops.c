@@ -462,6 +462,68 @@ TEST(cuda_short_conv_decode_slots_vs_cpu) {
     lunar_cuda_release(mark);
 }
 
+/* the fused decode launch of KDA's q|k|v convolutions, L2 norms and beta sigmoid: bit-equal to the
+ * three ops it replaces (on a strided input, as the fused projection's output row), and the CPU */
+TEST(cuda_kda_conv_qkv_decode_matches_ops) {
+    if (!cuda_on()) return;
+    const int B = 3, H = 5, dk = 128, HD = H * dk, C = 3 * HD, K = 4, S = K - 1, NS = 6, xs = C + H + 40;
+    const int32_t slots[3] = {4, 0, 2};
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand((long)B * xs, 11, -2, 2), *w = test_rand((long)C * K, 12, -1, 1);
+    float *pool = test_rand((long)NS * C * S, 13, -1, 1), *pool_ref = test_alloc((long)NS * C * S);
+    memcpy(pool_ref, pool, sizeof(float) * NS * C * S);
+    /* CPU: conv per sequence, then the norms of the q and k head rows, the sigmoid */
+    lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, C, K, w);
+    float *ref = test_alloc((long)B * C), *bref = test_alloc((long)B * H);
+    for (int b = 0; b < B; b++) {
+        op_short_conv(ref + (long)b * C, x + (long)b * xs, &W, pool_ref + (long)slots[b] * C * S, 1, C, K);
+        op_l2norm(ref + (long)b * C, ref + (long)b * C, 2 * H, dk, 1e-6f);
+        for (int i = 0; i < H; i++) bref[b * H + i] = 1.0f / (1.0f + expf(-x[(long)b * xs + C + i]));
+    }
+    float *refp = test_alloc((long)B * C); /* [part][b][HD] as the kernel lays it out */
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < 3; p++) memcpy(refp + ((long)p * B + b) * HD, ref + (long)b * C + p * HD, sizeof(float) * HD);
+    const float *dx = dev_in(x, (size_t)B * xs * 4), *dw = dev_in(w, (size_t)C * K * 4);
+    float *dpool = dev_in(pool, (size_t)NS * C * S * 4), *dpool2 = dev_in(pool, (size_t)NS * C * S * 4);
+    const int32_t *dsl = dev_in(slots, sizeof slots);
+    dout o, ob;
+    float *dy = dout_new(&o, (size_t)B * C * 4), *dbeta = dout_new(&ob, (size_t)B * H * 4);
+    lunar_cuda_kda_conv_qkv_decode(dy, dbeta, dx, dx + C, xs, dw, dpool, dsl, B, H, dk, K, 1e-6f, NULL);
+    float *y = down_f32(dy, (long)B * C), *beta = down_f32(dbeta, (long)B * H), *p2 = down_f32(dpool, (long)NS * C * S);
+    report("kda_conv_qkv_decode B=3 H=5 vs CPU", lunar_max_rel_err(y, refp, (long)B * C), 1e-5);
+    report("kda_conv_qkv_decode beta vs CPU", lunar_max_rel_err(beta, bref, (long)B * H), 1e-6);
+    CHECK_MSG(memcmp(p2, pool_ref, sizeof(float) * NS * C * S) == 0, "state pool differs");
+    CHECK(dout_guards_ok(&o) && dout_guards_ok(&ob));
+    /* the unfused ops, per part as kda_layer ran them (contiguous x rows, the state per part) */
+    float *cx = test_alloc((long)B * C), *bx = test_alloc((long)B * H);
+    for (int b = 0; b < B; b++) {
+        memcpy(cx + (long)b * C, x + (long)b * xs, sizeof(float) * C);
+        memcpy(bx + (long)b * H, x + (long)b * xs + C, sizeof(float) * H);
+    }
+    int32_t sl3[3];
+    for (int b = 0; b < B; b++) sl3[b] = slots[b] * 3;
+    const int32_t *dsl3 = dev_in(sl3, sizeof sl3);
+    float *y2 = lunar_cuda_alloc((size_t)B * C * 4), *pre = lunar_cuda_alloc((size_t)B * HD * 4);
+    float *db2 = dev_in(bx, (size_t)B * H * 4);
+    for (int p = 0; p < 3; p++) {
+        float *px = test_alloc((long)B * HD);
+        for (int b = 0; b < B; b++) memcpy(px + (long)b * HD, cx + (long)b * C + p * HD, sizeof(float) * HD);
+        lunar_cuda_upload(pre, px, (size_t)B * HD * 4);
+        lunar_cuda_short_conv_decode(y2 + (size_t)p * B * HD, pre, dw + (size_t)p * HD * K, dpool2 + (size_t)p * HD * S,
+                                     dsl3, B, HD, K, NULL);
+        free(px);
+    }
+    lunar_cuda_l2norm(y2, y2, 2 * B * H, dk, 1e-6f, NULL);
+    lunar_cuda_sigmoid_inplace(db2, (size_t)B * H);
+    float *y3 = down_f32(y2, (long)B * C), *b3 = down_f32(db2, (long)B * H);
+    CHECK_MSG(memcmp(y, y3, sizeof(float) * B * C) == 0, "fused q|k|v differ from the three ops");
+    CHECK_MSG(memcmp(beta, b3, sizeof(float) * B * H) == 0, "fused beta differs from the sigmoid op");
+    free(x), free(w), free(pool), free(pool_ref), free(ref), free(bref), free(refp), free(y), free(beta), free(p2);
+    free(cx), free(bx), free(y3), free(b3);
+    test_tensor_free(&W);
+    lunar_cuda_release(mark);
+}
+
 TEST(cuda_kda_gate_vs_cpu) {
     if (!cuda_on()) return;
     const int T = 37, H = 3, dk = 128;

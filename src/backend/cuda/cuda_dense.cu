@@ -265,6 +265,56 @@ extern "C" void lunar_cuda_short_conv_decode(float *y, const float *x, const flo
     CUDA_CHECK_LAUNCH();
 }
 
+// KDA decode, the three convolutions after the fused input projection in one launch (issue 9: a
+// batch-1 step paid a launch per op): block (r, b) of dk threads (a power of two: the sum below is
+// then norm_kernel's, same tree, same bits) owns head row r of the 3H rows q|k|v of sequence b,
+// convolves it as short_conv_decode_kernel does (state_pool[slots[b]] is [3 H dk, K-1]), and
+// L2-normalises the q and k rows as norm_kernel<float, 2>; block 3H of each sequence applies the
+// sigmoid to its H beta logits (sigmoid_kernel's expression). Outputs: q, k, v [B, H dk] at qkv,
+// qkv + B H dk, qkv + 2 B H dk; beta [B, H]. Inputs of sequence b at x + b xs, beta_in + b xs.
+__global__ void kda_conv_qkv_kernel(float *qkv, float *beta, const float *x, const float *beta_in,
+                                    int64_t xs, const float *w, float *state_pool,
+                                    const int32_t *slots, int H, int dk, int K, float eps) {
+    __shared__ float red[32];
+    const int r = blockIdx.x, b = blockIdx.y, t = threadIdx.x, HD = H * dk, B = gridDim.y;
+    if (r == 3 * H) {
+        for (int i = t; i < H; i += blockDim.x) beta[(size_t)b * H + i] = 1.0f / (1.0f + expf(-beta_in[b * xs + i]));
+        return;
+    }
+    const int c = r * dk + t, S = K - 1, part = r / H;
+    float acc = 0.0f;
+    if (t < dk) {
+        float *st = state_pool + ((size_t)slots[b] * 3 * HD + c) * S;
+        float win[CONV_MAX_K];
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K - 1; i++)
+            if (i < S) win[i] = st[i];
+        const float xv = x[b * xs + c];
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K; i++)
+            if (i < K) acc += w[(size_t)c * K + i] * (i < S ? win[i] : xv);
+        acc = acc / (1.0f + expf(-acc));
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K - 1; i++)
+            if (i < S) st[i] = i + 1 < S ? win[i + 1] : xv;
+    }
+    if (part < 2) { /* block-uniform: every thread reaches the sum */
+        const float ss = block_sum(t < dk ? acc * acc : 0.0f, red);
+        acc = acc * (1.0f / sqrtf(ss + eps));
+    }
+    if (t < dk) qkv[((size_t)part * B + b) * HD + (c - part * HD)] = acc;
+}
+extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const float *x, const float *beta_in,
+                                               int64_t x_stride, const float *w, float *state_pool,
+                                               const int32_t *slots, int B, int H, int dk, int K, float eps,
+                                               lunar_cuda_stream s) {
+    CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && dk >= 1 && dk <= 1024 && H >= 1 && (dk & (dk - 1)) == 0);
+    if (B <= 0) return;
+    kda_conv_qkv_kernel<<<dim3(3 * H + 1, B), dk < 32 ? 32 : dk, 0, to_stream(s)>>>(
+        qkv, beta, x, beta_in, x_stride, w, state_pool, slots, H, dk, K, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---------------------------------------------------------------- KDA gate (elementwise)
 __global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, const float *dt_bias,
                                 int64_t n, int H, int dk, float lb) {
