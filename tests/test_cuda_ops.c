@@ -309,6 +309,22 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
         CHECK_MSG(memcmp(xs, sum, (size_t)N * 4) == 0, "%s: x + r not stored exactly", what);
         CHECK_MSG(memcmp(h1, h2, (size_t)N * 4) == 0, "%s: differs from add + rmsnorm", what);
         CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        /* the form with the bf16 copy: y as above, the copy as lunar_cuda_f32_to_bf16 of y */
+        float *dx3 = (float *)dev_in(x, N * 4);
+        dout o3, o4, o5;
+        float *y3 = dout_new(&o3, N * 4);
+        uint16_t *b3 = dout_new(&o4, N * 2), *b2 = dout_new(&o5, N * 2);
+        lunar_cuda_add_rmsnorm_b(y3, b3, dx3, dr, dw, n, dim, 1e-5f, NULL);
+        lunar_cuda_f32_to_bf16(b2, y2, (size_t)N);
+        float *h3 = down_f32(y3, N);
+        uint16_t *hb3 = malloc((size_t)N * 2), *hb2 = malloc((size_t)N * 2);
+        lunar_cuda_sync();
+        lunar_cuda_download(hb3, b3, (size_t)N * 2);
+        lunar_cuda_download(hb2, b2, (size_t)N * 2);
+        CHECK_MSG(memcmp(h3, h2, (size_t)N * 4) == 0, "%s: add_rmsnorm_b's y differs", what);
+        CHECK_MSG(memcmp(hb3, hb2, (size_t)N * 2) == 0, "%s: add_rmsnorm_b's bf16 copy differs", what);
+        CHECK(dout_guards_ok(&o3) && dout_guards_ok(&o4) && dout_guards_ok(&o5));
+        free(h3), free(hb3), free(hb2);
         test_tensor_free(&w);
         free(x), free(r), free(wv), free(sum), free(ref), free(h1), free(h2), free(xs);
         lunar_cuda_release(mark);

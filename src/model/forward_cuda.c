@@ -647,6 +647,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
                  P = c->qk_rope_head_dim, Vd = c->v_head_dim;
     const size_t nb = c->attn_res_block_size > 0 ? (size_t)c->num_hidden_layers / c->attn_res_block_size + 3 : 0;
     size_t step = 4 * (T * 8 + (4 + nb) * T * D + (size_t)max_rows * (D + V)) + 64 * 256;
+    step += 2 * T * D + 256; /* run_residual's bf16 copy of h */
     size_t widest = D; /* the widest GEMM input (its bf16 copy) */
     size_t kda = 4 * (6 * T * HD + T * c->kda_head_dim + T * c->kda_num_heads);
     if (HD) {
@@ -1183,13 +1184,17 @@ static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dla
  * so nothing the main stream frees may lie under them), they start once h's bf16 copy exists
  * (ev_x) and the main stream waits for them (ev_shared) before adding them. The roundings are the
  * generic path's: bf16 GEMM operands, the activated product rounded to bf16 before w2. */
-static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
-                      float *out) {
+static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
+                      const uint16_t *hb_in, int n, float *out) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D, I = w->mx.I;
     size_t mk = lunar_cuda_mark();
-    uint16_t *hb = dalloc((size_t)n * D * 2);
-    lunar_cuda_f32_to_bf16_on(hb, h, (size_t)n * D, NULL);
+    const uint16_t *hb = hb_in; /* h's bf16 copy: from the norm (run_residual), or made here */
+    if (!hb_in) {
+        uint16_t *b = dalloc((size_t)n * D * 2);
+        lunar_cuda_f32_to_bf16_on(b, h, (size_t)n * D, NULL);
+        hb = b;
+    }
     float *sh = NULL;
     double t0 = cp_begin();
     /* batch 1 with the fused matrix (up_cat): the shared gate, up and the router in one GEMM on the
@@ -1269,10 +1274,12 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     lunar_cuda_release(mk); /* stream-ordered after the join above */
 }
 
-static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
-                      float *out) {
-    if (g->fused_moe && w->fused_ok)
-        moe_fused(g, c, w, h, n, out);
+/* the fused path, where it exists, reads h's bf16 copy hb (or makes one where hb is NULL) */
+static int moe_fused_on(const lunar_cuda_model *g, const dlayer *w) { return g->fused_moe && w->fused_ok; }
+static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
+                      const uint16_t *hb, int n, float *out) {
+    if (moe_fused_on(g, w))
+        moe_fused(g, c, w, h, hb, n, out);
     else
         moe_generic(g->m, c, w, h, n, out);
 }
@@ -1289,7 +1296,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
 }
 
-static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *y) {
+static void ffn(const lunar_cuda_model *g, int l, const float *h, const uint16_t *hb, int n, float *y) {
     const lunar_config *c = &g->m->cfg;
     const dlayer *w = &g->L[l];
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
@@ -1297,7 +1304,7 @@ static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *
         glu(c, y, h, &w->gate, &w->up, &w->down, n);
         cp_end(LUNAR_PROF_SHARED, t0);
     } else
-        moe_layer(g, c, w, h, n, y);
+        moe_layer(g, c, w, h, hb, n, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)n * c->hidden_size); /* TP hook: down projections */
 }
 
@@ -1305,6 +1312,8 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size;
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    /* the FFN norm also writes h's bf16 copy where the fused MoE reads one (one launch fewer) */
+    uint16_t *hb = fuse_off ? NULL : dalloc((size_t)n * D * 2);
     /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
@@ -1316,9 +1325,13 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         cp_end(LUNAR_PROF_NORM, t0);
         attention(g, b, l, h, y);
         t0 = cp_begin();
-        lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        const int b16 = hb && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
+        if (b16)
+            lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        else
+            lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
-        ffn(g, l, h, n, y);
+        ffn(g, l, h, b16 ? hb : NULL, n, y);
     }
     const double t0 = cp_begin();
     if (c->num_hidden_layers > 0)
@@ -1368,7 +1381,7 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float
         if (live) lunar_glue_add(P, y, nD, NULL);
         live = 1;
         mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
-        ffn(g, l, h, n, y);
+        ffn(g, l, h, NULL, n, y);
         lunar_glue_add(P, y, nD, NULL);
     }
     mix(hout, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);

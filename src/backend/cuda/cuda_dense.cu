@@ -70,9 +70,11 @@ extern "C" void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, floa
 
 // the residual add fused with the next RMSNorm: x += r (stored), y = rmsnorm(x) w; the sum and its
 // square are those of an add kernel followed by norm_kernel<.., 0> (same fp32 ops, same tree
-// order), so the pair gives the same bits in one launch
+// order), so the pair gives the same bits in one launch; yb (or NULL): y's bf16 copy as well (the
+// next GEMMs' operand, one launch fewer)
 template <typename Y>
-__global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps) {
+__global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps,
+                                __nv_bfloat16 *yb) {
     __shared__ float red[32];
     const size_t row = blockIdx.x;
     float *xr = x + row * dim;
@@ -89,16 +91,23 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
         float v = xr[i] * inv;
         if (w) v *= bf16_bits_to_f32(w[i]);
         y[row * dim + i] = from_f32<Y>(v);
+        if (yb) yb[row * dim + i] = __float2bfloat16_rn(from_f32<Y>(v));
     }
+}
+extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n,
+                                         int dim, float eps, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    add_norm_kernel<float><<<n, row_threads(dim), 0, to_stream(s)>>>(y, x, r, w, dim, eps, (__nv_bfloat16 *)yb);
+    CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w,
                                        int n, int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
     const int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
-        add_norm_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, x, r, w, dim, eps);
+        add_norm_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, x, r, w, dim, eps, NULL);
     else
-        add_norm_kernel<__nv_bfloat16><<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, r, w, dim, eps);
+        add_norm_kernel<__nv_bfloat16><<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, r, w, dim, eps, NULL);
     CUDA_CHECK_LAUNCH();
 }
 

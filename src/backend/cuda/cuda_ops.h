@@ -166,6 +166,10 @@ void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps, luna
  * lunar_cuda_rmsnorm. */
 void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w, int n,
                             int dim, float eps, lunar_cuda_stream s);
+/* The same with an fp32 y and its bf16 copy yb [n, dim] (what lunar_cuda_f32_to_bf16 of y gives),
+ * in one launch. */
+void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n, int dim,
+                              float eps, lunar_cuda_stream s);
 
 /* op_silu_mul / op_situ_mul on fp32 inputs; y stored as ydt (may alias gate or up when F32). */
 void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate, const float *up,
