@@ -565,6 +565,57 @@ TEST(cuda_kda_gate_vs_cpu) {
     lunar_cuda_release(mark);
 }
 
+/* batch 1's gate projections in one launch against the launches they replace (skinny GEMM of f_b,
+ * the gate, skinny GEMM of g_b), both gate forms, with and without g_b; the replaced GEMM is also
+ * checked against the CPU (bf16 operands) so that the comparison is not of two wrong answers */
+TEST(cuda_kda_gate_proj_decode_matches_ops) {
+    if (!cuda_on()) return;
+    const int H = 5, dk = 128, HD = H * dk, in = 128;
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand(2 * in, 21, -2, 2), *wf = test_rand((long)2 * HD * in, 22, -0.2f, 0.2f);
+    float *al = test_rand(H, 23, -2, 1), *db = test_rand(HD, 24, -1, 1);
+    uint16_t *wb = malloc((size_t)2 * HD * in * 2);
+    for (long i = 0; i < (long)2 * HD * in; i++) wb[i] = lunar_f32_to_bf16(wf[i]);
+    /* CPU: f_b . bf16(x) with the bf16 weights, in double */
+    float *ref = test_alloc(HD);
+    for (int o = 0; o < HD; o++) {
+        double a = 0;
+        for (int i = 0; i < in; i++)
+            a += (double)lunar_bf16_to_f32(wb[(long)o * in + i]) * lunar_bf16_to_f32(lunar_f32_to_bf16(x[i]));
+        ref[o] = (float)a;
+    }
+    const float *dx = dev_in(x, (size_t)2 * in * 4), *dal = dev_in(al, H * 4), *ddb = dev_in(db, HD * 4);
+    const uint16_t *dw = dev_in(wb, (size_t)2 * HD * in * 2);
+    float *pre = lunar_cuda_alloc((size_t)HD * 4), *g2 = lunar_cuda_alloc((size_t)HD * 4);
+    float *og2 = lunar_cuda_alloc((size_t)HD * 4);
+    for (int m = 0; m < 4; m++) {
+        const float lb = m & 1 ? -5.0f : 0.0f;
+        const int with_og = m >= 2;
+        dout o1, o2;
+        float *g1 = dout_new(&o1, (size_t)HD * 4), *og1 = dout_new(&o2, (size_t)HD * 4);
+        lunar_cuda_kda_gate_proj_decode(g1, with_og ? og1 : NULL, dx, dw, H, dk, in, dal, ddb, lb, NULL);
+        CHECK(lunar_cuda_matmul_f32x(pre, LUNAR_CUDA_F32, dx, dw, 1, HD, in, NULL) == 0);
+        float *hp = down_f32(pre, HD);
+        lunar_cuda_kda_gate(g2, pre, dal, ddb, 1, H, dk, lb, NULL);
+        CHECK(lunar_cuda_matmul_f32x(og2, LUNAR_CUDA_F32, dx + in, dw + (size_t)HD * in, 1, HD, in, NULL) == 0);
+        float *a1 = down_f32(g1, HD), *a2 = down_f32(g2, HD), *b1 = down_f32(og1, HD), *b2 = down_f32(og2, HD);
+        char what[96];
+        snprintf(what, sizeof what, "kda_gate_proj_decode lb=%g og=%d: gate vs the ops", lb, with_og);
+        report(what, lunar_max_rel_err(a1, a2, HD), 1e-6);
+        if (with_og) {
+            snprintf(what, sizeof what, "kda_gate_proj_decode lb=%g: g_b outputs vs the GEMM", lb);
+            report(what, lunar_max_rel_err(b1, b2, HD), 1e-6);
+        } else {
+            CHECK_MSG(b1[0] != b1[0], "og written although NULL"); /* still the NaN poison */
+        }
+        report("skinny GEMM f_b vs CPU (the ops' reference)", lunar_max_rel_err(hp, ref, HD), 1e-5);
+        CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        free(hp), free(a1), free(a2), free(b1), free(b2);
+    }
+    free(x), free(wf), free(al), free(db), free(wb), free(ref);
+    lunar_cuda_release(mark);
+}
+
 /* ---------------------------------------------------------------- KDA */
 
 typedef struct kin {

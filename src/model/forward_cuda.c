@@ -122,6 +122,7 @@ typedef struct dlayer {
     /* the batch-1 decode's fused projection of h (up_cat): q|k|v|fa|(g or ga)|b as one matrix, the
      * six above views into it; qc|kc|vc likewise one [3 H dk, K] array (p NULL: not fused) */
     dmat kin;
+    dmat kfg; /* f_b | g_b (f_b alone with the full-rank gate) for lunar_cuda_kda_gate_proj_decode */
     uint16_t *o_norm;
     /* MLA */
     dmat mq, qa, qb, kva, kvb, mo, mg, iwq, iwk, iwp;
@@ -457,10 +458,17 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                 free(f);
             }
             d->qc = cv, d->kc = cv + nc, d->vc = cv + 2 * nc;
-            d->fb = up_lin(k->f_b_proj);
             d->dt_bias = up_f32(k->dt_bias), d->A_log = up_f32(k->A_log);
-            if (full_g) d->ga = up_lin(k->g_a_proj), d->gb = up_lin(k->g_b_proj);
-            else d->gb = up_lin(k->g_b_proj), d->g = up_lin(k->g_proj);
+            if (full_g) {
+                d->fb = up_lin(k->f_b_proj);
+                d->kfg = d->fb.s8 || fuse_off ? (dmat){0} : d->fb;
+                d->ga = up_lin(k->g_a_proj), d->gb = up_lin(k->g_b_proj);
+            } else {
+                const lunar_tensor *t2[2] = {k->f_b_proj, k->g_b_proj};
+                dmat *v2[2] = {&d->fb, &d->gb};
+                d->kfg = up_cat(t2, v2, 2);
+                d->g = up_lin(k->g_proj);
+            }
             d->o_norm = up_bf16(k->o_norm), d->o = up_lin(k->o_proj);
         } else {
             const lunar_mla_weights *a = &w->mla;
@@ -856,6 +864,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     double t0 = cp_begin();
     uint16_t *hb = NULL;
     float *gin = NULL; /* one: the gate's projection (g, or g_a) in the fused output */
+    int gate_done = 0; /* one: pre already holds the output gate's pre-activation */
     if (one) {
         const int gout = w->g.p ? w->g.out : w->ga.out;
         float *y = fd((size_t)w->kin.out);
@@ -863,9 +872,17 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         lunar_cuda_kda_conv_qkv_decode(q, beta, y, y + 3 * HD + w->fa.out + gout, w->kin.out, w->qc,
                                        b->c->conv + ki * b->c->conv_len, b->kda_state_idx, 1, H, dk, K,
                                        KDA_L2_EPS, NULL);
-        mm(pre, y + 3 * HD, &w->fb, n);
-        lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
         gin = y + 3 * HD + w->fa.out;
+        /* the gate projections and the gate in one launch where f_a and g_a outputs lie as it reads
+         * them (adjacent, each the width of the next matrix's input) */
+        if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
+            lunar_cuda_kda_gate_proj_decode(g, w->g.p ? NULL : pre, y + 3 * HD, w->kfg.p, H, dk, w->fb.in, w->A_log,
+                                            w->dt_bias, c->kda_gate_lower_bound, NULL);
+            if (!w->g.p) gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
+        } else {
+            mm(pre, y + 3 * HD, &w->fb, n);
+            lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
+        }
     } else {
         /* h's bf16 copy once for the six projections that read it (mm would make one each) */
         hb = dalloc((size_t)n * c->hidden_size * 2);
@@ -937,7 +954,9 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     }
     cp_end(LUNAR_PROF_KDA_CORE, t0);
     t0 = cp_begin();
-    if (gin && w->g.p) {
+    if (gate_done) {
+        /* lunar_cuda_kda_gate_proj_decode wrote it */
+    } else if (gin && w->g.p) {
         pre = gin;
     } else if (gin) {
         mm(pre, gin, &w->gb, n);

@@ -331,14 +331,7 @@ __global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, co
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int hj = (int)(i % D);
-        const float a = expf(A_log[hj / dk]);
-        const float x = f[i] + dt_bias[hj];
-        if (lb < 0.0f) {
-            g[i] = lb / (1.0f + expf(-a * x));
-        } else {
-            float sp = x > 20.0f ? x : log1pf(expf(x));
-            g[i] = -a * sp;
-        }
+        g[i] = kda_gate_value(f[i], A_log[hj / dk], dt_bias[hj], lb);
     }
 }
 extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log,

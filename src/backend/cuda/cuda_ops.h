@@ -196,6 +196,13 @@ void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const float *x, con
                                     int64_t x_stride, const float *w, float *state_pool, const int32_t *slots,
                                     int B, int H, int dk, int K, float eps, lunar_cuda_stream s);
 
+/* KDA decode, one token: g [H dk] = op_kda_gate(f_b . x[0, in)) and, og non-NULL, og [H dk] =
+ * g_b . x[in, 2 in), W = [f_b; g_b] bf16 ([H dk, in] each; f_b alone when og is NULL), x fp32 (its
+ * bf16 rounding the GEMM operand, as lunar_cuda_matmul_f32x), 16-byte aligned, in % 8 == 0. The
+ * outputs equal the skinny GEMM + lunar_cuda_kda_gate (+ skinny GEMM) they replace. */
+void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float *x, const uint16_t *W, int H, int dk, int in,
+                                     const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s);
+
 /* ---------------------------------------------------------------- KDA (cuda_kda*.cu) */
 
 /* op_kda_gate: A_log fp32 [>= H], dt_bias fp32 [H*dk]. */
