@@ -128,6 +128,47 @@ TEST(cuda_moe_router_nan_logits_stay_in_range) {
     lunar_cuda_release(mark);
 }
 
+/* the batch-1 route (top-k + permutation in one launch) leaves the route workspace byte for byte as
+ * lunar_cuda_router_topk + lunar_cuda_moe_permute (both workspaces poisoned alike first, so a
+ * field one writes and the other does not differs too); cases: Kimi-Linear's 256/8 (plain and
+ * grouped), a wide 896/16, renorm off with a scale, NaN logits (ranked last) */
+TEST(cuda_moe_route_one_matches_topk_permute) {
+    if (!moe_cuda_on()) return;
+    static const int cases[][6] = {/* E, k, n_group, topk_group, renorm, nan */
+                                   {256, 8, 1, 1, 1, 0}, {256, 8, 8, 4, 1, 0}, {896, 16, 1, 1, 1, 0},
+                                   {64, 6, 8, 3, 0, 0},  {256, 8, 1, 1, 1, 1}, {8, 8, 1, 1, 1, 0}};
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int E = cases[c][0], k = cases[c][1], ng = cases[c][2], tg = cases[c][3], renorm = cases[c][4];
+        const float scale = renorm ? 2.0f : 2.5f;
+        size_t mark = lunar_cuda_mark();
+        float *lg = test_rand(E, 300 + c, -4, 4), *b = test_rand(E, 400 + c, -0.3f, 0.3f);
+        if (cases[c][5])
+            for (int e = 0; e < E; e += 3) lg[e] = NAN;
+        const float *dlg = din(lg, (size_t)E * 4), *db = din(b, (size_t)E * 4);
+        const size_t bytes = lunar_cuda_moe_route_bytes(1, k, E);
+        void *w1 = dalloc(bytes), *w2 = dalloc(bytes);
+        lunar_cuda_fill_u32(w1, 0xdeadbeefu, bytes / 4);
+        lunar_cuda_fill_u32(w2, 0xdeadbeefu, bytes / 4);
+        lunar_cuda_moe_route r1, r2;
+        lunar_cuda_moe_route_init(&r1, w1, 1, k, E);
+        lunar_cuda_moe_route_init(&r2, w2, 1, k, E);
+        lunar_cuda_router_topk(r1.experts, r1.weights, dlg, db, 1, E, k, ng, tg, renorm, scale, NULL);
+        lunar_cuda_moe_permute(&r1, NULL);
+        lunar_cuda_moe_route_one(&r2, dlg, db, ng, tg, renorm, scale, NULL);
+        unsigned char *h1 = malloc(bytes), *h2 = malloc(bytes);
+        lunar_cuda_sync();
+        lunar_cuda_download(h1, w1, bytes);
+        lunar_cuda_download(h2, w2, bytes);
+        size_t first = bytes;
+        for (size_t i = 0; i < bytes && first == bytes; i++)
+            if (h1[i] != h2[i]) first = i;
+        CHECK_MSG(first == bytes, "route_one E=%d k=%d groups %d/%d: workspace differs from byte %zu of %zu", E, k,
+                  ng, tg, first, bytes);
+        free(lg), free(b), free(h1), free(h2);
+        lunar_cuda_release(mark);
+    }
+}
+
 /* ---------------------------------------------------------------- permutation + experts */
 
 /* Random distinct experts per token; mode 1: every token takes experts 0..k-1 (overloaded, all

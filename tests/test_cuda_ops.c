@@ -310,6 +310,22 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
         CHECK_MSG(memcmp(xs, sum, (size_t)N * 4) == 0, "%s: x + r not stored exactly", what);
         CHECK_MSG(memcmp(h1, h2, (size_t)N * 4) == 0, "%s: differs from add + rmsnorm", what);
         CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        /* the form with the bf16 copy: y as above, the copy as lunar_cuda_f32_to_bf16 of y */
+        float *dx3 = (float *)dev_in(x, N * 4);
+        dout o3, o4, o5;
+        float *y3 = dout_new(&o3, N * 4);
+        uint16_t *b3 = dout_new(&o4, N * 2), *b2 = dout_new(&o5, N * 2);
+        lunar_cuda_add_rmsnorm_b(y3, b3, dx3, dr, dw, n, dim, 1e-5f, NULL);
+        lunar_cuda_f32_to_bf16(b2, y2, (size_t)N);
+        float *h3 = down_f32(y3, N);
+        uint16_t *hb3 = malloc((size_t)N * 2), *hb2 = malloc((size_t)N * 2);
+        lunar_cuda_sync();
+        lunar_cuda_download(hb3, b3, (size_t)N * 2);
+        lunar_cuda_download(hb2, b2, (size_t)N * 2);
+        CHECK_MSG(memcmp(h3, h2, (size_t)N * 4) == 0, "%s: add_rmsnorm_b's y differs", what);
+        CHECK_MSG(memcmp(hb3, hb2, (size_t)N * 2) == 0, "%s: add_rmsnorm_b's bf16 copy differs", what);
+        CHECK(dout_guards_ok(&o3) && dout_guards_ok(&o4) && dout_guards_ok(&o5));
+        free(h3), free(hb3), free(hb2);
         test_tensor_free(&w);
         free(x), free(r), free(wv), free(sum), free(ref), free(h1), free(h2), free(xs);
         lunar_cuda_release(mark);
@@ -463,6 +479,68 @@ TEST(cuda_short_conv_decode_slots_vs_cpu) {
     lunar_cuda_release(mark);
 }
 
+/* the fused decode launch of KDA's q|k|v convolutions, L2 norms and beta sigmoid: bit-equal to the
+ * three ops it replaces (on a strided input, as the fused projection's output row), and the CPU */
+TEST(cuda_kda_conv_qkv_decode_matches_ops) {
+    if (!cuda_on()) return;
+    const int B = 3, H = 5, dk = 128, HD = H * dk, C = 3 * HD, K = 4, S = K - 1, NS = 6, xs = C + H + 40;
+    const int32_t slots[3] = {4, 0, 2};
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand((long)B * xs, 11, -2, 2), *w = test_rand((long)C * K, 12, -1, 1);
+    float *pool = test_rand((long)NS * C * S, 13, -1, 1), *pool_ref = test_alloc((long)NS * C * S);
+    memcpy(pool_ref, pool, sizeof(float) * NS * C * S);
+    /* CPU: conv per sequence, then the norms of the q and k head rows, the sigmoid */
+    lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, C, K, w);
+    float *ref = test_alloc((long)B * C), *bref = test_alloc((long)B * H);
+    for (int b = 0; b < B; b++) {
+        op_short_conv(ref + (long)b * C, x + (long)b * xs, &W, pool_ref + (long)slots[b] * C * S, 1, C, K);
+        op_l2norm(ref + (long)b * C, ref + (long)b * C, 2 * H, dk, 1e-6f);
+        for (int i = 0; i < H; i++) bref[b * H + i] = 1.0f / (1.0f + expf(-x[(long)b * xs + C + i]));
+    }
+    float *refp = test_alloc((long)B * C); /* [part][b][HD] as the kernel lays it out */
+    for (int b = 0; b < B; b++)
+        for (int p = 0; p < 3; p++) memcpy(refp + ((long)p * B + b) * HD, ref + (long)b * C + p * HD, sizeof(float) * HD);
+    const float *dx = dev_in(x, (size_t)B * xs * 4), *dw = dev_in(w, (size_t)C * K * 4);
+    float *dpool = dev_in(pool, (size_t)NS * C * S * 4), *dpool2 = dev_in(pool, (size_t)NS * C * S * 4);
+    const int32_t *dsl = dev_in(slots, sizeof slots);
+    dout o, ob;
+    float *dy = dout_new(&o, (size_t)B * C * 4), *dbeta = dout_new(&ob, (size_t)B * H * 4);
+    lunar_cuda_kda_conv_qkv_decode(dy, dbeta, dx, dx + C, xs, dw, dpool, dsl, B, H, dk, K, 1e-6f, NULL);
+    float *y = down_f32(dy, (long)B * C), *beta = down_f32(dbeta, (long)B * H), *p2 = down_f32(dpool, (long)NS * C * S);
+    report("kda_conv_qkv_decode B=3 H=5 vs CPU", lunar_max_rel_err(y, refp, (long)B * C), 1e-5);
+    report("kda_conv_qkv_decode beta vs CPU", lunar_max_rel_err(beta, bref, (long)B * H), 1e-6);
+    CHECK_MSG(memcmp(p2, pool_ref, sizeof(float) * NS * C * S) == 0, "state pool differs");
+    CHECK(dout_guards_ok(&o) && dout_guards_ok(&ob));
+    /* the unfused ops, per part as kda_layer ran them (contiguous x rows, the state per part) */
+    float *cx = test_alloc((long)B * C), *bx = test_alloc((long)B * H);
+    for (int b = 0; b < B; b++) {
+        memcpy(cx + (long)b * C, x + (long)b * xs, sizeof(float) * C);
+        memcpy(bx + (long)b * H, x + (long)b * xs + C, sizeof(float) * H);
+    }
+    int32_t sl3[3];
+    for (int b = 0; b < B; b++) sl3[b] = slots[b] * 3;
+    const int32_t *dsl3 = dev_in(sl3, sizeof sl3);
+    float *y2 = lunar_cuda_alloc((size_t)B * C * 4), *pre = lunar_cuda_alloc((size_t)B * HD * 4);
+    float *db2 = dev_in(bx, (size_t)B * H * 4);
+    for (int p = 0; p < 3; p++) {
+        float *px = test_alloc((long)B * HD);
+        for (int b = 0; b < B; b++) memcpy(px + (long)b * HD, cx + (long)b * C + p * HD, sizeof(float) * HD);
+        lunar_cuda_upload(pre, px, (size_t)B * HD * 4);
+        lunar_cuda_short_conv_decode(y2 + (size_t)p * B * HD, pre, dw + (size_t)p * HD * K, dpool2 + (size_t)p * HD * S,
+                                     dsl3, B, HD, K, NULL);
+        free(px);
+    }
+    lunar_cuda_l2norm(y2, y2, 2 * B * H, dk, 1e-6f, NULL);
+    lunar_cuda_sigmoid_inplace(db2, (size_t)B * H);
+    float *y3 = down_f32(y2, (long)B * C), *b3 = down_f32(db2, (long)B * H);
+    CHECK_MSG(memcmp(y, y3, sizeof(float) * B * C) == 0, "fused q|k|v differ from the three ops");
+    CHECK_MSG(memcmp(beta, b3, sizeof(float) * B * H) == 0, "fused beta differs from the sigmoid op");
+    free(x), free(w), free(pool), free(pool_ref), free(ref), free(bref), free(refp), free(y), free(beta), free(p2);
+    free(cx), free(bx), free(y3), free(b3);
+    test_tensor_free(&W);
+    lunar_cuda_release(mark);
+}
+
 TEST(cuda_kda_gate_vs_cpu) {
     if (!cuda_on()) return;
     const int T = 37, H = 3, dk = 128;
@@ -485,6 +563,57 @@ TEST(cuda_kda_gate_vs_cpu) {
     }
     test_tensor_free(&A), test_tensor_free(&Bt);
     free(f), free(al), free(db);
+    lunar_cuda_release(mark);
+}
+
+/* batch 1's gate projections in one launch against the launches they replace (skinny GEMM of f_b,
+ * the gate, skinny GEMM of g_b), both gate forms, with and without g_b; the replaced GEMM is also
+ * checked against the CPU (bf16 operands) so that the comparison is not of two wrong answers */
+TEST(cuda_kda_gate_proj_decode_matches_ops) {
+    if (!cuda_on()) return;
+    const int H = 5, dk = 128, HD = H * dk, in = 128;
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand(2 * in, 21, -2, 2), *wf = test_rand((long)2 * HD * in, 22, -0.2f, 0.2f);
+    float *al = test_rand(H, 23, -2, 1), *db = test_rand(HD, 24, -1, 1);
+    uint16_t *wb = malloc((size_t)2 * HD * in * 2);
+    for (long i = 0; i < (long)2 * HD * in; i++) wb[i] = lunar_f32_to_bf16(wf[i]);
+    /* CPU: f_b . bf16(x) with the bf16 weights, in double */
+    float *ref = test_alloc(HD);
+    for (int o = 0; o < HD; o++) {
+        double a = 0;
+        for (int i = 0; i < in; i++)
+            a += (double)lunar_bf16_to_f32(wb[(long)o * in + i]) * lunar_bf16_to_f32(lunar_f32_to_bf16(x[i]));
+        ref[o] = (float)a;
+    }
+    const float *dx = dev_in(x, (size_t)2 * in * 4), *dal = dev_in(al, H * 4), *ddb = dev_in(db, HD * 4);
+    const uint16_t *dw = dev_in(wb, (size_t)2 * HD * in * 2);
+    float *pre = lunar_cuda_alloc((size_t)HD * 4), *g2 = lunar_cuda_alloc((size_t)HD * 4);
+    float *og2 = lunar_cuda_alloc((size_t)HD * 4);
+    for (int m = 0; m < 4; m++) {
+        const float lb = m & 1 ? -5.0f : 0.0f;
+        const int with_og = m >= 2;
+        dout o1, o2;
+        float *g1 = dout_new(&o1, (size_t)HD * 4), *og1 = dout_new(&o2, (size_t)HD * 4);
+        lunar_cuda_kda_gate_proj_decode(g1, with_og ? og1 : NULL, dx, dw, H, dk, in, dal, ddb, lb, NULL);
+        CHECK(lunar_cuda_matmul_f32x(pre, LUNAR_CUDA_F32, dx, dw, 1, HD, in, NULL) == 0);
+        float *hp = down_f32(pre, HD);
+        lunar_cuda_kda_gate(g2, pre, dal, ddb, 1, H, dk, lb, NULL);
+        CHECK(lunar_cuda_matmul_f32x(og2, LUNAR_CUDA_F32, dx + in, dw + (size_t)HD * in, 1, HD, in, NULL) == 0);
+        float *a1 = down_f32(g1, HD), *a2 = down_f32(g2, HD), *b1 = down_f32(og1, HD), *b2 = down_f32(og2, HD);
+        char what[96];
+        snprintf(what, sizeof what, "kda_gate_proj_decode lb=%g og=%d: gate vs the ops", lb, with_og);
+        report(what, lunar_max_rel_err(a1, a2, HD), 1e-6);
+        if (with_og) {
+            snprintf(what, sizeof what, "kda_gate_proj_decode lb=%g: g_b outputs vs the GEMM", lb);
+            report(what, lunar_max_rel_err(b1, b2, HD), 1e-6);
+        } else {
+            CHECK_MSG(b1[0] != b1[0], "og written although NULL"); /* still the NaN poison */
+        }
+        report("skinny GEMM f_b vs CPU (the ops' reference)", lunar_max_rel_err(hp, ref, HD), 1e-5);
+        CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        free(hp), free(a1), free(a2), free(b1), free(b2);
+    }
+    free(x), free(wf), free(al), free(db), free(wb), free(ref);
     lunar_cuda_release(mark);
 }
 

@@ -121,13 +121,19 @@ typedef struct dlayer {
     /* KDA */
     dmat q, k, v, fa, fb, b, ga, gb, g, o;
     float *qc, *kc, *vc, *dt_bias, *A_log;
+    /* the batch-1 decode's fused projection of h (up_cat): q|k|v|fa|(g or ga)|b as one matrix, the
+     * six above views into it; qc|kc|vc likewise one [3 H dk, K] array (p NULL: not fused) */
+    dmat kin;
+    dmat kfg; /* f_b | g_b (f_b alone with the full-rank gate) for lunar_cuda_kda_gate_proj_decode */
     uint16_t *o_norm;
     /* MLA */
     dmat mq, qa, qb, kva, kvb, mo, mg, iwq, iwk, iwp;
+    dmat min; /* (mq or qa)|kva|mg|(iwk|iwp) fused as kin (those present, in this order) */
     uint16_t *qa_norm;
     float *kva_norm, *ik_w, *ik_b;
     /* FFN */
     dmat gate, up, down, router, sg, su, sd, ldown, lup;
+    dmat sin; /* sg|su|router fused as kin */
     float *rbias;
     uint16_t *lnorm;
     dmat *w1, *w3, *w2; /* [E] */
@@ -328,6 +334,36 @@ static dmat up_lin(const lunar_tensor *t) {
     return r;
 }
 
+/* Matrices that read the same input concatenated along their outputs into one allocation, each
+ * views[i] a slice of it (no second copy): a batch-1 decode step then reads them with one GEMM
+ * launch instead of one each (issue 9: ~2-3 us of fixed cost per graph node). Returns the whole;
+ * {0} (and each matrix uploaded alone) where they cannot be fused: PTPC codes, an absent or
+ * empty matrix (a TP share), different input widths, or LUNAR_CUDA_FUSE=0 (A/B runs; =noshared:
+ * the MoE's shared gate/up + router stay apart, see moe_fused). */
+static int fuse_off, fuse_moe_off;
+static dmat up_cat(const lunar_tensor *const *ts, dmat *const *views, int k) {
+    dmat r = {0};
+    int ok = !ptpc && !fuse_off && k > 0 && ts[0] && lunar_tensor_numel(ts[0]) > 0;
+    const int in = ok ? (int)(lunar_tensor_numel(ts[0]) / ts[0]->shape[0]) : 0;
+    for (int i = 0; i < k && ok; i++)
+        ok = ts[i] && lunar_tensor_numel(ts[i]) > 0 && lunar_tensor_numel(ts[i]) / ts[i]->shape[0] == in;
+    if (!ok || in % 8 != 0) {
+        for (int i = 0; i < k; i++) *views[i] = up_lin(ts[i]);
+        return r;
+    }
+    for (int i = 0; i < k; i++) r.out += (int)ts[i]->shape[0];
+    r.in = in;
+    r.p = dalloc((size_t)r.out * in * 2);
+    uint16_t *at = r.p;
+    for (int i = 0; i < k; i++) {
+        const int o = (int)ts[i]->shape[0];
+        *views[i] = (dmat){at, o, in, NULL};
+        up_bf16_into(at, ts[i]);
+        at += (size_t)o * in;
+    }
+    return r;
+}
+
 static dmat up_mxfp4(const lunar_mxfp4 *w) {
     dmat r = {0};
     if (lunar_tensor_numel(w->packed) == 0) return r; /* an empty TP share, as up_mat */
@@ -382,6 +418,8 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     const lunar_config *c = &m->cfg;
     g->m = m;
     ptpc = c->ptpc_fp8, ptpc_tmp = 0;
+    const char *fz = getenv("LUNAR_CUDA_FUSE");
+    fuse_off = fz && strcmp(fz, "0") == 0, fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);
@@ -405,29 +443,74 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
         d->mres_u = up_fold(w->mlp_res_proj, w->mlp_res_norm);
         if (c->attn_kind[l] == LUNAR_ATTN_KDA) {
             const lunar_kda_weights *k = &w->kda;
-            d->q = up_lin(k->q_proj), d->k = up_lin(k->k_proj), d->v = up_lin(k->v_proj);
-            d->qc = up_f32(k->q_conv), d->kc = up_f32(k->k_conv), d->vc = up_f32(k->v_conv);
-            d->fa = up_lin(k->f_a_proj), d->fb = up_lin(k->f_b_proj);
+            const int full_g = k->g_proj != NULL;
+            const lunar_tensor *ts[6] = {k->q_proj, k->k_proj, k->v_proj, k->f_a_proj,
+                                         full_g ? k->g_proj : k->g_a_proj, k->b_proj};
+            dmat *vs[6] = {&d->q, &d->k, &d->v, &d->fa, full_g ? &d->g : &d->ga, &d->b};
+            d->kin = up_cat(ts, vs, 6);
+            /* the three conv weights adjacent ([3 H dk, K]) for the fused decode launch */
+            const int64_t nc = lunar_tensor_numel(k->q_conv);
+            float *cv = dalloc((size_t)nc * 3 * 4);
+            const lunar_tensor *cs[3] = {k->q_conv, k->k_conv, k->v_conv};
+            for (int i = 0; i < 3 && !counting; i++) {
+                int64_t ni;
+                float *f = host_f32(cs[i], &ni);
+                LUNAR_ASSERT(ni == nc);
+                lunar_cuda_upload(cv + (size_t)i * nc, f, (size_t)nc * 4);
+                free(f);
+            }
+            d->qc = cv, d->kc = cv + nc, d->vc = cv + 2 * nc;
             d->dt_bias = up_f32(k->dt_bias), d->A_log = up_f32(k->A_log);
-            d->b = up_lin(k->b_proj);
-            d->ga = up_lin(k->g_a_proj), d->gb = up_lin(k->g_b_proj), d->g = up_lin(k->g_proj);
+            if (full_g) {
+                d->fb = up_lin(k->f_b_proj);
+                d->kfg = d->fb.s8 || fuse_off ? (dmat){0} : d->fb;
+                d->ga = up_lin(k->g_a_proj), d->gb = up_lin(k->g_b_proj);
+            } else {
+                const lunar_tensor *t2[2] = {k->f_b_proj, k->g_b_proj};
+                dmat *v2[2] = {&d->fb, &d->gb};
+                d->kfg = up_cat(t2, v2, 2);
+                d->g = up_lin(k->g_proj);
+            }
             d->o_norm = up_bf16(k->o_norm), d->o = up_lin(k->o_proj);
         } else {
             const lunar_mla_weights *a = &w->mla;
-            d->mq = up_lin(a->q_proj), d->qa = up_lin(a->q_a_proj), d->qb = up_lin(a->q_b_proj);
+            /* every projection of h in one matrix (up_cat): q (or q_a), kv_a, the indexer's wk and
+             * weights_proj, the output gate, those present */
+            const lunar_tensor *ts[5];
+            dmat *vs[5];
+            int nt = 0;
+            if (a->q_proj) ts[nt] = a->q_proj, vs[nt++] = &d->mq;
+            else ts[nt] = a->q_a_proj, vs[nt++] = &d->qa;
+            ts[nt] = a->kv_a_proj, vs[nt++] = &d->kva;
+            if (a->g_proj) ts[nt] = a->g_proj, vs[nt++] = &d->mg;
+            /* the indexer's matrices are never PTPC (up_mat): under ptpc alone, as before */
+            if (!ptpc && a->idx_wk && a->idx_weights_proj)
+                ts[nt] = a->idx_wk, vs[nt++] = &d->iwk, ts[nt] = a->idx_weights_proj, vs[nt++] = &d->iwp;
+            else
+                d->iwk = up_mat(a->idx_wk), d->iwp = up_mat(a->idx_weights_proj);
+            d->min = up_cat(ts, vs, nt);
+            if (a->q_proj) d->qa = up_lin(a->q_a_proj); /* absent where q_proj is there */
+            d->qb = up_lin(a->q_b_proj);
             d->qa_norm = up_bf16(a->q_a_norm);
-            d->kva = up_lin(a->kv_a_proj);
             d->kva_norm = up_f32_r(a->kv_a_norm, 1); /* a norm weight: bf16 as lunar_cuda_rmsnorm's */
-            d->kvb = up_mat(a->kv_b_proj), d->mo = up_lin(a->o_proj), d->mg = up_lin(a->g_proj);
-            d->iwq = up_mat(a->idx_wq_b), d->iwk = up_mat(a->idx_wk), d->iwp = up_mat(a->idx_weights_proj);
+            d->kvb = up_mat(a->kv_b_proj), d->mo = up_lin(a->o_proj);
+            d->iwq = up_mat(a->idx_wq_b);
             d->ik_w = up_f32(a->idx_k_norm_w), d->ik_b = up_f32(a->idx_k_norm_b);
         }
         const lunar_ffn_weights *f = &w->ffn;
         if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
             d->gate = up_lin(f->gate_proj), d->up = up_lin(f->up_proj), d->down = up_lin(f->down_proj);
         } else {
-            d->router = up_mat(f->router), d->rbias = up_f32(f->router_bias);
-            d->sg = up_lin(f->shared_gate), d->su = up_lin(f->shared_up), d->sd = up_lin(f->shared_down);
+            d->rbias = up_f32(f->router_bias);
+            if (f->shared_gate && !ptpc && !fuse_moe_off) { /* the router is never PTPC: fused only without it */
+                const lunar_tensor *ts[3] = {f->shared_gate, f->shared_up, f->router};
+                dmat *vs[3] = {&d->sg, &d->su, &d->router};
+                d->sin = up_cat(ts, vs, 3);
+            } else {
+                d->router = up_mat(f->router);
+                d->sg = up_lin(f->shared_gate), d->su = up_lin(f->shared_up);
+            }
+            d->sd = up_lin(f->shared_down);
             d->ldown = up_lin(f->latent_down), d->lup = up_lin(f->latent_up);
             d->lnorm = up_bf16(f->latent_norm);
             const int E = c->num_experts;
@@ -574,6 +657,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
                  P = c->qk_rope_head_dim, Vd = c->v_head_dim;
     const size_t nb = c->attn_res_block_size > 0 ? (size_t)c->num_hidden_layers / c->attn_res_block_size + 3 : 0;
     size_t step = 4 * (T * 8 + (4 + nb) * T * D + (size_t)max_rows * (D + V)) + 64 * 256;
+    step += 2 * T * D + 256; /* run_residual's bf16 copy of h */
     size_t widest = D; /* the widest GEMM input (its bf16 copy) */
     size_t kda = 4 * (6 * T * HD + T * c->kda_head_dim + T * c->kda_num_heads);
     if (HD) {
@@ -775,44 +859,73 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
                       float *out) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
+    const int dec = b->kda_conv_idx && dk == 128;
+    /* batch-1 decode with the fused matrix (up_cat): one GEMM for the six projections of h, one
+     * launch for the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank
+     * and gate inputs read in place: 10 launches fewer per layer */
+    const int one = dec && n == 1 && w->kin.p;
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
      * them, their L2 norms (per head row) are one launch over 2 n H rows */
-    const size_t qk_stride = ((size_t)n * HD + 63) / 64 * 64;
-    float *pre = fd((size_t)n * HD), *q = fd(2 * qk_stride), *k = q + qk_stride, *v = fd((size_t)n * HD);
+    const size_t qk_stride = one ? (size_t)HD : ((size_t)n * HD + 63) / 64 * 64;
+    float *pre = fd((size_t)n * HD), *q = fd(2 * qk_stride + (one ? HD : 0)), *k = q + qk_stride;
+    float *v = one ? q + 2 * HD : fd((size_t)n * HD);
     float *g = fd((size_t)n * HD), *low = fd((size_t)n * dk), *beta = fd((size_t)n * H), *o = fd((size_t)n * HD);
     const size_t state_stride = (size_t)HD * (K - 1);
     const dmat *proj[3] = {&w->q, &w->k, &w->v};
     const float *conv[3] = {w->qc, w->kc, w->vc};
     float *dst[3] = {q, k, v};
     double t0 = cp_begin();
-    /* h's bf16 copy once for the six projections that read it (mm would make one each) */
-    uint16_t *hb = dalloc((size_t)n * c->hidden_size * 2);
-    lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
-    const int dec = b->kda_conv_idx && dk == 128;
-    for (int i = 0; i < 3; i++) {
-        mm_b(pre, hb, proj[i], n, NULL);
-        if (dec) {
-            lunar_cuda_short_conv_decode(dst[i], pre, conv[i], b->c->conv + ki * b->c->conv_len + i * state_stride,
-                                         b->kda_conv_idx, n, HD, K, NULL);
-            continue;
+    uint16_t *hb = NULL;
+    float *gin = NULL; /* one: the gate's projection (g, or g_a) in the fused output */
+    int gate_done = 0; /* one: pre already holds the output gate's pre-activation */
+    if (one) {
+        const int gout = w->g.p ? w->g.out : w->ga.out;
+        float *y = fd((size_t)w->kin.out);
+        mm(y, h, &w->kin, 1);
+        lunar_cuda_kda_conv_qkv_decode(q, beta, y, y + 3 * HD + w->fa.out + gout, w->kin.out, w->qc,
+                                       b->c->conv + ki * b->c->conv_len, b->kda_state_idx, 1, H, dk, K,
+                                       KDA_L2_EPS, NULL);
+        gin = y + 3 * HD + w->fa.out;
+        /* the gate projections and the gate in one launch where f_a and g_a outputs lie as it reads
+         * them (adjacent, each the width of the next matrix's input) */
+        if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
+            lunar_cuda_kda_gate_proj_decode(g, w->g.p ? NULL : pre, y + 3 * HD, w->kfg.p, H, dk, w->fb.in, w->A_log,
+                                            w->dt_bias, c->kda_gate_lower_bound, NULL);
+            if (!w->g.p) gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
+        } else {
+            mm(pre, y + 3 * HD, &w->fb, n);
+            lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
         }
-        for (int j = 0; j < b->n_seqs; j++) {
-            const size_t r = (size_t)b->off[j] * HD;
-            float *st = b->c->conv + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->conv_len + i * state_stride;
-            lunar_cuda_short_conv(dst[i] + r, pre + r, conv[i], st, b->seqs[j].n, HD, K, NULL);
-        }
-    }
-    if (qk_stride == (size_t)n * HD) {
-        lunar_cuda_l2norm(q, q, 2 * n * H, dk, KDA_L2_EPS, NULL);
     } else {
-        lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
-        lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+        /* h's bf16 copy once for the six projections that read it (mm would make one each) */
+        hb = dalloc((size_t)n * c->hidden_size * 2);
+        lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
+        for (int i = 0; i < 3; i++) {
+            mm_b(pre, hb, proj[i], n, NULL);
+            if (dec) {
+                float *pool = b->c->conv + ki * b->c->conv_len + i * state_stride;
+                lunar_cuda_short_conv_decode(dst[i], pre, conv[i], pool, b->kda_conv_idx, n, HD, K, NULL);
+                continue;
+            }
+            for (int j = 0; j < b->n_seqs; j++) {
+                const size_t r = (size_t)b->off[j] * HD;
+                float *st = b->c->conv + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->conv_len +
+                            i * state_stride;
+                lunar_cuda_short_conv(dst[i] + r, pre + r, conv[i], st, b->seqs[j].n, HD, K, NULL);
+            }
+        }
+        if (qk_stride == (size_t)n * HD) {
+            lunar_cuda_l2norm(q, q, 2 * n * H, dk, KDA_L2_EPS, NULL);
+        } else {
+            lunar_cuda_l2norm(q, q, n * H, dk, KDA_L2_EPS, NULL);
+            lunar_cuda_l2norm(k, k, n * H, dk, KDA_L2_EPS, NULL);
+        }
+        mm_b(low, hb, &w->fa, n, NULL);
+        mm(pre, low, &w->fb, n);
+        lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
+        mm_b(beta, hb, &w->b, n, NULL);
+        lunar_cuda_sigmoid_inplace(beta, (size_t)n * H);
     }
-    mm_b(low, hb, &w->fa, n, NULL);
-    mm(pre, low, &w->fb, n);
-    lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
-    mm_b(beta, hb, &w->b, n, NULL);
-    lunar_cuda_sigmoid_inplace(beta, (size_t)n * H);
     cp_end(LUNAR_PROF_KDA_PROJ, t0);
     t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)dk);
@@ -854,7 +967,13 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     }
     cp_end(LUNAR_PROF_KDA_CORE, t0);
     t0 = cp_begin();
-    if (w->g.p) {
+    if (gate_done) {
+        /* lunar_cuda_kda_gate_proj_decode wrote it */
+    } else if (gin && w->g.p) {
+        pre = gin;
+    } else if (gin) {
+        mm(pre, gin, &w->gb, n);
+    } else if (w->g.p) {
         mm_b(pre, hb, &w->g, n, NULL);
     } else {
         mm_b(low, hb, &w->ga, n, NULL);
@@ -864,6 +983,16 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     mm(out, o, &w->o, n);
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
+}
+
+/* a matrix fused into `whole` (up_cat): whether it is one of its slices, and its outputs within
+ * y, one row of whole's outputs */
+static int in_cat(const dmat *whole, const dmat *part) {
+    return whole->p && part->p >= whole->p && part->p < whole->p + (size_t)whole->out * whole->in;
+}
+static float *cat_out(float *y, const dmat *whole, const dmat *part) {
+    LUNAR_ASSERT(in_cat(whole, part));
+    return y + (part->p - whole->p) / whole->in;
 }
 
 static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *b, int ki,
@@ -876,18 +1005,31 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     float *q = fd((size_t)n * nh * qk), *kvr = fd((size_t)n * row), *o = fd((size_t)n * nh * Vd);
     float *qa = NULL;
     double t0 = cp_begin();
-    uint16_t *hb = dalloc((size_t)n * c->hidden_size * 2); /* h's bf16 copy for every projection of h */
-    lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
-    if (w->mq.p) {
+    /* batch 1 with the fused matrix (up_cat): every projection of h from one GEMM of fp32 h, the
+     * outputs read in place (cat_out) */
+    float *y1 = n == 1 && w->min.p ? fd((size_t)w->min.out) : NULL;
+    uint16_t *hb = NULL;
+    if (y1) {
+        mm(y1, h, &w->min, 1);
+    } else {
+        hb = dalloc((size_t)n * c->hidden_size * 2); /* h's bf16 copy for every projection of h */
+        lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
+    }
+    if (w->mq.p && y1) {
+        q = cat_out(y1, &w->min, &w->mq);
+    } else if (w->mq.p) {
         mm_b(q, hb, &w->mq, n, NULL);
     } else {
-        qa = fd((size_t)n * c->q_lora_rank);
-        mm_b(qa, hb, &w->qa, n, NULL);
+        qa = y1 ? cat_out(y1, &w->min, &w->qa) : fd((size_t)n * c->q_lora_rank);
+        if (!y1) mm_b(qa, hb, &w->qa, n, NULL);
         lunar_cuda_rmsnorm(qa, LUNAR_CUDA_F32, qa, w->qa_norm, n, c->q_lora_rank, MLA_LATENT_NORM_EPS, NULL);
         mm(q, qa, &w->qb, n);
     }
     /* latent row = [RMSNorm(c) | k_pe], stored bf16 (or FP8) into the pages */
-    mm_b(kvr, hb, &w->kva, n, NULL);
+    if (y1)
+        kvr = cat_out(y1, &w->min, &w->kva);
+    else
+        mm_b(kvr, hb, &w->kva, n, NULL);
     const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
     const int fp8 = kv->latent_fp8, dcp = gm->m->tp && gm->m->tp->dcp_size > 1; /* DCP: stored below */
     void *latent = (char *)kv->latent + (size_t)ki * layer_toks * row * (fp8 ? 1 : 2);
@@ -900,9 +1042,13 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         t0 = cp_begin(); /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
         float *iq = fd((size_t)n * ni * di), *ik = fd((size_t)n * di), *wt = fd((size_t)n * ni);
         mm(iq, qa, &w->iwq, n);
-        mm_b(ik, hb, &w->iwk, n, NULL);
+        if (y1) { /* min holds both indexer matrices wherever it exists (upload_weights) */
+            ik = cat_out(y1, &w->min, &w->iwk), wt = cat_out(y1, &w->min, &w->iwp);
+        } else {
+            mm_b(ik, hb, &w->iwk, n, NULL);
+            mm_b(wt, hb, &w->iwp, n, NULL);
+        }
         lunar_glue_layernorm(ik, ik, w->ik_w, w->ik_b, n, di, INDEX_K_NORM_EPS, NULL);
-        mm_b(wt, hb, &w->iwp, n, NULL);
         lunar_glue_scale(wt, 1.0f / sqrtf((float)ni) / sqrtf((float)di), (size_t)n * ni, NULL);
         if (c->index_rope) {
             lunar_glue_rope_neox(iq, gm->rope_inv, b->pos, n, ni, di, c->qk_rope_head_dim, NULL);
@@ -992,8 +1138,8 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
 out_proj:
     t0 = cp_begin();
     if (w->mg.p) { /* K3 output gate */
-        float *gate = fd((size_t)n * nh * Vd);
-        mm_b(gate, hb, &w->mg, n, NULL);
+        float *gate = y1 ? cat_out(y1, &w->min, &w->mg) : fd((size_t)n * nh * Vd);
+        if (!y1) mm_b(gate, hb, &w->mg, n, NULL);
         lunar_glue_sigmoid_mul(o, gate, (size_t)n * nh * Vd, NULL);
     }
     mm(out, o, &w->mo, n);
@@ -1087,24 +1233,35 @@ static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dla
  * so nothing the main stream frees may lie under them), they start once h's bf16 copy exists
  * (ev_x) and the main stream waits for them (ev_shared) before adding them. The roundings are the
  * generic path's: bf16 GEMM operands, the activated product rounded to bf16 before w2. */
-static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
-                      float *out) {
+static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
+                      const uint16_t *hb_in, int n, float *out) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D, I = w->mx.I;
     size_t mk = lunar_cuda_mark();
-    uint16_t *hb = dalloc((size_t)n * D * 2);
-    lunar_cuda_f32_to_bf16_on(hb, h, (size_t)n * D, NULL);
+    const uint16_t *hb = hb_in; /* h's bf16 copy: from the norm (run_residual), or made here */
+    if (!hb_in) {
+        uint16_t *b = dalloc((size_t)n * D * 2);
+        lunar_cuda_f32_to_bf16_on(b, h, (size_t)n * D, NULL);
+        hb = b;
+    }
     float *sh = NULL;
     double t0 = cp_begin();
+    /* batch 1 with the fused matrix (up_cat): the shared gate, up and the router in one GEMM on the
+     * main stream, the side stream starting from its output */
+    float *y1 = n == 1 && w->sin.p ? fd((size_t)w->sin.out) : NULL;
+    if (y1) mm_b(y1, hb, &w->sin, 1, NULL);
     if (w->sg.p) {
         const int Is = w->sg.out;
         sh = fd((size_t)n * D);
-        float *sa = fd((size_t)n * Is), *sb = fd((size_t)n * Is);
+        float *sa = y1 ? cat_out(y1, &w->sin, &w->sg) : fd((size_t)n * Is);
+        float *sb = y1 ? cat_out(y1, &w->sin, &w->su) : fd((size_t)n * Is);
         uint16_t *sab = dalloc((size_t)n * Is * 2);
         lunar_cuda_event_record(g->ev_x, NULL);
         lunar_cuda_stream_wait(g->side, g->ev_x);
-        mm_b(sa, hb, &w->sg, n, g->side);
-        mm_b(sb, hb, &w->su, n, g->side);
+        if (!y1) {
+            mm_b(sa, hb, &w->sg, n, g->side);
+            mm_b(sb, hb, &w->su, n, g->side);
+        }
         if (c->act_situ)
             lunar_cuda_situ_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, c->situ_beta, c->situ_linear_beta,
                                 g->side);
@@ -1115,13 +1272,18 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
         cp_end(LUNAR_PROF_SHARED, t0); /* the h -> bf16 copy included */
         t0 = cp_begin();
     }
-    float *logits = fd((size_t)n * E);
-    mm_b(logits, hb, &w->router, n, NULL);
+    float *logits = y1 ? cat_out(y1, &w->sin, &w->router) : fd((size_t)n * E);
+    if (!y1) mm_b(logits, hb, &w->router, n, NULL);
     lunar_cuda_moe_route r;
     lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
-    lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
-                           c->moe_renormalize, c->routed_scaling_factor, NULL);
-    lunar_cuda_moe_permute(&r, NULL);
+    if (n == 1 && k <= 64 && !fuse_off) { /* one launch for the top-k and the permutation */
+        lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
+                                 c->routed_scaling_factor, NULL);
+    } else {
+        lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
+                               c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
+        lunar_cuda_moe_permute(&r, NULL);
+    }
     cp_end(LUNAR_PROF_ROUTER, t0);
     const uint16_t *zb = hb;
     if (Lat) {
@@ -1137,7 +1299,10 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
     float *ybuf = fd((size_t)n * k * De), *acc = Lat ? fd((size_t)n * Lat) : out;
     lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
-    lunar_cuda_moe_combine(acc, ybuf, &r, De, NULL);
+    /* no latent: the shared experts' output joins in the combine (one launch fewer) */
+    const int join = sh && !Lat && !fuse_off;
+    if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
+    lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         t0 = cp_begin();
@@ -1151,17 +1316,19 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
             mm(out, acc, &w->lup, n);
         cp_end(LUNAR_PROF_LATENT, t0);
     }
-    if (sh) {
+    if (sh && !join) {
         lunar_cuda_stream_wait(NULL, g->ev_shared);
         lunar_glue_add(out, sh, (size_t)n * D, NULL);
     }
     lunar_cuda_release(mk); /* stream-ordered after the join above */
 }
 
-static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h, int n,
-                      float *out) {
-    if (g->fused_moe && w->fused_ok)
-        moe_fused(g, c, w, h, n, out);
+/* the fused path, where it exists, reads h's bf16 copy hb (or makes one where hb is NULL) */
+static int moe_fused_on(const lunar_cuda_model *g, const dlayer *w) { return g->fused_moe && w->fused_ok; }
+static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
+                      const uint16_t *hb, int n, float *out) {
+    if (moe_fused_on(g, w))
+        moe_fused(g, c, w, h, hb, n, out);
     else
         moe_generic(g->m, c, w, h, n, out);
 }
@@ -1178,7 +1345,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
 }
 
-static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *y) {
+static void ffn(const lunar_cuda_model *g, int l, const float *h, const uint16_t *hb, int n, float *y) {
     const lunar_config *c = &g->m->cfg;
     const dlayer *w = &g->L[l];
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
@@ -1186,7 +1353,7 @@ static void ffn(const lunar_cuda_model *g, int l, const float *h, int n, float *
         glu(c, y, h, &w->gate, &w->up, &w->down, n);
         cp_end(LUNAR_PROF_SHARED, t0);
     } else
-        moe_layer(g, c, w, h, n, y);
+        moe_layer(g, c, w, h, hb, n, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)n * c->hidden_size); /* TP hook: down projections */
 }
 
@@ -1194,6 +1361,8 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size;
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    /* the FFN norm also writes h's bf16 copy where the fused MoE reads one (one launch fewer) */
+    uint16_t *hb = fuse_off ? NULL : dalloc((size_t)n * D * 2);
     /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
@@ -1205,9 +1374,13 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         cp_end(LUNAR_PROF_NORM, t0);
         attention(g, b, l, h, y);
         t0 = cp_begin();
-        lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        const int b16 = hb && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
+        if (b16)
+            lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        else
+            lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
-        ffn(g, l, h, n, y);
+        ffn(g, l, h, b16 ? hb : NULL, n, y);
     }
     const double t0 = cp_begin();
     if (c->num_hidden_layers > 0)
@@ -1257,7 +1430,7 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float
         if (live) lunar_glue_add(P, y, nD, NULL);
         live = 1;
         mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
-        ffn(g, l, h, n, y);
+        ffn(g, l, h, NULL, n, y);
         lunar_glue_add(P, y, nD, NULL);
     }
     mix(hout, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);

@@ -77,4 +77,14 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
 
 static inline unsigned ceil_div_u(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
 
+// op_kda_gate of one element: f the forget projection, a_log = A_log of its head, dtb its dt_bias
+// (shared by kda_gate_kernel and the batch-1 gate projection of cuda_gemm.cu: the same bits)
+__device__ __forceinline__ float kda_gate_value(float f, float a_log, float dtb, float lb) {
+    const float a = expf(a_log);
+    const float x = f + dtb;
+    if (lb < 0.0f) return lb / (1.0f + expf(-a * x));
+    const float sp = x > 20.0f ? x : log1pf(expf(x));
+    return -a * sp;
+}
+
 #endif

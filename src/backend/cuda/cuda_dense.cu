@@ -70,9 +70,11 @@ extern "C" void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, floa
 
 // the residual add fused with the next RMSNorm: x += r (stored), y = rmsnorm(x) w; the sum and its
 // square are those of an add kernel followed by norm_kernel<.., 0> (same fp32 ops, same tree
-// order), so the pair gives the same bits in one launch
+// order), so the pair gives the same bits in one launch; yb (or NULL): y's bf16 copy as well (the
+// next GEMMs' operand, one launch fewer)
 template <typename Y>
-__global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps) {
+__global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps,
+                                __nv_bfloat16 *yb) {
     __shared__ float red[32];
     const size_t row = blockIdx.x;
     float *xr = x + row * dim;
@@ -89,16 +91,23 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
         float v = xr[i] * inv;
         if (w) v *= bf16_bits_to_f32(w[i]);
         y[row * dim + i] = from_f32<Y>(v);
+        if (yb) yb[row * dim + i] = __float2bfloat16_rn(from_f32<Y>(v));
     }
+}
+extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n,
+                                         int dim, float eps, lunar_cuda_stream s) {
+    if (n <= 0) return;
+    add_norm_kernel<float><<<n, row_threads(dim), 0, to_stream(s)>>>(y, x, r, w, dim, eps, (__nv_bfloat16 *)yb);
+    CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w,
                                        int n, int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
     const int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
-        add_norm_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, x, r, w, dim, eps);
+        add_norm_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, x, r, w, dim, eps, NULL);
     else
-        add_norm_kernel<__nv_bfloat16><<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, r, w, dim, eps);
+        add_norm_kernel<__nv_bfloat16><<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, r, w, dim, eps, NULL);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -265,6 +274,56 @@ extern "C" void lunar_cuda_short_conv_decode(float *y, const float *x, const flo
     CUDA_CHECK_LAUNCH();
 }
 
+// KDA decode, the three convolutions after the fused input projection in one launch (issue 9: a
+// batch-1 step paid a launch per op): block (r, b) of dk threads (a power of two: the sum below is
+// then norm_kernel's, same tree, same bits) owns head row r of the 3H rows q|k|v of sequence b,
+// convolves it as short_conv_decode_kernel does (state_pool[slots[b]] is [3 H dk, K-1]), and
+// L2-normalises the q and k rows as norm_kernel<float, 2>; block 3H of each sequence applies the
+// sigmoid to its H beta logits (sigmoid_kernel's expression). Outputs: q, k, v [B, H dk] at qkv,
+// qkv + B H dk, qkv + 2 B H dk; beta [B, H]. Inputs of sequence b at x + b xs, beta_in + b xs.
+__global__ void kda_conv_qkv_kernel(float *qkv, float *beta, const float *x, const float *beta_in,
+                                    int64_t xs, const float *w, float *state_pool,
+                                    const int32_t *slots, int H, int dk, int K, float eps) {
+    __shared__ float red[32];
+    const int r = blockIdx.x, b = blockIdx.y, t = threadIdx.x, HD = H * dk, B = gridDim.y;
+    if (r == 3 * H) {
+        for (int i = t; i < H; i += blockDim.x) beta[(size_t)b * H + i] = 1.0f / (1.0f + expf(-beta_in[b * xs + i]));
+        return;
+    }
+    const int c = r * dk + t, S = K - 1, part = r / H;
+    float acc = 0.0f;
+    if (t < dk) {
+        float *st = state_pool + ((size_t)slots[b] * 3 * HD + c) * S;
+        float win[CONV_MAX_K];
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K - 1; i++)
+            if (i < S) win[i] = st[i];
+        const float xv = x[b * xs + c];
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K; i++)
+            if (i < K) acc += w[(size_t)c * K + i] * (i < S ? win[i] : xv);
+        acc = acc / (1.0f + expf(-acc));
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K - 1; i++)
+            if (i < S) st[i] = i + 1 < S ? win[i + 1] : xv;
+    }
+    if (part < 2) { /* block-uniform: every thread reaches the sum */
+        const float ss = block_sum(t < dk ? acc * acc : 0.0f, red);
+        acc = acc * (1.0f / sqrtf(ss + eps));
+    }
+    if (t < dk) qkv[((size_t)part * B + b) * HD + (c - part * HD)] = acc;
+}
+extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const float *x, const float *beta_in,
+                                               int64_t x_stride, const float *w, float *state_pool,
+                                               const int32_t *slots, int B, int H, int dk, int K, float eps,
+                                               lunar_cuda_stream s) {
+    CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && dk >= 1 && dk <= 1024 && H >= 1 && (dk & (dk - 1)) == 0);
+    if (B <= 0) return;
+    kda_conv_qkv_kernel<<<dim3(3 * H + 1, B), dk < 32 ? 32 : dk, 0, to_stream(s)>>>(
+        qkv, beta, x, beta_in, x_stride, w, state_pool, slots, H, dk, K, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---------------------------------------------------------------- KDA gate (elementwise)
 __global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, const float *dt_bias,
                                 int64_t n, int H, int dk, float lb) {
@@ -272,14 +331,7 @@ __global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, co
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const int hj = (int)(i % D);
-        const float a = expf(A_log[hj / dk]);
-        const float x = f[i] + dt_bias[hj];
-        if (lb < 0.0f) {
-            g[i] = lb / (1.0f + expf(-a * x));
-        } else {
-            float sp = x > 20.0f ? x : log1pf(expf(x));
-            g[i] = -a * sp;
-        }
+        g[i] = kda_gate_value(f[i], A_log[hj / dk], dt_bias[hj], lb);
     }
 }
 extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log,

@@ -202,6 +202,42 @@ extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t 
                             to_stream(s)));
 }
 
+/* KDA decode at batch 1: the forget gate's up-projection f_b with op_kda_gate applied to its
+ * outputs and, og non-NULL, the output gate's up-projection g_b beside it (W = [f_b; g_b], each
+ * [H dk, in], reading x[0, in) and x[in, 2 in): the fused projection's f_a | g_a outputs), one
+ * launch instead of GEMM, gate, GEMM. A warp per output row, as gemv_kernel<1> with split 1 (the
+ * split it takes at these shapes: same loads, products and shuffle tree). */
+__global__ void __launch_bounds__(kGvWarps * 32) kda_gate_proj_kernel(float *g, float *og, const float *x,
+                                                                     const uint16_t *W, int HD, int rows, int in,
+                                                                     const float *A_log, const float *dt_bias,
+                                                                     int dk, float lb) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, o = blockIdx.x * kGvWarps + warp, n8 = in / 8;
+    if (o >= rows) return; /* warp-uniform */
+    const int seg = o < HD ? 0 : 1;
+    const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
+    const float *xs = x + (size_t)seg * in;
+    float acc = 0.f;
+#pragma unroll 4
+    for (int i = lane; i < n8; i += 32) acc += gv_dot8(__ldcs(w4 + i), gv_x8(xs, (size_t)0, i, in));
+    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (lane) return;
+    if (seg == 0)
+        g[o] = kda_gate_value(acc, A_log[o / dk], dt_bias[o], lb);
+    else
+        og[o - HD] = acc;
+}
+
+extern "C" void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float *x, const uint16_t *W, int H,
+                                                int dk, int in, const float *A_log, const float *dt_bias, float lb,
+                                                lunar_cuda_stream s) {
+    CUDA_REQUIRE(H > 0 && dk > 0 && in > 0 && in % 8 == 0 && ((uintptr_t)x | (uintptr_t)W) % 16 == 0 &&
+                 (!og || in % 4 == 0));
+    const int HD = H * dk, rows = og ? 2 * HD : HD;
+    kda_gate_proj_kernel<<<(rows + kGvWarps - 1) / kGvWarps, kGvWarps * 32, 0, to_stream(s)>>>(
+        g, og, x, W, HD, rows, in, A_log, dt_bias, dk, lb);
+    CUDA_CHECK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- MLA absorption GEMMs
  * The per-head absorption (q_nope . W_UK) and un-absorption (W_UV . o_lat) were one block per
  * (token, head) re-reading the head's weights for every token: ~90 ms per layer at 8K tokens. Here

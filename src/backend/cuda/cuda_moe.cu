@@ -24,13 +24,23 @@
 #include "backend/cuda/cuda_moe.cuh"
 
 
+// Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
+#define DEC_G 8
+__host__ __device__ static int max_groups(int n, int k, int E) {
+    int rows = n * k;
+    return (rows + DEC_G - 1) / DEC_G + (E < rows ? E : rows);
+}
+
 // ---------------------------------------------------------------- router
 
+// ROUTE (one token, one block): the top-k is followed by the permutation that
+// lunar_cuda_moe_permute's memset, count, scan and scatter would leave in r (see route_one below)
+template <bool ROUTE>
 __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, float *weights,
                                                           const float *logits, const float *bias,
                                                           int E, int k, int n_group,
                                                           int topk_group, int renorm,
-                                                          float scale) {
+                                                          float scale, lunar_cuda_moe_route r) {
     extern __shared__ float sm[];
     float *sc = sm, *ch = sm + E;  // sigmoid, choice (-inf once taken or not eligible)
     __shared__ float gscore[64];
@@ -110,6 +120,43 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
             wt[sel] = w * scale;
         }
     }
+    if (!ROUTE) return;
+    // One token: its k experts are distinct (a taken entry is never chosen again), so each has one
+    // row, and the permuted row of expert e is its rank among the chosen ones (ascending e: the
+    // scan's order). srt: the chosen experts sorted (k <= 64, checked by the launcher).
+    __shared__ int srt[64];
+    if (tid == 0) {
+        for (int i = 0; i < k; i++) {
+            int e = ex[i], j = i;
+            for (; j > 0 && srt[j - 1] > e; j--) srt[j] = srt[j - 1];
+            srt[j] = e;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) {
+        int rank = 0, chosen = 0;
+        for (int i = 0; i < k; i++) rank += srt[i] < e, chosen |= srt[i] == e;
+        r.counts[e] = chosen;
+        r.offsets[e] = rank;
+        r.cursor[e] = rank + chosen;  // after the scatter's increments
+    }
+    for (int i = tid; i < k; i += blockDim.x) {
+        const int e = srt[i];
+        r.active[i] = e;
+        r.tiles[2 * i] = e, r.tiles[2 * i + 1] = i;  // one row per expert: one tile, one group each
+        r.groups[2 * i] = e, r.groups[2 * i + 1] = i;
+        r.gdone[i] = 0;
+        int pos = 0;  // pair i's row: its expert's rank
+        for (int j = 0; j < k; j++) pos += srt[j] < ex[i];
+        r.row_token[pos] = 0;
+        r.row_weight[pos] = wt[i];
+        r.pair_row[i] = pos;
+    }
+    if (tid == 0) {
+        r.offsets[E] = k;
+        r.counts[E] = k, r.counts[E + 1] = k, r.counts[E + 2] = k;
+        r.gdone[max_groups(1, k, E)] = 0;
+    }
 }
 
 extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const float *logits,
@@ -120,8 +167,23 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
     CUDA_REQUIRE(E >= 1 && E <= 4096 && k >= 1 && k <= E && E % n_group == 0 && n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
     if (n <= 0) return;
-    router_topk_kernel<<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
-        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale);
+    lunar_cuda_moe_route none;
+    memset(&none, 0, sizeof none);
+    router_topk_kernel<false><<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
+        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, none);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias,
+                                         int n_group, int topk_group, int renorm, float scale,
+                                         lunar_cuda_stream s) {
+    const int E = r->E, k = r->k;
+    if (n_group < 1) n_group = 1;
+    CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
+                 n_group <= 64);
+    if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
+    router_topk_kernel<true><<<1, 256, 2 * E * sizeof(float), to_stream(s)>>>(
+        r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, *r);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -130,12 +192,6 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
 static int max_tiles(int n, int k, int E) {
     int rows = n * k;
     return (rows + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM + (E < rows ? E : rows);
-}
-// Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
-#define DEC_G 8
-__host__ __device__ static int max_groups(int n, int k, int E) {
-    int rows = n * k;
-    return (rows + DEC_G - 1) / DEC_G + (E < rows ? E : rows);
 }
 static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -1077,8 +1133,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     }
 }
 
+// add (or NULL): [n, D] added to each sum after it (the shared experts' output: one launch fewer)
 __global__ void moe_combine_kernel(float *acc, const float *ybuf, const int32_t *pair_row, int k,
-                                   int D) {
+                                   int D, const float *add) {
     const int t = blockIdx.x;
     for (int i = threadIdx.x * 4; i < D; i += blockDim.x * 4) {
         float4 s = make_float4(0, 0, 0, 0);
@@ -1086,14 +1143,22 @@ __global__ void moe_combine_kernel(float *acc, const float *ybuf, const int32_t 
             float4 v = *(const float4 *)(ybuf + (size_t)pair_row[t * k + j] * D + i);
             s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
         }
+        if (add) {
+            const float4 a = *(const float4 *)(add + (size_t)t * D + i);
+            s.x += a.x, s.y += a.y, s.z += a.z, s.w += a.w;
+        }
         *(float4 *)(acc + (size_t)t * D + i) = s;
     }
 }
 
 extern "C" void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r,
                                        int D, lunar_cuda_stream s) {
-    CUDA_REQUIRE(D % 4 == 0);
-    moe_combine_kernel<<<r->n, 256, 0, to_stream(s)>>>(acc, ybuf, r->pair_row, r->k, D);
+    lunar_cuda_moe_combine_add(acc, ybuf, r, D, NULL, s);
+}
+extern "C" void lunar_cuda_moe_combine_add(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
+                                           const float *add, lunar_cuda_stream s) {
+    CUDA_REQUIRE(D % 4 == 0 && ((uintptr_t)add & 15) == 0);
+    moe_combine_kernel<<<r->n, 256, 0, to_stream(s)>>>(acc, ybuf, r->pair_row, r->k, D, add);
     CUDA_CHECK_LAUNCH();
 }
 

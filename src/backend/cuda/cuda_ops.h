@@ -176,6 +176,10 @@ void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps, luna
  * lunar_cuda_rmsnorm. */
 void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w, int n,
                             int dim, float eps, lunar_cuda_stream s);
+/* The same with an fp32 y and its bf16 copy yb [n, dim] (what lunar_cuda_f32_to_bf16 of y gives),
+ * in one launch. */
+void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n, int dim,
+                              float eps, lunar_cuda_stream s);
 
 /* op_silu_mul / op_situ_mul on fp32 inputs; y stored as ydt (may alias gate or up when F32). */
 void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate, const float *up,
@@ -190,6 +194,24 @@ void lunar_cuda_short_conv(float *y, const float *x, const float *w, float *stat
  * state_pool[slots[b]] ([C, K-1]); op_short_conv with T = 1 on each. */
 void lunar_cuda_short_conv_decode(float *y, const float *x, const float *w, float *state_pool,
                                   const int32_t *slots, int B, int C, int K, lunar_cuda_stream s);
+
+/* KDA decode after the fused input projection, one launch: op_short_conv (T = 1) of the 3 H dk
+ * channels q|k|v of each of B sequences (row b at x + b x_stride; sequence b's state is
+ * state_pool[slots[b]], [3 H dk, K-1], the q, k, v states in turn), op_l2norm (eps) of each q and k
+ * head row, and beta = sigmoid(beta_in) (H logits at beta_in + b x_stride). Outputs q, k, v
+ * [B, H dk] at qkv, qkv + B H dk, qkv + 2 B H dk; beta [B, H]. Bit-equal to
+ * lunar_cuda_short_conv_decode + lunar_cuda_l2norm + lunar_cuda_sigmoid_inplace. dk a power of two
+ * <= 1024. */
+void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const float *x, const float *beta_in,
+                                    int64_t x_stride, const float *w, float *state_pool, const int32_t *slots,
+                                    int B, int H, int dk, int K, float eps, lunar_cuda_stream s);
+
+/* KDA decode, one token: g [H dk] = op_kda_gate(f_b . x[0, in)) and, og non-NULL, og [H dk] =
+ * g_b . x[in, 2 in), W = [f_b; g_b] bf16 ([H dk, in] each; f_b alone when og is NULL), x fp32 (its
+ * bf16 rounding the GEMM operand, as lunar_cuda_matmul_f32x), 16-byte aligned, in % 8 == 0. The
+ * outputs equal the skinny GEMM + lunar_cuda_kda_gate (+ skinny GEMM) they replace. */
+void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float *x, const uint16_t *W, int H, int dk, int in,
+                                     const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s);
 
 /* ---------------------------------------------------------------- KDA (cuda_kda*.cu) */
 
@@ -358,6 +380,11 @@ size_t lunar_cuda_moe_route_bytes(int n, int k, int E);
 void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int n, int k, int E);
 /* Fills offsets .. tiles from r->experts / r->weights. Any n >= 1, empty and overloaded experts. */
 void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
+/* One token (r->n == 1, r->k <= 64): lunar_cuda_router_topk into r->experts / r->weights and then
+ * lunar_cuda_moe_permute's result, in one launch (the decode step at batch 1 took five: top-k,
+ * memset, count, scan, scatter). Leaves r as the pair would, byte for byte. */
+void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
+                              int topk_group, int renorm, float scale, lunar_cuda_stream s);
 
 /* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as
  * lunar_mxfp4): w1q/w3q [E, I, D/2], w1s/w3s [E, I, D/32], w2q [E, D, I/2], w2s [E, D, I/32];
@@ -386,6 +413,10 @@ void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
 /* acc[t, :] = sum_j ybuf[pair_row[t, j], :] (slot order), fp32 [n, D]. */
 void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
                             lunar_cuda_stream s);
+/* The same with add [n, D] (16-byte aligned, or NULL) added to each token's sum: bit-equal to the
+ * combine followed by lunar_glue_add(acc, add). */
+void lunar_cuda_moe_combine_add(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
+                                const float *add, lunar_cuda_stream s);
 
 /* The whole latent routed path of forward.c's moe_layer: x bf16 [n, H];
  * router bf16 [E, H], bias fp32 [E] or NULL; down bf16 [Lat, H]; norm bf16 [Lat] or NULL; up bf16
