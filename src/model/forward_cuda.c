@@ -545,11 +545,17 @@ const char *lunar_cuda_device_line(void) { return lunar_cuda_describe(); }
 
 size_t lunar_cuda_block_bytes(const lunar_model *m) { return lunar_cuda_block_bytes_kv(m, 0); }
 
+/* latent rows a block of 128 positions takes on this rank: 1/D of them under DCP */
+static int latent_rows_of(const lunar_model *m) {
+    return m->tp && m->tp->dcp_size > 1 ? LUNAR_BLOCK_SIZE / m->tp->dcp_size : LUNAR_BLOCK_SIZE;
+}
+
 size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) {
     const lunar_config *k = &m->cfg;
     const size_t row = (size_t)k->kv_lora_rank + k->qk_rope_head_dim;
     const size_t idx = k->index_topk > 0 ? (size_t)k->index_head_dim + 4 : 0;
-    return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * (latent_fp8 ? 1 : 2) + idx);
+    return (size_t)k->n_mla_layers *
+           ((size_t)latent_rows_of(m) * row * (latent_fp8 ? 1 : 2) + (size_t)LUNAR_BLOCK_SIZE * idx);
 }
 
 size_t lunar_cuda_slot_bytes(const lunar_model *m) { return lunar_cuda_slot_bytes_st(m, 0); }
@@ -586,6 +592,15 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
         mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
     mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
+    if (m->tp && m->tp->dcp_size > 1) { /* lunar_cuda_dcp_mla's buffers, as it allocates them: slots and
+        * counts, the absorbed queries, their padded send and gathered copies, the partials' send
+        * buffer and its all-gather (D x D parts), olat + lse, the merged rows, this rank's heads,
+        * the local top-k rows, one sequence's gathered local cache */
+        const size_t Dd = (size_t)m->tp->dcp_size, Hm = (size_t)m->tp->mla_heads_max, row = R + P;
+        mla += 4 * (2 * T + T * nh * row + (1 + Dd) * T * Hm * row + (Dd + Dd * Dd) * T * Hm * (R + 1) +
+                    2 * T * Hm * R + T * Hm + T * nh * R + T * topk + ((size_t)max_len / Dd + 1) * row) +
+               (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256; /* + a fresh prefill's pages */
+    }
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
@@ -617,14 +632,16 @@ int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_
     c->n_mla = k->n_mla_layers, c->n_kda = k->n_kda_layers;
     c->row = k->kv_lora_rank + k->qk_rope_head_dim;
     c->idx_dim = k->index_topk > 0 ? k->index_head_dim : 0;
-    const size_t toks = (size_t)c->n_mla * n_blocks * LUNAR_BLOCK_SIZE;
+    const size_t toks = (size_t)c->n_mla * n_blocks * LUNAR_BLOCK_SIZE; /* index keys: every position */
+    c->latent_rows = latent_rows_of(m);
+    const size_t lat_rows = (size_t)c->n_mla * n_blocks * c->latent_rows;
     const int HD = k->kda_num_heads * k->kda_head_dim;
     c->conv_len = (size_t)3 * HD * (k->kda_conv_size - 1);
     c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
     c->latent_fp8 = (flags & LUNAR_CUDA_CACHE_FP8_LATENT) != 0;
     c->state_fp16 = (flags & LUNAR_CUDA_CACHE_FP16_STATE) != 0;
     const size_t state_bytes = (size_t)n_slots * c->n_kda * c->state_len * (c->state_fp16 ? 2 : 4) + 4;
-    const size_t latent_bytes = toks * c->row * (c->latent_fp8 ? 1 : 2) + 4;
+    const size_t latent_bytes = lat_rows * c->row * (c->latent_fp8 ? 1 : 2) + 4;
     c->latent = lunar_cuda_alloc(latent_bytes);
     c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
     c->idx_scales = lunar_cuda_alloc((c->idx_dim ? toks * 4 : 0) + 4); /* only with an indexer, as
@@ -877,7 +894,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     mm_b(kvr, hb, &w->kva, n, NULL);
     const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
     const int fp8 = kv->latent_fp8, dcp = gm->m->tp && gm->m->tp->dcp_size > 1; /* DCP: stored below */
-    void *latent = (char *)kv->latent + (size_t)ki * layer_toks * row * (fp8 ? 1 : 2);
+    void *latent = (char *)kv->latent + (size_t)ki * kv->n_blocks * kv->latent_rows * row * (fp8 ? 1 : 2);
     if (!dcp) lunar_glue_latent_store(latent, fp8, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
 
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
@@ -906,11 +923,24 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_cuda_dsa_topk(idx, NULL, scores, b->max_len, b->lens, n, topk, NULL);
         cp_end(LUNAR_PROF_DSA, t0);
     }
+    static int kernel_only = -1; /* LUNAR_MLA_PREFILL=kernel: prefill through the row kernel too */
+    if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
+    /* the one-sequence prefill through the GEMM kernels (below), over the pages of table bt */
+    const int prefill_gemm = R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN &&
+                             !kernel_only;
+    const int32_t *bt = b->bt;
     if (dcp) { /* TP hook: the latent rows sharded over the DCP group (forward_cuda_tp.h) */
         lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, kv->n_blocks, latent, fp8, kvr,
                                   w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
-        lunar_cuda_dcp_mla(gm->m, &a, o);
-        goto out_proj;
+        if (!(prefill_gemm && b->seqs[0].pos0 == 0)) {
+            lunar_cuda_dcp_mla(gm->m, &a, o);
+            goto out_proj;
+        }
+        /* a fresh prefill: this rank's rows stored, then one GPU's prefill over the whole chunk */
+        lunar_cuda_dcp_store(gm->m, &a);
+        int32_t *fresh_bt;
+        latent = lunar_cuda_dcp_fresh_pages(&a, R, P, &fresh_bt);
+        bt = fresh_bt;
     }
     /* absorbed attention over the pages: q_lat = W_UK^T q_nope, core, then W_UV */
     float *q_lat = fd((size_t)n * nh * R), *q_pe = fd((size_t)n * nh * P), *o_lat = fd((size_t)n * nh * R);
@@ -932,11 +962,9 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     cp_end(LUNAR_PROF_MLA_ABSORB, t0);
     t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)qk);
-    static int kernel_only = -1; /* LUNAR_MLA_PREFILL=kernel: prefill through the row kernel too */
-    if (kernel_only < 0) kernel_only = getenv("LUNAR_MLA_PREFILL") && strcmp(getenv("LUNAR_MLA_PREFILL"), "kernel") == 0;
-    if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && !kernel_only) {
+    if (prefill_gemm) {
         void *ws = dalloc(lunar_glue_mla_prefill_ws(n, nh, b->seqs[0].pos0 + n));
-        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, fp8, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
+        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, fp8, bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
                                ws, NULL);
     } else if (R == 512 && P == 64) {
         lunar_cuda_mla_cache cd = {latent, fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
@@ -1259,16 +1287,18 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
  * cuBLASLt plans, shared-memory attributes), its second is captured and replayed. */
 
 /* Tensor parallelism's steps have no host round trip (forward_cuda_tp.h) and NCCL kernels can be
- * captured, but every rank must capture and replay the same collectives in the same order: opt-in
- * (LUNAR_TP_GRAPHS=1) until measured on the device. */
+ * captured; every rank captures and replays the same collectives in the same order, as all run
+ * the same steps. On by default since session 3 measured them on two H200s (bitwise equal to eager,
+ * graphs_tp_cuda_match_eager; KL48 TP 2 B=1 4.06 vs 5.22 ms eager); LUNAR_TP_GRAPHS=0 (or
+ * LUNAR_CUDA_GRAPHS=0, bench's --enforce-eager) turns them off. */
 static int tp_graphs_on(void) {
     static int on = -1;
-    if (on < 0) on = getenv("LUNAR_TP_GRAPHS") && atoi(getenv("LUNAR_TP_GRAPHS")) > 0;
+    if (on < 0) on = !(getenv("LUNAR_TP_GRAPHS") && atoi(getenv("LUNAR_TP_GRAPHS")) <= 0);
     return on;
 }
 
 /* Can this step be captured? Everything with a host round trip or host-side per-sequence pointers
- * stays eager: profiling (its regions synchronise), tensor parallelism unless opted in (above),
+ * stays eager: profiling (its regions synchronise), tensor parallelism with LUNAR_TP_GRAPHS=0 (above),
  * the generic MoE (routing downloaded to the host), the generic KDA decode (head size other than
  * 128: per-sequence state pointers). AttnRes reads its candidates from the step's input block. */
 static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {

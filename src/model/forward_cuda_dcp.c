@@ -31,18 +31,14 @@ static void gather_on(lunar_tp *tp, const float *send, float *recv, size_t n) {
     }
 }
 
-void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o) {
-    lunar_tp *tp = m->tp;
+void lunar_cuda_dcp_store(const lunar_model *m, const lunar_cuda_dcp_layer *a) {
+    const lunar_tp *tp = m->tp;
     const lunar_config *c = &m->cfg;
-    const int D = tp->dcp_size, dr = tp->dcp_rank, nh = c->num_attention_heads, Hm = tp->mla_heads_max;
-    const int N = c->qk_nope_head_dim, P = c->qk_rope_head_dim, Vd = c->v_head_dim, R = c->kv_lora_rank;
-    const int row = R + P, T = a->T, topk = c->index_topk, br = 128 / D;
-    const float scale = 1.0f / sqrtf((float)(N + P));
+    const int D = tp->dcp_size, dr = tp->dcp_rank, R = c->kv_lora_rank, P = c->qk_rope_head_dim, T = a->T;
     const size_t mk = lunar_cuda_mark();
-
-    /* 1. the owned tokens' latent rows at their local slots (-1: another rank's token), placed by
-     * the CPU layout's own function over one layer of blocks of 128 / D rows */
-    const lunar_kv_pool lay = {.block_size = br, .n_blocks = a->n_blocks, .n_mla = 1, .row = row};
+    /* the owned tokens' latent rows at their local slots (-1: another rank's token), placed by the
+     * CPU layout's own function over one layer of blocks of 128 / D rows */
+    const lunar_kv_pool lay = {.block_size = 128 / D, .n_blocks = a->n_blocks, .n_mla = 1, .row = R + P};
     int32_t *slots = lunar_xmalloc((size_t)T * sizeof *slots);
     for (int j = 0; j < a->n_seqs; j++) {
         const lunar_batch_seq *sq = &a->seqs[j];
@@ -54,6 +50,33 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
     int32_t *dslots = dev((size_t)T * sizeof *dslots);
     lunar_cuda_upload(dslots, slots, (size_t)T * sizeof *slots);
     lunar_glue_latent_store(a->latent, a->fp8, a->kvr, a->kva_norm, dslots, T, R, P, a->eps, NULL);
+    free(slots);
+    lunar_cuda_release(mk); /* the store is ordered before any later use of the space */
+}
+
+void *lunar_cuda_dcp_fresh_pages(const lunar_cuda_dcp_layer *a, int R, int P, int32_t **bt) {
+    const int T = a->T, nb = (T + 127) / 128;
+    int32_t *h = lunar_xmalloc((size_t)(T > nb ? T : nb) * sizeof *h);
+    for (int i = 0; i < (T > nb ? T : nb); i++) h[i] = i; /* identity: slot i = position i, block i */
+    int32_t *slots = dev((size_t)T * sizeof *slots);
+    *bt = dev((size_t)nb * sizeof **bt);
+    lunar_cuda_upload(slots, h, (size_t)T * sizeof *h);
+    lunar_cuda_upload(*bt, h, (size_t)nb * sizeof *h);
+    free(h);
+    void *pages = dev((size_t)nb * 128 * (R + P) * (a->fp8 ? 1 : 2));
+    lunar_glue_latent_store(pages, a->fp8, a->kvr, a->kva_norm, slots, T, R, P, a->eps, NULL);
+    return pages;
+}
+
+void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o) {
+    lunar_tp *tp = m->tp;
+    const lunar_config *c = &m->cfg;
+    const int D = tp->dcp_size, dr = tp->dcp_rank, nh = c->num_attention_heads, Hm = tp->mla_heads_max;
+    const int N = c->qk_nope_head_dim, P = c->qk_rope_head_dim, Vd = c->v_head_dim, R = c->kv_lora_rank;
+    const int row = R + P, T = a->T, topk = c->index_topk;
+    const float scale = 1.0f / sqrtf((float)(N + P));
+    lunar_cuda_dcp_store(m, a); /* 1. this rank's rows */
+    const size_t mk = lunar_cuda_mark();
 
     /* 2. the absorbed queries [T, Hm, R + P] (padding heads zero), all-gathered: [D][T, Hm, R + P] */
     const size_t qrow = (size_t)Hm * row;
@@ -119,7 +142,7 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
                            (size_t)nh * R * sizeof(float), (size_t)T);
     }
     lunar_glue_mla_unabsorb(o, mine, a->kvb, T, nh, N, Vd, R, NULL);
-    free(slots), free(hcount);
+    free(hcount);
     lunar_cuda_release(mk);
 }
 
