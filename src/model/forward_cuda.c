@@ -599,7 +599,8 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
         const size_t Dd = (size_t)m->tp->dcp_size, Hm = (size_t)m->tp->mla_heads_max, row = R + P;
         mla += 4 * (2 * T + T * nh * row + (1 + Dd) * T * Hm * row + (Dd + Dd * Dd) * T * Hm * (R + 1) +
                     2 * T * Hm * R + T * Hm + T * nh * R + T * topk + ((size_t)max_len / Dd + 1) * row) +
-               (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256; /* + a fresh prefill's pages */
+               (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256 + /* + a fresh prefill's pages */
+               4 * 2 * 528 * (R + 2); /* + the sliced partial's parts (forward_cuda_dcp.c: < 2 x 528 blocks) */
     }
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;

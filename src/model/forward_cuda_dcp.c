@@ -16,6 +16,12 @@
 #include "model/shard.h"
 #include "parallel/comm.h"
 
+/* the partial kernel's launch aims at this many blocks (4 per SM of an H200) by slicing the rows;
+ * the bound on the slices keeps the scratch below DCP_PARTIAL_BLOCKS x 2 parts (forward_cuda.c's
+ * step reserve counts it) */
+#define DCP_PARTIAL_BLOCKS 528
+#define DCP_PARTIAL_SPLITS_MAX 64
+
 static void *dev(size_t bytes) {
     void *p = lunar_cuda_alloc(bytes ? bytes : 4);
     LUNAR_ASSERT(p); /* the arena is sized for the step's scratch (as forward_cuda.c's dalloc) */
@@ -118,9 +124,16 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
             }
             lunar_cuda_upload(cnt, hcount, (size_t)nj * sizeof *hcount);
         }
+        /* rows sliced over more blocks while the (token, head) pairs are few (decode): about
+         * DCP_PARTIAL_BLOCKS blocks a launch, slices of at least 64 rows */
+        const int want = (DCP_PARTIAL_BLOCKS + nj * Hm - 1) / (nj * Hm), most = (Lloc + 63) / 64;
+        int splits = want < most ? want : most;
+        if (splits > DCP_PARTIAL_SPLITS_MAX) splits = DCP_PARTIAL_SPLITS_MAX;
+        if (splits < 1) splits = 1;
+        void *pws = splits > 1 ? dev(lunar_cuda_mla_partial_ws(nj, Hm, R, splits)) : NULL;
         for (int g = 0; g < D; g++) {
-            lunar_cuda_mla_partial(olat, lse, qall + ((size_t)g * T + r0) * qrow, cache, rows, cnt, topk, nj, Hm, R,
-                                   P, scale, NULL);
+            lunar_cuda_mla_partial_split(olat, lse, qall + ((size_t)g * T + r0) * qrow, cache, rows, cnt, topk, nj, Hm,
+                                         R, P, scale, splits, pws, NULL);
             float *dst = send + g * part_n + (size_t)r0 * Hm * prow;
             lunar_cuda_copy_2d(dst, prow * sizeof(float), olat, (size_t)R * sizeof(float), (size_t)R * sizeof(float),
                                (size_t)nj * Hm);
