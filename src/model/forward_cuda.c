@@ -592,16 +592,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     if (R == 512 && P == 64 && !topk && max_tokens >= MLA_PREFILL_GEMM_MIN)
         mla += lunar_glue_mla_prefill_ws(max_tokens, (int)nh, max_len) + 256;
     mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
-    if (m->tp && m->tp->dcp_size > 1) { /* lunar_cuda_dcp_mla's buffers, as it allocates them: slots and
-        * counts, the absorbed queries, their padded send and gathered copies, the partials' send
-        * buffer and its all-gather (D x D parts), olat + lse, the merged rows, this rank's heads,
-        * the local top-k rows, one sequence's gathered local cache */
-        const size_t Dd = (size_t)m->tp->dcp_size, Hm = (size_t)m->tp->mla_heads_max, row = R + P;
-        mla += 4 * (2 * T + T * nh * row + (1 + Dd) * T * Hm * row + (Dd + Dd * Dd) * T * Hm * (R + 1) +
-                    2 * T * Hm * R + T * Hm + T * nh * R + T * topk + ((size_t)max_len / Dd + 1) * row) +
-               (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256 + /* + a fresh prefill's pages */
-               4 * 2 * 528 * (R + 2); /* + the sliced partial's parts (forward_cuda_dcp.c: < 2 x 528 blocks) */
-    }
+    if (m->tp && m->tp->dcp_size > 1) mla += lunar_cuda_dcp_step_bytes(m, T, (size_t)max_len);
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;

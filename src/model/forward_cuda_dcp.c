@@ -37,6 +37,20 @@ static void gather_on(lunar_tp *tp, const float *send, float *recv, size_t n) {
     }
 }
 
+size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T, size_t max_len) {
+    const lunar_config *c = &m->cfg;
+    const size_t D = (size_t)m->tp->dcp_size, Hm = (size_t)m->tp->mla_heads_max, nh = c->num_attention_heads;
+    const size_t R = c->kv_lora_rank, row = R + c->qk_rope_head_dim, topk = c->index_topk > 0 ? c->index_topk : 0;
+    /* lunar_cuda_dcp_mla, as it allocates: slots and counts, the absorbed queries, their padded
+     * send and gathered copies, the partials' send buffer and its all-gather (D x D parts), olat +
+     * lse, the merged rows, this rank's heads, the local top-k rows, one sequence's gathered local
+     * cache, the sliced partial's parts (< 2 DCP_PARTIAL_BLOCKS); a fresh prefill's pages, slots
+     * and table; 256-byte rounding of each allocation */
+    return 4 * (2 * T + T * nh * row + (1 + D) * T * Hm * row + (D + D * D) * T * Hm * (R + 1) + 2 * T * Hm * R +
+                T * Hm + T * nh * R + T * topk + (max_len / D + 1) * row + 2 * DCP_PARTIAL_BLOCKS * (R + 2)) +
+           (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256;
+}
+
 void lunar_cuda_dcp_store(const lunar_model *m, const lunar_cuda_dcp_layer *a) {
     const lunar_tp *tp = m->tp;
     const lunar_config *c = &m->cfg;
