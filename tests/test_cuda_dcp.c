@@ -101,15 +101,22 @@ static void run_partial(const float *q, const float *cache, int n_cache, const i
     float *dc = dev_in(cache, (size_t)n_cache * LD * sizeof(float));
     int32_t *dr = rows ? dev_in(rows, (size_t)T * stride * sizeof(int32_t)) : NULL;
     int32_t *dn = dev_in(count, (size_t)T * sizeof(int32_t));
-    float *dO = dev_poisoned((size_t)T * H * R), *dl = dev_poisoned((size_t)T * H);
-    lunar_cuda_mla_partial(dO, dl, dq, dc, dr, dn, stride, T, H, R, P, scale, NULL);
-    float *o = down(dO, (size_t)T * H * R), *l = down(dl, (size_t)T * H);
-    double e = lunar_max_rel_err(o, o_ref, (long)T * H * R);
-    CHECK_MSG(e <= 1e-5, "olat max rel err %.3g", e);
-    check_lse(l, l_ref, T * H, 1e-4);
-    for (int t = 0; t < T; t++) /* an empty set: exactly zero */
-        for (int i = 0; i < (count[t] == 0 ? H * R : 0); i++) CHECK(o[(size_t)t * H * R + i] == 0.0f);
-    free(o_ref), free(l_ref), free(o), free(l);
+    /* whole row lists, and sliced over 3 and 8 blocks (slices empty when a list is short) */
+    static const int splits[] = {1, 3, 8};
+    for (int k = 0; k < 3; k++) {
+        float *dO = dev_poisoned((size_t)T * H * R), *dl = dev_poisoned((size_t)T * H);
+        const size_t wsb = lunar_cuda_mla_partial_ws(T, H, R, splits[k]);
+        float *ws = wsb ? dev_poisoned(wsb / sizeof(float)) : NULL;
+        lunar_cuda_mla_partial_split(dO, dl, dq, dc, dr, dn, stride, T, H, R, P, scale, splits[k], ws, NULL);
+        float *o = down(dO, (size_t)T * H * R), *l = down(dl, (size_t)T * H);
+        double e = lunar_max_rel_err(o, o_ref, (long)T * H * R);
+        CHECK_MSG(e <= 1e-5, "splits %d: olat max rel err %.3g", splits[k], e);
+        check_lse(l, l_ref, T * H, 1e-4);
+        for (int t = 0; t < T; t++) /* an empty set: exactly zero */
+            for (int i = 0; i < (count[t] == 0 ? H * R : 0); i++) CHECK(o[(size_t)t * H * R + i] == 0.0f);
+        free(o), free(l);
+    }
+    free(o_ref), free(l_ref);
     lunar_cuda_release(mark);
 }
 

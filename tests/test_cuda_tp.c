@@ -95,7 +95,6 @@ static int run_lunar(const char *bin, const char *model, const char *ids, int T,
                         "--backend", "cuda", "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
                         "--master-port", "29611", "--decode-context-parallel-size", dcp ? (char *)dcp : "1",
                         (char *)ep, NULL};
-        if (dcp) setenv("LUNAR_CUDA_DCP", "1", 1); /* DCP on CUDA is opt-in (forward_cuda_tp.h) */
         execv(bin, argv);
         _exit(127);
     }
@@ -194,7 +193,7 @@ TEST(cuda_tp_matches_one_gpu) {
     tp_model(bin, "k31-a", n < 2 ? one : two, n < 2 ? 1 : 2);
 }
 
-/* Decode context parallelism on CUDA (forward_cuda_dcp.c, opt-in LUNAR_CUDA_DCP=1): TP 2 with DCP 2
+/* Decode context parallelism on CUDA (forward_cuda_dcp.c, --decode-context-parallel-size): TP 2 with DCP 2
  * (each GPU holds every other position's latent row, attends with both ranks' heads over them, the
  * partials merged by their log-sum-exp) against one GPU, under the same rule as TP: the merge
  * reorders the softmax sums (fp32) and the absorbed path runs fp32 over bf16 / FP8 rows where the
@@ -284,6 +283,74 @@ TEST(cuda_tp_dummy_lazy_shards) {
         free(ref), free(got);
         unlink(ref_path), unlink(tp_path);
     }
+}
+
+/* DCP's two device paths at Kimi-Linear-48B's MLA shapes (R 512, P 64, 32 heads: 16 a rank;
+ * dummy weights, 4 layers, the 4th MLA). The tiny models never take the first: a prompt of 80 ids
+ * is a fresh prefill, which under DCP runs one GPU's GEMM prefill kernel over the chunk's rows
+ * (every rank holds them all before storing its share: lunar_cuda_dcp_fresh_pages); the 16 decode
+ * steps after it attend over the shares through the partials, the exchange and the merge, on
+ * pages of 64 rows a block. TP 2 + DCP 2 against one GPU under the dummy rule (a wrong share, slot
+ * or page size is O(1)); the prefill rows against plain TP 2 are printed (the same kernels over the
+ * same rows: expected equal up to the collectives' run-to-run order). */
+static int run_kl48(const char *bin, const char *ids, int T, const char *out, const char *tp, const char *dcp) {
+    char dec[32];
+    snprintf(dec, sizeof dec, "%d", T);
+    fflush(stdout), fflush(stderr);
+    pid_t p = fork();
+    if (p == 0) {
+        char *argv[] = {(char *)bin, "logits", "configs/kimi-linear-48b-a3b.json", "--load-format", "dummy",
+                        "--num-layers", "4", "--ids", (char *)ids, "--decode-after", dec, "--backend", "cuda",
+                        "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
+                        "--decode-context-parallel-size", (char *)dcp, "--master-port", "29617", NULL};
+        execv(bin, argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+TEST(cuda_dcp_kl48_fresh_prefill_and_decode) {
+    char desc[256];
+    const int n = lunar_cuda_device_count(desc, sizeof desc);
+    if (n < 2) {
+        fprintf(stderr, "[skipped: %d CUDA device(s), DCP 2 needs two: %s] ", n, desc);
+        return;
+    }
+    char self[1024], bin[1100];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    LUNAR_ASSERT(k > 0);
+    self[k] = 0;
+    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    enum { N = 96, T = 80, V = 163840 };
+    char ids[N * 8], *w = ids;
+    for (int i = 0; i < N; i++) w += sprintf(w, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % V);
+    char p1[] = "/tmp/lunar-dcpk1-XXXXXX", p2[] = "/tmp/lunar-dcpk2-XXXXXX", p3[] = "/tmp/lunar-dcpk3-XXXXXX";
+    int f1 = mkstemp(p1), f2 = mkstemp(p2), f3 = mkstemp(p3);
+    LUNAR_ASSERT(f1 >= 0 && f2 >= 0 && f3 >= 0);
+    close(f1), close(f2), close(f3);
+    const int rc1 = run_kl48(bin, ids, T, p1, "1", "1"), rc2 = run_kl48(bin, ids, T, p2, "2", "1"),
+              rc3 = run_kl48(bin, ids, T, p3, "2", "2");
+    CHECK_MSG(rc1 == 0 && rc2 == 0 && rc3 == 0, "lunar logits exited %d (1 GPU), %d (TP 2), %d (TP 2 + DCP 2)", rc1,
+              rc2, rc3);
+    float *ref = rc1 == 0 ? read_npy(p1, N, V) : NULL, *tp = rc2 == 0 ? read_npy(p2, N, V) : NULL,
+          *got = rc3 == 0 ? read_npy(p3, N, V) : NULL;
+    if (ref && got) {
+        int a_pre = 0, a_dec = 0, a_tp = 0;
+        const double e_pre = cmp_rows(got, ref, T, V, &a_pre);
+        const double e_dec = cmp_rows(got + (size_t)T * V, ref + (size_t)T * V, N - T, V, &a_dec);
+        const double e_tp = tp ? cmp_rows(got, tp, T, V, &a_tp) : -1;
+        fprintf(stderr, "\n  KL48 shapes (dummy, 4 layers) TP 2+DCP 2 vs 1 GPU, median row: prefill %.1e decode %.1e, "
+                        "argmax %d/%d %d/%d; prefill vs TP 2: median %.1e, argmax %d/%d",
+                e_pre, e_dec, a_pre, T, a_dec, N - T, e_tp, a_tp, T);
+        CHECK_MSG(e_pre <= TP_REF_TOL && e_dec <= TP_REF_TOL, "prefill %.3g decode %.3g", e_pre, e_dec);
+        CHECK(a_pre >= DUMMY_ARGMAX_MIN * T && a_dec >= DUMMY_ARGMAX_MIN * (N - T));
+    } else {
+        CHECK_MSG(0, "unreadable logits (1 GPU %s, DCP %s)", ref ? "ok" : "missing", got ? "ok" : "missing");
+    }
+    free(ref), free(tp), free(got);
+    unlink(p1), unlink(p2), unlink(p3);
 }
 
 /* CUDA graphs under TP (LUNAR_TP_GRAPHS=1): the decode steps of a graph-eligible model (Kimi-

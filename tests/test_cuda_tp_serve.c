@@ -48,10 +48,10 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* lunar serve MODEL on port with tp ranks; stderr to log; the launcher's pid */
-static pid_t start_server(const char *bin, const char *model, int tp, int port, const char *log) {
-    char tps[16], ports[16], mport[16];
-    snprintf(tps, sizeof tps, "%d", tp), snprintf(ports, sizeof ports, "%d", port);
+/* lunar serve MODEL on port with tp ranks (and DCP dcp); stderr to log; the launcher's pid */
+static pid_t start_server(const char *bin, const char *model, int tp, int dcp, int port, const char *log) {
+    char tps[16], dcps[16], ports[16], mport[16];
+    snprintf(tps, sizeof tps, "%d", tp), snprintf(dcps, sizeof dcps, "%d", dcp), snprintf(ports, sizeof ports, "%d", port);
     snprintf(mport, sizeof mport, "%d", port + 1);
     fflush(stdout), fflush(stderr);
     pid_t p = fork();
@@ -60,7 +60,8 @@ static pid_t start_server(const char *bin, const char *model, int tp, int port, 
         if (fd >= 0) dup2(fd, 2), dup2(fd, 1);
         char *argv[] = {(char *)bin, "serve", (char *)model, "--tokenizer", "models/kimi-linear-tiny", "--backend",
                         "cuda", "--port", ports, "--host", "127.0.0.1", "--tensor-parallel-size", tps,
-                        "--master-port", mport, "--max-num-seqs", "8", "--max-num-batched-tokens", "256",
+                        "--decode-context-parallel-size", dcps, "--master-port", mport, "--max-num-seqs", "8",
+                        "--max-num-batched-tokens", "256",
                         "--max-model-len", "1024", "--sampling-guard", "off", "--quiet", NULL};
         execv(bin, argv);
         _exit(127);
@@ -146,14 +147,14 @@ static void *client(void *arg) {
 
 /* Every request's answer from a server of tp ranks; NULL answers for failed requests. Returns the
  * launcher's pid still running (the caller stops it), or -1 when it did not come up. */
-static pid_t run_server(const char *bin, const char *model, int tp, int port, const char *log,
+static pid_t run_server(const char *bin, const char *model, int tp, int dcp, int port, const char *log,
                         const char *const *bodies, char **answers) {
     lunar_url u;
     char url[64];
     lunar_err err;
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     LUNAR_ASSERT(lunar_url_parse(url, &u, &err) == 0);
-    pid_t p = start_server(bin, model, tp, port, log);
+    pid_t p = start_server(bin, model, tp, dcp, port, log);
     if (wait_ready(p, &u, 180)) {
         print_log(log);
         kill(p, SIGKILL), waitpid(p, NULL, 0);
@@ -204,7 +205,8 @@ static int children(pid_t p, pid_t *out, int cap) {
     return n;
 }
 
-static void serve_model(const char *bin, const char *model, int port) {
+/* dcp: the TP 2 server's --decode-context-parallel-size (1 or 2) */
+static void serve_model(const char *bin, const char *model, int port, int dcp) {
     char cfg_path[512];
     lunar_config cfg;
     lunar_err err;
@@ -235,12 +237,12 @@ static void serve_model(const char *bin, const char *model, int port) {
     LUNAR_ASSERT(f1 >= 0 && f2 >= 0);
     close(f1), close(f2);
     const double t0 = now_s();
-    pid_t p1 = run_server(bin, model, 1, port, log1, (const char *const *)bodies, ref);
+    pid_t p1 = run_server(bin, model, 1, 1, port, log1, (const char *const *)bodies, ref);
     CHECK_MSG(p1 > 0, "%s: the one-GPU server did not come up", model);
     if (p1 > 0) kill(p1, SIGTERM), wait_exit(p1, 60);
     const double t1 = now_s();
-    pid_t p2 = p1 > 0 ? run_server(bin, model, 2, port, log2, (const char *const *)bodies, got) : -1;
-    CHECK_MSG(p1 <= 0 || p2 > 0, "%s: the TP 2 server did not come up", model);
+    pid_t p2 = p1 > 0 ? run_server(bin, model, 2, dcp, port, log2, (const char *const *)bodies, got) : -1;
+    CHECK_MSG(p1 <= 0 || p2 > 0, "%s: the TP 2 (DCP %d) server did not come up", model, dcp);
     const double t2 = now_s();
     int diverged = 0, failed = 0, tokens = 0;
     for (int i = 0; i < N_REQ && p2 > 0; i++) {
@@ -273,8 +275,8 @@ static void serve_model(const char *bin, const char *model, int port) {
         json_decref(a), json_decref(b);
     }
     const int allowed = (int)(DIVERGED_MAX * N_REQ) > 2 ? (int)(DIVERGED_MAX * N_REQ) : 2;
-    fprintf(stderr, "\n  %-24s TP 2 vs 1 GPU: %d requests, %d tokens, %d diverged, %d failed (serve 1 GPU %.1f s, TP 2 %.1f s)",
-            model, N_REQ, tokens, diverged, failed, t1 - t0, t2 - t1);
+    fprintf(stderr, "\n  %-24s TP 2%s vs 1 GPU: %d requests, %d tokens, %d diverged, %d failed (serve 1 GPU %.1f s, TP 2 %.1f s)",
+            model, dcp > 1 ? " + DCP 2" : "", N_REQ, tokens, diverged, failed, t1 - t0, t2 - t1);
     CHECK_MSG(failed == 0, "%s: %d requests failed", model, failed);
     CHECK_MSG(diverged <= allowed, "%s: %d of %d completions diverged (at most %d may)", model, diverged, N_REQ, allowed);
     if (p2 > 0) { /* a clean stop of every rank */
@@ -299,7 +301,7 @@ static void follower_dies(const char *bin, const char *model, int port) {
     lunar_err err;
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     LUNAR_ASSERT(lunar_url_parse(url, &u, &err) == 0);
-    pid_t p = start_server(bin, model, 2, port, log);
+    pid_t p = start_server(bin, model, 2, 1, port, log);
     if (wait_ready(p, &u, 180)) {
         CHECK_MSG(0, "%s: the TP 2 server did not come up", model);
         print_log(log);
@@ -321,23 +323,42 @@ static void follower_dies(const char *bin, const char *model, int port) {
     unlink(log);
 }
 
-TEST(cuda_tp_serve_matches_one_gpu) {
+/* the lunar binary beside this test binary, or 0 (skipped: fewer than two GPUs) */
+static int lunar_bin(char *bin, size_t cap) {
     char desc[256];
     const int n = lunar_cuda_device_count(desc, sizeof desc);
     if (n < 2) {
         fprintf(stderr, "[skipped: %d CUDA device(s), TP 2 needs two: %s] ", n, desc);
-        return;
+        return 0;
     }
-    char self[1024], bin[1100];
+    char self[1024];
     ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
     LUNAR_ASSERT(k > 0);
     self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    snprintf(bin, cap, "%s/lunar", dirname(self));
     CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
+    return 1;
+}
+
+TEST(cuda_tp_serve_matches_one_gpu) {
+    char bin[1100];
+    if (!lunar_bin(bin, sizeof bin)) return;
     /* Kimi-Linear (KDA states: clear / copy on every rank, MLA, MoE) and K3.1 (DSA index cache) */
-    serve_model(bin, "models/kimi-linear-tiny", 29721);
-    serve_model(bin, "tests/golden/k31-a", 29731);
+    serve_model(bin, "models/kimi-linear-tiny", 29721, 1);
+    serve_model(bin, "tests/golden/k31-a", 29731, 1);
     follower_dies(bin, "models/kimi-linear-tiny", 29741);
+}
+
+/* The same stress pattern with decode context parallelism (TP 2 + DCP 2, issue 10): each rank
+ * holds every other position's latent rows (pages of 64 rows per 128-position block), so a wrong
+ * local slot, block table or merge breaks most completions; chunked prefills (pos0 > 0) and
+ * decode steps take the partial + exchange path, fresh prefills of 64+ tokens the local one.
+ * The rule is TP's (the merge reorders fp32 softmax sums on top of the all-reduces). */
+TEST(cuda_dcp_serve_tp2_matches_one_gpu) {
+    char bin[1100];
+    if (!lunar_bin(bin, sizeof bin)) return;
+    serve_model(bin, "models/kimi-linear-tiny", 29751, 2);
+    serve_model(bin, "tests/golden/k31-a", 29761, 2);
 }
 
 #endif

@@ -5,8 +5,10 @@
  *  - the staged DCP attention ops: partials over a round-robin split of the cache, merged by
  *    log-sum-exp, equal the absorbed op over the whole cache;
  *  - every tiny golden model (Kimi-Linear with K2 MoE, K3 with latent MoE + AttnRes, K3.1 with the
- *    DSA indexer): prefill + decode steps at TP 2/4/8, TP 2/4 with expert parallelism, and DCP 2/4
- *    (also TP 4 x DCP 2) give the logits of the single-rank forward, and every rank the same bits.
+ *    DSA indexer): prefill + decode steps at TP 2/4/8, TP 2/4 with expert parallelism, and every
+ *    DCP size that divides the TP size (TP 2 x DCP 2; TP 4 x DCP 2, 4; TP 8 x DCP 2, 4, 8: DCP
+ *    groups of ranks [g D, g D + D), token t on DCP rank t % D) give the logits of the single-rank
+ *    forward, and every rank the same bits.
  * The goldens have 1-5 heads: splits are uneven (and at TP 8 some ranks hold no head of a layer),
  * which the sharding supports by design, so no special model is needed.
  * Tolerance 2e-5 relative to the largest |logit|: each all-reduce sums fp32 partial dot products in
@@ -302,8 +304,9 @@ static void check_model(const char *name) {
     float *want = malloc(n * sizeof(float));
     CHECK(run_seq(full, ids, T, nd, want, &err) == 0);
 
-    const lunar_tp_opts cases[] = {{2, 1, 0}, {4, 1, 0}, {8, 1, 0}, {2, 1, 1}, {4, 1, 1},
-                                   {2, 2, 0}, {4, 4, 0}, {4, 2, 0}};
+    /* every (TP, DCP) pair of TP 2, 4, 8 with DCP dividing it (DCP 1 = TP alone), and EP at TP 2, 4 */
+    const lunar_tp_opts cases[] = {{2, 1, 0}, {4, 1, 0}, {8, 1, 0}, {2, 1, 1}, {4, 1, 1}, {2, 2, 0},
+                                   {4, 2, 0}, {4, 4, 0}, {8, 2, 0}, {8, 4, 0}, {8, 8, 0}};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         lunar_tp_opts o = cases[k];
         if (o.dcp > 1 && full->cfg.n_mla_layers == 0) continue;

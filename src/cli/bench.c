@@ -45,8 +45,9 @@ static const char *USAGE =
     "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--enforce-eager]\n"
     "         [--json FILE] [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
     "         [--kda-state-dtype fp32|fp16]\n"
-    "         [--tensor-parallel-size N [--enable-expert-parallel] [--master-port P]]  (--backend cuda: one rank\n"
-    "         process per GPU, rank 0 reports per-rank figures; the all-reduces are real)\n"
+    "         [--tensor-parallel-size N [--decode-context-parallel-size N] [--enable-expert-parallel]\n"
+    "          [--master-port P]]  (--backend cuda: one rank process per GPU, rank 0 reports per-rank figures;\n"
+    "         the collectives are real; DCP on CUDA: equal to the TP size)\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
 
 #define MAX_LIST 32
@@ -62,6 +63,7 @@ typedef struct bench_opts {
     int state_fp16; /* --kda-state-dtype fp16: fp16 KDA states (CUDA: 2 bytes per element; CPU: emulated) */
     double bw_gbs, peak_tflops;
     long tp, master_port; /* CUDA tensor parallelism: rank processes */
+    long dcp;             /* --decode-context-parallel-size: the latent cache sharded over the TP ranks */
     int ep;
 } bench_opts;
 
@@ -109,6 +111,7 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
         else if (strcmp(a, "--warmup-iters") == 0) { if (lunar_parse_int(a, v, 0, 100, &o->warmup, err)) return -1; }
         else if (strcmp(a, "--prefill-chunk") == 0) { if (lunar_parse_int(a, v, 0, 1 << 24, &o->chunk, err)) return -1; }
         else if (strcmp(a, "--tensor-parallel-size") == 0 || strcmp(a, "-tp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->tp, err)) return -1; }
+        else if (strcmp(a, "--decode-context-parallel-size") == 0 || strcmp(a, "-dcp") == 0) { if (lunar_parse_int(a, v, 1, 1024, &o->dcp, err)) return -1; }
         else if (strcmp(a, "--master-port") == 0) { if (lunar_parse_int(a, v, 1, 65535, &o->master_port, err)) return -1; }
         else if (strcmp(a, "--project-layers") == 0) { if (lunar_parse_int(a, v, 1, 4096, &o->project, err)) return -1; }
         else if (strcmp(a, "--bandwidth-gbs") == 0) { if (lunar_parse_float(a, v, 1e-3, 1e6, &o->bw_gbs, err)) return -1; }
@@ -120,6 +123,11 @@ static int parse(int argc, char **argv, bench_opts *o, lunar_err *err) {
         }
     }
     if (!o->model) return lunar_fail(err, "missing MODEL (a model directory, or a config with --load-format dummy)");
+    if (o->dcp < 1) o->dcp = 1;
+    const long tp = o->tp > 1 ? o->tp : 1;
+    if (o->dcp > tp || tp % o->dcp != 0) /* the config's checks (an MLA layer) follow at the load */
+        return lunar_fail(err, "--decode-context-parallel-size %ld must divide --tensor-parallel-size %ld (DCP "
+                               "shards the latent cache over the TP ranks)", o->dcp, tp);
     if (lunar_parse_ids(in, &o->in_lens, &o->n_in, err) || lunar_parse_ids(bs, &o->batches, &o->n_b, err) ||
         lunar_parse_ids(ctx, &o->contexts, &o->n_ctx, err))
         return lunar_fail_prefix(err, "--input-lens/--batch-sizes/--contexts: "), -1;
@@ -402,7 +410,7 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
     if (lunar_model_load_ex(&m, o->model, &lo, err)) return -1;
     runner r = {.m = m, .cuda = cuda, .kv_fp8 = o->kv_fp8, .state_fp16 = o->state_fp16};
     if (tp_rank.on) { /* this rank's shards (lazy dummy tensors stay lazy: model/dummy.h's windows) */
-        const lunar_tp_opts t = {tp_rank.ri.world, 1, o->ep};
+        const lunar_tp_opts t = {tp_rank.ri.world, (int)o->dcp, o->ep};
         if (!tp_rank.comm && (lunar_tp_check(&m->cfg, &t, err) ||
                               lunar_comm_nccl_init(&tp_rank.comm, tp_rank.ri.id, tp_rank.ri.rank, tp_rank.ri.world,
                                                    tp_rank.ri.local_rank, err) ||
@@ -410,7 +418,8 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
             lunar_model_free(m);
             return -1;
         }
-        if (lunar_shard_model(&rank_m, m, &t, tp_rank.ri.rank, tp_rank.comm, NULL, err) ||
+        /* DCP = TP (lunar_cuda_tp_check refuses a smaller group): the TP comm is the DCP group */
+        if (lunar_shard_model(&rank_m, m, &t, tp_rank.ri.rank, tp_rank.comm, t.dcp > 1 ? tp_rank.comm : NULL, err) ||
             lunar_cuda_tp_check(rank_m, err)) {
             lunar_model_free(rank_m);
             lunar_model_free(m);
@@ -547,8 +556,8 @@ static int bench_body(bench_opts o) {
     if (o.load.tp_slice > 1) printf("  (one rank of TP %d%s)\n", o.load.tp_slice,
                                     tp_rank.on ? "" : ": no all-reduce modelled");
     if (tp_rank.on)
-        printf("tensor parallel %d%s: rank 0's figures (its shards, its floor); the all-reduces are real\n",
-               tp_rank.ri.world, o.ep ? " + expert parallel" : "");
+        printf("tensor parallel %d%s%s: rank 0's figures (its shards, its floor); the collectives are real\n",
+               tp_rank.ri.world, o.ep ? " + expert parallel" : "", o.dcp > 1 ? " + decode context parallel" : "");
     printf("bandwidth %.4g GB/s (%s); peak %.4g TFLOPS (%s)\n", full.bw, full.bw_src, full.peak, full.peak_src);
     if (o.project) printf("projected to %ld layers from runs at %d and %d layers (linear in depth)\n", o.project, full.layers, Lh);
     json_t *jpre = json_array(), *jdec = json_array();
@@ -582,8 +591,8 @@ static int bench_body(bench_opts o) {
             continue;
         }
         lunar_model view = {.cfg = *c}; /* the byte count needs the config and the stored sizes only */
-        const double by = lunar_decode_bytes_st(&view, &full.wb, d->B, d->ctx, full.kv_elem,
-                                                o.state_fp16 && full.kv_elem < 4 ? 2 : 4);
+        const double by = lunar_decode_bytes_dcp(&view, &full.wb, d->B, d->ctx, full.kv_elem,
+                                                 o.state_fp16 && full.kv_elem < 4 ? 2 : 4, (int)o.dcp);
         const double floor = full.bw > 0 ? by / (full.bw * 1e9) : 0;
         printf("          %5d  %7d  %8.3f  %9.1f  %8.1f  %8.3f  %9.1f%%", d->B, d->ctx, 1e3 * d->s, d->B / d->s, by / 1e6,
                1e3 * floor, 100 * floor / d->s);
@@ -639,6 +648,7 @@ static int bench_body(bench_opts o) {
                                  "peak_source", full.peak_src, "decode_steps", (int)o.steps, "prefill", jpre,
                                  "decode", jdec, "profile_ms", jprof);
         json_object_set_new(root, "tensor_parallel_size", json_integer(tp_rank.on ? tp_rank.ri.world : 1));
+        json_object_set_new(root, "decode_context_parallel_size", json_integer(o.dcp));
         if (o.project) {
             json_object_set_new(root, "projected_layers", json_integer(o.project));
             json_object_set_new(root, "projection_depths", json_pack("[i,i]", full.layers, Lh));

@@ -51,6 +51,11 @@ double lunar_decode_bytes(const lunar_model *m, const lunar_weight_bytes *w, int
 
 double lunar_decode_bytes_st(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx, int kv_elem,
                              int state_elem) {
+    return lunar_decode_bytes_dcp(m, w, B, ctx, kv_elem, state_elem, 1);
+}
+
+double lunar_decode_bytes_dcp(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx, int kv_elem,
+                              int state_elem, int dcp) {
     const lunar_config *c = &m->cfg;
     double bytes = w->dense + B * w->embed_row +
                    w->n_moe * lunar_experts_touched(c->num_experts, c->num_experts_per_token, B) * w->per_expert;
@@ -59,11 +64,12 @@ double lunar_decode_bytes_st(const lunar_model *m, const lunar_weight_bytes *w, 
     double per_seq = 0;
     if (c->index_topk > 0) {
         const int64_t sel = len < c->index_topk ? len : c->index_topk;
-        per_seq += c->n_mla_layers * (sel * row + len * (c->index_head_dim + 4.0) + c->index_head_dim + 4.0);
+        per_seq += c->n_mla_layers * ((double)((sel + dcp - 1) / dcp) * row + len * (c->index_head_dim + 4.0) +
+                                      c->index_head_dim + 4.0);
     } else {
-        per_seq += c->n_mla_layers * (double)len * row;
+        per_seq += c->n_mla_layers * (double)((len + dcp - 1) / dcp) * row;
     }
-    per_seq += c->n_mla_layers * row; /* the new latent row written */
+    per_seq += c->n_mla_layers * row / dcp; /* the new latent row written (by one rank of dcp) */
     const double HD = (double)c->kda_num_heads * c->kda_head_dim;
     const double state = (double)c->kda_num_heads * c->kda_head_dim * c->kda_head_dim * state_elem;
     const double conv = 3 * HD * (c->kda_conv_size - 1) * 4;

@@ -30,6 +30,10 @@ double lunar_decode_bytes(const lunar_model *m, const lunar_weight_bytes *w, int
 /* The same with state_elem bytes per stored KDA state value (4 fp32, 2 the fp16 state option). */
 double lunar_decode_bytes_st(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx, int kv_elem,
                              int state_elem);
+/* The same on one rank of a decode-context-parallel group of dcp: it reads and writes the latent
+ * rows of its positions only (every dcp-th: ceil of 1/dcp of them); the index keys stay whole. */
+double lunar_decode_bytes_dcp(const lunar_model *m, const lunar_weight_bytes *w, int B, int64_t ctx, int kv_elem,
+                              int state_elem, int dcp);
 
 /* FLOPs of a prefill of n tokens from empty caches: 2 x active weights per token (the lm_head
  * for the last token only), causal MLA attention (or DSA: top-k keys plus the indexer's scoring of

@@ -144,12 +144,8 @@ static int runner_init(runner *r, lunar_backend_kind be, const lunar_model *m, c
         if (lunar_tp_check(&m->cfg, &t, err) ||
             lunar_comm_nccl_init(&r->comm, ri->id, ri->rank, ri->world, ri->local_rank, err))
             return -1;
-        if (t.dcp > 1 && t.dcp != t.tp) {
-            lunar_comm_free(r->comm);
-            return lunar_fail(err, "--decode-context-parallel-size %d with --backend cuda: only equal to "
-                                   "--tensor-parallel-size %d for now", t.dcp, t.tp);
-        }
-        /* DCP = TP: the TP comm is the DCP group (ranks [0, tp), DCP rank = rank) */
+        /* DCP = TP (lunar_cuda_tp_check refuses a smaller group): the TP comm is the DCP group
+         * (ranks [0, tp), DCP rank = rank) */
         if (lunar_cuda_rank_init(ri->local_rank, 0.9, err) ||
             lunar_shard_model(&r->rank_m, m, &t, ri->rank, r->comm, t.dcp > 1 ? r->comm : NULL, err) ||
             lunar_cuda_tp_check(r->rank_m, err)) {
@@ -366,7 +362,7 @@ static const char GENERATE_USAGE[] =
     "       " LUNAR_LOAD_OPTIONS_USAGE "\n"
     "       [--tensor-parallel-size N [--decode-context-parallel-size D] "
     "[--enable-expert-parallel] [--master-port P]]  (CPU: N rank threads; CUDA: N rank "
-    "processes, one per GPU, no DCP)\n";
+    "processes, one per GPU; CUDA DCP: D = N)\n";
 
 /* `lunar logits` and `lunar generate`: parse, load, run (one process, or N rank processes) */
 static int run_command(int argc, char **argv, int generate) {

@@ -238,7 +238,6 @@ static int cuda_tp(const serve_opts *o) {
 
 static int serve(serve_job *j, lunar_err *err) {
     if (!cuda_tp(j->o)) return serve_body(j, NULL, err);
-    if (j->o->dcp > 1) return lunar_fail(err, "--decode-context-parallel-size runs on the CPU backend only for now");
     j->world = (int)j->o->tp;
     if (j->world > 1024) return lunar_fail(err, "--tensor-parallel-size %d: too many ranks for one node", j->world);
     j->sv = lunar_xcalloc((size_t)j->world, sizeof *j->sv);

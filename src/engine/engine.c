@@ -172,10 +172,13 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
                                o->decode_context_parallel_size > 1 ? o->decode_context_parallel_size : 1,
                                o->enable_expert_parallel};
     const int use_tp = tpo.tp > 1 || tpo.dcp > 1 || tpo.ep;
-    if (use_tp && be == LUNAR_BACKEND_CUDA && (!o->tp_link || tpo.dcp > 1)) {
-        lunar_fail(err, tpo.dcp > 1 ? "--decode-context-parallel-size runs on the CPU backend only for now"
-                                    : "tensor / expert parallelism on CUDA runs as one process per GPU: "
-                                      "`lunar serve --backend cuda --tensor-parallel-size N` starts them");
+    if (use_tp && be == LUNAR_BACKEND_CUDA && !o->tp_link) {
+        if (tpo.dcp > 1 && tpo.tp == 1)
+            lunar_fail(err, "--decode-context-parallel-size %d needs --tensor-parallel-size >= %d (DCP reuses the TP "
+                            "ranks, one process per GPU)", tpo.dcp, tpo.dcp);
+        else
+            lunar_fail(err, "tensor / expert / decode context parallelism on CUDA runs as one process per GPU: "
+                            "`lunar serve --backend cuda --tensor-parallel-size N` starts them");
         goto fail;
     }
     if (be == LUNAR_BACKEND_CUDA) {
@@ -217,8 +220,14 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
             if (prc) goto fail;
         }
         if (lunar_cuda_caches_init_kv(&e->gc, dm, n_blocks, o->max_num_seqs + n_ckpt, cflags, err)) goto fail;
-        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks (%s latent) + %d state slots (%s), step reserve %.2f GiB%s\n",
-                lunar_cuda_device_line(), lunar_cuda_model_bytes(dm) / 1073741824.0, n_blocks, fp8 ? "fp8" : "bf16",
+        /* under DCP a block of 128 positions costs a rank 128 / D latent rows: D times the blocks */
+        char dcp_note[96] = "";
+        if (tpo.dcp > 1)
+            snprintf(dcp_note, sizeof dcp_note, ", DCP %d: %d latent rows per block and rank", tpo.dcp,
+                     LUNAR_BLOCK_SIZE / tpo.dcp);
+        fprintf(stderr, "lunar: CUDA %s: weights %.2f GiB, caches %d blocks = %lld tokens (%s latent%s) + %d state slots (%s), step reserve %.2f GiB%s\n",
+                lunar_cuda_device_line(), lunar_cuda_model_bytes(dm) / 1073741824.0, n_blocks,
+                (long long)n_blocks * LUNAR_BLOCK_SIZE, fp8 ? "fp8" : "bf16", dcp_note,
                 o->max_num_seqs + n_ckpt, o->kda_state_fp16 ? "fp16" : "fp32", step / 1073741824.0, l ? " (rank 0; each rank alike)" : "");
     } else {
         const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;

@@ -11,14 +11,17 @@
 int lunar_cuda_rank_open(lunar_cuda_rank *r, const lunar_model *full, const lunar_engine_options *o,
                          const lunar_tp_link *l, lunar_err *err) {
     memset(r, 0, sizeof *r);
-    const lunar_tp_opts t = {l->world, 1, o->enable_expert_parallel};
+    const int dcp = o->decode_context_parallel_size > 1 ? o->decode_context_parallel_size : 1;
+    const lunar_tp_opts t = {l->world, dcp, o->enable_expert_parallel};
     const double util = o->gpu_memory_utilization > 0 ? o->gpu_memory_utilization : 0.9;
     /* the comm first: NCCL takes its buffers outside the arena, which then takes what is left */
     if (lunar_tp_check(&full->cfg, &t, err) ||
         lunar_comm_nccl_init(&r->comm, l->id, l->rank, l->world, l->local_rank, err))
         return -1;
     if (lunar_cuda_rank_init(l->local_rank, util, err) ||
-        lunar_shard_model(&r->rank_m, full, &t, l->rank, r->comm, NULL, err) || lunar_cuda_tp_check(r->rank_m, err) ||
+        /* DCP = TP (lunar_cuda_tp_check refuses a smaller group): the TP comm is the DCP group */
+        lunar_shard_model(&r->rank_m, full, &t, l->rank, r->comm, dcp > 1 ? r->comm : NULL, err) ||
+        lunar_cuda_tp_check(r->rank_m, err) ||
         lunar_cuda_model_upload(&r->gpu, r->rank_m, err)) {
         lunar_cuda_rank_close(r);
         return -1;

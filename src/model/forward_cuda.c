@@ -630,11 +630,17 @@ const char *lunar_cuda_device_line(void) { return lunar_cuda_describe(); }
 
 size_t lunar_cuda_block_bytes(const lunar_model *m) { return lunar_cuda_block_bytes_kv(m, 0); }
 
+/* latent rows a block of 128 positions takes on this rank: 1/D of them under DCP */
+static int latent_rows_of(const lunar_model *m) {
+    return m->tp && m->tp->dcp_size > 1 ? LUNAR_BLOCK_SIZE / m->tp->dcp_size : LUNAR_BLOCK_SIZE;
+}
+
 size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) {
     const lunar_config *k = &m->cfg;
     const size_t row = (size_t)k->kv_lora_rank + k->qk_rope_head_dim;
     const size_t idx = k->index_topk > 0 ? (size_t)k->index_head_dim + 4 : 0;
-    return (size_t)k->n_mla_layers * LUNAR_BLOCK_SIZE * (row * (latent_fp8 ? 1 : 2) + idx);
+    return (size_t)k->n_mla_layers *
+           ((size_t)latent_rows_of(m) * row * (latent_fp8 ? 1 : 2) + (size_t)LUNAR_BLOCK_SIZE * idx);
 }
 
 size_t lunar_cuda_slot_bytes(const lunar_model *m) { return lunar_cuda_slot_bytes_st(m, 0); }
@@ -675,6 +681,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
         mla += (a > f ? a : f) + 256;
     }
     mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
+    if (m->tp && m->tp->dcp_size > 1) mla += lunar_cuda_dcp_step_bytes(m, T, (size_t)max_len);
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
@@ -706,14 +713,16 @@ int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_
     c->n_mla = k->n_mla_layers, c->n_kda = k->n_kda_layers;
     c->row = k->kv_lora_rank + k->qk_rope_head_dim;
     c->idx_dim = k->index_topk > 0 ? k->index_head_dim : 0;
-    const size_t toks = (size_t)c->n_mla * n_blocks * LUNAR_BLOCK_SIZE;
+    const size_t toks = (size_t)c->n_mla * n_blocks * LUNAR_BLOCK_SIZE; /* index keys: every position */
+    c->latent_rows = latent_rows_of(m);
+    const size_t lat_rows = (size_t)c->n_mla * n_blocks * c->latent_rows;
     const int HD = k->kda_num_heads * k->kda_head_dim;
     c->conv_len = (size_t)3 * HD * (k->kda_conv_size - 1);
     c->state_len = (size_t)k->kda_num_heads * k->kda_head_dim * k->kda_head_dim;
     c->latent_fp8 = (flags & LUNAR_CUDA_CACHE_FP8_LATENT) != 0;
     c->state_fp16 = (flags & LUNAR_CUDA_CACHE_FP16_STATE) != 0;
     const size_t state_bytes = (size_t)n_slots * c->n_kda * c->state_len * (c->state_fp16 ? 2 : 4) + 4;
-    const size_t latent_bytes = toks * c->row * (c->latent_fp8 ? 1 : 2) + 4;
+    const size_t latent_bytes = lat_rows * c->row * (c->latent_fp8 ? 1 : 2) + 4;
     c->latent = lunar_cuda_alloc(latent_bytes);
     c->idx_codes = lunar_cuda_alloc(toks * (size_t)c->idx_dim + 4);
     c->idx_scales = lunar_cuda_alloc((c->idx_dim ? toks * 4 : 0) + 4); /* only with an indexer, as
@@ -1032,7 +1041,7 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         mm_b(kvr, hb, &w->kva, n, NULL);
     const size_t layer_toks = (size_t)kv->n_blocks * LUNAR_BLOCK_SIZE;
     const int fp8 = kv->latent_fp8, dcp = gm->m->tp && gm->m->tp->dcp_size > 1; /* DCP: stored below */
-    void *latent = (char *)kv->latent + (size_t)ki * layer_toks * row * (fp8 ? 1 : 2);
+    void *latent = (char *)kv->latent + (size_t)ki * kv->n_blocks * kv->latent_rows * row * (fp8 ? 1 : 2);
     if (!dcp) lunar_glue_latent_store(latent, fp8, kvr, w->kva_norm, b->slots, n, R, P, MLA_LATENT_NORM_EPS, NULL);
 
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
@@ -1065,12 +1074,6 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_cuda_dsa_topk(idx, NULL, scores, b->max_len, b->lens, n, topk, NULL);
         cp_end(LUNAR_PROF_DSA, t0);
     }
-    if (dcp) { /* TP hook: the latent rows sharded over the DCP group (forward_cuda_tp.h) */
-        lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, kv->n_blocks, latent, fp8, kvr,
-                                  w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
-        lunar_cuda_dcp_mla(gm->m, &a, o);
-        goto out_proj;
-    }
     /* LUNAR_MLA_PREFILL: unset = the decompressed flash prefill (cuda_mla_flash.cu) where it
      * applies, =absorbed: the absorbed GEMM prefill (cuda_mla_prefill.cu), =kernel: the row
      * kernel for prefill too */
@@ -1079,15 +1082,31 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         const char *e = getenv("LUNAR_MLA_PREFILL");
         prefill_mode = e && strcmp(e, "absorbed") == 0 ? 1 : e && strcmp(e, "kernel") == 0 ? 2 : 0;
     }
+    /* the one-sequence prefill through the flash or GEMM kernels (below), over the pages of table bt */
+    const int prefill_gemm = R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN &&
+                             prefill_mode != 2;
+    const int32_t *bt = b->bt;
+    if (dcp) { /* TP hook: the latent rows sharded over the DCP group (forward_cuda_tp.h) */
+        lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, kv->n_blocks, latent, fp8, kvr,
+                                  w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
+        if (!(prefill_gemm && b->seqs[0].pos0 == 0)) {
+            lunar_cuda_dcp_mla(gm->m, &a, o);
+            goto out_proj;
+        }
+        /* a fresh prefill: this rank's rows stored, then one GPU's prefill over the whole chunk */
+        lunar_cuda_dcp_store(gm->m, &a);
+        int32_t *fresh_bt;
+        latent = lunar_cuda_dcp_fresh_pages(&a, R, P, &fresh_bt);
+        bt = fresh_bt;
+    }
     const float scale = 1.0f / sqrtf((float)qk);
-    if (prefill_mode == 0 && R == 512 && P == 64 && N == 128 && Vd == 128 && topk <= 0 && b->n_seqs == 1 &&
-        n >= MLA_PREFILL_GEMM_MIN) {
+    if (prefill_mode == 0 && prefill_gemm && N == 128 && Vd == 128) {
         /* decompressed: k = [W_UK c | k_pe], v = W_UV c per head; 2 * (192 + 128) flops per
          * (query, head, key) instead of the absorbed form's 2 * (576 + 512), no (un)absorption */
         t0 = cp_begin();
         const int pos0 = b->seqs[0].pos0;
         void *ws = dalloc(lunar_glue_mla_flash_ws(n, nh, pos0 + n, 0));
-        lunar_glue_mla_flash(o, q, w->kvb.p, latent, fp8, b->bt, LUNAR_BLOCK_SIZE, pos0, n, nh, scale, 0, ws, NULL);
+        lunar_glue_mla_flash(o, q, w->kvb.p, latent, fp8, bt, LUNAR_BLOCK_SIZE, pos0, n, nh, scale, 0, ws, NULL);
         cp_end(LUNAR_PROF_MLA_ATTN, t0);
         goto out_proj;
     }
@@ -1110,9 +1129,9 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         lunar_glue_mla_absorb(q_lat, q_pe, q, w->kvb.p, n, nh, N, P, Vd, R, NULL);
     cp_end(LUNAR_PROF_MLA_ABSORB, t0);
     t0 = cp_begin();
-    if (R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN && prefill_mode != 2) {
+    if (prefill_gemm) {
         void *ws = dalloc(lunar_glue_mla_prefill_ws(n, nh, b->seqs[0].pos0 + n));
-        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, fp8, b->bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
+        lunar_glue_mla_prefill(o_lat, q_lat, q_pe, latent, fp8, bt, LUNAR_BLOCK_SIZE, b->seqs[0].pos0, n, nh, scale,
                                ws, NULL);
     } else if (R == 512 && P == 64) {
         lunar_cuda_mla_cache cd = {latent, fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16, 1.0f, b->bt, b->max_blocks};
@@ -1462,16 +1481,18 @@ int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,
  * cuBLASLt plans, shared-memory attributes), its second is captured and replayed. */
 
 /* Tensor parallelism's steps have no host round trip (forward_cuda_tp.h) and NCCL kernels can be
- * captured, but every rank must capture and replay the same collectives in the same order: opt-in
- * (LUNAR_TP_GRAPHS=1) until measured on the device. */
+ * captured; every rank captures and replays the same collectives in the same order, as all run
+ * the same steps. On by default since session 3 measured them on two H200s (bitwise equal to eager,
+ * graphs_tp_cuda_match_eager; KL48 TP 2 B=1 4.06 vs 5.22 ms eager); LUNAR_TP_GRAPHS=0 (or
+ * LUNAR_CUDA_GRAPHS=0, bench's --enforce-eager) turns them off. */
 static int tp_graphs_on(void) {
     static int on = -1;
-    if (on < 0) on = getenv("LUNAR_TP_GRAPHS") && atoi(getenv("LUNAR_TP_GRAPHS")) > 0;
+    if (on < 0) on = !(getenv("LUNAR_TP_GRAPHS") && atoi(getenv("LUNAR_TP_GRAPHS")) <= 0);
     return on;
 }
 
 /* Can this step be captured? Everything with a host round trip or host-side per-sequence pointers
- * stays eager: profiling (its regions synchronise), tensor parallelism unless opted in (above),
+ * stays eager: profiling (its regions synchronise), tensor parallelism with LUNAR_TP_GRAPHS=0 (above),
  * the generic MoE (routing downloaded to the host), the generic KDA decode (head size other than
  * 128: per-sequence state pointers). AttnRes reads its candidates from the step's input block. */
 static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {

@@ -40,7 +40,8 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
 /* Decode steps (one token per sequence) as CUDA graphs, captured per batch size and context bucket
  * on a key's second step and replayed after (forward_cuda.c, "decode graphs"); on by default,
  * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host
- * round trip (generic MoE, tensor parallelism, AttnRes, profiling) always run eagerly. */
+ * round trip (generic MoE, decode context parallelism, profiling) always run eagerly; tensor
+ * parallelism's steps are captured too (NCCL inside) unless LUNAR_TP_GRAPHS=0. */
 int lunar_cuda_model_graphs(lunar_cuda_model *g, int on);
 /* graphs captured, steps replayed, the last capture's node count (launches per step), and the
  * host seconds spent capturing and instantiating (each may be NULL) */
@@ -48,8 +49,9 @@ void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, lon
                                   double *capture_s);
 
 /* Sizes for planning device memory: the uploaded weights; one cache block of 128 tokens over all
- * MLA layers (bf16 latent + index keys; _kv: an FP8 latent when latent_fp8); one KDA state slot; an upper bound of one step's
- * temporaries for max_tokens tokens, max_rows logits rows and contexts up to max_len. */
+ * MLA layers (bf16 latent + index keys; _kv: an FP8 latent when latent_fp8; on a DCP rank of a
+ * group of D, 128 / D latent rows and 128 index keys); one KDA state slot; an upper bound of one
+ * step's temporaries for max_tokens tokens, max_rows logits rows and contexts up to max_len. */
 size_t lunar_cuda_model_bytes(const lunar_model *m);
 size_t lunar_cuda_block_bytes(const lunar_model *m);
 size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8);
@@ -67,9 +69,11 @@ const char *lunar_cuda_device_line(void);
  * half the bytes per token) + DSA index keys, and n_slots KDA state slots. */
 typedef struct lunar_cuda_caches {
     int n_blocks, n_slots, n_mla, n_kda, row, idx_dim;
+    int latent_rows;    /* latent rows per block: 128, or 128 / D on a rank of a DCP group of D
+                         * (it holds every D-th position; docs/parallel.md). Index keys keep 128. */
     int latent_fp8;     /* latent holds e4m3 codes (1 byte per element) instead of bf16 */
     int state_fp16;     /* state holds fp16 (the fp16 KDA state option: half the bytes per slot) */
-    void *latent;       /* [n_mla][n_blocks][128][row] bf16 or e4m3 */
+    void *latent;       /* [n_mla][n_blocks][latent_rows][row] bf16 or e4m3 */
     uint8_t *idx_codes; /* [n_mla][n_blocks][128][idx_dim] */
     float *idx_scales;  /* [n_mla][n_blocks][128] */
     size_t conv_len, state_len;

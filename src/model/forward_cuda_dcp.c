@@ -16,6 +16,12 @@
 #include "model/shard.h"
 #include "parallel/comm.h"
 
+/* the partial kernel's launch aims at this many blocks (4 per SM of an H200) by slicing the rows;
+ * the bound on the slices keeps the scratch below DCP_PARTIAL_BLOCKS x 2 parts (forward_cuda.c's
+ * step reserve counts it) */
+#define DCP_PARTIAL_BLOCKS 528
+#define DCP_PARTIAL_SPLITS_MAX 64
+
 static void *dev(size_t bytes) {
     void *p = lunar_cuda_alloc(bytes ? bytes : 4);
     LUNAR_ASSERT(p); /* the arena is sized for the step's scratch (as forward_cuda.c's dalloc) */
@@ -31,18 +37,28 @@ static void gather_on(lunar_tp *tp, const float *send, float *recv, size_t n) {
     }
 }
 
-void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o) {
-    lunar_tp *tp = m->tp;
+size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T, size_t max_len) {
     const lunar_config *c = &m->cfg;
-    const int D = tp->dcp_size, dr = tp->dcp_rank, nh = c->num_attention_heads, Hm = tp->mla_heads_max;
-    const int N = c->qk_nope_head_dim, P = c->qk_rope_head_dim, Vd = c->v_head_dim, R = c->kv_lora_rank;
-    const int row = R + P, T = a->T, topk = c->index_topk, br = 128 / D;
-    const float scale = 1.0f / sqrtf((float)(N + P));
-    const size_t mk = lunar_cuda_mark();
+    const size_t D = (size_t)m->tp->dcp_size, Hm = (size_t)m->tp->mla_heads_max, nh = c->num_attention_heads;
+    const size_t R = c->kv_lora_rank, row = R + c->qk_rope_head_dim, topk = c->index_topk > 0 ? c->index_topk : 0;
+    /* lunar_cuda_dcp_mla, as it allocates: slots and counts, the absorbed queries, their padded
+     * send and gathered copies, the partials' send buffer and its all-gather (D x D parts), olat +
+     * lse, the merged rows, this rank's heads, the local top-k rows, one sequence's gathered local
+     * cache, the sliced partial's parts (< 2 DCP_PARTIAL_BLOCKS); a fresh prefill's pages, slots
+     * and table; 256-byte rounding of each allocation */
+    return 4 * (2 * T + T * nh * row + (1 + D) * T * Hm * row + (D + D * D) * T * Hm * (R + 1) + 2 * T * Hm * R +
+                T * Hm + T * nh * R + T * topk + (max_len / D + 1) * row + 2 * DCP_PARTIAL_BLOCKS * (R + 2)) +
+           (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256;
+}
 
-    /* 1. the owned tokens' latent rows at their local slots (-1: another rank's token), placed by
-     * the CPU layout's own function over one layer of blocks of 128 / D rows */
-    const lunar_kv_pool lay = {.block_size = br, .n_blocks = a->n_blocks, .n_mla = 1, .row = row};
+void lunar_cuda_dcp_store(const lunar_model *m, const lunar_cuda_dcp_layer *a) {
+    const lunar_tp *tp = m->tp;
+    const lunar_config *c = &m->cfg;
+    const int D = tp->dcp_size, dr = tp->dcp_rank, R = c->kv_lora_rank, P = c->qk_rope_head_dim, T = a->T;
+    const size_t mk = lunar_cuda_mark();
+    /* the owned tokens' latent rows at their local slots (-1: another rank's token), placed by the
+     * CPU layout's own function over one layer of blocks of 128 / D rows */
+    const lunar_kv_pool lay = {.block_size = 128 / D, .n_blocks = a->n_blocks, .n_mla = 1, .row = R + P};
     int32_t *slots = lunar_xmalloc((size_t)T * sizeof *slots);
     for (int j = 0; j < a->n_seqs; j++) {
         const lunar_batch_seq *sq = &a->seqs[j];
@@ -54,6 +70,33 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
     int32_t *dslots = dev((size_t)T * sizeof *dslots);
     lunar_cuda_upload(dslots, slots, (size_t)T * sizeof *slots);
     lunar_glue_latent_store(a->latent, a->fp8, a->kvr, a->kva_norm, dslots, T, R, P, a->eps, NULL);
+    free(slots);
+    lunar_cuda_release(mk); /* the store is ordered before any later use of the space */
+}
+
+void *lunar_cuda_dcp_fresh_pages(const lunar_cuda_dcp_layer *a, int R, int P, int32_t **bt) {
+    const int T = a->T, nb = (T + 127) / 128;
+    int32_t *h = lunar_xmalloc((size_t)(T > nb ? T : nb) * sizeof *h);
+    for (int i = 0; i < (T > nb ? T : nb); i++) h[i] = i; /* identity: slot i = position i, block i */
+    int32_t *slots = dev((size_t)T * sizeof *slots);
+    *bt = dev((size_t)nb * sizeof **bt);
+    lunar_cuda_upload(slots, h, (size_t)T * sizeof *h);
+    lunar_cuda_upload(*bt, h, (size_t)nb * sizeof *h);
+    free(h);
+    void *pages = dev((size_t)nb * 128 * (R + P) * (a->fp8 ? 1 : 2));
+    lunar_glue_latent_store(pages, a->fp8, a->kvr, a->kva_norm, slots, T, R, P, a->eps, NULL);
+    return pages;
+}
+
+void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o) {
+    lunar_tp *tp = m->tp;
+    const lunar_config *c = &m->cfg;
+    const int D = tp->dcp_size, dr = tp->dcp_rank, nh = c->num_attention_heads, Hm = tp->mla_heads_max;
+    const int N = c->qk_nope_head_dim, P = c->qk_rope_head_dim, Vd = c->v_head_dim, R = c->kv_lora_rank;
+    const int row = R + P, T = a->T, topk = c->index_topk;
+    const float scale = 1.0f / sqrtf((float)(N + P));
+    lunar_cuda_dcp_store(m, a); /* 1. this rank's rows */
+    const size_t mk = lunar_cuda_mark();
 
     /* 2. the absorbed queries [T, Hm, R + P] (padding heads zero), all-gathered: [D][T, Hm, R + P] */
     const size_t qrow = (size_t)Hm * row;
@@ -95,9 +138,16 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
             }
             lunar_cuda_upload(cnt, hcount, (size_t)nj * sizeof *hcount);
         }
+        /* rows sliced over more blocks while the (token, head) pairs are few (decode): about
+         * DCP_PARTIAL_BLOCKS blocks a launch, slices of at least 64 rows */
+        const int want = (DCP_PARTIAL_BLOCKS + nj * Hm - 1) / (nj * Hm), most = (Lloc + 63) / 64;
+        int splits = want < most ? want : most;
+        if (splits > DCP_PARTIAL_SPLITS_MAX) splits = DCP_PARTIAL_SPLITS_MAX;
+        if (splits < 1) splits = 1;
+        void *pws = splits > 1 ? dev(lunar_cuda_mla_partial_ws(nj, Hm, R, splits)) : NULL;
         for (int g = 0; g < D; g++) {
-            lunar_cuda_mla_partial(olat, lse, qall + ((size_t)g * T + r0) * qrow, cache, rows, cnt, topk, nj, Hm, R,
-                                   P, scale, NULL);
+            lunar_cuda_mla_partial_split(olat, lse, qall + ((size_t)g * T + r0) * qrow, cache, rows, cnt, topk, nj, Hm,
+                                         R, P, scale, splits, pws, NULL);
             float *dst = send + g * part_n + (size_t)r0 * Hm * prow;
             lunar_cuda_copy_2d(dst, prow * sizeof(float), olat, (size_t)R * sizeof(float), (size_t)R * sizeof(float),
                                (size_t)nj * Hm);
@@ -119,7 +169,7 @@ void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, flo
                            (size_t)nh * R * sizeof(float), (size_t)T);
     }
     lunar_glue_mla_unabsorb(o, mine, a->kvb, T, nh, N, Vd, R, NULL);
-    free(slots), free(hcount);
+    free(hcount);
     lunar_cuda_release(mk);
 }
 

@@ -18,16 +18,15 @@ static void failed(lunar_tp *tp, const lunar_err *e) {
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err) {
     const lunar_tp *tp = m->tp;
     if (!tp || tp->dcp_size <= 1) return 0;
-    const char *on = getenv("LUNAR_CUDA_DCP");
-    if (!on || strcmp(on, "1") != 0)
-        return lunar_fail(err, "--decode-context-parallel-size with --backend cuda is experimental (set "
-                               "LUNAR_CUDA_DCP=1); the CPU backend runs it");
+    /* the DCP group is the TP comm itself: a smaller group needs a split comm (not done yet) */
     if (tp->dcp_size != tp->size)
-        return lunar_fail(err, "--decode-context-parallel-size %d on CUDA: only equal to --tensor-parallel-size "
-                               "%d for now (the DCP group is then the TP comm)", tp->dcp_size, tp->size);
+        return lunar_fail(err, "--decode-context-parallel-size %d with --backend cuda: only equal to "
+                               "--tensor-parallel-size (%d) for now; the CPU backend runs any divisor",
+                          tp->dcp_size, tp->size);
     for (int j = 0; j < tp->dcp_size; j++)
         if (tp->dcp_heads[j] == 0) /* such a rank skips its MLA layers on the device, yet holds rows */
-            return lunar_fail(err, "--decode-context-parallel-size on CUDA: every rank needs an MLA head");
+            return lunar_fail(err, "--decode-context-parallel-size %d with --backend cuda: every rank needs an "
+                                   "MLA head (the model has %d per rank at most)", tp->dcp_size, tp->mla_heads_max);
     return 0;
 }
 

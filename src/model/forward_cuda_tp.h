@@ -13,7 +13,7 @@
  * of step); a failure while running is read once per step, after the step's wait
  * (lunar_cuda_tp_status); the step then returns its message.
  * DCP (--decode-context-parallel-size, docs/parallel.md) runs when the DCP group is the TP group
- * and LUNAR_CUDA_DCP=1 (experimental until measured on the device; lunar_cuda_tp_check). */
+ * (lunar_cuda_tp_check; measured against one GPU on two H200s, session 4). */
 #ifndef LUNAR_MODEL_FORWARD_CUDA_TP_H
 #define LUNAR_MODEL_FORWARD_CUDA_TP_H
 
@@ -26,8 +26,7 @@
 /* A rank process's device: `device` (its GPU on the node) with an arena of `util` of its memory,
  * leaving what NCCL and the driver need outside it (call after the comm's init). */
 int lunar_cuda_rank_init(int device, double util, lunar_err *err);
-/* The rank model can run on the device (DCP: only dcp == tp, every rank with MLA heads, and
- * LUNAR_CUDA_DCP=1). */
+/* The rank model can run on the device (DCP: only dcp == tp, every rank with MLA heads). */
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err);
 /* x[n] (device) <- sum over the ranks. */
 void lunar_cuda_tp_all_reduce(const lunar_model *m, float *x, size_t n);
@@ -70,6 +69,17 @@ typedef struct lunar_cuda_dcp_layer {
  * the (o, lse) partials and merges its own heads: o [T, nh, Vd] before the output gate and o_proj.
  * Collectives on the forward's stream; host uploads of the slots and counts (no graphs). */
 void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o);
+/* An upper bound of lunar_cuda_dcp_mla's device scratch for T tokens and contexts up to max_len
+ * (part of lunar_cuda_step_bytes). */
+size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T, size_t max_len);
+/* Its first stage alone: this rank's rows of the step into its pages. */
+void lunar_cuda_dcp_store(const lunar_model *m, const lunar_cuda_dcp_layer *a);
+/* A fresh prefill under DCP (one sequence from position 0): every rank already holds all the
+ * chunk's rows (kvr: kv_a_proj is replicated), and causal attention over the chunk needs no other
+ * token, so no exchange is needed. Returns scratch pages of 128-row blocks holding the T rows as
+ * one GPU stores them, and *bt their identity block table (device, from the arena: released with
+ * the caller's mark); the plain prefill kernel then runs over them with this rank's heads. */
+void *lunar_cuda_dcp_fresh_pages(const lunar_cuda_dcp_layer *a, int R, int P, int32_t **bt);
 
 /* The step's verdict: 0, or -1 with the failed collective's message (and the mark cleared). */
 int lunar_cuda_tp_status(const lunar_model *m, lunar_err *err);

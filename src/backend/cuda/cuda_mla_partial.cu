@@ -4,7 +4,7 @@
 // merge of such partials over disjoint row sets (op_mla_merge_partials). Correctness first: fp32
 // throughout, one block per (query, head) walking its rows with an online softmax, so a rank's
 // partial is the CPU op's up to fp32 summation order. The CPU-simulated DCP tests stay the oracle;
-// a tensor-core variant can replace the first kernel once the device path is measured.
+// a tensor-core variant can replace the first kernel (fp32 CUDA cores: the DCP decode's cost).
 #include <math.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -13,47 +13,93 @@ namespace {
 
 constexpr int kThreads = 128;
 
-// sum over the block; every thread gets the total. red: kThreads / 32 floats.
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    __syncthreads(); // the previous use of red is over
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    v = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kThreads / 32; i++) v += red[i];
-    return v;
-}
-
-// Block (t, h): acc (shared, [R]) holds sum_j exp(s_j - m) c_j for the rows seen so far; thread i
-// owns entries i, i + kThreads, .. so the rescale needs no synchronisation.
-__global__ void __launch_bounds__(kThreads) partial_kernel(float *olat, float *lse, const float *qlat,
-                                                           const float *cache, const int32_t *rows,
-                                                           const int32_t *count, int stride, int H, int R,
-                                                           int P, float scale) {
-    extern __shared__ float acc[]; // [R]
-    __shared__ float red[kThreads / 32];
-    const size_t th = blockIdx.x;
+// Block (t, h), nw warps: warp w walks rows w, w + nw, .. with its own online softmax (m_w, l_w, and
+// acc_w = sum_j exp(s_j - m_w) c_j in shared memory; lane i owns entries i, i + 32, ..: no barrier
+// in the loop), then the warps' parts are merged exactly as the DCP merge does: M = max m_w,
+// o = sum_w exp(m_w - M) acc_w / sum_w exp(m_w - M) l_w. A row costs one warp's dot product and a
+// shuffle reduction (the first version used the whole block per row, two barriers each: ~8x
+// slower at 16K rows).
+// Split rows (splits > 1, ws non-NULL): block (t, h, k) takes the k-th of `splits` equal slices of
+// the row list and writes its unnormalised part [acc (R) | max | sum] to ws[(t H + h) splits + k];
+// combine_kernel merges the slices the same way. At decode (a few (token, head) pairs) this is what
+// fills the GPU: 16 blocks walking 16K rows each were latency-bound (~17 ms per KL48 layer).
+__global__ void partial_kernel(float *olat, float *lse, const float *qlat, const float *cache, const int32_t *rows,
+                               const int32_t *count, int stride, int H, int R, int P, float scale, int splits,
+                               float *ws) {
+    extern __shared__ float sm[]; // [nw][R] accumulators, then [nw] maxima, [nw] sums
+    const int nw = (int)(blockDim.x >> 5), w = (int)(threadIdx.x >> 5), lane = (int)(threadIdx.x & 31);
+    float *acc = sm + (size_t)w * R, *ms = sm + (size_t)nw * R, *ls = ms + nw;
+    const size_t th = blockIdx.x / (unsigned)splits;
+    const int k_split = (int)(blockIdx.x % (unsigned)splits);
     const int t = (int)(th / H), ld = R + P, nj = count[t];
+    const int chunk = (nj + splits - 1) / splits, j0 = k_split * chunk, j1 = min(nj, j0 + chunk);
     const float *ql = qlat + th * ld;
-    for (int r = threadIdx.x; r < R; r += kThreads) acc[r] = 0.0f;
+    for (int r = lane; r < R; r += 32) acc[r] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int j = 0; j < nj; j++) {
+    for (int j = j0 + w; j < j1; j += nw) {
         const float *cj = cache + (size_t)(rows ? rows[(size_t)t * stride + j] : j) * ld;
         float d = 0.0f;
-        for (int i = threadIdx.x; i < ld; i += kThreads) d += ql[i] * cj[i];
-        const float s = scale * block_sum(d, red);
-        const float mn = fmaxf(m, s);
-        const float a = expf(m - mn), p = expf(s - mn); // a = 0 at the first row (m = -inf)
+        for (int i = lane; i < ld; i += 32) d += ql[i] * cj[i];
+        for (int o = 16; o; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        const float s = scale * d, mn = fmaxf(m, s);
+        const float a = expf(m - mn), p = expf(s - mn); // a = 0 at the warp's first row (m = -inf)
         l = l * a + p;
-        for (int r = threadIdx.x; r < R; r += kThreads) acc[r] = acc[r] * a + p * cj[r];
+        for (int r = lane; r < R; r += 32) acc[r] = acc[r] * a + p * cj[r];
         m = mn;
     }
-    // no row: o = 0 and lse = -inf, so the part carries no weight in a merge (as the CPU op)
-    const float inv = nj > 0 ? 1.0f / l : 0.0f;
-    for (int r = threadIdx.x; r < R; r += kThreads) olat[th * R + r] = acc[r] * inv;
-    if (threadIdx.x == 0) lse[th] = nj > 0 ? m + logf(l) : -INFINITY;
+    if (lane == 0) ms[w] = m, ls[w] = l;
+    __syncthreads();
+    float M = -INFINITY;
+    for (int k = 0; k < nw; k++) M = fmaxf(M, ms[k]);
+    // no row at all: o = 0 and lse = -inf, so the part carries no weight in a merge (as the CPU op)
+    float L = 0.0f;
+    for (int k = 0; k < nw; k++)
+        if (ms[k] != -INFINITY) L += expf(ms[k] - M) * ls[k];
+    if (ws) { // a slice's part, unnormalised (M = -inf: an empty slice, no weight)
+        float *part = ws + blockIdx.x * ((size_t)R + 2);
+        for (int r = threadIdx.x; r < R; r += blockDim.x) {
+            float o = 0.0f;
+            for (int k = 0; k < nw; k++)
+                if (ms[k] != -INFINITY) o += expf(ms[k] - M) * sm[(size_t)k * R + r];
+            part[r] = o;
+        }
+        if (threadIdx.x == 0) part[R] = M, part[R + 1] = L;
+        return;
+    }
+    const float inv = nj > 0 ? 1.0f / L : 0.0f;
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        float o = 0.0f;
+        for (int k = 0; k < nw; k++)
+            if (ms[k] != -INFINITY) o += expf(ms[k] - M) * sm[(size_t)k * R + r];
+        olat[th * R + r] = o * inv;
+    }
+    if (threadIdx.x == 0) lse[th] = nj > 0 ? M + logf(L) : -INFINITY;
+}
+
+// Block (t, h): the splits slices of ws merged in slice order, o = sum_k e^(M_k - M) acc_k /
+// sum_k e^(M_k - M) L_k, lse = M + log(sum); no row in any slice: o = 0, lse = -inf.
+__global__ void __launch_bounds__(kThreads) combine_kernel(float *olat, float *lse, const float *ws, int splits,
+                                                           int R) {
+    const size_t th = blockIdx.x, pitch = (size_t)R + 2;
+    const float *p = ws + th * splits * pitch;
+    float M = -INFINITY;
+    for (int k = 0; k < splits; k++) M = fmaxf(M, p[k * pitch + R]);
+    if (M == -INFINITY) {
+        for (int r = threadIdx.x; r < R; r += kThreads) olat[th * R + r] = 0.0f;
+        if (threadIdx.x == 0) lse[th] = -INFINITY;
+        return;
+    }
+    float L = 0.0f;
+    for (int k = 0; k < splits; k++)
+        if (p[k * pitch + R] != -INFINITY) L += expf(p[k * pitch + R] - M) * p[k * pitch + R + 1];
+    const float inv = 1.0f / L;
+    for (int r = threadIdx.x; r < R; r += kThreads) {
+        float o = 0.0f;
+        for (int k = 0; k < splits; k++)
+            if (p[k * pitch + R] != -INFINITY) o += expf(p[k * pitch + R] - M) * p[k * pitch + r];
+        olat[th * R + r] = o * inv;
+    }
+    if (threadIdx.x == 0) lse[th] = M + logf(L);
 }
 
 // Row i: out = sum_p w_p o_p / sum_p w_p, w_p = exp(lse_p - max lse), parts in order p = 0..n-1
@@ -132,14 +178,32 @@ extern "C" void lunar_cuda_dcp_gather(float *dst, const lunar_cuda_mla_cache *c,
     CUDA_CHECK_LAUNCH();
 }
 
+extern "C" size_t lunar_cuda_mla_partial_ws(int T, int H, int R, int splits) {
+    return splits > 1 ? (size_t)T * H * splits * ((size_t)R + 2) * sizeof(float) : 0;
+}
+
+extern "C" void lunar_cuda_mla_partial_split(float *olat, float *lse, const float *qlat, const float *cache,
+                                             const int32_t *rows, const int32_t *count, int stride, int T, int H,
+                                             int R, int P, float scale, int splits, void *ws, lunar_cuda_stream s) {
+    if (T <= 0 || H <= 0) return;
+    CUDA_REQUIRE(R > 0 && P >= 0 && ((size_t)R + 2) * sizeof(float) <= 48 * 1024 && splits >= 1 &&
+                 (splits == 1 || ws));
+    // 8 warps while their accumulators fit the 48 KiB of static shared memory (R = 512: 16 KiB)
+    int nw = 8;
+    while (nw > 1 && ((size_t)nw * R + 2 * nw) * sizeof(float) > 48 * 1024) nw--;
+    partial_kernel<<<(unsigned)((size_t)T * H * splits), (unsigned)(32 * nw),
+                     ((size_t)nw * R + 2 * nw) * sizeof(float), to_stream(s)>>>(
+        olat, lse, qlat, cache, rows, count, stride, H, R, P, scale, splits, splits > 1 ? (float *)ws : nullptr);
+    CUDA_CHECK_LAUNCH();
+    if (splits == 1) return;
+    combine_kernel<<<(unsigned)((size_t)T * H), kThreads, 0, to_stream(s)>>>(olat, lse, (const float *)ws, splits, R);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" void lunar_cuda_mla_partial(float *olat, float *lse, const float *qlat, const float *cache,
                                        const int32_t *rows, const int32_t *count, int stride, int T, int H,
                                        int R, int P, float scale, lunar_cuda_stream s) {
-    if (T <= 0 || H <= 0) return;
-    CUDA_REQUIRE(R > 0 && P >= 0 && (size_t)R * sizeof(float) <= 48 * 1024);
-    partial_kernel<<<(unsigned)((size_t)T * H), kThreads, (size_t)R * sizeof(float), to_stream(s)>>>(
-        olat, lse, qlat, cache, rows, count, stride, H, R, P, scale);
-    CUDA_CHECK_LAUNCH();
+    lunar_cuda_mla_partial_split(olat, lse, qlat, cache, rows, count, stride, T, H, R, P, scale, 1, nullptr, s);
 }
 
 extern "C" void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows,

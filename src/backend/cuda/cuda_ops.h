@@ -297,10 +297,17 @@ void lunar_cuda_mla_sparse(float *o_lat, const float *q_lat, const float *q_pe,
  * op_mla_merge_partials on the device, same arguments and layouts (qlat [T, H, R + P], cache
  * [*, R + P] fp32 contiguous, rows/count device int32, rows NULL = 0..count-1; parts [n][rows,
  * R + 1]). fp32 throughout; the partial uses an online softmax (the CPU takes the max first), so
- * results differ from the CPU's by fp32 summation order only. R <= 12288. */
+ * results differ from the CPU's by fp32 summation order only. R <= 12286. */
 void lunar_cuda_mla_partial(float *olat, float *lse, const float *qlat, const float *cache,
                             const int32_t *rows, const int32_t *count, int stride, int T, int H, int R,
                             int P, float scale, lunar_cuda_stream s);
+/* The same with each (token, head)'s rows cut into `splits` equal slices, one block each, merged
+ * after (splits 1: lunar_cuda_mla_partial). ws: lunar_cuda_mla_partial_ws bytes of device scratch
+ * (none for splits 1). For decode, where a few (token, head) pairs would leave the GPU idle. */
+size_t lunar_cuda_mla_partial_ws(int T, int H, int R, int splits);
+void lunar_cuda_mla_partial_split(float *olat, float *lse, const float *qlat, const float *cache,
+                                  const int32_t *rows, const int32_t *count, int stride, int T, int H, int R,
+                                  int P, float scale, int splits, void *ws, lunar_cuda_stream s);
 void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows,
                                    int R, lunar_cuda_stream s);
 /* dst[n_loc, row] (fp32) <- the latent rows DCP rank dr of D holds for sequence seq of c, in
