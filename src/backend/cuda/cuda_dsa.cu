@@ -196,9 +196,8 @@ template <int NHP> size_t score_smem() {
 //    +0 to a sum that is never -0 (it starts at +0 and round-to-nearest never yields -0 from a sum
 //    with a nonzero term) - the same sum. A NaN key code makes all its dots NaN: score +0.
 // Layout: a block takes R query rows (M = R * NHP heads, one m16 tile per warp row) and walks
-// tiles of PT positions: the tile's codes are read once (cp.async into shared memory, the next
-// tile's under this one's math), turned into limbs through a 256-entry table and stored in shared
-// memory again; each warp then runs its
+// tiles of PT positions: the tile's codes are read once (32 bytes per thread, coalesced), turned
+// into limbs through a 256-entry table and stored in shared memory; each warp then runs its
 // n8 tiles with its query limbs held in registers for the whole block. K is permuted so that both
 // fragments are 32 contiguous bytes per thread: in k-step j, byte b of register a0/b0 of lane
 // (g, t) is dimension 32t + 8j + b and of a2/b1 dimension 32t + 8j + 4 + b (a dot does not care
@@ -233,48 +232,33 @@ __device__ __forceinline__ void limbs4(uint32_t &o0, uint32_t &o1, uint32_t &o2,
     o2 = __byte_perm(__byte_perm(l0, l1, 0x0062), __byte_perm(l2, l3, 0x0062), 0x5410);
 }
 
-__device__ __forceinline__ void cp_async16(void *smem, const void *g) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *g) {
-    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
 template <int NHP, int R> struct I8Tile {
     static constexpr int MT = R * NHP / 16;     // m16 tiles = warps along M
     static constexpr int NG = kThreads / 32 / MT; // warps along the positions
     static constexpr int NT8 = MT == 8 ? 8 : 4; // n8 tiles per warp per tile
     static constexpr int PT = 8 * NT8 * NG;     // positions per tile
-    static constexpr int TPB = 512 / PT;        // most tiles per block (the host takes fewer for more blocks)
+    static constexpr int TPB = 512 / PT;        // tiles per block
     static constexpr int KS = 3 * 128 + 16;     // bytes per key's limbs (the pad spreads 8 lanes' 16 B over all banks)
-    static constexpr int RS = 128 + 16;         // bytes per key's raw codes (same reason)
     static constexpr int HS = NHP + 1;          // doubles per (row, position) of dots
-    static constexpr size_t smem = (size_t)PT * KS + (size_t)R * PT * HS * 8 + (size_t)R * NHP * 8 + PT * 4 + 256 * 4 +
-                                   (size_t)PT * RS + PT * 4;
+    static constexpr size_t smem = (size_t)PT * KS + (size_t)R * PT * HS * 8 + (size_t)R * NHP * 8 + PT * 4 + 256 * 4;
     static_assert(MT * NG == kThreads / 32 && PT * 4 % kThreads == 0 && kThreads == 256, "tile shape");
 };
 
 template <int NHP, int R> __global__ void __launch_bounds__(kThreads, 2)
 index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes,
                       const float *kscales, const int32_t *block_tables, int max_blocks,
-                      const int32_t *row_seq, const int32_t *lens, int rows, int nh, int d, int tpb) {
+                      const int32_t *row_seq, const int32_t *lens, int rows, int nh, int d) {
     using T = I8Tile<NHP, R>;
-    constexpr int PT = T::PT, MT = T::MT, KS = T::KS, HS = T::HS, RS = T::RS;
+    constexpr int PT = T::PT, MT = T::MT, KS = T::KS, HS = T::HS;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char *KL = smem;                                          // [PT][KS]: limb l at l * 128
     double *D = reinterpret_cast<double *>(smem + (size_t)PT * KS);    // [R][PT][HS]
     double *wq = D + (size_t)R * PT * HS;                              // [R][NHP]
     float *ks = reinterpret_cast<float *>(wq + R * NHP);               // [PT], -1: a NaN code
     uint32_t *lut = reinterpret_cast<uint32_t *>(ks + PT);             // [256]
-    unsigned char *RAW = reinterpret_cast<unsigned char *>(lut + 256);  // [PT][RS]: the next tile's codes (cp.async)
-    float *RAWS = reinterpret_cast<float *>(RAW + (size_t)PT * RS);    // [PT]: and their scales
-    __shared__ int s_len[R], s_seq[R], s_bt[8];
+    __shared__ int s_len[R], s_seq[R];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.y * R, c0 = blockIdx.x * tpb * PT;
+    const int r0 = blockIdx.y * R, c0 = blockIdx.x * T::TPB * PT;
     int nmax = 0;
     for (int r = 0; r < R && r0 + r < rows; r++) nmax = max(nmax, lens[r0 + r]);
     if (c0 >= nmax) return;
@@ -344,37 +328,19 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
         for (int j = 0; j < R; j++)
             if (s_seq[j] == S) n = max(n, s_len[j]);
         const int32_t *bt = block_tables + (size_t)S * max_blocks;
-        const int cend = min(n, c0 + tpb * PT);
-        if (c0 >= cend) continue;
-        const int pg0 = c0 >> 7;
-        __syncthreads(); // the previous pass is done with s_bt and RAW
-        if (tid <= ((cend - 1) >> 7) - pg0) s_bt[tid] = bt[pg0 + tid]; // <= 5 pages: tpb * PT <= 512
-        __syncthreads();
-        // the codes and scale of tile q0's keys into RAW, RAWS, asynchronously (16-byte pieces)
-        auto fetch = [&](int q0) {
-            for (int it = tid; it < PT * 8; it += kThreads) {
-                const int p = it >> 3, ch = it & 7, pos = q0 + p;
-                if (pos < n && ch * 16 < d) {
-                    const size_t slot = (size_t)s_bt[(pos >> 7) - pg0] * 128 + (pos & 127);
-                    cp_async16(RAW + p * RS + ch * 16, codes + slot * d + ch * 16);
-                    if (ch == 0) cp_async4(RAWS + p, kscales + slot);
-                }
-            }
-            cp_commit();
-        };
-        fetch(c0);
+        const int cend = min(n, c0 + T::TPB * PT);
         for (int p0 = c0; p0 < cend; p0 += PT) {
-            cp_wait_all();
-            __syncthreads(); // tile p0's codes are in; the previous tile's dots, scales and limbs consumed
-            for (int it = tid; it < PT * 4; it += kThreads) { // 32 bytes of key p0 + p at byte 32c -> limbs
+            __syncthreads(); // the previous tile's dots, scales and limbs are consumed
+            for (int it = tid; it < PT * 4; it += kThreads) { // 32 bytes of key p0 + p at byte 32c
                 const int p = it >> 2, c = it & 3, pos = p0 + p;
                 uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
                 float sc = 0.0f;
                 if (pos < n) {
-                    const uint4 *src = reinterpret_cast<const uint4 *>(RAW + p * RS + 32 * c);
-                    if (32 * c < d) v0 = src[0];
-                    if (32 * c + 16 < d) v1 = src[1];
-                    sc = RAWS[p];
+                    const size_t slot = (size_t)bt[pos >> 7] * 128 + (pos & 127);
+                    const uint8_t *src = codes + slot * d + 32 * c;
+                    if (32 * c < d) v0 = *reinterpret_cast<const uint4 *>(src);
+                    if (32 * c + 16 < d) v1 = *reinterpret_cast<const uint4 *>(src + 16);
+                    sc = kscales[slot];
                 }
                 const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
                 uint32_t o[3][8], kbad = 0;
@@ -394,7 +360,6 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
                 if (c == 0) ks[p] = kbad ? -1.0f : sc;
             }
             __syncthreads();
-            if (p0 + PT < cend) fetch(p0 + PT); // RAW is free again: the next tile loads under this one's math
 #pragma unroll 1
             for (int q8 = 0; q8 < T::NT8; q8++) {
                 const int pb = (ng * T::NT8 + q8) * 8;
@@ -459,19 +424,9 @@ void launch_i8(float *scores, int ld, const float *iq, const float *w, const uin
                                         (int)T::smem));
         attr = true;
     }
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    // fewer tiles per block (each block quantises its queries again) only to give every SM a block
-    const long long tiles = ceil_div_u(max_len, T::PT), groups = ceil_div_u(rows, R);
-    int tpb = T::TPB;
-    while (tpb > 1 && (tiles + tpb - 1) / tpb * groups < sms) tpb /= 2;
-    dim3 grid(ceil_div_u(max_len, tpb * T::PT), (unsigned)groups);
+    dim3 grid(ceil_div_u(max_len, T::TPB * T::PT), ceil_div_u(rows, R));
     index_score_i8_kernel<NHP, R><<<grid, kThreads, T::smem, st>>>(scores, ld, iq, w, codes, scales, block_tables,
-                                                                   max_blocks, row_seq, lens, rows, nh, d, tpb);
+                                                                   max_blocks, row_seq, lens, rows, nh, d);
 }
 
 // ---------------------------------------------------------------- top-k
