@@ -15,8 +15,10 @@
 //  - top-k: radix select on the 64-bit key (order-preserving score bits << 32 | ~position): keys are
 //    unique, their order is the CPU heap's order (higher score, then lower position; -0 is folded
 //    to +0 since the CPU compares them equal), so the k largest keys are the CPU's set.
-// Cost: the exact dots run in fp64 on the CUDA cores (tile GEMM, 4 heads x 4 positions per thread,
-// operands as doubles in shared memory): compute-bound, not bandwidth-bound (see docs).
+// Cost: the exact dots run as int8 limb GEMMs on the tensor cores (index_score_i8_kernel, the
+// default) or, with LUNAR_DSA_SCORE=fp64, in fp64 on the CUDA cores (index_score_kernel: tile GEMM,
+// 4 heads x 4 positions per thread, operands as doubles in shared memory); both compute- or
+// latency-bound, not bandwidth-bound (docs/benchmarks.md).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
