@@ -547,91 +547,187 @@ static void cpu_scores(float *out, const float *iq, const float *w, const lunar_
     free(q8), free(qf), free(wq);
 }
 
+/* every score kernel (int8 tensor cores with one or several rows per block, fp64) */
+static const int score_modes[3] = {LUNAR_DSA_SCORE_INT8, LUNAR_DSA_SCORE_INT8_GROUPED, LUNAR_DSA_SCORE_FP64};
+static const char *score_mode_name(int m) {
+    return m == LUNAR_DSA_SCORE_FP64 ? "fp64" : m == LUNAR_DSA_SCORE_INT8 ? "int8" : "int8 grouped";
+}
+
 TEST(cuda_dsa_indexer_vs_cpu) {
     if (!cuda_on()) return;
-    /* sequences: plain, shorter than topk, and one whose keys 1000.. are all the same (ties) */
-    const int n_seq = 3, lens[3] = {3000, 100, 5000};
-    /* rows: one decode row per sequence, then 4 prefill rows of sequence 2 */
-    const int rows = 7, row_seq[7] = {0, 1, 2, 2, 2, 2, 2}, row_len[7] = {3000, 100, 5000, 4001, 4002, 4003, 4004};
-    static const int nhs[2] = {32, 64}, topks[2] = {2048, 64};
-    for (int v = 0; v < 2; v++) {
-        const int nh = nhs[v], topk = topks[v];
-        size_t mark = lunar_cuda_mark();
-        int max_blocks = 0, total = 0;
-        for (int b = 0; b < n_seq; b++) {
-            int nb = (lens[b] + BS - 1) / BS;
-            total += nb;
-            max_blocks = nb > max_blocks ? nb : max_blocks;
-        }
-        int32_t *perm = malloc((size_t)total * 4), *bt = calloc((size_t)n_seq * max_blocks, 4);
-        for (int i = 0; i < total; i++) perm[i] = i;
-        rng_state = 11 + v;
-        shuffle_i32(perm, total);
-        int ntok = 0;
-        for (int b = 0, k = 0; b < n_seq; b++) {
-            for (int i = 0; i < (lens[b] + BS - 1) / BS; i++) bt[b * max_blocks + i] = perm[k++];
-            ntok += lens[b];
-        }
-        float *keys = test_rand((long)ntok * DI, 90 + v, -1, 1);
-        int32_t *slots = malloc((size_t)ntok * 4);
-        for (int b = 0, t = 0; b < n_seq; b++)
-            for (int j = 0; j < lens[b]; j++, t++) {
-                slots[t] = bt[b * max_blocks + j / BS] * BS + j % BS;
-                if (b == 2 && j > 1000) memcpy(keys + (size_t)t * DI, keys + (size_t)(t - 1) * DI, DI * 4);
+    for (int mi = 0; mi < 3; mi++) {
+        const int mode = score_modes[mi], prev_mode = lunar_cuda_dsa_score_mode(mode);
+        /* sequences: plain, shorter than topk, and one whose keys 1000.. are all the same (ties) */
+        const int n_seq = 3, lens[3] = {3000, 100, 5000};
+        /* rows: one decode row per sequence, then 4 prefill rows of sequence 2 */
+        const int rows = 7, row_seq[7] = {0, 1, 2, 2, 2, 2, 2}, row_len[7] = {3000, 100, 5000, 4001, 4002, 4003, 4004};
+        static const int nhs[2] = {32, 64}, topks[2] = {2048, 64};
+        for (int v = 0; v < 2; v++) {
+            const int nh = nhs[v], topk = topks[v];
+            size_t mark = lunar_cuda_mark();
+            int max_blocks = 0, total = 0;
+            for (int b = 0; b < n_seq; b++) {
+                int nb = (lens[b] + BS - 1) / BS;
+                total += nb;
+                max_blocks = nb > max_blocks ? nb : max_blocks;
             }
-        const size_t nslot = (size_t)total * BS;
-        uint8_t *dcodes = lunar_cuda_alloc(nslot * DI);
-        float *dsc = lunar_cuda_alloc(nslot * 4);
-        lunar_cuda_fill_u32(dcodes, 0, nslot * DI / 4);
-        lunar_cuda_fill_u32(dsc, 0, nslot);
-        lunar_cuda_dsa_index_write(dcodes, dsc, dev_in(keys, (size_t)ntok * DI * 4), dev_in(slots, (size_t)ntok * 4),
-                                   ntok, DI, NULL);
-        uint8_t *codes = down(dcodes, nslot * DI);
-        float *sc = down(dsc, nslot * 4);
-        float *iq = test_rand((long)rows * nh * DI, 95 + v, -1, 1);
-        float *w = test_rand((long)rows * nh, 96 + v, -1, 1);
-        for (int i = 0; i < rows * nh; i++) w[i] *= 1.0f / sqrtf((float)nh) / sqrtf((float)DI);
-        const int ld = 5000;
-        dout osc, oidx, ocnt;
-        float *dscores = dout_new(&osc, (size_t)rows * ld * 4);
-        int32_t *didx = dout_new(&oidx, (size_t)rows * topk * 4), *dcnt = dout_new(&ocnt, (size_t)rows * 4);
-        const int32_t *dlens = dev_in(row_len, sizeof row_len), *dseq = dev_in(row_seq, sizeof row_seq);
-        const int32_t *dbt = dev_in(bt, (size_t)n_seq * max_blocks * 4);
-        const float *diq = dev_in(iq, (size_t)rows * nh * DI * 4), *dw = dev_in(w, (size_t)rows * nh * 4);
-        lunar_cuda_dsa_index_score(dscores, ld, diq, dw, dcodes, dsc, dbt, max_blocks, dseq, dlens, 5000, rows, nh,
-                                   DI, NULL);
-        lunar_cuda_dsa_topk(didx, dcnt, dscores, ld, dlens, rows, topk, NULL);
-        float *gsc = down(dscores, (size_t)rows * ld * 4);
-        int32_t *gidx = down(didx, (size_t)rows * topk * 4), *gcnt = down(dcnt, (size_t)rows * 4);
-        int score_bad = 0, idx_bad = 0;
-        for (int r = 0; r < rows; r++) {
-            const int b = row_seq[r], n = row_len[r];
-            uint8_t *cc = malloc((size_t)lens[b] * DI);
-            float *cs = malloc((size_t)lens[b] * 4);
-            for (int j = 0; j < lens[b]; j++) {
-                size_t s = (size_t)bt[b * max_blocks + j / BS] * BS + j % BS;
-                memcpy(cc + (size_t)j * DI, codes + s * DI, DI);
-                cs[j] = sc[s];
+            int32_t *perm = malloc((size_t)total * 4), *bt = calloc((size_t)n_seq * max_blocks, 4);
+            for (int i = 0; i < total; i++) perm[i] = i;
+            rng_state = 11 + v;
+            shuffle_i32(perm, total);
+            int ntok = 0;
+            for (int b = 0, k = 0; b < n_seq; b++) {
+                for (int i = 0; i < (lens[b] + BS - 1) / BS; i++) bt[b * max_blocks + i] = perm[k++];
+                ntok += lens[b];
             }
-            lunar_index_cache cache = {.codes = cc, .scales = cs, .keys = NULL};
-            float *ref = malloc((size_t)n * 4);
-            cpu_scores(ref, iq + (size_t)r * nh * DI, w + (size_t)r * nh, &cache, n, nh, DI);
-            score_bad += memcmp(ref, gsc + (size_t)r * ld, (size_t)n * 4) != 0;
-            int32_t *ri = malloc((size_t)topk * 4), rc = 0;
-            op_dsa_indexer(ri, &rc, iq + (size_t)r * nh * DI, w + (size_t)r * nh, &cache, 1, n - 1, nh, DI, topk);
-            idx_bad += memcmp(ri, gidx + (size_t)r * topk, (size_t)topk * 4) != 0 || rc != gcnt[r];
-            free(cc), free(cs), free(ref), free(ri);
+            float *keys = test_rand((long)ntok * DI, 90 + v, -1, 1);
+            int32_t *slots = malloc((size_t)ntok * 4);
+            for (int b = 0, t = 0; b < n_seq; b++)
+                for (int j = 0; j < lens[b]; j++, t++) {
+                    slots[t] = bt[b * max_blocks + j / BS] * BS + j % BS;
+                    if (b == 2 && j > 1000) memcpy(keys + (size_t)t * DI, keys + (size_t)(t - 1) * DI, DI * 4);
+                }
+            const size_t nslot = (size_t)total * BS;
+            uint8_t *dcodes = lunar_cuda_alloc(nslot * DI);
+            float *dsc = lunar_cuda_alloc(nslot * 4);
+            lunar_cuda_fill_u32(dcodes, 0, nslot * DI / 4);
+            lunar_cuda_fill_u32(dsc, 0, nslot);
+            lunar_cuda_dsa_index_write(dcodes, dsc, dev_in(keys, (size_t)ntok * DI * 4), dev_in(slots, (size_t)ntok * 4),
+                                       ntok, DI, NULL);
+            uint8_t *codes = down(dcodes, nslot * DI);
+            float *sc = down(dsc, nslot * 4);
+            float *iq = test_rand((long)rows * nh * DI, 95 + v, -1, 1);
+            float *w = test_rand((long)rows * nh, 96 + v, -1, 1);
+            for (int i = 0; i < rows * nh; i++) w[i] *= 1.0f / sqrtf((float)nh) / sqrtf((float)DI);
+            const int ld = 5000;
+            dout osc, oidx, ocnt;
+            float *dscores = dout_new(&osc, (size_t)rows * ld * 4);
+            int32_t *didx = dout_new(&oidx, (size_t)rows * topk * 4), *dcnt = dout_new(&ocnt, (size_t)rows * 4);
+            const int32_t *dlens = dev_in(row_len, sizeof row_len), *dseq = dev_in(row_seq, sizeof row_seq);
+            const int32_t *dbt = dev_in(bt, (size_t)n_seq * max_blocks * 4);
+            const float *diq = dev_in(iq, (size_t)rows * nh * DI * 4), *dw = dev_in(w, (size_t)rows * nh * 4);
+            lunar_cuda_dsa_index_score(dscores, ld, diq, dw, dcodes, dsc, dbt, max_blocks, dseq, dlens, 5000, rows, nh,
+                                       DI, NULL);
+            lunar_cuda_dsa_topk(didx, dcnt, dscores, ld, dlens, rows, topk, NULL);
+            float *gsc = down(dscores, (size_t)rows * ld * 4);
+            int32_t *gidx = down(didx, (size_t)rows * topk * 4), *gcnt = down(dcnt, (size_t)rows * 4);
+            int score_bad = 0, idx_bad = 0;
+            for (int r = 0; r < rows; r++) {
+                const int b = row_seq[r], n = row_len[r];
+                uint8_t *cc = malloc((size_t)lens[b] * DI);
+                float *cs = malloc((size_t)lens[b] * 4);
+                for (int j = 0; j < lens[b]; j++) {
+                    size_t s = (size_t)bt[b * max_blocks + j / BS] * BS + j % BS;
+                    memcpy(cc + (size_t)j * DI, codes + s * DI, DI);
+                    cs[j] = sc[s];
+                }
+                lunar_index_cache cache = {.codes = cc, .scales = cs, .keys = NULL};
+                float *ref = malloc((size_t)n * 4);
+                cpu_scores(ref, iq + (size_t)r * nh * DI, w + (size_t)r * nh, &cache, n, nh, DI);
+                score_bad += memcmp(ref, gsc + (size_t)r * ld, (size_t)n * 4) != 0;
+                int32_t *ri = malloc((size_t)topk * 4), rc = 0;
+                op_dsa_indexer(ri, &rc, iq + (size_t)r * nh * DI, w + (size_t)r * nh, &cache, 1, n - 1, nh, DI, topk);
+                idx_bad += memcmp(ri, gidx + (size_t)r * topk, (size_t)topk * 4) != 0 || rc != gcnt[r];
+                free(cc), free(cs), free(ref), free(ri);
+            }
+            if (getenv("LUNAR_TEST_VERBOSE"))
+                fprintf(stderr, "\n    dsa indexer nh=%d topk=%d: %d/%d rows with scores != CPU, %d/%d selections != CPU", nh,
+                        topk, score_bad, rows, idx_bad, rows);
+            CHECK_MSG(score_bad == 0, "indexer %s nh=%d: %d rows' scores differ bitwise from the CPU's",
+                      score_mode_name(mode), nh, score_bad);
+            CHECK_MSG(idx_bad == 0, "indexer %s nh=%d topk=%d: %d rows' selections differ from the CPU's",
+                      score_mode_name(mode), nh, topk, idx_bad);
+            CHECK(dout_guards_ok(&osc) && dout_guards_ok(&oidx) && dout_guards_ok(&ocnt));
+            free(perm), free(bt), free(keys), free(slots), free(codes), free(sc), free(iq), free(w), free(gsc), free(gidx),
+                free(gcnt);
+            lunar_cuda_release(mark);
         }
-        if (getenv("LUNAR_TEST_VERBOSE"))
-            fprintf(stderr, "\n    dsa indexer nh=%d topk=%d: %d/%d rows with scores != CPU, %d/%d selections != CPU", nh,
-                    topk, score_bad, rows, idx_bad, rows);
-        CHECK_MSG(score_bad == 0, "indexer nh=%d: %d rows' scores differ bitwise from the CPU's", nh, score_bad);
-        CHECK_MSG(idx_bad == 0, "indexer nh=%d topk=%d: %d rows' selections differ from the CPU's", nh, topk, idx_bad);
-        CHECK(dout_guards_ok(&osc) && dout_guards_ok(&oidx) && dout_guards_ok(&ocnt));
-        free(perm), free(bt), free(keys), free(slots), free(codes), free(sc), free(iq), free(w), free(gsc), free(gidx),
-            free(gcnt);
-        lunar_cuda_release(mark);
+        lunar_cuda_dsa_score_mode(prev_mode);
     }
+}
+
+/* Scores at shapes that are not multiples of the kernels' tiles: nh = 20 (of a 32-head tile), d = 48
+ * (K of the int8 kernel is 128), lengths that end mid-tile, 261 rows (row groups of 4 with one row of
+ * another sequence in the middle of a group) and 7 rows (one row per block). Codes are random bytes
+ * (every e4m3 value: subnormals, +-448, -0), a few keys hold NaN codes and one query head a NaN:
+ * the CPU drops NaN dots, the kernels must match that bitwise too. */
+TEST(cuda_dsa_scores_odd_shapes_vs_cpu) {
+    if (!cuda_on()) return;
+    enum { NH = 20, D = 48, NSEQ = 2, NR = 261 };
+    const int lens[NSEQ] = {1000, 333};
+    int row_seq[NR], row_len[NR];
+    for (int r = 0; r < NR; r++) {
+        row_seq[r] = r == 130 ? 1 : 0;
+        row_len[r] = r == 130 ? 333 : 1000 - (NR - 1) + r - (r > 130);
+    }
+    size_t mark = lunar_cuda_mark();
+    const int nb0 = (lens[0] + BS - 1) / BS, nb1 = (lens[1] + BS - 1) / BS, max_blocks = nb0, total = nb0 + nb1;
+    int32_t *perm = malloc((size_t)total * 4), *bt = calloc((size_t)NSEQ * max_blocks, 4);
+    for (int i = 0; i < total; i++) perm[i] = i;
+    rng_state = 77;
+    shuffle_i32(perm, total);
+    for (int i = 0; i < nb0; i++) bt[i] = perm[i];
+    for (int i = 0; i < nb1; i++) bt[max_blocks + i] = perm[nb0 + i];
+    const size_t nslot = (size_t)total * BS;
+    uint8_t *codes = malloc(nslot * D);
+    float *sc = malloc(nslot * 4);
+    for (size_t i = 0; i < nslot * D; i++) {
+        uint8_t c = (uint8_t)(rng() & 255);
+        if ((c & 0x7f) == 0x7f) c ^= 1; /* NaN codes only where placed below */
+        codes[i] = c;
+    }
+    for (size_t i = 0; i < nslot; i++) sc[i] = ldexpf(1.0f, (int)(rng() % 16) - 10);
+    for (int j = 5; j < lens[0]; j += 97) codes[((size_t)bt[j / BS] * BS + j % BS) * D + (size_t)(j % D)] = 0x7f;
+    float *iq = test_rand((long)NR * NH * D, 55, -1, 1);
+    float *w = test_rand((long)NR * NH, 56, -0.05f, 0.05f);
+    iq[((size_t)3 * NH + 3) * D + 17] = NAN; /* row 3, head 3 */
+    const int ld = 1003;
+    uint8_t *dcodes = dev_in(codes, nslot * D);
+    float *dsc = dev_in(sc, nslot * 4);
+    const int32_t *dlens = dev_in(row_len, sizeof row_len), *dseq = dev_in(row_seq, sizeof row_seq);
+    const int32_t *dbt = dev_in(bt, (size_t)NSEQ * max_blocks * 4);
+    const float *diq = dev_in(iq, (size_t)NR * NH * D * 4), *dw = dev_in(w, (size_t)NR * NH * 4);
+    /* CPU scores per row */
+    float *ref = malloc((size_t)NR * ld * 4);
+    for (int r = 0; r < NR; r++) {
+        const int b = row_seq[r], n = row_len[r];
+        uint8_t *cc = malloc((size_t)lens[b] * D);
+        float *cs = malloc((size_t)lens[b] * 4);
+        for (int j = 0; j < lens[b]; j++) {
+            size_t s = (size_t)bt[b * max_blocks + j / BS] * BS + j % BS;
+            memcpy(cc + (size_t)j * D, codes + s * D, D);
+            cs[j] = sc[s];
+        }
+        lunar_index_cache cache = {.codes = cc, .scales = cs, .keys = NULL};
+        cpu_scores(ref + (size_t)r * ld, iq + (size_t)r * NH * D, w + (size_t)r * NH, &cache, n, NH, D);
+        free(cc), free(cs);
+    }
+    int nonzero = 0;
+    for (int j = 0; j < row_len[0]; j++) nonzero += ref[j] != 0.0f;
+    CHECK_MSG(nonzero > row_len[0] / 4, "test data: only %d of %d scores of row 0 are nonzero", nonzero, row_len[0]);
+    static const int nrows[2] = {NR, 7};
+    for (int mi = 0; mi < 3; mi++)
+        for (int ri = 0; ri < 2; ri++) {
+            const int mode = score_modes[mi], rows = nrows[ri], prev_mode = lunar_cuda_dsa_score_mode(mode);
+            dout osc;
+            float *dscores = dout_new(&osc, (size_t)rows * ld * 4);
+            lunar_cuda_dsa_index_score(dscores, ld, diq, dw, dcodes, dsc, dbt, max_blocks, dseq, dlens, lens[0], rows,
+                                       NH, D, NULL);
+            float *got = down(dscores, (size_t)rows * ld * 4);
+            int bad = 0, first = -1;
+            for (int r = 0; r < rows; r++)
+                if (memcmp(ref + (size_t)r * ld, got + (size_t)r * ld, (size_t)row_len[r] * 4) != 0) {
+                    bad++;
+                    if (first < 0) first = r;
+                }
+            CHECK_MSG(bad == 0, "scores %s, %d rows: %d rows differ bitwise from the CPU's (first: row %d)",
+                      score_mode_name(mode), rows, bad, first);
+            CHECK(dout_guards_ok(&osc));
+            free(got);
+            lunar_cuda_dsa_score_mode(prev_mode);
+        }
+    free(perm), free(bt), free(codes), free(sc), free(iq), free(w), free(ref);
+    lunar_cuda_release(mark);
 }
 
 typedef struct {

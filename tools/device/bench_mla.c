@@ -2,7 +2,7 @@
  * the latent bytes), DSA indexer scoring and top-k, sparse MLA decode over 2048 positions.
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
- * (copy bandwidth measured on these H200s); the indexer also against fp64 FMA at 33.5 TFLOP/s.
+ * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
  * Usage: bench_mla [decode|wgmma|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
@@ -14,7 +14,6 @@
 
 #define BW 4.3e12
 #define MMA 790e12 /* bf16 matrix flop per second (cuBLAS, measured on these H200s) */
-#define FP64 16.7e12 /* DFMA per second: 132 SMs x 64 lanes x 1.98 GHz */
 
 static int cmp_f(const void *a, const void *b) {
     float x = *(const float *)a, y = *(const float *)b;
@@ -234,12 +233,12 @@ typedef struct {
     float *scores, *iq, *w;
     uint8_t *codes;
     float *scales;
-    int32_t *lens, *idx;
+    int32_t *lens, *idx, *seq;
     int rows, nh, L, topk;
 } idx_case;
 static void call_score(void *p) {
     idx_case *c = p;
-    lunar_cuda_dsa_index_score(c->scores, c->L, c->iq, c->w, c->codes, c->scales, d_bt, max_blocks, NULL, c->lens,
+    lunar_cuda_dsa_index_score(c->scores, c->L, c->iq, c->w, c->codes, c->scales, d_bt, max_blocks, c->seq, c->lens,
                                c->L, c->rows, c->nh, 128, NULL);
 }
 static void call_topk(void *p) {
@@ -247,44 +246,68 @@ static void call_topk(void *p) {
     lunar_cuda_dsa_topk(c->idx, NULL, c->scores, c->L, c->lens, c->rows, c->topk, NULL);
 }
 
+/* Scores: the fp64 kernel against the int8 tensor-core kernel (same inputs; their scores compared
+ * bitwise here too), then top-2048 on them. Floors: key bytes at 4.3 TB/s; the int8 kernel's nine
+ * limb GEMMs at the H200's dense int8 rate (1979 TOPS = 989.5e12 MAC/s; mma.sync reaches less). */
+#define INT8_MAC 989.5e12
 static void bench_indexer(void) {
-    printf("\n### DSA indexer (FP8 keys, 132 B/token; exact scores in fp64)\n\n");
-    printf("| step | nh | rows | context | time | key bytes | floor (4.3 TB/s) | of floor | fp64 floor |\n"
-           "|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n### DSA indexer (FP8 keys, 132 B/token, d = 128; exact scores: fp64 vs int8 tensor cores)\n\n");
+    printf("| nh | rows | keys per row | fp64 | int8 | speedup | key bytes floor | int8 of floor | 9-limb int8 floor |"
+           " equal | top-2048 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
     const size_t slots = (size_t)MAXB * MAXL;
     size_t mark0 = lunar_cuda_mark();
     uint8_t *codes = dalloc(slots * 128);
     float *scales = dalloc(slots * 4);
     lunar_cuda_fill_uniform((float *)codes, slots * 32, 3, 0.01f, 0.02f); /* random-ish e4m3 bytes */
     lunar_cuda_fill_uniform(scales, slots, 4, 1.0f, 1.0f);
-    static const int nhs[] = {32, 64}, Rs[] = {1, 8};
-    for (int ni = 0; ni < 2; ni++)
-        for (int ri = 0; ri < 2; ri++) {
-            const int rows = Rs[ri], nh = nhs[ni], L = MAXL;
-            size_t mark = lunar_cuda_mark();
-            idx_case c = {0};
-            c.rows = rows, c.nh = nh, c.L = L, c.topk = 2048, c.codes = codes, c.scales = scales;
-            c.scores = dalloc((size_t)rows * L * 4);
-            c.iq = dalloc((size_t)rows * nh * 128 * 4);
-            c.w = dalloc((size_t)rows * nh * 4);
-            c.idx = dalloc((size_t)rows * 2048 * 4);
-            lunar_cuda_fill_uniform(c.iq, (size_t)rows * nh * 128, 5, -1, 1);
-            lunar_cuda_fill_uniform(c.w, (size_t)rows * nh, 6, -0.02f, 0.02f);
-            int32_t lens[8];
-            for (int r = 0; r < rows; r++) lens[r] = L;
-            c.lens = dalloc(32);
-            lunar_cuda_upload(c.lens, lens, (size_t)rows * 4);
-            float us = time_us(call_score, &c, 9);
-            double bytes = (double)rows * L * 132, floor = bytes / BW * 1e6;
-            double f64 = (double)rows * L * nh * 128 / FP64 * 1e6;
-            printf("| score | %d | %d | %dK | %.1f us | %.1f MB | %.1f us | %.0f%% | %.1f us |\n", nh, rows, L / 1024, us,
-                   bytes / 1e6, floor, 100.0 * floor / us, f64);
-            float ut = time_us(call_topk, &c, 9);
-            printf("| top-2048 | - | %d | %dK | %.1f us | %.1f MB (scores) | %.1f us | %.0f%% | - |\n", rows, L / 1024,
-                   ut, rows * L * 4 / 1e6, rows * L * 4 / BW * 1e6, 100.0 * (rows * L * 4 / BW * 1e6) / ut);
-            fflush(stdout);
-            lunar_cuda_release(mark);
-        }
+    typedef struct {
+        int nh, rows, L, one_seq;
+    } shape;
+    static const shape shapes[] = {{32, 1, 4096, 0},   {32, 8, 4096, 0},   {32, 1, 32768, 0},  {32, 8, 32768, 0},
+                                   {32, 1, 131072, 0}, {32, 8, 131072, 0}, {64, 1, 131072, 0}, {64, 8, 131072, 0},
+                                   {32, 8192, 8192, 1}};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape sh = shapes[si];
+        const int rows = sh.rows, nh = sh.nh, L = sh.L;
+        size_t mark = lunar_cuda_mark();
+        idx_case c = {0};
+        c.rows = rows, c.nh = nh, c.L = L, c.topk = 2048, c.codes = codes, c.scales = scales;
+        c.scores = dalloc((size_t)rows * L * 4);
+        c.iq = dalloc((size_t)rows * nh * 128 * 4);
+        c.w = dalloc((size_t)rows * nh * 4);
+        c.idx = dalloc((size_t)rows * 2048 * 4);
+        lunar_cuda_fill_uniform(c.iq, (size_t)rows * nh * 128, 5, -1, 1);
+        lunar_cuda_fill_uniform(c.w, (size_t)rows * nh, 6, -0.02f, 0.02f);
+        int32_t *hl = malloc((size_t)rows * 4), *hs = malloc((size_t)rows * 4);
+        for (int r = 0; r < rows; r++) hl[r] = L, hs[r] = sh.one_seq ? 0 : r;
+        c.lens = dalloc((size_t)rows * 4);
+        c.seq = dalloc((size_t)rows * 4);
+        lunar_cuda_upload(c.lens, hl, (size_t)rows * 4);
+        lunar_cuda_upload(c.seq, hs, (size_t)rows * 4);
+        const size_t nsc = (size_t)rows * L;
+        float *s64 = malloc(nsc * 4), *s8 = malloc(nsc * 4);
+        int prev = lunar_cuda_dsa_score_mode(LUNAR_DSA_SCORE_FP64);
+        float us64 = time_us(call_score, &c, sh.one_seq ? 5 : 9);
+        lunar_cuda_download(s64, c.scores, nsc * 4);
+        lunar_cuda_dsa_score_mode(LUNAR_DSA_SCORE_INT8);
+        lunar_cuda_fill_u32(c.scores, 0x7fc00000u, nsc); /* NaN: every score must be rewritten */
+        float us8 = time_us(call_score, &c, 9);
+        lunar_cuda_download(s8, c.scores, nsc * 4);
+        lunar_cuda_dsa_score_mode(prev);
+        const int equal = memcmp(s64, s8, nsc * 4) == 0;
+        /* keys read once per row (the kernels re-read them per row from L2 for many rows) */
+        double bytes = (double)rows * L * 132, floor = bytes / BW * 1e6;
+        if (sh.one_seq) bytes = (double)L * 132, floor = bytes / BW * 1e6;
+        const double tfl = 9.0 * rows * L * nh * 128 / INT8_MAC * 1e6;
+        float ut = sh.one_seq ? 0.0f : time_us(call_topk, &c, 9);
+        printf("| %d | %d | %dK | %.1f us | %.1f us | %.1fx | %.1f us | %.0f%% | %.1f us | %s |", nh, rows, L / 1024,
+               us64, us8, us64 / us8, floor, 100.0 * floor / us8, tfl, equal ? "yes" : "NO");
+        if (ut > 0.0f) printf(" %.1f us |\n", ut);
+        else printf(" - |\n");
+        fflush(stdout);
+        free(hl), free(hs), free(s64), free(s8);
+        lunar_cuda_release(mark);
+    }
     /* top-k at 1M */
     {
         size_t mark = lunar_cuda_mark();
@@ -297,8 +320,8 @@ static void bench_indexer(void) {
         c.lens = dalloc(4);
         lunar_cuda_upload(c.lens, &L, 4);
         float ut = time_us(call_topk, &c, 9);
-        printf("| top-2048 | - | 1 | 1024K | %.1f us | 4.2 MB (scores) | %.1f us | %.0f%% | - |\n", ut,
-               L * 4 / BW * 1e6, 100.0 * (L * 4 / BW * 1e6) / ut);
+        printf("\ntop-2048 of 1 row at 1024K: %.1f us (scores 4.2 MB, floor %.1f us, %.0f%%)\n", ut, L * 4 / BW * 1e6,
+               100.0 * (L * 4 / BW * 1e6) / ut);
         lunar_cuda_release(mark);
     }
     lunar_cuda_release(mark0);

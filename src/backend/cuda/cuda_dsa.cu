@@ -15,9 +15,13 @@
 //  - top-k: radix select on the 64-bit key (order-preserving score bits << 32 | ~position): keys are
 //    unique, their order is the CPU heap's order (higher score, then lower position; -0 is folded
 //    to +0 since the CPU compares them equal), so the k largest keys are the CPU's set.
-// Cost: the exact dots run in fp64 on the CUDA cores (tile GEMM, 4 heads x 4 positions per thread,
-// operands as doubles in shared memory): compute-bound, not bandwidth-bound (see docs).
+// Cost: the exact dots run as int8 limb GEMMs on the tensor cores (index_score_i8_kernel, the
+// default) or, with LUNAR_DSA_SCORE=fp64, in fp64 on the CUDA cores (index_score_kernel: tile GEMM,
+// 4 heads x 4 positions per thread, operands as doubles in shared memory); both compute- or
+// latency-bound, not bandwidth-bound (docs/benchmarks.md).
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
 
@@ -170,6 +174,261 @@ index_score_kernel(float *scores, int ld, const float *iq, const float *w, const
 template <int NHP> size_t score_smem() {
     constexpr int PT = 64 * 64 / NHP;
     return (size_t)kDP * NHP * 8 + (size_t)kDP * PT * 8 + NHP * 8 + PT * 4;
+}
+
+// ---------------------------------------------------------------- scores on the int8 tensor cores
+// The same exact dots as index_score_kernel, as integer GEMMs (LUNAR_DSA_SCORE=fp64 keeps the
+// kernel above). Why the result is bitwise the fp64 kernel's (and so the CPU's):
+//  - an e4m3 value is N * 2^-9 with N an integer: subnormals f * 2^-9, normals (8 + f) * 2^(E-10),
+//    E >= 1; |N| <= 448 * 2^9 = 229376 < 2^18.
+//  - N in signed base-256 digits: a0 = N mod 256 in [-128, 127], N1 = (N - a0) / 256 (|N1| <= 896),
+//    a1 = N1 mod 256 in [-128, 127], a2 = (N1 - a1) / 256 with |a2| <= (896 + 128) / 256 = 4; so
+//    N = a0 + 2^8 a1 + 2^16 a2 with three int8 limbs (two cannot hold 18 bits).
+//  - q.k = 2^-18 sum_i Nq_i Nk_i = 2^-18 sum_{u,v} 2^(8(u+v)) (Aq_u . Ak_v): nine limb GEMMs
+//    (mma.sync m16n8k32 s8, int32 accumulation), those of equal weight u + v into one of five int32
+//    accumulators. Per dimension a weight holds at most three limb products (weight 2:
+//    |a0 b2 + a1 b1 + a2 b0| <= 128*4 + 128*128 + 4*128 = 17408), so over 128 dimensions
+//    |acc| <= 2.3e6 < 2^31: no int32 overflow for any codes.
+//  - v = sum_w acc_w 2^(8w) in int64 is sum_i Nq_i Nk_i exactly, |v| <= 128 * 229376^2 < 2^43, so
+//    (double)v * 2^-18 is exact: the very double the CPU's (exact) dot holds. From there the head
+//    sum, the scale and the fp32 rounding are the fp64 kernel's statements.
+//  - NaN codes (0x7f / 0xff, only from NaN inputs: the quantiser clamps to +-448) have no integer
+//    value: the limb table maps them to 0 and they are flagged instead. On the CPU a NaN query code
+//    makes that head's dots NaN, which "dot > 0" drops: here that head's weight is 0, which adds
+//    +0 to a sum that is never -0 (it starts at +0 and round-to-nearest never yields -0 from a sum
+//    with a nonzero term) - the same sum. A NaN key code makes all its dots NaN: score +0.
+// Layout: a block takes R query rows (M = R * NHP heads, one m16 tile per warp row) and walks
+// tiles of PT positions: the tile's codes are read once (32 bytes per thread, coalesced), turned
+// into limbs through a 256-entry table and stored in shared memory; each warp then runs its
+// n8 tiles with its query limbs held in registers for the whole block. K is permuted so that both
+// fragments are 32 contiguous bytes per thread: in k-step j, byte b of register a0/b0 of lane
+// (g, t) is dimension 32t + 8j + b and of a2/b1 dimension 32t + 8j + 4 + b (a dot does not care
+// about the order of K, only that A and B agree). Dots go to shared memory as doubles, then one
+// thread per (row, position) sums the heads in head order as the CPU.
+// Rows of one block may belong to different sequences (their keys differ): the block then runs one
+// pass per distinct sequence, only that sequence's rows storing (correct, R times the work; the
+// host picks R > 1 only for many rows, where a sequence's rows are consecutive).
+
+__device__ __forceinline__ void mma_s8(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// e4m3 code -> its limbs a0, a1, a2 in bytes 0..2 (NaN codes -> 0, flagged by the callers)
+__device__ __forceinline__ uint32_t e4m3_limbs(int c) {
+    const float f = e4m3_to_f32((uint8_t)c);
+    const int n = isnan(f) ? 0 : (int)__fmul_rn(f, 512.0f); // exact: f is a multiple of 2^-9
+    const int a0 = ((n + 128) & 255) - 128, n1 = (n - a0) / 256;
+    const int a1 = ((n1 + 128) & 255) - 128, a2 = (n1 - a1) / 256;
+    return (uint32_t)(a0 & 255) | (uint32_t)(a1 & 255) << 8 | (uint32_t)(a2 & 255) << 16;
+}
+
+// four codes (one word) -> the three limb words, byte i of each from code i
+__device__ __forceinline__ void limbs4(uint32_t &o0, uint32_t &o1, uint32_t &o2, uint32_t w, const uint32_t *lut) {
+    const uint32_t l0 = lut[w & 255u], l1 = lut[(w >> 8) & 255u], l2 = lut[(w >> 16) & 255u], l3 = lut[w >> 24];
+    const uint32_t t01 = __byte_perm(l0, l1, 0x5140), t23 = __byte_perm(l2, l3, 0x5140); // a0, a0', a1, a1'
+    o0 = __byte_perm(t01, t23, 0x5410);
+    o1 = __byte_perm(t01, t23, 0x7632);
+    o2 = __byte_perm(__byte_perm(l0, l1, 0x0062), __byte_perm(l2, l3, 0x0062), 0x5410);
+}
+
+template <int NHP, int R> struct I8Tile {
+    static constexpr int MT = R * NHP / 16;     // m16 tiles = warps along M
+    static constexpr int NG = kThreads / 32 / MT; // warps along the positions
+    static constexpr int NT8 = MT == 8 ? 8 : 4; // n8 tiles per warp per tile
+    static constexpr int PT = 8 * NT8 * NG;     // positions per tile
+    static constexpr int TPB = 512 / PT;        // tiles per block
+    static constexpr int KS = 3 * 128 + 16;     // bytes per key's limbs (the pad spreads 8 lanes' 16 B over all banks)
+    static constexpr int HS = NHP + 1;          // doubles per (row, position) of dots
+    static constexpr size_t smem = (size_t)PT * KS + (size_t)R * PT * HS * 8 + (size_t)R * NHP * 8 + PT * 4 + 256 * 4;
+    static_assert(MT * NG == kThreads / 32 && PT * 4 % kThreads == 0 && kThreads == 256, "tile shape");
+};
+
+template <int NHP, int R> __global__ void __launch_bounds__(kThreads, 2)
+index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes,
+                      const float *kscales, const int32_t *block_tables, int max_blocks,
+                      const int32_t *row_seq, const int32_t *lens, int rows, int nh, int d) {
+    using T = I8Tile<NHP, R>;
+    constexpr int PT = T::PT, MT = T::MT, KS = T::KS, HS = T::HS;
+    extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char *KL = smem;                                          // [PT][KS]: limb l at l * 128
+    double *D = reinterpret_cast<double *>(smem + (size_t)PT * KS);    // [R][PT][HS]
+    double *wq = D + (size_t)R * PT * HS;                              // [R][NHP]
+    float *ks = reinterpret_cast<float *>(wq + R * NHP);               // [PT], -1: a NaN code
+    uint32_t *lut = reinterpret_cast<uint32_t *>(ks + PT);             // [256]
+    __shared__ int s_len[R], s_seq[R];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = blockIdx.y * R, c0 = blockIdx.x * T::TPB * PT;
+    int nmax = 0;
+    for (int r = 0; r < R && r0 + r < rows; r++) nmax = max(nmax, lens[r0 + r]);
+    if (c0 >= nmax) return;
+    if (tid < R) {
+        const int row = r0 + tid;
+        s_len[tid] = row < rows ? lens[row] : 0;
+        s_seq[tid] = row < rows ? (row_seq ? row_seq[row] : row) : -1;
+    }
+    lut[tid] = e4m3_limbs(tid);
+
+    // query limbs of this warp's m16 tile: row rq of the block, heads hb + g (a0, a2) and
+    // hb + g + 8 (a1, a3), dimensions 32t .. 32t + 31; quantised as the keys (the fp64 kernel's
+    // statements; the amax over a head's 128 dimensions is over its 4 lanes t)
+    const int mt = warp % MT, ng = warp / MT, rq = mt / (NHP / 16), hb = (mt % (NHP / 16)) * 16;
+    const int qrow = r0 + rq;
+    __syncthreads(); // lut
+    uint32_t qa[3][4][4];
+#pragma unroll
+    for (int l = 0; l < 3; l++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int k = 0; k < 4; k++) qa[l][j][k] = 0;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const int h = hb + g + 8 * half;
+        const bool on = qrow < rows && h < nh;
+        float x[32];
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (on && 32 * t + 4 * q < d)
+                v = *reinterpret_cast<const float4 *>(iq + ((size_t)qrow * nh + h) * d + 32 * t + 4 * q);
+            x[4 * q] = v.x, x[4 * q + 1] = v.y, x[4 * q + 2] = v.z, x[4 * q + 3] = v.w;
+        }
+        float m = 1e-4f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const float a = fabsf(x[i]);
+            m = a > m ? a : m; // NaN never wins
+        }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float sq = pow2_scale(m);
+        unsigned bad = 0;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const uint8_t c = quant1(x[i], sq);
+            bad |= (c & 0x7fu) == 0x7fu;
+            const uint32_t lw = lut[c];
+            const int j = i >> 3, reg = ((i >> 2) & 1) * 2 + half, sh = 8 * (i & 3);
+#pragma unroll
+            for (int l = 0; l < 3; l++) qa[l][j][reg] |= ((lw >> (8 * l)) & 255u) << sh;
+        }
+        bad |= __shfl_xor_sync(0xffffffffu, bad, 1);
+        bad |= __shfl_xor_sync(0xffffffffu, bad, 2);
+        if (t == 0)
+            wq[rq * NHP + h] = on && !bad ? __dmul_rn((double)w[(size_t)qrow * nh + h], (double)sq) : 0.0;
+    }
+
+    for (int pi = 0; pi < R; pi++) { // one pass per distinct sequence of the block's rows
+        const int S = s_seq[pi];
+        bool seen = S < 0;
+        for (int j = 0; j < pi; j++) seen |= s_seq[j] == S;
+        if (seen) continue;
+        int n = 0;
+        for (int j = 0; j < R; j++)
+            if (s_seq[j] == S) n = max(n, s_len[j]);
+        const int32_t *bt = block_tables + (size_t)S * max_blocks;
+        const int cend = min(n, c0 + T::TPB * PT);
+        for (int p0 = c0; p0 < cend; p0 += PT) {
+            __syncthreads(); // the previous tile's dots, scales and limbs are consumed
+            for (int it = tid; it < PT * 4; it += kThreads) { // 32 bytes of key p0 + p at byte 32c
+                const int p = it >> 2, c = it & 3, pos = p0 + p;
+                uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
+                float sc = 0.0f;
+                if (pos < n) {
+                    const size_t slot = (size_t)bt[pos >> 7] * 128 + (pos & 127);
+                    const uint8_t *src = codes + slot * d + 32 * c;
+                    if (32 * c < d) v0 = *reinterpret_cast<const uint4 *>(src);
+                    if (32 * c + 16 < d) v1 = *reinterpret_cast<const uint4 *>(src + 16);
+                    sc = kscales[slot];
+                }
+                const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+                uint32_t o[3][8], kbad = 0;
+#pragma unroll
+                for (int q = 0; q < 8; q++) {
+                    kbad |= __vcmpeq4(wv[q] | 0x80808080u, 0xffffffffu);
+                    limbs4(o[0][q], o[1][q], o[2][q], wv[q], lut);
+                }
+                uint4 *dst = reinterpret_cast<uint4 *>(KL + (size_t)p * KS) + 2 * c;
+#pragma unroll
+                for (int l = 0; l < 3; l++) {
+                    dst[8 * l] = make_uint4(o[l][0], o[l][1], o[l][2], o[l][3]);
+                    dst[8 * l + 1] = make_uint4(o[l][4], o[l][5], o[l][6], o[l][7]);
+                }
+                kbad |= __shfl_xor_sync(0xffffffffu, kbad, 1); // the key's 4 lanes are adjacent
+                kbad |= __shfl_xor_sync(0xffffffffu, kbad, 2);
+                if (c == 0) ks[p] = kbad ? -1.0f : sc;
+            }
+            __syncthreads();
+#pragma unroll 1
+            for (int q8 = 0; q8 < T::NT8; q8++) {
+                const int pb = (ng * T::NT8 + q8) * 8;
+                const uint4 *src = reinterpret_cast<const uint4 *>(KL + (size_t)(pb + g) * KS + 32 * t);
+                uint32_t kb[3][8];
+#pragma unroll
+                for (int l = 0; l < 3; l++) {
+                    const uint4 x = src[8 * l], y = src[8 * l + 1];
+                    kb[l][0] = x.x, kb[l][1] = x.y, kb[l][2] = x.z, kb[l][3] = x.w;
+                    kb[l][4] = y.x, kb[l][5] = y.y, kb[l][6] = y.z, kb[l][7] = y.w;
+                }
+                int acc[5][4];
+#pragma unroll
+                for (int u = 0; u < 5; u++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[u][e] = 0;
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int la = 0; la < 3; la++)
+#pragma unroll
+                        for (int lb = 0; lb < 3; lb++) mma_s8(acc[la + lb], qa[la][j], kb[lb][2 * j], kb[lb][2 * j + 1]);
+                // c0, c1: head hb + g, positions pb + 2t, pb + 2t + 1; c2, c3: head hb + g + 8
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const long long v = (long long)acc[0][e] + (long long)acc[1][e] * 256 +
+                                        (long long)acc[2][e] * 65536 + (long long)acc[3][e] * 16777216 +
+                                        (long long)acc[4][e] * 4294967296LL;
+                    const int p = pb + 2 * t + (e & 1), h = hb + g + 8 * (e >> 1);
+                    D[((size_t)rq * PT + p) * HS + h] = __dmul_rn(__ll2double_rn(v), 0x1p-18); // exact
+                }
+            }
+            __syncthreads();
+            for (int i = tid; i < R * PT; i += kThreads) {
+                const int r = i / PT, p = i % PT, pos = p0 + p;
+                if (s_seq[r] != S || pos >= s_len[r]) continue;
+                const float k = ks[p];
+                float out = 0.0f; // a NaN key code: every dot NaN, no head counts (the CPU's +0)
+                if (k >= 0.0f) {
+                    const double *dp = D + ((size_t)r * PT + p) * HS, *wr = wq + r * NHP;
+                    double s = 0.0;
+                    for (int h = 0; h < nh; h++) {
+                        const double dot = dp[h];
+                        if (dot > 0) s = __dadd_rn(s, __dmul_rn(wr[h], dot));
+                    }
+                    out = __double2float_rn(__dmul_rn(s, (double)k));
+                }
+                scores[(size_t)(r0 + r) * ld + pos] = out;
+            }
+        }
+    }
+}
+
+template <int NHP, int R>
+void launch_i8(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes, const float *scales,
+               const int32_t *block_tables, int max_blocks, const int32_t *row_seq, const int32_t *lens, int max_len,
+               int rows, int nh, int d, cudaStream_t st) {
+    using T = I8Tile<NHP, R>;
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(index_score_i8_kernel<NHP, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)T::smem));
+        attr = true;
+    }
+    dim3 grid(ceil_div_u(max_len, T::TPB * T::PT), ceil_div_u(rows, R));
+    index_score_i8_kernel<NHP, R><<<grid, kThreads, T::smem, st>>>(scores, ld, iq, w, codes, scales, block_tables,
+                                                                   max_blocks, row_seq, lens, rows, nh, d);
 }
 
 // ---------------------------------------------------------------- top-k
@@ -325,6 +584,14 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
 
 } // namespace
 
+static int g_score_mode = LUNAR_DSA_SCORE_AUTO;
+
+extern "C" int lunar_cuda_dsa_score_mode(int mode) {
+    const int prev = g_score_mode;
+    g_score_mode = mode;
+    return prev;
+}
+
 extern "C" void lunar_cuda_dsa_index_write(uint8_t *codes, float *scales, const float *k,
                                            const int32_t *slots, int n, int d, lunar_cuda_stream s) {
     CUDA_REQUIRE(d >= 1 && d <= 1024 && (d & (d - 1)) == 0);
@@ -342,6 +609,35 @@ extern "C" void lunar_cuda_dsa_index_score(float *scores, int ld, const float *i
                                            int rows, int nh, int d, lunar_cuda_stream s) {
     CUDA_REQUIRE(nh >= 1 && nh <= 64 && d >= 16 && d <= kDP && d % 16 == 0 && ld >= max_len);
     if (rows <= 0 || max_len <= 0) return;
+    int mode = g_score_mode;
+    if (mode == LUNAR_DSA_SCORE_AUTO) {
+        static int env = -1;
+        if (env < 0) {
+            const char *e = getenv("LUNAR_DSA_SCORE");
+            env = e && !strcmp(e, "fp64") ? LUNAR_DSA_SCORE_FP64 : LUNAR_DSA_SCORE_INT8;
+        }
+        mode = env;
+    }
+    if (mode != LUNAR_DSA_SCORE_FP64) {
+        // rows of a block share their keys only when they are one sequence's: many rows (prefill,
+        // verification) come a sequence at a time; a decode batch is one row per sequence
+        const bool grouped = mode == LUNAR_DSA_SCORE_INT8_GROUPED || rows > 256;
+        const cudaStream_t st = to_stream(s);
+        if (nh <= 32 && grouped)
+            launch_i8<32, 4>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                             nh, d, st);
+        else if (nh <= 32)
+            launch_i8<32, 1>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                             nh, d, st);
+        else if (grouped)
+            launch_i8<64, 2>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                             nh, d, st);
+        else
+            launch_i8<64, 1>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                             nh, d, st);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (nh <= 32) {
         static bool attr = false;
         if (!attr) {

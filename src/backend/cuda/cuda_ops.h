@@ -343,6 +343,14 @@ void lunar_cuda_dsa_index_score(float *scores, int ld, const float *iq, const fl
                                 const int32_t *row_seq, const int32_t *lens, int max_len, int rows,
                                 int nh, int d, lunar_cuda_stream s);
 
+/* Which kernel computes those scores (both bitwise the CPU's): AUTO (default) is INT8 unless the
+ * environment says LUNAR_DSA_SCORE=fp64; INT8: e4m3 as three int8 limbs on the int8 tensor cores,
+ * several rows per block when rows > 256; INT8_GROUPED: the same with several rows per block at
+ * any size (tests of the mixed-sequence blocks); FP64: the dots in fp64 on the CUDA cores. Sets
+ * the mode, returns the previous one. */
+enum { LUNAR_DSA_SCORE_AUTO = 0, LUNAR_DSA_SCORE_INT8 = 1, LUNAR_DSA_SCORE_FP64 = 2, LUNAR_DSA_SCORE_INT8_GROUPED = 3 };
+int lunar_cuda_dsa_score_mode(int mode);
+
 /* op_dsa_indexer's selection from those scores: row r keeps the topk best of its lens[r]
  * positions (ties to the lower position), idx [rows, topk] ascending, padded with -1; count [rows]
  * = min(lens[r], topk) (may be NULL). Exact radix select on (score, position). Scores must not be
