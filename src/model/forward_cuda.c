@@ -451,7 +451,9 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         bt = fresh_bt;
     }
     const float scale = 1.0f / sqrtf((float)qk);
-    if (prefill_mode == 0 && prefill_gemm && N == 128 && Vd == 128) {
+    /* not under DCP yet: its fresh-prefill pages were verified on 2 GPUs with the absorbed form
+     * only (the flash kernel reads the same page layout; run cuda_dcp on 2 GPUs before enabling) */
+    if (prefill_mode == 0 && prefill_gemm && N == 128 && Vd == 128 && !dcp) {
         /* decompressed: k = [W_UK c | k_pe], v = W_UV c per head; 2 * (192 + 128) flops per
          * (query, head, key) instead of the absorbed form's 2 * (576 + 512), no (un)absorption */
         t0 = cp_begin();
