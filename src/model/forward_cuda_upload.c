@@ -224,7 +224,10 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     g->m = m;
     ptpc = c->ptpc_fp8, ptpc_tmp = 0;
     const char *fz = getenv("LUNAR_CUDA_FUSE");
-    fuse_off = fz && strcmp(fz, "0") == 0, fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
+    /* off under real TP ranks too: the fused launches were verified on one GPU (goldens, graphs)
+     * but not yet by the 2-GPU TP tests (cuda_tp); a --tp-slice benchmark has no ranks and fuses */
+    fuse_off = (fz && strcmp(fz, "0") == 0) || (m->tp && m->tp->size > 1);
+    fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
