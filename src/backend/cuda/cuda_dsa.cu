@@ -691,8 +691,10 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
 } // namespace
 
 static int g_score_mode = LUNAR_DSA_SCORE_AUTO;
-// INT8 (the default) is the pipelined kernel when this is true (set from the device run that showed
-// it bitwise equal and faster: docs/benchmarks.md, "DSA indexer, round 2")
+// INT8 (the default) is the pipelined kernel when this is true. False: its device run (docs/
+// benchmarks.md, "DSA indexer, round 2") showed it bitwise equal and faster in the op benchmark at
+// small sizes (1 row x 4K: 1.65x) but 0.93x at 1 row x 128K and no gain in the K3.1 decode, so it
+// stays opt-in (LUNAR_DSA_SCORE=int8-pipe) until an end-to-end run shows one
 static const bool kPipeDefault = false;
 
 extern "C" int lunar_cuda_dsa_score_mode(int mode) {
