@@ -547,15 +547,25 @@ static void cpu_scores(float *out, const float *iq, const float *w, const lunar_
     free(q8), free(qf), free(wq);
 }
 
-/* every score kernel (int8 tensor cores with one or several rows per block, fp64) */
-static const int score_modes[3] = {LUNAR_DSA_SCORE_INT8, LUNAR_DSA_SCORE_INT8_GROUPED, LUNAR_DSA_SCORE_FP64};
+/* every score kernel (int8 tensor cores, round-1 and pipelined, with one or several rows per block; fp64) */
+enum { N_SCORE_MODES = 5 };
+static const int score_modes[N_SCORE_MODES] = {LUNAR_DSA_SCORE_INT8_SYNC, LUNAR_DSA_SCORE_INT8_SYNC_GROUPED,
+                                               LUNAR_DSA_SCORE_INT8_PIPE, LUNAR_DSA_SCORE_INT8_PIPE_GROUPED,
+                                               LUNAR_DSA_SCORE_FP64};
 static const char *score_mode_name(int m) {
-    return m == LUNAR_DSA_SCORE_FP64 ? "fp64" : m == LUNAR_DSA_SCORE_INT8 ? "int8" : "int8 grouped";
+    switch (m) {
+    case LUNAR_DSA_SCORE_FP64: return "fp64";
+    case LUNAR_DSA_SCORE_INT8_SYNC: return "int8 sync";
+    case LUNAR_DSA_SCORE_INT8_SYNC_GROUPED: return "int8 sync grouped";
+    case LUNAR_DSA_SCORE_INT8_PIPE: return "int8 pipe";
+    case LUNAR_DSA_SCORE_INT8_PIPE_GROUPED: return "int8 pipe grouped";
+    default: return "int8";
+    }
 }
 
 TEST(cuda_dsa_indexer_vs_cpu) {
     if (!cuda_on()) return;
-    for (int mi = 0; mi < 3; mi++) {
+    for (int mi = 0; mi < N_SCORE_MODES; mi++) {
         const int mode = score_modes[mi], prev_mode = lunar_cuda_dsa_score_mode(mode);
         /* sequences: plain, shorter than topk, and one whose keys 1000.. are all the same (ties) */
         const int n_seq = 3, lens[3] = {3000, 100, 5000};
@@ -611,6 +621,21 @@ TEST(cuda_dsa_indexer_vs_cpu) {
             lunar_cuda_dsa_topk(didx, dcnt, dscores, ld, dlens, rows, topk, NULL);
             float *gsc = down(dscores, (size_t)rows * ld * 4);
             int32_t *gidx = down(didx, (size_t)rows * topk * 4), *gcnt = down(dcnt, (size_t)rows * 4);
+            /* one row alone (rows 0 and 2: few blocks, so the pipelined kernel takes 1 tile per block; with
+             * nh 64 its 64-position blocks start mid-page): the same scores as in the batch */
+            int alone_bad = 0;
+            for (int r = 0; r <= 2; r += 2) {
+                dout o1;
+                float *d1 = dout_new(&o1, (size_t)ld * 4);
+                lunar_cuda_dsa_index_score(d1, ld, diq + (size_t)r * nh * DI, dw + (size_t)r * nh, dcodes, dsc, dbt,
+                                           max_blocks, dseq + r, dlens + r, row_len[r], 1, nh, DI, NULL);
+                float *g1 = down(d1, (size_t)ld * 4);
+                alone_bad += memcmp(g1, gsc + (size_t)r * ld, (size_t)row_len[r] * 4) != 0;
+                CHECK(dout_guards_ok(&o1));
+                free(g1);
+            }
+            CHECK_MSG(alone_bad == 0, "indexer %s nh=%d: %d rows scored alone differ from the batch", score_mode_name(mode),
+                      nh, alone_bad);
             int score_bad = 0, idx_bad = 0;
             for (int r = 0; r < rows; r++) {
                 const int b = row_seq[r], n = row_len[r];
@@ -706,7 +731,7 @@ TEST(cuda_dsa_scores_odd_shapes_vs_cpu) {
     for (int j = 0; j < row_len[0]; j++) nonzero += ref[j] != 0.0f;
     CHECK_MSG(nonzero > row_len[0] / 4, "test data: only %d of %d scores of row 0 are nonzero", nonzero, row_len[0]);
     static const int nrows[2] = {NR, 7};
-    for (int mi = 0; mi < 3; mi++)
+    for (int mi = 0; mi < N_SCORE_MODES; mi++)
         for (int ri = 0; ri < 2; ri++) {
             const int mode = score_modes[mi], rows = nrows[ri], prev_mode = lunar_cuda_dsa_score_mode(mode);
             dout osc;

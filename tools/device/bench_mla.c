@@ -246,14 +246,15 @@ static void call_topk(void *p) {
     lunar_cuda_dsa_topk(c->idx, NULL, c->scores, c->L, c->lens, c->rows, c->topk, NULL);
 }
 
-/* Scores: the fp64 kernel against the int8 tensor-core kernel (same inputs; their scores compared
- * bitwise here too), then top-2048 on them. Floors: key bytes at 4.3 TB/s; the int8 kernel's nine
+/* Scores: the fp64 kernel against the two int8 tensor-core kernels, round 1 (sync: each tile's codes
+ * after the previous tile's math) and round 2 (pipe: cp.async ahead, fewer tiles per block at small
+ * sizes); same inputs, their scores compared bitwise here too; then top-2048 on them. Floors: key bytes at 4.3 TB/s; the int8 kernel's nine
  * limb GEMMs at the H200's dense int8 rate (1979 TOPS = 989.5e12 MAC/s; mma.sync reaches less). */
 #define INT8_MAC 989.5e12
 static void bench_indexer(void) {
     printf("\n### DSA indexer (FP8 keys, 132 B/token, d = 128; exact scores: fp64 vs int8 tensor cores)\n\n");
-    printf("| nh | rows | keys per row | fp64 | int8 | speedup | key bytes floor | int8 of floor | 9-limb int8 floor |"
-           " equal | top-2048 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("| nh | rows | keys per row | fp64 | int8 sync | int8 pipe | pipe vs sync | key bytes floor | pipe of floor |"
+           " 9-limb int8 floor | equal | top-2048 |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     const size_t slots = (size_t)MAXB * MAXL;
     size_t mark0 = lunar_cuda_mark();
     uint8_t *codes = dalloc(slots * 128);
@@ -285,27 +286,31 @@ static void bench_indexer(void) {
         lunar_cuda_upload(c.lens, hl, (size_t)rows * 4);
         lunar_cuda_upload(c.seq, hs, (size_t)rows * 4);
         const size_t nsc = (size_t)rows * L;
-        float *s64 = malloc(nsc * 4), *s8 = malloc(nsc * 4);
+        float *s64 = malloc(nsc * 4), *s8 = malloc(nsc * 4), *sp = malloc(nsc * 4);
         int prev = lunar_cuda_dsa_score_mode(LUNAR_DSA_SCORE_FP64);
         float us64 = time_us(call_score, &c, sh.one_seq ? 5 : 9);
         lunar_cuda_download(s64, c.scores, nsc * 4);
-        lunar_cuda_dsa_score_mode(LUNAR_DSA_SCORE_INT8);
+        lunar_cuda_dsa_score_mode(LUNAR_DSA_SCORE_INT8_SYNC);
         lunar_cuda_fill_u32(c.scores, 0x7fc00000u, nsc); /* NaN: every score must be rewritten */
         float us8 = time_us(call_score, &c, 9);
         lunar_cuda_download(s8, c.scores, nsc * 4);
+        lunar_cuda_dsa_score_mode(LUNAR_DSA_SCORE_INT8_PIPE);
+        lunar_cuda_fill_u32(c.scores, 0x7fc00000u, nsc);
+        float usp = time_us(call_score, &c, 9);
+        lunar_cuda_download(sp, c.scores, nsc * 4);
         lunar_cuda_dsa_score_mode(prev);
-        const int equal = memcmp(s64, s8, nsc * 4) == 0;
+        const int equal = memcmp(s64, s8, nsc * 4) == 0 && memcmp(s64, sp, nsc * 4) == 0;
         /* keys read once per row (the kernels re-read them per row from L2 for many rows) */
         double bytes = (double)rows * L * 132, floor = bytes / BW * 1e6;
         if (sh.one_seq) bytes = (double)L * 132, floor = bytes / BW * 1e6;
         const double tfl = 9.0 * rows * L * nh * 128 / INT8_MAC * 1e6;
         float ut = sh.one_seq ? 0.0f : time_us(call_topk, &c, 9);
-        printf("| %d | %d | %dK | %.1f us | %.1f us | %.1fx | %.1f us | %.0f%% | %.1f us | %s |", nh, rows, L / 1024,
-               us64, us8, us64 / us8, floor, 100.0 * floor / us8, tfl, equal ? "yes" : "NO");
+        printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.2fx | %.1f us | %.0f%% | %.1f us | %s |", nh, rows,
+               L / 1024, us64, us8, usp, us8 / usp, floor, 100.0 * floor / usp, tfl, equal ? "yes" : "NO");
         if (ut > 0.0f) printf(" %.1f us |\n", ut);
         else printf(" - |\n");
         fflush(stdout);
-        free(hl), free(hs), free(s64), free(s8);
+        free(hl), free(hs), free(s64), free(s8), free(sp);
         lunar_cuda_release(mark);
     }
     /* top-k at 1M */

@@ -234,33 +234,66 @@ __device__ __forceinline__ void limbs4(uint32_t &o0, uint32_t &o1, uint32_t &o2,
     o2 = __byte_perm(__byte_perm(l0, l1, 0x0062), __byte_perm(l2, l3, 0x0062), 0x5410);
 }
 
+__device__ __forceinline__ void cp_async16(void *smem, const void *g) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(g));
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *g) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(g));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// quant1 with x * (1 / scale) for x / scale: scale is a power of two 2^e with e in [-21, 120] (amax
+// >= 1e-4, <= FLT_MAX / 448) or +inf, so 1 / scale is exact (or +0), and both expressions are the
+// correct rounding of the same real x * 2^-e (inf and NaN cases: x * 0 and x / inf agree too)
+__device__ __forceinline__ uint8_t quant1_inv(float x, float inv) {
+    float v = __fmul_rn(x, inv);
+    if (v > 448.0f) v = 448.0f;
+    if (v < -448.0f) v = -448.0f;
+    return f32_to_e4m3(v);
+}
+
 template <int NHP, int R> struct I8Tile {
     static constexpr int MT = R * NHP / 16;     // m16 tiles = warps along M
     static constexpr int NG = kThreads / 32 / MT; // warps along the positions
     static constexpr int NT8 = MT == 8 ? 8 : 4; // n8 tiles per warp per tile
     static constexpr int PT = 8 * NT8 * NG;     // positions per tile
-    static constexpr int TPB = 512 / PT;        // tiles per block
+    static constexpr int TPB = 512 / PT;        // most tiles per block (the pipelined launch may take fewer)
     static constexpr int KS = 3 * 128 + 16;     // bytes per key's limbs (the pad spreads 8 lanes' 16 B over all banks)
+    static constexpr int RS = 128 + 16;         // bytes per key's raw codes (same reason)
     static constexpr int HS = NHP + 1;          // doubles per (row, position) of dots
     static constexpr size_t smem = (size_t)PT * KS + (size_t)R * PT * HS * 8 + (size_t)R * NHP * 8 + PT * 4 + 256 * 4;
+    static constexpr size_t smem_pipe = smem + (size_t)PT * RS + PT * 4; // + the next tile's raw codes and scales
     static_assert(MT * NG == kThreads / 32 && PT * 4 % kThreads == 0 && kThreads == 256, "tile shape");
+    static_assert(TPB * PT <= 512, "a block's positions span at most 5 pages of 128 (s_bt)");
 };
 
-template <int NHP, int R> __global__ void __launch_bounds__(kThreads, 2)
+// PIPE = false is the round-1 kernel (LUNAR_DSA_SCORE=int8-sync): each tile's codes are loaded
+// (block table, then codes) after the previous tile's math, tpb = TPB tiles per block. PIPE = true
+// (LUNAR_DSA_SCORE=int8-pipe): the codes go by cp.async into RAW, the first tile's issued before the
+// query quantisation and the next tile's under this tile's math, and the host takes fewer tiles per
+// block when rows x tiles would leave SMs idle. Small cases are a chain of dependent memory
+// latencies (lens, block table, codes, then the head sum): the pipeline overlaps them. The values
+// computed are the same statements on the same bytes: the scores are bitwise the same.
+template <int NHP, int R, bool PIPE> __global__ void __launch_bounds__(kThreads, 2)
 index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes,
                       const float *kscales, const int32_t *block_tables, int max_blocks,
-                      const int32_t *row_seq, const int32_t *lens, int rows, int nh, int d) {
+                      const int32_t *row_seq, const int32_t *lens, int rows, int nh, int d, int tpb) {
     using T = I8Tile<NHP, R>;
-    constexpr int PT = T::PT, MT = T::MT, KS = T::KS, HS = T::HS;
+    constexpr int PT = T::PT, MT = T::MT, KS = T::KS, HS = T::HS, RS = T::RS;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char *KL = smem;                                          // [PT][KS]: limb l at l * 128
     double *D = reinterpret_cast<double *>(smem + (size_t)PT * KS);    // [R][PT][HS]
     double *wq = D + (size_t)R * PT * HS;                              // [R][NHP]
     float *ks = reinterpret_cast<float *>(wq + R * NHP);               // [PT], -1: a NaN code
     uint32_t *lut = reinterpret_cast<uint32_t *>(ks + PT);             // [256]
-    __shared__ int s_len[R], s_seq[R];
+    unsigned char *RAW = reinterpret_cast<unsigned char *>(lut + 256); // PIPE: [PT][RS] a tile's codes
+    float *RAWS = reinterpret_cast<float *>(RAW + (size_t)PT * RS);    // PIPE: [PT] and their scales
+    __shared__ int s_len[R], s_seq[R], s_bt[8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = blockIdx.y * R, c0 = blockIdx.x * T::TPB * PT;
+    const int r0 = blockIdx.y * R, c0 = blockIdx.x * tpb * PT;
     int nmax = 0;
     for (int r = 0; r < R && r0 + r < rows; r++) nmax = max(nmax, lens[r0 + r]);
     if (c0 >= nmax) return;
@@ -269,13 +302,43 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
         s_len[tid] = row < rows ? lens[row] : 0;
         s_seq[tid] = row < rows ? (row_seq ? row_seq[row] : row) : -1;
     }
+    const int mt = warp % MT, ng = warp / MT, rq = mt / (NHP / 16), hb = (mt % (NHP / 16)) * 16;
+    const int qrow = r0 + rq;
+
+    // PIPE: the codes and scales of tile q0 (of a sequence of n keys) into RAW, RAWS by cp.async,
+    // the pages from s_bt (page pg0 first) or, before s_bt is filled, from the block table itself
+    auto fetch = [&](int q0, int n, const int32_t *bt, int pg0, bool direct) {
+        for (int it = tid; it < PT * 8; it += kThreads) {
+            const int p = it >> 3, ch = it & 7, pos = q0 + p;
+            if (pos < n && ch * 16 < d) {
+                const int page = direct ? bt[pos >> 7] : s_bt[(pos >> 7) - pg0];
+                const size_t slot = (size_t)page * 128 + (pos & 127);
+                cp_async16(RAW + p * RS + ch * 16, codes + slot * d + ch * 16);
+                if (ch == 0) cp_async4(RAWS + p, kscales + slot);
+            }
+        }
+        cp_commit();
+    };
+    if (PIPE) {
+        // this thread's query lines toward L2 first (no wait), then the first pass's first tile: the
+        // first pass is row r0's sequence (the pass loop below), its length the longest of its rows
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int h = hb + g + 8 * half;
+            if (qrow < rows && h < nh && 32 * t < d)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(iq + ((size_t)qrow * nh + h) * d + 32 * t));
+        }
+        const int S0 = row_seq ? row_seq[r0] : r0;
+        int n0 = 0;
+        for (int r = 0; r < R && r0 + r < rows; r++)
+            if ((row_seq ? row_seq[r0 + r] : r0 + r) == S0) n0 = max(n0, lens[r0 + r]);
+        fetch(c0, min(n0, c0 + tpb * PT), block_tables + (size_t)S0 * max_blocks, 0, true);
+    }
     lut[tid] = e4m3_limbs(tid);
 
     // query limbs of this warp's m16 tile: row rq of the block, heads hb + g (a0, a2) and
     // hb + g + 8 (a1, a3), dimensions 32t .. 32t + 31; quantised as the keys (the fp64 kernel's
     // statements; the amax over a head's 128 dimensions is over its 4 lanes t)
-    const int mt = warp % MT, ng = warp / MT, rq = mt / (NHP / 16), hb = (mt % (NHP / 16)) * 16;
-    const int qrow = r0 + rq;
     __syncthreads(); // lut
     uint32_t qa[3][4][4];
 #pragma unroll
@@ -304,11 +367,11 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
         }
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float sq = pow2_scale(m);
+        const float sq = pow2_scale(m), inv = __frcp_rn(sq);
         unsigned bad = 0;
 #pragma unroll
         for (int i = 0; i < 32; i++) {
-            const uint8_t c = quant1(x[i], sq);
+            const uint8_t c = PIPE ? quant1_inv(x[i], inv) : quant1(x[i], sq);
             bad |= (c & 0x7fu) == 0x7fu;
             const uint32_t lw = lut[c];
             const int j = i >> 3, reg = ((i >> 2) & 1) * 2 + half, sh = 8 * (i & 3);
@@ -330,19 +393,34 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
         for (int j = 0; j < R; j++)
             if (s_seq[j] == S) n = max(n, s_len[j]);
         const int32_t *bt = block_tables + (size_t)S * max_blocks;
-        const int cend = min(n, c0 + T::TPB * PT);
+        const int cend = min(n, c0 + tpb * PT), pg0 = c0 >> 7;
+        if (c0 >= cend) continue; // (pass 0's prologue fetch issued nothing then)
+        if (PIPE) {
+            __syncthreads(); // the previous pass is done with s_bt and RAW
+            if (tid <= ((cend - 1) >> 7) - pg0) s_bt[tid] = bt[pg0 + tid];
+            __syncthreads();
+            if (pi > 0) fetch(c0, cend, bt, pg0, false);
+        }
         for (int p0 = c0; p0 < cend; p0 += PT) {
+            if (PIPE) cp_wait_all(); // this thread's pieces of tile p0 are in; the barrier: everyone's
             __syncthreads(); // the previous tile's dots, scales and limbs are consumed
             for (int it = tid; it < PT * 4; it += kThreads) { // 32 bytes of key p0 + p at byte 32c
                 const int p = it >> 2, c = it & 3, pos = p0 + p;
                 uint4 v0 = make_uint4(0, 0, 0, 0), v1 = v0;
                 float sc = 0.0f;
                 if (pos < n) {
-                    const size_t slot = (size_t)bt[pos >> 7] * 128 + (pos & 127);
-                    const uint8_t *src = codes + slot * d + 32 * c;
-                    if (32 * c < d) v0 = *reinterpret_cast<const uint4 *>(src);
-                    if (32 * c + 16 < d) v1 = *reinterpret_cast<const uint4 *>(src + 16);
-                    sc = kscales[slot];
+                    if (PIPE) {
+                        const uint4 *src = reinterpret_cast<const uint4 *>(RAW + p * RS + 32 * c);
+                        if (32 * c < d) v0 = src[0];
+                        if (32 * c + 16 < d) v1 = src[1];
+                        sc = RAWS[p];
+                    } else {
+                        const size_t slot = (size_t)bt[pos >> 7] * 128 + (pos & 127);
+                        const uint8_t *src = codes + slot * d + 32 * c;
+                        if (32 * c < d) v0 = *reinterpret_cast<const uint4 *>(src);
+                        if (32 * c + 16 < d) v1 = *reinterpret_cast<const uint4 *>(src + 16);
+                        sc = kscales[slot];
+                    }
                 }
                 const uint32_t wv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
                 uint32_t o[3][8], kbad = 0;
@@ -362,6 +440,7 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
                 if (c == 0) ks[p] = kbad ? -1.0f : sc;
             }
             __syncthreads();
+            if (PIPE && p0 + PT < cend) fetch(p0 + PT, cend, bt, pg0, false); // RAW is free: the next tile under this one's math
 #pragma unroll 1
             for (int q8 = 0; q8 < T::NT8; q8++) {
                 const int pb = (ng * T::NT8 + q8) * 8;
@@ -415,20 +494,47 @@ index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, co
     }
 }
 
-template <int NHP, int R>
+template <int NHP, int R, bool PIPE>
 void launch_i8(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes, const float *scales,
                const int32_t *block_tables, int max_blocks, const int32_t *row_seq, const int32_t *lens, int max_len,
                int rows, int nh, int d, cudaStream_t st) {
     using T = I8Tile<NHP, R>;
+    constexpr size_t smem = PIPE ? T::smem_pipe : T::smem;
     static bool attr = false;
+    static int sms = 0;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(index_score_i8_kernel<NHP, R>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)T::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(index_score_i8_kernel<NHP, R, PIPE>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         attr = true;
     }
-    dim3 grid(ceil_div_u(max_len, T::TPB * T::PT), ceil_div_u(rows, R));
-    index_score_i8_kernel<NHP, R><<<grid, kThreads, T::smem, st>>>(scores, ld, iq, w, codes, scales, block_tables,
-                                                                   max_blocks, row_seq, lens, rows, nh, d);
+    // PIPE: fewer tiles per block (each block quantises its queries again) only to give every SM a block
+    const long long tiles = ceil_div_u(max_len, T::PT), groups = ceil_div_u(rows, R);
+    int tpb = T::TPB;
+    while (PIPE && tpb > 1 && (tiles + tpb - 1) / tpb * groups < sms) tpb /= 2;
+    dim3 grid(ceil_div_u(max_len, tpb * T::PT), (unsigned)groups);
+    index_score_i8_kernel<NHP, R, PIPE><<<grid, kThreads, smem, st>>>(scores, ld, iq, w, codes, scales, block_tables,
+                                                                      max_blocks, row_seq, lens, rows, nh, d, tpb);
+}
+
+template <bool PIPE>
+void launch_i8_any(bool grouped, float *scores, int ld, const float *iq, const float *w, const uint8_t *codes,
+                   const float *scales, const int32_t *block_tables, int max_blocks, const int32_t *row_seq,
+                   const int32_t *lens, int max_len, int rows, int nh, int d, cudaStream_t st) {
+    if (nh <= 32 && grouped)
+        launch_i8<32, 4, PIPE>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                               nh, d, st);
+    else if (nh <= 32)
+        launch_i8<32, 1, PIPE>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                               nh, d, st);
+    else if (grouped)
+        launch_i8<64, 2, PIPE>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                               nh, d, st);
+    else
+        launch_i8<64, 1, PIPE>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
+                               nh, d, st);
 }
 
 // ---------------------------------------------------------------- top-k
@@ -585,6 +691,11 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
 } // namespace
 
 static int g_score_mode = LUNAR_DSA_SCORE_AUTO;
+// INT8 (the default) is the pipelined kernel when this is true. False: its device run (docs/
+// benchmarks.md, "DSA indexer, round 2") showed it bitwise equal and faster in the op benchmark at
+// small sizes (1 row x 4K: 1.65x) but 0.93x at 1 row x 128K and no gain in the K3.1 decode, so it
+// stays opt-in (LUNAR_DSA_SCORE=int8-pipe) until an end-to-end run shows one
+static const bool kPipeDefault = false;
 
 extern "C" int lunar_cuda_dsa_score_mode(int mode) {
     const int prev = g_score_mode;
@@ -614,27 +725,27 @@ extern "C" void lunar_cuda_dsa_index_score(float *scores, int ld, const float *i
         static int env = -1;
         if (env < 0) {
             const char *e = getenv("LUNAR_DSA_SCORE");
-            env = e && !strcmp(e, "fp64") ? LUNAR_DSA_SCORE_FP64 : LUNAR_DSA_SCORE_INT8;
+            env = !e                     ? LUNAR_DSA_SCORE_INT8
+                  : !strcmp(e, "fp64")      ? LUNAR_DSA_SCORE_FP64
+                  : !strcmp(e, "int8-sync") ? LUNAR_DSA_SCORE_INT8_SYNC
+                  : !strcmp(e, "int8-pipe") ? LUNAR_DSA_SCORE_INT8_PIPE
+                                            : LUNAR_DSA_SCORE_INT8;
         }
         mode = env;
     }
     if (mode != LUNAR_DSA_SCORE_FP64) {
         // rows of a block share their keys only when they are one sequence's: many rows (prefill,
         // verification) come a sequence at a time; a decode batch is one row per sequence
-        const bool grouped = mode == LUNAR_DSA_SCORE_INT8_GROUPED || rows > 256;
-        const cudaStream_t st = to_stream(s);
-        if (nh <= 32 && grouped)
-            launch_i8<32, 4>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
-                             nh, d, st);
-        else if (nh <= 32)
-            launch_i8<32, 1>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
-                             nh, d, st);
-        else if (grouped)
-            launch_i8<64, 2>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
-                             nh, d, st);
+        const bool grouped = mode == LUNAR_DSA_SCORE_INT8_GROUPED || mode == LUNAR_DSA_SCORE_INT8_SYNC_GROUPED ||
+                             mode == LUNAR_DSA_SCORE_INT8_PIPE_GROUPED || rows > 256;
+        const bool pipe = mode == LUNAR_DSA_SCORE_INT8_PIPE || mode == LUNAR_DSA_SCORE_INT8_PIPE_GROUPED ||
+                          ((mode == LUNAR_DSA_SCORE_INT8 || mode == LUNAR_DSA_SCORE_INT8_GROUPED) && kPipeDefault);
+        if (pipe)
+            launch_i8_any<true>(grouped, scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens,
+                                max_len, rows, nh, d, to_stream(s));
         else
-            launch_i8<64, 1>(scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, max_len, rows,
-                             nh, d, st);
+            launch_i8_any<false>(grouped, scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens,
+                                 max_len, rows, nh, d, to_stream(s));
         CUDA_CHECK_LAUNCH();
         return;
     }

@@ -343,12 +343,24 @@ void lunar_cuda_dsa_index_score(float *scores, int ld, const float *iq, const fl
                                 const int32_t *row_seq, const int32_t *lens, int max_len, int rows,
                                 int nh, int d, lunar_cuda_stream s);
 
-/* Which kernel computes those scores (both bitwise the CPU's): AUTO (default) is INT8 unless the
- * environment says LUNAR_DSA_SCORE=fp64; INT8: e4m3 as three int8 limbs on the int8 tensor cores,
- * several rows per block when rows > 256; INT8_GROUPED: the same with several rows per block at
- * any size (tests of the mixed-sequence blocks); FP64: the dots in fp64 on the CUDA cores. Sets
- * the mode, returns the previous one. */
-enum { LUNAR_DSA_SCORE_AUTO = 0, LUNAR_DSA_SCORE_INT8 = 1, LUNAR_DSA_SCORE_FP64 = 2, LUNAR_DSA_SCORE_INT8_GROUPED = 3 };
+/* Which kernel computes those scores (all bitwise the CPU's): AUTO (default) is INT8 unless the
+ * environment says LUNAR_DSA_SCORE=fp64 (or int8-sync / int8-pipe: the two INT8 kernels below); INT8:
+ * e4m3 as three int8 limbs on the int8 tensor cores, several rows per block when rows > 256;
+ * INT8_GROUPED: the same with several rows per block at any size (tests of the mixed-sequence
+ * blocks); FP64: the dots in fp64 on the CUDA cores. INT8 is one of two kernels: SYNC (each tile's
+ * codes loaded after the previous tile's math, 4 tiles per block) or PIPE (codes by cp.async ahead
+ * of the math, fewer tiles per block at small sizes); the _SYNC / _PIPE modes pick one (tests,
+ * benchmarks). Sets the mode, returns the previous one. */
+enum {
+    LUNAR_DSA_SCORE_AUTO = 0,
+    LUNAR_DSA_SCORE_INT8 = 1,
+    LUNAR_DSA_SCORE_FP64 = 2,
+    LUNAR_DSA_SCORE_INT8_GROUPED = 3,
+    LUNAR_DSA_SCORE_INT8_SYNC = 4,
+    LUNAR_DSA_SCORE_INT8_SYNC_GROUPED = 5,
+    LUNAR_DSA_SCORE_INT8_PIPE = 6,
+    LUNAR_DSA_SCORE_INT8_PIPE_GROUPED = 7,
+};
 int lunar_cuda_dsa_score_mode(int mode);
 
 /* op_dsa_indexer's selection from those scores: row r keeps the topk best of its lens[r]
