@@ -1086,7 +1086,8 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
         // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
         // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2), =tall the wgmma one with
-        // 256-row M tiles (path 6).
+        // 256-row M tiles (path 6: correct, but 13-48 % slower than path 4 on the H200 at 8192
+        // tokens, docs/benchmarks.md "MoE prefill, round 2"; opt-in for further measurement).
         static int pre = -1;
         if (pre < 0) {
             const char *v = getenv("LUNAR_MOE_PREFILL");

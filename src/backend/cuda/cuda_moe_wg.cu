@@ -167,7 +167,10 @@ template <int N> __device__ __forceinline__ void fence_acc(float *d) {
 // list, taken at an expert's even tiles (its odd ones are skipped), so that an expert of 129-256
 // rows has its weights copied (and, MXFP4, widened) once per N tile instead of twice; each
 // warpgroup multiplies its 128 rows as two m64nBN products (BN 128: the same 128 accumulators per
-// thread as 128 x 256), skipping a 64-row block that lies past the expert's end.
+// thread as 128 x 256), skipping a 64-row block that lies past the expert's end. Measured slower
+// than 128 x 256 on every prefill shape (docs/benchmarks.md, "MoE prefill, round 2"): the m64n128
+// products read more shared memory per FLOP than m64n256 ones, and that, not the widening, sets
+// the pace; so it is opt-in (LUNAR_MOE_PREFILL=tall).
 template <bool MX, bool GATEUP, int BM, int BN>
 __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__ xargs a) {
     typedef wg_cfg<BM, BN> C;
