@@ -89,8 +89,8 @@ struct xargs {
 };
 
 // The wgmma grouped GEMM (cuda_moe_wg.cu): both expert GEMMs over the tile list of r's
-// permutation (tiles = an upper bound of its length). shape 0: 128-row M tiles x 256-row weight
-// tiles where R allows it (else 128); 1: 128 x 128 everywhere; 2: 256 x 128 everywhere.
-void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, int shape, cudaStream_t st);
+// permutation (tiles = an upper bound of its length). narrow: 128-row weight tiles everywhere
+// (else 256 where R allows it).
+void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st);
 
 #endif

@@ -34,15 +34,15 @@
 
 #include "backend/cuda/cuda_moe.cuh"
 
+#define WG_BM 128
 #define WG_BK 64
 #define WG_T 256
 
-template <int BM, int BN> struct wg_cfg {
-    // copy stages (prefetch distance ST - 2 chunks): 4 x (16 + 32) KB for BM 128 x BN 256, 4 x
-    // (32 + 16) KB for 256 x 128, 6 x (16 + 16) KB for 128 x 128 (bf16 weights); MXFP4 keeps 3 bf16
-    // B tiles plus ST raw stages instead.
-    static constexpr int ST = BM + BN > 256 ? 4 : 6;
-    static constexpr uint32_t A_BYTES = BM * 128, B_BYTES = BN * 128;
+template <int BN> struct wg_cfg {
+    // copy stages (prefetch distance ST - 2 chunks): 4 x (16 + 32) KB for BN 256, 6 x (16 + 16) KB
+    // for BN 128 (bf16 weights); MXFP4 keeps 3 bf16 B tiles plus ST raw stages instead.
+    static constexpr int ST = BN == 256 ? 4 : 6;
+    static constexpr uint32_t A_BYTES = WG_BM * 128, B_BYTES = BN * 128;
     static constexpr int UNITS = BN * 2;                 // MXFP4: 32-column blocks per chunk
     static constexpr uint32_t RAW_BYTES = UNITS * 16, SCW_BYTES = UNITS * 4;
     static constexpr size_t smem(bool mx) {
@@ -163,22 +163,13 @@ template <int N> __device__ __forceinline__ void fence_acc(float *d) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// BM 256 ("tall" M tiles, path 6): an item is two consecutive 128-row tiles of the permutation's
-// list, taken at an expert's even tiles (its odd ones are skipped), so that an expert of 129-256
-// rows has its weights copied (and, MXFP4, widened) once per N tile instead of twice; each
-// warpgroup multiplies its 128 rows as two m64nBN products (BN 128: the same 128 accumulators per
-// thread as 128 x 256), skipping a 64-row block that lies past the expert's end. Measured slower
-// than 128 x 256 on every prefill shape (docs/benchmarks.md, "MoE prefill, round 2"): the m64n128
-// products read more shared memory per FLOP than m64n256 ones, and that, not the widening, sets
-// the pace; so it is opt-in (LUNAR_MOE_PREFILL=tall).
-template <bool MX, bool GATEUP, int BM, int BN>
+template <bool MX, bool GATEUP, int BN>
 __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__ xargs a) {
-    typedef wg_cfg<BM, BN> C;
+    typedef wg_cfg<BN> C;
     constexpr int ST = C::ST, NB = MX ? 3 : ST;  // copy stages, bf16 B tiles
     constexpr int NH = GATEUP ? BN / 2 : BN;      // output columns per N tile
-    constexpr int MB = BM / 128;                  // m64 blocks per warpgroup
-    constexpr int NACC = BN / 2;                  // accumulators per thread and m64 block (m64nBN over 128 threads)
-    constexpr int APT = BM * 8 / WG_T;            // 16-byte A pieces per thread and chunk
+    constexpr int NACC = BN / 2;                  // accumulators per thread (m64nBN over 128 threads)
+    constexpr int APT = WG_BM * 8 / WG_T;         // 16-byte A pieces per thread and chunk
     constexpr int BPT = BN * 8 / WG_T;            // 16-byte bf16 B pieces per thread and chunk
     constexpr int UPT = C::UNITS / WG_T;          // MXFP4 32-column blocks per thread and chunk
     extern __shared__ uint8_t wg_smem[];
@@ -188,45 +179,19 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
     const int NN = a.R / NH, J = a.K / WG_BK;
     const int total = a.counts[a.E + 1] * NN, G = gridDim.x, b = blockIdx.x;
     if (b >= total) return;
+    const int Q = ((total - 1 - b) / G + 1) * J;  // this block's chunks, all its items in a row
     const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, wwarp = (tid >> 5) & 3;
-    // item w is walked iff its tile is an even one of its expert (always, for BM 128)
-    auto walked = [&](int w) {
-        if (BM == 128) return true;
-        const int ti = w / NN;
-        return ((a.tiles[2 * ti + 1] - a.offsets[a.tiles[2 * ti]]) & 128) == 0;
-    };
-    // this block's items: b, b + G, ... that are walked; Q = their chunks, all in a row
-    int Q;
-    if (BM == 128) {
-        Q = ((total - 1 - b) / G + 1) * J;
-    } else {
-        __shared__ int n_walked;
-        if (tid == 0) n_walked = 0;
-        __syncthreads();
-        int mine = 0;
-        for (int w = b + tid * G; w < total; w += WG_T * G) mine += walked(w);
-        if (mine) atomicAdd(&n_walked, mine);
-        __syncthreads();
-        Q = n_walked * J;
-        if (Q == 0) return;  // block-uniform
-    }
-    // the next walked item after w (the caller knows there is one)
-    auto next_item = [&](int w) {
-        w += G;
-        while (!walked(w)) w += G;
-        return w;
-    };
     const size_t estr = (size_t)a.R * a.K;
 
     // ---- copies (the item whose chunks are being copied: ld_*)
     const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 32 i, 16-byte chunk a_ch
     const uint16_t *xsrc[APT];
     bool xok[APT];
-    int ld_e = 0, ld_n0 = 0, ld_w = b - G;
+    int ld_e = 0, ld_n0 = 0;
     auto load = [&](int q) {
-        const int j = q % J, stage = q % ST;
+        const int li = q / J, j = q - li * J, stage = q % ST;
         if (j == 0) {
-            const int w = ld_w = next_item(ld_w), ti = w / NN;
+            const int w = b + li * G, ti = w / NN;
             const int e = a.tiles[2 * ti], r0 = a.tiles[2 * ti + 1], rend = a.offsets[e + 1];
             ld_e = e, ld_n0 = (w - ti * NN) * NH;
 #pragma unroll
@@ -295,23 +260,23 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
         }
     };
 
-    float acc[MB * NACC];
+    float acc[NACC];
 #pragma unroll
-    for (int i = 0; i < MB * NACC; i++) acc[i] = 0.0f;
+    for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
 #pragma unroll
     for (int q = 0; q < ST - 2; q++) {
         if (q < Q) load(q);
         wg_commit();  // one group per chunk, empty ones too: wait_group counts stay fixed
     }
     const int g = lane >> 2, c = lane & 3;
-    for (int q = 0, c_w = b - G; q < Q;) {
+    for (int ci = 0, q = 0; q < Q; ci++) {
         int c_r0, c_rend, c_n0;
         {
-            const int w = c_w = next_item(c_w), ti = w / NN;
+            const int w = b + ci * G, ti = w / NN;
             const int e = a.tiles[2 * ti];
-            c_r0 = a.tiles[2 * ti + 1] + wg * (BM / 2), c_rend = a.offsets[e + 1], c_n0 = (w - ti * NN) * NH;
+            c_r0 = a.tiles[2 * ti + 1] + wg * 64, c_rend = a.offsets[e + 1], c_n0 = (w - ti * NN) * NH;
         }
-        const bool c_on = c_r0 < c_rend;  // warpgroup-uniform, as is c_r0 + 64 < c_rend
+        const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
         for (int j = 0; j < J; j++, q++) {
             wg_cp_wait<ST - 3>();  // this thread's copies of chunk q have landed
             if (MX) widen(q, j);
@@ -320,34 +285,25 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
             if (q + ST - 2 < Q) load(q + ST - 2);
             wg_commit();
             if (c_on) {
-                const uint32_t aT = sA + (q % ST) * C::A_BYTES + wg * (BM / 2) * 128, bT = sB + (q % NB) * C::B_BYTES;
+                const uint32_t aT = sA + (q % ST) * C::A_BYTES + wg * 64 * 128, bT = sB + (q % NB) * C::B_BYTES;
                 wgmma_fence();
-                fence_acc<MB * NACC>(acc);
+                fence_acc<NACC>(acc);
 #pragma unroll
                 for (int kk = 0; kk < WG_BK / 16; kk++)
                     wgmma_bn<BN>(acc, wg_desc(aT + kk * 32), wg_desc(bT + kk * 32), j > 0 || kk > 0);
-                if (MB == 2 && c_r0 + 64 < c_rend) {
-#pragma unroll
-                    for (int kk = 0; kk < WG_BK / 16; kk++)
-                        wgmma_bn<BN>(acc + NACC, wg_desc(aT + 64 * 128 + kk * 32), wg_desc(bT + kk * 32),
-                                     j > 0 || kk > 0);
-                }
                 wgmma_commit();
-                fence_acc<MB * NACC>(acc);
+                fence_acc<NACC>(acc);
             }
             wgmma_wait<1>();  // chunk q - 1 done: its stage is free after the next barrier
         }
         wgmma_wait<0>();
-        fence_acc<MB * NACC>(acc);
+        fence_acc<NACC>(acc);
+        if (c_on) {
+            // accumulator i: row 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1)
+            const int rlo = c_r0 + wwarp * 16 + g;
 #pragma unroll
-        for (int mb = 0; mb < MB; mb++) {
-            if (c_r0 + 64 * mb >= c_rend) break;
-            // accumulator i of block mb: row 64 mb + 16 wwarp + g + 8 ((i >> 1) & 1), column
-            // 8 (i >> 2) + 2 c + (i & 1)
-            const int rlo = c_r0 + 64 * mb + wwarp * 16 + g;
-#pragma unroll
-            for (int p = mb * NACC; p < mb * NACC + (GATEUP ? NACC / 2 : NACC); p += 4) {
-                const int col = c_n0 + 2 * (p - mb * NACC) + 2 * c;
+            for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
+                const int col = c_n0 + 2 * p + 2 * c;
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int r = rlo + 8 * hh;
@@ -370,43 +326,35 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
 // ---------------------------------------------------------------- launchers
 
 #define WG_MAX_DEV 64
-template <bool MX, bool GATEUP, int BM, int BN> static void wg_launch(const xargs &a, int tiles, cudaStream_t st) {
-    const size_t smem = wg_cfg<BM, BN>::smem(MX);
+template <bool MX, bool GATEUP, int BN> static void wg_launch(const xargs &a, int tiles, cudaStream_t st) {
+    const size_t smem = wg_cfg<BN>::smem(MX);
     static bool attr[WG_MAX_DEV];
     static int sms[WG_MAX_DEV];
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_REQUIRE(dev >= 0 && dev < WG_MAX_DEV);
     if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_wg_kernel<MX, GATEUP, BM, BN>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(moe_wg_kernel<MX, GATEUP, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
         attr[dev] = true;
     }
-    // BM 256 walks about half of these items (the even tiles): the blocks without any return at once
     const long items = (long)tiles * (a.R / (GATEUP ? BN / 2 : BN));
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return;
-    moe_wg_kernel<MX, GATEUP, BM, BN><<<grid, WG_T, smem, st>>>(a);
+    moe_wg_kernel<MX, GATEUP, BN><<<grid, WG_T, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
-template <bool MX> static void wg_pair(const xargs &g, const xargs &d, int tiles, int shape, cudaStream_t st) {
-    if (shape == 2) {  // 256 x 128 tiles in both GEMMs (R % 128 == 0 always)
-        wg_launch<MX, true, 256, 128>(g, tiles, st);
-        wg_launch<MX, false, 256, 128>(d, tiles, st);
-        return;
-    }
-    const bool narrow = shape == 1;
-    if (narrow) wg_launch<MX, true, 128, 128>(g, tiles, st);
-    else wg_launch<MX, true, 128, 256>(g, tiles, st);  // I % 128 == 0: 128 columns of w1 and of w3
-    if (narrow || d.R % 256) wg_launch<MX, false, 128, 128>(d, tiles, st);
-    else wg_launch<MX, false, 128, 256>(d, tiles, st);
+template <bool MX> static void wg_pair(const xargs &g, const xargs &d, int tiles, bool narrow, cudaStream_t st) {
+    if (narrow) wg_launch<MX, true, 128>(g, tiles, st);
+    else wg_launch<MX, true, 256>(g, tiles, st);  // I % 128 == 0: 128 columns of w1 and of w3
+    if (narrow || d.R % 256) wg_launch<MX, false, 128>(d, tiles, st);
+    else wg_launch<MX, false, 256>(d, tiles, st);
 }
 
-void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, int shape, cudaStream_t st) {
+void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st) {
     CUDA_REQUIRE(g.R % 128 == 0 && g.K % WG_BK == 0 && d.R % 128 == 0 && d.K % WG_BK == 0);
-    CUDA_REQUIRE(shape >= 0 && shape <= 2);
-    if (mx) wg_pair<true>(g, d, tiles, shape, st);
-    else wg_pair<false>(g, d, tiles, shape, st);
+    if (mx) wg_pair<true>(g, d, tiles, narrow, st);
+    else wg_pair<false>(g, d, tiles, narrow, st);
 }
