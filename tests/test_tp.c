@@ -159,6 +159,21 @@ TEST(tp_dcp_comm_groups) {
         }
         for (int r = 0; r < n; r++) lunar_comm_free(comms[r]);
     }
+    /* the layout in words (`lunar plan`, serve's log) names the same groups */
+    char buf[192];
+    lunar_dcp_layout(buf, sizeof buf, 4, 2);
+    CHECK_MSG(strcmp(buf, "2 groups of 2 consecutive ranks [0,1] [2,3]; TP rank r is DCP rank r % 2") == 0, "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 8, 4);
+    CHECK_MSG(strcmp(buf, "2 groups of 4 consecutive ranks [0-3] [4-7]; TP rank r is DCP rank r % 4") == 0, "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 64, 8);
+    CHECK_MSG(strcmp(buf, "8 groups of 8 consecutive ranks [0-7] [8-15] [16-23] .. [56-63]; TP rank r is DCP rank r % 8") == 0,
+              "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 8, 8);
+    CHECK_MSG(strcmp(buf, "1 group of 8 consecutive ranks [0-7]; TP rank r is DCP rank r % 8") == 0, "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 8, 1);
+    CHECK_MSG(strcmp(buf, "none") == 0, "%s", buf);
+    lunar_dcp_layout(buf, 16, 64, 8); /* truncated, terminated */
+    CHECK(strlen(buf) == 15);
 }
 
 /* ---------------------------------------------------------------- rendezvous */

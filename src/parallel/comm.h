@@ -62,6 +62,10 @@ static inline int lunar_dcp_group_rank(int rank, int dcp) { return rank % dcp; }
  * into the groups above. Release it with lunar_dcp_comm_free(tp, *out). */
 int lunar_dcp_comm(lunar_comm *tp, int dcp, lunar_comm **out, lunar_err *err);
 void lunar_dcp_comm_free(lunar_comm *tp, lunar_comm *dcp);
+/* The groups in words for logs and `lunar plan`, e.g. tp 8, dcp 4: "2 groups of 4 consecutive
+ * ranks [0-3] [4-7]; TP rank r is DCP rank r % 4" (more than 4 groups: the first 3, "..", the
+ * last). buf holds at least 160 bytes; dcp 1: "none". */
+void lunar_dcp_layout(char *buf, size_t n, int tp, int dcp);
 static inline void lunar_comm_free(lunar_comm *c) {
     if (c) c->vt->destroy(c);
 }
