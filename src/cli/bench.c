@@ -45,9 +45,9 @@ static const char *USAGE =
     "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--enforce-eager]\n"
     "         [--json FILE] [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
     "         [--kda-state-dtype fp32|fp16]\n"
-    "         [--tensor-parallel-size N [--decode-context-parallel-size N] [--enable-expert-parallel]\n"
+    "         [--tensor-parallel-size N [--decode-context-parallel-size D] [--enable-expert-parallel]\n"
     "          [--master-port P]]  (--backend cuda: one rank process per GPU, rank 0 reports per-rank figures;\n"
-    "         the collectives are real; DCP on CUDA: equal to the TP size)\n"
+    "         the collectives are real; DCP: groups of D consecutive ranks, D dividing N)\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
 
 #define MAX_LIST 32
