@@ -229,7 +229,8 @@ TEST(cuda_dcp_tp2_matches_one_gpu) {
  * near-uniform logits (margins of 1e-3), so a few argmax flips are expected (measured on the
  * H200: 29/32 and 7/8 rows agree on dummy-k31-small) and only three quarters are required. */
 #define DUMMY_ARGMAX_MIN 0.75
-static int run_dummy(const char *bin, const char *cfg, const char *ids, int T, const char *out, const char *tp) {
+static int run_dummy(const char *bin, const char *cfg, const char *ids, int T, const char *out, const char *tp,
+                     const char *dcp) {
     char dec[32];
     snprintf(dec, sizeof dec, "%d", T);
     fflush(stdout), fflush(stderr);
@@ -237,7 +238,8 @@ static int run_dummy(const char *bin, const char *cfg, const char *ids, int T, c
     if (p == 0) {
         char *argv[] = {(char *)bin, "logits", (char *)cfg, "--load-format", "dummy", "--ids",
                         (char *)ids, "--decode-after", dec, "--backend", "cuda", "--out", (char *)out,
-                        "--tensor-parallel-size", (char *)tp, "--master-port", "29613", NULL};
+                        "--tensor-parallel-size", (char *)tp, "--decode-context-parallel-size", (char *)dcp,
+                        "--master-port", "29613", NULL};
         execv(bin, argv);
         _exit(127);
     }
@@ -267,7 +269,8 @@ TEST(cuda_tp_dummy_lazy_shards) {
         int f1 = mkstemp(ref_path), f2 = mkstemp(tp_path);
         LUNAR_ASSERT(f1 >= 0 && f2 >= 0);
         close(f1), close(f2);
-        const int rc1 = run_dummy(bin, cfgs[c], ids, T, ref_path, "1"), rc2 = run_dummy(bin, cfgs[c], ids, T, tp_path, "2");
+        const int rc1 = run_dummy(bin, cfgs[c], ids, T, ref_path, "1", "1"),
+                  rc2 = run_dummy(bin, cfgs[c], ids, T, tp_path, "2", "1");
         CHECK_MSG(rc1 == 0 && rc2 == 0, "%s: lunar logits exited %d (1 GPU) and %d (TP 2)", cfgs[c], rc1, rc2);
         float *ref = rc1 == 0 ? read_npy(ref_path, N, V) : NULL, *got = rc2 == 0 ? read_npy(tp_path, N, V) : NULL;
         CHECK(!rc1 == !!ref && !rc2 == !!got);
@@ -351,6 +354,71 @@ TEST(cuda_dcp_kl48_fresh_prefill_and_decode) {
     }
     free(ref), free(tp), free(got);
     unlink(p1), unlink(p2), unlink(p3);
+}
+
+/* DCP smaller than TP (issue 10): groups of D consecutive ranks, each with its own NCCL comm split
+ * off the TP comm (lunar_dcp_comm), the partials exchanged inside the group, every all-reduce over
+ * all TP ranks. Against one GPU under the dummy rule, as above: KL48's MLA shapes (the causal path;
+ * 32 heads, 8 a rank at TP 4) and dummy-k31-small (DSA: the replicated top-k reduced to local rows;
+ * 8 heads, 2 a rank), TP 4 + DCP 2 with 4 GPUs, and TP 8 + DCP 2 and 4 with 8. A group that
+ * exchanged with the wrong ranks (another group's rows, or the TP comm's) gives O(1) errors, as
+ * would a DCP rank that is not TP rank % D (its slots hold other positions). Skipped with fewer
+ * than 4 GPUs; tp_dcp_comm_groups (CPU) and nccl_world_size_1 (one GPU) test the group split. */
+static void dcp_small_case(const char *bin, const char *tp, const char *dcp) {
+    enum { N = 96, T = 80, V = 163840, NS = 40, TS = 32, VS = 4096 };
+    char ids[N * 8], *w = ids, sids[NS * 8], *ws = sids;
+    for (int i = 0; i < N; i++) w += sprintf(w, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % V);
+    for (int i = 0; i < NS; i++) ws += sprintf(ws, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % VS);
+    for (int c = 0; c < 2; c++) {
+        const int n = c ? NS : N, t = c ? TS : T, v = c ? VS : V;
+        char p1[] = "/tmp/lunar-dcps1-XXXXXX", p2[] = "/tmp/lunar-dcps2-XXXXXX";
+        int f1 = mkstemp(p1), f2 = mkstemp(p2);
+        LUNAR_ASSERT(f1 >= 0 && f2 >= 0);
+        close(f1), close(f2);
+        const char *what = c ? "dummy-k31-small (DSA)" : "KL48 shapes (dummy, 4 layers)";
+        const int rc1 = c ? run_dummy(bin, "tests/data/dummy-k31-small", sids, t, p1, "1", "1")
+                          : run_kl48(bin, ids, t, p1, "1", "1");
+        const int rc2 = c ? run_dummy(bin, "tests/data/dummy-k31-small", sids, t, p2, tp, dcp)
+                          : run_kl48(bin, ids, t, p2, tp, dcp);
+        CHECK_MSG(rc1 == 0 && rc2 == 0, "%s: lunar logits exited %d (1 GPU) and %d (TP %s + DCP %s)", what, rc1, rc2,
+                  tp, dcp);
+        float *ref = rc1 == 0 ? read_npy(p1, n, v) : NULL, *got = rc2 == 0 ? read_npy(p2, n, v) : NULL;
+        CHECK(!rc1 == !!ref && !rc2 == !!got);
+        if (ref && got) {
+            int a_pre = 0, a_dec = 0;
+            const double e_pre = cmp_rows(got, ref, t, v, &a_pre);
+            const double e_dec = cmp_rows(got + (size_t)t * v, ref + (size_t)t * v, n - t, v, &a_dec);
+            fprintf(stderr, "\n  %s TP %s+DCP %s vs 1 GPU, median row: prefill %.1e decode %.1e, argmax %d/%d %d/%d",
+                    what, tp, dcp, e_pre, e_dec, a_pre, t, a_dec, n - t);
+            CHECK_MSG(e_pre <= TP_REF_TOL && e_dec <= TP_REF_TOL, "%s TP %s + DCP %s: prefill %.3g decode %.3g", what,
+                      tp, dcp, e_pre, e_dec);
+            CHECK(a_pre >= DUMMY_ARGMAX_MIN * t && a_dec >= DUMMY_ARGMAX_MIN * (n - t));
+        }
+        free(ref), free(got);
+        unlink(p1), unlink(p2);
+    }
+}
+
+TEST(cuda_dcp_smaller_than_tp_matches_one_gpu) {
+    char desc[256];
+    const int n = lunar_cuda_device_count(desc, sizeof desc);
+    if (n < 4) {
+        fprintf(stderr, "[skipped: %d CUDA device(s), TP 4 + DCP 2 needs four: %s] ", n < 0 ? 0 : n,
+                n < 1 ? desc : "too few");
+        return;
+    }
+    char self[1024], bin[1100];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    LUNAR_ASSERT(k > 0);
+    self[k] = 0;
+    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    dcp_small_case(bin, "4", "2");
+    if (n < 8) {
+        fprintf(stderr, "\n  [%d GPUs: TP 8 + DCP 2 / 4 skipped, they need eight]", n);
+        return;
+    }
+    dcp_small_case(bin, "8", "2");
+    dcp_small_case(bin, "8", "4");
 }
 
 /* CUDA graphs under TP (LUNAR_TP_GRAPHS=1): the decode steps of a graph-eligible model (Kimi-

@@ -1,7 +1,9 @@
 /* NCCL collectives with world size 1 on one GPU (the device machine; skipped without a device or
  * without NCCL): the unique id, the rendezvous of a one-rank world, the comm on device 0, and
  * all-reduce / all-gather / all-to-all / barrier on device buffers (with one rank each is the
- * identity, so the exact input must come back), plus init errors returned as values.
+ * identity, so the exact input must come back), plus init errors returned as values; and the DCP
+ * sub-communicator (ncclCommSplit, lunar_comm_split / lunar_dcp_comm) at world size 1: a comm of its
+ * own with its own collectives, freed before its parent (which then still works).
  * Several GPUs are exercised by `lunar bench-comm --tensor-parallel-size N`, which checks sums. */
 #include <stdint.h>
 #include <string.h>
@@ -63,6 +65,25 @@ TEST(nccl_world_size_1) {
     lunar_cuda_download(back, b, N * sizeof(float));
     CHECK(memcmp(back, host, N * sizeof(float)) == 0);
     CHECK_MSG(lunar_barrier(c, &err) == 0, "%s", err.msg);
+    /* DCP 1 makes no comm; a split of one rank is a new comm whose gather and stream-ordered calls work */
+    lunar_comm *d = (lunar_comm *)1, *s = NULL;
+    CHECK(lunar_dcp_comm(c, 1, &d, &err) == 0 && d == NULL);
+    CHECK_MSG(lunar_comm_split(c, 0, 0, &s, &err) == 0 && s, "%s", err.msg);
+    if (s) {
+        CHECK(s != c && s->rank == 0 && s->size == 1);
+        lunar_cuda_fill_u32(b, 0x7fc00000u, N);
+        CHECK_MSG(lunar_all_gather(s, a, b, N, &err) == 0, "%s", err.msg);
+        lunar_cuda_download(back, b, N * sizeof(float));
+        CHECK(memcmp(back, host, N * sizeof(float)) == 0);
+        lunar_cuda_fill_u32(b, 0x7fc00000u, N);
+        CHECK_MSG(lunar_comm_nccl_all_gather_on(s, a, b, N, NULL, &err) == 0, "%s", err.msg);
+        lunar_cuda_sync();
+        lunar_cuda_download(back, b, N * sizeof(float));
+        CHECK(memcmp(back, host, N * sizeof(float)) == 0);
+        CHECK_MSG(lunar_comm_nccl_check(s, &err) == 0, "%s", err.msg);
+        lunar_comm_free(s); /* before its parent, which still works */
+        CHECK_MSG(lunar_all_reduce_sum(c, a, N, &err) == 0, "%s", err.msg);
+    }
     lunar_comm_free(c);
     lunar_cuda_release(mark);
     /* a rank outside its world is an error value, not a crash */

@@ -241,6 +241,11 @@ TEST(plan_cli) {
     CHECK(run_capture(lunar_cmd_plan, 11, ok, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "start-up (weights on each GPU): 207.86 GB"), "%s", out);
     CHECK(strstr(out, "dcp 1: tp 8 (1 node of 8)"));
+    CHECK(!strstr(out, "dcp groups:")); /* no DCP: no groups */
+    char *dcp[] = {"plan", "--config", K31, "--tp", "16", "--dcp", "8"}; /* the DCP groups named */
+    CHECK(run_capture(lunar_cmd_plan, 7, dcp, out, sizeof out) == 0);
+    CHECK_MSG(strstr(out, "dcp groups: 2 groups of 8 consecutive ranks [0-7] [8-15]; TP rank r is DCP rank r % 8"), "%s",
+              out);
     char *info[] = {"info", DRAFT};
     CHECK(run_capture(lunar_cmd_info, 2, info, out, sizeof out) == 0);
     CHECK_MSG(strstr(out, "DSpark draft") && strstr(out, "rank 512"), "%s", out);

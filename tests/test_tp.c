@@ -81,6 +81,101 @@ TEST(tp_comm_cpu_collectives) {
     for (int r = 0; r < 3; r++) lunar_comm_free(comms[r]);
 }
 
+/* DCP groups out of a TP world (lunar_dcp_comm, the function the CUDA ranks call on their NCCL
+ * comm): for every DCP size dividing TP, each rank's comm is NULL (DCP 1), the TP comm (DCP = TP)
+ * or a comm of the D consecutive ranks [g D, g D + D) with rank r % D; collectives on it see only
+ * the group (a gather returns the group's ranks in order, a sum the group's), and the TP comm
+ * still spans every rank after the split. Also lunar_comm_split's own ordering: ranks of a color by
+ * key (here descending TP rank), ties by TP rank. */
+typedef struct split_arg {
+    lunar_comm *tp;
+    int dcp, rc, dsize, drank, same;
+    float gather[8], group_sum, tp_sum, by_key[8], ties[8];
+} split_arg;
+
+static void *split_rank(void *p) {
+    split_arg *a = p;
+    const int r = a->tp->rank, n = a->tp->size;
+    lunar_err err;
+    lunar_comm *d = NULL, *k = NULL, *t = NULL;
+    a->rc = lunar_dcp_comm(a->tp, a->dcp, &d, &err);
+    if (a->rc) return NULL;
+    a->same = d == a->tp;
+    a->dsize = d ? d->size : 0, a->drank = d ? d->rank : -1;
+    float x = (float)(r + 1), y = (float)(1 << r);
+    if (d) a->rc |= lunar_all_gather(d, &x, a->gather, 1, &err) | lunar_all_reduce_sum(d, &y, 1, &err);
+    a->group_sum = y;
+    float z = (float)(r + 1);
+    a->rc |= lunar_all_reduce_sum(a->tp, &z, 1, &err); /* the TP world after the split */
+    a->tp_sum = z;
+    a->rc |= lunar_comm_split(a->tp, r % 2, n - r, &k, &err); /* odd / even ranks, descending */
+    if (k) a->rc |= lunar_all_gather(k, &x, a->by_key, 1, &err);
+    a->rc |= lunar_comm_split(a->tp, 0, 7, &t, &err); /* one color, equal keys: TP order */
+    if (t) a->rc |= lunar_all_gather(t, &x, a->ties, 1, &err);
+    lunar_comm_free(k), lunar_comm_free(t);
+    lunar_dcp_comm_free(a->tp, d);
+    return NULL;
+}
+
+TEST(tp_dcp_comm_groups) {
+    static const int cases[][2] = {{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 4}, {8, 2}, {8, 4}, {8, 8}, {6, 3}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int n = cases[ci][0], D = cases[ci][1];
+        lunar_comm *comms[8];
+        lunar_comm_cpu_world(comms, n);
+        split_arg a[8];
+        pthread_t th[8];
+        for (int r = 0; r < n; r++) {
+            memset(&a[r], 0, sizeof a[r]);
+            a[r].tp = comms[r], a[r].dcp = D;
+            pthread_create(&th[r], NULL, split_rank, &a[r]);
+        }
+        for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+        for (int r = 0; r < n; r++) {
+            const int g = lunar_dcp_group(r, D), gr = lunar_dcp_group_rank(r, D);
+            CHECK_MSG(a[r].rc == 0, "tp %d dcp %d rank %d failed", n, D, r);
+            CHECK_MSG(g * D + gr == r && gr >= 0 && gr < D, "tp %d dcp %d rank %d: group %d rank %d", n, D, r, g, gr);
+            CHECK_MSG(D == 1 ? a[r].dsize == 0 : a[r].dsize == D && a[r].drank == gr,
+                      "tp %d dcp %d rank %d: dcp comm size %d rank %d", n, D, r, a[r].dsize, a[r].drank);
+            CHECK_MSG(a[r].same == (D > 1 && D == n), "tp %d dcp %d: the TP comm %s reused", n, D,
+                      a[r].same ? "is" : "is not");
+            float want_sum = 0;
+            for (int j = 0; j < D && D > 1; j++) {
+                CHECK_MSG(a[r].gather[j] == (float)(g * D + j + 1), "tp %d dcp %d rank %d: gathered [%d] = %g", n, D,
+                          r, j, a[r].gather[j]);
+                want_sum += (float)(1 << (g * D + j));
+            }
+            if (D > 1) CHECK_MSG(a[r].group_sum == want_sum, "tp %d dcp %d rank %d: group sum %g, want %g", n, D, r,
+                                 a[r].group_sum, want_sum);
+            CHECK(a[r].tp_sum == (float)(n * (n + 1) / 2));
+            /* color r % 2, key n - r: the members r % 2, r % 2 + 2, .. from the highest down */
+            const int m = (n - r % 2 + 1) / 2;
+            for (int j = 0; j < m; j++) {
+                const int want = r % 2 + 2 * (m - 1 - j);
+                CHECK_MSG(a[r].by_key[j] == (float)(want + 1), "tp %d rank %d: split by key [%d] = %g, want rank %d",
+                          n, r, j, a[r].by_key[j], want);
+            }
+            for (int j = 0; j < n; j++) CHECK(a[r].ties[j] == (float)(j + 1));
+        }
+        for (int r = 0; r < n; r++) lunar_comm_free(comms[r]);
+    }
+    /* the layout in words (`lunar plan`, serve's log) names the same groups */
+    char buf[192];
+    lunar_dcp_layout(buf, sizeof buf, 4, 2);
+    CHECK_MSG(strcmp(buf, "2 groups of 2 consecutive ranks [0,1] [2,3]; TP rank r is DCP rank r % 2") == 0, "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 8, 4);
+    CHECK_MSG(strcmp(buf, "2 groups of 4 consecutive ranks [0-3] [4-7]; TP rank r is DCP rank r % 4") == 0, "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 64, 8);
+    CHECK_MSG(strcmp(buf, "8 groups of 8 consecutive ranks [0-7] [8-15] [16-23] .. [56-63]; TP rank r is DCP rank r % 8") == 0,
+              "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 8, 8);
+    CHECK_MSG(strcmp(buf, "1 group of 8 consecutive ranks [0-7]; TP rank r is DCP rank r % 8") == 0, "%s", buf);
+    lunar_dcp_layout(buf, sizeof buf, 8, 1);
+    CHECK_MSG(strcmp(buf, "none") == 0, "%s", buf);
+    lunar_dcp_layout(buf, 16, 64, 8); /* truncated, terminated */
+    CHECK(strlen(buf) == 15);
+}
+
 /* ---------------------------------------------------------------- rendezvous */
 
 typedef struct rdv_arg {
@@ -213,7 +308,7 @@ typedef struct run_case {
     const int32_t *ids;
     int T, nd;         /* prefill T tokens (all logits), then nd decode steps */
     float **logits;    /* [tp] each [(T + nd) * V] */
-    lunar_comm **comm, **dcp;
+    lunar_comm **comm; /* the TP world; each rank splits its DCP comm off it (lunar_dcp_comm, as CUDA ranks do) */
     int *rc;
     char (*msg)[1024];
 } run_case;
@@ -240,11 +335,14 @@ static void *rank_main(void *p) {
     run_case *c = a->rc;
     lunar_err err;
     lunar_model *m;
-    int rc = lunar_shard_model(&m, c->full, &c->o, a->rank, c->comm[a->rank], c->dcp ? c->dcp[a->rank] : NULL, &err);
+    lunar_comm *dcp = NULL;
+    int rc = lunar_dcp_comm(c->comm[a->rank], c->o.dcp, &dcp, &err);
+    if (rc == 0) rc = lunar_shard_model(&m, c->full, &c->o, a->rank, c->comm[a->rank], dcp, &err);
     if (rc == 0) {
         rc = run_seq(m, c->ids, c->T, c->nd, c->logits[a->rank], &err);
         lunar_model_free(m);
     }
+    lunar_dcp_comm_free(c->comm[a->rank], dcp);
     c->rc[a->rank] = rc;
     if (rc) snprintf(c->msg[a->rank], 1024, "%s", err.msg);
     return NULL;
@@ -254,12 +352,11 @@ static void *rank_main(void *p) {
 static int run_parallel(const lunar_model *full, lunar_tp_opts o, const int32_t *ids, int T, int nd,
                         float **logits, char *why) {
     const int n = o.tp;
-    lunar_comm **comm = calloc(n, sizeof *comm), **dcp = o.dcp > 1 ? calloc(n, sizeof *dcp) : NULL;
+    lunar_comm **comm = calloc(n, sizeof *comm);
     lunar_comm_cpu_world(comm, n);
-    for (int g = 0; dcp && g < n / o.dcp; g++) lunar_comm_cpu_world(dcp + g * o.dcp, o.dcp);
     int *rcs = calloc(n, sizeof *rcs);
     char(*msg)[1024] = calloc(n, sizeof *msg);
-    run_case c = {full, o, ids, T, nd, logits, comm, dcp, rcs, msg};
+    run_case c = {full, o, ids, T, nd, logits, comm, rcs, msg};
     rank_arg *args = calloc(n, sizeof *args);
     pthread_t *th = calloc(n, sizeof *th);
     for (int r = 0; r < n; r++) {
@@ -270,11 +367,8 @@ static int run_parallel(const lunar_model *full, lunar_tp_opts o, const int32_t 
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < n; r++)
         if (rcs[r] && !bad) bad = 1, snprintf(why, 1024, "rank %d: %s", r, msg[r]);
-    for (int r = 0; r < n; r++) {
-        lunar_comm_free(comm[r]);
-        if (dcp) lunar_comm_free(dcp[r]);
-    }
-    free(comm), free(dcp), free(rcs), free(msg), free(args), free(th);
+    for (int r = 0; r < n; r++) lunar_comm_free(comm[r]);
+    free(comm), free(rcs), free(msg), free(args), free(th);
     return bad ? -1 : 0;
 }
 

@@ -45,9 +45,9 @@ static const char *USAGE =
     "         [--max-len N] [--steps N] [--warmup-iters N] [--prefill-chunk N] [--profile] [--enforce-eager]\n"
     "         [--json FILE] [--bandwidth-gbs GB/s] [--peak-tflops T] [--project-layers N] [--kv-cache-dtype auto|bf16|fp8]\n"
     "         [--kda-state-dtype fp32|fp16]\n"
-    "         [--tensor-parallel-size N [--decode-context-parallel-size N] [--enable-expert-parallel]\n"
+    "         [--tensor-parallel-size N [--decode-context-parallel-size D] [--enable-expert-parallel]\n"
     "          [--master-port P]]  (--backend cuda: one rank process per GPU, rank 0 reports per-rank figures;\n"
-    "         the collectives are real; DCP on CUDA: equal to the TP size)\n"
+    "         the collectives are real; DCP: groups of D consecutive ranks, D dividing N)\n"
     "       lunar bench serve --help   (drive a running server, as vllm bench serve)\n";
 
 #define MAX_LIST 32
@@ -68,11 +68,12 @@ typedef struct bench_opts {
 } bench_opts;
 
 /* This process is a CUDA rank of `lunar bench --tensor-parallel-size N` (set before bench_body):
- * its place, and its comm, made at the first load and kept for the second depth. */
+ * its place, and its comms (TP; DCP: lunar_dcp_comm's), made at the first load and kept for the
+ * second depth. */
 static struct {
     int on;
     lunar_rank_info ri;
-    lunar_comm *comm;
+    lunar_comm *comm, *dcp;
 } tp_rank;
 
 static double now_s(void) { return lunar_prof_now(); }
@@ -414,12 +415,13 @@ static int run_depth(const bench_opts *o, int cuda, int layers, run_res *rr, lun
         if (!tp_rank.comm && (lunar_tp_check(&m->cfg, &t, err) ||
                               lunar_comm_nccl_init(&tp_rank.comm, tp_rank.ri.id, tp_rank.ri.rank, tp_rank.ri.world,
                                                    tp_rank.ri.local_rank, err) ||
+                              lunar_dcp_comm(tp_rank.comm, t.dcp, &tp_rank.dcp, err) ||
                               lunar_cuda_rank_init(tp_rank.ri.local_rank, 0.9, err))) {
             lunar_model_free(m);
             return -1;
         }
-        /* DCP = TP (lunar_cuda_tp_check refuses a smaller group): the TP comm is the DCP group */
-        if (lunar_shard_model(&rank_m, m, &t, tp_rank.ri.rank, tp_rank.comm, t.dcp > 1 ? tp_rank.comm : NULL, err) ||
+        /* the DCP group (ranks r / dcp, DCP rank r % dcp): the TP comm itself or its split */
+        if (lunar_shard_model(&rank_m, m, &t, tp_rank.ri.rank, tp_rank.comm, tp_rank.dcp, err) ||
             lunar_cuda_tp_check(rank_m, err)) {
             lunar_model_free(rank_m);
             lunar_model_free(m);
@@ -679,6 +681,7 @@ static int bench_rank(const lunar_rank_info *ri, void *arg) {
         if (!freopen("/dev/null", "w", stdout)) return 1;
     }
     const int rc = bench_body(o);
+    lunar_dcp_comm_free(tp_rank.comm, tp_rank.dcp);
     lunar_comm_free(tp_rank.comm);
     return rc;
 }

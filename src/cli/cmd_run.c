@@ -128,8 +128,8 @@ typedef struct runner {
     int32_t *blocks;
     lunar_cuda_model *gm;
     lunar_cuda_seq gpu;
-    lunar_model *rank_m; /* CUDA tensor parallelism: this process's shards and its NCCL comm */
-    lunar_comm *comm;
+    lunar_model *rank_m; /* CUDA tensor parallelism: this process's shards and its NCCL comms */
+    lunar_comm *comm, *dcp; /* dcp: lunar_dcp_comm's (the TP comm, a split of it, or NULL) */
 } runner;
 
 /* ri: this process is a CUDA rank (cuda_tp_main): its GPU, its comm, its shards of m. */
@@ -144,12 +144,12 @@ static int runner_init(runner *r, lunar_backend_kind be, const lunar_model *m, c
         if (lunar_tp_check(&m->cfg, &t, err) ||
             lunar_comm_nccl_init(&r->comm, ri->id, ri->rank, ri->world, ri->local_rank, err))
             return -1;
-        /* DCP = TP (lunar_cuda_tp_check refuses a smaller group): the TP comm is the DCP group
-         * (ranks [0, tp), DCP rank = rank) */
-        if (lunar_cuda_rank_init(ri->local_rank, 0.9, err) ||
-            lunar_shard_model(&r->rank_m, m, &t, ri->rank, r->comm, t.dcp > 1 ? r->comm : NULL, err) ||
+        /* the DCP group (ranks r / dcp, DCP rank r % dcp): the TP comm itself or its split */
+        if (lunar_dcp_comm(r->comm, t.dcp, &r->dcp, err) || lunar_cuda_rank_init(ri->local_rank, 0.9, err) ||
+            lunar_shard_model(&r->rank_m, m, &t, ri->rank, r->comm, r->dcp, err) ||
             lunar_cuda_tp_check(r->rank_m, err)) {
             lunar_model_free(r->rank_m);
+            lunar_dcp_comm_free(r->comm, r->dcp);
             lunar_comm_free(r->comm);
             return -1;
         }
@@ -185,6 +185,7 @@ static int runner_init(runner *r, lunar_backend_kind be, const lunar_model *m, c
         lunar_cuda_model_free(r->gm);
     }
     lunar_model_free(r->rank_m);
+    lunar_dcp_comm_free(r->comm, r->dcp);
     lunar_comm_free(r->comm);
     return -1;
 }
@@ -211,6 +212,7 @@ static void runner_free(runner *r) {
         lunar_cuda_seq_free(&r->gpu); /* before the weights: the device arena is a stack */
         lunar_cuda_model_free(r->gm);
         lunar_model_free(r->rank_m);
+        lunar_dcp_comm_free(r->comm, r->dcp);
         lunar_comm_free(r->comm);
     }
 }

@@ -229,6 +229,11 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
                 lunar_cuda_device_line(), lunar_cuda_model_bytes(dm) / 1073741824.0, n_blocks,
                 (long long)n_blocks * LUNAR_BLOCK_SIZE, fp8 ? "fp8" : "bf16", dcp_note,
                 o->max_num_seqs + n_ckpt, o->kda_state_fp16 ? "fp16" : "fp32", step / 1073741824.0, l ? " (rank 0; each rank alike)" : "");
+        if (l && tpo.dcp > 1) { /* which GPUs exchange attention partials (the rest is TP-wide) */
+            char groups[192];
+            lunar_dcp_layout(groups, sizeof groups, l->world, tpo.dcp);
+            fprintf(stderr, "lunar: DCP groups: %s\n", groups);
+        }
     } else {
         const int64_t row = c->kv_lora_rank + c->qk_rope_head_dim;
         const int64_t block_bytes = (int64_t)c->n_mla_layers * LUNAR_BLOCK_SIZE *

@@ -18,9 +18,13 @@ int lunar_cuda_rank_open(lunar_cuda_rank *r, const lunar_model *full, const luna
     if (lunar_tp_check(&full->cfg, &t, err) ||
         lunar_comm_nccl_init(&r->comm, l->id, l->rank, l->world, l->local_rank, err))
         return -1;
+    /* the DCP group's comm: the TP comm (DCP = TP) or a split of it, before the arena as well */
+    if (lunar_dcp_comm(r->comm, dcp, &r->dcp, err)) {
+        lunar_cuda_rank_close(r);
+        return -1;
+    }
     if (lunar_cuda_rank_init(l->local_rank, util, err) ||
-        /* DCP = TP (lunar_cuda_tp_check refuses a smaller group): the TP comm is the DCP group */
-        lunar_shard_model(&r->rank_m, full, &t, l->rank, r->comm, dcp > 1 ? r->comm : NULL, err) ||
+        lunar_shard_model(&r->rank_m, full, &t, l->rank, r->comm, r->dcp, err) ||
         lunar_cuda_tp_check(r->rank_m, err) ||
         lunar_cuda_model_upload(&r->gpu, r->rank_m, err)) {
         lunar_cuda_rank_close(r);
@@ -32,6 +36,7 @@ int lunar_cuda_rank_open(lunar_cuda_rank *r, const lunar_model *full, const luna
 void lunar_cuda_rank_close(lunar_cuda_rank *r) {
     lunar_cuda_model_free(r->gpu);
     lunar_model_free(r->rank_m);
+    lunar_dcp_comm_free(r->comm, r->dcp);
     lunar_comm_free(r->comm);
     memset(r, 0, sizeof *r);
 }

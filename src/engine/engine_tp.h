@@ -26,9 +26,10 @@ typedef struct lunar_tp_link {
     int *fds; /* rank 0: fds[j - 1] talks to rank j (1 <= j < world); a follower: fds[0] talks to rank 0 */
 } lunar_tp_link;
 
-/* One CUDA rank: its comm, its shards of the full model, their upload. */
+/* One CUDA rank: its comm (and its DCP group's: lunar_dcp_comm), its shards of the full model,
+ * their upload. */
 typedef struct lunar_cuda_rank {
-    lunar_comm *comm;
+    lunar_comm *comm, *dcp;
     lunar_model *rank_m;
     lunar_cuda_model *gpu;
 } lunar_cuda_rank;

@@ -18,11 +18,7 @@ static void failed(lunar_tp *tp, const lunar_err *e) {
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err) {
     const lunar_tp *tp = m->tp;
     if (!tp || tp->dcp_size <= 1) return 0;
-    /* the DCP group is the TP comm itself: a smaller group needs a split comm (not done yet) */
-    if (tp->dcp_size != tp->size)
-        return lunar_fail(err, "--decode-context-parallel-size %d with --backend cuda: only equal to "
-                               "--tensor-parallel-size (%d) for now; the CPU backend runs any divisor",
-                          tp->dcp_size, tp->size);
+    /* any DCP size dividing TP: the DCP comm is the TP comm or its split (lunar_dcp_comm) */
     for (int j = 0; j < tp->dcp_size; j++)
         if (tp->dcp_heads[j] == 0) /* such a rank skips its MLA layers on the device, yet holds rows */
             return lunar_fail(err, "--decode-context-parallel-size %d with --backend cuda: every rank needs an "
@@ -42,6 +38,8 @@ int lunar_cuda_tp_status(const lunar_model *m, lunar_err *err) {
     lunar_err e;
     /* a collective that failed while running (the enqueue succeeded): once per step, after the wait */
     if (!tp->failed && tp->size > 1 && lunar_comm_nccl_check(tp->comm, &e)) failed(tp, &e);
+    /* a DCP group smaller than TP has its own comm (lunar_dcp_comm), with its own error state */
+    if (!tp->failed && tp->dcp && tp->dcp != tp->comm && lunar_comm_nccl_check(tp->dcp, &e)) failed(tp, &e);
 #endif
     if (!tp->failed) return 0;
     tp->failed = 0;

@@ -12,8 +12,10 @@
  * download. A failed enqueue marks m->tp->failed (later collectives are skipped: the ranks are out
  * of step); a failure while running is read once per step, after the step's wait
  * (lunar_cuda_tp_status); the step then returns its message.
- * DCP (--decode-context-parallel-size, docs/parallel.md) runs when the DCP group is the TP group
- * (lunar_cuda_tp_check; measured against one GPU on two H200s, session 4). */
+ * DCP (--decode-context-parallel-size, docs/parallel.md) runs for any DCP size dividing TP: groups
+ * of D consecutive ranks, the exchange of partials over the DCP comm (the TP comm when D = TP, else
+ * its split: lunar_dcp_comm), every all-reduce over the TP comm. D = TP was measured against one
+ * GPU on two H200s (session 4); D < TP needs 4 GPUs (tests/test_cuda_tp.c) and has not run yet. */
 #ifndef LUNAR_MODEL_FORWARD_CUDA_TP_H
 #define LUNAR_MODEL_FORWARD_CUDA_TP_H
 
@@ -26,7 +28,7 @@
 /* A rank process's device: `device` (its GPU on the node) with an arena of `util` of its memory,
  * leaving what NCCL and the driver need outside it (call after the comm's init). */
 int lunar_cuda_rank_init(int device, double util, lunar_err *err);
-/* The rank model can run on the device (DCP: only dcp == tp, every rank with MLA heads). */
+/* The rank model can run on the device (DCP: every rank of its DCP group with MLA heads). */
 int lunar_cuda_tp_check(const lunar_model *m, lunar_err *err);
 /* x[n] (device) <- sum over the ranks. */
 void lunar_cuda_tp_all_reduce(const lunar_model *m, float *x, size_t n);

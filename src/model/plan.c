@@ -78,6 +78,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "parallel/comm.h"
 
 #define GB 1e9
 #define BLOCK_TOKENS 128
@@ -460,6 +461,11 @@ void lunar_plan_print(FILE *f, const lunar_plan *p, const lunar_config *c, const
             lunar_cache_dtype_name(o->kv_dtype), c->index_topk > 0 ? ", index cache " : "",
             c->index_topk > 0 ? lunar_cache_dtype_name(o->index_dtype) : "",
             lunar_cache_dtype_name(o->state_dtype), o->latent_moe_mxfp4 ? ", latent MoE proj as MXFP4" : "");
+    if (o->dcp > 1) { /* the groups the ranks form (parallel/comm.h), as serve's ranks log them */
+        char groups[192];
+        lunar_dcp_layout(groups, sizeof groups, o->tp, o->dcp);
+        fprintf(f, "dcp groups: %s\n", groups);
+    }
 
     fprintf(f, "\nweights per GPU (GB = 1e9 B)\n");
     fprintf(f, "  %-17s %10s %10s %9s %9s %8s %8s  %s\n", "kind", "params(B)", "total GB", "BF16 GB",

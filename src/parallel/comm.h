@@ -20,6 +20,7 @@ typedef struct lunar_comm_vt {
     int (*all_gather)(lunar_comm *c, const float *send, float *recv, size_t n, lunar_err *err);
     int (*all_to_all)(lunar_comm *c, const float *send, float *recv, size_t n, lunar_err *err);
     int (*barrier)(lunar_comm *c, lunar_err *err);
+    int (*split)(lunar_comm *c, int color, int key, lunar_comm **out, lunar_err *err);
     void (*destroy)(lunar_comm *c);
 } lunar_comm_vt;
 
@@ -44,6 +45,27 @@ static inline int lunar_all_to_all(lunar_comm *c, const float *send, float *recv
     return c->vt->all_to_all(c, send, recv, n, err);
 }
 static inline int lunar_barrier(lunar_comm *c, lunar_err *err) { return c->vt->barrier(c, err); }
+/* A sub-communicator (collective over c): the ranks giving the same color form one new comm, ranked
+ * by key (ties by their rank in c); *out is the caller's own handle, freed with lunar_comm_free
+ * before or after c. The NCCL transport is ncclCommSplit, the CPU one a new thread world. */
+static inline int lunar_comm_split(lunar_comm *c, int color, int key, lunar_comm **out, lunar_err *err) {
+    return c->vt->split(c, color, key, out, err);
+}
+
+/* Decode context parallelism's groups inside a TP group of tp ranks (docs/parallel.md): DCP size
+ * dcp divides tp, TP rank r is rank r % dcp of group r / dcp (D consecutive ranks), the layout the
+ * CPU rank threads (model/tp_group.c) and lunar_shard_model use. */
+static inline int lunar_dcp_group(int rank, int dcp) { return rank / dcp; }
+static inline int lunar_dcp_group_rank(int rank, int dcp) { return rank % dcp; }
+/* This rank's DCP comm out of its TP comm tp (collective over tp when 1 < dcp < tp->size: every rank
+ * calls it): NULL for dcp 1, tp itself for dcp == tp->size (no second comm), else the split of tp
+ * into the groups above. Release it with lunar_dcp_comm_free(tp, *out). */
+int lunar_dcp_comm(lunar_comm *tp, int dcp, lunar_comm **out, lunar_err *err);
+void lunar_dcp_comm_free(lunar_comm *tp, lunar_comm *dcp);
+/* The groups in words for logs and `lunar plan`, e.g. tp 8, dcp 4: "2 groups of 4 consecutive
+ * ranks [0-3] [4-7]; TP rank r is DCP rank r % 4" (more than 4 groups: the first 3, "..", the
+ * last). buf holds at least 160 bytes; dcp 1: "none". */
+void lunar_dcp_layout(char *buf, size_t n, int tp, int dcp);
 static inline void lunar_comm_free(lunar_comm *c) {
     if (c) c->vt->destroy(c);
 }

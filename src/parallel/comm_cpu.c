@@ -14,6 +14,8 @@ typedef struct cpu_world {
     int size;
     pthread_barrier_t bar;
     const float **ptr; /* [size] the buffer each rank published for the current collective */
+    int *color, *key;  /* [size] a split's arguments, published like ptr */
+    struct cpu_world **made; /* [size] the worlds a split's leaders made */
     atomic_int refs;   /* handles still alive */
 } cpu_world;
 
@@ -77,28 +79,64 @@ static void cpu_destroy(lunar_comm *c) {
     cpu_world *w = world_of(c);
     if (atomic_fetch_sub(&w->refs, 1) == 1) {
         pthread_barrier_destroy(&w->bar);
-        free(w->ptr);
+        free(w->ptr), free(w->color), free(w->key), free(w->made);
         free(w);
     }
     free(c);
 }
 
-static const lunar_comm_vt cpu_vt = {cpu_all_reduce, cpu_all_gather, cpu_all_to_all, cpu_barrier,
-                                     cpu_destroy};
-
-void lunar_comm_cpu_world(lunar_comm **comms, int size) {
+static cpu_world *world_new(int size) {
     LUNAR_ASSERT(size >= 1);
     cpu_world *w = lunar_xcalloc(1, sizeof *w);
     w->size = size;
     w->ptr = lunar_xcalloc((size_t)size, sizeof *w->ptr);
+    w->color = lunar_xcalloc((size_t)size, sizeof *w->color);
+    w->key = lunar_xcalloc((size_t)size, sizeof *w->key);
+    w->made = lunar_xcalloc((size_t)size, sizeof *w->made);
     atomic_init(&w->refs, size);
     LUNAR_ASSERT(pthread_barrier_init(&w->bar, NULL, (unsigned)size) == 0);
-    for (int r = 0; r < size; r++) {
-        lunar_comm *c = lunar_xcalloc(1, sizeof *c);
-        c->rank = r;
-        c->size = size;
-        c->vt = &cpu_vt;
-        c->impl = w;
-        comms[r] = c;
-    }
+    return w;
 }
+
+static const lunar_comm_vt cpu_vt;
+
+static lunar_comm *handle_new(cpu_world *w, int rank) {
+    lunar_comm *c = lunar_xcalloc(1, sizeof *c);
+    c->rank = rank;
+    c->size = w->size;
+    c->vt = &cpu_vt;
+    c->impl = w;
+    return c;
+}
+
+/* Three phases: every rank publishes (color, key); each group's first member (by key, then rank)
+ * makes the group's world; every member takes its handle from it. The last barrier keeps `made`
+ * until all have read it (a next split would overwrite it). */
+static int cpu_split(lunar_comm *c, int color, int key, lunar_comm **out, lunar_err *err) {
+    (void)err;
+    cpu_world *w = world_of(c);
+    const int me = c->rank;
+    w->color[me] = color, w->key[me] = key;
+    wait_all(w);
+    int n = 0, mine = 0, leader = -1;
+    for (int q = 0; q < w->size; q++) {
+        if (w->color[q] != color) continue;
+        n++;
+        if (w->key[q] < key || (w->key[q] == key && q < me)) mine++;
+        if (leader < 0 || w->key[q] < w->key[leader]) leader = q; /* ties: the lower rank, met first */
+    }
+    if (leader == me) w->made[me] = world_new(n);
+    wait_all(w);
+    *out = handle_new(w->made[leader], mine);
+    wait_all(w);
+    return 0;
+}
+
+static const lunar_comm_vt cpu_vt = {cpu_all_reduce, cpu_all_gather, cpu_all_to_all, cpu_barrier, cpu_split,
+                                     cpu_destroy};
+
+void lunar_comm_cpu_world(lunar_comm **comms, int size) {
+    cpu_world *w = world_new(size);
+    for (int r = 0; r < size; r++) comms[r] = handle_new(w, r);
+}
+

@@ -63,6 +63,26 @@ static int nccl_barrier(lunar_comm *c, lunar_err *err) {
     return finish(p, "barrier", err);
 }
 
+static const lunar_comm_vt nccl_vt;
+static int comm_wrap(lunar_comm **out, ncclComm_t comm, int rank, int size, lunar_err *err);
+
+/* ncclCommSplit (NCCL >= 2.18): collective over c; a new comm of c's device with its own stream,
+ * events and buffers. The key orders the ranks of a color (NCCL breaks ties by the rank in c). */
+static int nccl_split(lunar_comm *c, int color, int key, lunar_comm **out, lunar_err *err) {
+    *out = NULL;
+    ncclComm_t sub = NULL;
+    NCCL_OK(ncclCommSplit(impl_of(c)->comm, color, key, &sub, NULL), "split");
+    if (!sub) return lunar_fail(err, "NCCL split: rank %d got no comm for color %d", c->rank, color);
+    int rank = 0, size = 0;
+    ncclResult_t r = ncclCommUserRank(sub, &rank);
+    if (r == ncclSuccess) r = ncclCommCount(sub, &size);
+    if (r != ncclSuccess) {
+        ncclCommDestroy(sub);
+        return lunar_fail(err, "NCCL split: %s", ncclGetErrorString(r));
+    }
+    return comm_wrap(out, sub, rank, size, err);
+}
+
 static void nccl_destroy(lunar_comm *c) {
     nccl_impl *p = impl_of(c);
     ncclCommDestroy(p->comm);
@@ -75,7 +95,7 @@ static void nccl_destroy(lunar_comm *c) {
 }
 
 static const lunar_comm_vt nccl_vt = {nccl_all_reduce, nccl_all_gather, nccl_all_to_all, nccl_barrier,
-                                      nccl_destroy};
+                                      nccl_split, nccl_destroy};
 
 int lunar_nccl_available(void) { return 1; }
 
@@ -132,32 +152,24 @@ int lunar_nccl_get_unique_id(void *id, lunar_err *err) {
     return 0;
 }
 
-int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, int device,
-                         lunar_err *err) {
-    *out = NULL;
-    cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return lunar_fail(err, "NCCL rank %d: cuda device %d: %s", rank, device, cudaGetErrorString(e));
+/* The comm's own stream, its two events and the barrier's float on the current device, around an
+ * initialised NCCL comm (destroyed on failure). */
+static int comm_wrap(lunar_comm **out, ncclComm_t comm, int rank, int size, lunar_err *err) {
+    cudaError_t e;
     nccl_impl *p = lunar_xcalloc(1, sizeof *p);
+    p->comm = comm;
     if ((e = cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&p->in, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&p->out, cudaEventDisableTiming)) != cudaSuccess ||
-        (e = cudaMalloc((void **)&p->one, sizeof(float))) != cudaSuccess) {
+        (e = cudaMalloc((void **)&p->one, sizeof(float))) != cudaSuccess ||
+        (e = cudaMemset(p->one, 0, sizeof(float))) != cudaSuccess) {
+        if (p->one) cudaFree(p->one);
         if (p->stream) cudaStreamDestroy(p->stream);
         if (p->in) cudaEventDestroy(p->in);
         if (p->out) cudaEventDestroy(p->out);
+        ncclCommDestroy(comm);
         free(p);
         return lunar_fail(err, "NCCL rank %d: %s", rank, cudaGetErrorString(e));
-    }
-    cudaMemset(p->one, 0, sizeof(float));
-    ncclUniqueId u;
-    memcpy(&u, id, sizeof u);
-    ncclResult_t r = ncclCommInitRank(&p->comm, size, u, rank);
-    if (r != ncclSuccess) {
-        cudaFree(p->one);
-        cudaEventDestroy(p->in), cudaEventDestroy(p->out);
-        cudaStreamDestroy(p->stream);
-        free(p);
-        return lunar_fail(err, "NCCL rank %d of %d: init: %s", rank, size, ncclGetErrorString(r));
     }
     lunar_comm *c = lunar_xcalloc(1, sizeof *c);
     c->rank = rank;
@@ -166,6 +178,19 @@ int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, i
     c->impl = p;
     *out = c;
     return 0;
+}
+
+int lunar_comm_nccl_init(lunar_comm **out, const void *id, int rank, int size, int device,
+                         lunar_err *err) {
+    *out = NULL;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return lunar_fail(err, "NCCL rank %d: cuda device %d: %s", rank, device, cudaGetErrorString(e));
+    ncclUniqueId u;
+    memcpy(&u, id, sizeof u);
+    ncclComm_t comm = NULL;
+    ncclResult_t r = ncclCommInitRank(&comm, size, u, rank);
+    if (r != ncclSuccess) return lunar_fail(err, "NCCL rank %d of %d: init: %s", rank, size, ncclGetErrorString(r));
+    return comm_wrap(out, comm, rank, size, err);
 }
 
 #else /* built without NCCL */
