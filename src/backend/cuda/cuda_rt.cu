@@ -97,6 +97,14 @@ extern "C" void lunar_cuda_shutdown(void) {
 }
 
 extern "C" int lunar_cuda_ready(void) { return rt.ready; }
+
+// LUNAR_CUDA_PDL=1: launch_pdl (cuda_common.cuh) sets programmatic stream serialization
+static int pdl_state = -1;
+extern "C" int lunar_cuda_pdl_on(void) {
+    if (pdl_state < 0) pdl_state = getenv("LUNAR_CUDA_PDL") && strcmp(getenv("LUNAR_CUDA_PDL"), "1") == 0;
+    return pdl_state;
+}
+extern "C" void lunar_cuda_pdl_set(int on) { pdl_state = on < 0 ? -1 : on != 0; }
 extern "C" const char *lunar_cuda_describe(void) { return rt.ready ? rt.desc : "not initialised"; }
 
 extern "C" void *lunar_cuda_alloc(size_t bytes) {
