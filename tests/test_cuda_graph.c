@@ -232,8 +232,8 @@ TEST(cuda_forward_graphs_k3_match_eager) {
     lunar_test_wide_model_rm(dir);
 }
 
-/* Programmatic dependent launch (LUNAR_CUDA_PDL=1, cuda_common.cuh): the graphed steps launched with
- * it against the eager steps without it, bit for bit. PDL changes only when a kernel may start, never
+/* Programmatic dependent launch (cuda_common.cuh; the default, LUNAR_CUDA_PDL=0 turns it off): the
+ * graphed steps launched with it against the eager steps without it, bit for bit. PDL changes only when a kernel may start, never
  * what it computes, so any difference is a kernel that read its predecessor's output before the
  * wait (or a broken wait chain): the kernel-shaped Kimi-Linear model at B = 1 and 3 (the fused MoE
  * decode pair, the KDA decode kernels, the skinny GEMMs, the norms) and the K3 model at B = 1. */

@@ -87,7 +87,7 @@ __device__ __forceinline__ float kda_gate_value(float f, float a_log, float dtb,
     return -a * sp;
 }
 
-// Programmatic dependent launch (PDL), opt-in through LUNAR_CUDA_PDL=1 (lunar_cuda_pdl_on, cuda_rt.cu):
+// Programmatic dependent launch (PDL), on unless LUNAR_CUDA_PDL=0 (lunar_cuda_pdl_on, cuda_rt.cu):
 // a kernel launched by launch_pdl may be scheduled while its stream predecessor still runs, which
 // hides the launch and the block scheduling of each decode-step node behind the previous one.
 // Correctness rests on one rule: every kernel launch_pdl launches calls pdl_enter() as its FIRST
