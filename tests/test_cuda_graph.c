@@ -89,8 +89,8 @@ static int decode_run(lunar_cuda_model *gm, lunar_cuda_caches *c, const saved_ca
 
 /* one model, batch sizes Bs[0..nB) (each <= 6): graphed == eager; returns the captures and replays
  * seen */
-static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, const int *Bs, int nB,
-                            long *captures, long *replays) {
+static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fused, const int *Bs, int nB,
+                                long *captures, long *replays, int pdl) {
     lunar_err err;
     lunar_cuda_model *gm = NULL;
     CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
@@ -125,12 +125,15 @@ static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, c
         int32_t *ie = lunar_xcalloc((size_t)STEPS * B, 4), *igr = lunar_xcalloc((size_t)STEPS * B, 4);
         long c0, r0, c1, r1;
         lunar_cuda_model_graphs(gm, 0);
+        if (pdl) lunar_cuda_pdl_set(0); /* the reference: eager, every launch serialised */
         lunar_cuda_model_graph_stats(gm, &c0, &r0, NULL, NULL);
         decode_run(gm, &c, &sv, B, plen, per, blocks, V, le, ie);
         lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         CHECK_MSG(c1 == c0 && r1 == r0, "graphs off, yet %ld captures and %ld replays", c1 - c0, r1 - r0);
         lunar_cuda_model_graphs(gm, 1);
+        if (pdl) lunar_cuda_pdl_set(1);
         decode_run(gm, &c, &sv, B, plen, per, blocks, V, lgr, igr);
+        if (pdl) lunar_cuda_pdl_set(-1);
         lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         *captures += c1 - c0, *replays += r1 - r0;
         int bad_steps = 0, first_bad = -1;
@@ -143,8 +146,8 @@ static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, c
         }
         size_t nodes = 0;
         lunar_cuda_model_graph_stats(gm, NULL, NULL, &nodes, NULL);
-        fprintf(stderr, "\n  %s, %s MoE, B=%d: %ld captures, %ld replays (last graph %zu nodes), %d/%d steps differ",
-                name, fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
+        fprintf(stderr, "\n  %s%s, %s MoE, B=%d: %ld captures, %ld replays (last graph %zu nodes), %d/%d steps differ",
+                name, pdl ? " (graphs with PDL)" : "", fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
         CHECK_MSG(bad_steps == 0, "%s, B=%d: %d of %d decode steps differ between graphs and eager (first: step %d)", name, B,
                   bad_steps, STEPS, first_bad);
         free(le), free(lgr), free(ie), free(igr), free(pl), free(blocks);
@@ -152,6 +155,10 @@ static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, c
         lunar_cuda_caches_free(&c);
     }
     lunar_cuda_model_free(gm);
+}
+static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, const int *Bs, int nB,
+                            long *captures, long *replays) {
+    graphs_vs_eager_pdl(name, m, fused, Bs, nB, captures, replays, 0);
 }
 
 TEST(cuda_forward_graphs_match_eager) {
@@ -218,6 +225,40 @@ TEST(cuda_forward_graphs_k3_match_eager) {
         const int Bs[] = {1, 3};
         graphs_vs_eager("k3", m, 1, Bs, 2, &cap, &rep);
         CHECK_MSG(cap == 6 && rep == 26, "k3: %ld captures, %ld replays (want 6, 26)", cap, rep);
+        lunar_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    lunar_test_wide_model_rm(dir);
+}
+
+/* Programmatic dependent launch (cuda_common.cuh; the default, LUNAR_CUDA_PDL=0 turns it off): the
+ * graphed steps launched with it against the eager steps without it, bit for bit. PDL changes only when a kernel may start, never
+ * what it computes, so any difference is a kernel that read its predecessor's output before the
+ * wait (or a broken wait chain): the kernel-shaped Kimi-Linear model at B = 1 and 3 (the fused MoE
+ * decode pair, the KDA decode kernels, the skinny GEMMs, the norms) and the K3 model at B = 1. */
+TEST(cuda_forward_graphs_pdl_match_eager) {
+    if (!lunar_test_cuda_device()) return;
+    char dir[64];
+    lunar_err err;
+    lunar_model *m;
+    long cap = 0, rep = 0;
+    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
+    if (lunar_model_load(&m, dir, &err) == 0) {
+        const int Bs[] = {1, 3};
+        graphs_vs_eager_pdl("kimi-linear", m, 1, Bs, 2, &cap, &rep, 1);
+        CHECK_MSG(cap == 6 && rep == 26, "kimi-linear: %ld captures, %ld replays (want 6, 26)", cap, rep);
+        lunar_model_free(m);
+    } else {
+        CHECK_MSG(0, "%s", err.msg);
+    }
+    lunar_test_wide_model_rm(dir);
+    LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
+    if (lunar_model_load(&m, dir, &err) == 0) {
+        const int Bs[] = {1};
+        cap = rep = 0;
+        graphs_vs_eager_pdl("k3", m, 1, Bs, 1, &cap, &rep, 1);
+        CHECK_MSG(cap == 3 && rep == 13, "k3: %ld captures, %ld replays (want 3, 13)", cap, rep);
         lunar_model_free(m);
     } else {
         CHECK_MSG(0, "%s", err.msg);

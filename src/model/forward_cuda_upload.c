@@ -229,6 +229,10 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_off = (fz && strcmp(fz, "0") == 0) || (m->tp && m->tp->size > 1);
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
+    /* programmatic dependent launch: likewise off under real TP ranks (between NCCL's kernels it
+     * is correct by the same wait-first rule, but no 2-GPU run has checked it); LUNAR_CUDA_PDL=1
+     * turns it on there */
+    if (m->tp && m->tp->size > 1 && !getenv("LUNAR_CUDA_PDL")) lunar_cuda_pdl_set(0);
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);

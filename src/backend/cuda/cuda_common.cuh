@@ -87,4 +87,33 @@ __device__ __forceinline__ float kda_gate_value(float f, float a_log, float dtb,
     return -a * sp;
 }
 
+// Programmatic dependent launch (PDL), on unless LUNAR_CUDA_PDL=0 (lunar_cuda_pdl_on, cuda_rt.cu):
+// a kernel launched by launch_pdl may be scheduled while its stream predecessor still runs, which
+// hides the launch and the block scheduling of each decode-step node behind the previous one.
+// Correctness rests on one rule: every kernel launch_pdl launches calls pdl_enter() as its FIRST
+// statement, before any global read or write. griddepcontrol.wait returns once the predecessor
+// grids have completed and their writes are visible; since every block of every such kernel waits,
+// a kernel completes only after its predecessor did, so the chain stays transitive (a kernel that
+// skipped the wait could finish before its own predecessor, and its successor would then read
+// that predecessor's output unfinished). launch_dependents right after the wait lets the next
+// kernel's blocks take their places while this one works (they wait in turn). Both instructions are
+// no-ops for a kernel launched without the attribute, so pdl_enter costs nothing when PDL is off.
+__device__ __forceinline__ void pdl_enter() {
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+template <typename... KA, typename... A>
+static inline void launch_pdl(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    if (lunar_cuda_pdl_on()) cfg.attrs = at, cfg.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, k, ((KA)args)...));
+}
+
 #endif

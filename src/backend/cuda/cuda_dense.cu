@@ -25,6 +25,7 @@ template <typename Y, int MODE>
 __global__ void norm_kernel(Y *y, const float *x, const float *gate, const uint16_t *w, int dim,
                             float eps) {
     __shared__ float red[32];
+    pdl_enter();
     const size_t row = blockIdx.x;
     const float *xr = x + row * dim;
     float ss = 0.0f;
@@ -45,10 +46,10 @@ static void norm_launch(void *y, lunar_cuda_dtype ydt, const float *x, const flo
     if (n <= 0) return;
     int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
-        norm_kernel<float, MODE><<<n, th, 0, to_stream(s)>>>((float *)y, x, gate, w, dim, eps);
+        launch_pdl(norm_kernel<float, MODE>, dim3(n), dim3(th), 0, to_stream(s), (float *)y, x, gate, w, dim, eps);
     else
-        norm_kernel<__nv_bfloat16, MODE>
-            <<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, gate, w, dim, eps);
+        launch_pdl(norm_kernel<__nv_bfloat16, MODE>, dim3(n), dim3(th), 0, to_stream(s), (__nv_bfloat16 *)y, x, gate,
+                   w, dim, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -76,6 +77,7 @@ template <typename Y>
 __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps,
                                 __nv_bfloat16 *yb) {
     __shared__ float red[32];
+    pdl_enter();
     const size_t row = blockIdx.x;
     float *xr = x + row * dim;
     const float *rr = r + row * dim;
@@ -97,7 +99,8 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
 extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n,
                                          int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
-    add_norm_kernel<float><<<n, row_threads(dim), 0, to_stream(s)>>>(y, x, r, w, dim, eps, (__nv_bfloat16 *)yb);
+    launch_pdl(add_norm_kernel<float>, dim3(n), dim3(row_threads(dim)), 0, to_stream(s), y, x, r, w, dim, eps,
+               (__nv_bfloat16 *)yb);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w,
@@ -105,9 +108,11 @@ extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, 
     if (n <= 0) return;
     const int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
-        add_norm_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, x, r, w, dim, eps, NULL);
+        launch_pdl(add_norm_kernel<float>, dim3(n), dim3(th), 0, to_stream(s), (float *)y, x, r, w, dim, eps,
+                   (__nv_bfloat16 *)NULL);
     else
-        add_norm_kernel<__nv_bfloat16><<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, x, r, w, dim, eps, NULL);
+        launch_pdl(add_norm_kernel<__nv_bfloat16>, dim3(n), dim3(th), 0, to_stream(s), (__nv_bfloat16 *)y, x, r, w, dim,
+                   eps, (__nv_bfloat16 *)NULL);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -153,6 +158,7 @@ extern "C" void lunar_cuda_embedding_range(float *y, const uint16_t *E, const in
 template <typename Y, int ACT>
 __global__ void glu_kernel(Y *y, const float *g, const float *u, int64_t n, float beta,
                            float beta_l) {
+    pdl_enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float a = g[i], b = u[i], r;
@@ -173,10 +179,10 @@ static void glu_launch(void *y, lunar_cuda_dtype ydt, const float *g, const floa
     long long b = (n + 255) / 256;
     unsigned blocks = (unsigned)(b > 65536 ? 65536 : b);
     if (ydt == LUNAR_CUDA_F32)
-        glu_kernel<float, ACT><<<blocks, 256, 0, to_stream(s)>>>((float *)y, g, u, n, beta, beta_l);
+        launch_pdl(glu_kernel<float, ACT>, dim3(blocks), dim3(256), 0, to_stream(s), (float *)y, g, u, n, beta, beta_l);
     else
-        glu_kernel<__nv_bfloat16, ACT>
-            <<<blocks, 256, 0, to_stream(s)>>>((__nv_bfloat16 *)y, g, u, n, beta, beta_l);
+        launch_pdl(glu_kernel<__nv_bfloat16, ACT>, dim3(blocks), dim3(256), 0, to_stream(s), (__nv_bfloat16 *)y, g, u,
+                   n, beta, beta_l);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_silu_mul(void *y, lunar_cuda_dtype ydt, const float *gate,
@@ -285,6 +291,7 @@ __global__ void kda_conv_qkv_kernel(float *qkv, float *beta, const float *x, con
                                     int64_t xs, const float *w, float *state_pool,
                                     const int32_t *slots, int H, int dk, int K, float eps) {
     __shared__ float red[32];
+    pdl_enter();
     const int r = blockIdx.x, b = blockIdx.y, t = threadIdx.x, HD = H * dk, B = gridDim.y;
     if (r == 3 * H) {
         for (int i = t; i < H; i += blockDim.x) beta[(size_t)b * H + i] = 1.0f / (1.0f + expf(-beta_in[b * xs + i]));
@@ -319,7 +326,7 @@ extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const fl
                                                lunar_cuda_stream s) {
     CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && dk >= 1 && dk <= 1024 && H >= 1 && (dk & (dk - 1)) == 0);
     if (B <= 0) return;
-    kda_conv_qkv_kernel<<<dim3(3 * H + 1, B), dk < 32 ? 32 : dk, 0, to_stream(s)>>>(
+    launch_pdl(kda_conv_qkv_kernel, dim3(3 * H + 1, B), dim3(dk < 32 ? 32 : dk), 0, to_stream(s),
         qkv, beta, x, beta_in, x_stride, w, state_pool, slots, H, dk, K, eps);
     CUDA_CHECK_LAUNCH();
 }

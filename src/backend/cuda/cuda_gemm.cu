@@ -109,6 +109,7 @@ template <int NR, typename TY, typename TX>
 __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
                                                             int in, int split) {
     __shared__ float red[kGvWarps][NR];
+    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
     const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8;
     float acc[NR];
@@ -155,7 +156,7 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     switch (n) {
 #define GV_CASE(R)                                                                                   \
     case R:                                                                                          \
-        gemv_kernel<R, TY, TX><<<blocks, kGvWarps * 32, 0, st>>>(y, x, W, out, in, split);               \
+        launch_pdl(gemv_kernel<R, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split);  \
         break;
         GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
 #undef GV_CASE
@@ -211,6 +212,7 @@ __global__ void __launch_bounds__(kGvWarps * 32) kda_gate_proj_kernel(float *g, 
                                                                      const uint16_t *W, int HD, int rows, int in,
                                                                      const float *A_log, const float *dt_bias,
                                                                      int dk, float lb) {
+    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, o = blockIdx.x * kGvWarps + warp, n8 = in / 8;
     if (o >= rows) return; /* warp-uniform */
     const int seg = o < HD ? 0 : 1;
@@ -233,8 +235,8 @@ extern "C" void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float
     CUDA_REQUIRE(H > 0 && dk > 0 && in > 0 && in % 8 == 0 && ((uintptr_t)x | (uintptr_t)W) % 16 == 0 &&
                  (!og || in % 4 == 0));
     const int HD = H * dk, rows = og ? 2 * HD : HD;
-    kda_gate_proj_kernel<<<(rows + kGvWarps - 1) / kGvWarps, kGvWarps * 32, 0, to_stream(s)>>>(
-        g, og, x, W, HD, rows, in, A_log, dt_bias, dk, lb);
+    launch_pdl(kda_gate_proj_kernel, dim3((rows + kGvWarps - 1) / kGvWarps), dim3(kGvWarps * 32), 0, to_stream(s),
+               g, og, x, W, HD, rows, in, A_log, dt_bias, dk, lb);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(128) kda_recurrent_kernel(
     int T, int H, int dv, float scale) {
     __shared__ float ks[RDK], qs[RDK], es[RDK];
     __shared__ float red_d[4][RTILE], red_o[4][RTILE];
+    pdl_enter();
     const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     const int cg = tid & 7, rg = tid >> 3;
     const int c0 = blockIdx.x * RTILE + cg * 4;
@@ -137,8 +138,8 @@ extern "C" void lunar_cuda_kda_recurrent(float *o, const float *q, const float *
     CUDA_REQUIRE(dk == RDK && dv % RTILE == 0 && dv > 0);
     if (B <= 0 || T <= 0 || H <= 0) return;
     dim3 grid(dv / RTILE, H, B);
-    kda_recurrent_kernel<float><<<grid, 128, 0, to_stream(s)>>>(o, q, k, v, g, beta, S_pool, slots,
-                                                                 S_steps, T, H, dv, scale);
+    launch_pdl(kda_recurrent_kernel<float>, grid, dim3(128), 0, to_stream(s), o, q, k, v, g, beta, S_pool, slots,
+               S_steps, T, H, dv, scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -150,7 +151,7 @@ extern "C" void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const flo
     CUDA_REQUIRE(dk == RDK && dv % RTILE == 0 && dv > 0);
     if (B <= 0 || T <= 0 || H <= 0) return;
     dim3 grid(dv / RTILE, H, B);
-    kda_recurrent_kernel<__half><<<grid, 128, 0, to_stream(s)>>>(
+    launch_pdl(kda_recurrent_kernel<__half>, grid, dim3(128), 0, to_stream(s),
         o, q, k, v, g, beta, reinterpret_cast<__half *>(S_pool), slots, reinterpret_cast<__half *>(S_steps), T,
         H, dv, scale);
     CUDA_CHECK_LAUNCH();

@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
     __shared__ int gok[64];
     __shared__ float rv[8];
     __shared__ int ri[8];
+    pdl_enter();
     const int t = blockIdx.x, tid = threadIdx.x;
     const float *lg = logits + (size_t)t * E;
     for (int e = tid; e < E; e += blockDim.x) {
@@ -182,7 +183,7 @@ extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *l
     CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
                  n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
-    router_topk_kernel<true><<<1, 256, 2 * E * sizeof(float), to_stream(s)>>>(
+    launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), 2 * E * sizeof(float), to_stream(s),
         r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, *r);
     CUDA_CHECK_LAUNCH();
 }
@@ -314,12 +315,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// Programmatic dependent launch: the gate/up kernel lets the down kernel start early; the down
-// kernel issues its weight copies, then waits for the gate/up results (no-ops without PDL).
-__device__ __forceinline__ void griddep_launch_dependents() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-__device__ __forceinline__ void griddep_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 // grid (row groups, active-expert slots); block 128 = 4 warps = RT row tiles (of 16 weight rows)
 // x S k-splits (RT * S = 4). Each warp streams its rows' bytes once: per chunk of 128 columns a
 // lane reads one 16-byte block of each of its 2 rows (per matrix) plus the scale byte, the next
@@ -331,7 +326,10 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
-    if (GATEUP) griddep_launch_dependents();  // the down kernel may start streaming its weights
+    // under PDL (LUNAR_CUDA_PDL=1) both kernels wait first: session 3's variant (the down kernel
+    // streaming weights before its wait, the gate/up kernel triggering before reading the route)
+    // broke the wait chain, see pdl_enter in cuda_common.cuh
+    pdl_enter();
     const int slot = blockIdx.y;
     if (slot >= a.counts[a.E]) return;
     const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
@@ -388,7 +386,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
                 };
 #pragma unroll
                 for (int p = 0; p < ST; p++) issue(j0 + p);
-                if (!GATEUP) griddep_wait();  // hbuf comes from the previous kernel
                 uint4 xv[NT][4];
                 auto load_x = [&](int j, uint4 (*dst)[4]) {
 #pragma unroll
@@ -455,7 +452,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
                 }
                 cp_async_wait<0>();
             } else {
-                if (!GATEUP) griddep_wait();
                 for (int j = j0; j < j1; j++) {
                     const int blk = 4 * j + c;
 #pragma unroll
@@ -1023,23 +1019,7 @@ static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(ceil_div_u(a.R / 16, RT), slots);
-    cfg.blockDim = dim3(128);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = st;
-    // Programmatic dependent launch (the down kernel streaming its weights during the gate/up
-    // tail) is off unless LUNAR_MOE_PDL=1: with it, the model forward's K3.1 slice decode read
-    // garbage (then NaN routing, then an illegal address) on the H200, and was correct with
-    // CUDA_LAUNCH_BLOCKING or without the attribute; the cause is not understood, so it stays an
-    // experiment (the griddepcontrol instructions in the kernel are no-ops without it).
-    static int pdl = -1;
-    if (pdl < 0) pdl = getenv("LUNAR_MOE_PDL") && strcmp(getenv("LUNAR_MOE_PDL"), "1") == 0;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    if (!GATEUP && pdl) cfg.attrs = at, cfg.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_decode_kernel<NT, MX, GATEUP, S>, a));
+    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a);
 }
 
 template <int NT, bool MX, bool GATEUP>
@@ -1136,6 +1116,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
 // add (or NULL): [n, D] added to each sum after it (the shared experts' output: one launch fewer)
 __global__ void moe_combine_kernel(float *acc, const float *ybuf, const int32_t *pair_row, int k,
                                    int D, const float *add) {
+    pdl_enter();
     const int t = blockIdx.x;
     for (int i = threadIdx.x * 4; i < D; i += blockDim.x * 4) {
         float4 s = make_float4(0, 0, 0, 0);
@@ -1158,7 +1139,7 @@ extern "C" void lunar_cuda_moe_combine(float *acc, const float *ybuf, const luna
 extern "C" void lunar_cuda_moe_combine_add(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
                                            const float *add, lunar_cuda_stream s) {
     CUDA_REQUIRE(D % 4 == 0 && ((uintptr_t)add & 15) == 0);
-    moe_combine_kernel<<<r->n, 256, 0, to_stream(s)>>>(acc, ybuf, r->pair_row, r->k, D, add);
+    launch_pdl(moe_combine_kernel, dim3(r->n), dim3(256), 0, to_stream(s), acc, ybuf, r->pair_row, r->k, D, add);
     CUDA_CHECK_LAUNCH();
 }
 

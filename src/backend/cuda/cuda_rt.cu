@@ -97,6 +97,16 @@ extern "C" void lunar_cuda_shutdown(void) {
 }
 
 extern "C" int lunar_cuda_ready(void) { return rt.ready; }
+
+// launch_pdl (cuda_common.cuh) sets programmatic stream serialization unless LUNAR_CUDA_PDL=0 (on by
+// default since the H200 run of session 4: graphs with it == eager without it bit for bit, the
+// forward tests vs the CPU unchanged, Kimi-Linear-48B decode B=1 3.22 -> 3.01 ms)
+static int pdl_state = -1;
+extern "C" int lunar_cuda_pdl_on(void) {
+    if (pdl_state < 0) pdl_state = !(getenv("LUNAR_CUDA_PDL") && strcmp(getenv("LUNAR_CUDA_PDL"), "0") == 0);
+    return pdl_state;
+}
+extern "C" void lunar_cuda_pdl_set(int on) { pdl_state = on < 0 ? -1 : on != 0; }
 extern "C" const char *lunar_cuda_describe(void) { return rt.ready ? rt.desc : "not initialised"; }
 
 extern "C" void *lunar_cuda_alloc(size_t bytes) {
