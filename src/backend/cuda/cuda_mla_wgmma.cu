@@ -39,6 +39,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mla_wgmma.h"
+#include "backend/cuda/cuda_wgmma.cuh"
 
 namespace {
 
@@ -76,73 +77,15 @@ struct Args {
     float scale2, out_scale;
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
-}
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-// shared memory written by this thread's ordinary stores / cp.async, read next by wgmma (the async
-// proxy): each writer fences before the barrier
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// keeps the compiler from moving accumulator reads / writes across the wgmma fence and wait
-template <int N> __device__ __forceinline__ void pin(float (&d)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 // wgmma shared memory descriptor, no swizzle: start address, leading and stride byte offsets (all
 // in 16-byte units), base offset 0, layout type 0 (bits 62-63)
 __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
     return (uint64_t)((addr & 0x3ffff) >> 4) | ((uint64_t)((lbo >> 4) & 0x3fff) << 16) |
            ((uint64_t)((sbo >> 4) & 0x3fff) << 32);
-}
-// D[64 x 32] (+)= A[64 x 16] B[16 x 32], A and B K-major in shared memory
-__device__ __forceinline__ void wgmma_s32(float d[16], uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
-                 "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-                 : "l"(da), "l"(db), "r"(acc));
-}
-// D[64 x 256] (+)= A[64 x 16] B[16 x 256], A K-major, B N-major (imm-trans-b = 1) in shared memory
-__device__ __forceinline__ void wgmma_v256(float d[128], uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, %128, %129, p, 1, 1, 0, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-                   "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-                   "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-                   "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-                   "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-                   "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-                   "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-                   "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-                   "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-                   "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-                   "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-                   "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-                 : "l"(da), "l"(db), "r"(acc));
 }
 
 // Byte offset of 16-byte chunk j (dims 8j .. 8j + 7) of row r (position or head) in core-matrix
@@ -276,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
             }
             __syncthreads(); // tile it is in everywhere
         } else {
-            cp_wait_all();
+            cp_wait<0>();
             if (!FP8) fence_async_smem();
             __syncthreads(); // tile it is in; both warpgroups are done with tile it - 1 and with P
             load_tile(it + 1);
@@ -320,13 +263,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
 #pragma unroll
         for (int i = 0; i < 16; i++) s[i] = 0.0f;
         const uint64_t dc = desc(tile + wg * 4 * 128, 1024, 128);
-        pin(s);
-        wg_fence();
+        fence_acc<16>(s);
+        wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kRow / 16; ks++) wgmma_s32(s, dq + 16 * ks, dc + 128 * ks, ks > 0);
-        wg_commit();
-        wg_wait0();
-        pin(s);
+        for (int ks = 0; ks < kRow / 16; ks++) wgmma_m64n32<0>(s, dq + 16 * ks, dc + 128 * ks, ks > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<16>(s);
 
         // s[4k + 2e + c]: head row r0 (e = 0) or r1 (e = 1), tile position 32 wg + 8k + 2t + c
         const int pbase = begin + it * kTile + 32 * wg + 2 * t;
@@ -371,15 +314,15 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
 
         // O[:, 256 wg .. + 255] += P C[:, 256 wg .. + 255]; a k-step is 16 positions (2 groups)
         const uint64_t dv = desc(tile + wg * 32 * 1024, 128, 1024);
-        pin(o);
-        wg_fence();
+        fence_acc<128>(o);
+        wgmma_fence();
 #pragma unroll
-        for (int ks = 0; ks < kTile / 16; ks++) wgmma_v256(o, dp + 16 * ks, dv + 16 * ks, 1);
-        wg_commit();
-        wg_wait0();
-        pin(o);
+        for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 16 * ks, 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<128>(o);
     }
-    cp_wait_all();
+    cp_wait<0>();
 
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {

@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_wgmma.cuh"
 
 #define WG_BM 128
 #define WG_BK 64
@@ -51,25 +52,8 @@ template <int BN> struct wg_cfg {
     }
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-// 16 bytes global -> shared; ok = false: 16 zero bytes, nothing read.
-__device__ __forceinline__ void wg_cp16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
-                 : "memory");
-}
 __device__ __forceinline__ void wg_cp4(uint32_t dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void wg_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wg_cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-// Ordinary shared stores (and cp.async results) -> visible to the tensor cores' (async proxy) reads.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
     uint4 v;
@@ -93,74 +77,14 @@ __device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
            ((uint64_t)1 << 62);
 }
 
-// wgmma m64nNk16, fp32 accumulators d[N/2], A and B from shared memory (descriptors), both
-// K-major (no transpose); scale_d = 0 starts the sum (d = A B), 1 accumulates.
-__device__ __forceinline__ void wgmma_n128(float *d, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-        "}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
 
-__device__ __forceinline__ void wgmma_n256(float *d, uint64_t da, uint64_t db, int scale_d) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-        "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
-        :
-          "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-          "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-          "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-          "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-          "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-          "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-          "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(da), "l"(db), "r"(scale_d));
-}
 
 template <int BN> __device__ __forceinline__ void wgmma_bn(float *d, uint64_t da, uint64_t db, int scale_d);
 template <> __device__ __forceinline__ void wgmma_bn<128>(float *d, uint64_t da, uint64_t db, int scale_d) {
-    wgmma_n128(d, da, db, scale_d);
+    wgmma_m64n128<0>(d, da, db, scale_d); // both operands K-major
 }
 template <> __device__ __forceinline__ void wgmma_bn<256>(float *d, uint64_t da, uint64_t db, int scale_d) {
-    wgmma_n256(d, da, db, scale_d);
-}
-// Keeps the compiler from moving accumulator reads/writes across the wgmma wait/fence (which
-// carry no register operands).
-template <int N> __device__ __forceinline__ void fence_acc(float *d) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
+    wgmma_m64n256<0>(d, da, db, scale_d);
 }
 
 template <bool MX, bool GATEUP, int BN>
@@ -206,7 +130,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
 #pragma unroll
         for (int i = 0; i < APT; i++) {
             const int row = a_row0 + 32 * i;
-            wg_cp16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WG_BK, xok[i]);
+            cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WG_BK, xok[i]);
         }
         const size_t ebase = (size_t)ld_e * estr;
         if (MX) {
@@ -216,7 +140,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
                 const bool m3 = GATEUP && nr >= NH;
                 const size_t base = ebase + (size_t)(ld_n0 + (m3 ? nr - NH : nr)) * a.K;
                 const uint8_t *q4 = m3 ? a.wq[1] : a.wq[0], *s8 = m3 ? a.ws[1] : a.ws[0];
-                wg_cp16(sR + stage * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
+                cp_async16(sR + stage * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
                 // the aligned word holding this block's scale byte (never past the allocation)
                 const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
                 wg_cp4(sS + stage * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
@@ -229,7 +153,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
                 const bool m3 = GATEUP && nr >= NH;
                 const uint16_t *wb = m3 ? a.wb[1] : a.wb[0];
                 const size_t base = ebase + (size_t)(ld_n0 + (m3 ? nr - NH : nr)) * a.K;
-                wg_cp16(dB + nr * 128 + ((a_ch ^ (nr & 7)) << 4), wb + base + j * WG_BK + a_ch * 8, true);
+                cp_async16(dB + nr * 128 + ((a_ch ^ (nr & 7)) << 4), wb + base + j * WG_BK + a_ch * 8, true);
             }
         }
     };
@@ -266,7 +190,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
 #pragma unroll
     for (int q = 0; q < ST - 2; q++) {
         if (q < Q) load(q);
-        wg_commit();  // one group per chunk, empty ones too: wait_group counts stay fixed
+        cp_commit();  // one group per chunk, empty ones too: wait_group counts stay fixed
     }
     const int g = lane >> 2, c = lane & 3;
     for (int ci = 0, q = 0; q < Q; ci++) {
@@ -278,12 +202,12 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
         }
         const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
         for (int j = 0; j < J; j++, q++) {
-            wg_cp_wait<ST - 3>();  // this thread's copies of chunk q have landed
+            cp_wait<ST - 3>();  // this thread's copies of chunk q have landed
             if (MX) widen(q, j);
             fence_async_smem();
             __syncthreads();
             if (q + ST - 2 < Q) load(q + ST - 2);
-            wg_commit();
+            cp_commit();
             if (c_on) {
                 const uint32_t aT = sA + (q % ST) * C::A_BYTES + wg * 64 * 128, bT = sB + (q % NB) * C::B_BYTES;
                 wgmma_fence();
