@@ -257,7 +257,7 @@ TEST(dummy_device_upload_hook_matches_host_upload) {
         int32_t id = 5;
         CHECK_MSG(lunar_cuda_model_upload(&gl, lz, &err) == 0, "%s", err.msg);
         CHECK_MSG(lunar_cuda_model_upload(&gh, h, &err) == 0, "%s", err.msg);
-        CHECK(lunar_cuda_seq_init(&sl, lz, 4, &err) == 0 && lunar_cuda_seq_init(&sh, h, 4, &err) == 0);
+        CHECK(lunar_cuda_seq_init(&sl, lz, 4, 0, &err) == 0 && lunar_cuda_seq_init(&sh, h, 4, 0, &err) == 0);
         CHECK_MSG(lunar_forward_cuda(gl, &sl, &id, 1, a, 0, &err) == 0, "%s", err.msg);
         CHECK_MSG(lunar_forward_cuda(gh, &sh, &id, 1, b, 0, &err) == 0, "%s", err.msg);
         const double e = lunar_max_rel_err(a, b, V);

@@ -150,7 +150,7 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     lunar_cuda_caches two;
     memset(&two, 0, sizeof two);
     CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
-    CHECK_MSG(gm && lunar_cuda_seq_init_kv(&s, m, N, flags, &err) == 0, "%s", err.msg);
+    CHECK_MSG(gm && lunar_cuda_seq_init(&s, m, N, flags, &err) == 0, "%s", err.msg);
     if (!gm) goto out;
     CHECK(lunar_cuda_model_fused_moe(gm, fused_moe) || !fused_moe); /* the path exists where asked for */
     int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0;
@@ -184,7 +184,7 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
      * block table is not the identity) and the prompt alone on slot 1 (pages 0..nb-1) */
     const int nb = (N + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
     double e_bat = INFINITY;
-    if (lunar_cuda_caches_init_kv(&two, m, 2 * nb, 2, flags, &err) == 0) {
+    if (lunar_cuda_caches_init(&two, m, 2 * nb, 2, flags, &err) == 0) {
         int32_t *bt = lunar_xmalloc((size_t)2 * nb * sizeof *bt);
         for (int i = 0; i < nb; i++) bt[i] = 2 * nb - 1 - i, bt[nb + i] = i;
         lunar_batch_seq sq[2] = {{ids, N, 0, 0, bt, LUNAR_LOGITS_ALL}, {ids, T, 0, 1, bt + nb, LUNAR_LOGITS_LAST}};

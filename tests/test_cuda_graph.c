@@ -104,7 +104,7 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
         for (int b = 0; b < B; b++) plen[b] = 250 - 40 * b; /* row 0 crosses 256 at step 6 */
         const int per = (250 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
         lunar_cuda_caches c;
-        if (lunar_cuda_caches_init(&c, m, per * B, B, &err)) {
+        if (lunar_cuda_caches_init(&c, m, per * B, B, 0, &err)) {
             CHECK_MSG(0, "%s", err.msg);
             break;
         }

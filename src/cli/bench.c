@@ -169,7 +169,7 @@ static int cpu_caches_fit(const lunar_config *c, int n_blocks, int n_slots, luna
 static int caches_init(runner *r, int n_blocks, int n_slots, lunar_err *err) {
     if (!r->cuda && cpu_caches_fit(&r->m->cfg, n_blocks, n_slots, err)) return -1;
     if (r->cuda) {
-        if (lunar_cuda_caches_init_kv(&r->cc, r->m, n_blocks, n_slots,
+        if (lunar_cuda_caches_init(&r->cc, r->m, n_blocks, n_slots,
                                       (r->kv_fp8 ? LUNAR_CUDA_CACHE_FP8_LATENT : 0) |
                                           (r->state_fp16 ? LUNAR_CUDA_CACHE_FP16_STATE : 0),
                                       err))

@@ -181,7 +181,7 @@ static int runner_init(runner *r, lunar_backend_kind be, const lunar_model *m, c
         return 0;
     }
     if (lunar_cuda_model_upload(&r->gm, m, err) == 0) {
-        if (lunar_cuda_seq_init(&r->gpu, m, max_tokens, err) == 0) return 0;
+        if (lunar_cuda_seq_init(&r->gpu, m, max_tokens, 0, err) == 0) return 0;
         lunar_cuda_model_free(r->gm);
     }
     lunar_model_free(r->rank_m);

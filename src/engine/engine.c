@@ -219,7 +219,7 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
             lunar_wire_free(&m);
             if (prc) goto fail;
         }
-        if (lunar_cuda_caches_init_kv(&e->gc, dm, n_blocks, o->max_num_seqs + n_ckpt, cflags, err)) goto fail;
+        if (lunar_cuda_caches_init(&e->gc, dm, n_blocks, o->max_num_seqs + n_ckpt, cflags, err)) goto fail;
         /* under DCP a block of 128 positions costs a rank 128 / D latent rows: D times the blocks */
         char dcp_note[96] = "";
         if (tpo.dcp > 1)

@@ -53,8 +53,8 @@ int lunar_engine_cuda_cache_flags(const lunar_engine_options *o) {
 lunar_rank_room lunar_cuda_rank_room(const lunar_model *rank_m, const lunar_engine_options *o) {
     const int64_t step = (int64_t)lunar_cuda_step_bytes(rank_m, o->max_num_batched_tokens, o->max_num_seqs,
                                                         o->max_model_len);
-    lunar_rank_room r = {(int64_t)lunar_cuda_arena_left() - step, (int64_t)lunar_cuda_block_bytes_kv(rank_m, kv_fp8_of(o)),
-                         (int64_t)lunar_cuda_slot_bytes_st(rank_m, o->kda_state_fp16)};
+    lunar_rank_room r = {(int64_t)lunar_cuda_arena_left() - step, (int64_t)lunar_cuda_block_bytes(rank_m, kv_fp8_of(o)),
+                         (int64_t)lunar_cuda_slot_bytes(rank_m, o->kda_state_fp16)};
     if (o->cache_memory_bytes > 0 && o->cache_memory_bytes < r.budget) r.budget = o->cache_memory_bytes;
     return r;
 }
@@ -150,7 +150,7 @@ int lunar_engine_follow(const lunar_engine_options *o, const lunar_tp_link *l, l
         if (k == 0) lunar_fail(err, "rank 0 closed the link before the caches were planned");
         else if (k > 0 && (m.kind != LUNAR_WIRE_INIT || m.n != 2))
             lunar_fail(err, "rank link: expected the cache plan, got message kind %u", m.kind);
-        else if (k > 0 && lunar_cuda_caches_init_kv(&c, r.rank_m, m.w[0], m.w[1], lunar_engine_cuda_cache_flags(o), err) == 0)
+        else if (k > 0 && lunar_cuda_caches_init(&c, r.rank_m, m.w[0], m.w[1], lunar_engine_cuda_cache_flags(o), err) == 0)
             rc = follow_loop(&r, &c, fd, err);
     }
     lunar_wire_free(&m);

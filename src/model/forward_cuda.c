@@ -31,10 +31,8 @@ int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
     return lunar_fail(err, "lunar was built without CUDA");
 }
 size_t lunar_cuda_model_bytes(const lunar_model *m) { (void)m; return 0; }
-size_t lunar_cuda_block_bytes(const lunar_model *m) { (void)m; return 0; }
-size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) { (void)m, (void)latent_fp8; return 0; }
-size_t lunar_cuda_slot_bytes(const lunar_model *m) { (void)m; return 0; }
-size_t lunar_cuda_slot_bytes_st(const lunar_model *m, int state_fp16) { (void)m, (void)state_fp16; return 0; }
+size_t lunar_cuda_block_bytes(const lunar_model *m, int latent_fp8) { (void)m, (void)latent_fp8; return 0; }
+size_t lunar_cuda_slot_bytes(const lunar_model *m, int state_fp16) { (void)m, (void)state_fp16; return 0; }
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len) {
     (void)m, (void)max_tokens, (void)max_rows, (void)max_len;
     return 0;
@@ -42,13 +40,9 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
 void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from) { (void)c, (void)to, (void)from; }
 size_t lunar_cuda_arena_left(void) { return 0; }
 const char *lunar_cuda_device_line(void) { return "no CUDA"; }
-int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots, int flags,
                            lunar_err *err) {
-    return lunar_cuda_caches_init_kv(c, m, n_blocks, n_slots, 0, err);
-}
-int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
-                              int latent_fp8, lunar_err *err) {
-    (void)c, (void)m, (void)n_blocks, (void)n_slots, (void)latent_fp8;
+    (void)c, (void)m, (void)n_blocks, (void)n_slots, (void)flags;
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_caches_free(lunar_cuda_caches *c) { (void)c; }
@@ -64,12 +58,8 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     (void)g, (void)c, (void)seqs, (void)n_seqs, (void)logits, (void)ds, (void)ids;
     return lunar_fail(err, "lunar was built without CUDA");
 }
-int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
-    return lunar_cuda_seq_init_kv(s, m, max_tokens, 0, err);
-}
-int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int latent_fp8,
-                           lunar_err *err) {
-    (void)s, (void)m, (void)max_tokens, (void)latent_fp8;
+int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int flags, lunar_err *err) {
+    (void)s, (void)m, (void)max_tokens, (void)flags;
     return lunar_fail(err, "lunar was built without CUDA");
 }
 void lunar_cuda_seq_reset(lunar_cuda_seq *s) { (void)s; }
@@ -1090,16 +1080,12 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     return lunar_cuda_tp_status(g->m, err); /* TP hook: a failed collective */
 }
 
-int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err) {
-    return lunar_cuda_seq_init_kv(s, m, max_tokens, 0, err);
-}
 
-int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int flags,
-                           lunar_err *err) {
+int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int flags, lunar_err *err) {
     memset(s, 0, sizeof *s);
     if (max_tokens <= 0) return lunar_fail(err, "sequence capacity must be positive (got %d)", max_tokens);
     const int n_blocks = (max_tokens + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-    if (lunar_cuda_caches_init_kv(&s->c, m, n_blocks, 1, flags, err)) return -1;
+    if (lunar_cuda_caches_init(&s->c, m, n_blocks, 1, flags, err)) return -1;
     s->blocks = lunar_xmalloc((size_t)n_blocks * sizeof *s->blocks);
     for (int i = 0; i < n_blocks; i++) s->blocks[i] = i;
     s->max_tokens = max_tokens;

@@ -49,15 +49,13 @@ void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, lon
                                   double *capture_s);
 
 /* Sizes for planning device memory: the uploaded weights; one cache block of 128 tokens over all
- * MLA layers (bf16 latent + index keys; _kv: an FP8 latent when latent_fp8; on a DCP rank of a
+ * MLA layers (bf16 latent + index keys; an FP8 latent when latent_fp8; on a DCP rank of a
  * group of D, 128 / D latent rows and 128 index keys); one KDA state slot; an upper bound of one
  * step's temporaries for max_tokens tokens, max_rows logits rows and contexts up to max_len. */
 size_t lunar_cuda_model_bytes(const lunar_model *m);
-size_t lunar_cuda_block_bytes(const lunar_model *m);
-size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8);
-size_t lunar_cuda_slot_bytes(const lunar_model *m);
-size_t lunar_cuda_slot_bytes_st(const lunar_model *m, int state_fp16);
-/* lunar_cuda_caches_init_kv's flags (an int, so that 0 / 1 keep meaning bf16 / FP8 latent) */
+size_t lunar_cuda_block_bytes(const lunar_model *m, int latent_fp8);
+size_t lunar_cuda_slot_bytes(const lunar_model *m, int state_fp16);
+/* lunar_cuda_caches_init's flags (an int, so that 0 / 1 keep meaning bf16 / FP8 latent) */
 #define LUNAR_CUDA_CACHE_FP8_LATENT 1
 #define LUNAR_CUDA_CACHE_FP16_STATE 2
 size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows, int max_len);
@@ -82,10 +80,9 @@ typedef struct lunar_cuda_caches {
     size_t mark;  /* arena mark before the caches */
 } lunar_cuda_caches;
 
-int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
+/* flags: LUNAR_CUDA_CACHE_* (0: bf16 latent, fp32 states) */
+int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots, int flags,
                            lunar_err *err);
-int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
-                              int latent_fp8, lunar_err *err);
 void lunar_cuda_caches_free(lunar_cuda_caches *c);
 void lunar_cuda_state_clear(lunar_cuda_caches *c, int slot);
 void lunar_cuda_state_copy(lunar_cuda_caches *c, int to, int from); /* conv + KDA state of a slot */
@@ -116,9 +113,7 @@ typedef struct lunar_cuda_seq {
     int32_t *blocks; /* host identity block table */
 } lunar_cuda_seq;
 
-int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, lunar_err *err);
-int lunar_cuda_seq_init_kv(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int latent_fp8,
-                           lunar_err *err);
+int lunar_cuda_seq_init(lunar_cuda_seq *s, const lunar_model *m, int max_tokens, int flags, lunar_err *err);
 void lunar_cuda_seq_reset(lunar_cuda_seq *s);
 void lunar_cuda_seq_free(lunar_cuda_seq *s);
 int lunar_forward_cuda(const lunar_cuda_model *g, lunar_cuda_seq *s, const int32_t *ids, int n,

@@ -440,14 +440,13 @@ size_t lunar_cuda_arena_left(void) {
 }
 const char *lunar_cuda_device_line(void) { return lunar_cuda_describe(); }
 
-size_t lunar_cuda_block_bytes(const lunar_model *m) { return lunar_cuda_block_bytes_kv(m, 0); }
 
 /* latent rows a block of 128 positions takes on this rank: 1/D of them under DCP */
 static int latent_rows_of(const lunar_model *m) {
     return m->tp && m->tp->dcp_size > 1 ? LUNAR_BLOCK_SIZE / m->tp->dcp_size : LUNAR_BLOCK_SIZE;
 }
 
-size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) {
+size_t lunar_cuda_block_bytes(const lunar_model *m, int latent_fp8) {
     const lunar_config *k = &m->cfg;
     const size_t row = (size_t)k->kv_lora_rank + k->qk_rope_head_dim;
     const size_t idx = k->index_topk > 0 ? (size_t)k->index_head_dim + 4 : 0;
@@ -455,9 +454,8 @@ size_t lunar_cuda_block_bytes_kv(const lunar_model *m, int latent_fp8) {
            ((size_t)latent_rows_of(m) * row * (latent_fp8 ? 1 : 2) + (size_t)LUNAR_BLOCK_SIZE * idx);
 }
 
-size_t lunar_cuda_slot_bytes(const lunar_model *m) { return lunar_cuda_slot_bytes_st(m, 0); }
 
-size_t lunar_cuda_slot_bytes_st(const lunar_model *m, int state_fp16) {
+size_t lunar_cuda_slot_bytes(const lunar_model *m, int state_fp16) {
     const lunar_config *k = &m->cfg;
     const size_t HD = (size_t)k->kda_num_heads * k->kda_head_dim;
     return (size_t)k->n_kda_layers * (3 * HD * (k->kda_conv_size - 1) * 4 + HD * k->kda_head_dim * (state_fp16 ? 2 : 4));
@@ -510,13 +508,9 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     return step + layer + T * widest * 2 + ((size_t)16 << 20);
 }
 
-int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
-                           lunar_err *err) {
-    return lunar_cuda_caches_init_kv(c, m, n_blocks, n_slots, 0, err);
-}
 
-int lunar_cuda_caches_init_kv(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots,
-                              int flags, lunar_err *err) {
+int lunar_cuda_caches_init(lunar_cuda_caches *c, const lunar_model *m, int n_blocks, int n_slots, int flags,
+                           lunar_err *err) {
     const lunar_config *k = &m->cfg;
     memset(c, 0, sizeof *c);
     if (!lunar_cuda_ready()) return lunar_fail(err, "CUDA caches: the device is not initialised");
