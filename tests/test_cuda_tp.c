@@ -83,24 +83,56 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
     return med;
 }
 
-/* lunar logits MODEL --ids IDS --decode-after T --backend cuda --out OUT [extra...]; its exit status */
-static int run_lunar(const char *bin, const char *model, const char *ids, int T, const char *out, const char *tp,
-                     const char *ep, const char *dcp) {
-    char dec[32];
-    snprintf(dec, sizeof dec, "%d", T);
+/* The lunar binary beside this test binary, into bin. Returns the number of CUDA devices, or -1
+ * (the test is skipped, saying why) when there are fewer than `need` for `what`. */
+static int lunar_bin_for(int need, const char *what, char *bin, size_t cap) {
+    char desc[256];
+    const int n = lunar_cuda_device_count(desc, sizeof desc);
+    if (n < need) {
+        fprintf(stderr, "[skipped: %d CUDA device(s), %s needs %d: %s] ", n < 0 ? 0 : n, what, need, desc);
+        return -1;
+    }
+    char self[1024];
+    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+    LUNAR_ASSERT(k > 0);
+    self[k] = 0;
+    snprintf(bin, cap, "%s/lunar", dirname(self));
+    CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
+    return n;
+}
+
+/* n comma-separated pseudo-random token ids below V (the same prompt in every process) */
+static void random_ids(char *buf, int n, int V) {
+    for (int i = 0; i < n; i++) buf += sprintf(buf, "%s%d", i ? "," : "", (int)((i * 2654435761u >> 8) % (unsigned)V));
+}
+
+/* Runs bin with argv (argv[0] = bin) in a child, with env NAME=VALUE set and stderr sent to log when
+ * given; its exit status (128 + signal when killed). */
+static int spawn_wait(const char *bin, char *const argv[], const char *env_name, const char *env_value,
+                      const char *log) {
     fflush(stdout), fflush(stderr);
     pid_t p = fork();
     if (p == 0) {
-        char *argv[] = {(char *)bin, "logits", (char *)model, "--ids", (char *)ids, "--decode-after", dec,
-                        "--backend", "cuda", "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
-                        "--master-port", "29611", "--decode-context-parallel-size", dcp ? (char *)dcp : "1",
-                        (char *)ep, NULL};
+        if (env_name) setenv(env_name, env_value, 1);
+        if (log && !freopen(log, "w", stderr)) _exit(126);
         execv(bin, argv);
         _exit(127);
     }
     int st = 0;
     waitpid(p, &st, 0);
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* lunar logits MODEL --ids IDS --decode-after T --backend cuda --out OUT [extra...]; its exit status */
+static int run_lunar(const char *bin, const char *model, const char *ids, int T, const char *out, const char *tp,
+                     const char *ep, const char *dcp) {
+    char dec[32];
+    snprintf(dec, sizeof dec, "%d", T);
+    char *argv[] = {(char *)bin, "logits", (char *)model, "--ids", (char *)ids, "--decode-after", dec,
+                    "--backend", "cuda", "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
+                    "--master-port", "29611", "--decode-context-parallel-size", dcp ? (char *)dcp : "1",
+                    (char *)ep, NULL};
+    return spawn_wait(bin, argv, NULL, NULL, NULL);
 }
 
 /* runs[k] = {tensor-parallel size, "--enable-expert-parallel" or NULL, decode-context-parallel size
@@ -169,19 +201,10 @@ static void tp_model(const char *bin, const char *name, const char *const (*runs
  * embedding, the all-gather of lm_head, the latent column slice, the generic MoE) and must give
  * the plain single-GPU logits; TP 2 (with and without EP) needs two GPUs. */
 TEST(cuda_tp_matches_one_gpu) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 1) {
-        fprintf(stderr, "[skipped: no CUDA device: %s] ", desc);
-        return;
-    }
+    char bin[1100];
+    const int n = lunar_bin_for(1, "the rank path", bin, sizeof bin);
+    if (n < 0) return;
     if (n < 2) fprintf(stderr, "[one GPU: TP 2 skipped, TP 1 + EP only] ");
-    char self[1024], bin[1100];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
-    CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
     /* KDA + MLA + MoE (Kimi-Linear), dense + MoE, K3 (AttnRes, latent MoE; also with EP), K3.1 (DSA) */
     static const char *const one[][3] = {{"1", "--enable-expert-parallel", NULL}};
     static const char *const two[][3] = {{"1", "--enable-expert-parallel", NULL}, {"2", NULL, NULL}};
@@ -201,18 +224,9 @@ TEST(cuda_tp_matches_one_gpu) {
  * rounding are expected, and a wrong row, slot or head (O(1) logits) is not. Models with MLA: the
  * causal path (kimi-linear-tiny) and DSA (k31-a: the replicated top-k reduced to local rows). */
 TEST(cuda_dcp_tp2_matches_one_gpu) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 2) {
-        fprintf(stderr, "[skipped: DCP 2 needs two CUDA devices: %s] ", n < 1 ? desc : "one found");
-        return;
-    }
-    char self[1024], bin[1100];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
-    CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
+    char bin[1100];
+    const int n = lunar_bin_for(2, "DCP 2", bin, sizeof bin);
+    if (n < 0) return;
     static const char *const dcp[][3] = {{"2", NULL, "2"}};
     tp_model(bin, "kimi-linear-tiny", dcp, 1);
     tp_model(bin, "k31-a", dcp, 1);
@@ -233,36 +247,20 @@ static int run_dummy(const char *bin, const char *cfg, const char *ids, int T, c
                      const char *dcp) {
     char dec[32];
     snprintf(dec, sizeof dec, "%d", T);
-    fflush(stdout), fflush(stderr);
-    pid_t p = fork();
-    if (p == 0) {
-        char *argv[] = {(char *)bin, "logits", (char *)cfg, "--load-format", "dummy", "--ids",
-                        (char *)ids, "--decode-after", dec, "--backend", "cuda", "--out", (char *)out,
-                        "--tensor-parallel-size", (char *)tp, "--decode-context-parallel-size", (char *)dcp,
-                        "--master-port", "29613", NULL};
-        execv(bin, argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char *argv[] = {(char *)bin, "logits", (char *)cfg, "--load-format", "dummy", "--ids",
+                    (char *)ids, "--decode-after", dec, "--backend", "cuda", "--out", (char *)out,
+                    "--tensor-parallel-size", (char *)tp, "--decode-context-parallel-size", (char *)dcp,
+                    "--master-port", "29613", NULL};
+    return spawn_wait(bin, argv, NULL, NULL, NULL);
 }
 
 TEST(cuda_tp_dummy_lazy_shards) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 2) {
-        fprintf(stderr, "[skipped: %d CUDA device(s), TP 2 needs two: %s] ", n, desc);
-        return;
-    }
-    char self[1024], bin[1100];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    char bin[1100];
+    const int n = lunar_bin_for(2, "TP 2", bin, sizeof bin);
+    if (n < 0) return;
     enum { N = 40, T = 32, V = 4096 };
-    char ids[N * 8], *w = ids;
-    for (int i = 0; i < N; i++) w += sprintf(w, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % V);
+    char ids[N * 8];
+    random_ids(ids, N, V);
     static const char *const cfgs[] = {"tests/data/dummy-k31-small", "tests/data/dummy-k31-tp"};
     for (int c = 0; c < 2; c++) {
         char ref_path[] = "/tmp/lunar-dtp1-XXXXXX", tp_path[] = "/tmp/lunar-dtp2-XXXXXX";
@@ -299,36 +297,20 @@ TEST(cuda_tp_dummy_lazy_shards) {
 static int run_kl48(const char *bin, const char *ids, int T, const char *out, const char *tp, const char *dcp) {
     char dec[32];
     snprintf(dec, sizeof dec, "%d", T);
-    fflush(stdout), fflush(stderr);
-    pid_t p = fork();
-    if (p == 0) {
-        char *argv[] = {(char *)bin, "logits", "configs/kimi-linear-48b-a3b.json", "--load-format", "dummy",
-                        "--num-layers", "4", "--ids", (char *)ids, "--decode-after", dec, "--backend", "cuda",
-                        "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
-                        "--decode-context-parallel-size", (char *)dcp, "--master-port", "29617", NULL};
-        execv(bin, argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char *argv[] = {(char *)bin, "logits", "configs/kimi-linear-48b-a3b.json", "--load-format", "dummy",
+                    "--num-layers", "4", "--ids", (char *)ids, "--decode-after", dec, "--backend", "cuda",
+                    "--out", (char *)out, "--tensor-parallel-size", (char *)tp,
+                    "--decode-context-parallel-size", (char *)dcp, "--master-port", "29617", NULL};
+    return spawn_wait(bin, argv, NULL, NULL, NULL);
 }
 
 TEST(cuda_dcp_kl48_fresh_prefill_and_decode) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 2) {
-        fprintf(stderr, "[skipped: %d CUDA device(s), DCP 2 needs two: %s] ", n, desc);
-        return;
-    }
-    char self[1024], bin[1100];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    char bin[1100];
+    const int n = lunar_bin_for(2, "DCP 2", bin, sizeof bin);
+    if (n < 0) return;
     enum { N = 96, T = 80, V = 163840 };
-    char ids[N * 8], *w = ids;
-    for (int i = 0; i < N; i++) w += sprintf(w, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % V);
+    char ids[N * 8];
+    random_ids(ids, N, V);
     char p1[] = "/tmp/lunar-dcpk1-XXXXXX", p2[] = "/tmp/lunar-dcpk2-XXXXXX", p3[] = "/tmp/lunar-dcpk3-XXXXXX";
     int f1 = mkstemp(p1), f2 = mkstemp(p2), f3 = mkstemp(p3);
     LUNAR_ASSERT(f1 >= 0 && f2 >= 0 && f3 >= 0);
@@ -366,9 +348,9 @@ TEST(cuda_dcp_kl48_fresh_prefill_and_decode) {
  * than 4 GPUs; tp_dcp_comm_groups (CPU) and nccl_world_size_1 (one GPU) test the group split. */
 static void dcp_small_case(const char *bin, const char *tp, const char *dcp) {
     enum { N = 96, T = 80, V = 163840, NS = 40, TS = 32, VS = 4096 };
-    char ids[N * 8], *w = ids, sids[NS * 8], *ws = sids;
-    for (int i = 0; i < N; i++) w += sprintf(w, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % V);
-    for (int i = 0; i < NS; i++) ws += sprintf(ws, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % VS);
+    char ids[N * 8], sids[NS * 8];
+    random_ids(ids, N, V);
+    random_ids(sids, NS, VS);
     for (int c = 0; c < 2; c++) {
         const int n = c ? NS : N, t = c ? TS : T, v = c ? VS : V;
         char p1[] = "/tmp/lunar-dcps1-XXXXXX", p2[] = "/tmp/lunar-dcps2-XXXXXX";
@@ -400,18 +382,9 @@ static void dcp_small_case(const char *bin, const char *tp, const char *dcp) {
 }
 
 TEST(cuda_dcp_smaller_than_tp_matches_one_gpu) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 4) {
-        fprintf(stderr, "[skipped: %d CUDA device(s), TP 4 + DCP 2 needs four: %s] ", n < 0 ? 0 : n,
-                n < 1 ? desc : "too few");
-        return;
-    }
-    char self[1024], bin[1100];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    char bin[1100];
+    const int n = lunar_bin_for(4, "TP 4 + DCP 2", bin, sizeof bin);
+    if (n < 0) return;
     dcp_small_case(bin, "4", "2");
     if (n < 8) {
         fprintf(stderr, "\n  [%d GPUs: TP 8 + DCP 2 / 4 skipped, they need eight]", n);
@@ -432,37 +405,19 @@ static int run_logits_env(const char *bin, const char *ids, int T, const char *o
                           const char *log) {
     char dec[32];
     snprintf(dec, sizeof dec, "%d", T);
-    fflush(stdout), fflush(stderr);
-    pid_t p = fork();
-    if (p == 0) {
-        setenv("LUNAR_TP_GRAPHS", graphs, 1);
-        if (!freopen(log, "w", stderr)) _exit(126);
-        char *argv[] = {(char *)bin, "logits", "configs/kimi-linear-48b-a3b.json", "--load-format", "dummy",
-                        "--num-layers", "4", "--ids", (char *)ids, "--decode-after", dec, "--backend", "cuda",
-                        "--out", (char *)out, "--tensor-parallel-size", "2", "--master-port", "29615", NULL};
-        execv(bin, argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(p, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    char *argv[] = {(char *)bin, "logits", "configs/kimi-linear-48b-a3b.json", "--load-format", "dummy",
+                    "--num-layers", "4", "--ids", (char *)ids, "--decode-after", dec, "--backend", "cuda",
+                    "--out", (char *)out, "--tensor-parallel-size", "2", "--master-port", "29615", NULL};
+    return spawn_wait(bin, argv, "LUNAR_TP_GRAPHS", graphs, log);
 }
 
 TEST(graphs_tp_cuda_match_eager) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 2) {
-        fprintf(stderr, "[skipped: %d CUDA device(s), TP 2 needs two: %s] ", n, desc);
-        return;
-    }
-    char self[1024], bin[1100];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, sizeof bin, "%s/lunar", dirname(self));
+    char bin[1100];
+    const int n = lunar_bin_for(2, "TP 2", bin, sizeof bin);
+    if (n < 0) return;
     enum { N = 12, T = 4, V = 163840 };
-    char ids[N * 8], *w = ids;
-    for (int i = 0; i < N; i++) w += sprintf(w, "%s%d", i ? "," : "", (i * 2654435761u >> 8) % V);
+    char ids[N * 8];
+    random_ids(ids, N, V);
     char eager_path[] = "/tmp/lunar-tpg0-XXXXXX", graph_path[] = "/tmp/lunar-tpg1-XXXXXX",
          log_path[] = "/tmp/lunar-tpglog-XXXXXX";
     int f0 = mkstemp(eager_path), f1 = mkstemp(graph_path), f2 = mkstemp(log_path);
