@@ -50,6 +50,19 @@ static int guards_ok(const uint32_t *base, size_t bytes) {
         if (g[i] != SENT) return 0;
     return 1;
 }
+/* count outputs from the device as fp32 (widened when the kernel wrote bf16) */
+static float *download_f32(const void *d, int bf, long count) {
+    float *y = test_alloc(count);
+    if (bf) {
+        uint16_t *b = malloc((size_t)count * 2);
+        lunar_cuda_download(b, d, (size_t)count * 2);
+        for (long i = 0; i < count; i++) y[i] = lunar_bf16_to_f32(b[i]);
+        free(b);
+    } else {
+        lunar_cuda_download(y, d, (size_t)count * 4);
+    }
+    return y;
+}
 static void *up(const void *h, size_t bytes) {
     void *p = lunar_cuda_alloc(bytes);
     LUNAR_ASSERT(p);
@@ -131,15 +144,7 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
             lunar_cuda_ptpc_force(0);
             calls++;
             lunar_cuda_sync();
-            float *y = test_alloc((long)n * out);
-            if (bf) {
-                uint16_t *b = malloc(ybytes);
-                lunar_cuda_download(b, dy, ybytes);
-                for (long i = 0; i < (long)n * out; i++) y[i] = lunar_bf16_to_f32(b[i]);
-                free(b);
-            } else {
-                lunar_cuda_download(y, dy, ybytes);
-            }
+            float *y = download_f32(dy, bf, (long)n * out);
             int fails = 0;
             double e_max = 0;
             for (long i = 0; i < (long)n * out; i++) {
@@ -231,16 +236,8 @@ TEST(cuda_ptpc_gemv_vs_cpu) {
                                                 xf ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16, dqw, dsw, n, out, in, NULL);
             CHECK_MSG(rc == 0, "n=%d out=%d in=%d: the decode kernel refused the shape", n, out, in);
             calls += rc == 0;
-            float *y = test_alloc((long)n * out);
             lunar_cuda_sync();
-            if (bf) {
-                uint16_t *b = malloc(ybytes);
-                lunar_cuda_download(b, dy, ybytes);
-                for (long i = 0; i < (long)n * out; i++) y[i] = lunar_bf16_to_f32(b[i]);
-                free(b);
-            } else {
-                lunar_cuda_download(y, dy, ybytes);
-            }
+            float *y = download_f32(dy, bf, (long)n * out);
             int fails = 0;
             double e_max = 0;
             for (long i = 0; i < (long)n * out; i++) {
