@@ -224,9 +224,10 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     g->m = m;
     ptpc = c->ptpc_fp8, ptpc_tmp = 0;
     const char *fz = getenv("LUNAR_CUDA_FUSE");
-    /* off under real TP ranks too: the fused launches were verified on one GPU (goldens, graphs)
-     * but not yet by the 2-GPU TP tests (cuda_tp); a --tp-slice benchmark has no ranks and fuses */
-    fuse_off = (fz && strcmp(fz, "0") == 0) || (m->tp && m->tp->size > 1);
+    /* off under real TP ranks too, unless LUNAR_CUDA_FUSE=1: the fused launches were verified on
+     * one GPU (goldens, graphs) but not yet by the 2-GPU TP tests (cuda_tp); a --tp-slice benchmark
+     * has no ranks and fuses */
+    fuse_off = (fz && strcmp(fz, "0") == 0) || (m->tp && m->tp->size > 1 && !(fz && strcmp(fz, "1") == 0));
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
     /* programmatic dependent launch: likewise off under real TP ranks (between NCCL's kernels it
