@@ -417,14 +417,11 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     }
     /* LUNAR_MLA_PREFILL: unset = the decompressed flash prefill (cuda_mla_flash.cu) where it
      * applies, =absorbed: the absorbed GEMM prefill (cuda_mla_prefill.cu), =kernel: the row
-     * kernel for prefill too, =flash: the flash kernel under DCP too (2-GPU verification runs) */
-    static int prefill_mode = -1; /* 0 flash, 1 absorbed, 2 kernel, 3 flash also under DCP */
+     * kernel for prefill too */
+    static int prefill_mode = -1; /* 0 flash, 1 absorbed, 2 kernel */
     if (prefill_mode < 0) {
         const char *e = getenv("LUNAR_MLA_PREFILL");
-        prefill_mode = e && strcmp(e, "absorbed") == 0 ? 1
-                       : e && strcmp(e, "kernel") == 0 ? 2
-                       : e && strcmp(e, "flash") == 0  ? 3
-                                                       : 0;
+        prefill_mode = e && strcmp(e, "absorbed") == 0 ? 1 : e && strcmp(e, "kernel") == 0 ? 2 : 0;
     }
     /* the one-sequence prefill through the flash or GEMM kernels (below), over the pages of table bt */
     const int prefill_gemm = R == 512 && P == 64 && topk <= 0 && b->n_seqs == 1 && n >= MLA_PREFILL_GEMM_MIN &&
@@ -444,9 +441,9 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
         bt = fresh_bt;
     }
     const float scale = 1.0f / sqrtf((float)qk);
-    /* not under DCP yet: its fresh-prefill pages were verified on 2 GPUs with the absorbed form
-     * only (the flash kernel reads the same page layout; run cuda_dcp on 2 GPUs before enabling) */
-    if ((prefill_mode == 3 || (prefill_mode == 0 && !dcp)) && prefill_gemm && N == 128 && Vd == 128) {
+    /* also under DCP, over the fresh-prefill pages (session 5, 2 GPUs: cuda_dcp 10/10; KL48 TP 2 +
+     * DCP 2 prefill 8K 0.162 -> 0.140 s) */
+    if (prefill_mode == 0 && prefill_gemm && N == 128 && Vd == 128) {
         /* decompressed: k = [W_UK c | k_pe], v = W_UV c per head; 2 * (192 + 128) flops per
          * (query, head, key) instead of the absorbed form's 2 * (576 + 512), no (un)absorption */
         t0 = cp_begin();

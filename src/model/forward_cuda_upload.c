@@ -224,16 +224,11 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     g->m = m;
     ptpc = c->ptpc_fp8, ptpc_tmp = 0;
     const char *fz = getenv("LUNAR_CUDA_FUSE");
-    /* off under real TP ranks too, unless LUNAR_CUDA_FUSE=1: the fused launches were verified on
-     * one GPU (goldens, graphs) but not yet by the 2-GPU TP tests (cuda_tp); a --tp-slice benchmark
-     * has no ranks and fuses */
-    fuse_off = (fz && strcmp(fz, "0") == 0) || (m->tp && m->tp->size > 1 && !(fz && strcmp(fz, "1") == 0));
+    /* under real TP ranks too: session 5's 2-GPU call ran cuda_tp, cuda_dcp and graphs_tp with the
+     * fused launches and PDL (all equal to one GPU as before; KL48 TP 2 decode B=1 4.01 -> 2.99 ms) */
+    fuse_off = fz && strcmp(fz, "0") == 0;
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
-    /* programmatic dependent launch: likewise off under real TP ranks (between NCCL's kernels it
-     * is correct by the same wait-first rule, but no 2-GPU run has checked it); LUNAR_CUDA_PDL=1
-     * turns it on there */
-    if (m->tp && m->tp->size > 1 && !getenv("LUNAR_CUDA_PDL")) lunar_cuda_pdl_set(0);
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);

@@ -38,7 +38,7 @@ int lunar_cuda_mem_info(int device, size_t *free_bytes, size_t *total_bytes, lun
 void lunar_cuda_shutdown(void);
 int lunar_cuda_ready(void); /* 1 after a successful init */
 /* programmatic dependent launch of the decode-path kernels (cuda_common.cuh, launch_pdl): on unless
- * LUNAR_CUDA_PDL=0; lunar_cuda_pdl_set(0 / 1) overrides it (tests, TP), -1 returns to the env */
+ * LUNAR_CUDA_PDL=0; lunar_cuda_pdl_set(0 / 1) overrides it (tests), -1 returns to the env */
 int lunar_cuda_pdl_on(void);
 void lunar_cuda_pdl_set(int on);
 /* Name, SM count, L2 size, memory of the selected device (one line). */
