@@ -2,9 +2,9 @@
  * (backend/cpu/mla_partial.c): the partial attention with its log-sum-exp over listed and over
  * leading cache rows, the merge of partials, and the two composed the way DCP uses them (the cache
  * dealt round-robin to D ranks, each rank's partial, the merge) against one partial over the whole
- * cache; the gather of a rank's rows from a paged bf16 / FP8 pool in the DCP layout at the places
- * the CPU's lunar_dcp_token names; the DSA top-k reduced to local rows as lunar_dcp_local_rows
- * does. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
+ * cache; the partial read in place from a rank's paged bf16 / FP8 pool in the DCP layout (the
+ * places the CPU's lunar_dcp_token names), with the device's slots and causal counts; the query
+ * packing; the DSA top-k reduced to local rows as lunar_dcp_local_rows does. Outputs are poisoned (NaN) first, so an entry a kernel does not write fails. Skipped
  * without a CUDA device (the layout test on index-key slots runs everywhere).
  *
  * Tolerances: both sides are fp32; the device takes the max online and sums in another order, so
@@ -212,57 +212,103 @@ TEST(cuda_dcp_partials_merge_exact) {
     free(q), free(cache), free(o_ref), free(l_ref), free(got);
 }
 
-/* Sequence 1 of two, L positions over shuffled blocks of 128 / D rows; each rank's gather ==
- * the stored values at lunar_dcp_token (the CPU layout), decoded; rows never to be read hold NaN
- * codes, so a wrong place shows. */
-static void gather_case(int D, int fp8) {
-    enum { NB = 9, MB = 3, L = 300 };
+/* The partial as the forward runs it: G query groups x T tokens of two sequences, each token over
+ * its sequence's rows that rank dr of D holds, read in place from that rank's pages (blocks of 128
+ * / D rows, filled at the places the CPU's lunar_dcp_token names; rows never to be read hold NaN
+ * codes, so a wrong place shows), with the slots and causal counts from the device's step_rows;
+ * against the CPU op over the rank's rows gathered and decoded on the host, token by token; then
+ * the DSA form over listed local rows. Output in the send layout [G][T, H, R + 1]. */
+static void paged_case(int D, int fp8) {
+    enum { NB = 9, MB = 3, L = 300, T = 5, H = 3, G = 2, K = 40 };
     const int br = 128 / D;
     const size_t nrow = (size_t)NB * br;
-    int32_t bt[2 * MB] = {8, 0, 5, /* seq 1: */ 2, 7, 4};
-    lunar_kv_pool kv = {.block_size = br, .n_blocks = NB, .n_mla = 1, .row = LD};
+    const int32_t bt[2 * MB] = {8, 0, 5, /* seq 1: */ 2, 7, 4};
+    const int32_t row_seq[T] = {1, 0, 1, 0, 1}, pos[T] = {299, 17, 0, 250, 128};
+    const lunar_kv_pool kv = {.block_size = br, .n_blocks = NB, .n_mla = 1, .row = LD};
+    const float kv_scale = 1.0f / 32, scale = 0.07f;
     float *vals = test_rand((long)(nrow * LD), 51 + D, -3, 3);
+    float *q = test_rand((long)G * T * H * LD, 71 + D, -1, 1);
     const size_t bytes = nrow * LD * (fp8 ? 1 : 2);
     uint8_t *stored = malloc(bytes);
-    const float kv_scale = 1.0f / 32;
-    for (size_t i = 0; i < nrow * LD; i++) { /* NaN codes everywhere first */
-        if (fp8) stored[i] = 0x7f;
-        else ((uint16_t *)stored)[i] = 0x7fc1;
-    }
-    for (int p = 0; p < L; p++) { /* only seq 1's rows get values */
-        const size_t tok = lunar_dcp_token(&kv, 0, bt + MB, p, D);
-        for (int r = 0; r < LD; r++) {
-            const size_t k = tok * LD + r;
-            if (fp8) stored[k] = lunar_f32_to_e4m3(vals[k] / kv_scale);
-            else ((uint16_t *)stored)[k] = lunar_f32_to_bf16(vals[k]);
-        }
-    }
-    const size_t mark = lunar_cuda_mark();
-    lunar_cuda_mla_cache c = {dev_in(stored, bytes), fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16,
-                              fp8 ? kv_scale : 1.0f, dev_in(bt, sizeof bt), MB};
+    float *dec = malloc(nrow * LD * sizeof(float)); /* the stored values as the CPU reads them */
     for (int dr = 0; dr < D; dr++) {
-        const int n_loc = (L - dr + D - 1) / D;
-        float *d = dev_poisoned((size_t)n_loc * LD);
-        lunar_cuda_dcp_gather(d, &c, 1, D, dr, n_loc, LD, NULL);
-        float *got = down(d, (size_t)n_loc * LD);
-        int bad = 0;
-        for (int i = 0; i < n_loc && !bad; i++) {
-            const size_t tok = lunar_dcp_token(&kv, 0, bt + MB, dr + i * D, D);
-            for (int r = 0; r < LD && !bad; r++) {
-                const size_t k = tok * LD + r;
-                const float want = fp8 ? lunar_e4m3_to_f32(stored[k]) * kv_scale
-                                       : lunar_bf16_to_f32(((uint16_t *)stored)[k]);
-                if (!(got[(size_t)i * LD + r] == want)) {
-                    CHECK_MSG(0, "D %d fp8 %d rank %d local row %d [%d]: %g, want %g", D, fp8, dr, i, r,
-                              got[(size_t)i * LD + r], want);
-                    bad = 1;
+        for (size_t i = 0; i < nrow * LD; i++) { /* NaN codes everywhere first */
+            if (fp8) stored[i] = 0x7f;
+            else ((uint16_t *)stored)[i] = 0x7fc1;
+        }
+        for (int sq = 0; sq < 2; sq++) /* this rank's rows of both sequences */
+            for (int p = dr; p < L; p += D) {
+                const size_t tok = lunar_dcp_token(&kv, 0, bt + sq * MB, p, D);
+                for (int r = 0; r < LD; r++) {
+                    const size_t k = tok * LD + r;
+                    if (fp8) stored[k] = lunar_f32_to_e4m3(vals[k] / kv_scale);
+                    else ((uint16_t *)stored)[k] = lunar_f32_to_bf16(vals[k]);
+                    dec[k] = fp8 ? lunar_e4m3_to_f32(stored[k]) * kv_scale : lunar_bf16_to_f32(((uint16_t *)stored)[k]);
                 }
             }
+        const size_t mark = lunar_cuda_mark();
+        lunar_cuda_mla_cache c = {dev_in(stored, bytes), fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16,
+                                  fp8 ? kv_scale : 1.0f, dev_in(bt, sizeof bt), MB};
+        int32_t *drs = dev_in(row_seq, sizeof row_seq), *dpos = dev_in(pos, sizeof pos);
+        int32_t *dslots = lunar_cuda_alloc(T * 4), *dcount = lunar_cuda_alloc(T * 4);
+        LUNAR_ASSERT(dslots && dcount);
+        lunar_cuda_fill_u32(dslots, 0x7fffffffu, T);
+        lunar_cuda_dcp_step_rows(dslots, dcount, drs, dpos, c.block_tables, MB, T, D, dr, NULL);
+        int32_t slots[T], count[T];
+        lunar_cuda_sync();
+        lunar_cuda_download(slots, dslots, sizeof slots);
+        lunar_cuda_download(count, dcount, sizeof count);
+        for (int t = 0; t < T; t++) {
+            const int32_t want = pos[t] % D == dr ? (int32_t)lunar_dcp_token(&kv, 0, bt + row_seq[t] * MB, pos[t], D) : -1;
+            CHECK_MSG(slots[t] == want, "D %d rank %d token %d: slot %d, want %d", D, dr, t, slots[t], want);
+            CHECK_MSG(count[t] == (pos[t] >= dr ? (pos[t] - dr) / D + 1 : 0), "D %d rank %d token %d: count %d", D, dr,
+                      t, count[t]);
         }
-        free(got);
+        /* listed rows (DSA): up to K local rows below each token's count, some tokens none */
+        int32_t rows[T * K], lcount[T];
+        rng_state = 83 + D * 7 + dr;
+        for (int t = 0; t < T; t++) {
+            lcount[t] = t == 2 ? 0 : (int)(rng() % K) + 1;
+            for (int k = 0; k < K; k++) rows[t * K + k] = k < lcount[t] && count[t] ? (int32_t)(rng() % count[t]) : -7;
+            if (!count[t]) lcount[t] = 0;
+        }
+        float *dq = dev_in(q, (size_t)G * T * H * LD * sizeof(float));
+        int32_t *drows = dev_in(rows, sizeof rows), *dlc = dev_in(lcount, sizeof lcount);
+        float *cache = malloc((size_t)(L / D + 1) * LD * sizeof(float));
+        float *o_ref = malloc((size_t)H * R * sizeof(float)), l_ref[H];
+        for (int listed = 0; listed < 2; listed++)
+            for (int sp = 1; sp <= 3; sp += 2) { /* whole lists, and sliced over 3 blocks */
+                const size_t wsb = lunar_cuda_mla_partial_ws(G * T, H, R, sp);
+                float *ws = wsb ? dev_poisoned(wsb / sizeof(float)) : NULL;
+                float *dout = dev_poisoned((size_t)G * T * H * (R + 1));
+                lunar_cuda_dcp_partial_paged(dout, dq, &c, drs, listed ? drows : NULL, listed ? dlc : dcount, K, G, T,
+                                             H, R, P, D, scale, sp, ws, NULL);
+                float *got = down(dout, (size_t)G * T * H * (R + 1));
+                for (int t = 0; t < T; t++) { /* the CPU op over token t's local rows, gathered */
+                    const int n_loc = count[t];
+                    for (int i = 0; i < n_loc; i++)
+                        memcpy(cache + (size_t)i * LD,
+                               dec + lunar_dcp_token(&kv, 0, bt + row_seq[t] * MB, dr + i * D, D) * LD,
+                               LD * sizeof(float));
+                    for (int g = 0; g < G; g++) {
+                        const int32_t *rl = listed ? rows + t * K : NULL, *cn = listed ? lcount + t : count + t;
+                        op_mla_attention_partial(o_ref, l_ref, q + ((size_t)g * T + t) * H * LD, cache, rl, cn, K, 1,
+                                                 H, R, P, scale);
+                        for (int h = 0; h < H; h++) {
+                            const float *gr = got + (((size_t)g * T + t) * H + h) * (R + 1);
+                            double e = lunar_max_rel_err(gr, o_ref + (size_t)h * R, R);
+                            CHECK_MSG(e <= 1e-5, "D %d fp8 %d rank %d listed %d splits %d (g %d, t %d, h %d): olat "
+                                      "max rel err %.3g", D, fp8, dr, listed, sp, g, t, h, e);
+                            check_lse(gr + R, l_ref + h, 1, 1e-4);
+                        }
+                    }
+                }
+                free(got);
+            }
+        free(cache), free(o_ref);
+        lunar_cuda_release(mark);
     }
-    lunar_cuda_release(mark);
-    free(vals), free(stored);
+    free(vals), free(q), free(stored), free(dec);
 }
 
 /* The DSA filter on the device == the CPU's (bitwise: kept entries, their order, the counts). */
@@ -295,11 +341,35 @@ TEST(cuda_dcp_local_rows) {
         }
 }
 
-TEST(cuda_dcp_gather_layout) {
+TEST(cuda_dcp_partial_paged_in_place) {
     if (!cuda_on()) return;
-    gather_case(2, 0);
-    gather_case(4, 1);
-    gather_case(1, 0);
+    paged_case(2, 0);
+    paged_case(4, 1);
+    paged_case(1, 0);
+}
+
+/* The DCP query rows: each head's q_lat | q_pe, the padding heads zero (exact copies). */
+TEST(cuda_dcp_pack_q) {
+    if (!cuda_on()) return;
+    enum { T = 3, NH = 5, HM = 8 };
+    float *ql = test_rand((long)T * NH * R, 91, -1, 1), *qp = test_rand((long)T * NH * P, 92, -1, 1);
+    const size_t mark = lunar_cuda_mark();
+    float *d = dev_poisoned((size_t)T * HM * LD);
+    lunar_cuda_dcp_pack_q(d, dev_in(ql, (size_t)T * NH * R * 4), dev_in(qp, (size_t)T * NH * P * 4), T, NH, HM, R, P,
+                          NULL);
+    float *got = down(d, (size_t)T * HM * LD);
+    int bad = 0;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < HM; h++)
+            for (int i = 0; i < LD; i++) {
+                const float want = h >= NH ? 0.0f
+                                   : i < R ? ql[((size_t)t * NH + h) * R + i]
+                                           : qp[((size_t)t * NH + h) * P + i - R];
+                bad += !(got[((size_t)t * HM + h) * LD + i] == want);
+            }
+    CHECK_MSG(bad == 0, "%d entries differ", bad);
+    lunar_cuda_release(mark);
+    free(ql), free(qp), free(got);
 }
 
 #endif

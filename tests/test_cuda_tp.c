@@ -402,19 +402,19 @@ TEST(cuda_dcp_smaller_than_tp_matches_one_gpu) {
  * out of step between the ranks moves them by O(1). The run must report captures and replays,
  * else the test would compare eager with eager. */
 static int run_logits_env(const char *bin, const char *ids, int T, const char *out, const char *graphs,
-                          const char *log) {
+                          const char *dcp, const char *log) {
     char dec[32];
     snprintf(dec, sizeof dec, "%d", T);
     char *argv[] = {(char *)bin, "logits", "configs/kimi-linear-48b-a3b.json", "--load-format", "dummy",
                     "--num-layers", "4", "--ids", (char *)ids, "--decode-after", dec, "--backend", "cuda",
-                    "--out", (char *)out, "--tensor-parallel-size", "2", "--master-port", "29615", NULL};
+                    "--out", (char *)out, "--tensor-parallel-size", "2", "--master-port", "29615",
+                    "--decode-context-parallel-size", (char *)dcp, NULL};
     return spawn_wait(bin, argv, "LUNAR_TP_GRAPHS", graphs, log);
 }
 
-TEST(graphs_tp_cuda_match_eager) {
-    char bin[1100];
-    const int n = lunar_bin_for(2, "TP 2", bin, sizeof bin);
-    if (n < 0) return;
+/* TP 2, and TP 2 + DCP 2 (whose MLA layers take the device-only DCP path: slots, counts and the
+ * in-place partial from the step's tables, the exchange's two all-gathers inside the graph) */
+static void graphs_case(const char *bin, const char *dcp) {
     enum { N = 12, T = 4, V = 163840 };
     char ids[N * 8];
     random_ids(ids, N, V);
@@ -423,8 +423,8 @@ TEST(graphs_tp_cuda_match_eager) {
     int f0 = mkstemp(eager_path), f1 = mkstemp(graph_path), f2 = mkstemp(log_path);
     LUNAR_ASSERT(f0 >= 0 && f1 >= 0 && f2 >= 0);
     close(f0), close(f1), close(f2);
-    const int rc0 = run_logits_env(bin, ids, T, eager_path, "0", "/dev/null");
-    const int rc1 = run_logits_env(bin, ids, T, graph_path, "1", log_path);
+    const int rc0 = run_logits_env(bin, ids, T, eager_path, "0", dcp, "/dev/null");
+    const int rc1 = run_logits_env(bin, ids, T, graph_path, "1", dcp, log_path);
     CHECK_MSG(rc0 == 0 && rc1 == 0, "lunar logits exited %d (eager) and %d (graphs)", rc0, rc1);
     char *logtxt = NULL;
     size_t len = 0;
@@ -442,13 +442,20 @@ TEST(graphs_tp_cuda_match_eager) {
         int a_dec = 0, same = 0;
         const double e_dec = cmp_rows(got + (size_t)T * V, ref + (size_t)T * V, N - T, V, &a_dec);
         for (int r = T; r < N; r++) same += memcmp(got + (size_t)r * V, ref + (size_t)r * V, (size_t)V * 4) == 0;
-        fprintf(stderr, "\n  KL48 x4 layers TP 2, graphs (%ld captured, %ld replayed) vs eager: decode median row %.1e, "
-                        "argmax %d/%d, bitwise equal rows %d/%d",
-                cap, rep, e_dec, a_dec, N - T, same, N - T);
+        fprintf(stderr, "\n  KL48 x4 layers TP 2 + DCP %s, graphs (%ld captured, %ld replayed) vs eager: decode median "
+                        "row %.1e, argmax %d/%d, bitwise equal rows %d/%d",
+                dcp, cap, rep, e_dec, a_dec, N - T, same, N - T);
         CHECK_MSG(e_dec <= TP_GRAPH_TOL, "decode rows: median %.3g", e_dec);
     }
     free(ref), free(got), free(logtxt);
     unlink(eager_path), unlink(graph_path), unlink(log_path);
+}
+
+TEST(graphs_tp_cuda_match_eager) {
+    char bin[1100];
+    if (lunar_bin_for(2, "TP 2", bin, sizeof bin) < 0) return;
+    graphs_case(bin, "1");
+    graphs_case(bin, "2");
 }
 
 #endif

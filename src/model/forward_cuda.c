@@ -428,8 +428,8 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
                              prefill_mode != 2;
     const int32_t *bt = b->bt;
     if (dcp) { /* TP hook: the latent rows sharded over the DCP group (forward_cuda_tp.h) */
-        lunar_cuda_dcp_layer a = {b->seqs, b->n_seqs, b->off, n, b->bt, b->max_blocks, kv->n_blocks, latent, fp8, kvr,
-                                  w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
+        lunar_cuda_dcp_layer a = {n,   b->bt, b->max_blocks, b->row_seq, b->pos,   b->max_len, latent, fp8,
+                                  kvr, w->kva_norm, MLA_LATENT_NORM_EPS, q, w->kvb.p, idx};
         if (!(prefill_gemm && b->seqs[0].pos0 == 0)) {
             lunar_cuda_dcp_mla(gm->m, &a, o);
             goto out_proj;
@@ -841,7 +841,6 @@ static int tp_graphs_on(void) {
 static int graph_eligible(const lunar_cuda_model *g, int n_seqs, int T) {
     const lunar_config *c = &g->m->cfg;
     if (!g->graphs->on || T != n_seqs || lunar_prof_active || (g->m->tp && !tp_graphs_on())) return 0;
-    if (g->m->tp && g->m->tp->dcp_size > 1) return 0; /* DCP uploads per-layer host data */
     if (c->n_kda_layers && c->kda_head_dim != 128) return 0;
     for (int l = 0; l < c->num_hidden_layers; l++)
         if (c->ffn_kind[l] == LUNAR_FFN_MOE && !(g->fused_moe && g->L[l].fused_ok)) return 0;

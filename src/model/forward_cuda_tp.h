@@ -45,18 +45,17 @@ void lunar_tp_vocab_slice(int64_t V, int64_t C, int r, int64_t *v0, int64_t *vn)
 /* dst[n, lat_n] (device) <- columns [lat0, lat0 + lat_n) of y[n, Lat] (device), the input of this
  * rank's column slice of routed_expert_up_proj. */
 void lunar_cuda_tp_latent_cols(const lunar_model *m, float *dst, const float *y, int n, int Lat);
-/* One MLA layer's inputs under DCP (forward_cuda.c mla_layer): the step's sequences (host: seqs,
- * off [n_seqs + 1]), its T tokens, the device block tables bt [n_seqs, max_blocks] (128-position
- * blocks) of a pool of n_blocks, this layer's latent pages (bf16, or FP8), the new rows kvr [T, R + P] before their
- * norm (kva_norm fp32 [R], eps), q [T, nh, N + P], kv_b_proj bf16, and the DSA top-k idx [T, topk]
- * (global positions; NULL without DSA). */
+/* One MLA layer's inputs under DCP (forward_cuda.c mla_layer): the step's T tokens, each one's
+ * sequence and position (device row_seq, pos [T]), the device block tables bt [n_seqs, max_blocks]
+ * (128-position blocks), the step's length bound, this layer's latent pages (bf16, or FP8), the new
+ * rows kvr [T, R + P] before their norm (kva_norm fp32 [R], eps), q [T, nh, N + P], kv_b_proj bf16,
+ * and the DSA top-k idx [T, topk] (global positions; NULL without DSA). */
 typedef struct lunar_cuda_dcp_layer {
-    const lunar_batch_seq *seqs;
-    int n_seqs;
-    const int *off;
     int T;
     const int32_t *bt;
-    int max_blocks, n_blocks; /* n_blocks: the pages' blocks per layer */
+    int max_blocks;
+    const int32_t *row_seq, *pos;
+    int max_len; /* a decode step's bucket: the same for every replay of its graph */
     void *latent;
     int fp8;
     const float *kvr, *kva_norm;
@@ -69,7 +68,7 @@ typedef struct lunar_cuda_dcp_layer {
  * (positions p % D == its DCP rank, at local rows of 128 / D-row blocks inside the plain pages),
  * all-gathers the group's absorbed queries, attends over its rows for every group head, exchanges
  * the (o, lse) partials and merges its own heads: o [T, nh, Vd] before the output gate and o_proj.
- * Collectives on the forward's stream; host uploads of the slots and counts (no graphs). */
+ * Collectives on the forward's stream; no host data (CUDA graphs capture it). */
 void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o);
 /* An upper bound of lunar_cuda_dcp_mla's device scratch for T tokens and contexts up to max_len
  * (part of lunar_cuda_step_bytes). */

@@ -314,18 +314,32 @@ void lunar_cuda_mla_partial_split(float *olat, float *lse, const float *qlat, co
                                   int P, float scale, int splits, void *ws, lunar_cuda_stream s);
 void lunar_cuda_mla_merge_partials(float *out, const float *parts, int n, size_t part_stride, int rows,
                                    int R, lunar_cuda_stream s);
-/* dst[n_loc, row] (fp32) <- the latent rows DCP rank dr of D holds for sequence seq of c, in
- * local order: row i is position dr + i * D, stored in block c->block_tables[seq, p / 128] at
- * local row (p % 128) / D of a pool whose blocks have 128 / D rows (shard_dcp.c's layout,
- * lunar_dcp_token); values decoded as the CPU reads them (bf16, or e4m3 * c->scale). The input of
- * lunar_cuda_mla_partial for that rank. */
 /* DSA under DCP, shard_dcp.c's lunar_dcp_local_rows on the device: out[t, 0..count[t]) <- the
  * entries p of idx[t, 0..topk) (global positions, -1 = none) with p % D == dr, in order, as local
  * rows p / D (out may be idx; entries past count are not written). */
 void lunar_cuda_dcp_local_rows(int32_t *out, int32_t *count, const int32_t *idx, int T, int topk, int D, int dr,
                                lunar_cuda_stream s);
-void lunar_cuda_dcp_gather(float *dst, const lunar_cuda_mla_cache *c, int seq, int D, int dr, int n_loc, int row,
-                           lunar_cuda_stream s);
+/* The partial of lunar_cuda_mla_partial_split for G query groups of T tokens (qall [G][T, H, R + P]),
+ * every group over token t's rows, read in place from DCP rank's pages: local row li of sequence
+ * row_seq[t] is in block c->block_tables[seq, li / (128 / D)] at row li % (128 / D) of a pool whose
+ * blocks have 128 / D rows (shard_dcp.c's layout, lunar_dcp_token), decoded as the CPU reads them
+ * (bf16, or e4m3 * c->scale); rows NULL = local rows 0..count[t]-1. out [G][T, H, R + 1]: each (g, t,
+ * h)'s olat then its lse (the DCP exchange's send layout). ws: lunar_cuda_mla_partial_ws(G T, H, R,
+ * splits). One launch (two with splits), no host data: capturable in a CUDA graph. */
+void lunar_cuda_dcp_partial_paged(float *out, const float *qall, const lunar_cuda_mla_cache *c,
+                                  const int32_t *row_seq, const int32_t *rows, const int32_t *count, int stride,
+                                  int G, int T, int H, int R, int P, int D, float scale, int splits, void *ws,
+                                  lunar_cuda_stream s);
+/* A step's tokens (row_seq, pos [T]) on DCP rank dr of D: slots[t] = the local slot of token t when
+ * pos % D == dr (block bt[seq, pos / 128] of 128 / D rows, row (pos % 128) / D; lunar_dcp_token),
+ * else -1 (lunar_cuda_latent_store skips it); count[t] = the sequence's rows up to pos that the
+ * rank holds (positions dr, dr + D, ..: the causal count). */
+void lunar_cuda_dcp_step_rows(int32_t *slots, int32_t *count, const int32_t *row_seq, const int32_t *pos,
+                              const int32_t *bt, int max_blocks, int T, int D, int dr, lunar_cuda_stream s);
+/* qsend [T, Hm, R + P] <- q_lat [T, nh, R] | q_pe [T, nh, P] per head, heads nh..Hm-1 zero (the DCP
+ * group's padding heads). */
+void lunar_cuda_dcp_pack_q(float *qsend, const float *q_lat, const float *q_pe, int T, int nh, int Hm, int R,
+                           int P, lunar_cuda_stream s);
 
 /* ---------------------------------------------------------------- DSA indexer (cuda_dsa.cu) */
 
