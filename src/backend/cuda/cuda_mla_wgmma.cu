@@ -4,32 +4,35 @@
 // blocks of 48, each padded to 64 with zero rows: the same MMA work as 64 + 32, but equal blocks)
 // and one split of the row's positions, and streams 64-position tiles of the latent (half a
 // 128-token page: one contiguous 64 x 576 region) through two shared-memory stages, loading tile
-// i + 1 while tile i is computed: bf16 pages by bulk tensor copies (TMA: warp 0 issues 72 copies of
-// 16 bytes x 64 rows per tile, completing on an mbarrier; LUNAR_MLA_WGMMA_TMA=0 or a refused tensor
-// map: cp.async by every thread, 5-10 % slower), FP8 pages by cp.async. Each latent byte enters
-// shared memory once per block and is read there by both products:
+// i + 1 while tile i is computed. Each latent byte enters shared memory once per block and is read
+// there by both products:
 //  - S = Q C^T: Q [64 heads x 576] bf16 in shared memory (written once, the A operand), the tile
 //    the B operand, K-major; warpgroup w takes positions 32w .. 32w + 31 (m64n32k16, 36 k-steps);
 //  - online softmax in registers (log2 domain, fp32); the row maxima of the two warpgroups meet in
 //    shared memory; P = exp2(S - m) goes to shared memory as bf16 (both warpgroups need all 64
-//    positions of it);
+//    positions of it); O is rescaled only when a row maximum of the warp moved;
 //  - O += P C: warpgroup w owns output dims 256w .. 256w + 255 (m64n256k16, 128 fp32 accumulators
 //    per thread), A = P from shared memory, B = the same tile read N-major (imm-trans-b).
-// Both views of the tile use one layout, the no-swizzle "core matrix" order of the wgmma shared
-// memory descriptors: 8 rows x 16 bytes contiguous (128 B); the tile is chunk-major (the 64 rows of
-// 16-byte chunk j, dims 8j .. 8j + 7, are one contiguous KB, which is what one tensor copy of a
-// 16-byte x 64-row box writes). K-major (S: rows = positions, K = dims): leading byte offset 1024,
-// stride byte offset 128; N-major (O: K = positions, N = dims): leading 128, stride 1024. Q keeps
-// the row-group-major order (8 heads x 576 dims = 9216 B per group: leading 128, stride 9216). No
-// transposition and no swizzle anywhere.
-// FP8 pages are staged raw (two stages) and widened to bf16 in shared memory (e4m3 -> bf16 is
-// exact), so both cache types run the same bf16 MMA. Accuracy: q and P are rounded to bf16 as in
-// the mma.sync kernels; sums are fp32. Long contexts are split over blocks (split-K); each split
-// writes O / l and log2-sum-exp, and the mma.sync kernel's merge combines them.
+// The tiles (default, SW) are in the 128-byte swizzled layout: 9 boxes of 64 dims (128 B) x 64
+// positions, chunk c of row r at chunk c ^ (r & 7), written by 9 bulk tensor copies (TMA, whole
+// 128-byte lines, issued by warp 0, completing on an mbarrier per stage) and read by swizzled
+// descriptors: K-major for S (stride 1024 per 8 positions; a k-step moves 32 B inside the line),
+// N-major for O (leading offset 8192 = the next 64 dims, stride 1024 = the next 8 positions).
+// This ran 2x the session-4 layout (LUNAR_MLA_WGMMA_SW=0: unswizzled "core matrix" order, which
+// needs 72 copies of 16 B x 64 rows per tile and measured ~1.8 TB/s) and reaches 90-99 % of the
+// latent-bytes floor at 32-64 heads from B x context >= 1M (docs/benchmarks.md, "MLA decode,
+// producer/consumer"). Q keeps the unswizzled core-matrix order (8 heads x 576 dims = 9216 B per
+// group: leading 128, stride 9216). LUNAR_MLA_WGMMA_TMA=0 (or a refused tensor map): cp.async.
+// FP8 pages: the raw 64 x 576 bytes by one bulk copy, two tiles ahead (a raw stage is free once
+// widened), widened to bf16 in shared memory by bit operations (exact, e4m3x2_bf16x2), so both
+// cache types run the same bf16 MMA. Accuracy: q and P are rounded to bf16 as in the mma.sync
+// kernels; sums are fp32. Long contexts are split over blocks (split-K); each split writes O / l
+// and log2-sum-exp, and the mma.sync kernel's merge combines them.
 //
 // Shared memory: Q 72 KB + two bf16 tiles 144 KB (FP8: one bf16 tile + two raw stages of 36 KB)
-// + P 8 KB = 225 KB of the 227 KB a block may have: one block per SM, 256 threads. The time goes
-// to the tile copies, not the tensor cores (docs/benchmarks.md, "MLA decode with wgmma").
+// + P 8 KB + 1 KB of alignment slack = 226 KB of the 227 KB a block may have: one block per SM,
+// 256 threads, no producer warp (the copies are issued by warp 0 between barriers it already
+// passes; there is no shared memory for a third stage).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp8.h>
@@ -78,7 +81,6 @@ struct Args {
     const int32_t *row_seq, *lens;
     int rows, H, hpb, chunk, splits;
     float scale2, out_scale;
-    uint32_t pv_lbo, pv_sbo; // SW: the O product's B descriptor strides (8192, 1024; see pv_desc)
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -96,7 +98,7 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
 // order. The copy loops hand lane l row 8 rg + (l & 7) and chunk 4 jg + (l >> 3): a warp reads 8
 // rows x 64 contiguous bytes and writes 512 contiguous bytes of shared memory (no bank conflict).
 __device__ __forceinline__ int core_off(int r, int j) { return (r >> 3) * kGroup + j * 128 + (r & 7) * 16; }
-// The latent tiles: the same core matrices, chunk-major (chunk j's 64 rows = 8 core matrices are
+// The session-4 latent tiles (SW = false): the same core matrices, chunk-major (chunk j's 64 rows = 8 core matrices are
 // one contiguous KB), so one bulk tensor copy of 16 bytes x 64 rows fills one chunk column:
 // K-major (S) leading byte offset 1024 and stride 128, N-major (O) leading 128 and stride 1024.
 __device__ __forceinline__ int tile_off(int r, int j) { return j * 1024 + r * 16; }
@@ -117,8 +119,9 @@ __device__ __forceinline__ uint64_t desc_sw(uint32_t addr, uint32_t lbo, uint32_
 // of exponent + mantissa moved down 4: a bf16 whose exponent field is the e4m3 one (bias 7, not
 // 127), i.e. the value x 2^-120, subnormals included (e4m3 subnormal m/8 x 2^-6 -> bf16 subnormal
 // m/8 x 2^-126). One bf16 multiply by 2^120 (0x7b80) restores it: a power of two, result normal,
-// exact. Replaces 2 conversions + 2 f16->f32 + 1 pack per pair; e4m3 NaN (0x7f) becomes 480, but
-// only rows past the end hold such bytes and those are zeroed.
+// exact. (Measured as fast as the conversion route, 2 cvt + 2 f16->f32 + 1 pack per pair: the
+// widening pass is bound by its shared-memory traffic and barrier.) e4m3 NaN (0x7f) becomes 480,
+// but only rows past the end hold such bytes and those are zeroed.
 __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
     const uint32_t u = __byte_perm(w, 0u, sel);
     uint32_t h = (u & 0x80008000u) | ((u >> 4) & 0x07f007f0u);
@@ -406,7 +409,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
         fence_acc<128>(o);
         wgmma_fence();
         if (SW) { // dims 256 wg.. = boxes 4 wg..4 wg + 3; k-step: 16 rows = 2048 B
-            const uint64_t dv = desc_sw(tile + wg * 4 * 8192, a.pv_lbo, a.pv_sbo);
+            const uint64_t dv = desc_sw(tile + wg * 4 * 8192, 8192, 1024);
 #pragma unroll
             for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 128 * ks, 1);
         } else {
@@ -546,10 +549,6 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     a.o_part = (float *)ws;
     a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
     if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
-    // the N-major descriptor strides of the swizzled O product (LUNAR_MLA_WGMMA_PVSWAP=1 swaps them:
-    // a diagnostic of the descriptor convention, wrong results expected)
-    const bool swap = env_is("LUNAR_MLA_WGMMA_PVSWAP", "1");
-    a.pv_lbo = swap ? 1024 : 8192, a.pv_sbo = swap ? 8192 : 1024;
     CUtensorMap tm;
     memset(&tm, 0, sizeof tm);
     // LUNAR_MLA_WGMMA_SW=0: the session-4 unswizzled tiles; LUNAR_MLA_WGMMA_TMA=0: cp.async copies
