@@ -19,7 +19,7 @@
 // descriptors: K-major for S (stride 1024 per 8 positions; a k-step moves 32 B inside the line),
 // N-major for O (leading offset 8192 = the next 64 dims, stride 1024 = the next 8 positions).
 // This ran 2x the session-4 layout (LUNAR_MLA_WGMMA_SW=0: unswizzled "core matrix" order, which
-// needs 72 copies of 16 B x 64 rows per tile and measured ~1.8 TB/s) and reaches 90-99 % of the
+// needs 72 copies of 16 B x 64 rows per tile and measured ~1.8 TB/s) and reaches 88-99 % of the
 // latent-bytes floor at 32-64 heads from B x context >= 1M (docs/benchmarks.md, "MLA decode,
 // producer/consumer"). Q keeps the unswizzled core-matrix order (8 heads x 576 dims = 9216 B per
 // group: leading 128, stride 9216). LUNAR_MLA_WGMMA_TMA=0 (or a refused tensor map): cp.async.
