@@ -248,28 +248,36 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
     decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), "");
 }
 
-/* The wgmma kernel (cuda_mla_wgmma.cu) whatever the default, both tile copy paths: head counts one block of 64 takes
- * (12, 32, 64), two blocks of 48 (96) or 64 (128) and an odd split (40 = one block of 40); lengths
- * 1, 63, 65, on and off the 64-position tiles and 128-token pages, and long rows split over many
- * blocks (batch 1) beside short ones (splits that see nothing). */
+/* The wgmma kernel (cuda_mla_wgmma.cu) whatever the default, both tile layouts (128-byte swizzled, the
+ * default; LUNAR_MLA_WGMMA_SW=0 the unswizzled one) and both copy paths of each (bulk tensor copies;
+ * LUNAR_MLA_WGMMA_TMA=0 cp.async): head counts one block of 64 takes (12, 32, 64), two blocks of 48 (96)
+ * or 64 (128) and an odd split (40 = one block of 40); lengths 1, 63, 65, on and off the 64-position
+ * tiles and 128-token pages, and long rows split over many blocks (batch 1) beside short ones (splits
+ * that see nothing). */
+static void setenv_or_unset(const char *name, const char *v) {
+    if (v) setenv(name, v, 1);
+    else unsetenv(name);
+}
 TEST(cuda_mla_wgmma_decode_vs_cpu) {
     if (!cuda_on()) return;
     static const decode_case cases[] = {{3, 32, {1, 65, 1000}},  {2, 64, {129, 4100}}, {1, 96, {2500}},
                                         {2, 40, {777, 64}},      {1, 96, {9000}},      {3, 12, {8192, 128, 63}},
                                         {2, 128, {4096, 1}},     {4, 96, {191, 256, 1, 3000}}};
-    const char *prev = getenv("LUNAR_MLA_DECODE"), *prev_tma = getenv("LUNAR_MLA_WGMMA_TMA");
-    char *saved = prev ? strdup(prev) : NULL, *saved_tma = prev_tma ? strdup(prev_tma) : NULL;
+    static const char *const names[] = {"LUNAR_MLA_DECODE", "LUNAR_MLA_WGMMA_TMA", "LUNAR_MLA_WGMMA_SW"};
+    char *saved[3];
+    for (int i = 0; i < 3; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-    /* bf16 tiles by bulk tensor copies (the default), then by cp.async (LUNAR_MLA_WGMMA_TMA=0) */
-    unsetenv("LUNAR_MLA_WGMMA_TMA");
-    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " wgmma");
-    setenv("LUNAR_MLA_WGMMA_TMA", "0", 1);
-    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " wgmma cp.async");
-    if (saved) setenv("LUNAR_MLA_DECODE", saved, 1);
-    else unsetenv("LUNAR_MLA_DECODE");
-    if (saved_tma) setenv("LUNAR_MLA_WGMMA_TMA", saved_tma, 1);
-    else unsetenv("LUNAR_MLA_WGMMA_TMA");
-    free(saved), free(saved_tma);
+    /* {SW, TMA, tag}: NULL = unset (the default) */
+    static const struct { const char *sw, *tma, *tag; } runs[] = {{NULL, NULL, " wgmma"},
+                                                                 {NULL, "0", " wgmma cp.async"},
+                                                                 {"0", NULL, " wgmma unswizzled"},
+                                                                 {"0", "0", " wgmma unswizzled cp.async"}};
+    for (int r = 0; r < 4; r++) {
+        setenv_or_unset("LUNAR_MLA_WGMMA_SW", runs[r].sw);
+        setenv_or_unset("LUNAR_MLA_WGMMA_TMA", runs[r].tma);
+        decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), runs[r].tag);
+    }
+    for (int i = 0; i < 3; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);
 }
 
 /* The GEMM absorption / un-absorption (prefill's) and the row kernels (decode's) against the CPU

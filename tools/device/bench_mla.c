@@ -158,13 +158,16 @@ static void bench_decode(void) {
 }
 
 /* The wgmma decode kernel (LUNAR_MLA_DECODE=wgmma) beside the mma.sync one (=new, 16 heads per
- * block) at the head counts of the family's TP slices (96, 64, 32), same data, same process. Floors:
+ * block) and the wgmma kernel's session-4 unswizzled tiles (LUNAR_MLA_WGMMA_SW=0, "wgmma s4") at the
+ * head counts of the family's TP slices (96, 64, 32), same data, same process. Floors:
  * the latent bytes at 4.3 TB/s, and the wgmma kernel's matrix work (heads padded to 64 per block:
  * 96 -> 128) at 790 TFLOP/s. */
 static void bench_decode_wgmma(void) {
-    printf("\n### MLA decode with wgmma (new = LUNAR_MLA_DECODE=new, wgmma = LUNAR_MLA_DECODE=wgmma)\n\n");
-    printf("| cache | H | B | context | latent bytes | floor (4.3 TB/s) | wgmma mma floor | new | of floor | wgmma | of floor "
-           "| wgmma vs new |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("\n### MLA decode with wgmma (new = LUNAR_MLA_DECODE=new, wgmma = LUNAR_MLA_DECODE=wgmma, wgmma s4 = that "
+           "with LUNAR_MLA_WGMMA_SW=0)\n\n");
+    printf("| cache | H | B | context | latent bytes | floor (4.3 TB/s) | wgmma mma floor | new | of floor | wgmma s4 | "
+           "of floor | wgmma | of floor | wgmma vs new | wgmma vs s4 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+           "---|---|\n");
     static const int Ls[] = {1024, 8192, 32768, 131072}, Bs[] = {1, 8, 64}, Hs[] = {96, 64, 32};
     for (int fp8 = 0; fp8 < 2; fp8++)
         for (int hi = 0; hi < 3; hi++) {
@@ -180,15 +183,18 @@ static void bench_decode_wgmma(void) {
                     setenv("LUNAR_MLA_DECODE", "new", 1);
                     const float us_new = time_us(call_decode, &m, 9);
                     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+                    setenv("LUNAR_MLA_WGMMA_SW", "0", 1);
+                    const float us_s4 = time_us(call_decode, &m, 9);
+                    unsetenv("LUNAR_MLA_WGMMA_SW");
                     const float us = time_us(call_decode, &m, 9);
                     unsetenv("LUNAR_MLA_DECODE");
                     const double bytes = (double)B * L * 576 * (fp8 ? 1 : 2);
                     const double floor = bytes / BW * 1e6;
                     const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
                     printf("| %s | %d | %d | %dK | %.1f MB | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | "
-                           "%.2fx |\n",
+                           "%.1f us | %.0f%% | %.2fx | %.2fx |\n",
                            fp8 ? "fp8" : "bf16", H, B, L / 1024, bytes / 1e6, floor, mma, us_new, 100.0 * floor / us_new,
-                           us, 100.0 * floor / us, us_new / us);
+                           us_s4, 100.0 * floor / us_s4, us, 100.0 * floor / us, us_new / us, us_s4 / us);
                     fflush(stdout);
                     lunar_cuda_release(mark);
                 }

@@ -853,16 +853,21 @@ bool enabled() {
 }
 // The wgmma kernel pads heads to 64 per block and has a fixed cost per block of a 64-head q load:
 // it is the default where the device run showed it faster than this kernel (docs/benchmarks.md,
-// "MLA decode with wgmma", H = 32 / 64 / 96, B = 1-64, 1K-128K; 17..32 heads cost both kernels
-// what 32 do, 33..64 what 64 do): FP8 pages from 33 heads (1.5-2.9x), and up to 32 heads while
-// rows x context <= 256K (1.2-2.4x; 1.0-1.07x past it); bf16 pages from 33 heads once rows x
-// context >= 64K (1.2-1.8x; below it B = 1 / 8 are latency-bound, 0.5-1.06x). Never at 16 heads
-// or fewer (one mma.sync group against a 4x padded wgmma block; not measured).
+// "MLA decode, producer/consumer (session 5)": the swizzled-tile kernel, H = 32 / 64 / 96, B = 1-64,
+// 1K-128K; 17..32 heads cost both kernels what 32 do, 33..64 what 64 do).
+//  - FP8 pages: from 33 heads (1.5-2.9x); at 17-32 heads while rows x context <= 256K (1.14-2.2x;
+//    past it 1.10x in the kernel bench but 2 % slower in the Kimi-Linear step at B = 64, 32K with
+//    the FP8 cache, so mma.sync stays there).
+//  - bf16 pages: once rows x context reaches 64K at 17-32 heads (1.03-1.94x; 0.83-0.91x below:
+//    B = 1 at 1K-32K, B = 8 at 1K), 32K at 33-64 (1.02-3.9x; 0.69-0.81x at 8K), 16K from 65
+//    (1.44-3.0x; 0.76-0.98x at 8K and below).
+//  - Never at 16 heads or fewer (one mma.sync group against a 4x padded wgmma block; this kernel
+//    reaches 83-99 % of the bandwidth floor there from B = 8 at 32K).
 bool wgmma_default(int H, int rows, int max_n, bool fp8) {
     const double work = (double)rows * max_n;
     if (H <= 16) return false;
     if (fp8) return H > 32 || work <= 262144.0;
-    return H > 32 && work >= 65536.0;
+    return work >= (H <= 32 ? 65536.0 : H <= 64 ? 32768.0 : 16384.0);
 }
 bool wgmma_wanted(int H, int rows, int max_n, bool fp8) {
     const char *e = getenv("LUNAR_MLA_DECODE");

@@ -4,36 +4,40 @@
 // blocks of 48, each padded to 64 with zero rows: the same MMA work as 64 + 32, but equal blocks)
 // and one split of the row's positions, and streams 64-position tiles of the latent (half a
 // 128-token page: one contiguous 64 x 576 region) through two shared-memory stages, loading tile
-// i + 1 while tile i is computed: bf16 pages by bulk tensor copies (TMA: warp 0 issues 72 copies of
-// 16 bytes x 64 rows per tile, completing on an mbarrier; LUNAR_MLA_WGMMA_TMA=0 or a refused tensor
-// map: cp.async by every thread, 5-10 % slower), FP8 pages by cp.async. Each latent byte enters
-// shared memory once per block and is read there by both products:
+// i + 1 while tile i is computed. Each latent byte enters shared memory once per block and is read
+// there by both products:
 //  - S = Q C^T: Q [64 heads x 576] bf16 in shared memory (written once, the A operand), the tile
 //    the B operand, K-major; warpgroup w takes positions 32w .. 32w + 31 (m64n32k16, 36 k-steps);
 //  - online softmax in registers (log2 domain, fp32); the row maxima of the two warpgroups meet in
 //    shared memory; P = exp2(S - m) goes to shared memory as bf16 (both warpgroups need all 64
-//    positions of it);
+//    positions of it); O is rescaled only when a row maximum of the warp moved;
 //  - O += P C: warpgroup w owns output dims 256w .. 256w + 255 (m64n256k16, 128 fp32 accumulators
 //    per thread), A = P from shared memory, B = the same tile read N-major (imm-trans-b).
-// Both views of the tile use one layout, the no-swizzle "core matrix" order of the wgmma shared
-// memory descriptors: 8 rows x 16 bytes contiguous (128 B); the tile is chunk-major (the 64 rows of
-// 16-byte chunk j, dims 8j .. 8j + 7, are one contiguous KB, which is what one tensor copy of a
-// 16-byte x 64-row box writes). K-major (S: rows = positions, K = dims): leading byte offset 1024,
-// stride byte offset 128; N-major (O: K = positions, N = dims): leading 128, stride 1024. Q keeps
-// the row-group-major order (8 heads x 576 dims = 9216 B per group: leading 128, stride 9216). No
-// transposition and no swizzle anywhere.
-// FP8 pages are staged raw (two stages) and widened to bf16 in shared memory (e4m3 -> bf16 is
-// exact), so both cache types run the same bf16 MMA. Accuracy: q and P are rounded to bf16 as in
-// the mma.sync kernels; sums are fp32. Long contexts are split over blocks (split-K); each split
-// writes O / l and log2-sum-exp, and the mma.sync kernel's merge combines them.
+// The tiles (default, SW) are in the 128-byte swizzled layout: 9 boxes of 64 dims (128 B) x 64
+// positions, chunk c of row r at chunk c ^ (r & 7), written by 9 bulk tensor copies (TMA, whole
+// 128-byte lines, issued by warp 0, completing on an mbarrier per stage) and read by swizzled
+// descriptors: K-major for S (stride 1024 per 8 positions; a k-step moves 32 B inside the line),
+// N-major for O (leading offset 8192 = the next 64 dims, stride 1024 = the next 8 positions).
+// This ran 2x the session-4 layout (LUNAR_MLA_WGMMA_SW=0: unswizzled "core matrix" order, which
+// needs 72 copies of 16 B x 64 rows per tile and measured ~1.8 TB/s) and reaches 88-99 % of the
+// latent-bytes floor at 32-64 heads from B x context >= 1M (docs/benchmarks.md, "MLA decode,
+// producer/consumer"). Q keeps the unswizzled core-matrix order (8 heads x 576 dims = 9216 B per
+// group: leading 128, stride 9216). LUNAR_MLA_WGMMA_TMA=0 (or a refused tensor map): cp.async.
+// FP8 pages: the raw 64 x 576 bytes by one bulk copy, two tiles ahead (a raw stage is free once
+// widened), widened to bf16 in shared memory by bit operations (exact, e4m3x2_bf16x2), so both
+// cache types run the same bf16 MMA. Accuracy: q and P are rounded to bf16 as in the mma.sync
+// kernels; sums are fp32. Long contexts are split over blocks (split-K); each split writes O / l
+// and log2-sum-exp, and the mma.sync kernel's merge combines them.
 //
 // Shared memory: Q 72 KB + two bf16 tiles 144 KB (FP8: one bf16 tile + two raw stages of 36 KB)
-// + P 8 KB = 225 KB of the 227 KB a block may have: one block per SM, 256 threads. The time goes
-// to the tile copies, not the tensor cores (docs/benchmarks.md, "MLA decode with wgmma").
+// + P 8 KB + 1 KB of alignment slack = 226 KB of the 227 KB a block may have: one block per SM,
+// 256 threads, no producer warp (the copies are issued by warp 0 between barriers it already
+// passes; there is no shared memory for a third stage).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_fp8.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +66,9 @@ template <bool FP8> struct Lay {
     static constexpr int p_off = raw_off + (FP8 ? 2 * kRawBytes : 0);
     static constexpr int red_off = p_off + kPBytes; // [2 warpgroups][64] floats
     static constexpr int bar_off = red_off + 2 * 64 * 4; // TMA variant: one mbarrier per stage
-    static constexpr size_t smem = (size_t)bar_off + 2 * 8;
+    // + 1 KB: the kernel rounds the dynamic shared memory base up to 1024 bytes (the 128-byte
+    // swizzle repeats every 8 rows x 128 B, and both the copy engine and wgmma swizzle by address bits)
+    static constexpr size_t smem = (size_t)bar_off + 2 * 8 + 1024;
 };
 static_assert(Lay<false>::smem <= 232448 && Lay<true>::smem <= 232448, "227 KB of shared memory per block");
 
@@ -92,10 +98,37 @@ __device__ __forceinline__ uint64_t desc(uint32_t addr, uint32_t lbo, uint32_t s
 // order. The copy loops hand lane l row 8 rg + (l & 7) and chunk 4 jg + (l >> 3): a warp reads 8
 // rows x 64 contiguous bytes and writes 512 contiguous bytes of shared memory (no bank conflict).
 __device__ __forceinline__ int core_off(int r, int j) { return (r >> 3) * kGroup + j * 128 + (r & 7) * 16; }
-// The latent tiles: the same core matrices, chunk-major (chunk j's 64 rows = 8 core matrices are
+// The session-4 latent tiles (SW = false): the same core matrices, chunk-major (chunk j's 64 rows = 8 core matrices are
 // one contiguous KB), so one bulk tensor copy of 16 bytes x 64 rows fills one chunk column:
 // K-major (S) leading byte offset 1024 and stride 128, N-major (O) leading 128 and stride 1024.
 __device__ __forceinline__ int tile_off(int r, int j) { return j * 1024 + r * 16; }
+// The swizzled tiles (SW): 9 boxes of 64 dims (128 B) x 64 positions, 8 KB each, as one bulk tensor
+// copy with the 128-byte swizzle writes them: row r of box b at b * 8192 + r * 128, its 16-byte
+// chunk c stored at chunk c ^ (r & 7). j: the 16-byte chunk of the row (dims 8j .. 8j + 7).
+__device__ __forceinline__ int sw_off(int r, int j) { return (j >> 3) * 8192 + r * 128 + (((j & 7) ^ (r & 7)) << 4); }
+// Descriptor with the 128-byte swizzle (layout type 1 in bits 62-63). K-major (S: rows =
+// positions): the stride byte offset 1024 steps 8 rows, the leading offset is unused, a k-step of
+// 16 dims moves the start 32 bytes inside the 128-byte row (the hardware applies the swizzle to
+// the final address). N-major (O: K = positions, N = dims): leading byte offset = the next 64 dims
+// (the next box, 8192), stride byte offset = the next 8 positions (1024).
+__device__ __forceinline__ uint64_t desc_sw(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    return desc(addr, lbo, sbo) | (1ull << 62);
+}
+// Two e4m3 bytes of w (picked by the byte_perm selector: 0x1404 bytes 0-1, 0x3424 bytes 2-3) as a
+// bf16 pair, exactly. Each byte moved to the top of its 16-bit half, then sign kept and the 7 bits
+// of exponent + mantissa moved down 4: a bf16 whose exponent field is the e4m3 one (bias 7, not
+// 127), i.e. the value x 2^-120, subnormals included (e4m3 subnormal m/8 x 2^-6 -> bf16 subnormal
+// m/8 x 2^-126). One bf16 multiply by 2^120 (0x7b80) restores it: a power of two, result normal,
+// exact. (Measured as fast as the conversion route, 2 cvt + 2 f16->f32 + 1 pack per pair: the
+// widening pass is bound by its shared-memory traffic and barrier.) e4m3 NaN (0x7f) becomes 480,
+// but only rows past the end hold such bytes and those are zeroed.
+__device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
+    const uint32_t u = __byte_perm(w, 0u, sel);
+    uint32_t h = (u & 0x80008000u) | ((u >> 4) & 0x07f007f0u);
+    const uint32_t k = 0x7b807b80u;
+    __nv_bfloat162 x = __hmul2(*reinterpret_cast<const __nv_bfloat162 *>(&h), *reinterpret_cast<const __nv_bfloat162 *>(&k));
+    return *reinterpret_cast<uint32_t *>(&x);
+}
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
@@ -115,13 +148,19 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int 
                  ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar) : "memory");
 }
 
-// TMA (bf16 pages only): the tiles come by bulk tensor copies issued by warp 0 (tile i + 1 before
-// waiting for tile i), completing on an mbarrier per stage, instead of cp.async by every thread;
-// rows past the end are copied too and zeroed in shared memory afterwards.
-template <bool FP8, bool TMA>
+// TMA: the tiles come by bulk tensor copies issued by warp 0, completing on an mbarrier per stage,
+// instead of cp.async by every thread. bf16 pages: tile i + 1 before waiting for tile i; rows past
+// the end are copied too and zeroed in shared memory afterwards. FP8 pages (SW only): one copy of
+// the raw 64 x 576 bytes per tile, two raw tiles ahead (a raw stage is free once widened).
+// SW: the latent tiles in the 128-byte swizzled layout (sw_off), copied as 9 boxes of 128 B x 64
+// rows (whole lines; the unswizzled layout needs 72 boxes of 16 B x 64 rows, which ran the copies
+// at ~1.8 TB/s), FP8 widened by bit operations; SW = false keeps the session-4 layout
+// (LUNAR_MLA_WGMMA_SW=0) for comparison.
+template <bool FP8, bool TMA, bool SW>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using L = Lay<FP8>;
-    extern __shared__ __align__(128) unsigned char smem[];
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
     const uint32_t sb = smem_u32(smem);
     float *red = reinterpret_cast<float *>(smem + L::red_off);
     const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
@@ -154,7 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
                 // warp, conflict-free shared stores but half lines, measured the same.)
                 const int blk = c >> 5, l = c & 31, rq = blk / 9, jg = blk - rq * 9;
                 const int r = rq * 4 + (l >> 3), j = jg * 8 + (l & 7);
-                cp_async16(dst + tile_off(r, j), src + (size_t)r * (kRow * 2) + j * 16, r < nvalid);
+                cp_async16(dst + (SW ? sw_off(r, j) : tile_off(r, j)), src + (size_t)r * (kRow * 2) + j * 16, r < nvalid);
             }
         }
     };
@@ -163,10 +202,22 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
         if (i >= ntiles) return;
         const int t0 = begin + i * kTile;
         const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
-        const uint32_t bar = bars + (i & 1) * 8, dst = sb + L::tile_off + (i & 1) * kTileBytes;
+        const uint32_t bar = bars + (i & 1) * 8;
+        if (FP8) { // the raw tile: one box of 144 words x 64 rows, row-major as load_tile's
+            if (lane == 0) {
+                mbar_expect_tx(bar, kRawBytes);
+                tma_2d(sb + L::raw_off + (i & 1) * kRawBytes, &tm, 0, slot0, bar);
+            }
+            return;
+        }
+        const uint32_t dst = sb + L::tile_off + (i & 1) * kTileBytes;
         if (lane == 0) mbar_expect_tx(bar, kTileBytes);
         __syncwarp();
-        for (int j = lane; j < kChunks; j += 32) tma_2d(dst + j * 1024, &tm, j * 16, slot0, bar);
+        if (SW) {
+            if (lane < kRow / 64) tma_2d(dst + lane * 8192, &tm, lane * 64, slot0, bar);
+        } else {
+            for (int j = lane; j < kChunks; j += 32) tma_2d(dst + j * 1024, &tm, j * 16, slot0, bar);
+        }
     };
     if (TMA) {
         if (tid == 0) {
@@ -174,7 +225,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads();
-        if (tid < 32) issue_tma(0);
+        if (tid < 32) {
+            issue_tma(0);
+            if (FP8) issue_tma(1);
+        }
     } else {
         load_tile(0);
         cp_commit();
@@ -206,18 +260,24 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
     const uint64_t dp = desc(sb + L::p_off, 128, kPGroup);
 
     for (int it = 0; it < ntiles; it++) {
+        const int nvalid = min(kTile, end - (begin + it * kTile));
         if (TMA) {
             __syncthreads(); // both warpgroups are done with tile it - 1: its stage takes tile it + 1
-            if (tid < 32) issue_tma(it + 1);
+            if (!FP8 && tid < 32) issue_tma(it + 1);
             mbar_wait(bars + (it & 1) * 8, (uint32_t)(it >> 1) & 1);
-            const int nvalid = min(kTile, end - (begin + it * kTile));
-            if (nvalid < kTile) { // rows past the end hold whatever the page has: zero them
-                unsigned char *tp = smem + L::tile_off + (it & 1) * kTileBytes;
-                for (int c = tid; c < (kTile - nvalid) * kChunks; c += kThreads)
-                    *reinterpret_cast<uint4 *>(tp + tile_off(nvalid + c / kChunks, c % kChunks)) = make_uint4(0, 0, 0, 0);
-                fence_async_smem();
+            if (!FP8) {
+                if (nvalid < kTile) { // rows past the end hold whatever the page has: zero them
+                    unsigned char *tp = smem + L::tile_off + (it & 1) * kTileBytes;
+                    for (int c = tid; c < (kTile - nvalid) * kChunks; c += kThreads)
+                        *reinterpret_cast<uint4 *>(tp + (SW ? sw_off(nvalid + c / kChunks, c % kChunks)
+                                                            : tile_off(nvalid + c / kChunks, c % kChunks))) =
+                            make_uint4(0, 0, 0, 0);
+                    fence_async_smem();
+                }
+                // tile it is in everywhere (each thread waited on the mbarrier; SW: only the zeroed
+                // rows need the barrier)
+                if (!SW || nvalid < kTile) __syncthreads();
             }
-            __syncthreads(); // tile it is in everywhere
         } else {
             cp_wait<0>();
             if (!FP8) fence_async_smem();
@@ -227,46 +287,75 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
         }
         uint32_t tile;
         if (FP8) {
-            // widen raw stage it & 1 into the bf16 tile (core-matrix order): 16 raw bytes (chunks 2jj,
-            // 2jj + 1 of row r) per step; lane l takes row 8 rg + (l & 7), unit 4 jq + (l >> 3), so
-            // the 16-byte loads and both 16-byte stores of a warp each take the minimum 4 wavefronts
             const unsigned char *raw = smem + L::raw_off + (it & 1) * kRawBytes;
+            if (SW) {
+                // raw 16-byte unit c (row r, dims 16u .. 16u + 15) -> chunks 2u, 2u + 1 of the
+                // swizzled row; consecutive lanes read consecutive units (whole lines); rows past
+                // the end become zeros
 #pragma unroll 3
-            for (int c = tid; c < kTile * kRow / 16; c += kThreads) {
-                const int blk = c >> 5, l = c & 31, rg = blk / 9, jq = blk - rg * 9;
-                const int r = rg * 8 + (l & 7), jj = jq * 4 + (l >> 3);
-                const uint4 v = *reinterpret_cast<const uint4 *>(raw + r * kRow + jj * 16);
-                const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
-                uint32_t o8[8];
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[k] & 0xffff), __NV_E4M3);
-                    __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[k] >> 16), __NV_E4M3);
-                    const float2 flo = __half22float2(*reinterpret_cast<__half2 *>(&lo));
-                    const float2 fhi = __half22float2(*reinterpret_cast<__half2 *>(&hi));
-                    o8[2 * k] = pack_bf16(flo.x, flo.y);
-                    o8[2 * k + 1] = pack_bf16(fhi.x, fhi.y);
+                for (int c = tid; c < kTile * kRow / 16; c += kThreads) {
+                    const int r = c / (kRow / 16), u = c - r * (kRow / 16);
+                    uint4 v = *reinterpret_cast<const uint4 *>(raw + c * 16);
+                    if (r >= nvalid) v = make_uint4(0, 0, 0, 0);
+                    unsigned char *d = smem + L::tile_off;
+                    *reinterpret_cast<uint4 *>(d + sw_off(r, 2 * u)) =
+                        make_uint4(e4m3x2_bf16x2(v.x, 0x1404), e4m3x2_bf16x2(v.x, 0x3424), e4m3x2_bf16x2(v.y, 0x1404),
+                                   e4m3x2_bf16x2(v.y, 0x3424));
+                    *reinterpret_cast<uint4 *>(d + sw_off(r, 2 * u + 1)) =
+                        make_uint4(e4m3x2_bf16x2(v.z, 0x1404), e4m3x2_bf16x2(v.z, 0x3424), e4m3x2_bf16x2(v.w, 0x1404),
+                                   e4m3x2_bf16x2(v.w, 0x3424));
                 }
-                unsigned char *d = smem + L::tile_off + tile_off(r, 2 * jj);
-                *reinterpret_cast<uint4 *>(d) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
-                *reinterpret_cast<uint4 *>(d + 1024) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+                fence_async_smem();
+                __syncthreads(); // the bf16 tile is complete; raw stage it & 1 is free
+                if (TMA && tid < 32) issue_tma(it + 2);
+            } else {
+                // widen raw stage it & 1 into the bf16 tile (core-matrix order): 16 raw bytes (chunks 2jj,
+                // 2jj + 1 of row r) per step; lane l takes row 8 rg + (l & 7), unit 4 jq + (l >> 3), so
+                // the 16-byte loads and both 16-byte stores of a warp each take the minimum 4 wavefronts
+#pragma unroll 3
+                for (int c = tid; c < kTile * kRow / 16; c += kThreads) {
+                    const int blk = c >> 5, l = c & 31, rg = blk / 9, jq = blk - rg * 9;
+                    const int r = rg * 8 + (l & 7), jj = jq * 4 + (l >> 3);
+                    const uint4 v = *reinterpret_cast<const uint4 *>(raw + r * kRow + jj * 16);
+                    const uint32_t wv[4] = {v.x, v.y, v.z, v.w};
+                    uint32_t o8[8];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[k] & 0xffff), __NV_E4M3);
+                        __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wv[k] >> 16), __NV_E4M3);
+                        const float2 flo = __half22float2(*reinterpret_cast<__half2 *>(&lo));
+                        const float2 fhi = __half22float2(*reinterpret_cast<__half2 *>(&hi));
+                        o8[2 * k] = pack_bf16(flo.x, flo.y);
+                        o8[2 * k + 1] = pack_bf16(fhi.x, fhi.y);
+                    }
+                    unsigned char *d = smem + L::tile_off + tile_off(r, 2 * jj);
+                    *reinterpret_cast<uint4 *>(d) = make_uint4(o8[0], o8[1], o8[2], o8[3]);
+                    *reinterpret_cast<uint4 *>(d + 1024) = make_uint4(o8[4], o8[5], o8[6], o8[7]);
+                }
+                fence_async_smem();
+                __syncthreads();
             }
-            fence_async_smem();
-            __syncthreads();
             tile = sb + L::tile_off;
         } else {
             tile = sb + L::tile_off + (it & 1) * kTileBytes;
         }
 
-        // S for positions 32 wg .. + 31 of the tile over all 576 dims; a k-step is 2 chunks (256 B)
+        // S for positions 32 wg .. + 31 of the tile over all 576 dims; a k-step is 16 dims
         float s[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) s[i] = 0.0f;
-        const uint64_t dc = desc(tile + wg * 4 * 128, 1024, 128);
         fence_acc<16>(s);
         wgmma_fence();
+        if (SW) { // rows 32 wg.. = 4 groups of 8 rows in; k-step ks: box ks / 4, 32 B per step inside it
+            const uint64_t dc = desc_sw(tile + wg * 4 * 1024, 16, 1024);
 #pragma unroll
-        for (int ks = 0; ks < kRow / 16; ks++) wgmma_m64n32<0>(s, dq + 16 * ks, dc + 128 * ks, ks > 0);
+            for (int ks = 0; ks < kRow / 16; ks++)
+                wgmma_m64n32<0>(s, dq + 16 * ks, dc + (uint64_t)(((ks >> 2) * 8192 + (ks & 3) * 32) >> 4), ks > 0);
+        } else { // a k-step is 2 chunks (256 B)
+            const uint64_t dc = desc(tile + wg * 4 * 128, 1024, 128);
+#pragma unroll
+            for (int ks = 0; ks < kRow / 16; ks++) wgmma_m64n32<0>(s, dq + 16 * ks, dc + 128 * ks, ks > 0);
+        }
         wgmma_commit();
         wgmma_wait<0>();
         fence_acc<16>(s);
@@ -307,17 +396,27 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
             *reinterpret_cast<uint32_t *>(P + kPGroup + (4 * wg + k) * 128) = pack_bf16(e2, e3);
         }
         l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        // SW: no rescale where no row maximum of the warp moved (exp2(0) = 1 exactly): most tiles
+        // of a long row
+        if (!SW || __any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
-        for (int k = 0; k < 32; k++) o[4 * k] *= al0, o[4 * k + 1] *= al0, o[4 * k + 2] *= al1, o[4 * k + 3] *= al1;
+            for (int k = 0; k < 32; k++) o[4 * k] *= al0, o[4 * k + 1] *= al0, o[4 * k + 2] *= al1, o[4 * k + 3] *= al1;
+        }
         fence_async_smem();
         __syncthreads(); // all of P is written
 
         // O[:, 256 wg .. + 255] += P C[:, 256 wg .. + 255]; a k-step is 16 positions (2 groups)
-        const uint64_t dv = desc(tile + wg * 32 * 1024, 128, 1024);
         fence_acc<128>(o);
         wgmma_fence();
+        if (SW) { // dims 256 wg.. = boxes 4 wg..4 wg + 3; k-step: 16 rows = 2048 B
+            const uint64_t dv = desc_sw(tile + wg * 4 * 8192, 8192, 1024);
 #pragma unroll
-        for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 16 * ks, 1);
+            for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 128 * ks, 1);
+        } else {
+            const uint64_t dv = desc(tile + wg * 32 * 1024, 128, 1024);
+#pragma unroll
+            for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 16 * ks, 1);
+        }
         wgmma_commit();
         wgmma_wait<0>();
         fence_acc<128>(o);
@@ -377,22 +476,24 @@ Plan plan(int rows, int H, int max_n) {
     return p;
 }
 
-template <bool FP8, bool TMA> void launch(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+template <bool FP8, bool TMA, bool SW> void launch(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8, TMA, SW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)Lay<FP8>::smem));
         attr = true;
     }
-    wgmma_decode_kernel<FP8, TMA><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a, tm);
+    wgmma_decode_kernel<FP8, TMA, SW><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
 
-// The bf16 latent as a 2-D byte tensor [slots][1152] for the bulk tensor copies (boxes of 16 bytes
-// x 64 slots). The pool's slot count is not passed down: 2^28 slots (309 GB) bound every pool, and
-// only the slots of listed pages are ever addressed. false: no driver entry point or the map was
-// refused (the caller keeps cp.async).
-bool make_tmap(CUtensorMap *m, const void *latent) {
+// The latent as a 2-D tensor [slots][row] for the bulk tensor copies. The pool's slot count is not
+// passed down: 2^28 slots (309 GB of bf16 rows) bound every pool, and only the slots of listed
+// pages are ever addressed. bf16, SW: elements of 2 bytes, boxes of 64 x 64 slots with the 128-byte
+// swizzle; bf16, !SW: bytes, boxes of 16 x 64 slots, no swizzle; FP8 (SW only): 4-byte words, one
+// box of the whole 576-byte row x 64 slots, no swizzle (the raw row-major stage). false: no driver
+// entry point or the map was refused (the caller keeps cp.async).
+bool make_tmap(CUtensorMap *m, const void *latent, bool fp8, bool sw) {
     static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
     static bool tried = false;
     if (!tried) {
@@ -407,11 +508,21 @@ bool make_tmap(CUtensorMap *m, const void *latent) {
             (void)cudaGetLastError();
     }
     if (!fn) return false;
-    const cuuint64_t dims[2] = {(cuuint64_t)kRow * 2, 1ull << 28}, strides[1] = {(cuuint64_t)kRow * 2};
-    const cuuint32_t box[2] = {16, kTile}, es[2] = {1, 1};
-    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(latent), dims, strides, box, es,
-              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+    const cuuint64_t row_bytes = fp8 ? kRow : kRow * 2;
+    const cuuint64_t dims[2] = {fp8 ? (cuuint64_t)kRow / 4 : sw ? (cuuint64_t)kRow : row_bytes, 1ull << 28};
+    const cuuint64_t strides[1] = {row_bytes};
+    const cuuint32_t box[2] = {fp8 ? (cuuint32_t)kRow / 4 : sw ? 64u : 16u, (cuuint32_t)kTile}, es[2] = {1, 1};
+    const CUtensorMapDataType dt =
+        fp8 ? CU_TENSOR_MAP_DATA_TYPE_UINT32 : sw ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_UINT8;
+    return fn(m, dt, 2, const_cast<void *>(latent), dims, strides, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+              sw && !fp8 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+              sw ? CU_TENSOR_MAP_L2_PROMOTION_L2_256B : CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool env_is(const char *name, const char *v) {
+    const char *e = getenv(name);
+    return e && !strcmp(e, v);
 }
 
 } // namespace
@@ -440,9 +551,27 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
     CUtensorMap tm;
     memset(&tm, 0, sizeof tm);
-    const char *e = getenv("LUNAR_MLA_WGMMA_TMA"); // "0": cp.async for bf16 pages too
-    if (fp8) launch<true, false>(a, tm, p, s);
-    else if (!(e && !strcmp(e, "0")) && make_tmap(&tm, c->latent)) launch<false, true>(a, tm, p, s);
-    else launch<false, false>(a, tm, p, s);
+    // LUNAR_MLA_WGMMA_SW=0: the session-4 unswizzled tiles; LUNAR_MLA_WGMMA_TMA=0: cp.async copies
+    const bool sw = !env_is("LUNAR_MLA_WGMMA_SW", "0");
+    const bool tma = !env_is("LUNAR_MLA_WGMMA_TMA", "0") && (sw || !fp8) && make_tmap(&tm, c->latent, fp8, sw);
+    if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) { // which variant runs (a refused tensor map falls back quietly)
+        static int seen = 0;
+        const int bit = 1 << ((fp8 ? 4 : 0) + (sw ? 2 : 0) + (tma ? 1 : 0));
+        if (!(seen & bit))
+            fprintf(stderr, "mla wgmma decode: %s pages, %s tiles, %s\n", fp8 ? "fp8" : "bf16",
+                    sw ? "swizzled" : "unswizzled", tma ? "bulk tensor copies" : "cp.async"),
+                seen |= bit;
+    }
+    if (fp8) {
+        if (!sw) launch<true, false, false>(a, tm, p, s);
+        else if (tma) launch<true, true, true>(a, tm, p, s);
+        else launch<true, false, true>(a, tm, p, s);
+    } else if (sw) {
+        if (tma) launch<false, true, true>(a, tm, p, s);
+        else launch<false, false, true>(a, tm, p, s);
+    } else {
+        if (tma) launch<false, true, false>(a, tm, p, s);
+        else launch<false, false, false>(a, tm, p, s);
+    }
     if (p.splits > 1) lunar_mla_merge_splits(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale, s);
 }
