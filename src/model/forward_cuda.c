@@ -206,7 +206,7 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
 }
 
 static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
-                      float *out) {
+                      float *out, int core_split) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -214,6 +214,9 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
      * launch for the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank
      * and gate inputs read in place: 10 launches fewer per layer */
     const int one = dec && n == 1 && w->kin.p;
+    /* and then the convolutions, the recurrence and the gated norm in one launch too
+     * (lunar_cuda_kda_decode_fused; core_split: LUNAR_KDA_DECODE=split keeps the three launches) */
+    const int fused = one && !core_split && dk == 128 && K <= 8;
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
      * them, their L2 norms (per head row) are one launch over 2 n H rows */
     const size_t qk_stride = one ? (size_t)HD : ((size_t)n * HD + 63) / 64 * 64;
@@ -228,13 +231,15 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     uint16_t *hb = NULL;
     float *gin = NULL; /* one: the gate's projection (g, or g_a) in the fused output */
     int gate_done = 0; /* one: pre already holds the output gate's pre-activation */
+    float *y = NULL, *beta_in = NULL; /* one: the fused projection's outputs, beta's logits among them */
     if (one) {
         const int gout = w->g.p ? w->g.out : w->ga.out;
-        float *y = fd((size_t)w->kin.out);
+        y = fd((size_t)w->kin.out);
+        beta_in = y + 3 * HD + w->fa.out + gout;
         mm(y, h, &w->kin, 1);
-        lunar_cuda_kda_conv_qkv_decode(q, beta, y, y + 3 * HD + w->fa.out + gout, w->kin.out, w->qc,
-                                       b->c->conv + ki * b->c->conv_len, b->kda_state_idx, 1, H, dk, K,
-                                       KDA_L2_EPS, NULL);
+        if (!fused)
+            lunar_cuda_kda_conv_qkv_decode(q, beta, y, beta_in, w->kin.out, w->qc, b->c->conv + ki * b->c->conv_len,
+                                           b->kda_state_idx, 1, H, dk, K, KDA_L2_EPS, NULL);
         gin = y + 3 * HD + w->fa.out;
         /* the gate projections and the gate in one launch where f_a and g_a outputs lie as it reads
          * them (adjacent, each the width of the next matrix's input) */
@@ -283,7 +288,16 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
      * paths run on an fp32 copy of the slot, rounded back after the call (as the CPU rounds S) */
     const int f16 = b->c->state_fp16;
     const size_t sl = b->c->state_len;
-    if (dec && f16)
+    if (fused) {
+        /* the output gate's pre-activation first: the fused core applies the gated norm */
+        const float *og = pre;
+        if (gin && w->g.p) og = gin;
+        else if (gin) mm(pre, gin, &w->gb, n);
+        void *S = f16 ? (void *)((uint16_t *)b->c->state + ki * sl) : (void *)((float *)b->c->state + ki * sl);
+        lunar_cuda_kda_decode_fused(o, y, w->kin.out, beta_in, w->qc, b->c->conv + ki * b->c->conv_len,
+                                    b->kda_state_idx, g, og, w->o_norm, S, f16, b->kda_state_idx, 1, H, dk, K,
+                                    KDA_L2_EPS, c->rms_norm_eps, scale, NULL);
+    } else if (dec && f16)
         lunar_cuda_kda_recurrent_f16(o, q, k, v, g, beta, (uint16_t *)b->c->state + ki * sl, b->kda_state_idx, NULL,
                                      n, 1, H, dk, dk, scale, NULL);
     else if (dec)
@@ -317,7 +331,9 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     }
     cp_end(LUNAR_PROF_KDA_CORE, t0);
     t0 = cp_begin();
-    if (gate_done) {
+    if (fused) {
+        /* o is the gated norm's output already */
+    } else if (gate_done) {
         /* lunar_cuda_kda_gate_proj_decode wrote it */
     } else if (gin && w->g.p) {
         pre = gin;
@@ -329,7 +345,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(low, hb, &w->ga, n, NULL);
         mm(pre, low, &w->gb, n);
     }
-    lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+    if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
     mm(out, o, &w->o, n);
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
@@ -704,7 +720,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y);
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_core_split);
     else
         mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */

@@ -81,6 +81,7 @@ struct lunar_cuda_model {
     lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
     lunar_cuda_event ev_x, ev_shared;
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
+    int kda_core_split;     /* LUNAR_KDA_DECODE=split (or fuse_off): the batch-1 KDA core as 3 launches */
     struct lunar_cuda_graphs *graphs; /* the decode steps' CUDA graphs (forward_cuda.c "decode graphs") */
 };
 

@@ -75,6 +75,24 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
     return __half2float(*reinterpret_cast<__half *>(&h));
 }
 
+// The sum of v over the block (every thread gets it; blockDim a multiple of 32, at most 1024):
+// warp butterflies, then the warps' sums in warp order through red[32]. A fixed tree, shared by
+// the norm kernels (cuda_dense.cu) and the fused KDA decode (cuda_kda_recurrent.cu), whose
+// results must be the same bits.
+__device__ __forceinline__ float block_sum_f32(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // red may still be read by a previous call
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float t = l < nw ? red[l] : 0.0f;
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+// the short convolutions' longest kernel (cuda_dense.cu, cuda_kda_recurrent.cu)
+#define CONV_MAX_K 8
+
 static inline unsigned ceil_div_u(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
 
 // op_kda_gate of one element: f the forget projection, a_log = A_log of its head, dtb its dt_bias

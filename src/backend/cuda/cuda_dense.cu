@@ -3,16 +3,6 @@
 // norms (sum of squares in fp32, block tree reduction); grid-stride loops for elementwise ops.
 #include "backend/cuda/cuda_common.cuh"
 
-static __device__ __forceinline__ float block_sum(float v, float *red) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();  // red may still be read by a previous call
-    if (l == 0) red[w] = v;
-    __syncthreads();
-    float t = l < nw ? red[l] : 0.0f;
-    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    return t;
-}
 
 static int row_threads(int dim) {
     int t = 32;
@@ -30,7 +20,7 @@ __global__ void norm_kernel(Y *y, const float *x, const float *gate, const uint1
     const float *xr = x + row * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
+    ss = block_sum_f32(ss, red);
     const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] * inv;
@@ -87,7 +77,7 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
         xr[i] = v;
         ss += v * v;
     }
-    ss = block_sum(ss, red);
+    ss = block_sum_f32(ss, red);
     const float inv = 1.0f / sqrtf(ss / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] * inv;
@@ -196,7 +186,6 @@ extern "C" void lunar_cuda_situ_mul(void *y, lunar_cuda_dtype ydt, const float *
 }
 
 // ---------------------------------------------------------------- short conv
-#define CONV_MAX_K 8
 
 // y[t, c] = silu(sum_i w[c, i] * s[t + i]), s = [state[c, 0..K-2], x[0..T-1, c]]. Reads the old
 // state only; the state update runs afterwards in its own kernel (no read/write race).
@@ -315,7 +304,7 @@ __global__ void kda_conv_qkv_kernel(float *qkv, float *beta, const float *x, con
             if (i < S) st[i] = i + 1 < S ? win[i + 1] : xv;
     }
     if (part < 2) { /* block-uniform: every thread reaches the sum */
-        const float ss = block_sum(t < dk ? acc * acc : 0.0f, red);
+        const float ss = block_sum_f32(t < dk ? acc * acc : 0.0f, red);
         acc = acc * (1.0f / sqrtf(ss + eps));
     }
     if (t < dk) qkv[((size_t)part * B + b) * HD + (c - part * HD)] = acc;
