@@ -545,8 +545,11 @@ TEST(cuda_kda_conv_qkv_decode_matches_ops) {
  * conv T = 1, L2 norms, sigmoid, op_kda_recurrent, op_rmsnorm_gated: 1e-5, fp32 throughout) and
  * against the three launches it replaces (conv_qkv_decode, kda_recurrent, rmsnorm_gated), which
  * its comment says it equals bit for bit: checked at 1e-6 and reported when not bit-equal. B = 2
- * sequences on scattered slots, H = 3 (odd), padded x rows, fp32 and fp16 state pools. */
-static void check_decode_fused(int B, int H, int f16, unsigned seed) {
+ * sequences on scattered slots, H = 3 (odd), padded x rows, fp32 and fp16 state pools. gate (B = 1):
+ * 1 the forget and output gates from the gate rows [f_b; g_b] (in = 128), 2 the forget gate only
+ * (f_b, og given: the full-rank output gate), vs the CPU's GEMV + op_kda_gate and vs
+ * lunar_cuda_kda_gate_proj_decode before the three launches. */
+static void check_decode_fused(int B, int H, int f16, int gate, unsigned seed) {
     const int dk = 128, HD = H * dk, C = 3 * HD, K = 4, S = K - 1, NS = B + 3, xs = C + H + 24;
     const long ns = (long)H * dk * dk, cs = (long)C * S;
     size_t mark = lunar_cuda_mark();
@@ -556,6 +559,28 @@ static void check_decode_fused(int B, int H, int f16, unsigned seed) {
     float *conv = test_rand(NS * cs, seed + 2, -1, 1), *pool = test_rand(NS * ns, seed + 3, -0.5f, 0.5f);
     float *g = test_rand((long)B * HD, seed + 4, -1.5f, 0), *og = test_rand((long)B * HD, seed + 5, -4, 4);
     float *nw = test_rand(dk, seed + 6, 0.5f, 1.5f);
+    /* gate rows: W [2 HD, 128] (bf16 values), x [2, 128] (rounded to bf16 as the GEMV's operand on
+     * the CPU side), A_log [H], dt_bias [HD]; lower bound -5 (the bounded form) */
+    const int in = 128, nrow = gate == 1 ? 2 * HD : HD;
+    const float lb = -5.0f;
+    float *gwf = test_rand((long)2 * HD * in, seed + 7, -0.2f, 0.2f), *gx = test_rand(2 * in, seed + 8, -2, 2);
+    float *alog = test_rand(H, seed + 9, -2, 1), *dtb = test_rand(HD, seed + 10, -1, 1);
+    round_bf16(gwf, (long)2 * HD * in);
+    if (gate) {
+        float *gxr = test_alloc(2 * in), *f = test_alloc(HD);
+        memcpy(gxr, gx, sizeof(float) * 2 * in);
+        round_bf16(gxr, 2 * in);
+        for (int r = 0; r < nrow; r++) {
+            double acc = 0;
+            for (int i = 0; i < in; i++) acc += (double)gwf[(long)r * in + i] * gxr[(r < HD ? 0 : in) + i];
+            if (r < HD) f[r] = (float)acc;
+            else og[r - HD] = (float)acc;
+        }
+        lunar_tensor A = test_tensor1(LUNAR_DTYPE_F32, H, alog), DB = test_tensor1(LUNAR_DTYPE_F32, HD, dtb);
+        op_kda_gate(g, f, &A, &DB, 1, H, dk, lb);
+        test_tensor_free(&A), test_tensor_free(&DB);
+        free(gxr), free(f);
+    }
     uint16_t *pool16 = malloc((size_t)NS * ns * 2);
     for (long i = 0; f16 && i < NS * ns; i++) pool16[i] = lunar_f32_to_f16(pool[i]), pool[i] = lunar_f16_to_f32(pool16[i]);
     lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, C, K, w), NW = test_tensor1(LUNAR_DTYPE_BF16, dk, nw);
@@ -584,14 +609,18 @@ static void check_decode_fused(int B, int H, int f16, unsigned seed) {
     void *dpool = dev_in(f16 ? (void *)pool16 : (void *)pool, pb), *dpool2 = dev_in(f16 ? (void *)pool16 : (void *)pool, pb);
     dout o;
     float *dO = dout_new(&o, (size_t)B * HD * 4);
-    lunar_cuda_kda_decode_fused(dO, dx, xs, dx + C, dw, dconv, dsl, dg, dog, dnw, dpool, f16, dsl, B, H, dk, K, 1e-6f,
-                                eps, scale, NULL);
+    uint16_t *gwb = to_bf16(gwf, (long)2 * HD * in);
+    const uint16_t *dgw = dev_in(gwb, (size_t)nrow * in * 2);
+    const float *dgx = dev_in(gx, 2 * in * 4), *dal = dev_in(alog, (size_t)H * 4), *ddt = dev_in(dtb, (size_t)HD * 4);
+    const lunar_cuda_kda_gate_rows gr = {dgw, dgx, dal, ddt, lb, gate == 1};
+    lunar_cuda_kda_decode_fused(dO, dx, xs, dx + C, dw, dconv, dsl, gate ? NULL : dg, gate == 1 ? NULL : dog, dnw, dpool,
+                                f16, dsl, B, H, dk, K, 1e-6f, eps, scale, gate ? &gr : NULL, NULL);
     float *out = down_f32(dO, (long)B * HD), *c2 = down_f32(dconv, NS * cs), *p2 = test_alloc(NS * ns);
     uint16_t *h16 = malloc(pb);
     lunar_cuda_download(f16 ? (void *)h16 : (void *)p2, dpool, pb);
     for (long i = 0; f16 && i < NS * ns; i++) p2[i] = lunar_f16_to_f32(h16[i]);
     char what[96];
-    snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d%s vs CPU: o", B, H, f16 ? " fp16 state" : "");
+    snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d%s gate %d vs CPU: o", B, H, f16 ? " fp16 state" : "", gate);
     report(what, lunar_max_rel_err(out, ref, (long)B * HD), 1e-5);
     snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d%s vs CPU: state", B, H, f16 ? " fp16" : "");
     report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), f16 ? 1e-3 : 1e-5); /* fp16: one ulp, as above */
@@ -600,6 +629,11 @@ static void check_decode_fused(int B, int H, int f16, unsigned seed) {
     /* the three launches it replaces, on copies of the pools */
     float *q3 = lunar_cuda_alloc((size_t)B * C * 4), *b3 = lunar_cuda_alloc((size_t)B * H * 4);
     float *o3 = lunar_cuda_alloc((size_t)B * HD * 4);
+    if (gate) { /* the gate launch it replaces too */
+        float *g3 = lunar_cuda_alloc((size_t)HD * 4);
+        lunar_cuda_kda_gate_proj_decode(g3, gate == 1 ? (float *)dog : NULL, dgx, dgw, H, dk, in, dal, ddt, lb, NULL);
+        dg = g3;
+    }
     lunar_cuda_kda_conv_qkv_decode(q3, b3, dx, dx + C, xs, dw, dconv2, dsl, B, H, dk, K, 1e-6f, NULL);
     if (f16)
         lunar_cuda_kda_recurrent_f16(o3, q3, q3 + (size_t)B * HD, q3 + (size_t)2 * B * HD, dg, b3, dpool2, dsl, NULL, B,
@@ -613,23 +647,26 @@ static void check_decode_fused(int B, int H, int f16, unsigned seed) {
     lunar_cuda_download(pa, dpool, pb);
     lunar_cuda_download(pb2, dpool2, pb);
     const int same = memcmp(out, out3, sizeof(float) * B * HD) == 0 && memcmp(pa, pb2, pb) == 0;
-    fprintf(stderr, "[kda_decode_fused B=%d H=%d%s: %s the three launches] ", B, H, f16 ? " fp16" : "",
+    fprintf(stderr, "[kda_decode_fused B=%d H=%d%s gate %d: %s the launches] ", B, H, f16 ? " fp16" : "", gate,
             same ? "bit-equal to" : "NOT bit-equal to");
     snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d vs the 3 launches", B, H);
     report(what, lunar_max_rel_err(out, out3, (long)B * HD), 1e-6);
     CHECK_MSG(memcmp(c2, c3, sizeof(float) * NS * cs) == 0, "conv state pool differs from conv_qkv_decode's");
     free(x), free(w), free(conv), free(pool), free(g), free(og), free(nw), free(pool16), free(conv_ref);
     free(pool_ref), free(ref), free(qkv), free(out), free(c2), free(p2), free(h16), free(out3), free(c3), free(pa);
-    free(pb2);
+    free(pb2), free(gwf), free(gx), free(alog), free(dtb), free(gwb);
     test_tensor_free(&W), test_tensor_free(&NW);
     lunar_cuda_release(mark);
 }
 
 TEST(cuda_kda_decode_fused_matches_ops) {
     if (!cuda_on()) return;
-    check_decode_fused(1, 32, 0, 300);
-    check_decode_fused(2, 3, 0, 310);
-    check_decode_fused(2, 3, 1, 320);
+    check_decode_fused(1, 32, 0, 0, 300);
+    check_decode_fused(2, 3, 0, 0, 310);
+    check_decode_fused(2, 3, 1, 0, 320);
+    check_decode_fused(1, 32, 0, 1, 330); /* Kimi-Linear's shapes, the gates made inside */
+    check_decode_fused(1, 5, 1, 1, 340);
+    check_decode_fused(1, 3, 0, 2, 350);
 }
 
 TEST(cuda_kda_gate_vs_cpu) {

@@ -206,7 +206,7 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
 }
 
 static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
-                      float *out, int core_split) {
+                      float *out, int mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -215,8 +215,10 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
      * and gate inputs read in place: 10 launches fewer per layer */
     const int one = dec && n == 1 && w->kin.p;
     /* and then the convolutions, the recurrence and the gated norm in one launch too
-     * (lunar_cuda_kda_decode_fused; core_split: LUNAR_KDA_DECODE=split keeps the three launches) */
-    const int fused = one && !core_split && dk == 128 && K <= 8;
+     * (lunar_cuda_kda_decode_fused), the gate projections inside it where their input width is 128
+     * (mode: lunar_cuda_model.kda_decode, LUNAR_KDA_DECODE) */
+    const int fused = one && mode != KDA_DECODE_SPLIT && dk == 128 && K <= 8;
+    lunar_cuda_kda_gate_rows gr = {0};
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
      * them, their L2 norms (per head row) are one launch over 2 n H rows */
     const size_t qk_stride = one ? (size_t)HD : ((size_t)n * HD + 63) / 64 * 64;
@@ -243,7 +245,12 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         gin = y + 3 * HD + w->fa.out;
         /* the gate projections and the gate in one launch where f_a and g_a outputs lie as it reads
          * them (adjacent, each the width of the next matrix's input) */
-        if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
+        if (fused && mode == KDA_DECODE_FUSED && w->kfg.p && w->fa.out == 128 && w->fb.in == 128 &&
+            (w->g.p || gout == 128)) {
+            gr = (lunar_cuda_kda_gate_rows){w->kfg.p, y + 3 * HD, w->A_log, w->dt_bias, c->kda_gate_lower_bound,
+                                            !w->g.p};
+            if (!w->g.p) gin = NULL; /* the fused core makes the output gate too */
+        } else if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
             lunar_cuda_kda_gate_proj_decode(g, w->g.p ? NULL : pre, y + 3 * HD, w->kfg.p, H, dk, w->fb.in, w->A_log,
                                             w->dt_bias, c->kda_gate_lower_bound, NULL);
             if (!w->g.p) gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
@@ -290,13 +297,13 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     const size_t sl = b->c->state_len;
     if (fused) {
         /* the output gate's pre-activation first: the fused core applies the gated norm */
-        const float *og = pre;
+        const float *og = gr.og ? NULL : pre;
         if (gin && w->g.p) og = gin;
         else if (gin) mm(pre, gin, &w->gb, n);
         void *S = f16 ? (void *)((uint16_t *)b->c->state + ki * sl) : (void *)((float *)b->c->state + ki * sl);
         lunar_cuda_kda_decode_fused(o, y, w->kin.out, beta_in, w->qc, b->c->conv + ki * b->c->conv_len,
-                                    b->kda_state_idx, g, og, w->o_norm, S, f16, b->kda_state_idx, 1, H, dk, K,
-                                    KDA_L2_EPS, c->rms_norm_eps, scale, NULL);
+                                    b->kda_state_idx, gr.w ? NULL : g, og, w->o_norm, S, f16, b->kda_state_idx, 1, H,
+                                    dk, K, KDA_L2_EPS, c->rms_norm_eps, scale, gr.w ? &gr : NULL, NULL);
     } else if (dec && f16)
         lunar_cuda_kda_recurrent_f16(o, q, k, v, g, beta, (uint16_t *)b->c->state + ki * sl, b->kda_state_idx, NULL,
                                      n, 1, H, dk, dk, scale, NULL);
@@ -720,7 +727,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_core_split);
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_decode);
     else
         mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */

@@ -81,9 +81,14 @@ struct lunar_cuda_model {
     lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
     lunar_cuda_event ev_x, ev_shared;
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
-    int kda_core_split;     /* LUNAR_KDA_DECODE=split (or fuse_off): the batch-1 KDA core as 3 launches */
+    /* the batch-1 KDA decode (kda_layer): the fused core with the gate projections (default), the
+     * fused core after the gate-projection launch (LUNAR_KDA_DECODE=nogate), or the three launches
+     * of session 4 (=split, or LUNAR_CUDA_FUSE=0) */
+    int kda_decode;
     struct lunar_cuda_graphs *graphs; /* the decode steps' CUDA graphs (forward_cuda.c "decode graphs") */
 };
+
+enum { KDA_DECODE_FUSED = 0, KDA_DECODE_NOGATE = 1, KDA_DECODE_SPLIT = 2 };
 
 /* decode steps plan for a longest context rounded up to a quarter of its power of two (>= 256):
  * at most 25 % of empty tiles for the MLA decode kernel (it skips them per row), four graphs per

@@ -182,15 +182,20 @@ extern "C" void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const flo
  * column 32 tile + l, the butterfly norm_kernel's warp `tile` makes) and the four partials meet
  * through distributed shared memory, added as block_sum_f32 adds 4 warps ((p0 + p2) + (p1 + p3)).
  * The conv state of q/k channel c is written by the tile that owns c / 32 after the cluster
- * barrier (all four tiles have read it by then); the v channels' by their own tile. */
+ * barrier (all four tiles have read it by then); the v channels' by their own tile.
+ * With gate rows (gw, lunar_cuda_kda_gate_proj_decode's work, in = 128 only): the block also makes
+ * its head's 128 forget gates and, gw->og, its tile's 32 output-gate pre-activations from
+ * [f_b; g_b]: a half-warp per row, lane l the l-th 16-byte load, the butterfly of
+ * kda_gate_proj_kernel (whose lanes 16..31 add zeros at in = 128): the same bits. 160 rows of 256
+ * bytes per block, f_b's rows read by the 4 tiles of a head (L2 after the first). */
 template <typename ST>
 __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128) kda_decode_fused_kernel(
     float *__restrict__ o, const float *__restrict__ x, int64_t xs, const float *__restrict__ beta_in,
     const float *__restrict__ cw, float *__restrict__ conv_pool, const int32_t *__restrict__ conv_slots,
     const float *__restrict__ g, const float *__restrict__ og, const uint16_t *__restrict__ onw,
     ST *__restrict__ S_pool, const int32_t *__restrict__ slots, int H, int K, float l2eps, float eps,
-    float scale) {
-    __shared__ float ks[RDK], qs[RDK], es[RDK], vs[RTILE], os[RTILE];
+    float scale, lunar_cuda_kda_gate_rows gw) {
+    __shared__ float ks[RDK], qs[RDK], es[RDK], vs[RTILE], os[RTILE], gs[RDK], ogs[RTILE];
     __shared__ float red_d[4][RTILE], red_o[4][RTILE], red[32];
     __shared__ float psum;
     pdl_enter();
@@ -205,6 +210,23 @@ __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128) kda_decode_fuse
     float4 st[8];
 #pragma unroll
     for (int r = 0; r < 8; r++) st[r] = load4(Sb + (size_t)(rg * 8 + r) * RDK + c0);
+
+    if (gw.w) { /* rows r < 128: forget gate r of head h; r >= 128: output gate column 32 tile + r - 128 */
+        const int hw = tid >> 4, hl = tid & 15, nr = gw.og ? RDK + RTILE : RDK;
+        const uint4 xf = gv_x8(gw.x, (size_t)0, hl, RDK), xg = gv_x8(gw.x + RDK, (size_t)0, hl, RDK);
+#pragma unroll 10
+        for (int r = hw; r < nr; r += 8) { /* the same count for both halves of a warp */
+            const int row = r < RDK ? h * RDK + r : HD + h * RDK + tile * RTILE + (r - RDK);
+            float acc = 0.f;
+            acc += gv_dot8(__ldcs((const uint4 *)(gw.w + (size_t)row * RDK) + hl), r < RDK ? xf : xg);
+            for (int m = 8; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+            if (hl == 0) {
+                if (r < RDK) gs[r] = kda_gate_value(acc, gw.A_log[h], gw.dt_bias[row], gw.lb);
+                else ogs[r - RDK] = acc;
+            }
+        }
+        __syncthreads();
+    }
 
     /* q, k channel h RDK + tid, v channel h RDK + 32 tile + tid (tid < 32): kda_conv_qkv_kernel's
      * expressions */
@@ -243,7 +265,7 @@ __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128) kda_decode_fuse
     ak = ak * (1.0f / sqrtf(ssk + l2eps));
     ks[tid] = ak;
     qs[tid] = aq * scale;
-    es[tid] = expf(g[(size_t)b * HD + cq]);
+    es[tid] = expf(gw.w ? gs[tid] : g[(size_t)b * HD + cq]);
     const float bt = 1.0f / (1.0f + expf(-beta_in[b * xs + h]));
     __syncthreads();
     const float4 vv = *reinterpret_cast<const float4 *>(&vs[cg * 4]);
@@ -268,7 +290,7 @@ __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128) kda_decode_fuse
         const int i = tile * RTILE + lane;
         float v = ov * inv;
         v *= bf16_bits_to_f32(onw[i]);
-        v *= 1.0f / (1.0f + expf(-og[(size_t)b * HD + h * RDK + i]));
+        v *= 1.0f / (1.0f + expf(-(gw.w && gw.og ? ogs[lane] : og[(size_t)b * HD + h * RDK + i])));
         o[(size_t)b * HD + h * RDK + i] = v;
         float *sv = cst + (size_t)(2 * HD + cv) * S;
         const float xv = xb[2 * HD + cv];
@@ -292,17 +314,26 @@ extern "C" void lunar_cuda_kda_decode_fused(float *o, const float *x, int64_t x_
                                             const float *conv_w, float *conv_pool, const int32_t *conv_slots,
                                             const float *g, const float *og, const uint16_t *o_norm, void *S_pool,
                                             int state_fp16, const int32_t *slots, int B, int H, int dk, int K,
-                                            float l2_eps, float eps, float scale, lunar_cuda_stream s) {
+                                            float l2_eps, float eps, float scale, const lunar_cuda_kda_gate_rows *gr,
+                                            lunar_cuda_stream s) {
     CUDA_REQUIRE(dk == RDK && K >= 1 && K <= CONV_MAX_K && H >= 1 && H <= 65535 && B <= 65535);
+    lunar_cuda_kda_gate_rows gw = {};
+    if (gr) { /* one sequence: the rows read one x */
+        CUDA_REQUIRE(B == 1 && gr->w && gr->x && gr->A_log && gr->dt_bias &&
+                     ((uintptr_t)gr->x | (uintptr_t)gr->w) % 16 == 0);
+        gw = *gr;
+    }
+    CUDA_REQUIRE(gw.w || g);
+    CUDA_REQUIRE((gw.w && gw.og) || og);
     if (B <= 0) return;
     const dim3 grid(RDK / RTILE, H, B);
     if (state_fp16)
         launch_pdl(kda_decode_fused_kernel<__half>, grid, dim3(128), 0, to_stream(s), o, x, x_stride, beta_in, conv_w,
                    conv_pool, conv_slots, g, og, o_norm, reinterpret_cast<__half *>(S_pool), slots, H, K, l2_eps, eps,
-                   scale);
+                   scale, gw);
     else
         launch_pdl(kda_decode_fused_kernel<float>, grid, dim3(128), 0, to_stream(s), o, x, x_stride, beta_in, conv_w,
                    conv_pool, conv_slots, g, og, o_norm, reinterpret_cast<float *>(S_pool), slots, H, K, l2_eps, eps,
-                   scale);
+                   scale, gw);
     CUDA_CHECK_LAUNCH();
 }
