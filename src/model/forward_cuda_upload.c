@@ -231,9 +231,10 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
     const char *kd = getenv("LUNAR_KDA_DECODE");
-    g->kda_decode = fuse_off || (kd && strcmp(kd, "split") == 0) ? KDA_DECODE_SPLIT
-                    : kd && strcmp(kd, "nogate") == 0                 ? KDA_DECODE_NOGATE
-                                                                      : KDA_DECODE_FUSED;
+    g->kda_decode = fuse_off || !kd                 ? KDA_DECODE_SPLIT
+                    : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
+                    : strcmp(kd, "nogate") == 0 ? KDA_DECODE_NOGATE
+                                                : KDA_DECODE_SPLIT;
     /* programmatic dependent launch: likewise off under real TP ranks (between NCCL's kernels it
      * is correct by the same wait-first rule, but no 2-GPU run has checked it); LUNAR_CUDA_PDL=1
      * turns it on there */

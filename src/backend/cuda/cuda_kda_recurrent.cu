@@ -212,16 +212,28 @@ __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128) kda_decode_fuse
     for (int r = 0; r < 8; r++) st[r] = load4(Sb + (size_t)(rg * 8 + r) * RDK + c0);
 
     if (gw.w) { /* rows r < 128: forget gate r of head h; r >= 128: output gate column 32 tile + r - 128 */
+        /* half-warp hw takes rows hw, hw + 8, ...: every load issued before the first product (the
+         * first device run looped load -> shuffles row by row: 20 dependent HBM round trips, 13 us
+         * per layer); r < nr is warp-uniform (hw < 8, so it depends on j and nr alone) */
+        constexpr int kRows = (RDK + RTILE) / 8;
         const int hw = tid >> 4, hl = tid & 15, nr = gw.og ? RDK + RTILE : RDK;
-        const uint4 xf = gv_x8(gw.x, (size_t)0, hl, RDK), xg = gv_x8(gw.x + RDK, (size_t)0, hl, RDK);
-#pragma unroll 10
-        for (int r = hw; r < nr; r += 8) { /* the same count for both halves of a warp */
+        uint4 wr[kRows];
+#pragma unroll
+        for (int j = 0; j < kRows; j++) {
+            const int r = hw + 8 * j;
             const int row = r < RDK ? h * RDK + r : HD + h * RDK + tile * RTILE + (r - RDK);
+            if (r < nr) wr[j] = __ldcs((const uint4 *)(gw.w + (size_t)row * RDK) + hl);
+        }
+        const uint4 xf = gv_x8(gw.x, (size_t)0, hl, RDK), xg = gv_x8(gw.x + RDK, (size_t)0, hl, RDK);
+#pragma unroll
+        for (int j = 0; j < kRows; j++) {
+            const int r = hw + 8 * j;
+            if (r >= nr) break;
             float acc = 0.f;
-            acc += gv_dot8(__ldcs((const uint4 *)(gw.w + (size_t)row * RDK) + hl), r < RDK ? xf : xg);
+            acc += gv_dot8(wr[j], r < RDK ? xf : xg);
             for (int m = 8; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
             if (hl == 0) {
-                if (r < RDK) gs[r] = kda_gate_value(acc, gw.A_log[h], gw.dt_bias[row], gw.lb);
+                if (r < RDK) gs[r] = kda_gate_value(acc, gw.A_log[h], gw.dt_bias[h * RDK + r], gw.lb);
                 else ogs[r - RDK] = acc;
             }
         }
