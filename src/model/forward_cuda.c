@@ -214,9 +214,10 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
      * launch for the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank
      * and gate inputs read in place: 10 launches fewer per layer */
     const int one = dec && n == 1 && w->kin.p;
-    /* and then the convolutions, the recurrence and the gated norm in one launch too
-     * (lunar_cuda_kda_decode_fused), the gate projections inside it where their input width is 128
-     * (mode: lunar_cuda_model.kda_decode, LUNAR_KDA_DECODE) */
+    /* opt-in (mode: lunar_cuda_model.kda_decode, LUNAR_KDA_DECODE=nogate|fused): the convolutions,
+     * the recurrence and the gated norm in one launch (lunar_cuda_kda_decode_fused), =fused the
+     * gate projections inside it too where their input width is 128. Correct (bit-equal) but not
+     * faster on the H200 under PDL: 40 / 60 nodes fewer, same / +0.13 ms (docs/benchmarks.md) */
     const int fused = one && mode != KDA_DECODE_SPLIT && dk == 128 && K <= 8;
     lunar_cuda_kda_gate_rows gr = {0};
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between

@@ -172,7 +172,9 @@ extern "C" void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const flo
 
 /* ---------------------------------------------------------------- the fused batch-1 decode core
  * Issue 9: one launch for what lunar_cuda_kda_conv_qkv_decode, lunar_cuda_kda_recurrent and
- * lunar_cuda_rmsnorm_gated did in three. Block (tile, h, b) as kda_recurrent_kernel (128 threads,
+ * lunar_cuda_rmsnorm_gated did in three. Opt-in (LUNAR_KDA_DECODE): on the H200 under PDL it ties
+ * with the three launches and is slower with the gate rows (docs/benchmarks.md, round 3): the
+ * serial chain in one block is as long as the three kernels were. Block (tile, h, b) as kda_recurrent_kernel (128 threads,
  * value columns 32 tile .. 32 tile + 31 of head h); the four tiles of a head form a thread-block
  * cluster. Prologue: thread t convolves q and k channel t of head h (every tile recomputes them:
  * 2 x 128 x K products) and L2-normalises them with block_sum_f32, the tree of the conv kernel's
@@ -214,7 +216,7 @@ __global__ void __cluster_dims__(4, 1, 1) __launch_bounds__(128) kda_decode_fuse
     if (gw.w) { /* rows r < 128: forget gate r of head h; r >= 128: output gate column 32 tile + r - 128 */
         /* half-warp hw takes rows hw, hw + 8, ...: every load issued before the first product (the
          * first device run looped load -> shuffles row by row: 20 dependent HBM round trips, 13 us
-         * per layer); r < nr is warp-uniform (hw < 8, so it depends on j and nr alone) */
+         * per layer; batched: 6.5 us, still slower than the separate 1024-block launch); r < nr is warp-uniform (hw < 8, so it depends on j and nr alone) */
         constexpr int kRows = (RDK + RTILE) / 8;
         const int hw = tid >> 4, hl = tid & 15, nr = gw.og ? RDK + RTILE : RDK;
         uint4 wr[kRows];
