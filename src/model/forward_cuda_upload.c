@@ -229,6 +229,11 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_off = fz && strcmp(fz, "0") == 0;
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
+    const char *kd = getenv("LUNAR_KDA_DECODE");
+    g->kda_decode = fuse_off || !kd                 ? KDA_DECODE_SPLIT
+                    : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
+                    : strcmp(kd, "nogate") == 0 ? KDA_DECODE_NOGATE
+                                                : KDA_DECODE_SPLIT;
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);

@@ -256,6 +256,30 @@ void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const float *k, cons
                                   const float *beta, uint16_t *S_pool, const int32_t *slots, uint16_t *S_steps,
                                   int B, int T, int H, int dk, int dv, float scale, lunar_cuda_stream s);
 
+/* The gate projections lunar_cuda_kda_decode_fused may make itself (one sequence, in = 128): w =
+ * [f_b; g_b] bf16 ([H dk, 128] each; f_b alone unless og), x fp32 [2 x 128] (f_a's then g_a's
+ * outputs, 16-byte aligned), A_log [H], dt_bias [H dk], lb the lower bound: g and og as
+ * lunar_cuda_kda_gate_proj_decode computes them (the same bits). */
+typedef struct lunar_cuda_kda_gate_rows {
+    const uint16_t *w;
+    const float *x, *A_log, *dt_bias;
+    float lb;
+    int og;
+} lunar_cuda_kda_gate_rows;
+
+/* KDA decode core of one token per sequence, one launch (issue 9): what
+ * lunar_cuda_kda_conv_qkv_decode (x, beta_in, x_stride, conv_w = [3 H dk, K], conv_pool with
+ * conv_slots, l2_eps), lunar_cuda_kda_recurrent (g [B, H dk] the activated forget gate, S_pool with
+ * slots, fp32 or, state_fp16, halves; scale) and lunar_cuda_rmsnorm_gated (og [B, H dk] the output
+ * gate's pre-activation, o_norm bf16 [dk], eps) compute in turn, with the same bits: o [B, H dk]
+ * is the gated-normed output. dk = dv = 128 (a cluster of the 4 value tiles of a head), K <= 8.
+ * gr non-NULL (B = 1): g, and og where gr->og, are made from gr (then g, og may be NULL). */
+void lunar_cuda_kda_decode_fused(float *o, const float *x, int64_t x_stride, const float *beta_in,
+                                 const float *conv_w, float *conv_pool, const int32_t *conv_slots, const float *g,
+                                 const float *og, const uint16_t *o_norm, void *S_pool, int state_fp16,
+                                 const int32_t *slots, int B, int H, int dk, int K, float l2_eps, float eps,
+                                 float scale, const lunar_cuda_kda_gate_rows *gr, lunar_cuda_stream s);
+
 /* ---------------------------------------------------------------- MLA (cuda_mla.cu) */
 
 /* Storage of the paged MLA latent cache: bf16, or FP8 e4m3 with one per-tensor scale. */
