@@ -1065,13 +1065,17 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
         // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
         // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
-        // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2).
+        // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2), =ws the warp-specialised
+        // wgmma kernel (path 6, cuda_moe_ws.cu), =wg path 4.
         static int pre = -1;
-        if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "old") ? 2 : 4;
+        if (pre < 0) {
+            const char *e = getenv("LUNAR_MOE_PREFILL");
+            pre = e && !strcmp(e, "old") ? 2 : e && !strcmp(e, "ws") ? 6 : 4;
+        }
         path = n > 64 ? pre : fused ? 3 : 1;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    CUDA_REQUIRE(path >= 1 && path <= 5 && (path == 2 || path >= 4 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 6 && (path == 2 || path >= 4 || n <= 64));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1099,6 +1103,8 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
+    } else if (path == 6 && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), st)) {
+        // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if (path >= 4) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
