@@ -14,9 +14,10 @@
 // router weight in the epilogue), walked by a persistent grid of one 384-thread block per SM (block
 // b takes items b, b + grid, ...); K in 64-column chunks (one 128-byte swizzle atom per row).
 //
-// Warpgroup 0, the producer (setmaxnreg down to 40 registers, 72 for MXFP4), walks the block's
-// chunks in order; chunk q goes to stage q % ST (A 128 x 64 bf16 + B 256 x 64 bf16, both in the
-// 128-byte-swizzled K-major layout wgmma reads). It waits for the stage's `empty` barrier (the
+// Warpgroup 0, the producer (setmaxnreg down to 72 registers, the consumers up to 216: 128 x 72 +
+// 256 x 216 = the 384 x 168 the block starts with; a consumer needs 128 accumulators + ~30), walks
+// the block's chunks in order; chunk q goes to stage q % ST (A 128 x 64 bf16 + B 256 x 64 bf16,
+// both in the 128-byte-swizzled K-major layout wgmma reads). It waits for the stage's `empty` barrier (the
 // consumers' release of chunk q - ST), then
 //  - BF16 weights: thread 0 arms `full` with the 32 KB of B and issues two bulk tensor copies (TMA,
 //    128 weight rows x 64 columns each, the tensor map's 128-byte swizzle); every producer thread
@@ -147,8 +148,7 @@ __global__ void __launch_bounds__(WS_T, 1)
 
     if (tid < 128) {
         // ---------------------------------------------------------------- producer
-        if (MX) asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-        else asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
         const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 16 i, 16-byte chunk a_ch
         const size_t estr = (size_t)a.R * a.K;
         const uint16_t *xsrc[8];
@@ -247,8 +247,7 @@ __global__ void __launch_bounds__(WS_T, 1)
         cp_wait<0>();  // nothing of this thread's is left in flight when it leaves
     } else {
         // ---------------------------------------------------------------- consumers
-        if (MX) asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-        else asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
         const int ct = tid - 128, wg = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3;
         const int g = lane >> 2, c = lane & 3;
         float acc[NACC];
