@@ -14,6 +14,8 @@ nvidia-smi -L >> $T
 step "op tests: cuda_moe (paths 1-6 vs the CPU ops)"
 LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 75 $P/bin/lunar_tests cuda_moe_ > $OUT/t_moe.log 2>&1; echo "rc=$?" >> $T
 grep -E ' ws |FAILED|passed, |CHECK' $OUT/t_moe.log | cut -c1-200 | tail -60 >> $T
+# a hung kernel (a barrier protocol error) would hang every later step too
+if grep -q 'rc=124' $T; then step "op tests timed out: stopping"; tail -5 $OUT/t_moe.log >> $T; cat $T; exit 1; fi
 step "prefill benchmark (LUNAR_MOE_BENCH=prefill)"
 LUNAR_MOE_BENCH=prefill timeout 60 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
 grep -E '^\||Measured' $OUT/bench.log >> $T
