@@ -46,6 +46,7 @@
 // barrier's completion); MXFP4's producer threads fence before their own arrive.
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_moe.cuh"
@@ -122,7 +123,7 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 template <bool MX, bool GATEUP>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
-                  const __grid_constant__ CUtensorMap tm1) {
+                  const __grid_constant__ CUtensorMap tm1, int probe) {
     typedef ws_cfg C;
     constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile
     constexpr int NACC = WS_BN / 2;                 // accumulators per consumer thread
@@ -171,6 +172,11 @@ __global__ void __launch_bounds__(WS_T, 1)
                 }
             }
             if (q >= WS_ST) ws_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
+            if (probe == 2) {  // timing probe: no copies, the stage is declared full as it is
+                ws_arrive(full + 8 * s);
+                if (MX) cp_commit();
+                return;
+            }
             if (!MX && tid == 0) {
                 ws_arrive_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0;
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                 else cp_commit();  // empty groups keep the wait_group count fixed
                 if (q >= WS_P) {
                     cp_wait<WS_P>();
-                    widen(q - WS_P);
+                    if (probe != 2) widen(q - WS_P);
                 }
             }
         } else {
@@ -262,7 +268,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             for (int j = 0; j < J; j++, q++) {
                 const int s = q % WS_ST;
                 ws_wait(full + 8 * s, (q / WS_ST) & 1);
-                if (c_on) {
+                if (c_on && probe != 1) {  // probe 1: no products (times the copies alone)
                     if (!MX) fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
                     const uint32_t aT = sA + s * C::A_BYTES + wg * 64 * 128, bT = sB + s * C::B_BYTES;
                     wgmma_fence();
@@ -363,7 +369,11 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     const long items = (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN));
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
-    moe_ws_kernel<MX, GATEUP><<<grid, WS_T, smem, st>>>(a, t0, t1);
+    // timing probes for the benchmark (results are garbage): LUNAR_MOE_WS_PROBE=copies skips the
+    // products, =mma the copies (and the widening); read at every launch so one process can switch
+    const char *pe = getenv("LUNAR_MOE_WS_PROBE");
+    const int probe = pe && !strcmp(pe, "copies") ? 1 : pe && !strcmp(pe, "mma") ? 2 : 0;
+    moe_ws_kernel<MX, GATEUP><<<grid, WS_T, smem, st>>>(a, t0, t1, probe);
     CUDA_CHECK_LAUNCH();
     return true;
 }
