@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 6; path++) {
+    for (int path = 1; path <= 7; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -363,7 +363,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
-        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws"};
+        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -383,7 +383,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
 }
 
 /* paths: bit p - 1 runs path p (1 decode pair, 2 grouped GEMM, 3 the fused decode kernel, 4 the
- * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel). The
+ * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel, 7
+ * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
@@ -416,12 +417,15 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG);
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG);
-    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG); /* ~300 rows per expert, 288 gate/up items */
-    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
-    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    /* path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
+     * tiles (n = 131 overloaded: a full pair + a pair of 3 rows and none), empty experts (mode 1) */
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64);
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64); /* ~300 rows per expert, 288 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64);  /* 300 rows on 2 experts: 3 tiles each */
 }
 
 /* ---------------------------------------------------------------- the latent routed path */
@@ -620,10 +624,10 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    static const int paths[] = {2, 4, 6};
-    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)"};
+    static const int paths[] = {2, 4, 6, 7};
+    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws cluster (7)"};
     float *ref = NULL;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (mx ? 3 : 4); i++) { /* path 7 clusters BF16 weights only */
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
@@ -639,13 +643,14 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
     /* where path 6's time goes (cuda_moe_ws.cu's timing probes; their outputs are garbage): the
      * copies (and widening) with no products, the products on whatever the stages hold */
     static const char *probe[] = {"copies", "mma"};
-    for (int i = 0; i < 2; i++) {
-        setenv("LUNAR_MOE_WS_PROBE", probe[i], 1);
-        float ms = time_experts(ybuf, hbuf, z, &w, &r, 6, 5, NULL, 0);
-        printf("| prefill %-24s %-5s | ws probe: %-6s | %5d | %8.2f | %6.1f | %5.0f %% | (timing only) | |\n", label,
-               mx ? "mxfp4" : "bf16", probe[i], n, ms, flops / (ms * 1e-3) / 1e12,
-               100.0 * flops / (ms * 1e-3) / g_dense_peak);
-    }
+    for (int pp = 6; pp <= (mx ? 6 : 7); pp++)
+        for (int i = 0; i < 2; i++) {
+            setenv("LUNAR_MOE_WS_PROBE", probe[i], 1);
+            float ms = time_experts(ybuf, hbuf, z, &w, &r, pp, 5, NULL, 0);
+            printf("| prefill %-24s %-5s | (%d) probe: %-6s | %5d | %8.2f | %6.1f | %5.0f %% | (timing only) | |\n",
+                   label, mx ? "mxfp4" : "bf16", pp, probe[i], n, ms, flops / (ms * 1e-3) / 1e12,
+                   100.0 * flops / (ms * 1e-3) / g_dense_peak);
+        }
     unsetenv("LUNAR_MOE_WS_PROBE");
     free(ref);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);

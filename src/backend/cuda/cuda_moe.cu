@@ -1068,16 +1068,22 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // H200 at 8192 tokens, path 6 is 8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
         // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
         // docs/benchmarks.md "MoE prefill, warp-specialised"). LUNAR_MOE_PREFILL=ws / wg / old
-        // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds.
+        // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
+        // clusters of 2 sharing the BF16 weight tiles; opt-in until measured).
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
-            pre = !e ? 0 : !strcmp(e, "old") ? 2 : !strcmp(e, "ws") ? 6 : !strcmp(e, "wg") ? 4 : 0;
+            pre = !e                   ? 0
+                  : !strcmp(e, "old") ? 2
+                  : !strcmp(e, "ws")  ? 6
+                  : !strcmp(e, "wsc") ? 7
+                  : !strcmp(e, "wg")  ? 4
+                                      : 0;
         }
         path = n > 64 ? (pre ? pre : w->mxfp4 ? 4 : 6) : fused ? 3 : 1;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    CUDA_REQUIRE(path >= 1 && path <= 6 && (path == 2 || path >= 4 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 7 && (path == 2 || path >= 4 || n <= 64));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1105,7 +1111,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
-    } else if (path == 6 && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), st)) {
+    } else if (path >= 6 && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 7, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if (path >= 4) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);

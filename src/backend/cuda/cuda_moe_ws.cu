@@ -114,16 +114,52 @@ __device__ __forceinline__ uint32_t ws_lds32(uint32_t a) {
 __device__ __forceinline__ void ws_sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
     asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
+// the same copy into the same offset of both blocks of a 2-block cluster, completing on each
+// block's mbarrier at the same offset
+__device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *tm, int col, int row, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(tm)), "r"(col), "r"(row), "r"(bar), "h"((uint16_t)3)
+        : "memory");
+}
+// an arrival on the mbarrier at the same offset in the other block of the cluster
+__device__ __forceinline__ void ws_arrive_peer(uint32_t bar, uint32_t peer) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(peer)
+                 : "memory");
+}
+__device__ __forceinline__ void ws_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t ws_cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
 // K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as cuda_moe_wg.cu's wg_desc)
 __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
            ((uint64_t)1 << 62);
 }
 
-template <bool MX, bool GATEUP>
+// CL (path 7, BF16 only): blocks run in clusters of 2 that take the two M tiles 2k, 2k + 1 of one
+// expert (an item = pair of tiles x N tile) and share the B tile: block rank r copies half r (w1 /
+// w3 rows for GATEUP, rows 128 r .. of the 256 for DOWN) by TMA multicast into both blocks' stage,
+// so each weight byte leaves L2 once per pair instead of once per tile (the 128 x 256 tile alone
+// needs ~10 TB/s of L2 reads at the dense peak). The pairs are counted per expert (ceil(tiles / 2))
+// into a prefix array in shared memory at the start; the second tile of an odd expert has no rows
+// (its block copies its half of B and multiplies nothing). Each consumer warp releases a stage in
+// both blocks (`empty` counts 16), so neither producer refills a stage the other block still reads;
+// the blocks leave together (a cluster barrier), since the other block's copies and arrivals target
+// this one's shared memory.
+template <bool MX, bool GATEUP, bool CL>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1, int probe) {
+    static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
     typedef ws_cfg C;
     constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile
     constexpr int NACC = WS_BN / 2;                 // accumulators per consumer thread
@@ -131,21 +167,68 @@ __global__ void __launch_bounds__(WS_T, 1)
     const uint32_t sA = (smem_u32(ws_smem) + 1023u) & ~1023u;
     const uint32_t sB = sA + WS_ST * C::A_BYTES, sR = sB + WS_ST * C::B_BYTES, sS = sR + WS_RS * C::RAW_BYTES;
     const uint32_t full = (MX ? sS + WS_RS * C::SCW_BYTES : sR), empty = full + WS_ST * 8;
+    int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs before expert e
 
     const int NN = a.R / NH, J = a.K / WS_BK;
-    const int total = a.counts[a.E + 1] * NN, G = gridDim.x, b = blockIdx.x;
-    if (b >= total) return;  // block-uniform, before any barrier
-    const int items = (total - 1 - b) / G + 1, Q = items * J;
     const int tid = threadIdx.x;
+    const uint32_t rank = CL ? ws_cluster_rank() : 0;
+    if (CL) {
+        for (int e = tid; e < a.E; e += WS_T) {
+            const int t = (a.offsets[e + 1] - a.offsets[e] + WS_BM - 1) / WS_BM;
+            pfx[e + 1] = (t + 1) / 2;
+        }
+        __syncthreads();
+        if (tid < 32) {  // exclusive scan: lane l sums a run of experts, then a warp scan of the runs
+            const int per = (a.E + 31) / 32, e0 = tid * per, e1 = min(a.E, e0 + per);
+            int sum = 0;
+            for (int e = e0; e < e1; e++) sum += pfx[e + 1];
+            int inc = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, inc, o);
+                if (tid >= o) inc += v;
+            }
+            int run = inc - sum;
+            if (tid == 0) pfx[0] = 0;
+            for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
+        }
+        __syncthreads();
+    }
+    // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones
+    const int total = (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
+    const int G = CL ? gridDim.x / 2 : gridDim.x, b = CL ? blockIdx.x / 2 : blockIdx.x;
+    if (b >= total) return;  // block- (CL: cluster-) uniform, before any barrier
+    const int items = (total - 1 - b) / G + 1, Q = items * J;
+    // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
+        const int w = b + li * G;
+        if (CL) {
+            const int pr = w / NN;
+            int lo = 0, hi = a.E - 1;  // the last expert whose pairs start at or before pr
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (pfx[mid] <= pr) lo = mid;
+                else hi = mid - 1;
+            }
+            e = lo, rend = a.offsets[e + 1];
+            r0 = a.offsets[e] + (pr - pfx[e]) * 2 * WS_BM + (int)rank * WS_BM;
+            n0 = (w - pr * NN) * NH;
+        } else {
+            const int ti = w / NN;
+            e = a.tiles[2 * ti], r0 = a.tiles[2 * ti + 1], rend = a.offsets[e + 1];
+            n0 = (w - ti * NN) * NH;
+        }
+    };
     if (tid == 0) {
         for (int s = 0; s < WS_ST; s++) {
             ws_bar_init(full + 8 * s, MX ? 128 : 129);
-            ws_bar_init(empty + 8 * s, 8);
+            ws_bar_init(empty + 8 * s, CL ? 16 : 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_async_smem();
     }
-    __syncthreads();
+    if (CL) ws_cluster_sync();  // both blocks' barriers exist before either copies or arrives
+    else __syncthreads();
 
     if (tid < 128) {
         // ---------------------------------------------------------------- producer
@@ -158,9 +241,8 @@ __global__ void __launch_bounds__(WS_T, 1)
         auto issue = [&](int q) {
             const int li = q / J, j = q - li * J, s = q % WS_ST;
             if (j == 0) {
-                const int w = b + li * G, ti = w / NN;
-                const int r0 = a.tiles[2 * ti + 1], rend = a.offsets[a.tiles[2 * ti] + 1];
-                e = a.tiles[2 * ti], n0 = (w - ti * NN) * NH;
+                int r0, rend;
+                item(li, e, r0, rend, n0);
                 xok = 0;
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
@@ -174,10 +256,16 @@ __global__ void __launch_bounds__(WS_T, 1)
             if (q >= WS_ST) ws_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
             if (probe == 2) {  // timing probe: no copies, the stage is declared full as it is
                 ws_arrive(full + 8 * s);
+                if (!MX && tid == 0) ws_arrive(full + 8 * s);  // (the arrival that expects B's bytes)
                 if (MX) cp_commit();
                 return;
             }
-            if (!MX && tid == 0) {
+            if (CL && tid == 0) {  // this block's half of B, into both blocks
+                ws_arrive_tx(full + 8 * s, C::B_BYTES);
+                const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
+                ws_tma_mc(sB + s * C::B_BYTES + rank * (C::B_BYTES / 2), rank ? &tm1 : &tm0, j * WS_BK, row,
+                          full + 8 * s);
+            } else if (!MX && tid == 0) {
                 ws_arrive_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0;
                 ws_tma(sB + s * C::B_BYTES, &tm0, j * WS_BK, row, full + 8 * s);
@@ -261,9 +349,9 @@ __global__ void __launch_bounds__(WS_T, 1)
         for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
         int pend = -1;  // the chunk whose stage this warp has not released yet
         for (int li = 0, q = 0; li < items; li++) {
-            const int w = b + li * G, ti = w / NN;
-            const int c_r0 = a.tiles[2 * ti + 1] + wg * 64, c_rend = a.offsets[a.tiles[2 * ti] + 1];
-            const int c_n0 = (w - ti * NN) * NH;
+            int e_, c_r0, c_rend, c_n0;
+            item(li, e_, c_r0, c_rend, c_n0);
+            c_r0 += wg * 64;
             const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
             for (int j = 0; j < J; j++, q++) {
                 const int s = q % WS_ST;
@@ -282,14 +370,20 @@ __global__ void __launch_bounds__(WS_T, 1)
                 wgmma_wait<1>();  // chunk q - 1's products are done: its stage may be refilled
                 if (pend >= 0) {
                     __syncwarp();
-                    if (lane == 0) ws_arrive(empty + 8 * (pend % WS_ST));
+                    if (lane == 0) {
+                        ws_arrive(empty + 8 * (pend % WS_ST));
+                        if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+                    }
                 }
                 pend = q;
             }
             wgmma_wait<0>();
             fence_acc<NACC>(acc);
             __syncwarp();
-            if (lane == 0) ws_arrive(empty + 8 * (pend % WS_ST));
+            if (lane == 0) {
+                ws_arrive(empty + 8 * (pend % WS_ST));
+                if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+            }
             pend = -1;
             if (c_on) {
                 // accumulator i: row 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1)
@@ -315,6 +409,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             }
         }
     }
+    if (CL) ws_cluster_sync();  // the other block's last copies / arrivals into this one have landed
 }
 
 // ---------------------------------------------------------------- launchers
@@ -344,7 +439,7 @@ static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
 }
 
 #define WS_MAX_DEV 64
-template <bool MX, bool GATEUP>
+template <bool MX, bool GATEUP, bool CL>
 static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUtensorMap t0, t1;
     memset(&t0, 0, sizeof t0), memset(&t1, 0, sizeof t1);
@@ -354,33 +449,50 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
         if (!GATEUP) t1 = t0;  // DOWN: the second 128 rows of the same matrix
         else if (!ws_tmap(&t1, a.wb[1], rows, a.K)) return false;
     }
-    const size_t smem = ws_cfg::smem(MX);
+    // CL: + the pair prefix array; sized for the largest expert count once (the attribute is set once)
+    CUDA_REQUIRE(!CL || a.E <= 1024);
+    const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0);
     static bool attr[WS_MAX_DEV];
-    static int sms[WS_MAX_DEV];
+    static int sms[WS_MAX_DEV];  // blocks that run at once: SMs, or CL: 2 x the clusters that fit
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_REQUIRE(dev >= 0 && dev < WS_MAX_DEV);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute cl[1];
+    cl[0].id = cudaLaunchAttributeClusterDimension;
+    cl[0].val.clusterDim.x = 2, cl[0].val.clusterDim.y = 1, cl[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(WS_T), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = cl, cfg.numAttrs = CL ? 1 : 0;
     if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
+        if (CL) {
+            int nc = 0;
+            cfg.gridDim = dim3(2 * sms[dev]);
+            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL>, &cfg));
+            if (nc <= 0) return false;  // (attr stays unset: asked again, refused again)
+            sms[dev] = 2 * nc;
+        }
         attr[dev] = true;
     }
-    const long items = (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN));
+    // an upper bound of the items (CL: of the pairs of tiles x N tiles); blocks without one leave
+    const long items = (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN)) * (CL ? 2 : 1);
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
     // timing probes for the benchmark (results are garbage): LUNAR_MOE_WS_PROBE=copies skips the
     // products, =mma the copies (and the widening); read at every launch so one process can switch
     const char *pe = getenv("LUNAR_MOE_WS_PROBE");
     const int probe = pe && !strcmp(pe, "copies") ? 1 : pe && !strcmp(pe, "mma") ? 2 : 0;
-    moe_ws_kernel<MX, GATEUP><<<grid, WS_T, smem, st>>>(a, t0, t1, probe);
-    CUDA_CHECK_LAUNCH();
+    cfg.gridDim = dim3(grid);
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL>, a, t0, t1, probe));
     return true;
 }
 
-bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, cudaStream_t st) {
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool cluster, cudaStream_t st) {
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
     if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;
-    if (mx) return ws_launch<true, true>(g, tiles, st) && ws_launch<true, false>(d, tiles, st);
-    return ws_launch<false, true>(g, tiles, st) && ws_launch<false, false>(d, tiles, st);
+    if (mx) return ws_launch<true, true, false>(g, tiles, st) && ws_launch<true, false, false>(d, tiles, st);
+    if (cluster) return ws_launch<false, true, true>(g, tiles, st) && ws_launch<false, false, true>(d, tiles, st);
+    return ws_launch<false, true, false>(g, tiles, st) && ws_launch<false, false, false>(d, tiles, st);
 }
