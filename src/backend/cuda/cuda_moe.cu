@@ -1065,11 +1065,11 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel (path 6,
         // cuda_moe_ws.cu), MXFP4 experts the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the
-        // H200 at 8192 tokens, path 6 is 8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
+        // H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
         // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
         // docs/benchmarks.md "MoE prefill, warp-specialised"). LUNAR_MOE_PREFILL=ws / wg / old
         // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
-        // clusters of 2 sharing the BF16 weight tiles; opt-in until measured).
+        // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in).
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");

@@ -15,10 +15,12 @@
 // b takes items b, b + grid, ...); K in 64-column chunks (one 128-byte swizzle atom per row).
 //
 // Warpgroup 0, the producer (setmaxnreg down to 72 registers, the consumers up to 216: 128 x 72 +
-// 256 x 216 = the 384 x 168 the block starts with; a consumer needs 128 accumulators + ~30), walks
-// the block's chunks in order; chunk q goes to stage q % ST (A 128 x 64 bf16 + B 256 x 64 bf16,
-// both in the 128-byte-swizzled K-major layout wgmma reads). It waits for the stage's `empty` barrier (the
-// consumers' release of chunk q - ST), then
+// 256 x 216 = the 384 x 168 the block starts with; ptxas still compiles every role within the 168 of
+// __launch_bounds__, so this only hands the producer's unused registers over; a 512-thread variant
+// with two producer warpgroups cannot be built: m64n256k16 needs >= 154 registers and ptxas caps
+// the whole kernel at 128), walks the block's chunks in order; chunk q goes to stage q % ST (A
+// 128 x 64 bf16 + B 256 x 64 bf16, both in the 128-byte-swizzled K-major layout wgmma reads). It
+// waits for the stage's `empty` barrier (the consumers' release of chunk q - ST), then
 //  - BF16 weights: thread 0 arms `full` with the 32 KB of B and issues two bulk tensor copies (TMA,
 //    128 weight rows x 64 columns each, the tensor map's 128-byte swizzle); every producer thread
 //    copies its 8 16-byte pieces of A with cp.async (gathered through row_token for GATEUP; rows
@@ -44,6 +46,13 @@
 // The cp.async data of A reaches the wgmma (async proxy) through the mbarrier: BF16's consumers
 // fence the async proxy after their wait (the writes are another thread's, published by the
 // barrier's completion); MXFP4's producer threads fence before their own arrive.
+//
+// Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, warp-specialised"): Kimi-Linear's
+// BF16 shape 2.72-2.84 ms (path 4: 2.95-2.98), 38 % of the measured dense peak, so BF16 prefill runs
+// here by default; K3.1's MXFP4 shapes 20 % slower than path 4 (one warpgroup widening alone: the
+// copies-only probe takes 46 of the 51 ms), so MXFP4 stays on path 4. The probes show the BF16 time
+// is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
+// consumer side (short M tiles, the epilogue outside the MMA stream, per-chunk waits) is the limit.
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -154,7 +163,9 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 // (its block copies its half of B and multiplies nothing). Each consumer warp releases a stage in
 // both blocks (`empty` counts 16), so neither producer refills a stage the other block still reads;
 // the blocks leave together (a cluster barrier), since the other block's copies and arrivals target
-// this one's shared memory.
+// this one's shared memory. Measured correct but slower (Kimi-Linear 3.74 ms vs path 6's 2.84): an
+// expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
+// run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
 template <bool MX, bool GATEUP, bool CL>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,

@@ -437,7 +437,8 @@ typedef struct lunar_cuda_moe_experts {
  * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
  * falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu), 5 the same with 128-row weight
  * tiles throughout (4 uses 256 where R allows), 6 the warp-specialised wgmma grouped GEMM
- * (cuda_moe_ws.cu: a producer warpgroup, TMA for BF16 weights; shapes it does not take run 4).
+ * (cuda_moe_ws.cu: a producer warpgroup, TMA for BF16 weights; shapes it does not take run 4), 7
+ * the same in clusters of 2 blocks sharing BF16 weight tiles by TMA multicast (MXFP4: path 6).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
