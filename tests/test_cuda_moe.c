@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 5; path++) {
+    for (int path = 1; path <= 7; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -363,7 +363,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
-        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128"};
+        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -383,7 +383,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
 }
 
 /* paths: bit p - 1 runs path p (1 decode pair, 2 grouped GEMM, 3 the fused decode kernel, 4 the
- * wgmma grouped GEMM, 5 the same with 128-row weight tiles). The
+ * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel, 7
+ * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
@@ -393,8 +394,11 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * expert's end skips its products), K of 2 chunks (fewer than its copy stages: the prefetch runs
  * into the next items) to 18, 128- and 256-row weight tiles (D = 128 and 384 fall back to 128 in
  * the down GEMM), and more items than blocks (every block walks several, its copies crossing
- * items). */
-#define WG (8 | 16)
+ * items). Path 6 takes D % 256 == 0 only (D = 128 and 384 run path 4 there): its ring of 4 stages
+ * wraps many times per item at K = 1024 / 1152 (16-18 chunks) and runs across items at K = 128
+ * (2 chunks), its consumer warpgroup 2 idles on tiles of <= 64 rows (n = 1, 5, 13, 130 on 4
+ * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
+#define WG (8 | 16 | 32)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
@@ -408,14 +412,20 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */
     experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG); /* ~200 rows per expert, 192 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG);
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG);
-    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG); /* ~300 rows per expert, 288 gate/up items */
+    /* path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
+     * tiles (n = 131 overloaded: a full pair + a pair of 3 rows and none), empty experts (mode 1) */
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64);
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64); /* ~300 rows per expert, 288 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64);  /* 300 rows on 2 experts: 3 tiles each */
 }
 
 /* ---------------------------------------------------------------- the latent routed path */
@@ -565,7 +575,7 @@ static void bench_shape(int E, int k, int D, int I, const char *label, void *flu
 }
 
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
- * (2 mma.sync, 4 wgmma, 5 wgmma with 128-row weight tiles), median of 5, and each wgmma path's
+ * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma), median of 5, and each wgmma path's
  * combined output against path 2's (max rel err: the same products summed in another order). */
 static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char *label) {
     size_t mark = lunar_cuda_mark();
@@ -614,10 +624,10 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    static const int paths[] = {2, 4, 5};
-    static const char *pn[] = {"mma.sync (old)", "wgmma", "wgmma BN128"};
+    static const int paths[] = {2, 4, 6, 7};
+    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws cluster (7)"};
     float *ref = NULL;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (mx ? 3 : 4); i++) { /* path 7 clusters BF16 weights only */
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
@@ -630,6 +640,18 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
         if (ref) free(y);
         else ref = y;
     }
+    /* where path 6's time goes (cuda_moe_ws.cu's timing probes; their outputs are garbage): the
+     * copies (and widening) with no products, the products on whatever the stages hold */
+    static const char *probe[] = {"copies", "mma"};
+    for (int pp = 6; pp <= (mx ? 6 : 7); pp++)
+        for (int i = 0; i < 2; i++) {
+            setenv("LUNAR_MOE_WS_PROBE", probe[i], 1);
+            float ms = time_experts(ybuf, hbuf, z, &w, &r, pp, 5, NULL, 0);
+            printf("| prefill %-24s %-5s | (%d) probe: %-6s | %5d | %8.2f | %6.1f | %5.0f %% | (timing only) | |\n",
+                   label, mx ? "mxfp4" : "bf16", pp, probe[i], n, ms, flops / (ms * 1e-3) / 1e12,
+                   100.0 * flops / (ms * 1e-3) / g_dense_peak);
+        }
+    unsetenv("LUNAR_MOE_WS_PROBE");
     free(ref);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     lunar_cuda_release(mark);

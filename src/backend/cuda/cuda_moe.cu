@@ -825,8 +825,8 @@ static void fused_launch(const xargs &g, const xargs &d, const lunar_cuda_moe_ro
 }
 
 // ---------------------------------------------------------------- grouped GEMM (prefill)
-// The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the wgmma one of
-// cuda_moe_wg.cu, path 4, is the default).
+// The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the defaults are
+// the wgmma kernels: cuda_moe_ws.cu's path 6 for BF16 experts, cuda_moe_wg.cu's path 4 for MXFP4).
 // CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
 // (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
 // 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
@@ -1063,15 +1063,27 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // selects it for further measurement.
         static int fused = -1;
         if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
-        // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
-        // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
-        // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2).
-        static int pre = -1;
-        if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "old") ? 2 : 4;
-        path = n > 64 ? pre : fused ? 3 : 1;
+        // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel (path 6,
+        // cuda_moe_ws.cu), MXFP4 experts the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the
+        // H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
+        // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
+        // docs/benchmarks.md "MoE prefill, warp-specialised"). LUNAR_MOE_PREFILL=ws / wg / old
+        // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
+        // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in).
+        static int pre = -1;  // 0: by weight kind
+        if (pre < 0) {
+            const char *e = getenv("LUNAR_MOE_PREFILL");
+            pre = !e                   ? 0
+                  : !strcmp(e, "old") ? 2
+                  : !strcmp(e, "ws")  ? 6
+                  : !strcmp(e, "wsc") ? 7
+                  : !strcmp(e, "wg")  ? 4
+                                      : 0;
+        }
+        path = n > 64 ? (pre ? pre : w->mxfp4 ? 4 : 6) : fused ? 3 : 1;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    CUDA_REQUIRE(path >= 1 && path <= 5 && (path == 2 || path >= 4 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 7 && (path == 2 || path >= 4 || n <= 64));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1099,6 +1111,8 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
+    } else if (path >= 6 && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 7, st)) {
+        // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if (path >= 4) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {

@@ -92,5 +92,9 @@ struct xargs {
 // permutation (tiles = an upper bound of its length). narrow: 128-row weight tiles everywhere
 // (else 256 where R allows it).
 void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st);
+// The warp-specialised one (cuda_moe_ws.cu, path 6; cluster: path 7, pairs of blocks sharing the
+// BF16 weight tiles, MXFP4 runs path 6): false when the shapes do not fit it (gate/up R % 128, down
+// R % 256, K % 64), a weight tensor map was refused or no cluster fits; the caller runs path 4 then.
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool cluster, cudaStream_t st);
 
 #endif

@@ -456,11 +456,13 @@ typedef struct lunar_cuda_moe_experts {
  * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
  * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, or the fused decode kernel
- * when LUNAR_MOE_DECODE=fused; above, the wgmma grouped GEMM, or the mma.sync one when
- * LUNAR_MOE_PREFILL=old), 1 the decode kernel pair (n <= 64), 2 the mma.sync grouped
+ * when LUNAR_MOE_DECODE=fused; above, path 6 for BF16 experts and path 4 for MXFP4, or for both
+ * path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old / wg / ws), 1 the decode kernel pair (n <= 64), 2 the mma.sync grouped
  * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
  * falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu), 5 the same with 128-row weight
- * tiles throughout (4 uses 256 where R allows).
+ * tiles throughout (4 uses 256 where R allows), 6 the warp-specialised wgmma grouped GEMM
+ * (cuda_moe_ws.cu: a producer warpgroup, TMA for BF16 weights; shapes it does not take run 4), 7
+ * the same in clusters of 2 blocks sharing BF16 weight tiles by TMA multicast (MXFP4: path 6).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
