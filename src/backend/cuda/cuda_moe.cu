@@ -24,8 +24,6 @@
 #include "backend/cuda/cuda_moe.cuh"
 
 
-// Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
-#define DEC_G 8
 __host__ __device__ static int max_groups(int n, int k, int E) {
     int rows = n * k;
     return (rows + DEC_G - 1) / DEC_G + (E < rows ? E : rows);
@@ -303,18 +301,6 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // ---------------------------------------------------------------- decode kernel
 
 #define DEC_STAGES 4
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // grid (row groups, active-expert slots); block 128 = 4 warps = RT row tiles (of 16 weight rows)
 // x S k-splits (RT * S = 4). Each warp streams its rows' bytes once: per chunk of 128 columns a
 // lane reads one 16-byte block of each of its 2 rows (per matrix) plus the scale byte, the next
@@ -1061,17 +1047,20 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // The decode kernel pair by default: the fused kernel is correct but measured slower on the
         // H200 (docs/benchmarks.md, "MoE decode: the fused persistent kernel"); LUNAR_MOE_DECODE=fused
         // selects it for further measurement.
-        static int fused = -1;
-        if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
+        static int dec = -1;
+        if (dec < 0) {
+            const char *v = getenv("LUNAR_MOE_DECODE");
+            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 6 : 1;
+        }
         // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
         // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
         // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2).
         static int pre = -1;
         if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "old") ? 2 : 4;
-        path = n > 64 ? pre : fused ? 3 : 1;
+        path = n > 64 ? pre : dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    CUDA_REQUIRE(path >= 1 && path <= 5 && (path == 2 || path >= 4 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 7 && (path == 2 || path == 4 || path == 5 || n <= 64));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1086,7 +1075,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     xargs d = a;
     d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
-    if (path == 3) {
+    if (path >= 6) {
+        moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 7 ? 3 : 0, st);
+    } else if (path == 3) {
         // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
         // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
         fused_launch<256, 3>(g, d, r, st);
@@ -1099,7 +1090,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
-    } else if (path >= 4) {
+    } else if (path == 4 || path == 5) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

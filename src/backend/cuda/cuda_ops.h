@@ -436,7 +436,9 @@ typedef struct lunar_cuda_moe_experts {
  * LUNAR_MOE_PREFILL=old), 1 the decode kernel pair (n <= 64), 2 the mma.sync grouped
  * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
  * falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu), 5 the same with 128-row weight
- * tiles throughout (4 uses 256 where R allows).
+ * tiles throughout (4 uses 256 where R allows), 6 the warp-team decode kernels (cuda_moe_dec.cu,
+ * n <= 64, MXFP4 and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 7 the same on 3 blocks only
+ * (tests: every warp walks many units).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
