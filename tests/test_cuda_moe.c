@@ -154,7 +154,7 @@ TEST(cuda_moe_route_one_matches_topk_permute) {
         lunar_cuda_moe_route_init(&r2, w2, 1, k, E);
         lunar_cuda_router_topk(r1.experts, r1.weights, dlg, db, 1, E, k, ng, tg, renorm, scale, NULL);
         lunar_cuda_moe_permute(&r1, NULL);
-        lunar_cuda_moe_route_one(&r2, dlg, db, ng, tg, renorm, scale, NULL);
+        lunar_cuda_moe_route_one(&r2, dlg, db, ng, tg, renorm, scale, 0, NULL);
         unsigned char *h1 = malloc(bytes), *h2 = malloc(bytes);
         lunar_cuda_sync();
         lunar_cuda_download(h1, w1, bytes);
@@ -419,6 +419,71 @@ TEST(cuda_moe_experts_bf16_vs_cpu) {
     experts_case(64, 8, 32, 1024, 1152, 0, 1, 2, 1 | 32 | 64); /* BF16 v2: 64 groups x 72 tiles, S = 1..4 */
     experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG);
     experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG); /* ~300 rows per expert, 288 gate/up items */
+}
+
+/* Issue 9: the shared expert as one more routed row (route_one with shared = 1, BF16 experts):
+ * the decode kernels (pair, v2, v2 on 3 blocks) against the CPU's routed sum plus the shared
+ * expert with weight 1. The experts are uploaded as a stack of E + 1 whose last slice (the shared
+ * expert's weights, also uploaded on their own as s1/s3/s2) is then poisoned with NaN: a kernel
+ * that read row E from the stack instead of s1/s3/s2 fails. Outputs NaN-poisoned per path. */
+TEST(cuda_moe_shared_row_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    static const int cases[][5] = {/* E, k, D, I, act */ {16, 4, 256, 384, 1}, {32, 8, 1024, 1152, 0}, {256, 8, 256, 128, 0}};
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int E = cases[c][0], k = cases[c][1], D = cases[c][2], I = cases[c][3], act = cases[c][4];
+        size_t mark = lunar_cuda_mark();
+        host_experts h;
+        host_experts_make(&h, E + 1, D, I, 0, 5000u + c);
+        lunar_cuda_moe_experts dw;
+        host_experts_upload(&dw, &h, act);
+        const size_t es = (size_t)I * D;
+        uint16_t *sh[3];
+        for (int m = 0; m < 3; m++) {
+            uint16_t *b16 = bf16_of(h.f[m] + (size_t)E * es, (long)es);
+            sh[m] = din(b16, es * 2);
+            free(b16);
+        }
+        lunar_cuda_fill_u32((void *)(dw.w1 + (size_t)E * es), 0x7fc07fc0u, es / 2);
+        lunar_cuda_fill_u32((void *)(dw.w3 + (size_t)E * es), 0x7fc07fc0u, es / 2);
+        lunar_cuda_fill_u32((void *)(dw.w2 + (size_t)E * es), 0x7fc07fc0u, es / 2);
+        dw.E = E, dw.s1 = sh[0], dw.s3 = sh[1], dw.s2 = sh[2];
+        float *lg = test_rand(E, 600 + c, -4, 4);
+        lunar_cuda_moe_route r;
+        lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(1, k + 1, E)), 1, k + 1, E);
+        lunar_cuda_moe_route_one(&r, din(lg, (size_t)E * 4), NULL, 1, 1, 1, 1.0f, 1, NULL);
+        int32_t ex[64];
+        float wt[64];
+        lunar_cuda_sync();
+        lunar_cuda_download(ex, r.experts, (size_t)k * 4);
+        lunar_cuda_download(wt, r.weights, (size_t)k * 4);
+        ex[k] = E, wt[k] = 1.0f; /* the shared expert: slice E of the host stack, weight 1 */
+        float *z = test_rand(D, 700 + c, -1, 1);
+        rnd_bf16(z, D);
+        const lunar_glu ga = {act ? LUNAR_GLU_SITU : LUNAR_GLU_SWIGLU, 4.0f, 25.0f};
+        float *ref = test_alloc(D);
+        cpu_experts(ref, z, &h, ex, wt, 1, k + 1, &ga);
+        uint16_t *zb = bf16_of(z, D);
+        const uint16_t *dz = din(zb, (size_t)D * 2);
+        uint16_t *hbuf = dalloc((size_t)(k + 1) * I * 2);
+        float *ybuf = dalloc((size_t)(k + 1) * D * 4), *acc = dalloc((size_t)D * 4);
+        static const int paths[] = {1, 6, 7};
+        static const char *pn[] = {"decode", "v2", "v2 3 blocks"};
+        for (int p = 0; p < 3; p++) {
+            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)D);
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)(k + 1) * D);
+            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)(k + 1) * I / 2);
+            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, &dw, &r, paths[p], NULL);
+            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+            float *y = dl_f32(acc, D);
+            char what[128];
+            snprintf(what, sizeof what, "shared row %s %s E=%d k=%d+1 D=%d I=%d", pn[p], act ? "situ" : "swiglu", E, k, D, I);
+            moe_report(what, lunar_max_rel_err(y, ref, D), 1e-2);
+            free(y);
+        }
+        host_experts_free(&h);
+        free(lg), free(z), free(ref), free(zb);
+        lunar_cuda_release(mark);
+    }
 }
 
 /* ---------------------------------------------------------------- the latent routed path */

@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
                                                           const float *logits, const float *bias,
                                                           int E, int k, int n_group,
                                                           int topk_group, int renorm,
-                                                          float scale, lunar_cuda_moe_route r) {
+                                                          float scale, int shared, lunar_cuda_moe_route r) {
     extern __shared__ float sm[];
     float *sc = sm, *ch = sm + E;  // sigmoid, choice (-inf once taken or not eligible)
     __shared__ float gscore[64];
@@ -152,9 +152,20 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
         r.pair_row[i] = pos;
     }
     if (tid == 0) {
+        const int k1 = k + shared;
         r.offsets[E] = k;
-        r.counts[E] = k, r.counts[E + 1] = k, r.counts[E + 2] = k;
-        r.gdone[max_groups(1, k, E)] = 0;
+        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
+        r.gdone[max_groups(1, k1, E)] = 0;
+        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
+            r.offsets[E + 1] = k + 1;
+            r.active[k] = E;
+            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
+            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
+            r.gdone[k] = 0;
+            r.row_token[k] = 0;
+            r.row_weight[k] = 1.0f;
+            r.pair_row[k] = k;
+        }
     }
 }
 
@@ -169,20 +180,20 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
     lunar_cuda_moe_route none;
     memset(&none, 0, sizeof none);
     router_topk_kernel<false><<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
-        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, none);
+        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias,
                                          int n_group, int topk_group, int renorm, float scale,
-                                         lunar_cuda_stream s) {
-    const int E = r->E, k = r->k;
+                                         int shared, lunar_cuda_stream s) {
+    const int E = r->E, k = r->k - (shared != 0);
     if (n_group < 1) n_group = 1;
     CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
                  n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
     launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), 2 * E * sizeof(float), to_stream(s),
-        r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, *r);
+        r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, shared != 0, *r);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -196,7 +207,7 @@ static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
 extern "C" size_t lunar_cuda_moe_route_bytes(int n, int k, int E) {
     size_t p = (size_t)n * k, g = (size_t)max_groups(n, k, E);
-    return al256(p * 4) * 2 + al256((E + 1) * 4) + al256(p * 4) * 3 + al256(E * 4) +
+    return al256(p * 4) * 2 + al256((E + 2) * 4) + al256(p * 4) * 3 + al256(E * 4) +
            al256((size_t)max_tiles(n, k, E) * 8) + al256(g * 8) + al256(g * 4 + 4) + al256((E + 3) * 4) +
            al256(E * 4);
 }
@@ -208,7 +219,7 @@ extern "C" void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int
     r->n = n, r->k = k, r->E = E;
     TAKE(experts, int32_t, np * 4);
     TAKE(weights, float, np * 4);
-    TAKE(offsets, int32_t, (E + 1) * 4);
+    TAKE(offsets, int32_t, (E + 2) * 4);
     TAKE(row_token, int32_t, np * 4);
     TAKE(row_weight, float, np * 4);
     TAKE(pair_row, int32_t, np * 4);
@@ -445,7 +456,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
                         uint32_t pa[NM][4], pb[NM][4];
 #pragma unroll
                         for (int i = 0; i < NM; i++) {
-                            const uint16_t *base = a.wb[i] + e * estr;
+                            const uint16_t *base = e == a.E ? a.sb[i] : a.wb[i] + e * estr;
                             pairs_bf16(__ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)), pa[i]);
                             pairs_bf16(__ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)), pb[i]);
                         }
@@ -1044,23 +1055,27 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
     if (path == 0) {
-        // The decode kernel pair by default: the fused kernel is correct but measured slower on the
-        // H200 (docs/benchmarks.md, "MoE decode: the fused persistent kernel"); LUNAR_MOE_DECODE=fused
-        // selects it for further measurement.
+        // Decode (docs/benchmarks.md "MoE decode (session 5, H200)"): the kernel pair, except MXFP4
+        // experts of I >= 1024 at 32+ tokens, where the warp-team kernels (path 6) measured 3-17 %
+        // faster (slower at 1-16 tokens, at I = 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused
+        // forces one (the fused kernel is correct but slower everywhere).
         static int dec = -1;
         if (dec < 0) {
             const char *v = getenv("LUNAR_MOE_DECODE");
-            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 6 : 1;
+            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 6 : v && !strcmp(v, "pair") ? 1 : 0;
         }
+        const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 6 : 1;
         // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
         // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
         // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2).
         static int pre = -1;
         if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "old") ? 2 : 4;
-        path = n > 64 ? pre : dec;
+        path = n > 64 ? pre : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     CUDA_REQUIRE(path >= 1 && path <= 7 && (path == 2 || path == 4 || path == 5 || n <= 64));
+    // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
+    CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || path >= 6)));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1071,9 +1086,10 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     xargs g = a;
     g.wq[0] = w->w1q, g.ws[0] = w->w1s, g.wq[1] = w->w3q, g.ws[1] = w->w3s;
     g.wb[0] = w->w1, g.wb[1] = w->w3;
+    g.sb[0] = w->s1, g.sb[1] = w->s3;
     g.R = w->I, g.K = w->D, g.x = x, g.h = hbuf;
     xargs d = a;
-    d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2;
+    d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2, d.sb[0] = w->s2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
     if (path >= 6) {
         moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 7 ? 3 : 0, st);

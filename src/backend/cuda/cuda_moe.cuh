@@ -94,6 +94,7 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 struct xargs {
     const uint8_t *wq[2], *ws[2];
     const uint16_t *wb[2];
+    const uint16_t *sb[2];  // BF16 weights of virtual expert E (the shared expert as a routed row) or NULL
     int R, K;
     const uint16_t *x;
     const int32_t *offsets, *active, *counts, *tiles, *row_token;

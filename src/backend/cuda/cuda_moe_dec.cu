@@ -63,11 +63,12 @@ __global__ void __launch_bounds__(DW * 32, 2) moe_dec2_kernel(xargs a, const int
     const int units = a.counts[a.E + 2] * T;  // decode groups x row tiles
     const int nch = (K + CW - 1) / CW;         // stages per row (MXFP4: the last may be half)
     const int W = gridDim.x * DW;
-    // split-K: fewest rounds x stages per round (+1 for a unit's fixed cost); same on every warp
+    // split-K: fewest rounds x stages per round, plus half a stage per unit for its fixed cost
+    // (barriers, epilogue); the same on every warp
     int S = 1;
     long best = -1;
     for (int s = 1; s <= 4 && s <= nch; s *= 2) {
-        const long rounds = (units + W / s - 1) / (W / s), cost = rounds * ((nch + s - 1) / s + 1);
+        const long rounds = (units + W / s - 1) / (W / s), cost = rounds * (2 * ((nch + s - 1) / s) + 1);
         if (best < 0 || cost < best) best = cost, S = s;
     }
     const int TT = W / S, team = (blockIdx.x * DW + warp) / S, ks = warp % S;
@@ -87,7 +88,8 @@ __global__ void __launch_bounds__(DW * 32, 2) moe_dec2_kernel(xargs a, const int
         const size_t row = (size_t)pe * R + (size_t)(pu % T) * 16;
 #pragma unroll
         for (int i = 0; i < NM; i++) {
-            pq[i] = wbase(i) + row * P;
+            // virtual expert E: the shared expert's own BF16 matrices (route_one with shared = 1)
+            pq[i] = !MX && pe == a.E ? (const uint8_t *)a.sb[i] + (size_t)(pu % T) * 16 * P : wbase(i) + row * P;
             ps[i] = MX ? a.ws[i] + row * (size_t)(K / 32) : nullptr;
         }
     };
