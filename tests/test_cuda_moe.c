@@ -428,7 +428,9 @@ TEST(cuda_moe_experts_bf16_vs_cpu) {
  * that read row E from the stack instead of s1/s3/s2 fails. Outputs NaN-poisoned per path. */
 TEST(cuda_moe_shared_row_vs_cpu) {
     if (!moe_cuda_on()) return;
-    static const int cases[][5] = {/* E, k, D, I, act */ {16, 4, 256, 384, 1}, {32, 8, 1024, 1152, 0}, {256, 8, 256, 128, 0}};
+    /* E = k (every expert taken, as the forward tests' wide model): k + 1 rows over E + 1 experts */
+    static const int cases[][5] = {/* E, k, D, I, act */ {16, 4, 256, 384, 1}, {32, 8, 1024, 1152, 0},
+                                   {256, 8, 256, 128, 0}, {4, 4, 256, 128, 0}};
     for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int E = cases[c][0], k = cases[c][1], D = cases[c][2], I = cases[c][3], act = cases[c][4];
         size_t mark = lunar_cuda_mark();

@@ -18,7 +18,7 @@ grep -E 'FAILED|passed, |CHECK| v2' $OUT/t_moe.log | cut -c1-200 | tail -40 >> $
 step "decode benchmark"
 LUNAR_MOE_BENCH=decode timeout 120 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
 grep -E '^\||Measured' $OUT/bench.log >> $T
-step "cuda_forward (eager and graphs vs the CPU, graphs with PDL == eager; default: the shared expert as a routed row)"
+step "cuda_forward (eager and graphs vs the CPU, graphs with PDL == eager; call 2 ran it with the shared row as the default)"
 OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_forward > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
 grep -E 'FAILED|passed, |steps differ|median|CHECK' $OUT/t_fwd.log | cut -c1-200 | tail -30 >> $T
 step "LUNAR_MOE_DECODE=v2 cuda_forward_graphs"

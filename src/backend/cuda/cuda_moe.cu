@@ -1098,7 +1098,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
         fused_launch<256, 3>(g, d, r, st);
     } else if (path == 1) {
-        const int slots = np < w->E ? np : w->E;
+        // active experts: at most E, plus the shared expert's row E where it exists (a route with
+        // k + 1 > E rows: session 5's forward failure when this cap left it out)
+        const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
         if (w->mxfp4) {
             decode_nt<true, true>(g, n, slots, st);
             decode_nt<true, false>(d, n, slots, st);
