@@ -632,11 +632,14 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     }
     float *sh = NULL;
     double t0 = cp_begin();
+    /* batch 1 with the shared expert as a routed row (w->mx.s1, issue 9): the router GEMM alone,
+     * no side stream; the decode kernels read the shared weights as expert E */
+    const int shrow = n == 1 && w->mx.s1 && !g->fuse_off && k < 64;
     /* batch 1 with the fused matrix (up_cat): the shared gate, up and the router in one GEMM on the
      * main stream, the side stream starting from its output */
-    float *y1 = n == 1 && w->sin.p ? fd((size_t)w->sin.out) : NULL;
+    float *y1 = n == 1 && w->sin.p && !shrow ? fd((size_t)w->sin.out) : NULL;
     if (y1) mm_b(y1, hb, &w->sin, 1, NULL);
-    if (w->sg.p) {
+    if (w->sg.p && !shrow) {
         const int Is = w->sg.out;
         sh = fd((size_t)n * D);
         float *sa = y1 ? cat_out(y1, &w->sin, &w->sg) : fd((size_t)n * Is);
@@ -661,10 +664,11 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     float *logits = y1 ? cat_out(y1, &w->sin, &w->router) : fd((size_t)n * E);
     if (!y1) mm_b(logits, hb, &w->router, n, NULL);
     lunar_cuda_moe_route r;
-    lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
-    if (n == 1 && k <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
+    const int kr = k + shrow; /* permuted rows per token */
+    lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, E)), n, kr, E);
+    if (n == 1 && kr <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
         lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
-                                 c->routed_scaling_factor, NULL);
+                                 c->routed_scaling_factor, shrow, NULL);
     } else {
         lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
                                c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
@@ -682,8 +686,8 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
         cp_end(LUNAR_PROF_LATENT, t0);
     }
     t0 = cp_begin();
-    uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * k * I * 2);
-    float *ybuf = fd((size_t)n * k * De), *acc = Lat ? fd((size_t)n * Lat) : out;
+    uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
+    float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
     lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
