@@ -154,7 +154,7 @@ TEST(cuda_moe_route_one_matches_topk_permute) {
         lunar_cuda_moe_route_init(&r2, w2, 1, k, E);
         lunar_cuda_router_topk(r1.experts, r1.weights, dlg, db, 1, E, k, ng, tg, renorm, scale, NULL);
         lunar_cuda_moe_permute(&r1, NULL);
-        lunar_cuda_moe_route_one(&r2, dlg, db, ng, tg, renorm, scale, NULL);
+        lunar_cuda_moe_route_one(&r2, dlg, db, ng, tg, renorm, scale, 0, NULL);
         unsigned char *h1 = malloc(bytes), *h2 = malloc(bytes);
         lunar_cuda_sync();
         lunar_cuda_download(h1, w1, bytes);
@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 5; path++) {
+    for (int path = 1; path <= 9; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -363,7 +363,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
-        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128"};
+        static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
+                                      "v2 3 blocks"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -383,18 +384,25 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
 }
 
 /* paths: bit p - 1 runs path p (1 decode pair, 2 grouped GEMM, 3 the fused decode kernel, 4 the
- * wgmma grouped GEMM, 5 the same with 128-row weight tiles). The
+ * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel, 7
+ * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only, 8 the warp-team
+ * decode kernels, 9 the same on 3 blocks: 24 warps walk every unit, their rings crossing units,
+ * split-K teams of 1, 2 and 4 warps as the unit count and K pick them; K = 128 and 384 end on a
+ * half MXFP4 stage). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
  * ring crossing items and phases, the down items waiting on other blocks' gate/up). */
-#define ALL_DECODE 7
+#define ALL_DECODE (7 | 128 | 256)
 /* The wgmma kernels' shapes: M tiles of 1..128 rows (a warpgroup whose 64 rows are all past the
  * expert's end skips its products), K of 2 chunks (fewer than its copy stages: the prefetch runs
  * into the next items) to 18, 128- and 256-row weight tiles (D = 128 and 384 fall back to 128 in
  * the down GEMM), and more items than blocks (every block walks several, its copies crossing
- * items). */
-#define WG (8 | 16)
+ * items). Path 6 takes D % 256 == 0 only (D = 128 and 384 run path 4 there): its ring of 4 stages
+ * wraps many times per item at K = 1024 / 1152 (16-18 chunks) and runs across items at K = 128
+ * (2 chunks), its consumer warpgroup 2 idles on tiles of <= 64 rows (n = 1, 5, 13, 130 on 4
+ * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
+#define WG (8 | 16 | 32)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
@@ -403,19 +411,93 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG);
     experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG); /* 40 rows on each of 4 experts, 4 empty */
     experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | WG);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | WG);
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */
     experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG); /* ~200 rows per expert, 192 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG);
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG);
-    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG); /* ~300 rows per expert, 288 gate/up items */
+    /* path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
+     * tiles (n = 131 overloaded: a full pair + a pair of 3 rows and none), empty experts (mode 1) */
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | 128 | 256);
+    experts_case(64, 8, 32, 1024, 1152, 0, 1, 2, 1 | 128 | 256); /* BF16 v2: 64 groups x 72 tiles, S = 1..4 */
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64); /* ~300 rows per expert, 288 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64);  /* 300 rows on 2 experts: 3 tiles each */
+}
+
+/* Issue 9: the shared expert as one more routed row (route_one with shared = 1, BF16 experts):
+ * the decode kernels (pair, v2, v2 on 3 blocks) against the CPU's routed sum plus the shared
+ * expert with weight 1. The experts are uploaded as a stack of E + 1 whose last slice (the shared
+ * expert's weights, also uploaded on their own as s1/s3/s2) is then poisoned with NaN: a kernel
+ * that read row E from the stack instead of s1/s3/s2 fails. Outputs NaN-poisoned per path. */
+TEST(cuda_moe_shared_row_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    /* E = k (every expert taken, as the forward tests' wide model): k + 1 rows over E + 1 experts */
+    static const int cases[][5] = {/* E, k, D, I, act */ {16, 4, 256, 384, 1}, {32, 8, 1024, 1152, 0},
+                                   {256, 8, 256, 128, 0}, {4, 4, 256, 128, 0}};
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int E = cases[c][0], k = cases[c][1], D = cases[c][2], I = cases[c][3], act = cases[c][4];
+        size_t mark = lunar_cuda_mark();
+        host_experts h;
+        host_experts_make(&h, E + 1, D, I, 0, 5000u + c);
+        lunar_cuda_moe_experts dw;
+        host_experts_upload(&dw, &h, act);
+        const size_t es = (size_t)I * D;
+        uint16_t *sh[3];
+        for (int m = 0; m < 3; m++) {
+            uint16_t *b16 = bf16_of(h.f[m] + (size_t)E * es, (long)es);
+            sh[m] = din(b16, es * 2);
+            free(b16);
+        }
+        lunar_cuda_fill_u32((void *)(dw.w1 + (size_t)E * es), 0x7fc07fc0u, es / 2);
+        lunar_cuda_fill_u32((void *)(dw.w3 + (size_t)E * es), 0x7fc07fc0u, es / 2);
+        lunar_cuda_fill_u32((void *)(dw.w2 + (size_t)E * es), 0x7fc07fc0u, es / 2);
+        dw.E = E, dw.s1 = sh[0], dw.s3 = sh[1], dw.s2 = sh[2];
+        float *lg = test_rand(E, 600 + c, -4, 4);
+        lunar_cuda_moe_route r;
+        lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(1, k + 1, E)), 1, k + 1, E);
+        lunar_cuda_moe_route_one(&r, din(lg, (size_t)E * 4), NULL, 1, 1, 1, 1.0f, 1, NULL);
+        int32_t ex[64];
+        float wt[64];
+        lunar_cuda_sync();
+        lunar_cuda_download(ex, r.experts, (size_t)k * 4);
+        lunar_cuda_download(wt, r.weights, (size_t)k * 4);
+        ex[k] = E, wt[k] = 1.0f; /* the shared expert: slice E of the host stack, weight 1 */
+        float *z = test_rand(D, 700 + c, -1, 1);
+        rnd_bf16(z, D);
+        const lunar_glu ga = {act ? LUNAR_GLU_SITU : LUNAR_GLU_SWIGLU, 4.0f, 25.0f};
+        float *ref = test_alloc(D);
+        cpu_experts(ref, z, &h, ex, wt, 1, k + 1, &ga);
+        uint16_t *zb = bf16_of(z, D);
+        const uint16_t *dz = din(zb, (size_t)D * 2);
+        uint16_t *hbuf = dalloc((size_t)(k + 1) * I * 2);
+        float *ybuf = dalloc((size_t)(k + 1) * D * 4), *acc = dalloc((size_t)D * 4);
+        static const int paths[] = {1, 8, 9};
+        static const char *pn[] = {"decode", "v2", "v2 3 blocks"};
+        for (int p = 0; p < 3; p++) {
+            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)D);
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)(k + 1) * D);
+            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)(k + 1) * I / 2);
+            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, &dw, &r, paths[p], NULL);
+            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+            float *y = dl_f32(acc, D);
+            char what[128];
+            snprintf(what, sizeof what, "shared row %s %s E=%d k=%d+1 D=%d I=%d", pn[p], act ? "situ" : "swiglu", E, k, D, I);
+            moe_report(what, lunar_max_rel_err(y, ref, D), 1e-2);
+            free(y);
+        }
+        host_experts_free(&h);
+        free(lg), free(z), free(ref), free(zb);
+        lunar_cuda_release(mark);
+    }
 }
 
 /* ---------------------------------------------------------------- the latent routed path */
@@ -519,20 +601,38 @@ static float time_experts(float *ybuf, uint16_t *hbuf, const uint16_t *z, const 
     return ts[reps / 2];
 }
 
-static void bench_shape(int E, int k, int D, int I, const char *label, void *flush, size_t fw) {
+/* random bf16 weights [n] (constant data would flatter the tensor cores), converted in pieces */
+static uint16_t *bench_bf16(size_t nw, uint32_t seed) {
+    const size_t piece = (size_t)64 << 20;
+    float *tmp = dalloc(piece * 4);
+    uint16_t *b = dalloc(nw * 2);
+    for (size_t o = 0; o < nw; o += piece) {
+        const size_t cnt = nw - o < piece ? nw - o : piece;
+        lunar_cuda_fill_uniform(tmp, cnt, seed + (uint32_t)(o / piece), -0.05f, 0.05f);
+        lunar_cuda_f32_to_bf16(b + o, tmp, cnt);
+    }
+    return b;
+}
+
+static void bench_shape(int E, int k, int D, int I, int mx, const char *label, void *flush, size_t fw) {
     size_t mark = lunar_cuda_mark();
     lunar_cuda_moe_experts w;
     memset(&w, 0, sizeof w);
-    w.E = E, w.D = D, w.I = I, w.mxfp4 = 1, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
+    w.E = E, w.D = D, w.I = I, w.mxfp4 = mx, w.act = mx, w.beta = 4.0f, w.beta_l = 25.0f;
     const size_t nw = (size_t)E * I * D;
-    uint8_t *q[3], *s[3];
-    for (int m = 0; m < 3; m++) {
-        q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
-        lunar_cuda_fill_uniform((float *)q[m], nw / 8, 900u + (uint32_t)m, -1, 1); /* arbitrary nibbles */
-        lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+    if (mx) {
+        uint8_t *q[3], *s[3];
+        for (int m = 0; m < 3; m++) {
+            q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
+            lunar_cuda_fill_uniform((float *)q[m], nw / 8, 900u + (uint32_t)m, -1, 1); /* arbitrary nibbles */
+            lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+        }
+        w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
+    } else {
+        w.w1 = bench_bf16(nw, 900u), w.w3 = bench_bf16(nw, 1900u), w.w2 = bench_bf16(nw, 2900u);
     }
-    w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
-    const double ebytes = 3.0 * I * D / 2 + 3.0 * I * D / 32; /* one expert's bytes */
+    /* one expert's bytes */
+    const double ebytes = mx ? 3.0 * I * D / 2 + 3.0 * I * D / 32 : 3.0 * I * D * 2;
     static const int batches[] = {1, 8, 16, 32, 64};
     for (unsigned b = 0; b < sizeof batches / sizeof batches[0]; b++) {
         const int n = batches[b];
@@ -552,20 +652,30 @@ static void bench_shape(int E, int k, int D, int I, const char *label, void *flu
         float *zf = dalloc((size_t)n * D * 4), *ybuf = dalloc((size_t)n * k * D * 4);
         lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
         lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
-        /* the decode kernel pair (path 1, the default) and the fused kernel (path 3), same data */
+        /* the decode kernel pair (path 1), the warp-team kernels (path 8) and the fused kernel
+         * (path 3, MXFP4 only), same data; v2's output against the pair's */
         const float pair = time_experts(ybuf, hbuf, z, &w, &r, 1, 21, flush, fw);
-        const float fused = time_experts(ybuf, hbuf, z, &w, &r, 3, 21, flush, fw);
+        float *acc = dalloc((size_t)n * D * 4);
+        lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+        float *yp = dl_f32(acc, (long)n * D);
+        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
+        const float v2 = time_experts(ybuf, hbuf, z, &w, &r, 8, 21, flush, fw);
+        lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+        float *yv = dl_f32(acc, (long)n * D);
+        const double err = lunar_max_rel_err(yv, yp, (long)n * D);
+        free(yp), free(yv);
+        const float fused = mx ? time_experts(ybuf, hbuf, z, &w, &r, 3, 21, flush, fw) : 0.0f;
         const double bytes = touched * ebytes, floor_us = bytes / BW * 1e6, mfloor_us = bytes / g_read_bw * 1e6;
-        printf("| %-22s | %2d | %3d | %7.1f | %6.1f | %7.1f | **%5.2f** | %5.2f | %5.0f | %7.1f | %5.2f |\n", label, n,
-               touched, bytes / 1e6, floor_us, pair * 1e3, pair * 1e3 / floor_us, pair * 1e3 / mfloor_us,
-               bytes / (pair * 1e-3) / 1e9, fused * 1e3, fused * 1e3 / floor_us);
+        printf("| %-26s | %2d | %3d | %7.1f | %6.1f | %6.1f | %7.1f | %5.2f | %7.1f | **%5.2f** | %5.0f | %5.0f | %7.1f | %.1g |\n",
+               label, n, touched, bytes / 1e6, floor_us, mfloor_us, pair * 1e3, pair * 1e3 / mfloor_us, v2 * 1e3,
+               v2 * 1e3 / mfloor_us, bytes / (pair * 1e-3) / 1e9, bytes / (v2 * 1e-3) / 1e9, fused * 1e3, err);
         lunar_cuda_release(m2);
     }
     lunar_cuda_release(mark);
 }
 
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
- * (2 mma.sync, 4 wgmma, 5 wgmma with 128-row weight tiles), median of 5, and each wgmma path's
+ * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma), median of 5, and each wgmma path's
  * combined output against path 2's (max rel err: the same products summed in another order). */
 static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char *label) {
     size_t mark = lunar_cuda_mark();
@@ -614,10 +724,10 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    static const int paths[] = {2, 4, 5};
-    static const char *pn[] = {"mma.sync (old)", "wgmma", "wgmma BN128"};
+    static const int paths[] = {2, 4, 6, 7};
+    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws cluster (7)"};
     float *ref = NULL;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < (mx ? 3 : 4); i++) { /* path 7 clusters BF16 weights only */
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
@@ -630,6 +740,18 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
         if (ref) free(y);
         else ref = y;
     }
+    /* where path 6's time goes (cuda_moe_ws.cu's timing probes; their outputs are garbage): the
+     * copies (and widening) with no products, the products on whatever the stages hold */
+    static const char *probe[] = {"copies", "mma"};
+    for (int pp = 6; pp <= (mx ? 6 : 7); pp++)
+        for (int i = 0; i < 2; i++) {
+            setenv("LUNAR_MOE_WS_PROBE", probe[i], 1);
+            float ms = time_experts(ybuf, hbuf, z, &w, &r, pp, 5, NULL, 0);
+            printf("| prefill %-24s %-5s | (%d) probe: %-6s | %5d | %8.2f | %6.1f | %5.0f %% | (timing only) | |\n",
+                   label, mx ? "mxfp4" : "bf16", pp, probe[i], n, ms, flops / (ms * 1e-3) / 1e12,
+                   100.0 * flops / (ms * 1e-3) / g_dense_peak);
+        }
+    unsetenv("LUNAR_MOE_WS_PROBE");
     free(ref);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     lunar_cuda_release(mark);
@@ -676,21 +798,25 @@ TEST(cuda_moe_bench) {
     }
     /* LUNAR_MOE_BENCH=prefill: the references and the prefill shapes only */
     const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0;
-    if (decode) printf("Decode (MXFP4, both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
-           "the distinct touched experts (packed + scales) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
-           "ratio(m) = time / (bytes / the GEMV read rate above). pair = the decode kernel pair (path 1, the\n"
-           "default), fused = the fused persistent kernel (path 3).\n\n",
+    if (decode) printf("Decode (both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
+           "the distinct touched experts (packed + scales, or bf16) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
+           "floor(m) = bytes / the GEMV read rate above. pair = the decode kernel pair (path 1), v2 = the\n"
+           "warp-team kernels (path 6), fused = the fused persistent kernel (path 3, MXFP4 only).\n\n",
            BW / 1e12);
     g_flush_x = dalloc(4096 * 2), g_flush_y = dalloc((fw * 2 / 4096) * 4);
     lunar_cuda_fill_u32(g_flush_x, 0, 4096 / 2);
     g_flush_clean = 1;
     if (decode) {
-        printf("| shape | n | exp | MB | floor us | pair us | ratio | ratio(m) | GB/s | fused us | fused ratio |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-        bench_shape(896, 16, 3584, 3072, "K3.1 (3584, 3072)", flush, fw);
-        bench_shape(896, 16, 3584, 384, "K3.1 TP8 (3584, 384)", flush, fw);
-        bench_shape(256, 8, 2304, 1024, "Kimi-Linear (2304, 1024)", flush, fw);
+        printf("| shape | n | exp | MB | floor us | floor(m) us | pair us | pair/floor(m) | v2 us | v2/floor(m) | pair GB/s | "
+               "v2 GB/s | fused us | v2 vs pair |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        bench_shape(896, 16, 3584, 3072, 1, "K3.1 (3584, 3072)", flush, fw);
+        bench_shape(896, 16, 3584, 384, 1, "K3.1 TP8 (3584, 384)", flush, fw);
+        bench_shape(256, 8, 2304, 1024, 0, "Kimi-Linear bf16 (2304, 1024)", flush, fw);
+        bench_shape(256, 8, 2304, 1024, 1, "Kimi-Linear mxfp4", flush, fw);
     }
+    /* LUNAR_MOE_BENCH=decode: the references and the decode shapes only */
+    if (!strcmp(getenv("LUNAR_MOE_BENCH"), "decode")) return;
     printf("\nPrefill (grouped GEMMs, both; MXFP4 widened to bf16), FLOPs = 2 n k 3 D I; "
            "target >= 50 %% of the measured dense peak (%.0f TFLOP/s; nominal %.0f).\n\n", g_dense_peak / 1e12, TC / 1e12);
     printf("| shape | kernel | n | ms | TFLOP/s | of peak | output | routing |\n|---|---|---|---|---|---|---|---|\n");

@@ -541,6 +541,134 @@ TEST(cuda_kda_conv_qkv_decode_matches_ops) {
     lunar_cuda_release(mark);
 }
 
+/* The fused batch-1 KDA core (lunar_cuda_kda_decode_fused) against the CPU ops it replaces (short
+ * conv T = 1, L2 norms, sigmoid, op_kda_recurrent, op_rmsnorm_gated: 1e-5, fp32 throughout) and
+ * against the three launches it replaces (conv_qkv_decode, kda_recurrent, rmsnorm_gated), which
+ * its comment says it equals bit for bit: checked at 1e-6 and reported when not bit-equal. B = 2
+ * sequences on scattered slots, H = 3 (odd), padded x rows, fp32 and fp16 state pools. gate (B = 1):
+ * 1 the forget and output gates from the gate rows [f_b; g_b] (in = 128), 2 the forget gate only
+ * (f_b, og given: the full-rank output gate), vs the CPU's GEMV + op_kda_gate and vs
+ * lunar_cuda_kda_gate_proj_decode before the three launches. */
+static void check_decode_fused(int B, int H, int f16, int gate, unsigned seed) {
+    const int dk = 128, HD = H * dk, C = 3 * HD, K = 4, S = K - 1, NS = B + 3, xs = C + H + 24;
+    const long ns = (long)H * dk * dk, cs = (long)C * S;
+    size_t mark = lunar_cuda_mark();
+    int32_t slots[4];
+    for (int b = 0; b < B; b++) slots[b] = (b * 2 + 1) % NS; /* distinct, not 0..B-1 */
+    float *x = test_rand((long)B * xs, seed, -2, 2), *w = test_rand((long)C * K, seed + 1, -1, 1);
+    float *conv = test_rand(NS * cs, seed + 2, -1, 1), *pool = test_rand(NS * ns, seed + 3, -0.5f, 0.5f);
+    float *g = test_rand((long)B * HD, seed + 4, -1.5f, 0), *og = test_rand((long)B * HD, seed + 5, -4, 4);
+    float *nw = test_rand(dk, seed + 6, 0.5f, 1.5f);
+    /* gate rows: W [2 HD, 128] (bf16 values), x [2, 128] (rounded to bf16 as the GEMV's operand on
+     * the CPU side), A_log [H], dt_bias [HD]; lower bound -5 (the bounded form) */
+    const int in = 128, nrow = gate == 1 ? 2 * HD : HD;
+    const float lb = -5.0f;
+    float *gwf = test_rand((long)2 * HD * in, seed + 7, -0.2f, 0.2f), *gx = test_rand(2 * in, seed + 8, -2, 2);
+    float *alog = test_rand(H, seed + 9, -2, 1), *dtb = test_rand(HD, seed + 10, -1, 1);
+    round_bf16(gwf, (long)2 * HD * in);
+    if (gate) {
+        float *gxr = test_alloc(2 * in), *f = test_alloc(HD);
+        memcpy(gxr, gx, sizeof(float) * 2 * in);
+        round_bf16(gxr, 2 * in);
+        for (int r = 0; r < nrow; r++) {
+            double acc = 0;
+            for (int i = 0; i < in; i++) acc += (double)gwf[(long)r * in + i] * gxr[(r < HD ? 0 : in) + i];
+            if (r < HD) f[r] = (float)acc;
+            else og[r - HD] = (float)acc;
+        }
+        lunar_tensor A = test_tensor1(LUNAR_DTYPE_F32, H, alog), DB = test_tensor1(LUNAR_DTYPE_F32, HD, dtb);
+        op_kda_gate(g, f, &A, &DB, 1, H, dk, lb);
+        test_tensor_free(&A), test_tensor_free(&DB);
+        free(gxr), free(f);
+    }
+    uint16_t *pool16 = malloc((size_t)NS * ns * 2);
+    for (long i = 0; f16 && i < NS * ns; i++) pool16[i] = lunar_f32_to_f16(pool[i]), pool[i] = lunar_f16_to_f32(pool16[i]);
+    lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, C, K, w), NW = test_tensor1(LUNAR_DTYPE_BF16, dk, nw);
+    const float scale = 1.0f / sqrtf((float)dk), eps = 1e-5f;
+    /* CPU: the composition */
+    float *conv_ref = test_alloc(NS * cs), *pool_ref = test_alloc(NS * ns), *ref = test_poisoned((long)B * HD);
+    memcpy(conv_ref, conv, sizeof(float) * NS * cs);
+    memcpy(pool_ref, pool, sizeof(float) * NS * ns);
+    float *qkv = test_alloc(C);
+    for (int b = 0; b < B; b++) {
+        float beta[8];
+        op_short_conv(qkv, x + (long)b * xs, &W, conv_ref + (long)slots[b] * cs, 1, C, K);
+        op_l2norm(qkv, qkv, 2 * H, dk, 1e-6f);
+        for (int i = 0; i < H; i++) beta[i] = 1.0f / (1.0f + expf(-x[(long)b * xs + C + i]));
+        float *Sb = pool_ref + (long)slots[b] * ns, *ob = ref + (long)b * HD;
+        op_kda_recurrent(ob, qkv, qkv + HD, qkv + 2 * HD, g + (long)b * HD, beta, Sb, 1, H, dk, dk, scale);
+        op_rmsnorm_gated(ob, ob, og + (long)b * HD, &NW, H, dk, eps);
+        for (long i = 0; f16 && i < ns; i++) Sb[i] = lunar_f16_to_f32(lunar_f32_to_f16(Sb[i]));
+    }
+    const float *dx = dev_in(x, (size_t)B * xs * 4), *dw = dev_in(w, (size_t)C * K * 4);
+    const float *dg = dev_in(g, (size_t)B * HD * 4), *dog = dev_in(og, (size_t)B * HD * 4);
+    const uint16_t *dnw = dev_in(NW.data, NW.nbytes);
+    const int32_t *dsl = dev_in(slots, sizeof slots);
+    const size_t pb = (size_t)NS * ns * (f16 ? 2 : 4);
+    float *dconv = dev_in(conv, (size_t)NS * cs * 4), *dconv2 = dev_in(conv, (size_t)NS * cs * 4);
+    void *dpool = dev_in(f16 ? (void *)pool16 : (void *)pool, pb), *dpool2 = dev_in(f16 ? (void *)pool16 : (void *)pool, pb);
+    dout o;
+    float *dO = dout_new(&o, (size_t)B * HD * 4);
+    uint16_t *gwb = to_bf16(gwf, (long)2 * HD * in);
+    const uint16_t *dgw = dev_in(gwb, (size_t)nrow * in * 2);
+    const float *dgx = dev_in(gx, 2 * in * 4), *dal = dev_in(alog, (size_t)H * 4), *ddt = dev_in(dtb, (size_t)HD * 4);
+    const lunar_cuda_kda_gate_rows gr = {dgw, dgx, dal, ddt, lb, gate == 1};
+    lunar_cuda_kda_decode_fused(dO, dx, xs, dx + C, dw, dconv, dsl, gate ? NULL : dg, gate == 1 ? NULL : dog, dnw, dpool,
+                                f16, dsl, B, H, dk, K, 1e-6f, eps, scale, gate ? &gr : NULL, NULL);
+    float *out = down_f32(dO, (long)B * HD), *c2 = down_f32(dconv, NS * cs), *p2 = test_alloc(NS * ns);
+    uint16_t *h16 = malloc(pb);
+    lunar_cuda_download(f16 ? (void *)h16 : (void *)p2, dpool, pb);
+    for (long i = 0; f16 && i < NS * ns; i++) p2[i] = lunar_f16_to_f32(h16[i]);
+    char what[96];
+    snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d%s gate %d vs CPU: o", B, H, f16 ? " fp16 state" : "", gate);
+    report(what, lunar_max_rel_err(out, ref, (long)B * HD), 1e-5);
+    snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d%s vs CPU: state", B, H, f16 ? " fp16" : "");
+    report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), f16 ? 1e-3 : 1e-5); /* fp16: one ulp, as above */
+    CHECK_MSG(memcmp(c2, conv_ref, sizeof(float) * NS * cs) == 0, "conv state pool differs from the CPU's");
+    CHECK(dout_guards_ok(&o));
+    /* the three launches it replaces, on copies of the pools */
+    float *q3 = lunar_cuda_alloc((size_t)B * C * 4), *b3 = lunar_cuda_alloc((size_t)B * H * 4);
+    float *o3 = lunar_cuda_alloc((size_t)B * HD * 4);
+    if (gate) { /* the gate launch it replaces too */
+        float *g3 = lunar_cuda_alloc((size_t)HD * 4);
+        lunar_cuda_kda_gate_proj_decode(g3, gate == 1 ? (float *)dog : NULL, dgx, dgw, H, dk, in, dal, ddt, lb, NULL);
+        dg = g3;
+    }
+    lunar_cuda_kda_conv_qkv_decode(q3, b3, dx, dx + C, xs, dw, dconv2, dsl, B, H, dk, K, 1e-6f, NULL);
+    if (f16)
+        lunar_cuda_kda_recurrent_f16(o3, q3, q3 + (size_t)B * HD, q3 + (size_t)2 * B * HD, dg, b3, dpool2, dsl, NULL, B,
+                                     1, H, dk, dk, scale, NULL);
+    else
+        lunar_cuda_kda_recurrent(o3, q3, q3 + (size_t)B * HD, q3 + (size_t)2 * B * HD, dg, b3, dpool2, dsl, NULL, B, 1,
+                                 H, dk, dk, scale, NULL);
+    lunar_cuda_rmsnorm_gated(o3, LUNAR_CUDA_F32, o3, dog, dnw, B * H, dk, eps, NULL);
+    float *out3 = down_f32(o3, (long)B * HD), *c3 = down_f32(dconv2, NS * cs);
+    uint8_t *pa = malloc(pb), *pb2 = malloc(pb);
+    lunar_cuda_download(pa, dpool, pb);
+    lunar_cuda_download(pb2, dpool2, pb);
+    const int same = memcmp(out, out3, sizeof(float) * B * HD) == 0 && memcmp(pa, pb2, pb) == 0;
+    fprintf(stderr, "[kda_decode_fused B=%d H=%d%s gate %d: %s the launches] ", B, H, f16 ? " fp16" : "", gate,
+            same ? "bit-equal to" : "NOT bit-equal to");
+    snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d vs the 3 launches", B, H);
+    report(what, lunar_max_rel_err(out, out3, (long)B * HD), 1e-6);
+    CHECK_MSG(memcmp(c2, c3, sizeof(float) * NS * cs) == 0, "conv state pool differs from conv_qkv_decode's");
+    free(x), free(w), free(conv), free(pool), free(g), free(og), free(nw), free(pool16), free(conv_ref);
+    free(pool_ref), free(ref), free(qkv), free(out), free(c2), free(p2), free(h16), free(out3), free(c3), free(pa);
+    free(pb2), free(gwf), free(gx), free(alog), free(dtb), free(gwb);
+    test_tensor_free(&W), test_tensor_free(&NW);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_kda_decode_fused_matches_ops) {
+    if (!cuda_on()) return;
+    check_decode_fused(1, 32, 0, 0, 300);
+    check_decode_fused(2, 3, 0, 0, 310);
+    check_decode_fused(2, 3, 1, 0, 320);
+    check_decode_fused(1, 32, 0, 1, 330); /* Kimi-Linear's shapes, the gates made inside */
+    check_decode_fused(1, 5, 1, 1, 340);
+    check_decode_fused(1, 3, 0, 2, 350);
+}
+
 TEST(cuda_kda_gate_vs_cpu) {
     if (!cuda_on()) return;
     const int T = 37, H = 3, dk = 128;

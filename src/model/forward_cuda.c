@@ -206,7 +206,7 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
 }
 
 static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
-                      float *out) {
+                      float *out, int mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -214,6 +214,12 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
      * launch for the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank
      * and gate inputs read in place: 10 launches fewer per layer */
     const int one = dec && n == 1 && w->kin.p;
+    /* opt-in (mode: lunar_cuda_model.kda_decode, LUNAR_KDA_DECODE=nogate|fused): the convolutions,
+     * the recurrence and the gated norm in one launch (lunar_cuda_kda_decode_fused), =fused the
+     * gate projections inside it too where their input width is 128. Correct (bit-equal) but not
+     * faster on the H200 under PDL: 40 / 60 nodes fewer, same / +0.13 ms (docs/benchmarks.md) */
+    const int fused = one && mode != KDA_DECODE_SPLIT && dk == 128 && K <= 8;
+    lunar_cuda_kda_gate_rows gr = {0};
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
      * them, their L2 norms (per head row) are one launch over 2 n H rows */
     const size_t qk_stride = one ? (size_t)HD : ((size_t)n * HD + 63) / 64 * 64;
@@ -228,17 +234,24 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     uint16_t *hb = NULL;
     float *gin = NULL; /* one: the gate's projection (g, or g_a) in the fused output */
     int gate_done = 0; /* one: pre already holds the output gate's pre-activation */
+    float *y = NULL, *beta_in = NULL; /* one: the fused projection's outputs, beta's logits among them */
     if (one) {
         const int gout = w->g.p ? w->g.out : w->ga.out;
-        float *y = fd((size_t)w->kin.out);
+        y = fd((size_t)w->kin.out);
+        beta_in = y + 3 * HD + w->fa.out + gout;
         mm(y, h, &w->kin, 1);
-        lunar_cuda_kda_conv_qkv_decode(q, beta, y, y + 3 * HD + w->fa.out + gout, w->kin.out, w->qc,
-                                       b->c->conv + ki * b->c->conv_len, b->kda_state_idx, 1, H, dk, K,
-                                       KDA_L2_EPS, NULL);
+        if (!fused)
+            lunar_cuda_kda_conv_qkv_decode(q, beta, y, beta_in, w->kin.out, w->qc, b->c->conv + ki * b->c->conv_len,
+                                           b->kda_state_idx, 1, H, dk, K, KDA_L2_EPS, NULL);
         gin = y + 3 * HD + w->fa.out;
         /* the gate projections and the gate in one launch where f_a and g_a outputs lie as it reads
          * them (adjacent, each the width of the next matrix's input) */
-        if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
+        if (fused && mode == KDA_DECODE_FUSED && w->kfg.p && w->fa.out == 128 && w->fb.in == 128 &&
+            (w->g.p || gout == 128)) {
+            gr = (lunar_cuda_kda_gate_rows){w->kfg.p, y + 3 * HD, w->A_log, w->dt_bias, c->kda_gate_lower_bound,
+                                            !w->g.p};
+            if (!w->g.p) gin = NULL; /* the fused core makes the output gate too */
+        } else if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
             lunar_cuda_kda_gate_proj_decode(g, w->g.p ? NULL : pre, y + 3 * HD, w->kfg.p, H, dk, w->fb.in, w->A_log,
                                             w->dt_bias, c->kda_gate_lower_bound, NULL);
             if (!w->g.p) gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
@@ -283,7 +296,16 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
      * paths run on an fp32 copy of the slot, rounded back after the call (as the CPU rounds S) */
     const int f16 = b->c->state_fp16;
     const size_t sl = b->c->state_len;
-    if (dec && f16)
+    if (fused) {
+        /* the output gate's pre-activation first: the fused core applies the gated norm */
+        const float *og = gr.og ? NULL : pre;
+        if (gin && w->g.p) og = gin;
+        else if (gin) mm(pre, gin, &w->gb, n);
+        void *S = f16 ? (void *)((uint16_t *)b->c->state + ki * sl) : (void *)((float *)b->c->state + ki * sl);
+        lunar_cuda_kda_decode_fused(o, y, w->kin.out, beta_in, w->qc, b->c->conv + ki * b->c->conv_len,
+                                    b->kda_state_idx, gr.w ? NULL : g, og, w->o_norm, S, f16, b->kda_state_idx, 1, H,
+                                    dk, K, KDA_L2_EPS, c->rms_norm_eps, scale, gr.w ? &gr : NULL, NULL);
+    } else if (dec && f16)
         lunar_cuda_kda_recurrent_f16(o, q, k, v, g, beta, (uint16_t *)b->c->state + ki * sl, b->kda_state_idx, NULL,
                                      n, 1, H, dk, dk, scale, NULL);
     else if (dec)
@@ -317,7 +339,9 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     }
     cp_end(LUNAR_PROF_KDA_CORE, t0);
     t0 = cp_begin();
-    if (gate_done) {
+    if (fused) {
+        /* o is the gated norm's output already */
+    } else if (gate_done) {
         /* lunar_cuda_kda_gate_proj_decode wrote it */
     } else if (gin && w->g.p) {
         pre = gin;
@@ -329,7 +353,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(low, hb, &w->ga, n, NULL);
         mm(pre, low, &w->gb, n);
     }
-    lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+    if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
     mm(out, o, &w->o, n);
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
@@ -608,11 +632,14 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     }
     float *sh = NULL;
     double t0 = cp_begin();
+    /* batch 1 with the shared expert as a routed row (w->mx.s1, issue 9): the router GEMM alone,
+     * no side stream; the decode kernels read the shared weights as expert E */
+    const int shrow = n == 1 && w->mx.s1 && !g->fuse_off && k < 64;
     /* batch 1 with the fused matrix (up_cat): the shared gate, up and the router in one GEMM on the
      * main stream, the side stream starting from its output */
-    float *y1 = n == 1 && w->sin.p ? fd((size_t)w->sin.out) : NULL;
+    float *y1 = n == 1 && w->sin.p && !shrow ? fd((size_t)w->sin.out) : NULL;
     if (y1) mm_b(y1, hb, &w->sin, 1, NULL);
-    if (w->sg.p) {
+    if (w->sg.p && !shrow) {
         const int Is = w->sg.out;
         sh = fd((size_t)n * D);
         float *sa = y1 ? cat_out(y1, &w->sin, &w->sg) : fd((size_t)n * Is);
@@ -637,10 +664,11 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     float *logits = y1 ? cat_out(y1, &w->sin, &w->router) : fd((size_t)n * E);
     if (!y1) mm_b(logits, hb, &w->router, n, NULL);
     lunar_cuda_moe_route r;
-    lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
-    if (n == 1 && k <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
+    const int kr = k + shrow; /* permuted rows per token */
+    lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, E)), n, kr, E);
+    if (n == 1 && kr <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
         lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
-                                 c->routed_scaling_factor, NULL);
+                                 c->routed_scaling_factor, shrow, NULL);
     } else {
         lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
                                c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
@@ -658,8 +686,8 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
         cp_end(LUNAR_PROF_LATENT, t0);
     }
     t0 = cp_begin();
-    uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * k * I * 2);
-    float *ybuf = fd((size_t)n * k * De), *acc = Lat ? fd((size_t)n * Lat) : out;
+    uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
+    float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
     lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
@@ -701,7 +729,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y);
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_decode);
     else
         mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */

@@ -81,8 +81,15 @@ struct lunar_cuda_model {
     lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
     lunar_cuda_event ev_x, ev_shared;
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
+    /* the batch-1 KDA decode (kda_layer): the launches of session 4 (default: conv, recurrence,
+     * gated norm apart), the fused core with the gate projections (LUNAR_KDA_DECODE=fused), or the
+     * fused core after the gate-projection launch (=nogate). Opt-in: no faster on the H200
+     * (docs/benchmarks.md "Decode fusion, round 3") */
+    int kda_decode;
     struct lunar_cuda_graphs *graphs; /* the decode steps' CUDA graphs (forward_cuda.c "decode graphs") */
 };
+
+enum { KDA_DECODE_FUSED = 0, KDA_DECODE_NOGATE = 1, KDA_DECODE_SPLIT = 2 };
 
 /* decode steps plan for a longest context rounded up to a quarter of its power of two (>= 256):
  * at most 25 % of empty tiles for the MLA decode kernel (it skips them per row), four graphs per

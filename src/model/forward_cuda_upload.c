@@ -229,6 +229,11 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_off = fz && strcmp(fz, "0") == 0;
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
+    const char *kd = getenv("LUNAR_KDA_DECODE");
+    g->kda_decode = fuse_off || !kd                 ? KDA_DECODE_SPLIT
+                    : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
+                    : strcmp(kd, "nogate") == 0 ? KDA_DECODE_NOGATE
+                                                : KDA_DECODE_SPLIT;
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);
@@ -358,6 +363,19 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                     d->w3[e] = (dmat){s3 + (size_t)e * I * De, I, De, NULL};
                     d->w2[e] = (dmat){s2 + (size_t)e * De * I, De, I, NULL};
                 }
+                /* issue 9, opt-in (LUNAR_MOE_SHARED_ROW=1): at batch 1 the shared expert runs as
+                 * one more routed row of the decode kernels (virtual expert E, weight 1) where it
+                 * has the routed experts' shape, bf16, no latent, one rank: two side-stream
+                 * launches and the join fewer per layer. Not the default: Kimi-Linear-48B B=1
+                 * measured 3.12 ms against 2.99 (docs/benchmarks.md "MoE decode (session 5)"):
+                 * the ninth row takes the gate/up kernel past one wave of blocks, and the shared
+                 * GEMMs no longer overlap the routed ones. */
+                const char *sr = getenv("LUNAR_MOE_SHARED_ROW");
+                const dmat *sg = &d->sg, *su = &d->su, *sd = &d->sd;
+                if (sr && !strcmp(sr, "1") && !c->routed_expert_hidden_size && !m->tp && sg->p && su->p &&
+                    sd->p && !sg->s8 && !su->s8 && !sd->s8 && sg->out == I && sg->in == De && su->out == I &&
+                    su->in == De && sd->out == De && sd->in == I)
+                    X->s1 = sg->p, X->s3 = su->p, X->s2 = sd->p;
             }
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];

@@ -36,6 +36,7 @@ template <int EPT>
 __global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, const float *const *src, int S,
                                                            const float *u, const float *on, int D, float eps) {
     __shared__ double red[16];
+    pdl_enter();
     const size_t t = blockIdx.x;
     float uu[EPT], m[EPT];
 #pragma unroll
@@ -95,9 +96,9 @@ extern "C" void lunar_cuda_attnres_mix(float *out, const float *const *src, int 
     if (n <= 0) return;
     const cudaStream_t st = to_stream(s);
     const int ept = (D + kThreads - 1) / kThreads;
-    if (ept <= 4) attnres_kernel<4><<<n, kThreads, 0, st>>>(out, src, S, u, on, D, eps);
-    else if (ept <= 8) attnres_kernel<8><<<n, kThreads, 0, st>>>(out, src, S, u, on, D, eps);
-    else if (ept <= 16) attnres_kernel<16><<<n, kThreads, 0, st>>>(out, src, S, u, on, D, eps);
-    else attnres_kernel<32><<<n, kThreads, 0, st>>>(out, src, S, u, on, D, eps);
+    if (ept <= 4) launch_pdl(attnres_kernel<4>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    else if (ept <= 8) launch_pdl(attnres_kernel<8>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    else if (ept <= 16) launch_pdl(attnres_kernel<16>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    else launch_pdl(attnres_kernel<32>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
     CUDA_CHECK_LAUNCH();
 }

@@ -75,6 +75,24 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
     return __half2float(*reinterpret_cast<__half *>(&h));
 }
 
+// The sum of v over the block (every thread gets it; blockDim a multiple of 32, at most 1024):
+// warp butterflies, then the warps' sums in warp order through red[32]. A fixed tree, shared by
+// the norm kernels (cuda_dense.cu) and the fused KDA decode (cuda_kda_recurrent.cu), whose
+// results must be the same bits.
+__device__ __forceinline__ float block_sum_f32(float v, float *red) {
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();  // red may still be read by a previous call
+    if (l == 0) red[w] = v;
+    __syncthreads();
+    float t = l < nw ? red[l] : 0.0f;
+    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+// the short convolutions' longest kernel (cuda_dense.cu, cuda_kda_recurrent.cu)
+#define CONV_MAX_K 8
+
 static inline unsigned ceil_div_u(long long a, long long b) { return (unsigned)((a + b - 1) / b); }
 
 // op_kda_gate of one element: f the forget projection, a_log = A_log of its head, dtb its dt_bias
@@ -85,6 +103,31 @@ __device__ __forceinline__ float kda_gate_value(float f, float a_log, float dtb,
     if (lb < 0.0f) return lb / (1.0f + expf(-a * x));
     const float sp = x > 20.0f ? x : log1pf(expf(x));
     return -a * sp;
+}
+
+// The skinny GEMM's arithmetic (cuda_gemm.cu), shared with the fused KDA decode's gate rows
+// (cuda_kda_recurrent.cu), whose results must be the same bits: 8 bf16 pairs per 16-byte load.
+__device__ __forceinline__ float gv_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float gv_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+__device__ __forceinline__ float gv_dot8(uint4 a, uint4 b) {
+    return gv_lo(a.x) * gv_lo(b.x) + gv_hi(a.x) * gv_hi(b.x) + gv_lo(a.y) * gv_lo(b.y) + gv_hi(a.y) * gv_hi(b.y) +
+           gv_lo(a.z) * gv_lo(b.z) + gv_hi(a.z) * gv_hi(b.z) + gv_lo(a.w) * gv_lo(b.w) + gv_hi(a.w) * gv_hi(b.w);
+}
+__device__ __forceinline__ void gv_store(float *y, float v) { *y = v; }
+__device__ __forceinline__ void gv_store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
+
+/* 8 consecutive x values as bf16 pairs: bf16 x as stored, or fp32 x rounded to bf16 here (the
+ * value the f32 -> bf16 copy before a GEMM would have made) */
+__device__ __forceinline__ uint4 gv_x8(const uint16_t *x, size_t row, int i, int in) {
+    return __ldg((const uint4 *)(x + row * in) + i);
+}
+__device__ __forceinline__ uint32_t gv_pack(float a, float b) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
+           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
+}
+__device__ __forceinline__ uint4 gv_x8(const float *x, size_t row, int i, int in) {
+    const float4 a = __ldg((const float4 *)(x + row * in) + 2 * i), b = __ldg((const float4 *)(x + row * in) + 2 * i + 1);
+    return make_uint4(gv_pack(a.x, a.y), gv_pack(a.z, a.w), gv_pack(b.x, b.y), gv_pack(b.z, b.w));
 }
 
 // Programmatic dependent launch (PDL), on unless LUNAR_CUDA_PDL=0 (lunar_cuda_pdl_on, cuda_rt.cu):

@@ -3,16 +3,6 @@
 // norms (sum of squares in fp32, block tree reduction); grid-stride loops for elementwise ops.
 #include "backend/cuda/cuda_common.cuh"
 
-static __device__ __forceinline__ float block_sum(float v, float *red) {
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();  // red may still be read by a previous call
-    if (l == 0) red[w] = v;
-    __syncthreads();
-    float t = l < nw ? red[l] : 0.0f;
-    for (int o = 16; o; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    return t;
-}
 
 static int row_threads(int dim) {
     int t = 32;
@@ -30,7 +20,7 @@ __global__ void norm_kernel(Y *y, const float *x, const float *gate, const uint1
     const float *xr = x + row * dim;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, red);
+    ss = block_sum_f32(ss, red);
     const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] * inv;
@@ -87,7 +77,7 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
         xr[i] = v;
         ss += v * v;
     }
-    ss = block_sum(ss, red);
+    ss = block_sum_f32(ss, red);
     const float inv = 1.0f / sqrtf(ss / dim + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] * inv;
@@ -118,6 +108,7 @@ extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, 
 
 template <typename Y>
 __global__ void embedding_kernel(Y *y, const uint16_t *E, const int32_t *ids, int dim) {
+    pdl_enter();
     const size_t row = blockIdx.x;
     const uint16_t *er = E + (size_t)ids[row] * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x)
@@ -128,10 +119,10 @@ extern "C" void lunar_cuda_embedding(void *y, lunar_cuda_dtype ydt, const uint16
     if (n <= 0) return;
     int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
-        embedding_kernel<float><<<n, th, 0, to_stream(s)>>>((float *)y, E, ids, dim);
+        launch_pdl(embedding_kernel<float>, dim3(n), dim3(th), 0, to_stream(s), (float *)y, E, ids, dim);
     else
-        embedding_kernel<__nv_bfloat16>
-            <<<n, th, 0, to_stream(s)>>>((__nv_bfloat16 *)y, E, ids, dim);
+        launch_pdl(embedding_kernel<__nv_bfloat16>, dim3(n), dim3(th), 0, to_stream(s), (__nv_bfloat16 *)y, E, ids,
+                   dim);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -196,7 +187,6 @@ extern "C" void lunar_cuda_situ_mul(void *y, lunar_cuda_dtype ydt, const float *
 }
 
 // ---------------------------------------------------------------- short conv
-#define CONV_MAX_K 8
 
 // y[t, c] = silu(sum_i w[c, i] * s[t + i]), s = [state[c, 0..K-2], x[0..T-1, c]]. Reads the old
 // state only; the state update runs afterwards in its own kernel (no read/write race).
@@ -252,6 +242,7 @@ extern "C" void lunar_cuda_short_conv(float *y, const float *x, const float *w, 
 __global__ void short_conv_decode_kernel(float *y, const float *x, const float *w,
                                          float *state_pool, const int32_t *slots, int B, int C,
                                          int K) {
+    pdl_enter();
     const int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (idx >= (int64_t)B * C) return;
     const int b = (int)(idx / C), c = (int)(idx % C), S = K - 1;
@@ -275,8 +266,8 @@ extern "C" void lunar_cuda_short_conv_decode(float *y, const float *x, const flo
                                              int C, int K, lunar_cuda_stream s) {
     CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && y != x);
     if (B <= 0) return;
-    short_conv_decode_kernel<<<ceil_div_u((long long)B * C, 256), 256, 0, to_stream(s)>>>(
-        y, x, w, state_pool, slots, B, C, K);
+    launch_pdl(short_conv_decode_kernel, dim3(ceil_div_u((long long)B * C, 256)), dim3(256), 0, to_stream(s), y, x, w,
+               state_pool, slots, B, C, K);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -315,7 +306,7 @@ __global__ void kda_conv_qkv_kernel(float *qkv, float *beta, const float *x, con
             if (i < S) st[i] = i + 1 < S ? win[i + 1] : xv;
     }
     if (part < 2) { /* block-uniform: every thread reaches the sum */
-        const float ss = block_sum(t < dk ? acc * acc : 0.0f, red);
+        const float ss = block_sum_f32(t < dk ? acc * acc : 0.0f, red);
         acc = acc * (1.0f / sqrtf(ss + eps));
     }
     if (t < dk) qkv[((size_t)part * B + b) * HD + (c - part * HD)] = acc;
@@ -334,6 +325,7 @@ extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const fl
 // ---------------------------------------------------------------- KDA gate (elementwise)
 __global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, const float *dt_bias,
                                 int64_t n, int H, int dk, float lb) {
+    pdl_enter();
     const int D = H * dk;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -347,7 +339,7 @@ extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log
     const int64_t n = (int64_t)T * H * dk;
     if (n <= 0) return;
     long long b = (n + 255) / 256;
-    kda_gate_kernel<<<(unsigned)(b > 65536 ? 65536 : b), 256, 0, to_stream(s)>>>(
-        g, f, A_log, dt_bias, n, H, dk, lower_bound);
+    launch_pdl(kda_gate_kernel, dim3((unsigned)(b > 65536 ? 65536 : b)), dim3(256), 0, to_stream(s), g, f, A_log,
+               dt_bias, n, H, dk, lower_bound);
     CUDA_CHECK_LAUNCH();
 }

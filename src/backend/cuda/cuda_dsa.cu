@@ -48,6 +48,7 @@ __global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k
                                    int d, float norm) {
     extern __shared__ float v[];
     __shared__ float wmax[32];
+    pdl_enter();
     const int i = threadIdx.x, tok = blockIdx.x;
     const bool on = i < d;
     if (on) v[i] = k[(size_t)tok * d + i];
@@ -79,6 +80,7 @@ template <int NHP> __global__ void __launch_bounds__(kThreads, 1)
 index_score_kernel(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes,
                    const float *kscales, const int32_t *block_tables, int max_blocks,
                    const int32_t *row_seq, const int32_t *lens, int nh, int d) {
+    pdl_enter();
     constexpr int PT = 64 * 64 / NHP; // positions per tile
     constexpr int TX = PT / 4;        // position groups
     extern __shared__ __align__(16) unsigned char smem[];
@@ -281,6 +283,7 @@ template <int NHP, int R, bool PIPE> __global__ void __launch_bounds__(kThreads,
 index_score_i8_kernel(float *scores, int ld, const float *iq, const float *w, const uint8_t *codes,
                       const float *kscales, const int32_t *block_tables, int max_blocks,
                       const int32_t *row_seq, const int32_t *lens, int rows, int nh, int d, int tpb) {
+    pdl_enter();
     using T = I8Tile<NHP, R>;
     constexpr int PT = T::PT, MT = T::MT, KS = T::KS, HS = T::HS, RS = T::RS;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -515,8 +518,8 @@ void launch_i8(float *scores, int ld, const float *iq, const float *w, const uin
     int tpb = T::TPB;
     while (PIPE && tpb > 1 && (tiles + tpb - 1) / tpb * groups < sms) tpb /= 2;
     dim3 grid(ceil_div_u(max_len, tpb * T::PT), (unsigned)groups);
-    index_score_i8_kernel<NHP, R, PIPE><<<grid, kThreads, smem, st>>>(scores, ld, iq, w, codes, scales, block_tables,
-                                                                      max_blocks, row_seq, lens, rows, nh, d, tpb);
+    launch_pdl(index_score_i8_kernel<NHP, R, PIPE>, dim3(grid), dim3(kThreads), smem, st, scores, ld, iq, w, codes,
+               scales, block_tables, max_blocks, row_seq, lens, rows, nh, d, tpb);
 }
 
 template <bool PIPE>
@@ -575,6 +578,7 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
     __shared__ unsigned long long cand[kCap];
     __shared__ unsigned wsum[32];
     __shared__ unsigned s_digit, s_above, s_cnt, s_ncand;
+    pdl_enter();
     const int row = blockIdx.x, tid = threadIdx.x;
     const int n = lens[row];
     const float *sc = scores + (size_t)row * ld;
@@ -709,7 +713,8 @@ extern "C" void lunar_cuda_dsa_index_write(uint8_t *codes, float *scales, const 
     if (n <= 0) return;
     const float norm = (float)(1.0 / sqrt((double)d));
     const int th = d < 32 ? 32 : d;
-    index_write_kernel<<<n, th, th * sizeof(float), to_stream(s)>>>(codes, scales, k, slots, d, norm);
+    launch_pdl(index_write_kernel, dim3(n), dim3(th), th * sizeof(float), to_stream(s), codes, scales, k, slots, d,
+               norm);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -757,8 +762,8 @@ extern "C" void lunar_cuda_dsa_index_score(float *scores, int ld, const float *i
             attr = true;
         }
         dim3 grid(ceil_div_u(max_len, 128 * kTilesPerBlock), rows);
-        index_score_kernel<32><<<grid, kThreads, score_smem<32>(), to_stream(s)>>>(
-            scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, nh, d);
+        launch_pdl(index_score_kernel<32>, dim3(grid), dim3(kThreads), score_smem<32>(), to_stream(s), scores, ld, iq,
+                   w, codes, scales, block_tables, max_blocks, row_seq, lens, nh, d);
     } else {
         static bool attr = false;
         if (!attr) {
@@ -767,8 +772,8 @@ extern "C" void lunar_cuda_dsa_index_score(float *scores, int ld, const float *i
             attr = true;
         }
         dim3 grid(ceil_div_u(max_len, 64 * kTilesPerBlock), rows);
-        index_score_kernel<64><<<grid, kThreads, score_smem<64>(), to_stream(s)>>>(
-            scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens, nh, d);
+        launch_pdl(index_score_kernel<64>, dim3(grid), dim3(kThreads), score_smem<64>(), to_stream(s), scores, ld, iq,
+                   w, codes, scales, block_tables, max_blocks, row_seq, lens, nh, d);
     }
     CUDA_CHECK_LAUNCH();
 }
@@ -777,6 +782,6 @@ extern "C" void lunar_cuda_dsa_topk(int32_t *idx, int32_t *count, const float *s
                                     const int32_t *lens, int rows, int topk, lunar_cuda_stream s) {
     CUDA_REQUIRE(topk >= 1);
     if (rows <= 0) return;
-    topk_kernel<<<rows, kTK, 0, to_stream(s)>>>(idx, count, scores, ld, lens, topk);
+    launch_pdl(topk_kernel, dim3(rows), dim3(kTK), 0, to_stream(s), idx, count, scores, ld, lens, topk);
     CUDA_CHECK_LAUNCH();
 }

@@ -82,29 +82,6 @@ constexpr int kGvRows = 4, kGvWarps = 8;
 /* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
 constexpr long long kGvMaxElems = 64ll << 20;
 
-__device__ __forceinline__ float gv_lo(uint32_t u) { return __uint_as_float(u << 16); }
-__device__ __forceinline__ float gv_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
-__device__ __forceinline__ float gv_dot8(uint4 a, uint4 b) {
-    return gv_lo(a.x) * gv_lo(b.x) + gv_hi(a.x) * gv_hi(b.x) + gv_lo(a.y) * gv_lo(b.y) + gv_hi(a.y) * gv_hi(b.y) +
-           gv_lo(a.z) * gv_lo(b.z) + gv_hi(a.z) * gv_hi(b.z) + gv_lo(a.w) * gv_lo(b.w) + gv_hi(a.w) * gv_hi(b.w);
-}
-__device__ __forceinline__ void gv_store(float *y, float v) { *y = v; }
-__device__ __forceinline__ void gv_store(__nv_bfloat16 *y, float v) { *y = __float2bfloat16_rn(v); }
-
-/* 8 consecutive x values as bf16 pairs: bf16 x as stored, or fp32 x rounded to bf16 here (the
- * value the f32 -> bf16 copy before a GEMM would have made) */
-__device__ __forceinline__ uint4 gv_x8(const uint16_t *x, size_t row, int i, int in) {
-    return __ldg((const uint4 *)(x + row * in) + i);
-}
-__device__ __forceinline__ uint32_t gv_pack(float a, float b) {
-    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(a)) |
-           (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(b)) << 16;
-}
-__device__ __forceinline__ uint4 gv_x8(const float *x, size_t row, int i, int in) {
-    const float4 a = __ldg((const float4 *)(x + row * in) + 2 * i), b = __ldg((const float4 *)(x + row * in) + 2 * i + 1);
-    return make_uint4(gv_pack(a.x, a.y), gv_pack(a.z, a.w), gv_pack(b.x, b.y), gv_pack(b.z, b.w));
-}
-
 template <int NR, typename TY, typename TX>
 __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
                                                             int in, int split) {

@@ -30,34 +30,38 @@ extern "C" void lunar_glue_copy(void *dst, const void *src, size_t bytes, lunar_
 }
 
 __global__ void k_add(float *x, const float *y, size_t n) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 __global__ void k_sigmul(float *o, const float *g, size_t n) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) o[i] *= 1.0f / (1.0f + expf(-g[i]));
 }
 __global__ void k_scale(float *x, float a, size_t n) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= a;
 }
 extern "C" void lunar_glue_add(float *x, const float *y, size_t n, lunar_cuda_stream s) {
     if (!n) return;
-    k_add<<<ceil_div_u(n, 256), 256, 0, to_stream(s)>>>(x, y, n);
+    launch_pdl(k_add, dim3(ceil_div_u(n, 256)), dim3(256), 0, to_stream(s), x, y, n);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_glue_sigmoid_mul(float *o, const float *g, size_t n, lunar_cuda_stream s) {
     if (!n) return;
-    k_sigmul<<<ceil_div_u(n, 256), 256, 0, to_stream(s)>>>(o, g, n);
+    launch_pdl(k_sigmul, dim3(ceil_div_u(n, 256)), dim3(256), 0, to_stream(s), o, g, n);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_glue_scale(float *x, float a, size_t n, lunar_cuda_stream s) {
     if (!n) return;
-    k_scale<<<ceil_div_u(n, 256), 256, 0, to_stream(s)>>>(x, a, n);
+    launch_pdl(k_scale, dim3(ceil_div_u(n, 256)), dim3(256), 0, to_stream(s), x, a, n);
     CUDA_CHECK_LAUNCH();
 }
 
 __global__ void k_gather(float *y, const float *x, const int32_t *idx, int m, int D) {
+    pdl_enter();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)m * D) return;
     int r = (int)(i / D), d = (int)(i % D);
@@ -72,7 +76,7 @@ __global__ void k_scatter(float *acc, const float *y, const int32_t *idx, const 
 extern "C" void lunar_glue_gather(float *y, const float *x, const int32_t *idx, int m, int D,
                                   lunar_cuda_stream s) {
     if (m <= 0) return;
-    k_gather<<<ceil_div_u((long long)m * D, 256), 256, 0, to_stream(s)>>>(y, x, idx, m, D);
+    launch_pdl(k_gather, dim3(ceil_div_u((long long)m * D, 256)), dim3(256), 0, to_stream(s), y, x, idx, m, D);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_glue_scatter_add(float *acc, const float *y, const int32_t *idx, const float *w,
@@ -144,6 +148,7 @@ extern "C" void lunar_glue_attnres_mix(float *out, const float *const *src, int 
 
 __global__ void k_layernorm(float *y, const float *x, const float *w, const float *b, int dim, float eps) {
     __shared__ double red[32];
+    pdl_enter();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *yr = y + (size_t)blockIdx.x * dim;
     double s = 0;
@@ -163,13 +168,14 @@ __global__ void k_layernorm(float *y, const float *x, const float *w, const floa
 extern "C" void lunar_glue_layernorm(float *y, const float *x, const float *w, const float *b, int n,
                                      int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
-    k_layernorm<<<n, 128, 0, to_stream(s)>>>(y, x, w, b, dim, eps);
+    launch_pdl(k_layernorm, dim3(n), dim3(128), 0, to_stream(s), y, x, w, b, dim, eps);
     CUDA_CHECK_LAUNCH();
 }
 
 // one block per row, len <= 1024 threads... rows of len (power of two) in shared memory
 __global__ void k_hadamard(float *x, int len) {
     extern __shared__ float v[];
+    pdl_enter();
     float *r = x + (size_t)blockIdx.x * len;
     for (int i = threadIdx.x; i < len; i += blockDim.x) v[i] = r[i];
     __syncthreads();
@@ -188,11 +194,12 @@ __global__ void k_hadamard(float *x, int len) {
 extern "C" void lunar_glue_hadamard(float *x, int rows, int len, lunar_cuda_stream s) {
     CUDA_REQUIRE(len >= 1 && (len & (len - 1)) == 0 && len <= 8192);
     if (rows <= 0) return;
-    k_hadamard<<<rows, 128, (size_t)len * sizeof(float), to_stream(s)>>>(x, len);
+    launch_pdl(k_hadamard, dim3(rows), dim3(128), (size_t)len * sizeof(float), to_stream(s), x, len);
     CUDA_CHECK_LAUNCH();
 }
 
 __global__ void k_rope(float *x, const float *inv, const int32_t *pos, int nh, int hd, int half) {
+    pdl_enter();
     const int t = blockIdx.x;
     for (int p = threadIdx.x; p < nh * half; p += blockDim.x) {
         int h = p / half, i = p % half;
@@ -206,7 +213,7 @@ __global__ void k_rope(float *x, const float *inv, const int32_t *pos, int nh, i
 extern "C" void lunar_glue_rope_neox(float *x, const float *inv_freq, const int32_t *pos, int T, int nh,
                                      int hd, int rot, lunar_cuda_stream s) {
     if (T <= 0) return;
-    k_rope<<<T, 128, 0, to_stream(s)>>>(x, inv_freq, pos, nh, hd, rot / 2);
+    launch_pdl(k_rope, dim3(T), dim3(128), 0, to_stream(s), x, inv_freq, pos, nh, hd, rot / 2);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -259,6 +266,7 @@ template <bool FP8>
 __global__ void k_latent_store(void *latent, const float *kvr, const float *w, const int32_t *slots,
                                int R, int P, float eps) {
     __shared__ double red[32];
+    pdl_enter();
     const int i = blockIdx.x, row = R + P;
     if (slots[i] < 0) return; /* not stored here (DCP: another rank's token); the whole block leaves */
     const float *x = kvr + (size_t)i * row;
@@ -280,8 +288,8 @@ extern "C" void lunar_glue_latent_store(void *latent, int fp8, const float *kvr,
                                         const int32_t *slots, int n, int R, int P, float eps,
                                         lunar_cuda_stream s) {
     if (n <= 0) return;
-    if (fp8) k_latent_store<true><<<n, 128, 0, to_stream(s)>>>(latent, kvr, w, slots, R, P, eps);
-    else k_latent_store<false><<<n, 128, 0, to_stream(s)>>>(latent, kvr, w, slots, R, P, eps);
+    if (fp8) launch_pdl(k_latent_store<true>, dim3(n), dim3(128), 0, to_stream(s), latent, kvr, w, slots, R, P, eps);
+    else launch_pdl(k_latent_store<false>, dim3(n), dim3(128), 0, to_stream(s), latent, kvr, w, slots, R, P, eps);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -297,6 +305,7 @@ extern "C" void lunar_glue_latent_store(void *latent, int fp8, const float *kvr,
 __global__ void k_absorb(float *q_lat, float *q_pe, const float *q, const uint16_t *W, int H, int N,
                          int P, int Vd, int R) {
     __shared__ float part[ABS_WARPS][ABS_COLS];
+    pdl_enter();
     const int rh = blockIdx.x, h = rh % H, c0 = blockIdx.y * ABS_COLS;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *qt = q + (size_t)rh * (N + P);
@@ -323,13 +332,14 @@ extern "C" void lunar_glue_mla_absorb(float *q_lat, float *q_pe, const float *q,
                                       int rows, int H, int N, int P, int Vd, int R, lunar_cuda_stream s) {
     if (rows <= 0) return;
     dim3 grid(rows * H, ceil_div_u(R, ABS_COLS));
-    k_absorb<<<grid, ABS_WARPS * 32, 0, to_stream(s)>>>(q_lat, q_pe, q, W, H, N, P, Vd, R);
+    launch_pdl(k_absorb, dim3(grid), dim3(ABS_WARPS * 32), 0, to_stream(s), q_lat, q_pe, q, W, H, N, P, Vd, R);
     CUDA_CHECK_LAUNCH();
 }
 // warp per output x of (row, head): o[x] = sum_r W[h*(N+Vd)+N+x, r] c[r], lanes along r (a row of
 // W_UV read contiguously), shuffle reduction
 #define UNABS_WARPS 8
 __global__ void k_unabsorb(float *o, const float *o_lat, const uint16_t *W, int H, int N, int Vd, int R) {
+    pdl_enter();
     const int rh = blockIdx.x, h = rh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int x = blockIdx.y * UNABS_WARPS + warp;
     if (x >= Vd) return;
@@ -344,7 +354,7 @@ extern "C" void lunar_glue_mla_unabsorb(float *o, const float *o_lat, const uint
                                         int N, int Vd, int R, lunar_cuda_stream s) {
     if (rows <= 0) return;
     dim3 grid(rows * H, ceil_div_u(Vd, UNABS_WARPS));
-    k_unabsorb<<<grid, UNABS_WARPS * 32, 0, to_stream(s)>>>(o, o_lat, W, H, N, Vd, R);
+    launch_pdl(k_unabsorb, dim3(grid), dim3(UNABS_WARPS * 32), 0, to_stream(s), o, o_lat, W, H, N, Vd, R);
     CUDA_CHECK_LAUNCH();
 }
 

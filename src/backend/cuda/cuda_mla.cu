@@ -73,6 +73,7 @@ __device__ __forceinline__ int entry_pos(const MlaArgs &a, int row, int i, int e
 template <bool FP8, bool SPARSE>
 __global__ void __launch_bounds__(128 * kGMax, 1) mla_kernel(MlaArgs a) {
     extern __shared__ __align__(16) unsigned char smem[];
+    pdl_enter();
     const int G = blockDim.x >> 7;
     const int split = blockIdx.x, row = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -278,6 +279,7 @@ __global__ void __launch_bounds__(128 * kGMax, 1) mla_kernel(MlaArgs a) {
 // o[row, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M); no valid split: 0.
 __global__ void mla_merge_kernel(float *o, const float *o_part, const float *lse, int RH, int splits,
                                  float out_scale) {
+    pdl_enter();
     const int rh = blockIdx.x, d = threadIdx.x * 4;
     float M = -INFINITY;
     for (int s = 0; s < splits; s++) M = fmaxf(M, lse[(size_t)s * RH + rh]);
@@ -422,6 +424,7 @@ __device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, ui
 }
 
 template <bool FP8, bool CL> __global__ void __launch_bounds__(kThreads, 1) decode_kernel(Args a) {
+    pdl_enter();
     using C = Cfg<FP8>;
     extern __shared__ __align__(128) unsigned char smem[];
     uint16_t *pbuf = reinterpret_cast<uint16_t *>(smem + C::p_off); // [2][16][kPS]
@@ -711,6 +714,7 @@ __global__ void __launch_bounds__(128) merge_kernel(float *o, const float *o_par
                                                     int splits, float out_scale) {
     extern __shared__ float wsm[]; // [splits]
     __shared__ float red[4];
+    pdl_enter();
     const int rh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     float M = -INFINITY;
     for (int s = threadIdx.x; s < splits; s += 128) M = fmaxf(M, lse[(size_t)s * RH + rh]);
@@ -780,7 +784,7 @@ template <bool FP8, bool SPARSE> void launch(const MlaArgs &a, const Plan &p, cu
         attr = true;
     }
     dim3 grid(p.splits, a.rows, p.head_blocks);
-    mla_kernel<FP8, SPARSE><<<grid, 128 * p.groups, smem_bytes(FP8, p.groups), s>>>(a);
+    launch_pdl(mla_kernel<FP8, SPARSE>, dim3(grid), dim3(128 * p.groups), smem_bytes(FP8, p.groups), s, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -824,13 +828,22 @@ template <bool FP8, bool CL> void launch(const Args &a, const Plan &p, cudaStrea
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = Cfg<FP8>::smem;
     cfg.stream = s;
-    cudaLaunchAttribute attr_cl[1];
-    attr_cl[0].id = cudaLaunchAttributeClusterDimension;
-    attr_cl[0].val.clusterDim.x = CL ? a.cs : 1;
-    attr_cl[0].val.clusterDim.y = 1;
-    attr_cl[0].val.clusterDim.z = 1;
+    cudaLaunchAttribute attr_cl[2];
+    int na = 0;
+    if (CL) {
+        attr_cl[na].id = cudaLaunchAttributeClusterDimension;
+        attr_cl[na].val.clusterDim.x = a.cs;
+        attr_cl[na].val.clusterDim.y = 1;
+        attr_cl[na].val.clusterDim.z = 1;
+        na++;
+    }
+    if (lunar_cuda_pdl_on()) { /* programmatic dependent launch: decode_kernel waits first (launch_pdl) */
+        attr_cl[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr_cl[na].val.programmaticStreamSerializationAllowed = 1;
+        na++;
+    }
     cfg.attrs = attr_cl;
-    cfg.numAttrs = CL ? 1 : 0;
+    cfg.numAttrs = na;
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_kernel<FP8, CL>, a));
 }
 // Cluster size for the cluster variant: the largest divisor of the head groups up to
@@ -903,8 +916,8 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
         else launch<false, false>(a, p, s);
     }
     if (p.splits > 1) {
-        merge_kernel<<<rows * H, kR / 4, p.splits * sizeof(float), s>>>(o, a.o_part, a.lse_part, rows * H, p.splits,
-                                                                          a.out_scale);
+        launch_pdl(merge_kernel, dim3(rows * H), dim3(kR / 4), p.splits * sizeof(float), s, o, a.o_part, a.lse_part,
+                   rows * H, p.splits, a.out_scale);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -940,7 +953,8 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     else if (sparse) launch<false, true>(a, p, s);
     else launch<false, false>(a, p, s);
     if (p.splits > 1) {
-        mla_merge_kernel<<<rows * H, kR / 4, 0, s>>>(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale);
+        launch_pdl(mla_merge_kernel, dim3(rows * H), dim3(kR / 4), 0, s, o, a.o_part, a.lse_part, rows * H, p.splits,
+                   a.out_scale);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -984,6 +998,7 @@ int lunar_mla_sm_count(void) {
 
 void lunar_mla_merge_splits(float *o, const float *o_part, const float *lse, int RH, int splits, float out_scale,
                             cudaStream_t s) {
-    dec::merge_kernel<<<RH, kR / 4, splits * sizeof(float), s>>>(o, o_part, lse, RH, splits, out_scale);
+    launch_pdl(dec::merge_kernel, dim3(RH), dim3(kR / 4), splits * sizeof(float), s, o, o_part, lse, RH, splits,
+               out_scale);
     CUDA_CHECK_LAUNCH();
 }

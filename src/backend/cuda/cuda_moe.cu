@@ -24,8 +24,6 @@
 #include "backend/cuda/cuda_moe.cuh"
 
 
-// Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
-#define DEC_G 8
 __host__ __device__ static int max_groups(int n, int k, int E) {
     int rows = n * k;
     return (rows + DEC_G - 1) / DEC_G + (E < rows ? E : rows);
@@ -40,7 +38,7 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
                                                           const float *logits, const float *bias,
                                                           int E, int k, int n_group,
                                                           int topk_group, int renorm,
-                                                          float scale, lunar_cuda_moe_route r) {
+                                                          float scale, int shared, lunar_cuda_moe_route r) {
     extern __shared__ float sm[];
     float *sc = sm, *ch = sm + E;  // sigmoid, choice (-inf once taken or not eligible)
     __shared__ float gscore[64];
@@ -154,9 +152,20 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
         r.pair_row[i] = pos;
     }
     if (tid == 0) {
+        const int k1 = k + shared;
         r.offsets[E] = k;
-        r.counts[E] = k, r.counts[E + 1] = k, r.counts[E + 2] = k;
-        r.gdone[max_groups(1, k, E)] = 0;
+        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
+        r.gdone[max_groups(1, k1, E)] = 0;
+        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
+            r.offsets[E + 1] = k + 1;
+            r.active[k] = E;
+            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
+            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
+            r.gdone[k] = 0;
+            r.row_token[k] = 0;
+            r.row_weight[k] = 1.0f;
+            r.pair_row[k] = k;
+        }
     }
 }
 
@@ -171,20 +180,20 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
     lunar_cuda_moe_route none;
     memset(&none, 0, sizeof none);
     router_topk_kernel<false><<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
-        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, none);
+        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias,
                                          int n_group, int topk_group, int renorm, float scale,
-                                         lunar_cuda_stream s) {
-    const int E = r->E, k = r->k;
+                                         int shared, lunar_cuda_stream s) {
+    const int E = r->E, k = r->k - (shared != 0);
     if (n_group < 1) n_group = 1;
     CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
                  n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
     launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), 2 * E * sizeof(float), to_stream(s),
-        r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, *r);
+        r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, shared != 0, *r);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -198,7 +207,7 @@ static size_t al256(size_t b) { return (b + 255) / 256 * 256; }
 
 extern "C" size_t lunar_cuda_moe_route_bytes(int n, int k, int E) {
     size_t p = (size_t)n * k, g = (size_t)max_groups(n, k, E);
-    return al256(p * 4) * 2 + al256((E + 1) * 4) + al256(p * 4) * 3 + al256(E * 4) +
+    return al256(p * 4) * 2 + al256((E + 2) * 4) + al256(p * 4) * 3 + al256(E * 4) +
            al256((size_t)max_tiles(n, k, E) * 8) + al256(g * 8) + al256(g * 4 + 4) + al256((E + 3) * 4) +
            al256(E * 4);
 }
@@ -210,7 +219,7 @@ extern "C" void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int
     r->n = n, r->k = k, r->E = E;
     TAKE(experts, int32_t, np * 4);
     TAKE(weights, float, np * 4);
-    TAKE(offsets, int32_t, (E + 1) * 4);
+    TAKE(offsets, int32_t, (E + 2) * 4);
     TAKE(row_token, int32_t, np * 4);
     TAKE(row_weight, float, np * 4);
     TAKE(pair_row, int32_t, np * 4);
@@ -303,18 +312,6 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // ---------------------------------------------------------------- decode kernel
 
 #define DEC_STAGES 4
-__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
-    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // grid (row groups, active-expert slots); block 128 = 4 warps = RT row tiles (of 16 weight rows)
 // x S k-splits (RT * S = 4). Each warp streams its rows' bytes once: per chunk of 128 columns a
 // lane reads one 16-byte block of each of its 2 rows (per matrix) plus the scale byte, the next
@@ -459,7 +456,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
                         uint32_t pa[NM][4], pb[NM][4];
 #pragma unroll
                         for (int i = 0; i < NM; i++) {
-                            const uint16_t *base = a.wb[i] + e * estr;
+                            const uint16_t *base = e == a.E ? a.sb[i] : a.wb[i] + e * estr;
                             pairs_bf16(__ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)), pa[i]);
                             pairs_bf16(__ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)), pb[i]);
                         }
@@ -825,8 +822,8 @@ static void fused_launch(const xargs &g, const xargs &d, const lunar_cuda_moe_ro
 }
 
 // ---------------------------------------------------------------- grouped GEMM (prefill)
-// The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the wgmma one of
-// cuda_moe_wg.cu, path 4, is the default).
+// The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the defaults are
+// the wgmma kernels: cuda_moe_ws.cu's path 6 for BF16 experts, cuda_moe_wg.cu's path 4 for MXFP4).
 // CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
 // (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
 // 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
@@ -1058,20 +1055,40 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
     if (path == 0) {
-        // The decode kernel pair by default: the fused kernel is correct but measured slower on the
-        // H200 (docs/benchmarks.md, "MoE decode: the fused persistent kernel"); LUNAR_MOE_DECODE=fused
-        // selects it for further measurement.
-        static int fused = -1;
-        if (fused < 0) fused = getenv("LUNAR_MOE_DECODE") && !strcmp(getenv("LUNAR_MOE_DECODE"), "fused");
-        // Prefill: the wgmma grouped GEMM (path 4; on the H200 1.5x (MXFP4) to 2.4x (BF16) faster
-        // than the mma.sync one at 8192 tokens, docs/benchmarks.md "MoE prefill with wgmma");
-        // LUNAR_MOE_PREFILL=old selects the mma.sync kernel (path 2).
-        static int pre = -1;
-        if (pre < 0) pre = getenv("LUNAR_MOE_PREFILL") && !strcmp(getenv("LUNAR_MOE_PREFILL"), "old") ? 2 : 4;
-        path = n > 64 ? pre : fused ? 3 : 1;
+        // Decode (docs/benchmarks.md "MoE decode (session 5, H200)"): the kernel pair, except MXFP4
+        // experts of I >= 1024 at 32+ tokens, where the warp-team kernels (path 8) measured 3-17 %
+        // faster (slower at 1-16 tokens, at I = 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused
+        // forces one (the fused kernel is correct but slower everywhere).
+        static int dec = -1;
+        if (dec < 0) {
+            const char *v = getenv("LUNAR_MOE_DECODE");
+            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1 : 0;
+        }
+        const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
+        // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel (path 6,
+        // cuda_moe_ws.cu), MXFP4 experts the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the
+        // H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
+        // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
+        // docs/benchmarks.md "MoE prefill, warp-specialised"). LUNAR_MOE_PREFILL=ws / wg / old
+        // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
+        // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in).
+        static int pre = -1;  // 0: by weight kind
+        if (pre < 0) {
+            const char *e = getenv("LUNAR_MOE_PREFILL");
+            pre = !e                   ? 0
+                  : !strcmp(e, "old") ? 2
+                  : !strcmp(e, "ws")  ? 6
+                  : !strcmp(e, "wsc") ? 7
+                  : !strcmp(e, "wg")  ? 4
+                                      : 0;
+        }
+        path = n > 64 ? (pre ? pre : w->mxfp4 ? 4 : 6) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    CUDA_REQUIRE(path >= 1 && path <= 5 && (path == 2 || path >= 4 || n <= 64));
+    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2 and 4-7: the grouped GEMMs (any n)
+    CUDA_REQUIRE(path >= 1 && path <= 9 && (path == 2 || (path >= 4 && path <= 7) || n <= 64));
+    // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
+    CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || path >= 8)));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1082,16 +1099,21 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     xargs g = a;
     g.wq[0] = w->w1q, g.ws[0] = w->w1s, g.wq[1] = w->w3q, g.ws[1] = w->w3s;
     g.wb[0] = w->w1, g.wb[1] = w->w3;
+    g.sb[0] = w->s1, g.sb[1] = w->s3;
     g.R = w->I, g.K = w->D, g.x = x, g.h = hbuf;
     xargs d = a;
-    d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2;
+    d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2, d.sb[0] = w->s2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
-    if (path == 3) {
+    if (path >= 8) {
+        moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 9 ? 3 : 0, st);
+    } else if (path == 3) {
         // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
         // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
         fused_launch<256, 3>(g, d, r, st);
     } else if (path == 1) {
-        const int slots = np < w->E ? np : w->E;
+        // active experts: at most E, plus the shared expert's row E where it exists (a route with
+        // k + 1 > E rows: session 5's forward failure when this cap left it out)
+        const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
         if (w->mxfp4) {
             decode_nt<true, true>(g, n, slots, st);
             decode_nt<true, false>(d, n, slots, st);
@@ -1099,7 +1121,10 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
-    } else if (path >= 4) {
+    } else if ((path == 6 || path == 7) &&
+               moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 7, st)) {
+        // done (shapes it does not take, or a refused tensor map: path 4 below)
+    } else if (path >= 4 && path <= 7) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

@@ -73,11 +73,28 @@ __device__ __forceinline__ float glu_act(float g, float u, int act, float beta, 
     return ga * ub;
 }
 
+// Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
+#define DEC_G 8
+
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 // Arguments shared by the expert kernels. GATEUP: weights w[0] = w1, w[1] = w3 ([E, R=I, K=D]),
 // x = the token activations gathered by row_token; DOWN: w[0] = w2 ([E, R=D, K=I]), x = hbuf rows.
 struct xargs {
     const uint8_t *wq[2], *ws[2];
     const uint16_t *wb[2];
+    const uint16_t *sb[2];  // BF16 weights of virtual expert E (the shared expert as a routed row) or NULL
     int R, K;
     const uint16_t *x;
     const int32_t *offsets, *active, *counts, *tiles, *row_token;
@@ -92,5 +109,12 @@ struct xargs {
 // permutation (tiles = an upper bound of its length). narrow: 128-row weight tiles everywhere
 // (else 256 where R allows it).
 void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st);
+// The warp-specialised one (cuda_moe_ws.cu, path 6; cluster: path 7, pairs of blocks sharing the
+// BF16 weight tiles, MXFP4 runs path 6): false when the shapes do not fit it (gate/up R % 128, down
+// R % 256, K % 64), a weight tensor map was refused or no cluster fits; the caller runs path 4 then.
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool cluster, cudaStream_t st);
+// The warp-team decode kernels (cuda_moe_dec.cu): both expert GEMMs over r's decode groups
+// (groups, counts[E + 2]); blocks: 0 = the resident capacity, else that many (tests).
+void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);
 
 #endif

@@ -256,6 +256,30 @@ void lunar_cuda_kda_recurrent_f16(float *o, const float *q, const float *k, cons
                                   const float *beta, uint16_t *S_pool, const int32_t *slots, uint16_t *S_steps,
                                   int B, int T, int H, int dk, int dv, float scale, lunar_cuda_stream s);
 
+/* The gate projections lunar_cuda_kda_decode_fused may make itself (one sequence, in = 128): w =
+ * [f_b; g_b] bf16 ([H dk, 128] each; f_b alone unless og), x fp32 [2 x 128] (f_a's then g_a's
+ * outputs, 16-byte aligned), A_log [H], dt_bias [H dk], lb the lower bound: g and og as
+ * lunar_cuda_kda_gate_proj_decode computes them (the same bits). */
+typedef struct lunar_cuda_kda_gate_rows {
+    const uint16_t *w;
+    const float *x, *A_log, *dt_bias;
+    float lb;
+    int og;
+} lunar_cuda_kda_gate_rows;
+
+/* KDA decode core of one token per sequence, one launch (issue 9): what
+ * lunar_cuda_kda_conv_qkv_decode (x, beta_in, x_stride, conv_w = [3 H dk, K], conv_pool with
+ * conv_slots, l2_eps), lunar_cuda_kda_recurrent (g [B, H dk] the activated forget gate, S_pool with
+ * slots, fp32 or, state_fp16, halves; scale) and lunar_cuda_rmsnorm_gated (og [B, H dk] the output
+ * gate's pre-activation, o_norm bf16 [dk], eps) compute in turn, with the same bits: o [B, H dk]
+ * is the gated-normed output. dk = dv = 128 (a cluster of the 4 value tiles of a head), K <= 8.
+ * gr non-NULL (B = 1): g, and og where gr->og, are made from gr (then g, og may be NULL). */
+void lunar_cuda_kda_decode_fused(float *o, const float *x, int64_t x_stride, const float *beta_in,
+                                 const float *conv_w, float *conv_pool, const int32_t *conv_slots, const float *g,
+                                 const float *og, const uint16_t *o_norm, void *S_pool, int state_fp16,
+                                 const int32_t *slots, int B, int H, int dk, int K, float l2_eps, float eps,
+                                 float scale, const lunar_cuda_kda_gate_rows *gr, lunar_cuda_stream s);
+
 /* ---------------------------------------------------------------- MLA (cuda_mla.cu) */
 
 /* Storage of the paged MLA latent cache: bf16, or FP8 e4m3 with one per-tensor scale. */
@@ -409,7 +433,7 @@ typedef struct lunar_cuda_moe_route {
     int n, k, E;
     int32_t *experts;   /* [n, k] (router output, input of the permutation) */
     float *weights;     /* [n, k] */
-    int32_t *offsets;   /* [E + 1] */
+    int32_t *offsets;   /* [E + 2]: [E + 1] only with route_one's shared row (virtual expert E) */
     int32_t *row_token; /* [n*k] token of each permuted row */
     float *row_weight;  /* [n*k] router weight of each permuted row */
     int32_t *pair_row;  /* [n*k] permuted row of pair (t, j) */
@@ -427,9 +451,12 @@ void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int n, int k, 
 void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
 /* One token (r->n == 1, r->k <= 64): lunar_cuda_router_topk into r->experts / r->weights and then
  * lunar_cuda_moe_permute's result, in one launch (the decode step at batch 1 took five: top-k,
- * memset, count, scan, scatter). Leaves r as the pair would, byte for byte. */
+ * memset, count, scan, scatter). Leaves r as the pair would, byte for byte. shared = 1: the top-k
+ * is r->k - 1 and the shared expert joins as one more routed row: virtual expert E (the experts'
+ * s1/s3/s2), permuted row r->k - 1, weight 1, last in the combine's sum (the decode kernels read
+ * its weights; the side stream's SiLU and down projection disappear). */
 void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
-                              int topk_group, int renorm, float scale, lunar_cuda_stream s);
+                              int topk_group, int renorm, float scale, int shared, lunar_cuda_stream s);
 
 /* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as
  * lunar_mxfp4): w1q/w3q [E, I, D/2], w1s/w3s [E, I, D/32], w2q [E, D, I/2], w2s [E, D, I/32];
@@ -440,17 +467,25 @@ typedef struct lunar_cuda_moe_experts {
     float beta, beta_l;
     const uint8_t *w1q, *w1s, *w3q, *w3s, *w2q, *w2s;
     const uint16_t *w1, *w3, *w2;
+    /* BF16 only, or NULL: the shared expert as virtual expert E (same I), s1/s3 [I, D], s2 [D, I],
+     * read by the decode kernels (paths 1 and 8) for a route_one(shared = 1) route */
+    const uint16_t *s1, *s3, *s2;
 } lunar_cuda_moe_experts;
 
 /* The experts on the permuted rows: hbuf[r, I] = bf16(act(w1 z, w3 z)) for z = x[row_token[r]]
  * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
- * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, or the fused decode kernel
- * when LUNAR_MOE_DECODE=fused; above, the wgmma grouped GEMM, or the mma.sync one when
- * LUNAR_MOE_PREFILL=old), 1 the decode kernel pair (n <= 64), 2 the mma.sync grouped
- * GEMM, 3 the fused decode kernel (one persistent grid for both GEMMs; MXFP4 and n <= 64, BF16
- * falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu), 5 the same with 128-row weight
- * tiles throughout (4 uses 256 where R allows).
+ * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, path 8 for MXFP4 at I >= 1024
+ * and n >= 32, LUNAR_MOE_DECODE=pair|v2|fused forcing one; above, path 6 for BF16 experts and path
+ * 4 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old / wg / ws), 1 the decode kernel
+ * pair (n <= 64), 2 the mma.sync grouped GEMM, 3 the fused decode kernel (one persistent grid for
+ * both GEMMs; MXFP4 and n <= 64, BF16 falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu),
+ * 5 the same with 128-row weight tiles throughout (4 uses 256 where R allows), 6 the
+ * warp-specialised wgmma grouped GEMM (cuda_moe_ws.cu: a producer warpgroup, TMA for BF16 weights;
+ * shapes it does not take run 4), 7 the same in clusters of 2 blocks sharing BF16 weight tiles by
+ * TMA multicast (MXFP4: path 6), 8 the warp-team decode kernels (cuda_moe_dec.cu, n <= 64, MXFP4
+ * and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 9 the same on 3 blocks only (tests: every warp
+ * walks many units).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,

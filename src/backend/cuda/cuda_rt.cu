@@ -279,11 +279,13 @@ __global__ void fill_uniform_kernel(float *p, size_t n, uint32_t seed, float lo,
     }
 }
 __global__ void sigmoid_kernel(float *p, size_t n) {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         p[i] = 1.0f / (1.0f + expf(-p[i]));
 }
 __global__ void to_bf16_kernel(__nv_bfloat16 *d, const float *s, size_t n) {
+    pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)
         d[i] = __float2bfloat16_rn(s[i]);
@@ -297,13 +299,13 @@ extern "C" void lunar_cuda_fill_uniform(float *p, size_t n, uint32_t seed, float
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_sigmoid_inplace(float *p, size_t n) {
-    sigmoid_kernel<<<grid_for(n), 256, 0, to_stream(NULL)>>>(p, n);
+    launch_pdl(sigmoid_kernel, dim3(grid_for(n)), dim3(256), 0, to_stream(NULL), p, n);
     CUDA_CHECK_LAUNCH();
 }
 extern "C" void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n) {
     lunar_cuda_f32_to_bf16_on(dst, src, n, NULL);
 }
 extern "C" void lunar_cuda_f32_to_bf16_on(uint16_t *dst, const float *src, size_t n, lunar_cuda_stream s) {
-    to_bf16_kernel<<<grid_for(n), 256, 0, to_stream(s)>>>((__nv_bfloat16 *)dst, src, n);
+    launch_pdl(to_bf16_kernel, dim3(grid_for(n)), dim3(256), 0, to_stream(s), (__nv_bfloat16 *)dst, src, n);
     CUDA_CHECK_LAUNCH();
 }

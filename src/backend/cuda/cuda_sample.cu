@@ -111,6 +111,7 @@ __global__ void __launch_bounds__(kThreads) sample_kernel(int32_t *ids, const fl
     __shared__ sums red[32];
     __shared__ float s_v[32];
     __shared__ int s_i[32];
+    pdl_enter();
     const int r = blockIdx.x;
     const float *lg = logits + (size_t)r * V;
     const lunar_cuda_sample_params p = params[r];
@@ -171,6 +172,6 @@ extern "C" void lunar_cuda_sample(int32_t *ids, const float *logits, int rows, i
                                   const lunar_cuda_sample_params *params, lunar_cuda_stream s) {
     CUDA_REQUIRE(V >= 1);
     if (rows <= 0) return;
-    sample_kernel<<<rows, kThreads, 0, to_stream(s)>>>(ids, logits, V, params);
+    launch_pdl(sample_kernel, dim3(rows), dim3(kThreads), 0, to_stream(s), ids, logits, V, params);
     CUDA_CHECK_LAUNCH();
 }

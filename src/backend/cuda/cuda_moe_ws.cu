@@ -1,0 +1,509 @@
+// The MoE prefill grouped GEMM, warp-specialised (path 6, sm_90a): the wgmma kernel of
+// cuda_moe_wg.cu (path 4) with its copies moved out of the tensor-core warps.
+//
+// Why: path 4 has every thread copy (and, for MXFP4, widen) its share of the next chunks and meet
+// the others at one barrier per 64-column chunk, so each warpgroup's wgmma stream stops at every
+// chunk for the slowest copier; round 1 and 2 of issue 8 measured 24-38 % of the dense peak with it,
+// insensitive to the copy depth and to the tile shape (docs/benchmarks.md, "MoE prefill, round 2").
+// Here one producer warpgroup fills a ring of stages and two consumer warpgroups only wait on
+// mbarriers and issue wgmma, so a stage's copy latency is hidden behind the whole ring, not behind
+// one chunk, and no consumer ever waits for another's copies.
+//
+// Work: items = (128-row M tile of one expert, from the permutation's tile list) x (256 weight rows:
+// GATEUP 128 rows of w1 + the same 128 of w3, SiTU/SwiGLU in the epilogue; DOWN 256 rows of w2, the
+// router weight in the epilogue), walked by a persistent grid of one 384-thread block per SM (block
+// b takes items b, b + grid, ...); K in 64-column chunks (one 128-byte swizzle atom per row).
+//
+// Warpgroup 0, the producer (setmaxnreg down to 72 registers, the consumers up to 216: 128 x 72 +
+// 256 x 216 = the 384 x 168 the block starts with; ptxas still compiles every role within the 168 of
+// __launch_bounds__, so this only hands the producer's unused registers over; a 512-thread variant
+// with two producer warpgroups cannot be built: m64n256k16 needs >= 154 registers and ptxas caps
+// the whole kernel at 128), walks the block's chunks in order; chunk q goes to stage q % ST (A
+// 128 x 64 bf16 + B 256 x 64 bf16, both in the 128-byte-swizzled K-major layout wgmma reads). It
+// waits for the stage's `empty` barrier (the consumers' release of chunk q - ST), then
+//  - BF16 weights: thread 0 arms `full` with the 32 KB of B and issues two bulk tensor copies (TMA,
+//    128 weight rows x 64 columns each, the tensor map's 128-byte swizzle); every producer thread
+//    copies its 8 16-byte pieces of A with cp.async (gathered through row_token for GATEUP; rows
+//    past the expert's end zero-filled, never read) and adds an arrive-on-completion
+//    (cp.async.mbarrier.arrive.noinc) to `full`: 128 + 1 arrivals and 32 KB of transactions;
+//  - MXFP4 weights: the A pieces and the chunk's raw nibbles + E8M0 scale words (cp.async into a
+//    3-deep raw ring), then, P = 2 chunks later (cp.async.wait_group P: this thread's copies of
+//    that chunk have landed), the thread widens its raw blocks to bf16 into the stage's B (exactly
+//    as paths 2 and 4, pairs_mx), fences the async proxy and arrives: 128 arrivals.
+// Consumer warpgroup w (1, 2) multiplies rows 64 (w - 1) .. + 63 of the M tile by the whole B tile:
+// waits `full` (parity of the stage's use), 4 x wgmma m64n256k16 (128 fp32 accumulators a thread),
+// commits, waits for the previous chunk's group (wait_group 1) and releases the previous chunk's
+// stage (one arrival per consumer warp: `empty` counts 8). A warpgroup whose 64 rows all lie past
+// the expert's end issues no wgmma but still waits and releases, so every barrier phase counts the
+// same arrivals. The epilogue writes from the accumulators (as path 4) while the producer already
+// fills the ring with the next item's chunks.
+//
+// Barrier phases: a stage's n-th use (chunk q = n ST + s) completes `full` phase n (waited with
+// parity n & 1) and then `empty` phase n (the producer waits parity (n - 1) & 1 before use n). No
+// arrival can land in a wrong phase: the producer arrives on `full` for use n only after `empty`
+// phase n - 1 completed, and a consumer releases use n only after waiting `full` phase n.
+//
+// The cp.async data of A reaches the wgmma (async proxy) through the mbarrier: BF16's consumers
+// fence the async proxy after their wait (the writes are another thread's, published by the
+// barrier's completion); MXFP4's producer threads fence before their own arrive.
+//
+// Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, warp-specialised"): Kimi-Linear's
+// BF16 shape 2.72-2.84 ms (path 4: 2.95-2.98), 38 % of the measured dense peak, so BF16 prefill runs
+// here by default; K3.1's MXFP4 shapes 20 % slower than path 4 (one warpgroup widening alone: the
+// copies-only probe takes 46 of the 51 ms), so MXFP4 stays on path 4. The probes show the BF16 time
+// is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
+// consumer side (short M tiles, the epilogue outside the MMA stream, per-chunk waits) is the limit.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_wgmma.cuh"
+
+#define WS_BM 128
+#define WS_BN 256
+#define WS_BK 64
+#define WS_T 384
+#define WS_ST 4  // ring stages: 4 x (16 + 32) KB = 192 KB
+#define WS_P 2   // MXFP4: the producer widens chunk q - P after issuing chunk q's copies
+#define WS_RS 3  // MXFP4 raw ring (> WS_P: slot q % RS was last read when widening chunk q - RS)
+
+struct ws_cfg {
+    static constexpr uint32_t A_BYTES = WS_BM * 128, B_BYTES = WS_BN * 128;
+    static constexpr int UNITS = WS_BN * 2;  // MXFP4: 32-column blocks per chunk (a row: 2)
+    static constexpr uint32_t RAW_BYTES = UNITS * 16, SCW_BYTES = UNITS * 4;
+    static constexpr size_t smem(bool mx) {
+        return 1024 + (size_t)WS_ST * (A_BYTES + B_BYTES) + (mx ? (size_t)WS_RS * (RAW_BYTES + SCW_BYTES) : 0) +
+               2 * WS_ST * 8;
+    }
+};
+
+__device__ __forceinline__ void ws_bar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void ws_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ws_arrive_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// an arrival when all of this thread's earlier cp.async have landed (counted in the init count)
+__device__ __forceinline__ void ws_arrive_cp(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void ws_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nWS_WAIT_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+// 64 columns x 128 rows (coordinates: column, row of the [E R, K] weight matrix), 128-byte swizzle
+__device__ __forceinline__ void ws_tma(uint32_t dst, const CUtensorMap *tm, int col, int row, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            dst),
+        "l"(reinterpret_cast<uint64_t>(tm)), "r"(col), "r"(row), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void ws_cp4(uint32_t dst, const void *src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ uint4 ws_lds128(uint32_t a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ uint32_t ws_lds32(uint32_t a) {
+    uint32_t v;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
+}
+__device__ __forceinline__ void ws_sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
+}
+// the same copy into the same offset of both blocks of a 2-block cluster, completing on each
+// block's mbarrier at the same offset
+__device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *tm, int col, int row, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(tm)), "r"(col), "r"(row), "r"(bar), "h"((uint16_t)3)
+        : "memory");
+}
+// an arrival on the mbarrier at the same offset in the other block of the cluster
+__device__ __forceinline__ void ws_arrive_peer(uint32_t bar, uint32_t peer) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(peer)
+                 : "memory");
+}
+__device__ __forceinline__ void ws_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t ws_cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
+// K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as cuda_moe_wg.cu's wg_desc)
+__device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
+    return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
+           ((uint64_t)1 << 62);
+}
+
+// CL (path 7, BF16 only): blocks run in clusters of 2 that take the two M tiles 2k, 2k + 1 of one
+// expert (an item = pair of tiles x N tile) and share the B tile: block rank r copies half r (w1 /
+// w3 rows for GATEUP, rows 128 r .. of the 256 for DOWN) by TMA multicast into both blocks' stage,
+// so each weight byte leaves L2 once per pair instead of once per tile (the 128 x 256 tile alone
+// needs ~10 TB/s of L2 reads at the dense peak). The pairs are counted per expert (ceil(tiles / 2))
+// into a prefix array in shared memory at the start; the second tile of an odd expert has no rows
+// (its block copies its half of B and multiplies nothing). Each consumer warp releases a stage in
+// both blocks (`empty` counts 16), so neither producer refills a stage the other block still reads;
+// the blocks leave together (a cluster barrier), since the other block's copies and arrivals target
+// this one's shared memory. Measured correct but slower (Kimi-Linear 3.74 ms vs path 6's 2.84): an
+// expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
+// run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
+template <bool MX, bool GATEUP, bool CL>
+__global__ void __launch_bounds__(WS_T, 1)
+    moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
+                  const __grid_constant__ CUtensorMap tm1, int probe) {
+    static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
+    typedef ws_cfg C;
+    constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile
+    constexpr int NACC = WS_BN / 2;                 // accumulators per consumer thread
+    extern __shared__ uint8_t ws_smem[];
+    const uint32_t sA = (smem_u32(ws_smem) + 1023u) & ~1023u;
+    const uint32_t sB = sA + WS_ST * C::A_BYTES, sR = sB + WS_ST * C::B_BYTES, sS = sR + WS_RS * C::RAW_BYTES;
+    const uint32_t full = (MX ? sS + WS_RS * C::SCW_BYTES : sR), empty = full + WS_ST * 8;
+    int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs before expert e
+
+    const int NN = a.R / NH, J = a.K / WS_BK;
+    const int tid = threadIdx.x;
+    const uint32_t rank = CL ? ws_cluster_rank() : 0;
+    if (CL) {
+        for (int e = tid; e < a.E; e += WS_T) {
+            const int t = (a.offsets[e + 1] - a.offsets[e] + WS_BM - 1) / WS_BM;
+            pfx[e + 1] = (t + 1) / 2;
+        }
+        __syncthreads();
+        if (tid < 32) {  // exclusive scan: lane l sums a run of experts, then a warp scan of the runs
+            const int per = (a.E + 31) / 32, e0 = tid * per, e1 = min(a.E, e0 + per);
+            int sum = 0;
+            for (int e = e0; e < e1; e++) sum += pfx[e + 1];
+            int inc = sum;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_up_sync(0xffffffffu, inc, o);
+                if (tid >= o) inc += v;
+            }
+            int run = inc - sum;
+            if (tid == 0) pfx[0] = 0;
+            for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
+        }
+        __syncthreads();
+    }
+    // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones
+    const int total = (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
+    const int G = CL ? gridDim.x / 2 : gridDim.x, b = CL ? blockIdx.x / 2 : blockIdx.x;
+    if (b >= total) return;  // block- (CL: cluster-) uniform, before any barrier
+    const int items = (total - 1 - b) / G + 1, Q = items * J;
+    // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
+        const int w = b + li * G;
+        if (CL) {
+            const int pr = w / NN;
+            int lo = 0, hi = a.E - 1;  // the last expert whose pairs start at or before pr
+            while (lo < hi) {
+                const int mid = (lo + hi + 1) >> 1;
+                if (pfx[mid] <= pr) lo = mid;
+                else hi = mid - 1;
+            }
+            e = lo, rend = a.offsets[e + 1];
+            r0 = a.offsets[e] + (pr - pfx[e]) * 2 * WS_BM + (int)rank * WS_BM;
+            n0 = (w - pr * NN) * NH;
+        } else {
+            const int ti = w / NN;
+            e = a.tiles[2 * ti], r0 = a.tiles[2 * ti + 1], rend = a.offsets[e + 1];
+            n0 = (w - ti * NN) * NH;
+        }
+    };
+    if (tid == 0) {
+        for (int s = 0; s < WS_ST; s++) {
+            ws_bar_init(full + 8 * s, MX ? 128 : 129);
+            ws_bar_init(empty + 8 * s, CL ? 16 : 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_async_smem();
+    }
+    if (CL) ws_cluster_sync();  // both blocks' barriers exist before either copies or arrives
+    else __syncthreads();
+
+    if (tid < 128) {
+        // ---------------------------------------------------------------- producer
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
+        const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 16 i, 16-byte chunk a_ch
+        const size_t estr = (size_t)a.R * a.K;
+        const uint16_t *xsrc[8];
+        uint32_t xok = 0;
+        int e = 0, n0 = 0;
+        auto issue = [&](int q) {
+            const int li = q / J, j = q - li * J, s = q % WS_ST;
+            if (j == 0) {
+                int r0, rend;
+                item(li, e, r0, rend, n0);
+                xok = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int r = r0 + a_row0 + 16 * i;
+                    const bool ok = r < rend;
+                    xok |= (uint32_t)ok << i;
+                    const int src = ok ? (GATEUP ? a.row_token[r] : r) : 0;
+                    xsrc[i] = a.x + (size_t)src * a.K + a_ch * 8;
+                }
+            }
+            if (q >= WS_ST) ws_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
+            if (probe == 2) {  // timing probe: no copies, the stage is declared full as it is
+                ws_arrive(full + 8 * s);
+                if (!MX && tid == 0) ws_arrive(full + 8 * s);  // (the arrival that expects B's bytes)
+                if (MX) cp_commit();
+                return;
+            }
+            if (CL && tid == 0) {  // this block's half of B, into both blocks
+                ws_arrive_tx(full + 8 * s, C::B_BYTES);
+                const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
+                ws_tma_mc(sB + s * C::B_BYTES + rank * (C::B_BYTES / 2), rank ? &tm1 : &tm0, j * WS_BK, row,
+                          full + 8 * s);
+            } else if (!MX && tid == 0) {
+                ws_arrive_tx(full + 8 * s, C::B_BYTES);
+                const int row = e * a.R + n0;
+                ws_tma(sB + s * C::B_BYTES, &tm0, j * WS_BK, row, full + 8 * s);
+                ws_tma(sB + s * C::B_BYTES + C::B_BYTES / 2, &tm1, j * WS_BK, GATEUP ? row : row + 128,
+                       full + 8 * s);
+            }
+            const uint32_t dA = sA + s * C::A_BYTES;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                const int row = a_row0 + 16 * i;
+                cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WS_BK, (xok >> i) & 1);
+            }
+            if (MX) {
+                const int slot = q % WS_RS;
+                const size_t ebase = (size_t)e * estr;
+#pragma unroll
+                for (int i = 0; i < C::UNITS / 128; i++) {
+                    const int u = tid + 128 * i, nr = u >> 1, half = u & 1;
+                    const bool m3 = GATEUP && nr >= NH;
+                    const size_t base = ebase + (size_t)(n0 + (m3 ? nr - NH : nr)) * a.K;
+                    const uint8_t *q4 = m3 ? a.wq[1] : a.wq[0], *s8 = m3 ? a.ws[1] : a.ws[0];
+                    cp_async16(sR + slot * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
+                    // the aligned word holding this block's scale byte (never past the allocation)
+                    const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
+                    ws_cp4(sS + slot * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
+                }
+                cp_commit();
+            } else {
+                ws_arrive_cp(full + 8 * s);
+            }
+        };
+        // MXFP4: chunk q's raw blocks of this thread -> bf16 rows of stage q % ST's B, then arrive
+        auto widen = [&](int q) {
+            const int j = q % J, s = q % WS_ST, slot = q % WS_RS;
+            const uint32_t dB = sB + s * C::B_BYTES;
+#pragma unroll
+            for (int i = 0; i < C::UNITS / 128; i++) {
+                const int u = tid + 128 * i, nr = u >> 1, half = u & 1;
+                const bool m3 = GATEUP && nr >= NH;
+                const uint4 nib = ws_lds128(sR + slot * C::RAW_BYTES + u * 16);
+                const uint32_t sw = ws_lds32(sS + slot * C::SCW_BYTES + u * 4);
+                // the byte's place in its word: the scale offsets of a row and an expert are multiples of 4
+                const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + 2 * j + half) & 3;
+                const mxscale sc = mx_scale((sw >> (8 * sel)) & 0xffu);
+                const bool two = __any_sync(0xffffffffu, sc.two);
+                const uint32_t row = dB + nr * 128;
+                const uint32_t words[4] = {nib.x, nib.y, nib.z, nib.w};
+#pragma unroll
+                for (int w = 0; w < 4; w++) {
+                    uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
+                    if (two) pairs_mx<true>(words[w], sc, p);
+                    else pairs_mx<false>(words[w], sc, p);
+                    ws_sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
+                              prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
+                }
+            }
+            fence_async_smem();  // this thread's widened rows and landed A pieces -> the wgmma
+            ws_arrive(full + 8 * s);
+        };
+        if (MX) {
+            for (int q = 0; q < Q + WS_P; q++) {
+                if (q < Q) issue(q);
+                else cp_commit();  // empty groups keep the wait_group count fixed
+                if (q >= WS_P) {
+                    cp_wait<WS_P>();
+                    if (probe != 2) widen(q - WS_P);
+                }
+            }
+        } else {
+            for (int q = 0; q < Q; q++) issue(q);
+        }
+        cp_commit();
+        cp_wait<0>();  // nothing of this thread's is left in flight when it leaves
+    } else {
+        // ---------------------------------------------------------------- consumers
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
+        const int ct = tid - 128, wg = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3;
+        const int g = lane >> 2, c = lane & 3;
+        float acc[NACC];
+#pragma unroll
+        for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
+        int pend = -1;  // the chunk whose stage this warp has not released yet
+        for (int li = 0, q = 0; li < items; li++) {
+            int e_, c_r0, c_rend, c_n0;
+            item(li, e_, c_r0, c_rend, c_n0);
+            c_r0 += wg * 64;
+            const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
+            for (int j = 0; j < J; j++, q++) {
+                const int s = q % WS_ST;
+                ws_wait(full + 8 * s, (q / WS_ST) & 1);
+                if (c_on && probe != 1) {  // probe 1: no products (times the copies alone)
+                    if (!MX) fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
+                    const uint32_t aT = sA + s * C::A_BYTES + wg * 64 * 128, bT = sB + s * C::B_BYTES;
+                    wgmma_fence();
+                    fence_acc<NACC>(acc);
+#pragma unroll
+                    for (int kk = 0; kk < WS_BK / 16; kk++)
+                        wgmma_m64n256<0>(acc, ws_desc(aT + kk * 32), ws_desc(bT + kk * 32), j > 0 || kk > 0);
+                    wgmma_commit();
+                    fence_acc<NACC>(acc);
+                }
+                wgmma_wait<1>();  // chunk q - 1's products are done: its stage may be refilled
+                if (pend >= 0) {
+                    __syncwarp();
+                    if (lane == 0) {
+                        ws_arrive(empty + 8 * (pend % WS_ST));
+                        if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+                    }
+                }
+                pend = q;
+            }
+            wgmma_wait<0>();
+            fence_acc<NACC>(acc);
+            __syncwarp();
+            if (lane == 0) {
+                ws_arrive(empty + 8 * (pend % WS_ST));
+                if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+            }
+            pend = -1;
+            if (c_on) {
+                // accumulator i: row 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1)
+                const int rlo = c_r0 + wwarp * 16 + g;
+#pragma unroll
+                for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
+                    const int col = c_n0 + 2 * p + 2 * c;
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int r = rlo + 8 * hh;
+                        if (r >= c_rend) continue;
+                        const float *v = acc + p + 2 * hh;
+                        if (GATEUP) {
+                            const float h0 = glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
+                            const float h1 = glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
+                            *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
+                        } else {
+                            const float rw = a.row_weight[r];
+                            *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (CL) ws_cluster_sync();  // the other block's last copies / arrivals into this one have landed
+}
+
+// ---------------------------------------------------------------- launchers
+
+// [rows, K] bf16 weights as a 2-D tensor with 64-column x 128-row boxes in the 128-byte swizzle.
+// false: no driver entry point or the map was refused.
+static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+    static bool tried = false;
+    if (!tried) {
+        tried = true;
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+        else
+            (void)cudaGetLastError();
+    }
+    if (!fn || !w) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)K * 2};
+    const cuuint32_t box[2] = {WS_BK, 128}, es[2] = {1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t *>(w), dims, strides, box, es,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+#define WS_MAX_DEV 64
+template <bool MX, bool GATEUP, bool CL>
+static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
+    CUtensorMap t0, t1;
+    memset(&t0, 0, sizeof t0), memset(&t1, 0, sizeof t1);
+    if (!MX) {
+        const long rows = (long)a.E * a.R;
+        if (!ws_tmap(&t0, a.wb[0], rows, a.K)) return false;
+        if (!GATEUP) t1 = t0;  // DOWN: the second 128 rows of the same matrix
+        else if (!ws_tmap(&t1, a.wb[1], rows, a.K)) return false;
+    }
+    // CL: + the pair prefix array; sized for the largest expert count once (the attribute is set once)
+    CUDA_REQUIRE(!CL || a.E <= 1024);
+    const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0);
+    static bool attr[WS_MAX_DEV];
+    static int sms[WS_MAX_DEV];  // blocks that run at once: SMs, or CL: 2 x the clusters that fit
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_REQUIRE(dev >= 0 && dev < WS_MAX_DEV);
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute cl[1];
+    cl[0].id = cudaLaunchAttributeClusterDimension;
+    cl[0].val.clusterDim.x = 2, cl[0].val.clusterDim.y = 1, cl[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(WS_T), cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = cl, cfg.numAttrs = CL ? 1 : 0;
+    if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
+        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)smem));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
+        if (CL) {
+            int nc = 0;
+            cfg.gridDim = dim3(2 * sms[dev]);
+            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL>, &cfg));
+            if (nc <= 0) return false;  // (attr stays unset: asked again, refused again)
+            sms[dev] = 2 * nc;
+        }
+        attr[dev] = true;
+    }
+    // an upper bound of the items (CL: of the pairs of tiles x N tiles); blocks without one leave
+    const long items = (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN)) * (CL ? 2 : 1);
+    const int grid = items < sms[dev] ? (int)items : sms[dev];
+    if (grid <= 0) return true;
+    // timing probes for the benchmark (results are garbage): LUNAR_MOE_WS_PROBE=copies skips the
+    // products, =mma the copies (and the widening); read at every launch so one process can switch
+    const char *pe = getenv("LUNAR_MOE_WS_PROBE");
+    const int probe = pe && !strcmp(pe, "copies") ? 1 : pe && !strcmp(pe, "mma") ? 2 : 0;
+    cfg.gridDim = dim3(grid);
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL>, a, t0, t1, probe));
+    return true;
+}
+
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool cluster, cudaStream_t st) {
+    // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
+    if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;
+    if (mx) return ws_launch<true, true, false>(g, tiles, st) && ws_launch<true, false, false>(d, tiles, st);
+    if (cluster) return ws_launch<false, true, true>(g, tiles, st) && ws_launch<false, false, true>(d, tiles, st);
+    return ws_launch<false, true, false>(g, tiles, st) && ws_launch<false, false, false>(d, tiles, st);
+}
