@@ -12,4 +12,12 @@ int lunar_test_wide_model_dir(char *dir);
 int lunar_test_k3_model_dir(char *dir);
 void lunar_test_wide_model_rm(const char *dir);
 
+#include "model/model.h"
+
+/* make (one of the two above) writes the model into a new folder (dir: room for 64 bytes), then it
+ * is loaded with lo (NULL: the defaults): the model, or NULL after a failed check naming the load
+ * error. lunar_test_model_done frees it (NULL too) and removes the folder. */
+lunar_model *lunar_test_model_load(char *dir, int (*make)(char *), const lunar_load_options *lo);
+void lunar_test_model_done(lunar_model *m, const char *dir);
+
 #endif

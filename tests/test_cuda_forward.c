@@ -389,13 +389,25 @@ void lunar_test_wide_model_rm(const char *dir) {
     rmdir(dir);
 }
 
+lunar_model *lunar_test_model_load(char *dir, int (*make)(char *), const lunar_load_options *lo) {
+    LUNAR_ASSERT(make(dir) == 0);
+    lunar_err err;
+    lunar_model *m;
+    if (lunar_model_load_ex(&m, dir, lo, &err) == 0) return m;
+    CHECK_MSG(0, "%s", err.msg);
+    return NULL;
+}
+
+void lunar_test_model_done(lunar_model *m, const char *dir) {
+    if (m) lunar_model_free(m);
+    lunar_test_wide_model_rm(dir);
+}
+
 TEST(cuda_forward_kernel_shapes_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
-    lunar_err err;
-    lunar_model *m;
-    if (lunar_model_load(&m, dir, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, NULL);
+    if (m) {
         enum { T = 150, ND = 3 };
         int32_t ids[T + ND];
         unsigned st = 7;
@@ -407,11 +419,8 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
         /* fp16 KDA states: the recurrent kernel's fp16 slots (decode) and the widened copy around
          * the chunked prefill */
         run_model("wide, fused MoE, fp16 state", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP16_STATE);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 /* PTPC amplifies any upstream difference, which is why the PTPC forward comparisons below say
@@ -447,11 +456,9 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
 TEST(cuda_ptpc_forward_wide_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
-    lunar_err err;
-    lunar_model *m;
     lunar_load_options lo = {.ptpc_fp8 = 1};
-    if (lunar_model_load_ex(&m, dir, &lo, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, &lo);
+    if (m) {
         CHECK(m->cfg.ptpc_fp8);
         enum { T = 150, ND = 3 };
         int32_t ids[T + ND];
@@ -474,11 +481,8 @@ TEST(cuda_ptpc_forward_wide_vs_cpu) {
         CHECK(s0 + u0 > s1 + u1 && g0 > g1); /* cuBLASLt's FP8 GEMM and the decode kernel ran */
         fprintf(stderr, "\n  ptpc GEMMs: cuBLASLt scaled %lld, unscaled %lld, fallback %lld, decode kernel %lld ",
                 s0 - s1, u0 - u1, f0 - f1, g0 - g1);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 /* --quantization ptpc_fp8 where the device follows the CPU op for op (the goldens' narrow models
@@ -531,10 +535,8 @@ TEST(cuda_ptpc_forward_goldens_vs_cpu) {
 TEST(cuda_forward_k3_shapes_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
-    lunar_err err;
-    lunar_model *m;
-    if (lunar_model_load(&m, dir, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_k3_model_dir, NULL);
+    if (m) {
         CHECK(m->cfg.attn_res_block_size == 2 && m->cfg.index_topk == 128 && m->cfg.experts_mxfp4 &&
               m->cfg.n_kda_layers == 2 && m->cfg.n_mla_layers == 2);
         enum { T = 150, ND = 3 };
@@ -544,11 +546,8 @@ TEST(cuda_forward_k3_shapes_vs_cpu) {
         run_model("k3, generic MoE", m, ids, T, ND, NULL, NULL, 3e-2, 0, 0);
         run_model("k3, fused MoE", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         run_model("k3, fused, fp8 kv", m, ids, T, ND, NULL, NULL, 3e-2, 1, 1);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 TEST(cuda_forward_matches_goldens) {

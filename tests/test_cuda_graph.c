@@ -164,10 +164,8 @@ static void graphs_vs_eager(const char *name, const lunar_model *m, int fused, c
 TEST(cuda_forward_graphs_match_eager) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
-    lunar_err err;
-    lunar_model *m;
-    if (lunar_model_load(&m, dir, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, NULL);
+    if (m) {
         long cap = 0, rep = 0;
         const int Bs[] = {1, 3, 6};
         graphs_vs_eager("kimi-linear", m, 1, Bs, 3, &cap, &rep);
@@ -177,11 +175,8 @@ TEST(cuda_forward_graphs_match_eager) {
         cap = rep = 0;
         graphs_vs_eager("kimi-linear", m, 0, Bs, 3, &cap, &rep); /* the generic MoE downloads the routing: never captured */
         CHECK_MSG(cap == 0 && rep == 0, "generic MoE: %ld captures, %ld replays (want none)", cap, rep);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 /* --quantization ptpc_fp8 (the wide model's linears as PTPC-FP8): batch 1 and 3 decode steps take the
@@ -191,11 +186,9 @@ TEST(cuda_forward_graphs_match_eager) {
 TEST(cuda_ptpc_graphs_match_eager) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
-    lunar_err err;
-    lunar_model *m;
     lunar_load_options lo = {.ptpc_fp8 = 1};
-    if (lunar_model_load_ex(&m, dir, &lo, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, &lo);
+    if (m) {
         long cap = 0, rep = 0;
         long long g0, g1;
         const int Bs[] = {1, 3, 6};
@@ -204,11 +197,8 @@ TEST(cuda_ptpc_graphs_match_eager) {
         lunar_cuda_ptpc_stats(NULL, NULL, NULL, &g1);
         CHECK_MSG(cap == 9 && rep == 39, "ptpc: %ld captures, %ld replays (want 9, 39)", cap, rep);
         CHECK(g1 > g0); /* the decode kernel ran (eager and captured steps) */
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 /* The K3 / K3.1-shaped model (tests/cuda_wide.h): AttnRes (its candidates read from the step's
@@ -217,19 +207,14 @@ TEST(cuda_ptpc_graphs_match_eager) {
 TEST(cuda_forward_graphs_k3_match_eager) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
-    lunar_err err;
-    lunar_model *m;
-    if (lunar_model_load(&m, dir, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_k3_model_dir, NULL);
+    if (m) {
         long cap = 0, rep = 0;
         const int Bs[] = {1, 3};
         graphs_vs_eager("k3", m, 1, Bs, 2, &cap, &rep);
         CHECK_MSG(cap == 6 && rep == 26, "k3: %ld captures, %ld replays (want 6, 26)", cap, rep);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 /* Programmatic dependent launch (cuda_common.cuh; the default, LUNAR_CUDA_PDL=0 turns it off): the
@@ -240,30 +225,22 @@ TEST(cuda_forward_graphs_k3_match_eager) {
 TEST(cuda_forward_graphs_pdl_match_eager) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
-    lunar_err err;
-    lunar_model *m;
     long cap = 0, rep = 0;
-    LUNAR_ASSERT(lunar_test_wide_model_dir(dir) == 0);
-    if (lunar_model_load(&m, dir, &err) == 0) {
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, NULL);
+    if (m) {
         const int Bs[] = {1, 3};
         graphs_vs_eager_pdl("kimi-linear", m, 1, Bs, 2, &cap, &rep, 1);
         CHECK_MSG(cap == 6 && rep == 26, "kimi-linear: %ld captures, %ld replays (want 6, 26)", cap, rep);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
-    LUNAR_ASSERT(lunar_test_k3_model_dir(dir) == 0);
-    if (lunar_model_load(&m, dir, &err) == 0) {
+    lunar_test_model_done(m, dir);
+    m = lunar_test_model_load(dir, lunar_test_k3_model_dir, NULL);
+    if (m) {
         const int Bs[] = {1};
         cap = rep = 0;
         graphs_vs_eager_pdl("k3", m, 1, Bs, 1, &cap, &rep, 1);
         CHECK_MSG(cap == 3 && rep == 13, "k3: %ld captures, %ld replays (want 3, 13)", cap, rep);
-        lunar_model_free(m);
-    } else {
-        CHECK_MSG(0, "%s", err.msg);
     }
-    lunar_test_wide_model_rm(dir);
+    lunar_test_model_done(m, dir);
 }
 
 #endif
