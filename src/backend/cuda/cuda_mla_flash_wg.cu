@@ -260,20 +260,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
+// the driver's tensor-map encoder, looked up once (a function-local static: thread-safe, TP ranks
+// call this from several threads); nullptr: none (the caller keeps the mma.sync kernel)
 PFN_cuTensorMapEncodeTiled_v12000 encoder(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    static bool tried = false;
-    if (!tried) {
-        tried = true;
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
         void *ptr = nullptr;
         cudaDriverEntryPointQueryResult q;
         if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
                 cudaSuccess &&
             q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-        else
-            (void)cudaGetLastError();
-    }
+            return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+        (void)cudaGetLastError();
+        return (PFN_cuTensorMapEncodeTiled_v12000) nullptr;
+    }();
     return fn;
 }
 // a [rows][cols] bf16 matrix (row stride ld elements) in boxes of 64 x 128 with the 128-byte swizzle
