@@ -340,10 +340,10 @@ static void bench_indexer(void) {
 
 /* MLA prefill of one sequence, the whole attention op from q [n, H, 192] to o [n, H, 128]:
  * old = the absorbed form (absorption GEMM + cuda_mla_prefill.cu's GEMMs + un-absorption GEMM),
- * new = the decompressed flash form (cuda_mla_flash.cu: gather, lift GEMM, flash kernel). The
- * lift GEMM alone is timed too (same shape), so the flash kernel's rate is (new - lift). Flop
- * counts: causal attention 2 * (192 + 128) per (query, head, visible key); the floor at 790
- * TFLOP/s (cuBLAS bf16 measured on these H200s) of those flops plus the lift's. */
+ * new = the decompressed flash form (cuda_mla_flash.cu: gather, lift GEMM, flash kernel: the
+ * mma.sync one or the wgmma one, cuda_mla_flash_wg.cu). The lift GEMM alone is timed too (same
+ * shape), so the flash kernel's rate is (new - lift). Flop counts: causal attention 2 * (192 + 128)
+ * per (query, head, visible key), held against a cuBLAS bf16 8192^3 GEMM timed in the same run. */
 typedef struct {
     float *q, *o, *qlat, *qpe, *olat, *w32;
     uint16_t *W, *KV, *C;
@@ -365,13 +365,27 @@ static void call_pre_lift(void *p) {
     pre_case *c = p;
     lunar_cuda_matmul(c->KV, LUNAR_CUDA_BF16, c->C, c->W, c->pos0 + c->n, c->H * 256, 512, NULL);
 }
+static void call_peak(void *p) { /* a square bf16 GEMM: the rate the kernels are held against */
+    pre_case *c = p;
+    lunar_cuda_matmul(c->KV, LUNAR_CUDA_BF16, c->C, c->W, 8192, 8192, 8192, NULL);
+}
 static void bench_prefill(void) {
-    static const char *var[][2] = {{"4", "2"}, {"8", "2"}, {"8", "3"}, {"4", "3"}}; /* warps, stages */
-    printf("\n### MLA prefill, one sequence: absorbed GEMMs (old) vs decompressed flash (new; variants: "
-           "LUNAR_MLA_FLASH_WARPS x LUNAR_MLA_FLASH_STAGES)\n\n");
-    printf("| H | n | pos0 | attn TFLOP | old | lift GEMM | new 4w2s | new 8w2s | new 8w3s | new 4w3s | best vs old | "
-           "best kernel TFLOP/s | of 790 |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    static const int cases[][3] = {{32, 8192, 0}, {12, 8192, 0}, {32, 4096, 4096}, {32, 1024, 0}, {32, 16384, 0}};
+    /* the peak measured here: cuBLAS bf16 8192^3 */
+    size_t mark0 = lunar_cuda_mark();
+    pre_case pk = {0};
+    pk.KV = dalloc((size_t)8192 * 8192 * 2), pk.C = dalloc((size_t)8192 * 8192 * 2), pk.W = dalloc((size_t)8192 * 8192 * 2);
+    lunar_cuda_fill_u32(pk.C, 0x3c003c00u, (size_t)8192 * 8192 / 2), lunar_cuda_fill_u32(pk.W, 0x3c003c00u, (size_t)8192 * 8192 / 2);
+    const double peak = 2.0 * 8192.0 * 8192.0 * 8192.0 / (time_us(call_peak, &pk, 9) * 1e-6);
+    lunar_cuda_release(mark0);
+    printf("\n### MLA prefill, one sequence: absorbed GEMMs (old) vs decompressed flash, mma.sync kernel "
+           "(LUNAR_MLA_FLASH=mma, 4 warps x 2 stages) vs wgmma kernel (LUNAR_MLA_FLASH=wgmma)\n\n"
+           "cuBLAS bf16 8192^3 measured now: %.0f TFLOP/s (the rate below is attention flops / (flash time - lift "
+           "time) against it)\n\n",
+           peak / 1e12);
+    printf("| H | n | pos0 | attn TFLOP | old | lift GEMM | mma | wgmma | wgmma vs mma | mma kernel TFLOP/s | wgmma "
+           "kernel TFLOP/s | wgmma of peak |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const int cases[][3] = {{32, 8192, 0},  {12, 8192, 0},  {32, 4096, 4096}, {32, 1024, 0},
+                                   {32, 16384, 0}, {12, 32768, 0}, {32, 32768, 0}};
     for (unsigned ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         size_t mark = lunar_cuda_mark();
         pre_case c = {0};
@@ -388,19 +402,15 @@ static void bench_prefill(void) {
         c.ws_old = dalloc(lunar_glue_mla_prefill_ws(n, H, L));
         c.ws_new = dalloc(lunar_glue_mla_flash_ws(n, H, L, 0));
         const float t_old = time_us(call_pre_old, &c, 5), t_lift = time_us(call_pre_lift, &c, 9);
-        float t[4], best = 1e30f;
-        for (int v = 0; v < 4; v++) {
-            setenv("LUNAR_MLA_FLASH_WARPS", var[v][0], 1), setenv("LUNAR_MLA_FLASH_STAGES", var[v][1], 1);
-            t[v] = time_us(call_pre_new, &c, 9);
-            if (t[v] < best) best = t[v];
-        }
-        unsetenv("LUNAR_MLA_FLASH_WARPS"), unsetenv("LUNAR_MLA_FLASH_STAGES");
+        setenv("LUNAR_MLA_FLASH", "mma", 1);
+        const float t_mma = time_us(call_pre_new, &c, 9);
+        setenv("LUNAR_MLA_FLASH", "wgmma", 1);
+        const float t_wg = time_us(call_pre_new, &c, 9);
+        unsetenv("LUNAR_MLA_FLASH");
         const double attn = 2.0 * (192 + 128) * H * ((double)n * c.pos0 + (double)n * (n + 1) / 2);
-        const double kern = best - t_lift;
-        printf("| %d | %d | %d | %.2f | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.0f us | %.2fx | %.0f | "
-               "%.0f%% |\n",
-               H, n, c.pos0, attn / 1e12, t_old, t_lift, t[0], t[1], t[2], t[3], t_old / best, attn / kern / 1e6,
-               100.0 * attn / kern / 1e6 / (MMA / 1e12));
+        const double r_mma = attn / (t_mma - t_lift) / 1e6, r_wg = attn / (t_wg - t_lift) / 1e6;
+        printf("| %d | %d | %d | %.2f | %.0f us | %.0f us | %.0f us | %.0f us | %.2fx | %.0f | %.0f | %.0f%% |\n", H, n,
+               c.pos0, attn / 1e12, t_old, t_lift, t_mma, t_wg, t_mma / t_wg, r_mma, r_wg, 100.0 * r_wg * 1e12 / peak);
         fflush(stdout);
         lunar_cuda_release(mark);
     }

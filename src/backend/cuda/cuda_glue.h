@@ -76,7 +76,8 @@ void lunar_glue_mla_prefill(float *o_lat, const float *q_lat, const float *q_pe,
  * at positions pos0 + t over the sequence's latent pages (bf16, or FP8 of scale 1; bt: its block
  * table, page tokens per block, positions 0 .. pos0 + n - 1 already written), causal. W: W_kvb
  * bf16 [H * 256, 512]. The per-head keys and values are lifted from the latent with one GEMM per
- * key chunk of kc positions (0: as many as fit 256 MiB), then a flash-attention kernel; q, k, v and
+ * key chunk of kc positions (0: as many as fit 256 MiB; rounded up to 128), then a flash-attention kernel
+ * (wgmma, cuda_mla_flash_wg.cu; LUNAR_MLA_FLASH=mma: the mma.sync one); q, k, v and
  * the probabilities are bf16 operands, sums fp32. ws: lunar_glue_mla_flash_ws(n, H, pos0 + n, kc). */
 size_t lunar_glue_mla_flash_ws(int n, int H, int L, int kc);
 void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W, const void *latent, int fp8,

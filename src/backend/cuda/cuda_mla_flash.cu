@@ -11,36 +11,47 @@
 //   gather:  Clat[j] = c of position k0 + j, Kpe[j] = k_pe (bf16; FP8 pages widened exactly)
 //   lift:    KV[j, h*256 + (0..127)] = W_UK,h c_j, KV[j, h*256 + 128 + (0..127)] = W_UV,h c_j
 //            (cuBLASLt, bf16 out: the attention's operands are bf16 anyway)
-//   flash:   per (64-query tile, head), online softmax in fp32 over 64-key tiles of the chunk
+//   flash:   per (query tile, head), online softmax in fp32 over the key tiles of the chunk
 //            that the tile's last query sees; the state (unnormalised o, row max, row sum)
-//            crosses chunks through o and a small fp32 array.
+//            crosses chunks through o and a small fp32 array. Default: the wgmma kernel of
+//            cuda_mla_flash_wg.cu (128 queries x 128 keys, TMA, P in registers); the mma.sync
+//            kernel k_flash below (64 queries x 64 keys) by LUNAR_MLA_FLASH=mma, and where no
+//            tensor map can be made.
 // Roundings: q, k, v and the probabilities P are bf16 operands of mma.sync m16n8k16, sums fp32.
-// Measured (H200, bench_mla prefill, docs/benchmarks.md): 8K tokens x 32 heads 5.2-5.6 ms against the
-// absorbed form's 10.9-11.0 ms, the kernel at ~130 TFLOP/s of attention flops (17 % of cuBLAS's bf16
-// rate): mma.sync with ldmatrix-fed fragments; a wgmma (FA3-style) kernel is the next step.
-// 8 warps per block measured the same as 4; 3 stages 1.6x SLOWER than 2 (not understood yet):
-// both stay selectable (LUNAR_MLA_FLASH_WARPS, LUNAR_MLA_FLASH_STAGES) for that work.
+// Measured (H200, bench_mla prefill, docs/benchmarks.md "MLA flash prefill on wgmma"): 8K tokens x 32
+// heads 1.34 ms with the wgmma kernel (558 TFLOP/s of attention flops, 63 % of the 888 of a cuBLAS bf16
+// GEMM timed in the same run; 16K-32K: 605-629, 68-71 %) against k_flash's 5.58 ms (126 TFLOP/s) and
+// the absorbed form's 11.0 ms. k_flash: 8 warps per block measured the same as 4; 3 stages 1.6x
+// SLOWER than 2 (not understood): both selectable (LUNAR_MLA_FLASH_WARPS, LUNAR_MLA_FLASH_STAGES).
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_glue.h"
+#include "backend/cuda/cuda_mla_flash_wg.h"
+
+#include <string.h>
 
 namespace {
 constexpr int kR = 512, kP = 64, kN = 128, kV = 128, kQK = kN + kP, kHS = kN + kV; // kHS: a head's KV row
 constexpr int BN = 64; // keys per tile
+// chunks and their padded rows: whole tiles of both kernels (cuda_mla_flash_wg.cu's are 128 keys)
+constexpr int kAlign = 128;
 // smem rows padded by 16 bytes: rows 400 / 272 bytes apart put the 8 rows of an ldmatrix phase in
 // 8 different 4-bank groups (conflict-free)
 constexpr int KST = kQK + 8, VST = kV + 8;
 constexpr int STAGE = BN * (KST + VST); // bf16 elements per stage (43008 bytes)
 constexpr size_t kKvBudget = (size_t)256 << 20;
 constexpr int kWarps = 4, kStages = 2; // the default variant (measured: docs/benchmarks.md)
+// cuda_mla_flash_wg.cu by default: 4.2-4.6x k_flash from 8K tokens, 2.4x at 1K, the same errors
+// (docs/benchmarks.md); LUNAR_MLA_FLASH=mma|wgmma overrides
+constexpr bool kWgmmaDefault = true;
 
 size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
-// key positions per chunk: a multiple of BN whose lifted K/V fit kKvBudget (or the caller's kc)
+// key positions per chunk: a multiple of kAlign whose lifted K/V fit kKvBudget (or the caller's kc)
 int chunk_keys(int H, int L, int kc) {
     size_t c = kc > 0 ? (size_t)kc : kKvBudget / ((size_t)H * kHS * 2);
-    c = c / BN * BN;
-    if (c < (size_t)BN) c = BN;
-    const size_t Lp = up((size_t)L, BN);
+    c = c / kAlign * kAlign;
+    if (c < (size_t)kAlign) c = kAlign;
+    const size_t Lp = up((size_t)L, kAlign);
     return (int)(c < Lp ? c : Lp);
 }
 
@@ -302,12 +313,18 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float sl = scale * 1.4426950408889634f;
     const int kc_ = (int)a.kc, bm = warps * 16, tiles = (n + bm - 1) / bm;
+    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's (the default) */
+    const char *ek = getenv("LUNAR_MLA_FLASH");
+    const bool wg = ek ? !strcmp(ek, "wgmma") : kWgmmaDefault;
+    CUDA_REQUIRE(kAlign % lunar_mla_flash_wg_tile() == 0);
     for (int k0 = 0; k0 < L; k0 += kc_) {
-        const int cnt = L - k0 < kc_ ? L - k0 : kc_, rows = (int)up((size_t)cnt, BN);
+        const int cnt = L - k0 < kc_ ? L - k0 : kc_, rows = (int)up((size_t)cnt, kAlign);
         if (fp8) k_gather<true><<<rows, 128, 0, st>>>(Clat, Kpe, latent, bt, k0, cnt, page);
         else k_gather<false><<<rows, 128, 0, st>>>(Clat, Kpe, latent, bt, k0, cnt, page);
         CUDA_CHECK_LAUNCH();
         lunar_cuda_matmul(KV, LUNAR_CUDA_BF16, Clat, W, rows, H * kHS, kR, s);
+        if (wg && lunar_mla_flash_wg(o, ml, q, KV, Kpe, rows, k0, k0 + rows, pos0, n, H, sl, k0 == 0, k0 + kc_ >= L, st))
+            continue;
         kern<<<dim3((unsigned)tiles, (unsigned)H), warps * 32, smem, st>>>(o, ml, q, KV, Kpe, k0, k0 + rows, pos0, n, H,
                                                                            sl, k0 == 0, k0 + kc_ >= L);
         CUDA_CHECK_LAUNCH();
