@@ -33,6 +33,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mla_flash_wg.h"
+#include "backend/cuda/cuda_mbarrier.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
 namespace {
@@ -71,27 +72,6 @@ __device__ __forceinline__ uint64_t desc_sw(uint32_t addr, uint32_t lbo, uint32_
 }
 // byte offset of 16-byte chunk j (dims 8j .. 8j + 7, j < 24) of row r in the swizzled boxes
 __device__ __forceinline__ int sw_off(int r, int j) { return (j >> 3) * kBox + r * 128 + (((j & 7) ^ (r & 7)) << 4); }
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-// box (c0 = first element of the row, c1 = first row) of a 2-D tensor into shared memory
-__device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int c0, int c1, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            dst),
-        "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar)
-        : "memory");
-}
 
 // grid (H, query tiles): the heads vary fastest, so the first wave holds every head's longest rows
 // (the causal imbalance); KV row r / Kpe row r = position k0 + r (tkv: [rows][H * 256] bf16,

@@ -59,6 +59,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_mbarrier.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
 #define WS_BM 128
@@ -79,33 +80,9 @@ struct ws_cfg {
     }
 };
 
-__device__ __forceinline__ void ws_bar_init(uint32_t bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void ws_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void ws_arrive_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // an arrival when all of this thread's earlier cp.async have landed (counted in the init count)
 __device__ __forceinline__ void ws_arrive_cp(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void ws_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nWS_WAIT_%=:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WS_WAIT_%=;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-// 64 columns x 128 rows (coordinates: column, row of the [E R, K] weight matrix), 128-byte swizzle
-__device__ __forceinline__ void ws_tma(uint32_t dst, const CUtensorMap *tm, int col, int row, uint32_t bar) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-            dst),
-        "l"(reinterpret_cast<uint64_t>(tm)), "r"(col), "r"(row), "r"(bar)
-        : "memory");
 }
 __device__ __forceinline__ void ws_cp4(uint32_t dst, const void *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
@@ -232,8 +209,8 @@ __global__ void __launch_bounds__(WS_T, 1)
     };
     if (tid == 0) {
         for (int s = 0; s < WS_ST; s++) {
-            ws_bar_init(full + 8 * s, MX ? 128 : 129);
-            ws_bar_init(empty + 8 * s, CL ? 16 : 8);
+            mbar_init(full + 8 * s, MX ? 128 : 129);
+            mbar_init(empty + 8 * s, CL ? 16 : 8);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_async_smem();
@@ -264,23 +241,23 @@ __global__ void __launch_bounds__(WS_T, 1)
                     xsrc[i] = a.x + (size_t)src * a.K + a_ch * 8;
                 }
             }
-            if (q >= WS_ST) ws_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
+            if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
             if (probe == 2) {  // timing probe: no copies, the stage is declared full as it is
-                ws_arrive(full + 8 * s);
-                if (!MX && tid == 0) ws_arrive(full + 8 * s);  // (the arrival that expects B's bytes)
+                mbar_arrive(full + 8 * s);
+                if (!MX && tid == 0) mbar_arrive(full + 8 * s);  // (the arrival that expects B's bytes)
                 if (MX) cp_commit();
                 return;
             }
             if (CL && tid == 0) {  // this block's half of B, into both blocks
-                ws_arrive_tx(full + 8 * s, C::B_BYTES);
+                mbar_expect_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
                 ws_tma_mc(sB + s * C::B_BYTES + rank * (C::B_BYTES / 2), rank ? &tm1 : &tm0, j * WS_BK, row,
                           full + 8 * s);
             } else if (!MX && tid == 0) {
-                ws_arrive_tx(full + 8 * s, C::B_BYTES);
+                mbar_expect_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0;
-                ws_tma(sB + s * C::B_BYTES, &tm0, j * WS_BK, row, full + 8 * s);
-                ws_tma(sB + s * C::B_BYTES + C::B_BYTES / 2, &tm1, j * WS_BK, GATEUP ? row : row + 128,
+                tma_2d(sB + s * C::B_BYTES, &tm0, j * WS_BK, row, full + 8 * s);
+                tma_2d(sB + s * C::B_BYTES + C::B_BYTES / 2, &tm1, j * WS_BK, GATEUP ? row : row + 128,
                        full + 8 * s);
             }
             const uint32_t dA = sA + s * C::A_BYTES;
@@ -334,7 +311,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                 }
             }
             fence_async_smem();  // this thread's widened rows and landed A pieces -> the wgmma
-            ws_arrive(full + 8 * s);
+            mbar_arrive(full + 8 * s);
         };
         if (MX) {
             for (int q = 0; q < Q + WS_P; q++) {
@@ -366,7 +343,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
             for (int j = 0; j < J; j++, q++) {
                 const int s = q % WS_ST;
-                ws_wait(full + 8 * s, (q / WS_ST) & 1);
+                mbar_wait(full + 8 * s, (q / WS_ST) & 1);
                 if (c_on && probe != 1) {  // probe 1: no products (times the copies alone)
                     if (!MX) fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
                     const uint32_t aT = sA + s * C::A_BYTES + wg * 64 * 128, bT = sB + s * C::B_BYTES;
@@ -382,7 +359,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                 if (pend >= 0) {
                     __syncwarp();
                     if (lane == 0) {
-                        ws_arrive(empty + 8 * (pend % WS_ST));
+                        mbar_arrive(empty + 8 * (pend % WS_ST));
                         if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
                     }
                 }
@@ -392,7 +369,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             fence_acc<NACC>(acc);
             __syncwarp();
             if (lane == 0) {
-                ws_arrive(empty + 8 * (pend % WS_ST));
+                mbar_arrive(empty + 8 * (pend % WS_ST));
                 if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
             }
             pend = -1;
