@@ -2,6 +2,7 @@
 #ifndef LUNAR_TESTS_CUDA_TEST_H
 #define LUNAR_TESTS_CUDA_TEST_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "backend/backend.h"
@@ -41,6 +42,38 @@ static inline int lunar_test_cuda_on(size_t arena) {
     }
     if (!state) fprintf(stderr, "[skipped: %s] ", why);
     return state;
+}
+
+/* An output buffer between guard words, all poisoned first (SENT is a NaN as fp32): an entry the
+ * kernel leaves unwritten, or a write past either end, shows. */
+#define GUARD 64
+#define SENT 0x7fc17fc1u
+typedef struct guarded {
+    uint32_t *base;
+    size_t words;
+} guarded;
+static inline void *guarded_new(guarded *d, size_t bytes) {
+    d->words = (bytes + 3) / 4;
+    d->base = lunar_cuda_alloc((d->words + 2 * GUARD) * 4);
+    LUNAR_ASSERT(d->base);
+    lunar_cuda_fill_u32(d->base, SENT, d->words + 2 * GUARD);
+    return d->base + GUARD;
+}
+static inline int guards_ok(const guarded *d) {
+    uint32_t g[2 * GUARD];
+    lunar_cuda_sync();
+    lunar_cuda_download(g, d->base, GUARD * 4);
+    lunar_cuda_download(g + GUARD, d->base + GUARD + d->words, GUARD * 4);
+    for (int i = 0; i < 2 * GUARD; i++)
+        if (g[i] != SENT) return 0;
+    return 1;
+}
+/* a device copy of h (bytes may be 0) */
+static inline void *dev_in(const void *h, size_t bytes) {
+    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
+    LUNAR_ASSERT(p);
+    if (bytes) lunar_cuda_upload(p, h, bytes);
+    return p;
 }
 #endif
 

@@ -60,12 +60,6 @@ static uint32_t rng(void) {
 
 static int cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
-static void *dev_in(const void *h, size_t bytes) {
-    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
-    LUNAR_ASSERT(p);
-    if (bytes) lunar_cuda_upload(p, h, bytes);
-    return p;
-}
 static float *dev_poisoned(size_t n) {
     float *p = lunar_cuda_alloc((n ? n : 1) * sizeof(float));
     LUNAR_ASSERT(p);

@@ -36,37 +36,10 @@ TEST(cuda_mla_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include "cuda_test.h"
 #include "ops_util.h"
 
-#define GUARD 64
-#define SENT 0x7fc17fc1u
 enum { R = 512, P = 64, ROW = 576, N_NOPE = 128, VD = 128, BS = 128 };
 
 static int cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
-typedef struct dout {
-    uint32_t *base;
-    size_t words;
-} dout;
-static void *dout_new(dout *d, size_t bytes) {
-    d->words = (bytes + 3) / 4;
-    d->base = lunar_cuda_alloc((d->words + 2 * GUARD) * 4);
-    LUNAR_ASSERT(d->base);
-    lunar_cuda_fill_u32(d->base, SENT, d->words + 2 * GUARD);
-    return d->base + GUARD;
-}
-static int dout_guards_ok(const dout *d) {
-    uint32_t g[2 * GUARD];
-    lunar_cuda_download(g, d->base, GUARD * 4);
-    lunar_cuda_download(g + GUARD, d->base + GUARD + d->words, GUARD * 4);
-    for (int i = 0; i < 2 * GUARD; i++)
-        if (g[i] != SENT) return 0;
-    return 1;
-}
-static void *dev_in(const void *h, size_t bytes) {
-    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
-    LUNAR_ASSERT(p);
-    if (bytes) lunar_cuda_upload(p, h, bytes);
-    return p;
-}
 static void *down(const void *d, size_t bytes) {
     void *h = malloc(bytes ? bytes : 1);
     lunar_cuda_sync();
@@ -224,15 +197,15 @@ static void decode_vs_cpu(const decode_case *cases, int n_cases, const char *tag
             const int32_t *dlens = dev_in(lens, (size_t)B * 4);
             size_t wsb = lunar_cuda_mla_ws(B, H, max_len);
             void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
-            dout od;
-            float *dout_lat = dout_new(&od, (size_t)B * H * R * 4);
+            guarded od;
+            float *dout_lat = guarded_new(&od, (size_t)B * H * R * 4);
             lunar_cuda_mla_absorbed(dout_lat, dql, dqp, &c, NULL, dlens, max_len, B, H, scale, ws, NULL);
             float *olat = down(dout_lat, (size_t)B * H * R * 4);
             for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
             char what[96];
             snprintf(what, sizeof what, "mla decode%s B=%d H=%d max_len=%d %s", tag, B, H, max_len, fp8 ? "fp8" : "bf16");
             report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
-            CHECK(dout_guards_ok(&od));
+            CHECK(guards_ok(&od));
             free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W);
             test_tensor_free(&Wt);
             pool_free(&p);
@@ -303,9 +276,9 @@ TEST(cuda_mla_absorb_gemm_vs_cpu) {
         const uint16_t *dW = dev_in(Wb, nw * 2);
         const float *dq = dev_in(q, (size_t)T * H * (N_NOPE + P) * 4), *dol = dev_in(olat, (size_t)T * H * R * 4);
         float *w32 = lunar_cuda_alloc(nw * 4);
-        dout a, b, c;
-        float *dql = dout_new(&a, (size_t)T * H * R * 4), *dqp = dout_new(&b, (size_t)T * H * P * 4);
-        float *dout_o = dout_new(&c, (size_t)T * H * VD * 4);
+        guarded a, b, c;
+        float *dql = guarded_new(&a, (size_t)T * H * R * 4), *dqp = guarded_new(&b, (size_t)T * H * P * 4);
+        float *dout_o = guarded_new(&c, (size_t)T * H * VD * 4);
         lunar_cuda_mla_absorb_gemm(dql, dqp, w32, dq, dW, T, H, N_NOPE, P, VD, R, NULL);
         lunar_cuda_mla_unabsorb_gemm(dout_o, dol, w32, T, H, N_NOPE, VD, R, NULL);
         float *gql = down(dql, (size_t)T * H * R * 4), *gqp = down(dqp, (size_t)T * H * P * 4);
@@ -316,13 +289,13 @@ TEST(cuda_mla_absorb_gemm_vs_cpu) {
         snprintf(what, sizeof what, "absorb gemm T=%d H=%d o", T, H);
         report(what, lunar_max_rel_err(go, o, (long)T * H * VD), 1e-4);
         CHECK(memcmp(gqp, qp, (size_t)T * H * P * 4) == 0);
-        CHECK(dout_guards_ok(&a) && dout_guards_ok(&b) && dout_guards_ok(&c));
+        CHECK(guards_ok(&a) && guards_ok(&b) && guards_ok(&c));
         free(gql), free(gqp), free(go);
         /* the row kernels (cuda_glue.cu: decode and short prefills) on the same inputs, fresh poisoned
          * outputs */
-        dout a2, b2, c2;
-        dql = dout_new(&a2, (size_t)T * H * R * 4), dqp = dout_new(&b2, (size_t)T * H * P * 4);
-        dout_o = dout_new(&c2, (size_t)T * H * VD * 4);
+        guarded a2, b2, c2;
+        dql = guarded_new(&a2, (size_t)T * H * R * 4), dqp = guarded_new(&b2, (size_t)T * H * P * 4);
+        dout_o = guarded_new(&c2, (size_t)T * H * VD * 4);
         lunar_glue_mla_absorb(dql, dqp, dq, dW, T, H, N_NOPE, P, VD, R, NULL);
         lunar_glue_mla_unabsorb(dout_o, dol, dW, T, H, N_NOPE, VD, R, NULL);
         gql = down(dql, (size_t)T * H * R * 4), gqp = down(dqp, (size_t)T * H * P * 4);
@@ -332,7 +305,7 @@ TEST(cuda_mla_absorb_gemm_vs_cpu) {
         snprintf(what, sizeof what, "absorb rows T=%d H=%d o", T, H);
         report(what, lunar_max_rel_err(go, o, (long)T * H * VD), 1e-4);
         CHECK(memcmp(gqp, qp, (size_t)T * H * P * 4) == 0);
-        CHECK(dout_guards_ok(&a2) && dout_guards_ok(&b2) && dout_guards_ok(&c2));
+        CHECK(guards_ok(&a2) && guards_ok(&b2) && guards_ok(&c2));
         free(W), free(Wb), free(q), free(olat), free(ql), free(qp), free(o), free(gql), free(gqp), free(go);
         lunar_cuda_release(mark);
     }
@@ -364,15 +337,15 @@ TEST(cuda_mla_prefill_vs_naive) {
         const int32_t *dlens = dev_in(lens, (size_t)T * 4), *dseq = dev_in(seq, (size_t)T * 4);
         size_t wsb = lunar_cuda_mla_ws(T, H, L);
         void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
-        dout od;
-        float *d_o = dout_new(&od, (size_t)T * H * R * 4);
+        guarded od;
+        float *d_o = guarded_new(&od, (size_t)T * H * R * 4);
         lunar_cuda_mla_absorbed(d_o, dql, dqp, &c, dseq, dlens, L, T, H, scale, ws, NULL);
         float *olat = down(d_o, (size_t)T * H * R * 4);
         for (int t = 0; t < T; t++) unabsorb(got + (size_t)t * H * VD, olat + (size_t)t * H * R, W, H);
         char what[96];
         snprintf(what, sizeof what, "mla prefill T=%d pos0=%d H=%d (vs naive)", T, pos0, H);
         report(what, lunar_max_rel_err(got, ref, (long)T * H * VD), 1.5e-2);
-        CHECK(dout_guards_ok(&od));
+        CHECK(guards_ok(&od));
         free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(rows), free(lens), free(seq);
         test_tensor_free(&Wt);
         pool_free(&p);
@@ -426,15 +399,15 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
         for (int kn = 0; kn < 2; kn++) {
             setenv("LUNAR_MLA_FLASH", kernels[kn], 1);
             lunar_cuda_fill_u32(ws, 0x7fc17fc1u, lunar_glue_mla_flash_ws(T, H, L, kc) / 4); /* NaN workspace */
-            dout od;
-            float *d_o = dout_new(&od, (size_t)T * H * VD * 4);
+            guarded od;
+            float *d_o = guarded_new(&od, (size_t)T * H * VD * 4);
             lunar_glue_mla_flash(d_o, dq, dW, c.latent, fp8, c.block_tables, BS, pos0, T, H, scale, kc, ws, NULL);
             float *got = down(d_o, (size_t)T * H * VD * 4);
             char what[96];
             snprintf(what, sizeof what, "mla flash %s T=%d pos0=%d H=%d kc=%d%s", kernels[kn], T, pos0, H, kc,
                      fp8 ? " fp8" : "");
             report(what, lunar_max_rel_err(got, ref, (long)T * H * VD), 1.5e-2);
-            CHECK(dout_guards_ok(&od));
+            CHECK(guards_ok(&od));
             free(got);
         }
         free(ref), free(q), free(W), free(Wb), free(rows);
@@ -482,8 +455,8 @@ TEST(cuda_mla_sparse_vs_cpu) {
         const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
         size_t wsb = lunar_cuda_mla_ws(B, H, topk);
         void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
-        dout od;
-        float *d_o = dout_new(&od, (size_t)B * H * R * 4);
+        guarded od;
+        float *d_o = guarded_new(&od, (size_t)B * H * R * 4);
         lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
         float *olat = down(d_o, (size_t)B * H * R * 4);
         for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
@@ -493,7 +466,7 @@ TEST(cuda_mla_sparse_vs_cpu) {
         char what[96];
         snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s", B, H, topk, fp8 ? "fp8" : "bf16");
         report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
-        CHECK(dout_guards_ok(&od));
+        CHECK(guards_ok(&od));
         free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
         test_tensor_free(&Wt);
         pool_free(&p);
@@ -520,9 +493,9 @@ TEST(cuda_dsa_index_write_bitwise) {
     shuffle_i32(perm, nslots);
     const float *dk = dev_in(k, (size_t)n * di * 4);
     const int32_t *dslots = dev_in(perm, (size_t)n * 4);
-    dout oc, os;
-    uint8_t *dcodes = dout_new(&oc, (size_t)nslots * di);
-    float *dsc = dout_new(&os, (size_t)nslots * 4);
+    guarded oc, os;
+    uint8_t *dcodes = guarded_new(&oc, (size_t)nslots * di);
+    float *dsc = guarded_new(&os, (size_t)nslots * 4);
     lunar_cuda_dsa_index_write(dcodes, dsc, dk, dslots, n, di, NULL);
     uint8_t *codes = down(dcodes, (size_t)nslots * di);
     float *sc = down(dsc, (size_t)nslots * 4);
@@ -534,7 +507,7 @@ TEST(cuda_dsa_index_write_bitwise) {
         bad += memcmp(q8, codes + (size_t)perm[i] * di, di) != 0 || memcmp(&s, sc + perm[i], 4) != 0;
     }
     CHECK_MSG(bad == 0, "index write d=%d: %d of %d tokens differ from the CPU's codes/scale", di, bad, n);
-    CHECK(dout_guards_ok(&oc) && dout_guards_ok(&os));
+    CHECK(guards_ok(&oc) && guards_ok(&os));
     free(codes), free(sc), free(k), free(perm);
     lunar_cuda_release(mark);
     }
@@ -629,9 +602,9 @@ TEST(cuda_dsa_indexer_vs_cpu) {
             float *w = test_rand((long)rows * nh, 96 + v, -1, 1);
             for (int i = 0; i < rows * nh; i++) w[i] *= 1.0f / sqrtf((float)nh) / sqrtf((float)DI);
             const int ld = 5000;
-            dout osc, oidx, ocnt;
-            float *dscores = dout_new(&osc, (size_t)rows * ld * 4);
-            int32_t *didx = dout_new(&oidx, (size_t)rows * topk * 4), *dcnt = dout_new(&ocnt, (size_t)rows * 4);
+            guarded osc, oidx, ocnt;
+            float *dscores = guarded_new(&osc, (size_t)rows * ld * 4);
+            int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4), *dcnt = guarded_new(&ocnt, (size_t)rows * 4);
             const int32_t *dlens = dev_in(row_len, sizeof row_len), *dseq = dev_in(row_seq, sizeof row_seq);
             const int32_t *dbt = dev_in(bt, (size_t)n_seq * max_blocks * 4);
             const float *diq = dev_in(iq, (size_t)rows * nh * DI * 4), *dw = dev_in(w, (size_t)rows * nh * 4);
@@ -644,13 +617,13 @@ TEST(cuda_dsa_indexer_vs_cpu) {
              * nh 64 its 64-position blocks start mid-page): the same scores as in the batch */
             int alone_bad = 0;
             for (int r = 0; r <= 2; r += 2) {
-                dout o1;
-                float *d1 = dout_new(&o1, (size_t)ld * 4);
+                guarded o1;
+                float *d1 = guarded_new(&o1, (size_t)ld * 4);
                 lunar_cuda_dsa_index_score(d1, ld, diq + (size_t)r * nh * DI, dw + (size_t)r * nh, dcodes, dsc, dbt,
                                            max_blocks, dseq + r, dlens + r, row_len[r], 1, nh, DI, NULL);
                 float *g1 = down(d1, (size_t)ld * 4);
                 alone_bad += memcmp(g1, gsc + (size_t)r * ld, (size_t)row_len[r] * 4) != 0;
-                CHECK(dout_guards_ok(&o1));
+                CHECK(guards_ok(&o1));
                 free(g1);
             }
             CHECK_MSG(alone_bad == 0, "indexer %s nh=%d: %d rows scored alone differ from the batch", score_mode_name(mode),
@@ -681,7 +654,7 @@ TEST(cuda_dsa_indexer_vs_cpu) {
                       score_mode_name(mode), nh, score_bad);
             CHECK_MSG(idx_bad == 0, "indexer %s nh=%d topk=%d: %d rows' selections differ from the CPU's",
                       score_mode_name(mode), nh, topk, idx_bad);
-            CHECK(dout_guards_ok(&osc) && dout_guards_ok(&oidx) && dout_guards_ok(&ocnt));
+            CHECK(guards_ok(&osc) && guards_ok(&oidx) && guards_ok(&ocnt));
             free(perm), free(bt), free(keys), free(slots), free(codes), free(sc), free(iq), free(w), free(gsc), free(gidx),
                 free(gcnt);
             lunar_cuda_release(mark);
@@ -753,8 +726,8 @@ TEST(cuda_dsa_scores_odd_shapes_vs_cpu) {
     for (int mi = 0; mi < N_SCORE_MODES; mi++)
         for (int ri = 0; ri < 2; ri++) {
             const int mode = score_modes[mi], rows = nrows[ri], prev_mode = lunar_cuda_dsa_score_mode(mode);
-            dout osc;
-            float *dscores = dout_new(&osc, (size_t)rows * ld * 4);
+            guarded osc;
+            float *dscores = guarded_new(&osc, (size_t)rows * ld * 4);
             lunar_cuda_dsa_index_score(dscores, ld, diq, dw, dcodes, dsc, dbt, max_blocks, dseq, dlens, lens[0], rows,
                                        NH, D, NULL);
             float *got = down(dscores, (size_t)rows * ld * 4);
@@ -766,7 +739,7 @@ TEST(cuda_dsa_scores_odd_shapes_vs_cpu) {
                 }
             CHECK_MSG(bad == 0, "scores %s, %d rows: %d rows differ bitwise from the CPU's (first: row %d)",
                       score_mode_name(mode), rows, bad, first);
-            CHECK(dout_guards_ok(&osc));
+            CHECK(guards_ok(&osc));
             free(got);
             lunar_cuda_dsa_score_mode(prev_mode);
         }
@@ -806,8 +779,8 @@ TEST(cuda_dsa_topk_1m_vs_sort) {
         }
     const float *dsc = dev_in(sc, (size_t)rows * ld * 4);
     const int32_t *dlens = dev_in(lens, sizeof lens);
-    dout oidx;
-    int32_t *didx = dout_new(&oidx, (size_t)rows * topk * 4);
+    guarded oidx;
+    int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4);
     lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
     int32_t *got = down(didx, (size_t)rows * topk * 4);
     sp_pair *v = malloc((size_t)ld * sizeof *v);
@@ -820,7 +793,7 @@ TEST(cuda_dsa_topk_1m_vs_sort) {
         CHECK_MSG(memcmp(ref, got + (size_t)r * topk, (size_t)topk * 4) == 0, "top-k row %d (n=%d) differs", r,
                   lens[r]);
     }
-    CHECK(dout_guards_ok(&oidx));
+    CHECK(guards_ok(&oidx));
     free(sc), free(got), free(v), free(ref);
     lunar_cuda_release(mark);
 }

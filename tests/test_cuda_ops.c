@@ -35,37 +35,9 @@ TEST(cuda_ops_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was bu
 #include "kda_inputs.h"
 #include "ops_util.h"
 
-#define GUARD 64
-#define SENT 0x7fc17fc1u
 
 static int cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
-/* An output buffer between guard words, all poisoned. */
-typedef struct dout {
-    uint32_t *base;
-    size_t words;
-} dout;
-static void *dout_new(dout *d, size_t bytes) {
-    d->words = (bytes + 3) / 4;
-    d->base = lunar_cuda_alloc((d->words + 2 * GUARD) * 4);
-    LUNAR_ASSERT(d->base);
-    lunar_cuda_fill_u32(d->base, SENT, d->words + 2 * GUARD);
-    return d->base + GUARD;
-}
-static int dout_guards_ok(const dout *d) {
-    uint32_t g[2 * GUARD];
-    lunar_cuda_download(g, d->base, GUARD * 4);
-    lunar_cuda_download(g + GUARD, d->base + GUARD + d->words, GUARD * 4);
-    for (int i = 0; i < 2 * GUARD; i++)
-        if (g[i] != SENT) return 0;
-    return 1;
-}
-static void *dev_in(const void *h, size_t bytes) {
-    void *p = lunar_cuda_alloc(bytes ? bytes : 4);
-    LUNAR_ASSERT(p);
-    if (bytes) lunar_cuda_upload(p, h, bytes);
-    return p;
-}
 static float *down_f32(const void *d, long n) {
     float *h = test_alloc(n);
     lunar_cuda_sync();
@@ -116,25 +88,25 @@ TEST(cuda_matmul_bf16_vs_cpu) {
         uint16_t *xb = to_bf16(x, (long)n * in);
         const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(W.data, W.nbytes);
         for (int dt = 0; dt < 2; dt++) {
-            dout o;
-            void *dy = dout_new(&o, (size_t)n * out * (dt ? 2 : 4));
+            guarded o;
+            void *dy = guarded_new(&o, (size_t)n * out * (dt ? 2 : 4));
             lunar_cuda_matmul(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
             float *y = dt ? down_bf16(dy, (long)n * out) : down_f32(dy, (long)n * out);
             char what[96];
             snprintf(what, sizeof what, "matmul n=%d out=%d in=%d %s", n, out, in, dt ? "bf16" : "f32");
             report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
-            CHECK(dout_guards_ok(&o));
+            CHECK(guards_ok(&o));
             /* fp32 x rounded inside the skinny kernel: the same bits as the bf16 copy's product */
             float *xr = test_rand((long)n * in, 10 + s, -1, 1); /* x before its rounding */
             const float *dxf = dev_in(xr, (size_t)n * in * 4);
-            dout o2;
-            void *dy2 = dout_new(&o2, (size_t)n * out * (dt ? 2 : 4));
+            guarded o2;
+            void *dy2 = guarded_new(&o2, (size_t)n * out * (dt ? 2 : 4));
             const int took = lunar_cuda_matmul_f32x(dy2, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL);
             CHECK(took == (n <= 4 && in % 8 == 0 ? 0 : -1));
             if (took == 0) {
                 float *y2 = dt ? down_bf16(dy2, (long)n * out) : down_f32(dy2, (long)n * out);
                 CHECK_MSG(memcmp(y2, y, (size_t)n * out * sizeof *y) == 0, "%s: fp32-x kernel differs from bf16-x", what);
-                CHECK(dout_guards_ok(&o2));
+                CHECK(guards_ok(&o2));
                 free(y2);
             }
             free(xr), free(y);
@@ -171,8 +143,8 @@ TEST(cuda_matmul_prefill_shapes_vs_cpu) {
                     uint16_t *xb = to_bf16(x, (long)n * in);
                     const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(W.data, W.nbytes);
                     for (int glue = 0; glue < 2; glue++) {
-                        dout o;
-                        float *dy = dout_new(&o, (size_t)n * out * 4);
+                        guarded o;
+                        float *dy = guarded_new(&o, (size_t)n * out * 4);
                         if (glue)
                             lunar_glue_matmul(dy, dx, dw, n, out, in, NULL);
                         else
@@ -182,7 +154,7 @@ TEST(cuda_matmul_prefill_shapes_vs_cpu) {
                         if (e > worst) worst = e;
                         CHECK_MSG(e <= 1e-4, "%s n=%d out=%d in=%d (pass %d): max rel err %.3g",
                                   glue ? "glue matmul" : "cuBLASLt matmul", n, out, in, pass, e);
-                        CHECK(dout_guards_ok(&o));
+                        CHECK(guards_ok(&o));
                         free(y);
                         runs++;
                     }
@@ -208,12 +180,12 @@ TEST(cuda_embedding_vs_cpu) {
     const uint16_t *dE = dev_in(E.data, E.nbytes);
     const int32_t *di = dev_in(ids, sizeof ids);
     for (int dt = 0; dt < 2; dt++) {
-        dout o;
-        void *dy = dout_new(&o, (size_t)n * dim * (dt ? 2 : 4));
+        guarded o;
+        void *dy = guarded_new(&o, (size_t)n * dim * (dt ? 2 : 4));
         lunar_cuda_embedding(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dE, di, n, dim, NULL);
         float *y = dt ? down_bf16(dy, (long)n * dim) : down_f32(dy, (long)n * dim);
         report(dt ? "embedding bf16 (exact)" : "embedding f32 (exact)", lunar_max_rel_err(y, ref, (long)n * dim), 0.0);
-        CHECK(dout_guards_ok(&o));
+        CHECK(guards_ok(&o));
         free(y);
     }
     test_tensor_free(&E);
@@ -243,12 +215,12 @@ TEST(cuda_embedding_range_vs_cpu) {
             const int mine = ids[t] >= v0 && ids[t] < v0 + vn;
             for (int i = 0; i < dim; i++) ref[(size_t)t * dim + i] = mine ? full[(size_t)t * dim + i] : 0.0f;
         }
-        dout o;
-        float *dy = dout_new(&o, (size_t)n * dim * 4);
+        guarded o;
+        float *dy = guarded_new(&o, (size_t)n * dim * 4);
         lunar_cuda_embedding_range(dy, dE + (size_t)v0 * dim, di, n, dim, v0, vn, NULL);
         float *y = down_f32(dy, (long)n * dim);
         report("embedding, one rank's vocabulary slice (exact)", lunar_max_rel_err(y, ref, (long)n * dim), 0.0);
-        CHECK(dout_guards_ok(&o));
+        CHECK(guards_ok(&o));
         for (size_t i = 0; i < (size_t)n * dim; i++) sum[i] += y[i];
         free(y), free(ref);
     }
@@ -298,8 +270,8 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
         const float *dr = dev_in(r, N * 4);
         const uint16_t *dw = dev_in(w.data, w.nbytes);
         float *dx = (float *)dev_in(x, N * 4), *dx2 = (float *)dev_in(x, N * 4);
-        dout o1, o2;
-        float *y1 = dout_new(&o1, N * 4), *y2 = dout_new(&o2, N * 4);
+        guarded o1, o2;
+        float *y1 = guarded_new(&o1, N * 4), *y2 = guarded_new(&o2, N * 4);
         lunar_cuda_add_rmsnorm(y1, LUNAR_CUDA_F32, dx, dr, dw, n, dim, 1e-5f, NULL);
         lunar_glue_add(dx2, dr, (size_t)N, NULL);
         lunar_cuda_rmsnorm(y2, LUNAR_CUDA_F32, dx2, dw, n, dim, 1e-5f, NULL);
@@ -309,12 +281,12 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
         report(what, lunar_max_rel_err(h1, ref, N), 1e-5);
         CHECK_MSG(memcmp(xs, sum, (size_t)N * 4) == 0, "%s: x + r not stored exactly", what);
         CHECK_MSG(memcmp(h1, h2, (size_t)N * 4) == 0, "%s: differs from add + rmsnorm", what);
-        CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        CHECK(guards_ok(&o1) && guards_ok(&o2));
         /* the form with the bf16 copy: y as above, the copy as lunar_cuda_f32_to_bf16 of y */
         float *dx3 = (float *)dev_in(x, N * 4);
-        dout o3, o4, o5;
-        float *y3 = dout_new(&o3, N * 4);
-        uint16_t *b3 = dout_new(&o4, N * 2), *b2 = dout_new(&o5, N * 2);
+        guarded o3, o4, o5;
+        float *y3 = guarded_new(&o3, N * 4);
+        uint16_t *b3 = guarded_new(&o4, N * 2), *b2 = guarded_new(&o5, N * 2);
         lunar_cuda_add_rmsnorm_b(y3, b3, dx3, dr, dw, n, dim, 1e-5f, NULL);
         lunar_cuda_f32_to_bf16(b2, y2, (size_t)N);
         float *h3 = down_f32(y3, N);
@@ -324,7 +296,7 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
         lunar_cuda_download(hb2, b2, (size_t)N * 2);
         CHECK_MSG(memcmp(h3, h2, (size_t)N * 4) == 0, "%s: add_rmsnorm_b's y differs", what);
         CHECK_MSG(memcmp(hb3, hb2, (size_t)N * 2) == 0, "%s: add_rmsnorm_b's bf16 copy differs", what);
-        CHECK(dout_guards_ok(&o3) && dout_guards_ok(&o4) && dout_guards_ok(&o5));
+        CHECK(guards_ok(&o3) && guards_ok(&o4) && guards_ok(&o5));
         free(h3), free(hb3), free(hb2);
         test_tensor_free(&w);
         free(x), free(r), free(wv), free(sum), free(ref), free(h1), free(h2), free(xs);
@@ -353,9 +325,9 @@ TEST(cuda_norms_vs_cpu) {
             const lunar_cuda_dtype ty = dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32;
             const double tol = dt ? 5e-3 : 1e-5;
             const size_t eb = dt ? 2 : 4;
-            dout o1, o2, o3, o4;
-            void *y1 = dout_new(&o1, N * eb), *y2 = dout_new(&o2, N * eb), *y4 = dout_new(&o4, N * eb);
-            float *y3 = dout_new(&o3, N * 4);
+            guarded o1, o2, o3, o4;
+            void *y1 = guarded_new(&o1, N * eb), *y2 = guarded_new(&o2, N * eb), *y4 = guarded_new(&o4, N * eb);
+            float *y3 = guarded_new(&o3, N * 4);
             lunar_cuda_rmsnorm(y1, ty, dx, dw, n, dim, 1e-5f, NULL);
             lunar_cuda_rmsnorm_gated(y2, ty, dx, dg, dw, n, dim, 1e-5f, NULL);
             lunar_cuda_rmsnorm(y4, ty, dx, NULL, n, dim, 1e-6f, NULL);
@@ -373,7 +345,7 @@ TEST(cuda_norms_vs_cpu) {
             report(what, lunar_max_rel_err(h2, r2, N), tol);
             snprintf(what, sizeof what, "l2norm n=%d dim=%d", n, dim);
             report(what, lunar_max_rel_err(h3, r3, N), 1e-5);
-            CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2) && dout_guards_ok(&o3) && dout_guards_ok(&o4));
+            CHECK(guards_ok(&o1) && guards_ok(&o2) && guards_ok(&o3) && guards_ok(&o4));
             free(h1), free(h2), free(h3), free(h4);
         }
         test_tensor_free(&w);
@@ -397,8 +369,8 @@ TEST(cuda_glu_vs_cpu) {
         for (int dt = 0; dt < 2; dt++) {
             const lunar_cuda_dtype ty = dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32;
             const size_t eb = dt ? 2 : 4;
-            dout o1, o2, o3;
-            void *y1 = dout_new(&o1, n * eb), *y2 = dout_new(&o2, n * eb), *y3 = dout_new(&o3, n * eb);
+            guarded o1, o2, o3;
+            void *y1 = guarded_new(&o1, n * eb), *y2 = guarded_new(&o2, n * eb), *y3 = guarded_new(&o3, n * eb);
             lunar_cuda_silu_mul(y1, ty, dg, du, n, NULL);
             lunar_cuda_situ_mul(y2, ty, dg, du, n, 4.0f, 25.0f, NULL);
             lunar_cuda_situ_mul(y3, ty, dg, du, n, 4.0f, 0.0f, NULL);
@@ -413,7 +385,7 @@ TEST(cuda_glu_vs_cpu) {
             report(what, lunar_max_rel_err(h2, r2, n), tol);
             snprintf(what, sizeof what, "situ_mul (no beta_l) n=%ld %s", n, dt ? "bf16" : "f32");
             report(what, lunar_max_rel_err(h3, r3, n), tol);
-            CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2) && dout_guards_ok(&o3));
+            CHECK(guards_ok(&o1) && guards_ok(&o2) && guards_ok(&o3));
             free(h1), free(h2), free(h3);
         }
         free(g), free(u), free(r1), free(r2), free(r3);
@@ -437,15 +409,15 @@ TEST(cuda_short_conv_vs_cpu) {
         op_short_conv(ref, x, &W, st_ref, T, C, K);
         const float *dx = dev_in(x, (size_t)T * C * 4), *dw = dev_in(w, (size_t)C * K * 4);
         float *dst = dev_in(st, (size_t)C * S * 4);
-        dout o;
-        float *dy = dout_new(&o, (size_t)T * C * 4);
+        guarded o;
+        float *dy = guarded_new(&o, (size_t)T * C * 4);
         lunar_cuda_short_conv(dy, dx, dw, dst, T, C, K, NULL);
         float *y = down_f32(dy, (long)T * C), *st2 = down_f32(dst, (long)C * S);
         char what[96];
         snprintf(what, sizeof what, "short_conv T=%d C=%d K=%d", T, C, K);
         report(what, lunar_max_rel_err(y, ref, (long)T * C), 1e-5);
         CHECK_MSG(S == 0 || memcmp(st2, st_ref, sizeof(float) * C * S) == 0, "%s: state differs", what);
-        CHECK(dout_guards_ok(&o));
+        CHECK(guards_ok(&o));
         free(x), free(w), free(st), free(ref), free(st_ref), free(y), free(st2);
         test_tensor_free(&W);
         lunar_cuda_release(mark);
@@ -467,13 +439,13 @@ TEST(cuda_short_conv_decode_slots_vs_cpu) {
     const float *dx = dev_in(x, (size_t)B * C * 4), *dw = dev_in(w, (size_t)C * K * 4);
     float *dpool = dev_in(pool, (size_t)NS * C * S * 4);
     const int32_t *dsl = dev_in(slots, sizeof slots);
-    dout o;
-    float *dy = dout_new(&o, (size_t)B * C * 4);
+    guarded o;
+    float *dy = guarded_new(&o, (size_t)B * C * 4);
     lunar_cuda_short_conv_decode(dy, dx, dw, dpool, dsl, B, C, K, NULL);
     float *y = down_f32(dy, (long)B * C), *p2 = down_f32(dpool, (long)NS * C * S);
     report("short_conv_decode B=5 C=4133 (slots)", lunar_max_rel_err(y, ref, (long)B * C), 1e-5);
     CHECK_MSG(memcmp(p2, pool_ref, sizeof(float) * NS * C * S) == 0, "state pool differs (slots)");
-    CHECK(dout_guards_ok(&o));
+    CHECK(guards_ok(&o));
     free(x), free(w), free(pool), free(pool_ref), free(ref), free(y), free(p2);
     test_tensor_free(&W);
     lunar_cuda_release(mark);
@@ -503,14 +475,14 @@ TEST(cuda_kda_conv_qkv_decode_matches_ops) {
     const float *dx = dev_in(x, (size_t)B * xs * 4), *dw = dev_in(w, (size_t)C * K * 4);
     float *dpool = dev_in(pool, (size_t)NS * C * S * 4), *dpool2 = dev_in(pool, (size_t)NS * C * S * 4);
     const int32_t *dsl = dev_in(slots, sizeof slots);
-    dout o, ob;
-    float *dy = dout_new(&o, (size_t)B * C * 4), *dbeta = dout_new(&ob, (size_t)B * H * 4);
+    guarded o, ob;
+    float *dy = guarded_new(&o, (size_t)B * C * 4), *dbeta = guarded_new(&ob, (size_t)B * H * 4);
     lunar_cuda_kda_conv_qkv_decode(dy, dbeta, dx, dx + C, xs, dw, dpool, dsl, B, H, dk, K, 1e-6f, NULL);
     float *y = down_f32(dy, (long)B * C), *beta = down_f32(dbeta, (long)B * H), *p2 = down_f32(dpool, (long)NS * C * S);
     report("kda_conv_qkv_decode B=3 H=5 vs CPU", lunar_max_rel_err(y, refp, (long)B * C), 1e-5);
     report("kda_conv_qkv_decode beta vs CPU", lunar_max_rel_err(beta, bref, (long)B * H), 1e-6);
     CHECK_MSG(memcmp(p2, pool_ref, sizeof(float) * NS * C * S) == 0, "state pool differs");
-    CHECK(dout_guards_ok(&o) && dout_guards_ok(&ob));
+    CHECK(guards_ok(&o) && guards_ok(&ob));
     /* the unfused ops, per part as kda_layer ran them (contiguous x rows, the state per part) */
     float *cx = test_alloc((long)B * C), *bx = test_alloc((long)B * H);
     for (int b = 0; b < B; b++) {
@@ -607,8 +579,8 @@ static void check_decode_fused(int B, int H, int f16, int gate, unsigned seed) {
     const size_t pb = (size_t)NS * ns * (f16 ? 2 : 4);
     float *dconv = dev_in(conv, (size_t)NS * cs * 4), *dconv2 = dev_in(conv, (size_t)NS * cs * 4);
     void *dpool = dev_in(f16 ? (void *)pool16 : (void *)pool, pb), *dpool2 = dev_in(f16 ? (void *)pool16 : (void *)pool, pb);
-    dout o;
-    float *dO = dout_new(&o, (size_t)B * HD * 4);
+    guarded o;
+    float *dO = guarded_new(&o, (size_t)B * HD * 4);
     uint16_t *gwb = to_bf16(gwf, (long)2 * HD * in);
     const uint16_t *dgw = dev_in(gwb, (size_t)nrow * in * 2);
     const float *dgx = dev_in(gx, 2 * in * 4), *dal = dev_in(alog, (size_t)H * 4), *ddt = dev_in(dtb, (size_t)HD * 4);
@@ -625,7 +597,7 @@ static void check_decode_fused(int B, int H, int f16, int gate, unsigned seed) {
     snprintf(what, sizeof what, "kda_decode_fused B=%d H=%d%s vs CPU: state", B, H, f16 ? " fp16" : "");
     report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), f16 ? 1e-3 : 1e-5); /* fp16: one ulp, as above */
     CHECK_MSG(memcmp(c2, conv_ref, sizeof(float) * NS * cs) == 0, "conv state pool differs from the CPU's");
-    CHECK(dout_guards_ok(&o));
+    CHECK(guards_ok(&o));
     /* the three launches it replaces, on copies of the pools */
     float *q3 = lunar_cuda_alloc((size_t)B * C * 4), *b3 = lunar_cuda_alloc((size_t)B * H * 4);
     float *o3 = lunar_cuda_alloc((size_t)B * HD * 4);
@@ -681,12 +653,12 @@ TEST(cuda_kda_gate_vs_cpu) {
         const float lb = m ? -5.0f : 0.0f;
         float *ref = test_poisoned(N);
         op_kda_gate(ref, f, &A, &Bt, T, H, dk, lb);
-        dout o;
-        float *dg = dout_new(&o, N * 4);
+        guarded o;
+        float *dg = guarded_new(&o, N * 4);
         lunar_cuda_kda_gate(dg, df, dal, ddb, T, H, dk, lb, NULL);
         float *g = down_f32(dg, N);
         report(m ? "kda_gate lower_bound=-5" : "kda_gate softplus", lunar_max_rel_err(g, ref, N), 1e-5);
-        CHECK(dout_guards_ok(&o));
+        CHECK(guards_ok(&o));
         free(ref), free(g);
     }
     test_tensor_free(&A), test_tensor_free(&Bt);
@@ -720,8 +692,8 @@ TEST(cuda_kda_gate_proj_decode_matches_ops) {
     for (int m = 0; m < 4; m++) {
         const float lb = m & 1 ? -5.0f : 0.0f;
         const int with_og = m >= 2;
-        dout o1, o2;
-        float *g1 = dout_new(&o1, (size_t)HD * 4), *og1 = dout_new(&o2, (size_t)HD * 4);
+        guarded o1, o2;
+        float *g1 = guarded_new(&o1, (size_t)HD * 4), *og1 = guarded_new(&o2, (size_t)HD * 4);
         lunar_cuda_kda_gate_proj_decode(g1, with_og ? og1 : NULL, dx, dw, H, dk, in, dal, ddb, lb, NULL);
         CHECK(lunar_cuda_matmul_f32x(pre, LUNAR_CUDA_F32, dx, dw, 1, HD, in, NULL) == 0);
         float *hp = down_f32(pre, HD);
@@ -738,7 +710,7 @@ TEST(cuda_kda_gate_proj_decode_matches_ops) {
             CHECK_MSG(b1[0] != b1[0], "og written although NULL"); /* still the NaN poison */
         }
         report("skinny GEMM f_b vs CPU (the ops' reference)", lunar_max_rel_err(hp, ref, HD), 1e-5);
-        CHECK(dout_guards_ok(&o1) && dout_guards_ok(&o2));
+        CHECK(guards_ok(&o1) && guards_ok(&o2));
         free(hp), free(a1), free(a2), free(b1), free(b2);
     }
     free(x), free(wf), free(al), free(db), free(wb), free(ref);
@@ -764,8 +736,8 @@ static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
     void *ws = lunar_cuda_alloc(lunar_cuda_kda_chunk_ws(T, H));
     LUNAR_ASSERT(ws);
     lunar_cuda_fill_u32(ws, SENT, lunar_cuda_kda_chunk_ws(T, H) / 4); /* scratch poisoned too */
-    dout o;
-    float *dO = dout_new(&o, no * 4);
+    guarded o;
+    float *dO = guarded_new(&o, no * 4);
     const int prev = lunar_cuda_kda_chunk_precision(mode);
     lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
     lunar_cuda_kda_chunk_precision(prev);
@@ -781,7 +753,7 @@ static void check_chunked(int T, int H, float lb, int mode, unsigned seed) {
     report(what, lunar_max_rel_err(out, ref, no), tol);
     snprintf(what, sizeof what, "kda_chunked%s T=%d H=%d lb=%g: S", tag, T, H, lb);
     report(what, lunar_max_rel_err(S, Sref, ns), tol);
-    CHECK(dout_guards_ok(&o));
+    CHECK(guards_ok(&o));
     free(ref), free(Sref), free(out), free(S);
     kda_free(&in);
     lunar_cuda_release(mark);
@@ -837,9 +809,9 @@ static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {
     const int32_t *dsl = dev_in(slots, sizeof(int32_t) * B);
     for (int verify = 0; verify < 2; verify++) {
         float *dpool = dev_in(pool, NS * ns * 4);
-        dout o, os;
-        float *dO = dout_new(&o, (size_t)B * per_v * 4);
-        float *dsteps = verify ? dout_new(&os, (size_t)B * T * ns * 4) : NULL;
+        guarded o, os;
+        float *dO = guarded_new(&o, (size_t)B * per_v * 4);
+        float *dsteps = verify ? guarded_new(&os, (size_t)B * T * ns * 4) : NULL;
         lunar_cuda_kda_recurrent(dO, dq, dk_, dvv, dg, db, dpool, dsl, dsteps, B, T, H, dk, dv, scale, NULL);
         float *out = down_f32(dO, (long)B * per_v), *p2 = down_f32(dpool, NS * ns);
         char what[96];
@@ -850,13 +822,13 @@ static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {
             snprintf(what, sizeof what, "kda_recurrent verify B=%d T=%d H=%d: states", B, T, H);
             report(what, lunar_max_rel_err(st, steps_ref, (long)B * T * ns), 1e-5);
             CHECK_MSG(memcmp(p2, pool, sizeof(float) * NS * ns) == 0, "verify form changed the pool");
-            CHECK(dout_guards_ok(&os));
+            CHECK(guards_ok(&os));
             free(st);
         } else {
             snprintf(what, sizeof what, "kda_recurrent B=%d T=%d H=%d: pool", B, T, H);
             report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), 1e-5);
         }
-        CHECK(dout_guards_ok(&o));
+        CHECK(guards_ok(&o));
         free(out), free(p2);
     }
     free(pool), free(ref), free(pool_ref), free(steps_ref);
@@ -895,8 +867,8 @@ static void check_recurrent_f16(int B, int T, int H, unsigned seed) {
     const float *db = dev_in(in.beta, (long)B * T * H * 4);
     const int32_t *dsl = dev_in(slots, sizeof(int32_t) * B);
     uint16_t *dpool = dev_in(pool16, (size_t)NS * ns * 2);
-    dout o;
-    float *dO = dout_new(&o, (size_t)B * per_v * 4);
+    guarded o;
+    float *dO = guarded_new(&o, (size_t)B * per_v * 4);
     lunar_cuda_kda_recurrent_f16(dO, dq, dk_, dvv, dg, db, dpool, dsl, NULL, B, T, H, dk, dv, scale, NULL);
     float *out = down_f32(dO, (long)B * per_v), *p2 = test_alloc(NS * ns);
     uint16_t *h16 = malloc((size_t)NS * ns * 2);
@@ -907,7 +879,7 @@ static void check_recurrent_f16(int B, int T, int H, unsigned seed) {
     report(what, lunar_max_rel_err(out, ref, (long)B * per_v), 1e-5);
     snprintf(what, sizeof what, "kda_recurrent fp16 state B=%d T=%d H=%d: pool", B, T, H);
     report(what, lunar_max_rel_err(p2, pool_ref, NS * ns), 1e-3);
-    CHECK(dout_guards_ok(&o));
+    CHECK(guards_ok(&o));
     free(out), free(p2), free(h16), free(pool16);
     free(pool), free(ref), free(pool_ref);
     kda_free(&in);

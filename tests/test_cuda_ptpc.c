@@ -27,29 +27,8 @@ TEST(cuda_ptpc_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar was b
 #include "cuda_test.h"
 #include "ops_util.h"
 
-#define GUARD 64
-#define SENT 0x7fc17fc1u
-
 static int ptpc_cuda_on(void) { return lunar_test_cuda_on((size_t)6 << 30); }
 
-/* a device buffer of `bytes` between guard words, all poisoned (NaN as fp32 and as bf16) */
-static void *guarded(uint32_t **base, size_t bytes) {
-    size_t words = (bytes + 3) / 4;
-    *base = lunar_cuda_alloc((words + 2 * GUARD) * 4);
-    LUNAR_ASSERT(*base);
-    lunar_cuda_fill_u32(*base, SENT, words + 2 * GUARD);
-    return *base + GUARD;
-}
-static int guards_ok(const uint32_t *base, size_t bytes) {
-    size_t words = (bytes + 3) / 4;
-    uint32_t g[2 * GUARD];
-    lunar_cuda_sync();
-    lunar_cuda_download(g, base, GUARD * 4);
-    lunar_cuda_download(g + GUARD, base + GUARD + words, GUARD * 4);
-    for (int i = 0; i < 2 * GUARD; i++)
-        if (g[i] != SENT) return 0;
-    return 1;
-}
 /* count outputs from the device as fp32 (widened when the kernel wrote bf16) */
 static float *download_f32(const void *d, int bf, long count) {
     float *y = test_alloc(count);
@@ -96,9 +75,9 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
         }
         /* device quantisation: codes and scales bit-identical to the CPU rule */
         const void *dw = up(W.data, W.nbytes), *dx = up(xb, (size_t)n * in * 2);
-        uint32_t *bq, *bs, *bxq, *bxs;
-        uint8_t *dqw = guarded(&bq, (size_t)out * in), *dqx = guarded(&bxq, (size_t)n * in);
-        float *dsw = guarded(&bs, (size_t)out * 4), *dsx = guarded(&bxs, (size_t)n * 4);
+        guarded bq, bs, bxq, bxs;
+        uint8_t *dqw = guarded_new(&bq, (size_t)out * in), *dqx = guarded_new(&bxq, (size_t)n * in);
+        float *dsw = guarded_new(&bs, (size_t)out * 4), *dsx = guarded_new(&bxs, (size_t)n * 4);
         lunar_cuda_ptpc_quantize(dqw, dsw, dw, LUNAR_CUDA_BF16, out, in, NULL);
         lunar_cuda_ptpc_quantize(dqx, dsx, dx, LUNAR_CUDA_BF16, n, in, NULL);
         lunar_cuda_sync();
@@ -120,8 +99,8 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
         }
         CHECK_MSG(bad == 0, "n=%d out=%d in=%d: %d rows quantised differently from the CPU", n, out, in, bad);
         CHECK(sw[out - 1] == 1.0f && (n == 1 || sx[n - 1] == 1.0f));
-        CHECK(guards_ok(bq, (size_t)out * in) && guards_ok(bxq, (size_t)n * in));
-        CHECK(guards_ok(bs, (size_t)out * 4) && guards_ok(bxs, (size_t)n * 4));
+        CHECK(guards_ok(&bq) && guards_ok(&bxq));
+        CHECK(guards_ok(&bs) && guards_ok(&bxs));
         /* the GEMM, both output types, by each form: all allowed (the scaled cuBLASLt GEMM where it
          * takes the shape), the scaled one skipped (unscaled GEMM + scaling for fp32 y), the plain
          * kernel only */
@@ -137,8 +116,8 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
         for (int v = 0; v < 6; v++) {
             const int bf = v & 1, forced = v >> 1;
             const size_t ybytes = (size_t)n * out * (bf ? 2 : 4);
-            uint32_t *by;
-            void *dy = guarded(&by, ybytes);
+            guarded by;
+            void *dy = guarded_new(&by, ybytes);
             lunar_cuda_ptpc_force(forced);
             lunar_cuda_ptpc_matmul(dy, bf ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dqx, dsx, dqw, dsw, n, out, in, NULL);
             lunar_cuda_ptpc_force(0);
@@ -155,7 +134,7 @@ TEST(cuda_ptpc_fp8_vs_cpu) {
             if (e_max > worst) worst = e_max;
             CHECK_MSG(fails == 0, "n=%d out=%d in=%d %s force %d: %d elements off (max err/m %.3g)", n, out, in,
                       bf ? "bf16" : "f32", forced, fails, e_max);
-            CHECK(guards_ok(by, ybytes));
+            CHECK(guards_ok(&by));
             free(y);
         }
         test_tensor_free(&W);
@@ -230,8 +209,8 @@ TEST(cuda_ptpc_gemv_vs_cpu) {
         for (int v = 0; v < 4; v++) {
             const int bf = v & 1, xf = v >> 1;
             const size_t ybytes = (size_t)n * out * (bf ? 2 : 4);
-            uint32_t *by;
-            void *dy = guarded(&by, ybytes);
+            guarded by;
+            void *dy = guarded_new(&by, ybytes);
             const int rc = lunar_cuda_ptpc_gemv(dy, bf ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, xf ? dxf : dxb,
                                                 xf ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16, dqw, dsw, n, out, in, NULL);
             CHECK_MSG(rc == 0, "n=%d out=%d in=%d: the decode kernel refused the shape", n, out, in);
@@ -249,7 +228,7 @@ TEST(cuda_ptpc_gemv_vs_cpu) {
             if (e_max > worst) worst = e_max;
             CHECK_MSG(fails == 0, "n=%d out=%d in=%d y %s x %s: %d elements off (max err/m %.3g)", n, out, in,
                       bf ? "bf16" : "f32", xf ? "f32" : "bf16", fails, e_max);
-            CHECK(guards_ok(by, ybytes));
+            CHECK(guards_ok(&by));
             free(y);
         }
         test_tensor_free(&W);
