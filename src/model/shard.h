@@ -73,8 +73,8 @@ void lunar_tp_latent_up(const lunar_model *m, const lunar_tensor *up, float *out
 
 /* Under DCP of size D: the token index (layer, block, local row) in the rank's pool at which
  * position p of a sequence with block table `blocks` is stored, p % D being the rank (block
- * blocks[p / 128], local row (p % 128) / D of kv->block_size = 128 / D). The CUDA gather
- * (lunar_cuda_dcp_gather) reads the same places. */
+ * blocks[p / 128], local row (p % 128) / D of kv->block_size = 128 / D). The CUDA DCP partial
+ * (lunar_cuda_dcp_partial_paged) reads the same places. */
 size_t lunar_dcp_token(const lunar_kv_pool *kv, int layer, const int32_t *blocks, int p, int D);
 
 /* DSA under DCP: rows[T, topk] (global positions, -1 = none) <- in place, per row, the positions
