@@ -1,10 +1,12 @@
-// Hopper's transaction barriers and bulk tensor copies (TMA), shared by the kernels that stage tiles
+// Hopper's transaction barriers, bulk tensor copies (TMA) and the tensor-map encoder, shared by the kernels that stage tiles
 // through them (cuda_mla.cu's cluster variant, cuda_mla_wgmma.cu, cuda_mla_flash_wg.cu,
 // cuda_moe_ws.cu). bar and dst are shared-memory addresses (smem_u32 / __cvta_generic_to_shared).
 #ifndef LUNAR_CUDA_MBARRIER_CUH
 #define LUNAR_CUDA_MBARRIER_CUH
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
 #include <cstdint>
 
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
@@ -34,6 +36,23 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int 
             dst),
         "l"(reinterpret_cast<uint64_t>(tm)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
+}
+
+// The driver's tensor-map encoder (cuTensorMapEncodeTiled), looked up once per file that asks (a
+// function-local static: thread-safe); nullptr when the driver has none, and the caller keeps its
+// path without bulk tensor copies.
+static inline PFN_cuTensorMapEncodeTiled_v12000 lunar_tmap_encoder(void) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+        void *ptr = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
+        (void)cudaGetLastError();
+        return (PFN_cuTensorMapEncodeTiled_v12000) nullptr;
+    }();
+    return fn;
 }
 
 #endif

@@ -240,24 +240,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
-// the driver's tensor-map encoder, looked up once (a function-local static: thread-safe, TP ranks
-// call this from several threads); nullptr: none (the caller keeps the mma.sync kernel)
-PFN_cuTensorMapEncodeTiled_v12000 encoder(void) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-        void *ptr = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            return (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-        (void)cudaGetLastError();
-        return (PFN_cuTensorMapEncodeTiled_v12000) nullptr;
-    }();
-    return fn;
-}
 // a [rows][cols] bf16 matrix (row stride ld elements) in boxes of 64 x 128 with the 128-byte swizzle
 bool make_map(CUtensorMap *m, const void *p, int cols, int rows, size_t ld) {
-    PFN_cuTensorMapEncodeTiled_v12000 fn = encoder();
+    PFN_cuTensorMapEncodeTiled_v12000 fn = lunar_tmap_encoder();
     if (!fn) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)ld * 2};
     const cuuint32_t box[2] = {64, BN}, es[2] = {1, 1};

@@ -477,19 +477,7 @@ template <bool FP8, bool TMA, bool SW> void launch(const Args &a, const CUtensor
 // box of the whole 576-byte row x 64 slots, no swizzle (the raw row-major stage). false: no driver
 // entry point or the map was refused (the caller keeps cp.async).
 bool make_tmap(CUtensorMap *m, const void *latent, bool fp8, bool sw) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    static bool tried = false;
-    if (!tried) {
-        tried = true;
-        void *ptr = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-        else
-            (void)cudaGetLastError();
-    }
+    PFN_cuTensorMapEncodeTiled_v12000 fn = lunar_tmap_encoder();
     if (!fn) return false;
     const cuuint64_t row_bytes = fp8 ? kRow : kRow * 2;
     const cuuint64_t dims[2] = {fp8 ? (cuuint64_t)kRow / 4 : sw ? (cuuint64_t)kRow : row_bytes, 1ull << 28};

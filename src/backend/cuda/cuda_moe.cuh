@@ -105,6 +105,36 @@ struct xargs {
     float beta, beta_l;
 };
 
+// The epilogue of the wgmma grouped GEMMs (cuda_moe_wg.cu, cuda_moe_ws.cu): a warpgroup's
+// m64nNk16 accumulators (NACC per thread) for rows [r0, r0 + 64) of the permutation (rows from rend
+// on are another expert's: skipped) and weight rows from n0. Accumulator i of a thread holds row
+// 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1) (g = lane / 4, c = lane % 4).
+// GATEUP: the two halves are gate and up of the same columns, h = act(gate) * up in bf16; DOWN:
+// y = acc * the row's top-k weight in fp32.
+template <bool GATEUP, int NACC>
+__device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc, int r0, int rend, int n0, int wwarp,
+                                                int g, int c) {
+    const int rlo = r0 + wwarp * 16 + g;
+#pragma unroll
+    for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
+        const int col = n0 + 2 * p + 2 * c;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int r = rlo + 8 * hh;
+            if (r >= rend) continue;
+            const float *v = acc + p + 2 * hh;
+            if (GATEUP) {
+                const float h0 = glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
+                const float h1 = glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
+                *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
+            } else {
+                const float rw = a.row_weight[r];
+                *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
+            }
+        }
+    }
+}
+
 // The wgmma grouped GEMM (cuda_moe_wg.cu): both expert GEMMs over the tile list of r's
 // permutation (tiles = an upper bound of its length). narrow: 128-row weight tiles everywhere
 // (else 256 where R allows it).

@@ -223,26 +223,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
         wgmma_wait<0>();
         fence_acc<NACC>(acc);
         if (c_on) {
-            // accumulator i: row 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1)
-            const int rlo = c_r0 + wwarp * 16 + g;
-#pragma unroll
-            for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
-                const int col = c_n0 + 2 * p + 2 * c;
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int r = rlo + 8 * hh;
-                    if (r >= c_rend) continue;
-                    const float *v = acc + p + 2 * hh;
-                    if (GATEUP) {
-                        const float h0 = glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
-                        const float h1 = glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
-                        *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
-                    } else {
-                        const float rw = a.row_weight[r];
-                        *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
-                    }
-                }
-            }
+            moe_wg_epilogue<GATEUP, NACC>(a, acc, c_r0, c_rend, c_n0, wwarp, g, c);
         }
     }
 }

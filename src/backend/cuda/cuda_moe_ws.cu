@@ -374,26 +374,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             }
             pend = -1;
             if (c_on) {
-                // accumulator i: row 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1)
-                const int rlo = c_r0 + wwarp * 16 + g;
-#pragma unroll
-                for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
-                    const int col = c_n0 + 2 * p + 2 * c;
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int r = rlo + 8 * hh;
-                        if (r >= c_rend) continue;
-                        const float *v = acc + p + 2 * hh;
-                        if (GATEUP) {
-                            const float h0 = glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
-                            const float h1 = glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
-                            *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
-                        } else {
-                            const float rw = a.row_weight[r];
-                            *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
-                        }
-                    }
-                }
+                moe_wg_epilogue<GATEUP, NACC>(a, acc, c_r0, c_rend, c_n0, wwarp, g, c);
             }
         }
     }
@@ -405,19 +386,7 @@ __global__ void __launch_bounds__(WS_T, 1)
 // [rows, K] bf16 weights as a 2-D tensor with 64-column x 128-row boxes in the 128-byte swizzle.
 // false: no driver entry point or the map was refused.
 static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    static bool tried = false;
-    if (!tried) {
-        tried = true;
-        void *ptr = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)ptr;
-        else
-            (void)cudaGetLastError();
-    }
+    PFN_cuTensorMapEncodeTiled_v12000 fn = lunar_tmap_encoder();
     if (!fn || !w) return false;
     const cuuint64_t dims[2] = {(cuuint64_t)K, (cuuint64_t)rows}, strides[1] = {(cuuint64_t)K * 2};
     const cuuint32_t box[2] = {WS_BK, 128}, es[2] = {1, 1};
