@@ -38,6 +38,16 @@ __device__ __forceinline__ void tma_2d(uint32_t dst, const CUtensorMap *tm, int 
         : "memory");
 }
 
+// every thread of every block of the cluster arrives, then waits for all (release / acquire)
+__device__ __forceinline__ void cluster_sync_all() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+
 // The driver's tensor-map encoder (cuTensorMapEncodeTiled), looked up once per file that asks (a
 // function-local static: thread-safe); nullptr when the driver has none, and the caller keeps its
 // path without bulk tensor copies.

@@ -398,14 +398,6 @@ __device__ __forceinline__ void bar_scores() { asm volatile("bar.sync 2, 128;\n"
 // cluster barrier per tile replaces the block barrier, so no block refills a stage that another
 // block still reads. Rows past the end are not copied: the stages are zeroed once at the start and
 // later hold only earlier (finite) rows, which the -inf mask and P = 0 ignore.
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
 __device__ __forceinline__ void bulk_multicast(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar,
                                                uint16_t mask) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "

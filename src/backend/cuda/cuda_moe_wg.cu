@@ -52,22 +52,6 @@ template <int BN> struct wg_cfg {
     }
 };
 
-__device__ __forceinline__ void wg_cp4(uint32_t dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ uint4 lds128(uint32_t a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-__device__ __forceinline__ uint32_t lds32(uint32_t a) {
-    uint32_t v;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
-    return v;
-}
-__device__ __forceinline__ void sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
-    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-}
 // Shared-memory matrix descriptor: K-major, 128-byte swizzle (layout type 1, bits 62-63), 8-row
 // groups 1024 bytes apart (stride byte offset, bits 32-45, in 16-byte units); the leading byte
 // offset is unused in this mode (1 by convention). Stepping k by 16 columns inside the 64-column
@@ -143,7 +127,7 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
                 cp_async16(sR + stage * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
                 // the aligned word holding this block's scale byte (never past the allocation)
                 const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
-                wg_cp4(sS + stage * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
+                cp_async4(sS + stage * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
             }
         } else {
             const uint32_t dB = sB + stage * C::B_BYTES;

@@ -84,22 +84,6 @@ struct ws_cfg {
 __device__ __forceinline__ void ws_arrive_cp(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-__device__ __forceinline__ void ws_cp4(uint32_t dst, const void *src) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ uint4 ws_lds128(uint32_t a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
-    return v;
-}
-__device__ __forceinline__ uint32_t ws_lds32(uint32_t a) {
-    uint32_t v;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(a));
-    return v;
-}
-__device__ __forceinline__ void ws_sts128(uint32_t a, uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
-    asm volatile("st.shared.v4.b32 [%0], {%1,%2,%3,%4};\n" ::"r"(a), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
-}
 // the same copy into the same offset of both blocks of a 2-block cluster, completing on each
 // block's mbarrier at the same offset
 __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *tm, int col, int row, uint32_t bar) {
@@ -116,15 +100,6 @@ __device__ __forceinline__ void ws_arrive_peer(uint32_t bar, uint32_t peer) {
                  "r"(peer)
                  : "memory");
 }
-__device__ __forceinline__ void ws_cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ uint32_t ws_cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-
 // K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as cuda_moe_wg.cu's wg_desc)
 __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
     return (uint64_t)((addr & 0x3FFFFu) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) |
@@ -159,7 +134,7 @@ __global__ void __launch_bounds__(WS_T, 1)
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
-    const uint32_t rank = CL ? ws_cluster_rank() : 0;
+    const uint32_t rank = CL ? cluster_rank() : 0;
     if (CL) {
         for (int e = tid; e < a.E; e += WS_T) {
             const int t = (a.offsets[e + 1] - a.offsets[e] + WS_BM - 1) / WS_BM;
@@ -215,7 +190,7 @@ __global__ void __launch_bounds__(WS_T, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         fence_async_smem();
     }
-    if (CL) ws_cluster_sync();  // both blocks' barriers exist before either copies or arrives
+    if (CL) cluster_sync_all();  // both blocks' barriers exist before either copies or arrives
     else __syncthreads();
 
     if (tid < 128) {
@@ -278,7 +253,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                     cp_async16(sR + slot * C::RAW_BYTES + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
                     // the aligned word holding this block's scale byte (never past the allocation)
                     const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
-                    ws_cp4(sS + slot * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
+                    cp_async4(sS + slot * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
                 }
                 cp_commit();
             } else {
@@ -293,8 +268,8 @@ __global__ void __launch_bounds__(WS_T, 1)
             for (int i = 0; i < C::UNITS / 128; i++) {
                 const int u = tid + 128 * i, nr = u >> 1, half = u & 1;
                 const bool m3 = GATEUP && nr >= NH;
-                const uint4 nib = ws_lds128(sR + slot * C::RAW_BYTES + u * 16);
-                const uint32_t sw = ws_lds32(sS + slot * C::SCW_BYTES + u * 4);
+                const uint4 nib = lds128(sR + slot * C::RAW_BYTES + u * 16);
+                const uint32_t sw = lds32(sS + slot * C::SCW_BYTES + u * 4);
                 // the byte's place in its word: the scale offsets of a row and an expert are multiples of 4
                 const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + 2 * j + half) & 3;
                 const mxscale sc = mx_scale((sw >> (8 * sel)) & 0xffu);
@@ -306,7 +281,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                     uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
                     if (two) pairs_mx<true>(words[w], sc, p);
                     else pairs_mx<false>(words[w], sc, p);
-                    ws_sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
+                    sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
                               prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
                 }
             }
@@ -378,7 +353,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             }
         }
     }
-    if (CL) ws_cluster_sync();  // the other block's last copies / arrivals into this one have landed
+    if (CL) cluster_sync_all();  // the other block's last copies / arrivals into this one have landed
 }
 
 // ---------------------------------------------------------------- launchers
