@@ -33,6 +33,7 @@ TEST(cuda_tp_skipped) { fprintf(stderr, "[skipped: lunar was built without CUDA 
 #include "backend/backend.h"
 #include "base/file.h"
 #include "io/safetensors.h"
+#include "lunar_bin.h"
 
 #define TP_REF_TOL 3e-2
 #define TP_GRAPH_TOL 1e-2 /* graphs vs eager under TP: the collectives' summation order at most (O(1) if broken) */
@@ -81,24 +82,6 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
     const double med = e[rows / 2];
     free(e);
     return med;
-}
-
-/* The lunar binary beside this test binary, into bin. Returns the number of CUDA devices, or -1
- * (the test is skipped, saying why) when there are fewer than `need` for `what`. */
-static int lunar_bin_for(int need, const char *what, char *bin, size_t cap) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < need) {
-        fprintf(stderr, "[skipped: %d CUDA device(s), %s needs %d: %s] ", n < 0 ? 0 : n, what, need, desc);
-        return -1;
-    }
-    char self[1024];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, cap, "%s/lunar", dirname(self));
-    CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
-    return n;
 }
 
 /* n comma-separated pseudo-random token ids below V (the same prompt in every process) */

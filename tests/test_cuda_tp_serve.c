@@ -37,6 +37,7 @@ TEST(cuda_tp_serve_skipped) { fprintf(stderr, "[skipped: lunar was built without
 #include "backend/backend.h"
 #include "cli/http_client.h"
 #include "io/config.h"
+#include "lunar_bin.h"
 
 #define N_REQ 32
 #define N_CLIENTS 8
@@ -323,26 +324,9 @@ static void follower_dies(const char *bin, const char *model, int port) {
     unlink(log);
 }
 
-/* the lunar binary beside this test binary, or 0 (skipped: fewer than two GPUs) */
-static int lunar_bin(char *bin, size_t cap) {
-    char desc[256];
-    const int n = lunar_cuda_device_count(desc, sizeof desc);
-    if (n < 2) {
-        fprintf(stderr, "[skipped: %d CUDA device(s), TP 2 needs two: %s] ", n, desc);
-        return 0;
-    }
-    char self[1024];
-    ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-    LUNAR_ASSERT(k > 0);
-    self[k] = 0;
-    snprintf(bin, cap, "%s/lunar", dirname(self));
-    CHECK_MSG(access(bin, X_OK) == 0, "%s: the lunar binary is missing", bin);
-    return 1;
-}
-
 TEST(cuda_tp_serve_matches_one_gpu) {
     char bin[1100];
-    if (!lunar_bin(bin, sizeof bin)) return;
+    if (lunar_bin_for(2, "TP 2", bin, sizeof bin) < 0) return;
     /* Kimi-Linear (KDA states: clear / copy on every rank, MLA, MoE) and K3.1 (DSA index cache) */
     serve_model(bin, "models/kimi-linear-tiny", 29721, 1);
     serve_model(bin, "tests/golden/k31-a", 29731, 1);
@@ -356,7 +340,7 @@ TEST(cuda_tp_serve_matches_one_gpu) {
  * The rule is TP's (the merge reorders fp32 softmax sums on top of the all-reduces). */
 TEST(cuda_dcp_serve_tp2_matches_one_gpu) {
     char bin[1100];
-    if (!lunar_bin(bin, sizeof bin)) return;
+    if (lunar_bin_for(2, "TP 2 + DCP 2", bin, sizeof bin) < 0) return;
     serve_model(bin, "models/kimi-linear-tiny", 29751, 2);
     serve_model(bin, "tests/golden/k31-a", 29761, 2);
 }
