@@ -34,6 +34,31 @@ __device__ __forceinline__ void store4(__half *p, float4 v) {
     *reinterpret_cast<uint2 *>(p) = u;
 }
 
+// columns 4cg..4cg+3 summed over the 4 warps' partials (red_d inside kda_token, red_o after the sync
+// that follows it)
+__device__ __forceinline__ float4 kda_out4(const float (*red_o)[RTILE], int cg) {
+    float4 a0 = *reinterpret_cast<const float4 *>(&red_o[0][cg * 4]);
+    float4 a1 = *reinterpret_cast<const float4 *>(&red_o[1][cg * 4]);
+    float4 a2 = *reinterpret_cast<const float4 *>(&red_o[2][cg * 4]);
+    float4 a3 = *reinterpret_cast<const float4 *>(&red_o[3][cg * 4]);
+    float4 r;
+    r.x = ((a0.x + a1.x) + a2.x) + a3.x;
+    r.y = ((a0.y + a1.y) + a2.y) + a3.y;
+    r.z = ((a0.z + a1.z) + a2.z) + a3.z;
+    r.w = ((a0.w + a1.w) + a2.w) + a3.w;
+    return r;
+}
+
+// v summed over the lanes 8 apart in a warp (lanes l, l ^ 8, l ^ 16, l ^ 24: the 4 row groups of a warp)
+__device__ __forceinline__ void sum_lanes8(float4 &v) {
+#pragma unroll
+    for (int off = 8; off < 32; off <<= 1) {
+        v.x += __shfl_xor_sync(0xffffffffu, v.x, off);
+        v.y += __shfl_xor_sync(0xffffffffu, v.y, off);
+        v.z += __shfl_xor_sync(0xffffffffu, v.z, off);
+        v.w += __shfl_xor_sync(0xffffffffu, v.w, off);
+    }
+}
 // One token of the recurrence for the block's [128 x 32] state slice st (thread (rg, cg) holding
 // rows 8rg..8rg+7, columns 4cg..4cg+3): ks, qs (scaled), es = exp(g) in shared memory and synced,
 // bt = beta, vv = v at the thread's 4 columns. Decays and updates st; leaves the 4 warps' partial
@@ -49,26 +74,11 @@ __device__ __forceinline__ void kda_token(float4 (&st)[8], const float *ks, cons
         st[r].x *= e, st[r].y *= e, st[r].z *= e, st[r].w *= e;
         d.x += st[r].x * kj, d.y += st[r].y * kj, d.z += st[r].z * kj, d.w += st[r].w * kj;
     }
-#pragma unroll
-    for (int off = 8; off < 32; off <<= 1) {
-        d.x += __shfl_xor_sync(0xffffffffu, d.x, off);
-        d.y += __shfl_xor_sync(0xffffffffu, d.y, off);
-        d.z += __shfl_xor_sync(0xffffffffu, d.z, off);
-        d.w += __shfl_xor_sync(0xffffffffu, d.w, off);
-    }
+    sum_lanes8(d);
     if (lane < 8) *reinterpret_cast<float4 *>(&red_d[w][cg * 4]) = d;
     __syncthreads();
-    float4 u;
-    {
-        float4 a0 = *reinterpret_cast<const float4 *>(&red_d[0][cg * 4]);
-        float4 a1 = *reinterpret_cast<const float4 *>(&red_d[1][cg * 4]);
-        float4 a2 = *reinterpret_cast<const float4 *>(&red_d[2][cg * 4]);
-        float4 a3 = *reinterpret_cast<const float4 *>(&red_d[3][cg * 4]);
-        u.x = (vv.x - (((a0.x + a1.x) + a2.x) + a3.x)) * bt;
-        u.y = (vv.y - (((a0.y + a1.y) + a2.y) + a3.y)) * bt;
-        u.z = (vv.z - (((a0.z + a1.z) + a2.z) + a3.z)) * bt;
-        u.w = (vv.w - (((a0.w + a1.w) + a2.w) + a3.w)) * bt;
-    }
+    const float4 kd = kda_out4(red_d, cg); // k . S over the 4 warps' rows
+    const float4 u = make_float4((vv.x - kd.x) * bt, (vv.y - kd.y) * bt, (vv.z - kd.z) * bt, (vv.w - kd.w) * bt);
     float4 oo = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
     for (int r = 0; r < 8; r++) {
@@ -77,29 +87,9 @@ __device__ __forceinline__ void kda_token(float4 (&st)[8], const float *ks, cons
         st[r].x += kj * u.x, st[r].y += kj * u.y, st[r].z += kj * u.z, st[r].w += kj * u.w;
         oo.x += st[r].x * qj, oo.y += st[r].y * qj, oo.z += st[r].z * qj, oo.w += st[r].w * qj;
     }
-#pragma unroll
-    for (int off = 8; off < 32; off <<= 1) {
-        oo.x += __shfl_xor_sync(0xffffffffu, oo.x, off);
-        oo.y += __shfl_xor_sync(0xffffffffu, oo.y, off);
-        oo.z += __shfl_xor_sync(0xffffffffu, oo.z, off);
-        oo.w += __shfl_xor_sync(0xffffffffu, oo.w, off);
-    }
+    sum_lanes8(oo);
     if (lane < 8) *reinterpret_cast<float4 *>(&red_o[w][cg * 4]) = oo;
 }
-// the output of columns 4cg..4cg+3 from the 4 warps' partials (after the sync that follows kda_token)
-__device__ __forceinline__ float4 kda_out4(const float (*red_o)[RTILE], int cg) {
-    float4 a0 = *reinterpret_cast<const float4 *>(&red_o[0][cg * 4]);
-    float4 a1 = *reinterpret_cast<const float4 *>(&red_o[1][cg * 4]);
-    float4 a2 = *reinterpret_cast<const float4 *>(&red_o[2][cg * 4]);
-    float4 a3 = *reinterpret_cast<const float4 *>(&red_o[3][cg * 4]);
-    float4 r;
-    r.x = ((a0.x + a1.x) + a2.x) + a3.x;
-    r.y = ((a0.y + a1.y) + a2.y) + a3.y;
-    r.z = ((a0.z + a1.z) + a2.z) + a3.z;
-    r.w = ((a0.w + a1.w) + a2.w) + a3.w;
-    return r;
-}
-
 template <typename ST>
 __global__ void __launch_bounds__(128) kda_recurrent_kernel(
     float *__restrict__ o, const float *__restrict__ q, const float *__restrict__ k,
