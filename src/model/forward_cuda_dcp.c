@@ -38,7 +38,7 @@ static void gather_on(lunar_tp *tp, const float *send, float *recv, size_t n) {
     }
 }
 
-size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T, size_t max_len) {
+size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T) {
     const lunar_config *c = &m->cfg;
     const size_t D = (size_t)m->tp->dcp_size, Hm = (size_t)m->tp->mla_heads_max, nh = c->num_attention_heads;
     const size_t R = c->kv_lora_rank, row = R + c->qk_rope_head_dim, topk = c->index_topk > 0 ? c->index_topk : 0;
@@ -47,7 +47,6 @@ size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T, size_t max_len)
      * merged rows, this rank's heads, the local top-k rows, the sliced partial's parts (< 2
      * DCP_PARTIAL_BLOCKS); a fresh prefill's pages, slots and table; 256-byte rounding of each
      * allocation */
-    (void)max_len;
     return 4 * (2 * T + T * nh * row + (1 + D) * T * Hm * row + (D + D * D) * T * Hm * (R + 1) + T * Hm * R +
                 T * nh * R + T * topk + 2 * DCP_PARTIAL_BLOCKS * (R + 2)) +
            (T + 128) * row * 2 + 4 * (T + T / 128 + 1) + 32 * 256;

@@ -70,9 +70,9 @@ typedef struct lunar_cuda_dcp_layer {
  * the (o, lse) partials and merges its own heads: o [T, nh, Vd] before the output gate and o_proj.
  * Collectives on the forward's stream; no host data (CUDA graphs capture it). */
 void lunar_cuda_dcp_mla(const lunar_model *m, const lunar_cuda_dcp_layer *a, float *o);
-/* An upper bound of lunar_cuda_dcp_mla's device scratch for T tokens and contexts up to max_len
- * (part of lunar_cuda_step_bytes). */
-size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T, size_t max_len);
+/* An upper bound of lunar_cuda_dcp_mla's device scratch for T tokens (any context: the partial reads
+ * the pages in place; part of lunar_cuda_step_bytes). */
+size_t lunar_cuda_dcp_step_bytes(const lunar_model *m, size_t T);
 /* Its first stage alone: this rank's rows of the step into its pages. */
 void lunar_cuda_dcp_store(const lunar_model *m, const lunar_cuda_dcp_layer *a);
 /* A fresh prefill under DCP (one sequence from position 0): every rank already holds all the

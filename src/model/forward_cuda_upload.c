@@ -505,7 +505,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
         mla += (a > f ? a : f) + 256;
     }
     mla += 4 * nh * ((size_t)c->qk_nope_head_dim + Vd) * R + 256; /* the absorption's fp32 weights */
-    if (m->tp && m->tp->dcp_size > 1) mla += lunar_cuda_dcp_step_bytes(m, T, (size_t)max_len);
+    if (m->tp && m->tp->dcp_size > 1) mla += lunar_cuda_dcp_step_bytes(m, T);
     if (nh * Vd > widest) widest = nh * Vd;
     const size_t E = c->num_experts, k = c->num_experts_per_token;
     const size_t De = c->routed_expert_hidden_size ? (size_t)c->routed_expert_hidden_size : D;
