@@ -740,18 +740,6 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
         if (ref) free(y);
         else ref = y;
     }
-    /* where path 6's time goes (cuda_moe_ws.cu's timing probes; their outputs are garbage): the
-     * copies (and widening) with no products, the products on whatever the stages hold */
-    static const char *probe[] = {"copies", "mma"};
-    for (int pp = 6; pp <= (mx ? 6 : 7); pp++)
-        for (int i = 0; i < 2; i++) {
-            setenv("LUNAR_MOE_WS_PROBE", probe[i], 1);
-            float ms = time_experts(ybuf, hbuf, z, &w, &r, pp, 5, NULL, 0);
-            printf("| prefill %-24s %-5s | (%d) probe: %-6s | %5d | %8.2f | %6.1f | %5.0f %% | (timing only) | |\n",
-                   label, mx ? "mxfp4" : "bf16", pp, probe[i], n, ms, flops / (ms * 1e-3) / 1e12,
-                   100.0 * flops / (ms * 1e-3) / g_dense_peak);
-        }
-    unsetenv("LUNAR_MOE_WS_PROBE");
     free(ref);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     lunar_cuda_release(mark);

@@ -3,7 +3,7 @@
 # path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles by TMA multicast, opt-in
 # LUNAR_MOE_PREFILL=wsc). Run from the repository root with P = the prebuilt directory and OUT:
 #   P=.xfer-moepre OUT=/tmp/o tools/device/moe_ws2.sh
-# op tests (paths 1-7 vs the CPU ops), the prefill benchmark with path 6 / 7 timing probes, the
+# op tests (paths 1-7 vs the CPU ops), the prefill benchmark with path 6 / 7 timing probes (removed from main since), the
 # goldens with the new defaults, Kimi-Linear-48B 8K prefill with paths 6 (default), 4 and 7, and
 # Nsight Compute on path 7's Kimi-Linear kernels and path 6's K3.1 MXFP4 gate/up kernel.
 set -u

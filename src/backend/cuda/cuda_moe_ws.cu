@@ -53,6 +53,9 @@
 // copies-only probe takes 46 of the 51 ms), so MXFP4 stays on path 4. The probes show the BF16 time
 // is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
 // consumer side (short M tiles, the epilogue outside the MMA stream, per-chunk waits) is the limit.
+// (The probes were switches of this kernel that skipped the copies or the products, outputs garbage;
+// removed after the measurement so that no setting can make the default kernel compute wrong
+// results: they are in commit 098edea of branch s5-moepre.)
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -121,7 +124,7 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 template <bool MX, bool GATEUP, bool CL>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
-                  const __grid_constant__ CUtensorMap tm1, int probe) {
+                  const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
     typedef ws_cfg C;
     constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile
@@ -217,12 +220,6 @@ __global__ void __launch_bounds__(WS_T, 1)
                 }
             }
             if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
-            if (probe == 2) {  // timing probe: no copies, the stage is declared full as it is
-                mbar_arrive(full + 8 * s);
-                if (!MX && tid == 0) mbar_arrive(full + 8 * s);  // (the arrival that expects B's bytes)
-                if (MX) cp_commit();
-                return;
-            }
             if (CL && tid == 0) {  // this block's half of B, into both blocks
                 mbar_expect_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
@@ -294,7 +291,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                 else cp_commit();  // empty groups keep the wait_group count fixed
                 if (q >= WS_P) {
                     cp_wait<WS_P>();
-                    if (probe != 2) widen(q - WS_P);
+                    widen(q - WS_P);
                 }
             }
         } else {
@@ -319,7 +316,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             for (int j = 0; j < J; j++, q++) {
                 const int s = q % WS_ST;
                 mbar_wait(full + 8 * s, (q / WS_ST) & 1);
-                if (c_on && probe != 1) {  // probe 1: no products (times the copies alone)
+                if (c_on) {
                     if (!MX) fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
                     const uint32_t aT = sA + s * C::A_BYTES + wg * 64 * 128, bT = sB + s * C::B_BYTES;
                     wgmma_fence();
@@ -412,12 +409,8 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     const long items = (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN)) * (CL ? 2 : 1);
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
-    // timing probes for the benchmark (results are garbage): LUNAR_MOE_WS_PROBE=copies skips the
-    // products, =mma the copies (and the widening); read at every launch so one process can switch
-    const char *pe = getenv("LUNAR_MOE_WS_PROBE");
-    const int probe = pe && !strcmp(pe, "copies") ? 1 : pe && !strcmp(pe, "mma") ? 2 : 0;
     cfg.gridDim = dim3(grid);
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL>, a, t0, t1, probe));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL>, a, t0, t1));
     return true;
 }
 
