@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 9; path++) {
+    for (int path = 1; path <= 11; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -364,7 +364,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks"};
+                                      "v2 3 blocks", "wsf", "wsf1"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -387,6 +387,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel, 7
  * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only, 8 the warp-team
  * decode kernels, 9 the same on 3 blocks: 24 warps walk every unit, their rings crossing units,
+ * 10 path 6 with the BF16 proxy fences in the producer, 11 the same one chunk later (BF16 cases
+ * only: MXFP4 runs path 6 for both),
  * split-K teams of 1, 2 and 4 warps as the unit count and K pick them; K = 128 and 384 end on a
  * half MXFP4 stage). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
@@ -403,6 +405,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * (2 chunks), its consumer warpgroup 2 idles on tiles of <= 64 rows (n = 1, 5, 13, 130 on 4
  * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
 #define WG (8 | 16 | 32)
+#define WSF (512 | 1024)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
@@ -421,16 +424,16 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
-    /* path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
+    /* paths 10, 11 (WSF) on every wgmma case; path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
      * tiles (n = 131 overloaded: a full pair + a pair of 3 rows and none), empty experts (mode 1) */
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | 128 | 256);
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64 | WSF); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | WSF | 128 | 256);
     experts_case(64, 8, 32, 1024, 1152, 0, 1, 2, 1 | 128 | 256); /* BF16 v2: 64 groups x 72 tiles, S = 1..4 */
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64);
-    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64); /* ~300 rows per expert, 288 gate/up items */
-    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
-    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64);  /* 16 chunks of K per gate/up item, 3 N tiles */
-    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64);  /* 300 rows on 2 experts: 3 tiles each */
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64 | WSF);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64 | WSF); /* ~300 rows per expert, 288 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64 | WSF); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64 | WSF);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF);  /* 300 rows on 2 experts: 3 tiles each */
 }
 
 /* Issue 9: the shared expert as one more routed row (route_one with shared = 1, BF16 experts):
@@ -724,10 +727,11 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    static const int paths[] = {2, 4, 6, 7};
-    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws cluster (7)"};
+    static const int paths[] = {2, 4, 6, 10, 11, 7};
+    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
+                               "ws cluster (7)"};
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 3 : 4); i++) { /* path 7 clusters BF16 weights only */
+    for (int i = 0; i < (mx ? 3 : 6); i++) { /* paths 10, 11 and 7 differ from 6 for BF16 weights only */
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);

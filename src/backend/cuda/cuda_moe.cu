@@ -1071,7 +1071,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
         // docs/benchmarks.md "MoE prefill, warp-specialised"). LUNAR_MOE_PREFILL=ws / wg / old
         // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
-        // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in).
+        // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in),
+        // =wsf path 10 for BF16 experts (path 6 with the consumers' per-chunk proxy fence moved to
+        // the producer; MXFP4 experts keep path 4: path 10 differs from 6 for BF16 only).
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1079,16 +1081,19 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : !strcmp(e, "old") ? 2
                   : !strcmp(e, "ws")  ? 6
                   : !strcmp(e, "wsc") ? 7
+                  : !strcmp(e, "wsf") ? 10
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        path = n > 64 ? (pre ? pre : w->mxfp4 ? 4 : 6) : dec ? dec : auto_dec;
+        const int pre_k = pre == 10 && w->mxfp4 ? 4 : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 6) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2 and 4-7: the grouped GEMMs (any n)
-    CUDA_REQUIRE(path >= 1 && path <= 9 && (path == 2 || (path >= 4 && path <= 7) || n <= 64));
+    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7, 10 and 11: the grouped GEMMs (any n)
+    const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(path >= 1 && path <= 11 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
-    CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || path >= 8)));
+    CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
     xargs a;
     memset(&a, 0, sizeof a);
@@ -1104,7 +1109,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     xargs d = a;
     d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2, d.sb[0] = w->s2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
-    if (path >= 8) {
+    if (dec2) {
         moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 9 ? 3 : 0, st);
     } else if (path == 3) {
         // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
@@ -1121,10 +1126,10 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
-    } else if ((path == 6 || path == 7) &&
-               moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 7, st)) {
+    } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
+                                    path == 7 ? 1 : path == 10 ? 2 : path == 11 ? 3 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if (path >= 4 && path <= 7) {
+    } else if ((path >= 4 && path <= 7) || path >= 10) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

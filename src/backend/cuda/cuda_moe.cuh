@@ -139,10 +139,11 @@ __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc
 // permutation (tiles = an upper bound of its length). narrow: 128-row weight tiles everywhere
 // (else 256 where R allows it).
 void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st);
-// The warp-specialised one (cuda_moe_ws.cu, path 6; cluster: path 7, pairs of blocks sharing the
-// BF16 weight tiles, MXFP4 runs path 6): false when the shapes do not fit it (gate/up R % 128, down
-// R % 256, K % 64), a weight tensor map was refused or no cluster fits; the caller runs path 4 then.
-bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool cluster, cudaStream_t st);
+// The warp-specialised one (cuda_moe_ws.cu): mode 0 path 6; 1 path 7, pairs of blocks sharing the
+// BF16 weight tiles; 2 path 10, path 6 with the BF16 proxy fences in the producer, arriving 2 chunks
+// late; 3 path 11, the same 1 chunk late (MXFP4 runs path 6 for every mode): false when the shapes do not fit it (gate/up R % 128, down R % 256, K % 64), a
+// weight tensor map was refused or no cluster fits; the caller runs path 4 then.
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st);
 // The warp-team decode kernels (cuda_moe_dec.cu): both expert GEMMs over r's decode groups
 // (groups, counts[E + 2]); blocks: 0 = the resident capacity, else that many (tests).
 void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);

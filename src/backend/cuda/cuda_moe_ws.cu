@@ -121,11 +121,26 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 // this one's shared memory. Measured correct but slower (Kimi-Linear 3.74 ms vs path 6's 2.84): an
 // expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
 // run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
-template <bool MX, bool GATEUP, bool CL>
+//
+// PF > 0 (paths 10 and 11, BF16 only): the proxy fence moves from the consumers to the producer. Path 6's BF16
+// consumers fence the async proxy after every `full` wait (the A pieces are other threads'
+// cp.async writes), a fence per chunk in the tensor-core warps; MXFP4's consumers fence nothing
+// (the producer threads fence before their arrival) and its no-copies probe reached 41 % of the
+// peak on K3.1 against BF16's 38 % on Kimi-Linear's shape, which has fewer padded rows. Here, as
+// for MXFP4, each producer thread arrives for chunk q only P chunks after issuing it (cp.async.
+// wait_group P: its own pieces have landed), fences, then arrives: 128 plain arrivals + thread 0's
+// expect_tx of the TMA bytes, so `full` counts 129 as in path 6 and the consumers only wait.
+// PF = that lag P (2 as MXFP4's, path 10; 1, path 11): a chunk's A pieces get ST - 1 chunks to land
+// either way, but with P = 2 the arrival for chunk q waits for the release of q - 2 (the producer
+// issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
+template <bool MX, bool GATEUP, bool CL, int PF>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
+    static_assert(!(PF && (MX || CL)), "the producer-fence variant is path 6's BF16 kernel");
+    constexpr bool DEFER = MX || PF;  // producer threads arrive P chunks late, after their own fence
+    constexpr int P = PF ? PF : WS_P;
     typedef ws_cfg C;
     constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile
     constexpr int NACC = WS_BN / 2;                 // accumulators per consumer thread
@@ -253,6 +268,8 @@ __global__ void __launch_bounds__(WS_T, 1)
                     cp_async4(sS + slot * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
                 }
                 cp_commit();
+            } else if (PF) {
+                cp_commit();  // one group per chunk: arrives after cp_wait<P>, in the loop below
             } else {
                 ws_arrive_cp(full + 8 * s);
             }
@@ -285,13 +302,18 @@ __global__ void __launch_bounds__(WS_T, 1)
             fence_async_smem();  // this thread's widened rows and landed A pieces -> the wgmma
             mbar_arrive(full + 8 * s);
         };
-        if (MX) {
-            for (int q = 0; q < Q + WS_P; q++) {
+        if (DEFER) {
+            for (int q = 0; q < Q + P; q++) {
                 if (q < Q) issue(q);
                 else cp_commit();  // empty groups keep the wait_group count fixed
-                if (q >= WS_P) {
-                    cp_wait<WS_P>();
-                    widen(q - WS_P);
+                if (q >= P) {
+                    cp_wait<P>();
+                    if (MX) {
+                        widen(q - P);
+                    } else {
+                        fence_async_smem();  // this thread's landed A pieces of chunk q - P -> the wgmma
+                        mbar_arrive(full + 8 * ((q - P) % WS_ST));
+                    }
                 }
             }
         } else {
@@ -317,7 +339,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                 const int s = q % WS_ST;
                 mbar_wait(full + 8 * s, (q / WS_ST) & 1);
                 if (c_on) {
-                    if (!MX) fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
+                    if (!DEFER) fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
                     const uint32_t aT = sA + s * C::A_BYTES + wg * 64 * 128, bT = sB + s * C::B_BYTES;
                     wgmma_fence();
                     fence_acc<NACC>(acc);
@@ -368,7 +390,7 @@ static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
 }
 
 #define WS_MAX_DEV 64
-template <bool MX, bool GATEUP, bool CL>
+template <bool MX, bool GATEUP, bool CL, int PF>
 static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUtensorMap t0, t1;
     memset(&t0, 0, sizeof t0), memset(&t1, 0, sizeof t1);
@@ -393,13 +415,13 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     cfg.blockDim = dim3(WS_T), cfg.dynamicSmemBytes = smem, cfg.stream = st;
     cfg.attrs = cl, cfg.numAttrs = CL ? 1 : 0;
     if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP, CL, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
         if (CL) {
             int nc = 0;
             cfg.gridDim = dim3(2 * sms[dev]);
-            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL>, &cfg));
+            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL, PF>, &cfg));
             if (nc <= 0) return false;  // (attr stays unset: asked again, refused again)
             sms[dev] = 2 * nc;
         }
@@ -410,14 +432,20 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
     cfg.gridDim = dim3(grid);
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL>, a, t0, t1));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL, PF>, a, t0, t1));
     return true;
 }
 
-bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool cluster, cudaStream_t st) {
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st) {
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
     if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;
-    if (mx) return ws_launch<true, true, false>(g, tiles, st) && ws_launch<true, false, false>(d, tiles, st);
-    if (cluster) return ws_launch<false, true, true>(g, tiles, st) && ws_launch<false, false, true>(d, tiles, st);
-    return ws_launch<false, true, false>(g, tiles, st) && ws_launch<false, false, false>(d, tiles, st);
+    if (mx)
+        return ws_launch<true, true, false, 0>(g, tiles, st) && ws_launch<true, false, false, 0>(d, tiles, st);
+    if (mode == 1)
+        return ws_launch<false, true, true, 0>(g, tiles, st) && ws_launch<false, false, true, 0>(d, tiles, st);
+    if (mode == 2)
+        return ws_launch<false, true, false, 2>(g, tiles, st) && ws_launch<false, false, false, 2>(d, tiles, st);
+    if (mode == 3)
+        return ws_launch<false, true, false, 1>(g, tiles, st) && ws_launch<false, false, false, 1>(d, tiles, st);
+    return ws_launch<false, true, false, 0>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
 }

@@ -485,7 +485,9 @@ typedef struct lunar_cuda_moe_experts {
  * shapes it does not take run 4), 7 the same in clusters of 2 blocks sharing BF16 weight tiles by
  * TMA multicast (MXFP4: path 6), 8 the warp-team decode kernels (cuda_moe_dec.cu, n <= 64, MXFP4
  * and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 9 the same on 3 blocks only (tests: every warp
- * walks many units).
+ * walks many units), 10 path 6 with the BF16 proxy fences moved from the consumer warps to the
+ * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 4 then; path 10
+ * with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of two.
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
