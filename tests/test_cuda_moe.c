@@ -788,8 +788,10 @@ TEST(cuda_moe_bench) {
                gemv, g_read_bw / 1e12, mm, g_dense_peak / 1e12);
         lunar_cuda_release(mark);
     }
-    /* LUNAR_MOE_BENCH=prefill: the references and the prefill shapes only */
-    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0;
+    /* LUNAR_MOE_BENCH=prefill: the references and the prefill shapes only; =prefill-bf16: only the
+     * BF16 prefill shape (Kimi-Linear: short Nsight Compute runs) */
+    const int bf16_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-bf16");
+    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0 && !bf16_only;
     if (decode) printf("Decode (both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
            "the distinct touched experts (packed + scales, or bf16) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
            "floor(m) = bytes / the GEMV read rate above. pair = the decode kernel pair (path 1), v2 = the\n"
@@ -812,8 +814,10 @@ TEST(cuda_moe_bench) {
     printf("\nPrefill (grouped GEMMs, both; MXFP4 widened to bf16), FLOPs = 2 n k 3 D I; "
            "target >= 50 %% of the measured dense peak (%.0f TFLOP/s; nominal %.0f).\n\n", g_dense_peak / 1e12, TC / 1e12);
     printf("| shape | kernel | n | ms | TFLOP/s | of peak | output | routing |\n|---|---|---|---|---|---|---|---|\n");
-    bench_prefill(8192, 896, 16, 3584, 3072, 1, "K3.1 (lat 3584, I 3072)");
-    bench_prefill(8192, 896, 16, 3584, 384, 1, "K3.1 TP8 (I 384)");
+    if (!bf16_only) {
+        bench_prefill(8192, 896, 16, 3584, 3072, 1, "K3.1 (lat 3584, I 3072)");
+        bench_prefill(8192, 896, 16, 3584, 384, 1, "K3.1 TP8 (I 384)");
+    }
     bench_prefill(8192, 256, 8, 2304, 1024, 0, "Kimi-Linear (2304, 1024)");
     fflush(stdout);
 }
