@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 11; path++) {
+    for (int path = 1; path <= 12; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -364,7 +364,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -387,8 +387,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel, 7
  * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only, 8 the warp-team
  * decode kernels, 9 the same on 3 blocks: 24 warps walk every unit, their rings crossing units,
- * 10 path 6 with the BF16 proxy fences in the producer, 11 the same one chunk later (BF16 cases
- * only: MXFP4 runs path 6 for both),
+ * 10 path 6 with the BF16 proxy fences in the producer, 11 the same one chunk later, 12 path 6
+ * with the fast GLU epilogue (BF16 cases only: MXFP4 runs path 6 for all three),
  * split-K teams of 1, 2 and 4 warps as the unit count and K pick them; K = 128 and 384 end on a
  * half MXFP4 stage). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
@@ -405,7 +405,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * (2 chunks), its consumer warpgroup 2 idles on tiles of <= 64 rows (n = 1, 5, 13, 130 on 4
  * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
 #define WG (8 | 16 | 32)
-#define WSF (512 | 1024)
+#define WSF (512 | 1024 | 2048)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
@@ -680,11 +680,11 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
  * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma), median of 5, and each wgmma path's
  * combined output against path 2's (max rel err: the same products summed in another order). */
-static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char *label) {
+static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, const char *label) {
     size_t mark = lunar_cuda_mark();
     lunar_cuda_moe_experts w;
     memset(&w, 0, sizeof w);
-    w.E = E, w.D = D, w.I = I, w.mxfp4 = mx, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
+    w.E = E, w.D = D, w.I = I, w.mxfp4 = mx, w.act = act, w.beta = 4.0f, w.beta_l = 25.0f;
     const size_t nw = (size_t)E * I * D;
     if (mx) {
         uint8_t *q[3], *s[3];
@@ -727,11 +727,11 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, const char 
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    static const int paths[] = {2, 4, 6, 10, 11, 7};
+    static const int paths[] = {2, 4, 6, 10, 11, 12, 7};
     static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
-                               "ws cluster (7)"};
+                               "ws fast epi (12)", "ws cluster (7)"};
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 3 : 6); i++) { /* paths 10, 11 and 7 differ from 6 for BF16 weights only */
+    for (int i = 0; i < (mx ? 3 : 7); i++) { /* paths 10-12 and 7 differ from 6 for BF16 weights only */
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
@@ -814,11 +814,14 @@ TEST(cuda_moe_bench) {
     printf("\nPrefill (grouped GEMMs, both; MXFP4 widened to bf16), FLOPs = 2 n k 3 D I; "
            "target >= 50 %% of the measured dense peak (%.0f TFLOP/s; nominal %.0f).\n\n", g_dense_peak / 1e12, TC / 1e12);
     printf("| shape | kernel | n | ms | TFLOP/s | of peak | output | routing |\n|---|---|---|---|---|---|---|---|\n");
+    /* each model's activation (K3.1: SiTU; Kimi-Linear: SwiGLU, hidden_act silu), and Kimi-Linear
+     * with SiTU as sessions 3-5 measured it (the epilogue's share differs: SiTU's tanh) */
     if (!bf16_only) {
-        bench_prefill(8192, 896, 16, 3584, 3072, 1, "K3.1 (lat 3584, I 3072)");
-        bench_prefill(8192, 896, 16, 3584, 384, 1, "K3.1 TP8 (I 384)");
+        bench_prefill(8192, 896, 16, 3584, 3072, 1, 1, "K3.1 (lat 3584, I 3072)");
+        bench_prefill(8192, 896, 16, 3584, 384, 1, 1, "K3.1 TP8 (I 384)");
     }
-    bench_prefill(8192, 256, 8, 2304, 1024, 0, "Kimi-Linear (2304, 1024)");
+    bench_prefill(8192, 256, 8, 2304, 1024, 0, 0, "Kimi-Linear swiglu");
+    bench_prefill(8192, 256, 8, 2304, 1024, 0, 1, "Kimi-Linear (situ, as s5)");
     fflush(stdout);
 }
 

@@ -1073,7 +1073,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
         // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in),
         // =wsf path 10 for BF16 experts (path 6 with the consumers' per-chunk proxy fence moved to
-        // the producer; MXFP4 experts keep path 4: path 10 differs from 6 for BF16 only).
+        // the producer), =wsfast path 12 for BF16 experts (path 6 with the SFU's exp / tanh /
+        // division in the gate/up epilogue); MXFP4 experts keep path 4 under both (10 and 12
+        // differ from 6 for BF16 only).
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1082,16 +1084,17 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : !strcmp(e, "ws")  ? 6
                   : !strcmp(e, "wsc") ? 7
                   : !strcmp(e, "wsf") ? 10
+                  : !strcmp(e, "wsfast") ? 12
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        const int pre_k = pre == 10 && w->mxfp4 ? 4 : pre;
+        const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 6) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7, 10 and 11: the grouped GEMMs (any n)
+    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
     const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(path >= 1 && path <= 11 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 12 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
@@ -1127,7 +1130,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path == 10 ? 2 : path == 11 ? 3 : 0, st)) {
+                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if ((path >= 4 && path <= 7) || path >= 10) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);

@@ -73,6 +73,23 @@ __device__ __forceinline__ float glu_act(float g, float u, int act, float beta, 
     return ga * ub;
 }
 
+// glu_act with the SFU's approximations (ex2.approx behind __expf, rcp.approx behind __fdividef,
+// tanh.approx: relative errors of ~1e-6 .. 5e-4, below the bf16 rounding of h that follows): the
+// prefill epilogue runs in the tensor-core warps while no wgmma is in flight, and glu_act's IEEE
+// expf / tanhf / division are most of its instructions (SiTU: ~100 a column). -g past 88 gives
+// __expf = inf and g / inf = -0, as the exact form.
+__device__ __forceinline__ float tanh_fast(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float glu_act_fast(float g, float u, int act, float beta, float beta_l) {
+    const float sg = __fdividef(1.0f, 1.0f + __expf(-g));
+    if (act == 0) return g * sg * u;
+    const float ub = beta_l > 0.0f ? beta_l * tanh_fast(__fdividef(u, beta_l)) : u;
+    return beta * tanh_fast(__fdividef(g, beta)) * sg * ub;
+}
+
 // Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
 #define DEC_G 8
 
@@ -110,8 +127,8 @@ struct xargs {
 // on are another expert's: skipped) and weight rows from n0. Accumulator i of a thread holds row
 // 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1) (g = lane / 4, c = lane % 4).
 // GATEUP: the two halves are gate and up of the same columns, h = act(gate) * up in bf16; DOWN:
-// y = acc * the row's top-k weight in fp32.
-template <bool GATEUP, int NACC>
+// y = acc * the row's top-k weight in fp32. FAST: glu_act_fast (path 12).
+template <bool GATEUP, int NACC, bool FAST = false>
 __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc, int r0, int rend, int n0, int wwarp,
                                                 int g, int c) {
     const int rlo = r0 + wwarp * 16 + g;
@@ -124,8 +141,10 @@ __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc
             if (r >= rend) continue;
             const float *v = acc + p + 2 * hh;
             if (GATEUP) {
-                const float h0 = glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
-                const float h1 = glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
+                const float h0 = FAST ? glu_act_fast(v[0], v[NACC / 2], a.act, a.beta, a.beta_l)
+                                      : glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
+                const float h1 = FAST ? glu_act_fast(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l)
+                                      : glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
                 *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
             } else {
                 const float rw = a.row_weight[r];
@@ -141,7 +160,8 @@ __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc
 void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool narrow, cudaStream_t st);
 // The warp-specialised one (cuda_moe_ws.cu): mode 0 path 6; 1 path 7, pairs of blocks sharing the
 // BF16 weight tiles; 2 path 10, path 6 with the BF16 proxy fences in the producer, arriving 2 chunks
-// late; 3 path 11, the same 1 chunk late (MXFP4 runs path 6 for every mode): false when the shapes do not fit it (gate/up R % 128, down R % 256, K % 64), a
+// late; 3 path 11, the same 1 chunk late; 4 path 12, path 6 with glu_act_fast in the gate/up
+// epilogue (MXFP4 runs path 6 for every mode): false when the shapes do not fit it (gate/up R % 128, down R % 256, K % 64), a
 // weight tensor map was refused or no cluster fits; the caller runs path 4 then.
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st);
 // The warp-team decode kernels (cuda_moe_dec.cu): both expert GEMMs over r's decode groups

@@ -133,14 +133,16 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 // PF = that lag P (2 as MXFP4's, path 10; 1, path 11): a chunk's A pieces get ST - 1 chunks to land
 // either way, but with P = 2 the arrival for chunk q waits for the release of q - 2 (the producer
 // issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
+// PF = 3 (path 12, BF16): path 6 with glu_act_fast in the gate/up epilogue (cuda_moe.cuh).
 template <bool MX, bool GATEUP, bool CL, int PF>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
-    static_assert(!(PF && (MX || CL)), "the producer-fence variant is path 6's BF16 kernel");
-    constexpr bool DEFER = MX || PF;  // producer threads arrive P chunks late, after their own fence
-    constexpr int P = PF ? PF : WS_P;
+    static_assert(!(PF && (MX || CL)), "paths 10-12 are variants of path 6's BF16 kernel");
+    constexpr bool FE = PF == 3;                   // the fast epilogue, path 6's pipeline
+    constexpr bool DEFER = MX || (PF && !FE);      // producer threads arrive P chunks late, after their own fence
+    constexpr int P = PF && !FE ? PF : WS_P;
     typedef ws_cfg C;
     constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile
     constexpr int NACC = WS_BN / 2;                 // accumulators per consumer thread
@@ -268,7 +270,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                     cp_async4(sS + slot * C::SCW_BYTES + u * 4, (const void *)(sp & ~(uintptr_t)3));
                 }
                 cp_commit();
-            } else if (PF) {
+            } else if (DEFER) {
                 cp_commit();  // one group per chunk: arrives after cp_wait<P>, in the loop below
             } else {
                 ws_arrive_cp(full + 8 * s);
@@ -368,7 +370,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             }
             pend = -1;
             if (c_on) {
-                moe_wg_epilogue<GATEUP, NACC>(a, acc, c_r0, c_rend, c_n0, wwarp, g, c);
+                moe_wg_epilogue<GATEUP, NACC, FE>(a, acc, c_r0, c_rend, c_n0, wwarp, g, c);
             }
         }
     }
@@ -447,5 +449,7 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
         return ws_launch<false, true, false, 2>(g, tiles, st) && ws_launch<false, false, false, 2>(d, tiles, st);
     if (mode == 3)
         return ws_launch<false, true, false, 1>(g, tiles, st) && ws_launch<false, false, false, 1>(d, tiles, st);
+    if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
+        return ws_launch<false, true, false, 3>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
     return ws_launch<false, true, false, 0>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
 }

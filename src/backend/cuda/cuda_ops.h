@@ -487,7 +487,9 @@ typedef struct lunar_cuda_moe_experts {
  * and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 9 the same on 3 blocks only (tests: every warp
  * walks many units), 10 path 6 with the BF16 proxy fences moved from the consumer warps to the
  * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 4 then; path 10
- * with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of two.
+ * with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of two, 12
+ * path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue (MXFP4: 6;
+ * LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 4).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
