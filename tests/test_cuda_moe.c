@@ -678,7 +678,8 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
 }
 
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
- * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma), median of 5, and each wgmma path's
+ * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma, its BF16 variants 10-12 (12: BF16's default) and
+ * 7), median of 5, and each wgmma path's
  * combined output against path 2's (max rel err: the same products summed in another order). */
 static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, const char *label) {
     size_t mark = lunar_cuda_mark();

@@ -1065,17 +1065,18 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1 : 0;
         }
         const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
-        // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel (path 6,
-        // cuda_moe_ws.cu), MXFP4 experts the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the
-        // H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
-        // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
-        // docs/benchmarks.md "MoE prefill, warp-specialised"). LUNAR_MOE_PREFILL=ws / wg / old
-        // force path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in
-        // clusters of 2 sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in),
-        // =wsf path 10 for BF16 experts (path 6 with the consumers' per-chunk proxy fence moved to
-        // the producer), =wsfast path 12 for BF16 experts (path 6 with the SFU's exp / tanh /
-        // division in the gate/up epilogue); MXFP4 experts keep path 4 under both (10 and 12
-        // differ from 6 for BF16 only).
+        // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
+        // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
+        // the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the H200 at 8192 tokens, path 6 is
+        // 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 % slower on K3.1's MXFP4 ones (its
+        // single producer warpgroup widens the nibbles alone; docs/benchmarks.md "MoE prefill,
+        // warp-specialised"), and path 12 4 % faster than 6 with Kimi-Linear's SwiGLU, 21 % with
+        // SiTU (docs/benchmarks.md "MoE prefill, round 4"). LUNAR_MOE_PREFILL=ws / wg / old force
+        // path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in clusters of 2
+        // sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in), =wsf path 10
+        // for BF16 experts (path 6 with the consumers' per-chunk proxy fence moved to the producer;
+        // measured 0-6 % slower than 6, kept opt-in), =wsfast path 12 for BF16 experts (the
+        // default); MXFP4 experts keep path 4 under both (10 and 12 differ from 6 for BF16 only).
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1089,7 +1090,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                                       : 0;
         }
         const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 6) : dec ? dec : auto_dec;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)

@@ -56,6 +56,13 @@
 // (The probes were switches of this kernel that skipped the copies or the products, outputs garbage;
 // removed after the measurement so that no setting can make the default kernel compute wrong
 // results: they are in commit 098edea of branch s5-moepre.)
+// Round 4 (docs/benchmarks.md "MoE prefill, round 4"): the consumer side's cost was the gate/up
+// epilogue's IEEE exp / tanh / division (the bench ran Kimi-Linear's shape with K3's SiTU, ~100
+// instructions a column, while no wgmma is in flight): with the SFU's approximations (path 12,
+// BF16's default now) 2.74 -> 2.16 ms with SiTU, 2.14 -> 2.05 ms (51 % of the measured peak) with
+// Kimi-Linear's own SwiGLU. Moving the per-chunk proxy fence out of the consumers (paths 10 / 11)
+// gained nothing. Both GEMMs now run at ~91 % of the L2's throughput (Nsight Compute): the next
+// limit is the bytes moved through L2 (weights re-read per M tile, the fp32 down output).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <stdlib.h>
@@ -122,9 +129,10 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 // expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
 // run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
 //
-// PF > 0 (paths 10 and 11, BF16 only): the proxy fence moves from the consumers to the producer. Path 6's BF16
-// consumers fence the async proxy after every `full` wait (the A pieces are other threads'
-// cp.async writes), a fence per chunk in the tensor-core warps; MXFP4's consumers fence nothing
+// PF = 1, 2 (paths 11, 10, BF16 only, opt-in: measured 0-6 % slower than path 6): the proxy
+// fence moves from the consumers to the producer. Path 6's BF16 consumers fence the async proxy
+// after every `full` wait (the A pieces are other threads' cp.async writes), a fence per chunk in
+// the tensor-core warps; MXFP4's consumers fence nothing
 // (the producer threads fence before their arrival) and its no-copies probe reached 41 % of the
 // peak on K3.1 against BF16's 38 % on Kimi-Linear's shape, which has fewer padded rows. Here, as
 // for MXFP4, each producer thread arrives for chunk q only P chunks after issuing it (cp.async.
@@ -133,15 +141,15 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
 // PF = that lag P (2 as MXFP4's, path 10; 1, path 11): a chunk's A pieces get ST - 1 chunks to land
 // either way, but with P = 2 the arrival for chunk q waits for the release of q - 2 (the producer
 // issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
-// PF = 3 (path 12, BF16): path 6 with glu_act_fast in the gate/up epilogue (cuda_moe.cuh).
+// PF = 3 (path 12, BF16's prefill default): path 6 with glu_act_fast in the gate/up epilogue.
 template <bool MX, bool GATEUP, bool CL, int PF>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
     static_assert(!(PF && (MX || CL)), "paths 10-12 are variants of path 6's BF16 kernel");
-    constexpr bool FE = PF == 3;                   // the fast epilogue, path 6's pipeline
-    constexpr bool DEFER = MX || (PF && !FE);      // producer threads arrive P chunks late, after their own fence
+    constexpr bool FE = PF == 3;               // the fast epilogue, path 6's pipeline
+    constexpr bool DEFER = MX || (PF && !FE);  // producer threads arrive P chunks late, after their own fence
     constexpr int P = PF && !FE ? PF : WS_P;
     typedef ws_cfg C;
     constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per N tile

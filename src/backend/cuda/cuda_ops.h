@@ -476,7 +476,7 @@ typedef struct lunar_cuda_moe_experts {
  * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
  * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, path 8 for MXFP4 at I >= 1024
- * and n >= 32, LUNAR_MOE_DECODE=pair|v2|fused forcing one; above, path 6 for BF16 experts and path
+ * and n >= 32, LUNAR_MOE_DECODE=pair|v2|fused forcing one; above, path 12 for BF16 experts and path
  * 4 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old / wg / ws), 1 the decode kernel
  * pair (n <= 64), 2 the mma.sync grouped GEMM, 3 the fused decode kernel (one persistent grid for
  * both GEMMs; MXFP4 and n <= 64, BF16 falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu),
