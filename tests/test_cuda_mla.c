@@ -15,9 +15,11 @@
  *    The default decode kernel rounds q and P to f16 instead (2^-12) on FP8 pages: inside the same
  *    bound. Dense rows run the new decode kernel or, where it is faster (cuda_mla.cu,
  *    wgmma_default), the wgmma one, unless LUNAR_MLA_DECODE=old / new / cluster / wgmma picks one;
- *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel widens
- *    FP8 pages to bf16 (exact) and rounds q and P to bf16: the bf16 bound; its own test forces it
- *    (LUNAR_MLA_DECODE=wgmma) whatever the default.
+ *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel rounds
+ *    q and P to bf16 on bf16 pages; on FP8 pages it scores with e4m3 q (two terms, ~2^-8 per
+ *    element: the bf16 bound) or, LUNAR_MLA_WGMMA_FP8=widen, widens the pages to bf16 (exact); its
+ *    own test forces it (LUNAR_MLA_DECODE=wgmma) whatever the default, and states the one-term
+ *    (LUNAR_MLA_WGMMA_FP8=q8) tolerance.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
 
