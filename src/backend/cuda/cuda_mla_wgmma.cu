@@ -434,12 +434,16 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
     }
 }
 
-// FP8 pages with FP8 scores (LUNAR_MLA_WGMMA_FP8 unset or "q8x2"; "q8": one term; "widen": the
-// kernel above). The session-5 FP8 path spent ~1.1 us per tile widening all 576 dims to bf16
-// between the copies and the MMA, with nothing to overlap it (docs/benchmarks.md, "MLA decode,
+// FP8 pages with FP8 scores (opt-in: LUNAR_MLA_WGMMA_FP8=q8x2, or q8 for one term; the default
+// is the widening kernel above). The session-5 FP8 path spends ~1.1 us per tile widening all 576
+// dims to bf16 between the copies and the MMA (docs/benchmarks.md, "MLA decode,
 // producer/consumer"). Here S = Q C^T runs on the e4m3 tile as it lands (wgmma e4m3 x e4m3,
 // k32), so only the 512 V dims are widened (for PV, which stays bf16: FP8 wgmma takes B K-major
 // only and the tile is N-major for PV), and that widening runs while the S wgmma is in flight.
+// Measured (session 6): two terms 0.93-1.06x the widening kernel, one term 1.07-1.14x: not the
+// widening but shared-memory reads bound both. S at n32 per warpgroup reads all of Q (A, 64 x
+// 576) from shared memory for every 32 positions: 144 KB per tile for bf16 Q or two e4m3 terms,
+// 72 KB for one, against 36-72 KB of tile; only the one-term variant reads less, and it gains.
 //  - Q per head: one scale sq = amax / 448 over its 576 values; q / sq rounded to e4m3 (hi) and,
 //    for NQ = 2, the remainder x 16 rounded to e4m3 (lo, |remainder| <= half an e4m3 step <= 16
 //    at 448): q = sq (hi + lo / 16) to ~2^-8 relative per element (e4m3 keeps 4 significant bits
@@ -821,9 +825,12 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                     sw ? "swizzled" : "unswizzled", tma ? "bulk tensor copies" : "cp.async"),
                 seen |= bit;
     }
-    // FP8 pages: FP8 scores (two e4m3 terms of q; LUNAR_MLA_WGMMA_FP8=q8: one) unless
-    // LUNAR_MLA_WGMMA_FP8=widen, the session-4/5 layouts were asked for, or the map is refused
-    const int nq = env_is("LUNAR_MLA_WGMMA_FP8", "widen") ? 0 : env_is("LUNAR_MLA_WGMMA_FP8", "q8") ? 1 : 2;
+    // FP8 pages: widened to bf16 (default) or, opt-in, FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
+    // e4m3 terms of q, as accurate and 0.93-1.06x the widening; =q8: one, 1.07-1.14x from B x
+    // context 64K but up to 5e-2 off: docs/benchmarks.md, "MLA decode, FP8 pages (session 6)"),
+    // with the swizzled tiles
+    // and bulk copies only
+    const int nq = env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") ? 2 : env_is("LUNAR_MLA_WGMMA_FP8", "q8") ? 1 : 0;
     if (fp8 && sw && nq > 0 && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
