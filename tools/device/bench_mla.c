@@ -3,7 +3,7 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
- * Usage: bench_mla [decode|wgmma|indexer|sparse|prefill|all] */
+ * Usage: bench_mla [decode|wgmma|fp8|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,6 +154,50 @@ static void bench_decode(void) {
                     fflush(stdout);
                     lunar_cuda_release(mark);
                 }
+        }
+}
+
+/* FP8 pages (session 6): the wgmma kernel's FP8-score path (LUNAR_MLA_WGMMA_FP8=q8x2: two e4m3
+ * terms of q; =q8: one) beside its session-5 path (unset: e4m3 widened to bf16 before the bf16
+ * MMA), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the default selection, same data, same
+ * process. Floors: the e4m3 latent bytes at 4.3 TB/s; the MMA work of the widen / two-term path
+ * (heads padded to 64 per block, 2 x (576 + 512) flop per head and position at 790 TFLOP/s: the
+ * two e4m3 S terms cost one bf16 S). */
+static void bench_decode_fp8(void) {
+    printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; wgmma = LUNAR_MLA_DECODE=wgmma with "
+           "LUNAR_MLA_WGMMA_FP8 unset (widen) / q8x2 / q8; default = no variable)\n\n");
+    printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | wgmma widen | of floor | wgmma q8x2 | of floor | "
+           "wgmma q8 | of floor | default | q8x2 vs widen | q8x2 vs new |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const int Hs[] = {12, 32, 64, 96};
+    static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
+    for (int hi = 0; hi < 4; hi++)
+        for (int ci = 0; ci < 6; ci++) {
+            const int H = Hs[hi], B = BL[ci][0], L = BL[ci][1];
+            size_t mark = lunar_cuda_mark();
+            mla_case m;
+            setup_case(&m, B, H, L, 1);
+            size_t wsb = lunar_cuda_mla_ws(B, H, L);
+            m.ws = wsb ? dalloc(wsb) : NULL;
+            setenv("LUNAR_MLA_DECODE", "new", 1);
+            const float us_new = time_us(call_decode, &m, 9);
+            setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+            const float us_w = time_us(call_decode, &m, 9);
+            setenv("LUNAR_MLA_WGMMA_FP8", "q8", 1);
+            const float us_1 = time_us(call_decode, &m, 9);
+            setenv("LUNAR_MLA_WGMMA_FP8", "q8x2", 1);
+            const float us_2 = time_us(call_decode, &m, 9);
+            unsetenv("LUNAR_MLA_WGMMA_FP8");
+            unsetenv("LUNAR_MLA_DECODE");
+            const float us_d = time_us(call_decode, &m, 9);
+            const double floor = (double)B * L * 576 / BW * 1e6;
+            const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
+            printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | %.0f%% | "
+                   "%.1f us | %.2fx | %.2fx |\n",
+                   H, B, L / 1024, floor, mma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
+                   100.0 * floor / us_1, us_d, us_w / us_2, us_new / us_2);
+            fflush(stdout);
+            lunar_cuda_release(mark);
         }
 }
 
@@ -429,6 +473,7 @@ int main(int argc, char **argv) {
     flush_buf = dalloc((size_t)FLUSH_WORDS * 4);
     if (!strcmp(what, "all") || !strcmp(what, "decode")) bench_decode();
     if (!strcmp(what, "all") || !strcmp(what, "wgmma")) bench_decode_wgmma();
+    if (!strcmp(what, "all") || !strcmp(what, "fp8")) bench_decode_fp8();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
     if (!strcmp(what, "all") || !strcmp(what, "prefill")) bench_prefill();

@@ -434,6 +434,275 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
     }
 }
 
+// FP8 pages with FP8 scores (opt-in: LUNAR_MLA_WGMMA_FP8=q8x2, or q8 for one term; the default
+// is the widening kernel above). The session-5 FP8 path spends ~1.1 us per tile widening all 576
+// dims to bf16 between the copies and the MMA (docs/benchmarks.md, "MLA decode,
+// producer/consumer"). Here S = Q C^T runs on the e4m3 tile as it lands (wgmma e4m3 x e4m3,
+// k32), so only the 512 V dims are widened (for PV, which stays bf16: FP8 wgmma takes B K-major
+// only and the tile is N-major for PV), and that widening runs while the S wgmma is in flight.
+// Measured (session 6): two terms 0.93-1.06x the widening kernel, one term 1.07-1.14x: not the
+// widening but shared-memory reads bound both. S at n32 per warpgroup reads all of Q (A, 64 x
+// 576) from shared memory for every 32 positions: 144 KB per tile for bf16 Q or two e4m3 terms,
+// 72 KB for one, against 36-72 KB of tile; only the one-term variant reads less, and it gains.
+//  - Q per head: one scale sq = amax / 448 over its 576 values; q / sq rounded to e4m3 (hi) and,
+//    for NQ = 2, the remainder x 16 rounded to e4m3 (lo, |remainder| <= half an e4m3 step <= 16
+//    at 448): q = sq (hi + lo / 16) to ~2^-8 relative per element (e4m3 keeps 4 significant bits
+//    of the remainder), the bf16 q's 2^-9 order, so the bf16 tolerance argument holds; two
+//    accumulator sets, s = sq (S_hi + S_lo / 16). NQ = 1 (opt-in): 2^-4 per element, a logit
+//    error ~32x the bf16 one (tests/test_cuda_mla.c states its tolerance).
+//  - The e4m3 tile: 5 bulk tensor copies of 128 dims (bytes) x 64 positions with the 128-byte
+//    swizzle (the bf16 tile's byte layout, so the same descriptors: K-major, stride 1024, a
+//    32-byte k-step inside the line); the fifth box holds dims 512..575 in its first 64 bytes and
+//    the copy engine's zero fill past the row. Q's fifth box holds the rope hi bytes in 0..63 and
+//    the rope lo bytes in 64..127 (its k-steps start 64 B further than the tile's).
+//  - Shared memory: Q hi 32 KB + Q lo 32 + Q rope 8 + two e4m3 stages 80 + V bf16 64 + P 8.
+namespace q8 {
+constexpr int kBox = 8192;                         // 64 rows x 128 B
+constexpr int kStage = 5 * kBox;                   // one e4m3 tile: 40960
+constexpr int q_hi = 0, q_lo = 4 * kBox, q_pe = 8 * kBox;
+constexpr int raw_off = 9 * kBox;                  // two stages
+constexpr int v_off = raw_off + 2 * kStage;        // 8 boxes of 64 dims bf16
+constexpr int p_off = v_off + 8 * kBox;
+constexpr int red_off = p_off + kPBytes;           // [2][64] floats
+constexpr int sq_off = red_off + 2 * 64 * 4;       // [64] floats: the per-head q scale
+constexpr int bar_off = sq_off + 64 * 4;
+constexpr size_t smem = (size_t)bar_off + 2 * 8 + 1024;
+static_assert(smem <= 232448, "227 KB of shared memory per block");
+
+// byte b (0..127) of line r of a 128-byte swizzled box
+__device__ __forceinline__ int sw_byte(int r, int b) { return r * 128 + ((((b >> 4) ^ r) & 7) << 4) + (b & 15); }
+// e4m3 of two floats (round to nearest even, saturating), as the low 16 bits
+__device__ __forceinline__ uint32_t e4m3x2(float lo, float hi) {
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ float2 e4m3x2_f2(uint32_t v) {
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v & 0xffff), __NV_E4M3);
+    return __half22float2(*reinterpret_cast<__half2 *>(&h));
+}
+} // namespace q8
+
+template <int NQ>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using namespace q8;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + red_off);
+    float *sqs = reinterpret_cast<float *>(smem + sq_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = ((tid >> 5) & 3) * 16 + g, r1 = r0 + 8;
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    const uint32_t bars = sb + bar_off;
+    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i & 1) * 8, dst = sb + raw_off + (i & 1) * kStage;
+        if (lane == 0) mbar_expect_tx(bar, kStage);
+        __syncwarp();
+        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
+    };
+    if (tid == 0) {
+        mbar_init(bars, 1), mbar_init(bars + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid < 32) issue_tma(0), issue_tma(1);
+
+    // Q: warp w quantises head rows w, w + 8, ..; lane l holds 4-dim words l + 32k (144 words per
+    // row), rows past nh are zero (scale 0)
+    for (int r = warp; r < kM; r += kThreads / 32) {
+        float4 x[5];
+        float amax = 0.0f;
+        const size_t qr = (size_t)row * a.H + h0 + r;
+#pragma unroll
+        for (int k = 0; k < 5; k++) {
+            const int w = lane + 32 * k;
+            x[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < nh && w < kRow / 4)
+                x[k] = w < kR / 4 ? reinterpret_cast<const float4 *>(a.q_lat + qr * kR)[w]
+                                  : reinterpret_cast<const float4 *>(a.q_pe + qr * kP)[w - kR / 4];
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(x[k].x), fabsf(x[k].y)), fmaxf(fabsf(x[k].z), fabsf(x[k].w))));
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+        if (lane == 0) sqs[r] = amax / 448.0f;
+#pragma unroll
+        for (int k = 0; k < 5; k++) {
+            const int w = lane + 32 * k;
+            if (w >= kRow / 4) continue;
+            const float4 v = make_float4(x[k].x * inv, x[k].y * inv, x[k].z * inv, x[k].w * inv);
+            const uint32_t h01 = e4m3x2(v.x, v.y), h23 = e4m3x2(v.z, v.w);
+            const float2 b01 = e4m3x2_f2(h01), b23 = e4m3x2_f2(h23);
+            const uint32_t hi = h01 | h23 << 16;
+            const uint32_t lo = e4m3x2((v.x - b01.x) * 16.0f, (v.y - b01.y) * 16.0f) |
+                                e4m3x2((v.z - b23.x) * 16.0f, (v.w - b23.y) * 16.0f) << 16;
+            const int d = 4 * w; // dims d .. d + 3: one 4-byte word of a line (never across a chunk)
+            if (d < kR) {
+                *reinterpret_cast<uint32_t *>(smem + q_hi + (d >> 7) * kBox + sw_byte(r, d & 127)) = hi;
+                *reinterpret_cast<uint32_t *>(smem + q_lo + (d >> 7) * kBox + sw_byte(r, d & 127)) = lo;
+            } else {
+                *reinterpret_cast<uint32_t *>(smem + q_pe + sw_byte(r, d - kR)) = hi;
+                *reinterpret_cast<uint32_t *>(smem + q_pe + sw_byte(r, d - kR + 64)) = lo;
+            }
+        }
+    }
+    fence_async_smem();
+    __syncthreads();
+    const float f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const uint64_t dp = desc(sb + p_off, 128, kPGroup);
+    const uint64_t dqh = desc_sw(sb + q_hi, 16, 1024), dql = desc_sw(sb + q_lo, 16, 1024);
+    const uint64_t dqe = desc_sw(sb + q_pe, 16, 1024);
+
+    for (int it = 0; it < ntiles; it++) {
+        const int nvalid = min(kTile, end - (begin + it * kTile));
+        __syncthreads(); // both warpgroups are done with PV of tile it - 1: the V tile and P are free
+        mbar_wait(bars + (it & 1) * 8, (uint32_t)(it >> 1) & 1);
+        const uint32_t raw = sb + raw_off + (it & 1) * kStage;
+
+        // S for positions 32 wg .. + 31 over 576 dims, issued and left running: k-step ks < 16 in box
+        // ks / 4 at 32 (ks & 3) bytes; the two rope k-steps in box 4 (Q: hi at 0 / 32, lo at 64 / 96)
+        float s[16], sl[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
+        fence_acc<16>(s);
+        if (NQ == 2) fence_acc<16>(sl);
+        wgmma_fence();
+        {
+            const uint64_t dc = desc_sw(raw + wg * 4 * 1024, 16, 1024);
+#pragma unroll
+            for (int ks = 0; ks < 18; ks++) {
+                const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+                const uint64_t qa = ks < 16 ? dqh + off : dqe + (uint64_t)(((ks - 16) * 32) >> 4);
+                wgmma_m64n32_e4m3(s, qa, dc + off, ks > 0);
+            }
+            if (NQ == 2) {
+#pragma unroll
+                for (int ks = 0; ks < 18; ks++) {
+                    const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+                    const uint64_t qa = ks < 16 ? dql + off : dqe + (uint64_t)((64 + (ks - 16) * 32) >> 4);
+                    wgmma_m64n32_e4m3(sl, qa, dc + off, ks > 0);
+                }
+            }
+        }
+        wgmma_commit();
+
+        // meanwhile: widen V (dims 0..511) of this tile to the bf16 tile (sw_off layout, boxes 0..7);
+        // lane l takes row 8 rg + (l & 7), 16-byte unit 4 ug + (l >> 3): conflict-free loads and
+        // stores (8 rows of one unit hit 8 different chunks); rows past the end become zeros
+#pragma unroll 2
+        for (int c = tid; c < kTile * (kR / 16); c += kThreads) {
+            const int blk = c >> 5, l = c & 31, rg = blk >> 3, ug = blk & 7;
+            const int r = rg * 8 + (l & 7), u = ug * 4 + (l >> 3);
+            uint4 v = lds128(raw + (u >> 3) * kBox + r * 128 + ((((u & 7) ^ r) & 7) << 4));
+            if (r >= nvalid) v = make_uint4(0, 0, 0, 0);
+            const uint32_t d = sb + v_off;
+            sts128(d + sw_off(r, 2 * u), e4m3x2_bf16x2(v.x, 0x1404), e4m3x2_bf16x2(v.x, 0x3424),
+                   e4m3x2_bf16x2(v.y, 0x1404), e4m3x2_bf16x2(v.y, 0x3424));
+            sts128(d + sw_off(r, 2 * u + 1), e4m3x2_bf16x2(v.z, 0x1404), e4m3x2_bf16x2(v.z, 0x3424),
+                   e4m3x2_bf16x2(v.w, 0x1404), e4m3x2_bf16x2(v.w, 0x3424));
+        }
+        fence_async_smem();
+        wgmma_wait<0>();
+        fence_acc<16>(s);
+        if (NQ == 2) fence_acc<16>(sl);
+
+        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const bool ok = pbase + 8 * k + c < end;
+                const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
+                const float v0 = NQ == 2 ? s[i0] + sl[i0] * 0.0625f : s[i0];
+                const float v1 = NQ == 2 ? s[i1] + sl[i1] * 0.0625f : s[i1];
+                s[i0] = ok ? v0 * f0 : -INFINITY;
+                s[i1] = ok ? v1 * f1 : -INFINITY;
+                mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
+            }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
+        __syncthreads(); // maxima in; every S read of the e4m3 stage and the widening are done
+        if (tid < 32) issue_tma(it + 2);
+        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        unsigned char *P = smem + p_off + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+            ps0 += e0 + e1, ps1 += e2 + e3;
+            *reinterpret_cast<uint32_t *>(P + (4 * wg + k) * 128) = pack_bf16(e0, e1);
+            *reinterpret_cast<uint32_t *>(P + kPGroup + (4 * wg + k) * 128) = pack_bf16(e2, e3);
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+            for (int k = 0; k < 32; k++) o[4 * k] *= al0, o[4 * k + 1] *= al0, o[4 * k + 2] *= al1, o[4 * k + 3] *= al1;
+        }
+        fence_async_smem();
+        __syncthreads(); // all of P is written (the V tile was complete at the barrier above)
+
+        fence_acc<128>(o);
+        wgmma_fence();
+        {
+            const uint64_t dv = desc_sw(sb + v_off + wg * 4 * kBox, 8192, 1024);
+#pragma unroll
+            for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 128 * ks, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<128>(o);
+    }
+
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads(); // nobody reads red any more
+    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
+    __syncthreads();
+    l0 = red[r0] + red[64 + r0], l1 = red[r1] + red[64 + r1];
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const bool direct = a.splits == 1;
+    const float os = direct ? a.out_scale : 1.0f;
+    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+    const size_t ha = (size_t)row * a.H + h0 + r0, hbr = (size_t)row * a.H + h0 + r1;
+    const float fa = inv0 * os, fb = inv1 * os;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const int d = 256 * wg + 8 * k + 2 * t;
+        if (r0 < nh) *reinterpret_cast<float2 *>(base + ha * kR + d) = make_float2(o[4 * k] * fa, o[4 * k + 1] * fa);
+        if (r1 < nh) *reinterpret_cast<float2 *>(base + hbr * kR + d) = make_float2(o[4 * k + 2] * fb, o[4 * k + 3] * fb);
+    }
+    if (!direct && wg == 0 && t == 0) {
+        float *lse = a.lse_part + (size_t)split * a.rows * a.H;
+        if (r0 < nh) lse[ha] = l0 > 0.0f ? m0 + log2f(l0) : -INFINITY;
+        if (r1 < nh) lse[hbr] = l1 > 0.0f ? m1 + log2f(l1) : -INFINITY;
+    }
+}
+
 struct Plan {
     int hb, hpb, splits, chunk;
 };
@@ -491,6 +760,29 @@ bool make_tmap(CUtensorMap *m, const void *latent, bool fp8, bool sw) {
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+template <int NQ> void launch_q8(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_q8_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)q8::smem));
+        attr = true;
+    }
+    wgmma_decode_q8_kernel<NQ><<<dim3(p.hb, p.splits, a.rows), kThreads, q8::smem, s>>>(a, tm);
+    CUDA_CHECK_LAUNCH();
+}
+// The e4m3 latent for the FP8-score kernel: bytes, boxes of 128 x 64 slots with the 128-byte
+// swizzle; the box at 512 runs past the 576-byte row and the copy engine fills it with zeros.
+bool make_tmap_q8(CUtensorMap *m, const void *latent) {
+    PFN_cuTensorMapEncodeTiled_v12000 fn = lunar_tmap_encoder();
+    if (!fn) return false;
+    const cuuint64_t dims[2] = {(cuuint64_t)kRow, 1ull << 28};
+    const cuuint64_t strides[1] = {(cuuint64_t)kRow};
+    const cuuint32_t box[2] = {128u, (cuuint32_t)kTile}, es[2] = {1, 1};
+    return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(latent), dims, strides, box, es,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 bool env_is(const char *name, const char *v) {
     const char *e = getenv(name);
     return e && !strcmp(e, v);
@@ -533,7 +825,20 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                     sw ? "swizzled" : "unswizzled", tma ? "bulk tensor copies" : "cp.async"),
                 seen |= bit;
     }
-    if (fp8) {
+    // FP8 pages: widened to bf16 (default) or, opt-in, FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
+    // e4m3 terms of q, as accurate and 0.93-1.06x the widening; =q8: one, 1.07-1.14x from B x
+    // context 64K but up to 5e-2 off: docs/benchmarks.md, "MLA decode, FP8 pages (session 6)"),
+    // with the swizzled tiles
+    // and bulk copies only
+    const int nq = env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") ? 2 : env_is("LUNAR_MLA_WGMMA_FP8", "q8") ? 1 : 0;
+    if (fp8 && sw && nq > 0 && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
+        if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
+            static int seen = 0;
+            if (!(seen & nq)) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, %d q term(s)\n", nq), seen |= nq;
+        }
+        if (nq == 1) launch_q8<1>(a, tm, p, s);
+        else launch_q8<2>(a, tm, p, s);
+    } else if (fp8) {
         if (!sw) launch<true, false, false>(a, tm, p, s);
         else if (tma) launch<true, true, true>(a, tm, p, s);
         else launch<true, false, true>(a, tm, p, s);

@@ -63,6 +63,18 @@ template <int TB> __device__ __forceinline__ void wgmma_m64n32(float *d, uint64_
                  : "l"(da), "l"(db), "r"(scale_d), "n"(TB));
 }
 
+// D[64 x 32] (+)= A[64 x 32] B[32 x 32], e4m3 x e4m3 -> fp32 (k32: a k-step is 32 bytes, as bf16's
+// k16). FP8 wgmma takes both operands K-major only (no transpose immediates).
+__device__ __forceinline__ void wgmma_m64n32_e4m3(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
 // the "+f" operands of 64 (WG_ACC64) accumulators d[i..i+63] of a wgmma, in order
 #define WG_ACC8(d, i)                                                                                      \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
