@@ -132,6 +132,20 @@ static void free_device_model(lunar_engine *e) {
     e->gpu = NULL;
 }
 
+/* Everything the engine allocated but its thread and its TP group, newest first, and e itself: the
+ * end of lunar_engine_create's failure path and of lunar_engine_destroy. */
+static void release_memory(lunar_engine *e) {
+    lunar_cuda_caches_free(&e->gc); /* the caches before the weights: the arena is a stack */
+    free_device_model(e);
+    lunar_kv_pool_free(&e->kv);
+    lunar_state_pool_free(&e->st);
+    lunar_block_mgr_free(e->blocks);
+    free(e->free_slots), free(e->logits), free(e->sample_scratch), free(e->mask);
+    lunar_tokenizer_free(e->tok);
+    lunar_model_free(e->model);
+    free(e);
+}
+
 static int file_exists(const char *dir, const char *name) {
     char path[1200];
     struct stat sb;
@@ -278,15 +292,7 @@ int lunar_engine_create(lunar_engine **out, const lunar_engine_options *o, lunar
     return 0;
 fail:
     lunar_tp_group_free(e->tpg);
-    lunar_cuda_caches_free(&e->gc); /* the caches before the weights: the arena is a stack */
-    free_device_model(e);
-    lunar_kv_pool_free(&e->kv);
-    lunar_state_pool_free(&e->st);
-    lunar_block_mgr_free(e->blocks);
-    free(e->free_slots), free(e->logits), free(e->sample_scratch), free(e->mask);
-    lunar_tokenizer_free(e->tok);
-    lunar_model_free(e->model);
-    free(e);
+    release_memory(e);
     return -1;
 }
 
@@ -681,13 +687,5 @@ void lunar_engine_destroy(lunar_engine *e) {
         if (lunar_tp_link_send(e->opt.tp_link, &m, &err)) fprintf(stderr, "lunar: %s\n", err.msg);
         lunar_wire_free(&m);
     }
-    lunar_cuda_caches_free(&e->gc);
-    free_device_model(e);
-    lunar_kv_pool_free(&e->kv);
-    lunar_state_pool_free(&e->st);
-    lunar_block_mgr_free(e->blocks);
-    free(e->free_slots), free(e->logits), free(e->sample_scratch), free(e->mask);
-    lunar_tokenizer_free(e->tok);
-    lunar_model_free(e->model);
-    free(e);
+    release_memory(e);
 }

@@ -112,6 +112,19 @@ static json_t *chunk_base(const lunar_srv_resp *rs) {
                      (json_int_t)rs->created, "model", rs->req->model);
 }
 
+/* Wraps choice ch (stolen) in a chunk and sends it; the last chunk of a one-choice response carries
+ * the usage in both places clients look for it. */
+static void send_choice(out *o, json_t *ch, const char *finish) {
+    lunar_srv_resp *rs = o->rs;
+    json_t *c = chunk_base(rs);
+    if (finish && rs->n == 1) {
+        json_object_set_new(ch, "usage", usage_json(rs));
+        json_object_set_new(c, "usage", usage_json(rs));
+    }
+    json_object_set_new(c, "choices", json_pack("[o]", ch));
+    lunar_sse_json(o->sink, c);
+}
+
 /* Sends one chat chunk for choice o with this delta (stolen) and finish_reason (or NULL). */
 static void send_chat(out *o, json_t *delta, const char *finish) {
     lunar_srv_resp *rs = o->rs;
@@ -123,13 +136,7 @@ static void send_chat(out *o, json_t *delta, const char *finish) {
     } else {
         json_object_set_new(ch, "logprobs", json_null());
     }
-    json_t *c = chunk_base(rs);
-    if (finish && rs->n == 1) {
-        json_object_set_new(ch, "usage", usage_json(rs));
-        json_object_set_new(c, "usage", usage_json(rs));
-    }
-    json_object_set_new(c, "choices", json_pack("[o]", ch));
-    lunar_sse_json(o->sink, c);
+    send_choice(o, ch, finish);
 }
 
 static void send_completion(out *o, const char *text, size_t n, const char *finish) {
@@ -143,13 +150,7 @@ static void send_completion(out *o, const char *text, size_t n, const char *fini
     } else {
         json_object_set_new(ch, "logprobs", json_null());
     }
-    json_t *c = chunk_base(rs);
-    if (finish && rs->n == 1) {
-        json_object_set_new(ch, "usage", usage_json(rs));
-        json_object_set_new(c, "usage", usage_json(rs));
-    }
-    json_object_set_new(c, "choices", json_pack("[o]", ch));
-    lunar_sse_json(o->sink, c);
+    send_choice(o, ch, finish);
 }
 
 static void ensure_started(out *o) {
