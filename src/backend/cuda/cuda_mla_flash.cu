@@ -313,9 +313,10 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float sl = scale * 1.4426950408889634f;
     const int kc_ = (int)a.kc, bm = warps * 16, tiles = (n + bm - 1) / bm;
-    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's (the default) */
+    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's (the default);
+     * wgmma_pp: its producer / consumer variant */
     const char *ek = getenv("LUNAR_MLA_FLASH");
-    const bool wg = ek ? !strcmp(ek, "wgmma") : kWgmmaDefault;
+    const bool pp = ek && !strcmp(ek, "wgmma_pp"), wg = ek ? !strcmp(ek, "wgmma") || pp : kWgmmaDefault;
     CUDA_REQUIRE(kAlign % lunar_mla_flash_wg_tile() == 0);
     for (int k0 = 0; k0 < L; k0 += kc_) {
         const int cnt = L - k0 < kc_ ? L - k0 : kc_, rows = (int)up((size_t)cnt, kAlign);
@@ -323,7 +324,7 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
         else k_gather<false><<<rows, 128, 0, st>>>(Clat, Kpe, latent, bt, k0, cnt, page);
         CUDA_CHECK_LAUNCH();
         lunar_cuda_matmul(KV, LUNAR_CUDA_BF16, Clat, W, rows, H * kHS, kR, s);
-        if (wg && lunar_mla_flash_wg(o, ml, q, KV, Kpe, rows, k0, k0 + rows, pos0, n, H, sl, k0 == 0, k0 + kc_ >= L, st))
+        if (wg && lunar_mla_flash_wg(o, ml, q, KV, Kpe, rows, k0, k0 + rows, pos0, n, H, sl, k0 == 0, k0 + kc_ >= L, pp, st))
             continue;
         kern<<<dim3((unsigned)tiles, (unsigned)H), warps * 32, smem, st>>>(o, ml, q, KV, Kpe, k0, k0 + rows, pos0, n, H,
                                                                            sl, k0 == 0, k0 + kc_ >= L);
