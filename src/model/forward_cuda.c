@@ -380,8 +380,16 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(low, hb, &w->ga, n, NULL);
         mm(pre, low, &w->gb, n);
     }
-    if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
-    mm(out, o, &w->o, n);
+    if (!dec && n >= 64) {
+        /* prefill rows: the norm writes o_proj's bf16 operand itself (the same rounding as mm's
+         * conversion, one pass over [n, H dk] fp32 fewer) */
+        uint16_t *ob = lunar_cuda_fwd_alloc((size_t)n * HD * 2);
+        lunar_cuda_rmsnorm_gated(ob, LUNAR_CUDA_BF16, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+        mm_b(out, ob, &w->o, n, NULL);
+    } else {
+        if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+        mm(out, o, &w->o, n);
+    }
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
 }

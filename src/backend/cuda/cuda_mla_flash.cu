@@ -41,8 +41,10 @@ constexpr int STAGE = BN * (KST + VST); // bf16 elements per stage (43008 bytes)
 constexpr size_t kKvBudget = (size_t)256 << 20;
 constexpr int kWarps = 4, kStages = 2; // the default variant (measured: docs/benchmarks.md)
 // cuda_mla_flash_wg.cu by default: 4.2-4.6x k_flash from 8K tokens, 2.4x at 1K, the same errors
-// (docs/benchmarks.md); LUNAR_MLA_FLASH=mma|wgmma overrides
-constexpr bool kWgmmaDefault = true;
+// (docs/benchmarks.md); its producer / consumer variant by default too (session 6, H200: 1.13-1.15x
+// the plain wgmma kernel from 8K tokens, equal at 1K, the same errors); LUNAR_MLA_FLASH=mma|wgmma|
+// wgmma_pp overrides
+constexpr bool kWgmmaDefault = true, kPpDefault = true;
 
 size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -313,10 +315,10 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float sl = scale * 1.4426950408889634f;
     const int kc_ = (int)a.kc, bm = warps * 16, tiles = (n + bm - 1) / bm;
-    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's (the default);
-     * wgmma_pp: its producer / consumer variant */
+    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's; wgmma_pp: its
+     * producer / consumer variant (the default) */
     const char *ek = getenv("LUNAR_MLA_FLASH");
-    const bool pp = ek && !strcmp(ek, "wgmma_pp"), wg = ek ? !strcmp(ek, "wgmma") || pp : kWgmmaDefault;
+    const bool pp = ek ? !strcmp(ek, "wgmma_pp") : kPpDefault, wg = ek ? !strcmp(ek, "wgmma") || pp : kWgmmaDefault;
     CUDA_REQUIRE(kAlign % lunar_mla_flash_wg_tile() == 0);
     for (int k0 = 0; k0 < L; k0 += kc_) {
         const int cnt = L - k0 < kc_ ? L - k0 : kc_, rows = (int)up((size_t)cnt, kAlign);

@@ -22,10 +22,10 @@
 // Roundings as k_flash: q, k, v, P bf16 operands, fp32 sums (measured: the same errors vs the naive
 // op as k_flash, 2.3e-3 .. 4.4e-3). Measured (H200, bench_mla prefill): 547-629 TFLOP/s of attention
 // flops from 8K tokens at 12 and 32 heads, 62-71 % of a cuBLAS bf16 GEMM timed in the same run, 4.2-4.6x
-// k_flash. Not done (the remaining ~30 %): the two warpgroups meet at a barrier per tile and each
-// runs S -> softmax -> PV in order, so the tensor cores idle while both do softmax; a producer warp
-// with per-stage empty barriers (setmaxnreg) and FA3's ping-pong / intra-warpgroup overlap of the
-// softmax with the next S are the next steps (a third stage does not fit: 48 + 3 x 80 KB).
+// k_flash. The two warpgroups meet at a barrier per tile and each runs S -> softmax -> PV in order,
+// so the tensor cores idle while both do softmax: flash_pp_kernel below (a producer warpgroup,
+// FA3's ping-pong and intra-warpgroup overlap) removes that and is the default (a third stage does
+// not fit here: 48 + 3 x 80 KB).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -240,7 +240,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
-// ---- The producer / consumer variant (LUNAR_MLA_FLASH=wgmma_pp, opt-in until measured) ----
+// ---- The producer / consumer variant (the default; LUNAR_MLA_FLASH=wgmma runs the kernel above) ----
+// Measured (H200, session 6, bench_mla prefill): 1.13-1.15x flash_wg_kernel from 8K tokens (641-729
+// TFLOP/s of attention flops, 71-83 % of a cuBLAS bf16 GEMM timed in the same run), equal at 1K
+// (2 uneven waves either way); errors vs the naive op 2.3e-3 .. 4.4e-3, as flash_wg_kernel's.
 // 384 threads: the two consumer warpgroups (240 registers each, setmaxnreg) and a producer warpgroup
 // (24 registers) whose first lane issues the copies. K
 // and V have rings of their own (2 x 48 KB, 2 x 32 KB: the same 208 KB) with full / empty mbarriers,
