@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // ---- The producer / consumer variant (the default; LUNAR_MLA_FLASH=wgmma runs the kernel above) ----
-// Measured (H200, session 6, bench_mla prefill): 1.13-1.15x flash_wg_kernel from 8K tokens (641-729
+// Measured (H200, session 6, bench_mla prefill): 1.13-1.16x flash_wg_kernel from 8K tokens (641-729
 // TFLOP/s of attention flops, 71-83 % of a cuBLAS bf16 GEMM timed in the same run), equal at 1K
 // (2 uneven waves either way); errors vs the naive op 2.3e-3 .. 4.4e-3, as flash_wg_kernel's.
 // 384 threads: the two consumer warpgroups (240 registers each, setmaxnreg) and a producer warpgroup
