@@ -41,7 +41,7 @@ constexpr int STAGE = BN * (KST + VST); // bf16 elements per stage (43008 bytes)
 constexpr size_t kKvBudget = (size_t)256 << 20;
 constexpr int kWarps = 4, kStages = 2; // the default variant (measured: docs/benchmarks.md)
 // cuda_mla_flash_wg.cu by default: 4.2-4.6x k_flash from 8K tokens, 2.4x at 1K, the same errors
-// (docs/benchmarks.md); its producer / consumer variant by default too (session 6, H200: 1.13-1.15x
+// (docs/benchmarks.md); its producer / consumer variant by default too (session 6, H200: 1.13-1.16x
 // the plain wgmma kernel from 8K tokens, equal at 1K, the same errors); LUNAR_MLA_FLASH=mma|wgmma|
 // wgmma_pp overrides
 constexpr bool kWgmmaDefault = true, kPpDefault = true;
