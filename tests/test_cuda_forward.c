@@ -419,6 +419,14 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
         /* fp16 KDA states: the recurrent kernel's fp16 slots (decode) and the widened copy around
          * the chunked prefill */
         run_model("wide, fused MoE, fp16 state", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP16_STATE);
+        /* the runs above take the KDA prefill through the fused projection and one conv / norm /
+         * gate-input pass (the default); this one the per-projection GEMMs and ops (read at upload:
+         * LUNAR_KDA_PREFILL), prompts of one and of two sequences */
+        char *saved = getenv("LUNAR_KDA_PREFILL") ? strdup(getenv("LUNAR_KDA_PREFILL")) : NULL;
+        setenv("LUNAR_KDA_PREFILL", "split", 1);
+        run_model("wide, fused MoE, split KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        if (saved) setenv("LUNAR_KDA_PREFILL", saved, 1), free(saved);
+        else unsetenv("LUNAR_KDA_PREFILL");
     }
     lunar_test_model_done(m, dir);
 }

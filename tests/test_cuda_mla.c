@@ -373,9 +373,10 @@ TEST(cuda_mla_prefill_vs_naive) {
  * prefill's 1.5e-2 (see the top), here with k and v rounded to bf16 as well (2^-9 relative each,
  * the same order as q's rounding, averaging out over the 192-term dot and the sum over keys);
  * measured on the H200: 2.3e-3 to 4.4e-3 over these cases, the same for every kernel variant
- * (LUNAR_MLA_FLASH_WARPS / _STAGES). Both flash kernels run whatever the default (LUNAR_MLA_FLASH =
- * mma: k_flash, wgmma: cuda_mla_flash_wg.cu, whose 128-row query blocks and 128-key tiles the
- * 400-token case crosses several times; kc rounds up to 128 keys). */
+ * (LUNAR_MLA_FLASH_WARPS / _STAGES). Every flash kernel runs whatever the default (LUNAR_MLA_FLASH =
+ * mma: k_flash, wgmma: cuda_mla_flash_wg.cu, wgmma_pp: its producer / consumer variant, whose
+ * 128-row query blocks and 128-key tiles the 400-token case crosses several times; kc rounds up to
+ * 128 keys). */
 TEST(cuda_mla_flash_prefill_vs_naive) {
     if (!cuda_on()) return;
     static const int shapes[][5] = {/* T, pos0, H, kc, fp8 */
@@ -383,7 +384,7 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
                                     {300, 0, 8, 0, 0},  {37, 91, 16, 0, 0},  {65, 130, 16, 128, 0},
                                     {300, 77, 4, 64, 0}, {1, 200, 8, 64, 0}, {150, 40, 12, 0, 1},
                                     {70, 100, 4, 64, 1}, {400, 130, 8, 256, 0}};
-    static const char *const kernels[] = {"mma", "wgmma"};
+    static const char *const kernels[] = {"mma", "wgmma", "wgmma_pp"};
     char *saved = getenv("LUNAR_MLA_FLASH") ? strdup(getenv("LUNAR_MLA_FLASH")) : NULL;
     for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int T = shapes[si][0], pos0 = shapes[si][1], H = shapes[si][2], kc = shapes[si][3];
@@ -408,7 +409,7 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
         const uint16_t *dW = dev_in(Wb, nw * 2);
         void *ws = lunar_cuda_alloc(lunar_glue_mla_flash_ws(T, H, L, kc));
         LUNAR_ASSERT(ws);
-        for (int kn = 0; kn < 2; kn++) {
+        for (int kn = 0; kn < 3; kn++) {
             setenv("LUNAR_MLA_FLASH", kernels[kn], 1);
             lunar_cuda_fill_u32(ws, 0x7fc17fc1u, lunar_glue_mla_flash_ws(T, H, L, kc) / 4); /* NaN workspace */
             guarded od;

@@ -513,6 +513,73 @@ TEST(cuda_kda_conv_qkv_decode_matches_ops) {
     lunar_cuda_release(mark);
 }
 
+/* the fused prefill pass after the KDA input projection (lunar_cuda_kda_conv_qkv_prefill) vs the
+ * CPU ops it replaces, on the projection's strided rows: op_short_conv of q, k, v with the state
+ * (read, then advanced: compared bit for bit), op_l2norm of the q and k head rows (1e-5: the conv
+ * sums are the same fp32 expressions, the norm's sum another tree), sigmoid (1e-6), the bf16 copies
+ * of the two low-rank inputs (bit-equal: both round to nearest even). T odd, below the K - 1 taps
+ * taken from the state, across the 64-token tiles; H odd; K 1, 3, 4. */
+TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{200, 3, 4}, {37, 2, 4}, {2, 1, 4}, {129, 2, 3}, {64, 1, 1}}; /* T, H, K */
+    for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int T = shapes[si][0], H = shapes[si][1], K = shapes[si][2], dk = 128, HD = H * dk, C = 3 * HD;
+        const int S = K - 1, aw = 24, gw = 40, a_off = C, g_off = C + aw, b_off = g_off + gw;
+        const int xs = (b_off + H + 3) / 4 * 4 + 4;
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)T * xs, 300 + si, -2, 2), *w = test_rand((long)C * K, 310 + si, -1, 1);
+        float *st = test_rand((long)C * S + 1, 320 + si, -1, 1), *st_ref = test_alloc((long)C * S + 1);
+        memcpy(st_ref, st, sizeof(float) * ((size_t)C * S + 1));
+        float *ref = test_alloc((long)3 * T * HD), *bref = test_alloc((long)T * H);
+        float *px = test_alloc((long)T * HD);
+        for (int p = 0; p < 3; p++) { /* [part][T][HD] */
+            for (int t = 0; t < T; t++) memcpy(px + (long)t * HD, x + (long)t * xs + p * HD, sizeof(float) * HD);
+            lunar_tensor W = test_tensor2(LUNAR_DTYPE_F32, HD, K, w + (long)p * HD * K);
+            op_short_conv(ref + (long)p * T * HD, px, &W, st_ref + (long)p * HD * S, T, HD, K);
+            test_tensor_free(&W);
+        }
+        op_l2norm(ref, ref, 2 * T * H, dk, 1e-6f);
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < H; i++) bref[t * H + i] = 1.0f / (1.0f + expf(-x[(long)t * xs + b_off + i]));
+        const float *dx = dev_in(x, (size_t)T * xs * 4), *dw = dev_in(w, (size_t)C * K * 4);
+        float *dst = dev_in(st, ((size_t)C * S + 1) * 4);
+        guarded oq, ok, ov, ob, oa, og;
+        float *dq = guarded_new(&oq, (size_t)T * HD * 4), *dk_ = guarded_new(&ok, (size_t)T * HD * 4);
+        float *dv = guarded_new(&ov, (size_t)T * HD * 4), *db = guarded_new(&ob, (size_t)T * H * 4);
+        uint16_t *da = guarded_new(&oa, (size_t)T * aw * 2), *dg = guarded_new(&og, (size_t)T * gw * 2);
+        lunar_cuda_kda_conv_qkv_prefill(dq, dk_, dv, db, da, dg, dx, xs, a_off, aw, g_off, gw, b_off, dw, dst, T, H,
+                                        dk, K, 1e-6f, NULL);
+        char what[96];
+        const char *nm[3] = {"q", "k", "v"};
+        float *outs[3] = {dq, dk_, dv};
+        for (int p = 0; p < 3; p++) {
+            float *y = down_f32(outs[p], (long)T * HD);
+            snprintf(what, sizeof what, "kda_conv_qkv_prefill %s T=%d H=%d K=%d", nm[p], T, H, K);
+            report(what, lunar_max_rel_err(y, ref + (long)p * T * HD, (long)T * HD), 1e-5);
+            free(y);
+        }
+        float *beta = down_f32(db, (long)T * H), *st2 = down_f32(dst, (long)C * S + 1);
+        snprintf(what, sizeof what, "kda_conv_qkv_prefill beta T=%d H=%d", T, H);
+        report(what, lunar_max_rel_err(beta, bref, (long)T * H), 1e-6);
+        CHECK_MSG(memcmp(st2, st_ref, sizeof(float) * ((size_t)C * S + 1)) == 0, "T=%d K=%d: conv state differs", T,
+                  K);
+        uint16_t *ha = malloc((size_t)T * aw * 2), *hg = malloc((size_t)T * gw * 2);
+        lunar_cuda_sync();
+        lunar_cuda_download(ha, da, (size_t)T * aw * 2), lunar_cuda_download(hg, dg, (size_t)T * gw * 2);
+        int bad = 0;
+        for (int t = 0; t < T; t++) {
+            for (int j = 0; j < aw; j++) bad += ha[t * aw + j] != lunar_f32_to_bf16(x[(long)t * xs + a_off + j]);
+            for (int j = 0; j < gw; j++) bad += hg[t * gw + j] != lunar_f32_to_bf16(x[(long)t * xs + g_off + j]);
+        }
+        CHECK_MSG(bad == 0, "T=%d: %d bf16 copies differ", T, bad);
+        CHECK(guards_ok(&oq) && guards_ok(&ok) && guards_ok(&ov) && guards_ok(&ob) && guards_ok(&oa) &&
+              guards_ok(&og));
+        free(x), free(w), free(st), free(st_ref), free(ref), free(bref), free(px), free(beta), free(st2), free(ha);
+        free(hg);
+        lunar_cuda_release(mark);
+    }
+}
+
 /* The fused batch-1 KDA core (lunar_cuda_kda_decode_fused) against the CPU ops it replaces (short
  * conv T = 1, L2 norms, sigmoid, op_kda_recurrent, op_rmsnorm_gated: 1e-5, fp32 throughout) and
  * against the three launches it replaces (conv_qkv_decode, kda_recurrent, rmsnorm_gated), which

@@ -206,7 +206,7 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
 }
 
 static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
-                      float *out, int mode) {
+                      float *out, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -223,9 +223,19 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
      * them, their L2 norms (per head row) are one launch over 2 n H rows */
     const size_t qk_stride = one ? (size_t)HD : ((size_t)n * HD + 63) / 64 * 64;
-    float *pre = fd((size_t)n * HD), *q = fd(2 * qk_stride + (one ? HD : 0)), *k = q + qk_stride;
+    /* prefill through the fused projection (prefill_mode, lunar_cuda_model.kda_prefill): its output
+     * y [n, kin.out] (q|k|v|f_a|g_a|b) goes through one pass (lunar_cuda_kda_conv_qkv_prefill) that
+     * leaves q, k, v, beta and the bf16 f_a / g_a outputs; y is dead after it and holds pre, g and o
+     * (3 n H dk <= n kin.out floats) */
+    const int pf = prefill_mode && !dec && dk == 128 && K <= 8 && w->kin.p && !w->g.p && w->kin.out % 4 == 0 &&
+                   w->fa.out == w->fb.in && w->ga.out == w->gb.in;
+    float *yp = pf ? fd((size_t)n * w->kin.out) : NULL;
+    float *pre = pf ? yp : fd((size_t)n * HD), *q = fd(2 * qk_stride + (one ? HD : 0)), *k = q + qk_stride;
     float *v = one ? q + 2 * HD : fd((size_t)n * HD);
-    float *g = fd((size_t)n * HD), *low = fd((size_t)n * dk), *beta = fd((size_t)n * H), *o = fd((size_t)n * HD);
+    float *g = pf ? yp + (size_t)n * HD : fd((size_t)n * HD), *low = pf ? NULL : fd((size_t)n * dk);
+    float *beta = fd((size_t)n * H), *o = pf ? yp + 2 * (size_t)n * HD : fd((size_t)n * HD);
+    uint16_t *fa16 = pf ? lunar_cuda_fwd_alloc((size_t)n * w->fa.out * 2) : NULL;
+    uint16_t *ga16 = pf ? lunar_cuda_fwd_alloc((size_t)n * w->ga.out * 2) : NULL;
     const size_t state_stride = (size_t)HD * (K - 1);
     const dmat *proj[3] = {&w->q, &w->k, &w->v};
     const float *conv[3] = {w->qc, w->kc, w->vc};
@@ -259,6 +269,21 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
             mm(pre, y + 3 * HD, &w->fb, n);
             lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
         }
+    } else if (pf) {
+        hb = lunar_cuda_fwd_alloc((size_t)n * c->hidden_size * 2);
+        lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
+        mm_b(yp, hb, &w->kin, n, NULL);
+        const int a_off = 3 * HD, g_off = a_off + w->fa.out, b_off = g_off + w->ga.out;
+        for (int j = 0; j < b->n_seqs; j++) {
+            const size_t t = (size_t)b->off[j];
+            float *st = b->c->conv + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->conv_len;
+            lunar_cuda_kda_conv_qkv_prefill(q + t * HD, k + t * HD, v + t * HD, beta + t * H, fa16 + t * w->fa.out,
+                                            ga16 + t * w->ga.out, yp + t * w->kin.out, w->kin.out, a_off, w->fa.out,
+                                            g_off, w->ga.out, b_off, w->qc, st, b->seqs[j].n, H, dk, K, KDA_L2_EPS,
+                                            NULL);
+        }
+        mm_b(pre, fa16, &w->fb, n, NULL); /* y is dead from here: pre, g, o live in it */
+        lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
     } else {
         /* h's bf16 copy once for the six projections that read it (mm would make one each) */
         hb = lunar_cuda_fwd_alloc((size_t)n * c->hidden_size * 2);
@@ -343,6 +368,8 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         /* o is the gated norm's output already */
     } else if (gate_done) {
         /* lunar_cuda_kda_gate_proj_decode wrote it */
+    } else if (pf) {
+        mm_b(pre, ga16, &w->gb, n, NULL);
     } else if (gin && w->g.p) {
         pre = gin;
     } else if (gin) {
@@ -353,8 +380,16 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(low, hb, &w->ga, n, NULL);
         mm(pre, low, &w->gb, n);
     }
-    if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
-    mm(out, o, &w->o, n);
+    if (!dec && n >= 64) {
+        /* prefill rows: the norm writes o_proj's bf16 operand itself (the same rounding as mm's
+         * conversion, one pass over [n, H dk] fp32 fewer) */
+        uint16_t *ob = lunar_cuda_fwd_alloc((size_t)n * HD * 2);
+        lunar_cuda_rmsnorm_gated(ob, LUNAR_CUDA_BF16, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+        mm_b(out, ob, &w->o, n, NULL);
+    } else {
+        if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
+        mm(out, o, &w->o, n);
+    }
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
 }
@@ -729,7 +764,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_decode);
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_decode, g->kda_prefill);
     else
         mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */

@@ -234,6 +234,8 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                     : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
                     : strcmp(kd, "nogate") == 0 ? KDA_DECODE_NOGATE
                                                 : KDA_DECODE_SPLIT;
+    const char *kp = getenv("LUNAR_KDA_PREFILL");
+    g->kda_prefill = !(kp && strcmp(kp, "split") == 0);
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);
@@ -489,7 +491,9 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     size_t step = 4 * (T * 8 + (4 + nb) * T * D + (size_t)max_rows * (D + V)) + 64 * 256;
     step += 2 * T * D + 256; /* run_residual's bf16 copy of h */
     size_t widest = D; /* the widest GEMM input (its bf16 copy) */
-    size_t kda = 4 * (6 * T * HD + T * c->kda_head_dim + T * c->kda_num_heads);
+    /* the split path: pre, q, k, v, g, o [T, H dk], low [T, dk], beta; the fused prefill (kda_layer's
+     * pf): y [T, 3 H dk + 2 dk + H] (holding pre, g, o later), q, k, v, beta, two bf16 [T, dk] */
+    size_t kda = 4 * (6 * T * HD + 3 * T * c->kda_head_dim + 2 * T * c->kda_num_heads) + 8 * 256;
     if (HD) {
         if (HD > widest) widest = HD;
         if (c->kda_head_dim == 128) kda += lunar_cuda_kda_chunk_ws(max_tokens, c->kda_num_heads);

@@ -322,6 +322,116 @@ extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const fl
     CUDA_CHECK_LAUNCH();
 }
 
+// KDA prefill after the fused input projection (kda_layer, LUNAR_KDA_PREFILL=fused): what
+// lunar_cuda_short_conv x 3, lunar_cuda_l2norm, the sigmoid and two bf16 conversions did over eight
+// launches and ~10 passes of [T, H dk] fp32, in one pass over the projection's output. Block (tile,
+// r) of 128 threads owns head row r of q|k|v for 64 tokens: the 64 + K - 1 input rows it needs
+// (those before the sequence from the conv state) are staged once in shared memory (the old kernel
+// read each input K times and divided 64-bit indices per element), warp w convolves tokens w, w + 4,
+// ..., each lane 4 channels (float4), and the q and k rows are L2-normalised by a warp sum (a token's
+// 128 channels are one warp's). The conv sums are short_conv_kernel's (same order: its bits); the
+// norm's sum is a different tree than norm_kernel's (fp32 reordering only). Block r = 3H of each tile
+// writes beta = sigmoid and the bf16 copies of the low-rank inputs (the GEMM operands of f_b and
+// g_b, rounded as lunar_cuda_f32_to_bf16). The state update runs afterwards in its own kernel
+// (the first tile reads the old state).
+constexpr int KP_TT = 64;
+__global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
+    float *q, float *k, float *v, float *beta, __nv_bfloat16 *xa, __nv_bfloat16 *xg, const float *x, int64_t xs,
+    int a_off, int a_w, int g_off, int g_w, int b_off, const float *w, const float *state, int T, int H, int K,
+    float eps) {
+    __shared__ float4 tile[(KP_TT + CONV_MAX_K - 1) * 32];
+    const int t0 = blockIdx.x * KP_TT, r = blockIdx.y, tid = threadIdx.x, S = K - 1;
+    const int nt = min(KP_TT, T - t0);
+    if (r == 3 * H) {
+        for (int i = tid; i < nt * H; i += blockDim.x) {
+            const int t = t0 + i / H, h = i % H;
+            beta[(size_t)t * H + h] = 1.0f / (1.0f + expf(-x[(size_t)t * xs + b_off + h]));
+        }
+        for (int i = tid; i < nt * a_w; i += blockDim.x) {
+            const int t = t0 + i / a_w, j = i % a_w;
+            xa[(size_t)t * a_w + j] = __float2bfloat16_rn(x[(size_t)t * xs + a_off + j]);
+        }
+        for (int i = tid; i < nt * g_w; i += blockDim.x) {
+            const int t = t0 + i / g_w, j = i % g_w;
+            xg[(size_t)t * g_w + j] = __float2bfloat16_rn(x[(size_t)t * xs + g_off + j]);
+        }
+        return;
+    }
+    const int c0 = r * 128, part = r / H;
+    for (int i = tid; i < (nt + S) * 32; i += blockDim.x) {
+        const int row = i >> 5, j = i & 31, p = t0 - S + row;
+        float4 val;
+        if (p >= 0) {
+            val = *reinterpret_cast<const float4 *>(x + (size_t)p * xs + c0 + 4 * j);
+        } else { /* before the sequence: the state's column S + p of channels c0 + 4j .. + 3 */
+            const float *st = state + (size_t)(c0 + 4 * j) * S + (S + p);
+            val = make_float4(st[0], st[S], st[2 * S], st[3 * S]);
+        }
+        tile[i] = val;
+    }
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31;
+    float wr[4][CONV_MAX_K];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K; i++) wr[j][i] = i < K ? w[(size_t)(c0 + 4 * lane + j) * K + i] : 0.0f;
+    float *out = (part == 0 ? q : part == 1 ? k : v) + (size_t)(r - part * H) * 128 + 4 * lane;
+    const int HD = H * 128;
+    for (int tt = warp; tt < nt; tt += 4) {
+        float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K; i++)
+            if (i < K) {
+                const float4 sv = tile[(tt + i) * 32 + lane];
+                a0 += wr[0][i] * sv.x, a1 += wr[1][i] * sv.y, a2 += wr[2][i] * sv.z, a3 += wr[3][i] * sv.w;
+            }
+        a0 = a0 / (1.0f + expf(-a0)), a1 = a1 / (1.0f + expf(-a1));
+        a2 = a2 / (1.0f + expf(-a2)), a3 = a3 / (1.0f + expf(-a3));
+        if (part < 2) { /* warp-uniform */
+            float ss = a0 * a0 + a1 * a1 + a2 * a2 + a3 * a3;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            const float inv = 1.0f / sqrtf(ss + eps);
+            a0 *= inv, a1 *= inv, a2 *= inv, a3 *= inv;
+        }
+        *reinterpret_cast<float4 *>(out + (size_t)(t0 + tt) * HD) = make_float4(a0, a1, a2, a3);
+    }
+}
+// the new conv state of the 3 H dk channels: the last K - 1 inputs (x rows strided by xs)
+__global__ void kda_conv_state_strided_kernel(float *state, const float *x, int64_t xs, int T, int C, int K) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int S = K - 1;
+    float hist[CONV_MAX_K];
+    float *st = state + (size_t)c * S;
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; j++) {
+        const int p = T + j;
+        if (j < S) hist[j] = p < S ? st[p] : x[(size_t)(p - S) * xs + c];
+    }
+#pragma unroll
+    for (int j = 0; j < CONV_MAX_K - 1; j++)
+        if (j < S) st[j] = hist[j];
+}
+extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, uint16_t *xa,
+                                                uint16_t *xg, const float *x, int64_t x_stride, int a_off, int a_w,
+                                                int g_off, int g_w, int b_off, const float *w, float *state, int T,
+                                                int H, int dk, int K, float eps, lunar_cuda_stream s) {
+    CUDA_REQUIRE(dk == 128 && H >= 1 && K >= 1 && K <= CONV_MAX_K && x_stride % 4 == 0 &&
+                 ((uintptr_t)x & 15) == 0 && a_w >= 0 && g_w >= 0 && (a_w == 0 || xa) && (g_w == 0 || xg));
+    if (T <= 0) return;
+    kda_conv_qkv_prefill_kernel<<<dim3(ceil_div_u(T, KP_TT), 3 * H + 1), 128, 0, to_stream(s)>>>(
+        q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w, state,
+        T, H, K, eps);
+    CUDA_CHECK_LAUNCH();
+    if (K > 1) {
+        kda_conv_state_strided_kernel<<<ceil_div_u(3 * H * dk, 256), 256, 0, to_stream(s)>>>(state, x, x_stride, T,
+                                                                                              3 * H * dk, K);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
 // ---------------------------------------------------------------- KDA gate (elementwise)
 __global__ void kda_gate_kernel(float *g, const float *f, const float *A_log, const float *dt_bias,
                                 int64_t n, int H, int dk, float lb) {

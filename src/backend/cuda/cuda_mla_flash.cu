@@ -41,8 +41,10 @@ constexpr int STAGE = BN * (KST + VST); // bf16 elements per stage (43008 bytes)
 constexpr size_t kKvBudget = (size_t)256 << 20;
 constexpr int kWarps = 4, kStages = 2; // the default variant (measured: docs/benchmarks.md)
 // cuda_mla_flash_wg.cu by default: 4.2-4.6x k_flash from 8K tokens, 2.4x at 1K, the same errors
-// (docs/benchmarks.md); LUNAR_MLA_FLASH=mma|wgmma overrides
-constexpr bool kWgmmaDefault = true;
+// (docs/benchmarks.md); its producer / consumer variant by default too (session 6, H200: 1.13-1.16x
+// the plain wgmma kernel from 8K tokens, equal at 1K, the same errors); LUNAR_MLA_FLASH=mma|wgmma|
+// wgmma_pp overrides
+constexpr bool kWgmmaDefault = true, kPpDefault = true;
 
 size_t up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -313,9 +315,10 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
     CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     const float sl = scale * 1.4426950408889634f;
     const int kc_ = (int)a.kc, bm = warps * 16, tiles = (n + bm - 1) / bm;
-    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's (the default) */
+    /* LUNAR_MLA_FLASH=mma: the mma.sync kernel k_flash; wgmma: cuda_mla_flash_wg.cu's; wgmma_pp: its
+     * producer / consumer variant (the default) */
     const char *ek = getenv("LUNAR_MLA_FLASH");
-    const bool wg = ek ? !strcmp(ek, "wgmma") : kWgmmaDefault;
+    const bool pp = ek ? !strcmp(ek, "wgmma_pp") : kPpDefault, wg = ek ? !strcmp(ek, "wgmma") || pp : kWgmmaDefault;
     CUDA_REQUIRE(kAlign % lunar_mla_flash_wg_tile() == 0);
     for (int k0 = 0; k0 < L; k0 += kc_) {
         const int cnt = L - k0 < kc_ ? L - k0 : kc_, rows = (int)up((size_t)cnt, kAlign);
@@ -323,7 +326,7 @@ extern "C" void lunar_glue_mla_flash(float *o, const float *q, const uint16_t *W
         else k_gather<false><<<rows, 128, 0, st>>>(Clat, Kpe, latent, bt, k0, cnt, page);
         CUDA_CHECK_LAUNCH();
         lunar_cuda_matmul(KV, LUNAR_CUDA_BF16, Clat, W, rows, H * kHS, kR, s);
-        if (wg && lunar_mla_flash_wg(o, ml, q, KV, Kpe, rows, k0, k0 + rows, pos0, n, H, sl, k0 == 0, k0 + kc_ >= L, st))
+        if (wg && lunar_mla_flash_wg(o, ml, q, KV, Kpe, rows, k0, k0 + rows, pos0, n, H, sl, k0 == 0, k0 + kc_ >= L, pp, st))
             continue;
         kern<<<dim3((unsigned)tiles, (unsigned)H), warps * 32, smem, st>>>(o, ml, q, KV, Kpe, k0, k0 + rows, pos0, n, H,
                                                                            sl, k0 == 0, k0 + kc_ >= L);

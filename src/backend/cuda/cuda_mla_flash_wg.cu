@@ -22,10 +22,10 @@
 // Roundings as k_flash: q, k, v, P bf16 operands, fp32 sums (measured: the same errors vs the naive
 // op as k_flash, 2.3e-3 .. 4.4e-3). Measured (H200, bench_mla prefill): 547-629 TFLOP/s of attention
 // flops from 8K tokens at 12 and 32 heads, 62-71 % of a cuBLAS bf16 GEMM timed in the same run, 4.2-4.6x
-// k_flash. Not done (the remaining ~30 %): the two warpgroups meet at a barrier per tile and each
-// runs S -> softmax -> PV in order, so the tensor cores idle while both do softmax; a producer warp
-// with per-stage empty barriers (setmaxnreg) and FA3's ping-pong / intra-warpgroup overlap of the
-// softmax with the next S are the next steps (a third stage does not fit: 48 + 3 x 80 KB).
+// k_flash. The two warpgroups meet at a barrier per tile and each runs S -> softmax -> PV in order,
+// so the tensor cores idle while both do softmax: flash_pp_kernel below (a producer warpgroup,
+// FA3's ping-pong and intra-warpgroup overlap) removes that and is the default (a third stage does
+// not fit here: 48 + 3 x 80 KB).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -240,6 +240,224 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
 }
 
+// ---- The producer / consumer variant (the default; LUNAR_MLA_FLASH=wgmma runs the kernel above) ----
+// Measured (H200, session 6, bench_mla prefill): 1.13-1.16x flash_wg_kernel from 8K tokens (641-729
+// TFLOP/s of attention flops, 71-83 % of a cuBLAS bf16 GEMM timed in the same run), equal at 1K
+// (2 uneven waves either way); errors vs the naive op 2.3e-3 .. 4.4e-3, as flash_wg_kernel's.
+// 384 threads: the two consumer warpgroups (240 registers each, setmaxnreg) and a producer warpgroup
+// (24 registers) whose first lane issues the copies. K
+// and V have rings of their own (2 x 48 KB, 2 x 32 KB: the same 208 KB) with full / empty mbarriers,
+// so no barrier joins the warpgroups. Per tile kt a consumer warpgroup issues S_kt = Q K_kt^T and
+// O += P_{kt-1} V_{kt-1} together (its P of the previous tile in registers), waits for S only, runs
+// the softmax of S_kt while PV_{kt-1} is still on the tensor cores, then waits for PV, rescales O and
+// packs P_kt (FA3's intra-warpgroup overlap). The two warpgroups take turns issuing their products
+// (named barriers 3 and 4: FA3's ping-pong), so one's softmax overlaps the other's MMAs. K_kt's stage
+// is free once both warpgroups' S_kt is done, V_kt's once their PV_kt is. The diagonal tile is not
+// skipped by the first warpgroup here (its fully masked rows add zeros): every warpgroup runs nkt
+// turns, which the turn barriers need.
+constexpr int kThreadsPP = kThreads + 128;
+constexpr int kKStage = 3 * kBox, kVStage = 2 * kBox;
+constexpr int kKOff = kStageOff, kVOff = kKOff + 2 * kKStage, kBarPP = kVOff + 2 * kVStage;
+constexpr size_t kSmemPP = (size_t)kBarPP + 8 * 8 + 1024; // fullK[2] fullV[2] emptyK[2] emptyV[2]
+static_assert(kSmemPP <= 232448, "227 KB of shared memory per block");
+
+__device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id, int n) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
+__global__ void __launch_bounds__(kThreadsPP, 1)
+    flash_pp_kernel(FArgs a, const __grid_constant__ CUtensorMap tkv, const __grid_constant__ CUtensorMap tpe) {
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem), fK = sb + kBarPP, fV = fK + 16, eK = fK + 32, eV = fK + 48;
+    const int h = blockIdx.x, i0 = ((int)gridDim.y - 1 - (int)blockIdx.y) * BM;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int qlo = a.pos0 + i0;
+    const int kend = min(a.k1, qlo + BM);
+    const int nkt = kend > a.k0 ? (kend - a.k0 + BN - 1) / BN : 0;
+
+    if (tid == 0) {
+        for (int i = 0; i < 4; i++) mbar_init(fK + 8 * i, 1); // fK, fV: the producer's arrive + bytes
+        for (int i = 4; i < 8; i++) mbar_init(fK + 8 * i, 8);              // eK, eV: lane 0 of each consumer warp
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 2) { // the producer warpgroup
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == 256) {
+            const int c = h * kHS;
+            for (int kt = 0; kt < nkt; kt++) {
+                const int s = kt & 1, row = kt * BN;
+                const uint32_t k = sb + kKOff + s * kKStage, v = sb + kVOff + s * kVStage;
+                if (kt >= 2) mbar_wait(eK + 8 * s, (uint32_t)((kt >> 1) - 1) & 1);
+                mbar_expect_tx(fK + 8 * s, kKStage);
+                tma_2d(k, &tkv, c, row, fK + 8 * s);
+                tma_2d(k + kBox, &tkv, c + 64, row, fK + 8 * s);
+                tma_2d(k + 2 * kBox, &tpe, 0, row, fK + 8 * s);
+                if (kt >= 2) mbar_wait(eV + 8 * s, (uint32_t)((kt >> 1) - 1) & 1);
+                mbar_expect_tx(fV + 8 * s, kVStage);
+                tma_2d(v, &tkv, c + 128, row, fV + 8 * s);
+                tma_2d(v + kBox, &tkv, c + 192, row, fV + 8 * s);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    const int rr = 64 * wg + 16 * warp + g, ra = i0 + rr, rb = ra + 8;
+
+    // this warpgroup's 64 rows of Q (only it reads them)
+    for (int c = tid & 127; c < 64 * (kQK / 8); c += 128) {
+        const int r = 64 * wg + c / (kQK / 8), j = c % (kQK / 8);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (i0 + r < a.n) {
+            const float4 *src = reinterpret_cast<const float4 *>(a.q + ((size_t)(i0 + r) * a.H + h) * kQK + j * 8);
+            const float4 x0 = src[0], x1 = src[1];
+            v = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w), pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
+        }
+        *reinterpret_cast<uint4 *>(smem + kQOff + sw_off(r, j)) = v;
+    }
+    fence_async_smem();
+    bar_sync(1 + wg, 128);
+
+    float o[64];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    if (a.first) {
+#pragma unroll
+        for (int i = 0; i < 64; i++) o[i] = 0.f;
+    } else {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = e ? rb : ra;
+            if (r < a.n) {
+                m[e] = a.ml[((size_t)r * a.H + h) * 2];
+                l[e] = t == 0 ? a.ml[((size_t)r * a.H + h) * 2 + 1] : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                float2 v = make_float2(0.f, 0.f);
+                if (r < a.n) v = *reinterpret_cast<const float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t);
+                o[4 * k + 2 * e] = v.x, o[4 * k + 2 * e + 1] = v.y;
+            }
+        }
+    }
+    const uint64_t dq = desc_sw(sb + kQOff + wg * 64 * 128, 16, 1024);
+    if (wg == 1) bar_arrive(3, 256); // the first warpgroup takes the first turn
+    uint32_t pa[8][4];               // P of the previous tile, the A operand of its PV
+#pragma unroll
+    for (int j = 0; j < 8; j++) pa[j][0] = pa[j][1] = pa[j][2] = pa[j][3] = 0u;
+
+    for (int kt = 0; kt < nkt; kt++) {
+        const int s = kt & 1, ps = s ^ 1;
+        mbar_wait(fK + 8 * s, (uint32_t)(kt >> 1) & 1);
+        if (kt > 0) mbar_wait(fV + 8 * ps, (uint32_t)((kt - 1) >> 1) & 1);
+        float sc[64]; // sc[4k + 2e + c]: row rr + 8e, key kb + 8k + 2t + c
+#pragma unroll
+        for (int i = 0; i < 64; i++) sc[i] = 0.f;
+        fence_acc<64>(sc);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3])::"memory");
+        fence_acc<64>(o);
+        bar_sync(3 + wg, 256); // this warpgroup's turn to issue
+        wgmma_fence();
+        const uint64_t dk = desc_sw(sb + kKOff + s * kKStage, 16, 1024);
+#pragma unroll
+        for (int ks = 0; ks < kQK / 16; ks++) {
+            const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+            wgmma_m64n128<0>(sc, dq + off, dk + off, ks > 0);
+        }
+        wgmma_commit();
+        // PV_{kt-1}; at kt = 0 P is zero and the product runs over K_kt's k_nope boxes (landed, finite:
+        // adds exact zeros), so every turn issues the same two groups (no divergent wgmma)
+        const uint64_t dv = desc_sw(kt > 0 ? sb + kVOff + ps * kVStage : sb + kKOff + s * kKStage, kBox, 1024);
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++) wgmma_m64n128_rs<1>(o, pa[j], dv + (uint64_t)((j * 2048) >> 4));
+        wgmma_commit();
+        bar_arrive(3 + (wg ^ 1), 256); // the other warpgroup's turn
+        wgmma_wait<1>();
+        fence_acc<64>(sc);
+        if (lane == 0) mbar_arrive(eK + 8 * s); // this warp is done with K_kt
+
+        const int kb = a.k0 + kt * BN;
+        if (kb + BN - 1 > qlo + 64 * wg) {
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        if (kb + 8 * k + 2 * t + c > a.pos0 + (e ? rb : ra)) sc[4 * k + 2 * e + c] = -INFINITY;
+        }
+        float alpha[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int k = 0; k < 16; k++) mx = fmaxf(mx, fmaxf(sc[4 * k + 2 * e], sc[4 * k + 2 * e + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float mn = fmaxf(m[e], mx * a.sl);
+            const float base = mn == -INFINITY ? 0.f : mn;
+            alpha[e] = exp2f(m[e] - base);
+            m[e] = mn;
+            float sum = 0.f;
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float p = exp2f(fmaf(sc[4 * k + 2 * e + c], a.sl, -base));
+                    sc[4 * k + 2 * e + c] = p;
+                    sum += p;
+                }
+            l[e] = l[e] * alpha[e] + sum;
+        }
+        wgmma_wait<0>(); // PV_{kt-1}: O and P's registers are free
+        fence_acc<64>(o);
+        if (kt > 0 && lane == 0) mbar_arrive(eV + 8 * ps);
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            o[4 * k] *= alpha[0], o[4 * k + 1] *= alpha[0], o[4 * k + 2] *= alpha[1], o[4 * k + 3] *= alpha[1];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            pa[j][0] = pack_bf16(sc[8 * j], sc[8 * j + 1]);
+            pa[j][1] = pack_bf16(sc[8 * j + 2], sc[8 * j + 3]);
+            pa[j][2] = pack_bf16(sc[8 * j + 4], sc[8 * j + 5]);
+            pa[j][3] = pack_bf16(sc[8 * j + 6], sc[8 * j + 7]);
+        }
+    }
+    if (nkt > 0) { // the last tile's PV
+        const int ps = (nkt - 1) & 1;
+        mbar_wait(fV + 8 * ps, (uint32_t)((nkt - 1) >> 1) & 1);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3])::"memory");
+        fence_acc<64>(o);
+        wgmma_fence();
+        const uint64_t dv = desc_sw(sb + kVOff + ps * kVStage, kBox, 1024);
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++) wgmma_m64n128_rs<1>(o, pa[j], dv + (uint64_t)((j * 2048) >> 4));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<64>(o);
+    }
+    if (wg == 0) bar_sync(3, 256); // the second warpgroup's last turn hand-over (the barriers end balanced)
+
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 1);
+        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 2);
+        const int r = e ? rb : ra;
+        if (r >= a.n) continue;
+        const float inv = a.last ? 1.0f / l[e] : 1.0f;
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            *reinterpret_cast<float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t) =
+                make_float2(o[4 * k + 2 * e] * inv, o[4 * k + 2 * e + 1] * inv);
+        if (!a.last && t == 0) a.ml[((size_t)r * a.H + h) * 2] = m[e], a.ml[((size_t)r * a.H + h) * 2 + 1] = l[e];
+    }
+}
+
 // a [rows][cols] bf16 matrix (row stride ld elements) in boxes of 64 x 128 with the 128-byte swizzle
 bool make_map(CUtensorMap *m, const void *p, int cols, int rows, size_t ld) {
     PFN_cuTensorMapEncodeTiled_v12000 fn = lunar_tmap_encoder();
@@ -256,16 +474,22 @@ bool make_map(CUtensorMap *m, const void *p, int cols, int rows, size_t ld) {
 int lunar_mla_flash_wg_tile(void) { return BN; }
 
 bool lunar_mla_flash_wg(float *o, float *ml, const float *q, const uint16_t *KV, const uint16_t *Kpe, int rows, int k0,
-                        int k1, int pos0, int n, int H, float sl, int first, int last, cudaStream_t s) {
+                        int k1, int pos0, int n, int H, float sl, int first, int last, int pp, cudaStream_t s) {
     CUtensorMap tkv, tpe;
     memset(&tkv, 0, sizeof tkv), memset(&tpe, 0, sizeof tpe);
     if (!make_map(&tkv, KV, H * kHS, rows, (size_t)H * kHS) || !make_map(&tpe, Kpe, 64, rows, 64)) return false;
     // per call, not once: the attribute is per device and TP ranks share this code on several
-    CUDA_CHECK(cudaFuncSetAttribute(flash_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
     FArgs a;
     a.o = o, a.ml = ml, a.q = q, a.k0 = k0, a.k1 = k1, a.pos0 = pos0, a.n = n, a.H = H, a.first = first;
     a.last = last, a.sl = sl;
-    flash_wg_kernel<<<dim3((unsigned)H, (unsigned)((n + BM - 1) / BM)), kThreads, kSmem, s>>>(a, tkv, tpe);
+    const dim3 grid((unsigned)H, (unsigned)((n + BM - 1) / BM));
+    if (pp) {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_pp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmemPP));
+        flash_pp_kernel<<<grid, kThreadsPP, kSmemPP, s>>>(a, tkv, tpe);
+    } else {
+        CUDA_CHECK(cudaFuncSetAttribute(flash_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSmem));
+        flash_wg_kernel<<<grid, kThreads, kSmem, s>>>(a, tkv, tpe);
+    }
     CUDA_CHECK_LAUNCH();
     return true;
 }

@@ -13,8 +13,9 @@ int lunar_mla_flash_wg_tile(void);
 // state between chunks (read unless first, written unless last), q [n, H, 192] fp32, KV [rows][H x
 // 256] bf16 (per head k_nope 128 | v 128) and Kpe [rows][64] bf16 = positions k0 .. k0 + rows - 1,
 // rows a multiple of the tile, k1 - k0 <= rows; sl = scale * log2 e. false: no tensor map (driver
-// entry point missing or the map refused), nothing launched: the caller runs k_flash.
+// entry point missing or the map refused), nothing launched: the caller runs k_flash. pp: the
+// producer / consumer variant (cuda_mla_flash.cu's default; LUNAR_MLA_FLASH=wgmma runs the other).
 bool lunar_mla_flash_wg(float *o, float *ml, const float *q, const uint16_t *KV, const uint16_t *Kpe, int rows, int k0,
-                        int k1, int pos0, int n, int H, float sl, int first, int last, cudaStream_t s);
+                        int k1, int pos0, int n, int H, float sl, int first, int last, int pp, cudaStream_t s);
 
 #endif

@@ -210,6 +210,17 @@ void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const float *x, con
                                     int64_t x_stride, const float *w, float *state_pool, const int32_t *slots,
                                     int B, int H, int dk, int K, float eps, lunar_cuda_stream s);
 
+/* KDA prefill of one sequence after the fused input projection, one pass: x [T, x_stride] fp32
+ * (16-byte aligned, x_stride % 4 == 0) holds the 3 H dk pre-conv channels q|k|v in columns 0 ..
+ * 3 H dk - 1; q, k, v [T, H dk] = op_short_conv of each (conv weights w [3 H dk, K], state [3 H dk,
+ * K-1] read, then advanced), q and k op_l2norm'ed per head row (eps); beta [T, H] = sigmoid of the
+ * columns b_off ..; xa [T, a_w] and xg [T, g_w] = bf16 copies of the columns a_off .., g_off .. (the
+ * low-rank gate inputs; width 0: none). dk = 128. */
+void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, uint16_t *xa, uint16_t *xg,
+                                     const float *x, int64_t x_stride, int a_off, int a_w, int g_off, int g_w,
+                                     int b_off, const float *w, float *state, int T, int H, int dk, int K, float eps,
+                                     lunar_cuda_stream s);
+
 /* KDA decode, one token: g [H dk] = op_kda_gate(f_b . x[0, in)) and, og non-NULL, og [H dk] =
  * g_b . x[in, 2 in), W = [f_b; g_b] bf16 ([H dk, in] each; f_b alone when og is NULL), x fp32 (its
  * bf16 rounding the GEMM operand, as lunar_cuda_matmul_f32x), 16-byte aligned, in % 8 == 0. The
