@@ -169,6 +169,10 @@ __device__ __forceinline__ void pdl_prefetch_l2(const void *p, uint32_t bytes) {
     if (bytes && ((uintptr_t)p | bytes) % 16 == 0)
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
 }
+// the one 128-byte line holding p into L2 (slices that are not contiguous: a thread per line)
+__device__ __forceinline__ void pdl_prefetch_line_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
+}
 template <typename... KA, typename... A>
 static inline void launch_pdl(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {
     cudaLaunchConfig_t cfg = {};
