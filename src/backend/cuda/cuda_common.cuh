@@ -156,7 +156,7 @@ __device__ __forceinline__ uint4 gv_x8(const float *x, size_t row, int i, int in
 //    Never anything the direct predecessor writes.
 // All instructions are no-ops for a kernel launched without the attribute, so the wait costs
 // nothing when PDL is off; the prefetches are gated by the launcher's pf argument
-// (lunar_cuda_pdl_prefetch, LUNAR_PDL_PREFETCH, off with PDL off).
+// (lunar_cuda_pdl_prefetch: LUNAR_PDL_PREFETCH, opt-in since the H200 A/B; off with PDL off).
 __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
