@@ -131,9 +131,11 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
         lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         CHECK_MSG(c1 == c0 && r1 == r0, "graphs off, yet %ld captures and %ld replays", c1 - c0, r1 - r0);
         lunar_cuda_model_graphs(gm, 1);
-        if (pdl) lunar_cuda_pdl_set(1);
+        /* with PDL also the weight prefetch before the wait at its widest level (whatever
+         * LUNAR_PDL_PREFETCH says): it may move bytes into L2 early, never change a value */
+        if (pdl) lunar_cuda_pdl_set(1), lunar_cuda_pdl_prefetch_set(2);
         decode_run(gm, &c, &sv, B, plen, per, blocks, V, lgr, igr);
-        if (pdl) lunar_cuda_pdl_set(-1);
+        if (pdl) lunar_cuda_pdl_set(-1), lunar_cuda_pdl_prefetch_set(-1);
         lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         *captures += c1 - c0, *replays += r1 - r0;
         int bad_steps = 0, first_bad = -1;

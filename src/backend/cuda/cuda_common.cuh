@@ -133,17 +133,45 @@ __device__ __forceinline__ uint4 gv_x8(const float *x, size_t row, int i, int in
 // Programmatic dependent launch (PDL), on unless LUNAR_CUDA_PDL=0 (lunar_cuda_pdl_on, cuda_rt.cu):
 // a kernel launched by launch_pdl may be scheduled while its stream predecessor still runs, which
 // hides the launch and the block scheduling of each decode-step node behind the previous one.
-// Correctness rests on one rule: every kernel launch_pdl launches calls pdl_enter() as its FIRST
-// statement, before any global read or write. griddepcontrol.wait returns once the predecessor
-// grids have completed and their writes are visible; since every block of every such kernel waits,
-// a kernel completes only after its predecessor did, so the chain stays transitive (a kernel that
-// skipped the wait could finish before its own predecessor, and its successor would then read
-// that predecessor's output unfinished). launch_dependents right after the wait lets the next
-// kernel's blocks take their places while this one works (they wait in turn). Both instructions are
-// no-ops for a kernel launched without the attribute, so pdl_enter costs nothing when PDL is off.
+// THE RULE. Every kernel launch_pdl launches calls pdl_wait() (= pdl_enter()) before it reads
+// anything a kernel of the step may write (activations, routes, caches, recurrent states) and
+// before its first global write. griddepcontrol.wait returns once the predecessor grids have
+// completed and their writes are visible; launch_dependents, issued only after that wait, lets the
+// next kernel's blocks take their places while this one works (they wait in turn). Since every
+// block of every such kernel waits, a kernel completes only after its predecessor did, so the chain
+// stays transitive (a kernel that skipped the wait could finish before its own predecessor, and its
+// successor would then read that predecessor's output unfinished).
+// What may come BEFORE the wait (issue 9: at batch 1 nearly every decode kernel streams weights
+// that nothing writes, and waiting first left DRAM idle through each predecessor's tail and the
+// next kernel's ramp):
+//  - reads of data no kernel of the step writes (weights, constant tables, kernel arguments);
+//  - pdl_prefetch_l2 of such data, the block's own slice only and bounded by the caller (the
+//    prefetched bytes live in the same 50 MB L2 the running predecessor streams through). A
+//    prefetch is a hint: it returns no value, and L2 is the device's point of coherence, so it can
+//    never make a later read stale; its address must still be valid memory;
+//  - reads that only choose such a prefetch's address, of data written by a kernel at least TWO
+//    launches back on the stream (e.g. the MoE route read by the down kernel, written by the route
+//    kernel before the gate/up kernel): this kernel can start only once every block of its direct
+//    predecessor has passed its own wait, which returned after that older kernel had completed.
+//    Never anything the direct predecessor writes.
+// All instructions are no-ops for a kernel launched without the attribute, so the wait costs
+// nothing when PDL is off; the prefetches are gated by the launcher's pf argument
+// (lunar_cuda_pdl_prefetch: LUNAR_PDL_PREFETCH, opt-in since the H200 A/B; off with PDL off).
 __device__ __forceinline__ void pdl_enter() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void pdl_wait() { pdl_enter(); }
+// L2 prefetch of [p, p + bytes) by the calling thread, one bulk request (the TMA unit walks it).
+// The instruction needs p 16-byte aligned and bytes a multiple of 16: a request that is not (a
+// sub-allocated tensor) or is empty is dropped, a hint being optional
+__device__ __forceinline__ void pdl_prefetch_l2(const void *p, uint32_t bytes) {
+    if (bytes && ((uintptr_t)p | bytes) % 16 == 0)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+// the one 128-byte line holding p into L2 (slices that are not contiguous: a thread per line)
+__device__ __forceinline__ void pdl_prefetch_line_l2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p) : "memory");
 }
 template <typename... KA, typename... A>
 static inline void launch_pdl(void (*k)(KA...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A... args) {

@@ -84,11 +84,17 @@ constexpr long long kGvMaxElems = 64ll << 20;
 
 template <int NR, typename TY, typename TX>
 __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
-                                                            int in, int split) {
+                                                            int in, int split, uint32_t pf) {
     __shared__ float red[kGvWarps][NR];
-    pdl_enter();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
     const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8;
+    /* before the wait (cuda_common.cuh's rule: weights only): the head of each of the block's rows
+     * into L2, pf bytes per block in all, while the predecessor still runs */
+    if (pf && part == 0 && lane == 0 && o < out) {
+        const uint32_t rb = (uint32_t)in * 2u, lim = (pf / (uint32_t)per_block) & ~15u;
+        pdl_prefetch_l2(W + (size_t)o * in, rb < lim ? rb : lim);
+    }
+    pdl_wait();
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
@@ -130,10 +136,11 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     int split = 1;
     while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
+    const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
     switch (n) {
 #define GV_CASE(R)                                                                                   \
     case R:                                                                                          \
-        launch_pdl(gemv_kernel<R, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split);  \
+        launch_pdl(gemv_kernel<R, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
         break;
         GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
 #undef GV_CASE
@@ -188,9 +195,13 @@ extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t 
 __global__ void __launch_bounds__(kGvWarps * 32) kda_gate_proj_kernel(float *g, float *og, const float *x,
                                                                      const uint16_t *W, int HD, int rows, int in,
                                                                      const float *A_log, const float *dt_bias,
-                                                                     int dk, float lb) {
-    pdl_enter();
+                                                                     int dk, float lb, uint32_t pf) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, o = blockIdx.x * kGvWarps + warp, n8 = in / 8;
+    if (pf && lane == 0 && o < rows) { /* the row's head into L2 before the wait, as gemv_kernel */
+        const uint32_t rb = (uint32_t)in * 2u, lim = (pf / kGvWarps) & ~15u;
+        pdl_prefetch_l2(W + (size_t)o * in, rb < lim ? rb : lim);
+    }
+    pdl_wait();
     if (o >= rows) return; /* warp-uniform */
     const int seg = o < HD ? 0 : 1;
     const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
@@ -213,7 +224,7 @@ extern "C" void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float
                  (!og || in % 4 == 0));
     const int HD = H * dk, rows = og ? 2 * HD : HD;
     launch_pdl(kda_gate_proj_kernel, dim3((rows + kGvWarps - 1) / kGvWarps), dim3(kGvWarps * 32), 0, to_stream(s),
-               g, og, x, W, HD, rows, in, A_log, dt_bias, dk, lb);
+               g, og, x, W, HD, rows, in, A_log, dt_bias, dk, lb, lunar_cuda_pdl_prefetch_bytes(1));
     CUDA_CHECK_LAUNCH();
 }
 

@@ -303,10 +303,14 @@ extern "C" void lunar_glue_latent_store(void *latent, int fp8, const float *kvr,
 
 // block per (row x head, chunk of ABS_COLS columns: grid.y): q_lat[c] = sum_n q[n] W[h*(N+Vd)+n, c]
 __global__ void k_absorb(float *q_lat, float *q_pe, const float *q, const uint16_t *W, int H, int N,
-                         int P, int Vd, int R) {
+                         int P, int Vd, int R, int pf) {
     __shared__ float part[ABS_WARPS][ABS_COLS];
-    pdl_enter();
     const int rh = blockIdx.x, h = rh % H, c0 = blockIdx.y * ABS_COLS;
+    /* before the wait (weights only, cuda_common.cuh): the first row's blocks bring their N x 128
+     * bytes of W_UK into L2, a thread per line (the other rows' blocks read the same lines) */
+    if (pf && rh < H)
+        for (int n = threadIdx.x; n < N; n += blockDim.x) pdl_prefetch_line_l2(W + ((size_t)h * (N + Vd) + n) * R + c0);
+    pdl_wait();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const float *qt = q + (size_t)rh * (N + P);
     const uint16_t *Wh = W + (size_t)h * (N + Vd) * R;
@@ -332,16 +336,23 @@ extern "C" void lunar_glue_mla_absorb(float *q_lat, float *q_pe, const float *q,
                                       int rows, int H, int N, int P, int Vd, int R, lunar_cuda_stream s) {
     if (rows <= 0) return;
     dim3 grid(rows * H, ceil_div_u(R, ABS_COLS));
-    launch_pdl(k_absorb, dim3(grid), dim3(ABS_WARPS * 32), 0, to_stream(s), q_lat, q_pe, q, W, H, N, P, Vd, R);
+    launch_pdl(k_absorb, dim3(grid), dim3(ABS_WARPS * 32), 0, to_stream(s), q_lat, q_pe, q, W, H, N, P, Vd, R,
+               lunar_cuda_pdl_prefetch_bytes(1) > 0);
     CUDA_CHECK_LAUNCH();
 }
 // warp per output x of (row, head): o[x] = sum_r W[h*(N+Vd)+N+x, r] c[r], lanes along r (a row of
 // W_UV read contiguously), shuffle reduction
 #define UNABS_WARPS 8
-__global__ void k_unabsorb(float *o, const float *o_lat, const uint16_t *W, int H, int N, int Vd, int R) {
-    pdl_enter();
+__global__ void k_unabsorb(float *o, const float *o_lat, const uint16_t *W, int H, int N, int Vd, int R,
+                           uint32_t pf) {
     const int rh = blockIdx.x, h = rh % H, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int x = blockIdx.y * UNABS_WARPS + warp;
+    /* before the wait: the first row's warps bring their W_UV row into L2 (cuda_common.cuh) */
+    if (pf && rh < H && lane == 0 && x < Vd) {
+        const uint32_t rb = (uint32_t)R * 2u, lim = (pf / UNABS_WARPS) & ~15u;
+        pdl_prefetch_l2(W + ((size_t)h * (N + Vd) + N + x) * R, rb < lim ? rb : lim);
+    }
+    pdl_wait();
     if (x >= Vd) return;
     const float *c = o_lat + (size_t)rh * R;
     const uint16_t *wr = W + ((size_t)h * (N + Vd) + N + x) * R;
@@ -354,7 +365,8 @@ extern "C" void lunar_glue_mla_unabsorb(float *o, const float *o_lat, const uint
                                         int N, int Vd, int R, lunar_cuda_stream s) {
     if (rows <= 0) return;
     dim3 grid(rows * H, ceil_div_u(Vd, UNABS_WARPS));
-    launch_pdl(k_unabsorb, dim3(grid), dim3(UNABS_WARPS * 32), 0, to_stream(s), o, o_lat, W, H, N, Vd, R);
+    launch_pdl(k_unabsorb, dim3(grid), dim3(UNABS_WARPS * 32), 0, to_stream(s), o, o_lat, W, H, N, Vd, R,
+               lunar_cuda_pdl_prefetch_bytes(1));
     CUDA_CHECK_LAUNCH();
 }
 

@@ -319,14 +319,41 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
 // are summed in a fixed order (deterministic).
 template <int NT, bool MX, bool GATEUP, int S>
-__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a) {
+__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
-    // under PDL (LUNAR_CUDA_PDL=1) both kernels wait first: session 3's variant (the down kernel
-    // streaming weights before its wait, the gate/up kernel triggering before reading the route)
-    // broke the wait chain, see pdl_enter in cuda_common.cuh
-    pdl_enter();
+    // under PDL (LUNAR_CUDA_PDL=1) both kernels wait before any load: session 3's variant (the down
+    // kernel streaming weights before its wait, the gate/up kernel triggering before reading the
+    // route) broke the wait chain. Before the wait only L2 prefetches of the block's weight rows
+    // (pf bytes at most, the rule in cuda_common.cuh): gate/up the shared expert's (kernel
+    // arguments only; slot 0's blocks); down its slot's expert, chosen by the route that the
+    // route kernel two launches back wrote (the gate/up kernel in between waited for it).
+    if (pf && threadIdx.x == 0) {
+        const int rows = min(RT * 16, a.R - (int)blockIdx.x * RT * 16);
+        const size_t r0 = (size_t)blockIdx.x * RT * 16;
+        int e = -1;
+        if (GATEUP) e = a.sb[0] && blockIdx.y == 0 ? a.E : -1;
+        else if ((int)blockIdx.y < a.counts[a.E]) e = a.active[blockIdx.y];
+        if (e == a.E && !MX && a.sb[0]) {
+            const uint32_t b = (uint32_t)min((size_t)pf / NM, (size_t)rows * a.K * 2) & ~15u;
+            for (int i = 0; i < NM; i++) pdl_prefetch_l2(a.sb[i] + r0 * a.K, b);
+        } else if (e >= 0 && e < a.E) {
+            const size_t estr = (size_t)a.R * a.K;
+            for (int i = 0; i < NM; i++) {
+                if (MX) {
+                    pdl_prefetch_l2(a.wq[i] + e * estr / 2 + r0 * (a.K / 2),
+                                    (uint32_t)min((size_t)pf / NM, (size_t)rows * a.K / 2) & ~15u);
+                    pdl_prefetch_l2(a.ws[i] + e * estr / 32 + r0 * (a.K / 32),
+                                    (uint32_t)((size_t)rows * a.K / 32) & ~15u);
+                } else {
+                    pdl_prefetch_l2(a.wb[i] + e * estr + r0 * a.K,
+                                    (uint32_t)min((size_t)pf / NM, (size_t)rows * a.K * 2) & ~15u);
+                }
+            }
+        }
+    }
+    pdl_wait();
     const int slot = blockIdx.y;
     if (slot >= a.counts[a.E]) return;
     const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
@@ -1016,7 +1043,8 @@ static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a);
+    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
+               lunar_cuda_pdl_prefetch_bytes(2));
 }
 
 template <int NT, bool MX, bool GATEUP>

@@ -41,6 +41,14 @@ int lunar_cuda_ready(void); /* 1 after a successful init */
  * LUNAR_CUDA_PDL=0; lunar_cuda_pdl_set(0 / 1) overrides it (tests), -1 returns to the env */
 int lunar_cuda_pdl_on(void);
 void lunar_cuda_pdl_set(int on);
+/* the weight prefetch before the PDL wait: 0 none (default), 1 the projections (gemv, KDA gate,
+ * MLA absorb), 2 also the MoE decode pair (LUNAR_PDL_PREFETCH); 0 whenever PDL is off. _set
+ * overrides (tests), -1 = env */
+int lunar_cuda_pdl_prefetch(void);
+void lunar_cuda_pdl_prefetch_set(int level);
+/* one block's prefetch bound in bytes for a kernel of prefetch level `level` (1 or 2): 0 when the
+ * current level is below it; LUNAR_PDL_PREFETCH_KB (default 4) */
+unsigned lunar_cuda_pdl_prefetch_bytes(int level);
 /* Name, SM count, L2 size, memory of the selected device (one line). */
 const char *lunar_cuda_describe(void);
 

@@ -107,6 +107,32 @@ extern "C" int lunar_cuda_pdl_on(void) {
     return pdl_state;
 }
 extern "C" void lunar_cuda_pdl_set(int on) { pdl_state = on < 0 ? -1 : on != 0; }
+// The weight prefetch before the PDL wait (cuda_common.cuh, issue 9): LUNAR_PDL_PREFETCH=0 (default)
+// none, 1 the projections' weights (gemv, KDA gate projection, MLA (un)absorption), 2 also the MoE
+// decode pair (gate/up: the shared expert's rows; down: the routed slice); read once. Off whenever
+// PDL is (a kernel launched plainly starts after its predecessor anyway). Opt-in: on the H200
+// (docs/benchmarks.md "Decode B = 1: weight prefetch under PDL") 32 KB per block was 4-5 % slower
+// at Kimi-Linear-48B B = 1 / 8 and the K3.1 slice, 1-4 KB 1.3 % faster at Kimi-Linear B = 1 only.
+static int pf_state = -1;
+extern "C" int lunar_cuda_pdl_prefetch(void) {
+    if (pf_state < 0) {
+        const char *e = getenv("LUNAR_PDL_PREFETCH");
+        pf_state = e && *e ? atoi(e) : 0;
+        if (pf_state < 0 || pf_state > 2) pf_state = 0;
+    }
+    return lunar_cuda_pdl_on() ? pf_state : 0;
+}
+extern "C" void lunar_cuda_pdl_prefetch_set(int level) { pf_state = level < 0 ? -1 : level > 2 ? 2 : level; }
+// the bound on one block's pre-wait prefetch: LUNAR_PDL_PREFETCH_KB (default 4, 1..1024), read once
+extern "C" unsigned lunar_cuda_pdl_prefetch_bytes(int level) {
+    static unsigned kb = 0;
+    if (!kb) {
+        const char *e = getenv("LUNAR_PDL_PREFETCH_KB");
+        const int v = e && *e ? atoi(e) : 4;
+        kb = v < 1 ? 1 : v > 1024 ? 1024 : (unsigned)v;
+    }
+    return lunar_cuda_pdl_prefetch() >= level ? kb * 1024u : 0u;
+}
 extern "C" const char *lunar_cuda_describe(void) { return rt.ready ? rt.desc : "not initialised"; }
 
 extern "C" void *lunar_cuda_alloc(size_t bytes) {
