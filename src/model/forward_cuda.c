@@ -686,7 +686,7 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
         cp_end(LUNAR_PROF_LATENT, t0);
     }
     t0 = cp_begin();
-    uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
+    uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * (I * 2 + 4)); /* + path 10's row factors */
     float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
     lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */

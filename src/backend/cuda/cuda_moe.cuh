@@ -146,5 +146,9 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool clu
 // The warp-team decode kernels (cuda_moe_dec.cu): both expert GEMMs over r's decode groups
 // (groups, counts[E + 2]); blocks: 0 = the resident capacity, else that many (tests).
 void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);
+// The FP8 tensor-core decode kernels (cuda_moe_f8.cu, path 10, MXFP4 only): both expert GEMMs for
+// n tokens / np permuted rows over `slots` active experts; uses ybuf (d.y) and hbuf's tail as
+// scratch (see cuda_moe_f8.cu's top note).
+void moe_f8_experts(const xargs &g, const xargs &d, int n, int np, int slots, cudaStream_t st);
 
 #endif

@@ -485,8 +485,11 @@ typedef struct lunar_cuda_moe_experts {
  * shapes it does not take run 4), 7 the same in clusters of 2 blocks sharing BF16 weight tiles by
  * TMA multicast (MXFP4: path 6), 8 the warp-team decode kernels (cuda_moe_dec.cu, n <= 64, MXFP4
  * and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 9 the same on 3 blocks only (tests: every warp
- * walks many units).
- * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
+ * walks many units), 10 the FP8 tensor-core decode kernels (cuda_moe_f8.cu: MXFP4 widened to
+ * e4m3, the activations split into two e4m3 terms by a pre-pass; n <= 64, BF16 falls back to 1;
+ * LUNAR_MOE_DECODE=f8 selects it in auto).
+ * hbuf: [n*k, I] bf16 followed by n*k floats (path 10's per-row factors), ybuf: [n*k, D] fp32
+ * scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
