@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 11; path++) {
+    for (int path = 1; path <= 10; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -364,7 +364,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "f8", "f8 wide"};
+                                      "v2 3 blocks", "f8"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -393,7 +393,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
  * ring crossing items and phases, the down items waiting on other blocks' gate/up). */
-#define ALL_DECODE (7 | 128 | 256 | 512 | 1024)
+#define ALL_DECODE (7 | 128 | 256 | 512)
 /* The wgmma kernels' shapes: M tiles of 1..128 rows (a warpgroup whose 64 rows are all past the
  * expert's end skips its products), K of 2 chunks (fewer than its copy stages: the prefetch runs
  * into the next items) to 18, 128- and 256-row weight tiles (D = 128 and 384 fall back to 128 in
@@ -411,7 +411,7 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG);
     experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG); /* 40 rows on each of 4 experts, 4 empty */
     experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | 512 | 1024 | WG);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | 512 | WG);
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */
@@ -666,8 +666,8 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
         free(yv);
         const float fused = mx ? time_experts(ybuf, hbuf, z, &w, &r, 3, 21, flush, fw) : 0.0f;
         /* the FP8 kernels (path 10, MXFP4 only), output against the pair's */
-        float f8 = 0.0f, f8w = 0.0f;
-        double f8err = 0.0, f8werr = 0.0;
+        float f8 = 0.0f;
+        double f8err = 0.0;
         if (mx) {
             lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
             f8 = time_experts(ybuf, hbuf, z, &w, &r, 10, 21, flush, fw);
@@ -675,21 +675,14 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
             float *yf = dl_f32(acc, (long)n * D);
             f8err = lunar_max_rel_err(yf, yp, (long)n * D);
             free(yf);
-            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-            f8w = time_experts(ybuf, hbuf, z, &w, &r, 11, 21, flush, fw);
-            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
-            yf = dl_f32(acc, (long)n * D);
-            f8werr = lunar_max_rel_err(yf, yp, (long)n * D);
-            free(yf);
         }
         free(yp);
         const double bytes = touched * ebytes, floor_us = bytes / BW * 1e6, mfloor_us = bytes / g_read_bw * 1e6;
         printf("| %-26s | %2d | %3d | %7.1f | %6.1f | %6.1f | %7.1f | %5.2f | %7.1f | %5.2f | %7.1f | **%5.2f** | %5.0f | "
-               "%5.0f | %7.1f | %.1g | %.1g | %7.1f | %5.2f | %.1g |\n",
+               "%5.0f | %7.1f | %.1g | %.1g |\n",
                label, n, touched, bytes / 1e6, floor_us, mfloor_us, pair * 1e3, pair * 1e3 / mfloor_us, v2 * 1e3,
                v2 * 1e3 / mfloor_us, f8 * 1e3, f8 * 1e3 / mfloor_us, bytes / (pair * 1e-3) / 1e9,
-               f8 > 0 ? bytes / (f8 * 1e-3) / 1e9 : 0.0, fused * 1e3, err, f8err, f8w * 1e3, f8w * 1e3 / mfloor_us,
-               f8werr);
+               f8 > 0 ? bytes / (f8 * 1e-3) / 1e9 : 0.0, fused * 1e3, err, f8err);
         lunar_cuda_release(m2);
     }
     lunar_cuda_release(mark);
@@ -811,15 +804,15 @@ TEST(cuda_moe_bench) {
            "the distinct touched experts (packed + scales, or bf16) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
            "floor(m) = bytes / the GEMV read rate above. pair = the decode kernel pair (path 1), v2 = the\n"
            "warp-team kernels (path 8), fused = the fused persistent kernel (path 3, MXFP4 only), f8 = the\n"
-           "FP8 tensor-core kernels (path 10, MXFP4 only), f8w = the same on 256-column chunks (path 11).\n\n",
+           "FP8 tensor-core kernels (path 10, MXFP4 only).\n\n",
            BW / 1e12);
     g_flush_x = dalloc(4096 * 2), g_flush_y = dalloc((fw * 2 / 4096) * 4);
     lunar_cuda_fill_u32(g_flush_x, 0, 4096 / 2);
     g_flush_clean = 1;
     if (decode) {
         printf("| shape | n | exp | MB | floor us | floor(m) us | pair us | pair/floor(m) | v2 us | v2/floor(m) | f8 us | "
-               "f8/floor(m) | pair GB/s | f8 GB/s | fused us | v2 vs pair | f8 vs pair | f8w us | f8w/floor(m) | f8w vs pair |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "f8/floor(m) | pair GB/s | f8 GB/s | fused us | v2 vs pair | f8 vs pair |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         bench_shape(896, 16, 3584, 3072, 1, "K3.1 (3584, 3072)", flush, fw);
         bench_shape(896, 16, 3584, 384, 1, "K3.1 TP8 (3584, 384)", flush, fw);
         bench_shape(256, 8, 2304, 1024, 0, "Kimi-Linear bf16 (2304, 1024)", flush, fw);

@@ -1066,7 +1066,6 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : v && !strcmp(v, "v2")  ? 8
                   : v && !strcmp(v, "pair") ? 1
                   : v && !strcmp(v, "f8")  ? 10
-                  : v && !strcmp(v, "f8w") ? 11
                                            : 0;
         }
         const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
@@ -1089,9 +1088,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         }
         path = n > 64 ? (pre ? pre : w->mxfp4 ? 4 : 6) : dec ? dec : auto_dec;
     }
-    if ((path == 3 || path >= 10) && !w->mxfp4) path = 1;  // the fused and FP8 kernels take MXFP4 only
-    // paths 1, 3, 8-11: decode kernels (n <= 64); 2 and 4-7: the grouped GEMMs (any n)
-    CUDA_REQUIRE(path >= 1 && path <= 11 && (path == 2 || (path >= 4 && path <= 7) || n <= 64));
+    if ((path == 3 || path == 10) && !w->mxfp4) path = 1;  // the fused and FP8 kernels take MXFP4 only
+    // paths 1, 3, 8, 9, 10: decode kernels (n <= 64); 2 and 4-7: the grouped GEMMs (any n)
+    CUDA_REQUIRE(path >= 1 && path <= 10 && (path == 2 || (path >= 4 && path <= 7) || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || path >= 8)));
     cudaStream_t st = to_stream(s);
@@ -1109,8 +1108,8 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     xargs d = a;
     d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2, d.sb[0] = w->s2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
-    if (path >= 10) {
-        moe_f8_experts(g, d, n, np, np < w->E ? np : w->E, path == 11, st);
+    if (path == 10) {
+        moe_f8_experts(g, d, n, np, np < w->E ? np : w->E, st);
     } else if (path >= 8) {
         moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 9 ? 3 : 0, st);
     } else if (path == 3) {

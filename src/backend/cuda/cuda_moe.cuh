@@ -148,7 +148,7 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool clu
 void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);
 // The FP8 tensor-core decode kernels (cuda_moe_f8.cu, path 10, MXFP4 only): both expert GEMMs for
 // n tokens / np permuted rows over `slots` active experts; uses ybuf (d.y) and hbuf's tail as
-// scratch (see cuda_moe_f8.cu's top note). wide (path 11): 256-column chunks where K % 256 == 0.
-void moe_f8_experts(const xargs &g, const xargs &d, int n, int np, int slots, bool wide, cudaStream_t st);
+// scratch (see cuda_moe_f8.cu's top note).
+void moe_f8_experts(const xargs &g, const xargs &d, int n, int np, int slots, cudaStream_t st);
 
 #endif

@@ -118,18 +118,16 @@ __global__ void __launch_bounds__(256) moe_x8_kernel(const uint16_t *src, uint8_
     }
 }
 
-// CP: 16-byte copies per row and lane per chunk: 1 = chunks of 128 columns (4 scale blocks, 64
-// contiguous bytes per row, as the pair), 2 = 256 columns (128 bytes per row: path 11, the test of
-// whether the DRAM run length rather than the instruction count binds). Stages: 4 and 3.
+#define F8_STAGES 4
 // grid (row tiles, active-expert slots), block 128 = 4 warps = RT row tiles of 16 weight rows x S
 // k-splits, as the decode pair's kernel (cuda_moe.cu moe_decode_kernel, whose cp.async ring this
 // keeps): per chunk of 128 columns a lane copies the 16 bytes of block c of its rows g and g + 8
 // (and their scale words) into a slot swizzled by (g >> 1) & 3, so that the quad's reads of word c
 // of each block b (4-byte loads, 16 g + 4 (b ^ swz) + c) hit 32 distinct banks. a.x: the pre-pass's
 // split rows (2 K bytes each); fac: their factors. Tokens in groups of 8 (one mma n tile).
-template <bool GATEUP, int S, int CP>
-__global__ void __launch_bounds__(128, CP == 1 ? 4 : 3) moe_f8_kernel(xargs a, const float *fac) {
-    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4, ST = CP == 1 ? 4 : 3, NB = 4 * CP, CB = 64 * CP;
+template <bool GATEUP, int S>
+__global__ void __launch_bounds__(128, 4) moe_f8_kernel(xargs a, const float *fac) {
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4, ST = F8_STAGES;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     pdl_enter();
@@ -140,7 +138,7 @@ __global__ void __launch_bounds__(128, CP == 1 ? 4 : 3) moe_f8_kernel(xargs a, c
     const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT + rt;
     const bool tile_ok = tile * 16 < a.R;
-    const int J = a.K / (128 * CP), j0 = ks * J / S, j1 = (ks + 1) * J / S;
+    const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
     const int ra = tile * 16 + g, rb = ra + 8;
     const size_t estr = (size_t)a.R * a.K;
     const uint8_t *x8 = (const uint8_t *)a.x;
@@ -164,57 +162,50 @@ __global__ void __launch_bounds__(128, CP == 1 ? 4 : 3) moe_f8_kernel(xargs a, c
                 sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
                 sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
             }
-            uint4 *rw = (uint4 *)ring;                                 // [ST][2 NM][CP][128]
-            uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * CP * 128);  // [ST][2 NM][CP][128]
+            uint4 *rw = (uint4 *)ring;                            // [ST][2 NM][128]
+            uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // [ST][2 NM][128]
             auto issue = [&](int j) {
                 if (j < j1) {
                     const int st = (j - j0) % ST;
 #pragma unroll
-                    for (int i = 0; i < NM; i++)
-#pragma unroll
-                        for (int u = 0; u < CP; u++) {
-                            const int pa = ((st * 2 * NM + 2 * i) * CP + u) * 128, pb = pa + CP * 128;
-                            cp_async16(rw + pa + myslot, qa[i] + (size_t)j * CB + u * 64);
-                            cp_async16(rw + pb + myslot, qb[i] + (size_t)j * CB + u * 64);
-                            cp_async4(rs + pa + tid, sa[i] + (size_t)j * NB + 4 * u);
-                            cp_async4(rs + pb + tid, sb[i] + (size_t)j * NB + 4 * u);
-                        }
+                    for (int i = 0; i < NM; i++) {
+                        cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + myslot, qa[i] + (size_t)j * 64);
+                        cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + myslot, qb[i] + (size_t)j * 64);
+                        cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                        cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                    }
                 }
                 cp_async_commit();
             };
 #pragma unroll
             for (int p = 0; p < ST; p++) issue(j0 + p);
-            uint4 xv[NB];
+            uint4 xv[4];
             auto load_x = [&](int j, uint4 *dst) {
 #pragma unroll
-                for (int b = 0; b < NB; b++)
-                    dst[b] = tok_ok ? __ldg((const uint4 *)(xr + (size_t)(NB * j + b) * 64)) : make_uint4(0, 0, 0, 0);
+                for (int b = 0; b < 4; b++)
+                    dst[b] = tok_ok ? __ldg((const uint4 *)(xr + (size_t)(4 * j + b) * 64)) : make_uint4(0, 0, 0, 0);
             };
             load_x(j0, xv);
             for (int j = j0; j < j1; j++) {
                 const int st = (j - j0) % ST;
                 cp_async_wait<ST - 1>();
                 __syncwarp();  // the quad's other lanes copied the words this lane reads
-                uint4 nx[NB];
+                uint4 nx[4];
                 if (j + 1 < j1) load_x(j + 1, nx);
 #pragma unroll
-                for (int i = 0; i < NM; i++)
-#pragma unroll
-                for (int u = 0; u < CP; u++) {
-                    const int pla = ((st * 2 * NM + 2 * i) * CP + u) * 128, plb = pla + CP * 128;
-                    const uint32_t *pa = (const uint32_t *)(rw + pla + wbase + 4 * g);
-                    const uint32_t *pb = (const uint32_t *)(rw + plb + wbase + 4 * g);
-                    const uint32_t wsa = rs[pla + tid];
-                    const uint32_t wsb = rs[plb + tid];
+                for (int i = 0; i < NM; i++) {
+                    const uint32_t *pa = (const uint32_t *)(rw + (st * 2 * NM + 2 * i) * 128 + wbase + 4 * g);
+                    const uint32_t *pb = (const uint32_t *)(rw + (st * 2 * NM + 2 * i + 1) * 128 + wbase + 4 * g);
+                    const uint32_t wsa = rs[(st * 2 * NM + 2 * i) * 128 + tid];
+                    const uint32_t wsb = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
 #pragma unroll
                     for (int b = 0; b < 4; b++) {
-                        const uint4 x = xv[4 * u + b];
                         uint32_t la, ha, lb, hb;
                         e4m3_of(pa[4 * (b ^ swz) + c], la, ha);
                         e4m3_of(pb[4 * (b ^ swz) + c], lb, hb);
                         float d[4];
-                        mma_e4m3(d, zero, la, lb, ha, hb, x.z, x.w);  // x2 first: the small terms
-                        mma_e4m3(d, d, la, lb, ha, hb, x.x, x.y);
+                        mma_e4m3(d, zero, la, lb, ha, hb, xv[b].z, xv[b].w);  // x2 first: the small terms
+                        mma_e4m3(d, d, la, lb, ha, hb, xv[b].x, xv[b].y);
                         const float fa = b == 0 ? e8m0_f32<0>(wsa) : b == 1 ? e8m0_f32<1>(wsa)
                                        : b == 2 ? e8m0_f32<2>(wsa) : e8m0_f32<3>(wsa);
                         const float fb = b == 0 ? e8m0_f32<0>(wsb) : b == 1 ? e8m0_f32<1>(wsb)
@@ -229,7 +220,7 @@ __global__ void __launch_bounds__(128, CP == 1 ? 4 : 3) moe_f8_kernel(xargs a, c
                 issue(j + ST);
                 if (j + 1 < j1) {
 #pragma unroll
-                    for (int b = 0; b < NB; b++) xv[b] = nx[b];
+                    for (int b = 0; b < 4; b++) xv[b] = nx[b];
                 }
             }
             cp_async_wait<0>();
@@ -272,47 +263,38 @@ __global__ void __launch_bounds__(128, CP == 1 ? 4 : 3) moe_f8_kernel(xargs a, c
     }
 }
 
-template <bool GATEUP, int S, int CP>
+template <bool GATEUP, int S>
 static void f8_launch_s(const xargs &a, const float *fac, int slots, cudaStream_t st) {
-    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4, stages = CP == 1 ? 4 : 3;
-    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)stages * 2 * (GATEUP ? 2 : 1) * CP * 128 * 20;
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)F8_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20;
     static bool attr = false;
     if (!attr && smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_f8_kernel<GATEUP, S, CP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_f8_kernel<GATEUP, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         attr = true;
     }
-    launch_pdl(moe_f8_kernel<GATEUP, S, CP>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a, fac);
+    launch_pdl(moe_f8_kernel<GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a, fac);
 }
 
-// wide: 256-column chunks where K allows (K % 256 == 0), else 128
 template <bool GATEUP>
-static void f8_launch(const xargs &a, const float *fac, int slots, bool wide, cudaStream_t st) {
-    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;  // as the decode pair (chunks of 128)
-    if (wide && a.K % 256 == 0) {
-        if (S == 4) f8_launch_s<GATEUP, 4, 2>(a, fac, slots, st);
-        else if (S == 2) f8_launch_s<GATEUP, 2, 2>(a, fac, slots, st);
-        else f8_launch_s<GATEUP, 1, 2>(a, fac, slots, st);
-    } else if (S == 4) {
-        f8_launch_s<GATEUP, 4, 1>(a, fac, slots, st);
-    } else if (S == 2) {
-        f8_launch_s<GATEUP, 2, 1>(a, fac, slots, st);
-    } else {
-        f8_launch_s<GATEUP, 1, 1>(a, fac, slots, st);
-    }
+static void f8_launch(const xargs &a, const float *fac, int slots, cudaStream_t st) {
+    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;  // as the decode pair
+    if (S == 4) f8_launch_s<GATEUP, 4>(a, fac, slots, st);
+    else if (S == 2) f8_launch_s<GATEUP, 2>(a, fac, slots, st);
+    else f8_launch_s<GATEUP, 1>(a, fac, slots, st);
 }
 
-void moe_f8_experts(const xargs &g, const xargs &d, int n, int np, int slots, bool wide, cudaStream_t st) {
+void moe_f8_experts(const xargs &g, const xargs &d, int n, int np, int slots, cudaStream_t st) {
     uint8_t *gx8 = (uint8_t *)d.y;  // ybuf: written by the down kernel only, after
     float *gfac = (float *)(gx8 + (size_t)n * g.K * 2);
     launch_pdl(moe_x8_kernel, dim3(n), dim3(256), 0, st, g.x, gx8, gfac, g.K);
     xargs g8 = g;
     g8.x = (const uint16_t *)gx8;
-    f8_launch<true>(g8, gfac, slots, wide, st);
+    f8_launch<true>(g8, gfac, slots, st);
     uint8_t *hx8 = (uint8_t *)g.h;  // in place
     float *hfac = (float *)(hx8 + (size_t)np * d.K * 2);
     launch_pdl(moe_x8_kernel, dim3(np), dim3(256), 0, st, (const uint16_t *)g.h, hx8, hfac, d.K);
     xargs d8 = d;
     d8.x = (const uint16_t *)hx8;
-    f8_launch<false>(d8, hfac, slots, wide, st);
+    f8_launch<false>(d8, hfac, slots, st);
 }
