@@ -1,0 +1,27 @@
+#!/usr/bin/env python3
+# The per-kernel table of one decode step from an Nsight Compute CSV (gpu__time_duration.sum, dram__bytes_read.sum;
+# see docs/benchmarks.md "Session 6, call 3"): tools/device/ncu_step.py FILE.csv[.gz] STEP, STEP indexing the
+# embedding launches that start each forward (-3 = the third from last).
+import csv, gzip, collections, sys
+rows = [r for r in csv.reader((gzip.open(sys.argv[1], "rt") if sys.argv[1].endswith(".gz") else open(sys.argv[1]))) if len(r) > 10]
+h = rows[0]
+ki = h.index("Kernel Name"); vi = h.index("Metric Value"); ii = h.index("ID"); mi = h.index("Metric Name")
+k = collections.OrderedDict()
+for r in rows[1:]:
+    d = k.setdefault(int(r[ii]), {"name": r[ki]})
+    d[r[mi]] = float(r[vi].replace(',', ''))
+ids = sorted(k)
+emb = [i for i in ids if k[i]["name"].startswith("void embedding_kernel")]
+s = emb[int(sys.argv[2])]; e = emb[int(sys.argv[2]) + 1]
+step = [i for i in ids if s <= i < e]
+print("step kernels", len(step), "ids", s, e - 1)
+agg = collections.OrderedDict(); tt = tb = 0
+for i in step:
+    d = k[i]; n = d["name"].split("(")[0].replace("void ", "")
+    t = d.get("gpu__time_duration.sum", 0) / 1e3; b = d.get("dram__bytes_read.sum", 0) / 1e6
+    a = agg.setdefault(n, [0, 0, 0]); a[0] += 1; a[1] += t; a[2] += b; tt += t; tb += b
+print("sum of kernel times %.1f us, DRAM read %.1f MB, read floor at 4.2 TB/s %.1f us" % (tt, tb, tb / 4.2e6 * 1e6))
+print("| kernel | launches | us | MB read | GB/s | us / launch |")
+print("|---|---|---|---|---|---|")
+for n, (c, t, b) in sorted(agg.items(), key=lambda x: -x[1][1]):
+    print("| `%s` | %d | %.1f | %.1f | %.0f | %.2f |" % (n[:60], c, t, b, b / t * 1e3 if t else 0, t / c))
