@@ -82,7 +82,8 @@ constexpr int kGvRows = 4, kGvWarps = 8;
 /* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
 constexpr long long kGvMaxElems = 64ll << 20;
 
-template <int NR, typename TY, typename TX>
+/* U: the loads of W a warp has in flight (the unroll of its stream) */
+template <int NR, int U, typename TY, typename TX>
 __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
                                                             int in, int split, uint32_t pf) {
     __shared__ float red[kGvWarps][NR];
@@ -100,7 +101,7 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
     if (o < out) {
         const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
-#pragma unroll 4
+#pragma unroll U
         for (int i = part * 32 + lane; i < n8; i += 32 * split) {
             const uint4 wv = __ldcs(w4 + i); /* streamed once: not kept in L1 */
 #pragma unroll
@@ -129,18 +130,50 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     }
 }
 
+/* LUNAR_GEMV_DEEP=1 (opt-in, A/B): 8 loads in flight per warp instead of 4, and the split chosen so
+ * the grid fits one wave of resident blocks where some split does. The per-kernel table of a decode
+ * step (docs/benchmarks.md, session 6 call 3) has the one-token projections at 2.0-3.2 TB/s: o_proj
+ * (2304 x 4096) takes split 4 = 1152 blocks, 1.09 waves of 1056, its second wave a 96-block tail. */
+static int gemv_deep(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_GEMV_DEEP") && strcmp(getenv("LUNAR_GEMV_DEEP"), "1") == 0;
+    return v;
+}
+static int gemv_wave_blocks(void) {
+    static int b = 0;
+    if (!b) {
+        int dev = 0, sms = 0, thr = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&thr, cudaDevAttrMaxThreadsPerMultiProcessor, dev));
+        b = sms * (thr / (kGvWarps * 32));
+    }
+    return b;
+}
+
 template <typename TY, typename TX>
 static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
     /* ~8K warps fill the H200 (132 SMs x 64); fewer outputs share each one among up to 8 warps,
      * each warp keeping at least one 512-byte stretch of its row per pass */
+    const int deep = gemv_deep();
     int split = 1;
-    while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
+    if (deep) {
+        const int wave = gemv_wave_blocks();
+        while (split < kGvWarps && in / 8 >= 32 * split * 2 * 2 &&
+               (out + kGvWarps / (split * 2) - 1) / (kGvWarps / (split * 2)) <= wave)
+            split *= 2;
+    } else {
+        while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
+    }
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
-    switch (n) {
-#define GV_CASE(R)                                                                                   \
-    case R:                                                                                          \
-        launch_pdl(gemv_kernel<R, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
+    switch (n * 2 + deep) {
+#define GV_CASE(R)                                                                                              \
+    case 2 * R:                                                                                                 \
+        launch_pdl(gemv_kernel<R, 4, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
+        break;                                                                                                  \
+    case 2 * R + 1:                                                                                             \
+        launch_pdl(gemv_kernel<R, 8, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
         break;
         GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
 #undef GV_CASE
