@@ -248,11 +248,14 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * against bf16's 2^-9, so the q part of the logit error is ~32x the bf16 case's ~1e-3 (~3e-2
      * of a logit); the probabilities move by that relative, and o, a weighted mean of random rows,
      * by ~3e-2 x its spread over sqrt(effective positions) > 1 mostly: 8e-2 allowed (measured
-     * 0.0511 worst); a wrong kernel is off by O(1). */
+     * 0.0511 worst); a wrong kernel is off by O(1). "tn": heads as wgmma's N, 32 per block (H = 96 and
+ * 128 run 3 and 4 blocks, 40 two of 20), q as q8x2's two terms, P and V bf16 as the others: the
+ * q8x2 bound. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2},
         {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2},
         {NULL, NULL, "q8", " wgmma fp8 one q term", 8e-2},
+        {NULL, NULL, "tn", " wgmma fp8 heads as N", 1.5e-2},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2}};

@@ -162,13 +162,15 @@ static void bench_decode(void) {
  * MMA), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the default selection, same data, same
  * process. Floors: the e4m3 latent bytes at 4.3 TB/s; the MMA work of the widen / two-term path
  * (heads padded to 64 per block, 2 x (576 + 512) flop per head and position at 790 TFLOP/s: the
- * two e4m3 S terms cost one bf16 S). */
+ * two e4m3 S terms cost one bf16 S). Round 2: tn = LUNAR_MLA_WGMMA_FP8=tn (heads as wgmma's N, 32
+ * per block, S in e4m3 at n64 = both q terms): its own MMA floor, tn mma, is 64 x 576 e4m3 (at
+ * 2 x 790 TFLOP/s) + 32 x 512 bf16 per 32-head block and position. */
 static void bench_decode_fp8(void) {
     printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; wgmma = LUNAR_MLA_DECODE=wgmma with "
-           "LUNAR_MLA_WGMMA_FP8 unset (widen) / q8x2 / q8; default = no variable)\n\n");
-    printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | wgmma widen | of floor | wgmma q8x2 | of floor | "
-           "wgmma q8 | of floor | default | q8x2 vs widen | q8x2 vs new |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "LUNAR_MLA_WGMMA_FP8 unset (widen) / q8x2 / q8 / tn; default = no variable)\n\n");
+    printf("| H | B | context | floor (4.3 TB/s) | mma floor | tn mma | new | wgmma widen | of floor | wgmma q8x2 | of floor | "
+           "wgmma q8 | of floor | wgmma tn | of floor | default | tn vs widen | tn vs default |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Hs[] = {12, 32, 64, 96};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
     for (int hi = 0; hi < 4; hi++)
@@ -187,15 +189,18 @@ static void bench_decode_fp8(void) {
             const float us_1 = time_us(call_decode, &m, 9);
             setenv("LUNAR_MLA_WGMMA_FP8", "q8x2", 1);
             const float us_2 = time_us(call_decode, &m, 9);
+            setenv("LUNAR_MLA_WGMMA_FP8", "tn", 1);
+            const float us_t = time_us(call_decode, &m, 9);
             unsetenv("LUNAR_MLA_WGMMA_FP8");
             unsetenv("LUNAR_MLA_DECODE");
             const float us_d = time_us(call_decode, &m, 9);
             const double floor = (double)B * L * 576 / BW * 1e6;
             const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
-            printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | %.0f%% | "
-                   "%.1f us | %.2fx | %.2fx |\n",
-                   H, B, L / 1024, floor, mma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
-                   100.0 * floor / us_1, us_d, us_w / us_2, us_new / us_2);
+            const double tmma = (double)B * L * ((H + 31) / 32 * 32) * 2.0 * (576 / 2.0 + 512) / MMA * 1e6;
+            printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | "
+                   "%.0f%% | %.1f us | %.0f%% | %.1f us | %.2fx | %.2fx |\n",
+                   H, B, L / 1024, floor, mma, tmma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
+                   100.0 * floor / us_1, us_t, 100.0 * floor / us_t, us_d, us_w / us_t, us_d / us_t);
             fflush(stdout);
             lunar_cuda_release(mark);
         }

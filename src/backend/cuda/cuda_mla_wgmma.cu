@@ -703,15 +703,292 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
     }
 }
 
+// FP8 pages, heads as the N side (opt-in: LUNAR_MLA_WGMMA_FP8=tn; up to 32 heads per block). The
+// kernels above put heads on wgmma's M = 64, so H = 32 (Kimi-Linear) pays the matrix work of 64
+// and, per 64-position tile, 2 x (576 + 512) x 64 x 64 flop at 64 heads take ~1.49 us at 790
+// TFLOP/s against the 1.13 us the tile's 36,864 e4m3 bytes take at 4.3 TB/s: 70 % of that floor
+// would need the MMA ~92 % busy with nothing else on the critical path. Transposed, the positions
+// take M and the heads N:
+//  - S^T [64 positions x 64] = C [64 x 576] (A: the e4m3 tile as it lands, K-major, the q8
+//    kernel's 5 swizzled boxes) x [q_hi; q_lo]^T (B: 32 heads' hi terms in rows 0..31 and their lo
+//    terms in rows 32..63, the q8x2 quantisation): one m64n64k32 e4m3 chain gives both terms of
+//    32 heads, so S costs 64 x 64 x 576 at the FP8 rate (a quarter of the padded bf16 S). The two
+//    warpgroups split the 18 k-steps (9 each) and swap their partial sums through shared memory.
+//  - the softmax runs down the columns (max over the 64 positions of a head: 3 shuffles, then the
+//    4 warps through shared memory); P^T goes to shared memory as bf16 (heads x positions,
+//    K-major core matrices);
+//  - O^T [512 dims x 32 heads] += V^T P^T: A = the widened bf16 V tile read M-major (imm-trans-a,
+//    the swizzled layout the other kernels read N-major for PV), B = P^T; warpgroup w owns dims
+//    256 w .. 256 w + 255 as 4 m64n32 accumulators (64 registers instead of 128).
+// Per tile the MMA is 64 x 64 x 576 e4m3 + 512 x 32 x 64 bf16, ~1.1 us at the dense peaks (half
+// the padded form's); shared-memory traffic ~340 KB (tile 36 in, widening 32 + 64, S operands
+// 72, partials 32, P 8, PV operands 96). A thread's S columns and O columns are the same heads
+// (8j + 2t + c), so the running maxima and rescale factors never leave the thread.
+// Shared memory: Q 40 KB + two e4m3 stages 80 + V bf16 64 + P^T 4 + partials 16 + 1 = 206 KB.
+namespace tn {
+constexpr int kH = 32;                              // heads per block
+constexpr int kBox = 8192, kStage = 5 * kBox;
+constexpr int q_off = 0;                            // 5 boxes: rows 0..31 hi, 32..63 lo
+constexpr int raw_off = 5 * kBox;                   // two e4m3 stages
+constexpr int v_off = raw_off + 2 * kStage;         // 8 boxes of 64 dims bf16
+constexpr int p_off = v_off + 8 * kBox;             // P^T: 4 groups of 8 heads x 64 positions bf16
+constexpr int x_off = p_off + 4 * 1024;             // S partials: [2 wg][16][128] floats
+constexpr int red_off = x_off + 2 * 16 * 128 * 4;   // [2 wg][4 warps][32 heads] floats
+constexpr int sq_off = red_off + 2 * 4 * kH * 4;    // [32] floats
+constexpr int bar_off = sq_off + kH * 4;
+constexpr size_t smem = (size_t)bar_off + 2 * 8 + 1024;
+static_assert(smem <= 232448, "227 KB of shared memory per block");
+__device__ __forceinline__ void wg_bar(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+} // namespace tn
+
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_tn_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using namespace tn;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + red_off);
+    float *xs = reinterpret_cast<float *>(smem + x_off);
+    float *sqs = reinterpret_cast<float *>(smem + sq_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, wq = warp & 3, g = lane >> 2,
+              t = lane & 3, ti = tid & 127;
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    const uint32_t bars = sb + bar_off;
+    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions (as the q8 kernel)
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i & 1) * 8, dst = sb + raw_off + (i & 1) * kStage;
+        if (lane == 0) mbar_expect_tx(bar, kStage);
+        __syncwarp();
+        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
+    };
+    if (tid == 0) {
+        mbar_init(bars, 1), mbar_init(bars + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid < 32) issue_tma(0), issue_tma(1);
+
+    // Q: warp w quantises heads w, w + 8, .. (q8x2: one scale amax / 448 per head, hi + lo / 16);
+    // hi to row r, lo to row 32 + r; heads past nh are zero (scale 0)
+    for (int r = warp; r < kH; r += kThreads / 32) {
+        float4 x[5];
+        float amax = 0.0f;
+        const size_t qr = (size_t)row * a.H + h0 + r;
+#pragma unroll
+        for (int k = 0; k < 5; k++) {
+            const int w = lane + 32 * k;
+            x[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < nh && w < kRow / 4)
+                x[k] = w < kR / 4 ? reinterpret_cast<const float4 *>(a.q_lat + qr * kR)[w]
+                                  : reinterpret_cast<const float4 *>(a.q_pe + qr * kP)[w - kR / 4];
+            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(x[k].x), fabsf(x[k].y)), fmaxf(fabsf(x[k].z), fabsf(x[k].w))));
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+        if (lane == 0) sqs[r] = amax / 448.0f;
+#pragma unroll
+        for (int k = 0; k < 5; k++) {
+            const int w = lane + 32 * k;
+            if (w >= kRow / 4) continue;
+            const float4 v = make_float4(x[k].x * inv, x[k].y * inv, x[k].z * inv, x[k].w * inv);
+            const uint32_t h01 = q8::e4m3x2(v.x, v.y), h23 = q8::e4m3x2(v.z, v.w);
+            const float2 b01 = q8::e4m3x2_f2(h01), b23 = q8::e4m3x2_f2(h23);
+            const uint32_t hi = h01 | h23 << 16;
+            const uint32_t lo = q8::e4m3x2((v.x - b01.x) * 16.0f, (v.y - b01.y) * 16.0f) |
+                                q8::e4m3x2((v.z - b23.x) * 16.0f, (v.w - b23.y) * 16.0f) << 16;
+            const int d = 4 * w; // box d / 128 (the rope dims 512..575: box 4, bytes 0..63)
+            *reinterpret_cast<uint32_t *>(smem + q_off + (d >> 7) * kBox + q8::sw_byte(r, d & 127)) = hi;
+            *reinterpret_cast<uint32_t *>(smem + q_off + (d >> 7) * kBox + q8::sw_byte(kH + r, d & 127)) = lo;
+        }
+    }
+    fence_async_smem();
+    __syncthreads();
+    // this thread's heads: column 8j + 2t + c (j = 0..3, c = 0..1) of S^T and of O^T, index 2j + c
+    float fh[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) fh[i] = sqs[8 * (i >> 1) + 2 * t + (i & 1)] * a.scale2;
+
+    float o[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.0f;
+    float m[8], l[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) m[i] = -INFINITY, l[i] = 0.0f;
+    const uint64_t dq = desc_sw(sb + q_off, 16, 1024);
+    const uint64_t dp = desc(sb + p_off, 128, 1024);
+    const int p0 = 16 * wq + g; // this thread's positions in the tile: p0 (e = 0), p0 + 8 (e = 1)
+
+    for (int it = 0; it < ntiles; it++) {
+        const int t0 = begin + it * kTile, nvalid = min(kTile, end - t0);
+        __syncthreads(); // both warpgroups are done with PV of tile it - 1: V and P^T are free
+        mbar_wait(bars + (it & 1) * 8, (uint32_t)(it >> 1) & 1);
+        const uint32_t raw = sb + raw_off + (it & 1) * kStage;
+
+        // S^T partial over k-steps 9 wg .. 9 wg + 8 (32 bytes each: box ks / 4 at 32 (ks & 3)),
+        // left running while V is widened
+        float s[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) s[i] = 0.0f;
+        fence_acc<32>(s);
+        wgmma_fence();
+        {
+            const uint64_t dc = desc_sw(raw, 16, 1024);
+#pragma unroll
+            for (int k = 0; k < 9; k++) {
+                const int ks = 9 * wg + k;
+                const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+                wgmma_m64n64_e4m3(s, dc + off, dq + off, k > 0);
+            }
+        }
+        wgmma_commit();
+        // widen V (dims 0..511) to bf16 in the swizzled layout (as the q8 kernel); rows past the end zero
+#pragma unroll 2
+        for (int c = tid; c < kTile * (kR / 16); c += kThreads) {
+            const int blk = c >> 5, ll = c & 31, rg = blk >> 3, ug = blk & 7;
+            const int r = rg * 8 + (ll & 7), u = ug * 4 + (ll >> 3);
+            uint4 v = lds128(raw + (u >> 3) * kBox + r * 128 + ((((u & 7) ^ r) & 7) << 4));
+            if (r >= nvalid) v = make_uint4(0, 0, 0, 0);
+            const uint32_t d = sb + v_off;
+            sts128(d + sw_off(r, 2 * u), e4m3x2_bf16x2(v.x, 0x1404), e4m3x2_bf16x2(v.x, 0x3424),
+                   e4m3x2_bf16x2(v.y, 0x1404), e4m3x2_bf16x2(v.y, 0x3424));
+            sts128(d + sw_off(r, 2 * u + 1), e4m3x2_bf16x2(v.z, 0x1404), e4m3x2_bf16x2(v.z, 0x3424),
+                   e4m3x2_bf16x2(v.w, 0x1404), e4m3x2_bf16x2(v.w, 0x3424));
+        }
+        fence_async_smem();
+        wgmma_wait<0>();
+        fence_acc<32>(s);
+        // s[4j + 2e + c]: position p0 + 8e, column 8j + 2t + c: hi terms for j < 4, lo for j >= 4
+        float sv[16]; // index (2j + c) * 2 + e: head column 8j + 2t + c, position p0 + 8e
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float v = s[4 * j + 2 * e + c] + s[4 * (j + 4) + 2 * e + c] * 0.0625f;
+                    sv[(2 * j + c) * 2 + e] = v;
+                    xs[(wg * 16 + (2 * j + c) * 2 + e) * 128 + ti] = v;
+                }
+        __syncthreads(); // partials in; V widened; the e4m3 stage is read by both S chains: free
+        if (tid < 32) issue_tma(it + 2);
+        float mx[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const float v = (sv[2 * i + e] + xs[((1 - wg) * 16 + 2 * i + e) * 128 + ti]) * fh[i];
+                sv[2 * i + e] = t0 + p0 + 8 * e < end ? v : -INFINITY;
+            }
+            mx[i] = fmaxf(sv[2 * i], sv[2 * i + 1]);
+#pragma unroll
+            for (int x = 4; x <= 16; x <<= 1) mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], x));
+        }
+        if (g == 0) {
+#pragma unroll
+            for (int i = 0; i < 8; i++) red[(wg * 4 + wq) * kH + 8 * (i >> 1) + 2 * t + (i & 1)] = mx[i];
+        }
+        wg_bar(wg);
+        float al[8];
+        bool moved = false;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const int h = 8 * (i >> 1) + 2 * t + (i & 1);
+            const float* rr = red + wg * 4 * kH + h;
+            const float mt = fmaxf(fmaxf(rr[0], rr[kH]), fmaxf(rr[2 * kH], rr[3 * kH]));
+            // the tile has a valid position, so the new maximum is finite (for finite inputs)
+            const float mn = fmaxf(m[i], mt);
+            al[i] = exp2f(m[i] - mn);
+            moved |= al[i] != 1.0f;
+            m[i] = mn;
+            const float e0 = exp2f(sv[2 * i] - mn), e1 = exp2f(sv[2 * i + 1] - mn);
+            l[i] = l[i] * al[i] + e0 + e1;
+            // P^T element (head h, position p): group h / 8, chunk p / 8, row h & 7, column p & 7;
+            // warpgroup w writes the positions of e = w (both hold the same values)
+            const int p = p0 + 8 * wg;
+            *reinterpret_cast<__nv_bfloat16 *>(smem + p_off + (h >> 3) * 1024 + (p >> 3) * 128 + (h & 7) * 16 +
+                                               (p & 7) * 2) = __float2bfloat16_rn(wg ? e1 : e0);
+        }
+        if (__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+            for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) o[16 * mb + 4 * j + 2 * e + c] *= al[2 * j + c];
+        }
+        fence_async_smem();
+        __syncthreads(); // all of P^T is written
+
+        // O^T[256 wg + 64 mb .., heads] += V^T P^T: A = V box 4 wg + mb read M-major (stride 1024 =
+        // the next 8 positions; a k-step of 16 positions is 2048 B), B = P^T (a k-step is 2 chunks)
+        fence_acc<64>(o);
+        wgmma_fence();
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++) {
+            const uint64_t dv = desc_sw(sb + v_off + (4 * wg + mb) * kBox, 8192, 1024);
+#pragma unroll
+            for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n32_ta(o + 16 * mb, dv + 128 * ks, dp + 16 * ks, 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_acc<64>(o);
+    }
+
+    // l: this thread's positions -> the warp's (shuffles over g) -> the 4 warps (warpgroup 0's
+    // copy; warpgroup 1 computed the same sums)
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+#pragma unroll
+        for (int x = 4; x <= 16; x <<= 1) l[i] += __shfl_xor_sync(0xffffffffu, l[i], x);
+    __syncthreads(); // nobody reads red any more
+    if (wg == 0 && g == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) red[wq * kH + 8 * (i >> 1) + 2 * t + (i & 1)] = l[i];
+    }
+    __syncthreads();
+    const bool direct = a.splits == 1;
+    const float os = direct ? a.out_scale : 1.0f;
+    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int h = 8 * (i >> 1) + 2 * t + (i & 1);
+        const float lt = red[h] + red[kH + h] + red[2 * kH + h] + red[3 * kH + h];
+        const float f = (lt > 0.0f ? 1.0f / lt : 0.0f) * os;
+        if (h >= nh) continue;
+        const size_t hr = (size_t)row * a.H + h0 + h;
+        // o[16 mb + 4j + 2e + c]: dim 256 wg + 64 mb + 16 wq + g + 8e, head 8j + 2t + c
+#pragma unroll
+        for (int mb = 0; mb < 4; mb++)
+#pragma unroll
+            for (int e = 0; e < 2; e++)
+                base[hr * kR + 256 * wg + 64 * mb + 16 * wq + g + 8 * e] = o[16 * mb + 4 * (i >> 1) + 2 * e + (i & 1)] * f;
+        if (!direct && wg == 0 && wq == 0 && g == 0) {
+            float *lse = a.lse_part + (size_t)split * a.rows * a.H;
+            lse[hr] = lt > 0.0f ? m[i] + log2f(lt) : -INFINITY;
+        }
+    }
+}
+
 struct Plan {
     int hb, hpb, splits, chunk;
 };
 // Heads: ceil(H / 64) blocks of equal size (H = 96: 2 x 48). Splits of the context: as the
 // mma.sync kernel's plan, minimise (waves of one-block-per-SM blocks) x (tiles per split + ~3 tiles
 // of fixed cost per block: the 64 x 576 q load, pipeline fill, partial write).
-Plan plan(int rows, int H, int max_n) {
+// per: heads per block at most (64; the heads-as-N kernel 32).
+Plan plan(int rows, int H, int max_n, int per = kM) {
     Plan p;
-    p.hb = (H + kM - 1) / kM;
+    p.hb = (H + per - 1) / per;
     p.hpb = (H + p.hb - 1) / p.hb;
     const int tiles = max_n > 0 ? (max_n + kTile - 1) / kTile : 1;
     const double units = (double)rows * p.hb, sms = lunar_mla_sm_count();
@@ -760,6 +1037,15 @@ bool make_tmap(CUtensorMap *m, const void *latent, bool fp8, bool sw) {
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+void launch_tn(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_tn_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tn::smem));
+        attr = true;
+    }
+    wgmma_decode_tn_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, tn::smem, s>>>(a, tm);
+    CUDA_CHECK_LAUNCH();
+}
 template <int NQ> void launch_q8(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
@@ -791,21 +1077,26 @@ bool env_is(const char *name, const char *v) {
 } // namespace
 
 size_t lunar_mla_wgmma_ws(int rows, int H, int max_n) {
-    const Plan p = plan(rows, H, max_n);
-    return p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
+    // the larger of the two plans (64 or 32 heads per block): LUNAR_MLA_WGMMA_FP8 is read per call
+    const Plan p = plan(rows, H, max_n), q = plan(rows, H, max_n, tn::kH);
+    const int splits = p.splits > q.splits ? p.splits : q.splits;
+    return splits > 1 ? (size_t)splits * rows * H * (kR + 1) * sizeof(float) : 0;
 }
 
 void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_cache *c,
                             const int32_t *row_seq, const int32_t *lens, int max_n, int rows, int H, float scale,
                             void *ws, cudaStream_t s) {
     CUDA_REQUIRE(rows <= 65535);
-    const Plan p = plan(rows, H, max_n);
+    const bool fp8 = c->dtype == LUNAR_CUDA_KV_FP8;
+    // LUNAR_MLA_WGMMA_FP8=tn (FP8 pages, opt-in): heads as wgmma's N, 32 per block
+    const bool tn_on = fp8 && env_is("LUNAR_MLA_WGMMA_FP8", "tn") && !env_is("LUNAR_MLA_WGMMA_SW", "0") &&
+                       !env_is("LUNAR_MLA_WGMMA_TMA", "0");
+    const Plan p = plan(rows, H, max_n, tn_on ? tn::kH : kM);
     Args a;
     a.o = o;
     a.q_lat = q_lat, a.q_pe = q_pe, a.cache = (const unsigned char *)c->latent, a.bt = c->block_tables;
     a.max_blocks = c->max_blocks, a.row_seq = row_seq, a.lens = lens;
     a.rows = rows, a.H = H, a.hpb = p.hpb, a.chunk = p.chunk, a.splits = p.splits;
-    const bool fp8 = c->dtype == LUNAR_CUDA_KV_FP8;
     const float kv = fp8 ? c->scale : 1.0f;
     a.scale2 = scale * kv * 1.4426950408889634f;
     a.out_scale = kv;
@@ -831,7 +1122,13 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // with the swizzled tiles
     // and bulk copies only
     const int nq = env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") ? 2 : env_is("LUNAR_MLA_WGMMA_FP8", "q8") ? 1 : 0;
-    if (fp8 && sw && nq > 0 && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
+    if (tn_on && make_tmap_q8(&tm, c->latent)) {
+        if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
+            static bool seen = false;
+            if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, heads as N (32 per block)\n"), seen = true;
+        }
+        launch_tn(a, tm, p, s);
+    } else if (fp8 && sw && nq > 0 && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
             if (!(seen & nq)) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, %d q term(s)\n", nq), seen |= nq;

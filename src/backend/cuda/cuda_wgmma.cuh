@@ -75,6 +75,18 @@ __device__ __forceinline__ void wgmma_m64n32_e4m3(float *d, uint64_t da, uint64_
                  : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// D[64 x 32] (+)= A[64 x 16] B[16 x 32] with A M-major (imm-trans-a: A's 64 rows contiguous, as a
+// [K][M] tile read transposed) and B K-major; scale_d as wgmma_m64n32
+__device__ __forceinline__ void wgmma_m64n32_ta(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, %16, %17, p, 1, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
+
 // the "+f" operands of 64 (WG_ACC64) accumulators d[i..i+63] of a wgmma, in order
 #define WG_ACC8(d, i)                                                                                      \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), \
@@ -82,6 +94,17 @@ __device__ __forceinline__ void wgmma_m64n32_e4m3(float *d, uint64_t da, uint64_
 #define WG_ACC64(d, i)                                                                                     \
     WG_ACC8(d, i), WG_ACC8(d, i + 8), WG_ACC8(d, i + 16), WG_ACC8(d, i + 24), WG_ACC8(d, i + 32),          \
         WG_ACC8(d, i + 40), WG_ACC8(d, i + 48), WG_ACC8(d, i + 56)
+
+// D[64 x 64] (+)= A[64 x 32] B[32 x 64], e4m3 x e4m3 -> fp32, both K-major (as wgmma_m64n32_e4m3)
+__device__ __forceinline__ void wgmma_m64n64_e4m3(float *d, uint64_t da, uint64_t db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, %32, %33, p, 1, 1;\n}\n"
+                 : WG_ACC8(d, 0), WG_ACC8(d, 8), WG_ACC8(d, 16), WG_ACC8(d, 24)
+                 : "l"(da), "l"(db), "r"(scale_d));
+}
 
 // D[64 x 128] (+)= A[64 x 16] B[16 x 128] (as wgmma_m64n32)
 template <int TB> __device__ __forceinline__ void wgmma_m64n128(float *d, uint64_t da, uint64_t db, int scale_d) {
