@@ -164,7 +164,7 @@ static void bench_decode(void) {
  * (heads padded to 64 per block, 2 x (576 + 512) flop per head and position at 790 TFLOP/s: the
  * two e4m3 S terms cost one bf16 S). Round 2: tn = LUNAR_MLA_WGMMA_FP8=tn (heads as wgmma's N, 32
  * per block, S in e4m3 at n64 = both q terms): its own MMA floor, tn mma, is 64 x 576 e4m3 (at
- * 2 x 790 TFLOP/s) + 32 x 512 bf16 per 32-head block and position. */
+ * 2 x 790 TFLOP/s, = 32 x 576 bf16) + 32 x 512 bf16 per 32-head block and position. */
 static void bench_decode_fp8(void) {
     printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; wgmma = LUNAR_MLA_DECODE=wgmma with "
            "LUNAR_MLA_WGMMA_FP8 unset (widen) / q8x2 / q8 / tn; default = no variable)\n\n");
@@ -196,7 +196,7 @@ static void bench_decode_fp8(void) {
             const float us_d = time_us(call_decode, &m, 9);
             const double floor = (double)B * L * 576 / BW * 1e6;
             const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
-            const double tmma = (double)B * L * ((H + 31) / 32 * 32) * 2.0 * (576 / 2.0 + 512) / MMA * 1e6;
+            const double tmma = (double)B * L * ((H + 31) / 32 * 32) * 2.0 * (576 + 512) / MMA * 1e6;
             printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | "
                    "%.0f%% | %.1f us | %.0f%% | %.1f us | %.2fx | %.2fx |\n",
                    H, B, L / 1024, floor, mma, tmma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
