@@ -725,6 +725,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 // 72, partials 32, P 8, PV operands 96). A thread's S columns and O columns are the same heads
 // (8j + 2t + c), so the running maxima and rescale factors never leave the thread.
 // Shared memory: Q 40 KB + two e4m3 stages 80 + V bf16 64 + P^T 4 + partials 16 + 1 = 206 KB.
+// Measured (session 6, round 2): correct (q8x2's errors), but 0.97-1.06x the widening kernel at
+// H = 12 / 32 and 0.50-0.81x at H = 64 / 96 (each 32-head block loads the tiles again): halving
+// the MMA and ~20 % of the shared-memory bytes bought nothing, so neither binds. The FP8 tile
+// costs ~1.1 us more than a bf16 one (twice the bytes) in every variant: the V widening (ALU
+// issue, ~4 operations per pair of bytes) is serial with both products. Kept opt-in as the
+// 160-register base for overlapping that widening in a third warpgroup (docs/benchmarks.md,
+// "MLA decode, FP8 pages, round 2").
 namespace tn {
 constexpr int kH = 32;                              // heads per block
 constexpr int kBox = 8192, kStage = 5 * kBox;
