@@ -20,6 +20,9 @@ for f in cuda_matmul_bf16 cuda_forward_graphs; do
   LUNAR_GEMV_DEEP=1 OMP_NUM_THREADS=16 timeout 90 $P/bin/lunar_tests $f > $OUT/deep_$f.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/deep_$f.log | cut -c1-200 | tail -4 >> $T
 done
+step "LUNAR_MLA_SPLIT_COST=24 lunar_tests cuda_mla"
+LUNAR_MLA_SPLIT_COST=24 OMP_NUM_THREADS=16 timeout 90 $P/bin/lunar_tests cuda_mla > $OUT/split_mla.log 2>&1; echo "rc=$?" >> $T
+grep -E 'FAILED|passed, |CHECK' $OUT/split_mla.log | cut -c1-200 | tail -4 >> $T
 K=configs/kimi-linear-48b-a3b.json
 S="configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers 10 --project-layers 93"
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
@@ -32,11 +35,11 @@ timeout 120 $P/bin/lunar bench $S --load-format dummy --backend cuda --input-len
   --contexts 8192 > $OUT/k3_table.log 2>&1
 echo "rc=$?" >> $T; grep -A4 '^prefill' $OUT/k3_table.log | head -3 >> $T; tpot $OUT/k3_table.log >> $T; grep -i 'project' $OUT/k3_table.log | head -3 >> $T
 for r in 1 2; do
-  for d in 0 1; do
-    step "KL48 decode LUNAR_GEMV_DEEP=$d round $r"
-    LUNAR_GEMV_DEEP=$d timeout 90 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
-      --batch-sizes 1,8 --contexts 1024 --steps 32 > $OUT/deep${d}_$r.log 2>&1
-    echo "rc=$? $(tpot $OUT/deep${d}_$r.log)" >> $T
+  for v in LUNAR_NONE=0 LUNAR_GEMV_DEEP=1 LUNAR_MLA_SPLIT_COST=24; do
+    step "KL48 decode $v round $r"
+    env $v timeout 90 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
+      --batch-sizes 1,8 --contexts 1024 --steps 32 > $OUT/ab_${v%%=*}_$r.log 2>&1
+    echo "rc=$? $(tpot $OUT/ab_${v%%=*}_$r.log)" >> $T
   done
 done
 if [ "${NCU:-0}" = 1 ]; then
@@ -49,5 +52,5 @@ if [ "${NCU:-0}" = 1 ]; then
   head -14 $OUT/ncu_table.md >> $T
 fi
 step done
-(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=final.txt --exclude='ncu_dec.csv.gz' -- * && rm -rf check t_* deep_* deep?_* kl_* k3_* ncu_dec.err)
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=final.txt --exclude='ncu_dec.csv.gz' -- * && rm -rf check t_* deep_* split_* ab_* kl_* k3_* ncu_dec.err)
 cat $T
