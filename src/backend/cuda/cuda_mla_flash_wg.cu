@@ -73,6 +73,112 @@ __device__ __forceinline__ uint64_t desc_sw(uint32_t addr, uint32_t lbo, uint32_
 // byte offset of 16-byte chunk j (dims 8j .. 8j + 7, j < 24) of row r in the swizzled boxes
 __device__ __forceinline__ int sw_off(int r, int j) { return (j >> 3) * kBox + r * 128 + (((j & 7) ^ (r & 7)) << 4); }
 
+// ---- pieces both kernels share (thread t of a quad, rows ra / rb: the accumulator layout) ----
+// chunk j of Q row r (of the block's BM) as bf16 into the swizzled boxes; rows >= n zero (finite
+// scores, never stored)
+__device__ __forceinline__ void q_row_chunk(unsigned char *smem, const FArgs &a, int h, int i0, int r, int j) {
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (i0 + r < a.n) {
+        const float4 *src = reinterpret_cast<const float4 *>(a.q + ((size_t)(i0 + r) * a.H + h) * kQK + j * 8);
+        const float4 x0 = src[0], x1 = src[1];
+        v = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w), pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
+    }
+    *reinterpret_cast<uint4 *>(smem + kQOff + sw_off(r, j)) = v;
+}
+// the softmax state the previous key chunk left (l: one thread of the four holds the row's sum), or zero
+__device__ __forceinline__ void load_state(const FArgs &a, int h, int ra, int rb, int t, float (&o)[64],
+                                           float (&m)[2], float (&l)[2]) {
+    if (a.first) {
+#pragma unroll
+        for (int i = 0; i < 64; i++) o[i] = 0.f;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        const int r = e ? rb : ra;
+        if (r < a.n) {
+            m[e] = a.ml[((size_t)r * a.H + h) * 2];
+            l[e] = t == 0 ? a.ml[((size_t)r * a.H + h) * 2 + 1] : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            float2 v = make_float2(0.f, 0.f);
+            if (r < a.n) v = *reinterpret_cast<const float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t);
+            o[4 * k + 2 * e] = v.x, o[4 * k + 2 * e + 1] = v.y;
+        }
+    }
+}
+// keys past a row's position masked (s[4k + 2e + c]: row ra / rb by e, key kb + 8k + 2t + c)
+__device__ __forceinline__ void mask_causal(float (&s)[64], int kb, int pos0, int ra, int rb, int t) {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+#pragma unroll
+            for (int c = 0; c < 2; c++)
+                if (kb + 8 * k + 2 * t + c > pos0 + (e ? rb : ra)) s[4 * k + 2 * e + c] = -INFINITY;
+}
+// online softmax in the log2 domain (sl = scale * log2 e) over a tile's 128 keys, which lie in the 4
+// threads of a quad: s becomes P, m and l move on, alpha is O's rescale
+__device__ __forceinline__ void softmax_tile(float (&s)[64], float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                             float sl) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 16; k++) mx = fmaxf(mx, fmaxf(s[4 * k + 2 * e], s[4 * k + 2 * e + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mn = fmaxf(m[e], mx * sl);
+        const float base = mn == -INFINITY ? 0.f : mn; // a row with nothing seen yet: no inf - inf
+        alpha[e] = exp2f(m[e] - base);
+        m[e] = mn;
+        float sum = 0.f;
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float p = exp2f(fmaf(s[4 * k + 2 * e + c], sl, -base));
+                s[4 * k + 2 * e + c] = p;
+                sum += p;
+            }
+        l[e] = l[e] * alpha[e] + sum;
+    }
+}
+// P as the register A operand of the PV wgmma: keys 16j .. 16j + 15 are accumulators 8j .. 8j + 7
+__device__ __forceinline__ void pack_p(uint32_t (&pa)[8][4], const float (&s)[64]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        pa[j][0] = pack_bf16(s[8 * j], s[8 * j + 1]);
+        pa[j][1] = pack_bf16(s[8 * j + 2], s[8 * j + 3]);
+        pa[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
+        pa[j][3] = pack_bf16(s[8 * j + 6], s[8 * j + 7]);
+    }
+}
+// P's registers written before the wgmma fence (as the accumulators are)
+__device__ __forceinline__ void fence_p(uint32_t (&pa)[8][4]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3])::"memory");
+}
+// O (normalised after the last key chunk) and otherwise the state the next chunk starts from
+__device__ __forceinline__ void store_state(const FArgs &a, int h, int ra, int rb, int t, const float (&o)[64],
+                                            const float (&m)[2], float (&l)[2]) {
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 1);
+        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 2);
+        const int r = e ? rb : ra;
+        if (r >= a.n) continue;
+        const float inv = a.last ? 1.0f / l[e] : 1.0f;
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+            *reinterpret_cast<float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t) =
+                make_float2(o[4 * k + 2 * e] * inv, o[4 * k + 2 * e + 1] * inv);
+        if (!a.last && t == 0) a.ml[((size_t)r * a.H + h) * 2] = m[e], a.ml[((size_t)r * a.H + h) * 2 + 1] = l[e];
+    }
+}
+
 // grid (H, query tiles): the heads vary fastest, so the first wave holds every head's longest rows
 // (the causal imbalance); KV row r / Kpe row r = position k0 + r (tkv: [rows][H * 256] bf16,
 // tpe: [rows][64] bf16, boxes 64 x 128 with the 128-byte swizzle)
@@ -107,41 +213,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     };
     if (tid == 0 && nkt > 0) issue(0);
 
-    // Q rows i0 .. i0 + 127 of head h as bf16; rows >= n zero (finite scores, never stored)
+    // Q rows i0 .. i0 + 127 of head h
     for (int c = tid; c < BM * (kQK / 8); c += kThreads) {
         const int r = c / (kQK / 8), j = c - r * (kQK / 8);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (i0 + r < a.n) {
-            const float4 *src = reinterpret_cast<const float4 *>(a.q + ((size_t)(i0 + r) * a.H + h) * kQK + j * 8);
-            const float4 x0 = src[0], x1 = src[1];
-            v = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w), pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
-        }
-        *reinterpret_cast<uint4 *>(smem + kQOff + sw_off(r, j)) = v;
+        q_row_chunk(smem, a, h, i0, r, j);
     }
     fence_async_smem(); // published to wgmma by the loop's first barrier
 
     // o[4k + 2e + c]: row rr + 8e, column 8k + 2t + c (the wgmma accumulator layout)
     float o[64];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    if (a.first) {
-#pragma unroll
-        for (int i = 0; i < 64; i++) o[i] = 0.f;
-    } else { // the state left by the previous chunk (l: one thread of the four holds the row's sum)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int r = e ? rb : ra;
-            if (r < a.n) {
-                m[e] = a.ml[((size_t)r * a.H + h) * 2];
-                l[e] = t == 0 ? a.ml[((size_t)r * a.H + h) * 2 + 1] : 0.f;
-            }
-#pragma unroll
-            for (int k = 0; k < 16; k++) {
-                float2 v = make_float2(0.f, 0.f);
-                if (r < a.n) v = *reinterpret_cast<const float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t);
-                o[4 * k + 2 * e] = v.x, o[4 * k + 2 * e + 1] = v.y;
-            }
-        }
-    }
+    load_state(a, h, ra, rb, t, o, m, l);
     // this warpgroup's 64 rows: 8-row groups 1024 B apart inside each box
     const uint64_t dq = desc_sw(sb + kQOff + wg * 64 * 128, 16, 1024);
 
@@ -168,53 +250,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_wait<0>();
         fence_acc<64>(s);
 
-        if (kb + BN - 1 > qlo + 64 * wg) { // the diagonal (or the pad past L) crosses this warpgroup's rows
+        if (kb + BN - 1 > qlo + 64 * wg) // the diagonal (or the pad past L) crosses this warpgroup's rows
+            mask_causal(s, kb, a.pos0, ra, rb, t);
+        float alpha[2];
+        softmax_tile(s, m, l, alpha, a.sl);
 #pragma unroll
-            for (int k = 0; k < 16; k++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++)
-                        if (kb + 8 * k + 2 * t + c > a.pos0 + (e ? rb : ra)) s[4 * k + 2 * e + c] = -INFINITY;
-        }
-        // online softmax in the log2 domain (sl = scale * log2 e); the row's 128 keys lie in the
-        // 4 threads of a quad
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int k = 0; k < 16; k++) mx = fmaxf(mx, fmaxf(s[4 * k + 2 * e], s[4 * k + 2 * e + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[e], mx * a.sl);
-            const float base = mn == -INFINITY ? 0.f : mn; // a row with nothing seen yet: no inf - inf
-            const float alpha = exp2f(m[e] - base);
-            m[e] = mn;
-            float sum = 0.f;
-#pragma unroll
-            for (int k = 0; k < 16; k++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float p = exp2f(fmaf(s[4 * k + 2 * e + c], a.sl, -base));
-                    s[4 * k + 2 * e + c] = p;
-                    sum += p;
-                }
-            l[e] = l[e] * alpha + sum;
-#pragma unroll
-            for (int k = 0; k < 16; k++) o[4 * k + 2 * e] *= alpha, o[4 * k + 2 * e + 1] *= alpha;
-        }
-        // P as the register A operand: keys 16j .. 16j + 15 are accumulators 8j .. 8j + 7
+        for (int k = 0; k < 16; k++)
+            o[4 * k] *= alpha[0], o[4 * k + 1] *= alpha[0], o[4 * k + 2] *= alpha[1], o[4 * k + 3] *= alpha[1];
         uint32_t pa[8][4];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            pa[j][0] = pack_bf16(s[8 * j], s[8 * j + 1]);
-            pa[j][1] = pack_bf16(s[8 * j + 2], s[8 * j + 3]);
-            pa[j][2] = pack_bf16(s[8 * j + 4], s[8 * j + 5]);
-            pa[j][3] = pack_bf16(s[8 * j + 6], s[8 * j + 7]);
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) // P's registers are written before the fence (as the accumulators)
-            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3])::"memory");
+        pack_p(pa, s);
+        fence_p(pa);
         fence_acc<64>(o);
         wgmma_fence();
         const uint64_t dv = desc_sw(st + 3 * kBox, kBox, 1024);
@@ -225,19 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_acc<64>(o);
     }
 
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 1);
-        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 2);
-        const int r = e ? rb : ra;
-        if (r >= a.n) continue;
-        const float inv = a.last ? 1.0f / l[e] : 1.0f;
-#pragma unroll
-        for (int k = 0; k < 16; k++)
-            *reinterpret_cast<float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t) =
-                make_float2(o[4 * k + 2 * e] * inv, o[4 * k + 2 * e + 1] * inv);
-        if (!a.last && t == 0) a.ml[((size_t)r * a.H + h) * 2] = m[e], a.ml[((size_t)r * a.H + h) * 2 + 1] = l[e];
-    }
+    store_state(a, h, ra, rb, t, o, m, l);
 }
 
 // ---- The producer / consumer variant (the default; LUNAR_MLA_FLASH=wgmma runs the kernel above) ----
@@ -307,40 +340,14 @@ __global__ void __launch_bounds__(kThreadsPP, 1)
     const int rr = 64 * wg + 16 * warp + g, ra = i0 + rr, rb = ra + 8;
 
     // this warpgroup's 64 rows of Q (only it reads them)
-    for (int c = tid & 127; c < 64 * (kQK / 8); c += 128) {
-        const int r = 64 * wg + c / (kQK / 8), j = c % (kQK / 8);
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (i0 + r < a.n) {
-            const float4 *src = reinterpret_cast<const float4 *>(a.q + ((size_t)(i0 + r) * a.H + h) * kQK + j * 8);
-            const float4 x0 = src[0], x1 = src[1];
-            v = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x0.z, x0.w), pack_bf16(x1.x, x1.y), pack_bf16(x1.z, x1.w));
-        }
-        *reinterpret_cast<uint4 *>(smem + kQOff + sw_off(r, j)) = v;
-    }
+    for (int c = tid & 127; c < 64 * (kQK / 8); c += 128)
+        q_row_chunk(smem, a, h, i0, 64 * wg + c / (kQK / 8), c % (kQK / 8));
     fence_async_smem();
     bar_sync(1 + wg, 128);
 
     float o[64];
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    if (a.first) {
-#pragma unroll
-        for (int i = 0; i < 64; i++) o[i] = 0.f;
-    } else {
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int r = e ? rb : ra;
-            if (r < a.n) {
-                m[e] = a.ml[((size_t)r * a.H + h) * 2];
-                l[e] = t == 0 ? a.ml[((size_t)r * a.H + h) * 2 + 1] : 0.f;
-            }
-#pragma unroll
-            for (int k = 0; k < 16; k++) {
-                float2 v = make_float2(0.f, 0.f);
-                if (r < a.n) v = *reinterpret_cast<const float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t);
-                o[4 * k + 2 * e] = v.x, o[4 * k + 2 * e + 1] = v.y;
-            }
-        }
-    }
+    load_state(a, h, ra, rb, t, o, m, l);
     const uint64_t dq = desc_sw(sb + kQOff + wg * 64 * 128, 16, 1024);
     if (wg == 1) bar_arrive(3, 256); // the first warpgroup takes the first turn
     uint32_t pa[8][4];               // P of the previous tile, the A operand of its PV
@@ -355,9 +362,7 @@ __global__ void __launch_bounds__(kThreadsPP, 1)
 #pragma unroll
         for (int i = 0; i < 64; i++) sc[i] = 0.f;
         fence_acc<64>(sc);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3])::"memory");
+        fence_p(pa);
         fence_acc<64>(o);
         bar_sync(3 + wg, 256); // this warpgroup's turn to issue
         wgmma_fence();
@@ -380,58 +385,21 @@ __global__ void __launch_bounds__(kThreadsPP, 1)
         if (lane == 0) mbar_arrive(eK + 8 * s); // this warp is done with K_kt
 
         const int kb = a.k0 + kt * BN;
-        if (kb + BN - 1 > qlo + 64 * wg) {
-#pragma unroll
-            for (int k = 0; k < 16; k++)
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++)
-                        if (kb + 8 * k + 2 * t + c > a.pos0 + (e ? rb : ra)) sc[4 * k + 2 * e + c] = -INFINITY;
-        }
+        if (kb + BN - 1 > qlo + 64 * wg) mask_causal(sc, kb, a.pos0, ra, rb, t);
         float alpha[2];
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int k = 0; k < 16; k++) mx = fmaxf(mx, fmaxf(sc[4 * k + 2 * e], sc[4 * k + 2 * e + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            const float mn = fmaxf(m[e], mx * a.sl);
-            const float base = mn == -INFINITY ? 0.f : mn;
-            alpha[e] = exp2f(m[e] - base);
-            m[e] = mn;
-            float sum = 0.f;
-#pragma unroll
-            for (int k = 0; k < 16; k++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float p = exp2f(fmaf(sc[4 * k + 2 * e + c], a.sl, -base));
-                    sc[4 * k + 2 * e + c] = p;
-                    sum += p;
-                }
-            l[e] = l[e] * alpha[e] + sum;
-        }
+        softmax_tile(sc, m, l, alpha, a.sl);
         wgmma_wait<0>(); // PV_{kt-1}: O and P's registers are free
         fence_acc<64>(o);
         if (kt > 0 && lane == 0) mbar_arrive(eV + 8 * ps);
 #pragma unroll
         for (int k = 0; k < 16; k++)
             o[4 * k] *= alpha[0], o[4 * k + 1] *= alpha[0], o[4 * k + 2] *= alpha[1], o[4 * k + 3] *= alpha[1];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            pa[j][0] = pack_bf16(sc[8 * j], sc[8 * j + 1]);
-            pa[j][1] = pack_bf16(sc[8 * j + 2], sc[8 * j + 3]);
-            pa[j][2] = pack_bf16(sc[8 * j + 4], sc[8 * j + 5]);
-            pa[j][3] = pack_bf16(sc[8 * j + 6], sc[8 * j + 7]);
-        }
+        pack_p(pa, sc);
     }
     if (nkt > 0) { // the last tile's PV
         const int ps = (nkt - 1) & 1;
         mbar_wait(fV + 8 * ps, (uint32_t)((nkt - 1) >> 1) & 1);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            asm volatile("" : "+r"(pa[j][0]), "+r"(pa[j][1]), "+r"(pa[j][2]), "+r"(pa[j][3])::"memory");
+        fence_p(pa);
         fence_acc<64>(o);
         wgmma_fence();
         const uint64_t dv = desc_sw(sb + kVOff + ps * kVStage, kBox, 1024);
@@ -443,19 +411,7 @@ __global__ void __launch_bounds__(kThreadsPP, 1)
     }
     if (wg == 0) bar_sync(3, 256); // the second warpgroup's last turn hand-over (the barriers end balanced)
 
-#pragma unroll
-    for (int e = 0; e < 2; e++) {
-        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 1);
-        l[e] += __shfl_xor_sync(0xffffffffu, l[e], 2);
-        const int r = e ? rb : ra;
-        if (r >= a.n) continue;
-        const float inv = a.last ? 1.0f / l[e] : 1.0f;
-#pragma unroll
-        for (int k = 0; k < 16; k++)
-            *reinterpret_cast<float2 *>(a.o + ((size_t)r * a.H + h) * kV + 8 * k + 2 * t) =
-                make_float2(o[4 * k + 2 * e] * inv, o[4 * k + 2 * e + 1] * inv);
-        if (!a.last && t == 0) a.ml[((size_t)r * a.H + h) * 2] = m[e], a.ml[((size_t)r * a.H + h) * 2 + 1] = l[e];
-    }
+    store_state(a, h, ra, rb, t, o, m, l);
 }
 
 // a [rows][cols] bf16 matrix (row stride ld elements) in boxes of 64 x 128 with the 128-byte swizzle
