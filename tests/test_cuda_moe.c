@@ -353,7 +353,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 12; path++) {
+    for (int path = 1; path <= 15; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -364,7 +364,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "ring8", "ring5b", "ring6"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -388,14 +388,17 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only, 8 the warp-team
  * decode kernels, 9 the same on 3 blocks: 24 warps walk every unit, their rings crossing units,
  * 10 path 6 with the BF16 proxy fences in the producer, 11 the same one chunk later, 12 path 6
- * with the fast GLU epilogue (BF16 cases only: MXFP4 runs path 6 for all three),
+ * with the fast GLU epilogue (BF16 cases only: MXFP4 runs path 6 for all three), 13-15 the pair
+ * with the MXFP4 copy rings 1-3 (8 stages, 4 stages x 5 blocks, 6 stages; the scale words copied
+ * once per warp; BF16 runs path 1): every decode case, chunks per warp below, equal to and above
+ * the ring's depth (K = 256 .. 1152: 2-9 chunks at S = 1, 2, 4),
  * split-K teams of 1, 2 and 4 warps as the unit count and K pick them; K = 128 and 384 end on a
  * half MXFP4 stage). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
  * ring crossing items and phases, the down items waiting on other blocks' gate/up). */
-#define ALL_DECODE (7 | 128 | 256)
+#define ALL_DECODE (7 | 128 | 256 | RINGS)
 /* The wgmma kernels' shapes: M tiles of 1..128 rows (a warpgroup whose 64 rows are all past the
  * expert's end skips its products), K of 2 chunks (fewer than its copy stages: the prefetch runs
  * into the next items) to 18, 128- and 256-row weight tiles (D = 128 and 384 fall back to 128 in
@@ -405,6 +408,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * (2 chunks), its consumer warpgroup 2 idles on tiles of <= 64 rows (n = 1, 5, 13, 130 on 4
  * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
 #define WG (8 | 16 | 32)
+#define RINGS (4096 | 8192 | 16384)
 #define WSF (512 | 1024 | 2048)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
@@ -414,7 +418,13 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG);
     experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG); /* 40 rows on each of 4 experts, 4 empty */
     experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | WG);
+    /* rings 1 and 3 run only where a warp has > 4 chunks (else ring 0): gate/up K = 4736: 37
+     * chunks, 9-10 per warp at S = 4, every ring (4, 6, 8 stages) wrapping; K = 2816: 5-6 per warp
+     * (ring 1 all in flight, ring 3 wrapping or not); the down kernel at K = 2560: 5 per warp */
+    experts_case(3, 2, 4, 4736, 128, 1, 0, 0, ALL_DECODE);
+    experts_case(2, 2, 4, 2816, 128, 1, 1, 0, ALL_DECODE);
+    experts_case(9, 2, 4, 128, 2560, 1, 1, 1, ALL_DECODE);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | RINGS | WG);
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */
@@ -617,7 +627,8 @@ static uint16_t *bench_bf16(size_t nw, uint32_t seed) {
     return b;
 }
 
-static void bench_shape(int E, int k, int D, int I, int mx, const char *label, void *flush, size_t fw) {
+/* nb: the first nb of the batch sizes below (LUNAR_MOE_BENCH=decode1: batch 1 only) */
+static void bench_shape(int E, int k, int D, int I, int mx, const char *label, void *flush, size_t fw, unsigned nb) {
     size_t mark = lunar_cuda_mark();
     lunar_cuda_moe_experts w;
     memset(&w, 0, sizeof w);
@@ -637,7 +648,7 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
     /* one expert's bytes */
     const double ebytes = mx ? 3.0 * I * D / 2 + 3.0 * I * D / 32 : 3.0 * I * D * 2;
     static const int batches[] = {1, 8, 16, 32, 64};
-    for (unsigned b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+    for (unsigned b = 0; b < sizeof batches / sizeof batches[0] && b < nb; b++) {
         const int n = batches[b];
         size_t m2 = lunar_cuda_mark();
         lunar_cuda_moe_route r;
@@ -666,12 +677,27 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *yv = dl_f32(acc, (long)n * D);
         const double err = lunar_max_rel_err(yv, yp, (long)n * D);
-        free(yp), free(yv);
+        free(yv);
         const float fused = mx ? time_experts(ybuf, hbuf, z, &w, &r, 3, 21, flush, fw) : 0.0f;
+        /* the pair with the MXFP4 copy rings 1-3 (paths 13-15), their worst output error vs the pair */
+        float ring_ms[3] = {0, 0, 0};
+        double ring_err = 0;
+        for (int q = 0; mx && q < 3; q++) {
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
+            ring_ms[q] = time_experts(ybuf, hbuf, z, &w, &r, 13 + q, 21, flush, fw);
+            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+            float *yr = dl_f32(acc, (long)n * D);
+            const double e = lunar_max_rel_err(yr, yp, (long)n * D);
+            ring_err = e > ring_err ? e : ring_err;
+            free(yr);
+        }
+        free(yp);
         const double bytes = touched * ebytes, floor_us = bytes / BW * 1e6, mfloor_us = bytes / g_read_bw * 1e6;
-        printf("| %-26s | %2d | %3d | %7.1f | %6.1f | %6.1f | %7.1f | %5.2f | %7.1f | **%5.2f** | %5.0f | %5.0f | %7.1f | %.1g |\n",
+        printf("| %-26s | %2d | %3d | %7.1f | %6.1f | %6.1f | %7.1f | %5.2f | %7.1f | **%5.2f** | %5.0f | %5.0f | %7.1f | %.1g "
+               "| %7.1f | %7.1f | %7.1f | %.1g |\n",
                label, n, touched, bytes / 1e6, floor_us, mfloor_us, pair * 1e3, pair * 1e3 / mfloor_us, v2 * 1e3,
-               v2 * 1e3 / mfloor_us, bytes / (pair * 1e-3) / 1e9, bytes / (v2 * 1e-3) / 1e9, fused * 1e3, err);
+               v2 * 1e3 / mfloor_us, bytes / (pair * 1e-3) / 1e9, bytes / (v2 * 1e-3) / 1e9, fused * 1e3, err,
+               ring_ms[0] * 1e3, ring_ms[1] * 1e3, ring_ms[2] * 1e3, ring_err);
         lunar_cuda_release(m2);
     }
     lunar_cuda_release(mark);
@@ -772,9 +798,14 @@ TEST(cuda_moe_bench) {
     const size_t fw = (size_t)64 << 20; /* 256 MiB L2 flush buffer */
     void *flush = dalloc(fw * 4);
     printf("\n%s\n\n", lunar_cuda_describe());
+    /* LUNAR_MOE_BENCH=decode1: the MXFP4 K3.1 shapes at batch 1 only, no references (floor(m) =
+     * floor): short Nsight Compute runs of the decode kernels */
+    const int one = !strcmp(getenv("LUNAR_MOE_BENCH"), "decode1");
+    const unsigned nb = one ? 1 : 5;
+    if (one) g_read_bw = BW;
     /* the machine's own references: streaming read (GEMV over 1 GiB of bf16, n = 1) and the dense
      * bf16 GEMM peak (8192^3), both cuBLAS through lunar_cuda_matmul */
-    {
+    if (!one) {
         size_t mark = lunar_cuda_mark();
         const int rows = 131072, cols = 4096;
         const size_t sq = (size_t)8192 * 8192; /* W doubles as the GEMM's [8192, 8192] weight */
@@ -803,15 +834,17 @@ TEST(cuda_moe_bench) {
     g_flush_clean = 1;
     if (decode) {
         printf("| shape | n | exp | MB | floor us | floor(m) us | pair us | pair/floor(m) | v2 us | v2/floor(m) | pair GB/s | "
-               "v2 GB/s | fused us | v2 vs pair |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-        bench_shape(896, 16, 3584, 3072, 1, "K3.1 (3584, 3072)", flush, fw);
-        bench_shape(896, 16, 3584, 384, 1, "K3.1 TP8 (3584, 384)", flush, fw);
-        bench_shape(256, 8, 2304, 1024, 0, "Kimi-Linear bf16 (2304, 1024)", flush, fw);
-        bench_shape(256, 8, 2304, 1024, 1, "Kimi-Linear mxfp4", flush, fw);
+               "v2 GB/s | fused us | v2 vs pair | ring8 us | ring5b us | ring6 us | rings vs pair |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+        bench_shape(896, 16, 3584, 3072, 1, "K3.1 (3584, 3072)", flush, fw, nb);
+        bench_shape(896, 16, 3584, 384, 1, "K3.1 TP8 (3584, 384)", flush, fw, nb);
+        if (!one) {
+            bench_shape(256, 8, 2304, 1024, 0, "Kimi-Linear bf16 (2304, 1024)", flush, fw, nb);
+            bench_shape(256, 8, 2304, 1024, 1, "Kimi-Linear mxfp4", flush, fw, nb);
+        }
     }
     /* LUNAR_MOE_BENCH=decode: the references and the decode shapes only */
-    if (!strcmp(getenv("LUNAR_MOE_BENCH"), "decode")) return;
+    if (!strcmp(getenv("LUNAR_MOE_BENCH"), "decode") || one) return;
     printf("\nPrefill (grouped GEMMs, both; MXFP4 widened to bf16), FLOPs = 2 n k 3 D I; "
            "target >= 50 %% of the measured dense peak (%.0f TFLOP/s; nominal %.0f).\n\n", g_dense_peak / 1e12, TC / 1e12);
     printf("| shape | kernel | n | ms | TFLOP/s | of peak | output | routing |\n|---|---|---|---|---|---|---|---|\n");

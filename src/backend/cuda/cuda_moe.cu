@@ -311,16 +311,34 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 
 // ---------------------------------------------------------------- decode kernel
 
+// The MXFP4 copy ring of the pair (RING, a template argument; BF16 weights ignore it). 0: main's
+// default since session 3 (path 1): 4 stages, 4 blocks (16 warps) per SM, every thread copying its
+// rows' scale word for itself (4 lanes the same word: 20 of every 84 ring bytes are scale copies).
+// 1-3 (paths 13-15, LUNAR_MOE_DECODE=ring8 | ring5b | ring6) copy each scale word once per warp
+// (16 rows x 4 bytes per matrix and stage, read by the others after a __syncwarp) and spend the
+// shared memory saved on depth: 1: 8 stages, 3 blocks per SM, so a warp with <= 8 chunks (K3.1's
+// gate/up: 7, down: 6) has every one in flight from its first instruction on, one DRAM latency per
+// block instead of two; 2: 4 stages, 5 blocks (20 warps) per SM, registers capped at 102; 3: 6
+// stages, 4 blocks. Bytes in flight per SM (gate/up, all stages full): 0: 16 x 4 x 2176 = 139 KB;
+// 1: 12 x 8 x 2176 = 209 KB; 2: 20 x 4 x 2176 = 174 KB; 3: 16 x 6 x 2176 = 209 KB; BF16 (no
+// ring, the chunk's 16 loads in flight per thread): 16 x 8 KB = 131 KB.
 #define DEC_STAGES 4
+__host__ __device__ constexpr int ring_stages(int ring) { return ring == 1 ? 8 : ring == 3 ? 6 : 4; }
+__host__ __device__ constexpr int ring_blocks(int ring) { return ring == 1 ? 3 : ring == 2 ? 5 : 4; }
+// shared memory of the ring for NM matrices (bytes)
+__host__ __device__ constexpr int ring_bytes(int ring, int nm) {
+    return ring == 0 ? DEC_STAGES * 2 * nm * 128 * 20 : ring_stages(ring) * (2 * nm * 128 * 16 + 4 * nm * 16 * 4);
+}
 // grid (row groups, active-expert slots); block 128 = 4 warps = RT row tiles (of 16 weight rows)
 // x S k-splits (RT * S = 4). Each warp streams its rows' bytes once: per chunk of 128 columns a
 // lane reads one 16-byte block of each of its 2 rows (per matrix) plus the scale byte, the next
 // chunk prefetched while the current one is widened and multiplied (A = weights 16 rows, B = up
 // to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
 // are summed in a fixed order (deterministic).
-template <int NT, bool MX, bool GATEUP, int S>
-__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf) {
-    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
+template <int NT, bool MX, bool GATEUP, int S, int RING>
+__global__ void __launch_bounds__(128, ring_blocks(RING)) moe_decode_kernel(xargs a, uint32_t pf) {
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = ring_stages(RING);
+    constexpr bool DS = RING != 0;  // one scale copy per warp
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // under PDL (LUNAR_CUDA_PDL=1) both kernels wait before any load: session 3's variant (the down
@@ -393,8 +411,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                     sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
                 }
                 uint4 *rw = (uint4 *)ring;                       // [ST][2 NM][128]
-                uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // [ST][2 NM][128]
+                // RING 0: [ST][2 NM][128] (a word per thread); else [ST][4 warps][NM][16 rows]
+                uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);
                 const int tid = threadIdx.x;
+                // DS: lane l < 16 NM copies the scale word of matrix l / 16, tile row l % 16
+                const uint8_t *sl = DS && lane < 16 * NM
+                                        ? a.ws[lane >> 4] + e * estr / 32 + (size_t)(tile * 16 + (lane & 15)) * (a.K / 32)
+                                        : nullptr;
                 auto issue = [&](int j) {
                     if (j < j1) {
                         const int st = (j - j0) % ST;
@@ -402,9 +425,12 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                         for (int i = 0; i < NM; i++) {
                             cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + tid, qa[i] + (size_t)j * 64);
                             cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + tid, qb[i] + (size_t)j * 64);
-                            cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
-                            cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                            if (!DS) {
+                                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                            }
                         }
+                        if (DS && sl) cp_async4(rs + (st * 4 + warp) * NM * 16 + lane, sl + 4 * j);
                     }
                     cp_async_commit();
                 };
@@ -423,14 +449,19 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                 for (int j = j0; j < j1; j++) {
                     const int st = (j - j0) % ST;
                     cp_async_wait<ST - 1>();
+                    if (DS) __syncwarp();  // the scale words other lanes copied
                     uint4 wa[NM], wb[NM];
                     mxscale sca[NM], scb[NM];
 #pragma unroll
                     for (int i = 0; i < NM; i++) {
                         wa[i] = rw[(st * 2 * NM + 2 * i) * 128 + tid];
                         wb[i] = rw[(st * 2 * NM + 2 * i + 1) * 128 + tid];
-                        sca[i] = mx_scale((rs[(st * 2 * NM + 2 * i) * 128 + tid] >> (8 * c)) & 255u);
-                        scb[i] = mx_scale((rs[(st * 2 * NM + 2 * i + 1) * 128 + tid] >> (8 * c)) & 255u);
+                        const uint32_t swa = DS ? rs[((st * 4 + warp) * NM + i) * 16 + g]
+                                                : rs[(st * 2 * NM + 2 * i) * 128 + tid];
+                        const uint32_t swb = DS ? rs[((st * 4 + warp) * NM + i) * 16 + g + 8]
+                                                : rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
+                        sca[i] = mx_scale((swa >> (8 * c)) & 255u);
+                        scb[i] = mx_scale((swb >> (8 * c)) & 255u);
                     }
                     uint4 nx[NT][4];
                     if (j + 1 < j1) load_x(j + 1, nx);
@@ -466,6 +497,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                                              pb[i][2 * h + 1], px[2 * h], px[2 * h + 1]);
                         }
                     }
+                    if (DS) __syncwarp();  // every lane has read this stage's scale words
                     issue(j + ST);  // into the stage just consumed (its values are in registers)
                     if (j + 1 < j1) {
 #pragma unroll
@@ -1032,35 +1064,44 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 
 // ---------------------------------------------------------------- launchers
 
-template <int NT, bool MX, bool GATEUP, int S>
+template <int NT, bool MX, bool GATEUP, int S, int RING>
 static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
-    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
-                        (MX ? (size_t)DEC_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20 : 0);
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (MX ? (size_t)ring_bytes(RING, GATEUP ? 2 : 1) : 0);
     static bool attr = false;
     if (!attr && smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S>,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S, RING>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2));
+    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S, RING>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st,
+               a, lunar_cuda_pdl_prefetch_bytes(2));
 }
 
-template <int NT, bool MX, bool GATEUP>
+template <int NT, bool MX, bool GATEUP, int RING>
 static void decode_launch(const xargs &a, int slots, cudaStream_t st) {
     const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;
-    if (S == 4) decode_launch_s<NT, MX, GATEUP, 4>(a, slots, st);
-    else if (S == 2) decode_launch_s<NT, MX, GATEUP, 2>(a, slots, st);
-    else decode_launch_s<NT, MX, GATEUP, 1>(a, slots, st);
+    if (S == 4) decode_launch_s<NT, MX, GATEUP, 4, RING>(a, slots, st);
+    else if (S == 2) decode_launch_s<NT, MX, GATEUP, 2, RING>(a, slots, st);
+    else decode_launch_s<NT, MX, GATEUP, 1, RING>(a, slots, st);
 }
 
 // One group of 8 tokens per pass (NT = 1: 126 registers, 4 blocks per SM, no spills); an expert
 // with more rows takes more passes, its weights then coming from L2 again. At batch <= 64 over
-// 256-896 experts an expert rarely has more than 8 rows.
+// 256-896 experts an expert rarely has more than 8 rows. ring: the MXFP4 copy ring (above; BF16
+// weights take ring 0's kernel, which has no ring for them).
 template <bool MX, bool GATEUP>
-static void decode_nt(const xargs &a, int n, int slots, cudaStream_t st) {
-    decode_launch<1, MX, GATEUP>(a, slots, st);
+static void decode_nt(const xargs &a, int n, int slots, int ring, cudaStream_t st) {
+    // Rings 1 and 3 only deepen the ring past 4 stages, at the price of residency (1: 3 blocks per
+    // SM) or of nothing: where a warp has <= 4 chunks (K <= 2048; the TP8 slice's down GEMM, K = 384)
+    // ring 0 already has all of them in flight, so it runs.
+    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;
+    if ((ring == 1 || ring == 3) && (J + S - 1) / S <= DEC_STAGES) ring = 0;
+    if constexpr (!MX) decode_launch<1, MX, GATEUP, 0>(a, slots, st);
+    else if (ring == 0) decode_launch<1, MX, GATEUP, 0>(a, slots, st);
+    else if (ring == 1) decode_launch<1, MX, GATEUP, 1>(a, slots, st);
+    else if (ring == 2) decode_launch<1, MX, GATEUP, 2>(a, slots, st);
+    else decode_launch<1, MX, GATEUP, 3>(a, slots, st);
 }
 
 template <bool MX, bool GATEUP>
@@ -1090,7 +1131,14 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         static int dec = -1;
         if (dec < 0) {
             const char *v = getenv("LUNAR_MOE_DECODE");
-            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1 : 0;
+            dec = !v                      ? 0
+                  : !strcmp(v, "fused")   ? 3
+                  : !strcmp(v, "v2")      ? 8
+                  : !strcmp(v, "pair")    ? 1
+                  : !strcmp(v, "ring8")   ? 13
+                  : !strcmp(v, "ring5b")  ? 14
+                  : !strcmp(v, "ring6")   ? 15
+                                          : 0;
         }
         const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
@@ -1120,10 +1168,13 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 12) : dec ? dec : auto_dec;
     }
-    if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
+    if ((path == 3 || path >= 13) && !w->mxfp4) path = 1;  // the fused kernel and the rings: MXFP4 only
     // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
-    const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(path >= 1 && path <= 12 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
+    // paths 13-15: the pair with MXFP4 copy rings 1-3
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12), dec2 = path == 8 || path == 9;
+    const int ring = path >= 13 ? path - 12 : 0;
+    CUDA_REQUIRE(path >= 1 && path <= 15 &&
+                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
@@ -1147,21 +1198,21 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
         // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
         fused_launch<256, 3>(g, d, r, st);
-    } else if (path == 1) {
+    } else if (path == 1 || ring) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)
         const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
         if (w->mxfp4) {
-            decode_nt<true, true>(g, n, slots, st);
-            decode_nt<true, false>(d, n, slots, st);
+            decode_nt<true, true>(g, n, slots, ring, st);
+            decode_nt<true, false>(d, n, slots, ring, st);
         } else {
-            decode_nt<false, true>(g, n, slots, st);
-            decode_nt<false, false>(d, n, slots, st);
+            decode_nt<false, true>(g, n, slots, 0, st);
+            decode_nt<false, false>(d, n, slots, 0, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
                                     path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || path >= 10) {
+    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 12)) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

@@ -508,7 +508,9 @@ typedef struct lunar_cuda_moe_experts {
  * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 4 then; path 10
  * with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of two, 12
  * path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue (MXFP4: 6;
- * LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 4).
+ * LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 4), 13-15 the pair with
+ * the MXFP4 copy rings 1-3 (cuda_moe.cu: 8 stages x 3 blocks per SM, 4 stages x 5 blocks, 6 stages
+ * x 4 blocks; n <= 64; BF16 experts run 1; LUNAR_MOE_DECODE=ring8 | ring5b | ring6 in auto).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
