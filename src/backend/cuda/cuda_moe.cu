@@ -322,6 +322,12 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // stages, 4 blocks. Bytes in flight per SM (gate/up, all stages full): 0: 16 x 4 x 2176 = 139 KB;
 // 1: 12 x 8 x 2176 = 209 KB; 2: 20 x 4 x 2176 = 174 KB; 3: 16 x 6 x 2176 = 209 KB; BF16 (no
 // ring, the chunk's 16 loads in flight per thread): 16 x 8 KB = 131 KB.
+// Measured (H200, docs/benchmarks.md "MoE decode, bytes in flight (session 6, H200)"): all equal to
+// ring 0 bit for bit; none is the default. Ring 0 already holds ~4x the bytes Little's law asks for
+// (2.27 TB/s, Nsight Compute: DRAM "Mem Busy" 39 %, while the schedulers issue 0.65 instructions a
+// cycle at 5.6 cycles per warp instruction): the ring slots wait for the consumer, not for DRAM.
+// Ring 1 (12 warps) is 2-10 % slower, ring 2 (20 warps, 96 registers with spills) -8..+7 %, ring 3
+// 3-4 % faster on K3.1's shape at 8-64 tokens (TP8 slice: -2..+1 %) and 1-8 % slower at batch 1.
 #define DEC_STAGES 4
 __host__ __device__ constexpr int ring_stages(int ring) { return ring == 1 ? 8 : ring == 3 ? 6 : 4; }
 __host__ __device__ constexpr int ring_blocks(int ring) { return ring == 1 ? 3 : ring == 2 ? 5 : 4; }
