@@ -38,13 +38,13 @@ for r in 1 2; do
   for v in LUNAR_NONE=0 LUNAR_GEMV_DEEP=1 LUNAR_MLA_SPLIT_COST=24; do
     step "KL48 decode $v round $r"
     env $v timeout 90 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
-      --batch-sizes 1,8 --contexts 1024 --steps 32 > $OUT/ab_${v%%=*}_$r.log 2>&1
+      --batch-sizes 1 --contexts 1024 --steps 64 > $OUT/ab_${v%%=*}_$r.log 2>&1
     echo "rc=$? $(tpot $OUT/ab_${v%%=*}_$r.log)" >> $T
   done
 done
 if [ "${NCU:-0}" = 1 ]; then
   step "ncu: one KL48 B=1 decode step, per kernel"
-  timeout 150 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+  timeout 100 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
     -k regex:'^(?!k_bf16|k_f32|k_mxfp4|k_packed|k_scale)' --launch-count 3000 \
     $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 16 --batch-sizes 1 --contexts 1024 --steps 1 \
     > $OUT/ncu_dec.csv 2> $OUT/ncu_dec.err
