@@ -2,6 +2,8 @@
 # Session 6, final call (one H200): main after every merge. check.sh tests, the model-level CUDA tests, the
 # issue-9 table (Kimi-Linear-48B and the K3.1 TP8 slice), an A/B of LUNAR_GEMV_DEEP, and (NCU=1) the per-kernel
 # table of one Kimi-Linear B=1 decode step (tools/device/ncu_step.py ncu_dec.csv.gz -3).
+# (As run at 457dadf. Since then the deep gemv is the default (LUNAR_GEMV_DEEP=0 the old one) and LUNAR_MLA_SPLIT_COST
+# is gone: it measured nothing; docs/benchmarks.md "Session 6, final device call".)
 #   P=<prebuilt dir> [NCU=1] tools/device/session6_final.sh
 set -u
 P=${P:-.xfer-fin6}

@@ -63,10 +63,6 @@ extern "C" void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, floa
 // square are those of an add kernel followed by norm_kernel<.., 0> (same fp32 ops, same tree
 // order), so the pair gives the same bits in one launch; yb (or NULL): y's bf16 copy as well (the
 // next GEMMs' operand, one launch fewer)
-// The sums of a thread's first kAddNormCache elements stay in registers for the scaling pass: reading
-// back what it just stored put an L2 round trip on the serial path of every decode-step norm (54 per
-// Kimi-Linear step at ~5 us each, measured); the same values in the same order, so the same bits.
-constexpr int kAddNormCache = 8;
 template <typename Y>
 __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *w, int dim, float eps,
                                 __nv_bfloat16 *yb) {
@@ -75,37 +71,20 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
     const size_t row = blockIdx.x;
     float *xr = x + row * dim;
     const float *rr = r + row * dim;
-    const int stride = blockDim.x, rest = threadIdx.x + kAddNormCache * stride;
-    float ss = 0.0f, c[kAddNormCache];
-#pragma unroll
-    for (int m = 0; m < kAddNormCache; m++) {
-        const int i = threadIdx.x + m * stride;
-        if (i < dim) {
-            const float v = xr[i] + rr[i];
-            xr[i] = v;
-            c[m] = v;
-            ss += v * v;
-        }
-    }
-    for (int i = rest; i < dim; i += stride) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         const float v = xr[i] + rr[i];
         xr[i] = v;
         ss += v * v;
     }
     ss = block_sum_f32(ss, red);
     const float inv = 1.0f / sqrtf(ss / dim + eps);
-    auto put = [&](int i, float v) {
-        v *= inv;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] * inv;
         if (w) v *= bf16_bits_to_f32(w[i]);
         y[row * dim + i] = from_f32<Y>(v);
         if (yb) yb[row * dim + i] = __float2bfloat16_rn(from_f32<Y>(v));
-    };
-#pragma unroll
-    for (int m = 0; m < kAddNormCache; m++) {
-        const int i = threadIdx.x + m * stride;
-        if (i < dim) put(i, c[m]);
     }
-    for (int i = rest; i < dim; i += stride) put(i, xr[i]);
 }
 extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n,
                                          int dim, float eps, lunar_cuda_stream s) {

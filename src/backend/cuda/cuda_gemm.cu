@@ -130,13 +130,14 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     }
 }
 
-/* LUNAR_GEMV_DEEP=1 (opt-in, A/B): 8 loads in flight per warp instead of 4, and the split chosen so
- * the grid fits one wave of resident blocks where some split does. The per-kernel table of a decode
- * step (docs/benchmarks.md, session 6 call 3) has the one-token projections at 2.0-3.2 TB/s: o_proj
- * (2304 x 4096) takes split 4 = 1152 blocks, 1.09 waves of 1056, its second wave a 96-block tail. */
+/* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
+ * of 4, and the split chosen so the grid fits one wave of resident blocks where some split does. The
+ * per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token projections
+ * at 2.0-3.2 TB/s, o_proj (2304 x 4096) on split 4 = 1152 blocks, 1.09 waves of 1056 with a 96-block
+ * tail. Measured: Kimi-Linear B = 1 2.893 -> 2.853 ms (two rounds each, session 6 final call). */
 static int gemv_deep(void) {
     static int v = -1;
-    if (v < 0) v = getenv("LUNAR_GEMV_DEEP") && strcmp(getenv("LUNAR_GEMV_DEEP"), "1") == 0;
+    if (v < 0) v = !(getenv("LUNAR_GEMV_DEEP") && strcmp(getenv("LUNAR_GEMV_DEEP"), "0") == 0);
     return v;
 }
 static int gemv_wave_blocks(void) {

@@ -774,18 +774,6 @@ namespace dec {
 struct Plan {
     int hg, splits, chunk;
 };
-/* LUNAR_MLA_SPLIT_COST=M (opt-in, A/B): the split-K merge's own launch priced as M tiles in the cost below.
- * At one row and 1K context the plan takes 16 splits of one tile each, and the merge (10.4 us) then costs
- * more than the attention (9.0 us; docs/benchmarks.md, session 6 call 3), which the model did not count. */
-static double split_cost(void) {
-    static double c = -1.0;
-    if (c < 0.0) {
-        const char *e = getenv("LUNAR_MLA_SPLIT_COST");
-        c = e && *e ? atof(e) : 0.0;
-        if (!(c >= 0.0)) c = 0.0;
-    }
-    return c;
-}
 // Splits of the context: minimise (waves of one-block-per-SM blocks) x (tiles per split + ~4 tiles
 // of fixed cost per block: q load, pipeline fill, partial write), so that batch 1 at long context
 // fills the 132 SMs once and large batches stay unsplit.
@@ -799,7 +787,7 @@ Plan plan(int rows, int H, int max_n) {
     const double most = ceil(4.0 * sms / units); // past 4 waves more splits only add cost
     for (int s = 1; s <= tiles && s <= most; s++) {
         const int per = (tiles + s - 1) / s;
-        const double cost = ceil(units * s / sms) * (per + 4.0) + (s > 1 ? split_cost() : 0.0);
+        const double cost = ceil(units * s / sms) * (per + 4.0);
         if (cost < best_cost) best = s, best_cost = cost;
     }
     p.chunk = (tiles + best - 1) / best * kTile;

@@ -40,11 +40,7 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
                                                           int topk_group, int renorm,
                                                           float scale, int shared, lunar_cuda_moe_route r) {
     extern __shared__ float sm[];
-    // sigmoid, choice (-inf once taken or not eligible), then the chosen experts and their weights:
-    // kept here until the end, since reading back what this block just stored to global memory puts
-    // an L2 round trip on the serial path of every round (measured: 12 us per token at E = 256, k = 8)
-    float *sc = sm, *ch = sm + E, *sw = sm + 2 * E;
-    int *se = (int *)(sm + 2 * E + k);
+    float *sc = sm, *ch = sm + E;  // sigmoid, choice (-inf once taken or not eligible)
     __shared__ float gscore[64];
     __shared__ int gok[64];
     __shared__ float rv[8];
@@ -109,33 +105,28 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
             for (int w = 1; w < nw; w++)
                 if (ri[w] >= 0 && (bi < 0 || rv[w] > bv || (rv[w] == bv && ri[w] < bi)))
                     bv = rv[w], bi = ri[w];
-            se[sel] = bi;
-            sw[sel] = sc[bi];
+            ex[sel] = bi;
+            wt[sel] = sc[bi];
             wsum += sc[bi];
             ch[bi] = NAN;
         }
         __syncthreads();
     }
-    if (tid == 0) rv[0] = wsum;
-    __syncthreads();
-    wsum = rv[0];
-    for (int sel = tid; sel < k; sel += blockDim.x) {
-        float w = sw[sel];
-        if (renorm) w /= wsum + 1e-20f;
-        w *= scale;
-        sw[sel] = w;
-        ex[sel] = se[sel];
-        wt[sel] = w;
+    if (tid == 0) {
+        for (int sel = 0; sel < k; sel++) {
+            float w = wt[sel];
+            if (renorm) w /= wsum + 1e-20f;
+            wt[sel] = w * scale;
+        }
     }
     if (!ROUTE) return;
-    __syncthreads();
     // One token: its k experts are distinct (a taken entry is never chosen again), so each has one
     // row, and the permuted row of expert e is its rank among the chosen ones (ascending e: the
     // scan's order). srt: the chosen experts sorted (k <= 64, checked by the launcher).
     __shared__ int srt[64];
     if (tid == 0) {
         for (int i = 0; i < k; i++) {
-            int e = se[i], j = i;
+            int e = ex[i], j = i;
             for (; j > 0 && srt[j - 1] > e; j--) srt[j] = srt[j - 1];
             srt[j] = e;
         }
@@ -155,9 +146,9 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
         r.groups[2 * i] = e, r.groups[2 * i + 1] = i;
         r.gdone[i] = 0;
         int pos = 0;  // pair i's row: its expert's rank
-        for (int j = 0; j < k; j++) pos += srt[j] < se[i];
+        for (int j = 0; j < k; j++) pos += srt[j] < ex[i];
         r.row_token[pos] = 0;
-        r.row_weight[pos] = sw[i];
+        r.row_weight[pos] = wt[i];
         r.pair_row[i] = pos;
     }
     if (tid == 0) {
@@ -183,13 +174,12 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
                                        int topk_group, int renorm, float scale,
                                        lunar_cuda_stream s) {
     if (n_group < 1) n_group = 1;
-    CUDA_REQUIRE(E >= 1 && E <= 4096 && k >= 1 && k <= E && E % n_group == 0 && n_group <= 64 &&
-                 (2 * E + 2 * k) * sizeof(float) <= 48 * 1024); // the default dynamic shared memory limit
+    CUDA_REQUIRE(E >= 1 && E <= 4096 && k >= 1 && k <= E && E % n_group == 0 && n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
     if (n <= 0) return;
     lunar_cuda_moe_route none;
     memset(&none, 0, sizeof none);
-    router_topk_kernel<false><<<n, 256, (2 * E + 2 * k) * sizeof(float), to_stream(s)>>>(
+    router_topk_kernel<false><<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
         experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none);
     CUDA_CHECK_LAUNCH();
 }
@@ -202,7 +192,7 @@ extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *l
     CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
                  n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
-    launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), (2 * E + 2 * k) * sizeof(float), to_stream(s),
+    launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), 2 * E * sizeof(float), to_stream(s),
         r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, shared != 0, *r);
     CUDA_CHECK_LAUNCH();
 }
@@ -1188,8 +1178,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
 // add (or NULL): [n, D] added to each sum after it (the shared experts' output: one launch fewer).
 // One thread per 4 columns, the block's k pair rows read once into shared memory and the k row
 // loads issued 8 at a time: at one token the kernel is a chain of dependent loads (pair_row, then
-// rows), which one block walking the row 4 columns x 256 threads at a time made 9 us long. The
-// sum's order (j = 0..k-1, then add) is unchanged.
+// rows), which one block walking the row 4 columns x 256 threads at a time made 8.9 us long (3.7 us
+// now: Kimi-Linear B = 1, ncu, docs/benchmarks.md session 6). The sum's order (j = 0..k-1, then add)
+// is unchanged.
 constexpr int kCombineThreads = 64;
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(float *acc, const float *ybuf,
                                                                       const int32_t *pair_row, int k, int D,
