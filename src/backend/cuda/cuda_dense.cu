@@ -206,7 +206,9 @@ __global__ void short_conv_kernel(float *y, const float *x, const float *w, cons
         y[idx] = acc / (1.0f + expf(-acc));
     }
 }
-__global__ void short_conv_state_kernel(float *state, const float *x, int T, int C, int K) {
+// the new conv state of C channels: the last K - 1 inputs (x rows xs floats apart: C for a plain
+// [T, C] input, the fused projection's width for the KDA prefill's)
+__global__ void short_conv_state_kernel(float *state, const float *x, int64_t xs, int T, int C, int K) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int S = K - 1;
@@ -216,7 +218,7 @@ __global__ void short_conv_state_kernel(float *state, const float *x, int T, int
     for (int j = 0; j < CONV_MAX_K - 1; j++) {
         if (j < S) {
             int p = T + j;
-            hist[j] = p < S ? st[p] : x[(size_t)(p - S) * C + c];
+            hist[j] = p < S ? st[p] : x[(size_t)(p - S) * xs + c];
         }
     }
 #pragma unroll
@@ -233,7 +235,7 @@ extern "C" void lunar_cuda_short_conv(float *y, const float *x, const float *w, 
         CUDA_CHECK_LAUNCH();
     }
     if (K > 1) {
-        short_conv_state_kernel<<<ceil_div_u(C, 256), 256, 0, to_stream(s)>>>(state, x, T, C, K);
+        short_conv_state_kernel<<<ceil_div_u(C, 256), 256, 0, to_stream(s)>>>(state, x, C, T, C, K);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -398,22 +400,6 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
         *reinterpret_cast<float4 *>(out + (size_t)(t0 + tt) * HD) = make_float4(a0, a1, a2, a3);
     }
 }
-// the new conv state of the 3 H dk channels: the last K - 1 inputs (x rows strided by xs)
-__global__ void kda_conv_state_strided_kernel(float *state, const float *x, int64_t xs, int T, int C, int K) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const int S = K - 1;
-    float hist[CONV_MAX_K];
-    float *st = state + (size_t)c * S;
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K - 1; j++) {
-        const int p = T + j;
-        if (j < S) hist[j] = p < S ? st[p] : x[(size_t)(p - S) * xs + c];
-    }
-#pragma unroll
-    for (int j = 0; j < CONV_MAX_K - 1; j++)
-        if (j < S) st[j] = hist[j];
-}
 extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, uint16_t *xa,
                                                 uint16_t *xg, const float *x, int64_t x_stride, int a_off, int a_w,
                                                 int g_off, int g_w, int b_off, const float *w, float *state, int T,
@@ -426,8 +412,8 @@ extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, fl
         T, H, K, eps);
     CUDA_CHECK_LAUNCH();
     if (K > 1) {
-        kda_conv_state_strided_kernel<<<ceil_div_u(3 * H * dk, 256), 256, 0, to_stream(s)>>>(state, x, x_stride, T,
-                                                                                              3 * H * dk, K);
+        short_conv_state_kernel<<<ceil_div_u(3 * H * dk, 256), 256, 0, to_stream(s)>>>(state, x, x_stride, T,
+                                                                                        3 * H * dk, K);
         CUDA_CHECK_LAUNCH();
     }
 }

@@ -140,26 +140,35 @@ static int gemv_deep(void) {
     if (v < 0) v = !(getenv("LUNAR_GEMV_DEEP") && strcmp(getenv("LUNAR_GEMV_DEEP"), "0") == 0);
     return v;
 }
-static int gemv_wave_blocks(void) {
-    static int b = 0;
-    if (!b) {
-        int dev = 0, sms = 0, thr = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&thr, cudaDevAttrMaxThreadsPerMultiProcessor, dev));
-        b = sms * (thr / (kGvWarps * 32));
-    }
-    return b;
+/* blocks of kernel k resident on the whole device at once (its registers decide: 30 at one row,
+ * 8 blocks per SM; 64 at four rows, 4) */
+template <typename K> static int gemv_wave_blocks(K k) {
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kGvWarps * 32, 0));
+    return sms * (per_sm > 0 ? per_sm : 1);
 }
 
 template <typename TY, typename TX>
 static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
-    /* ~8K warps fill the H200 (132 SMs x 64); fewer outputs share each one among up to 8 warps,
-     * each warp keeping at least one 512-byte stretch of its row per pass */
+    /* split: warps sharing one output. Deep: as many as keep the grid within one wave of resident
+     * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
+     * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. */
+    CUDA_REQUIRE(n >= 1 && n <= kGvRows);
     const int deep = gemv_deep();
     int split = 1;
     if (deep) {
-        const int wave = gemv_wave_blocks();
+        static int waves[kGvRows + 1]; /* per row count n: the kernel instance differs */
+        if (!waves[n]) {
+            switch (n) {
+            case 1: waves[n] = gemv_wave_blocks(gemv_kernel<1, 8, TY, TX>); break;
+            case 2: waves[n] = gemv_wave_blocks(gemv_kernel<2, 8, TY, TX>); break;
+            case 3: waves[n] = gemv_wave_blocks(gemv_kernel<3, 8, TY, TX>); break;
+            default: waves[n] = gemv_wave_blocks(gemv_kernel<4, 8, TY, TX>); break;
+            }
+        }
+        const int wave = waves[n];
         while (split < kGvWarps && in / 8 >= 32 * split * 2 * 2 &&
                (out + kGvWarps / (split * 2) - 1) / (kGvWarps / (split * 2)) <= wave)
             split *= 2;
@@ -178,7 +187,6 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
         break;
         GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
 #undef GV_CASE
-    default: CUDA_REQUIRE(n >= 1 && n <= kGvRows);
     }
     CUDA_CHECK_LAUNCH();
 }

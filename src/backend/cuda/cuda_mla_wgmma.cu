@@ -131,6 +131,41 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
     return *reinterpret_cast<uint32_t *>(&x);
 }
 
+// The end of both decode kernels: the row sums of the two warpgroups' halves met through red, O
+// normalised (and scaled when the split is the whole context) into o, or the split's partial O and
+// log2-sum-exp into the workspace for the merge. Thread: heads r0 / r1 (< nh stored), columns 256 wg
+// + 8k + 2t of the accumulator o.
+__device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], float *red, int row, int split,
+                                          int h0, int nh, int wg, int t, int r0, int r1, float m0, float m1,
+                                          float l0, float l1) {
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads(); // nobody reads red any more
+    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
+    __syncthreads();
+    l0 = red[r0] + red[64 + r0], l1 = red[r1] + red[64 + r1];
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    const bool direct = a.splits == 1;
+    const float os = direct ? a.out_scale : 1.0f;
+    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+    const size_t ha = (size_t)row * a.H + h0 + r0, hbr = (size_t)row * a.H + h0 + r1;
+    const float fa = inv0 * os, fb = inv1 * os;
+#pragma unroll
+    for (int k = 0; k < 32; k++) {
+        const int d = 256 * wg + 8 * k + 2 * t;
+        if (r0 < nh) *reinterpret_cast<float2 *>(base + ha * kR + d) = make_float2(o[4 * k] * fa, o[4 * k + 1] * fa);
+        if (r1 < nh) *reinterpret_cast<float2 *>(base + hbr * kR + d) = make_float2(o[4 * k + 2] * fb, o[4 * k + 3] * fb);
+    }
+    if (!direct && wg == 0 && t == 0) {
+        float *lse = a.lse_part + (size_t)split * a.rows * a.H;
+        if (r0 < nh) lse[ha] = l0 > 0.0f ? m0 + log2f(l0) : -INFINITY;
+        if (r1 < nh) lse[hbr] = l1 > 0.0f ? m1 + log2f(l1) : -INFINITY;
+    }
+}
+
 // TMA: the tiles come by bulk tensor copies issued by warp 0, completing on an mbarrier per stage,
 // instead of cp.async by every thread. bf16 pages: tile i + 1 before waiting for tile i; rows past
 // the end are copied too and zeroed in shared memory afterwards. FP8 pages (SW only): one copy of
@@ -406,35 +441,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
     }
     cp_wait<0>();
 
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    __syncthreads(); // nobody reads red any more
-    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
-    __syncthreads();
-    l0 = red[r0] + red[64 + r0], l1 = red[r1] + red[64 + r1];
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    const bool direct = a.splits == 1;
-    const float os = direct ? a.out_scale : 1.0f;
-    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
-    const size_t ha = (size_t)row * a.H + h0 + r0, hbr = (size_t)row * a.H + h0 + r1;
-    const float fa = inv0 * os, fb = inv1 * os;
-#pragma unroll
-    for (int k = 0; k < 32; k++) {
-        const int d = 256 * wg + 8 * k + 2 * t;
-        if (r0 < nh) *reinterpret_cast<float2 *>(base + ha * kR + d) = make_float2(o[4 * k] * fa, o[4 * k + 1] * fa);
-        if (r1 < nh) *reinterpret_cast<float2 *>(base + hbr * kR + d) = make_float2(o[4 * k + 2] * fb, o[4 * k + 3] * fb);
-    }
-    if (!direct && wg == 0 && t == 0) {
-        float *lse = a.lse_part + (size_t)split * a.rows * a.H;
-        if (r0 < nh) lse[ha] = l0 > 0.0f ? m0 + log2f(l0) : -INFINITY;
-        if (r1 < nh) lse[hbr] = l1 > 0.0f ? m1 + log2f(l1) : -INFINITY;
-    }
+    write_out(a, o, red, row, split, h0, nh, wg, t, r0, r1, m0, m1, l0, l1);
 }
 
-// FP8 pages with FP8 scores (opt-in: LUNAR_MLA_WGMMA_FP8=q8x2, or q8 for one term; the default
+// FP8 pages with FP8 scores (opt-in: LUNAR_MLA_WGMMA_FP8=q8x2; the default
 // is the widening kernel above). The session-5 FP8 path spends ~1.1 us per tile widening all 576
 // dims to bf16 between the copies and the MMA (docs/benchmarks.md, "MLA decode,
 // producer/consumer"). Here S = Q C^T runs on the e4m3 tile as it lands (wgmma e4m3 x e4m3,
@@ -443,13 +453,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
 // Measured (session 6): two terms 0.93-1.06x the widening kernel, one term 1.07-1.14x: not the
 // widening but shared-memory reads bound both. S at n32 per warpgroup reads all of Q (A, 64 x
 // 576) from shared memory for every 32 positions: 144 KB per tile for bf16 Q or two e4m3 terms,
-// 72 KB for one, against 36-72 KB of tile; only the one-term variant reads less, and it gains.
+// 72 KB for one, against 36-72 KB of tile; only a one-term variant read less and gained 7-14 %, at a
+// logit error ~32x the bf16 one (2^-4 per q element): it was removed, no tolerance argued for it.
 //  - Q per head: one scale sq = amax / 448 over its 576 values; q / sq rounded to e4m3 (hi) and,
-//    for NQ = 2, the remainder x 16 rounded to e4m3 (lo, |remainder| <= half an e4m3 step <= 16
+//    the remainder x 16 rounded to e4m3 (lo, |remainder| <= half an e4m3 step <= 16
 //    at 448): q = sq (hi + lo / 16) to ~2^-8 relative per element (e4m3 keeps 4 significant bits
 //    of the remainder), the bf16 q's 2^-9 order, so the bf16 tolerance argument holds; two
-//    accumulator sets, s = sq (S_hi + S_lo / 16). NQ = 1 (opt-in): 2^-4 per element, a logit
-//    error ~32x the bf16 one (tests/test_cuda_mla.c states its tolerance).
+//    accumulator sets, s = sq (S_hi + S_lo / 16).
 //  - The e4m3 tile: 5 bulk tensor copies of 128 dims (bytes) x 64 positions with the 128-byte
 //    swizzle (the bf16 tile's byte layout, so the same descriptors: K-major, stride 1024, a
 //    32-byte k-step inside the line); the fifth box holds dims 512..575 in its first 64 bytes and
@@ -481,7 +491,6 @@ __device__ __forceinline__ float2 e4m3x2_f2(uint32_t v) {
 }
 } // namespace q8
 
-template <int NQ>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using namespace q8;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -578,7 +587,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 #pragma unroll
         for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
         fence_acc<16>(s);
-        if (NQ == 2) fence_acc<16>(sl);
+        fence_acc<16>(sl);
         wgmma_fence();
         {
             const uint64_t dc = desc_sw(raw + wg * 4 * 1024, 16, 1024);
@@ -588,13 +597,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
                 const uint64_t qa = ks < 16 ? dqh + off : dqe + (uint64_t)(((ks - 16) * 32) >> 4);
                 wgmma_m64n32_e4m3(s, qa, dc + off, ks > 0);
             }
-            if (NQ == 2) {
 #pragma unroll
-                for (int ks = 0; ks < 18; ks++) {
-                    const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
-                    const uint64_t qa = ks < 16 ? dql + off : dqe + (uint64_t)((64 + (ks - 16) * 32) >> 4);
-                    wgmma_m64n32_e4m3(sl, qa, dc + off, ks > 0);
-                }
+            for (int ks = 0; ks < 18; ks++) {
+                const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+                const uint64_t qa = ks < 16 ? dql + off : dqe + (uint64_t)((64 + (ks - 16) * 32) >> 4);
+                wgmma_m64n32_e4m3(sl, qa, dc + off, ks > 0);
             }
         }
         wgmma_commit();
@@ -617,7 +624,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
         fence_async_smem();
         wgmma_wait<0>();
         fence_acc<16>(s);
-        if (NQ == 2) fence_acc<16>(sl);
+        fence_acc<16>(sl);
 
         const int pbase = begin + it * kTile + 32 * wg + 2 * t;
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -627,8 +634,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
             for (int c = 0; c < 2; c++) {
                 const bool ok = pbase + 8 * k + c < end;
                 const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-                const float v0 = NQ == 2 ? s[i0] + sl[i0] * 0.0625f : s[i0];
-                const float v1 = NQ == 2 ? s[i1] + sl[i1] * 0.0625f : s[i1];
+                const float v0 = s[i0] + sl[i0] * 0.0625f;
+                const float v1 = s[i1] + sl[i1] * 0.0625f;
                 s[i0] = ok ? v0 * f0 : -INFINITY;
                 s[i1] = ok ? v1 * f1 : -INFINITY;
                 mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
@@ -675,32 +682,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
         fence_acc<128>(o);
     }
 
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    __syncthreads(); // nobody reads red any more
-    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
-    __syncthreads();
-    l0 = red[r0] + red[64 + r0], l1 = red[r1] + red[64 + r1];
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    const bool direct = a.splits == 1;
-    const float os = direct ? a.out_scale : 1.0f;
-    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
-    const size_t ha = (size_t)row * a.H + h0 + r0, hbr = (size_t)row * a.H + h0 + r1;
-    const float fa = inv0 * os, fb = inv1 * os;
-#pragma unroll
-    for (int k = 0; k < 32; k++) {
-        const int d = 256 * wg + 8 * k + 2 * t;
-        if (r0 < nh) *reinterpret_cast<float2 *>(base + ha * kR + d) = make_float2(o[4 * k] * fa, o[4 * k + 1] * fa);
-        if (r1 < nh) *reinterpret_cast<float2 *>(base + hbr * kR + d) = make_float2(o[4 * k + 2] * fb, o[4 * k + 3] * fb);
-    }
-    if (!direct && wg == 0 && t == 0) {
-        float *lse = a.lse_part + (size_t)split * a.rows * a.H;
-        if (r0 < nh) lse[ha] = l0 > 0.0f ? m0 + log2f(l0) : -INFINITY;
-        if (r1 < nh) lse[hbr] = l1 > 0.0f ? m1 + log2f(l1) : -INFINITY;
-    }
+    write_out(a, o, red, row, split, h0, nh, wg, t, r0, r1, m0, m1, l0, l1);
 }
 
 struct Plan {
@@ -760,14 +742,14 @@ bool make_tmap(CUtensorMap *m, const void *latent, bool fp8, bool sw) {
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <int NQ> void launch_q8(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+void launch_q8(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_q8_kernel<NQ>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_q8_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)q8::smem));
         attr = true;
     }
-    wgmma_decode_q8_kernel<NQ><<<dim3(p.hb, p.splits, a.rows), kThreads, q8::smem, s>>>(a, tm);
+    wgmma_decode_q8_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, q8::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
 // The e4m3 latent for the FP8-score kernel: bytes, boxes of 128 x 64 slots with the 128-byte
@@ -826,18 +808,15 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                 seen |= bit;
     }
     // FP8 pages: widened to bf16 (default) or, opt-in, FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
-    // e4m3 terms of q, as accurate and 0.93-1.06x the widening; =q8: one, 1.07-1.14x from B x
-    // context 64K but up to 5e-2 off: docs/benchmarks.md, "MLA decode, FP8 pages (session 6)"),
-    // with the swizzled tiles
-    // and bulk copies only
-    const int nq = env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") ? 2 : env_is("LUNAR_MLA_WGMMA_FP8", "q8") ? 1 : 0;
-    if (fp8 && sw && nq > 0 && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
+    // e4m3 terms of q, as accurate and 0.93-1.06x the widening: docs/benchmarks.md, "MLA decode,
+    // FP8 pages (session 6)"), with the swizzled tiles and bulk copies only
+    if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
+        make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
-            static int seen = 0;
-            if (!(seen & nq)) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, %d q term(s)\n", nq), seen |= nq;
+            static bool seen = false;
+            if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, 2 q terms\n"), seen = true;
         }
-        if (nq == 1) launch_q8<1>(a, tm, p, s);
-        else launch_q8<2>(a, tm, p, s);
+        launch_q8(a, tm, p, s);
     } else if (fp8) {
         if (!sw) launch<true, false, false>(a, tm, p, s);
         else if (tma) launch<true, true, true>(a, tm, p, s);
