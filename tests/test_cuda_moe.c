@@ -72,15 +72,25 @@ static uint32_t lcg(uint32_t *s) {
 
 TEST(cuda_moe_router_topk_vs_cpu) {
     if (!moe_cuda_on()) return;
-    static const int cases[][6] = {/* n, E, k, n_group, topk_group, renorm */
-                                   {1, 896, 16, 1, 1, 1},  {37, 896, 16, 1, 1, 1}, {64, 256, 8, 1, 1, 1},
-                                   {19, 256, 8, 8, 4, 1},  {5, 64, 6, 8, 3, 0},    {300, 384, 8, 1, 1, 1}};
+    /* ties: logits rounded to integers and the bias to quarters (27 distinct choices for hundreds of
+     * experts: every round breaks ties, to the lower index); k = 64 of 100 fills both slot halves
+     * of the warp router's lanes; E = 1000 and 100 leave lanes without candidates; E = 2048 takes
+     * the block router (the warp router's lanes hold at most 1024) */
+    static const int cases[][7] = {/* n, E, k, n_group, topk_group, renorm, ties */
+                                   {1, 896, 16, 1, 1, 1, 0},  {37, 896, 16, 1, 1, 1, 0}, {64, 256, 8, 1, 1, 1, 0},
+                                   {19, 256, 8, 8, 4, 1, 0},  {5, 64, 6, 8, 3, 0, 0},    {300, 384, 8, 1, 1, 1, 0},
+                                   {9, 256, 8, 1, 1, 1, 1},   {3, 896, 16, 1, 1, 1, 1},  {6, 256, 8, 8, 4, 1, 1},
+                                   {4, 100, 64, 1, 1, 1, 0},  {5, 1000, 16, 1, 1, 0, 1}, {2, 2048, 8, 1, 1, 1, 0}};
     for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int n = cases[c][0], E = cases[c][1], k = cases[c][2], ng = cases[c][3], tg = cases[c][4];
         const int renorm = cases[c][5];
         const float scale = renorm ? 1.0f : 2.5f;
         size_t mark = lunar_cuda_mark();
         float *lg = test_rand((long)n * E, 100 + c, -4, 4), *b = test_rand(E, 200 + c, -0.3f, 0.3f);
+        if (cases[c][6]) {
+            for (long i = 0; i < (long)n * E; i++) lg[i] = roundf(lg[i]);
+            for (int e = 0; e < E; e++) b[e] = roundf(b[e] * 4.0f) / 4.0f;
+        }
         lunar_tensor B = test_tensor1(LUNAR_DTYPE_F32, E, b);
         int32_t *ex = malloc((size_t)n * k * 4), *gx = malloc((size_t)n * k * 4);
         float *w = test_alloc((long)n * k);
@@ -134,16 +144,20 @@ TEST(cuda_moe_router_nan_logits_stay_in_range) {
  * grouped), a wide 896/16, renorm off with a scale, NaN logits (ranked last) */
 TEST(cuda_moe_route_one_matches_topk_permute) {
     if (!moe_cuda_on()) return;
-    static const int cases[][6] = {/* E, k, n_group, topk_group, renorm, nan */
+    static const int cases[][6] = {/* E, k, n_group, topk_group, renorm, nan (2: ties instead) */
                                    {256, 8, 1, 1, 1, 0}, {256, 8, 8, 4, 1, 0}, {896, 16, 1, 1, 1, 0},
-                                   {64, 6, 8, 3, 0, 0},  {256, 8, 1, 1, 1, 1}, {8, 8, 1, 1, 1, 0}};
+                                   {64, 6, 8, 3, 0, 0},  {256, 8, 1, 1, 1, 1}, {8, 8, 1, 1, 1, 0},
+                                   {256, 8, 1, 1, 1, 2}, {896, 16, 1, 1, 1, 2}, {100, 64, 1, 1, 1, 0},
+                                   {1000, 40, 1, 1, 0, 1}};
     for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int E = cases[c][0], k = cases[c][1], ng = cases[c][2], tg = cases[c][3], renorm = cases[c][4];
         const float scale = renorm ? 2.0f : 2.5f;
         size_t mark = lunar_cuda_mark();
         float *lg = test_rand(E, 300 + c, -4, 4), *b = test_rand(E, 400 + c, -0.3f, 0.3f);
-        if (cases[c][5])
+        if (cases[c][5] == 1)
             for (int e = 0; e < E; e += 3) lg[e] = NAN;
+        if (cases[c][5] == 2) /* ties: as in cuda_moe_router_topk_vs_cpu */
+            for (int e = 0; e < E; e++) lg[e] = roundf(lg[e]), b[e] = roundf(b[e] * 4.0f) / 4.0f;
         const float *dlg = din(lg, (size_t)E * 4), *db = din(b, (size_t)E * 4);
         const size_t bytes = lunar_cuda_moe_route_bytes(1, k, E);
         void *w1 = dalloc(bytes), *w2 = dalloc(bytes);

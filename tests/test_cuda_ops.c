@@ -256,7 +256,9 @@ TEST(cuda_copy_2d_vs_host) {
  * for bit against the device's two launches it replaces (lunar_glue_add, lunar_cuda_rmsnorm) */
 TEST(cuda_add_rmsnorm_vs_cpu) {
     if (!cuda_on()) return;
-    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}};
+    /* the vector kernel (dim % 4 == 0, <= 8192): 2304 (Kimi-Linear: 192 threads of 3 float4), 7168
+     * (K3), 2052 (the last warp partly idle), 8192 (8 float4 a thread); the block kernels: 33, 8196 */
+    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}, {2, 2052}, {2, 8192}, {2, 8196}};
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int n = shapes[s][0], dim = shapes[s][1];
         const long N = (long)n * dim;
@@ -306,7 +308,7 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
 
 TEST(cuda_norms_vs_cpu) {
     if (!cuda_on()) return;
-    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}, {64, 4096}};
+    static const int shapes[][2] = {{1, 2304}, {5, 128}, {3, 7168}, {17, 33}, {64, 4096}, {2, 2052}};
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int n = shapes[s][0], dim = shapes[s][1];
         const long N = (long)n * dim;

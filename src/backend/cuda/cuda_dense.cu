@@ -1,6 +1,10 @@
 // Dense elementwise and row ops: embedding, RMSNorm, gated RMSNorm, L2 norm, SiLU-mul, SiTU-mul,
 // and the causal short convolution (prefill and batched decode). One block per row for the
 // norms (sum of squares in fp32, block tree reduction); grid-stride loops for elementwise ops.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "backend/cuda/cuda_common.cuh"
 
 
@@ -30,10 +34,128 @@ __global__ void norm_kernel(Y *y, const float *x, const float *gate, const uint1
     }
 }
 
+// The vector row norm (issue 9), the default RMSNorm and add + RMSNorm where dim % 4 == 0, dim <= 8192
+// and the rows are 16-byte aligned (LUNAR_NORM=block: the kernels above, the default until session 7).
+// At batch 1 a norm is one block on the decode step's serial path, and the block kernels' cost was
+// latency, not bytes: 1024 threads of 2-3 floats, two barriers in block_sum_f32, and the weight
+// loaded only after the reduction (one more DRAM round trip). Here: at most 256 threads of V float4
+// each (2304 -> 192 x 3), the weight loaded into registers before the PDL wait (nothing in the step
+// writes it), x and r loaded together, one barrier (warp sums -> red -> every thread adds the <= 8
+// warp sums in warp order itself). Summation order: a thread's 4V squares in order (chunk
+// tid + v * blockDim), the warp butterfly, the warps in order: not block_sum_f32's, so the bits differ
+// from the block kernels (the CPU comparison's tolerance holds); rmsnorm and add_rmsnorm take the
+// same path for the same dim, so the fused pair still equals add + rmsnorm bit for bit.
+#define NORM_VEC_THREADS 256
+template <typename Y>
+__device__ __forceinline__ void store4(Y *y, size_t i, float a, float b, float c, float d);
+template <>
+__device__ __forceinline__ void store4<float>(float *y, size_t i, float a, float b, float c, float d) {
+    reinterpret_cast<float4 *>(y)[i] = make_float4(a, b, c, d);
+}
+template <>
+__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16 *y, size_t i, float a, float b, float c,
+                                                      float d) {
+    reinterpret_cast<uint2 *>(y)[i] = make_uint2(gv_pack(a, b), gv_pack(c, d));
+}
+template <typename Y, int V, bool ADD>
+__global__ void __launch_bounds__(NORM_VEC_THREADS) norm_vec_kernel(Y *y, __nv_bfloat16 *yb, float *x, const float *r,
+                                                                   const uint16_t *w, int dim, float eps) {
+    __shared__ float red[NORM_VEC_THREADS / 32];
+    const int nv = dim >> 2, tid = threadIdx.x, T = blockDim.x;
+    uint2 wq[V];  // 4 bf16 weights per chunk
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        wq[v] = w && i < nv ? __ldg(reinterpret_cast<const uint2 *>(w) + i) : make_uint2(0, 0);
+    }
+    pdl_enter();
+    const size_t row = blockIdx.x;
+    float4 *xr = reinterpret_cast<float4 *>(x + row * dim);
+    const float4 *rr = reinterpret_cast<const float4 *>(r + row * dim);
+    float4 a[V], b[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        a[v] = i < nv ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (ADD) b[v] = i < nv ? rr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        if (ADD) {
+            a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
+            if (tid + v * T < nv) xr[tid + v * T] = a[v];
+        }
+        ss += a[v].x * a[v].x;
+        ss += a[v].y * a[v].y;
+        ss += a[v].z * a[v].z;
+        ss += a[v].w * a[v].w;
+    }
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((tid & 31) == 0) red[tid >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_VEC_THREADS / 32; i++)
+        if (i < (T >> 5)) tot += red[i];
+    const float inv = 1.0f / sqrtf(tot / dim + eps);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        if (i >= nv) continue;
+        float o0 = a[v].x * inv, o1 = a[v].y * inv, o2 = a[v].z * inv, o3 = a[v].w * inv;
+        if (w) {
+            o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
+            o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
+        }
+        store4<Y>(y + row * dim, i, o0, o1, o2, o3);
+        if (yb)
+            store4<__nv_bfloat16>(yb + row * dim, i, (float)from_f32<Y>(o0), (float)from_f32<Y>(o1),
+                                  (float)from_f32<Y>(o2), (float)from_f32<Y>(o3));
+    }
+}
+// LUNAR_NORM=block: the block kernels everywhere (the A/B of session 7)
+static int norm_block(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_NORM") && strcmp(getenv("LUNAR_NORM"), "block") == 0;
+    return v;
+}
+// float4 chunks per thread of the vector norm (at most NORM_VEC_THREADS threads), 0: the block kernel
+static int norm_vec_v(int dim, const void *y, const void *yb, const void *x, const void *r, const void *w) {
+    if (norm_block() || dim % 4 || dim > 8 * 4 * NORM_VEC_THREADS) return 0;
+    if (((uintptr_t)y | (uintptr_t)x | (uintptr_t)r) % 16 || ((uintptr_t)yb | (uintptr_t)w) % 8) return 0;
+    const int nv = dim / 4;
+    static const int vs[] = {1, 2, 3, 4, 8};
+    for (int i = 0;; i++)
+        if (vs[i] * NORM_VEC_THREADS >= nv) return vs[i];
+}
+template <typename Y, bool ADD>
+static void norm_vec_launch(int V, Y *y, __nv_bfloat16 *yb, float *x, const float *r, const uint16_t *w, int n,
+                            int dim, float eps, cudaStream_t st) {
+    const int nv = dim / 4, th = ((nv + V - 1) / V + 31) / 32 * 32;
+    switch (V) {
+    case 1: launch_pdl(norm_vec_kernel<Y, 1, ADD>, dim3(n), dim3(th), 0, st, y, yb, x, r, w, dim, eps); break;
+    case 2: launch_pdl(norm_vec_kernel<Y, 2, ADD>, dim3(n), dim3(th), 0, st, y, yb, x, r, w, dim, eps); break;
+    case 3: launch_pdl(norm_vec_kernel<Y, 3, ADD>, dim3(n), dim3(th), 0, st, y, yb, x, r, w, dim, eps); break;
+    case 4: launch_pdl(norm_vec_kernel<Y, 4, ADD>, dim3(n), dim3(th), 0, st, y, yb, x, r, w, dim, eps); break;
+    default: launch_pdl(norm_vec_kernel<Y, 8, ADD>, dim3(n), dim3(th), 0, st, y, yb, x, r, w, dim, eps); break;
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
 template <int MODE>
 static void norm_launch(void *y, lunar_cuda_dtype ydt, const float *x, const float *gate,
                         const uint16_t *w, int n, int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
+    const int V = MODE == 0 ? norm_vec_v(dim, y, NULL, x, x, w) : 0;
+    if (V) {
+        if (ydt == LUNAR_CUDA_F32)
+            norm_vec_launch<float, false>(V, (float *)y, NULL, (float *)x, x, w, n, dim, eps, to_stream(s));
+        else
+            norm_vec_launch<__nv_bfloat16, false>(V, (__nv_bfloat16 *)y, NULL, (float *)x, x, w, n, dim, eps,
+                                                  to_stream(s));
+        return;
+    }
     int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
         launch_pdl(norm_kernel<float, MODE>, dim3(n), dim3(th), 0, to_stream(s), (float *)y, x, gate, w, dim, eps);
@@ -89,6 +211,11 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
 extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n,
                                          int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
+    const int V = norm_vec_v(dim, y, yb, x, r, w);
+    if (V) {
+        norm_vec_launch<float, true>(V, y, (__nv_bfloat16 *)yb, x, r, w, n, dim, eps, to_stream(s));
+        return;
+    }
     launch_pdl(add_norm_kernel<float>, dim3(n), dim3(row_threads(dim)), 0, to_stream(s), y, x, r, w, dim, eps,
                (__nv_bfloat16 *)yb);
     CUDA_CHECK_LAUNCH();
@@ -96,6 +223,14 @@ extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const
 extern "C" void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w,
                                        int n, int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
+    const int V = norm_vec_v(dim, y, NULL, x, r, w);
+    if (V) {
+        if (ydt == LUNAR_CUDA_F32)
+            norm_vec_launch<float, true>(V, (float *)y, NULL, x, r, w, n, dim, eps, to_stream(s));
+        else
+            norm_vec_launch<__nv_bfloat16, true>(V, (__nv_bfloat16 *)y, NULL, x, r, w, n, dim, eps, to_stream(s));
+        return;
+    }
     const int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
         launch_pdl(add_norm_kernel<float>, dim3(n), dim3(th), 0, to_stream(s), (float *)y, x, r, w, dim, eps,

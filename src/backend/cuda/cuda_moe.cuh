@@ -92,6 +92,12 @@ __device__ __forceinline__ float glu_act_fast(float g, float u, int act, float b
 
 // Decode token groups of up to DEC_G rows (one mma n8 tile of tokens).
 #define DEC_G 8
+// decode token groups of a route of n tokens x k slots over E experts: whole groups of DEC_G rows plus
+// at most one partial group per expert (cuda_moe.cu's permutation, cuda_router.cu's route-one)
+__host__ __device__ __forceinline__ int max_groups(int n, int k, int E) {
+    int rows = n * k;
+    return (rows + DEC_G - 1) / DEC_G + (E < rows ? E : rows);
+}
 
 __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
     uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);

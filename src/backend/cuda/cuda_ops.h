@@ -433,9 +433,10 @@ void lunar_cuda_dsa_topk(int32_t *idx, int32_t *count, const float *scores, int 
 
 /* ---------------------------------------------------------------- latent MoE (cuda_moe.cu) */
 
-/* op_router_topk on fp32 logits [n, E] (E <= 4096); bias fp32 [E] or NULL. One block per token:
- * sigmoid, bias, group mask, k rounds of block argmax (ties to the lower index, as the CPU),
- * renormalise in selection order, scale. experts, weights: [n, k]. */
+/* op_router_topk on fp32 logits [n, E] (E <= 4096); bias fp32 [E] or NULL (cuda_router.cu). One warp
+ * per token (E <= 1024, k <= 64; else, or with LUNAR_ROUTER=block, one block): sigmoid, bias, group
+ * mask, k rounds of argmax (ties to the lower index, as the CPU), renormalise in selection order,
+ * scale. experts, weights: [n, k]. */
 void lunar_cuda_router_topk(int32_t *experts, float *weights, const float *logits,
                             const float *bias, int n, int E, int k, int n_group, int topk_group,
                             int renorm, float scale, lunar_cuda_stream s);

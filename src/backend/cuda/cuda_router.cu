@@ -1,0 +1,407 @@
+// The sigmoid MoE router on the GPU (op_router_topk: sigmoid, selection bias, group-limited top-k,
+// renormalise, scale) and the batch-1 route (the top-k and the expert-contiguous permutation of
+// lunar_cuda_moe_permute in one launch). Two kernels: the warp router (default) and the block router
+// it replaced (LUNAR_ROUTER=block), which give the same experts and the same weight bits.
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_moe.cuh"
+
+// The block router (LUNAR_ROUTER=block; the default until session 7): one 256-thread block per token, k
+// rounds of block-wide argmax with two barriers each and thread 0's serial merge of the warps.
+// ROUTE (one token, one block): the top-k is followed by the permutation that
+// lunar_cuda_moe_permute's memset, count, scan and scatter would leave in r (see route_one below)
+template <bool ROUTE>
+__global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, float *weights,
+                                                          const float *logits, const float *bias,
+                                                          int E, int k, int n_group,
+                                                          int topk_group, int renorm,
+                                                          float scale, int shared, lunar_cuda_moe_route r) {
+    extern __shared__ float sm[];
+    float *sc = sm, *ch = sm + E;  // sigmoid, choice (-inf once taken or not eligible)
+    __shared__ float gscore[64];
+    __shared__ int gok[64];
+    __shared__ float rv[8];
+    __shared__ int ri[8];
+    pdl_enter();
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float *lg = logits + (size_t)t * E;
+    for (int e = tid; e < E; e += blockDim.x) {
+        float s = 1.0f / (1.0f + expf(-lg[e]));
+        sc[e] = s;
+        const float v = s + (bias ? bias[e] : 0.0f);
+        ch[e] = isnan(v) ? -INFINITY : v;  // NaN marks taken entries below; a NaN logit ranks last (as the CPU op)
+    }
+    __syncthreads();
+    if (n_group > 1) {
+        const int gs = E / n_group;
+        if (tid < n_group) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = 0; e < gs; e++) {
+                float v = ch[tid * gs + e];
+                if (v > m1) m2 = m1, m1 = v;
+                else if (v > m2) m2 = v;
+            }
+            gscore[tid] = gs >= 2 ? m1 + m2 : m1;
+            gok[tid] = 0;
+        }
+        __syncthreads();
+        if (tid == 0)
+            for (int sel = 0; sel < topk_group; sel++) {
+                int best = -1;
+                for (int gi = 0; gi < n_group; gi++)
+                    if (!gok[gi] && (best < 0 || gscore[gi] > gscore[best])) best = gi;
+                gok[best] = 1;
+            }
+        __syncthreads();
+        for (int e = tid; e < E; e += blockDim.x)
+            if (!gok[e / gs]) ch[e] = NAN;
+    }
+    // k rounds of argmax over the eligible entries (not taken, in a kept group); NaN marks the
+    // others, so an eligible -inf choice still wins over them (as argmax_eligible).
+    float wsum = 0.0f;
+    int32_t *ex = experts + (size_t)t * k;
+    float *wt = weights + (size_t)t * k;
+    for (int sel = 0; sel < k; sel++) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = tid; e < E; e += blockDim.x) {
+            float v = ch[e];
+            if (isnan(v)) continue;  // taken / ineligible marker
+            if (bi < 0 || v > bv) bv = v, bi = e;  // increasing e: ties keep the lower index
+        }
+        for (int o = 16; o; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) bv = ov, bi = oi;
+        }
+        if ((tid & 31) == 0) rv[tid >> 5] = bv, ri[tid >> 5] = bi;
+        __syncthreads();
+        if (tid == 0) {
+            int nw = blockDim.x >> 5;
+            bv = rv[0], bi = ri[0];
+            for (int w = 1; w < nw; w++)
+                if (ri[w] >= 0 && (bi < 0 || rv[w] > bv || (rv[w] == bv && ri[w] < bi)))
+                    bv = rv[w], bi = ri[w];
+            ex[sel] = bi;
+            wt[sel] = sc[bi];
+            wsum += sc[bi];
+            ch[bi] = NAN;
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        for (int sel = 0; sel < k; sel++) {
+            float w = wt[sel];
+            if (renorm) w /= wsum + 1e-20f;
+            wt[sel] = w * scale;
+        }
+    }
+    if (!ROUTE) return;
+    // One token: its k experts are distinct (a taken entry is never chosen again), so each has one
+    // row, and the permuted row of expert e is its rank among the chosen ones (ascending e: the
+    // scan's order). srt: the chosen experts sorted (k <= 64, checked by the launcher).
+    __shared__ int srt[64];
+    if (tid == 0) {
+        for (int i = 0; i < k; i++) {
+            int e = ex[i], j = i;
+            for (; j > 0 && srt[j - 1] > e; j--) srt[j] = srt[j - 1];
+            srt[j] = e;
+        }
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += blockDim.x) {
+        int rank = 0, chosen = 0;
+        for (int i = 0; i < k; i++) rank += srt[i] < e, chosen |= srt[i] == e;
+        r.counts[e] = chosen;
+        r.offsets[e] = rank;
+        r.cursor[e] = rank + chosen;  // after the scatter's increments
+    }
+    for (int i = tid; i < k; i += blockDim.x) {
+        const int e = srt[i];
+        r.active[i] = e;
+        r.tiles[2 * i] = e, r.tiles[2 * i + 1] = i;  // one row per expert: one tile, one group each
+        r.groups[2 * i] = e, r.groups[2 * i + 1] = i;
+        r.gdone[i] = 0;
+        int pos = 0;  // pair i's row: its expert's rank
+        for (int j = 0; j < k; j++) pos += srt[j] < ex[i];
+        r.row_token[pos] = 0;
+        r.row_weight[pos] = wt[i];
+        r.pair_row[i] = pos;
+    }
+    if (tid == 0) {
+        const int k1 = k + shared;
+        r.offsets[E] = k;
+        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
+        r.gdone[max_groups(1, k1, E)] = 0;
+        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
+            r.offsets[E + 1] = k + 1;
+            r.active[k] = E;
+            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
+            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
+            r.gdone[k] = 0;
+            r.row_token[k] = 0;
+            r.row_weight[k] = 1.0f;
+            r.pair_row[k] = k;
+        }
+    }
+}
+
+
+// ---------------------------------------------------------------- the warp router
+//
+// One warp per token, no block barrier (issue 9: the block router's k rounds of two __syncthreads
+// each plus thread 0's merge were most of route-one's 12 us at batch 1, on the decode step's serial
+// path). Lane l holds candidates e = l + 32 j (j < C, E <= 32 C) in registers as 32-bit keys:
+//   key(v) = bits(v) ^ (v < 0 ? 0xffffffff : 0x80000000)   (v = s + bias, never NaN, -0 made +0)
+// is increasing in v, so comparing keys is comparing choices; every eligible key is >= key(-inf)
+// = 0x007fffff > 0, and 0 marks a taken or ineligible candidate (as the block router's NaN marker:
+// an eligible -inf choice still wins over it). A round: the warp's best key by one redux.sync max,
+// the lowest index holding it by one redux.sync min (ties to the lower index, as argmax_eligible:
+// the order (key desc, index asc) is total, so any reduction tree gives the CPU's scan result), then
+// only the winning lane recomputes its best candidate (a max tree over (key, C-1-j) pairs).
+// The weights: s[e] from shared memory, summed in selection order by every lane (the CPU's sum).
+// Groups (n_group > 1; no shipped config uses them) go through shared memory exactly as the block
+// router: lane g scores group g (top-2 sum, serial), lane 0 picks topk_group of them serially.
+// ROUTE (one token, one warp): then the permutation, from one ballot per candidate column j: the
+// rank of a chosen expert e among the chosen = popcounts of the columns before e's plus the lanes
+// below e's in its column.
+#define ROUTER_WPB 4  // warps (tokens) per block of the batched router
+
+__device__ __forceinline__ uint32_t choice_key(float v) {
+    const uint32_t u = __float_as_uint(v + 0.0f);  // -0 + 0 = +0: equal choices, equal keys
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// (key, C-1-j) of the lane's best candidate: the largest key, the lowest j among equal keys
+template <int C>
+__device__ __forceinline__ unsigned long long lane_best(const uint32_t *key) {
+    unsigned long long p[C];
+#pragma unroll
+    for (int j = 0; j < C; j++) p[j] = (unsigned long long)key[j] << 32 | (uint32_t)(C - 1 - j);
+#pragma unroll
+    for (int w = 1; w < C; w <<= 1)
+#pragma unroll
+        for (int j = 0; j + w < C; j += 2 * w) p[j] = max(p[j], p[j + w]);
+    return p[0];
+}
+
+template <bool ROUTE, int C>
+__global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *experts, float *weights,
+                                                                      const float *logits, const float *bias,
+                                                                      int n, int E, int k, int n_group,
+                                                                      int topk_group, int renorm, float scale,
+                                                                      int shared, lunar_cuda_moe_route r) {
+    extern __shared__ float wsm[];  // per warp: s [E], then (groups only) the choices [E]
+    __shared__ float gscore[ROUTER_WPB][64];
+    __shared__ int gok[ROUTER_WPB][64];
+    const unsigned FULL = 0xffffffffu;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int t = blockIdx.x * (blockDim.x >> 5) + wid;
+    float bv[C];  // the selection bias: a weight, which no kernel of the step writes (before the wait)
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const int e = lane + 32 * j;
+        bv[j] = bias && e < E ? bias[e] : 0.0f;
+    }
+    pdl_enter();
+    if (t >= n) return;
+    float *sw = wsm + (size_t)wid * (n_group > 1 ? 2 * E : E), *ch = sw + E;
+    const float *lg = logits + (size_t)t * E;
+    float lv[C];  // every logit load in flight before the first use (one L2 round trip, not C)
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const int e = lane + 32 * j;
+        lv[j] = e < E ? lg[e] : 0.0f;
+    }
+    uint32_t key[C];
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const int e = lane + 32 * j;
+        key[j] = 0;
+        if (e < E) {
+            const float s = 1.0f / (1.0f + expf(-lv[j]));
+            float v = s + (bias ? bv[j] : 0.0f);
+            if (isnan(v)) v = -INFINITY;  // a NaN logit ranks last but stays a valid choice (as the CPU op)
+            sw[e] = s;
+            if (n_group > 1) ch[e] = v;
+            key[j] = choice_key(v);
+        }
+    }
+    if (n_group > 1) {
+        __syncwarp();
+        const int gs = E / n_group;
+        for (int g = lane; g < n_group; g += 32) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = 0; e < gs; e++) {
+                const float v = ch[g * gs + e];
+                if (v > m1) m2 = m1, m1 = v;
+                else if (v > m2) m2 = v;
+            }
+            gscore[wid][g] = gs >= 2 ? m1 + m2 : m1;
+            gok[wid][g] = 0;
+        }
+        __syncwarp();
+        if (lane == 0)
+            for (int sel = 0; sel < topk_group; sel++) {
+                int best = -1;
+                for (int gi = 0; gi < n_group; gi++)
+                    if (!gok[wid][gi] && (best < 0 || gscore[wid][gi] > gscore[wid][best])) best = gi;
+                gok[wid][best] = 1;
+            }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+            const int e = lane + 32 * j;
+            if (e < E && !gok[wid][e / gs]) key[j] = 0;
+        }
+    }
+    __syncwarp();  // sw
+    unsigned long long b = lane_best<C>(key);
+    uint32_t taken = 0;      // bit j: candidate j of this lane chosen
+    int ex0 = 0, ex1 = 0;    // this lane's slots: lane and lane + 32
+    float w0 = 0.0f, w1 = 0.0f, wsum = 0.0f;
+    for (int sel = 0; sel < k; sel++) {
+        const uint32_t bk = (uint32_t)(b >> 32);
+        const int bj = C - 1 - (int)(uint32_t)b;
+        const uint32_t m = __reduce_max_sync(FULL, bk);
+        const int e = (int)__reduce_min_sync(FULL, bk == m ? (uint32_t)(lane + 32 * bj) : FULL);
+        if ((e & 31) == lane) {  // the winner: its candidate bj is taken
+            taken |= 1u << bj;
+#pragma unroll
+            for (int j = 0; j < C; j++)
+                if (j == bj) key[j] = 0;
+            b = lane_best<C>(key);
+        }
+        const float w = sw[e];
+        wsum += w;
+        if (sel == lane) ex0 = e, w0 = w;
+        if (sel == lane + 32) ex1 = e, w1 = w;
+    }
+    if (renorm) w0 /= wsum + 1e-20f, w1 /= wsum + 1e-20f;
+    w0 *= scale, w1 *= scale;
+    int32_t *ex = experts + (size_t)t * k;
+    float *wt = weights + (size_t)t * k;
+    if (lane < k) ex[lane] = ex0, wt[lane] = w0;
+    if (lane + 32 < k) ex[lane + 32] = ex1, wt[lane + 32] = w1;
+    if (!ROUTE) return;
+    // the permutation: column j's ballot of chosen lanes (lane j keeps it and the count before it)
+    uint32_t colb = 0;
+    int colpre = 0, pre = 0;
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const uint32_t bal = __ballot_sync(FULL, (taken >> j) & 1u);
+        const int e = lane + 32 * j, chosen = (taken >> j) & 1u;
+        const int rank = pre + __popc(bal & ((1u << lane) - 1u));
+        if (e < E) {
+            r.counts[e] = chosen;
+            r.offsets[e] = rank;
+            r.cursor[e] = rank + chosen;  // after the scatter's increments
+        }
+        if (lane == j) colb = bal, colpre = pre;
+        pre += __popc(bal);
+    }
+    for (int h = 0; h < k; h += 32) {  // slots lane + h: pair i, its expert's rank = its permuted row
+        const int i = lane + h, e = h ? ex1 : ex0;
+        const float w = h ? w1 : w0;
+        const int pos = __shfl_sync(FULL, colpre, e >> 5) + __popc(__shfl_sync(FULL, colb, e >> 5) & ((1u << (e & 31)) - 1u));
+        if (i < k) {
+            r.active[pos] = e;
+            r.tiles[2 * pos] = e, r.tiles[2 * pos + 1] = pos;  // one row per expert: one tile, one group each
+            r.groups[2 * pos] = e, r.groups[2 * pos + 1] = pos;
+            r.gdone[pos] = 0;
+            r.row_token[pos] = 0;
+            r.row_weight[pos] = w;
+            r.pair_row[i] = pos;
+        }
+    }
+    if (lane == 0) {
+        const int k1 = k + shared;
+        r.offsets[E] = k;
+        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
+        r.gdone[max_groups(1, k1, E)] = 0;
+        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
+            r.offsets[E + 1] = k + 1;
+            r.active[k] = E;
+            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
+            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
+            r.gdone[k] = 0;
+            r.row_token[k] = 0;
+            r.row_weight[k] = 1.0f;
+            r.pair_row[k] = k;
+        }
+    }
+}
+
+// candidates per lane: the smallest instantiated C with 32 C >= E (256 experts: 8; 896: 28), 0 above 1024
+static int warp_cols(int E) {
+    static const int cs[] = {2, 4, 8, 16, 28, 32};
+    for (unsigned i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        if (32 * cs[i] >= E) return cs[i];
+    return 0;
+}
+// LUNAR_ROUTER=block: the block router (the A/B of session 7); anything else: the warp router
+static int router_block(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_ROUTER") && strcmp(getenv("LUNAR_ROUTER"), "block") == 0;
+    return v;
+}
+
+template <bool ROUTE>
+static void warp_launch(int C, int n, int32_t *experts, float *weights, const float *logits, const float *bias,
+                        int E, int k, int n_group, int topk_group, int renorm, float scale, int shared,
+                        const lunar_cuda_moe_route &r, cudaStream_t st) {
+    const int wpb = ROUTE ? 1 : ROUTER_WPB;
+    const dim3 grid((n + wpb - 1) / wpb), block(32 * wpb);
+    const size_t smem = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1);
+#define RW_CASE(CC)                                                                                             \
+    case CC:                                                                                                    \
+        launch_pdl(router_warp_kernel<ROUTE, CC>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
+                   k, n_group, topk_group, renorm, scale, shared, r);                                          \
+        break;
+    switch (C) {
+        RW_CASE(2) RW_CASE(4) RW_CASE(8) RW_CASE(16) RW_CASE(28) RW_CASE(32)
+    default: CUDA_REQUIRE(!"warp router: no such column count");
+    }
+#undef RW_CASE
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const float *logits,
+                                       const float *bias, int n, int E, int k, int n_group,
+                                       int topk_group, int renorm, float scale,
+                                       lunar_cuda_stream s) {
+    if (n_group < 1) n_group = 1;
+    CUDA_REQUIRE(E >= 1 && E <= 4096 && k >= 1 && k <= E && E % n_group == 0 && n_group <= 64);
+    if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
+    if (n <= 0) return;
+    lunar_cuda_moe_route none;
+    memset(&none, 0, sizeof none);
+    const int C = warp_cols(E);
+    if (C && k <= 64 && !router_block()) {
+        warp_launch<false>(C, n, experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none,
+                           to_stream(s));
+        return;
+    }
+    router_topk_kernel<false><<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
+        experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias,
+                                         int n_group, int topk_group, int renorm, float scale,
+                                         int shared, lunar_cuda_stream s) {
+    const int E = r->E, k = r->k - (shared != 0);
+    if (n_group < 1) n_group = 1;
+    CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
+                 n_group <= 64);
+    if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
+    const int C = warp_cols(E);
+    if (C && !router_block()) {
+        warp_launch<true>(C, 1, r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale,
+                          shared != 0, *r, to_stream(s));
+        return;
+    }
+    launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), 2 * E * sizeof(float), to_stream(s),
+        r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, shared != 0, *r);
+    CUDA_CHECK_LAUNCH();
+}
