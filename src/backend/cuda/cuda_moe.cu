@@ -1114,16 +1114,18 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : !strcmp(e, "wsc") ? 7
                   : !strcmp(e, "wsf") ? 10
                   : !strcmp(e, "wsfast") ? 12
+                  : !strcmp(e, "wsmx") ? 13
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
+        const int pre_k = pre == 13 ? (w->mxfp4 ? 13 : 12) : pre >= 10 && w->mxfp4 ? 4 : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
+    if (path == 13 && !w->mxfp4) path = 12;  // path 13 is path 6's pipeline with MXFP4 widened by the consumers
+    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-13: the grouped GEMMs (any n)
     const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(path >= 1 && path <= 12 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 13 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);

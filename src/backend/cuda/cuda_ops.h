@@ -508,7 +508,9 @@ typedef struct lunar_cuda_moe_experts {
  * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 4 then; path 10
  * with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of two, 12
  * path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue (MXFP4: 6;
- * LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 4).
+ * LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 4), 13 path 6's
+ * pipeline for MXFP4 experts with the widening in the consumer warpgroups (cuda_moe_ws.cu;
+ * LUNAR_MOE_PREFILL=wsmx selects it for MXFP4 experts, BF16 experts run 12 then; BF16: 12).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
