@@ -50,8 +50,8 @@
 // Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, warp-specialised"): Kimi-Linear's
 // BF16 shape 2.72-2.84 ms (path 4: 2.95-2.98), 38 % of the measured dense peak, so BF16 prefill runs
 // here by default; K3.1's MXFP4 shapes 20 % slower than path 4 (one warpgroup widening alone: the
-// copies-only probe takes 46 of the 51 ms), so MXFP4 stays on path 4. The probes show the BF16 time
-// is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
+// copies-only probe takes 46 of the 51 ms), so MXFP4 stayed on path 4 (until path 13 below moved
+// the widening into the consumers, session 7). The probes show the BF16 time is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
 // consumer side (short M tiles, the epilogue outside the MMA stream, per-chunk waits) is the limit.
 // (The probes were switches of this kernel that skipped the copies or the products, outputs garbage;
 // removed after the measurement so that no setting can make the default kernel compute wrong
@@ -536,27 +536,40 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wx_kernel(const __grid_constant__
                     const uint32_t bT = sBh + (2 * wg + (q & 1)) * C::BH_BYTES;
                     mbar_wait(full + 8 * s, (q / WX_ST) & 1);
                     fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
+                    // this warpgroup's 256 blocks (128 rows x 2), 2 a thread: both loaded first and one
+                    // warp-uniform branch for both (TWO), so that the 8 words' widenings are one
+                    // straight run ptxas can interleave (a branch per block left 4 dependent chains
+                    // of ~20 operations between branches: the widening ran at the latency of one)
+                    uint4 nib[2];
+                    mxscale sc[2];
 #pragma unroll
-                    for (int i = 0; i < 2; i++) {  // this warpgroup's 256 blocks: 128 rows x 2
+                    for (int i = 0; i < 2; i++) {
                         const int v = lt + 128 * i, nr = v >> 1, half = v & 1, u = 256 * wg + v;
                         const bool m3 = GATEUP && nr >= 64;
-                        const uint4 nib = lds128(dR + u * 16);
+                        nib[i] = lds128(dR + u * 16);
                         const uint32_t sw = lds32(dS + u * 4);
                         // the byte's place in its word: the scale offsets of a row and an expert are multiples of 4
                         const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + 2 * j + half) & 3;
-                        const mxscale sc = mx_scale((sw >> (8 * sel)) & 0xffu);
-                        const bool two = __any_sync(0xffffffffu, sc.two);
-                        const uint32_t row = bT + nr * 128;
-                        const uint32_t words[4] = {nib.x, nib.y, nib.z, nib.w};
-#pragma unroll
-                        for (int w = 0; w < 4; w++) {
-                            uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
-                            if (two) pairs_mx<true>(words[w], sc, p);
-                            else pairs_mx<false>(words[w], sc, p);
-                            sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
-                                   prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
-                        }
+                        sc[i] = mx_scale((sw >> (8 * sel)) & 0xffu);
                     }
+                    auto put = [&](auto two_c) {
+                        constexpr bool TWO = decltype(two_c)::value;
+#pragma unroll
+                        for (int i = 0; i < 2; i++) {
+                            const int v = lt + 128 * i, nr = v >> 1, half = v & 1;
+                            const uint32_t row = bT + nr * 128;
+                            const uint32_t words[4] = {nib[i].x, nib[i].y, nib[i].z, nib[i].w};
+#pragma unroll
+                            for (int w = 0; w < 4; w++) {
+                                uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
+                                pairs_mx<TWO>(words[w], sc[i], p);
+                                sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
+                                       prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
+                            }
+                        }
+                    };
+                    if (__any_sync(0xffffffffu, sc[0].two || sc[1].two)) put(std::true_type());
+                    else put(std::false_type());
                     fence_async_smem();  // this thread's widened rows -> the wgmma
                     wx_bar(1 + wg);      // all 128 rows of this warpgroup's B buffer written
                     wgmma_fence();
