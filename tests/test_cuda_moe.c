@@ -367,7 +367,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 12; path++) {
+    for (int path = 1; path <= 13; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -378,7 +378,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -420,20 +420,27 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
 #define WG (8 | 16 | 32)
 #define WSF (512 | 1024 | 2048)
+/* Path 13 (MXFP4 widened by the consumer warpgroups) on every MXFP4 case: where path 6 takes the
+ * shape (D % 256 == 0) it runs its own kernel, so the cases cover tiles of 1..128 rows (token
+ * half 1 idle or not: n = 400 puts ~200 rows on an expert), K of 2..18 chunks (its ring of 5
+ * stages and double-buffered B tiles wrapping within and across items), empty (mode 1) and
+ * overloaded experts, odd n, scales above 128 (the two-multiply widening) and both matrices of
+ * gate/up; D = 128 and 384 fall back to path 4. */
+#define MX13 4096
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
-    experts_case(5, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG);
-    experts_case(13, 4, 16, 256, 128, 1, 0, 0, ALL_DECODE | WG);
-    experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG);
-    experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG); /* 40 rows on each of 4 experts, 4 empty */
-    experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | WG);
-    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG);
-    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
-    experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */
-    experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG); /* ~200 rows per expert, 192 gate/up items */
-    experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX13);
+    experts_case(5, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX13);
+    experts_case(13, 4, 16, 256, 128, 1, 0, 0, ALL_DECODE | WG | MX13);
+    experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG | MX13);
+    experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG | MX13); /* 40 rows on each of 4 experts, 4 empty */
+    experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG | MX13);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | WG | MX13);
+    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG | MX13);
+    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG | MX13);
+    experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX13); /* 130 rows on 4 experts: tiles of 128 + 2 */
+    experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG | MX13); /* ~200 rows per expert, 192 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG | MX13); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
@@ -742,11 +749,15 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    static const int paths[] = {2, 4, 6, 10, 11, 12, 7};
-    static const char *pn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
-                               "ws fast epi (12)", "ws cluster (7)"};
+    /* paths 10-12 and 7 differ from 6 for BF16 weights only; 13 exists for MXFP4 only */
+    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7}, mpaths[] = {2, 4, 6, 13};
+    static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
+                                "ws fast epi (12)", "ws cluster (7)"},
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws widen in consumers (13)"};
+    const int *paths = mx ? mpaths : bpaths;
+    const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 3 : 7); i++) { /* paths 10-12 and 7 differ from 6 for BF16 weights only */
+    for (int i = 0; i < (mx ? 4 : 7); i++) {
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
@@ -804,9 +815,10 @@ TEST(cuda_moe_bench) {
         lunar_cuda_release(mark);
     }
     /* LUNAR_MOE_BENCH=prefill: the references and the prefill shapes only; =prefill-bf16: only the
-     * BF16 prefill shape (Kimi-Linear: short Nsight Compute runs) */
+     * BF16 prefill shape (Kimi-Linear: short Nsight Compute runs); =prefill-mxfp4: only K3.1's */
     const int bf16_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-bf16");
-    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0 && !bf16_only;
+    const int mx_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-mxfp4");
+    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0 && !bf16_only && !mx_only;
     if (decode) printf("Decode (both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
            "the distinct touched experts (packed + scales, or bf16) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
            "floor(m) = bytes / the GEMV read rate above. pair = the decode kernel pair (path 1), v2 = the\n"
@@ -835,8 +847,10 @@ TEST(cuda_moe_bench) {
         bench_prefill(8192, 896, 16, 3584, 3072, 1, 1, "K3.1 (lat 3584, I 3072)");
         bench_prefill(8192, 896, 16, 3584, 384, 1, 1, "K3.1 TP8 (I 384)");
     }
-    bench_prefill(8192, 256, 8, 2304, 1024, 0, 0, "Kimi-Linear swiglu");
-    bench_prefill(8192, 256, 8, 2304, 1024, 0, 1, "Kimi-Linear (situ, as s5)");
+    if (!mx_only) {
+        bench_prefill(8192, 256, 8, 2304, 1024, 0, 0, "Kimi-Linear swiglu");
+        bench_prefill(8192, 256, 8, 2304, 1024, 0, 1, "Kimi-Linear (situ, as s5)");
+    }
     fflush(stdout);
 }
 

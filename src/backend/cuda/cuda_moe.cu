@@ -676,7 +676,7 @@ static void fused_launch(const xargs &g, const xargs &d, const lunar_cuda_moe_ro
 
 // ---------------------------------------------------------------- grouped GEMM (prefill)
 // The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the defaults are
-// the wgmma kernels: cuda_moe_ws.cu's path 6 for BF16 experts, cuda_moe_wg.cu's path 4 for MXFP4).
+// the wgmma kernels of cuda_moe_ws.cu: path 12 for BF16 experts, path 13 for MXFP4).
 // CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
 // (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
 // 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
@@ -921,16 +921,19 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
         // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
-        // the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the H200 at 8192 tokens, path 6 is
-        // 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 % slower on K3.1's MXFP4 ones (its
-        // single producer warpgroup widens the nibbles alone; docs/benchmarks.md "MoE prefill,
-        // warp-specialised"), and path 12 4 % faster than 6 with Kimi-Linear's SwiGLU, 21 % with
-        // SiTU (docs/benchmarks.md "MoE prefill, round 4"). LUNAR_MOE_PREFILL=ws / wg / old force
-        // path 6 / 4 / 2 (the mma.sync kernel) for both kinds, =wsc path 7 (path 6 in clusters of 2
-        // sharing the BF16 weight tiles; measured 30 % slower than 6, kept opt-in), =wsf path 10
-        // for BF16 experts (path 6 with the consumers' per-chunk proxy fence moved to the producer;
-        // measured 0-6 % slower than 6, kept opt-in), =wsfast path 12 for BF16 experts (the
-        // default); MXFP4 experts keep path 4 under both (10 and 12 differ from 6 for BF16 only).
+        // path 6's pipeline with the widening in the consumer warpgroups (path 13, cuda_moe_ws.cu):
+        // measured on the H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16
+        // shape and 20 % slower on K3.1's MXFP4 ones (its single producer warpgroup widens the
+        // nibbles alone; docs/benchmarks.md "MoE prefill, warp-specialised"), path 12 4 % faster
+        // than 6 with Kimi-Linear's SwiGLU, 21 % with SiTU (docs/benchmarks.md "MoE prefill, round
+        // 4"), and path 13 21-25 % faster than path 4 (the wgmma kernel, cuda_moe_wg.cu, MXFP4's
+        // default before) on K3.1's shapes (docs/benchmarks.md "MoE prefill, MXFP4 in the consumer
+        // warps"). LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for
+        // both kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured
+        // 30 % slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the
+        // consumers' per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6,
+        // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx path 13 for MXFP4 experts (the
+        // defaults); the other kind keeps its default under wsf / wsfast / wsmx.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -940,16 +943,18 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : !strcmp(e, "wsc") ? 7
                   : !strcmp(e, "wsf") ? 10
                   : !strcmp(e, "wsfast") ? 12
+                  : !strcmp(e, "wsmx") ? 13
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 12) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? 13 : pre == 13 ? 12 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 13 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
+    if (path == 13 && !w->mxfp4) path = 12;  // path 13 is path 6's pipeline with MXFP4 widened by the consumers
+    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-13: the grouped GEMMs (any n)
     const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(path >= 1 && path <= 12 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
+    CUDA_REQUIRE(path >= 1 && path <= 13 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);

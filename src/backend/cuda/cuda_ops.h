@@ -497,7 +497,7 @@ typedef struct lunar_cuda_moe_experts {
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
  * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, path 8 for MXFP4 at I >= 1024
  * and n >= 32, LUNAR_MOE_DECODE=pair|v2|fused forcing one; above, path 12 for BF16 experts and path
- * 4 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old / wg / ws), 1 the decode kernel
+ * 13 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old / wg / ws), 1 the decode kernel
  * pair (n <= 64), 2 the mma.sync grouped GEMM, 3 the fused decode kernel (one persistent grid for
  * both GEMMs; MXFP4 and n <= 64, BF16 falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu),
  * 5 the same with 128-row weight tiles throughout (4 uses 256 where R allows), 6 the
@@ -506,10 +506,12 @@ typedef struct lunar_cuda_moe_experts {
  * TMA multicast (MXFP4: path 6), 8 the warp-team decode kernels (cuda_moe_dec.cu, n <= 64, MXFP4
  * and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 9 the same on 3 blocks only (tests: every warp
  * walks many units), 10 path 6 with the BF16 proxy fences moved from the consumer warps to the
- * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 4 then; path 10
- * with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of two, 12
- * path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue (MXFP4: 6;
- * LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 4).
+ * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 13 then; path
+ * 10 with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of
+ * two, 12 path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue
+ * (MXFP4: 6; LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 13), 13 path
+ * 6's pipeline for MXFP4 experts with the widening in the consumer warpgroups (cuda_moe_ws.cu;
+ * LUNAR_MOE_PREFILL=wsmx selects it for MXFP4 experts, BF16 experts keep 12; BF16 weights: 12).
  * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
