@@ -117,6 +117,67 @@ TEST(cuda_matmul_bf16_vs_cpu) {
     }
 }
 
+/* The skinny GEMM's kernels side by side (lunar_cuda_gemv_select): each against the CPU op, and the
+ * bulk-copy stream (kind 2) under several rings (segment bytes, stages: segments that split rows
+ * unevenly, rings that wrap many times) giving the same bits every time, since a lane's chunk order
+ * does not depend on them; at a shape the session-5 kernel takes with one warp per output (8192
+ * outputs: no split) the bulk kernel must equal it bit for bit (the same sums in the same order).
+ * Shapes: fewer rows than SMs, rows that are not a multiple of 512 bytes, n = 1..4. */
+TEST(cuda_matmul_gemv_kernels) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{1, 8192, 2304}, {1, 2304, 4096}, {2, 300, 2304}, {3, 256, 9216},
+                                    {4, 520, 1024}, {1, 3, 40},       {1, 131, 72},   {2, 1000, 1032}};
+    static const int rings[][2] = {{4096, 3}, {512, 2}, {1024, 5}, {8192, 8}};
+    const int prev = lunar_cuda_gemv_select(1, 0, 0);
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)n * in, 40 + s, -1, 1), *w = test_rand((long)out * in, 50 + s, -0.1f, 0.1f);
+        float *xr = malloc((size_t)n * in * sizeof *xr);
+        memcpy(xr, x, (size_t)n * in * sizeof *xr);
+        round_bf16(x, (long)n * in);
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        float *ref = test_poisoned((long)n * out);
+        op_matmul(ref, x, &W, n);
+        const float *dx = dev_in(xr, (size_t)n * in * 4);
+        const uint16_t *dw = dev_in(W.data, W.nbytes);
+        float *first_bulk = NULL, *old = NULL;
+        for (int v = 0; v < 2 + (int)(sizeof rings / sizeof rings[0]); v++) {
+            const int kind = v < 2 ? v : 2;
+            lunar_cuda_gemv_select(kind, v < 2 ? 0 : rings[v - 2][0], v < 2 ? 0 : rings[v - 2][1]);
+            guarded o;
+            float *dy = guarded_new(&o, (size_t)n * out * 4);
+            CHECK(lunar_cuda_matmul_f32x(dy, LUNAR_CUDA_F32, dx, dw, n, out, in, NULL) == 0);
+            float *y = down_f32(dy, (long)n * out);
+            char what[96];
+            snprintf(what, sizeof what, "gemv kind %d (ring %d) n=%d out=%d in=%d", kind, v, n, out, in);
+            report(what, lunar_max_rel_err(y, ref, (long)n * out), 1e-4);
+            CHECK(guards_ok(&o));
+            if (v == 0) old = y;
+            else if (v == 2) first_bulk = y;
+            else if (v > 2) {
+                CHECK_MSG(memcmp(y, first_bulk, (size_t)n * out * sizeof *y) == 0, "%s: differs from ring 2", what);
+                free(y);
+            } else free(y);
+        }
+        if (s == 0) CHECK_MSG(memcmp(old, first_bulk, (size_t)n * out * sizeof *old) == 0, "bulk != session-5 kernel at split 1");
+        /* bf16 output through the bulk kernel: the f32 result rounded */
+        guarded ob;
+        void *dyb = guarded_new(&ob, (size_t)n * out * 2);
+        CHECK(lunar_cuda_matmul_f32x(dyb, LUNAR_CUDA_BF16, dx, dw, n, out, in, NULL) == 0);
+        float *yb = down_bf16(dyb, (long)n * out);
+        int same = 1;
+        for (long i = 0; i < (long)n * out; i++) same &= lunar_bf16_to_f32(lunar_f32_to_bf16(first_bulk[i])) == yb[i];
+        CHECK_MSG(same, "bulk bf16 output != its f32 output rounded (n=%d out=%d in=%d)", n, out, in);
+        CHECK(guards_ok(&ob));
+        free(yb), free(old), free(first_bulk);
+        test_tensor_free(&W);
+        free(x), free(xr), free(w), free(ref);
+        lunar_cuda_release(mark);
+    }
+    lunar_cuda_gemv_select(prev, 4096, 3);
+}
+
 /* The forward's GEMM use in isolation: multi-token (n > 1) prefill shapes of the tiny goldens
  * (small, multiple-of-8 widths, odd token counts), more shapes than the 128-entry plan cache holds
  * (so plans are recycled), each against the CPU op on bf16-exact operands, through cuBLASLt and

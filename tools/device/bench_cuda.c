@@ -2,7 +2,7 @@
  * Kimi-Linear shapes. Device events around the region, warm-up first, median of the repeats.
  * Floors: bytes / 4.3 TB/s (copy bandwidth measured on these H200s) and FLOPs / 790 TFLOP/s
  * (bf16 8192^3 product measured on them). Prints one table row per case.
- * Usage: bench_cuda [prefill|decode|gemm|all|profile|ptpc]
+ * Usage: bench_cuda [prefill|decode|gemm|all|profile|ptpc|gemv]
  *   (profile: one KDA prefill call per bf16 mode, for ncu; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
 #include <math.h>
 #include <stdio.h>
@@ -224,6 +224,67 @@ static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtyp
     lunar_cuda_release(mark);
 }
 
+/* ---------------------------------------------------------------- skinny GEMM kernels (issue 9)
+ * One decode projection (n = 1, fp32 x as the forward passes it; the bf16-x form for the shared
+ * expert's) through each skinny kernel (lunar_cuda_gemv_select) and cuBLASLt (bf16 x), as a chain of
+ * `inner` launches on rotating weight copies (PDL on: each launch may start under the previous one,
+ * as in the decode graph), per launch; and one launch alone (events around it: the ramp and tail
+ * the chain hides). Floor: the weight bytes at 4.3 TB/s. */
+static void bench_gemv(const char *name, int out, int in, int bf16x) {
+    const size_t mark = lunar_cuda_mark();
+    const size_t wbytes = (size_t)out * in * 2;
+    const int copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 2;
+    uint16_t **W = malloc(sizeof(uint16_t *) * copies);
+    float *tmp = dalloc((size_t)out * in * 4);
+    for (int c = 0; c < copies; c++) {
+        W[c] = dalloc(wbytes);
+        lunar_cuda_fill_uniform(tmp, (size_t)out * in, 20 + c, -0.05f, 0.05f);
+        lunar_cuda_f32_to_bf16(W[c], tmp, (size_t)out * in);
+    }
+    float *x = dalloc((size_t)in * 4), *y = dalloc((size_t)out * 4);
+    uint16_t *xb = dalloc((size_t)in * 2);
+    lunar_cuda_fill_uniform(x, (size_t)in, 99, -1, 1);
+    lunar_cuda_f32_to_bf16(xb, x, (size_t)in);
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    static const struct { int kind, seg, stages; const char *label; } vs[] = {
+        {-1, 0, 0, "cuBLASLt"}, {0, 0, 0, "s5"}, {1, 0, 0, "deep"}, {2, 4096, 3, "bulk 4K x3"},
+        {2, 2048, 4, "bulk 2K x4"}, {2, 4096, 2, "bulk 4K x2"}, {2, 8192, 3, "bulk 8K x3"}};
+    const int nv = (int)(sizeof vs / sizeof vs[0]);
+    const double floor_us = (double)wbytes / BW * 1e6;
+    printf("| gemv %s%s | %d x %d (%.1f MB) | floor %.2f us |", name, bf16x ? " (bf16 x)" : "", out, in, wbytes / 1e6,
+           floor_us);
+    const int prev = lunar_cuda_gemv_select(1, 0, 0);
+    for (int v = 0; v < nv; v++) {
+        lunar_cuda_gemv_select(vs[v].kind, vs[v].seg, vs[v].stages);
+        const int inner = 20, reps = 15;
+        float ts[16], t1[16];
+        for (int i = -1; i < reps; i++) {
+            lunar_cuda_event_record(e0, NULL);
+            for (int j = 0; j < inner; j++) {
+                const uint16_t *w = W[((i + 1) * inner + j) % copies];
+                if (bf16x || vs[v].kind < 0) lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, w, 1, out, in, NULL);
+                else lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, w, 1, out, in, NULL);
+            }
+            lunar_cuda_event_record(e1, NULL);
+            const float chain = lunar_cuda_event_ms(e0, e1) / inner;
+            lunar_cuda_event_record(e0, NULL);
+            const uint16_t *w = W[(i + 2) % copies];
+            if (bf16x || vs[v].kind < 0) lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, w, 1, out, in, NULL);
+            else lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, w, 1, out, in, NULL);
+            lunar_cuda_event_record(e1, NULL);
+            if (i >= 0) ts[i] = chain, t1[i] = lunar_cuda_event_ms(e0, e1);
+        }
+        const float us = median(ts, reps) * 1e3f, one = median(t1, reps) * 1e3f;
+        printf(" %s %.2f us (%.0f%%, alone %.2f) |", vs[v].label, us, 100 * floor_us / us, one);
+    }
+    printf("\n");
+    fflush(stdout);
+    lunar_cuda_gemv_select(prev, 4096, 3);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    free(W);
+    lunar_cuda_release(mark);
+}
+
 /* ---------------------------------------------------------------- PTPC-FP8 linears
  * One model linear from its fp32 input as the forward's mm() runs it: bf16 weights (n <= 4: the
  * skinny kernel rounding x itself; else x -> bf16 + cuBLASLt) against PTPC-FP8 (n <= 4: the fused
@@ -327,6 +388,13 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 6; i++) bench_decode(Bs[i], 1, 32);
         bench_decode(8, 4, 32);
         bench_decode(64, 4, 32);
+    }
+    if (strcmp(what, "gemv") == 0) { /* the B = 1 decode projections of Kimi-Linear-48B */
+        static const struct { const char *name; int out, in, bf16x; } sh[] = {
+            {"kda in (qkv|f_a|g_a|beta)", 12576, 2304, 0}, {"kda/mla o", 2304, 4096, 0}, {"mla in (q|kv_a)", 6720, 2304, 0},
+            {"dense gate", 9216, 2304, 0}, {"dense down", 2304, 9216, 0}, {"shared gate|up|router", 2304, 2304, 1},
+            {"shared down", 2304, 1024, 1}, {"router", 256, 2304, 1}};
+        for (int s = 0; s < 8; s++) bench_gemv(sh[s].name, sh[s].out, sh[s].in, sh[s].bf16x);
     }
     if (all || strcmp(what, "gemm") == 0) {
         static const struct { const char *name; int out, in; } sh[] = {

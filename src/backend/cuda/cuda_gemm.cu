@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mbarrier.cuh"
 
 #define LT_CHECK(call)                                                                         \
     do {                                                                                       \
@@ -130,16 +131,153 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     }
 }
 
-/* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
- * of 4, and the split chosen so the grid fits one wave of resident blocks where some split does. The
- * per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token projections
- * at 2.0-3.2 TB/s, o_proj (2304 x 4096) on split 4 = 1152 blocks, 1.09 waves of 1056 with a 96-block
- * tail. Measured: Kimi-Linear B = 1 2.893 -> 2.853 ms (two rounds each, session 6 final call). */
-static int gemv_deep(void) {
-    static int v = -1;
-    if (v < 0) v = !(getenv("LUNAR_GEMV_DEEP") && strcmp(getenv("LUNAR_GEMV_DEEP"), "0") == 0);
-    return v;
+/* ---------------------------------------------------------------- the bulk stream (issue 9, session 7)
+ * The same product as gemv_kernel at split 1, bit for bit (each lane sums the 16-byte chunks
+ * lane, lane + 32, ... of its row in that order, then the same shuffle tree), with the weights
+ * streamed by the copy engine instead of by the warps' loads. Why: at batch 1 the register-load
+ * kernels spend a third of their time in ramp and tail (57 launches of 19-58 MB at 2.7 TB/s where
+ * the copy rate would take 480 of 750 us): their first bytes arrive 1-2 us after they start, which
+ * is only after griddepcontrol.wait, and their grids fill the SMs, so the next kernel's blocks
+ * cannot even be resident before they finish.
+ * Here one block per SM (a grid of at most the SM count, each block a contiguous run of rows,
+ * balanced to one row) holds a ring of `ns` stages in shared memory; a stage is one segment
+ * (`seg` bytes, a multiple of 512) of each of up to 8 consecutive rows, one 1-D bulk copy per row
+ * segment, completing on the stage's transaction barrier. A ninth warp is the producer: it issues
+ * the first ns stages BEFORE griddepcontrol.wait (weights only, cuda_common.cuh's rule: nothing of
+ * the step writes them), so the stream is under way while the predecessor still runs, and refills a
+ * stage as soon as the 8 consumer warps release it (its empty barrier). A block takes at most
+ * ns x 8 x seg bytes (96 KB by default) and 288 threads, so a second block fits beside it: the
+ * next launch's blocks become resident and start their own stream while this one drains. */
+constexpr int kGbWarps = 8, kGbMaxStages = 8;
+constexpr int kGbSmemMax = 200 * 1024;
+
+__device__ __forceinline__ void gb_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar, uint64_t pol) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;\n" ::"r"(
+            dst),
+        "l"(src), "r"(bytes), "r"(bar), "l"(pol)
+        : "memory");
 }
+
+template <int NR, typename TY, typename TX>
+__global__ void __launch_bounds__((kGbWarps + 1) * 32, 2)
+    gemv_bulk_kernel(TY *y, const TX *x, const uint16_t *W, int out, int in, int seg, int nseg, int ns) {
+    extern __shared__ __align__(128) uint8_t gb_smem[];
+    __shared__ __align__(8) uint64_t gb_bars[2 * kGbMaxStages]; /* full[0, ns), then empty[0, ns) */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int r0 = (int)((long long)blockIdx.x * out / gridDim.x);
+    const int r1 = (int)((long long)(blockIdx.x + 1) * out / gridDim.x);
+    const int T = (r1 - r0 + kGbWarps - 1) / kGbWarps * nseg; /* stages: row groups x segments */
+    const uint32_t rowb = (uint32_t)in * 2u, sm = (uint32_t)__cvta_generic_to_shared(gb_smem);
+    const uint32_t full = (uint32_t)__cvta_generic_to_shared(gb_bars), empty = full + 8u * kGbMaxStages;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < ns; s++) mbar_init(full + 8u * s, 1), mbar_init(empty + 8u * s, kGbWarps);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == kGbWarps) { /* the producer: reads weights only, so it never waits on the predecessor */
+        if (lane == 0) {
+            uint64_t pol; /* streamed once: first out of L2 (as __ldcs) */
+            asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
+            for (int t = 0; t < T; t++) {
+                const int slot = t % ns, rg = r0 + t / nseg * kGbWarps, m = min(kGbWarps, r1 - rg);
+                const uint32_t off = (uint32_t)(t % nseg) * (uint32_t)seg, bytes = min((uint32_t)seg, rowb - off);
+                if (t >= ns) mbar_wait(empty + 8u * slot, (uint32_t)(t / ns - 1) & 1u);
+                mbar_expect_tx(full + 8u * slot, bytes * (uint32_t)m);
+                for (int j = 0; j < m; j++)
+                    gb_copy(sm + (uint32_t)(slot * kGbWarps + j) * (uint32_t)seg,
+                            (const uint8_t *)(W + (size_t)(rg + j) * in) + off, bytes, full + 8u * slot, pol);
+            }
+        }
+        return;
+    }
+    pdl_wait(); /* x is the predecessor's output */
+    const int n8 = in / 8, su = seg / 16; /* 16-byte chunks per row, per segment */
+    float acc[NR];
+#pragma unroll
+    for (int r = 0; r < NR; r++) acc[r] = 0.f;
+    for (int t = 0; t < T; t++) {
+        const int slot = t % ns, s = t % nseg, o = r0 + t / nseg * kGbWarps + warp;
+        mbar_wait(full + 8u * slot, (uint32_t)(t / ns) & 1u);
+        if (o < r1) { /* warp-uniform */
+            const uint4 *w4 = (const uint4 *)(gb_smem + (size_t)(slot * kGbWarps + warp) * seg);
+            const int base = s * su, end = min(su, n8 - base);
+#pragma unroll 4
+            for (int i = lane; i < end; i += 32) {
+                const uint4 wv = w4[i];
+#pragma unroll
+                for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, gv_x8(x, (size_t)r, base + i, in));
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty + 8u * slot); /* the stage's reads are done: the producer may refill it */
+        if (s == nseg - 1) { /* the row's last segment */
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                for (int m = 16; m > 0; m >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], m);
+                if (lane == 0 && o < r1) gv_store(y + (size_t)r * out + o, acc[r]);
+                acc[r] = 0.f;
+            }
+        }
+    }
+}
+
+/* Which kernel takes the skinny GEMM: -1 none (cuBLASLt), 0 the session-5 kernel, 1 deep (8 loads in
+ * flight, one-wave grid), 2 the bulk stream. Env at the first call: LUNAR_CUDA_GEMV=0 -> -1,
+ * LUNAR_GEMV_DEEP=0 -> 0, LUNAR_GEMV_BULK=1 -> 2 (opt-in), else 1; LUNAR_GEMV_BULK_SEG (bytes of a
+ * row segment, rounded to 512) and LUNAR_GEMV_BULK_STAGES size the ring. lunar_cuda_gemv_select
+ * overrides (tests, benches). */
+static struct {
+    int kind, seg, stages;
+} gv_sel = {-2, 4096, 3};
+static int env_int(const char *name, int dflt) {
+    const char *e = getenv(name);
+    return e && *e ? atoi(e) : dflt;
+}
+static int gemv_kind(void) {
+    if (gv_sel.kind == -2) {
+        gv_sel.kind = env_int("LUNAR_CUDA_GEMV", 1) == 0 ? -1
+                      : env_int("LUNAR_GEMV_DEEP", 1) == 0 ? 0
+                      : env_int("LUNAR_GEMV_BULK", 0) == 1 ? 2
+                                                           : 1;
+        gv_sel.seg = env_int("LUNAR_GEMV_BULK_SEG", gv_sel.seg);
+        gv_sel.stages = env_int("LUNAR_GEMV_BULK_STAGES", gv_sel.stages);
+    }
+    return gv_sel.kind;
+}
+extern "C" int lunar_cuda_gemv_select(int kind, int seg_bytes, int stages) {
+    const int prev = gemv_kind();
+    CUDA_REQUIRE(kind >= -1 && kind <= 2);
+    gv_sel.kind = kind;
+    if (seg_bytes > 0) gv_sel.seg = seg_bytes;
+    if (stages > 0) gv_sel.stages = stages;
+    return prev;
+}
+
+template <int NR, typename TY, typename TX>
+static void gemv_bulk_launch(TY *y, const TX *x, const uint16_t *W, int out, int in, cudaStream_t st) {
+    static int sms, smem_set; /* per instance: the opt-in above 48 KB of dynamic shared memory */
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    /* segments: as few as fit seg bytes, then equal, in 512-byte units (a lane's chunk order) */
+    const int units = (in * 2 + 511) / 512, maxu = gv_sel.seg / 512 > 0 ? gv_sel.seg / 512 : 1;
+    const int su = (units + (units + maxu - 1) / maxu - 1) / ((units + maxu - 1) / maxu), nseg = (units + su - 1) / su;
+    int ns = gv_sel.stages < 2 ? 2 : gv_sel.stages > kGbMaxStages ? kGbMaxStages : gv_sel.stages;
+    while (ns > 2 && (size_t)ns * kGbWarps * su * 512 > (size_t)kGbSmemMax) ns--;
+    const int smem = ns * kGbWarps * su * 512;
+    CUDA_REQUIRE(smem <= kGbSmemMax);
+    if (smem > smem_set) {
+        CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<NR, TY, TX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        smem_set = smem;
+    }
+    const int blocks = out < sms ? out : sms;
+    launch_pdl(gemv_bulk_kernel<NR, TY, TX>, dim3(blocks), dim3((kGbWarps + 1) * 32), (size_t)smem, st, y, x, W, out,
+               in, su * 512, nseg, ns);
+}
+
 /* blocks of kernel k resident on the whole device at once (its registers decide: 30 at one row,
  * 8 blocks per SM; 64 at four rows, 4) */
 template <typename K> static int gemv_wave_blocks(K k) {
@@ -150,13 +288,30 @@ template <typename K> static int gemv_wave_blocks(K k) {
     return sms * (per_sm > 0 ? per_sm : 1);
 }
 
+/* Deep (kind 1, the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp
+ * instead of 4, and the split chosen so the grid fits one wave of resident blocks where some split does.
+ * The per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token
+ * projections at 2.0-3.2 TB/s, o_proj (2304 x 4096) on split 4 = 1152 blocks, 1.09 waves of 1056 with a
+ * 96-block tail. Measured: Kimi-Linear B = 1 2.893 -> 2.853 ms (two rounds each, session 6 final call). */
 template <typename TY, typename TX>
 static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
     /* split: warps sharing one output. Deep: as many as keep the grid within one wave of resident
      * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
      * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. */
     CUDA_REQUIRE(n >= 1 && n <= kGvRows);
-    const int deep = gemv_deep();
+    const int kind = gemv_kind();
+    if (kind == 2) {
+        switch (n) {
+        case 1: gemv_bulk_launch<1>(y, x, W, out, in, st); break;
+        case 2: gemv_bulk_launch<2>(y, x, W, out, in, st); break;
+        case 3: gemv_bulk_launch<3>(y, x, W, out, in, st); break;
+        default: gemv_bulk_launch<4>(y, x, W, out, in, st); break;
+        }
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
+    const int deep = kind == 1;
+
     int split = 1;
     if (deep) {
         static int waves[kGvRows + 1]; /* per row count n: the kernel instance differs */
@@ -193,9 +348,7 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
 
 /* LUNAR_CUDA_GEMV=0 keeps every GEMM on cuBLASLt (A/B runs) */
 static bool gemv_wanted(const void *x, const void *W, int n, int out, int in) {
-    static int on = -1;
-    if (on < 0) on = !(getenv("LUNAR_CUDA_GEMV") && strcmp(getenv("LUNAR_CUDA_GEMV"), "0") == 0);
-    return on && n <= kGvRows && in % 8 == 0 && (long long)out * in <= kGvMaxElems &&
+    return gemv_kind() >= 0 && n <= kGvRows && in % 8 == 0 && (long long)out * in <= kGvMaxElems &&
            ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
 }
 
