@@ -262,8 +262,8 @@ static void gemv_bulk_launch(TY *y, const TX *x, const uint16_t *W, int out, int
         CUDA_CHECK(cudaGetDevice(&dev));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     }
-    /* segments: as few as fit seg bytes, then equal, in 512-byte units (a lane's chunk order) */
-    const int units = (in * 2 + 511) / 512, maxu = gv_sel.seg / 512 > 0 ? gv_sel.seg / 512 : 1;
+    /* segments: as few as fit seg bytes (512 B to 8 KB), then equal, in 512-byte units (a lane's chunk order) */
+    const int units = (in * 2 + 511) / 512, maxu = gv_sel.seg < 512 ? 1 : gv_sel.seg > 8192 ? 16 : gv_sel.seg / 512;
     const int su = (units + (units + maxu - 1) / maxu - 1) / ((units + maxu - 1) / maxu), nseg = (units + su - 1) / su;
     int ns = gv_sel.stages < 2 ? 2 : gv_sel.stages > kGbMaxStages ? kGbMaxStages : gv_sel.stages;
     while (ns > 2 && (size_t)ns * kGbWarps * su * 512 > (size_t)kGbSmemMax) ns--;
