@@ -246,15 +246,19 @@ static void bench_gemv(const char *name, int out, int in, int bf16x) {
     lunar_cuda_fill_uniform(x, (size_t)in, 99, -1, 1);
     lunar_cuda_f32_to_bf16(xb, x, (size_t)in);
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
-    static const struct { int kind, seg, stages; const char *label; } vs[] = {
-        {-1, 0, 0, "cuBLASLt"}, {0, 0, 0, "s5"}, {1, 0, 0, "deep"}, {2, 4096, 3, "bulk 4K x3"},
-        {2, 2048, 4, "bulk 2K x4"}, {2, 4096, 2, "bulk 4K x2"}, {2, 8192, 3, "bulk 8K x3"}};
+    static const struct { int kind, seg, stages, bps; const char *label; } vs[] = {
+        {-1, 0, 0, 1, "cuBLASLt"},      {0, 0, 0, 1, "s5"},          {1, 0, 0, 1, "deep"},
+        {2, 4096, 3, 1, "bulk 4K x3"},  {2, 8192, 3, 1, "bulk 8K x3"}, {2, 8192, 2, 1, "bulk 8K x2"},
+        {2, 4096, 2, 2, "bulk 4K x2 2/SM"}, {2, 2048, 4, 2, "bulk 2K x4 2/SM"}, {2, 2048, 3, 3, "bulk 2K x3 3/SM"}};
     const int nv = (int)(sizeof vs / sizeof vs[0]);
     const double floor_us = (double)wbytes / BW * 1e6;
     printf("| gemv %s%s | %d x %d (%.1f MB) | floor %.2f us |", name, bf16x ? " (bf16 x)" : "", out, in, wbytes / 1e6,
            floor_us);
     const int prev = lunar_cuda_gemv_select(1, 0, 0);
     for (int v = 0; v < nv; v++) {
+        char bps[8];
+        snprintf(bps, sizeof bps, "%d", vs[v].bps);
+        setenv("LUNAR_GEMV_BULK_BPS", bps, 1); /* read by the select (blocks per SM of the bulk kernel) */
         lunar_cuda_gemv_select(vs[v].kind, vs[v].seg, vs[v].stages);
         const int inner = 20, reps = 15;
         float ts[16], t1[16];
@@ -279,6 +283,7 @@ static void bench_gemv(const char *name, int out, int in, int bf16x) {
     }
     printf("\n");
     fflush(stdout);
+    setenv("LUNAR_GEMV_BULK_BPS", "1", 1);
     lunar_cuda_gemv_select(prev, 4096, 3);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     free(W);

@@ -193,6 +193,11 @@ __global__ void __launch_bounds__((kGbWarps + 1) * 32, 2)
     }
     pdl_wait(); /* x is the predecessor's output */
     const int n8 = in / 8, su = seg / 16; /* 16-byte chunks per row, per segment */
+    /* x once into shared memory as the bf16 pairs gv_x8 makes (the same values), after the ring:
+     * one 16-byte read per chunk instead of two global loads and four conversions per row */
+    uint4 *xs = (uint4 *)(gb_smem + (size_t)ns * kGbWarps * seg);
+    for (int j = threadIdx.x; j < NR * n8; j += kGbWarps * 32) xs[j] = gv_x8(x, (size_t)(j / n8), j % n8, in);
+    asm volatile("bar.sync 1, %0;" ::"n"(kGbWarps * 32) : "memory"); /* the consumer warps only */
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
@@ -206,7 +211,7 @@ __global__ void __launch_bounds__((kGbWarps + 1) * 32, 2)
             for (int i = lane; i < end; i += 32) {
                 const uint4 wv = w4[i];
 #pragma unroll
-                for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, gv_x8(x, (size_t)r, base + i, in));
+                for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, xs[r * n8 + base + i]);
             }
         }
         __syncwarp();
@@ -228,8 +233,8 @@ __global__ void __launch_bounds__((kGbWarps + 1) * 32, 2)
  * row segment, rounded to 512) and LUNAR_GEMV_BULK_STAGES size the ring. lunar_cuda_gemv_select
  * overrides (tests, benches). */
 static struct {
-    int kind, seg, stages;
-} gv_sel = {-2, 4096, 3};
+    int kind, seg, stages, bps;
+} gv_sel = {-2, 4096, 3, 1};
 static int env_int(const char *name, int dflt) {
     const char *e = getenv(name);
     return e && *e ? atoi(e) : dflt;
@@ -242,6 +247,7 @@ static int gemv_kind(void) {
                                                            : 1;
         gv_sel.seg = env_int("LUNAR_GEMV_BULK_SEG", gv_sel.seg);
         gv_sel.stages = env_int("LUNAR_GEMV_BULK_STAGES", gv_sel.stages);
+        gv_sel.bps = env_int("LUNAR_GEMV_BULK_BPS", 1);
     }
     return gv_sel.kind;
 }
@@ -251,6 +257,7 @@ extern "C" int lunar_cuda_gemv_select(int kind, int seg_bytes, int stages) {
     gv_sel.kind = kind;
     if (seg_bytes > 0) gv_sel.seg = seg_bytes;
     if (stages > 0) gv_sel.stages = stages;
+    gv_sel.bps = env_int("LUNAR_GEMV_BULK_BPS", 1); /* blocks per SM: read again here (benches) */
     return prev;
 }
 
@@ -266,14 +273,19 @@ static void gemv_bulk_launch(TY *y, const TX *x, const uint16_t *W, int out, int
     const int units = (in * 2 + 511) / 512, maxu = gv_sel.seg < 512 ? 1 : gv_sel.seg > 8192 ? 16 : gv_sel.seg / 512;
     const int su = (units + (units + maxu - 1) / maxu - 1) / ((units + maxu - 1) / maxu), nseg = (units + su - 1) / su;
     int ns = gv_sel.stages < 2 ? 2 : gv_sel.stages > kGbMaxStages ? kGbMaxStages : gv_sel.stages;
-    while (ns > 2 && (size_t)ns * kGbWarps * su * 512 > (size_t)kGbSmemMax) ns--;
-    const int smem = ns * kGbWarps * su * 512;
+    const int xbytes = NR * in * 2; /* x's bf16 copy */
+    while (ns > 2 && (size_t)ns * kGbWarps * su * 512 + xbytes > (size_t)kGbSmemMax) ns--;
+    const int smem = ns * kGbWarps * su * 512 + xbytes;
     CUDA_REQUIRE(smem <= kGbSmemMax);
     if (smem > smem_set) {
+        if (!smem_set) /* all of the unified L1 as shared memory: a second block (the next launch's) fits */
+            CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<NR, TY, TX>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                            (int)cudaSharedmemCarveoutMaxShared));
         CUDA_CHECK(cudaFuncSetAttribute(gemv_bulk_kernel<NR, TY, TX>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         smem_set = smem;
     }
-    const int blocks = out < sms ? out : sms;
+    const int bps = gv_sel.bps < 1 ? 1 : gv_sel.bps > 4 ? 4 : gv_sel.bps;
+    const int blocks = out < sms * bps ? out : sms * bps;
     launch_pdl(gemv_bulk_kernel<NR, TY, TX>, dim3(blocks), dim3((kGbWarps + 1) * 32), (size_t)smem, st, y, x, W, out,
                in, su * 512, nseg, ns);
 }
