@@ -175,7 +175,7 @@ TEST(cuda_matmul_gemv_kernels) {
         free(x), free(xr), free(w), free(ref);
         lunar_cuda_release(mark);
     }
-    lunar_cuda_gemv_select(prev, 4096, 3);
+    lunar_cuda_gemv_select(prev, -1, -1);
 }
 
 /* The forward's GEMM use in isolation: multi-token (n > 1) prefill shapes of the tiny goldens

@@ -284,7 +284,7 @@ static void bench_gemv(const char *name, int out, int in, int bf16x) {
     printf("\n");
     fflush(stdout);
     setenv("LUNAR_GEMV_BULK_BPS", "1", 1);
-    lunar_cuda_gemv_select(prev, 4096, 3);
+    lunar_cuda_gemv_select(prev, -1, -1);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     free(W);
     lunar_cuda_release(mark);

@@ -146,8 +146,13 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
  * the first ns stages BEFORE griddepcontrol.wait (weights only, cuda_common.cuh's rule: nothing of
  * the step writes them), so the stream is under way while the predecessor still runs, and refills a
  * stage as soon as the 8 consumer warps release it (its empty barrier). A block takes at most
- * ns x 8 x seg bytes (96 KB by default) and 288 threads, so a second block fits beside it: the
- * next launch's blocks become resident and start their own stream while this one drains. */
+ * ns x 8 x seg bytes (96 KB by default) plus x, and 288 threads, so a second block fits beside it:
+ * the next launch's blocks become resident and start their own stream while this one drains.
+ * Measured (docs/benchmarks.md, "Decode B = 1: gemv streams (session 7, H200)"): alone, in a chain of
+ * launches of one shape, up to 20 % faster than the deep kernel on the 19-58 MB projections; in the
+ * decode step 6-14 % SLOWER (Kimi-Linear B = 1 2.84 -> 3.00-3.24 ms), hence opt-in
+ * (LUNAR_GEMV_BULK=1). Suspected, not shown: its shared-memory carveout differs from its
+ * neighbours', and an SM changes its L1 / shared split only when idle, which undoes the PDL overlap. */
 constexpr int kGbWarps = 8, kGbMaxStages = 8;
 constexpr int kGbSmemMax = 200 * 1024;
 
@@ -255,8 +260,8 @@ extern "C" int lunar_cuda_gemv_select(int kind, int seg_bytes, int stages) {
     const int prev = gemv_kind();
     CUDA_REQUIRE(kind >= -1 && kind <= 2);
     gv_sel.kind = kind;
-    if (seg_bytes > 0) gv_sel.seg = seg_bytes;
-    if (stages > 0) gv_sel.stages = stages;
+    if (seg_bytes != 0) gv_sel.seg = seg_bytes > 0 ? seg_bytes : env_int("LUNAR_GEMV_BULK_SEG", 4096);
+    if (stages != 0) gv_sel.stages = stages > 0 ? stages : env_int("LUNAR_GEMV_BULK_STAGES", 3);
     gv_sel.bps = env_int("LUNAR_GEMV_BULK_BPS", 1); /* blocks per SM: read again here (benches) */
     return prev;
 }

@@ -119,9 +119,11 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
 /* The skinny GEMM's kernel (n <= 4; cuda_gemm.cu): -1 none (cuBLASLt), 0 the session-5 kernel, 1 deep
- * (the default), 2 the bulk-copy stream; seg_bytes / stages (> 0 to change) size kernel 2's ring. Returns
- * the kind before the call. For tests and benches: the environment (LUNAR_CUDA_GEMV, LUNAR_GEMV_DEEP,
- * LUNAR_GEMV_BULK, LUNAR_GEMV_BULK_SEG, LUNAR_GEMV_BULK_STAGES) picks at the first GEMM. */
+ * (the default), 2 the bulk-copy stream (opt-in: slower in the decode step, docs/benchmarks.md session 7);
+ * seg_bytes / stages size kernel 2's ring (> 0 set, 0 keep, < 0 back to the environment's), and its
+ * blocks per SM are read again from LUNAR_GEMV_BULK_BPS. Returns the kind before the call. For tests and
+ * benches: the environment (LUNAR_CUDA_GEMV, LUNAR_GEMV_DEEP, LUNAR_GEMV_BULK, LUNAR_GEMV_BULK_SEG,
+ * LUNAR_GEMV_BULK_STAGES, LUNAR_GEMV_BULK_BPS) picks at the first GEMM. */
 int lunar_cuda_gemv_select(int kind, int seg_bytes, int stages);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
