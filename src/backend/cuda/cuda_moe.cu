@@ -1085,12 +1085,13 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     if (path == 0) {
         // Decode (docs/benchmarks.md "MoE decode (session 5, H200)"): the kernel pair, except MXFP4
         // experts of I >= 1024 at 32+ tokens, where the warp-team kernels (path 8) measured 3-17 %
-        // faster (slower at 1-16 tokens, at I = 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused
+        // faster (slower at 1-16 tokens, at I = 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused | f16
         // forces one (the fused kernel is correct but slower everywhere).
         static int dec = -1;
         if (dec < 0) {
             const char *v = getenv("LUNAR_MOE_DECODE");
-            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1 : 0;
+            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1
+                  : v && !strcmp(v, "f16") ? 16 : 0;
         }
         const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
@@ -1120,10 +1121,11 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 12) : dec ? dec : auto_dec;
     }
-    if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
-    const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(path >= 1 && path <= 12 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
+    if ((path == 3 || path == 16) && !w->mxfp4) path = 1;  // the fused and f16 kernels widen MXFP4 only
+    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12), dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 16) &&
+                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
@@ -1147,6 +1149,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
         // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
         fused_launch<256, 3>(g, d, r, st);
+    } else if (path == 16) {
+        const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
+        moe_f16_decode(g, d, slots, st);
     } else if (path == 1) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)
@@ -1161,7 +1166,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
                                     path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || path >= 10) {
+    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 12)) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);
