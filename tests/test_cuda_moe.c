@@ -390,7 +390,9 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * decode kernels, 9 the same on 3 blocks: 24 warps walk every unit, their rings crossing units,
  * 10 path 6 with the BF16 proxy fences in the producer, 11 the same one chunk later, 12 path 6
  * with the fast GLU epilogue (BF16 cases only: MXFP4 runs path 6 for all three), 16 the decode pair on
- * f16 tensor cores (cuda_moe_f16.cu; BF16 experts fall back to the pair),
+ * f16 tensor cores (cuda_moe_f16.cu; SiTU cases only: SwiGLU and BF16 experts fall back to the pair,
+ * whose h SwiGLU's weights here push past f16's 65504: the first device run, with h in f16 for
+ * every activation, failed those cases with inf),
  * split-K teams of 1, 2 and 4 warps as the unit count and K pick them; K = 128 and 384 end on a
  * half MXFP4 stage). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
@@ -417,7 +419,7 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG); /* 40 rows on each of 4 experts, 4 empty */
     experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG);
     experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | F16 | WG);
-    experts_case(7, 4, 16, 512, 640, 1, 0, 0, 1 | F16); /* split-K 2 in both GEMMs (J = 4, 5: uneven) */
+    experts_case(7, 4, 16, 512, 640, 1, 1, 0, 1 | F16); /* split-K 2 in both GEMMs (J = 4, 5: uneven) */
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG); /* 130 rows on 4 experts: tiles of 128 + 2 */

@@ -1082,18 +1082,26 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                                            lunar_cuda_stream s) {
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
+    // path 16 keeps the activations in f16 (finite to 65504): its h between the two GEMMs is the
+    // SiTU's output, |h| <= beta * beta_l; SwiGLU's (unbounded) or a SiTU without the clamp on u
+    // would overflow, so those (and BF16 experts) run the pair instead
+    const bool f16_ok = w->mxfp4 && w->act != 0 && w->beta_l > 0.0f && fabsf(w->beta) * w->beta_l <= 16384.0f;
     if (path == 0) {
         // Decode (docs/benchmarks.md "MoE decode (session 5, H200)"): the kernel pair, except MXFP4
-        // experts of I >= 1024 at 32+ tokens, where the warp-team kernels (path 8) measured 3-17 %
-        // faster (slower at 1-16 tokens, at I = 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused | f16
-        // forces one (the fused kernel is correct but slower everywhere).
+        // experts: path 16 where f16_ok (below), else the warp-team kernels (path 8) for I >= 1024 at
+        // 32+ tokens, where they measured 3-17 % faster than the pair (slower at 1-16 tokens, at I =
+        // 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused | f16 forces one (the fused kernel
+        // is correct but slower everywhere; f16 falls back to the pair where not f16_ok).
         static int dec = -1;
         if (dec < 0) {
             const char *v = getenv("LUNAR_MOE_DECODE");
             dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1
                   : v && !strcmp(v, "f16") ? 16 : 0;
         }
-        const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
+        // MXFP4 experts with a clamped SiTU (K3, K3.1): path 16, the pair on f16 tensor cores
+        // (cuda_moe_f16.cu), measured 5-15 % faster than the pair and v2 at K3.1's shapes at 1-64
+        // tokens (docs/benchmarks.md "MoE decode, MXFP4 instruction count (session 7, H200)")
+        const int auto_dec = f16_ok ? 16 : w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
         // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
         // the wgmma kernel (path 4, cuda_moe_wg.cu): measured on the H200 at 8192 tokens, path 6 is
@@ -1121,7 +1129,8 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         const int pre_k = pre >= 10 && w->mxfp4 ? 4 : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 4 : 12) : dec ? dec : auto_dec;
     }
-    if ((path == 3 || path == 16) && !w->mxfp4) path = 1;  // the fused and f16 kernels widen MXFP4 only
+    if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
+    if (path == 16 && !f16_ok) path = 1;    // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-12: the grouped GEMMs (any n)
     const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12), dec2 = path == 8 || path == 9;
     CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 16) &&

@@ -26,8 +26,11 @@
 //     16-byte bank groups).
 //  4. The activations (bf16) become f16 per chunk (two integer operations and one cvt per f16x2,
 //     the pair order folded into the packing). f16 holds every bf16 of magnitude 2^-14 .. 65504
-//     exactly (smaller ones to 2^-25 absolute); larger activations would become inf: RMS-normed
-//     latents and the GLU outputs of the models stay far below that (documented limit of the path).
+//     exactly (smaller ones to 2^-25 absolute); larger ones would become inf. The gate/up kernel
+//     writes h in f16 for the down kernel (whose activations then need no conversion), so the path
+//     runs only where h is bounded: a SiTU with the clamp on u, |h| <= beta * beta_l (K3, K3.1:
+//     4 x 25); SwiGLU experts run the pair (cuda_moe.cu f16_ok; the op tests' SwiGLU weights give
+//     |h| > 65504). The latent (RMS-normed) is assumed below 65504 in magnitude.
 //
 // Pair order: L holds e(n0), e(n2), e(n4), e(n6), H e(n1), e(n3), e(n5), e(n7), so the four f16x2
 // of a word are (n0, n2), (n4, n6), (n1, n3), (n5, n7): mma 1 of the block takes the first two at
