@@ -828,9 +828,9 @@ TEST(cuda_moe_bench) {
                "v2 GB/s | fused us | v2 vs pair | f16 us | f16/floor(m) | f16 GB/s | f16 vs pair |\n");
         printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         bench_shape(896, 16, 3584, 3072, 1, "K3.1 (3584, 3072)", flush, fw);
-        /* LUNAR_MOE_BENCH=decode1: K3.1 at batch 1 only, pair, v2 and f16 (short Nsight Compute runs) */
-        if (g_bench_one) return;
         bench_shape(896, 16, 3584, 384, 1, "K3.1 TP8 (3584, 384)", flush, fw);
+        /* LUNAR_MOE_BENCH=decode1: the K3.1 shapes at batch 1 only (short Nsight Compute runs) */
+        if (g_bench_one) return;
         bench_shape(256, 8, 2304, 1024, 0, "Kimi-Linear bf16 (2304, 1024)", flush, fw);
         bench_shape(256, 8, 2304, 1024, 1, "Kimi-Linear mxfp4", flush, fw);
     }

@@ -257,9 +257,20 @@ void launch_s(const xargs &a, int slots, cudaStream_t st) {
                lunar_cuda_pdl_prefetch_bytes(2));
 }
 
+// LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
+// per block), for measuring; 0 or unset: the pair's choice
+static int split_cap() {
+    static int cap = -1;
+    if (cap < 0) {
+        const char *v = getenv("LUNAR_MOE_F16_SPLIT");
+        cap = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 4;
+    }
+    return cap;
+}
+
 template <bool GATEUP>
 void launch(const xargs &a, int slots, cudaStream_t st) {
-    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;  // the pair's split-K choice
+    const int J = a.K / 128, S = min(split_cap(), J >= 8 ? 4 : J >= 4 ? 2 : 1);  // the pair's split-K choice
     if (S == 4) launch_s<GATEUP, 4>(a, slots, st);
     else if (S == 2) launch_s<GATEUP, 2>(a, slots, st);
     else launch_s<GATEUP, 1>(a, slots, st);
