@@ -367,7 +367,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 13; path++) {
+    for (int path = 1; path <= 16; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -378,7 +378,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx", "", "", "f16"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -397,19 +397,23 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     lunar_cuda_release(mark);
 }
 
+#define F16 (1 << 15)
 /* paths: bit p - 1 runs path p (1 decode pair, 2 grouped GEMM, 3 the fused decode kernel, 4 the
  * wgmma grouped GEMM, 5 the same with 128-row weight tiles, 6 the warp-specialised wgmma kernel, 7
  * the same in clusters of 2 blocks sharing the BF16 weight tiles: BF16 cases only, 8 the warp-team
  * decode kernels, 9 the same on 3 blocks: 24 warps walk every unit, their rings crossing units,
  * 10 path 6 with the BF16 proxy fences in the producer, 11 the same one chunk later, 12 path 6
- * with the fast GLU epilogue (BF16 cases only: MXFP4 runs path 6 for all three),
+ * with the fast GLU epilogue (BF16 cases only: MXFP4 runs path 6 for all three), 16 the decode pair on
+ * f16 tensor cores (cuda_moe_f16.cu; SiTU cases only: SwiGLU and BF16 experts fall back to the pair,
+ * whose h SwiGLU's weights here push past f16's 65504: the first device run, with h in f16 for
+ * every activation, failed those cases with inf),
  * split-K teams of 1, 2 and 4 warps as the unit count and K pick them; K = 128 and 384 end on a
  * half MXFP4 stage). The
  * fused kernel's shapes: K = 128 or 384 (a half last 256-column chunk), split-K S = 1, 2, 4 in
  * either phase (1024 / 1152 columns: 4 and 4.5 chunks, uneven splits), groups of 8 rows
  * (overloaded experts: several groups), and enough items that every block walks many (its copy
  * ring crossing items and phases, the down items waiting on other blocks' gate/up). */
-#define ALL_DECODE (7 | 128 | 256)
+#define ALL_DECODE (7 | 128 | 256 | F16)
 /* The wgmma kernels' shapes: M tiles of 1..128 rows (a warpgroup whose 64 rows are all past the
  * expert's end skips its products), K of 2 chunks (fewer than its copy stages: the prefetch runs
  * into the next items) to 18, 128- and 256-row weight tiles (D = 128 and 384 fall back to 128 in
@@ -435,7 +439,8 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG | MX13);
     experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG | MX13); /* 40 rows on each of 4 experts, 4 empty */
     experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG | MX13);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | WG | MX13);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | F16 | WG | MX13);
+    experts_case(7, 4, 16, 512, 640, 1, 1, 0, 1 | F16); /* split-K 2 in both GEMMs (J = 4, 5: uneven) */
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG | MX13);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG | MX13);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX13); /* 130 rows on 4 experts: tiles of 128 + 2 */
@@ -608,6 +613,7 @@ static void l2_flush(void *flush, size_t flush_words, uint32_t seed) {
 }
 
 /* Times experts_run (both kernels) with L2 flushed before each repeat; median of reps. */
+static int g_bench_one; /* LUNAR_MOE_BENCH=decode1 */
 static float time_experts(float *ybuf, uint16_t *hbuf, const uint16_t *z, const lunar_cuda_moe_experts *w,
                           const lunar_cuda_moe_route *r, int path, int reps, void *flush, size_t flush_words) {
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
@@ -658,7 +664,7 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
     /* one expert's bytes */
     const double ebytes = mx ? 3.0 * I * D / 2 + 3.0 * I * D / 32 : 3.0 * I * D * 2;
     static const int batches[] = {1, 8, 16, 32, 64};
-    for (unsigned b = 0; b < sizeof batches / sizeof batches[0]; b++) {
+    for (unsigned b = 0; b < (g_bench_one ? 1 : sizeof batches / sizeof batches[0]); b++) {
         const int n = batches[b];
         size_t m2 = lunar_cuda_mark();
         lunar_cuda_moe_route r;
@@ -687,12 +693,26 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *yv = dl_f32(acc, (long)n * D);
         const double err = lunar_max_rel_err(yv, yp, (long)n * D);
-        free(yp), free(yv);
-        const float fused = mx ? time_experts(ybuf, hbuf, z, &w, &r, 3, 21, flush, fw) : 0.0f;
+        free(yv);
+        const float fused = mx && !g_bench_one ? time_experts(ybuf, hbuf, z, &w, &r, 3, 21, flush, fw) : 0.0f;
+        /* path 16 (MXFP4 only): the pair on f16 tensor cores, its output against the pair's */
+        float f16 = 0.0f;
+        double f16err = 0.0;
+        if (mx) {
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
+            f16 = time_experts(ybuf, hbuf, z, &w, &r, 16, 21, flush, fw);
+            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+            float *yf = dl_f32(acc, (long)n * D);
+            f16err = lunar_max_rel_err(yf, yp, (long)n * D);
+            free(yf);
+        }
         const double bytes = touched * ebytes, floor_us = bytes / BW * 1e6, mfloor_us = bytes / g_read_bw * 1e6;
-        printf("| %-26s | %2d | %3d | %7.1f | %6.1f | %6.1f | %7.1f | %5.2f | %7.1f | **%5.2f** | %5.0f | %5.0f | %7.1f | %.1g |\n",
+        free(yp);
+        printf("| %-26s | %2d | %3d | %7.1f | %6.1f | %6.1f | %7.1f | %5.2f | %7.1f | **%5.2f** | %5.0f | %5.0f | %7.1f | %.1g "
+               "| %7.1f | %5.2f | %5.0f | %.1g |\n",
                label, n, touched, bytes / 1e6, floor_us, mfloor_us, pair * 1e3, pair * 1e3 / mfloor_us, v2 * 1e3,
-               v2 * 1e3 / mfloor_us, bytes / (pair * 1e-3) / 1e9, bytes / (v2 * 1e-3) / 1e9, fused * 1e3, err);
+               v2 * 1e3 / mfloor_us, bytes / (pair * 1e-3) / 1e9, bytes / (v2 * 1e-3) / 1e9, fused * 1e3, err,
+               f16 * 1e3, f16 * 1e3 / mfloor_us, f16 > 0 ? bytes / (f16 * 1e-3) / 1e9 : 0.0, f16err);
         lunar_cuda_release(m2);
     }
     lunar_cuda_release(mark);
@@ -819,20 +839,24 @@ TEST(cuda_moe_bench) {
     const int bf16_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-bf16");
     const int mx_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-mxfp4");
     const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0 && !bf16_only && !mx_only;
+    g_bench_one = !strcmp(getenv("LUNAR_MOE_BENCH"), "decode1");
     if (decode) printf("Decode (both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
            "the distinct touched experts (packed + scales, or bf16) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
            "floor(m) = bytes / the GEMV read rate above. pair = the decode kernel pair (path 1), v2 = the\n"
-           "warp-team kernels (path 6), fused = the fused persistent kernel (path 3, MXFP4 only).\n\n",
+           "warp-team kernels (path 6), fused = the fused persistent kernel (path 3, MXFP4 only), f16 = the pair on f16 tensor cores\n"
+           "(path 16, MXFP4 only; its output against the pair's in the last column).\n\n",
            BW / 1e12);
     g_flush_x = dalloc(4096 * 2), g_flush_y = dalloc((fw * 2 / 4096) * 4);
     lunar_cuda_fill_u32(g_flush_x, 0, 4096 / 2);
     g_flush_clean = 1;
     if (decode) {
         printf("| shape | n | exp | MB | floor us | floor(m) us | pair us | pair/floor(m) | v2 us | v2/floor(m) | pair GB/s | "
-               "v2 GB/s | fused us | v2 vs pair |\n");
-        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+               "v2 GB/s | fused us | v2 vs pair | f16 us | f16/floor(m) | f16 GB/s | f16 vs pair |\n");
+        printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
         bench_shape(896, 16, 3584, 3072, 1, "K3.1 (3584, 3072)", flush, fw);
         bench_shape(896, 16, 3584, 384, 1, "K3.1 TP8 (3584, 384)", flush, fw);
+        /* LUNAR_MOE_BENCH=decode1: the K3.1 shapes at batch 1 only (short Nsight Compute runs) */
+        if (g_bench_one) return;
         bench_shape(256, 8, 2304, 1024, 0, "Kimi-Linear bf16 (2304, 1024)", flush, fw);
         bench_shape(256, 8, 2304, 1024, 1, "Kimi-Linear mxfp4", flush, fw);
     }

@@ -908,17 +908,26 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                                            lunar_cuda_stream s) {
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
+    // path 16 keeps the activations in f16 (finite to 65504): its h between the two GEMMs is the
+    // SiTU's output, |h| <= beta * beta_l; SwiGLU's (unbounded) or a SiTU without the clamp on u
+    // would overflow, so those (and BF16 experts) run the pair instead
+    const bool f16_ok = w->mxfp4 && w->act != 0 && w->beta_l > 0.0f && fabsf(w->beta) * w->beta_l <= 16384.0f;
     if (path == 0) {
         // Decode (docs/benchmarks.md "MoE decode (session 5, H200)"): the kernel pair, except MXFP4
-        // experts of I >= 1024 at 32+ tokens, where the warp-team kernels (path 8) measured 3-17 %
-        // faster (slower at 1-16 tokens, at I = 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused
-        // forces one (the fused kernel is correct but slower everywhere).
+        // experts: path 16 where f16_ok (below), else the warp-team kernels (path 8) for I >= 1024 at
+        // 32+ tokens, where they measured 3-17 % faster than the pair (slower at 1-16 tokens, at I =
+        // 384 and for BF16). LUNAR_MOE_DECODE=pair | v2 | fused | f16 forces one (the fused kernel
+        // is correct but slower everywhere; f16 falls back to the pair where not f16_ok).
         static int dec = -1;
         if (dec < 0) {
             const char *v = getenv("LUNAR_MOE_DECODE");
-            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1 : 0;
+            dec = v && !strcmp(v, "fused") ? 3 : v && !strcmp(v, "v2") ? 8 : v && !strcmp(v, "pair") ? 1
+                  : v && !strcmp(v, "f16") ? 16 : 0;
         }
-        const int auto_dec = w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
+        // MXFP4 experts with a clamped SiTU (K3, K3.1): path 16, the pair on f16 tensor cores
+        // (cuda_moe_f16.cu), measured 5-15 % faster than the pair and v2 at K3.1's shapes at 1-64
+        // tokens (docs/benchmarks.md "MoE decode, MXFP4 instruction count (session 7, H200)")
+        const int auto_dec = f16_ok ? 16 : w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
         // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
         // path 6's pipeline with the widening in the consumer warpgroups (path 13, cuda_moe_ws.cu):
@@ -952,9 +961,11 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (path == 13 && !w->mxfp4) path = 12;  // path 13 is path 6's pipeline with MXFP4 widened by the consumers
-    // paths 1, 3, 8, 9: decode kernels (n <= 64); 2, 4-7 and 10-13: the grouped GEMMs (any n)
-    const bool ws = path == 6 || path == 7 || path >= 10, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(path >= 1 && path <= 13 && (path == 2 || (path >= 4 && path <= 7) || path >= 10 || n <= 64));
+    if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
+    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-13: the grouped GEMMs (any n)
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 13), dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(((path >= 1 && path <= 13) || path == 16) &&
+                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 13) || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
@@ -978,6 +989,9 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // 256-column stages x 3: 3 blocks (12 warps) per SM. Measured at batch 1, K3.1: 256 x 4
         // (2 blocks per SM) 244 us, 256 x 3 199 us, 128 x 6 200 us; the pair 136 us.
         fused_launch<256, 3>(g, d, r, st);
+    } else if (path == 16) {
+        const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
+        moe_f16_decode(g, d, slots, st);
     } else if (path == 1) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)
@@ -992,7 +1006,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
                                     path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || path >= 10) {
+    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 13)) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

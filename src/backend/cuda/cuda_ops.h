@@ -495,9 +495,10 @@ typedef struct lunar_cuda_moe_experts {
 /* The experts on the permuted rows: hbuf[r, I] = bf16(act(w1 z, w3 z)) for z = x[row_token[r]]
  * (bf16 [n, D]), ybuf[r, D] = row_weight[r] * (w2 hbuf[r]) (fp32). Weights widened to bf16 in
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
- * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair, path 8 for MXFP4 at I >= 1024
- * and n >= 32, LUNAR_MOE_DECODE=pair|v2|fused forcing one; above, path 12 for BF16 experts and path
- * 13 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old / wg / ws), 1 the decode kernel
+ * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair; MXFP4 with a clamped SiTU path
+ * 16, other MXFP4 path 8 at I >= 1024 and n >= 32; LUNAR_MOE_DECODE=pair|v2|fused|f16 forcing one; above,
+ * path 12 for BF16 experts and path 13 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old /
+ * wg / ws), 1 the decode kernel
  * pair (n <= 64), 2 the mma.sync grouped GEMM, 3 the fused decode kernel (one persistent grid for
  * both GEMMs; MXFP4 and n <= 64, BF16 falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu),
  * 5 the same with 128-row weight tiles throughout (4 uses 256 where R allows), 6 the
@@ -511,8 +512,10 @@ typedef struct lunar_cuda_moe_experts {
  * two, 12 path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue
  * (MXFP4: 6; LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 13), 13 path
  * 6's pipeline for MXFP4 experts with the widening in the consumer warpgroups (cuda_moe_ws.cu;
- * LUNAR_MOE_PREFILL=wsmx selects it for MXFP4 experts, BF16 experts keep 12; BF16 weights: 12).
- * hbuf: [n*k, I] bf16, ybuf: [n*k, D] fp32 scratch. */
+ * LUNAR_MOE_PREFILL=wsmx selects it for MXFP4 experts, BF16 experts keep 12; BF16 weights: 12),
+ * 16 the decode pair on f16 tensor cores (cuda_moe_f16.cu, n <= 64; MXFP4 experts with SiTU's clamp
+ * on u only, |h| <= beta * beta_l, else path 1; h in f16 there).
+ * hbuf: [n*k, I] bf16 (f16 under path 16), ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);

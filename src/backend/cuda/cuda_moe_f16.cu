@@ -1,0 +1,285 @@
+// The MXFP4 MoE decode pair on f16 tensor cores (path 16, LUNAR_MOE_DECODE=f16; issue 8, session 7).
+//
+// Why: Nsight Compute on the pair of cuda_moe.cu (path 1) has its MXFP4 consumer issue-bound
+// (docs/benchmarks.md "MoE decode, bytes in flight"): 525 SASS instructions per 2176-byte chunk in
+// the chunk loop, ~330 of them the widening (per bf16x2 pair: two shifts, a mask, a merge and a
+// bf16 multiply by the block scale, which also lifts the E = 0 values out of the bf16 subnormals).
+// This kernel keeps the pair's grid, ring, split-K and epilogue and changes the consumer:
+//
+//  1. f16, not bf16. A nibble S E1 E0 M with S at bit 7 and E1 E0 M at bits 3..1 of a byte is the
+//     E5M2 byte of E2M1 x 2^-14 (E = 0: the E5M2 subnormals, exact), and an E5M2 byte is the high
+//     byte of the f16 of the same value. So a word of 8 nibbles becomes two words of 4 such bytes
+//     with word-wide logic (H: the high nibble of each byte, 3 operations; L: the low ones, 4),
+//     and each f16x2 is one prmt putting two of those bytes into the high bytes of the halves:
+//     11 instructions per 8 weights, no multiply. f16 mma products of these (subnormal) weights
+//     with f16 activations are exact in the fp32 accumulators.
+//  2. The E8M0 scale after the mma, in fp32: the mma's k range is one 32-column scale block (the
+//     4 lanes of a quad hold its 4 words of a row), each block's two mmas go into fresh
+//     accumulators, and acc += 2^(s-126) * block (4 FFMA per matrix and block, the factor built
+//     from the scale byte by two integer operations), the remaining 2^13 once in the epilogue. No
+//     second-multiply path: 2^(s-126) is an exact fp32 normal for every s <= 253 (s = 254 and the
+//     NaN code 255 give inf; the CPU op's weights of s = 254 are 2^126 .. 3 x 2^127).
+//  3. The ring is the pair's (each lane copies its own 16-byte block of each row, one per 32
+//     columns), written at a swizzled slot and read back with one ldmatrix.x4 per row and matrix:
+//     matrix b's row g is lane (g, b)'s copy, so lane (g, c) receives word c of block b for every
+//     b, conflict-free (slot = 4 g + (b ^ (g / 2 % 4)): 8 rows of a matrix fill 8 distinct
+//     16-byte bank groups).
+//  4. The activations (bf16) become f16 per chunk (two integer operations and one cvt per f16x2,
+//     the pair order folded into the packing). f16 holds every bf16 of magnitude 2^-14 .. 65504
+//     exactly (smaller ones to 2^-25 absolute); larger ones would become inf. The gate/up kernel
+//     writes h in f16 for the down kernel (whose activations then need no conversion), so the path
+//     runs only where h is bounded: a SiTU with the clamp on u, |h| <= beta * beta_l (K3, K3.1:
+//     4 x 25); SwiGLU experts run the pair (cuda_moe.cu f16_ok; the op tests' SwiGLU weights give
+//     |h| > 65504). The latent (RMS-normed) is assumed below 65504 in magnitude.
+//
+// Pair order: L holds e(n0), e(n2), e(n4), e(n6), H e(n1), e(n3), e(n5), e(n7), so the four f16x2
+// of a word are (n0, n2), (n4, n6), (n1, n3), (n5, n7): mma 1 of the block takes the first two at
+// logical k (2c, 2c + 1) and (2c + 8, 2c + 9), mma 2 the last two; the activations of the lane's
+// 8 columns are packed in the same pairs (a dot product does not care which physical column each
+// logical k holds, only that both operands agree).
+#include <cuda_fp16.h>
+
+#include "backend/cuda/cuda_moe.cuh"
+
+namespace {
+
+constexpr int ST = 4;  // ring stages, as the pair
+
+__device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                        uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// 8 E2M1 nibbles -> f16x2 (n0, n2), (n4, n6), (n1, n3), (n5, n7), each value E2M1 x 2^-14 (top note)
+__device__ __forceinline__ void widen_f16(uint32_t q, uint32_t *p) {
+    const uint32_t h = (q & 0x80808080u) | ((q >> 3) & 0x0e0e0e0eu);
+    const uint32_t l = ((q << 4) & 0x80808080u) | ((q << 1) & 0x0e0e0e0eu);
+    p[0] = prmt(l, 0u, 0x1404);
+    p[1] = prmt(l, 0u, 0x3424);
+    p[2] = prmt(h, 0u, 0x1404);
+    p[3] = prmt(h, 0u, 0x3424);
+}
+
+__device__ __forceinline__ uint32_t f16x2_of(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+// 8 bf16 activations (columns 0..7) -> f16x2 (x0, x2), (x4, x6), (x1, x3), (x5, x7)
+__device__ __forceinline__ void x_f16(uint4 u, uint32_t *p) {
+    p[0] = f16x2_of(gv_lo(u.x), gv_lo(u.y));
+    p[1] = f16x2_of(gv_lo(u.z), gv_lo(u.w));
+    p[2] = f16x2_of(gv_hi(u.x), gv_hi(u.y));
+    p[3] = f16x2_of(gv_hi(u.z), gv_hi(u.w));
+}
+
+// 2^(s - 126) for scale byte b of w (exact for s <= 253): the byte by prmt, then (s + 1) << 23 in one IMAD
+__device__ __forceinline__ float scale_f(uint32_t w, int b) {
+    return __uint_as_float(prmt(w, 0u, 0x4440u + (uint32_t)b) * 0x800000u + 0x800000u);
+}
+// 8 f16 activations (columns 0..7, the down GEMM's h of this path) -> the same pairs as x_f16
+__device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
+    p[0] = prmt(u.x, u.y, 0x5410);
+    p[1] = prmt(u.z, u.w, 0x5410);
+    p[2] = prmt(u.x, u.y, 0x7632);
+    p[3] = prmt(u.z, u.w, 0x7632);
+}
+
+// grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
+// (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
+template <bool GATEUP, int S>
+__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf) {
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
+    extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
+    float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
+    // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
+    if (pf && threadIdx.x == 0 && !GATEUP && (int)blockIdx.y < a.counts[a.E]) {
+        const int e = a.active[blockIdx.y];
+        if (e >= 0 && e < a.E) {
+            const int rows = min(RT * 16, a.R - (int)blockIdx.x * RT * 16);
+            const size_t r0 = (size_t)blockIdx.x * RT * 16, estr = (size_t)a.R * a.K;
+            pdl_prefetch_l2(a.wq[0] + e * estr / 2 + r0 * (a.K / 2),
+                            (uint32_t)min((size_t)pf, (size_t)rows * a.K / 2) & ~15u);
+            pdl_prefetch_l2(a.ws[0] + e * estr / 32 + r0 * (a.K / 32), (uint32_t)((size_t)rows * a.K / 32) & ~15u);
+        }
+    }
+    pdl_wait();
+    const int slot = blockIdx.y;
+    if (slot >= a.counts[a.E]) return;
+    const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const int rt = warp / S, ks = warp % S;
+    const int tile = blockIdx.x * RT + rt;
+    const bool tile_ok = tile * 16 < a.R;
+    const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
+    const int ra = tile * 16 + g, rb = ra + 8;
+    const size_t estr = (size_t)a.R * a.K;
+    // ring slots: uint4 [ST][2 NM][128]; lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4)) of its warp
+    uint4 *rw = (uint4 *)ring;
+    uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // scale words [ST][2 NM][128], own slots
+    const int tid = threadIdx.x;
+    const int wslot = warp * 32 + 4 * g + (c ^ ((g >> 1) & 3));
+    // ldmatrix: lane L gives row L % 8 of matrix L / 8 = the slot of lane (L % 8, L / 8)
+    const int lr = lane & 7, lm = lane >> 3;
+    const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
+    for (int t0 = 0; t0 < m; t0 += 8) {
+        float acc[NM][4];
+#pragma unroll
+        for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        // a lane past the group's last token reads token t0's activations: its mma column is
+        // another token's and is never stored (no zero fill, no select per load)
+        const int tk = t0 + g < m ? t0 + g : t0;
+        const uint16_t *xr = a.x + (size_t)(GATEUP ? a.row_token[off + tk] : off + tk) * a.K + c * 8;
+        if (tile_ok && j0 < j1) {
+            const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
+#pragma unroll
+            for (int i = 0; i < NM; i++) {
+                qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
+                qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
+                sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
+                sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
+            }
+            auto issue = [&](int j) {
+                if (j < j1) {
+                    const int st = (j - j0) % ST;
+#pragma unroll
+                    for (int i = 0; i < NM; i++) {
+                        cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
+                        cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
+                        cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                        cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                    }
+                }
+                cp_async_commit();
+            };
+#pragma unroll
+            for (int p = 0; p < ST; p++) issue(j0 + p);
+            uint4 xv[4];  // block b: this lane's 8 columns 32 b + 8 c .. + 7 of the chunk
+            auto load_x = [&](int j, uint4 *dst) {
+#pragma unroll
+                for (int b = 0; b < 4; b++)
+                    dst[b] = __ldg((const uint4 *)(xr + (size_t)(4 * j + b) * 32));
+            };
+            load_x(j0, xv);
+            for (int j = j0; j < j1; j++) {
+                const int st = (j - j0) % ST;
+                cp_async_wait<ST - 1>();
+                __syncwarp();  // the ldmatrix reads the other lanes' copies
+                uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
+#pragma unroll
+                for (int i = 0; i < NM; i++) {
+                    ldsm_x4(wa[i], rbase + (uint32_t)((st * 2 * NM + 2 * i) * 128 * 16));
+                    ldsm_x4(wb[i], rbase + (uint32_t)((st * 2 * NM + 2 * i + 1) * 128 * 16));
+                    swa[i] = rs[(st * 2 * NM + 2 * i) * 128 + tid];
+                    swb[i] = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
+                }
+                uint4 nx[4];
+                load_x(min(j + 1, j1 - 1), nx);  // the last chunk reloads itself: no select per word
+                __syncwarp();  // every lane's reads of this stage are done before any lane refills it
+                issue(j + ST);
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    uint32_t px[4];
+                    if (GATEUP) x_f16(xv[b], px);
+                    else x_pairs(xv[b], px);
+#pragma unroll
+                    for (int i = 0; i < NM; i++) {
+                        uint32_t pa[4], pb[4];
+                        widen_f16(wa[i][b], pa);
+                        widen_f16(wb[i][b], pb);
+                        float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                        mma_f16(blk, pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
+                        mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
+                        const float fa = scale_f(swa[i], b), fb = scale_f(swb[i], b);
+                        acc[i][0] = fmaf(fa, blk[0], acc[i][0]);
+                        acc[i][1] = fmaf(fa, blk[1], acc[i][1]);
+                        acc[i][2] = fmaf(fb, blk[2], acc[i][2]);
+                        acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
+                    }
+                }
+#pragma unroll
+                for (int b = 0; b < 4; b++) xv[b] = nx[b];
+            }
+            cp_async_wait<0>();
+        }
+        if (S > 1) {
+            float *mine = red + (size_t)warp * NACC * 32;
+#pragma unroll
+            for (int i = 0; i < NM; i++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) mine[(i * 4 + v) * 32 + lane] = acc[i][v];
+            __syncthreads();
+            if (ks == 0) {
+                for (int s2 = 1; s2 < S; s2++) {
+                    const float *o = red + (size_t)(warp + s2) * NACC * 32;
+#pragma unroll
+                    for (int i = 0; i < NM; i++)
+#pragma unroll
+                        for (int v = 0; v < 4; v++) acc[i][v] += o[(i * 4 + v) * 32 + lane];
+                }
+            }
+            __syncthreads();
+        }
+        if (ks == 0 && tile_ok) {
+            // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int tv = t0 + 2 * c + (v & 1), row = v < 2 ? ra : rb;
+                if (tv >= m) continue;
+                const size_t pr = (size_t)(off + tv);
+                if (GATEUP) {
+                    const float hv = glu_act(acc[0][v] * 8192.0f, acc[NM - 1][v] * 8192.0f, a.act, a.beta, a.beta_l);
+                    __half hh = __float2half_rn(hv);  // f16: this path's down kernel reads it as is
+                    a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hh);
+                } else {
+                    a.y[pr * a.R + row] = acc[0][v] * 8192.0f * a.row_weight[pr];
+                }
+            }
+        }
+    }
+}
+
+template <bool GATEUP, int S>
+void launch_s(const xargs &a, int slots, cudaStream_t st) {
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
+    launch_pdl(moe_decode_f16_kernel<GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
+               lunar_cuda_pdl_prefetch_bytes(2));
+}
+
+// LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
+// per block), for measuring; 0 or unset: the pair's choice. Measured (H200, K3.1 batch 1): 119.9 /
+// 126.7 / 142.8 us at S <= 4 / 2 / 1, TP8 slice 28.4 / 29.0 / 34.6: the default stays.
+static int split_cap() {
+    static int cap = -1;
+    if (cap < 0) {
+        const char *v = getenv("LUNAR_MOE_F16_SPLIT");
+        cap = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 4;
+    }
+    return cap;
+}
+
+template <bool GATEUP>
+void launch(const xargs &a, int slots, cudaStream_t st) {
+    const int J = a.K / 128, S = min(split_cap(), J >= 8 ? 4 : J >= 4 ? 2 : 1);  // the pair's split-K choice
+    if (S == 4) launch_s<GATEUP, 4>(a, slots, st);
+    else if (S == 2) launch_s<GATEUP, 2>(a, slots, st);
+    else launch_s<GATEUP, 1>(a, slots, st);
+}
+
+}  // namespace
+
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st) {
+    launch<true>(g, slots, st);
+    launch<false>(d, slots, st);
+}
