@@ -174,7 +174,9 @@ __device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], 
 // rows (whole lines; the unswizzled layout needs 72 boxes of 16 B x 64 rows, which ran the copies
 // at ~1.8 TB/s), FP8 widened by bit operations; SW = false keeps the session-4 layout
 // (LUNAR_MLA_WGMMA_SW=0) for comparison.
-template <bool FP8, bool TMA, bool SW>
+// SKIP (bench only, LUNAR_MLA_WGMMA_FP8=skip; wrong results): FP8 pages with the widening left out,
+// the MMAs reading whatever the bf16 tile holds: the ceiling of this kernel were the widening free.
+template <bool FP8, bool TMA, bool SW, bool SKIP = false>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using L = Lay<FP8>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -311,7 +313,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
                 // swizzled row; consecutive lanes read consecutive units (whole lines); rows past
                 // the end become zeros
 #pragma unroll 3
-                for (int c = tid; c < kTile * kRow / 16; c += kThreads) {
+                for (int c = SKIP ? kTile * kRow / 16 : tid; c < kTile * kRow / 16; c += kThreads) {
                     const int r = c / (kRow / 16), u = c - r * (kRow / 16);
                     uint4 v = *reinterpret_cast<const uint4 *>(raw + c * 16);
                     if (r >= nvalid) v = make_uint4(0, 0, 0, 0);
@@ -685,6 +687,198 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
     write_out(a, o, red, row, split, h0, nh, wg, t, r0, r1, m0, m1, l0, l1);
 }
 
+// FP8 pages with the widening off the serial path (LUNAR_MLA_WGMMA_FP8=pipe). Rounds 1-2 of session 6
+// found every FP8 variant ~1.1 us per 64-position tile slower than bf16 pages whatever the MMA did,
+// with the widening between the tile's arrival and the MMAs that read it. Here the raw bytes of tile
+// i + 1 come from global memory into registers (9 x 16 B per thread, issued a whole iteration
+// ahead, rows past the end zero) and are widened to bf16 (e4m3x2_bf16x2, exact, as the widening
+// kernel) into the other of two bf16 tiles while the MMAs of tile i run: units 0..4 while S is in
+// flight, 5..8 while PV is. The tensor cores then see the same bf16 tiles in the same order as the
+// widening kernel, so the results are bit for bit the widening kernel's. Shared memory is the bf16
+// pages' layout (Q 72 KB + two bf16 tiles 144 KB + P 8 KB): there is no room for raw stages, hence
+// registers instead of bulk copies. CONV = false (bench only, LUNAR_MLA_WGMMA_FP8=pipe_raw; wrong
+// results): the raw bytes stored without conversion, to see what the conversion's ALU work costs.
+namespace pipe {
+constexpr int kU = kTile * kRow / 16 / kThreads; // 16-byte raw units per thread and tile: 9
+constexpr int kUS = 5;                            // widened during S; the rest during PV
+static_assert(kU * kThreads * 16 == kTile * kRow, "whole units per thread");
+// Unit k of a thread: row r, 16-byte unit u of the row (dims 16u .. 16u + 15). Lane l takes row
+// 8 rg + (l & 7) and unit 4 ug + (l >> 3) of warp block b = warp + 8k (rg = b / 9, ug = b % 9): the
+// loads read 64 contiguous bytes of 8 rows and the stores of 8 lanes hit 8 different chunks.
+__device__ __forceinline__ void unit(int k, int warp, int lane, int &r, int &u) {
+    const int b = warp + 8 * k, rg = b / 9, ug = b - rg * 9;
+    r = rg * 8 + (lane & 7), u = ug * 4 + (lane >> 3);
+}
+template <int K0, int K1>
+__device__ __forceinline__ void fetch(uint4 (&raw)[kU], const unsigned char *src, int nvalid, int warp, int lane) {
+#pragma unroll
+    for (int k = K0; k < K1; k++) {
+        int r, u;
+        unit(k, warp, lane, r, u);
+        raw[k] = r < nvalid ? __ldg(reinterpret_cast<const uint4 *>(src + (size_t)r * kRow + u * 16))
+                            : make_uint4(0, 0, 0, 0);
+    }
+}
+template <int K0, int K1, bool CONV>
+__device__ __forceinline__ void widen(const uint4 (&raw)[kU], uint32_t dst, int warp, int lane) {
+#pragma unroll
+    for (int k = K0; k < K1; k++) {
+        int r, u;
+        unit(k, warp, lane, r, u);
+        const uint4 v = raw[k];
+        if (CONV) {
+            sts128(dst + sw_off(r, 2 * u), e4m3x2_bf16x2(v.x, 0x1404), e4m3x2_bf16x2(v.x, 0x3424),
+                   e4m3x2_bf16x2(v.y, 0x1404), e4m3x2_bf16x2(v.y, 0x3424));
+            sts128(dst + sw_off(r, 2 * u + 1), e4m3x2_bf16x2(v.z, 0x1404), e4m3x2_bf16x2(v.z, 0x3424),
+                   e4m3x2_bf16x2(v.w, 0x1404), e4m3x2_bf16x2(v.w, 0x3424));
+        } else {
+            sts128(dst + sw_off(r, 2 * u), v.x, v.y, v.z, v.w);
+            sts128(dst + sw_off(r, 2 * u + 1), v.x, v.y, v.z, v.w);
+        }
+    }
+}
+} // namespace pipe
+
+template <bool CONV> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_pipe_kernel(Args a) {
+    using L = Lay<false>;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + L::red_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = ((tid >> 5) & 3) * 16 + g, r1 = r0 + 8;
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    // tile i's raw rows (one page holds the 64 positions: begin and chunk are multiples of 64) and
+    // its valid count
+    auto src_of = [&](int i) {
+        const int t0 = begin + i * kTile;
+        return a.cache + ((size_t)bt[t0 >> 7] * 128 + (t0 & 127)) * kRow;
+    };
+    auto nvalid_of = [&](int i) { return min(kTile, end - (begin + i * kTile)); };
+    auto tile_of = [&](int i) { return sb + L::tile_off + (i & 1) * kTileBytes; };
+    uint4 raw[pipe::kU];
+    if (ntiles > 0) pipe::fetch<0, pipe::kU>(raw, src_of(0), nvalid_of(0), warp, lane);
+
+    // Q as the widening kernel: bf16 rows in core-matrix order, rows past nh zero
+#pragma unroll 2
+    for (int c = tid; c < kM * kChunks; c += kThreads) {
+        const int blk = c >> 5, l = c & 31, rg = blk / 18, jg = blk - rg * 18;
+        const int r = rg * 8 + (l & 7), j = jg * 4 + (l >> 3);
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r < nh) {
+            const size_t qr = (size_t)row * a.H + h0 + r;
+            const float2 *src = reinterpret_cast<const float2 *>(j < kR / 8 ? a.q_lat + qr * kR + j * 8
+                                                                           : a.q_pe + qr * kP + (j - kR / 8) * 8);
+            const float2 x0 = src[0], x1 = src[1], x2 = src[2], x3 = src[3];
+            v = make_uint4(pack_bf16(x0.x, x0.y), pack_bf16(x1.x, x1.y), pack_bf16(x2.x, x2.y), pack_bf16(x3.x, x3.y));
+        }
+        *reinterpret_cast<uint4 *>(smem + L::q_off + core_off(r, j)) = v;
+    }
+    if (ntiles > 0) {
+        pipe::widen<0, pipe::kU, CONV>(raw, tile_of(0), warp, lane);
+        if (ntiles > 1) pipe::fetch<0, pipe::kU>(raw, src_of(1), nvalid_of(1), warp, lane);
+    }
+    fence_async_smem();
+
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; i++) o[i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const uint64_t dq = desc(sb + L::q_off, 128, kGroup);
+    const uint64_t dp = desc(sb + L::p_off, 128, kPGroup);
+
+    for (int it = 0; it < ntiles; it++) {
+        // tile it is widened by every thread; both warpgroups are done with PV of tile it - 1, so
+        // its bf16 tile (now tile it + 1's) and P are free
+        __syncthreads();
+        const uint32_t tile = tile_of(it);
+        const bool next = it + 1 < ntiles, next2 = it + 2 < ntiles;
+        const unsigned char *src2 = next2 ? src_of(it + 2) : nullptr;
+        const int nv2 = next2 ? nvalid_of(it + 2) : 0;
+
+        float s[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) s[i] = 0.0f;
+        fence_acc<16>(s);
+        wgmma_fence();
+        {
+            const uint64_t dc = desc_sw(tile + wg * 4 * 1024, 16, 1024);
+#pragma unroll
+            for (int ks = 0; ks < kRow / 16; ks++)
+                wgmma_m64n32<0>(s, dq + 16 * ks, dc + (uint64_t)(((ks >> 2) * 8192 + (ks & 3) * 32) >> 4), ks > 0);
+        }
+        wgmma_commit();
+        // while S runs: the first units of tile it + 1, then their registers take tile it + 2's
+        if (next) pipe::widen<0, pipe::kUS, CONV>(raw, tile_of(it + 1), warp, lane);
+        if (next2) pipe::fetch<0, pipe::kUS>(raw, src2, nv2, warp, lane);
+        wgmma_wait<0>();
+        fence_acc<16>(s);
+
+        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const bool ok = pbase + 8 * k + c < end;
+                s[4 * k + c] = ok ? s[4 * k + c] * a.scale2 : -INFINITY;
+                s[4 * k + 2 + c] = ok ? s[4 * k + 2 + c] * a.scale2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[4 * k + c]), mx1 = fmaxf(mx1, s[4 * k + 2 + c]);
+            }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
+        __syncthreads();
+        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        unsigned char *P = smem + L::p_off + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+            ps0 += e0 + e1, ps1 += e2 + e3;
+            *reinterpret_cast<uint32_t *>(P + (4 * wg + k) * 128) = pack_bf16(e0, e1);
+            *reinterpret_cast<uint32_t *>(P + kPGroup + (4 * wg + k) * 128) = pack_bf16(e2, e3);
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+            for (int k = 0; k < 32; k++) o[4 * k] *= al0, o[4 * k + 1] *= al0, o[4 * k + 2] *= al1, o[4 * k + 3] *= al1;
+        }
+        fence_async_smem();
+        __syncthreads(); // all of P is written
+
+        fence_acc<128>(o);
+        wgmma_fence();
+        {
+            const uint64_t dv = desc_sw(tile + wg * 4 * 8192, 8192, 1024);
+#pragma unroll
+            for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 128 * ks, 1);
+        }
+        wgmma_commit();
+        // while PV runs: the rest of tile it + 1, then tile it + 2's remaining units
+        if (next) pipe::widen<pipe::kUS, pipe::kU, CONV>(raw, tile_of(it + 1), warp, lane);
+        if (next2) pipe::fetch<pipe::kUS, pipe::kU>(raw, src2, nv2, warp, lane);
+        fence_async_smem(); // the widened tile, written by the generic proxy, is read by wgmma next
+        wgmma_wait<0>();
+        fence_acc<128>(o);
+    }
+
+    write_out(a, o, red, row, split, h0, nh, wg, t, r0, r1, m0, m1, l0, l1);
+}
+
 struct Plan {
     int hb, hpb, splits, chunk;
 };
@@ -710,14 +904,15 @@ Plan plan(int rows, int H, int max_n) {
     return p;
 }
 
-template <bool FP8, bool TMA, bool SW> void launch(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+template <bool FP8, bool TMA, bool SW, bool SKIP = false>
+void launch(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8, TMA, SW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)Lay<FP8>::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_kernel<FP8, TMA, SW, SKIP>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Lay<FP8>::smem));
         attr = true;
     }
-    wgmma_decode_kernel<FP8, TMA, SW><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a, tm);
+    wgmma_decode_kernel<FP8, TMA, SW, SKIP><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<FP8>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -763,6 +958,17 @@ bool make_tmap_q8(CUtensorMap *m, const void *latent) {
     return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(latent), dims, strides, box, es,
               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <bool CONV> void launch_pipe(const Args &a, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_pipe_kernel<CONV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)Lay<false>::smem));
+        attr = true;
+    }
+    wgmma_decode_pipe_kernel<CONV><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<false>::smem, s>>>(a);
+    CUDA_CHECK_LAUNCH();
 }
 
 bool env_is(const char *name, const char *v) {
@@ -817,6 +1023,16 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
             if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, 2 q terms\n"), seen = true;
         }
         launch_q8(a, tm, p, s);
+    } else if (fp8 && sw && (env_is("LUNAR_MLA_WGMMA_FP8", "pipe") || env_is("LUNAR_MLA_WGMMA_FP8", "pipe_raw"))) {
+        // the widening overlapped with the MMAs (registers, no bulk copies); pipe_raw: bench only
+        if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
+            static bool seen = false;
+            if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, widening pipelined\n"), seen = true;
+        }
+        if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe")) launch_pipe<true>(a, p, s);
+        else launch_pipe<false>(a, p, s);
+    } else if (fp8 && sw && tma && env_is("LUNAR_MLA_WGMMA_FP8", "skip")) {
+        launch<true, true, true, true>(a, tm, p, s); // bench only: no widening (wrong results)
     } else if (fp8) {
         if (!sw) launch<true, false, false>(a, tm, p, s);
         else if (tma) launch<true, true, true>(a, tm, p, s);
