@@ -696,8 +696,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 // flight, 5..8 while PV is. The tensor cores then see the same bf16 tiles in the same order as the
 // widening kernel, so the results are bit for bit the widening kernel's. Shared memory is the bf16
 // pages' layout (Q 72 KB + two bf16 tiles 144 KB + P 8 KB): there is no room for raw stages, hence
-// registers instead of bulk copies. CONV = false (bench only, LUNAR_MLA_WGMMA_FP8=pipe_raw; wrong
-// results): the raw bytes stored without conversion, to see what the conversion's ALU work costs.
+// registers instead of bulk copies. With one tile in flight per block the loads may wait on DRAM
+// latency: PF (LUNAR_MLA_WGMMA_FP8=pipe_pf) also asks the copy engine for an L2 prefetch of tile
+// i + 3 (one bulk request by one thread, no registers, no shared memory), so the register loads
+// of tile i + 2 find it in L2. CONV = false (bench only, =pipe_raw; wrong results): the raw bytes
+// stored without conversion, to see what the conversion's ALU work costs.
 namespace pipe {
 constexpr int kU = kTile * kRow / 16 / kThreads; // 16-byte raw units per thread and tile: 9
 constexpr int kUS = 5;                            // widened during S; the rest during PV
@@ -739,7 +742,7 @@ __device__ __forceinline__ void widen(const uint4 (&raw)[kU], uint32_t dst, int 
 }
 } // namespace pipe
 
-template <bool CONV> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_pipe_kernel(Args a) {
+template <bool CONV, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_pipe_kernel(Args a) {
     using L = Lay<false>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -762,6 +765,10 @@ template <bool CONV> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode
     };
     auto nvalid_of = [&](int i) { return min(kTile, end - (begin + i * kTile)); };
     auto tile_of = [&](int i) { return sb + L::tile_off + (i & 1) * kTileBytes; };
+    auto prefetch = [&](int i) { // tile i's valid rows into L2
+        if (PF && tid == 0 && i < ntiles) pdl_prefetch_l2(src_of(i), (uint32_t)nvalid_of(i) * kRow);
+    };
+    prefetch(1), prefetch(2);
     uint4 raw[pipe::kU];
     if (ntiles > 0) pipe::fetch<0, pipe::kU>(raw, src_of(0), nvalid_of(0), warp, lane);
 
@@ -801,6 +808,7 @@ template <bool CONV> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode
         const bool next = it + 1 < ntiles, next2 = it + 2 < ntiles;
         const unsigned char *src2 = next2 ? src_of(it + 2) : nullptr;
         const int nv2 = next2 ? nvalid_of(it + 2) : 0;
+        prefetch(it + 3);
 
         float s[16];
 #pragma unroll
@@ -960,14 +968,14 @@ bool make_tmap_q8(CUtensorMap *m, const void *latent) {
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool CONV> void launch_pipe(const Args &a, const Plan &p, cudaStream_t s) {
+template <bool CONV, bool PF> void launch_pipe(const Args &a, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_pipe_kernel<CONV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)Lay<false>::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_pipe_kernel<CONV, PF>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Lay<false>::smem));
         attr = true;
     }
-    wgmma_decode_pipe_kernel<CONV><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<false>::smem, s>>>(a);
+    wgmma_decode_pipe_kernel<CONV, PF><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<false>::smem, s>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1023,14 +1031,16 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
             if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, 2 q terms\n"), seen = true;
         }
         launch_q8(a, tm, p, s);
-    } else if (fp8 && sw && (env_is("LUNAR_MLA_WGMMA_FP8", "pipe") || env_is("LUNAR_MLA_WGMMA_FP8", "pipe_raw"))) {
+    } else if (fp8 && sw && (env_is("LUNAR_MLA_WGMMA_FP8", "pipe") || env_is("LUNAR_MLA_WGMMA_FP8", "pipe_pf") ||
+                             env_is("LUNAR_MLA_WGMMA_FP8", "pipe_raw"))) {
         // the widening overlapped with the MMAs (registers, no bulk copies); pipe_raw: bench only
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static bool seen = false;
             if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, widening pipelined\n"), seen = true;
         }
-        if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe")) launch_pipe<true>(a, p, s);
-        else launch_pipe<false>(a, p, s);
+        if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe")) launch_pipe<true, false>(a, p, s);
+        else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_pf")) launch_pipe<true, true>(a, p, s);
+        else launch_pipe<false, false>(a, p, s);
     } else if (fp8 && sw && tma && env_is("LUNAR_MLA_WGMMA_FP8", "skip")) {
         launch<true, true, true, true>(a, tm, p, s); // bench only: no widening (wrong results)
     } else if (fp8) {
