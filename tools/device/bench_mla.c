@@ -160,19 +160,20 @@ static void bench_decode(void) {
 /* FP8 pages (sessions 6-7): the wgmma kernel's widening path (LUNAR_MLA_WGMMA_FP8 unset: e4m3
  * widened to bf16 between the tile's arrival and the MMAs), its ceiling with the widening left out
  * (=skip, bench only, wrong results), the widening overlapped with the MMAs (=pipe; =pipe_pf with L2
- * prefetches; =pipe_raw: pipe's bytes stored unconverted, bench only), the FP8-score path (=q8x2), the mma.sync kernel
- * (LUNAR_MLA_DECODE=new) and the default selection, same data, same process. Floors: the e4m3
+ * prefetches; bench only: =pipe_raw pipe's stores without the conversion, =pipe_half half of them,
+ * =pipe_none none), the FP8-score path (=q8x2), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the
+ * default selection, same data, same process; each cell: time (of the floor). Floors: the e4m3
  * latent bytes at 4.3 TB/s; the MMA work of the widen path (heads padded to 64 per block,
  * 2 x (576 + 512) flop per head and position at 790 TFLOP/s). */
 static void bench_decode_fp8(void) {
+    static const char *const fp8v[] = {NULL, "skip", "pipe", "pipe_pf", "pipe_raw", "pipe_half", "pipe_none", "q8x2"};
+    enum { NV = sizeof fp8v / sizeof fp8v[0] };
     printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; the others LUNAR_MLA_DECODE=wgmma with "
-           "LUNAR_MLA_WGMMA_FP8 unset (widen) / skip / pipe / pipe_pf / pipe_raw / q8x2; default = no variable)\n\n");
-    printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | widen | of floor | skip (ceiling) | of floor | pipe | "
-           "of floor | pipe_pf | of floor | pipe_raw | q8x2 | default | pipe vs widen | pipe_pf vs default |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "LUNAR_MLA_WGMMA_FP8 = the column (widen: unset); default = no variable)\n\n");
+    printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | widen | skip (ceiling) | pipe | pipe_pf | pipe_raw | "
+           "pipe_half | pipe_none | q8x2 | default |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Hs[] = {12, 32, 64, 96};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
-    static const char *const fp8v[] = {NULL, "skip", "pipe", "pipe_pf", "pipe_raw", "q8x2"};
     for (int hi = 0; hi < 4; hi++)
         for (int ci = 0; ci < 6; ci++) {
             const int H = Hs[hi], B = BL[ci][0], L = BL[ci][1];
@@ -184,8 +185,8 @@ static void bench_decode_fp8(void) {
             setenv("LUNAR_MLA_DECODE", "new", 1);
             const float us_new = time_us(call_decode, &m, 9);
             setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-            float us[6];
-            for (int v = 0; v < 6; v++) {
+            float us[NV];
+            for (int v = 0; v < NV; v++) {
                 if (fp8v[v]) setenv("LUNAR_MLA_WGMMA_FP8", fp8v[v], 1);
                 else unsetenv("LUNAR_MLA_WGMMA_FP8");
                 us[v] = time_us(call_decode, &m, 9);
@@ -195,10 +196,9 @@ static void bench_decode_fp8(void) {
             const float us_d = time_us(call_decode, &m, 9);
             const double floor = (double)B * L * 576 / BW * 1e6;
             const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
-            printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | %.0f%% | "
-                   "%.1f us | %.0f%% | %.1f us | %.1f us | %.1f us | %.2fx | %.2fx |\n",
-                   H, B, L / 1024, floor, mma, us_new, us[0], 100.0 * floor / us[0], us[1], 100.0 * floor / us[1], us[2],
-                   100.0 * floor / us[2], us[3], 100.0 * floor / us[3], us[4], us[5], us_d, us[0] / us[2], us_d / us[3]);
+            printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us |", H, B, L / 1024, floor, mma, us_new);
+            for (int v = 0; v < NV; v++) printf(" %.1f (%.0f%%) |", us[v], 100.0 * floor / us[v]);
+            printf(" %.1f (%.0f%%) |\n", us_d, 100.0 * floor / us_d);
             fflush(stdout);
             lunar_cuda_release(mark);
         }

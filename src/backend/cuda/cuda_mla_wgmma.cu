@@ -699,8 +699,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 // registers instead of bulk copies. With one tile in flight per block the loads may wait on DRAM
 // latency: PF (LUNAR_MLA_WGMMA_FP8=pipe_pf) also asks the copy engine for an L2 prefetch of tile
 // i + 3 (one bulk request by one thread, no registers, no shared memory), so the register loads
-// of tile i + 2 find it in L2. CONV = false (bench only, =pipe_raw; wrong results): the raw bytes
-// stored without conversion, to see what the conversion's ALU work costs.
+// of tile i + 2 find it in L2. Bench-only modes (wrong results), to split the widening's cost:
+// MODE 1 (=pipe_raw) stores the raw bytes unconverted (the stores without the ALU work), 2
+// (=pipe_half) stores each raw unit once (half the store bytes), 3 (=pipe_none) stores nothing
+// (the loads are kept by an empty asm that takes their registers).
 namespace pipe {
 constexpr int kU = kTile * kRow / 16 / kThreads; // 16-byte raw units per thread and tile: 9
 constexpr int kUS = 5;                            // widened during S; the rest during PV
@@ -722,27 +724,31 @@ __device__ __forceinline__ void fetch(uint4 (&raw)[kU], const unsigned char *src
                             : make_uint4(0, 0, 0, 0);
     }
 }
-template <int K0, int K1, bool CONV>
+template <int K0, int K1, int MODE>
 __device__ __forceinline__ void widen(const uint4 (&raw)[kU], uint32_t dst, int warp, int lane) {
 #pragma unroll
     for (int k = K0; k < K1; k++) {
         int r, u;
         unit(k, warp, lane, r, u);
         const uint4 v = raw[k];
-        if (CONV) {
+        if (MODE == 0) {
             sts128(dst + sw_off(r, 2 * u), e4m3x2_bf16x2(v.x, 0x1404), e4m3x2_bf16x2(v.x, 0x3424),
                    e4m3x2_bf16x2(v.y, 0x1404), e4m3x2_bf16x2(v.y, 0x3424));
             sts128(dst + sw_off(r, 2 * u + 1), e4m3x2_bf16x2(v.z, 0x1404), e4m3x2_bf16x2(v.z, 0x3424),
                    e4m3x2_bf16x2(v.w, 0x1404), e4m3x2_bf16x2(v.w, 0x3424));
-        } else {
+        } else if (MODE == 1) {
             sts128(dst + sw_off(r, 2 * u), v.x, v.y, v.z, v.w);
             sts128(dst + sw_off(r, 2 * u + 1), v.x, v.y, v.z, v.w);
+        } else if (MODE == 2) {
+            sts128(dst + sw_off(r, 2 * u), v.x, v.y, v.z, v.w);
+        } else {
+            asm volatile("" ::"r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
         }
     }
 }
 } // namespace pipe
 
-template <bool CONV, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_pipe_kernel(Args a) {
+template <int MODE, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_pipe_kernel(Args a) {
     using L = Lay<false>;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -788,7 +794,7 @@ template <bool CONV, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgm
         *reinterpret_cast<uint4 *>(smem + L::q_off + core_off(r, j)) = v;
     }
     if (ntiles > 0) {
-        pipe::widen<0, pipe::kU, CONV>(raw, tile_of(0), warp, lane);
+        pipe::widen<0, pipe::kU, MODE>(raw, tile_of(0), warp, lane);
         if (ntiles > 1) pipe::fetch<0, pipe::kU>(raw, src_of(1), nvalid_of(1), warp, lane);
     }
     fence_async_smem();
@@ -823,7 +829,7 @@ template <bool CONV, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgm
         }
         wgmma_commit();
         // while S runs: the first units of tile it + 1, then their registers take tile it + 2's
-        if (next) pipe::widen<0, pipe::kUS, CONV>(raw, tile_of(it + 1), warp, lane);
+        if (next) pipe::widen<0, pipe::kUS, MODE>(raw, tile_of(it + 1), warp, lane);
         if (next2) pipe::fetch<0, pipe::kUS>(raw, src2, nv2, warp, lane);
         wgmma_wait<0>();
         fence_acc<16>(s);
@@ -877,7 +883,7 @@ template <bool CONV, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgm
         }
         wgmma_commit();
         // while PV runs: the rest of tile it + 1, then tile it + 2's remaining units
-        if (next) pipe::widen<pipe::kUS, pipe::kU, CONV>(raw, tile_of(it + 1), warp, lane);
+        if (next) pipe::widen<pipe::kUS, pipe::kU, MODE>(raw, tile_of(it + 1), warp, lane);
         if (next2) pipe::fetch<pipe::kUS, pipe::kU>(raw, src2, nv2, warp, lane);
         fence_async_smem(); // the widened tile, written by the generic proxy, is read by wgmma next
         wgmma_wait<0>();
@@ -968,14 +974,14 @@ bool make_tmap_q8(CUtensorMap *m, const void *latent) {
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-template <bool CONV, bool PF> void launch_pipe(const Args &a, const Plan &p, cudaStream_t s) {
+template <int MODE, bool PF> void launch_pipe(const Args &a, const Plan &p, cudaStream_t s) {
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_pipe_kernel<CONV, PF>,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_pipe_kernel<MODE, PF>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)Lay<false>::smem));
         attr = true;
     }
-    wgmma_decode_pipe_kernel<CONV, PF><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<false>::smem, s>>>(a);
+    wgmma_decode_pipe_kernel<MODE, PF><<<dim3(p.hb, p.splits, a.rows), kThreads, Lay<false>::smem, s>>>(a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -1031,16 +1037,17 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
             if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, 2 q terms\n"), seen = true;
         }
         launch_q8(a, tm, p, s);
-    } else if (fp8 && sw && (env_is("LUNAR_MLA_WGMMA_FP8", "pipe") || env_is("LUNAR_MLA_WGMMA_FP8", "pipe_pf") ||
-                             env_is("LUNAR_MLA_WGMMA_FP8", "pipe_raw"))) {
+    } else if (fp8 && sw && getenv("LUNAR_MLA_WGMMA_FP8") && !strncmp(getenv("LUNAR_MLA_WGMMA_FP8"), "pipe", 4)) {
         // the widening overlapped with the MMAs (registers, no bulk copies); pipe_raw: bench only
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static bool seen = false;
             if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, widening pipelined\n"), seen = true;
         }
-        if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe")) launch_pipe<true, false>(a, p, s);
-        else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_pf")) launch_pipe<true, true>(a, p, s);
-        else launch_pipe<false, false>(a, p, s);
+        if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_pf")) launch_pipe<0, true>(a, p, s);
+        else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_raw")) launch_pipe<1, false>(a, p, s);
+        else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_half")) launch_pipe<2, false>(a, p, s);
+        else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_none")) launch_pipe<3, false>(a, p, s);
+        else launch_pipe<0, false>(a, p, s);
     } else if (fp8 && sw && tma && env_is("LUNAR_MLA_WGMMA_FP8", "skip")) {
         launch<true, true, true, true>(a, tm, p, s); // bench only: no widening (wrong results)
     } else if (fp8) {
