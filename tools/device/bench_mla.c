@@ -161,17 +161,17 @@ static void bench_decode(void) {
  * widened to bf16 between the tile's arrival and the MMAs), its ceiling with the widening left out
  * (=skip, bench only, wrong results), the widening overlapped with the MMAs (=pipe; =pipe_pf with L2
  * prefetches; bench only: =pipe_raw pipe's stores without the conversion, =pipe_half half of them,
- * =pipe_none none), the FP8-score path (=q8x2), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the
+ * =pipe_none none; =pipe_ser: pipe without the overlap), the FP8-score path (=q8x2), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the
  * default selection, same data, same process; each cell: time (of the floor). Floors: the e4m3
  * latent bytes at 4.3 TB/s; the MMA work of the widen path (heads padded to 64 per block,
  * 2 x (576 + 512) flop per head and position at 790 TFLOP/s). */
 static void bench_decode_fp8(void) {
-    static const char *const fp8v[] = {NULL, "skip", "pipe", "pipe_pf", "pipe_raw", "pipe_half", "pipe_none", "q8x2"};
+    static const char *const fp8v[] = {NULL, "skip", "pipe", "pipe_pf", "pipe_raw", "pipe_half", "pipe_none", "pipe_ser", "q8x2"};
     enum { NV = sizeof fp8v / sizeof fp8v[0] };
     printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; the others LUNAR_MLA_DECODE=wgmma with "
            "LUNAR_MLA_WGMMA_FP8 = the column (widen: unset); default = no variable)\n\n");
     printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | widen | skip (ceiling) | pipe | pipe_pf | pipe_raw | "
-           "pipe_half | pipe_none | q8x2 | default |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "pipe_half | pipe_none | pipe_ser | q8x2 | default |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Hs[] = {12, 32, 64, 96};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
     for (int hi = 0; hi < 4; hi++)

@@ -702,7 +702,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 // of tile i + 2 find it in L2. Bench-only modes (wrong results), to split the widening's cost:
 // MODE 1 (=pipe_raw) stores the raw bytes unconverted (the stores without the ALU work), 2
 // (=pipe_half) stores each raw unit once (half the store bytes), 3 (=pipe_none) stores nothing
-// (the loads are kept by an empty asm that takes their registers).
+// (the loads are kept by an empty asm that takes their registers); 4 (=pipe_ser, correct results)
+// converts as 0 but waits for each MMA before its share of the widening: no overlap, to tell
+// whether the overlap of 0 bought anything.
 namespace pipe {
 constexpr int kU = kTile * kRow / 16 / kThreads; // 16-byte raw units per thread and tile: 9
 constexpr int kUS = 5;                            // widened during S; the rest during PV
@@ -731,7 +733,7 @@ __device__ __forceinline__ void widen(const uint4 (&raw)[kU], uint32_t dst, int 
         int r, u;
         unit(k, warp, lane, r, u);
         const uint4 v = raw[k];
-        if (MODE == 0) {
+        if (MODE == 0 || MODE == 4) {
             sts128(dst + sw_off(r, 2 * u), e4m3x2_bf16x2(v.x, 0x1404), e4m3x2_bf16x2(v.x, 0x3424),
                    e4m3x2_bf16x2(v.y, 0x1404), e4m3x2_bf16x2(v.y, 0x3424));
             sts128(dst + sw_off(r, 2 * u + 1), e4m3x2_bf16x2(v.z, 0x1404), e4m3x2_bf16x2(v.z, 0x3424),
@@ -828,6 +830,7 @@ template <int MODE, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgmm
                 wgmma_m64n32<0>(s, dq + 16 * ks, dc + (uint64_t)(((ks >> 2) * 8192 + (ks & 3) * 32) >> 4), ks > 0);
         }
         wgmma_commit();
+        if (MODE == 4) wgmma_wait<0>();
         // while S runs: the first units of tile it + 1, then their registers take tile it + 2's
         if (next) pipe::widen<0, pipe::kUS, MODE>(raw, tile_of(it + 1), warp, lane);
         if (next2) pipe::fetch<0, pipe::kUS>(raw, src2, nv2, warp, lane);
@@ -882,6 +885,7 @@ template <int MODE, bool PF> __global__ void __launch_bounds__(kThreads, 1) wgmm
             for (int ks = 0; ks < kTile / 16; ks++) wgmma_m64n256<1>(o, dp + 16 * ks, dv + 128 * ks, 1);
         }
         wgmma_commit();
+        if (MODE == 4) wgmma_wait<0>();
         // while PV runs: the rest of tile it + 1, then tile it + 2's remaining units
         if (next) pipe::widen<pipe::kUS, pipe::kU, MODE>(raw, tile_of(it + 1), warp, lane);
         if (next2) pipe::fetch<pipe::kUS, pipe::kU>(raw, src2, nv2, warp, lane);
@@ -1047,6 +1051,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_raw")) launch_pipe<1, false>(a, p, s);
         else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_half")) launch_pipe<2, false>(a, p, s);
         else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_none")) launch_pipe<3, false>(a, p, s);
+        else if (env_is("LUNAR_MLA_WGMMA_FP8", "pipe_ser")) launch_pipe<4, false>(a, p, s);
         else launch_pipe<0, false>(a, p, s);
     } else if (fp8 && sw && tma && env_is("LUNAR_MLA_WGMMA_FP8", "skip")) {
         launch<true, true, true, true>(a, tm, p, s); // bench only: no widening (wrong results)
