@@ -245,13 +245,15 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
     /* {SW, TMA, FP8, tag, FP8 tolerance}: NULL = unset (the default; FP8 pages widened to bf16,
      * exact). "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
      * 0.0026 worst, as the widened path). "pipe": the same exact widening overlapped with the MMAs
- * (registers instead of bulk copies; "pipe_pf" with L2 prefetches), the same bf16 operands in the
+ * (registers instead of bulk copies; "pipe_pf" with L2 prefetches; "pipe_ser" without the
+ * overlap), the same bf16 operands in the
  * same MMA order: the widened path's error, the same tolerance. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2},
         {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2},
         {NULL, NULL, "pipe", " wgmma fp8 pipelined widening", 1.5e-2},
         {NULL, NULL, "pipe_pf", " wgmma fp8 pipelined widening + L2 prefetch", 1.5e-2},
+        {NULL, NULL, "pipe_ser", " wgmma fp8 pipelined widening, not overlapped", 1.5e-2},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2}};

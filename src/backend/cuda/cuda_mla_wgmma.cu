@@ -694,7 +694,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 // ahead, rows past the end zero) and are widened to bf16 (e4m3x2_bf16x2, exact, as the widening
 // kernel) into the other of two bf16 tiles while the MMAs of tile i run: units 0..4 while S is in
 // flight, 5..8 while PV is. The tensor cores then see the same bf16 tiles in the same order as the
-// widening kernel, so the results are bit for bit the widening kernel's. Shared memory is the bf16
+// widening kernel, so the results are the widening kernel's (the same max errors on every test
+// case on the H200). Measured (session 7, docs/benchmarks.md "MLA decode, FP8 pages, round 3"): NOT
+// faster, 0.89-0.98x the widening kernel (pipe_pf 0.92-0.97x), so opt-in only. The bench modes
+// below located the cost: loads into registers with no stores (pipe_none) run as fast as the
+// widening kernel without its widening (skip, ~2.1 us per tile at H = 32, B = 64, 32K, 50-52 % of
+// the FP8 floor), half the stores unconverted cost ~1.0 us per tile more, the other half 0.2, the
+// conversion 0.45: generic shared-memory stores into the tiles do not overlap the wgmma products
+// (computed: an m64n32k16 step of S reads 3 KB of operands per 64 K flop, ~140 B per clock at the
+// tensor peak against shared memory's 128: S is bound by shared memory already); the widening has to leave
+// shared memory (convert in registers, PV with V as a register A operand) to get off the path.
+// Shared memory is the bf16
 // pages' layout (Q 72 KB + two bf16 tiles 144 KB + P 8 KB): there is no room for raw stages, hence
 // registers instead of bulk copies. With one tile in flight per block the loads may wait on DRAM
 // latency: PF (LUNAR_MLA_WGMMA_FP8=pipe_pf) also asks the copy engine for an L2 prefetch of tile
