@@ -696,7 +696,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 // flight, 5..8 while PV is. The tensor cores then see the same bf16 tiles in the same order as the
 // widening kernel, so the results are the widening kernel's (the same max errors on every test
 // case on the H200). Measured (session 7, docs/benchmarks.md "MLA decode, FP8 pages, round 3"): NOT
-// faster, 0.89-0.98x the widening kernel (pipe_pf 0.92-0.97x), so opt-in only. The bench modes
+// faster, 0.89-1.00x the widening kernel (pipe_pf 0.92-0.97x), so opt-in only. The bench modes
 // below located the cost: loads into registers with no stores (pipe_none) run as fast as the
 // widening kernel without its widening (skip, ~2.1 us per tile at H = 32, B = 64, 32K, 50-52 % of
 // the FP8 floor), half the stores unconverted cost ~1.0 us per tile more, the other half 0.2, the
