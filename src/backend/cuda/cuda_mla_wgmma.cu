@@ -1041,7 +1041,9 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                     sw ? "swizzled" : "unswizzled", tma ? "bulk tensor copies" : "cp.async"),
                 seen |= bit;
     }
-    // FP8 pages: widened to bf16 (default) or, opt-in, FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
+    // FP8 pages: widened to bf16 (default) or, opt-in, the widening overlapped with the MMAs
+    // (LUNAR_MLA_WGMMA_FP8=pipe / pipe_pf, 0.89-1.00x: "MLA decode, FP8 pages, round 3"; the other
+    // pipe_* modes and skip are bench-only), or FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
     // e4m3 terms of q, as accurate and 0.93-1.06x the widening: docs/benchmarks.md, "MLA decode,
     // FP8 pages (session 6)"), with the swizzled tiles and bulk copies only
     if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
