@@ -41,14 +41,22 @@ elif [ "${SKIP_BUILD:-0}" = 1 ] && [ -x $B/lunar_cuda_tests ]; then
 else
 echo "== build ($NVCC, $(date +%T))"
 pids=()
+# incremental: an object is rebuilt only when a file in its dependency list (-MMD) is newer, so a
+# prebuild after a few kernel edits recompiles those files, not all of them (~10 min on 2 cores)
+stale() { [ -f "$1" ] && [ -f "$1.d" ] || return 0
+  for dep in $(sed -e 's/\\$//' -e 's/^[^:]*://' "$1.d"); do [ "$dep" -nt "$1" ] && return 0; done; return 1; }
 for f in src/backend/cuda/*.cu; do
-  "$NVCC" -std=c++17 -O3 $ARCH -Isrc -Iinclude -Xptxas -warn-spills -c "$f" -o "$B/$(basename "$f" .cu).cu.o" > "$B/$(basename "$f").log" 2>&1 &
+  o="$B/$(basename "$f" .cu).cu.o"
+  stale "$o" || continue
+  "$NVCC" -std=c++17 -O3 $ARCH -Isrc -Iinclude -Xptxas -warn-spills -MMD -MF "$o.d" -c "$f" -o "$o" > "$B/$(basename "$f").log" 2>&1 &
   pids+=($!)
 done
 for f in src/backend/cpu/*.c src/base/err.c src/base/tensor.c src/engine/sampler.c tests/test_main.c tests/test_cuda_ops.c \
          tests/test_cuda_mla.c tests/test_cuda_moe.c tests/test_cuda_sample.c tests/test_cuda_attnres.c \
          tools/device/bench_cuda.c tools/device/bench_mla.c; do
-  $CC $CFLAGS -c "$f" -o "$B/$(echo "$f" | tr / _).o" &
+  o="$B/$(echo "$f" | tr / _).o"
+  stale "$o" || continue
+  $CC $CFLAGS -MMD -MF "$o.d" -c "$f" -o "$o" &
   pids+=($!)
 done
 fail=0
@@ -56,7 +64,9 @@ for p in "${pids[@]}"; do wait "$p" || fail=1; done
 grep -hE "error|warning|[1-9][0-9]* bytes spill" $B/*.cu.log | sort | uniq -c | head -20
 [ $fail = 0 ] || { cat $B/*.cu.log | grep -A3 error | head -40; echo "BUILD FAILED"; exit 1; }
 LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++ -lm -fopenmp"
-COMMON="$B/*.cu.o $B/src_backend_cpu_*.o $B/src_base_*.o"
+# the objects of today's sources only (a file removed since leaves its object behind in $B)
+COMMON="$(for f in src/backend/cuda/*.cu; do printf '%s ' "$B/$(basename "$f" .cu).cu.o"; done)"
+COMMON="$COMMON $(for f in src/backend/cpu/*.c; do printf '%s ' "$B/$(echo "$f" | tr / _).o"; done) $B/src_base_err.c.o $B/src_base_tensor.c.o"
 $CC -o $B/lunar_cuda_tests $COMMON $B/src_engine_sampler.c.o $B/tests_test_main.c.o $B/tests_test_cuda_ops.c.o \
     $B/tests_test_cuda_mla.c.o $B/tests_test_cuda_moe.c.o $B/tests_test_cuda_sample.c.o $B/tests_test_cuda_attnres.c.o \
     $LIBS || exit 1
