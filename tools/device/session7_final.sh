@@ -3,15 +3,18 @@
 # session's new defaults (warp router, float4 RMSNorm, MXFP4 prefill path 13, ...), issue 9's table (Kimi-Linear-48B
 # and the K3.1 TP8 slice), A/B rounds of the new defaults against their switches, llama.cpp as the peer
 # (LLAMA=<llama-bench>: tools/device/peer_llamacpp.sh) and (NCU=1) the per-kernel table of one Kimi-Linear B=1 step.
-#   P=<prebuilt dir> [LLAMA=<llama-bench>] [NCU=1] [AB="ENV=V ..."] tools/device/session7_final.sh
+#   P=<prebuilt dir> [SKIP_CHECK=1] [LLAMA=<llama-bench>] [NCU=1] [AB="ENV=V ..."] [AB_BATCH=1,32,64] \
+#     [TESTS="cuda_forward ..."] tools/device/session7_final.sh
 set -u
 P=${P:-.xfer-fin7}
 OUT=${OUT:-/tmp/o}
 SUMMARY=final.txt . tools/device/env.sh
+if [ "${SKIP_CHECK:-0}" != 1 ]; then
 step "check.sh tests"
 SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=120 ENGINE_TIMEOUT=45 OUT=$OUT/check timeout 200 tools/device/check.sh tests > $OUT/check.log 2>&1
 echo "check.sh rc=$?" >> $T; cat $OUT/check/table.txt >> $T 2>/dev/null
-for f in cuda_forward cuda_moe_ cuda_mla cuda_kda cuda_matmul cuda_add_rmsnorm cuda_norms; do
+fi
+for f in ${TESTS:-cuda_forward cuda_moe_ cuda_mla cuda_kda cuda_matmul cuda_add_rmsnorm cuda_norms}; do
   step "lunar_tests $f"
   OMP_NUM_THREADS=16 timeout 150 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/t_$f.log | cut -c1-200 | tail -4 >> $T
@@ -27,12 +30,15 @@ step "K3.1 slice table"
 timeout 120 $P/bin/lunar bench $S --load-format dummy --backend cuda --input-lens 8192 --batch-sizes 1,8,64 \
   --contexts 8192 > $OUT/k3_table.log 2>&1
 echo "rc=$?" >> $T; grep -A4 '^prefill' $OUT/k3_table.log | head -3 >> $T; tpot $OUT/k3_table.log >> $T; grep -i 'project' $OUT/k3_table.log | head -3 >> $T
+# AB: variants separated by spaces, the assignments of one variant by commas (LUNAR_ROUTER=block,LUNAR_NORM=block)
 for r in 1 2; do
+  i=0
   for v in LUNAR_NONE=0 ${AB:-}; do
-    step "KL48 decode B=1 $v round $r"
-    env $v timeout 90 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
-      --batch-sizes 1 --contexts 1024 --steps 64 > $OUT/ab_${v%%=*}_$r.log 2>&1
-    echo "rc=$? $(tpot $OUT/ab_${v%%=*}_$r.log)" >> $T
+    i=$((i + 1))
+    step "KL48 decode B=${AB_BATCH:-1} $v round $r"
+    env ${v//,/ } timeout 90 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
+      --batch-sizes ${AB_BATCH:-1} --contexts 1024 --steps 64 > $OUT/ab_${i}_$r.log 2>&1
+    echo "rc=$? $(tpot $OUT/ab_${i}_$r.log)" >> $T
   done
 done
 if [ -n "${LLAMA:-}" ]; then
