@@ -487,8 +487,8 @@ __device__ __forceinline__ __nv_bfloat16 to_bf16(float f) { return __float2bfloa
 __device__ __forceinline__ __nv_bfloat16 to_bf16(__nv_bfloat16 b) { return b; }
 // ASYNC (LUNAR_KDA_CONV_ASYNC=1, fp32 input only; opt-in, not yet measured): the staging loop keeps one
 // load in flight per thread (load, then its shared store, ~17 times in sequence); instead every row of
-// the sequence goes by cp.async (16 bytes, no register dependency: all in flight at once), and the
-// conv weights are loaded while they land. Same values in the tile: bit-equal outputs.
+// the sequence goes by cp.async (16 bytes, no register dependency: all in flight at once). Same values
+// in the tile: bit-equal outputs. (Loading the conv weights while the rows land is a further step.)
 template <typename X, bool ASYNC>
 __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
     float *q, float *k, float *v, float *beta, __nv_bfloat16 *xa, __nv_bfloat16 *xg, const X *x, int64_t xs,
@@ -513,14 +513,6 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
         return;
     }
     const int c0 = r * 128, part = r / H;
-    const int warp = tid >> 5, lane = tid & 31;
-    float wr[4][CONV_MAX_K];
-    auto load_w = [&]() {
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int i = 0; i < CONV_MAX_K; i++) wr[j][i] = i < K ? w[(size_t)(c0 + 4 * lane + j) * K + i] : 0.0f;
-    };
     for (int i = tid; i < (nt + S) * 32; i += blockDim.x) {
         const int row = i >> 5, j = i & 31, p = t0 - S + row;
         float4 val;
@@ -538,12 +530,14 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
         }
         tile[i] = val;
     }
-    if (ASYNC) {
-        load_w();
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-    }
+    if (ASYNC) asm volatile("cp.async.wait_all;\n" ::: "memory");
     __syncthreads();
-    if (!ASYNC) load_w();
+    const int warp = tid >> 5, lane = tid & 31;
+    float wr[4][CONV_MAX_K];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < CONV_MAX_K; i++) wr[j][i] = i < K ? w[(size_t)(c0 + 4 * lane + j) * K + i] : 0.0f;
     float *out = (part == 0 ? q : part == 1 ? k : v) + (size_t)(r - part * H) * 128 + 4 * lane;
     const int HD = H * 128;
     for (int tt = warp; tt < nt; tt += 4) {
