@@ -170,6 +170,13 @@ static void unabsorb(float *o, const float *o_lat, const float *W, int H) {
 typedef struct decode_case {
     int B, H, lens[4];
 } decode_case;
+static void setenv_or_unset(const char *name, const char *v) {
+    if (v) setenv(name, v, 1);
+    else unsetenv(name);
+}
+/* set: decode_vs_cpu runs the kernel a second time into another buffer and wants bitwise the same
+ * output (the fused merge: fixed split order whichever block arrives last, counters reset) */
+static int decode_repeat;
 static void decode_vs_cpu(const decode_case *cases, int n_cases, const char *tag, double fp8_tol) {
     const float scale = 0.3f;
     for (int ci = 0; ci < n_cases; ci++)
@@ -202,6 +209,15 @@ static void decode_vs_cpu(const decode_case *cases, int n_cases, const char *tag
             float *dout_lat = guarded_new(&od, (size_t)B * H * R * 4);
             lunar_cuda_mla_absorbed(dout_lat, dql, dqp, &c, NULL, dlens, max_len, B, H, scale, ws, NULL);
             float *olat = down(dout_lat, (size_t)B * H * R * 4);
+            if (decode_repeat) {
+                guarded od2;
+                float *d2 = guarded_new(&od2, (size_t)B * H * R * 4);
+                lunar_cuda_mla_absorbed(d2, dql, dqp, &c, NULL, dlens, max_len, B, H, scale, ws, NULL);
+                float *o2 = down(d2, (size_t)B * H * R * 4);
+                CHECK(memcmp(o2, olat, (size_t)B * H * R * 4) == 0);
+                CHECK(guards_ok(&od2));
+                free(o2);
+            }
             for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
             char what[96];
             snprintf(what, sizeof what, "mla decode%s B=%d H=%d max_len=%d %s", tag, B, H, max_len, fp8 ? "fp8" : "bf16");
@@ -222,16 +238,33 @@ TEST(cuda_mla_absorbed_decode_vs_cpu) {
     decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), "", 1.5e-2);
 }
 
+/* The mma.sync decode kernel with the split merge fused into it (LUNAR_MLA_MERGE=fused: the last
+ * block of each row and head group merges the splits; cuda_mla.cu, merge_tail), both page types:
+ * Kimi-Linear's B = 1 at 1K (32 heads), a one-position row, partial head groups (12, 40), rows of
+ * which some splits see nothing, a long row; each case run twice for bitwise equality (a counter
+ * left non-zero by one launch would leave the next launch's output unmerged: poisoned). */
+TEST(cuda_mla_fused_merge_vs_cpu) {
+    if (!cuda_on()) return;
+    static const decode_case cases[] = {{1, 32, {1024}},    {1, 32, {1}},         {3, 16, {1, 300, 1000}},
+                                        {2, 12, {129, 4100}}, {1, 96, {2500}},     {2, 40, {777, 64}},
+                                        {1, 12, {20000}},     {1, 32, {1024}}};
+    static const char *const names[] = {"LUNAR_MLA_DECODE", "LUNAR_MLA_MERGE"};
+    char *saved[2];
+    for (int i = 0; i < 2; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    setenv("LUNAR_MLA_DECODE", "new", 1);
+    setenv("LUNAR_MLA_MERGE", "fused", 1);
+    decode_repeat = 1;
+    decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), " fused merge", 1.5e-2);
+    decode_repeat = 0;
+    for (int i = 0; i < 2; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);
+}
+
 /* The wgmma kernel (cuda_mla_wgmma.cu) whatever the default, both tile layouts (128-byte swizzled, the
  * default; LUNAR_MLA_WGMMA_SW=0 the unswizzled one) and both copy paths of each (bulk tensor copies;
  * LUNAR_MLA_WGMMA_TMA=0 cp.async): head counts one block of 64 takes (12, 32, 64), two blocks of 48 (96)
  * or 64 (128) and an odd split (40 = one block of 40); lengths 1, 63, 65, on and off the 64-position
  * tiles and 128-token pages, and long rows split over many blocks (batch 1) beside short ones (splits
  * that see nothing). */
-static void setenv_or_unset(const char *name, const char *v) {
-    if (v) setenv(name, v, 1);
-    else unsetenv(name);
-}
 TEST(cuda_mla_wgmma_decode_vs_cpu) {
     if (!cuda_on()) return;
     static const decode_case cases[] = {{3, 32, {1, 65, 1000}},  {2, 64, {129, 4100}}, {1, 96, {2500}},

@@ -3,7 +3,7 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
- * Usage: bench_mla [decode|wgmma|fp8|indexer|sparse|prefill|all] */
+ * Usage: bench_mla [decode|merge|wgmma|fp8|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +155,46 @@ static void bench_decode(void) {
                     lunar_cuda_release(mark);
                 }
         }
+}
+
+/* The split merge fused into the mma.sync decode kernel (session 7, LUNAR_MLA_MERGE=fused: the last
+ * block of each row and head group merges; cuda_mla.cu) against the merge kernel after it (=split),
+ * Kimi-Linear's 32 heads, small batches, short to long contexts, both page types, the fused plan's
+ * split cap at 8 / 16 / 32 (LUNAR_MLA_FUSE_SPLITS). Both launches inside the timed interval. */
+static void bench_merge(void) {
+    printf("\n### MLA decode, fused split merge (mma.sync kernel, H = 32)\n\n");
+    printf("| cache | B | context | floor (4.3 TB/s) | split + merge | fused cap 8 | fused cap 16 | fused cap 32 | best vs split "
+           "|\n|---|---|---|---|---|---|---|---|---|\n");
+    static const int Ls[] = {256, 1024, 2048, 4096, 8192, 32768}, Bs[] = {1, 4, 8};
+    static const char *const caps[] = {"8", "16", "32"};
+    setenv("LUNAR_MLA_DECODE", "new", 1);
+    for (int fp8 = 0; fp8 < 2; fp8++)
+        for (int li = 0; li < 6; li++)
+            for (int bi = 0; bi < 3; bi++) {
+                const int B = Bs[bi], L = Ls[li], H = 32;
+                size_t mark = lunar_cuda_mark();
+                mla_case m;
+                setup_case(&m, B, H, L, fp8);
+                size_t wsb = lunar_cuda_mla_ws(B, H, L);
+                m.ws = wsb ? dalloc(wsb) : NULL;
+                setenv("LUNAR_MLA_MERGE", "split", 1);
+                const float us_split = time_us(call_decode, &m, 9);
+                float us_f[3], best = 1e30f;
+                setenv("LUNAR_MLA_MERGE", "fused", 1);
+                for (int c = 0; c < 3; c++) {
+                    setenv("LUNAR_MLA_FUSE_SPLITS", caps[c], 1);
+                    us_f[c] = time_us(call_decode, &m, 9);
+                    if (us_f[c] < best) best = us_f[c];
+                }
+                unsetenv("LUNAR_MLA_FUSE_SPLITS");
+                unsetenv("LUNAR_MLA_MERGE");
+                const double floor = (double)B * L * 576 * (fp8 ? 1 : 2) / BW * 1e6;
+                printf("| %s | %d | %d | %.1f us | %.1f us | %.1f us | %.1f us | %.1f us | %.2fx |\n", fp8 ? "fp8" : "bf16",
+                       B, L, floor, us_split, us_f[0], us_f[1], us_f[2], us_split / best);
+                fflush(stdout);
+                lunar_cuda_release(mark);
+            }
+    unsetenv("LUNAR_MLA_DECODE");
 }
 
 /* FP8 pages (session 6): the wgmma kernel's FP8-score path (LUNAR_MLA_WGMMA_FP8=q8x2: two e4m3
@@ -479,6 +519,7 @@ int main(int argc, char **argv) {
     make_pool();
     flush_buf = dalloc((size_t)FLUSH_WORDS * 4);
     if (!strcmp(what, "all") || !strcmp(what, "decode")) bench_decode();
+    if (!strcmp(what, "all") || !strcmp(what, "merge")) bench_merge();
     if (!strcmp(what, "all") || !strcmp(what, "wgmma")) bench_decode_wgmma();
     if (!strcmp(what, "all") || !strcmp(what, "fp8")) bench_decode_fp8();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();

@@ -350,9 +350,71 @@ struct Args {
     int max_blocks;
     const int32_t *row_seq, *lens;
     int rows, H, chunk, splits;
-    int cs; // cluster size (cluster variant)
+    int cs;   // cluster size (cluster variant)
+    int fuse; // splits merged by the last block of each (row, head group) (merge_tail), not merge_kernel
     float scale2, out_scale;
 };
+
+// Arrival counters of the fused merge, one per (row, head group): zero at module load, and the last
+// block of a launch puts its counter back to 0, so every launch (graph replays too) starts from 0.
+// One decode launch at a time per device uses them (the forward's MLA layers run in stream order).
+constexpr int kFuseCounters = 8192;
+__device__ unsigned g_merge_count[kFuseCounters];
+
+// o[row, h] = out_scale sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) for the block's 16 heads (0
+// when no split saw a position), the splits added in index order whichever block arrives last, so
+// the result does not depend on the blocks' timing. Same formula as merge_kernel below. The partials
+// are read through L2 (__ldcg): other SMs wrote them during this launch.
+__device__ __forceinline__ void merge_tail(const Args &a, int row, int head0, float *wsm) {
+    const int S = a.splits;
+    const size_t RH = (size_t)a.rows * a.H;
+    float *fin = wsm + kHeads * S; // [16] out_scale / sum per head
+    if (threadIdx.x < kHeads) {
+        const int h = head0 + (int)threadIdx.x;
+        float f = 0.0f;
+        if (h < a.H) {
+            const float *lse = a.lse_part + (size_t)row * a.H + h;
+            float M = -INFINITY;
+            for (int s = 0; s < S; s++) M = fmaxf(M, __ldcg(lse + s * RH));
+            float sum = 0.0f;
+            for (int s = 0; s < S; s++) {
+                const float l = __ldcg(lse + s * RH);
+                const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
+                wsm[threadIdx.x * S + s] = w;
+                sum += w;
+            }
+            f = sum > 0.0f ? a.out_scale / sum : 0.0f;
+        }
+        fin[threadIdx.x] = f;
+    }
+    __syncthreads();
+    // 16 heads x 128 float4 of output: 8 per thread, all 8 loads of a split in flight together
+    constexpr int kPer = kHeads * (kR / 4) / kThreads;
+    float4 acc[kPer];
+#pragma unroll
+    for (int k = 0; k < kPer; k++) acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int s = 0; s < S; s++) {
+        const float *part = a.o_part + (size_t)s * RH * kR;
+#pragma unroll
+        for (int k = 0; k < kPer; k++) {
+            const int i = (int)threadIdx.x + kThreads * k, hl = i >> 7, h = head0 + hl;
+            if (h < a.H) {
+                const float w = wsm[hl * S + s];
+                const float4 v = __ldcg(reinterpret_cast<const float4 *>(part + ((size_t)row * a.H + h) * kR) + (i & 127));
+                acc[k].x += w * v.x, acc[k].y += w * v.y, acc[k].z += w * v.z, acc[k].w += w * v.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; k++) {
+        const int i = (int)threadIdx.x + kThreads * k, hl = i >> 7, h = head0 + hl;
+        if (h < a.H) {
+            const float f = fin[hl];
+            reinterpret_cast<float4 *>(a.o + ((size_t)row * a.H + h) * kR)[i & 127] =
+                make_float4(acc[k].x * f, acc[k].y * f, acc[k].z * f, acc[k].w * f);
+        }
+    }
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], uint32_t addr) {
@@ -685,6 +747,23 @@ template <bool FP8, bool CL> __global__ void __launch_bounds__(kThreads, 1) deco
         }
     }
     if (CL) cluster_sync_all(); // no block leaves while the cluster may still write to it
+    if (!CL && a.fuse && a.splits > 1) {
+        // Fused merge: each block publishes its partial (fence), then counts itself; the block that
+        // brings the count to `splits` merges all of them, so merge_kernel and its launch go away.
+        __shared__ unsigned last;
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned *cnt = g_merge_count + (size_t)row * gridDim.x + blockIdx.x;
+            last = atomicAdd(cnt, 1u) == (unsigned)a.splits - 1;
+            if (last) atomicExch(cnt, 0u); // every other block of this launch has counted already
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence(); // the others' partials, published before their count, are read after it
+            merge_tail(a, row, head0, reinterpret_cast<float *>(pbuf)); // P is no longer needed
+        }
+    }
 }
 
 // o[row, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) (0 when no split saw a position), like
@@ -794,9 +873,47 @@ Plan plan(int rows, int H, int max_n) {
     p.splits = max_n > 0 ? (max_n + p.chunk - 1) / p.chunk : 1;
     return p;
 }
+// The fused merge's plan: the same cost, plus the last block's read of every split's partial (16
+// heads x 512 fp32 = 32 KB, counted as a quarter of a tile each) and at most kFuseSplits splits, so
+// that one block's merge stays short (LUNAR_MLA_FUSE_SPLITS=n another cap, 1..64, for A/B runs).
+constexpr int kFuseSplits = 16;
+int fuse_cap() {
+    const char *e = getenv("LUNAR_MLA_FUSE_SPLITS");
+    return e && atoi(e) >= 1 && atoi(e) <= 64 ? atoi(e) : kFuseSplits;
+}
+Plan plan_fused(int rows, int H, int max_n, int cap) {
+    Plan p;
+    p.hg = (H + kHeads - 1) / kHeads;
+    const int tiles = max_n > 0 ? (max_n + kTile - 1) / kTile : 1;
+    const double units = (double)rows * p.hg, sms = sm_count();
+    int best = 1;
+    double best_cost = 1e300;
+    for (int s = 1; s <= tiles && s <= cap; s++) {
+        const int per = (tiles + s - 1) / s;
+        const double cost = ceil(units * s / sms) * (per + 4.0) + (s > 1 ? 0.25 * s : 0.0);
+        if (cost < best_cost) best = s, best_cost = cost;
+    }
+    p.chunk = (tiles + best - 1) / best * kTile;
+    p.splits = max_n > 0 ? (max_n + p.chunk - 1) / p.chunk : 1;
+    return p;
+}
+// LUNAR_MLA_MERGE=fused: the fused merge wherever this kernel runs without clusters; =split: the
+// merge kernel always; unset: fused while the context is at most kFuseMaxLen positions (read at
+// every call, so one process can time both).
+constexpr int kFuseMaxLen = 0;
+bool fuse_wanted(int rows, int H, int max_n) {
+    if ((size_t)rows * ((H + kHeads - 1) / kHeads) > (size_t)kFuseCounters) return false;
+    const char *e = getenv("LUNAR_MLA_MERGE");
+    if (e && *e) return !strcmp(e, "fused");
+    return max_n <= kFuseMaxLen;
+}
 size_t ws_bytes(int rows, int H, int max_n) {
-    const Plan p = plan(rows, H, max_n);
-    return p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
+    // either plan at any cap (LUNAR_MLA_MERGE / _FUSE_SPLITS can change between sizing and running):
+    // the fused plan's best split count only grows with the cap (a larger s replaces the best only
+    // when strictly cheaper), so cap 64 bounds them all
+    const Plan p = plan(rows, H, max_n), q = plan_fused(rows, H, max_n, 64);
+    const int s = p.splits > q.splits ? p.splits : q.splits;
+    return s > 1 ? (size_t)s * rows * H * (kR + 1) * sizeof(float) : 0;
 }
 template <bool FP8, bool CL> void launch(const Args &a, const Plan &p, cudaStream_t s) {
     static bool attr = false;
@@ -880,7 +997,9 @@ bool cluster_wanted() {
 void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_cache *c, const int32_t *row_seq,
          const int32_t *lens, int max_n, int rows, int H, float scale, void *ws, cudaStream_t s) {
     CUDA_REQUIRE(rows <= 65535);
-    const Plan p = plan(rows, H, max_n);
+    const bool cl = cluster_wanted() && cluster_size((H + kHeads - 1) / kHeads) > 1;
+    const bool fuse = !cl && fuse_wanted(rows, H, max_n);
+    const Plan p = fuse ? plan_fused(rows, H, max_n, fuse_cap()) : plan(rows, H, max_n);
     Args a;
     a.o = o;
     a.q_lat = q_lat, a.q_pe = q_pe, a.cache = (const unsigned char *)c->latent, a.bt = c->block_tables;
@@ -893,7 +1012,8 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     a.o_part = (float *)ws;
     a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
     if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
-    a.cs = cluster_wanted() ? cluster_size(p.hg) : 1;
+    a.cs = cl ? cluster_size(p.hg) : 1;
+    a.fuse = fuse;
     if (a.cs > 1) {
         if (fp8) launch<true, true>(a, p, s);
         else launch<false, true>(a, p, s);
@@ -901,7 +1021,7 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
         if (fp8) launch<true, false>(a, p, s);
         else launch<false, false>(a, p, s);
     }
-    if (p.splits > 1) {
+    if (p.splits > 1 && !fuse) {
         launch_pdl(merge_kernel, dim3(rows * H), dim3(kR / 4), p.splits * sizeof(float), s, o, a.o_part, a.lse_part,
                    rows * H, p.splits, a.out_scale);
         CUDA_CHECK_LAUNCH();
