@@ -324,7 +324,9 @@ __global__ void mla_merge_kernel(float *o, const float *o_part, const float *lse
 // regroup them with byte permutes, which permutes the output dims (undone at the store). q goes to
 // f16 under a power-of-two scale that puts the block's max |q| in [2^13, 2^14) (f16 range; folded
 // back into the score scale). Rows past the end are zero-filled by cp.async (never read) and
-// masked to -inf. Splits write O / l and log2-sum-exp to the workspace; mla_merge_kernel combines.
+// masked to -inf. Splits write O / l and log2-sum-exp to the workspace; merge_kernel combines them,
+// or (LUNAR_MLA_MERGE=fused, opt-in: slower in every measured case, docs/benchmarks.md "Decode B = 1:
+// the MLA chain (session 7, H200)") the last block of each row and head group does (merge_tail).
 namespace dec {
 
 constexpr int kTile = 32, kHeads = 16, kThreads = 256;
@@ -761,7 +763,9 @@ template <bool FP8, bool CL> __global__ void __launch_bounds__(kThreads, 1) deco
         __syncthreads();
         if (last) {
             __threadfence(); // the others' partials, published before their count, are read after it
-            merge_tail(a, row, head0, reinterpret_cast<float *>(pbuf)); // P is no longer needed
+            // weights in the stage buffers (>= 113 KB, so any split count): every tile has been
+            // consumed and no copy is outstanding (none is issued past the last tile)
+            merge_tail(a, row, head0, reinterpret_cast<float *>(smem));
         }
     }
 }
@@ -875,11 +879,12 @@ Plan plan(int rows, int H, int max_n) {
 }
 // The fused merge's plan: the same cost, plus the last block's read of every split's partial (16
 // heads x 512 fp32 = 32 KB, counted as a quarter of a tile each) and at most kFuseSplits splits, so
-// that one block's merge stays short (LUNAR_MLA_FUSE_SPLITS=n another cap, 1..64, for A/B runs).
+// that one block's merge stays short (LUNAR_MLA_FUSE_SPLITS=n another cap, 1..64, for A/B runs; =0:
+// the merge kernel's own plan, to time the fused merge against merge_kernel at equal splits).
 constexpr int kFuseSplits = 16;
 int fuse_cap() {
     const char *e = getenv("LUNAR_MLA_FUSE_SPLITS");
-    return e && atoi(e) >= 1 && atoi(e) <= 64 ? atoi(e) : kFuseSplits;
+    return e && atoi(e) >= 0 && atoi(e) <= 64 ? atoi(e) : kFuseSplits;
 }
 Plan plan_fused(int rows, int H, int max_n, int cap) {
     Plan p;
@@ -999,7 +1004,8 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     CUDA_REQUIRE(rows <= 65535);
     const bool cl = cluster_wanted() && cluster_size((H + kHeads - 1) / kHeads) > 1;
     const bool fuse = !cl && fuse_wanted(rows, H, max_n);
-    const Plan p = fuse ? plan_fused(rows, H, max_n, fuse_cap()) : plan(rows, H, max_n);
+    const int cap = fuse ? fuse_cap() : 0;
+    const Plan p = cap > 0 ? plan_fused(rows, H, max_n, cap) : plan(rows, H, max_n);
     Args a;
     a.o = o;
     a.q_lat = q_lat, a.q_pe = q_pe, a.cache = (const unsigned char *)c->latent, a.bt = c->block_tables;
