@@ -270,18 +270,23 @@ static void run_one(const char *dir) {
  * and lm_head; the H200 measured 1.45e-2 on the worst row). It runs twice: with the generic
  * per-expert MoE and with the fused routed path of cuda_moe.cu + shared experts on a second stream
  * (lunar_cuda_model_fused_moe). */
-static const char *wide_config =
-    "{\"model_type\": \"kimi_linear\", \"vocab_size\": 320, \"hidden_size\": 256,"
-    " \"num_hidden_layers\": 3, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false,"
-    " \"intermediate_size\": 384, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1,"
-    " \"num_experts\": 4, \"num_experts_per_token\": 4, \"moe_intermediate_size\": 128,"
-    " \"num_shared_experts\": 1, \"moe_renormalize\": true, \"routed_scaling_factor\": 2.0,"
-    " \"num_expert_group\": 1, \"topk_group\": 1, \"num_attention_heads\": 2,"
-    " \"num_key_value_heads\": 2, \"q_lora_rank\": null, \"kv_lora_rank\": 512,"
-    " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"mla_use_nope\": true,"
-    " \"linear_attn_config\": {\"kda_layers\": [1, 2], \"full_attn_layers\": [3],"
-    " \"num_heads\": 2, \"head_dim\": 128, \"short_conv_kernel_size\": 4},"
-    " \"bos_token_id\": 1, \"eos_token_id\": 2, \"pad_token_id\": 0}";
+#define WIDE_CONFIG(KDA_HEADS) \
+    "{\"model_type\": \"kimi_linear\", \"vocab_size\": 320, \"hidden_size\": 256," \
+    " \"num_hidden_layers\": 3, \"rms_norm_eps\": 1e-5, \"tie_word_embeddings\": false," \
+    " \"intermediate_size\": 384, \"first_k_dense_replace\": 1, \"moe_layer_freq\": 1," \
+    " \"num_experts\": 4, \"num_experts_per_token\": 4, \"moe_intermediate_size\": 128," \
+    " \"num_shared_experts\": 1, \"moe_renormalize\": true, \"routed_scaling_factor\": 2.0," \
+    " \"num_expert_group\": 1, \"topk_group\": 1, \"num_attention_heads\": 2," \
+    " \"num_key_value_heads\": 2, \"q_lora_rank\": null, \"kv_lora_rank\": 512," \
+    " \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64, \"v_head_dim\": 128, \"mla_use_nope\": true," \
+    " \"linear_attn_config\": {\"kda_layers\": [1, 2], \"full_attn_layers\": [3]," \
+    " \"num_heads\": " #KDA_HEADS ", \"head_dim\": 128, \"short_conv_kernel_size\": 4}," \
+    " \"bos_token_id\": 1, \"eos_token_id\": 2, \"pad_token_id\": 0}"
+static const char *wide_config = WIDE_CONFIG(2);
+/* the same with 4 KDA heads: its fused KDA projection is 3 x 512 + 128 + 128 + 4 = 1796 columns wide, a
+ * multiple of 4 as the fused prefill path (the default at full size: 12,576 columns) requires; the
+ * 2-head model's 1,026 takes the split path whatever LUNAR_KDA_PREFILL says */
+static const char *wide4_config = WIDE_CONFIG(4);
 
 /* The K3 / K3.1 counterpart (issue 9's TP8 slice at toy widths, the paths a K3.1 decode step
  * takes): AttnRes with blocks of 2 layers (mixes of 1 to 3 candidates, blocks banked at layers 0
@@ -378,6 +383,7 @@ static int test_model_dir(char *dir, const char *config) {
 }
 
 int lunar_test_wide_model_dir(char *dir) { return test_model_dir(dir, wide_config); }
+static int wide4_model_dir(char *dir) { return test_model_dir(dir, wide4_config); }
 int lunar_test_k3_model_dir(char *dir) { return test_model_dir(dir, k3_config); }
 
 void lunar_test_wide_model_rm(const char *dir) {
@@ -419,12 +425,25 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
         /* fp16 KDA states: the recurrent kernel's fp16 slots (decode) and the widened copy around
          * the chunked prefill */
         run_model("wide, fused MoE, fp16 state", m, ids, T, ND, NULL, NULL, 3e-2, 1, LUNAR_CUDA_CACHE_FP16_STATE);
-        /* the runs above take the KDA prefill through the fused projection and one conv / norm /
-         * gate-input pass (the default); this one the per-projection GEMMs and ops (read at upload:
-         * LUNAR_KDA_PREFILL), prompts of one and of two sequences */
+    }
+    lunar_test_model_done(m, dir);
+    /* The KDA prefill through the fused projection and its one conv / norm / gate-input pass (the
+     * default where the fused matrix's width is a multiple of 4: the 4-head model), and through the
+     * per-projection GEMMs and ops (LUNAR_KDA_PREFILL=split, read at upload), prompts of one and of
+     * two sequences. (Until session 7 this ran on the 2-head model, whose 1,026-wide projection
+     * never took the fused path: the default was covered by its op test only.) */
+    m = lunar_test_model_load(dir, wide4_model_dir, NULL);
+    if (m) {
+        enum { T = 150, ND = 3 };
+        int32_t ids[T + ND];
+        unsigned st = 11;
+        for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
+        run_model("wide 4 KDA heads, fused KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        lunar_test_model_done(m, dir);
         char *saved = getenv("LUNAR_KDA_PREFILL") ? strdup(getenv("LUNAR_KDA_PREFILL")) : NULL;
         setenv("LUNAR_KDA_PREFILL", "split", 1);
-        run_model("wide, fused MoE, split KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        m = lunar_test_model_load(dir, wide4_model_dir, NULL);
+        if (m) run_model("wide 4 KDA heads, split KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         if (saved) setenv("LUNAR_KDA_PREFILL", saved, 1), free(saved);
         else unsetenv("LUNAR_KDA_PREFILL");
     }
