@@ -706,10 +706,10 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     lunar_cuda_moe_route r;
     const int kr = k + shrow; /* permuted rows per token */
     lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, E)), n, kr, E);
-    if (n == 1 && kr <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
-        lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
-                                 c->routed_scaling_factor, shrow, NULL);
-    } else {
+    /* batch 1: the route inside the experts' gate/up kernel (issue 9), else one launch for the
+     * top-k and the permutation (route_one, below: where the fused route does not apply) */
+    const int one = n == 1 && kr <= 64 && !g->fuse_off;
+    if (!one) {
         lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
                                c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
         lunar_cuda_moe_permute(&r, NULL);
@@ -728,7 +728,14 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     t0 = cp_begin();
     uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
     float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
-    lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    if (!one || !lunar_cuda_moe_experts_run_route_one(ybuf, hbuf, zb, &w->mx, &r, logits, w->rbias,
+                                                      c->num_expert_group, c->moe_renormalize,
+                                                      c->routed_scaling_factor, shrow, 0, NULL)) {
+        if (one)
+            lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
+                                     c->routed_scaling_factor, shrow, NULL);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
