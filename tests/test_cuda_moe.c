@@ -534,14 +534,9 @@ TEST(cuda_moe_shared_row_vs_cpu) {
  * poisoned alike first: the down kernel and the combine read the fused kernel's tables), ybuf and
  * the combine bit for bit. Paths 1 (BF16 and MXFP4) and 16 (auto on MXFP4 + SiTU), 256 experts (the
  * kernels' 8 candidates per lane) and 896 (28), NaN logits, ties, the shared expert's row (BF16,
- * weights of slice E of the stack). Skipped under LUNAR_MOE_ROUTE_FUSED=0 (nothing fused). */
+ * weights of slice E of the stack). */
 TEST(cuda_moe_route_fused_matches_route_one) {
     if (!moe_cuda_on()) return;
-    const char *off = getenv("LUNAR_MOE_ROUTE_FUSED");
-    if (off && !strcmp(off, "0")) {
-        fprintf(stderr, "[skipped: LUNAR_MOE_ROUTE_FUSED=0] ");
-        return;
-    }
     static const int cases[][8] = {/* E, k, D, I, mxfp4, shared, logits (1: NaN, 2: ties), path */
                                    {256, 8, 256, 384, 0, 1, 0, 0}, {256, 8, 256, 128, 0, 0, 1, 0},
                                    {256, 8, 512, 256, 1, 0, 2, 0}, {896, 16, 128, 128, 1, 0, 0, 0},

@@ -1041,20 +1041,13 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     experts_impl(ybuf, hbuf, x, w, r, path, NULL, s);
 }
 
-// LUNAR_MOE_ROUTE_FUSED=0: the separate route-one launch (the A/B of session 7)
-static int route_fused_on(void) {
-    static int v = -1;
-    if (v < 0) v = !(getenv("LUNAR_MOE_ROUTE_FUSED") && !strcmp(getenv("LUNAR_MOE_ROUTE_FUSED"), "0"));
-    return v;
-}
-
 extern "C" int lunar_cuda_moe_experts_run_route_one(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                                     const lunar_cuda_moe_experts *w, lunar_cuda_moe_route *r,
                                                     const float *logits, const float *bias, int n_group,
                                                     int renorm, float scale, int shared, int path,
                                                     lunar_cuda_stream s) {
     const int E = r->E, k = r->k - (shared != 0);
-    if (!route_fused_on() || r->n != 1 || n_group > 1 || E > 896 || k < 1 || k > 64 || k > E) return 0;
+    if (r->n != 1 || n_group > 1 || E > 896 || k < 1 || k > 64 || k > E) return 0;
     froute fr;
     memset(&fr, 0, sizeof fr);
     fr.logits = logits, fr.bias = bias, fr.k = k, fr.C = E <= 256 ? 8 : 28;
