@@ -144,7 +144,9 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // chunk prefetched while the current one is widened and multiplied (A = weights 16 rows, B = up
 // to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
 // are summed in a fixed order (deterministic).
-template <int NT, bool MX, bool GATEUP, int S>
+// FR: the gate/up kernel routes the token itself (a.fr; its own instantiation, so that the route's
+// registers never weigh on the default kernel's allocation: ptxas spilled there otherwise)
+template <int NT, bool MX, bool GATEUP, int S, bool FR = false>
 __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
@@ -183,9 +185,9 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
     const int slot = blockIdx.y;
     // a fused route (one token, gate/up): this block routes the token itself; its slot is permuted
     // row `slot`, one row (m = 1) of token 0
-    const bool fused = GATEUP && a.fr.C;
+    constexpr bool fused = GATEUP && FR;
     int e, off, m;
-    if (fused) {
+    if constexpr (fused) {
         e = route_in_block(a, slot, red);
         if (e < 0) return;
         off = slot, m = 1;
@@ -868,20 +870,25 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 
 // ---------------------------------------------------------------- launchers
 
-template <int NT, bool MX, bool GATEUP, int S>
-static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
+template <int NT, bool MX, bool GATEUP, int S, bool FR>
+static void decode_launch_f(const xargs &a, int slots, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
     size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
                         (MX ? (size_t)DEC_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20 : 0);
-    if (a.fr.C && smem < (size_t)a.fr.r.E * 4) smem = (size_t)a.fr.r.E * 4;  // route_in_block's sigmoids
+    if (FR && smem < (size_t)a.fr.r.E * 4) smem = (size_t)a.fr.r.E * 4;  // route_in_block's sigmoids
     static bool attr = false;
     if (!attr && smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S>,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S, FR>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2));
+    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S, FR>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st,
+               a, lunar_cuda_pdl_prefetch_bytes(2));
+}
+template <int NT, bool MX, bool GATEUP, int S>
+static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
+    if (GATEUP && a.fr.C) decode_launch_f<NT, MX, GATEUP, S, GATEUP>(a, slots, st);
+    else decode_launch_f<NT, MX, GATEUP, S, false>(a, slots, st);
 }
 
 template <int NT, bool MX, bool GATEUP>

@@ -97,7 +97,8 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
-template <bool GATEUP, int S>
+// FR: the gate/up kernel routes the token itself (a.fr), as the pair's (cuda_moe.cu)
+template <bool GATEUP, int S, bool FR = false>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
@@ -117,9 +118,9 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const int slot = blockIdx.y;
     // a fused route (one token, gate/up): this block routes the token itself; its slot is permuted
     // row `slot`, one row (m = 1) of token 0
-    const bool fused = GATEUP && a.fr.C;
+    constexpr bool fused = GATEUP && FR;
     int e, off, m;
-    if (fused) {
+    if constexpr (fused) {
         e = route_in_block(a, slot, red);
         if (e < 0) return;
         off = slot, m = 1;
@@ -259,13 +260,18 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     }
 }
 
-template <bool GATEUP, int S>
-void launch_s(const xargs &a, int slots, cudaStream_t st) {
+template <bool GATEUP, int S, bool FR>
+void launch_f(const xargs &a, int slots, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
     size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
-    if (a.fr.C && smem < (size_t)a.fr.r.E * 4) smem = (size_t)a.fr.r.E * 4;  // route_in_block's sigmoids
-    launch_pdl(moe_decode_f16_kernel<GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
+    if (FR && smem < (size_t)a.fr.r.E * 4) smem = (size_t)a.fr.r.E * 4;  // route_in_block's sigmoids
+    launch_pdl(moe_decode_f16_kernel<GATEUP, S, FR>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
                lunar_cuda_pdl_prefetch_bytes(2));
+}
+template <bool GATEUP, int S>
+void launch_s(const xargs &a, int slots, cudaStream_t st) {
+    if (GATEUP && a.fr.C) launch_f<GATEUP, S, GATEUP>(a, slots, st);
+    else launch_f<GATEUP, S, false>(a, slots, st);
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
