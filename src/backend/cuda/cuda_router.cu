@@ -166,6 +166,8 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
 // ROUTE (one token, one warp): then the permutation, from one ballot per candidate column j: the
 // rank of a chosen expert e among the chosen = popcounts of the columns before e's plus the lanes
 // below e's in its column.
+// The body is route_warp (cuda_route_warp.cuh), shared with the MoE gate/up decode kernels that route a
+// batch-1 token themselves (LUNAR_MOE_ROUTE_FUSED=1).
 #define ROUTER_WPB 4  // warps (tokens) per block of the batched router
 
 template <bool ROUTE, int C>
