@@ -529,6 +529,83 @@ TEST(cuda_moe_shared_row_vs_cpu) {
     }
 }
 
+/* Issue 9: the route computed inside the gate/up decode kernel (lunar_cuda_moe_experts_run_route_one)
+ * against route_one + experts_run on the same inputs: the route workspace byte for byte (both
+ * poisoned alike first: the down kernel and the combine read the fused kernel's tables), ybuf and
+ * the combine bit for bit. Paths 1 (BF16 and MXFP4) and 16 (auto on MXFP4 + SiTU), 256 experts (the
+ * kernels' 8 candidates per lane) and 896 (28), NaN logits, ties, the shared expert's row (BF16,
+ * weights of slice E of the stack). */
+TEST(cuda_moe_route_fused_matches_route_one) {
+    if (!moe_cuda_on()) return;
+    static const int cases[][8] = {/* E, k, D, I, mxfp4, shared, logits (1: NaN, 2: ties), path */
+                                   {256, 8, 256, 384, 0, 1, 0, 0}, {256, 8, 256, 128, 0, 0, 1, 0},
+                                   {256, 8, 512, 256, 1, 0, 2, 0}, {896, 16, 128, 128, 1, 0, 0, 0},
+                                   {896, 16, 128, 128, 1, 0, 1, 1}, {64, 6, 256, 128, 0, 1, 2, 1},
+                                   {16, 16, 128, 256, 0, 1, 0, 0}, {256, 8, 256, 256, 1, 0, 0, 1}};
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int E = cases[c][0], k = cases[c][1], D = cases[c][2], I = cases[c][3], mx = cases[c][4];
+        const int sh = cases[c][5], path = cases[c][7], kr = k + sh, renorm = c % 3 != 2;
+        const float scale = renorm ? 2.5f : 1.5f;
+        size_t mark = lunar_cuda_mark();
+        host_experts h;
+        host_experts_make(&h, E + sh, D, I, mx, 9100u + c);
+        lunar_cuda_moe_experts dw;
+        host_experts_upload(&dw, &h, 1);
+        if (sh) { /* the shared expert: slice E of the stack as s1/s3/s2 */
+            const size_t es = (size_t)I * D;
+            dw.E = E, dw.s1 = dw.w1 + E * es, dw.s3 = dw.w3 + E * es, dw.s2 = dw.w2 + E * es;
+        }
+        float *lg = test_rand(E, 9200 + c, -4, 4), *b = test_rand(E, 9300 + c, -0.3f, 0.3f);
+        if (cases[c][6] == 1)
+            for (int e = 0; e < E; e += 3) lg[e] = NAN;
+        if (cases[c][6] == 2)
+            for (int e = 0; e < E; e++) lg[e] = roundf(lg[e]), b[e] = roundf(b[e] * 4.0f) / 4.0f;
+        const float *dlg = din(lg, (size_t)E * 4), *db = din(b, (size_t)E * 4);
+        float *z = test_rand(D, 9400 + c, -1, 1);
+        uint16_t *zb = bf16_of(z, D);
+        const uint16_t *dz = din(zb, (size_t)D * 2);
+        const size_t bytes = lunar_cuda_moe_route_bytes(1, kr, E), yb = (size_t)kr * D * 4;
+        void *ws[2];
+        float *y[2], *acc[2];
+        lunar_cuda_moe_route r[2];
+        for (int v = 0; v < 2; v++) {
+            ws[v] = dalloc(bytes), y[v] = dalloc(yb), acc[v] = dalloc((size_t)D * 4);
+            lunar_cuda_fill_u32(ws[v], 0xdeadbeefu, bytes / 4);
+            lunar_cuda_fill_u32(y[v], 0x7fc00000u, yb / 4);
+            lunar_cuda_fill_u32(acc[v], 0x7fc00000u, (size_t)D);
+            lunar_cuda_moe_route_init(&r[v], ws[v], 1, kr, E);
+            uint16_t *hbuf = dalloc((size_t)kr * I * 2);
+            if (v == 0) {
+                lunar_cuda_moe_route_one(&r[0], dlg, db, 1, 1, renorm, scale, sh, NULL);
+                lunar_cuda_moe_experts_run(y[0], hbuf, dz, &dw, &r[0], path, NULL);
+            } else {
+                const int ok = lunar_cuda_moe_experts_run_route_one(y[1], hbuf, dz, &dw, &r[1], dlg, db, 1, renorm,
+                                                                    scale, sh, path, NULL);
+                CHECK_MSG(ok, "case %u: the fused route did not apply", c);
+            }
+            lunar_cuda_moe_combine(acc[v], y[v], &r[v], D, NULL);
+        }
+        unsigned char *hb[2][3];
+        const size_t sz[3] = {bytes, yb, (size_t)D * 4};
+        const void *src[2][3] = {{ws[0], y[0], acc[0]}, {ws[1], y[1], acc[1]}};
+        lunar_cuda_sync();
+        for (int v = 0; v < 2; v++)
+            for (int q = 0; q < 3; q++) hb[v][q] = malloc(sz[q]), lunar_cuda_download(hb[v][q], src[v][q], sz[q]);
+        static const char *what[3] = {"route workspace", "ybuf", "combine"};
+        for (int q = 0; q < 3; q++) {
+            size_t first = sz[q];
+            for (size_t i = 0; i < sz[q] && first == sz[q]; i++)
+                if (hb[0][q][i] != hb[1][q][i]) first = i;
+            CHECK_MSG(first == sz[q], "fused route E=%d k=%d%s D=%d I=%d %s path %d: %s differs from byte %zu of %zu",
+                      E, k, sh ? "+1" : "", D, I, mx ? "mxfp4" : "bf16", path, what[q], first, sz[q]);
+            free(hb[0][q]), free(hb[1][q]);
+        }
+        host_experts_free(&h);
+        free(lg), free(b), free(z), free(zb);
+        lunar_cuda_release(mark);
+    }
+}
+
 /* ---------------------------------------------------------------- the latent routed path */
 
 TEST(cuda_moe_layer_vs_cpu) {
