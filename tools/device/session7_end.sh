@@ -14,6 +14,11 @@ for f in cuda_forward cuda_kda cuda_moe_ cuda_matmul; do
   OMP_NUM_THREADS=16 timeout 150 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK|wide 4' $OUT/t_$f.log | cut -c1-200 | tail -6 >> $T
 done
+if [ -n "${ROUTE_AB:-}" ]; then
+  step "$ROUTE_AB lunar_tests cuda_forward"
+  env ${ROUTE_AB//,/ } OMP_NUM_THREADS=16 timeout 150 $P/bin/lunar_tests cuda_forward > $OUT/t_route_fwd.log 2>&1; echo "rc=$?" >> $T
+  grep -E 'FAILED|passed, |CHECK' $OUT/t_route_fwd.log | cut -c1-200 | tail -4 >> $T
+fi
 step "check.sh tests"
 SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=120 ENGINE_TIMEOUT=45 OUT=$OUT/check timeout 200 tools/device/check.sh tests > $OUT/check.log 2>&1
 echo "check.sh rc=$?" >> $T; cat $OUT/check/table.txt >> $T 2>/dev/null
