@@ -666,13 +666,6 @@ static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dla
     lunar_cuda_release(mk);
 }
 
-/* LUNAR_MOE_ROUTE_FUSED=1: the batch-1 route inside the MoE gate/up decode kernel (issue 9, opt-in) */
-static int route_fused(void) {
-    static int v = -1;
-    if (v < 0) v = getenv("LUNAR_MOE_ROUTE_FUSED") && !strcmp(getenv("LUNAR_MOE_ROUTE_FUSED"), "1");
-    return v;
-}
-
 /* The fused routed path (cuda_moe.cu): router GEMM, fused top-k, permutation, the experts over
  * expert-contiguous rows (decode kernel up to 64 tokens, grouped GEMM above), the combine; no
  * host round trip. The shared experts run meanwhile on the side stream: their buffers are taken
@@ -727,14 +720,10 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     lunar_cuda_moe_route r;
     const int kr = k + shrow; /* permuted rows per token */
     lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, E)), n, kr, E);
-    /* batch 1: one launch for the top-k and the permutation (route_one, here), or under
-     * LUNAR_MOE_ROUTE_FUSED=1 (opt-in, issue 9: not yet measured on the device) the route inside the
-     * experts' gate/up kernel where that applies (route_one otherwise) */
-    const int one = n == 1 && kr <= 64 && !g->fuse_off, late = one && route_fused();
-    if (one && !late) {
+    if (n == 1 && kr <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
         lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
                                  c->routed_scaling_factor, shrow, NULL);
-    } else if (!one) {
+    } else {
         lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
                                c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
         lunar_cuda_moe_permute(&r, NULL);
@@ -753,14 +742,7 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     t0 = cp_begin();
     uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
     float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
-    if (!late || !lunar_cuda_moe_experts_run_route_one(ybuf, hbuf, zb, &w->mx, &r, logits, w->rbias,
-                                                       c->num_expert_group, c->moe_renormalize,
-                                                       c->routed_scaling_factor, shrow, 0, NULL)) {
-        if (late) /* the fused route does not apply here */
-            lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
-                                     c->routed_scaling_factor, shrow, NULL);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
-    }
+    lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);

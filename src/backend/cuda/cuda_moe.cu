@@ -21,7 +21,7 @@
 
 #include <cub/block/block_scan.cuh>
 
-#include "backend/cuda/cuda_route_warp.cuh"
+#include "backend/cuda/cuda_moe.cuh"
 
 // ---------------------------------------------------------------- permutation
 
@@ -144,9 +144,7 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // chunk prefetched while the current one is widened and multiplied (A = weights 16 rows, B = up
 // to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
 // are summed in a fixed order (deterministic).
-// FR: the gate/up kernel routes the token itself (a.fr; its own instantiation, so that the route's
-// registers never weigh on the default kernel's allocation: ptxas spilled there otherwise)
-template <int NT, bool MX, bool GATEUP, int S, bool FR = false>
+template <int NT, bool MX, bool GATEUP, int S>
 __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
@@ -157,7 +155,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
     // (pf bytes at most, the rule in cuda_common.cuh): gate/up the shared expert's (kernel
     // arguments only; slot 0's blocks); down its slot's expert, chosen by the route that the
     // route kernel two launches back wrote (the gate/up kernel in between waited for it).
-    if (pf && !a.route_late && threadIdx.x == 0) {
+    if (pf && threadIdx.x == 0) {
         const int rows = min(RT * 16, a.R - (int)blockIdx.x * RT * 16);
         const size_t r0 = (size_t)blockIdx.x * RT * 16;
         int e = -1;
@@ -183,18 +181,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
     }
     pdl_wait();
     const int slot = blockIdx.y;
-    // a fused route (one token, gate/up): this block routes the token itself; its slot is permuted
-    // row `slot`, one row (m = 1) of token 0
-    constexpr bool fused = GATEUP && FR;
-    int e, off, m;
-    if constexpr (fused) {
-        e = route_in_block(a, slot, red);
-        if (e < 0) return;
-        off = slot, m = 1;
-    } else {
-        if (slot >= a.counts[a.E]) return;
-        e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
-    }
+    if (slot >= a.counts[a.E]) return;
+    const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT + rt;
@@ -214,7 +202,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
         for (int t = 0; t < NT; t++) {
             int tk = t0 + t * 8 + g;
             tok_ok[t] = tk < m;
-            int row = tok_ok[t] ? (GATEUP ? (fused ? 0 : a.row_token[off + tk]) : off + tk) : 0;
+            int row = tok_ok[t] ? (GATEUP ? a.row_token[off + tk] : off + tk) : 0;
             xr[t] = a.x + (size_t)row * a.K;
         }
         if (tile_ok && j0 < j1) {
@@ -870,25 +858,19 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 
 // ---------------------------------------------------------------- launchers
 
-template <int NT, bool MX, bool GATEUP, int S, bool FR>
-static void decode_launch_f(const xargs &a, int slots, cudaStream_t st) {
+template <int NT, bool MX, bool GATEUP, int S>
+static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
-    size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
                         (MX ? (size_t)DEC_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20 : 0);
-    if (FR && smem < (size_t)a.fr.r.E * 4) smem = (size_t)a.fr.r.E * 4;  // route_in_block's sigmoids
     static bool attr = false;
     if (!attr && smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S, FR>,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S, FR>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st,
-               a, lunar_cuda_pdl_prefetch_bytes(2));
-}
-template <int NT, bool MX, bool GATEUP, int S>
-static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
-    if (GATEUP && a.fr.C) decode_launch_f<NT, MX, GATEUP, S, GATEUP>(a, slots, st);
-    else decode_launch_f<NT, MX, GATEUP, S, false>(a, slots, st);
+    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
+               lunar_cuda_pdl_prefetch_bytes(2));
 }
 
 template <int NT, bool MX, bool GATEUP>
@@ -920,10 +902,10 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUDA_CHECK_LAUNCH();
 }
 
-// fr (or NULL): the route to compute inside the gate/up decode kernel; where the chosen path has no
-// such kernel (not 1 or 16) nothing is launched and 0 returned
-static int experts_impl(float *ybuf, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
-                        const lunar_cuda_moe_route *r, int path, const froute *fr, lunar_cuda_stream s) {
+extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
+                                           const lunar_cuda_moe_experts *w,
+                                           const lunar_cuda_moe_route *r, int path,
+                                           lunar_cuda_stream s) {
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
     // path 16 keeps the activations in f16 (finite to 65504): its h between the two GEMMs is the
@@ -980,7 +962,6 @@ static int experts_impl(float *ybuf, uint16_t *hbuf, const uint16_t *x, const lu
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (path == 13 && !w->mxfp4) path = 12;  // path 13 is path 6's pipeline with MXFP4 widened by the consumers
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
-    if (fr && path != 1 && path != 16) return 0;
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-13: the grouped GEMMs (any n)
     const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 13), dec2 = path == 8 || path == 9;
     CUDA_REQUIRE(((path >= 1 && path <= 13) || path == 16) &&
@@ -1002,7 +983,6 @@ static int experts_impl(float *ybuf, uint16_t *hbuf, const uint16_t *x, const lu
     xargs d = a;
     d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2, d.sb[0] = w->s2;
     d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
-    if (fr) g.fr = *fr, d.route_late = 1;
     if (dec2) {
         moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 9 ? 3 : 0, st);
     } else if (path == 3) {
@@ -1038,28 +1018,6 @@ static int experts_impl(float *ybuf, uint16_t *hbuf, const uint16_t *x, const lu
             gemm_launch<false, false>(d, tiles, st);
         }
     }
-    return 1;
-}
-
-extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
-                                           const lunar_cuda_moe_experts *w,
-                                           const lunar_cuda_moe_route *r, int path,
-                                           lunar_cuda_stream s) {
-    experts_impl(ybuf, hbuf, x, w, r, path, NULL, s);
-}
-
-extern "C" int lunar_cuda_moe_experts_run_route_one(float *ybuf, uint16_t *hbuf, const uint16_t *x,
-                                                    const lunar_cuda_moe_experts *w, lunar_cuda_moe_route *r,
-                                                    const float *logits, const float *bias, int n_group,
-                                                    int renorm, float scale, int shared, int path,
-                                                    lunar_cuda_stream s) {
-    const int E = r->E, k = r->k - (shared != 0);
-    if (r->n != 1 || n_group > 1 || E > 896 || k < 1 || k > 64 || k > E) return 0;
-    froute fr;
-    memset(&fr, 0, sizeof fr);
-    fr.logits = logits, fr.bias = bias, fr.k = k, fr.C = E <= 256 ? 8 : 28;
-    fr.renorm = renorm, fr.shared = shared != 0, fr.scale = scale, fr.r = *r;
-    return experts_impl(ybuf, hbuf, x, w, r, path, &fr, s);
 }
 
 // add (or NULL): [n, D] added to each sum after it (the shared experts' output: one launch fewer).

@@ -112,17 +112,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// The batch-1 route computed by the gate/up decode kernel itself (issue 9, cuda_route_warp.cuh
-// route_in_block; C == 0: off, the kernels read r's tables written by an earlier launch): the
-// router's arguments as lunar_cuda_moe_route_one takes them (one group), C the warp router's
-// candidates per lane (8: E <= 256, 28: E <= 896).
-struct froute {
-    const float *logits, *bias;
-    int k, C, renorm, shared;  // k: the top-k (r.k - shared)
-    float scale;
-    lunar_cuda_moe_route r;
-};
-
 // Arguments shared by the expert kernels. GATEUP: weights w[0] = w1, w[1] = w3 ([E, R=I, K=D]),
 // x = the token activations gathered by row_token; DOWN: w[0] = w2 ([E, R=D, K=I]), x = hbuf rows.
 struct xargs {
@@ -137,9 +126,6 @@ struct xargs {
     float *y;     // DOWN output [rows, R]
     int E, act;
     float beta, beta_l;
-    froute fr;       // gate/up decode kernels only (paths 1 and 16); zero elsewhere
-    int route_late;  // down decode kernels: the route comes from their direct predecessor (fr), so no
-                     // prefetch chosen by it before the wait (cuda_common.cuh's rule)
 };
 
 // The epilogue of the wgmma grouped GEMMs (cuda_moe_wg.cu, cuda_moe_ws.cu): a warpgroup's

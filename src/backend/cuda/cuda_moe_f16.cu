@@ -39,7 +39,7 @@
 // logical k holds, only that both operands agree).
 #include <cuda_fp16.h>
 
-#include "backend/cuda/cuda_route_warp.cuh"
+#include "backend/cuda/cuda_moe.cuh"
 
 namespace {
 
@@ -97,14 +97,13 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
-// FR: the gate/up kernel routes the token itself (a.fr), as the pair's (cuda_moe.cu)
-template <bool GATEUP, int S, bool FR = false>
+template <bool GATEUP, int S>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
-    if (pf && !a.route_late && threadIdx.x == 0 && !GATEUP && (int)blockIdx.y < a.counts[a.E]) {
+    if (pf && threadIdx.x == 0 && !GATEUP && (int)blockIdx.y < a.counts[a.E]) {
         const int e = a.active[blockIdx.y];
         if (e >= 0 && e < a.E) {
             const int rows = min(RT * 16, a.R - (int)blockIdx.x * RT * 16);
@@ -116,18 +115,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     }
     pdl_wait();
     const int slot = blockIdx.y;
-    // a fused route (one token, gate/up): this block routes the token itself; its slot is permuted
-    // row `slot`, one row (m = 1) of token 0
-    constexpr bool fused = GATEUP && FR;
-    int e, off, m;
-    if constexpr (fused) {
-        e = route_in_block(a, slot, red);
-        if (e < 0) return;
-        off = slot, m = 1;
-    } else {
-        if (slot >= a.counts[a.E]) return;
-        e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
-    }
+    if (slot >= a.counts[a.E]) return;
+    const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT + rt;
@@ -150,7 +139,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
         // a lane past the group's last token reads token t0's activations: its mma column is
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
-        const uint16_t *xr = a.x + (size_t)(GATEUP ? (fused ? 0 : a.row_token[off + tk]) : off + tk) * a.K + c * 8;
+        const uint16_t *xr = a.x + (size_t)(GATEUP ? a.row_token[off + tk] : off + tk) * a.K + c * 8;
         if (tile_ok && j0 < j1) {
             const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
 #pragma unroll
@@ -260,18 +249,12 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     }
 }
 
-template <bool GATEUP, int S, bool FR>
-void launch_f(const xargs &a, int slots, cudaStream_t st) {
-    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
-    size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
-    if (FR && smem < (size_t)a.fr.r.E * 4) smem = (size_t)a.fr.r.E * 4;  // route_in_block's sigmoids
-    launch_pdl(moe_decode_f16_kernel<GATEUP, S, FR>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2));
-}
 template <bool GATEUP, int S>
 void launch_s(const xargs &a, int slots, cudaStream_t st) {
-    if (GATEUP && a.fr.C) launch_f<GATEUP, S, GATEUP>(a, slots, st);
-    else launch_f<GATEUP, S, false>(a, slots, st);
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
+    launch_pdl(moe_decode_f16_kernel<GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
+               lunar_cuda_pdl_prefetch_bytes(2));
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles

@@ -525,18 +525,6 @@ typedef struct lunar_cuda_moe_experts {
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
-/* Issue 9: lunar_cuda_moe_route_one and lunar_cuda_moe_experts_run in the experts' launches: the
- * gate/up decode kernel (paths 1 and 16) routes the token in every block after its wait and its
- * first block writes r's tables as route_one would (byte for byte), so the down kernel and the
- * combine read them as before; the route-one launch leaves the decode step's serial chain. One token
- * (r->n == 1), one expert group (n_group <= 1), E <= 896, k <= 64 (r->k - shared). Returns 0 having
- * launched nothing where it does not apply (those, or a path without such a kernel): the caller
- * then runs route_one + experts_run. The forward uses it under LUNAR_MOE_ROUTE_FUSED=1 only (not yet
- * measured on the device: docs/benchmarks.md "Decode B = 1: the route inside the MoE kernels"). */
-int lunar_cuda_moe_experts_run_route_one(float *ybuf, uint16_t *hbuf, const uint16_t *x,
-                                         const lunar_cuda_moe_experts *w, lunar_cuda_moe_route *r,
-                                         const float *logits, const float *bias, int n_group, int renorm,
-                                         float scale, int shared, int path, lunar_cuda_stream s);
 /* acc[t, :] = sum_j ybuf[pair_row[t, j], :] (slot order), fp32 [n, D]. */
 void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
                             lunar_cuda_stream s);

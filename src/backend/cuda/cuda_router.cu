@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cuda/cuda_route_warp.cuh"
+#include "backend/cuda/cuda_moe.cuh"
 
 // The block router (LUNAR_ROUTER=block; the default until session 7): one 256-thread block per token, k
 // rounds of block-wide argmax with two barriers each and thread 0's serial merge of the warps.
@@ -166,9 +166,24 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
 // ROUTE (one token, one warp): then the permutation, from one ballot per candidate column j: the
 // rank of a chosen expert e among the chosen = popcounts of the columns before e's plus the lanes
 // below e's in its column.
-// The body is route_warp (cuda_route_warp.cuh), shared with the MoE gate/up decode kernels that route a
-// batch-1 token themselves (LUNAR_MOE_ROUTE_FUSED=1).
 #define ROUTER_WPB 4  // warps (tokens) per block of the batched router
+
+__device__ __forceinline__ uint32_t choice_key(float v) {
+    const uint32_t u = __float_as_uint(v + 0.0f);  // -0 + 0 = +0: equal choices, equal keys
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// (key, C-1-j) of the lane's best candidate: the largest key, the lowest j among equal keys
+template <int C>
+__device__ __forceinline__ unsigned long long lane_best(const uint32_t *key) {
+    unsigned long long p[C];
+#pragma unroll
+    for (int j = 0; j < C; j++) p[j] = (unsigned long long)key[j] << 32 | (uint32_t)(C - 1 - j);
+#pragma unroll
+    for (int w = 1; w < C; w <<= 1)
+#pragma unroll
+        for (int j = 0; j + w < C; j += 2 * w) p[j] = max(p[j], p[j + w]);
+    return p[0];
+}
 
 template <bool ROUTE, int C>
 __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *experts, float *weights,
@@ -179,6 +194,7 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
     extern __shared__ float wsm[];  // per warp: s [E], then (groups only) the choices [E]
     __shared__ float gscore[ROUTER_WPB][64];
     __shared__ int gok[ROUTER_WPB][64];
+    const unsigned FULL = 0xffffffffu;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int t = blockIdx.x * (blockDim.x >> 5) + wid;
     float bv[C];  // the selection bias: a weight, which no kernel of the step writes (before the wait)
@@ -189,10 +205,131 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
     }
     pdl_enter();
     if (t >= n) return;
-    float *sw = wsm + (size_t)wid * (n_group > 1 ? 2 * E : E);
-    route_warp<ROUTE, C>(logits + (size_t)t * E, bias, bv, E, k, n_group, topk_group, renorm, scale, shared, sw,
-                         sw + E, gscore[wid], gok[wid], experts + (size_t)t * k, weights + (size_t)t * k, r, true, 0,
-                         NULL);
+    float *sw = wsm + (size_t)wid * (n_group > 1 ? 2 * E : E), *ch = sw + E;
+    const float *lg = logits + (size_t)t * E;
+    float lv[C];  // every logit load in flight before the first use (one L2 round trip, not C)
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const int e = lane + 32 * j;
+        lv[j] = e < E ? lg[e] : 0.0f;
+    }
+    uint32_t key[C];
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const int e = lane + 32 * j;
+        key[j] = 0;
+        if (e < E) {
+            const float s = 1.0f / (1.0f + expf(-lv[j]));
+            float v = s + (bias ? bv[j] : 0.0f);
+            if (isnan(v)) v = -INFINITY;  // a NaN logit ranks last but stays a valid choice (as the CPU op)
+            sw[e] = s;
+            if (n_group > 1) ch[e] = v;
+            key[j] = choice_key(v);
+        }
+    }
+    if (n_group > 1) {
+        __syncwarp();
+        const int gs = E / n_group;
+        for (int g = lane; g < n_group; g += 32) {
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = 0; e < gs; e++) {
+                const float v = ch[g * gs + e];
+                if (v > m1) m2 = m1, m1 = v;
+                else if (v > m2) m2 = v;
+            }
+            gscore[wid][g] = gs >= 2 ? m1 + m2 : m1;
+            gok[wid][g] = 0;
+        }
+        __syncwarp();
+        if (lane == 0)
+            for (int sel = 0; sel < topk_group; sel++) {
+                int best = -1;
+                for (int gi = 0; gi < n_group; gi++)
+                    if (!gok[wid][gi] && (best < 0 || gscore[wid][gi] > gscore[wid][best])) best = gi;
+                gok[wid][best] = 1;
+            }
+        __syncwarp();
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+            const int e = lane + 32 * j;
+            if (e < E && !gok[wid][e / gs]) key[j] = 0;
+        }
+    }
+    __syncwarp();  // sw
+    unsigned long long b = lane_best<C>(key);
+    uint32_t taken = 0;      // bit j: candidate j of this lane chosen
+    int ex0 = 0, ex1 = 0;    // this lane's slots: lane and lane + 32
+    float w0 = 0.0f, w1 = 0.0f, wsum = 0.0f;
+    for (int sel = 0; sel < k; sel++) {
+        const uint32_t bk = (uint32_t)(b >> 32);
+        const int bj = C - 1 - (int)(uint32_t)b;
+        const uint32_t m = __reduce_max_sync(FULL, bk);
+        const int e = (int)__reduce_min_sync(FULL, bk == m ? (uint32_t)(lane + 32 * bj) : FULL);
+        if ((e & 31) == lane) {  // the winner: its candidate bj is taken
+            taken |= 1u << bj;
+#pragma unroll
+            for (int j = 0; j < C; j++)
+                if (j == bj) key[j] = 0;
+            b = lane_best<C>(key);
+        }
+        const float w = sw[e];
+        wsum += w;
+        if (sel == lane) ex0 = e, w0 = w;
+        if (sel == lane + 32) ex1 = e, w1 = w;
+    }
+    if (renorm) w0 /= wsum + 1e-20f, w1 /= wsum + 1e-20f;
+    w0 *= scale, w1 *= scale;
+    int32_t *ex = experts + (size_t)t * k;
+    float *wt = weights + (size_t)t * k;
+    if (lane < k) ex[lane] = ex0, wt[lane] = w0;
+    if (lane + 32 < k) ex[lane + 32] = ex1, wt[lane + 32] = w1;
+    if (!ROUTE) return;
+    // the permutation: column j's ballot of chosen lanes (lane j keeps it and the count before it)
+    uint32_t colb = 0;
+    int colpre = 0, pre = 0;
+#pragma unroll
+    for (int j = 0; j < C; j++) {
+        const uint32_t bal = __ballot_sync(FULL, (taken >> j) & 1u);
+        const int e = lane + 32 * j, chosen = (taken >> j) & 1u;
+        const int rank = pre + __popc(bal & ((1u << lane) - 1u));
+        if (e < E) {
+            r.counts[e] = chosen;
+            r.offsets[e] = rank;
+            r.cursor[e] = rank + chosen;  // after the scatter's increments
+        }
+        if (lane == j) colb = bal, colpre = pre;
+        pre += __popc(bal);
+    }
+    for (int h = 0; h < k; h += 32) {  // slots lane + h: pair i, its expert's rank = its permuted row
+        const int i = lane + h, e = h ? ex1 : ex0;
+        const float w = h ? w1 : w0;
+        const int pos = __shfl_sync(FULL, colpre, e >> 5) + __popc(__shfl_sync(FULL, colb, e >> 5) & ((1u << (e & 31)) - 1u));
+        if (i < k) {
+            r.active[pos] = e;
+            r.tiles[2 * pos] = e, r.tiles[2 * pos + 1] = pos;  // one row per expert: one tile, one group each
+            r.groups[2 * pos] = e, r.groups[2 * pos + 1] = pos;
+            r.gdone[pos] = 0;
+            r.row_token[pos] = 0;
+            r.row_weight[pos] = w;
+            r.pair_row[i] = pos;
+        }
+    }
+    if (lane == 0) {
+        const int k1 = k + shared;
+        r.offsets[E] = k;
+        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
+        r.gdone[max_groups(1, k1, E)] = 0;
+        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
+            r.offsets[E + 1] = k + 1;
+            r.active[k] = E;
+            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
+            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
+            r.gdone[k] = 0;
+            r.row_token[k] = 0;
+            r.row_weight[k] = 1.0f;
+            r.pair_row[k] = k;
+        }
+    }
 }
 
 // candidates per lane: the smallest instantiated C with 32 C >= E (256 experts: 8; 896: 28), 0 above 1024
