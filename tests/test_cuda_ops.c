@@ -577,8 +577,9 @@ TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
         CHECK(guards_ok(&oq) && guards_ok(&ok) && guards_ok(&ov) && guards_ok(&ob) && guards_ok(&oa) &&
               guards_ok(&og));
         /* the bf16 entry (LUNAR_KDA_PREFILL=bf16) on x stored as bf16 against the fp32 entry on the same
-         * values widened, and the fp32 entry with the cp.async staging (LUNAR_KDA_CONV_ASYNC=1): the same
-         * sums on the same inputs, so every output and the state bit-equal */
+         * values widened, and the fp32 entry with the cp.async staging (the default) against the plain
+         * one (LUNAR_KDA_CONV_ASYNC=0, pass 0): the same sums on the same inputs, so every output and
+         * the state bit-equal */
         uint16_t *xh = malloc((size_t)T * xs * 2);
         float *xr = test_alloc((long)T * xs);
         for (long i = 0; i < (long)T * xs; i++) xh[i] = lunar_f32_to_bf16(x[i]), xr[i] = lunar_bf16_to_f32(xh[i]);
@@ -590,7 +591,7 @@ TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
             float *dst2 = dev_in(st, sb);
             guarded *gs[6] = {&oq, &ok, &ov, &ob, &oa, &og}; /* poisoned again: each pass must write all */
             for (int o = 0; o < 6; o++) lunar_cuda_fill_u32(gs[o]->base, SENT, gs[o]->words + 2 * GUARD);
-            if (pass == 2) setenv("LUNAR_KDA_CONV_ASYNC", "1", 1);
+            setenv("LUNAR_KDA_CONV_ASYNC", pass == 2 ? "1" : "0", 1); /* pass 0: the plain staging */
             if (pass != 1)
                 lunar_cuda_kda_conv_qkv_prefill(dq, dk_, dv, db, da, dg, dev_in(xr, (size_t)T * xs * 4), xs, a_off,
                                                 aw, g_off, gw, b_off, dw, dst2, T, H, dk, K, 1e-6f, NULL);
@@ -598,7 +599,7 @@ TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
                 lunar_cuda_kda_conv_qkv_prefill_bf16(dq, dk_, dv, db, da, dg, dev_in(xh, (size_t)T * xs * 2), xs,
                                                      a_off, aw, g_off, gw, b_off, dw, dst2, T, H, dk, K, 1e-6f, NULL);
             lunar_cuda_sync();
-            if (pass == 2) unsetenv("LUNAR_KDA_CONV_ASYNC");
+            unsetenv("LUNAR_KDA_CONV_ASYNC");
             for (int o = 0; o < 7; o++) {
                 const size_t n = o < 6 ? nb[o] : sb;
                 res[pass][o] = malloc(n);

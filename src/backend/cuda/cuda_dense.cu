@@ -485,10 +485,12 @@ __device__ __forceinline__ float4 ld_f32x4(const __nv_bfloat16 *p) {
 }
 __device__ __forceinline__ __nv_bfloat16 to_bf16(float f) { return __float2bfloat16_rn(f); }
 __device__ __forceinline__ __nv_bfloat16 to_bf16(__nv_bfloat16 b) { return b; }
-// ASYNC (LUNAR_KDA_CONV_ASYNC=1, fp32 input only; opt-in, not yet measured): the staging loop keeps one
-// load in flight per thread (load, then its shared store, ~17 times in sequence); instead every row of
-// the sequence goes by cp.async (16 bytes, no register dependency: all in flight at once). Same values
-// in the tile: bit-equal outputs. (Loading the conv weights while the rows land is a further step.)
+// ASYNC (the default for fp32 input; LUNAR_KDA_CONV_ASYNC=0 the plain staging): the plain staging loop
+// keeps one load in flight per thread (load, then its shared store, ~17 times in sequence); instead every
+// row of the sequence goes by cp.async (16 bytes, no register dependency: all in flight at once). Same
+// values in the tile: bit-equal outputs. Measured on the H200 (Kimi-Linear 8K prefill, two rounds,
+// docs/benchmarks.md "Session 7, last call"): kda_proj 29.1 / 29.9 -> 28.5 / 28.1 ms, the prefill
+// 0.1474 / 0.1486 -> 0.1459 / 0.1477 s. (Loading the conv weights while the rows land is a further step.)
 template <typename X, bool ASYNC>
 __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
     float *q, float *k, float *v, float *beta, __nv_bfloat16 *xa, __nv_bfloat16 *xg, const X *x, int64_t xs,
@@ -569,7 +571,7 @@ static void kda_conv_qkv_prefill_run(float *q, float *k, float *v, float *beta, 
     /* read per call (a prefill launch, not captured): the op test switches it between calls */
     const char *as = getenv("LUNAR_KDA_CONV_ASYNC");
     const dim3 grid(ceil_div_u(T, KP_TT), 3 * H + 1);
-    if (sizeof(X) == 4 && as && atoi(as) == 1)
+    if (sizeof(X) == 4 && !(as && atoi(as) == 0))
         kda_conv_qkv_prefill_kernel<X, sizeof(X) == 4><<<grid, 128, 0, to_stream(s)>>>(
             q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w,
             state, T, H, K, eps);
