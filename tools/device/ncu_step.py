@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 # The per-kernel table of one decode step from an Nsight Compute CSV (gpu__time_duration.sum, dram__bytes_read.sum;
 # see docs/benchmarks.md "Session 6, call 3"): tools/device/ncu_step.py FILE.csv[.gz] STEP, STEP indexing the
-# embedding launches that start each forward (-3 = the third from last).
+# embedding launches that start each forward (-3 = the third from last), or "max": the forward with the largest
+# kernel time (an 8K prefill's table from a lunar bench run that also decodes).
 import csv, gzip, collections, sys
 rows = [r for r in csv.reader((gzip.open(sys.argv[1], "rt") if sys.argv[1].endswith(".gz") else open(sys.argv[1]))) if len(r) > 10]
 h = rows[0]
@@ -11,8 +12,14 @@ for r in rows[1:]:
     d = k.setdefault(int(r[ii]), {"name": r[ki]})
     d[r[mi]] = float(r[vi].replace(',', ''))
 ids = sorted(k)
-emb = [i for i in ids if k[i]["name"].startswith("void embedding_kernel")]
-s = emb[int(sys.argv[2])]; e = emb[int(sys.argv[2]) + 1]
+emb = [i for i in ids if k[i]["name"].startswith("void embedding_kernel")] + [ids[-1] + 1]
+if sys.argv[2] == "max":  # the forward with the largest kernel time (a prefill among decode steps)
+    seg = [sum(k[i].get("gpu__time_duration.sum", 0) for i in ids if a <= i < b) for a, b in zip(emb, emb[1:])]
+    print("forwards", len(seg), "kernel ms each", " ".join("%.1f" % (x / 1e6) for x in seg))
+    j = max(range(len(seg)), key=lambda x: seg[x])
+else:
+    j = int(sys.argv[2]) if int(sys.argv[2]) >= 0 else len(emb) - 1 + int(sys.argv[2])
+s = emb[j]; e = emb[j + 1]
 step = [i for i in ids if s <= i < e]
 print("step kernels", len(step), "ids", s, e - 1)
 agg = collections.OrderedDict(); tt = tb = 0
