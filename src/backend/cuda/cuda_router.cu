@@ -11,6 +11,26 @@
 // rounds of block-wide argmax with two barriers each and thread 0's serial merge of the warps.
 // ROUTE (one token, one block): the top-k is followed by the permutation that
 // lunar_cuda_moe_permute's memset, count, scan and scatter would leave in r (see route_one below)
+// route-one's last entries, written by one thread: the totals past the E experts' (offsets[E], the
+// count slots the permutation kernels leave), the group-done flag past the last group, and the shared
+// expert as virtual expert E (the last permuted row, weight 1) where there is one
+__device__ __forceinline__ void route_one_tail(lunar_cuda_moe_route &r, int E, int k, int shared) {
+    const int k1 = k + shared;
+    r.offsets[E] = k;
+    r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
+    r.gdone[max_groups(1, k1, E)] = 0;
+    if (shared) {
+        r.offsets[E + 1] = k + 1;
+        r.active[k] = E;
+        r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
+        r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
+        r.gdone[k] = 0;
+        r.row_token[k] = 0;
+        r.row_weight[k] = 1.0f;
+        r.pair_row[k] = k;
+    }
+}
+
 template <bool ROUTE>
 __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, float *weights,
                                                           const float *logits, const float *bias,
@@ -129,22 +149,7 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
         r.row_weight[pos] = wt[i];
         r.pair_row[i] = pos;
     }
-    if (tid == 0) {
-        const int k1 = k + shared;
-        r.offsets[E] = k;
-        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
-        r.gdone[max_groups(1, k1, E)] = 0;
-        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
-            r.offsets[E + 1] = k + 1;
-            r.active[k] = E;
-            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
-            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
-            r.gdone[k] = 0;
-            r.row_token[k] = 0;
-            r.row_weight[k] = 1.0f;
-            r.pair_row[k] = k;
-        }
-    }
+    if (tid == 0) route_one_tail(r, E, k, shared);
 }
 
 
@@ -314,22 +319,7 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
             r.pair_row[i] = pos;
         }
     }
-    if (lane == 0) {
-        const int k1 = k + shared;
-        r.offsets[E] = k;
-        r.counts[E] = k1, r.counts[E + 1] = k1, r.counts[E + 2] = k1;
-        r.gdone[max_groups(1, k1, E)] = 0;
-        if (shared) {  // the shared expert: virtual expert E, the last permuted row, weight 1
-            r.offsets[E + 1] = k + 1;
-            r.active[k] = E;
-            r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
-            r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
-            r.gdone[k] = 0;
-            r.row_token[k] = 0;
-            r.row_weight[k] = 1.0f;
-            r.pair_row[k] = k;
-        }
-    }
+    if (lane == 0) route_one_tail(r, E, k, shared);
 }
 
 // candidates per lane: the smallest instantiated C with 32 C >= E (256 experts: 8; 896: 28), 0 above 1024
