@@ -412,12 +412,12 @@ void lunar_test_model_done(lunar_model *m, const char *dir) {
 TEST(cuda_forward_kernel_shapes_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];
+    enum { T = 150, ND = 3 };
+    int32_t ids[T + ND]; /* one prompt for both models below */
+    unsigned st = 7;
+    for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
     lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, NULL);
     if (m) {
-        enum { T = 150, ND = 3 };
-        int32_t ids[T + ND];
-        unsigned st = 7;
-        for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
         run_model("wide, generic MoE", m, ids, T, ND, NULL, NULL, 3e-2, 0, 0);
         run_model("wide, fused MoE", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         /* FP8 latent: the tuned decode kernel's FP8 pages and the prefill GEMM's widening gather */
@@ -434,10 +434,6 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
      * never took the fused path: the default was covered by its op test only.) */
     m = lunar_test_model_load(dir, wide4_model_dir, NULL);
     if (m) {
-        enum { T = 150, ND = 3 };
-        int32_t ids[T + ND];
-        unsigned st = 11;
-        for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
         run_model("wide 4 KDA heads, fused KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         lunar_test_model_done(m, dir);
         char *saved = getenv("LUNAR_KDA_PREFILL") ? strdup(getenv("LUNAR_KDA_PREFILL")) : NULL;

@@ -277,29 +277,15 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     } else if (pf) {
         hb = lunar_cuda_fwd_alloc((size_t)n * c->hidden_size * 2);
         lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
-        /* prefill_mode 2 (LUNAR_KDA_PREFILL=bf16): the projection stored as bf16, in the first half of
-         * y's room: half the bytes written by the GEMM and read by the pass (an extra rounding of the
-         * pre-conv q|k|v and beta's logits; f_a / g_a were rounded to bf16 anyway) */
-        const int y16 = prefill_mode == 2 && !w->kin.s8 && !glue_gemm_only() && w->kin.in % 8 == 0 && w->kin.out % 8 == 0;
-        if (y16)
-            lunar_cuda_matmul(yp, LUNAR_CUDA_BF16, hb, w->kin.p, n, w->kin.out, w->kin.in, NULL);
-        else
-            mm_b(yp, hb, &w->kin, n, NULL);
+        mm_b(yp, hb, &w->kin, n, NULL);
         const int a_off = 3 * HD, g_off = a_off + w->fa.out, b_off = g_off + w->ga.out;
         for (int j = 0; j < b->n_seqs; j++) {
             const size_t t = (size_t)b->off[j];
             float *st = b->c->conv + ((size_t)b->seqs[j].slot * b->c->n_kda + ki) * b->c->conv_len;
-            if (y16)
-                lunar_cuda_kda_conv_qkv_prefill_bf16(q + t * HD, k + t * HD, v + t * HD, beta + t * H,
-                                                     fa16 + t * w->fa.out, ga16 + t * w->ga.out,
-                                                     (const uint16_t *)yp + t * w->kin.out, w->kin.out, a_off,
-                                                     w->fa.out, g_off, w->ga.out, b_off, w->qc, st, b->seqs[j].n, H,
-                                                     dk, K, KDA_L2_EPS, NULL);
-            else
-                lunar_cuda_kda_conv_qkv_prefill(q + t * HD, k + t * HD, v + t * HD, beta + t * H,
-                                                fa16 + t * w->fa.out, ga16 + t * w->ga.out, yp + t * w->kin.out,
-                                                w->kin.out, a_off, w->fa.out, g_off, w->ga.out, b_off, w->qc, st,
-                                                b->seqs[j].n, H, dk, K, KDA_L2_EPS, NULL);
+            lunar_cuda_kda_conv_qkv_prefill(q + t * HD, k + t * HD, v + t * HD, beta + t * H, fa16 + t * w->fa.out,
+                                            ga16 + t * w->ga.out, yp + t * w->kin.out, w->kin.out, a_off, w->fa.out,
+                                            g_off, w->ga.out, b_off, w->qc, st, b->seqs[j].n, H, dk, K, KDA_L2_EPS,
+                                            NULL);
         }
         mm_b(pre, fa16, &w->fb, n, NULL); /* y is dead from here: pre, g, o live in it */
         lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);

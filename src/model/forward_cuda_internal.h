@@ -89,8 +89,7 @@ struct lunar_cuda_model {
     /* KDA prefill (kda_layer, dk = 128, fused projection): 1 (default) = one GEMM for the six
      * projections of h and one pass for the convolutions, norms, beta and the low-rank gate inputs
      * (lunar_cuda_kda_conv_qkv_prefill; session 6, H200: KL48 8K prefill kda_proj 50.0 -> 30.5 ms);
-     * 0 = the per-projection GEMMs and ops (LUNAR_KDA_PREFILL=split), 2 = fused with the projection
-     * stored as bf16 (LUNAR_KDA_PREFILL=bf16, opt-in) */
+     * 0 = the per-projection GEMMs and ops (LUNAR_KDA_PREFILL=split) */
     int kda_prefill;
     struct lunar_cuda_graphs *graphs; /* the decode steps' CUDA graphs (forward_cuda.c "decode graphs") */
 };

@@ -235,7 +235,7 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                     : strcmp(kd, "nogate") == 0 ? KDA_DECODE_NOGATE
                                                 : KDA_DECODE_SPLIT;
     const char *kp = getenv("LUNAR_KDA_PREFILL");
-    g->kda_prefill = kp && strcmp(kp, "split") == 0 ? 0 : kp && strcmp(kp, "bf16") == 0 ? 2 : 1;
+    g->kda_prefill = !(kp && strcmp(kp, "split") == 0);
     g->embed = up_bf16(m->embed);
     g->lm_head = up_mat(m->lm_head);
     g->final_norm = up_bf16(m->final_norm);

@@ -343,10 +343,7 @@ __global__ void short_conv_kernel(float *y, const float *x, const float *w, cons
 }
 // the new conv state of C channels: the last K - 1 inputs (x rows xs floats apart: C for a plain
 // [T, C] input, the fused projection's width for the KDA prefill's)
-__device__ __forceinline__ float ld_f32(const float *p) { return *p; }
-__device__ __forceinline__ float ld_f32(const __nv_bfloat16 *p) { return __bfloat162float(*p); }
-template <typename X>
-__global__ void short_conv_state_kernel(float *state, const X *x, int64_t xs, int T, int C, int K) {
+__global__ void short_conv_state_kernel(float *state, const float *x, int64_t xs, int T, int C, int K) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const int S = K - 1;
@@ -356,7 +353,7 @@ __global__ void short_conv_state_kernel(float *state, const X *x, int64_t xs, in
     for (int j = 0; j < CONV_MAX_K - 1; j++) {
         if (j < S) {
             int p = T + j;
-            hist[j] = p < S ? st[p] : ld_f32(x + (size_t)(p - S) * xs + c);
+            hist[j] = p < S ? st[p] : x[(size_t)(p - S) * xs + c];
         }
     }
 #pragma unroll
@@ -373,7 +370,7 @@ extern "C" void lunar_cuda_short_conv(float *y, const float *x, const float *w, 
         CUDA_CHECK_LAUNCH();
     }
     if (K > 1) {
-        short_conv_state_kernel<float><<<ceil_div_u(C, 256), 256, 0, to_stream(s)>>>(state, x, C, T, C, K);
+        short_conv_state_kernel<<<ceil_div_u(C, 256), 256, 0, to_stream(s)>>>(state, x, C, T, C, K);
         CUDA_CHECK_LAUNCH();
     }
 }
@@ -474,26 +471,16 @@ extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const fl
 // writes beta = sigmoid and the bf16 copies of the low-rank inputs (the GEMM operands of f_b and
 // g_b, rounded as lunar_cuda_f32_to_bf16). The state update runs afterwards in its own kernel
 // (the first tile reads the old state).
-// The bf16 variant (lunar_cuda_kda_conv_qkv_prefill_bf16) reads the projection stored as bf16 (half
-// the bytes written by the GEMM and read here): 4 channels per lane as one 8-byte load, widened.
 constexpr int KP_TT = 64;
-__device__ __forceinline__ float4 ld_f32x4(const float *p) { return *reinterpret_cast<const float4 *>(p); }
-__device__ __forceinline__ float4 ld_f32x4(const __nv_bfloat16 *p) {
-    const uint2 u = *reinterpret_cast<const uint2 *>(p);
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xffff0000u));
-}
-__device__ __forceinline__ __nv_bfloat16 to_bf16(float f) { return __float2bfloat16_rn(f); }
-__device__ __forceinline__ __nv_bfloat16 to_bf16(__nv_bfloat16 b) { return b; }
-// ASYNC (the default for fp32 input; LUNAR_KDA_CONV_ASYNC=0 the plain staging): the plain staging loop
+// ASYNC (the default; LUNAR_KDA_CONV_ASYNC=0 the plain staging): the plain staging loop
 // keeps one load in flight per thread (load, then its shared store, ~17 times in sequence); instead every
 // row of the sequence goes by cp.async (16 bytes, no register dependency: all in flight at once). Same
 // values in the tile: bit-equal outputs. Measured on the H200 (Kimi-Linear 8K prefill, two rounds,
 // docs/benchmarks.md "Session 7, last call"): kda_proj 29.1 / 29.9 -> 28.5 / 28.1 ms, the prefill
 // 0.1474 / 0.1486 -> 0.1459 / 0.1477 s. (Loading the conv weights while the rows land is a further step.)
-template <typename X, bool ASYNC>
+template <bool ASYNC>
 __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
-    float *q, float *k, float *v, float *beta, __nv_bfloat16 *xa, __nv_bfloat16 *xg, const X *x, int64_t xs,
+    float *q, float *k, float *v, float *beta, __nv_bfloat16 *xa, __nv_bfloat16 *xg, const float *x, int64_t xs,
     int a_off, int a_w, int g_off, int g_w, int b_off, const float *w, const float *state, int T, int H, int K,
     float eps) {
     __shared__ float4 tile[(KP_TT + CONV_MAX_K - 1) * 32];
@@ -502,15 +489,15 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
     if (r == 3 * H) {
         for (int i = tid; i < nt * H; i += blockDim.x) {
             const int t = t0 + i / H, h = i % H;
-            beta[(size_t)t * H + h] = 1.0f / (1.0f + expf(-ld_f32(x + (size_t)t * xs + b_off + h)));
+            beta[(size_t)t * H + h] = 1.0f / (1.0f + expf(-x[(size_t)t * xs + b_off + h]));
         }
         for (int i = tid; i < nt * a_w; i += blockDim.x) {
             const int t = t0 + i / a_w, j = i % a_w;
-            xa[(size_t)t * a_w + j] = to_bf16(x[(size_t)t * xs + a_off + j]);
+            xa[(size_t)t * a_w + j] = __float2bfloat16_rn(x[(size_t)t * xs + a_off + j]);
         }
         for (int i = tid; i < nt * g_w; i += blockDim.x) {
             const int t = t0 + i / g_w, j = i % g_w;
-            xg[(size_t)t * g_w + j] = to_bf16(x[(size_t)t * xs + g_off + j]);
+            xg[(size_t)t * g_w + j] = __float2bfloat16_rn(x[(size_t)t * xs + g_off + j]);
         }
         return;
     }
@@ -525,7 +512,7 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
             continue;
         }
         if (p >= 0) {
-            val = ld_f32x4(x + (size_t)p * xs + c0 + 4 * j);
+            val = *reinterpret_cast<const float4 *>(x + (size_t)p * xs + c0 + 4 * j);
         } else { /* before the sequence: the state's column S + p of channels c0 + 4j .. + 3 */
             const float *st = state + (size_t)(c0 + 4 * j) * S + (S + p);
             val = make_float4(st[0], st[S], st[2 * S], st[3 * S]);
@@ -562,48 +549,30 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
         *reinterpret_cast<float4 *>(out + (size_t)(t0 + tt) * HD) = make_float4(a0, a1, a2, a3);
     }
 }
-template <typename X>
-static void kda_conv_qkv_prefill_run(float *q, float *k, float *v, float *beta, uint16_t *xa, uint16_t *xg,
-                                     const X *x, int64_t x_stride, int a_off, int a_w, int g_off, int g_w,
-                                     int b_off, const float *w, float *state, int T, int H, int dk, int K,
-                                     float eps, lunar_cuda_stream s) {
-    if (T <= 0) return;
-    /* read per call (a prefill launch, not captured): the op test switches it between calls */
-    const char *as = getenv("LUNAR_KDA_CONV_ASYNC");
-    const dim3 grid(ceil_div_u(T, KP_TT), 3 * H + 1);
-    if (sizeof(X) == 4 && !(as && atoi(as) == 0))
-        kda_conv_qkv_prefill_kernel<X, sizeof(X) == 4><<<grid, 128, 0, to_stream(s)>>>(
-            q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w,
-            state, T, H, K, eps);
-    else
-        kda_conv_qkv_prefill_kernel<X, false><<<grid, 128, 0, to_stream(s)>>>(
-            q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w,
-            state, T, H, K, eps);
-    CUDA_CHECK_LAUNCH();
-    if (K > 1) {
-        short_conv_state_kernel<X><<<ceil_div_u(3 * H * dk, 256), 256, 0, to_stream(s)>>>(state, x, x_stride, T,
-                                                                                           3 * H * dk, K);
-        CUDA_CHECK_LAUNCH();
-    }
-}
 extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, uint16_t *xa,
                                                 uint16_t *xg, const float *x, int64_t x_stride, int a_off, int a_w,
                                                 int g_off, int g_w, int b_off, const float *w, float *state, int T,
                                                 int H, int dk, int K, float eps, lunar_cuda_stream s) {
     CUDA_REQUIRE(dk == 128 && H >= 1 && K >= 1 && K <= CONV_MAX_K && x_stride % 4 == 0 &&
                  ((uintptr_t)x & 15) == 0 && a_w >= 0 && g_w >= 0 && (a_w == 0 || xa) && (g_w == 0 || xg));
-    kda_conv_qkv_prefill_run(q, k, v, beta, xa, xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w, state, T, H, dk,
-                             K, eps, s);
-}
-extern "C" void lunar_cuda_kda_conv_qkv_prefill_bf16(float *q, float *k, float *v, float *beta, uint16_t *xa,
-                                                     uint16_t *xg, const uint16_t *x, int64_t x_stride, int a_off,
-                                                     int a_w, int g_off, int g_w, int b_off, const float *w,
-                                                     float *state, int T, int H, int dk, int K, float eps,
-                                                     lunar_cuda_stream s) {
-    CUDA_REQUIRE(dk == 128 && H >= 1 && K >= 1 && K <= CONV_MAX_K && x_stride % 4 == 0 &&
-                 ((uintptr_t)x & 7) == 0 && a_w >= 0 && g_w >= 0 && (a_w == 0 || xa) && (g_w == 0 || xg));
-    kda_conv_qkv_prefill_run(q, k, v, beta, xa, xg, (const __nv_bfloat16 *)x, x_stride, a_off, a_w, g_off, g_w,
-                             b_off, w, state, T, H, dk, K, eps, s);
+    if (T <= 0) return;
+    /* read per call (a prefill launch, not captured): the op test switches it between calls */
+    const char *as = getenv("LUNAR_KDA_CONV_ASYNC");
+    const dim3 grid(ceil_div_u(T, KP_TT), 3 * H + 1);
+    if (!(as && atoi(as) == 0))
+        kda_conv_qkv_prefill_kernel<true><<<grid, 128, 0, to_stream(s)>>>(
+            q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w,
+            state, T, H, K, eps);
+    else
+        kda_conv_qkv_prefill_kernel<false><<<grid, 128, 0, to_stream(s)>>>(
+            q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w,
+            state, T, H, K, eps);
+    CUDA_CHECK_LAUNCH();
+    if (K > 1) {
+        short_conv_state_kernel<<<ceil_div_u(3 * H * dk, 256), 256, 0, to_stream(s)>>>(state, x, x_stride, T,
+                                                                                      3 * H * dk, K);
+        CUDA_CHECK_LAUNCH();
+    }
 }
 
 // ---------------------------------------------------------------- KDA gate (elementwise)

@@ -228,12 +228,6 @@ void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, 
                                      const float *x, int64_t x_stride, int a_off, int a_w, int g_off, int g_w,
                                      int b_off, const float *w, float *state, int T, int H, int dk, int K, float eps,
                                      lunar_cuda_stream s);
-/* The same with x stored as bf16 (8-byte aligned, x_stride % 4 == 0): the fused projection written
- * as bf16 (LUNAR_KDA_PREFILL=bf16); the conv state then holds the bf16 values widened. */
-void lunar_cuda_kda_conv_qkv_prefill_bf16(float *q, float *k, float *v, float *beta, uint16_t *xa, uint16_t *xg,
-                                          const uint16_t *x, int64_t x_stride, int a_off, int a_w, int g_off,
-                                          int g_w, int b_off, const float *w, float *state, int T, int H, int dk,
-                                          int K, float eps, lunar_cuda_stream s);
 
 /* KDA decode, one token: g [H dk] = op_kda_gate(f_b . x[0, in)) and, og non-NULL, og [H dk] =
  * g_b . x[in, 2 in), W = [f_b; g_b] bf16 ([H dk, in] each; f_b alone when og is NULL), x fp32 (its
