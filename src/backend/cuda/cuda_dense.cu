@@ -143,6 +143,69 @@ static void norm_vec_launch(int V, Y *y, __nv_bfloat16 *yb, float *x, const floa
     CUDA_CHECK_LAUNCH();
 }
 
+// The per-head norms (issue 9): the gated RMSNorm of KDA's output and the L2 norm run on rows of one head
+// (dim 128: n x H rows, 262,144 at an 8K prefill), where a block per row (norm_kernel: 128 threads, two
+// barriers) ran at ~0.85 TB/s (the 8K prefill's norm_kernel<bf16, 1>: 317 us a layer, ncu, session 7).
+// Here one warp per row, 8 rows per block, V float4 per lane (dim = 128 V), no barrier; the weight in
+// registers before the PDL wait. Summation order: a lane's 4V squares in order (chunk lane + 32 v), then
+// the warp butterfly: not block_sum_f32's, so the bits differ from norm_kernel (CPU tolerances hold).
+#define NORM_WARP_ROWS 8
+template <typename Y, int MODE, int V>
+__global__ void __launch_bounds__(32 * NORM_WARP_ROWS) norm_warp_kernel(Y *y, const float *x, const float *gate,
+                                                                       const uint16_t *w, int n, int dim, float eps) {
+    const int lane = threadIdx.x & 31;
+    uint2 wq[V];  // 4 bf16 weights per chunk (MODE 1)
+#pragma unroll
+    for (int v = 0; v < V; v++)
+        wq[v] = MODE == 1 && w ? __ldg(reinterpret_cast<const uint2 *>(w) + lane + 32 * v) : make_uint2(0, 0);
+    pdl_enter();
+    const size_t row = (size_t)blockIdx.x * NORM_WARP_ROWS + (threadIdx.x >> 5);
+    if (row >= (size_t)n) return;  // no barrier below
+    const float4 *xr = reinterpret_cast<const float4 *>(x + row * dim);
+    const float4 *gr = reinterpret_cast<const float4 *>(gate + (MODE == 1 ? row * dim : 0));
+    float4 a[V], g[V];
+    float ss = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        a[v] = xr[lane + 32 * v];
+        if (MODE == 1) g[v] = gr[lane + 32 * v];
+        ss += a[v].x * a[v].x;
+        ss += a[v].y * a[v].y;
+        ss += a[v].z * a[v].z;
+        ss += a[v].w * a[v].w;
+    }
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        float o0 = a[v].x * inv, o1 = a[v].y * inv, o2 = a[v].z * inv, o3 = a[v].w * inv;
+        if (MODE == 1) {
+            if (w) {
+                o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
+                o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
+            }
+            o0 *= 1.0f / (1.0f + expf(-g[v].x)), o1 *= 1.0f / (1.0f + expf(-g[v].y));
+            o2 *= 1.0f / (1.0f + expf(-g[v].z)), o3 *= 1.0f / (1.0f + expf(-g[v].w));
+        }
+        store4<Y>(y + row * dim, lane + 32 * v, o0, o1, o2, o3);
+    }
+}
+template <typename Y, int MODE>
+static bool norm_warp_launch(Y *y, const float *x, const float *gate, const uint16_t *w, int n, int dim, float eps,
+                             cudaStream_t st) {
+    const int V = dim / 128;
+    if (norm_block() || dim % 128 || (V != 1 && V != 2 && V != 4)) return false;
+    if (((uintptr_t)x | (uintptr_t)gate) % 16 || (uintptr_t)y % (4 * sizeof(Y)) || (uintptr_t)w % 8) return false;
+    const dim3 grid(ceil_div_u(n, NORM_WARP_ROWS)), block(32 * NORM_WARP_ROWS);
+    switch (V) {
+    case 1: launch_pdl(norm_warp_kernel<Y, MODE, 1>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
+    case 2: launch_pdl(norm_warp_kernel<Y, MODE, 2>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
+    default: launch_pdl(norm_warp_kernel<Y, MODE, 4>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
+    }
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
 template <int MODE>
 static void norm_launch(void *y, lunar_cuda_dtype ydt, const float *x, const float *gate,
                         const uint16_t *w, int n, int dim, float eps, lunar_cuda_stream s) {
@@ -156,6 +219,11 @@ static void norm_launch(void *y, lunar_cuda_dtype ydt, const float *x, const flo
                                                   to_stream(s));
         return;
     }
+    if (MODE != 0 && (ydt == LUNAR_CUDA_F32 ? norm_warp_launch<float, MODE>((float *)y, x, gate, w, n, dim, eps,
+                                                                             to_stream(s))
+                                             : norm_warp_launch<__nv_bfloat16, MODE>((__nv_bfloat16 *)y, x, gate, w,
+                                                                                     n, dim, eps, to_stream(s))))
+        return;
     int th = row_threads(dim);
     if (ydt == LUNAR_CUDA_F32)
         launch_pdl(norm_kernel<float, MODE>, dim3(n), dim3(th), 0, to_stream(s), (float *)y, x, gate, w, dim, eps);
