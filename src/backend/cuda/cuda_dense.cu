@@ -146,61 +146,65 @@ static void norm_vec_launch(int V, Y *y, __nv_bfloat16 *yb, float *x, const floa
 // The per-head norms (issue 9): the gated RMSNorm of KDA's output and the L2 norm run on rows of one head
 // (dim 128: n x H rows, 262,144 at an 8K prefill), where a block per row (norm_kernel: 128 threads, two
 // barriers) ran at ~0.85 TB/s (the 8K prefill's norm_kernel<bf16, 1>: 317 us a layer, ncu, session 7).
-// Here one warp per row, 8 rows per block, V float4 per lane (dim = 128 V), no barrier; the weight in
-// registers before the PDL wait. Summation order: a lane's 4V squares in order (chunk lane + 32 v), then
-// the warp butterfly: not block_sum_f32's, so the bits differ from norm_kernel (CPU tolerances hold).
+// Here one warp per row, 8 rows per block, no barrier; the weight in registers before the PDL wait. The
+// sums are norm_kernel's bit for bit (the fused KDA decode kernel and the tests rely on it): lane l holds
+// elements l + 32 j (j < NW = dim / 32) as thread l + 32 j of the block kernel would, each j's warp
+// butterfly is that warp's, and the NW warp sums are combined as block_sum_f32's second butterfly adds
+// them (lane j holding sum j, the rest zeros: emulated here in registers).
 #define NORM_WARP_ROWS 8
-template <typename Y, int MODE, int V>
+template <typename Y, int MODE, int NW>
 __global__ void __launch_bounds__(32 * NORM_WARP_ROWS) norm_warp_kernel(Y *y, const float *x, const float *gate,
                                                                        const uint16_t *w, int n, int dim, float eps) {
     const int lane = threadIdx.x & 31;
-    uint2 wq[V];  // 4 bf16 weights per chunk (MODE 1)
+    float wv[NW];
 #pragma unroll
-    for (int v = 0; v < V; v++)
-        wq[v] = MODE == 1 && w ? __ldg(reinterpret_cast<const uint2 *>(w) + lane + 32 * v) : make_uint2(0, 0);
+    for (int j = 0; j < NW; j++) wv[j] = MODE == 1 && w ? bf16_bits_to_f32(__ldg(w + lane + 32 * j)) : 1.0f;
     pdl_enter();
     const size_t row = (size_t)blockIdx.x * NORM_WARP_ROWS + (threadIdx.x >> 5);
     if (row >= (size_t)n) return;  // no barrier below
-    const float4 *xr = reinterpret_cast<const float4 *>(x + row * dim);
-    const float4 *gr = reinterpret_cast<const float4 *>(gate + (MODE == 1 ? row * dim : 0));
-    float4 a[V], g[V];
-    float ss = 0.0f;
+    const float *xr = x + row * dim;
+    float a[NW], t[NW];
 #pragma unroll
-    for (int v = 0; v < V; v++) {
-        a[v] = xr[lane + 32 * v];
-        if (MODE == 1) g[v] = gr[lane + 32 * v];
-        ss += a[v].x * a[v].x;
-        ss += a[v].y * a[v].y;
-        ss += a[v].z * a[v].z;
-        ss += a[v].w * a[v].w;
+    for (int j = 0; j < NW; j++) {
+        a[j] = xr[lane + 32 * j];
+        t[j] = a[j] * a[j];
     }
-    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
 #pragma unroll
-    for (int v = 0; v < V; v++) {
-        float o0 = a[v].x * inv, o1 = a[v].y * inv, o2 = a[v].z * inv, o3 = a[v].w * inv;
+    for (int j = 0; j < NW; j++)
+        for (int o = 16; o; o >>= 1) t[j] += __shfl_xor_sync(0xffffffffu, t[j], o);
+    // block_sum_f32's second butterfly on lanes 0..NW-1 (lanes past NW hold 0: adding them is exact)
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        if (o >= NW) continue;
+        float u[NW];
+#pragma unroll
+        for (int j = 0; j < NW; j++) u[j] = t[j] + ((j ^ o) < NW ? t[j ^ o] : 0.0f);
+#pragma unroll
+        for (int j = 0; j < NW; j++) t[j] = u[j];
+    }
+    const float ss = t[0];
+    const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
+    const float *gr = gate + (MODE == 1 ? row * dim : 0);
+#pragma unroll
+    for (int j = 0; j < NW; j++) {
+        const int i = lane + 32 * j;
+        float v = a[j] * inv;
         if (MODE == 1) {
-            if (w) {
-                o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
-                o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
-            }
-            o0 *= 1.0f / (1.0f + expf(-g[v].x)), o1 *= 1.0f / (1.0f + expf(-g[v].y));
-            o2 *= 1.0f / (1.0f + expf(-g[v].z)), o3 *= 1.0f / (1.0f + expf(-g[v].w));
+            if (w) v *= wv[j];
+            v *= 1.0f / (1.0f + expf(-gr[i]));
         }
-        store4<Y>(y + row * dim, lane + 32 * v, o0, o1, o2, o3);
+        y[row * dim + i] = from_f32<Y>(v);
     }
 }
 template <typename Y, int MODE>
 static bool norm_warp_launch(Y *y, const float *x, const float *gate, const uint16_t *w, int n, int dim, float eps,
                              cudaStream_t st) {
-    const int V = dim / 128;
-    if (norm_block() || dim % 128 || (V != 1 && V != 2 && V != 4)) return false;
-    if (((uintptr_t)x | (uintptr_t)gate) % 16 || (uintptr_t)y % (4 * sizeof(Y)) || (uintptr_t)w % 8) return false;
+    if (norm_block() || (dim != 128 && dim != 256 && dim != 512)) return false;
     const dim3 grid(ceil_div_u(n, NORM_WARP_ROWS)), block(32 * NORM_WARP_ROWS);
-    switch (V) {
-    case 1: launch_pdl(norm_warp_kernel<Y, MODE, 1>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
-    case 2: launch_pdl(norm_warp_kernel<Y, MODE, 2>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
-    default: launch_pdl(norm_warp_kernel<Y, MODE, 4>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
+    switch (dim) {
+    case 128: launch_pdl(norm_warp_kernel<Y, MODE, 4>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
+    case 256: launch_pdl(norm_warp_kernel<Y, MODE, 8>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
+    default: launch_pdl(norm_warp_kernel<Y, MODE, 16>, grid, block, 0, st, y, x, gate, w, n, dim, eps); break;
     }
     CUDA_CHECK_LAUNCH();
     return true;
