@@ -949,9 +949,20 @@ static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
                lunar_cuda_pdl_prefetch_bytes(2), moe_dec_opt());
 }
 
+// LUNAR_MOE_DEC_SPLIT=1|2: at most that many k-splits in the pair's gate/up kernel (for measuring:
+// Kimi-Linear's K = 2304 is 18 chunks, 4 / 5 per warp at S = 4, 9 at S = 2); unset: 4
+static int gu_split_cap() {
+    static int cap = -1;
+    if (cap < 0) {
+        const char *v = getenv("LUNAR_MOE_DEC_SPLIT");
+        cap = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 4;
+    }
+    return cap;
+}
+
 template <int NT, bool MX, bool GATEUP>
 static void decode_launch(const xargs &a, int slots, cudaStream_t st) {
-    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;
+    const int J = a.K / 128, S0 = J >= 8 ? 4 : J >= 4 ? 2 : 1, S = GATEUP && S0 > gu_split_cap() ? gu_split_cap() : S0;
     if (S == 4) decode_launch_s<NT, MX, GATEUP, 4>(a, slots, st);
     else if (S == 2) decode_launch_s<NT, MX, GATEUP, 2>(a, slots, st);
     else decode_launch_s<NT, MX, GATEUP, 1>(a, slots, st);
