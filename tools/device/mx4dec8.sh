@@ -45,7 +45,7 @@ NCU="ncu --clock-control none --kernel-name-base demangled --section SpeedOfLigh
 for o in 0 7; do
   left 150 || break
   step "ncu BF16 pair at batch 1, LUNAR_MOE_DEC_OPT=$o"
-  LUNAR_MOE_DEC_OPT=$o LUNAR_MOE_BENCH=decode1 timeout 40 $NCU -k regex:'moe_decode_kernel<1, false' --launch-count 2 \
+  LUNAR_MOE_DEC_OPT=$o LUNAR_MOE_BENCH=decode1 timeout 40 $NCU -k regex:'moe_decode_kernel<.int.1, .bool.0' --launch-count 2 \
     $P/bin/lunar_tests cuda_moe_bench > $OUT/ncu_$o.txt 2>&1; echo "rc=$?" >> $T
   grep -E 'moe_decode_kernel<|Duration|DRAM Through|Grid Size|Waves Per SM|inst_executed|stalled|dram__bytes' $OUT/ncu_$o.txt | head -24 >> $T
 done

@@ -8,7 +8,7 @@ set -u
 P=${P:?P = the prebuilt directory}
 OUT=${OUT:-/tmp/o}
 SUMMARY=mx4dec8b.txt . tools/device/env.sh
-NCU="ncu --clock-control none --section SpeedOfLight --section LaunchStats --section Occupancy --metrics smsp__inst_executed.sum,dram__bytes_read.sum,gpu__time_duration.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__warps_active.avg.pct_of_peak_sustained_active"
+NCU="ncu --clock-control none --kernel-name-base demangled --section SpeedOfLight --section LaunchStats --section Occupancy --metrics smsp__inst_executed.sum,dram__bytes_read.sum,gpu__time_duration.sum,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__warps_active.avg.pct_of_peak_sustained_active"
 for e in LUNAR_MOE_DEC_OPT=0 LUNAR_NONE=0 LUNAR_MOE_DEC_SPLIT=2; do
   step "ncu BF16 pair at batch 1, $e"
   env $e LUNAR_MOE_BENCH=decode1 timeout 40 $NCU -k regex:'moe_decode_kernel<.int.1, .bool.0' --launch-count 2 \

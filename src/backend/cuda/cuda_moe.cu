@@ -151,6 +151,10 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // loads are in flight together; the session-7 loop waited one DRAM round trip per chunk and reloaded
 // the weights per pass of 8 tokens. Bit 1, down kernels: each pass's row weights loaded before its
 // K loop, not in the epilogue, where each load waited behind the previous store (y might alias them).
+// Measured (H200, docs/benchmarks.md "MoE decode at batch 1, round 3 (session 8)"): Kimi-Linear's BF16
+// pair at batch 1 41.4 -> 39.3 us (decode bench), the model's B = 1 step 2.69 / 2.71 -> 2.66 ms; the
+// gate/up kernel's first chunk loaded early the same way made ptxas interleave each later chunk's
+// loads with its mmas (4 round trips a chunk instead of 1; SASS, not run): not done.
 template <int NT, bool MX, bool GATEUP, int S>
 __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf, uint32_t opt) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
@@ -209,8 +213,10 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
             for (int w = 0; w < 4; w++) {
                 const int blk = 4 * (j0 + jj) + c;
                 const bool in = j0 + jj < j1;
-                rwa[jj][w] = in ? __ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)) : make_uint4(0, 0, 0, 0);
-                rwb[jj][w] = in ? __ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)) : make_uint4(0, 0, 0, 0);
+                rwa[jj][w] = in ? __ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8))
+                                : make_uint4(0, 0, 0, 0);
+                rwb[jj][w] = in ? __ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8))
+                                : make_uint4(0, 0, 0, 0);
             }
     }
     const int off = a.offsets[e], m = a.offsets[e + 1] - off;
@@ -950,7 +956,9 @@ static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
 }
 
 // LUNAR_MOE_DEC_SPLIT=1|2: at most that many k-splits in the pair's gate/up kernel (for measuring:
-// Kimi-Linear's K = 2304 is 18 chunks, 4 / 5 per warp at S = 4, 9 at S = 2); unset: 4
+// Kimi-Linear's K = 2304 is 18 chunks, 4 / 5 per warp at S = 4, 9 at S = 2); unset: 4. Measured at
+// S = 2 (H200, Kimi-Linear batch 1): the BF16 pair 41.3 us vs 39.3, the step 2.68 / 2.71 ms vs 2.66:
+// the balanced split loses to half the warps in flight.
 static int gu_split_cap() {
     static int cap = -1;
     if (cap < 0) {

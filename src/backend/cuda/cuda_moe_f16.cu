@@ -101,7 +101,9 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // loaded at the start of each pass, not in the epilogue behind each previous store (y might alias
 // them). Bit 2: the ring's first ST chunks are issued as soon as the expert is known, before the
 // offsets / row_token / activation loads (the weights depend on the expert only); the session-7
-// kernel issued them after that chain, one L2 round trip or two later in every block.
+// kernel issued them after that chain, one L2 round trip or two later in every block. Measured (H200,
+// decode bench, batch 1): K3.1 118.8 us vs 121.0, the TP8 slice 27.1 vs 28.3 (docs/benchmarks.md
+// "MoE decode at batch 1, round 3 (session 8)").
 template <bool GATEUP, int S>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
