@@ -144,8 +144,19 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // chunk prefetched while the current one is widened and multiplied (A = weights 16 rows, B = up
 // to NT x 8 tokens of this expert, read from L1/L2). Split-K partials meet in shared memory and
 // are summed in a fixed order (deterministic).
+//
+// opt (LUNAR_MOE_DEC_OPT, bits; default 7, 0 = the session-7 kernels): bit 0, BF16 down kernel with at
+// most 2 chunks per warp (Kimi-Linear: K = 1024, S = 4): the warp's weights are loaded into registers
+// once, right after the expert is known (before the offsets load and the pass loop) and both chunks'
+// loads are in flight together; the session-7 loop waited one DRAM round trip per chunk and reloaded
+// the weights per pass of 8 tokens. Bit 1, down kernels: each pass's row weights loaded before its
+// K loop, not in the epilogue, where each load waited behind the previous store (y might alias them).
+// Measured (H200, docs/benchmarks.md "MoE decode at batch 1, round 3 (session 8)"): Kimi-Linear's BF16
+// pair at batch 1 41.4 -> 39.3 us (decode bench), the model's B = 1 step 2.69 / 2.71 -> 2.66 ms; the
+// gate/up kernel's first chunk loaded early the same way made ptxas interleave each later chunk's
+// loads with its mmas (4 round trips a chunk instead of 1; SASS, not run): not done.
 template <int NT, bool MX, bool GATEUP, int S>
-__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf) {
+__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf, uint32_t opt) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
@@ -182,7 +193,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
     pdl_wait();
     const int slot = blockIdx.y;
     if (slot >= a.counts[a.E]) return;
-    const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
+    const int e = a.active[slot];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT + rt;
@@ -190,7 +201,36 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
     const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
     const int ra = tile * 16 + g, rb = ra + 8;
     const size_t estr = (size_t)a.R * a.K;  // elements per expert matrix
+    // opt bit 0: the BF16 down weights of this warp, [chunk][w] of rows ra / rb (top note)
+    constexpr bool RES = !MX && !GATEUP;
+    const bool res = RES && (opt & 1u) && j1 - j0 <= 2;
+    uint4 rwa[2][4], rwb[2][4];
+    if (RES && res && tile_ok) {
+        const uint16_t *base = e == a.E ? a.sb[0] : a.wb[0] + e * estr;
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const int blk = 4 * (j0 + jj) + c;
+                const bool in = j0 + jj < j1;
+                rwa[jj][w] = in ? __ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8))
+                                : make_uint4(0, 0, 0, 0);
+                rwb[jj][w] = in ? __ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8))
+                                : make_uint4(0, 0, 0, 0);
+            }
+    }
+    const int off = a.offsets[e], m = a.offsets[e + 1] - off;
     for (int t0 = 0; t0 < m; t0 += NT * 8) {
+        float rwt[NT][2];  // opt bit 1: the row weights of this lane's tokens, loaded before the K loop
+        if (!GATEUP && (opt & 2u)) {
+#pragma unroll
+            for (int t = 0; t < NT; t++)
+#pragma unroll
+                for (int v = 0; v < 2; v++) {
+                    const int tk = t0 + t * 8 + 2 * c + v;
+                    rwt[t][v] = tk < m ? a.row_weight[off + tk] : 0.0f;
+                }
+        }
         float acc[NM][NT][4];
 #pragma unroll
         for (int i = 0; i < NM; i++)
@@ -301,6 +341,37 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                     }
                 }
                 cp_async_wait<0>();
+            } else if (RES && res) {
+                // both chunks' activations issued together too (they come from L2)
+                uint4 xv[2][NT][4];
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                    for (int t = 0; t < NT; t++)
+#pragma unroll
+                        for (int w = 0; w < 4; w++)
+                            xv[jj][t][w] = tok_ok[t] && j0 + jj < j1
+                                               ? __ldg((const uint4 *)(xr[t] + (4 * (j0 + jj) + c) * 32 + w * 8))
+                                               : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int jj = 0; jj < 2; jj++) {
+                    if (j0 + jj >= j1) break;
+#pragma unroll
+                    for (int w = 0; w < 4; w++) {
+                        uint32_t pa[4], pb[4];
+                        pairs_bf16(rwa[jj][w], pa);
+                        pairs_bf16(rwb[jj][w], pb);
+#pragma unroll
+                        for (int t = 0; t < NT; t++) {
+                            uint32_t px[4];
+                            pairs_bf16(xv[jj][t][w], px);
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+                                mma_bf16(acc[0][t], pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], px[2 * h],
+                                         px[2 * h + 1]);
+                        }
+                    }
+                }
             } else {
                 for (int j = j0; j < j1; j++) {
                     const int blk = 4 * j + c;
@@ -366,7 +437,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                         __nv_bfloat16 hb = __float2bfloat16_rn(hv);
                         a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hb);
                     } else {
-                        a.y[pr * a.R + row] = acc[0][t][v] * a.row_weight[pr];
+                        a.y[pr * a.R + row] = acc[0][t][v] * ((opt & 2u) ? rwt[t][v & 1] : a.row_weight[pr]);
                     }
                 }
         }
@@ -858,6 +929,17 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 
 // ---------------------------------------------------------------- launchers
 
+// LUNAR_MOE_DEC_OPT: the decode kernels' opt bits (moe_decode_kernel's note; path 16 reads bits 1
+// and 2, cuda_moe_f16.cu); unset: all
+static uint32_t moe_dec_opt() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LUNAR_MOE_DEC_OPT");
+        v = e ? atoi(e) & 7 : 7;
+    }
+    return (uint32_t)v;
+}
+
 template <int NT, bool MX, bool GATEUP, int S>
 static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
@@ -870,12 +952,25 @@ static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
         attr = true;
     }
     launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2));
+               lunar_cuda_pdl_prefetch_bytes(2), moe_dec_opt());
+}
+
+// LUNAR_MOE_DEC_SPLIT=1|2: at most that many k-splits in the pair's gate/up kernel (for measuring:
+// Kimi-Linear's K = 2304 is 18 chunks, 4 / 5 per warp at S = 4, 9 at S = 2); unset: 4. Measured at
+// S = 2 (H200, Kimi-Linear batch 1): the BF16 pair 41.3 us vs 39.3, the step 2.68 / 2.71 ms vs 2.66:
+// the balanced split loses to half the warps in flight.
+static int gu_split_cap() {
+    static int cap = -1;
+    if (cap < 0) {
+        const char *v = getenv("LUNAR_MOE_DEC_SPLIT");
+        cap = v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 4;
+    }
+    return cap;
 }
 
 template <int NT, bool MX, bool GATEUP>
 static void decode_launch(const xargs &a, int slots, cudaStream_t st) {
-    const int J = a.K / 128, S = J >= 8 ? 4 : J >= 4 ? 2 : 1;
+    const int J = a.K / 128, S0 = J >= 8 ? 4 : J >= 4 ? 2 : 1, S = GATEUP && S0 > gu_split_cap() ? gu_split_cap() : S0;
     if (S == 4) decode_launch_s<NT, MX, GATEUP, 4>(a, slots, st);
     else if (S == 2) decode_launch_s<NT, MX, GATEUP, 2>(a, slots, st);
     else decode_launch_s<NT, MX, GATEUP, 1>(a, slots, st);

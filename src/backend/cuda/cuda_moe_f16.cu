@@ -97,8 +97,15 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
+// opt: LUNAR_MOE_DEC_OPT's bits (cuda_moe.cu; unset: all). Bit 1: the down kernel's row weights
+// loaded at the start of each pass, not in the epilogue behind each previous store (y might alias
+// them). Bit 2: the ring's first ST chunks are issued as soon as the expert is known, before the
+// offsets / row_token / activation loads (the weights depend on the expert only); the session-7
+// kernel issued them after that chain, one L2 round trip or two later in every block. Measured (H200,
+// decode bench, batch 1): K3.1 118.8 us vs 121.0, the TP8 slice 27.1 vs 28.3 (docs/benchmarks.md
+// "MoE decode at batch 1, round 3 (session 8)").
 template <bool GATEUP, int S>
-__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf) {
+__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
@@ -116,7 +123,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     pdl_wait();
     const int slot = blockIdx.y;
     if (slot >= a.counts[a.E]) return;
-    const int e = a.active[slot], off = a.offsets[e], m = a.offsets[e + 1] - off;
+    const int e = a.active[slot];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT + rt;
@@ -132,6 +139,35 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // ldmatrix: lane L gives row L % 8 of matrix L / 8 = the slot of lane (L % 8, L / 8)
     const int lr = lane & 7, lm = lane >> 3;
     const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
+    const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
+#pragma unroll
+    for (int i = 0; i < NM; i++) {
+        qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
+        qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
+        sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
+        sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
+    }
+    auto issue = [&](int j) {
+        if (j < j1) {
+            const int st = (j - j0) % ST;
+#pragma unroll
+            for (int i = 0; i < NM; i++) {
+                cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
+                cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
+                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+            }
+        }
+        cp_async_commit();
+    };
+    // opt bit 2: the first pass's ring fill before the route's offsets are read (every active slot
+    // has at least one token, so the first pass always runs)
+    const bool early = (opt & 4u) && tile_ok && j0 < j1;
+    if (early) {
+#pragma unroll
+        for (int p = 0; p < ST; p++) issue(j0 + p);
+    }
+    const int off = a.offsets[e], m = a.offsets[e + 1] - off;
     for (int t0 = 0; t0 < m; t0 += 8) {
         float acc[NM][4];
 #pragma unroll
@@ -140,30 +176,16 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
         const uint16_t *xr = a.x + (size_t)(GATEUP ? a.row_token[off + tk] : off + tk) * a.K + c * 8;
+        float rwt[2];  // opt bit 1 (down): this lane's two tokens' row weights
+        if (!GATEUP && (opt & 2u)) {
+#pragma unroll
+            for (int v = 0; v < 2; v++) rwt[v] = t0 + 2 * c + v < m ? a.row_weight[off + t0 + 2 * c + v] : 0.0f;
+        }
         if (tile_ok && j0 < j1) {
-            const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
+            if (!early || t0 > 0) {
 #pragma unroll
-            for (int i = 0; i < NM; i++) {
-                qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
-                qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
-                sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
-                sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
+                for (int p = 0; p < ST; p++) issue(j0 + p);
             }
-            auto issue = [&](int j) {
-                if (j < j1) {
-                    const int st = (j - j0) % ST;
-#pragma unroll
-                    for (int i = 0; i < NM; i++) {
-                        cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
-                        cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
-                        cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
-                        cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
-                    }
-                }
-                cp_async_commit();
-            };
-#pragma unroll
-            for (int p = 0; p < ST; p++) issue(j0 + p);
             uint4 xv[4];  // block b: this lane's 8 columns 32 b + 8 c .. + 7 of the chunk
             auto load_x = [&](int j, uint4 *dst) {
 #pragma unroll
@@ -242,11 +264,21 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                     __half hh = __float2half_rn(hv);  // f16: this path's down kernel reads it as is
                     a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hh);
                 } else {
-                    a.y[pr * a.R + row] = acc[0][v] * 8192.0f * a.row_weight[pr];
+                    a.y[pr * a.R + row] = acc[0][v] * 8192.0f * ((opt & 2u) ? rwt[v & 1] : a.row_weight[pr]);
                 }
             }
         }
     }
+}
+
+// LUNAR_MOE_DEC_OPT (bits, cuda_moe.cu's note; unset: all): this kernel reads bits 1 and 2
+uint32_t dec_opt() {
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("LUNAR_MOE_DEC_OPT");
+        v = e ? atoi(e) & 7 : 7;
+    }
+    return (uint32_t)v;
 }
 
 template <bool GATEUP, int S>
@@ -254,7 +286,7 @@ void launch_s(const xargs &a, int slots, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
     const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
     launch_pdl(moe_decode_f16_kernel<GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2));
+               lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
