@@ -244,10 +244,12 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
     /* {SW, TMA, FP8, tag, FP8 tolerance}: NULL = unset (the default; FP8 pages widened to bf16,
      * exact). "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
-     * 0.0026 worst, as the widened path). */
+     * 0.0026 worst, as the widened path). "rs": those scores, PV from f16 P and V^T converted in
+     * registers (f16 V exact, f16 P finer than bf16): the q8x2 bound. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2},
         {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2},
+        {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2}};
