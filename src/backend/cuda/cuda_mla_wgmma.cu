@@ -1088,13 +1088,14 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                     sw ? "swizzled" : "unswizzled", tma ? "bulk tensor copies" : "cp.async"),
                 seen |= bit;
     }
-    // FP8 pages: widened to bf16 (default) or, opt-in, FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
-    // e4m3 terms of q, as accurate and 0.93-1.06x the widening: docs/benchmarks.md, "MLA decode,
-    // FP8 pages (session 6)"), with the swizzled tiles and bulk copies only
-    // LUNAR_MLA_WGMMA_FP8=rs: the same scores, PV transposed from the e4m3 tile in registers
-    // (round 4, wgmma_decode_rs_kernel)
-    if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "rs") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
-        make_tmap_q8(&tm, c->latent)) {
+    // FP8 pages on the swizzled tiles with bulk copies: from rows x context = 64K the round-4 kernel
+    // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
+    // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), below it
+    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs / widen force either; =q8x2 the FP8 scores
+    // with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8 pages (session 6)").
+    const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
+    const bool rs_wanted = f8 && *f8 ? !strcmp(f8, "rs") : (double)rows * max_n >= 65536.0;
+    if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static bool seen = false;
             if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers\n"), seen = true;
