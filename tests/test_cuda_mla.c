@@ -16,9 +16,10 @@
  *    bound. Dense rows run the new decode kernel or, where it is faster (cuda_mla.cu,
  *    wgmma_default), the wgmma one, unless LUNAR_MLA_DECODE=old / new / cluster / wgmma picks one;
  *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel rounds
- *    q and P to bf16; it widens FP8 pages to bf16 (exact) or, opt-in (LUNAR_MLA_WGMMA_FP8=q8x2),
- *    scores them with e4m3 q (two terms, ~2^-8 per element: the bf16 bound); its own test forces
- *    it (LUNAR_MLA_DECODE=wgmma) whatever the default.
+ *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
+ *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
+ *    the default from 64K rows x context, which multiplies f16 P by exact f16 V); its own test
+ *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
 
@@ -242,12 +243,16 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
     char *saved[4];
     for (int i = 0; i < 4; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-    /* {SW, TMA, FP8, tag, FP8 tolerance}: NULL = unset (the default; FP8 pages widened to bf16,
-     * exact). "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
-     * 0.0026 worst, as the widened path). */
+    /* {SW, TMA, FP8, tag, FP8 tolerance}: NULL = unset (the default: FP8 pages widened to bf16,
+     * exact, below 64K rows x context as in all these cases; the round-4 kernel from there);
+     * "widen" forces the widening. "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
+     * 0.0026 worst, as the widened path). "rs": those scores, PV from f16 P and V^T converted in
+     * registers (f16 V exact, f16 P finer than bf16): the q8x2 bound. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2},
+        {NULL, NULL, "widen", " wgmma widened", 1.5e-2},
         {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2},
+        {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2}};

@@ -491,41 +491,40 @@ __device__ __forceinline__ float2 e4m3x2_f2(uint32_t v) {
 }
 } // namespace q8
 
-__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+// S of the FP8-score kernels for positions 32 wg .. + 31 over 576 dims, issued and committed (not
+// waited): k-step ks < 16 in box ks / 4 at 32 (ks & 3) bytes; the two rope k-steps in box 4 (Q: hi at
+// 0 / 32, lo at 64 / 96)
+__device__ __forceinline__ void q8_issue_s(float (&s)[16], float (&sl)[16], uint32_t raw, int wg, uint64_t dqh,
+                                           uint64_t dql, uint64_t dqe) {
     using namespace q8;
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const uint32_t sb = smem_u32(smem);
-    float *red = reinterpret_cast<float *>(smem + red_off);
-    float *sqs = reinterpret_cast<float *>(smem + sq_off);
-    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = ((tid >> 5) & 3) * 16 + g, r1 = r0 + 8;
-    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
-    const int seq = a.row_seq ? a.row_seq[row] : row;
-    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
-    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
-    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
-
-    const uint32_t bars = sb + bar_off;
-    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions
-        if (i >= ntiles) return;
-        const int t0 = begin + i * kTile;
-        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
-        const uint32_t bar = bars + (i & 1) * 8, dst = sb + raw_off + (i & 1) * kStage;
-        if (lane == 0) mbar_expect_tx(bar, kStage);
-        __syncwarp();
-        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
-    };
-    if (tid == 0) {
-        mbar_init(bars, 1), mbar_init(bars + 8, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
+    fence_acc<16>(s);
+    fence_acc<16>(sl);
+    wgmma_fence();
+    const uint64_t dc = desc_sw(raw + wg * 4 * 1024, 16, 1024);
+#pragma unroll
+    for (int ks = 0; ks < 18; ks++) {
+        const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+        const uint64_t qa = ks < 16 ? dqh + off : dqe + (uint64_t)(((ks - 16) * 32) >> 4);
+        wgmma_m64n32_e4m3(s, qa, dc + off, ks > 0);
     }
-    __syncthreads();
-    if (tid < 32) issue_tma(0), issue_tma(1);
+#pragma unroll
+    for (int ks = 0; ks < 18; ks++) {
+        const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+        const uint64_t qa = ks < 16 ? dql + off : dqe + (uint64_t)((64 + (ks - 16) * 32) >> 4);
+        wgmma_m64n32_e4m3(sl, qa, dc + off, ks > 0);
+    }
+    wgmma_commit();
+}
 
-    // Q: warp w quantises head rows w, w + 8, ..; lane l holds 4-dim words l + 32k (144 words per
-    // row), rows past nh are zero (scale 0)
+// Q of the block for the FP8-score kernels: warp w quantises head rows w, w + 8, ..; lane l holds
+// 4-dim words l + 32k (144 words per row), rows past nh are zero (scale 0): e4m3 hi / lo terms into
+// the swizzled boxes q_hi / q_lo (dims 0..511) and q_pe (rope: hi at 0..63, lo at 64..127 of the
+// line), the per-head scale into sqs.
+__device__ __forceinline__ void q8_quantise_q(const Args &a, unsigned char *smem, float *sqs, int row, int h0, int nh, int warp,
+                                              int lane) {
+    using namespace q8;
     for (int r = warp; r < kM; r += kThreads / 32) {
         float4 x[5];
         float amax = 0.0f;
@@ -563,6 +562,42 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
             }
         }
     }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using namespace q8;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + red_off);
+    float *sqs = reinterpret_cast<float *>(smem + sq_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = ((tid >> 5) & 3) * 16 + g, r1 = r0 + 8;
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    const uint32_t bars = sb + bar_off;
+    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i & 1) * 8, dst = sb + raw_off + (i & 1) * kStage;
+        if (lane == 0) mbar_expect_tx(bar, kStage);
+        __syncwarp();
+        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
+    };
+    if (tid == 0) {
+        mbar_init(bars, 1), mbar_init(bars + 8, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid < 32) issue_tma(0), issue_tma(1);
+
+    q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
     fence_async_smem();
     __syncthreads();
     const float f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
@@ -581,30 +616,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
         mbar_wait(bars + (it & 1) * 8, (uint32_t)(it >> 1) & 1);
         const uint32_t raw = sb + raw_off + (it & 1) * kStage;
 
-        // S for positions 32 wg .. + 31 over 576 dims, issued and left running: k-step ks < 16 in box
-        // ks / 4 at 32 (ks & 3) bytes; the two rope k-steps in box 4 (Q: hi at 0 / 32, lo at 64 / 96)
         float s[16], sl[16];
-#pragma unroll
-        for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
-        fence_acc<16>(s);
-        fence_acc<16>(sl);
-        wgmma_fence();
-        {
-            const uint64_t dc = desc_sw(raw + wg * 4 * 1024, 16, 1024);
-#pragma unroll
-            for (int ks = 0; ks < 18; ks++) {
-                const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
-                const uint64_t qa = ks < 16 ? dqh + off : dqe + (uint64_t)(((ks - 16) * 32) >> 4);
-                wgmma_m64n32_e4m3(s, qa, dc + off, ks > 0);
-            }
-#pragma unroll
-            for (int ks = 0; ks < 18; ks++) {
-                const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
-                const uint64_t qa = ks < 16 ? dql + off : dqe + (uint64_t)((64 + (ks - 16) * 32) >> 4);
-                wgmma_m64n32_e4m3(sl, qa, dc + off, ks > 0);
-            }
-        }
-        wgmma_commit();
+        q8_issue_s(s, sl, raw, wg, dqh, dql, dqe);
 
         // meanwhile: widen V (dims 0..511) of this tile to the bf16 tile (sw_off layout, boxes 0..7);
         // lane l takes row 8 rg + (l & 7), 16-byte unit 4 ug + (l >> 3): conflict-free loads and
@@ -685,6 +698,260 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
     write_out(a, o, red, row, split, h0, nh, wg, t, r0, r1, m0, m1, l0, l1);
 }
 
+// FP8 pages, round 4 (opt-in: LUNAR_MLA_WGMMA_FP8=rs). Rounds 1-3 (docs/benchmarks.md, "MLA decode,
+// FP8 pages, round 3") found the widened bf16 tile itself to be the cost: its generic shared-memory
+// stores (72 KB per tile) compete with the S products for shared memory, ~1.1 us of a 3.3 us tile.
+// Here no widened tile exists. S is the two-term FP8-score product of wgmma_decode_q8_kernel on the
+// e4m3 tile as it lands; PV is computed transposed, O^T [512 dims x N heads] = V^T P^T, with V^T
+// as wgmma's register A operand (m64: 64 dims per instruction, k16: 16 positions) converted in
+// registers from the raw e4m3 tile and P^T as the B operand from shared memory (N = the block's
+// heads padded to 32 or 64, K-major: P's core-matrix layout read as B).
+//  - Dims per thread: M rows are free to be any permutation of the dims, so thread (warp w of
+//    warpgroup wg, g = lane / 4) takes the 8 consecutive dims D0 = 256 wg + 64 w + 8 g ..: its rows
+//    g and g + 8 of instruction j are dims D0 + 2j and D0 + 2j + 1 (j = 0..3). Per position that is
+//    one 8-byte shared load; a tile is 16 of them per thread (every V byte read once), conflict-free
+//    (8 lanes of a position cover 64 contiguous bytes of its swizzled line, 4 positions 4 lines).
+//  - e4m3 -> f16, exactly, by bit operations: a prmt pairs one dim's bytes of two positions with each
+//    byte's sign replicated above it, a shift by 7 and a mask keep sign | exponent-mantissa << 7.
+//    That is the f16 with the e4m3's exponent field (bias 7 for 15): the value x 2^-8, subnormals
+//    included (m/8 2^-6 -> m/8 2^-14); the 2^8 goes into the output scale. 3 ops per pair. Every
+//    byte becomes a finite f16 (e4m3 NaN 0x7f -> 1.875), so positions past the end (P = 0) add
+//    zeros without zeroing the tile.
+//  - f16 P (<= 1, 10 mantissa bits against bf16's 7; below 2^-14 subnormal, against a row sum >= 1)
+//    and exact f16 V: PV at least as accurate as the bf16 kernels'; sums fp32.
+//  - The rescale of O is per head, and a thread's accumulator columns are other heads than its S
+//    rows: the factors go through shared memory, read only when a maximum of the block moved (the
+//    barrier that publishes P reports that).
+//  - Shared memory: Q hi 32 KB + lo 32 + rope 8 + three e4m3 stages 120 + P 8 = 200 KB.
+namespace rs {
+constexpr int kStages = 3;
+constexpr int raw_off = 9 * q8::kBox;
+constexpr int p_off = raw_off + kStages * q8::kStage; // [64 heads][64 positions] f16, core-matrix order
+constexpr int red_off = p_off + kPBytes;              // [2][64] floats
+constexpr int sq_off = red_off + 2 * 64 * 4;          // [64] the per-head q scale
+constexpr int al_off = sq_off + 64 * 4;               // [64] the tile's rescale factor per head
+constexpr int li_off = al_off + 64 * 4;               // [64] the output factor per head
+constexpr int bar_off = li_off + 64 * 4;
+constexpr size_t smem = (size_t)bar_off + kStages * 8 + 1024;
+static_assert(smem <= 232448, "227 KB of shared memory per block");
+
+// the f16 pair (byte b of x, byte b of y) x 2^-8; sel = prmt selector b | (8 | b) << 4 | (4 + b) << 8
+// | (12 + b) << 12 (nibble msb: the selected byte's sign replicated)
+__device__ __forceinline__ uint32_t e4m3_pair_f16(uint32_t x, uint32_t y, uint32_t sel) {
+    uint32_t w;
+    asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(w) : "r"(x), "r"(y), "r"(sel));
+    return (w << 7) & 0xbf80bf80u;
+}
+__host__ __device__ constexpr uint32_t sel(int b) {
+    return (uint32_t)(b | (8 | b) << 4 | (4 + b) << 8 | (12 + b) << 12);
+}
+static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
+} // namespace rs
+
+template <int N>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using namespace q8;
+    constexpr int kS = rs::kStages;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + rs::red_off);
+    float *sqs = reinterpret_cast<float *>(smem + rs::sq_off);
+    float *alpha = reinterpret_cast<float *>(smem + rs::al_off);
+    float *linv = reinterpret_cast<float *>(smem + rs::li_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8; // S rows (heads) of this thread
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    const uint32_t bars = sb + rs::bar_off;
+    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions into stage i % kS
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i % kS) * 8, dst = sb + rs::raw_off + (i % kS) * kStage;
+        if (lane == 0) mbar_expect_tx(bar, kStage);
+        __syncwarp();
+        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
+    };
+    if (tid == 0) {
+        for (int i = 0; i < kS; i++) mbar_init(bars + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid < 32)
+        for (int i = 0; i < kS; i++) issue_tma(i);
+
+    q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
+    fence_async_smem();
+    __syncthreads();
+    const float f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
+
+    // O^T accumulators: o[j][4i + c], instruction j (dims D0 + 2j: c = 0, 1; D0 + 2j + 1: c = 2, 3),
+    // heads 8i + 2t + (c & 1)
+    float o[4][N / 2];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) o[j][i] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const uint64_t dp = desc(sb + rs::p_off, 128, kPGroup);
+    const uint64_t dqh = desc_sw(sb + q_hi, 16, 1024), dql = desc_sw(sb + q_lo, 16, 1024);
+    const uint64_t dqe = desc_sw(sb + q_pe, 16, 1024);
+    const int D0 = wg * 256 + (warp & 3) * 64 + g * 8;
+    // this thread's 8 bytes of position p in a stage: box D0 / 128, chunk (D0 % 128) / 16 swizzled by p
+    const uint32_t vbox = (uint32_t)(D0 >> 7) * kBox + (D0 & 8), vchunk = (D0 & 127) >> 4;
+
+    for (int it = 0; it < ntiles; it++) {
+        const int stage = it % kS;
+        __syncthreads(); // both warpgroups are done with PV of tile it - 1: P is free
+        mbar_wait(bars + stage * 8, (uint32_t)(it / kS) & 1);
+        const uint32_t raw = sb + rs::raw_off + stage * kStage;
+        float s[16], sl[16];
+        q8_issue_s(s, sl, raw, wg, dqh, dql, dqe);
+
+        // meanwhile: the V bytes of the tile, positions 16 ks + 2t + {0, 1, 8, 9}
+        uint32_t vx[4][4][2];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int p = 16 * ks + 2 * t + (q & 1) + 8 * (q >> 1);
+                const uint32_t ad = raw + vbox + p * 128 + (((vchunk ^ p) & 7) << 4);
+                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(vx[ks][q][0]), "=r"(vx[ks][q][1]) : "r"(ad) : "memory");
+            }
+        wgmma_wait<0>();
+        fence_acc<16>(s);
+        fence_acc<16>(sl);
+
+        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const bool ok = pbase + 8 * k + c < end;
+                const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
+                const float v0 = s[i0] + sl[i0] * 0.0625f;
+                const float v1 = s[i1] + sl[i1] * 0.0625f;
+                s[i0] = ok ? v0 * f0 : -INFINITY;
+                s[i1] = ok ? v1 * f1 : -INFINITY;
+                mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
+            }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
+        __syncthreads(); // maxima in; every read of this stage (S, the V loads) is done
+        if (tid < 32) issue_tma(it + kS);
+        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        unsigned char *P = smem + rs::p_off + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+            ps0 += e0 + e1, ps1 += e2 + e3;
+            const __half2 h01 = __floats2half2_rn(e0, e1), h23 = __floats2half2_rn(e2, e3);
+            *reinterpret_cast<__half2 *>(P + (4 * wg + k) * 128) = h01;
+            *reinterpret_cast<__half2 *>(P + kPGroup + (4 * wg + k) * 128) = h23;
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        if (wg == 0 && t == 0) alpha[r0] = al0, alpha[r1] = al1;
+
+        // V^T fragments: instruction j takes byte 2j (row g) and 2j + 1 (row g + 8) of each position
+        uint32_t av[4][4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int w = j >> 1, b = 2 * (j & 1);
+                av[ks][j][0] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b));
+                av[ks][j][1] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b + 1));
+                av[ks][j][2] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b));
+                av[ks][j][3] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b + 1));
+            }
+        fence_async_smem();
+        // all of P and the factors are written; nonzero where some maximum of the block moved
+        if (__syncthreads_or(al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < N / 8; i++) {
+                const float2 f = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    o[j][4 * i] *= f.x, o[j][4 * i + 1] *= f.y, o[j][4 * i + 2] *= f.x, o[j][4 * i + 3] *= f.y;
+            }
+        }
+
+        // the fragments are computed before the fence (else ptxas, finding them written between
+        // the products, injects a warpgroup.arrive before each one)
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                asm volatile("" : "+r"(av[ks][j][0]), "+r"(av[ks][j][1]), "+r"(av[ks][j][2]), "+r"(av[ks][j][3])::"memory");
+#pragma unroll
+        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                if constexpr (N == 64) wgmma_m64n64_rs_f16(o[j], av[ks][j], dp + 16 * ks);
+                else wgmma_m64n32_rs_f16(o[j], av[ks][j], dp + 16 * ks);
+            }
+        wgmma_commit();
+        wgmma_wait<0>();
+#pragma unroll
+        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+    }
+
+    // the row sums of the two warpgroups' positions; the output factor per head (x 2^8: V was
+    // x 2^-8) through shared memory to the threads holding that head's columns
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads(); // nobody reads red any more
+    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
+    __syncthreads();
+    const bool direct = a.splits == 1;
+    if (wg == 0 && t == 0) {
+        const float os = (direct ? a.out_scale : 1.0f) * 256.0f;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = e ? r1 : r0;
+            const float l = red[r] + red[64 + r], m = e ? m1 : m0;
+            linv[r] = l > 0.0f ? os / l : 0.0f;
+            if (!direct && r < nh)
+                a.lse_part[(size_t)split * a.rows * a.H + (size_t)row * a.H + h0 + r] = l > 0.0f ? m + log2f(l) : -INFINITY;
+        }
+    }
+    __syncthreads();
+    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+#pragma unroll
+    for (int i = 0; i < N / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int h = 8 * i + 2 * t + e;
+            if (h >= nh) continue;
+            const float f = linv[h];
+            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + h0 + h) * kR + D0);
+            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
+            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
+        }
+}
+
 struct Plan {
     int hb, hpb, splits, chunk;
 };
@@ -752,7 +1019,21 @@ void launch_q8(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
     wgmma_decode_q8_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, q8::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
-// The e4m3 latent for the FP8-score kernel: bytes, boxes of 128 x 64 slots with the 128-byte
+// N: the block's heads padded to 32 (hpb <= 32) or 64
+void launch_rs(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_rs_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)rs::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_rs_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)rs::smem));
+        attr = true;
+    }
+    if (p.hpb <= 32) wgmma_decode_rs_kernel<32><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::smem, s>>>(a, tm);
+    else wgmma_decode_rs_kernel<64><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::smem, s>>>(a, tm);
+    CUDA_CHECK_LAUNCH();
+}
+// The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
 // swizzle; the box at 512 runs past the 576-byte row and the copy engine fills it with zeros.
 bool make_tmap_q8(CUtensorMap *m, const void *latent) {
     PFN_cuTensorMapEncodeTiled_v12000 fn = lunar_tmap_encoder();
@@ -807,10 +1088,20 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                     sw ? "swizzled" : "unswizzled", tma ? "bulk tensor copies" : "cp.async"),
                 seen |= bit;
     }
-    // FP8 pages: widened to bf16 (default) or, opt-in, FP8 scores (LUNAR_MLA_WGMMA_FP8=q8x2: two
-    // e4m3 terms of q, as accurate and 0.93-1.06x the widening: docs/benchmarks.md, "MLA decode,
-    // FP8 pages (session 6)"), with the swizzled tiles and bulk copies only
-    if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
+    // FP8 pages on the swizzled tiles with bulk copies: from rows x context = 64K the round-4 kernel
+    // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
+    // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), below it
+    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs / widen force either; =q8x2 the FP8 scores
+    // with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8 pages (session 6)").
+    const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
+    const bool rs_wanted = f8 && *f8 ? !strcmp(f8, "rs") : (double)rows * max_n >= 65536.0;
+    if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
+        if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
+            static bool seen = false;
+            if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers\n"), seen = true;
+        }
+        launch_rs(a, tm, p, s);
+    } else if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
         make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static bool seen = false;

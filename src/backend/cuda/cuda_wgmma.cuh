@@ -135,3 +135,24 @@ template <int TB> __device__ __forceinline__ void wgmma_m64n128_rs(float *d, con
           WG_ACC64(d, 0)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB));
 }
+
+// D[64 x N] += A[64 x 16] B[16 x N], f16 x f16 -> fp32, A from registers (the layout of
+// wgmma_m64n128_rs, f16 pairs), B K-major from a shared-memory descriptor (no transpose). Always
+// accumulates. N = 32 (16 accumulators) or 64 (32).
+__device__ __forceinline__ void wgmma_m64n32_rs_f16(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+                 "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : WG_ACC8(d, 0), WG_ACC8(d, 8)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+__device__ __forceinline__ void wgmma_m64n64_rs_f16(float *d, const uint32_t *a, uint64_t db) {
+    asm volatile("{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                 "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : WG_ACC8(d, 0), WG_ACC8(d, 8), WG_ACC8(d, 16), WG_ACC8(d, 24)
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
