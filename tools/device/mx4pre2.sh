@@ -7,7 +7,9 @@
 # routed path and the goldens with LUNAR_MOE_PREFILL=wsmx2), the prefill benchmark of K3.1's shapes
 # (dense peak first; paths 2 / 4 / 6 / 13 / 14), the K3.1 TP8 slice 8K prefill default (path 13) vs
 # wsmx2 (--profile), and (time left) Nsight Compute on path 14's gate/up kernel. Stops early past
-# BUDGET seconds.
+# BUDGET seconds. Call 1 (binaries of faa62f0, path 14 opt-in, items found by skipping the tile
+# list's second tiles): the defaults below. Call 2 (path 14 the MXFP4 default, items from a prefix
+# array of pairs): K3_MODES="default wsmx" FWD_MODE=default NCU=0.
 set -u
 P=${P:?P = the prebuilt directory}
 OUT=${OUT:-/tmp/o}
@@ -24,7 +26,7 @@ step "prefill benchmark (LUNAR_MOE_BENCH=prefill-mxfp4)"
 LUNAR_MOE_BENCH=prefill-mxfp4 timeout 60 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
 grep -E '^\| prefill|Measured|peak' $OUT/bench.log | cut -c1-170 >> $T
 S="$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --profile"
-for m in wsmx2 default; do
+for m in ${K3_MODES:-wsmx2 default}; do
   late $BUDGET && { step "skipped K3.1 $m: past budget"; continue; }
   step "K3.1 TP8 slice 8K prefill LUNAR_MOE_PREFILL=$m"
   if [ $m = default ]; then timeout 45 $S > $OUT/k3_$m.txt 2>&1; else LUNAR_MOE_PREFILL=$m timeout 45 $S > $OUT/k3_$m.txt 2>&1; fi
@@ -32,10 +34,11 @@ for m in wsmx2 default; do
   grep -E -A3 '^prefill' $OUT/k3_$m.txt | head -4 >> $T
   grep -E 'experts|moe|abort|rror|project' $OUT/k3_$m.txt | head -8 >> $T
 done
-! late $BUDGET && { step "LUNAR_MOE_PREFILL=wsmx2: cuda_moe_layer, cuda_forward (MXFP4 goldens on path 14)"
-  LUNAR_MOE_PREFILL=wsmx2 OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_moe_layer > $OUT/t_layer.log 2>&1; echo "rc=$?" >> $T
+FM=${FWD_MODE:-wsmx2}
+! late $BUDGET && { step "LUNAR_MOE_PREFILL=$FM: cuda_moe_layer, cuda_forward (MXFP4 goldens on path 14)"
+  LUNAR_MOE_PREFILL=$FM OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_moe_layer > $OUT/t_layer.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/t_layer.log | cut -c1-160 | tail -4 >> $T
-  LUNAR_MOE_PREFILL=wsmx2 OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_forward > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
+  LUNAR_MOE_PREFILL=$FM OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_forward > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |steps differ|median|CHECK' $OUT/t_fwd.log | cut -c1-160 | tail -16 >> $T; }
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null && ! late $BUDGET; then
   step "ncu K3.1 moe_wy_kernel<GATEUP> (first launch: K3.1 full shape)"

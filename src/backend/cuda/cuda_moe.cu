@@ -935,16 +935,17 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // shape and 20 % slower on K3.1's MXFP4 ones (its single producer warpgroup widens the
         // nibbles alone; docs/benchmarks.md "MoE prefill, warp-specialised"), path 12 4 % faster
         // than 6 with Kimi-Linear's SwiGLU, 21 % with SiTU (docs/benchmarks.md "MoE prefill, round
-        // 4"), and path 13 21-25 % faster than path 4 (the wgmma kernel, cuda_moe_wg.cu, MXFP4's
+        // 4"), path 13 21-25 % faster than path 4 (the wgmma kernel, cuda_moe_wg.cu, MXFP4's
         // default before) on K3.1's shapes (docs/benchmarks.md "MoE prefill, MXFP4 in the consumer
-        // warps"). LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for
+        // warps"), and path 14 (path 13's pipeline with each weight chunk widened once for the two
+        // M tiles of an expert) 9-17 % faster than 13 there (docs/benchmarks.md "MoE prefill, MXFP4
+        // round 2"). LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for
         // both kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured
         // 30 % slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the
         // consumers' per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6,
-        // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx path 13 for MXFP4 experts (the
-        // defaults), =wsmx2 path 14 for MXFP4 experts (path 13 with each weight tile widened once
-        // for two M tiles, opt-in: docs/benchmarks.md "MoE prefill, MXFP4 round 2"); the other kind
-        // keeps its default under wsf / wsfast / wsmx / wsmx2.
+        // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the
+        // defaults), =wsmx path 13 for MXFP4 experts; the other kind keeps its default under wsf /
+        // wsfast / wsmx / wsmx2.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -959,8 +960,8 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (pre == 14 ? 14 : 13) : pre >= 13 ? 12 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 13 : 12) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (pre >= 13 ? pre : 14) : pre >= 13 ? 12 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 14 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if ((path == 13 || path == 14) && !w->mxfp4) path = 12;  // paths 13, 14: MXFP4 widened by the consumers
