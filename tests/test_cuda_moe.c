@@ -378,7 +378,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx", "", "", "f16"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx", "wsmx2", "", "f16"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -430,7 +430,13 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * stages and double-buffered B tiles wrapping within and across items), empty (mode 1) and
  * overloaded experts, odd n, scales above 128 (the two-multiply widening) and both matrices of
  * gate/up; D = 128 and 384 fall back to path 4. */
-#define MX13 4096
+/* Path 14 (path 13 with items of 2 M tiles x 128 weight rows, each weight chunk widened once for
+ * both) on the same cases: items of 1..256 rows (n = 400: ~200 rows, warpgroup 1's half 1 idle;
+ * n = 131 overloaded: 3 tiles = a pair + a pair of 3 rows whose warpgroup 1 only widens; n = 1, 5,
+ * 13: warpgroup 1 idle on every item), K of 2..18 chunks (its ring of 4 stages and 3 B buffers
+ * wrapping within and across items), D = 128 and 384 in its own down kernel (128-row weight
+ * tiles); gate/up needs I % 64 only. */
+#define MX13 (4096 | 8192)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX13);
@@ -720,7 +726,7 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
 
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
  * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma, its BF16 variants 10-12 (12: BF16's default) and
- * 7), median of 5, and each wgmma path's
+ * 7; MXFP4: 2, 4, 6, 13 (the default) and 14), median of 5, and each wgmma path's
  * combined output against path 2's (max rel err: the same products summed in another order). */
 static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, const char *label) {
     size_t mark = lunar_cuda_mark();
@@ -770,14 +776,15 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12 and 7 differ from 6 for BF16 weights only; 13 exists for MXFP4 only */
-    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7}, mpaths[] = {2, 4, 6, 13};
+    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7}, mpaths[] = {2, 4, 6, 13, 14};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws widen in consumers (13)"};
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws widen in consumers (13)",
+                                                    "widen once per 2 tiles (14)"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 4 : 7); i++) {
+    for (int i = 0; i < (mx ? 5 : 7); i++) {
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);

@@ -1030,14 +1030,17 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
         // shape and 20 % slower on K3.1's MXFP4 ones (its single producer warpgroup widens the
         // nibbles alone; docs/benchmarks.md "MoE prefill, warp-specialised"), path 12 4 % faster
         // than 6 with Kimi-Linear's SwiGLU, 21 % with SiTU (docs/benchmarks.md "MoE prefill, round
-        // 4"), and path 13 21-25 % faster than path 4 (the wgmma kernel, cuda_moe_wg.cu, MXFP4's
+        // 4"), path 13 21-25 % faster than path 4 (the wgmma kernel, cuda_moe_wg.cu, MXFP4's
         // default before) on K3.1's shapes (docs/benchmarks.md "MoE prefill, MXFP4 in the consumer
-        // warps"). LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for
+        // warps"), and path 14 (path 13's pipeline with each weight chunk widened once for the two
+        // M tiles of an expert) 9-17 % faster than 13 there (docs/benchmarks.md "MoE prefill, MXFP4
+        // round 2"). LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for
         // both kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured
         // 30 % slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the
         // consumers' per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6,
-        // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx path 13 for MXFP4 experts (the
-        // defaults); the other kind keeps its default under wsf / wsfast / wsmx.
+        // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the
+        // defaults), =wsmx path 13 for MXFP4 experts; the other kind keeps its default under wsf /
+        // wsfast / wsmx / wsmx2.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1048,19 +1051,20 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
                   : !strcmp(e, "wsf") ? 10
                   : !strcmp(e, "wsfast") ? 12
                   : !strcmp(e, "wsmx") ? 13
+                  : !strcmp(e, "wsmx2") ? 14
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? 13 : pre == 13 ? 12 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 13 : 12) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (pre >= 13 ? pre : 14) : pre >= 13 ? 12 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 14 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    if (path == 13 && !w->mxfp4) path = 12;  // path 13 is path 6's pipeline with MXFP4 widened by the consumers
+    if ((path == 13 || path == 14) && !w->mxfp4) path = 12;  // paths 13, 14: MXFP4 widened by the consumers
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
-    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-13: the grouped GEMMs (any n)
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 13), dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 13) || path == 16) &&
-                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 13) || n <= 64));
+    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-14: the grouped GEMMs (any n)
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14), dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(((path >= 1 && path <= 14) || path == 16) &&
+                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || n <= 64));
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
@@ -1101,7 +1105,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
                                     path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 13)) {
+    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 14)) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

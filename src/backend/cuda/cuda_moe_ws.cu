@@ -610,6 +610,252 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wx_kernel(const __grid_constant__
     }
 }
 
+// ---------------------------------------------------------------- path 14: MXFP4, each weight tile widened once for 256 token rows
+// Path 13 widens a block's 256 weight rows once per 128-row M tile. At K3.1's 8K prefill an expert
+// gets ~146 rows (8192 x 16 / 896): tiles of 128 + ~18, so every weight chunk is widened twice and
+// the second widening feeds a quarter of the products (token half 1 idle); Nsight Compute put the
+// consumers' latency chain (wait -> shared loads -> ~270 ALU ops -> stores -> barrier -> wgmma), not
+// L2 or DRAM, at the limit (docs/benchmarks.md "MoE prefill, MXFP4 in the consumer warps").
+//
+// Here the consumer warpgroups split the TOKEN rows instead of the weight rows: an item is (up to
+// 256 token rows of one expert: two consecutive 128-row tiles of the permutation's tile list) x
+// (128 weight rows: GATEUP 64 rows of w1 + the same 64 of w3, output columns n0 .. n0 + 63; DOWN 128
+// rows of w2). Warpgroup w multiplies token rows 128 w .. 128 w + 127 of the item (two m64n128
+// accumulator sets, 2 x 64 fp32 a thread as in path 13) by the one shared bf16 B tile, which the
+// 256 consumer threads widen together, one 32-weight block a thread per chunk: half of path 13's
+// widening per product on full items (8 K weights per 256 x 128 x 64 chunk instead of 16 K per
+// 128 x 256 x 64), and ~146-row experts pay one widening for their three live 64-row halves
+// instead of two for three.
+//
+// Items: each block counts the pairs of every expert (ceil(rows / 256)) into a prefix array in
+// shared memory at the start (as path 7's clusters) and walks items b, b + grid, ... of the pairs x
+// N tiles, finding an item's expert by a binary search. (The first version walked the tile list and
+// skipped its second tiles as empty items: where the grid is a multiple of the N tile count, as 132
+// = 22 x 6 at the TP8 slice's gate/up, a block's tiles all have the same parity, so with two tiles
+// per expert half the blocks got all the work: 2.2 ms slower over 10 layers in the model.)
+//
+// Per chunk q, consumer thread: wait `full` (128 producer arrivals by cp.async.mbarrier.arrive.noinc),
+// fence the async proxy, widen its block into B buffer q % 3, fence, a 256-thread named barrier
+// (the whole tile written), its warpgroup's products (none for a 64-row half past the expert's
+// end), commit, wgmma_wait<1>, release chunk q - 1's stage (one arrival per consumer warp: 8).
+// THREE B buffers, not two: the tile is shared, so a warpgroup writing buffer (q + 1) % 3 after the
+// barrier of chunk q must not overwrite what the other warpgroup's products may still read. Both
+// passed that barrier after their wgmma_wait<1> of chunk q - 1, so chunk q - 2's products (the
+// last reader of buffer (q + 1) % 3) are done; chunk q - 1's may not be.
+//
+// Measured (H200, 8192 tokens, both expert GEMMs; docs/benchmarks.md "MoE prefill, MXFP4 round 2"):
+// K3.1 25.25 ms (39 % of the measured dense peak) against path 13's 31.41, the TP8 slice 4.01 against
+// 4.68; the TP8 slice's 8K prefill 0.1311 s against 0.1328. The MXFP4 prefill default since.
+#define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + 3 x 16 KB bf16 B buffers
+#define WY_MAX_E 1024  // the prefix array's experts
+
+struct wy_cfg {
+    static constexpr uint32_t A_BYTES = 256 * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
+    static constexpr uint32_t STAGE = A_BYTES + RAW_BYTES + SCW_BYTES;  // 37 x 1024
+    static constexpr uint32_t B_BYTES = 128 * 128;                    // the shared bf16 B tile
+    static constexpr size_t smem() {
+        return 1024 + (size_t)WY_ST * STAGE + 3 * B_BYTES + 2 * WY_ST * 8 + (WY_MAX_E + 1) * 4;
+    }
+};
+
+template <bool GATEUP>
+__global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
+    typedef wy_cfg C;
+    static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
+    constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
+    extern __shared__ uint8_t ws_smem[];
+    const uint32_t sT = (smem_u32(ws_smem) + 1023u) & ~1023u;  // stage s: A, nibbles, scale words
+    const uint32_t sB = sT + WY_ST * C::STAGE;                   // B buffer b
+    const uint32_t full = sB + 3 * C::B_BYTES, empty = full + WY_ST * 8;
+    int *pfx = (int *)(ws_smem + (empty + WY_ST * 8 - smem_u32(ws_smem)));  // [E + 1] pairs before expert e
+
+    const int NN = a.R / NH, J = a.K / WS_BK;
+    const int tid = threadIdx.x;
+    for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + 255) / 256;
+    __syncthreads();
+    if (tid < 32) {  // exclusive scan: lane l sums a run of experts, then a warp scan of the runs
+        const int per = (a.E + 31) / 32, e0 = tid * per, e1 = min(a.E, e0 + per);
+        int sum = 0;
+        for (int e = e0; e < e1; e++) sum += pfx[e + 1];
+        int inc = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int v = __shfl_up_sync(0xffffffffu, inc, o);
+            if (tid >= o) inc += v;
+        }
+        int run = inc - sum;
+        if (tid == 0) pfx[0] = 0;
+        for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
+    }
+    __syncthreads();
+    const int total = pfx[a.E] * NN, G = gridDim.x, b = blockIdx.x;
+    if (b >= total) return;  // block-uniform, before any barrier
+    const int items = (total - 1 - b) / G + 1;
+    // item li: expert e, rows r0 .. min(r0 + 256, rend) of the permutation, weight rows from n0
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
+        const int w = b + li * G, pr = w / NN;
+        int lo = 0, hi = a.E - 1;  // the last expert whose pairs start at or before pr
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (pfx[mid] <= pr) lo = mid;
+            else hi = mid - 1;
+        }
+        e = lo, rend = a.offsets[e + 1];
+        r0 = a.offsets[e] + (pr - pfx[e]) * 256;
+        n0 = (w - pr * NN) * NH;
+    };
+    if (tid == 0) {
+        for (int s = 0; s < WY_ST; s++) {
+            mbar_init(full + 8 * s, 128);
+            mbar_init(empty + 8 * s, 8);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        fence_async_smem();
+    }
+    __syncthreads();
+
+    if (tid < 128) {
+        // ---------------------------------------------------------------- producer: copies only
+        // 88 registers, the consumers 208 (128 x 88 + 256 x 208 = 384 x 168): at path 13's 72 the 16
+        // A-piece sources of a 256-row item spilled (ptxas -v: 32 bytes, reloaded every chunk)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n" ::: "memory");
+        const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 16 i, 16-byte chunk a_ch
+        const size_t estr = (size_t)a.R * a.K;
+        for (int li = 0, q = 0; li < items; li++) {
+            int e, r0, rend, n0;
+            item(li, e, r0, rend, n0);
+            int src[16];
+            uint32_t xok = 0;
+#pragma unroll
+            for (int i = 0; i < 16; i++) {
+                const int r = r0 + a_row0 + 16 * i;
+                const bool ok = r < rend;
+                xok |= (uint32_t)ok << i;
+                src[i] = ok ? (GATEUP ? a.row_token[r] : r) : 0;
+            }
+            // this thread's 2 blocks: row nr = u / 2 of the tile (GATEUP: < 64 w1, else w3), half u % 2
+            const uint8_t *wq[2], *wsw[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int u = tid + 128 * i, nr = u >> 1, half = u & 1;
+                const bool m3 = GATEUP && nr >= 64;
+                const size_t base = (size_t)e * estr + (size_t)(n0 + (GATEUP ? (nr & 63) : nr)) * a.K;
+                wq[i] = (m3 ? a.wq[1] : a.wq[0]) + base / 2 + half * 16;
+                wsw[i] = (m3 ? a.ws[1] : a.ws[0]) + base / 32 + half;
+            }
+            for (int j = 0; j < J; j++, q++) {
+                const int s = q % WY_ST;
+                if (q >= WY_ST) mbar_wait(empty + 8 * s, ((q / WY_ST) - 1) & 1);
+                const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int row = a_row0 + 16 * i;
+                    cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
+                               a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int u = tid + 128 * i;
+                    cp_async16(dR + u * 16, wq[i] + j * 32, true);
+                    // the aligned word holding this block's scale byte (never past the allocation)
+                    const uintptr_t sp = (uintptr_t)(wsw[i] + 2 * j);
+                    cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
+                }
+                ws_arrive_cp(full + 8 * s);
+            }
+        }
+        cp_commit();
+        cp_wait<0>();  // nothing of this thread's is left in flight when it leaves
+    } else {
+        // ---------------------------------------------------------------- consumers: widen + wgmma
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n" ::: "memory");
+        const int ct = tid - 128, wg = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3;
+        const int g = lane >> 2, c = lane & 3;
+        const int nr = ct >> 1, half = ct & 1;  // this thread's block of every chunk: B row nr, columns 32 half ..
+        const bool m3 = GATEUP && nr >= 64;
+        // the byte's place in its scale word: the scale offsets of a row and an expert are multiples of
+        // 4 (K % 128 == 0, lunar_cuda_moe_experts_run), so only the matrix's base, j and half move it
+        const uint32_t sel0 = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + half) & 3;
+        float acc0[64], acc1[64];
+#pragma unroll
+        for (int i = 0; i < 64; i++) acc0[i] = 0.0f, acc1[i] = 0.0f;
+        int pend = -1;  // the chunk whose stage this warp has not released yet
+        for (int li = 0, q = 0; li < items; li++) {
+            int e_, r0, rend, n0;
+            item(li, e_, r0, rend, n0);
+            const int m0 = r0 + 128 * wg;  // this warpgroup's first token row
+            // NW: this warpgroup's live 64-row halves (0: it only widens and meets the barriers).
+            // Copies of the loop per NW rather than branches around the wgmma: a branch inside the
+            // loop makes ptxas insert a warpgroup.arrive at the join (C7519)
+            const int nw = m0 >= rend ? 0 : m0 + 64 >= rend ? 1 : 2;
+            auto chunks = [&](auto nw_c) {
+                constexpr int NW = decltype(nw_c)::value;
+                for (int j = 0; j < J; j++, q++) {
+                    const int s = q % WY_ST;
+                    const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
+                    const uint32_t bT = sB + (q % 3) * C::B_BYTES;
+                    mbar_wait(full + 8 * s, (q / WY_ST) & 1);
+                    fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
+                    const uint4 nib = lds128(dR + ct * 16);
+                    const uint32_t sw = lds32(dS + ct * 4);
+                    const mxscale sc = mx_scale((sw >> (8 * ((sel0 + 2 * j) & 3))) & 0xffu);
+                    auto put = [&](auto two_c) {
+                        constexpr bool TWO = decltype(two_c)::value;
+                        const uint32_t row = bT + nr * 128;
+                        const uint32_t words[4] = {nib.x, nib.y, nib.z, nib.w};
+#pragma unroll
+                        for (int w = 0; w < 4; w++) {
+                            uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
+                            pairs_mx<TWO>(words[w], sc, p);
+                            sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
+                                   prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
+                        }
+                    };
+                    if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
+                    else put(std::false_type());
+                    fence_async_smem();  // this thread's widened row piece -> the wgmma
+                    asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the whole B tile written
+                    if (NW > 0) {
+                        wgmma_fence();
+                        fence_acc<64>(acc0);
+                        if (NW > 1) fence_acc<64>(acc1);
+#pragma unroll
+                        for (int kk = 0; kk < WS_BK / 16; kk++)
+                            wgmma_m64n128<0>(acc0, ws_desc(dA + 128 * wg * 128 + kk * 32), ws_desc(bT + kk * 32),
+                                             j > 0 || kk > 0);
+                        if (NW > 1) {
+#pragma unroll
+                            for (int kk = 0; kk < WS_BK / 16; kk++)
+                                wgmma_m64n128<0>(acc1, ws_desc(dA + (128 * wg + 64) * 128 + kk * 32),
+                                                 ws_desc(bT + kk * 32), j > 0 || kk > 0);
+                        }
+                        wgmma_commit();
+                        fence_acc<64>(acc0);
+                        if (NW > 1) fence_acc<64>(acc1);
+                        wgmma_wait<1>();  // chunk q - 1's products are done: its stage may be refilled
+                    }
+                    if (pend >= 0) {
+                        __syncwarp();
+                        if (lane == 0) mbar_arrive(empty + 8 * (pend % WY_ST));
+                    }
+                    pend = q;
+                }
+            };
+            if (nw == 2) chunks(std::integral_constant<int, 2>());
+            else if (nw == 1) chunks(std::integral_constant<int, 1>());
+            else chunks(std::integral_constant<int, 0>());
+            wgmma_wait<0>();
+            fence_acc<64>(acc0);
+            fence_acc<64>(acc1);
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + 8 * (pend % WY_ST));
+            pend = -1;
+            if (nw > 0) moe_wg_epilogue<GATEUP, 64, true>(a, acc0, m0, rend, n0, wwarp, g, c);
+            if (nw > 1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, m0 + 64, rend, n0, wwarp, g, c);
+        }
+    }
+}
+
 // ---------------------------------------------------------------- launchers
 
 // [rows, K] bf16 weights as a 2-D tensor with 64-column x 128-row boxes in the 128-byte swizzle.
@@ -691,7 +937,36 @@ template <bool GATEUP> static bool wx_launch(const xargs &a, int tiles, cudaStre
     return true;
 }
 
+template <bool GATEUP> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
+    const size_t smem = wy_cfg::smem();
+    static bool attr[WS_MAX_DEV];
+    static int sms[WS_MAX_DEV];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_REQUIRE(dev >= 0 && dev < WS_MAX_DEV);
+    if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
+        CUDA_CHECK(cudaFuncSetAttribute(moe_wy_kernel<GATEUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
+        attr[dev] = true;
+    }
+    if (a.E > WY_MAX_E) return false;  // the caller runs path 4
+    // an upper bound of the items (pairs of M tiles <= tiles)
+    const long items = (long)tiles * (a.R / (GATEUP ? 64 : 128));
+    const int grid = items < sms[dev] ? (int)items : sms[dev];
+    if (grid <= 0) return true;
+    moe_wy_kernel<GATEUP><<<grid, WS_T, smem, st>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return true;
+}
+
+// (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
+// rows, gate/up R % 64, down R % 128), false where the shapes do not fit it
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st) {
+    // path 14: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
+    if (mx && mode == 6) {
+        if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK) return false;
+        return wy_launch<true>(g, tiles, st) && wy_launch<false>(d, tiles, st);
+    }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
     if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;
     if (mx && mode == 5) return wx_launch<true>(g, tiles, st) && wx_launch<false>(d, tiles, st);

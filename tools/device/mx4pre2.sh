@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Issue 8, session 8: MoE prefill path 14 (MXFP4, each weight chunk widened once for two M tiles,
+# cuda_moe_ws.cu moe_wy_kernel) in one device call. Run from the repository root with P = the
+# prebuilt directory and OUT:
+#   P=.xfer-mx4pre2 OUT=/tmp/o tools/device/mx4pre2.sh
+# op tests (every MXFP4 experts case, paths 13 and 14 among the others, vs the CPU op; the latent
+# routed path and the goldens with LUNAR_MOE_PREFILL=wsmx2), the prefill benchmark of K3.1's shapes
+# (dense peak first; paths 2 / 4 / 6 / 13 / 14), the K3.1 TP8 slice 8K prefill default (path 13) vs
+# wsmx2 (--profile), and (time left) Nsight Compute on path 14's gate/up kernel. Stops early past
+# BUDGET seconds. Call 1 (binaries of faa62f0, path 14 opt-in, items found by skipping the tile
+# list's second tiles): the defaults below. Call 2 (path 14 the MXFP4 default, items from a prefix
+# array of pairs): K3_MODES="default wsmx" FWD_MODE=default NCU=0.
+set -u
+P=${P:?P = the prebuilt directory}
+OUT=${OUT:-/tmp/o}
+BUDGET=${BUDGET:-75}
+SUMMARY=mx4pre2.txt . tools/device/env.sh
+late() { [ $(( $(date +%s) - t0 )) -gt $1 ]; }
+nvidia-smi -L >> $T
+step "op tests: cuda_moe_experts_mxfp4 (paths 1-6, 8, 9, 13, 14 vs the CPU op)"
+LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 $P/bin/lunar_tests cuda_moe_experts_mxfp4 > $OUT/t_moe.log 2>&1; echo "rc=$?" >> $T
+grep -E ' wsmx2? |FAILED|passed, |CHECK' $OUT/t_moe.log | cut -c1-160 | tail -60 >> $T
+# a hung kernel (a barrier protocol error) would hang every later step too
+if grep -q 'rc=124' $T; then step "op tests timed out: stopping"; tail -5 $OUT/t_moe.log >> $T; cat $T; exit 1; fi
+step "prefill benchmark (LUNAR_MOE_BENCH=prefill-mxfp4)"
+LUNAR_MOE_BENCH=prefill-mxfp4 timeout 60 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
+grep -E '^\| prefill|Measured|peak' $OUT/bench.log | cut -c1-170 >> $T
+S="$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --profile"
+for m in ${K3_MODES:-wsmx2 default}; do
+  late $BUDGET && { step "skipped K3.1 $m: past budget"; continue; }
+  step "K3.1 TP8 slice 8K prefill LUNAR_MOE_PREFILL=$m"
+  if [ $m = default ]; then timeout 45 $S > $OUT/k3_$m.txt 2>&1; else LUNAR_MOE_PREFILL=$m timeout 45 $S > $OUT/k3_$m.txt 2>&1; fi
+  echo "rc=$?" >> $T
+  grep -E -A3 '^prefill' $OUT/k3_$m.txt | head -4 >> $T
+  grep -E 'experts|moe|abort|rror|project' $OUT/k3_$m.txt | head -8 >> $T
+done
+FM=${FWD_MODE:-wsmx2}
+! late $BUDGET && { step "LUNAR_MOE_PREFILL=$FM: cuda_moe_layer, cuda_forward (MXFP4 goldens on path 14)"
+  LUNAR_MOE_PREFILL=$FM OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_moe_layer > $OUT/t_layer.log 2>&1; echo "rc=$?" >> $T
+  grep -E 'FAILED|passed, |CHECK' $OUT/t_layer.log | cut -c1-160 | tail -4 >> $T
+  LUNAR_MOE_PREFILL=$FM OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_forward > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
+  grep -E 'FAILED|passed, |steps differ|median|CHECK' $OUT/t_fwd.log | cut -c1-160 | tail -16 >> $T; }
+if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null && ! late $BUDGET; then
+  step "ncu K3.1 moe_wy_kernel<GATEUP> (first launch: K3.1 full shape)"
+  LUNAR_MOE_BENCH=prefill-mxfp4 timeout 40 ncu --clock-control none --kernel-name-base mangled -k regex:moe_wy_kernelILb1 -c 1 \
+    --section SpeedOfLight --section WarpStateStats \
+    --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio \
+    $P/bin/lunar_tests cuda_moe_bench > $OUT/ncu_wy.txt 2>&1
+  echo "rc=$?" >> $T
+  grep -E 'moe_wy_kernel|Duration|Throughput|Warp Cycles|Issued' $OUT/ncu_wy.txt | cut -c1-150 | head -16 >> $T
+  grep -E 'issue_stalled' $OUT/ncu_wy.txt | awk '$NF + 0 >= 0.05' | sed 's/smsp__average_warps_issue_stalled_//' | cut -c1-110 >> $T
+fi
+step done
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=mx4pre2.txt -- * && rm -f k3_*.txt ncu_*.txt t_fwd.log t_layer.log)  # 8 files come back
+cat $T
