@@ -794,12 +794,25 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     }
     t0 = cp_begin();
     uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
-    float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
-    lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    float *acc = Lat ? fd((size_t)n * Lat) : out, *ybuf = NULL;
+    /* LUNAR_MOE_YBUF=bf16 (opt-in, prefill rows): the weighted expert rows stored in bf16, half
+     * the bytes for the down GEMM's stores and the combine's loads (8K prefill: 604 MB a layer in
+     * fp32), at one more bf16 rounding of each row than the CPU's fp32 sum */
+    static int ybf = -1;
+    if (ybf < 0) ybf = getenv("LUNAR_MOE_YBUF") && !strcmp(getenv("LUNAR_MOE_YBUF"), "bf16");
+    uint16_t *yb16 = ybf && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
+    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, 0, NULL)) yb16 = NULL;
+    if (!yb16) {
+        ybuf = fd((size_t)n * kr * De);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
-    lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
+    if (yb16)
+        lunar_cuda_moe_combine_add_b(acc, yb16, &r, De, join ? sh : NULL, NULL);
+    else
+        lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         t0 = cp_begin();
