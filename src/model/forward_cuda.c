@@ -752,25 +752,19 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
         float *sa = y1 ? cat_out(y1, &w->sin, &w->sg) : fd((size_t)n * Is);
         float *sb = y1 ? cat_out(y1, &w->sin, &w->su) : fd((size_t)n * Is);
         uint16_t *sab = lunar_cuda_fwd_alloc((size_t)n * Is * 2);
-        /* LUNAR_MOE_SIDE=0 (a diagnostic): prefill rows' shared experts on the main stream, before
-         * the router, instead of beside the routed experts (whose persistent kernels they share the
-         * SMs with); the events then order nothing */
-        static int side_on = -1;
-        if (side_on < 0) side_on = !(getenv("LUNAR_MOE_SIDE") && atoi(getenv("LUNAR_MOE_SIDE")) <= 0);
-        const lunar_cuda_stream side = side_on || n <= 64 ? g->side : NULL;
         lunar_cuda_event_record(g->ev_x, NULL);
-        lunar_cuda_stream_wait(side, g->ev_x);
+        lunar_cuda_stream_wait(g->side, g->ev_x);
         if (!y1) {
-            mm_b(sa, hb, &w->sg, n, side);
-            mm_b(sb, hb, &w->su, n, side);
+            mm_b(sa, hb, &w->sg, n, g->side);
+            mm_b(sb, hb, &w->su, n, g->side);
         }
         if (c->act_situ)
             lunar_cuda_situ_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, c->situ_beta, c->situ_linear_beta,
-                                side);
+                                g->side);
         else
-            lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, side);
-        mm_b(sh, sab, &w->sd, n, side);
-        lunar_cuda_event_record(g->ev_shared, side);
+            lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, g->side);
+        mm_b(sh, sab, &w->sd, n, g->side);
+        lunar_cuda_event_record(g->ev_shared, g->side);
         cp_end(LUNAR_PROF_SHARED, t0); /* the h -> bf16 copy included */
         t0 = cp_begin();
     }
