@@ -340,6 +340,37 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
     free(y), free(g), free(u);
 }
 
+/* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
+ * grouped wgmma GEMMs (paths 4-7, 10-13) store each row of ybuf rounded to bf16, bit for bit; their
+ * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
+ * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
+static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
+                           float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
+                           const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
+    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 13);
+    lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
+    const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
+    CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
+    uint16_t *hb = malloc(nkd * 2);
+    float *hy = dl_f32(ybuf, (long)nkd);
+    lunar_cuda_download(hb, yb, nkd * 2);
+    long bad = 0;
+    for (size_t i = 0; i < nkd; i++) bad += hb[i] != (grouped ? lunar_f32_to_bf16(hy[i]) : 0x7fc0);
+    CHECK_MSG(bad == 0, "%s: %ld bf16 rows' elements differ from the fp32 rows rounded (or were written)", what, bad);
+    if (grouped) {
+        for (size_t i = 0; i < nkd; i++) hy[i] = lunar_bf16_to_f32(hb[i]);
+        lunar_cuda_upload(ybw, hy, nkd * 4);
+        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+        lunar_cuda_fill_u32(acc_b, 0x7fc00000u, (size_t)n * D);
+        lunar_cuda_moe_combine_add(acc, ybw, r, D, ybw, NULL); /* add: any [n, D] rows */
+        lunar_cuda_moe_combine_add_b(acc_b, yb, r, D, ybw, NULL);
+        float *y1 = dl_f32(acc, (long)n * D), *y2 = dl_f32(acc_b, (long)n * D);
+        CHECK_MSG(memcmp(y1, y2, (size_t)n * D * 4) == 0, "%s: the bf16 rows' combine differs", what);
+        free(y1), free(y2);
+    }
+    free(hb), free(hy);
+}
+
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
     size_t mark = lunar_cuda_mark();
     host_experts h;
@@ -365,6 +396,9 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     const uint16_t *dz = din(zb, (size_t)n * D * 2);
     uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
     float *ybuf = dalloc((size_t)n * k * D * 4), *acc = dalloc((size_t)n * D * 4);
+    const size_t nkd = (size_t)n * k * D;
+    uint16_t *yb = dalloc(nkd * 2);
+    float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
     for (int path = 1; path <= 16; path++) {
@@ -383,6 +417,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
         moe_report(what, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
+        bf16_rows_case(what, path, ybuf, yb, ybw, acc, acc_b, hbuf, dz, &dw, &r, n, D, nkd);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);
             moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);

@@ -252,6 +252,38 @@ TEST(cuda_copy_2d_vs_host) {
     lunar_cuda_release(mark);
 }
 
+/* lunar_cuda_f32_to_bf16 bit for bit against the CPU's rounding (round to nearest even), through
+ * the vector kernel (16-byte aligned ends, n >= 8: its n % 8 tail included) and the scalar one
+ * (an end off by one float, n < 8); the inputs include ties, halfway-plus-one patterns, subnormals,
+ * infinities and bf16's overflow to infinity */
+TEST(cuda_f32_to_bf16_vs_cpu) {
+    if (!cuda_on()) return;
+    static const long sizes[] = {1, 7, 8, 9, 31, 4099, 8 * 70001 + 5};
+    for (unsigned s = 0; s < sizeof sizes / sizeof sizes[0]; s++)
+        for (int shift = 0; shift < 2; shift++) {
+            const long n = sizes[s];
+            size_t mark = lunar_cuda_mark();
+            float *x = test_rand(n + 1, 170 + s, -3e3f, 3e3f);
+            static const uint32_t special[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x00000001u, 0x807fffffu,
+                                               0x7f800000u, 0xff800000u, 0x7f7fffffu, 0x80000000u, 0x3f80ffffu};
+            for (long i = 0; i < n + 1; i += 3) memcpy(&x[i], &special[(i / 3) % 10], 4);
+            const float *dx = (const float *)dev_in(x, (size_t)(n + 1) * 4) + shift;
+            guarded o;
+            uint16_t *db = guarded_new(&o, (size_t)(n + 1) * 2);
+            lunar_cuda_f32_to_bf16(db + shift, dx, (size_t)n);
+            uint16_t *hb = malloc((size_t)(n + 1) * 2);
+            lunar_cuda_sync();
+            lunar_cuda_download(hb, db + shift, (size_t)n * 2);
+            long bad = 0, first = -1;
+            for (long i = 0; i < n; i++)
+                if (hb[i] != lunar_f32_to_bf16(x[i + shift]) && bad++ == 0) first = i;
+            CHECK_MSG(bad == 0, "f32_to_bf16 n=%ld shift=%d: %ld elements differ (first %ld)", n, shift, bad, first);
+            CHECK(guards_ok(&o));
+            free(x), free(hb);
+            lunar_cuda_release(mark);
+        }
+}
+
 /* the fused residual add + RMSNorm against the CPU composition (x + r, then op_rmsnorm), and bit
  * for bit against the device's two launches it replaces (lunar_glue_add, lunar_cuda_rmsnorm) */
 TEST(cuda_add_rmsnorm_vs_cpu) {

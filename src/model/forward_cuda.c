@@ -139,6 +139,70 @@ static void cp_end(lunar_prof_family f, double t0) {
     lunar_prof_end(f, t0);
 }
 
+/* LUNAR_STEP_EVENTS=1 (a diagnostic for `lunar bench`; 2: a line per layer too): a prefill step
+ * (64+ rows, not a decode step: never captured; without AttnRes) records a device event, and the host's clock, at its start, around each
+ * layer's attention and at the end of its enqueueing, and reports on stderr where its wall time
+ * went: host preparation and upload, the device span by part (attention per kind, FFN with its
+ * norms per kind, the head), the host's lag (whether the device ever waited for a launch), the
+ * download and synchronisation. Nothing synchronises before the step's own final sync, so the
+ * step runs as timed (an event record costs no device time). ncu sums kernel durations only: the
+ * span minus that sum is the launch gaps and the side stream's overlap. */
+#define SEV_MAX 1024
+static struct {
+    int on, live, L;
+    lunar_cuda_event e[SEV_MAX];
+    double host[SEV_MAX], t_entry, t_enq;
+} sev;
+/* event i: 0 start, 1 + 2 l + p layer l (p 0: before its attention, 1: after), 1 + 2 L the final
+ * norm's end, 2 + 2 L the enqueue's end */
+static void sev_rec(int i) {
+    if (!sev.live || i < 0 || i >= SEV_MAX) return;
+    if (!sev.e[i]) sev.e[i] = lunar_cuda_event_create();
+    lunar_cuda_event_record(sev.e[i], NULL);
+    sev.host[i] = lunar_prof_now();
+}
+static void step_ev(int l, int p) { sev_rec(1 + 2 * l + p); }
+static void sev_begin(const lunar_config *c, int T, int decode) {
+    if (!sev.on) {
+        const char *v = getenv("LUNAR_STEP_EVENTS");
+        sev.on = v && atoi(v) > 0 ? atoi(v) : -1;
+    }
+    sev.live = sev.on > 0 && T >= 64 && !decode && c->attn_res_block_size <= 0 && !lunar_cuda_capturing() &&
+               3 + 2 * c->num_hidden_layers <= SEV_MAX;
+    sev.L = c->num_hidden_layers;
+    sev.t_entry = lunar_prof_now();
+}
+static void sev_report(const lunar_config *c, int T) {
+    if (!sev.live) return;
+    sev.live = 0;
+    const double t_done = lunar_prof_now();
+    const int L = sev.L, last = 2 + 2 * L;
+    double d[SEV_MAX], attn[2] = {0, 0}, ffn[2] = {0, 0}, lag = 0;
+    int na[2] = {0, 0}, nf[2] = {0, 0}, lagged = 0;
+    for (int i = 0; i <= last; i++) {
+        d[i] = i ? lunar_cuda_event_ms(sev.e[0], sev.e[i]) : 0.0;
+        const double hl = 1e3 * (sev.host[i] - sev.host[0]) - d[i]; /* > 0: the device reached it first */
+        if (hl > lag) lag = hl;
+        lagged += hl > 0.02;
+    }
+    for (int l = 0; l < L; l++) {
+        const int ka = c->attn_kind[l] == LUNAR_ATTN_KDA, kf = c->ffn_kind[l] == LUNAR_FFN_MOE;
+        const double a = d[2 + 2 * l] - d[1 + 2 * l], f = d[3 + 2 * l] - d[2 + 2 * l];
+        attn[ka] += a, na[ka]++, ffn[kf] += f, nf[kf]++;
+        if (sev.on > 1)
+            fprintf(stderr, "lunar step events: layer %2d %s %.3f ms, %s + norms %.3f ms\n", l, ka ? "KDA" : "MLA", a,
+                    kf ? "MoE" : "dense", f);
+    }
+    fprintf(stderr,
+            "lunar step events: T=%d wall %.3f ms = host prep+upload %.3f + enqueue %.3f + download/sync %.3f; "
+            "device span %.3f ms: embed+norm %.3f, MLA attn %.3f (%d), KDA attn %.3f (%d), dense FFN %.3f (%d), "
+            "MoE FFN %.3f (%d) [FFN: with the next attention norm], final norm..head %.3f; host behind the "
+            "device at %d of %d marks (max %.3f ms)\n",
+            T, 1e3 * (t_done - sev.t_entry), 1e3 * (sev.host[0] - sev.t_entry), 1e3 * (sev.t_enq - sev.host[0]),
+            1e3 * (t_done - sev.t_enq), d[last], d[1], attn[0], na[0], attn[1], na[1], ffn[0], nf[0], ffn[1], nf[1],
+            d[last] - d[1 + 2 * L], lagged, last + 1, lag);
+}
+
 /* y[n, W.out] = xb[n, W.in] . W^T on stream st: cuBLASLt where its alignment holds, else the
  * generic kernel (any shape) */
 static int glue_gemm_only(void) { /* LUNAR_CUDA_GLUE_GEMM: every GEMM through the generic kernel */
@@ -189,6 +253,13 @@ static void mm(float *y, const float *x, const dmat *W, int n) {
     lunar_cuda_release(mk); /* stream-ordered: later allocations are used after this launch */
 }
 
+/* a bf16 copy of x [n] in a new arena buffer */
+static const uint16_t *bf16_copy(const float *x, size_t n) {
+    uint16_t *b = lunar_cuda_fwd_alloc(n * 2);
+    lunar_cuda_f32_to_bf16(b, x, n);
+    return b;
+}
+
 static void glu(const lunar_config *c, float *y, const float *x, const dmat *gate, const dmat *up,
                 const dmat *down, int n) {
     if (n <= 0) return;
@@ -206,7 +277,7 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
 }
 
 static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
-                      float *out, int mode, int prefill_mode) {
+                      const uint16_t *hb_in, float *out, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -246,7 +317,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
     const float *conv[3] = {w->qc, w->kc, w->vc};
     float *dst[3] = {q, k, v};
     double t0 = cp_begin();
-    uint16_t *hb = NULL;
+    const uint16_t *hb = hb_in; /* h's bf16 copy: from the norm (run_residual), or made below */
     float *gin = NULL; /* one: the gate's projection (g, or g_a) in the fused output */
     int gate_done = 0; /* one: pre already holds the output gate's pre-activation */
     float *y = NULL, *beta_in = NULL; /* one: the fused projection's outputs, beta's logits among them */
@@ -275,8 +346,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
             lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
         }
     } else if (pf) {
-        hb = lunar_cuda_fwd_alloc((size_t)n * c->hidden_size * 2);
-        lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
+        if (!hb) hb = bf16_copy(h, (size_t)n * c->hidden_size);
         mm_b(yp, hb, &w->kin, n, NULL);
         const int a_off = 3 * HD, g_off = a_off + w->fa.out, b_off = g_off + w->ga.out;
         for (int j = 0; j < b->n_seqs; j++) {
@@ -291,8 +361,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
     } else {
         /* h's bf16 copy once for the six projections that read it (mm would make one each) */
-        hb = lunar_cuda_fwd_alloc((size_t)n * c->hidden_size * 2);
-        lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
+        if (!hb) hb = bf16_copy(h, (size_t)n * c->hidden_size);
         for (int i = 0; i < 3; i++) {
             mm_b(pre, hb, proj[i], n, NULL);
             if (dec) {
@@ -410,7 +479,7 @@ static float *cat_out(float *y, const dmat *whole, const dmat *part) {
 }
 
 static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *b, int ki,
-                      const float *h, float *out) {
+                      const float *h, const uint16_t *hb_in, float *out) {
     const lunar_config *c = &gm->m->cfg;
     const int nh = c->num_attention_heads, N = c->qk_nope_head_dim, P = c->qk_rope_head_dim,
               Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, n = b->T, row = R + P;
@@ -422,13 +491,11 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
     /* batch 1 with the fused matrix (up_cat): every projection of h from one GEMM of fp32 h, the
      * outputs read in place (cat_out) */
     float *y1 = n == 1 && w->min.p ? fd((size_t)w->min.out) : NULL;
-    uint16_t *hb = NULL;
-    if (y1) {
+    const uint16_t *hb = NULL;
+    if (y1)
         mm(y1, h, &w->min, 1);
-    } else {
-        hb = lunar_cuda_fwd_alloc((size_t)n * c->hidden_size * 2); /* h's bf16 copy for every projection of h */
-        lunar_cuda_f32_to_bf16(hb, h, (size_t)n * c->hidden_size);
-    }
+    else /* h's bf16 copy for every projection of h: from the norm (run_residual), or made here */
+        hb = hb_in ? hb_in : bf16_copy(h, (size_t)n * c->hidden_size);
     if (w->mq.p && y1) {
         q = cat_out(y1, &w->min, &w->mq);
     } else if (w->mq.p) {
@@ -727,12 +794,25 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     }
     t0 = cp_begin();
     uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
-    float *ybuf = fd((size_t)n * kr * De), *acc = Lat ? fd((size_t)n * Lat) : out;
-    lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    float *acc = Lat ? fd((size_t)n * Lat) : out, *ybuf = NULL;
+    /* LUNAR_MOE_YBUF=bf16 (opt-in, prefill rows): the weighted expert rows stored in bf16, half
+     * the bytes for the down GEMM's stores and the combine's loads (8K prefill: 604 MB a layer in
+     * fp32), at one more bf16 rounding of each row than the CPU's fp32 sum */
+    static int ybf = -1;
+    if (ybf < 0) ybf = getenv("LUNAR_MOE_YBUF") && !strcmp(getenv("LUNAR_MOE_YBUF"), "bf16");
+    uint16_t *yb16 = ybf && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
+    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, 0, NULL)) yb16 = NULL;
+    if (!yb16) {
+        ybuf = fd((size_t)n * kr * De);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+    }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
-    lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
+    if (yb16)
+        lunar_cuda_moe_combine_add_b(acc, yb16, &r, De, join ? sh : NULL, NULL);
+    else
+        lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         t0 = cp_begin();
@@ -763,15 +843,17 @@ static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dl
         moe_generic(g->m, c, w, h, n, out);
 }
 
-static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, float *y) {
+/* hb: h's bf16 copy where the caller's norm made one (else NULL: the layer makes it if it needs it) */
+static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, const uint16_t *hb,
+                      float *y) {
     const lunar_config *c = &g->m->cfg;
     const int heads = c->attn_kind[l] == LUNAR_ATTN_KDA ? c->kda_num_heads : c->num_attention_heads;
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, y, g->kda_decode, g->kda_prefill);
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, hb, y, g->kda_decode, g->kda_prefill);
     else
-        mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, y);
+        mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, hb, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
 }
 
@@ -791,20 +873,31 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size;
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
+    /* prefill rows: the attention norm writes h's bf16 copy too, the operand of the layer's input
+     * projections (KDA, MLA), instead of the layer converting h in a launch of its own (8K prefill:
+     * 27 copies of 8192 x 2304 floats); LUNAR_PREFILL_HB=0 the separate copy (A/B switch). Decode
+     * steps keep their paths: the batch-1 layers read fp32 h (fused projections). */
+    static int pre_hb = -1;
+    if (pre_hb < 0) pre_hb = !(getenv("LUNAR_PREFILL_HB") && atoi(getenv("LUNAR_PREFILL_HB")) <= 0);
+    const int attn_b16 = pre_hb && n >= 64;
     /* the FFN norm also writes h's bf16 copy where the fused MoE reads one (one launch fewer) */
-    uint16_t *hb = g->fuse_off ? NULL : lunar_cuda_fwd_alloc((size_t)n * D * 2);
+    uint16_t *hb = g->fuse_off && !attn_b16 ? NULL : lunar_cuda_fwd_alloc((size_t)n * D * 2);
     /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
         double t0 = cp_begin();
         if (l == 0)
             lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
-        else /* the previous layer's FFN output */
+        else if (attn_b16) /* the previous layer's FFN output; hb's last reader (the MoE) has finished */
+            lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+        else
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
-        attention(g, b, l, h, y);
+        step_ev(l, 0);
+        attention(g, b, l, h, attn_b16 && l > 0 ? hb : NULL, y);
+        step_ev(l, 1);
         t0 = cp_begin();
-        const int b16 = hb && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
+        const int b16 = hb && !g->fuse_off && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
         if (b16)
             lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         else
@@ -818,6 +911,7 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     else
         lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
     cp_end(LUNAR_PROF_NORM, t0);
+    sev_rec(1 + 2 * c->num_hidden_layers);
 }
 
 /* AttnRes without a pointer upload per mix (which a captured step could not replay): the banked
@@ -856,7 +950,7 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float
         if (l % bs == 0) nb++, live = 0;
         LUNAR_ASSERT(nb < b->ares_n);
         float *P = b->ares_bank + (size_t)nb * nD;
-        attention(g, b, l, h, live ? y : P);
+        attention(g, b, l, h, NULL, live ? y : P);
         if (live) lunar_glue_add(P, y, nD, NULL);
         live = 1;
         mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
@@ -968,6 +1062,7 @@ static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_
     const lunar_config *cf = &g->m->cfg;
     const int D = cf->hidden_size, V = cf->vocab_size, T = b->T;
     float *x = b->ares_bank ? b->ares_bank : fd((size_t)T * D), *h = fd((size_t)T * D); /* AttnRes: slot 0 */
+    sev_rec(0);
     double t0 = cp_begin();
     if (g->m->tp) /* TP hook: vocab-parallel embedding */
         lunar_cuda_tp_embedding(g->m, x, g->embed, ids, T);
@@ -993,6 +1088,8 @@ static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_
         lunar_cuda_sample(did, lg, rows, V, dp, NULL);
         *did_out = did;
     }
+    sev_rec(2 + 2 * cf->num_hidden_layers);
+    sev.t_enq = lunar_prof_now();
 }
 
 int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_caches *c, const lunar_batch_seq *seqs,
@@ -1028,6 +1125,7 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     }
     off[n_seqs] = T;
     const int decode = T == n_seqs;
+    sev_begin(cf, T, decode);
     if (decode) { /* the bucket (see decode graphs above); table entries past a sequence's pages stay 0 */
         max_len = decode_len_bucket(max_len);
         max_blocks = (max_len + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
@@ -1142,6 +1240,7 @@ int lunar_forward_batch_cuda_sampled(const lunar_cuda_model *g, lunar_cuda_cache
     }
     if (rows) cp_end(LUNAR_PROF_LM_HEAD, t_lm);
     lunar_cuda_sync();
+    sev_report(cf, T);
     lunar_cuda_release(mk);
     free(hin), free(off);
     return lunar_cuda_tp_status(g->m, err); /* TP hook: a failed collective */

@@ -997,10 +997,10 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUDA_CHECK_LAUNCH();
 }
 
-extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
-                                           const lunar_cuda_moe_experts *w,
-                                           const lunar_cuda_moe_route *r, int path,
-                                           lunar_cuda_stream s) {
+// yb: the down outputs in bf16 instead of ybuf where path is a wgmma grouped GEMM (their shared
+// epilogue, cuda_moe.cuh), else -1 before any launch
+static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
+                       const lunar_cuda_moe_route *r, int path, lunar_cuda_stream s) {
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
     const int n = r->n, np = n * r->k;
     // path 16 keeps the activations in f16 (finite to 65504): its h between the two GEMMs is the
@@ -1065,6 +1065,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14), dec2 = path == 8 || path == 9;
     CUDA_REQUIRE(((path >= 1 && path <= 14) || path == 16) &&
                  (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || n <= 64));
+    if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
@@ -1081,7 +1082,7 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
     g.R = w->I, g.K = w->D, g.x = x, g.h = hbuf;
     xargs d = a;
     d.wq[0] = w->w2q, d.ws[0] = w->w2s, d.wb[0] = w->w2, d.sb[0] = w->s2;
-    d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf;
+    d.R = w->D, d.K = w->I, d.x = hbuf, d.y = ybuf, d.yb = yb;
     if (dec2) {
         moe_dec2_experts(g, d, w->mxfp4 != 0, r->groups, path == 9 ? 3 : 0, st);
     } else if (path == 3) {
@@ -1117,6 +1118,18 @@ extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const ui
             gemm_launch<false, false>(d, tiles, st);
         }
     }
+    return 0;
+}
+extern "C" void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
+                                           const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r, int path,
+                                           lunar_cuda_stream s) {
+    experts_run(ybuf, NULL, hbuf, x, w, r, path, s);
+}
+extern "C" int lunar_cuda_moe_experts_run_b(uint16_t *ybuf, uint16_t *hbuf, const uint16_t *x,
+                                            const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r, int path,
+                                            lunar_cuda_stream s) {
+    CUDA_REQUIRE(ybuf != NULL);
+    return experts_run(NULL, ybuf, hbuf, x, w, r, path, s);
 }
 
 // add (or NULL): [n, D] added to each sum after it (the shared experts' output: one launch fewer).
@@ -1150,6 +1163,44 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(float *acc
         s.x += a.x, s.y += a.y, s.z += a.z, s.w += a.w;
     }
     *(float4 *)(acc + (size_t)t * D + i) = s;
+}
+
+// the bf16 rows' form: 8-byte loads of 4 columns, widened exactly, the same sums in the same order
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_b_kernel(float *acc, const uint16_t *ybuf,
+                                                                        const int32_t *pair_row, int k, int D,
+                                                                        const float *add) {
+    extern __shared__ int32_t prow[];
+    pdl_enter();
+    const int t = blockIdx.x, i = (blockIdx.y * kCombineThreads + threadIdx.x) * 4;
+    for (int j = threadIdx.x; j < k; j += kCombineThreads) prow[j] = pair_row[(size_t)t * k + j];
+    __syncthreads();
+    if (i >= D) return;
+    float4 s = make_float4(0, 0, 0, 0);
+    for (int j0 = 0; j0 < k; j0 += 8) {
+        uint2 v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j0 + j < k) v[j] = *(const uint2 *)(ybuf + (size_t)prow[j0 + j] * D + i);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j0 + j < k) {  // a bf16's bits are the top half of its fp32's
+                s.x += __uint_as_float(v[j].x << 16), s.y += __uint_as_float(v[j].x & 0xffff0000u);
+                s.z += __uint_as_float(v[j].y << 16), s.w += __uint_as_float(v[j].y & 0xffff0000u);
+            }
+    }
+    if (add) {
+        const float4 a = *(const float4 *)(add + (size_t)t * D + i);
+        s.x += a.x, s.y += a.y, s.z += a.z, s.w += a.w;
+    }
+    *(float4 *)(acc + (size_t)t * D + i) = s;
+}
+extern "C" void lunar_cuda_moe_combine_add_b(float *acc, const uint16_t *ybuf, const lunar_cuda_moe_route *r, int D,
+                                             const float *add, lunar_cuda_stream s) {
+    CUDA_REQUIRE(D % 4 == 0 && ((uintptr_t)add & 15) == 0 && ((uintptr_t)ybuf & 7) == 0);
+    const unsigned cols = (unsigned)((D / 4 + kCombineThreads - 1) / kCombineThreads);
+    launch_pdl(moe_combine_b_kernel, dim3(r->n, cols), dim3(kCombineThreads), (size_t)r->k * sizeof(int32_t),
+               to_stream(s), acc, ybuf, r->pair_row, r->k, D, add);
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r,

@@ -124,6 +124,7 @@ struct xargs {
     const float *row_weight;
     uint16_t *h;  // GATEUP output [rows, R]
     float *y;     // DOWN output [rows, R]
+    uint16_t *yb; // or in bf16 (the wgmma epilogue below only; NULL: y): lunar_cuda_moe_experts_run_b
     int E, act;
     float beta, beta_l;
 };
@@ -154,7 +155,10 @@ __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc
                 *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
             } else {
                 const float rw = a.row_weight[r];
-                *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
+                if (a.yb)
+                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * rw, v[1] * rw);
+                else
+                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
             }
         }
     }

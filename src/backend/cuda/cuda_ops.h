@@ -519,6 +519,13 @@ typedef struct lunar_cuda_moe_experts {
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
+/* The same with ybuf [n*k, D] in bf16, each weighted expert row rounded once (round to nearest
+ * even) from the fp32 value the other form stores (LUNAR_MOE_YBUF=bf16, an opt-in of the 8K
+ * prefill: the combine reads half the bytes, the down GEMM writes half). Only the prefill grouped
+ * GEMMs' shared epilogue writes bf16 rows (paths 4, 6, 7, 10-13 at n > 64, as path resolves there):
+ * returns -1, launching nothing, where the path would be another (the caller runs the fp32 form). */
+int lunar_cuda_moe_experts_run_b(uint16_t *ybuf, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
+                                 const lunar_cuda_moe_route *r, int path, lunar_cuda_stream s);
 /* acc[t, :] = sum_j ybuf[pair_row[t, j], :] (slot order), fp32 [n, D]. */
 void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
                             lunar_cuda_stream s);
@@ -526,6 +533,10 @@ void lunar_cuda_moe_combine(float *acc, const float *ybuf, const lunar_cuda_moe_
  * combine followed by lunar_glue_add(acc, add). */
 void lunar_cuda_moe_combine_add(float *acc, const float *ybuf, const lunar_cuda_moe_route *r, int D,
                                 const float *add, lunar_cuda_stream s);
+/* The same over a bf16 ybuf (lunar_cuda_moe_experts_run_b): each row widened exactly, then the sum
+ * in the same order (bit-equal to the fp32 form over the widened rows). */
+void lunar_cuda_moe_combine_add_b(float *acc, const uint16_t *ybuf, const lunar_cuda_moe_route *r, int D,
+                                  const float *add, lunar_cuda_stream s);
 
 /* The whole latent routed path of forward.c's moe_layer: x bf16 [n, H];
  * router bf16 [E, H], bias fp32 [E] or NULL; down bf16 [Lat, H]; norm bf16 [Lat] or NULL; up bf16
