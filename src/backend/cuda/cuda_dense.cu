@@ -872,11 +872,10 @@ extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint
         return -1;
     if (n <= 0) return 0;
     const size_t smem = (size_t)(GG_M + GG_N) * (in / 2 + 4) * 4;
-    static size_t smem_set = 0; /* the opt-in above 48 KB, raised once to the largest size asked */
-    if (smem > 48 * 1024 && smem > smem_set) {
+    /* the opt-in above 48 KB, set at each call (per device: a process may drive several; a host call
+     * per KDA layer of a prefill) */
+    if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kda_gate_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        smem_set = smem;
-    }
     kda_gate_gemm_kernel<<<dim3(ceil_div_u(n, GG_M), H), 128, smem, to_stream(s)>>>(
         g, (const __nv_bfloat16 *)xa, (const __nv_bfloat16 *)W, n, H, in, A_log, dt_bias, lb);
     CUDA_CHECK_LAUNCH();
