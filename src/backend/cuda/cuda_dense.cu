@@ -627,15 +627,16 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
 // capping residency at 6 blocks of 4 warps), and its 3H-th block row (beta and the bf16 copies:
 // scalar loads, an integer division per element, one load in flight per thread) was dispatched
 // last, after every q|k|v block, where it ran alone as the kernel's tail. Here nothing is staged:
-// warp w of block (tile, r) owns head row r - 1 for KP2_TW consecutive tokens, each lane 4
+// warp w of block (tile, r) owns head row r - 1 for TW consecutive tokens, each lane 4
 // channels, and slides the conv window in registers (the K - 1 rows before its first token loaded
 // once: from L2 or L1, they are the previous warp's rows); the inputs of KP2_U tokens are loaded
 // together (KP2_U loads in flight per lane) and then convolved, normalised and stored in order.
 // The beta / bf16 block row is row 0 (dispatched first, in the shadow of the rest) and moves 16 bytes
 // a lane where widths and offsets allow. Arithmetic: the conv sum, the SiLU and the norm's warp
 // tree are the tile kernel's expressions in the same order: bit-equal outputs (the op test checks).
-constexpr int KP2_TW = 16, KP2_WARPS = 8, KP2_U = 4, KP2_TB = KP2_TW * KP2_WARPS;
-static_assert(KP2_TW % KP2_U == 0, "a warp's run is whole groups");
+// TW (16; LUNAR_KDA_CONV=w32: 32) tokens a warp: the K - 1 window rows it reads twice (from L2 when
+// the neighbouring warp's load brought them) are (K - 1) / TW of its reads
+constexpr int KP2_WARPS = 8, KP2_U = 4;
 
 __device__ __forceinline__ uint2 bf16x4(float4 f) {
     const __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.y), hi = __floats2bfloat162_rn(f.z, f.w);
@@ -668,24 +669,25 @@ __device__ __forceinline__ void kp2_aux(float *__restrict__ beta, __nv_bfloat16 
 }
 
 // KT: the conv length fixed at compile time (4, the models'), 0: any K <= CONV_MAX_K at run time
-template <int KT>
+template <int KT, int TW>
 __global__ void __launch_bounds__(KP2_WARPS * 32, KT ? 3 : 2) kda_conv_qkv_prefill2_kernel(
     float *__restrict__ q, float *__restrict__ k, float *__restrict__ v, float *__restrict__ beta,
     __nv_bfloat16 *__restrict__ xa, __nv_bfloat16 *__restrict__ xg, const float *__restrict__ x, int64_t xs,
     int a_off, int a_w, int g_off, int g_w, int b_off, const float *__restrict__ w, const float *__restrict__ state,
     int T, int H, int Kr, float eps, int vec) {
-    constexpr int KM = KT ? KT : CONV_MAX_K;
-    const int K = KT ? KT : Kr, S = K - 1, tb = blockIdx.x * KP2_TB;
+    static_assert(TW % KP2_U == 0, "a warp's run is whole groups");
+    constexpr int KM = KT ? KT : CONV_MAX_K, TB = TW * KP2_WARPS;
+    const int K = KT ? KT : Kr, S = K - 1, tb = blockIdx.x * TB;
     if (blockIdx.y == 0) {
-        const int nt = min(KP2_TB, T - tb);
+        const int nt = min(TB, T - tb);
         if (vec) kp2_aux<true>(beta, xa, xg, x, xs, a_off, a_w, g_off, g_w, b_off, tb, nt, H);
         else kp2_aux<false>(beta, xa, xg, x, xs, a_off, a_w, g_off, g_w, b_off, tb, nt, H);
         return;
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.y - 1, part = r / H;
-    const int t0 = tb + warp * KP2_TW, c0 = r * 128 + 4 * lane;
+    const int t0 = tb + warp * TW, c0 = r * 128 + 4 * lane;
     if (t0 >= T) return;
-    const int nt = min(KP2_TW, T - t0);
+    const int nt = min(TW, T - t0);
     float wr[4][KM];
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -749,13 +751,18 @@ extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, fl
     if (!(form && strcmp(form, "old") == 0)) {
         const int vec = a_off % 4 == 0 && a_w % 4 == 0 && g_off % 4 == 0 && g_w % 4 == 0 &&
                         ((uintptr_t)xa & 7) == 0 && ((uintptr_t)xg & 7) == 0;
-        const dim3 grid2(ceil_div_u(T, KP2_TB), 3 * H + 1);
-        if (K == 4)
-            kda_conv_qkv_prefill2_kernel<4><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
+        const int w32 = form && strcmp(form, "w32") == 0;
+        const dim3 grid2(ceil_div_u(T, (w32 ? 32 : 16) * KP2_WARPS), 3 * H + 1);
+        if (K == 4 && w32)
+            kda_conv_qkv_prefill2_kernel<4, 32><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
+                q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
+                w, state, T, H, K, eps, vec);
+        else if (K == 4)
+            kda_conv_qkv_prefill2_kernel<4, 16><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
                 q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
                 w, state, T, H, K, eps, vec);
         else
-            kda_conv_qkv_prefill2_kernel<0><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
+            kda_conv_qkv_prefill2_kernel<0, 16><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
                 q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
                 w, state, T, H, K, eps, vec);
     } else if (!(as && atoi(as) == 0))
@@ -805,13 +812,17 @@ extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log
 // pre's write and read outright; g is written once. Where else: the chunk kernel's loads of g
 // (kda_intra2 reads each g twice, the second time on a 128-thread critical path; the gate's exp and
 // log1p there would run twice per element on it), or the conv pass (it has no f_b product).
-// Block (tile, h): 64 tokens x the 128 gate columns of head h (one A_log, one block of dt_bias),
+// Block (tile, j): 128 tokens x 64 gate columns (half of head j / 2: one A_log, one block of dt_bias),
 // A and f_b's rows staged whole by cp.async (rows padded to in + 8 bf16: the 32-bit fragment loads
-// of rows g, words t hit 32 distinct banks for any in % 16 == 0), warp w rows 16 w .. + 15, all 128
+// of rows g, words t hit 32 distinct banks for any in % 16 == 0), warp w rows 16 w .. + 15, all 64
 // columns, mma.sync m16n8k16 bf16 with fp32 accumulation (cuBLAS's operands and precision; the sums
-// in another order). Launched plainly (the prefill is not captured).
-constexpr int GG_M = 64, GG_N = 128;
-__global__ void __launch_bounds__(128) kda_gate_gemm_kernel(float *__restrict__ g, const __nv_bfloat16 *__restrict__ xa,
+// in another order). Launched plainly (the prefill is not captured). The first form (64 tokens x 128
+// columns, 4 warps, 52 KB: 16 warps an SM) took 162 us a layer at 8K, 0.66 TB/s of its 108 MB
+// written: each block in turn loads, multiplies, then evaluates 64 gates a thread (exp, log1p), with
+// too few warps to overlap them; this one keeps 32 warps an SM (52 KB, 64 registers) and 32 gates
+// a thread.
+constexpr int GG_M = 128, GG_N = 64, GG_T = GG_M / 16 * 32;
+__global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_kernel(float *__restrict__ g, const __nv_bfloat16 *__restrict__ xa,
                                                             const __nv_bfloat16 *__restrict__ W, int n, int H, int in,
                                                             const float *__restrict__ A_log,
                                                             const float *__restrict__ dt_bias, float lb) {
@@ -819,12 +830,12 @@ __global__ void __launch_bounds__(128) kda_gate_gemm_kernel(float *__restrict__ 
     const int ldw = in / 2 + 4; /* words a row */
     uint32_t *As = gg_sm, *Bs = gg_sm + GG_M * ldw;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
-    const int t0 = blockIdx.x * GG_M, h = blockIdx.y, c16 = in / 8; /* 16-byte pieces a row */
-    for (int i = tid; i < (GG_M + GG_N) * c16; i += 128) {
+    const int t0 = blockIdx.x * GG_M, n0 = blockIdx.y * GG_N, h = n0 / 128, c16 = in / 8; /* 16-byte pieces */
+    for (int i = tid; i < (GG_M + GG_N) * c16; i += GG_T) {
         const int row = i / c16, j = i % c16;
         uint32_t *d = (row < GG_M ? As + row * ldw : Bs + (row - GG_M) * ldw) + 4 * j;
         const __nv_bfloat16 *src = row < GG_M ? xa + (size_t)(t0 + row) * in + 8 * j
-                                              : W + ((size_t)h * GG_N + (row - GG_M)) * in + 8 * j;
+                                              : W + ((size_t)n0 + (row - GG_M)) * in + 8 * j;
         if (row < GG_M && t0 + row >= n) {
             *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
             continue;
@@ -850,13 +861,13 @@ __global__ void __launch_bounds__(128) kda_gate_gemm_kernel(float *__restrict__ 
         }
     }
     const float al = A_log[h];
-    const size_t HD = (size_t)H * GG_N;
+    const size_t HD = (size_t)H * 128;
     const int r0 = t0 + 16 * warp + gq;
 #pragma unroll
     for (int j = 0; j < GG_N / 8; j++) {
-        const int col = 8 * j + 2 * t4;
-        const float d0 = dt_bias[h * GG_N + col], d1 = dt_bias[h * GG_N + col + 1];
-        float *o = g + (size_t)r0 * HD + (size_t)h * GG_N + col;
+        const int col = n0 + 8 * j + 2 * t4;
+        const float d0 = dt_bias[col], d1 = dt_bias[col + 1];
+        float *o = g + (size_t)r0 * HD + col;
         if (r0 < n)
             *reinterpret_cast<float2 *>(o) =
                 make_float2(kda_gate_value(acc[j][0], al, d0, lb), kda_gate_value(acc[j][1], al, d1, lb));
@@ -867,7 +878,7 @@ __global__ void __launch_bounds__(128) kda_gate_gemm_kernel(float *__restrict__ 
 }
 extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint16_t *W, int n, int H, int dk, int in,
                                         const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s) {
-    if (dk != GG_N || in % 16 || in < 16 || in > 256 || ((uintptr_t)xa & 15) || ((uintptr_t)W & 15) ||
+    if (dk != 128 || in % 16 || in < 16 || in > 256 || ((uintptr_t)xa & 15) || ((uintptr_t)W & 15) ||
         ((uintptr_t)g & 7))
         return -1;
     if (n <= 0) return 0;
@@ -876,7 +887,7 @@ extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint
      * per KDA layer of a prefill) */
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kda_gate_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kda_gate_gemm_kernel<<<dim3(ceil_div_u(n, GG_M), H), 128, smem, to_stream(s)>>>(
+    kda_gate_gemm_kernel<<<dim3(ceil_div_u(n, GG_M), H * (128 / GG_N)), GG_T, smem, to_stream(s)>>>(
         g, (const __nv_bfloat16 *)xa, (const __nv_bfloat16 *)W, n, H, in, A_log, dt_bias, lb);
     CUDA_CHECK_LAUNCH();
     return 0;
