@@ -4,7 +4,8 @@
 # Kimi-Linear 8K / 32K prefill, new (default) against LUNAR_KDA_CONV=old,LUNAR_KDA_GATE=old and
 # LUNAR_KDA_CONV=w32 in alternating rounds, then ncu passes over the KDA prefill kernels (time, DRAM
 # bytes, occupancy) for each.
-#   P=<prebuilt dir> OUT=<dir> tools/device/kdaconv.sh
+#   P=<prebuilt dir> OUT=<dir> [LONG=1: 32K in round 1] [AB_S=s: no further round after s seconds]
+#   [NCU_S=s: no ncu pass started after s seconds] [NCU_OLD=1: the old kernels' pass too] tools/device/kdaconv.sh
 set -u
 P=${P:-.xfer-kdaconv}
 OUT=${OUT:-/tmp/o}
@@ -26,11 +27,11 @@ bench() { # name, env (comma-separated), lunar bench arguments
 OLD=LUNAR_KDA_CONV=old,LUNAR_KDA_GATE=old
 for r in 1 2 3; do
   step "A/B round $r"
-  if [ $r = 1 ]; then L="--max-len 36864 --input-lens 8192,32768"; else L="--max-len 9000 --input-lens 8192"; fi
+  if [ $r = 1 ] && [ -n "${LONG:-}" ]; then L="--max-len 36864 --input-lens 8192,32768"; else L="--max-len 9000 --input-lens 8192"; fi
   bench new_$r LUNAR_NONE=0 $L --batch-sizes 1 --contexts 1024 --steps 1 --profile
   bench old_$r $OLD $L --batch-sizes 1 --contexts 1024 --steps 1 --profile
   bench w32_$r LUNAR_KDA_CONV=w32 $L --batch-sizes 1 --contexts 1024 --steps 1 --profile
-  [ $(( $(date +%s) - t0 )) -gt 60 ] && break
+  [ $(( $(date +%s) - t0 )) -gt ${AB_S:-60} ] && break
 done
 ncu_pass() { # name, env
   local n=$1 e=$2
@@ -57,9 +58,9 @@ for n, ds in by.items():
     print("%-48s top%d: %.1f us, read %.1f MB, write %.1f MB, %.2f TB/s, occupancy %.1f %%" % (n[:48], len(ds), t, rd, wr, (rd + wr) / t if t else 0, oc))
 PY
 }
-[ $(( $(date +%s) - t0 )) -lt 105 ] && { step "ncu new"; ncu_pass new LUNAR_NONE=0; }
-if [ $(( $(date +%s) - t0 )) -lt 90 ]; then step "ncu w32"; ncu_pass w32 LUNAR_KDA_CONV=w32; fi
-if [ $(( $(date +%s) - t0 )) -lt 100 ]; then step "ncu old"; ncu_pass old $OLD; fi
+[ $(( $(date +%s) - t0 )) -lt ${NCU_S:-105} ] && { step "ncu new"; ncu_pass new LUNAR_NONE=0; }
+if [ $(( $(date +%s) - t0 )) -lt ${NCU_S:-105} ]; then step "ncu w32"; ncu_pass w32 LUNAR_KDA_CONV=w32; fi
+if [ -n "${NCU_OLD:-}" ]; then step "ncu old"; ncu_pass old $OLD; fi
 step done
 (cd "$OUT" && gzip -f ncu_*.csv; tar czf all.tgz --exclude=all.tgz --exclude=summary.txt -- * && rm -rf t_* b_* ncu_*)
 cat $T

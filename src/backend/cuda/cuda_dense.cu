@@ -622,11 +622,11 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
     }
 }
 // The conv pass, second form (the default; LUNAR_KDA_CONV=old the tile kernel above). The tile
-// kernel ran at ~1.9 TB/s (420 us a layer at 8K against ~210 us of bytes): each block staged its 67
-// rows, waited for all of them, then computed (a bubble per block, 34 KB of shared memory a block
-// capping residency at 6 blocks of 4 warps), and its 3H-th block row (beta and the bf16 copies:
-// scalar loads, an integer division per element, one load in flight per thread) was dispatched
-// last, after every q|k|v block, where it ran alone as the kernel's tail. Here nothing is staged:
+// kernel (cp.async staging) took 339 us a layer at 8K on the H200, 2.35 TB/s of its 0.80 GB; read
+// from its code, not from stall counters: each block stages its 67 rows, waits for all of them, then
+// computes (a bubble per block; 36 KB of shared memory a block caps residency at 6 blocks of 4
+// warps), and its 3H-th block row (beta and the bf16 copies: scalar loads, an integer division per
+// element) is dispatched last, after every q|k|v block, as the kernel's tail. Here nothing is staged:
 // warp w of block (tile, r) owns head row r - 1 for TW consecutive tokens, each lane 4
 // channels, and slides the conv window in registers (the K - 1 rows before its first token loaded
 // once: from L2 or L1, they are the previous warp's rows); the inputs of KP2_U tokens are loaded
@@ -634,8 +634,9 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
 // The beta / bf16 block row is row 0 (dispatched first, in the shadow of the rest) and moves 16 bytes
 // a lane where widths and offsets allow. Arithmetic: the conv sum, the SiLU and the norm's warp
 // tree are the tile kernel's expressions in the same order: bit-equal outputs (the op test checks).
-// TW (16; LUNAR_KDA_CONV=w32: 32) tokens a warp: the K - 1 window rows it reads twice (from L2 when
-// the neighbouring warp's load brought them) are (K - 1) / TW of its reads
+// TW tokens a warp (32 for K = 4; 16 for the generic instantiation): the K - 1 window rows it reads
+// twice (from L2 when the neighbouring warp's load brought them) are (K - 1) / TW of its reads. On the
+// H200 (8K prefill, ncu, docs/benchmarks.md session 8) TW = 32 took 257 us a layer, TW = 16 270 us
 constexpr int KP2_WARPS = 8, KP2_U = 4;
 
 __device__ __forceinline__ uint2 bf16x4(float4 f) {
@@ -751,14 +752,10 @@ extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, fl
     if (!(form && strcmp(form, "old") == 0)) {
         const int vec = a_off % 4 == 0 && a_w % 4 == 0 && g_off % 4 == 0 && g_w % 4 == 0 &&
                         ((uintptr_t)xa & 7) == 0 && ((uintptr_t)xg & 7) == 0;
-        const int w32 = form && strcmp(form, "w32") == 0;
-        const dim3 grid2(ceil_div_u(T, (w32 ? 32 : 16) * KP2_WARPS), 3 * H + 1);
-        if (K == 4 && w32)
+        /* the grid's tokens a block follow the instantiation launched (TW x KP2_WARPS) */
+        const dim3 grid2(ceil_div_u(T, (K == 4 ? 32 : 16) * KP2_WARPS), 3 * H + 1);
+        if (K == 4)
             kda_conv_qkv_prefill2_kernel<4, 32><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
-                q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
-                w, state, T, H, K, eps, vec);
-        else if (K == 4)
-            kda_conv_qkv_prefill2_kernel<4, 16><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
                 q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
                 w, state, T, H, K, eps, vec);
         else
