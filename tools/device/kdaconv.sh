@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Session 8, issue 9 (branch s8-kdaconv): the KDA prefill's conv pass (kda_conv_qkv_prefill2_kernel) and
 # the f_b GEMM with the gate in its epilogue (kda_gate_gemm_kernel). The op and model tests, then the
-# Kimi-Linear 8K / 32K prefill, new (default) against LUNAR_KDA_CONV=old,LUNAR_KDA_GATE=old and
-# LUNAR_KDA_CONV=w32 in alternating rounds, then ncu passes over the KDA prefill kernels (time, DRAM
-# bytes, occupancy) for each.
+# Kimi-Linear 8K / 32K prefill, new (default) against LUNAR_KDA_CONV=old,LUNAR_KDA_GATE=old in
+# alternating rounds, then ncu passes over the KDA prefill kernels (time, DRAM bytes, occupancy).
+# (Session 8's second call also ran LUNAR_KDA_CONV=w32, the 32-token warp runs, now the default.)
 #   P=<prebuilt dir> OUT=<dir> [LONG=1: 32K in round 1] [AB_S=s: no further round after s seconds]
 #   [NCU_S=s: no ncu pass started after s seconds] [NCU_OLD=1: the old kernels' pass too] tools/device/kdaconv.sh
 set -u
@@ -30,7 +30,6 @@ for r in 1 2 3; do
   if [ $r = 1 ] && [ -n "${LONG:-}" ]; then L="--max-len 36864 --input-lens 8192,32768"; else L="--max-len 9000 --input-lens 8192"; fi
   bench new_$r LUNAR_NONE=0 $L --batch-sizes 1 --contexts 1024 --steps 1 --profile
   bench old_$r $OLD $L --batch-sizes 1 --contexts 1024 --steps 1 --profile
-  bench w32_$r LUNAR_KDA_CONV=w32 $L --batch-sizes 1 --contexts 1024 --steps 1 --profile
   [ $(( $(date +%s) - t0 )) -gt ${AB_S:-60} ] && break
 done
 ncu_pass() { # name, env
@@ -59,7 +58,6 @@ for n, ds in by.items():
 PY
 }
 [ $(( $(date +%s) - t0 )) -lt ${NCU_S:-105} ] && { step "ncu new"; ncu_pass new LUNAR_NONE=0; }
-if [ $(( $(date +%s) - t0 )) -lt ${NCU_S:-105} ]; then step "ncu w32"; ncu_pass w32 LUNAR_KDA_CONV=w32; fi
 if [ -n "${NCU_OLD:-}" ]; then step "ncu old"; ncu_pass old $OLD; fi
 step done
 (cd "$OUT" && gzip -f ncu_*.csv; tar czf all.tgz --exclude=all.tgz --exclude=summary.txt -- * && rm -rf t_* b_* ncu_*)
