@@ -817,7 +817,8 @@ extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log
 // columns, 4 warps, 52 KB: 16 warps an SM) took 162 us a layer at 8K, 0.66 TB/s of its 108 MB
 // written: each block in turn loads, multiplies, then evaluates 64 gates a thread (exp, log1p), with
 // too few warps to overlap them; this one keeps 32 warps an SM (52 KB, 64 registers) and 32 gates
-// a thread.
+// a thread: 127 us (docs/benchmarks.md session 8), against 193 us of the gate pass alone before; still
+// ~4x the write's floor (the gates' exp and log1p, and each block's phases in sequence).
 constexpr int GG_M = 128, GG_N = 64, GG_T = GG_M / 16 * 32;
 __global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_kernel(float *__restrict__ g, const __nv_bfloat16 *__restrict__ xa,
                                                             const __nv_bfloat16 *__restrict__ W, int n, int H, int in,
