@@ -554,13 +554,19 @@ TEST(cuda_kda_conv_qkv_decode_matches_ops) {
  * (read, then advanced: compared bit for bit), op_l2norm of the q and k head rows (1e-5: the conv
  * sums are the same fp32 expressions, the norm's sum another tree), sigmoid (1e-6), the bf16 copies
  * of the two low-rank inputs (bit-equal: both round to nearest even). T odd, below the K - 1 taps
- * taken from the state, across the 64-token tiles; H odd; K 1, 3, 4. */
+ * taken from the state, across the 64-token tiles of the old kernel and the default one's 256-token
+ * blocks of 32-token warp runs (K = 4; 128 / 16 for other K): T = 300 a whole block, a partial one and
+ * a partial warp run; H odd; K 1, 3, 4
+ * (the default kernel's K = 4 instantiation and its generic one); low-rank widths multiples of 4
+ * (its 16-byte copies) and odd (its scalar ones). The default kernel, the old one's cp.async staging
+ * and its plain staging (LUNAR_KDA_CONV=old, LUNAR_KDA_CONV_ASYNC=0) are then compared bit for bit. */
 TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
     if (!cuda_on()) return;
-    static const int shapes[][3] = {{200, 3, 4}, {37, 2, 4}, {2, 1, 4}, {129, 2, 3}, {64, 1, 1}}; /* T, H, K */
+    static const int shapes[][5] = {{200, 3, 4, 24, 40}, {37, 2, 4, 21, 37}, {2, 1, 4, 24, 40}, {129, 2, 3, 24, 40},
+                                    {64, 1, 1, 8, 4},    {300, 2, 4, 128, 128}}; /* T, H, K, a_w, g_w */
     for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int T = shapes[si][0], H = shapes[si][1], K = shapes[si][2], dk = 128, HD = H * dk, C = 3 * HD;
-        const int S = K - 1, aw = 24, gw = 40, a_off = C, g_off = C + aw, b_off = g_off + gw;
+        const int S = K - 1, aw = shapes[si][3], gw = shapes[si][4], a_off = C, g_off = C + aw, b_off = g_off + gw;
         const int xs = (b_off + H + 3) / 4 * 4 + 4;
         size_t mark = lunar_cuda_mark();
         float *x = test_rand((long)T * xs, 300 + si, -2, 2), *w = test_rand((long)C * K, 310 + si, -1, 1);
@@ -610,22 +616,23 @@ TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
         CHECK_MSG(bad == 0, "T=%d: %d bf16 copies differ", T, bad);
         CHECK(guards_ok(&oq) && guards_ok(&ok) && guards_ok(&ov) && guards_ok(&ob) && guards_ok(&oa) &&
               guards_ok(&og));
-        /* the cp.async staging (the default) against the plain one (LUNAR_KDA_CONV_ASYNC=0): the same
-         * values in the tile, so every output and the state bit-equal */
+        /* the default kernel against the old one's cp.async staging and its plain staging: the same
+         * expressions in the same order, so every output and the state bit-equal */
         const size_t nq = (size_t)T * HD, sb = ((size_t)C * S + 1) * 4;
         const size_t nb[6] = {nq * 4, nq * 4, nq * 4, (size_t)T * H * 4, (size_t)T * aw * 2, (size_t)T * gw * 2};
         void *dout[6] = {dq, dk_, dv, db, da, dg};
         const float *dx2 = dev_in(x, (size_t)T * xs * 4);
-        unsigned char *res[2][7];
-        for (int pass = 0; pass < 2; pass++) {
+        unsigned char *res[3][7];
+        for (int pass = 0; pass < 3; pass++) {
             float *dst2 = dev_in(st, sb);
             guarded *gs[6] = {&oq, &ok, &ov, &ob, &oa, &og}; /* poisoned again: each pass must write all */
             for (int o = 0; o < 6; o++) lunar_cuda_fill_u32(gs[o]->base, SENT, gs[o]->words + 2 * GUARD);
+            if (pass < 2) setenv("LUNAR_KDA_CONV", "old", 1);
             setenv("LUNAR_KDA_CONV_ASYNC", pass ? "1" : "0", 1);
             lunar_cuda_kda_conv_qkv_prefill(dq, dk_, dv, db, da, dg, dx2, xs, a_off, aw, g_off, gw, b_off, dw, dst2, T,
                                             H, dk, K, 1e-6f, NULL);
             lunar_cuda_sync();
-            unsetenv("LUNAR_KDA_CONV_ASYNC");
+            unsetenv("LUNAR_KDA_CONV_ASYNC"), unsetenv("LUNAR_KDA_CONV");
             for (int o = 0; o < 7; o++) {
                 const size_t n = o < 6 ? nb[o] : sb;
                 res[pass][o] = malloc(n);
@@ -635,7 +642,9 @@ TEST(cuda_kda_conv_qkv_prefill_vs_cpu) {
         for (int o = 0; o < 7; o++) {
             CHECK_MSG(memcmp(res[0][o], res[1][o], o < 6 ? nb[o] : sb) == 0,
                       "T=%d H=%d K=%d: the cp.async staging's output %d differs", T, H, K, o);
-            free(res[0][o]), free(res[1][o]);
+            CHECK_MSG(memcmp(res[0][o], res[2][o], o < 6 ? nb[o] : sb) == 0,
+                      "T=%d H=%d K=%d: the default kernel's output %d differs from the old one's", T, H, K, o);
+            free(res[0][o]), free(res[1][o]), free(res[2][o]);
         }
         CHECK(guards_ok(&oq) && guards_ok(&ok) && guards_ok(&ov) && guards_ok(&ob) && guards_ok(&oa) &&
               guards_ok(&og));
@@ -796,6 +805,60 @@ TEST(cuda_kda_gate_vs_cpu) {
     test_tensor_free(&A), test_tensor_free(&Bt);
     free(f), free(al), free(db);
     lunar_cuda_release(mark);
+}
+
+/* the prefill's f_b GEMM with the gate in its epilogue (lunar_cuda_kda_gate_gemm) against the CPU
+ * (bf16 operands, products summed in double, then op_kda_gate: 1e-5) and against the launches it
+ * replaces (cuBLAS / the generic GEMM into pre, then lunar_cuda_kda_gate: 1e-5, the sums in another
+ * order); n odd and past a 64-token tile (a partial one, rows 8 apart straddling the end), H odd, in
+ * 128 (the model's) and 48, both gate forms; the guards catch a write past g. */
+TEST(cuda_kda_gate_gemm_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{77, 3, 128}, {133, 2, 48}, {5, 1, 128}}; /* n, H, in */
+    for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int n = shapes[si][0], H = shapes[si][1], in = shapes[si][2], dk = 128, HD = H * dk;
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)n * in, 600 + si, -2, 2), *wf = test_rand((long)HD * in, 610 + si, -0.3f, 0.3f);
+        float *al = test_rand(H, 620 + si, -2, 1), *db = test_rand(HD, 630 + si, -1, 1);
+        uint16_t *xb = malloc((size_t)n * in * 2), *wb = malloc((size_t)HD * in * 2);
+        for (long i = 0; i < (long)n * in; i++) xb[i] = lunar_f32_to_bf16(x[i]);
+        for (long i = 0; i < (long)HD * in; i++) wb[i] = lunar_f32_to_bf16(wf[i]);
+        float *f = test_alloc((long)n * HD);
+        for (int t = 0; t < n; t++)
+            for (int o = 0; o < HD; o++) {
+                double a = 0;
+                for (int i = 0; i < in; i++)
+                    a += (double)lunar_bf16_to_f32(wb[(long)o * in + i]) * lunar_bf16_to_f32(xb[(long)t * in + i]);
+                f[(long)t * HD + o] = (float)a;
+            }
+        lunar_tensor A = test_tensor1(LUNAR_DTYPE_F32, H, al), Bt = test_tensor1(LUNAR_DTYPE_F32, HD, db);
+        const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(wb, (size_t)HD * in * 2);
+        const float *dal = dev_in(al, H * 4), *ddb = dev_in(db, HD * 4);
+        float *pre = lunar_cuda_alloc((size_t)n * HD * 4), *g2 = lunar_cuda_alloc((size_t)n * HD * 4);
+        for (int m = 0; m < 2; m++) {
+            const float lb = m ? -5.0f : 0.0f;
+            float *ref = test_poisoned((long)n * HD);
+            op_kda_gate(ref, f, &A, &Bt, n, H, dk, lb);
+            guarded o;
+            float *dg = guarded_new(&o, (size_t)n * HD * 4);
+            CHECK(lunar_cuda_kda_gate_gemm(dg, dx, dw, n, H, dk, in, dal, ddb, lb, NULL) == 0);
+            lunar_cuda_matmul(pre, LUNAR_CUDA_F32, dx, dw, n, HD, in, NULL);
+            lunar_cuda_kda_gate(g2, pre, dal, ddb, n, H, dk, lb, NULL);
+            float *g = down_f32(dg, (long)n * HD), *gr = down_f32(g2, (long)n * HD);
+            char what[96];
+            snprintf(what, sizeof what, "kda_gate_gemm n=%d H=%d in=%d lb=%g vs CPU", n, H, in, lb);
+            report(what, lunar_max_rel_err(g, ref, (long)n * HD), 1e-5);
+            snprintf(what, sizeof what, "kda_gate_gemm n=%d H=%d in=%d lb=%g vs GEMM + gate", n, H, in, lb);
+            report(what, lunar_max_rel_err(g, gr, (long)n * HD), 1e-5);
+            CHECK(guards_ok(&o));
+            free(ref), free(g), free(gr);
+        }
+        CHECK(lunar_cuda_kda_gate_gemm(g2, dx, dw, n, H, 64, in, dal, ddb, 0.0f, NULL) == -1); /* dk != 128 */
+        CHECK(lunar_cuda_kda_gate_gemm(g2, dx, dw, n, H, dk, 40, dal, ddb, 0.0f, NULL) == -1); /* in % 16 */
+        test_tensor_free(&A), test_tensor_free(&Bt);
+        free(x), free(wf), free(al), free(db), free(xb), free(wb), free(f);
+        lunar_cuda_release(mark);
+    }
 }
 
 /* batch 1's gate projections in one launch against the launches they replace (skinny GEMM of f_b,

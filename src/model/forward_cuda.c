@@ -276,6 +276,12 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
     lunar_cuda_release(mk);
 }
 
+static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, then the gate pass */
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_KDA_GATE") && strcmp(getenv("LUNAR_KDA_GATE"), "old") == 0;
+    return v;
+}
+
 static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
                       const uint16_t *hb_in, float *out, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
@@ -357,8 +363,14 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
                                             g_off, w->ga.out, b_off, w->qc, st, b->seqs[j].n, H, dk, K, KDA_L2_EPS,
                                             NULL);
         }
-        mm_b(pre, fa16, &w->fb, n, NULL); /* y is dead from here: pre, g, o live in it */
-        lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
+        /* y is dead from here: pre, g, o live in it. The gate in f_b's epilogue (one write of g instead
+         * of pre's write, read and g's write; LUNAR_KDA_GATE=old: cuBLAS + lunar_cuda_kda_gate) */
+        if (kda_gate_old() || w->fb.s8 ||
+            lunar_cuda_kda_gate_gemm(g, fa16, w->fb.p, n, H, dk, w->fb.in, w->A_log, w->dt_bias,
+                                     c->kda_gate_lower_bound, NULL) != 0) {
+            mm_b(pre, fa16, &w->fb, n, NULL);
+            lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
+        }
     } else {
         /* h's bf16 copy once for the six projections that read it (mm would make one each) */
         if (!hb) hb = bf16_copy(h, (size_t)n * c->hidden_size);

@@ -621,6 +621,124 @@ __global__ void __launch_bounds__(128) kda_conv_qkv_prefill_kernel(
         *reinterpret_cast<float4 *>(out + (size_t)(t0 + tt) * HD) = make_float4(a0, a1, a2, a3);
     }
 }
+// The conv pass, second form (the default; LUNAR_KDA_CONV=old the tile kernel above). The tile
+// kernel (cp.async staging) took 339 us a layer at 8K on the H200, 2.35 TB/s of its 0.80 GB; read
+// from its code, not from stall counters: each block stages its 67 rows, waits for all of them, then
+// computes (a bubble per block; 36 KB of shared memory a block caps residency at 6 blocks of 4
+// warps), and its 3H-th block row (beta and the bf16 copies: scalar loads, an integer division per
+// element) is dispatched last, after every q|k|v block, as the kernel's tail. Here nothing is staged:
+// warp w of block (tile, r) owns head row r - 1 for TW consecutive tokens, each lane 4
+// channels, and slides the conv window in registers (the K - 1 rows before its first token loaded
+// once: from L2 or L1, they are the previous warp's rows); the inputs of KP2_U tokens are loaded
+// together (KP2_U loads in flight per lane) and then convolved, normalised and stored in order.
+// The beta / bf16 block row is row 0 (dispatched first, in the shadow of the rest) and moves 16 bytes
+// a lane where widths and offsets allow. Arithmetic: the conv sum, the SiLU and the norm's warp
+// tree are the tile kernel's expressions in the same order: bit-equal outputs (the op test checks).
+// TW tokens a warp (32 for K = 4; 16 for the generic instantiation): the K - 1 window rows it reads
+// twice (from L2 when the neighbouring warp's load brought them) are (K - 1) / TW of its reads. On the
+// H200 (8K prefill, ncu, docs/benchmarks.md session 8) TW = 32 took 257 us a layer, TW = 16 270 us
+constexpr int KP2_WARPS = 8, KP2_U = 4;
+
+__device__ __forceinline__ uint2 bf16x4(float4 f) {
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(f.x, f.y), hi = __floats2bfloat162_rn(f.z, f.w);
+    return make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+}
+
+// block row 0: beta = sigmoid and the bf16 copies of the low-rank inputs of the block's tokens,
+// a warp per token (VEC: 4 columns a lane, offsets and widths multiples of 4, outputs 8-byte aligned)
+template <bool VEC>
+__device__ __forceinline__ void kp2_aux(float *__restrict__ beta, __nv_bfloat16 *__restrict__ xa,
+                                        __nv_bfloat16 *__restrict__ xg, const float *__restrict__ x, int64_t xs,
+                                        int a_off, int a_w, int g_off, int g_w, int b_off, int t0, int nt, int H) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int tt = warp; tt < nt; tt += KP2_WARPS) {
+        const size_t t = (size_t)(t0 + tt);
+        const float *row = x + t * xs;
+        for (int j = lane; j < H; j += 32) beta[t * H + j] = 1.0f / (1.0f + expf(-row[b_off + j]));
+        if (VEC) {
+            for (int j = lane; j < a_w / 4; j += 32)
+                *reinterpret_cast<uint2 *>(xa + t * a_w + 4 * j) =
+                    bf16x4(*reinterpret_cast<const float4 *>(row + a_off + 4 * j));
+            for (int j = lane; j < g_w / 4; j += 32)
+                *reinterpret_cast<uint2 *>(xg + t * g_w + 4 * j) =
+                    bf16x4(*reinterpret_cast<const float4 *>(row + g_off + 4 * j));
+        } else {
+            for (int j = lane; j < a_w; j += 32) xa[t * a_w + j] = __float2bfloat16_rn(row[a_off + j]);
+            for (int j = lane; j < g_w; j += 32) xg[t * g_w + j] = __float2bfloat16_rn(row[g_off + j]);
+        }
+    }
+}
+
+// KT: the conv length fixed at compile time (4, the models'), 0: any K <= CONV_MAX_K at run time
+template <int KT, int TW>
+__global__ void __launch_bounds__(KP2_WARPS * 32, KT ? 3 : 2) kda_conv_qkv_prefill2_kernel(
+    float *__restrict__ q, float *__restrict__ k, float *__restrict__ v, float *__restrict__ beta,
+    __nv_bfloat16 *__restrict__ xa, __nv_bfloat16 *__restrict__ xg, const float *__restrict__ x, int64_t xs,
+    int a_off, int a_w, int g_off, int g_w, int b_off, const float *__restrict__ w, const float *__restrict__ state,
+    int T, int H, int Kr, float eps, int vec) {
+    static_assert(TW % KP2_U == 0, "a warp's run is whole groups");
+    constexpr int KM = KT ? KT : CONV_MAX_K, TB = TW * KP2_WARPS;
+    const int K = KT ? KT : Kr, S = K - 1, tb = blockIdx.x * TB;
+    if (blockIdx.y == 0) {
+        const int nt = min(TB, T - tb);
+        if (vec) kp2_aux<true>(beta, xa, xg, x, xs, a_off, a_w, g_off, g_w, b_off, tb, nt, H);
+        else kp2_aux<false>(beta, xa, xg, x, xs, a_off, a_w, g_off, g_w, b_off, tb, nt, H);
+        return;
+    }
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = blockIdx.y - 1, part = r / H;
+    const int t0 = tb + warp * TW, c0 = r * 128 + 4 * lane;
+    if (t0 >= T) return;
+    const int nt = min(TW, T - t0);
+    float wr[4][KM];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < KM; i++) wr[j][i] = i < K ? w[(size_t)(c0 + j) * K + i] : 0.0f;
+    float4 win[KM > 1 ? KM - 1 : 1]; /* win[i]: the input of token t - S + i */
+#pragma unroll
+    for (int i = 0; i < KM - 1; i++)
+        if (i < S) {
+            const int p = t0 - S + i;
+            if (p >= 0) {
+                win[i] = *reinterpret_cast<const float4 *>(x + (size_t)p * xs + c0);
+            } else { /* before the sequence: the state's column S + p of channels c0 .. c0 + 3 */
+                const float *st = state + (size_t)c0 * S + (S + p);
+                win[i] = make_float4(st[0], st[S], st[2 * S], st[3 * S]);
+            }
+        }
+    float *out = (part == 0 ? q : part == 1 ? k : v) + (size_t)(r - part * H) * 128 + 4 * lane;
+    const int HD = H * 128;
+    for (int u0 = 0; u0 < nt; u0 += KP2_U) {
+        float4 xv[KP2_U];
+#pragma unroll
+        for (int u = 0; u < KP2_U; u++)
+            if (u0 + u < nt) xv[u] = *reinterpret_cast<const float4 *>(x + (size_t)(t0 + u0 + u) * xs + c0);
+#pragma unroll
+        for (int u = 0; u < KP2_U; u++) {
+            if (u0 + u >= nt) break; /* warp-uniform */
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < KM; i++)
+                if (i < K) {
+                    const float4 sv = i < S ? win[i] : xv[u];
+                    a0 += wr[0][i] * sv.x, a1 += wr[1][i] * sv.y, a2 += wr[2][i] * sv.z, a3 += wr[3][i] * sv.w;
+                }
+#pragma unroll
+            for (int i = 0; i < KM - 1; i++)
+                if (i < S) win[i] = i + 1 < S ? win[i + 1] : xv[u];
+            a0 = a0 / (1.0f + expf(-a0)), a1 = a1 / (1.0f + expf(-a1));
+            a2 = a2 / (1.0f + expf(-a2)), a3 = a3 / (1.0f + expf(-a3));
+            if (part < 2) { /* warp-uniform */
+                float ss = a0 * a0 + a1 * a1 + a2 * a2 + a3 * a3;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                const float inv = 1.0f / sqrtf(ss + eps);
+                a0 *= inv, a1 *= inv, a2 *= inv, a3 *= inv;
+            }
+            *reinterpret_cast<float4 *>(out + (size_t)(t0 + u0 + u) * HD) = make_float4(a0, a1, a2, a3);
+        }
+    }
+}
 extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, uint16_t *xa,
                                                 uint16_t *xg, const float *x, int64_t x_stride, int a_off, int a_w,
                                                 int g_off, int g_w, int b_off, const float *w, float *state, int T,
@@ -628,10 +746,23 @@ extern "C" void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, fl
     CUDA_REQUIRE(dk == 128 && H >= 1 && K >= 1 && K <= CONV_MAX_K && x_stride % 4 == 0 &&
                  ((uintptr_t)x & 15) == 0 && a_w >= 0 && g_w >= 0 && (a_w == 0 || xa) && (g_w == 0 || xg));
     if (T <= 0) return;
-    /* read per call (a prefill launch, not captured): the op test switches it between calls */
-    const char *as = getenv("LUNAR_KDA_CONV_ASYNC");
+    /* read per call (a prefill launch, not captured): the op test switches them between calls */
+    const char *as = getenv("LUNAR_KDA_CONV_ASYNC"), *form = getenv("LUNAR_KDA_CONV");
     const dim3 grid(ceil_div_u(T, KP_TT), 3 * H + 1);
-    if (!(as && atoi(as) == 0))
+    if (!(form && strcmp(form, "old") == 0)) {
+        const int vec = a_off % 4 == 0 && a_w % 4 == 0 && g_off % 4 == 0 && g_w % 4 == 0 &&
+                        ((uintptr_t)xa & 7) == 0 && ((uintptr_t)xg & 7) == 0;
+        /* the grid's tokens a block follow the instantiation launched (TW x KP2_WARPS) */
+        const dim3 grid2(ceil_div_u(T, (K == 4 ? 32 : 16) * KP2_WARPS), 3 * H + 1);
+        if (K == 4)
+            kda_conv_qkv_prefill2_kernel<4, 32><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
+                q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
+                w, state, T, H, K, eps, vec);
+        else
+            kda_conv_qkv_prefill2_kernel<0, 16><<<grid2, KP2_WARPS * 32, 0, to_stream(s)>>>(
+                q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off,
+                w, state, T, H, K, eps, vec);
+    } else if (!(as && atoi(as) == 0))
         kda_conv_qkv_prefill_kernel<true><<<grid, 128, 0, to_stream(s)>>>(
             q, k, v, beta, (__nv_bfloat16 *)xa, (__nv_bfloat16 *)xg, x, x_stride, a_off, a_w, g_off, g_w, b_off, w,
             state, T, H, K, eps);
@@ -667,4 +798,95 @@ extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log
     launch_pdl(kda_gate_kernel, dim3((unsigned)(b > 65536 ? 65536 : b)), dim3(256), 0, to_stream(s), g, f, A_log,
                dt_bias, n, H, dk, lower_bound);
     CUDA_CHECK_LAUNCH();
+}
+
+// ---------------------------------------------------------------- KDA prefill: f_b with the gate
+// The forget gate's up-projection of the prefill with op_kda_gate in its epilogue: g [n, H 128] =
+// op_kda_gate(xa [n, in] . f_b^T), f_b [H 128, in] bf16. It replaces cuBLAS's GEMM into pre and
+// lunar_cuda_kda_gate over it (192 us a layer at 8K: a pass reading and writing [n, H 128] fp32):
+// with in = 128 the GEMM is 0.26 GFLOP per 1K tokens and its cost is the fp32 store of its output
+// alone, so applying the gate where the accumulators are (a register op) removes the gate's pass and
+// pre's write and read outright; g is written once. Where else: the chunk kernel's loads of g
+// (kda_intra2 reads each g twice, the second time on a 128-thread critical path; the gate's exp and
+// log1p there would run twice per element on it), or the conv pass (it has no f_b product).
+// Block (tile, j): 128 tokens x 64 gate columns (half of head j / 2: one A_log, one block of dt_bias),
+// A and f_b's rows staged whole by cp.async (rows padded to in + 8 bf16: the 32-bit fragment loads
+// of rows g, words t hit 32 distinct banks for any in % 16 == 0), warp w rows 16 w .. + 15, all 64
+// columns, mma.sync m16n8k16 bf16 with fp32 accumulation (cuBLAS's operands and precision; the sums
+// in another order). Launched plainly (the prefill is not captured). The first form (64 tokens x 128
+// columns, 4 warps, 52 KB: 16 warps an SM) took 162 us a layer at 8K, 0.66 TB/s of its 108 MB
+// written: each block in turn loads, multiplies, then evaluates 64 gates a thread (exp, log1p), with
+// too few warps to overlap them; this one keeps 32 warps an SM (52 KB, 64 registers) and 32 gates
+// a thread: 127 us (docs/benchmarks.md session 8), against 193 us of the gate pass alone before; still
+// ~4x the write's floor (the gates' exp and log1p, and each block's phases in sequence).
+constexpr int GG_M = 128, GG_N = 64, GG_T = GG_M / 16 * 32;
+__global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_kernel(float *__restrict__ g, const __nv_bfloat16 *__restrict__ xa,
+                                                            const __nv_bfloat16 *__restrict__ W, int n, int H, int in,
+                                                            const float *__restrict__ A_log,
+                                                            const float *__restrict__ dt_bias, float lb) {
+    extern __shared__ __align__(16) uint32_t gg_sm[];
+    const int ldw = in / 2 + 4; /* words a row */
+    uint32_t *As = gg_sm, *Bs = gg_sm + GG_M * ldw;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+    const int t0 = blockIdx.x * GG_M, n0 = blockIdx.y * GG_N, h = n0 / 128, c16 = in / 8; /* 16-byte pieces */
+    for (int i = tid; i < (GG_M + GG_N) * c16; i += GG_T) {
+        const int row = i / c16, j = i % c16;
+        uint32_t *d = (row < GG_M ? As + row * ldw : Bs + (row - GG_M) * ldw) + 4 * j;
+        const __nv_bfloat16 *src = row < GG_M ? xa + (size_t)(t0 + row) * in + 8 * j
+                                              : W + ((size_t)n0 + (row - GG_M)) * in + 8 * j;
+        if (row < GG_M && t0 + row >= n) {
+            *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
+            continue;
+        }
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(d)),
+                     "l"(src) : "memory");
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+    float acc[GG_N / 8][4];
+#pragma unroll
+    for (int j = 0; j < GG_N / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    const uint32_t *a_lo = As + (16 * warp + gq) * ldw + t4, *a_hi = a_lo + 8 * ldw, *b_r = Bs + gq * ldw + t4;
+    for (int kw = 0; kw < in / 2; kw += 8) { /* 16 k a step, 8 words */
+        const uint32_t a0 = a_lo[kw], a1 = a_hi[kw], a2 = a_lo[kw + 4], a3 = a_hi[kw + 4];
+#pragma unroll
+        for (int j = 0; j < GG_N / 8; j++) {
+            const uint32_t *b = b_r + 8 * j * ldw + kw;
+            asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                         "{%8,%9}, {%0,%1,%2,%3};\n"
+                         : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b[0]), "r"(b[4]));
+        }
+    }
+    const float al = A_log[h];
+    const size_t HD = (size_t)H * 128;
+    const int r0 = t0 + 16 * warp + gq;
+#pragma unroll
+    for (int j = 0; j < GG_N / 8; j++) {
+        const int col = n0 + 8 * j + 2 * t4;
+        const float d0 = dt_bias[col], d1 = dt_bias[col + 1];
+        float *o = g + (size_t)r0 * HD + col;
+        if (r0 < n)
+            *reinterpret_cast<float2 *>(o) =
+                make_float2(kda_gate_value(acc[j][0], al, d0, lb), kda_gate_value(acc[j][1], al, d1, lb));
+        if (r0 + 8 < n)
+            *reinterpret_cast<float2 *>(o + 8 * HD) =
+                make_float2(kda_gate_value(acc[j][2], al, d0, lb), kda_gate_value(acc[j][3], al, d1, lb));
+    }
+}
+extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint16_t *W, int n, int H, int dk, int in,
+                                        const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s) {
+    if (dk != 128 || in % 16 || in < 16 || in > 256 || ((uintptr_t)xa & 15) || ((uintptr_t)W & 15) ||
+        ((uintptr_t)g & 7))
+        return -1;
+    if (n <= 0) return 0;
+    const size_t smem = (size_t)(GG_M + GG_N) * (in / 2 + 4) * 4;
+    /* the opt-in above 48 KB, set at each call (per device: a process may drive several; a host call
+     * per KDA layer of a prefill) */
+    if (smem > 48 * 1024)
+        CUDA_CHECK(cudaFuncSetAttribute(kda_gate_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    kda_gate_gemm_kernel<<<dim3(ceil_div_u(n, GG_M), H * (128 / GG_N)), GG_T, smem, to_stream(s)>>>(
+        g, (const __nv_bfloat16 *)xa, (const __nv_bfloat16 *)W, n, H, in, A_log, dt_bias, lb);
+    CUDA_CHECK_LAUNCH();
+    return 0;
 }

@@ -229,6 +229,13 @@ void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, 
                                      int b_off, const float *w, float *state, int T, int H, int dk, int K, float eps,
                                      lunar_cuda_stream s);
 
+/* KDA prefill: g [n, H dk] = op_kda_gate(xa [n, in] . W^T), xa bf16 (16-byte aligned), W = f_b [H dk, in]
+ * bf16 (16-byte aligned), g 8-byte aligned; bf16 products, fp32 sums (a GEMM's; another order than
+ * cuBLAS's). Replaces lunar_cuda_matmul into pre + lunar_cuda_kda_gate. Returns -1 (nothing launched)
+ * unless dk = 128 and in % 16 == 0, 16 <= in <= 256. */
+int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint16_t *W, int n, int H, int dk, int in,
+                             const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s);
+
 /* KDA decode, one token: g [H dk] = op_kda_gate(f_b . x[0, in)) and, og non-NULL, og [H dk] =
  * g_b . x[in, 2 in), W = [f_b; g_b] bf16 ([H dk, in] each; f_b alone when og is NULL), x fp32 (its
  * bf16 rounding the GEMM operand, as lunar_cuda_matmul_f32x), 16-byte aligned, in % 8 == 0. The
