@@ -3,12 +3,16 @@
 # session's new defaults (warp router, float4 RMSNorm, MXFP4 prefill path 13, ...), issue 9's table (Kimi-Linear-48B
 # and the K3.1 TP8 slice), A/B rounds of the new defaults against their switches, llama.cpp as the peer
 # (LLAMA=<llama-bench>: tools/device/peer_llamacpp.sh) and (NCU=1) the per-kernel table of one Kimi-Linear B=1 step.
-#   P=<prebuilt dir> [SKIP_CHECK=1] [LLAMA=<llama-bench>] [NCU=1] [AB="ENV=V ..."] [AB_BATCH=1,32,64] \
-#     [TESTS="cuda_forward ..."] tools/device/session7_final.sh
+#   P=<prebuilt dir> [SKIP_CHECK=1] [SKIP_TABLES=1] [LLAMA=<llama-bench>] [NCU=1] [AB="ENV=V ..."] [AB_BATCH=1,32,64] \
+#     [TESTS="cuda_forward ..."] [PF_AB="ENV=V ..."] tools/device/session7_final.sh
+# PF_AB: the 8K prefill (Kimi-Linear, and the K3.1 slice) of main's defaults against each variant, two rounds.
 set -u
 P=${P:-.xfer-fin7}
 OUT=${OUT:-/tmp/o}
 SUMMARY=final.txt . tools/device/env.sh
+# the power limits and clocks (session 8: an 8K prefill ran power-capped, SM clock 1635-1965 MHz)
+timeout 20 nvidia-smi -q -d POWER,CLOCK > $OUT/power.txt 2>&1
+grep -E 'Power Limit|Power Draw|^ +SM +:' $OUT/power.txt | head -8 >> $T
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 step "check.sh tests"
 SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=120 ENGINE_TIMEOUT=45 OUT=$OUT/check timeout 200 tools/device/check.sh tests > $OUT/check.log 2>&1
@@ -22,6 +26,7 @@ done
 K=configs/kimi-linear-48b-a3b.json
 S="configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers 10 --project-layers 93"
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
+if [ "${SKIP_TABLES:-0}" != 1 ]; then
 step "KL48 table"
 timeout 150 $P/bin/lunar bench $K --load-format dummy --backend cuda --max-len 36864 --input-lens 1024,8192,32768 \
   --batch-sizes 1,8,32,64 --contexts 1024 > $OUT/kl_table.log 2>&1
@@ -30,6 +35,7 @@ step "K3.1 slice table"
 timeout 120 $P/bin/lunar bench $S --load-format dummy --backend cuda --input-lens 8192 --batch-sizes 1,8,64 \
   --contexts 8192 > $OUT/k3_table.log 2>&1
 echo "rc=$?" >> $T; grep -A4 '^prefill' $OUT/k3_table.log | head -3 >> $T; tpot $OUT/k3_table.log >> $T; grep -i 'project' $OUT/k3_table.log | head -3 >> $T
+fi
 # AB: variants separated by spaces, the assignments of one variant by commas (LUNAR_ROUTER=block,LUNAR_NORM=block)
 for r in 1 2; do
   i=0
@@ -41,6 +47,18 @@ for r in 1 2; do
     echo "rc=$? $(tpot $OUT/ab_${i}_$r.log)" >> $T
   done
 done
+if [ -n "${PF_AB:-}" ]; then
+  for r in 1 2; do
+    i=0
+    for v in LUNAR_NONE=0 $PF_AB; do
+      i=$((i + 1))
+      step "KL48 prefill 8K $v round $r"
+      env ${v//,/ } timeout 90 $P/bin/lunar bench $K --load-format dummy --backend cuda --max-len 9000 --input-lens 8192 \
+        --batch-sizes 1 --contexts 1024 --steps 1 > $OUT/pf_${i}_$r.log 2>&1
+      echo "rc=$? $(grep -A3 '^prefill' $OUT/pf_${i}_$r.log | awk '$1 ~ /^[0-9]+$/ {print $0}' | tr -s ' ' | head -1)" >> $T
+    done
+  done
+fi
 if [ -n "${LLAMA:-}" ]; then
   step "llama.cpp peer (Kimi-Linear-48B, random Q4_0 GGUF)"
   LLAMA_BENCH=$LLAMA OUT=$OUT timeout 560 tools/device/peer_llamacpp.sh > $OUT/llamacpp.log 2>&1
@@ -56,5 +74,5 @@ if [ "${NCU:-0}" = 1 ]; then
   head -16 $OUT/ncu_table.md >> $T
 fi
 step done
-(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=final.txt --exclude='ncu_dec.csv.gz' -- * && rm -rf check t_* ab_* kl_* k3_* ncu_dec.err llamacpp.log)
+(cd "$OUT" && tar czf all.tgz --exclude=all.tgz --exclude=final.txt --exclude='ncu_dec.csv.gz' -- * && rm -rf check t_* ab_* pf_* kl_* k3_* ncu_dec.err llamacpp.log)
 cat $T
