@@ -341,13 +341,13 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-13) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-14) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
-    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 13);
+    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 14);
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
