@@ -371,6 +371,45 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
     free(hb), free(hy);
 }
 
+/* LUNAR_MOE_F16_XS (path 16 with each pass's activations converted once into shared memory):
+ * the same f16 bits reach the same mma in the same order, so with the switch at 1 (where 4 blocks
+ * per SM stay: here every gate/up of D = 256 and the smaller passes of D = 512, 1024) and at 2
+ * (wherever it fits: passes of up to 8 rows) the expert rows and the combined output must equal
+ * path 16 without it (=0) bit for bit, and the CPU op as every path. The caller's value of the
+ * switch (the device script runs the tests under =1) is restored after. */
+static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                        const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
+                        int k, int D, int I) {
+    const char *was = getenv("LUNAR_MOE_F16_XS");
+    char *keep = was ? strdup(was) : NULL;
+    const size_t nkd = (size_t)n * k * D;
+    float *y0 = NULL, *r0 = NULL;
+    for (int xm = 0; xm <= 2; xm++) {
+        setenv("LUNAR_MOE_F16_XS", xm == 0 ? "0" : xm == 1 ? "1" : "2", 1);
+        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
+        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
+        lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
+        float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+        if (xm == 0) {
+            y0 = y, r0 = rows;
+            continue;
+        }
+        char w2[160];
+        snprintf(w2, sizeof w2, "%s XS=%d", what, xm);
+        moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
+        long bad = 0;
+        for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+        CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
+                  "%s: %ld expert-row values (or the combined output) differ from LUNAR_MOE_F16_XS=0", w2, bad);
+        free(y), free(rows);
+    }
+    if (keep) setenv("LUNAR_MOE_F16_XS", keep, 1);
+    else unsetenv("LUNAR_MOE_F16_XS");
+    free(keep), free(y0), free(r0);
+}
+
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
     size_t mark = lunar_cuda_mark();
     host_experts h;
@@ -418,6 +457,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
         moe_report(what, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
         bf16_rows_case(what, path, ybuf, yb, ybw, acc, acc_b, hbuf, dz, &dw, &r, n, D, nkd);
+        if (path == 16 && mxfp4 && act) f16_xs_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);
             moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);

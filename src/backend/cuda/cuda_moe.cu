@@ -1091,7 +1091,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         fused_launch<256, 3>(g, d, r, st);
     } else if (path == 16) {
         const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
-        moe_f16_decode(g, d, slots, st);
+        moe_f16_decode(g, d, slots, n, st);
     } else if (path == 1) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)

@@ -104,7 +104,14 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // kernel issued them after that chain, one L2 round trip or two later in every block. Measured (H200,
 // decode bench, batch 1): K3.1 118.8 us vs 121.0, the TP8 slice 27.1 vs 28.3 (docs/benchmarks.md
 // "MoE decode at batch 1, round 3 (session 8)").
-template <bool GATEUP, int S>
+// XS (LUNAR_MOE_F16_XS, launch below): each pass first converts its tokens' activation rows once
+// into shared memory (xs: [rows][K / 8 + 4] uint4 after the ring), each 8 columns already as the
+// mma's four f16x2 (x_f16 / x_pairs, the same functions on the same bits as the per-chunk path, so
+// the products and sums are bit-identical); the chunk loop then reads one uint4 per block and lane
+// from shared memory instead of a global load and 12 (gate/up) or 4 (down) conversion instructions.
+// The row pitch's 4 extra uint4 (64 bytes) put rows g and g + 1 in opposite halves of the 128-byte
+// bank window, so a quarter warp's 128-bit reads (lanes g, g + 1 x c = 0..3) never conflict.
+template <bool GATEUP, int S, bool XS>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
@@ -139,6 +146,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // ldmatrix: lane L gives row L % 8 of matrix L / 8 = the slot of lane (L % 8, L / 8)
     const int lr = lane & 7, lm = lane >> 3;
     const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
+    uint4 *xs = (uint4 *)(rs + ST * 2 * NM * 128);  // XS: the pass's activation rows (top of the kernel)
+    const int K8 = a.K / 8, xpitch = K8 + 4;
     const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
 #pragma unroll
     for (int i = 0; i < NM; i++) {
@@ -176,6 +185,26 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
         const uint16_t *xr = a.x + (size_t)(GATEUP ? a.row_token[off + tk] : off + tk) * a.K + c * 8;
+        if (XS) {
+            // the pass's rows (the host sized xs for min(8, tokens) >= min(8, m - t0) rows); the
+            // previous pass's readers are done first (S = 1 has no other barrier between passes)
+            if (t0 > 0) __syncthreads();
+            const int nr = min(8, m - t0);
+            // one flat loop over the rows' 8-column groups (a loop per row kept more values live
+            // across the chunk loop: 16 bytes of spill at S = 4, none this way)
+            for (int i = tid; i < nr * K8; i += 128) {
+                const int r = i / K8, q = i - r * K8;
+                const size_t row = GATEUP ? (size_t)a.row_token[off + t0 + r] : (size_t)(off + t0 + r);
+                const uint4 u = __ldg((const uint4 *)(a.x + row * a.K + 8 * q));
+                uint32_t px[4];
+                if (GATEUP) x_f16(u, px);
+                else x_pairs(u, px);
+                xs[r * xpitch + q] = make_uint4(px[0], px[1], px[2], px[3]);
+            }
+            __syncthreads();
+        }
+        // XS: this lane's row (tk - t0) at its column group c; chunk j block b is q = 16 j + 4 b + c
+        const uint4 *xl = xs + (tk - t0) * xpitch + c;
         float rwt[2];  // opt bit 1 (down): this lane's two tokens' row weights
         if (!GATEUP && (opt & 2u)) {
 #pragma unroll
@@ -192,7 +221,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                 for (int b = 0; b < 4; b++)
                     dst[b] = __ldg((const uint4 *)(xr + (size_t)(4 * j + b) * 32));
             };
-            load_x(j0, xv);
+            if (!XS) load_x(j0, xv);
             for (int j = j0; j < j1; j++) {
                 const int st = (j - j0) % ST;
                 cp_async_wait<ST - 1>();
@@ -206,13 +235,19 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                     swb[i] = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
                 }
                 uint4 nx[4];
-                load_x(min(j + 1, j1 - 1), nx);  // the last chunk reloads itself: no select per word
+                if (XS) {
+#pragma unroll
+                    for (int b = 0; b < 4; b++) xv[b] = xl[16 * j + 4 * b];
+                } else {
+                    load_x(min(j + 1, j1 - 1), nx);  // the last chunk reloads itself: no select per word
+                }
                 __syncwarp();  // every lane's reads of this stage are done before any lane refills it
                 issue(j + ST);
 #pragma unroll
                 for (int b = 0; b < 4; b++) {
                     uint32_t px[4];
-                    if (GATEUP) x_f16(xv[b], px);
+                    if (XS) px[0] = xv[b].x, px[1] = xv[b].y, px[2] = xv[b].z, px[3] = xv[b].w;
+                    else if (GATEUP) x_f16(xv[b], px);
                     else x_pairs(xv[b], px);
 #pragma unroll
                     for (int i = 0; i < NM; i++) {
@@ -229,8 +264,10 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                         acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
                     }
                 }
+                if (!XS) {
 #pragma unroll
-                for (int b = 0; b < 4; b++) xv[b] = nx[b];
+                    for (int b = 0; b < 4; b++) xv[b] = nx[b];
+                }
             }
             cp_async_wait<0>();
         }
@@ -281,12 +318,36 @@ uint32_t dec_opt() {
     return (uint32_t)v;
 }
 
+// LUNAR_MOE_F16_XS (read at every launch: the op tests switch it between runs; decode replays a
+// captured graph, so the host cost is not per step): 1: each pass's activation rows converted once
+// into shared memory (the kernel's XS note) where the block's shared memory stays <= 56 KB, i.e.
+// the 4 blocks per SM of today (K3.1, K = 3584: batch 1 only); 2: wherever it fits in an SM (up to
+// 8 rows; fewer blocks per SM, for measuring and for the tests' multi-row passes); 0 / unset: off.
+static int xs_mode() {
+    const char *v = getenv("LUNAR_MOE_F16_XS");
+    return v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 0;
+}
+
 template <bool GATEUP, int S>
-void launch_s(const xargs &a, int slots, cudaStream_t st) {
+void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
     const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
-    launch_pdl(moe_decode_f16_kernel<GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
+    const dim3 grid(ceil_div_u(a.R / 16, RT), slots);
+    // xs holds min(8, n) rows: a pass has min(8, m - t0) <= min(8, n) tokens (m <= n)
+    const size_t sx = smem + (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
+    // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
+    const int xm = xs_mode();
+    if (xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u) {
+        // the opt-in above 48 KB, set at each call (per device, as cuda_dense.cu's kda_gate_gemm)
+        if (sx > 48 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true>, grid, dim3(128), sx, st, a,
+                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
+    } else {
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false>, grid, dim3(128), smem, st, a,
+                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
+    }
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
@@ -302,16 +363,16 @@ static int split_cap() {
 }
 
 template <bool GATEUP>
-void launch(const xargs &a, int slots, cudaStream_t st) {
+void launch(const xargs &a, int slots, int n, cudaStream_t st) {
     const int J = a.K / 128, S = min(split_cap(), J >= 8 ? 4 : J >= 4 ? 2 : 1);  // the pair's split-K choice
-    if (S == 4) launch_s<GATEUP, 4>(a, slots, st);
-    else if (S == 2) launch_s<GATEUP, 2>(a, slots, st);
-    else launch_s<GATEUP, 1>(a, slots, st);
+    if (S == 4) launch_s<GATEUP, 4>(a, slots, n, st);
+    else if (S == 2) launch_s<GATEUP, 2>(a, slots, n, st);
+    else launch_s<GATEUP, 1>(a, slots, n, st);
 }
 
 }  // namespace
 
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st) {
-    launch<true>(g, slots, st);
-    launch<false>(d, slots, st);
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st) {
+    launch<true>(g, slots, n, st);
+    launch<false>(d, slots, n, st);
 }
