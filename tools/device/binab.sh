@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Two lunar builds against each other on Kimi-Linear-48B decode (dummy weights), alternating rounds: for a
+# change with no run-time switch (a refactor checked only by PTX, a reverted commit), built twice here.
+#   P=<prebuilt dir: lib/> A=<lunar binary> B=<lunar binary> [BATCH=1] [ROUNDS=3] OUT=<dir> tools/device/binab.sh
+set -u
+P=${P:?prebuilt dir}
+OUT=${OUT:-/tmp/o}
+SUMMARY=binab.txt . tools/device/env.sh
+tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
+for r in $(seq 1 "${ROUNDS:-3}"); do
+  for v in A B; do
+    bin=${!v}
+    step "$v ($bin) round $r"
+    timeout 60 "$bin" bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 \
+      --batch-sizes "${BATCH:-1}" --contexts 1024 --steps 64 > "$OUT/binab_${v}_$r.log" 2>&1
+    echo "rc=$? $(tpot "$OUT/binab_${v}_$r.log")" >> "$T"
+  done
+done
+(cd "$OUT" && tar czf binab.tgz binab_*.log && rm -f binab_*.log)
+cat "$T"
