@@ -833,7 +833,7 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
     /* every reader of h and hb (the experts, the side stream) is behind this point in stream order */
-    const int folded = fold && !Lat && (!sh || join) &&
+    const int folded = fold && !Lat && !g->fuse_off && (!sh || join) &&
                        lunar_cuda_moe_combine_add_rmsnorm(fold->h, fold->hb, fold->x, ybuf, yb16, &r,
                                                           join ? sh : NULL, fold->w, D, c->rms_norm_eps, NULL) == 0;
     if (!folded && yb16)
