@@ -18,6 +18,14 @@ int lunar_cuda_model_graphs(lunar_cuda_model *g, int on) {
     (void)g, (void)on;
     return 0;
 }
+int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
+    (void)g, (void)on;
+    return 0;
+}
+long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) {
+    (void)g;
+    return 0;
+}
 void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
                                   double *capture_s) {
     (void)g;
@@ -915,11 +923,10 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const int attn_b16 = pre_hb && n >= 64;
     /* the FFN norm also writes h's bf16 copy where the fused MoE reads one (one launch fewer) */
     uint16_t *hb = g->fuse_off && !attn_b16 ? NULL : lunar_cuda_fwd_alloc((size_t)n * D * 2);
-    /* LUNAR_COMBINE_NORM=1 (opt-in until measured): a MoE layer's combine is folded into the norm
-     * after it (the next layer's attention norm, or the final norm): the combine's [n, D] output
-     * is neither written nor read back, one launch fewer a MoE layer; the same bits */
-    static int cnorm = -1;
-    if (cnorm < 0) cnorm = getenv("LUNAR_COMBINE_NORM") && atoi(getenv("LUNAR_COMBINE_NORM")) > 0;
+    /* g->combine_norm (LUNAR_COMBINE_NORM=1, opt-in until measured): a MoE layer's combine is folded
+     * into the norm after it (the next layer's attention norm, or the final norm): the combine's
+     * [n, D] output is neither written nor read back, one launch fewer a MoE layer; the same bits */
+    const int cnorm = g->combine_norm;
     int folded = 0; /* the previous layer's MoE ran the norm this layer's attention starts with */
     /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
@@ -947,6 +954,8 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         const moe_fold fold = {x, last ? hout : h, last || !attn_b16 ? NULL : hb,
                                last ? g->final_norm : g->L[l + 1].attn_norm};
         folded = ffn(g, l, h, b16 ? hb : NULL, n, y, cnorm ? &fold : NULL);
+        /* a statistic for the tests (the model is the upload's heap object; the step only takes it const) */
+        ((lunar_cuda_model *)g)->combine_norm_folds += folded;
     }
     const double t0 = cp_begin();
     if (folded) {
