@@ -228,7 +228,8 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS)
 }
 template <typename R>
 static void combine_norm_launch(int V, float *y, __nv_bfloat16 *yb, float *x, const R *ybuf, const int32_t *pair_row,
-                                int n, int k, const float *add, const uint16_t *w, int dim, float eps, cudaStream_t st) {
+                                int n, int k, const float *add, const uint16_t *w, int dim, float eps,
+                                cudaStream_t st) {
     const int nv = dim / 4, th = ((nv + V - 1) / V + 31) / 32 * 32;
     // rows in flight per chunk: a decode step's few rows (n <= 64) take 9 where V <= 3 (Kimi-Linear:
     // k = 8, or 9 at batch 1 with the shared expert as a routed row: one round of loads, the chain
