@@ -884,11 +884,13 @@ static void combine_norm_case(int n, int k, int D, int shared, int bf16_rows, in
     const uint16_t *dyb = bf16_rows ? din(rb, (size_t)np * D * 2) : NULL;
     const float *dadd = shared ? din(add, (size_t)n * D * 4) : NULL;
     const uint16_t *dw = din(wb, (size_t)D * 2);
-    float *x1 = din(x, (size_t)n * D * 4), *x2 = din(x, (size_t)n * D * 4), *acc = dalloc((size_t)n * D * 4);
-    float *h1 = dalloc((size_t)n * D * 4), *h2 = dalloc((size_t)n * D * 4);
-    uint16_t *hb1 = with_hb ? dalloc((size_t)n * D * 2) : NULL, *hb2 = with_hb ? dalloc((size_t)n * D * 2) : NULL;
-    lunar_cuda_fill_u32(h2, 0x7fc00000u, (size_t)n * D);
-    if (with_hb) lunar_cuda_fill_u32(hb2, 0x7fc07fc0u, (size_t)n * D / 2);
+    /* the fused kernel's outputs between guard words (a store past a row's end fails) */
+    guarded gx, gh, gb = {NULL, 0};
+    float *x1 = din(x, (size_t)n * D * 4), *x2 = guarded_new(&gx, (size_t)n * D * 4), *acc = dalloc((size_t)n * D * 4);
+    float *h1 = dalloc((size_t)n * D * 4), *h2 = guarded_new(&gh, (size_t)n * D * 4);
+    uint16_t *hb1 = with_hb ? dalloc((size_t)n * D * 2) : NULL;
+    uint16_t *hb2 = with_hb ? guarded_new(&gb, (size_t)n * D * 2) : NULL;
+    lunar_cuda_upload(x2, x, (size_t)n * D * 4);
 
     if (bf16_rows)
         lunar_cuda_moe_combine_add_b(acc, dyb, &r, D, dadd, NULL);
@@ -934,6 +936,7 @@ static void combine_norm_case(int n, int k, int D, int shared, int bf16_rows, in
                 ch[(size_t)t * D + i] = (float)(cx[(size_t)t * D + i] * inv * lunar_bf16_to_f32(wb[i]));
         }
         CHECK_MSG(memcmp(cx, gx2, (size_t)n * D * 4) == 0, "%s: x differs from the CPU's", what);
+        CHECK_MSG(guards_ok(&gx) && guards_ok(&gh) && (!with_hb || guards_ok(&gb)), "%s: stores out of bounds", what);
         moe_report(what, lunar_max_rel_err(gh2, ch, (long)n * D), 1e-5);
         free(gx1), free(gx2), free(gh1), free(gh2), free(cx), free(ch);
     }
