@@ -14,6 +14,11 @@ step "lunar_tests cuda_moe_combine (LUNAR_COMBINE_NORM=1)"
 LUNAR_COMBINE_NORM=1 LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 20 $P/bin/lunar_tests cuda_moe_combine \
   > $OUT/t_cn.log 2>&1; echo "rc=$?" >> $T
 grep -E 'FAILED|passed, |CHECK|n=300 k=16 D=2304 shared bf16' $OUT/t_cn.log | cut -c1-160 | tail -6 >> $T
+step "lunar_tests cuda_add_rmsnorm cuda_norms (norm_vec_kernel's tail now shared with the fold)"
+for f in cuda_add_rmsnorm cuda_norms; do
+  OMP_NUM_THREADS=16 timeout 15 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1; echo "rc=$?" >> $T
+  grep -E 'FAILED|passed, |CHECK' $OUT/t_$f.log | cut -c1-200 | tail -3 >> $T
+done
 for f in cuda_forward_combine_norm cuda_forward_graphs ${FWD:+cuda_forward}; do
   step "lunar_tests $f (LUNAR_COMBINE_NORM=1)"
   LUNAR_COMBINE_NORM=1 OMP_NUM_THREADS=16 timeout $([ $f = cuda_forward ] && echo 90 || echo 20) $P/bin/lunar_tests $f \
