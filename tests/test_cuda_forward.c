@@ -409,6 +409,56 @@ void lunar_test_model_done(lunar_model *m, const char *dir) {
     lunar_test_wide_model_rm(dir);
 }
 
+/* lunar_cuda_model_combine_norm (LUNAR_COMBINE_NORM=1): the wide model's MoE layers (no latent, one
+ * shared expert) with their combine folded into the next norm give the unfolded model's logits bit for
+ * bit: a prompt of 150 tokens (the prefill path: bf16 h copy, grouped experts) and 4 decode steps
+ * (batch 1: route-one with the shared row; graphs captured on a key's second step and replayed),
+ * each model uploaded fresh (graphs keep the path they were captured with). The fold must have run. */
+TEST(cuda_forward_combine_norm_bit_equal) {
+    if (!lunar_test_cuda_device()) return;
+    char dir[64];
+    enum { T = 150, ND = 4 };
+    int32_t ids[T + ND];
+    unsigned st = 11;
+    for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, NULL);
+    if (!m) {
+        lunar_test_model_done(m, dir);
+        return;
+    }
+    const int V = m->cfg.vocab_size;
+    float *out[2] = {NULL, NULL};
+    long folds[2] = {0, 0};
+    int ran = 0;
+    for (int on = 0; on < 2; on++) {
+        lunar_err err;
+        out[on] = lunar_xmalloc((size_t)(T + ND) * V * sizeof(float));
+        memset(out[on], 0xff, (size_t)(T + ND) * V * sizeof(float));
+        lunar_cuda_model *gm = NULL;
+        lunar_cuda_seq s;
+        CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
+        if (!gm) break;
+        CHECK(lunar_cuda_model_fused_moe(gm, 1));
+        lunar_cuda_model_combine_norm(gm, on);
+        CHECK_MSG(lunar_cuda_seq_init(&s, m, T + ND, 0, &err) == 0, "%s", err.msg);
+        CHECK(lunar_forward_cuda(gm, &s, ids, T, out[on], 1, &err) == 0);
+        for (int i = 0; i < ND; i++)
+            CHECK(lunar_forward_cuda(gm, &s, ids + T + i, 1, out[on] + (size_t)(T + i) * V, 0, &err) == 0);
+        folds[on] = lunar_cuda_model_combine_norm_folds(gm);
+        lunar_cuda_seq_free(&s);
+        lunar_cuda_model_free(gm);
+        ran++;
+    }
+    if (ran == 2) {
+        /* 2 MoE layers (the first is dense): the prefill and the first decode step fold both */
+        CHECK_MSG(folds[0] == 0 && folds[1] >= 2 * 2, "folds: off %ld, on %ld", folds[0], folds[1]);
+        CHECK_MSG(memcmp(out[0], out[1], (size_t)(T + ND) * V * sizeof(float)) == 0,
+                  "the folded model's logits differ from the unfolded model's");
+    }
+    free(out[0]), free(out[1]);
+    lunar_test_model_done(m, dir);
+}
+
 TEST(cuda_forward_kernel_shapes_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];

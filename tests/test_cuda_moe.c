@@ -893,6 +893,118 @@ static float time_gemm(uint16_t *y, const uint16_t *x, const uint16_t *W, int n,
     return ts[reps / 2];
 }
 
+/* ---------------------------------------------------------------- combine + add + RMSNorm */
+
+/* lunar_cuda_moe_combine_add_rmsnorm (LUNAR_COMBINE_NORM=1) against the pair it replaces
+ * (lunar_cuda_moe_combine_add[_b] into a buffer, then lunar_cuda_add_rmsnorm[_b]): x, y and y's
+ * bf16 copy bit for bit; and against the CPU: x exactly (the same fp32 adds in the same order: the
+ * k rows, the shared rows, then the residual), y within 1e-5 (the GPU's sum of squares is a tree). */
+static void combine_norm_case(int n, int k, int D, int shared, int bf16_rows, int with_hb) {
+    const size_t mark = lunar_cuda_mark();
+    const int E = 32, np = n * k;
+    const float eps = 1e-6f;
+    const uint32_t seed = (uint32_t)(n * 131 + k * 17 + D + shared * 7 + bf16_rows * 3 + with_hb);
+    int32_t *ex = malloc((size_t)np * 4);
+    float *rw = test_alloc(np);
+    make_routing(ex, rw, n, k, E, 0, seed);
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+    lunar_cuda_upload(r.experts, ex, (size_t)np * 4);
+    lunar_cuda_upload(r.weights, rw, (size_t)np * 4);
+    lunar_cuda_moe_permute(&r, NULL);
+    int32_t *prow = malloc((size_t)np * 4);
+    lunar_cuda_sync();
+    lunar_cuda_download(prow, r.pair_row, (size_t)np * 4);
+
+    float *rows = test_rand((long)np * D, seed + 1, -2, 2), *x = test_rand((long)n * D, seed + 2, -3, 3);
+    float *add = shared ? test_rand((long)n * D, seed + 3, -1, 1) : NULL, *wf = test_rand(D, seed + 4, 0.5f, 1.5f);
+    if (bf16_rows) rnd_bf16(rows, (long)np * D); /* the bf16 rows widened: what both sides sum */
+    uint16_t *rb = bf16_of(rows, (long)np * D), *wb = bf16_of(wf, D);
+    const float *dy = bf16_rows ? NULL : din(rows, (size_t)np * D * 4);
+    const uint16_t *dyb = bf16_rows ? din(rb, (size_t)np * D * 2) : NULL;
+    const float *dadd = shared ? din(add, (size_t)n * D * 4) : NULL;
+    const uint16_t *dw = din(wb, (size_t)D * 2);
+    /* the fused kernel's outputs between guard words (a store past a row's end fails) */
+    guarded gx, gh, gb = {NULL, 0};
+    float *x1 = din(x, (size_t)n * D * 4), *x2 = guarded_new(&gx, (size_t)n * D * 4), *acc = dalloc((size_t)n * D * 4);
+    float *h1 = dalloc((size_t)n * D * 4), *h2 = guarded_new(&gh, (size_t)n * D * 4);
+    uint16_t *hb1 = with_hb ? dalloc((size_t)n * D * 2) : NULL;
+    uint16_t *hb2 = with_hb ? guarded_new(&gb, (size_t)n * D * 2) : NULL;
+    lunar_cuda_upload(x2, x, (size_t)n * D * 4);
+
+    if (bf16_rows)
+        lunar_cuda_moe_combine_add_b(acc, dyb, &r, D, dadd, NULL);
+    else
+        lunar_cuda_moe_combine_add(acc, dy, &r, D, dadd, NULL);
+    if (with_hb)
+        lunar_cuda_add_rmsnorm_b(h1, hb1, x1, acc, dw, n, D, eps, NULL);
+    else
+        lunar_cuda_add_rmsnorm(h1, LUNAR_CUDA_F32, x1, acc, dw, n, D, eps, NULL);
+    const int rc = lunar_cuda_moe_combine_add_rmsnorm(h2, hb2, x2, dy, dyb, &r, dadd, dw, D, eps, NULL);
+    /* LUNAR_NORM=block: the pair's norm is the block kernel, whose bits the fold does not reproduce */
+    const int want = getenv("LUNAR_NORM") && !strcmp(getenv("LUNAR_NORM"), "block") ? -1 : 0;
+    char what[128];
+    snprintf(what, sizeof what, "combine+norm n=%d k=%d D=%d%s%s%s", n, k, D, shared ? " shared" : "",
+             bf16_rows ? " bf16 rows" : "", with_hb ? " +bf16 copy" : "");
+    CHECK_MSG(rc == want, "%s: returned %d", what, rc);
+    if (rc == 0) {
+        float *gx1 = dl_f32(x1, (long)n * D), *gx2 = dl_f32(x2, (long)n * D);
+        float *gh1 = dl_f32(h1, (long)n * D), *gh2 = dl_f32(h2, (long)n * D);
+        CHECK_MSG(memcmp(gx1, gx2, (size_t)n * D * 4) == 0, "%s: x differs from the pair's", what);
+        CHECK_MSG(memcmp(gh1, gh2, (size_t)n * D * 4) == 0, "%s: y differs from the pair's", what);
+        if (with_hb) {
+            uint16_t *b1 = malloc((size_t)n * D * 2), *b2 = malloc((size_t)n * D * 2);
+            lunar_cuda_download(b1, hb1, (size_t)n * D * 2);
+            lunar_cuda_download(b2, hb2, (size_t)n * D * 2);
+            CHECK_MSG(memcmp(b1, b2, (size_t)n * D * 2) == 0, "%s: y's bf16 copy differs from the pair's", what);
+            free(b1), free(b2);
+        }
+        /* the CPU: the combine's order, then x + sum, then the norm in double */
+        float *cx = test_alloc((long)n * D), *ch = test_alloc((long)n * D);
+        for (int t = 0; t < n; t++) {
+            double ss = 0;
+            for (int i = 0; i < D; i++) {
+                float s = 0.0f;
+                for (int j = 0; j < k; j++) s += rows[(size_t)prow[t * k + j] * D + i];
+                if (add) s += add[(size_t)t * D + i];
+                const float v = x[(size_t)t * D + i] + s;
+                cx[(size_t)t * D + i] = v;
+                ss += (double)v * v;
+            }
+            const double inv = 1.0 / sqrt(ss / D + eps);
+            for (int i = 0; i < D; i++)
+                ch[(size_t)t * D + i] = (float)(cx[(size_t)t * D + i] * inv * lunar_bf16_to_f32(wb[i]));
+        }
+        CHECK_MSG(memcmp(cx, gx2, (size_t)n * D * 4) == 0, "%s: x differs from the CPU's", what);
+        CHECK_MSG(guards_ok(&gx) && guards_ok(&gh) && (!with_hb || guards_ok(&gb)), "%s: stores out of bounds", what);
+        moe_report(what, lunar_max_rel_err(gh2, ch, (long)n * D), 1e-5);
+        free(gx1), free(gx2), free(gh1), free(gh2), free(cx), free(ch);
+    }
+    free(ex), free(rw), free(prow), free(rows), free(x), free(add), free(wf), free(rb), free(wb);
+    lunar_cuda_release(mark);
+}
+
+TEST(cuda_moe_combine_add_rmsnorm_vs_cpu) {
+    if (!moe_cuda_on()) return;
+    static const int ns[] = {1, 3, 64, 300}, ks[] = {8, 16}, Ds[] = {2304, 384};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 2; b++)
+            for (int d = 0; d < 2; d++)
+                for (int m = 0; m < 4; m++) /* shared rows, bf16 rows: every pairing; the bf16 copy on half */
+                    combine_norm_case(ns[a], ks[b], Ds[d], m & 1, m >> 1, (a + m) & 1);
+    combine_norm_case(1, 9, 2304, 0, 0, 1); /* batch 1's shared expert as a routed row: k + 1 rows */
+    combine_norm_case(5, 3, 8192, 1, 0, 1); /* the widest vector norm (8 chunks a thread) */
+    /* where the pair's norm is not the vector kernel: -1, nothing launched */
+    const size_t mark = lunar_cuda_mark();
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(2, 2, 4)), 2, 2, 4);
+    float *buf = dalloc(2 * 8200 * 4 * 2);
+    CHECK(lunar_cuda_moe_combine_add_rmsnorm(buf, NULL, buf, buf, NULL, &r, NULL, NULL, 386, 1e-6f, NULL) == -1);
+    CHECK(lunar_cuda_moe_combine_add_rmsnorm(buf, NULL, buf, buf, NULL, &r, NULL, NULL, 8196, 1e-6f, NULL) == -1);
+    CHECK(lunar_cuda_moe_combine_add_rmsnorm(buf, NULL, buf, NULL, NULL, &r, NULL, NULL, 384, 1e-6f, NULL) == -1);
+    lunar_cuda_release(mark);
+}
+
 TEST(cuda_moe_bench) {
     if (!getenv("LUNAR_MOE_BENCH")) return;
     if (!moe_cuda_on()) return;

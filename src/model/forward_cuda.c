@@ -18,6 +18,14 @@ int lunar_cuda_model_graphs(lunar_cuda_model *g, int on) {
     (void)g, (void)on;
     return 0;
 }
+int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
+    (void)g, (void)on;
+    return 0;
+}
+long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) {
+    (void)g;
+    return 0;
+}
 void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
                                   double *capture_s) {
     (void)g;
@@ -738,8 +746,19 @@ static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dla
  * so nothing the main stream frees may lie under them), they start once h's bf16 copy exists
  * (ev_x) and the main stream waits for them (ev_shared) before adding them. The roundings are the
  * generic path's: bf16 GEMM operands, the activated product rounded to bf16 before w2. */
-static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
-                      const uint16_t *hb_in, int n, float *out) {
+/* The norm after the MoE's residual add (run_residual, LUNAR_COMBINE_NORM=1): x += the layer's
+ * output; h = RMSNorm(x) w, hb (or NULL) its bf16 copy. Where moe_fused can fold the combine into
+ * it (no latent, the shared experts joined in the combine, no TP sum between), it runs the three in
+ * one launch (lunar_cuda_moe_combine_add_rmsnorm, bit-equal) and leaves `out` unwritten. */
+typedef struct {
+    float *x, *h;
+    uint16_t *hb;
+    const uint16_t *w;
+} moe_fold;
+
+/* returns 1 where `fold` ran (out unwritten), else 0 */
+static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
+                     const uint16_t *hb_in, int n, float *out, const moe_fold *fold) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D, I = w->mx.I;
     size_t mk = lunar_cuda_mark();
@@ -821,9 +840,13 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
-    if (yb16)
+    /* every reader of h and hb (the experts, the side stream) is behind this point in stream order */
+    const int folded = fold && !Lat && !g->fuse_off && (!sh || join) &&
+                       lunar_cuda_moe_combine_add_rmsnorm(fold->h, fold->hb, fold->x, ybuf, yb16, &r,
+                                                          join ? sh : NULL, fold->w, D, c->rms_norm_eps, NULL) == 0;
+    if (!folded && yb16)
         lunar_cuda_moe_combine_add_b(acc, yb16, &r, De, join ? sh : NULL, NULL);
-    else
+    else if (!folded)
         lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
@@ -843,16 +866,16 @@ static void moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dl
         lunar_glue_add(out, sh, (size_t)n * D, NULL);
     }
     lunar_cuda_release(mk); /* stream-ordered after the join above */
+    return folded;
 }
 
 /* the fused path, where it exists, reads h's bf16 copy hb (or makes one where hb is NULL) */
 static int moe_fused_on(const lunar_cuda_model *g, const dlayer *w) { return g->fused_moe && w->fused_ok; }
-static void moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
-                      const uint16_t *hb, int n, float *out) {
-    if (moe_fused_on(g, w))
-        moe_fused(g, c, w, h, hb, n, out);
-    else
-        moe_generic(g->m, c, w, h, n, out);
+static int moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
+                     const uint16_t *hb, int n, float *out, const moe_fold *fold) {
+    if (moe_fused_on(g, w)) return moe_fused(g, c, w, h, hb, n, out, fold);
+    moe_generic(g->m, c, w, h, n, out);
+    return 0;
 }
 
 /* hb: h's bf16 copy where the caller's norm made one (else NULL: the layer makes it if it needs it) */
@@ -869,16 +892,22 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
 }
 
-static void ffn(const lunar_cuda_model *g, int l, const float *h, const uint16_t *hb, int n, float *y) {
+/* fold (or NULL): the norm after the residual add, for the MoE to fold its combine into (not under
+ * TP: the sum across ranks comes between); returns 1 where it did (y unwritten, x and fold's h, hb
+ * written) */
+static int ffn(const lunar_cuda_model *g, int l, const float *h, const uint16_t *hb, int n, float *y,
+               const moe_fold *fold) {
     const lunar_config *c = &g->m->cfg;
     const dlayer *w = &g->L[l];
+    int folded = 0;
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
         const double t0 = cp_begin();
         glu(c, y, h, &w->gate, &w->up, &w->down, n);
         cp_end(LUNAR_PROF_SHARED, t0);
     } else
-        moe_layer(g, c, w, h, hb, n, y);
+        folded = moe_layer(g, c, w, h, hb, n, y, g->m->tp ? NULL : fold);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)n * c->hidden_size); /* TP hook: down projections */
+    return folded;
 }
 
 static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
@@ -894,13 +923,19 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     const int attn_b16 = pre_hb && n >= 64;
     /* the FFN norm also writes h's bf16 copy where the fused MoE reads one (one launch fewer) */
     uint16_t *hb = g->fuse_off && !attn_b16 ? NULL : lunar_cuda_fwd_alloc((size_t)n * D * 2);
+    /* g->combine_norm (LUNAR_COMBINE_NORM=1, opt-in until measured): a MoE layer's combine is folded
+     * into the norm after it (the next layer's attention norm, or the final norm): the combine's
+     * [n, D] output is neither written nor read back, one launch fewer a MoE layer; the same bits */
+    const int cnorm = g->combine_norm;
+    int folded = 0; /* the previous layer's MoE ran the norm this layer's attention starts with */
     /* each residual add (x += y) is fused with the norm after it: one launch fewer per sub-layer */
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const dlayer *w = &g->L[l];
         double t0 = cp_begin();
         if (l == 0)
             lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
-        else if (attn_b16) /* the previous layer's FFN output; hb's last reader (the MoE) has finished */
+        else if (folded) {
+        } else if (attn_b16) /* the previous layer's FFN output; hb's last reader (the MoE) has finished */
             lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         else
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
@@ -915,10 +950,16 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         else
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
-        ffn(g, l, h, b16 ? hb : NULL, n, y);
+        const int last = l + 1 == c->num_hidden_layers;
+        const moe_fold fold = {x, last ? hout : h, last || !attn_b16 ? NULL : hb,
+                               last ? g->final_norm : g->L[l + 1].attn_norm};
+        folded = ffn(g, l, h, b16 ? hb : NULL, n, y, cnorm ? &fold : NULL);
+        /* a statistic for the tests (the model is the upload's heap object; the step only takes it const) */
+        ((lunar_cuda_model *)g)->combine_norm_folds += folded;
     }
     const double t0 = cp_begin();
-    if (c->num_hidden_layers > 0)
+    if (folded) {
+    } else if (c->num_hidden_layers > 0)
         lunar_cuda_add_rmsnorm(hout, LUNAR_CUDA_F32, x, y, g->final_norm, n, D, c->rms_norm_eps, NULL);
     else
         lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
@@ -966,7 +1007,7 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float
         if (live) lunar_glue_add(P, y, nD, NULL);
         live = 1;
         mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
-        ffn(g, l, h, NULL, n, y);
+        ffn(g, l, h, NULL, n, y, NULL);
         lunar_glue_add(P, y, nD, NULL);
     }
     mix(hout, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);

@@ -37,6 +37,13 @@ void lunar_cuda_model_free(lunar_cuda_model *g);
  * default until tests/test_cuda_forward.c has passed with it on the device (it runs the
  * kernel-shaped model both ways). Returns whether any layer of the model can take the path. */
 int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
+/* A MoE layer's combine folded into the residual add + RMSNorm after it (run_residual: no latent,
+ * shared experts joined in the combine, no TP; bit-equal to the unfolded step). Off by default
+ * until measured; LUNAR_COMBINE_NORM=1 at upload turns it on. Set it before the first step: decode
+ * graphs captured before keep the path they were captured with. Returns the previous setting. */
+int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on);
+/* MoE layers enqueued with that fold so far (captured steps once, replays not at all) */
+long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g);
 /* Decode steps (one token per sequence) as CUDA graphs, captured per batch size and context bucket
  * on a key's second step and replayed after (forward_cuda.c, "decode graphs"); on by default,
  * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host

@@ -81,6 +81,8 @@ struct lunar_cuda_model {
     lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
     lunar_cuda_event ev_x, ev_shared;
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
+    int combine_norm;       /* LUNAR_COMBINE_NORM=1 at upload (lunar_cuda_model_combine_norm): run_residual */
+    long combine_norm_folds; /* layers enqueued with the fold (graph replays not counted) */
     /* the batch-1 KDA decode (kda_layer): the launches of session 4 (default: conv, recurrence,
      * gated norm apart), the fused core with the gate projections (LUNAR_KDA_DECODE=fused), or the
      * fused core after the gate-projection launch (=nogate). Opt-in: no faster on the H200

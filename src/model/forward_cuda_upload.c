@@ -229,6 +229,7 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_off = fz && strcmp(fz, "0") == 0;
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
+    g->combine_norm = getenv("LUNAR_COMBINE_NORM") && atoi(getenv("LUNAR_COMBINE_NORM")) > 0;
     const char *kd = getenv("LUNAR_KDA_DECODE");
     g->kda_decode = fuse_off || !kd                 ? KDA_DECODE_SPLIT
                     : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
@@ -440,6 +441,13 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
     g->fused_moe = on != 0;
     return any;
 }
+
+int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
+    const int was = g->combine_norm;
+    g->combine_norm = on != 0;
+    return was;
+}
+long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) { return g->combine_norm_folds; }
 
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;

@@ -57,6 +57,44 @@ __device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16 *y, size_t i
                                                       float d) {
     reinterpret_cast<uint2 *>(y)[i] = make_uint2(gv_pack(a, b), gv_pack(c, d));
 }
+// the norm of row `row` held as a[] (x after the add), shared by norm_vec_kernel and
+// combine_norm_kernel so that both give the same bits: a thread's 4V squares in chunk order, the warp
+// butterfly, the warp sums in warp order, then y (and yb) = a * inv * w
+template <typename Y, int V>
+__device__ __forceinline__ void norm_vec_tail(Y *y, __nv_bfloat16 *yb, const float4 (&a)[V], const uint2 (&wq)[V],
+                                              bool hw, float *red, size_t row, int dim, float eps) {
+    const int nv = dim >> 2, tid = threadIdx.x, T = blockDim.x;
+    float ss = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        ss += a[v].x * a[v].x;
+        ss += a[v].y * a[v].y;
+        ss += a[v].z * a[v].z;
+        ss += a[v].w * a[v].w;
+    }
+    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((tid & 31) == 0) red[tid >> 5] = ss;
+    __syncthreads();
+    float tot = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NORM_VEC_THREADS / 32; i++)
+        if (i < (T >> 5)) tot += red[i];
+    const float inv = 1.0f / sqrtf(tot / dim + eps);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        if (i >= nv) continue;
+        float o0 = a[v].x * inv, o1 = a[v].y * inv, o2 = a[v].z * inv, o3 = a[v].w * inv;
+        if (hw) {
+            o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
+            o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
+        }
+        store4<Y>(y + row * dim, i, o0, o1, o2, o3);
+        if (yb)
+            store4<__nv_bfloat16>(yb + row * dim, i, (float)from_f32<Y>(o0), (float)from_f32<Y>(o1),
+                                  (float)from_f32<Y>(o2), (float)from_f32<Y>(o3));
+    }
+}
 template <typename Y, int V, bool ADD>
 __global__ void __launch_bounds__(NORM_VEC_THREADS) norm_vec_kernel(Y *y, __nv_bfloat16 *yb, float *x, const float *r,
                                                                    const uint16_t *w, int dim, float eps) {
@@ -79,40 +117,13 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS) norm_vec_kernel(Y *y, __nv_b
         a[v] = i < nv ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (ADD) b[v] = i < nv ? rr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    float ss = 0.0f;
 #pragma unroll
-    for (int v = 0; v < V; v++) {
+    for (int v = 0; v < V; v++)
         if (ADD) {
             a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
             if (tid + v * T < nv) xr[tid + v * T] = a[v];
         }
-        ss += a[v].x * a[v].x;
-        ss += a[v].y * a[v].y;
-        ss += a[v].z * a[v].z;
-        ss += a[v].w * a[v].w;
-    }
-    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((tid & 31) == 0) red[tid >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_VEC_THREADS / 32; i++)
-        if (i < (T >> 5)) tot += red[i];
-    const float inv = 1.0f / sqrtf(tot / dim + eps);
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        const int i = tid + v * T;
-        if (i >= nv) continue;
-        float o0 = a[v].x * inv, o1 = a[v].y * inv, o2 = a[v].z * inv, o3 = a[v].w * inv;
-        if (w) {
-            o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
-            o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
-        }
-        store4<Y>(y + row * dim, i, o0, o1, o2, o3);
-        if (yb)
-            store4<__nv_bfloat16>(yb + row * dim, i, (float)from_f32<Y>(o0), (float)from_f32<Y>(o1),
-                                  (float)from_f32<Y>(o2), (float)from_f32<Y>(o3));
-    }
+    norm_vec_tail<Y, V>(y, yb, a, wq, w != NULL, red, row, dim, eps);
 }
 // LUNAR_NORM=block: the block kernels everywhere (the A/B of session 7)
 static int norm_block(void) {
@@ -141,6 +152,124 @@ static void norm_vec_launch(int V, Y *y, __nv_bfloat16 *yb, float *x, const floa
     default: launch_pdl(norm_vec_kernel<Y, 8, ADD>, dim3(n), dim3(th), 0, st, y, yb, x, r, w, dim, eps); break;
     }
     CUDA_CHECK_LAUNCH();
+}
+
+// The MoE combine folded into the residual add + RMSNorm after it (issue 9, LUNAR_COMBINE_NORM=1):
+// x[t] += sum_j ybuf[pair_row[t, j]] (+ add[t]); y[t] = rmsnorm(x[t]) w (and yb). The combine's
+// output was written ([n, D] fp32) only to be read back by the norm: 75 MB each way a layer at an
+// 8K prefill, and one launch of a decode step's serial chain. The bits are those of
+// lunar_cuda_moe_combine_add[_b] then lunar_cuda_add_rmsnorm[_b]: each element's sum starts at 0
+// and adds the rows j = 0..k-1, then add, as moe_combine_kernel does (the G-row load groups do
+// not change the order), then x + that sum and norm_vec_tail, as norm_vec_kernel<float, V, true>.
+// pair_row is read by every thread (the same k words: one broadcast load each, no barrier).
+template <typename R>
+__device__ __forceinline__ float4 load_row4(const R *p, size_t i);
+template <>
+__device__ __forceinline__ float4 load_row4<float>(const float *p, size_t i) {
+    return reinterpret_cast<const float4 *>(p)[i];
+}
+template <>
+__device__ __forceinline__ float4 load_row4<uint16_t>(const uint16_t *p, size_t i) {
+    const uint2 u = reinterpret_cast<const uint2 *>(p)[i];  // a bf16's bits are the top half of its fp32's
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+template <typename R, int V, int G>
+__global__ void __launch_bounds__(NORM_VEC_THREADS)
+    combine_norm_kernel(float *y, __nv_bfloat16 *yb, float *x, const R *ybuf, const int32_t *pair_row, int k,
+                        const float *add, const uint16_t *w, int dim, float eps) {
+    __shared__ float red[NORM_VEC_THREADS / 32];
+    const int nv = dim >> 2, tid = threadIdx.x, T = blockDim.x;
+    uint2 wq[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        wq[v] = w && i < nv ? __ldg(reinterpret_cast<const uint2 *>(w) + i) : make_uint2(0, 0);
+    }
+    pdl_enter();
+    const size_t row = blockIdx.x;
+    float4 *xr = reinterpret_cast<float4 *>(x + row * dim);
+    float4 a[V], b[V], c[V];  // x, the rows' sum, add (loaded with x: off the rows' load chain)
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        a[v] = i < nv ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        b[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        c[v] = add && i < nv ? reinterpret_cast<const float4 *>(add + row * dim)[i] : make_float4(0, 0, 0, 0);
+    }
+    // G rows' loads in flight for each of the V chunks (combine_norm_launch picks G)
+    const int32_t *pr = pair_row + row * k;
+    for (int j0 = 0; j0 < k; j0 += G) {
+        int32_t p[G];
+#pragma unroll
+        for (int j = 0; j < G; j++) p[j] = j0 + j < k ? pr[j0 + j] : 0;
+        float4 u[V][G];
+#pragma unroll
+        for (int v = 0; v < V; v++)
+#pragma unroll
+            for (int j = 0; j < G; j++)
+                if (j0 + j < k && tid + v * T < nv) u[v][j] = load_row4<R>(ybuf + (size_t)p[j] * dim, tid + v * T);
+#pragma unroll
+        for (int v = 0; v < V; v++)
+#pragma unroll
+            for (int j = 0; j < G; j++)
+                if (j0 + j < k && tid + v * T < nv)
+                    b[v].x += u[v][j].x, b[v].y += u[v][j].y, b[v].z += u[v][j].z, b[v].w += u[v][j].w;
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        if (i >= nv) continue;
+        if (add) b[v].x += c[v].x, b[v].y += c[v].y, b[v].z += c[v].z, b[v].w += c[v].w;
+        a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
+        xr[i] = a[v];
+    }
+    norm_vec_tail<float, V>(y, yb, a, wq, w != NULL, red, row, dim, eps);
+}
+template <typename R>
+static void combine_norm_launch(int V, float *y, __nv_bfloat16 *yb, float *x, const R *ybuf, const int32_t *pair_row,
+                                int n, int k, const float *add, const uint16_t *w, int dim, float eps,
+                                cudaStream_t st) {
+    const int nv = dim / 4, th = ((nv + V - 1) / V + 31) / 32 * 32;
+    // rows in flight per chunk: a decode step's few rows (n <= 64) take 9 where V <= 3 (Kimi-Linear:
+    // k = 8, or 9 at batch 1 with the shared expert as a routed row: one round of loads, the chain
+    // pair_row -> rows being the kernel's whole cost); at V = 3 (D = 2304) that is ~190 registers,
+    // one block an SM, so the prefill rows (where occupancy hides the latency) take 4 (128
+    // registers, two blocks); V = 8 with G = 8 spilled
+#define CN_CASE(VV, GG)                                                                                               \
+    launch_pdl(combine_norm_kernel<R, VV, GG>, dim3(n), dim3(th), 0, st, y, yb, x, ybuf, pair_row, k, add, w, dim, \
+               eps);                                                                                                  \
+    break
+    switch (V) {
+    case 1: CN_CASE(1, 9);
+    case 2: CN_CASE(2, 9);
+    case 3:
+        if (n <= 64) {
+            CN_CASE(3, 9);
+        }
+        CN_CASE(3, 4);
+    case 4: CN_CASE(4, 4);
+    default: CN_CASE(8, 2);
+    }
+#undef CN_CASE
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" int lunar_cuda_moe_combine_add_rmsnorm(float *y, uint16_t *yb, float *x, const float *ybuf,
+                                                  const uint16_t *ybuf_b, const lunar_cuda_moe_route *r,
+                                                  const float *add, const uint16_t *w, int dim, float eps,
+                                                  lunar_cuda_stream s) {
+    if ((ybuf == NULL) == (ybuf_b == NULL) || r->n <= 0) return -1;
+    /* the combine's own conditions (4-column rows) and the vector norm's: elsewhere the pair would
+     * take the block norm, whose sums differ */
+    const int V = norm_vec_v(dim, y, yb, x, add, w);
+    if (!V || ((uintptr_t)ybuf | (uintptr_t)ybuf_b) % 16 != 0) return -1;
+    if (ybuf)
+        combine_norm_launch<float>(V, y, (__nv_bfloat16 *)yb, x, ybuf, r->pair_row, r->n, r->k, add, w, dim, eps,
+                                   to_stream(s));
+    else
+        combine_norm_launch<uint16_t>(V, y, (__nv_bfloat16 *)yb, x, ybuf_b, r->pair_row, r->n, r->k, add, w, dim, eps,
+                                      to_stream(s));
+    return 0;
 }
 
 // The per-head norms (issue 9): the gated RMSNorm of KDA's output and the L2 norm run on rows of one head

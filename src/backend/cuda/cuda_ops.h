@@ -545,6 +545,16 @@ void lunar_cuda_moe_combine_add(float *acc, const float *ybuf, const lunar_cuda_
 void lunar_cuda_moe_combine_add_b(float *acc, const uint16_t *ybuf, const lunar_cuda_moe_route *r, int D,
                                   const float *add, lunar_cuda_stream s);
 
+/* The combine folded into the residual add + RMSNorm after it: x[t] += sum_j rows[pair_row[t, j]]
+ * (+ add[t]), y = rmsnorm(x) w, yb (or NULL) y's bf16 copy; rows: ybuf (fp32) or ybuf_b (bf16),
+ * exactly one. Bit-equal to lunar_cuda_moe_combine_add[_b] into a buffer followed by
+ * lunar_cuda_add_rmsnorm[_b] from it. Returns -1, launching nothing, where that pair's norm would
+ * not be the vector kernel (LUNAR_NORM=block, dim % 4, dim > 8192, misaligned rows): the caller
+ * runs the pair. */
+int lunar_cuda_moe_combine_add_rmsnorm(float *y, uint16_t *yb, float *x, const float *ybuf, const uint16_t *ybuf_b,
+                                       const lunar_cuda_moe_route *r, const float *add, const uint16_t *w, int dim,
+                                       float eps, lunar_cuda_stream s);
+
 /* The whole latent routed path of forward.c's moe_layer: x bf16 [n, H];
  * router bf16 [E, H], bias fp32 [E] or NULL; down bf16 [Lat, H]; norm bf16 [Lat] or NULL; up bf16
  * [H, Lat]; experts at width Lat. y [n, H] as ydt. ws: lunar_cuda_moe_layer_ws bytes. */
