@@ -15,7 +15,7 @@ timeout 20 nvidia-smi -q -d POWER,CLOCK > $OUT/power.txt 2>&1
 grep -E 'Power Limit|Power Draw|^ +SM +:' $OUT/power.txt | head -8 >> $T
 if [ "${SKIP_CHECK:-0}" != 1 ]; then
 step "check.sh tests"
-SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=120 ENGINE_TIMEOUT=45 OUT=$OUT/check timeout 200 tools/device/check.sh tests > $OUT/check.log 2>&1
+TESTS=cuda SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=120 ENGINE_TIMEOUT=45 OUT=$OUT/check timeout 200 tools/device/check.sh tests > $OUT/check.log 2>&1
 echo "check.sh rc=$?" >> $T; cat $OUT/check/table.txt >> $T 2>/dev/null
 fi
 for f in ${TESTS:-cuda_forward cuda_moe_ cuda_mla cuda_kda cuda_matmul cuda_add_rmsnorm cuda_norms}; do

@@ -322,10 +322,13 @@ uint32_t dec_opt() {
 // captured graph, so the host cost is not per step): 1: each pass's activation rows converted once
 // into shared memory (the kernel's XS note) where the block's shared memory stays <= 56 KB, i.e.
 // the 4 blocks per SM of today (K3.1, K = 3584: batch 1 only); 2: wherever it fits in an SM (up to
-// 8 rows; fewer blocks per SM, for measuring and for the tests' multi-row passes); 0 / unset: off.
+// 8 rows; fewer blocks per SM, for measuring and for the tests' multi-row passes); 0: off. Unset: 1,
+// the default since the session-8 device call (bit-equal to 0; K3.1 decode bench at batch 1 118.7-119.1
+// -> 116.4-116.6 us, TP8 slice 26.9 -> 26.3; the K3.1 slice step B = 8 / 64 -1 %).
 static int xs_mode() {
     const char *v = getenv("LUNAR_MOE_F16_XS");
-    return v && (atoi(v) == 1 || atoi(v) == 2) ? atoi(v) : 0;
+    if (!v) return 1;
+    return atoi(v) == 1 || atoi(v) == 2 ? atoi(v) : 0;
 }
 
 template <bool GATEUP, int S>
