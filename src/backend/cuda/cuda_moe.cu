@@ -1139,7 +1139,22 @@ extern "C" int lunar_cuda_moe_experts_run_b(uint16_t *ybuf, uint16_t *hbuf, cons
 // now: Kimi-Linear B = 1, ncu, docs/benchmarks.md session 6). The sum's order (j = 0..k-1, then add)
 // is unchanged.
 constexpr int kCombineThreads = 64;
-__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(float *acc, const float *ybuf,
+// 4 columns of an expert's output row as loaded (raw) and as summed: fp32, or bf16 rows (LUNAR_MOE_YBUF=bf16)
+// in 8-byte loads, widened exactly after all of a group's loads are issued
+template <typename R> struct combine_row;
+template <> struct combine_row<float> {
+    using raw = float4;
+    static __device__ __forceinline__ float4 widen(float4 v) { return v; }
+};
+template <> struct combine_row<uint16_t> {
+    using raw = uint2;
+    static __device__ __forceinline__ float4 widen(uint2 v) {  // a bf16's bits are the top half of its fp32's
+        return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
+                           __uint_as_float(v.y & 0xffff0000u));
+    }
+};
+template <typename R>  // R: float or uint16_t (bf16) rows, the same sums in the same order
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(float *acc, const R *ybuf,
                                                                       const int32_t *pair_row, int k, int D,
                                                                       const float *add) {
     extern __shared__ int32_t prow[];
@@ -1150,42 +1165,15 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(float *acc
     if (i >= D) return;
     float4 s = make_float4(0, 0, 0, 0);
     for (int j0 = 0; j0 < k; j0 += 8) {
-        float4 v[8];
+        typename combine_row<R>::raw v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            if (j0 + j < k) v[j] = *(const float4 *)(ybuf + (size_t)prow[j0 + j] * D + i);
+            if (j0 + j < k) v[j] = *(const typename combine_row<R>::raw *)(ybuf + (size_t)prow[j0 + j] * D + i);
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            if (j0 + j < k) s.x += v[j].x, s.y += v[j].y, s.z += v[j].z, s.w += v[j].w;
-    }
-    if (add) {
-        const float4 a = *(const float4 *)(add + (size_t)t * D + i);
-        s.x += a.x, s.y += a.y, s.z += a.z, s.w += a.w;
-    }
-    *(float4 *)(acc + (size_t)t * D + i) = s;
-}
-
-// the bf16 rows' form: 8-byte loads of 4 columns, widened exactly, the same sums in the same order
-__global__ void __launch_bounds__(kCombineThreads) moe_combine_b_kernel(float *acc, const uint16_t *ybuf,
-                                                                        const int32_t *pair_row, int k, int D,
-                                                                        const float *add) {
-    extern __shared__ int32_t prow[];
-    pdl_enter();
-    const int t = blockIdx.x, i = (blockIdx.y * kCombineThreads + threadIdx.x) * 4;
-    for (int j = threadIdx.x; j < k; j += kCombineThreads) prow[j] = pair_row[(size_t)t * k + j];
-    __syncthreads();
-    if (i >= D) return;
-    float4 s = make_float4(0, 0, 0, 0);
-    for (int j0 = 0; j0 < k; j0 += 8) {
-        uint2 v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j0 + j < k) v[j] = *(const uint2 *)(ybuf + (size_t)prow[j0 + j] * D + i);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            if (j0 + j < k) {  // a bf16's bits are the top half of its fp32's
-                s.x += __uint_as_float(v[j].x << 16), s.y += __uint_as_float(v[j].x & 0xffff0000u);
-                s.z += __uint_as_float(v[j].y << 16), s.w += __uint_as_float(v[j].y & 0xffff0000u);
+            if (j0 + j < k) {
+                const float4 f = combine_row<R>::widen(v[j]);
+                s.x += f.x, s.y += f.y, s.z += f.z, s.w += f.w;
             }
     }
     if (add) {
@@ -1198,7 +1186,7 @@ extern "C" void lunar_cuda_moe_combine_add_b(float *acc, const uint16_t *ybuf, c
                                              const float *add, lunar_cuda_stream s) {
     CUDA_REQUIRE(D % 4 == 0 && ((uintptr_t)add & 15) == 0 && ((uintptr_t)ybuf & 7) == 0);
     const unsigned cols = (unsigned)((D / 4 + kCombineThreads - 1) / kCombineThreads);
-    launch_pdl(moe_combine_b_kernel, dim3(r->n, cols), dim3(kCombineThreads), (size_t)r->k * sizeof(int32_t),
+    launch_pdl(moe_combine_kernel<uint16_t>, dim3(r->n, cols), dim3(kCombineThreads), (size_t)r->k * sizeof(int32_t),
                to_stream(s), acc, ybuf, r->pair_row, r->k, D, add);
     CUDA_CHECK_LAUNCH();
 }
@@ -1211,7 +1199,7 @@ extern "C" void lunar_cuda_moe_combine_add(float *acc, const float *ybuf, const 
                                            const float *add, lunar_cuda_stream s) {
     CUDA_REQUIRE(D % 4 == 0 && ((uintptr_t)add & 15) == 0);
     const unsigned cols = (unsigned)((D / 4 + kCombineThreads - 1) / kCombineThreads);
-    launch_pdl(moe_combine_kernel, dim3(r->n, cols), dim3(kCombineThreads), (size_t)r->k * sizeof(int32_t),
+    launch_pdl(moe_combine_kernel<float>, dim3(r->n, cols), dim3(kCombineThreads), (size_t)r->k * sizeof(int32_t),
                to_stream(s), acc, ybuf, r->pair_row, r->k, D, add);
     CUDA_CHECK_LAUNCH();
 }
