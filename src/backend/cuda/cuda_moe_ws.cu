@@ -118,6 +118,46 @@ __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
            ((uint64_t)1 << 62);
 }
 
+// The ring's barriers, by thread 0 before the block's (or cluster's) first barrier: stage s's `full`
+// (the producers' arrivals) and `empty` (the consumer warps' releases), then published
+__device__ __forceinline__ void ws_ring_init(uint32_t full, uint32_t empty, int stages, uint32_t n_full,
+                                             uint32_t n_empty) {
+    for (int s = 0; s < stages; s++) {
+        mbar_init(full + 8 * s, n_full);
+        mbar_init(empty + 8 * s, n_empty);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_async_smem();
+}
+
+// Items as (pair of 128-row M tiles of one expert) x N tile (paths 7 and 14): pfx[e + 1] holds
+// expert e's pair count; the first warp (lane = threadIdx.x < 32) turns it into the exclusive scan
+// pfx[e] = pairs before expert e, pfx[E] = all: lane l sums a run of experts, then a warp scan of the runs
+__device__ __forceinline__ void pairs_scan_warp(int *pfx, int E, int lane) {
+    const int per = (E + 31) / 32, e0 = lane * per, e1 = min(E, e0 + per);
+    int sum = 0;
+    for (int e = e0; e < e1; e++) sum += pfx[e + 1];
+    int inc = sum;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int v = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += v;
+    }
+    int run = inc - sum;
+    if (lane == 0) pfx[0] = 0;
+    for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
+}
+// the expert of pair pr: the last whose pairs start at or before pr (binary search of the scan)
+__device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
+    int lo = 0, hi = E - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (pfx[mid] <= pr) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 // CL (path 7, BF16 only): blocks run in clusters of 2 that take the two M tiles 2k, 2k + 1 of one
 // expert (an item = pair of tiles x N tile) and share the B tile: block rank r copies half r (w1 /
 // w3 rows for GATEUP, rows 128 r .. of the 256 for DOWN) by TMA multicast into both blocks' stage,
@@ -171,20 +211,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             pfx[e + 1] = (t + 1) / 2;
         }
         __syncthreads();
-        if (tid < 32) {  // exclusive scan: lane l sums a run of experts, then a warp scan of the runs
-            const int per = (a.E + 31) / 32, e0 = tid * per, e1 = min(a.E, e0 + per);
-            int sum = 0;
-            for (int e = e0; e < e1; e++) sum += pfx[e + 1];
-            int inc = sum;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int v = __shfl_up_sync(0xffffffffu, inc, o);
-                if (tid >= o) inc += v;
-            }
-            int run = inc - sum;
-            if (tid == 0) pfx[0] = 0;
-            for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
-        }
+        if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
         __syncthreads();
     }
     // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones
@@ -197,13 +224,7 @@ __global__ void __launch_bounds__(WS_T, 1)
         const int w = b + li * G;
         if (CL) {
             const int pr = w / NN;
-            int lo = 0, hi = a.E - 1;  // the last expert whose pairs start at or before pr
-            while (lo < hi) {
-                const int mid = (lo + hi + 1) >> 1;
-                if (pfx[mid] <= pr) lo = mid;
-                else hi = mid - 1;
-            }
-            e = lo, rend = a.offsets[e + 1];
+            e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
             r0 = a.offsets[e] + (pr - pfx[e]) * 2 * WS_BM + (int)rank * WS_BM;
             n0 = (w - pr * NN) * NH;
         } else {
@@ -212,14 +233,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             n0 = (w - ti * NN) * NH;
         }
     };
-    if (tid == 0) {
-        for (int s = 0; s < WS_ST; s++) {
-            mbar_init(full + 8 * s, MX ? 128 : 129);
-            mbar_init(empty + 8 * s, CL ? 16 : 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        fence_async_smem();
-    }
+    if (tid == 0) ws_ring_init(full, empty, WS_ST, MX ? 128 : 129, CL ? 16 : 8);
     if (CL) cluster_sync_all();  // both blocks' barriers exist before either copies or arrives
     else __syncthreads();
 
@@ -455,14 +469,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wx_kernel(const __grid_constant__
         m3 = GATEUP && lr >= 64;
         return GATEUP ? 64 * (nr >> 7) + (lr & 63) : nr;
     };
-    if (tid == 0) {
-        for (int s = 0; s < WX_ST; s++) {
-            mbar_init(full + 8 * s, 128);
-            mbar_init(empty + 8 * s, 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        fence_async_smem();
-    }
+    if (tid == 0) ws_ring_init(full, empty, WX_ST, 128, 8);
     __syncthreads();
 
     if (tid < 128) {
@@ -673,20 +680,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
     const int tid = threadIdx.x;
     for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + 255) / 256;
     __syncthreads();
-    if (tid < 32) {  // exclusive scan: lane l sums a run of experts, then a warp scan of the runs
-        const int per = (a.E + 31) / 32, e0 = tid * per, e1 = min(a.E, e0 + per);
-        int sum = 0;
-        for (int e = e0; e < e1; e++) sum += pfx[e + 1];
-        int inc = sum;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int v = __shfl_up_sync(0xffffffffu, inc, o);
-            if (tid >= o) inc += v;
-        }
-        int run = inc - sum;
-        if (tid == 0) pfx[0] = 0;
-        for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
-    }
+    if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
     __syncthreads();
     const int total = pfx[a.E] * NN, G = gridDim.x, b = blockIdx.x;
     if (b >= total) return;  // block-uniform, before any barrier
@@ -694,24 +688,11 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
     // item li: expert e, rows r0 .. min(r0 + 256, rend) of the permutation, weight rows from n0
     auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
         const int w = b + li * G, pr = w / NN;
-        int lo = 0, hi = a.E - 1;  // the last expert whose pairs start at or before pr
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (pfx[mid] <= pr) lo = mid;
-            else hi = mid - 1;
-        }
-        e = lo, rend = a.offsets[e + 1];
+        e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
         r0 = a.offsets[e] + (pr - pfx[e]) * 256;
         n0 = (w - pr * NN) * NH;
     };
-    if (tid == 0) {
-        for (int s = 0; s < WY_ST; s++) {
-            mbar_init(full + 8 * s, 128);
-            mbar_init(empty + 8 * s, 8);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-        fence_async_smem();
-    }
+    if (tid == 0) ws_ring_init(full, empty, WY_ST, 128, 8);
     __syncthreads();
 
     if (tid < 128) {
