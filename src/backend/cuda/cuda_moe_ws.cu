@@ -147,6 +147,23 @@ __device__ __forceinline__ void pairs_scan_warp(int *pfx, int E, int lane) {
     if (lane == 0) pfx[0] = 0;
     for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
 }
+// The producer's A pieces of an item (paths 6 and 13): rows r0 + a_row0 + 16 i, i < 8, of the
+// permutation (GATEUP: the row's token, whose latent row is read; DOWN: the row of h), 16-byte chunk
+// a_ch; returns the mask of the rows before rend (the others are zero-filled copies of row 0)
+template <bool GATEUP>
+__device__ __forceinline__ uint32_t ws_a_sources(const xargs &a, int r0, int rend, int a_row0, int a_ch,
+                                                 const uint16_t *xsrc[8]) {
+    uint32_t ok_mask = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + a_row0 + 16 * i;
+        const bool ok = r < rend;
+        ok_mask |= (uint32_t)ok << i;
+        const int src = ok ? (GATEUP ? a.row_token[r] : r) : 0;
+        xsrc[i] = a.x + (size_t)src * a.K + a_ch * 8;
+    }
+    return ok_mask;
+}
 // the expert of pair pr: the last whose pairs start at or before pr (binary search of the scan)
 __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
     int lo = 0, hi = E - 1;
@@ -250,15 +267,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             if (j == 0) {
                 int r0, rend;
                 item(li, e, r0, rend, n0);
-                xok = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int r = r0 + a_row0 + 16 * i;
-                    const bool ok = r < rend;
-                    xok |= (uint32_t)ok << i;
-                    const int src = ok ? (GATEUP ? a.row_token[r] : r) : 0;
-                    xsrc[i] = a.x + (size_t)src * a.K + a_ch * 8;
-                }
+                xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
             }
             if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
             if (CL && tid == 0) {  // this block's half of B, into both blocks
@@ -485,15 +494,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wx_kernel(const __grid_constant__
             if (j == 0) {
                 int r0, rend;
                 item(li, e, r0, rend, n0);
-                xok = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int r = r0 + a_row0 + 16 * i;
-                    const bool ok = r < rend;
-                    xok |= (uint32_t)ok << i;
-                    const int src = ok ? (GATEUP ? a.row_token[r] : r) : 0;
-                    xsrc[i] = a.x + (size_t)src * a.K + a_ch * 8;
-                }
+                xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
             }
             if (q >= WX_ST) mbar_wait(empty + 8 * s, ((q / WX_ST) - 1) & 1);
             const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
