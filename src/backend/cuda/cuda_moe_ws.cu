@@ -899,46 +899,34 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     return true;
 }
 
-template <bool GATEUP> static bool wx_launch(const xargs &a, int tiles, cudaStream_t st) {
-    const size_t smem = wx_cfg::smem();
+// Paths 13 and 14: a persistent grid, at most one block an SM walking `items` work items (an upper
+// bound: blocks without one leave), the kernel's dynamic shared memory raised once per device
+template <void (*KERNEL)(xargs)>
+static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st) {
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     CUDA_REQUIRE(dev >= 0 && dev < WS_MAX_DEV);
     if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_wx_kernel<GATEUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(KERNEL, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
         attr[dev] = true;
     }
-    const long items = (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN));
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
-    moe_wx_kernel<GATEUP><<<grid, WS_T, smem, st>>>(a);
+    KERNEL<<<grid, WS_T, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
     return true;
 }
-
+template <bool GATEUP> static bool wx_launch(const xargs &a, int tiles, cudaStream_t st) {
+    return ws_persistent<moe_wx_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN)), wx_cfg::smem(),
+                                                st);
+}
 template <bool GATEUP> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
-    const size_t smem = wy_cfg::smem();
-    static bool attr[WS_MAX_DEV];
-    static int sms[WS_MAX_DEV];
-    int dev = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_REQUIRE(dev >= 0 && dev < WS_MAX_DEV);
-    if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_wy_kernel<GATEUP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
-        attr[dev] = true;
-    }
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    const long items = (long)tiles * (a.R / (GATEUP ? 64 : 128));
-    const int grid = items < sms[dev] ? (int)items : sms[dev];
-    if (grid <= 0) return true;
-    moe_wy_kernel<GATEUP><<<grid, WS_T, smem, st>>>(a);
-    CUDA_CHECK_LAUNCH();
-    return true;
+    return ws_persistent<moe_wy_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(), st);
 }
 
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
