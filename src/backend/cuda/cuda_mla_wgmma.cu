@@ -522,6 +522,30 @@ __device__ __forceinline__ void q8_issue_s(float (&s)[16], float (&sl)[16], uint
 // 4-dim words l + 32k (144 words per row), rows past nh are zero (scale 0): e4m3 hi / lo terms into
 // the swizzled boxes q_hi / q_lo (dims 0..511) and q_pe (rope: hi at 0..63, lo at 64..127 of the
 // line), the per-head scale into sqs.
+// The two-term scores s + sl / 16 of this thread's 16 accumulators (rows r0: i = 4k + c, r1: 4k + 2 + c;
+// position pbase + 8 k + c) scaled by the rows' factors f0 / f1, positions at or past `end` -inf, and each
+// row's maximum over the quad's four lanes
+__device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16], int pbase, int end, float f0, float f1,
+                                          float &mx0, float &mx1) {
+    mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < 4; k++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            const bool ok = pbase + 8 * k + c < end;
+            const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
+            const float v0 = s[i0] + sl[i0] * 0.0625f;
+            const float v1 = s[i1] + sl[i1] * 0.0625f;
+            s[i0] = ok ? v0 * f0 : -INFINITY;
+            s[i1] = ok ? v1 * f1 : -INFINITY;
+            mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
+        }
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+}
 __device__ __forceinline__ void q8_quantise_q(const Args &a, unsigned char *smem, float *sqs, int row, int h0, int nh, int warp,
                                               int lane) {
     using namespace q8;
@@ -639,25 +663,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
         fence_acc<16>(s);
         fence_acc<16>(sl);
 
-        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const bool ok = pbase + 8 * k + c < end;
-                const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-                const float v0 = s[i0] + sl[i0] * 0.0625f;
-                const float v1 = s[i1] + sl[i1] * 0.0625f;
-                s[i0] = ok ? v0 * f0 : -INFINITY;
-                s[i1] = ok ? v1 * f1 : -INFINITY;
-                mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
-            }
-#pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
+        float mx0, mx1;
+        q8_scores(s, sl, begin + it * kTile + 32 * wg + 2 * t, end, f0, f1, mx0, mx1);
         if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
         __syncthreads(); // maxima in; every S read of the e4m3 stage and the widening are done
         if (tid < 32) issue_tma(it + 2);
@@ -828,25 +835,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, co
         fence_acc<16>(s);
         fence_acc<16>(sl);
 
-        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const bool ok = pbase + 8 * k + c < end;
-                const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-                const float v0 = s[i0] + sl[i0] * 0.0625f;
-                const float v1 = s[i1] + sl[i1] * 0.0625f;
-                s[i0] = ok ? v0 * f0 : -INFINITY;
-                s[i1] = ok ? v1 * f1 : -INFINITY;
-                mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
-            }
-#pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
+        float mx0, mx1;
+        q8_scores(s, sl, begin + it * kTile + 32 * wg + 2 * t, end, f0, f1, mx0, mx1);
         if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
         __syncthreads(); // maxima in; every read of this stage (S, the V loads) is done
         if (tid < 32) issue_tma(it + kS);
