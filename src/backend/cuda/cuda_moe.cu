@@ -250,30 +250,11 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                 // Per-thread cp.async ring of ST stages (this thread's 16-byte blocks of its rows
                 // and their scale words): ST - 1 chunks stay in flight without registers. Each
                 // thread reads back only what it copied itself, so wait_group is the only sync.
-                const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
-#pragma unroll
-                for (int i = 0; i < NM; i++) {
-                    qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
-                    qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
-                    sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
-                    sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
-                }
+                const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
                 uint4 *rw = (uint4 *)ring;                       // [ST][2 NM][128]
                 uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // [ST][2 NM][128]
                 const int tid = threadIdx.x;
-                auto issue = [&](int j) {
-                    if (j < j1) {
-                        const int st = (j - j0) % ST;
-#pragma unroll
-                        for (int i = 0; i < NM; i++) {
-                            cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + tid, qa[i] + (size_t)j * 64);
-                            cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + tid, qb[i] + (size_t)j * 64);
-                            cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
-                            cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
-                        }
-                    }
-                    cp_async_commit();
-                };
+                auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, tid, tid); };
 #pragma unroll
                 for (int p = 0; p < ST; p++) issue(j0 + p);
                 uint4 xv[NT][4];

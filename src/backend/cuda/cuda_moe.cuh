@@ -129,6 +129,38 @@ struct xargs {
     float beta, beta_l;
 };
 
+// The MXFP4 decode rings (the pair's MX kernels, cuda_moe.cu, and path 16, cuda_moe_f16.cu): a
+// thread's 16-byte column group c of packed weight rows ra and rb of expert e's NM matrices, and the
+// rows' scale words. issue(j) copies chunk j (128 columns; nothing past j1) into ring stage
+// (j - j0) % ST: the weights to slot `wslot` of uint4 [ST][2 NM][128], the scale words to slot `tid`
+// of uint32 [ST][2 NM][128]; one commit group a call.
+template <int NM> struct mx_ring_src {
+    const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
+    __device__ __forceinline__ mx_ring_src(const xargs &a, int e, size_t estr, int ra, int rb, int c) {
+#pragma unroll
+        for (int i = 0; i < NM; i++) {
+            qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
+            qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
+            sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
+            sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
+        }
+    }
+    template <int ST>
+    __device__ __forceinline__ void issue(uint4 *rw, uint32_t *rs, int j, int j0, int j1, int wslot, int tid) const {
+        if (j1 > j) {
+            const int st = (j - j0) % ST;
+#pragma unroll
+            for (int i = 0; i < NM; i++) {
+                cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
+                cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
+                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+            }
+        }
+        cp_async_commit();
+    }
+};
+
 // The epilogue of the wgmma grouped GEMMs (cuda_moe_wg.cu, cuda_moe_ws.cu): a warpgroup's
 // m64nNk16 accumulators (NACC per thread) for rows [r0, r0 + 64) of the permutation (rows from rend
 // on are another expert's: skipped) and weight rows from n0. Accumulator i of a thread holds row

@@ -148,27 +148,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
     uint4 *xs = (uint4 *)(rs + ST * 2 * NM * 128);  // XS: the pass's activation rows (top of the kernel)
     const int K8 = a.K / 8, xpitch = K8 + 4;
-    const uint8_t *qa[NM], *qb[NM], *sa[NM], *sb[NM];
-#pragma unroll
-    for (int i = 0; i < NM; i++) {
-        qa[i] = a.wq[i] + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
-        qb[i] = a.wq[i] + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
-        sa[i] = a.ws[i] + e * estr / 32 + (size_t)ra * (a.K / 32);
-        sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
-    }
-    auto issue = [&](int j) {
-        if (j < j1) {
-            const int st = (j - j0) % ST;
-#pragma unroll
-            for (int i = 0; i < NM; i++) {
-                cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
-                cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
-                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
-                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
-            }
-        }
-        cp_async_commit();
-    };
+    const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
+    auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid); };
     // opt bit 2: the first pass's ring fill before the route's offsets are read (every active slot
     // has at least one token, so the first pass always runs)
     const bool early = (opt & 4u) && tile_ok && j0 < j1;
