@@ -916,8 +916,9 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
     /* prefill rows: the attention norm writes h's bf16 copy too, the operand of the layer's input
      * projections (KDA, MLA), instead of the layer converting h in a launch of its own (8K prefill:
-     * 27 copies of 8192 x 2304 floats); LUNAR_PREFILL_HB=0 the separate copy (A/B switch). Decode
-     * steps keep their paths: the batch-1 layers read fp32 h (fused projections). */
+     * 27 copies of 8192 x 2304 floats); LUNAR_PREFILL_HB=0 the separate copy (A/B switch). From 64
+     * rows, so a decode step of batch 64 takes it too (its layers convert h otherwise; measured within
+     * the noise there, session 8); smaller decode batches keep their paths (batch 1 reads fp32 h). */
     static int pre_hb = -1;
     if (pre_hb < 0) pre_hb = !(getenv("LUNAR_PREFILL_HB") && atoi(getenv("LUNAR_PREFILL_HB")) <= 0);
     const int attn_b16 = pre_hb && n >= 64;
