@@ -52,6 +52,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 __device__ __forceinline__ float bf16_bits_to_f32(uint16_t h) {
     return __uint_as_float((uint32_t)h << 16);
 }
+// 4 bf16 values loaded as one uint2 (low half first), widened exactly: a bf16's bits are the top half of its fp32's
+__device__ __forceinline__ float4 bf16x4_to_f32(uint2 u) {
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
 
 // e4m3 (FP8) codes as the CPU's tensor.c lunar_f32_to_e4m3 / lunar_e4m3_to_f32, statement for
 // statement (round half to even, saturation to +-448, NaN -> 0x7f), so that both backends store

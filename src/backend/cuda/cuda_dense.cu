@@ -95,17 +95,23 @@ __device__ __forceinline__ void norm_vec_tail(Y *y, __nv_bfloat16 *yb, const flo
                                   (float)from_f32<Y>(o2), (float)from_f32<Y>(o3));
     }
 }
+// the vector norms' weights (chunk v of thread tid: 4 bf16 at tid + v T; zero past nv or without w), loaded
+// before the PDL wait: no kernel of the step writes them
+template <int V>
+__device__ __forceinline__ void norm_vec_weights(uint2 (&wq)[V], const uint16_t *w, int nv, int tid, int T) {
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        wq[v] = w && i < nv ? __ldg(reinterpret_cast<const uint2 *>(w) + i) : make_uint2(0, 0);
+    }
+}
 template <typename Y, int V, bool ADD>
 __global__ void __launch_bounds__(NORM_VEC_THREADS) norm_vec_kernel(Y *y, __nv_bfloat16 *yb, float *x, const float *r,
                                                                    const uint16_t *w, int dim, float eps) {
     __shared__ float red[NORM_VEC_THREADS / 32];
     const int nv = dim >> 2, tid = threadIdx.x, T = blockDim.x;
     uint2 wq[V];  // 4 bf16 weights per chunk
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        const int i = tid + v * T;
-        wq[v] = w && i < nv ? __ldg(reinterpret_cast<const uint2 *>(w) + i) : make_uint2(0, 0);
-    }
+    norm_vec_weights<V>(wq, w, nv, tid, T);
     pdl_enter();
     const size_t row = blockIdx.x;
     float4 *xr = reinterpret_cast<float4 *>(x + row * dim);
@@ -170,9 +176,7 @@ __device__ __forceinline__ float4 load_row4<float>(const float *p, size_t i) {
 }
 template <>
 __device__ __forceinline__ float4 load_row4<uint16_t>(const uint16_t *p, size_t i) {
-    const uint2 u = reinterpret_cast<const uint2 *>(p)[i];  // a bf16's bits are the top half of its fp32's
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xffff0000u));
+    return bf16x4_to_f32(reinterpret_cast<const uint2 *>(p)[i]);
 }
 template <typename R, int V, int G>
 __global__ void __launch_bounds__(NORM_VEC_THREADS)
@@ -181,11 +185,7 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS)
     __shared__ float red[NORM_VEC_THREADS / 32];
     const int nv = dim >> 2, tid = threadIdx.x, T = blockDim.x;
     uint2 wq[V];
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        const int i = tid + v * T;
-        wq[v] = w && i < nv ? __ldg(reinterpret_cast<const uint2 *>(w) + i) : make_uint2(0, 0);
-    }
+    norm_vec_weights<V>(wq, w, nv, tid, T);
     pdl_enter();
     const size_t row = blockIdx.x;
     float4 *xr = reinterpret_cast<float4 *>(x + row * dim);

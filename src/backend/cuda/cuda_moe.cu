@@ -1129,10 +1129,7 @@ template <> struct combine_row<float> {
 };
 template <> struct combine_row<uint16_t> {
     using raw = uint2;
-    static __device__ __forceinline__ float4 widen(uint2 v) {  // a bf16's bits are the top half of its fp32's
-        return make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u), __uint_as_float(v.y << 16),
-                           __uint_as_float(v.y & 0xffff0000u));
-    }
+    static __device__ __forceinline__ float4 widen(uint2 v) { return bf16x4_to_f32(v); }
 };
 template <typename R>  // R: float or uint16_t (bf16) rows, the same sums in the same order
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(float *acc, const R *ybuf,
