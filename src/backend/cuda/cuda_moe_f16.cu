@@ -322,10 +322,16 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
     if (xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u) {
-        // the opt-in above 48 KB, set at each call (per device, as cuda_dense.cu's kda_gate_gemm)
-        if (sx > 48 * 1024)
+        // the opt-in above 48 KB: raised per device whenever a call needs more than that device has
+        // (a driver call, so not on every eager launch)
+        static size_t opted[8];
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        if (sx > 48 * 1024 && (dev < 0 || dev >= 8 || sx > opted[dev])) {
             CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
+            if (dev >= 0 && dev < 8) opted[dev] = sx;
+        }
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, true>, grid, dim3(128), sx, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
     } else {
