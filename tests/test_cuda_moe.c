@@ -410,6 +410,54 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
     free(keep), free(y0), free(r0);
 }
 
+/* LUNAR_MOE_F16_TILES (path 16 with several row groups per block, each warp's copy ring running on
+ * across them; cuda_moe_f16.cu's MT note): every row tile's sums are the same operations in the
+ * same order, so at 2 and 3 groups a block (and 1, the one-wave choice, which these small grids
+ * mostly leave at one group) the expert rows and the combined output must equal the switch off
+ * (=0) bit for bit, with the activations per chunk (LUNAR_MOE_F16_XS=0) and in shared memory (=2).
+ * The shapes here make the ring cross groups within its first fill (2-3 chunks a warp: D = 256, K =
+ * 384), leave a block's last groups past R (D = 1024: 64 tiles in blocks of 3 groups; I = 640 at 2
+ * k-splits), and run several passes of 8 tokens per expert (n = 64, 40), each refilling the ring.
+ * The caller's values of both switches are restored after. */
+static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                           const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
+                           int I) {
+    static const char *names[2] = {"LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS"};
+    char *keep[2];
+    for (int i = 0; i < 2; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    const size_t nkd = (size_t)n * k * D;
+    float *y0 = NULL, *r0 = NULL;
+    static const char *xsv[2] = {"0", "2"}, *tv[4] = {"0", "2", "3", "1"};
+    for (int x = 0; x < 2; x++) {
+        setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
+        for (int t = x == 0 ? 0 : 1; t < 4; t++) {
+            setenv("LUNAR_MOE_F16_TILES", tv[t], 1);
+            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
+            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
+            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
+            lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
+            float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+            if (!y0) {
+                y0 = y, r0 = rows;
+                continue;
+            }
+            long bad = 0;
+            for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+            CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
+                      "%s TILES=%s XS=%s: %ld expert-row values (or the combined output) differ from TILES=0", what,
+                      tv[t], xsv[x], bad);
+            free(y), free(rows);
+        }
+    }
+    for (int i = 0; i < 2; i++) {
+        if (keep[i]) setenv(names[i], keep[i], 1);
+        else unsetenv(names[i]);
+        free(keep[i]);
+    }
+    free(y0), free(r0);
+}
+
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
     size_t mark = lunar_cuda_mark();
     host_experts h;
@@ -458,6 +506,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         moe_report(what, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
         bf16_rows_case(what, path, ybuf, yb, ybw, acc, acc_b, hbuf, dz, &dw, &r, n, D, nkd);
         if (path == 16 && mxfp4 && act) f16_xs_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
+        if (path == 16 && mxfp4 && act) f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);
             moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);

@@ -159,6 +159,24 @@ template <int NM> struct mx_ring_src {
         }
         cp_async_commit();
     }
+    // path 16's several row tiles per block (LUNAR_MOE_F16_TILES): the 64 bytes at byte woff of rows
+    // ra / rb's packed weights (chunk j of the rows roff rows below: woff = roff K / 2 + 64 j) and the
+    // 4 scale bytes at woff / 16 (roff K / 32 + 4 j) into stage st; live = false only commits (an
+    // empty group keeps the wait counts). The issue above is left as it is (its users stay bit-identical).
+    template <int ST>
+    __device__ __forceinline__ void issue_at(uint4 *rw, uint32_t *rs, uint32_t woff, int st, bool live, int wslot,
+                                             int tid) const {
+        if (live) {
+#pragma unroll
+            for (int i = 0; i < NM; i++) {
+                cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + woff);
+                cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + woff);
+                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + woff / 16);
+                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + woff / 16);
+            }
+        }
+        cp_async_commit();
+    }
 };
 
 // The epilogue of the wgmma grouped GEMMs (cuda_moe_wg.cu, cuda_moe_ws.cu): a warpgroup's

@@ -111,17 +111,26 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // from shared memory instead of a global load and 12 (gate/up) or 4 (down) conversion instructions.
 // The row pitch's 4 extra uint4 (64 bytes) put rows g and g + 1 in opposite halves of the 128-byte
 // bank window, so a quarter warp's 128-bit reads (lanes g, g + 1 x c = 0..3) never conflict.
-template <bool GATEUP, int S, bool XS>
-__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt) {
+// MT (LUNAR_MOE_F16_TILES, launch below; issue 8, session 9): the block walks tpb row groups of RT
+// tiles (rows 16 RT tpb blockIdx.x + 16 (RT u + rt) + 0..15 for u = 0 .. tpb - 1), each warp's ring
+// running on across them: chunk after chunk of one flat sequence (u, j), so the next group's first
+// ST chunks are in flight while a group's last chunks are widened, reduced (S > 1) and stored. Why:
+// K3.1 at batch 1 runs 5.8 (gate/up) and 6.8 (down) waves of short blocks (7 and 6 chunks a warp),
+// each paying the route chain, the first ring fill's full latency, the activation rows' conversion
+// and the reduction's barriers; with ~one wave of blocks those are paid ~once per SM slot. The sums
+// of each tile are the same operations in the same order (bit-identical to MT = false).
+template <bool GATEUP, int S, bool XS, bool MT>
+__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
+    const int T = MT ? tpb : 1;  // row groups of this block
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
     if (pf && threadIdx.x == 0 && !GATEUP && (int)blockIdx.y < a.counts[a.E]) {
         const int e = a.active[blockIdx.y];
         if (e >= 0 && e < a.E) {
-            const int rows = min(RT * 16, a.R - (int)blockIdx.x * RT * 16);
-            const size_t r0 = (size_t)blockIdx.x * RT * 16, estr = (size_t)a.R * a.K;
+            const int rows = min(RT * T * 16, a.R - (int)blockIdx.x * RT * T * 16);
+            const size_t r0 = (size_t)blockIdx.x * RT * T * 16, estr = (size_t)a.R * a.K;
             pdl_prefetch_l2(a.wq[0] + e * estr / 2 + r0 * (a.K / 2),
                             (uint32_t)min((size_t)pf, (size_t)rows * a.K / 2) & ~15u);
             pdl_prefetch_l2(a.ws[0] + e * estr / 32 + r0 * (a.K / 32), (uint32_t)((size_t)rows * a.K / 32) & ~15u);
@@ -133,9 +142,11 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const int e = a.active[slot];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
-    const int tile = blockIdx.x * RT + rt;
+    const int tile = blockIdx.x * RT * T + rt;
     const bool tile_ok = tile * 16 < a.R;
     const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
+    // MT: this warp's live row groups (u < nt: tile + RT u inside R)
+    const int nt = MT && tile_ok ? min(T, ((a.R - 1) / 16 - tile) / RT + 1) : (int)tile_ok;
     const int ra = tile * 16 + g, rb = ra + 8;
     const size_t estr = (size_t)a.R * a.K;
     // ring slots: uint4 [ST][2 NM][128]; lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4)) of its warp
@@ -150,18 +161,36 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const int K8 = a.K / 8, xpitch = K8 + 4;
     const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
     auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid); };
+    // MT: the issue cursor over the flat sequence: the next chunk's byte offset in the rows (ioff,
+    // issue_at), chunks left in its row group (irem) and in all live groups (ileft), its stage (ist:
+    // also the stage the consumer reads next, the ring being ST chunks ahead of it)
+    const int nj = j1 - j0;
+    int irem = nj, ileft = nt * nj, ist = 0;
+    uint32_t ioff = 64u * j0;
+    const uint32_t gjump = (uint32_t)(RT * 16) * (uint32_t)(a.K / 2) - 64u * nj;  // to the next group's j0
+    auto issue_next = [&]() {
+        src.template issue_at<ST>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
+        ioff += 64u, ileft--;
+        if (--irem == 0) irem = nj, ioff += gjump;
+        if (++ist == ST) ist = 0;
+    };
+    auto fill = [&]() {
+        if (MT) {
+            irem = nj, ileft = nt * nj, ist = 0, ioff = 64u * j0;
+#pragma unroll
+            for (int p = 0; p < ST; p++) issue_next();
+        } else {
+#pragma unroll
+            for (int p = 0; p < ST; p++) issue(j0 + p);
+        }
+    };
     // opt bit 2: the first pass's ring fill before the route's offsets are read (every active slot
     // has at least one token, so the first pass always runs)
     const bool early = (opt & 4u) && tile_ok && j0 < j1;
-    if (early) {
-#pragma unroll
-        for (int p = 0; p < ST; p++) issue(j0 + p);
-    }
+    if (early) fill();
     const int off = a.offsets[e], m = a.offsets[e + 1] - off;
     for (int t0 = 0; t0 < m; t0 += 8) {
-        float acc[NM][4];
-#pragma unroll
-        for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        float acc[NM][4];  // zeroed per row group below
         // a lane past the group's last token reads token t0's activations: its mma column is
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
@@ -191,101 +220,108 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
             for (int v = 0; v < 2; v++) rwt[v] = t0 + 2 * c + v < m ? a.row_weight[off + t0 + 2 * c + v] : 0.0f;
         }
-        if (tile_ok && j0 < j1) {
-            if (!early || t0 > 0) {
+        if (MT && tile_ok && j0 < j1 && (!early || t0 > 0)) fill();
+        for (int u = 0; u < T; u++) {
+            const bool live = MT ? u < nt : tile_ok;
+            const int rau = ra + u * RT * 16, rbu = rau + 8;
 #pragma unroll
-                for (int p = 0; p < ST; p++) issue(j0 + p);
-            }
-            uint4 xv[4];  // block b: this lane's 8 columns 32 b + 8 c .. + 7 of the chunk
-            auto load_x = [&](int j, uint4 *dst) {
+            for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+            if (live && j0 < j1) {
+                if (!MT && (!early || t0 > 0)) fill();
+                uint4 xv[4];  // block b: this lane's 8 columns 32 b + 8 c .. + 7 of the chunk
+                auto load_x = [&](int j, uint4 *dst) {
 #pragma unroll
-                for (int b = 0; b < 4; b++)
-                    dst[b] = __ldg((const uint4 *)(xr + (size_t)(4 * j + b) * 32));
-            };
-            if (!XS) load_x(j0, xv);
-            for (int j = j0; j < j1; j++) {
-                const int st = (j - j0) % ST;
-                cp_async_wait<ST - 1>();
-                __syncwarp();  // the ldmatrix reads the other lanes' copies
-                uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
-#pragma unroll
-                for (int i = 0; i < NM; i++) {
-                    ldsm_x4(wa[i], rbase + (uint32_t)((st * 2 * NM + 2 * i) * 128 * 16));
-                    ldsm_x4(wb[i], rbase + (uint32_t)((st * 2 * NM + 2 * i + 1) * 128 * 16));
-                    swa[i] = rs[(st * 2 * NM + 2 * i) * 128 + tid];
-                    swb[i] = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
-                }
-                uint4 nx[4];
-                if (XS) {
-#pragma unroll
-                    for (int b = 0; b < 4; b++) xv[b] = xl[16 * j + 4 * b];
-                } else {
-                    load_x(min(j + 1, j1 - 1), nx);  // the last chunk reloads itself: no select per word
-                }
-                __syncwarp();  // every lane's reads of this stage are done before any lane refills it
-                issue(j + ST);
-#pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    uint32_t px[4];
-                    if (XS) px[0] = xv[b].x, px[1] = xv[b].y, px[2] = xv[b].z, px[3] = xv[b].w;
-                    else if (GATEUP) x_f16(xv[b], px);
-                    else x_pairs(xv[b], px);
+                    for (int b = 0; b < 4; b++)
+                        dst[b] = __ldg((const uint4 *)(xr + (size_t)(4 * j + b) * 32));
+                };
+                if (!XS) load_x(j0, xv);
+                for (int j = j0; j < j1; j++) {
+                    const int st = MT ? ist : (j - j0) % ST;
+                    cp_async_wait<ST - 1>();
+                    __syncwarp();  // the ldmatrix reads the other lanes' copies
+                    uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
 #pragma unroll
                     for (int i = 0; i < NM; i++) {
-                        uint32_t pa[4], pb[4];
-                        widen_f16(wa[i][b], pa);
-                        widen_f16(wb[i][b], pb);
-                        float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                        mma_f16(blk, pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
-                        mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
-                        const float fa = scale_f(swa[i], b), fb = scale_f(swb[i], b);
-                        acc[i][0] = fmaf(fa, blk[0], acc[i][0]);
-                        acc[i][1] = fmaf(fa, blk[1], acc[i][1]);
-                        acc[i][2] = fmaf(fb, blk[2], acc[i][2]);
-                        acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
+                        ldsm_x4(wa[i], rbase + (uint32_t)((st * 2 * NM + 2 * i) * 128 * 16));
+                        ldsm_x4(wb[i], rbase + (uint32_t)((st * 2 * NM + 2 * i + 1) * 128 * 16));
+                        swa[i] = rs[(st * 2 * NM + 2 * i) * 128 + tid];
+                        swb[i] = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
+                    }
+                    uint4 nx[4];
+                    if (XS) {
+#pragma unroll
+                        for (int b = 0; b < 4; b++) xv[b] = xl[16 * j + 4 * b];
+                    } else {
+                        load_x(min(j + 1, j1 - 1), nx);  // the last chunk reloads itself: no select per word
+                    }
+                    __syncwarp();  // every lane's reads of this stage are done before any lane refills it
+                    if (MT) issue_next();  // into stage st (= ist before the call)
+                    else issue(j + ST);
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        uint32_t px[4];
+                        if (XS) px[0] = xv[b].x, px[1] = xv[b].y, px[2] = xv[b].z, px[3] = xv[b].w;
+                        else if (GATEUP) x_f16(xv[b], px);
+                        else x_pairs(xv[b], px);
+#pragma unroll
+                        for (int i = 0; i < NM; i++) {
+                            uint32_t pa[4], pb[4];
+                            widen_f16(wa[i][b], pa);
+                            widen_f16(wb[i][b], pb);
+                            float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                            mma_f16(blk, pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
+                            mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
+                            const float fa = scale_f(swa[i], b), fb = scale_f(swb[i], b);
+                            acc[i][0] = fmaf(fa, blk[0], acc[i][0]);
+                            acc[i][1] = fmaf(fa, blk[1], acc[i][1]);
+                            acc[i][2] = fmaf(fb, blk[2], acc[i][2]);
+                            acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
+                        }
+                    }
+                    if (!XS) {
+#pragma unroll
+                        for (int b = 0; b < 4; b++) xv[b] = nx[b];
                     }
                 }
-                if (!XS) {
+                if (!MT) cp_async_wait<0>();  // MT: the ring runs on into the next row group
+            }
+            if (S > 1) {
+                float *mine = red + (size_t)warp * NACC * 32;
 #pragma unroll
-                    for (int b = 0; b < 4; b++) xv[b] = nx[b];
+                for (int i = 0; i < NM; i++)
+#pragma unroll
+                    for (int v = 0; v < 4; v++) mine[(i * 4 + v) * 32 + lane] = acc[i][v];
+                __syncthreads();
+                if (ks == 0) {
+                    for (int s2 = 1; s2 < S; s2++) {
+                        const float *o = red + (size_t)(warp + s2) * NACC * 32;
+#pragma unroll
+                        for (int i = 0; i < NM; i++)
+#pragma unroll
+                            for (int v = 0; v < 4; v++) acc[i][v] += o[(i * 4 + v) * 32 + lane];
+                    }
+                }
+                __syncthreads();
+            }
+            if (ks == 0 && live) {
+                // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
+#pragma unroll
+                for (int v = 0; v < 4; v++) {
+                    const int tv = t0 + 2 * c + (v & 1), row = v < 2 ? rau : rbu;
+                    if (tv >= m) continue;
+                    const size_t pr = (size_t)(off + tv);
+                    if (GATEUP) {
+                        const float hv =
+                            glu_act(acc[0][v] * 8192.0f, acc[NM - 1][v] * 8192.0f, a.act, a.beta, a.beta_l);
+                        __half hh = __float2half_rn(hv);  // f16: this path's down kernel reads it as is
+                        a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hh);
+                    } else {
+                        a.y[pr * a.R + row] = acc[0][v] * 8192.0f * ((opt & 2u) ? rwt[v & 1] : a.row_weight[pr]);
+                    }
                 }
             }
-            cp_async_wait<0>();
-        }
-        if (S > 1) {
-            float *mine = red + (size_t)warp * NACC * 32;
-#pragma unroll
-            for (int i = 0; i < NM; i++)
-#pragma unroll
-                for (int v = 0; v < 4; v++) mine[(i * 4 + v) * 32 + lane] = acc[i][v];
-            __syncthreads();
-            if (ks == 0) {
-                for (int s2 = 1; s2 < S; s2++) {
-                    const float *o = red + (size_t)(warp + s2) * NACC * 32;
-#pragma unroll
-                    for (int i = 0; i < NM; i++)
-#pragma unroll
-                        for (int v = 0; v < 4; v++) acc[i][v] += o[(i * 4 + v) * 32 + lane];
-                }
-            }
-            __syncthreads();
-        }
-        if (ks == 0 && tile_ok) {
-            // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
-#pragma unroll
-            for (int v = 0; v < 4; v++) {
-                const int tv = t0 + 2 * c + (v & 1), row = v < 2 ? ra : rb;
-                if (tv >= m) continue;
-                const size_t pr = (size_t)(off + tv);
-                if (GATEUP) {
-                    const float hv = glu_act(acc[0][v] * 8192.0f, acc[NM - 1][v] * 8192.0f, a.act, a.beta, a.beta_l);
-                    __half hh = __float2half_rn(hv);  // f16: this path's down kernel reads it as is
-                    a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hh);
-                } else {
-                    a.y[pr * a.R + row] = acc[0][v] * 8192.0f * ((opt & 2u) ? rwt[v & 1] : a.row_weight[pr]);
-                }
-            }
-        }
+        }  // row groups
+        if (MT) cp_async_wait<0>();
     }
 }
 
@@ -312,32 +348,75 @@ static int xs_mode() {
     return atoi(v) == 1 || atoi(v) == 2 ? atoi(v) : 0;
 }
 
-template <bool GATEUP, int S>
-void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
-    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
-    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
-    const dim3 grid(ceil_div_u(a.R / 16, RT), slots);
-    // xs holds min(8, n) rows: a pass has min(8, m - t0) <= min(8, n) tokens (m <= n)
-    const size_t sx = smem + (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
-    // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
-    const int xm = xs_mode();
-    if (xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u) {
+// LUNAR_MOE_F16_TILES (read at every launch, as LUNAR_MOE_F16_XS: the op tests switch it): path 16
+// with several row groups per block (the kernel's MT note). Unset or 0: off (one row group a block,
+// the session-8 kernel); 1: as many as make the grid about one wave of resident blocks (K3.1 at batch
+// 1: 6 groups a block in gate/up, 7 in down; its TP8 slice: gate/up 1, i.e. off, down 2); N = 2..64:
+// N groups a block (for measuring; the tests' ring crossings).
+static int tiles_mode() {
+    const char *v = getenv("LUNAR_MOE_F16_TILES");
+    const int t = v ? atoi(v) : 0;
+    return t >= 1 && t <= 64 ? t : 0;
+}
+
+// the SM count of the current device (cached per device: a driver query)
+static int sm_count() {
+    static int sms[8];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < 8 && sms[dev]) return sms[dev];
+    int n = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    if (dev >= 0 && dev < 8) sms[dev] = n;
+    return n;
+}
+
+template <bool GATEUP, int S, bool MT>
+void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, cudaStream_t st) {
+    if (xs) {
         // the opt-in above 48 KB: raised per device whenever a call needs more than that device has
         // (a driver call, so not on every eager launch)
         static size_t opted[8];
         int dev = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         if (sx > 48 * 1024 && (dev < 0 || dev >= 8 || sx > opted[dev])) {
-            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true>,
+            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
             if (dev >= 0 && dev < 8) opted[dev] = sx;
         }
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true>, grid, dim3(128), sx, st, a,
-                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT>, grid, dim3(128), sx, st, a,
+                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt(), T);
     } else {
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false>, grid, dim3(128), smem, st, a,
-                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt());
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
+                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt(), T);
     }
+}
+
+template <bool GATEUP, int S>
+void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
+    const int nb = ceil_div_u(a.R / 16, RT);  // row groups of RT tiles per expert
+    // xs holds min(8, n) rows: a pass has min(8, m - t0) <= min(8, n) tokens (m <= n)
+    const size_t sx = smem + (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
+    // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
+    const int xm = xs_mode();
+    const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
+    // LUNAR_MOE_F16_TILES: T row groups a block. Auto (1): resident blocks = 4 per SM (128
+    // registers, __launch_bounds__) or fewer where shared memory allows fewer (228 KB per SM, 1 KB
+    // reserved a block); each expert slot gets an even share of them, T = its row groups / that share
+    const int tm = tiles_mode();
+    int T = 1;
+    if (tm == 1) {
+        const size_t per = (xs ? sx : smem) + 1024;
+        const int bps = per * 4 <= (size_t)228 * 1024 ? 4 : (int)((size_t)228 * 1024 / per);
+        const int share = max(1, bps * sm_count() / max(1, slots));
+        T = ceil_div_u(nb, share);
+    } else if (tm > 1) {
+        T = min(tm, nb);
+    }
+    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, st);
+    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, st);
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
