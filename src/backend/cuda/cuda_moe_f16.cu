@@ -117,8 +117,9 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // ST chunks are in flight while a group's last chunks are widened, reduced (S > 1) and stored. Why:
 // K3.1 at batch 1 runs 5.8 (gate/up) and 6.8 (down) waves of short blocks (7 and 6 chunks a warp),
 // each paying the route chain, the first ring fill's full latency, the activation rows' conversion
-// and the reduction's barriers; with ~one wave of blocks those are paid ~once per SM slot. The sums
-// of each tile are the same operations in the same order (bit-identical to MT = false).
+// and the reduction's barriers. Two groups a block halve those (K3.1 -5 %); more lose again (one
+// wave of 6-7 groups a block: +0.5 %), and a grid under one wave loses its warps (launch below).
+// The sums of each tile are the same operations in the same order (bit-identical to MT = false).
 template <bool GATEUP, int S, bool XS, bool MT>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
@@ -349,13 +350,18 @@ static int xs_mode() {
 }
 
 // LUNAR_MOE_F16_TILES (read at every launch, as LUNAR_MOE_F16_XS: the op tests switch it): path 16
-// with several row groups per block (the kernel's MT note). Unset or 0: off (one row group a block,
-// the session-8 kernel); 1: as many as make the grid about one wave of resident blocks (K3.1 at batch
-// 1: 6 groups a block in gate/up, 7 in down; its TP8 slice: gate/up 1, i.e. off, down 2); N = 2..64:
-// N groups a block (for measuring; the tests' ring crossings).
+// with several row groups per block (the kernel's MT note). Unset or 1: 2 groups a block where the
+// one-group grid is at least 1.5 waves of resident blocks (K3.1 at batch 1: gate/up 5.8 waves, down
+// 6.8; its TP8 slice: down 1.7, gate/up 0.73 keeps 1); 0: off (the session-8 kernel); N = 2..64: N
+// groups a block everywhere (for measuring; the tests' ring crossings). Measured (H200, decode bench
+// at batch 1, two rounds, docs/benchmarks.md "MoE decode, path 16 row groups per block (session 9)"):
+// K3.1 116.7 / 116.8 us off, 110.2 / 110.9 at 2, 112.1 / 112.3 at 3, 117.3 / 117.5 at one wave (6
+// and 7 groups a block); the TP8 slice 26.4 / 26.4 off, 27.6 / 27.7 at 2 (its gate/up then fills
+// only 0.36 of a wave), 26.2 / 26.0 with 2 in down only.
 static int tiles_mode() {
     const char *v = getenv("LUNAR_MOE_F16_TILES");
-    const int t = v ? atoi(v) : 0;
+    if (!v) return 1;
+    const int t = atoi(v);
     return t >= 1 && t <= 64 ? t : 0;
 }
 
@@ -402,16 +408,15 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
     const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
-    // LUNAR_MOE_F16_TILES: T row groups a block. Auto (1): resident blocks = 4 per SM (128
-    // registers, __launch_bounds__) or fewer where shared memory allows fewer (228 KB per SM, 1 KB
-    // reserved a block); each expert slot gets an even share of them, T = its row groups / that share
+    // LUNAR_MOE_F16_TILES: T row groups a block. 1 (unset): 2 where nb x slots blocks are >= 1.5
+    // waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
+    // memory allows fewer (228 KB per SM, 1 KB reserved a block)
     const int tm = tiles_mode();
     int T = 1;
     if (tm == 1) {
         const size_t per = (xs ? sx : smem) + 1024;
         const int bps = per * 4 <= (size_t)228 * 1024 ? 4 : (int)((size_t)228 * 1024 / per);
-        const int share = max(1, bps * sm_count() / max(1, slots));
-        T = ceil_div_u(nb, share);
+        if (nb >= 2 && 2LL * nb * slots >= 3LL * bps * sm_count()) T = 2;
     } else if (tm > 1) {
         T = min(tm, nb);
     }
