@@ -412,8 +412,8 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
 
 /* LUNAR_MOE_F16_TILES (path 16 with several row groups per block, each warp's copy ring running on
  * across them; cuda_moe_f16.cu's MT note): every row tile's sums are the same operations in the
- * same order, so at 2 and 3 groups a block (and 1, the default: 2 where the grid is >= 1.5 waves,
- * which these small grids leave at one group) the expert rows and the combined output must equal the switch off
+ * same order, so at 2 and 3 groups a block (and 1, the rule that is the default at one token: 2
+ * where the grid is >= 1.5 waves, which these small grids leave at one group) the expert rows and the combined output must equal the switch off
  * (=0) bit for bit, with the activations per chunk (LUNAR_MOE_F16_XS=0) and in shared memory (=2).
  * The shapes here make the ring cross groups within its first fill (2-3 chunks a warp: D = 256, K =
  * 384), leave a block's last groups past R (D = 1024: 64 tiles in blocks of 3 groups; I = 640 at 2

@@ -350,17 +350,21 @@ static int xs_mode() {
 }
 
 // LUNAR_MOE_F16_TILES (read at every launch, as LUNAR_MOE_F16_XS: the op tests switch it): path 16
-// with several row groups per block (the kernel's MT note). Unset or 1: 2 groups a block where the
-// one-group grid is at least 1.5 waves of resident blocks (K3.1 at batch 1: gate/up 5.8 waves, down
-// 6.8; its TP8 slice: down 1.7, gate/up 0.73 keeps 1); 0: off (the session-8 kernel); N = 2..64: N
-// groups a block everywhere (for measuring; the tests' ring crossings). Measured (H200, decode bench
-// at batch 1, two rounds, docs/benchmarks.md "MoE decode, path 16 row groups per block (session 9)"):
-// K3.1 116.7 / 116.8 us off, 110.2 / 110.9 at 2, 112.1 / 112.3 at 3, 117.3 / 117.5 at one wave (6
-// and 7 groups a block); the TP8 slice 26.4 / 26.4 off, 27.6 / 27.7 at 2 (its gate/up then fills
-// only 0.36 of a wave), 26.2 / 26.0 with 2 in down only.
-static int tiles_mode() {
+// with several row groups per block (the kernel's MT note). The rule: 2 groups a block where the
+// one-group grid is at least 1.5 waves of resident blocks (K3.1 at batch 1: gate/up 5.8 waves,
+// down 6.8; its TP8 slice: down 1.7, gate/up 0.73 keeps 1). Unset: the rule at one token (batch-1
+// decode), one group a block above; 1: the rule at every token count; 0: off (the session-8
+// kernel); N = 2..64: N groups a block everywhere (for measuring; the tests' ring crossings).
+// Measured (H200, two calls, docs/benchmarks.md "MoE decode, path 16 row groups per block (session
+// 9)"): decode bench at batch 1, K3.1 116.7 / 116.8 / 116.6 / 115.9 us off, 110.2 / 110.9 at 2,
+// 110.5 / 109.7 under the rule (Nsight Compute: gate/up 73.6 -> 72.5 us, down 46.5 -> 41.3), 112.1 /
+// 112.3 at 3, 117.3 / 117.5 at one wave (6 and 7 groups a block); the TP8 slice 26.3 / 26.2 off, 26.2
+// / 26.1 under the rule, 27.6 / 27.7 at 2 (its gate/up then fills 0.36 of a wave). Above one token
+// the rule is opt-in: K3.1's shape -2..-4 % at 8..64 tokens but the TP8 slice's +5 % / +3 % at 8 / 16
+// (-1 / -2 % at 32 / 64), and the slice's step at B = 8 +1.3 % (B = 64 -2..-4 %).
+static int tiles_mode(int n) {
     const char *v = getenv("LUNAR_MOE_F16_TILES");
-    if (!v) return 1;
+    if (!v) return n == 1 ? 1 : 0;
     const int t = atoi(v);
     return t >= 1 && t <= 64 ? t : 0;
 }
@@ -408,10 +412,10 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
     const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
-    // LUNAR_MOE_F16_TILES: T row groups a block. 1 (unset): 2 where nb x slots blocks are >= 1.5
-    // waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
+    // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
+    // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
     // memory allows fewer (228 KB per SM, 1 KB reserved a block)
-    const int tm = tiles_mode();
+    const int tm = tiles_mode(n);
     int T = 1;
     if (tm == 1) {
         const size_t per = (xs ? sx : smem) + 1024;
