@@ -19,8 +19,9 @@
 // a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (mode 1), plain tf32 (mode 0).
 // Mode 2 (default, fast): kda_intra2_kernel (the same quantities, rearranged for two blocks per
 // SM; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass is kda_state_bf16_kernel
-// (mma.sync bf16, state in fp32 registers), as fla rounds them. Mode 3: kda_intra_kernel in tf32
-// writing the same bf16 scratch, then the same state pass (kept to measure against).
+// (mma.sync bf16, state in fp32 registers), as fla rounds them; up to 33 heads its warp-specialised
+// form kda_state_ws_kernel (bit-equal). Mode 3: kda_intra_kernel in tf32 writing the same bf16
+// scratch, then the same state pass (kept to measure against).
 #include <mma.h>
 #include <string.h>
 
@@ -1118,6 +1119,9 @@ __global__ void __launch_bounds__(256, 2)
 // the bf16 state copy is double-buffered so that (c) (the serial chain S -> V_new -> S) runs
 // before (b) (the output, off the chain) with no barrier between them: two barriers per chunk.
 // The arithmetic is kda_state_bf16_kernel's, operation for operation (bit-equal outputs).
+// Measured (session 9, H200, H = 32): no faster than kda_state_bf16_kernel (8K 0.28 vs 0.27 ms,
+// 64K 2.13 vs 2.10 ms): that pass is bound by its warps' dependency chains and barriers with only
+// 2 warps per scheduler (ncu: 0.36 eligible), not by its loads; kept behind LUNAR_KDA_STATE=pipe.
 template <int BV, int ST> struct pstate_smem {
     static const int LDV = BV + 8;
     static const int stage = 3 * BT * LDB + BT * LDB64 + BT * LDV + 2 * DK;  // halves; 2 DK = dec fp32
@@ -1470,10 +1474,12 @@ static void launch_state_ws(float *o, float *S, kda_ws w, int T, int H, int NC, 
     CUDA_CHECK_LAUNCH();
 }
 
-// LUNAR_KDA_STATE=ws|pipe|pipe2 (read once): kda_state_ws_kernel, kda_state_pipe_kernel with 3 |
-// 2 stages, where their blocks fit the SMs one each (H <= 33 with 32-column tiles); unset:
-// kda_state_bf16_kernel. lunar_cuda_kda_state_variant overrides it (tests, benchmarks): 0 old,
-// 2 / 3 stages, 4 ws, -1 env.
+// Where the 32-column blocks fit the SMs one each (H <= 33; Kimi-Linear's H = 32), the state pass
+// is kda_state_ws_kernel by default (session 9, H200, T = 8K / 64K at H = 32: 0.27 -> 0.24 ms and
+// 2.10 -> 1.84 ms; the 8K prefill's kda_core 17.8-18.0 -> 17.1 ms). LUNAR_KDA_STATE (read once):
+// old = kda_state_bf16_kernel, pipe | pipe2 = kda_state_pipe_kernel with 3 | 2 stages (measured no
+// faster than old: the old pass is not waiting on its loads), ws = the default.
+// lunar_cuda_kda_state_variant overrides it (tests, benchmarks): 0 old, 2 / 3 stages, 4 ws, -1 env.
 static int g_state = -1;
 extern "C" int lunar_cuda_kda_state_variant(int v) {
     const int prev = g_state;
@@ -1484,7 +1490,7 @@ static int state_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_STATE");
-        env = e && strcmp(e, "pipe") == 0 ? 3 : e && strcmp(e, "pipe2") == 0 ? 2 : e && strcmp(e, "ws") == 0 ? 4 : 0;
+        env = !e ? 4 : strcmp(e, "old") == 0 ? 0 : strcmp(e, "pipe") == 0 ? 3 : strcmp(e, "pipe2") == 0 ? 2 : 4;
     }
     return g_state >= 0 ? g_state : env;
 }
