@@ -974,6 +974,55 @@ TEST(cuda_kda_chunked_vs_cpu) {
     check_chunked(130, 70, 0.0f, 3, 16);
 }
 
+/* Mode 2's staged state passes (lunar_cuda_kda_state_variant 3 / 2: tiles of 2-3 chunks in flight,
+ * double-buffered state copy; 4: warp-specialised) against kda_state_bf16_kernel on the same inputs: the same
+ * operations in the same order, so o and S bit-equal; and against the CPU op. H <= 33 (32-column
+ * tiles, one block per SM); T past one and two stages, partial last chunks. */
+static void check_state_pipe(int T, int H, float lb, int variant, unsigned seed) {
+    const int dk = 128;
+    size_t mark = lunar_cuda_mark();
+    kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
+    const float scale = 1.0f / sqrtf((float)dk);
+    const long no = (long)T * H * dk, ns = (long)H * dk * dk;
+    const float *dq = dev_in(in.q, no * 4), *dk_ = dev_in(in.k, no * 4), *dvv = dev_in(in.v, no * 4);
+    const float *dg = dev_in(in.g, no * 4), *db = dev_in(in.beta, (long)T * H * 4);
+    void *ws = lunar_cuda_alloc(lunar_cuda_kda_chunk_ws(T, H));
+    LUNAR_ASSERT(ws);
+    float *res[2][2];
+    for (int pass = 0; pass < 2; pass++) {
+        float *dS = dev_in(in.S0, ns * 4);
+        guarded o;
+        float *dO = guarded_new(&o, no * 4);
+        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_state_variant(pass ? variant : 0);
+        lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
+        lunar_cuda_kda_state_variant(pv), lunar_cuda_kda_chunk_precision(pm);
+        res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
+        CHECK(guards_ok(&o));
+    }
+    CHECK(memcmp(res[0][0], res[1][0], sizeof(float) * no) == 0);
+    CHECK(memcmp(res[0][1], res[1][1], sizeof(float) * ns) == 0);
+    for (int i = 0; i < 2; i++) free(res[i][0]), free(res[i][1]);
+    kda_free(&in);
+    lunar_cuda_release(mark);
+    const int pv = lunar_cuda_kda_state_variant(variant);
+    check_chunked(T, H, lb, 2, seed + 1);
+    lunar_cuda_kda_state_variant(pv);
+}
+
+TEST(cuda_kda_chunked_state_pipe) {
+    if (!cuda_on()) return;
+    static const int Ts[] = {1, 63, 64, 65, 129, 200, 333};
+    unsigned seed = 900;
+    for (unsigned a = 0; a < 7; a++) check_state_pipe(Ts[a], a & 1 ? 3 : 1, a & 1 ? -5.0f : 0.0f, 3, seed += 10);
+    check_state_pipe(200, 2, 0.0f, 2, 21);
+    check_state_pipe(1000, 33, -5.0f, 3, 22);
+    check_state_pipe(1000, 32, 0.0f, 2, 23);
+    /* 4: the warp-specialised pass (chain warps / output warps, named-barrier hand-off) */
+    for (unsigned a = 0; a < 7; a++) check_state_pipe(Ts[a], a & 1 ? 2 : 1, a & 1 ? 0.0f : -5.0f, 4, seed += 10);
+    check_state_pipe(1000, 33, 0.0f, 4, 24);
+    check_state_pipe(2000, 32, -5.0f, 4, 25);
+}
+
 /* Batch of B sequences of T tokens with permuted state slots, in place and in the verify form
  * (one state per position, slot untouched), against op_kda_recurrent per sequence. */
 static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {

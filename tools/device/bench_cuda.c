@@ -2,8 +2,9 @@
  * Kimi-Linear shapes. Device events around the region, warm-up first, median of the repeats.
  * Floors: bytes / 4.3 TB/s (copy bandwidth measured on these H200s) and FLOPs / 790 TFLOP/s
  * (bf16 8192^3 product measured on them). Prints one table row per case.
- * Usage: bench_cuda [prefill|decode|gemm|all|profile|ptpc]
- *   (profile: one KDA prefill call per bf16 mode, for ncu; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
+ * Usage: bench_cuda [prefill|decode|gemm|all|profile|profile32|kdastate|ptpc]
+ *   (profile: one KDA prefill call per bf16 mode, for ncu, H = 96; profile32: H = 32 and the
+ *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws / pipe3, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,7 @@ static void *dalloc(size_t bytes) {
 }
 
 /* ---------------------------------------------------------------- KDA prefill */
-static void bench_prefill(int T, int H, int mode) {
+static void bench_prefill_v(int T, int H, int mode, int sv) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, mark = lunar_cuda_mark();
     float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
@@ -51,7 +52,7 @@ static void bench_prefill(int T, int H, int mode) {
     lunar_cuda_fill_uniform(beta, (size_t)T * H, 7, -3, 3);
     lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
     lunar_cuda_fill_uniform(S, (size_t)H * d * d, 8, -0.5f, 0.5f);
-    const int prev = lunar_cuda_kda_chunk_precision(mode);
+    const int prev = lunar_cuda_kda_chunk_precision(mode), prev_sv = lunar_cuda_kda_state_variant(sv);
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     const int reps = T >= 32768 ? 5 : 15;
     float ts[32];
@@ -74,13 +75,17 @@ static void bench_prefill(int T, int H, int mode) {
     const double bytes = 5.0 * nq * 4 + (double)T * H * 4 + 2.0 * H * d * d * 4;
     const double flops = 2.0 * H * (6.0 * T * d * d + 3.0 * T * 64 * d + (double)T * 64 * 64);
     const double fl_ms = fmax(bytes / BW, flops / TC) * 1e3;
-    printf("| kda prefill %s | T=%d H=%d | %.3f ms (intra %.2f + state %.2f) | %.3f ms (%s) | %.0f%% | %.1f TFLOP/s |\n",
-           mode == 1 ? "3xTF32" : mode == 0 ? "tf32" : mode == 3 ? "bf16 old intra" : "bf16", T, H, ms, t_intra, t_state, fl_ms, bytes / BW > flops / TC ? "bytes" : "flops",
-           100.0 * fl_ms / ms, flops / (ms * 1e-3) / 1e12);
+    printf("| kda prefill %s%s | T=%d H=%d | %.3f ms (intra %.2f + state %.2f) | %.3f ms (%s) | %.0f%% | %.1f TFLOP/s |\n",
+           mode == 1 ? "3xTF32" : mode == 0 ? "tf32" : mode == 3 ? "bf16 old intra" : "bf16",
+           sv == 4 ? " state ws" : sv == 3 ? " state pipe3" : sv == 2 ? " state pipe2" : sv == 0 ? " state old" : "", T, H, ms, t_intra, t_state, fl_ms,
+           bytes / BW > flops / TC ? "bytes" : "flops", 100.0 * fl_ms / ms, flops / (ms * 1e-3) / 1e12);
+    lunar_cuda_kda_state_variant(prev_sv);
     lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
     lunar_cuda_release(mark);
 }
+
+static void bench_prefill(int T, int H, int mode) { bench_prefill_v(T, H, mode, -1); }
 
 /* Same inputs through modes 2 (default), 3 (old intra kernel) and 1 (3xTF32, fp32-accurate): max
  * |difference| of o and of the final state relative to max |3xTF32| at a benchmark size (the
@@ -303,8 +308,12 @@ int main(int argc, char **argv) {
         crosscheck_prefill(8192, 96);
         crosscheck_prefill(65536, 32);
     }
-    if (strcmp(what, "profile") == 0) { /* one call per mode, for ncu */
-        const int T = 8192, H = 96, d = 128;
+    if (strcmp(what, "kdastate") == 0) /* mode 2's state pass: old / ws / pipe3, two rounds alternating */
+        for (int round = 0; round < 2; round++)
+            for (int t = 0; t < 2; t++)
+                for (int v = 0; v < 3; v++) bench_prefill_v(t ? 65536 : 8192, 32, 2, v == 0 ? 0 : v == 1 ? 4 : 3);
+    if (strcmp(what, "profile") == 0 || strcmp(what, "profile32") == 0) { /* one call per mode, for ncu */
+        const int T = 8192, H = what[7] ? 32 : 96, d = 128; /* profile32: H = 32, the model's */
         const size_t nq = (size_t)T * H * d;
         float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
         float *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4), *S = dalloc((size_t)H * d * d * 4);
@@ -319,6 +328,11 @@ int main(int argc, char **argv) {
             const int prev = lunar_cuda_kda_chunk_precision(mode);
             lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
             lunar_cuda_kda_chunk_precision(prev);
+        }
+        if (what[7]) { /* and the staged state pass (mode 2) */
+            const int pv = lunar_cuda_kda_state_variant(4);
+            lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
+            lunar_cuda_kda_state_variant(pv);
         }
         lunar_cuda_sync();
     }

@@ -259,6 +259,11 @@ size_t lunar_cuda_kda_chunk_ws(int T, int H);
  * 1: 3xTF32 split matmuls, fp32-accurate (~5e-6); 0: plain tf32 (~7e-4); 3: mode 2's outputs
  * from the older, slower intra-chunk kernel (benchmark comparison). */
 int lunar_cuda_kda_chunk_precision(int mode);
+/* Mode 2's state pass where its 32-column blocks fit one per SM (H <= 33): 4 the warp-specialised
+ * kernel (the default), 0 kda_state_bf16_kernel (as at larger H), 3 / 2 the staged kernel (3 / 2
+ * chunks of tiles in flight); all bit-equal. -1 (default): LUNAR_KDA_STATE. Returns the previous
+ * setting. */
+int lunar_cuda_kda_state_variant(int v);
 /* Benchmarks: record events around the two kernels of each call (on), and read the last call's
  * intra-chunk and state-pass times. */
 void lunar_cuda_kda_chunk_profile(int on);
