@@ -1316,12 +1316,14 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     }
     // FP8 pages on the swizzled tiles with bulk copies: from rows x context = 64K the round-4 kernel
     // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
-    // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), below it
-    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs / widen force either; =q8x2 the FP8 scores
-    // with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8 pages (session 6)").
+    // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
+    // round-5 form (S one tile ahead, the same bits) where a block has <= 32 heads (1.03-1.06x the
+    // round-4 kernel from 64K rows x context except 1.00x at B = 8, 8K: "... round 5"); below it
+    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 / widen force one;
+    // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
+    // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    // =rs2: the round-5 kernel (S one tile ahead) where a block has <= 32 heads, else rs.
-    const bool rs2 = f8 && !strcmp(f8, "rs2") && p.hpb <= 32;
+    const bool rs2 = p.hpb <= 32 && !(f8 && !strcmp(f8, "rs"));
     const bool rs_wanted = f8 && *f8 ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
