@@ -18,7 +18,8 @@
  *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel rounds
  *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
  *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
- *    the default from 64K rows x context, which multiplies f16 P by exact f16 V); its own test
+ *    the default from 64K rows x context (as its round-5 form, =rs2, the same bits, at blocks of
+ *    <= 32 heads), which multiplies f16 P by exact f16 V); its own test
  *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
