@@ -18,7 +18,8 @@
  *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel rounds
  *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
  *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
- *    the default from 64K rows x context, which multiplies f16 P by exact f16 V); its own test
+ *    the default from 64K rows x context (as its round-5 form, =rs2, the same bits, at blocks of
+ *    <= 32 heads), which multiplies f16 P by exact f16 V); its own test
  *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
@@ -171,6 +172,9 @@ static void unabsorb(float *o, const float *o_lat, const float *W, int H) {
 typedef struct decode_case {
     int B, H, lens[4];
 } decode_case;
+/* Non-NULL: FP8 cases also run under LUNAR_MLA_WGMMA_FP8=<this> and must give the same bits (a
+ * kernel that reorders the work of another without changing its sums) */
+static const char *fp8_bitwise_ref;
 static void decode_vs_cpu(const decode_case *cases, int n_cases, const char *tag, double fp8_tol) {
     const float scale = 0.3f;
     for (int ci = 0; ci < n_cases; ci++)
@@ -203,6 +207,20 @@ static void decode_vs_cpu(const decode_case *cases, int n_cases, const char *tag
             float *dout_lat = guarded_new(&od, (size_t)B * H * R * 4);
             lunar_cuda_mla_absorbed(dout_lat, dql, dqp, &c, NULL, dlens, max_len, B, H, scale, ws, NULL);
             float *olat = down(dout_lat, (size_t)B * H * R * 4);
+            if (fp8 && fp8_bitwise_ref) {
+                char *keep = getenv("LUNAR_MLA_WGMMA_FP8") ? strdup(getenv("LUNAR_MLA_WGMMA_FP8")) : NULL;
+                setenv("LUNAR_MLA_WGMMA_FP8", fp8_bitwise_ref, 1);
+                guarded od2;
+                float *dout2 = guarded_new(&od2, (size_t)B * H * R * 4);
+                lunar_cuda_mla_absorbed(dout2, dql, dqp, &c, NULL, dlens, max_len, B, H, scale, ws, NULL);
+                float *olat2 = down(dout2, (size_t)B * H * R * 4);
+                if (keep) setenv("LUNAR_MLA_WGMMA_FP8", keep, 1), free(keep);
+                else unsetenv("LUNAR_MLA_WGMMA_FP8");
+                CHECK_MSG(memcmp(olat, olat2, (size_t)B * H * R * 4) == 0, "mla decode%s B=%d H=%d: not bitwise %s", tag,
+                          B, H, fp8_bitwise_ref);
+                CHECK(guards_ok(&od2));
+                free(olat2);
+            }
             for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
             char what[96];
             snprintf(what, sizeof what, "mla decode%s B=%d H=%d max_len=%d %s", tag, B, H, max_len, fp8 ? "fp8" : "bf16");
@@ -247,20 +265,24 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * exact, below 64K rows x context as in all these cases; the round-4 kernel from there);
      * "widen" forces the widening. "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
      * 0.0026 worst, as the widened path). "rs": those scores, PV from f16 P and V^T converted in
-     * registers (f16 V exact, f16 P finer than bf16): the q8x2 bound. */
-    static const struct { const char *sw, *tma, *fp8, *tag; double tol; } runs[] = {
-        {NULL, NULL, NULL, " wgmma", 1.5e-2},
-        {NULL, NULL, "widen", " wgmma widened", 1.5e-2},
-        {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2},
-        {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2},
-        {NULL, "0", NULL, " wgmma cp.async", 1.5e-2},
-        {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2},
-        {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2}};
+     * registers (f16 V exact, f16 P finer than bf16): the q8x2 bound. "rs2": the round-5 kernel, rs's
+     * work in another order (S one tile ahead; blocks of <= 32 heads, rs above): rs's bits too. */
+    static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same; } runs[] = {
+        {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL},
+        {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL},
+        {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2, NULL},
+        {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2, NULL},
+        {NULL, NULL, "rs2", " wgmma fp8 S one tile ahead", 1.5e-2, "rs"},
+        {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL},
+        {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL},
+        {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL}};
     for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
         setenv_or_unset("LUNAR_MLA_WGMMA_SW", runs[r].sw);
         setenv_or_unset("LUNAR_MLA_WGMMA_TMA", runs[r].tma);
         setenv_or_unset("LUNAR_MLA_WGMMA_FP8", runs[r].fp8);
+        fp8_bitwise_ref = runs[r].same;
         decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), runs[r].tag, runs[r].tol);
+        fp8_bitwise_ref = NULL;
     }
     for (int i = 0; i < 4; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);
 }

@@ -3,7 +3,7 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
- * Usage: bench_mla [decode|wgmma|fp8|indexer|sparse|prefill|all] */
+ * Usage: bench_mla [decode|wgmma|fp8|fp8ab|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -198,6 +198,50 @@ static void bench_decode_fp8(void) {
                    "%.1f us | %.2fx | %.2fx |\n",
                    H, B, L / 1024, floor, mma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
                    100.0 * floor / us_1, us_d, us_w / us_2, us_w / us_1);
+            fflush(stdout);
+            lunar_cuda_release(mark);
+        }
+}
+
+/* FP8 pages, round 5 (session 9): the round-5 kernel (LUNAR_MLA_WGMMA_FP8=rs2: S one tile ahead, blocks
+ * of <= 32 heads) against the round-4 kernel (=rs) it reorders, A/B alternating (rs first in odd rounds,
+ * rs2 first in even ones), 4 rounds of a median of 9 each, same data, same process. Floor: the e4m3
+ * latent bytes at 4.3 TB/s. */
+static void bench_decode_fp8_ab(void) {
+    printf("\n### MLA decode, FP8 pages: rs vs rs2 (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=rs / rs2), 4 rounds A/B\n\n");
+    printf("| H | B | context | floor | rs rounds (us) | rs2 rounds (us) | rs mean | of floor | rs2 mean | of floor | rs2 vs rs |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const int Hs[] = {12, 32};
+    static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
+    enum { ROUNDS = 4 };
+    for (int hi = 0; hi < 2; hi++)
+        for (int ci = 0; ci < 6; ci++) {
+            const int H = Hs[hi], B = BL[ci][0], L = BL[ci][1];
+            size_t mark = lunar_cuda_mark();
+            mla_case m;
+            setup_case(&m, B, H, L, 1);
+            size_t wsb = lunar_cuda_mla_ws(B, H, L);
+            m.ws = wsb ? dalloc(wsb) : NULL;
+            setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+            float t[2][ROUNDS];
+            double mean[2] = {0, 0};
+            for (int r = 0; r < ROUNDS; r++)
+                for (int k = 0; k < 2; k++) {
+                    const int v = (r & 1) ? 1 - k : k; /* 0 = rs, 1 = rs2 */
+                    setenv("LUNAR_MLA_WGMMA_FP8", v ? "rs2" : "rs", 1);
+                    t[v][r] = time_us(call_decode, &m, 9);
+                    mean[v] += t[v][r] / ROUNDS;
+                }
+            unsetenv("LUNAR_MLA_WGMMA_FP8");
+            unsetenv("LUNAR_MLA_DECODE");
+            const double floor = (double)B * L * 576 / BW * 1e6;
+            char rr[2][96];
+            for (int v = 0; v < 2; v++) {
+                int n = 0;
+                for (int r = 0; r < ROUNDS; r++) n += snprintf(rr[v] + n, sizeof rr[v] - n, "%s%.1f", r ? ", " : "", t[v][r]);
+            }
+            printf("| %d | %d | %dK | %.1f us | %s | %s | %.1f us | %.0f%% | %.1f us | %.0f%% | %.2fx |\n", H, B, L / 1024, floor,
+                   rr[0], rr[1], mean[0], 100.0 * floor / mean[0], mean[1], 100.0 * floor / mean[1], mean[0] / mean[1]);
             fflush(stdout);
             lunar_cuda_release(mark);
         }
@@ -483,6 +527,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "decode")) bench_decode();
     if (!strcmp(what, "all") || !strcmp(what, "wgmma")) bench_decode_wgmma();
     if (!strcmp(what, "all") || !strcmp(what, "fp8")) bench_decode_fp8();
+    if (!strcmp(what, "all") || !strcmp(what, "fp8ab")) bench_decode_fp8_ab();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
     if (!strcmp(what, "all") || !strcmp(what, "prefill")) bench_prefill();

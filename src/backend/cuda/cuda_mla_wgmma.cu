@@ -493,12 +493,18 @@ __device__ __forceinline__ float2 e4m3x2_f2(uint32_t v) {
 
 // S of the FP8-score kernels for positions 32 wg .. + 31 over 576 dims, issued and committed (not
 // waited): k-step ks < 16 in box ks / 4 at 32 (ks & 3) bytes; the two rope k-steps in box 4 (Q: hi at
-// 0 / 32, lo at 64 / 96)
+// 0 / 32, lo at 64 / 96). Zero = false: the accumulators keep their old values as inputs, which the
+// first k-step (scale-d 0) ignores; the round-5 kernel issues S while another wgmma is in flight,
+// and zeroing there became copies of one zero register (an accumulator) that ptxas counts as reads
+// of in-flight accumulators and answers by serialising every wgmma (C7514).
+template <bool Zero = true>
 __device__ __forceinline__ void q8_issue_s(float (&s)[16], float (&sl)[16], uint32_t raw, int wg, uint64_t dqh,
                                            uint64_t dql, uint64_t dqe) {
     using namespace q8;
+    if (Zero) {
 #pragma unroll
-    for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
+        for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
+    }
     fence_acc<16>(s);
     fence_acc<16>(sl);
     wgmma_fence();
@@ -755,6 +761,47 @@ __host__ __device__ constexpr uint32_t sel(int b) {
 static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
 } // namespace rs
 
+// The end of the round-4 kernels: the row sums of the two warpgroups' positions; the output factor per head
+// (x 2^8: V was x 2^-8) through shared memory to the threads holding that head's columns (o: O^T, dims D0..)
+template <int N>
+__device__ __forceinline__ void rs_write_out(const Args &a, const float (&o)[4][N / 2], float *red, float *linv, int row,
+                                             int split, int h0, int nh, int wg, int t, int r0, int r1, int D0, float m0,
+                                             float m1, float l0, float l1) {
+#pragma unroll
+    for (int x = 1; x <= 2; x <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    }
+    __syncthreads(); // nobody reads red any more
+    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
+    __syncthreads();
+    const bool direct = a.splits == 1;
+    if (wg == 0 && t == 0) {
+        const float os = (direct ? a.out_scale : 1.0f) * 256.0f;
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int r = e ? r1 : r0;
+            const float l = red[r] + red[64 + r], m = e ? m1 : m0;
+            linv[r] = l > 0.0f ? os / l : 0.0f;
+            if (!direct && r < nh)
+                a.lse_part[(size_t)split * a.rows * a.H + (size_t)row * a.H + h0 + r] = l > 0.0f ? m + log2f(l) : -INFINITY;
+        }
+    }
+    __syncthreads();
+    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+#pragma unroll
+    for (int i = 0; i < N / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int h = 8 * i + 2 * t + e;
+            if (h >= nh) continue;
+            const float f = linv[h];
+            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + h0 + h) * kR + D0);
+            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
+            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
+        }
+}
+
 template <int N>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using namespace q8;
@@ -905,41 +952,219 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, co
         for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
     }
 
-    // the row sums of the two warpgroups' positions; the output factor per head (x 2^8: V was
-    // x 2^-8) through shared memory to the threads holding that head's columns
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
+    rs_write_out<N>(a, o, red, linv, row, split, h0, nh, wg, t, r0, r1, D0, m0, m1, l0, l1);
+}
+
+// FP8 pages, round 5 (opt-in: LUNAR_MLA_WGMMA_FP8=rs2; blocks of <= 32 heads, N = 32; larger blocks run
+// the round-4 kernel). The round-4 kernel runs one tile as a serial chain: TMA wait -> S (36 e4m3
+// products) -> wait -> max exchange -> P -> barrier -> PV -> wait, so the tensor cores idle during the
+// softmax and the CUDA cores during S (2.51 us a tile at H = 32, B = 64, 32K against ~1.55 us of latent
+// bytes: docs/benchmarks.md, "MLA decode, FP8 pages, round 4"). Here S of tile it + 1 is issued as soon
+// as tile it's scores are out of its accumulators, before tile it's softmax, so S runs on the tensor
+// cores under the V loads, the scores, the max exchange and the P stores; PV(it) is left in flight
+// until the next tile's one wait:
+//  - a tile has one wgmma wait (wait_group 0, after the P stores): S(it + 1) and PV(it - 1) done. S(0)
+//    is waited before the loop. A wait_group 1 that retires an older S while PV runs would overlap
+//    more, but ptxas could not follow it (C7514: every wgmma serialised), whatever the paths.
+//  - The two score terms are summed into 16 registers as soon as the tile starts, so the in-flight S
+//    needs only its own 32 accumulators (248 registers at N = 32, no spills; N = 64 has no room).
+//  - Accumulators are zeroed one register at a time by asm and S is issued without zeroing (the first
+//    k-step's scale-d 0 ignores the old values): C++ zeros became copies of one zero register, an
+//    accumulator, which ptxas counts as reads of in-flight accumulators (C7514 again).
+//  - P double-buffered (PV(it - 1) may still read its P while tile it's is written), which also drops
+//    the top-of-tile barrier: P(it)'s buffer was last read by PV(it - 2), done in every warpgroup
+//    before the P barrier of tile it - 1. Two barriers a tile (maxima; P written) instead of three.
+//  - The same arithmetic in the same order as the round-4 kernel (scores, P, rescale, PV k-steps):
+//    its outputs bit for bit (tests/test_cuda_mla.c checks it).
+//  - Shared memory: the round-4 layout + a second P buffer: 208 KB.
+namespace rs2 {
+constexpr int p_off = rs::raw_off + rs::kStages * q8::kStage; // 2 x [64 heads][64 positions] f16
+constexpr int red_off = p_off + 2 * kPBytes;
+constexpr int sq_off = red_off + 2 * 64 * 4;
+constexpr int al_off = sq_off + 64 * 4;
+constexpr int li_off = al_off + 64 * 4;
+constexpr int bar_off = li_off + 64 * 4;
+constexpr size_t smem = (size_t)bar_off + rs::kStages * 8 + 1024;
+static_assert(smem <= 232448, "227 KB of shared memory per block");
+} // namespace rs2
+
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using namespace q8;
+    constexpr int N = 32;
+    constexpr int kS = rs::kStages;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+    const uint32_t sb = smem_u32(smem);
+    float *red = reinterpret_cast<float *>(smem + rs2::red_off);
+    float *sqs = reinterpret_cast<float *>(smem + rs2::sq_off);
+    float *alpha = reinterpret_cast<float *>(smem + rs2::al_off);
+    float *linv = reinterpret_cast<float *>(smem + rs2::li_off);
+    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
+    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8; // S rows (heads) of this thread
+    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+    const int seq = a.row_seq ? a.row_seq[row] : row;
+    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
+    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+    const uint32_t bars = sb + rs2::bar_off;
+    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions into stage i % kS
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i % kS) * 8, dst = sb + rs::raw_off + (i % kS) * kStage;
+        if (lane == 0) mbar_expect_tx(bar, kStage);
+        __syncwarp();
+        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
+    };
+    if (tid == 0) {
+        for (int i = 0; i < kS; i++) mbar_init(bars + 8 * i, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    __syncthreads(); // nobody reads red any more
-    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
     __syncthreads();
-    const bool direct = a.splits == 1;
-    if (wg == 0 && t == 0) {
-        const float os = (direct ? a.out_scale : 1.0f) * 256.0f;
+    if (tid < 32)
+        for (int i = 0; i < kS; i++) issue_tma(i);
+
+    q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
+    fence_async_smem();
+    __syncthreads();
+    const float f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
+
+    // accumulators zeroed one register at a time (asm: no shared zero register that later copies read)
+    float o[4][N / 2], sn[16], snl[16];
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int r = e ? r1 : r0;
-            const float l = red[r] + red[64 + r], m = e ? m1 : m0;
-            linv[r] = l > 0.0f ? os / l : 0.0f;
-            if (!direct && r < nh)
-                a.lse_part[(size_t)split * a.rows * a.H + (size_t)row * a.H + h0 + r] = l > 0.0f ? m + log2f(l) : -INFINITY;
-        }
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) asm volatile("mov.b32 %0, 0;\n" : "=f"(o[j][i]));
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        asm volatile("mov.b32 %0, 0;\n" : "=f"(sn[i]));
+        asm volatile("mov.b32 %0, 0;\n" : "=f"(snl[i]));
     }
-    __syncthreads();
-    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const uint64_t dp0 = desc(sb + rs2::p_off, 128, kPGroup);
+    const uint64_t dqh = desc_sw(sb + q_hi, 16, 1024), dql = desc_sw(sb + q_lo, 16, 1024);
+    const uint64_t dqe = desc_sw(sb + q_pe, 16, 1024);
+    const int D0 = wg * 256 + (warp & 3) * 64 + g * 8;
+    const uint32_t vbox = (uint32_t)(D0 >> 7) * kBox + (D0 & 8), vchunk = (D0 & 127) >> 4;
+
+    if (ntiles > 0) {
+        mbar_wait(bars, 0);
+        q8_issue_s<false>(sn, snl, sb + rs::raw_off, wg, dqh, dql, dqe);
+    }
+    wgmma_wait<0>();
+
+    for (int it = 0; it < ntiles; it++) {
+        const uint32_t raw = sb + rs::raw_off + (it % kS) * kStage;
+        // S(it) is done (the prologue's wait, or tile it - 1's second wait); PV(it - 1) may still run
+        fence_acc<16>(sn);
+        fence_acc<16>(snl);
+        float s[16];
 #pragma unroll
-    for (int i = 0; i < N / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int h = 8 * i + 2 * t + e;
-            if (h >= nh) continue;
-            const float f = linv[h];
-            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + h0 + h) * kR + D0);
-            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
-            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
+        for (int i = 0; i < 16; i++) s[i] = sn[i] + snl[i] * 0.0625f;
+        if (it + 1 < ntiles) { // S(it + 1) runs under this tile's softmax
+            const int nx = it + 1;
+            mbar_wait(bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
+            q8_issue_s<false>(sn, snl, sb + rs::raw_off + (nx % kS) * kStage, wg, dqh, dql, dqe);
         }
+
+        // the V bytes of tile it, positions 16 ks + 2t + {0, 1, 8, 9}
+        uint32_t vx[4][4][2];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int p = 16 * ks + 2 * t + (q & 1) + 8 * (q >> 1);
+                const uint32_t ad = raw + vbox + p * 128 + (((vchunk ^ p) & 7) << 4);
+                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(vx[ks][q][0]), "=r"(vx[ks][q][1]) : "r"(ad) : "memory");
+            }
+
+        // q8_scores on the summed terms: the same expressions, so the same values
+        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const bool ok = pbase + 8 * k + c < end;
+                const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
+                s[i0] = ok ? s[i0] * f0 : -INFINITY;
+                s[i1] = ok ? s[i1] * f1 : -INFINITY;
+                mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
+            }
+#pragma unroll
+        for (int x = 1; x <= 2; x <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+        }
+        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
+        __syncthreads(); // maxima in; every read of tile it's stage (S(it), the V loads) is done
+        if (tid < 32) issue_tma(it + kS);
+        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        unsigned char *P = smem + rs2::p_off + (it & 1) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+            ps0 += e0 + e1, ps1 += e2 + e3;
+            const __half2 h01 = __floats2half2_rn(e0, e1), h23 = __floats2half2_rn(e2, e3);
+            *reinterpret_cast<__half2 *>(P + (4 * wg + k) * 128) = h01;
+            *reinterpret_cast<__half2 *>(P + kPGroup + (4 * wg + k) * 128) = h23;
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        if (wg == 0 && t == 0) alpha[r0] = al0, alpha[r1] = al1;
+
+        wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
+#pragma unroll
+        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+        uint32_t av[4][4][4];
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const int w = j >> 1, b = 2 * (j & 1);
+                av[ks][j][0] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b));
+                av[ks][j][1] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b + 1));
+                av[ks][j][2] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b));
+                av[ks][j][3] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b + 1));
+            }
+        fence_async_smem();
+        // all of P and the factors are written; nonzero where some maximum of the block moved
+        if (__syncthreads_or(al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < N / 8; i++) {
+                const float2 f = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    o[j][4 * i] *= f.x, o[j][4 * i + 1] *= f.y, o[j][4 * i + 2] *= f.x, o[j][4 * i + 3] *= f.y;
+            }
+        }
+        // fragments pinned before the fence (see the round-4 kernel)
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                asm volatile("" : "+r"(av[ks][j][0]), "+r"(av[ks][j][1]), "+r"(av[ks][j][2]), "+r"(av[ks][j][3])::"memory");
+#pragma unroll
+        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+        wgmma_fence();
+        const uint64_t dp = dp0 + (uint64_t)((it & 1) * (kPBytes >> 4));
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int j = 0; j < 4; j++) wgmma_m64n32_rs_f16(o[j], av[ks][j], dp + 16 * ks);
+        wgmma_commit();
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+
+    rs_write_out<N>(a, o, red, linv, row, split, h0, nh, wg, t, r0, r1, D0, m0, m1, l0, l1);
 }
 
 struct Plan {
@@ -1023,6 +1248,17 @@ void launch_rs(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
     else wgmma_decode_rs_kernel<64><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
+// Round 5: blocks of <= 32 heads only (the in-flight S needs registers N = 64 does not have)
+void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_rs2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)rs2::smem));
+        attr = true;
+    }
+    wgmma_decode_rs2_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, rs2::smem, s>>>(a, tm);
+    CUDA_CHECK_LAUNCH();
+}
 // The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
 // swizzle; the box at 512 runs past the 576-byte row and the copy engine fills it with zeros.
 bool make_tmap_q8(CUtensorMap *m, const void *latent) {
@@ -1080,17 +1316,25 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     }
     // FP8 pages on the swizzled tiles with bulk copies: from rows x context = 64K the round-4 kernel
     // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
-    // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), below it
-    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs / widen force either; =q8x2 the FP8 scores
-    // with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8 pages (session 6)").
+    // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
+    // round-5 form (S one tile ahead, the same bits) where a block has <= 32 heads (1.03-1.06x the
+    // round-4 kernel from 64K rows x context except 1.00x at B = 8, 8K: "... round 5"); below it
+    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 / widen force one;
+    // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
+    // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    const bool rs_wanted = f8 && *f8 ? !strcmp(f8, "rs") : (double)rows * max_n >= 65536.0;
+    const bool rs2 = p.hpb <= 32 && !(f8 && !strcmp(f8, "rs"));
+    const bool rs_wanted = f8 && *f8 ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
-            static bool seen = false;
-            if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers\n"), seen = true;
+            static int seen = 0;
+            if (!(seen & (1 << rs2)))
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s\n",
+                        rs2 ? ", S one tile ahead" : ""),
+                    seen |= 1 << rs2;
         }
-        launch_rs(a, tm, p, s);
+        if (rs2) launch_rs2(a, tm, p, s);
+        else launch_rs(a, tm, p, s);
     } else if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
         make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
