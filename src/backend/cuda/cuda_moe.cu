@@ -1020,8 +1020,9 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // 30 % slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the
         // consumers' per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6,
         // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the
-        // defaults), =wsmx path 13 for MXFP4 experts; the other kind keeps its default under wsf /
-        // wsfast / wsmx / wsmx2.
+        // defaults), =wsmx path 13 for MXFP4 experts, =wsmc path 17 for BF16 experts (path 12's
+        // kernel in clusters of 2 sharing the weight tiles by TMA multicast, the odd tiles paired
+        // without; opt-in); the other kind keeps its default under wsf / wsfast / wsmx / wsmx2 / wsmc.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1033,19 +1034,22 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsfast") ? 12
                   : !strcmp(e, "wsmx") ? 13
                   : !strcmp(e, "wsmx2") ? 14
+                  : !strcmp(e, "wsmc") ? 17
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (pre >= 13 ? pre : 14) : pre >= 13 ? 12 : pre) : pre;
+        const bool mxp = pre == 13 || pre == 14;  // the MXFP4-only paths; the others BF16-only from 10 on
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 14) : mxp ? 12 : pre) : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 14 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if ((path == 13 || path == 14) && !w->mxfp4) path = 12;  // paths 13, 14: MXFP4 widened by the consumers
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-14: the grouped GEMMs (any n)
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14), dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 14) || path == 16) &&
-                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || n <= 64));
+    // 17: path 12 in clusters of 2 sharing the BF16 weight tiles (MXFP4: path 6, as 7)
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14) || path == 17, dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(((path >= 1 && path <= 14) || path == 16 || path == 17) &&
+                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || path == 17 || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
@@ -1085,9 +1089,9 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
+                                    path == 7 ? 1 : path == 17 ? 9 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 14)) {
+    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 14) || path == 17) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

@@ -164,12 +164,16 @@ __device__ __forceinline__ uint32_t ws_a_sources(const xargs &a, int r0, int ren
     }
     return ok_mask;
 }
-// the expert of pair pr: the last whose pairs start at or before pr (binary search of the scan)
+// the expert of pair pr: the last whose pairs start at or before pr (binary search of the scan).
+// SH (path 17's packed scan, pairs in bits 0-15 and single tiles in 16-31): 0 searches the pairs,
+// 16 the single tiles; -1 the whole word (paths 7 and 14)
+template <int SH = -1>
 __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
     int lo = 0, hi = E - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (pfx[mid] <= pr) lo = mid;
+        const int v = SH < 0 ? pfx[mid] : (pfx[mid] >> (SH < 0 ? 0 : SH)) & 0xffff;
+        if (v <= pr) lo = mid;
         else hi = mid - 1;
     }
     return lo;
@@ -188,6 +192,22 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
 // expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
 // run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
 //
+// CL = 2 (path 17, BF16 only, opt-in: LUNAR_MOE_PREFILL=wsmc): path 7's clusters with path 12's
+// fast gate/up epilogue (PF = 3), now that the epilogue no longer hides the L2: path 12 runs both
+// GEMMs at ~91 % of the L2's throughput (Nsight Compute, session 5), each 128-row M tile re-reading
+// its expert's weight tile. Path 7 also spent a whole pair (two SMs) on the last tile of an expert
+// with an odd tile count (about half of Kimi-Linear's experts at 8K: ~256 +- 16 rows, 2 or 3 tiles);
+// here an expert's tiles 2k, 2k + 1 form the multicast pairs (floor(tiles / 2) per expert) and the
+// odd last tiles form a second list, single tiles x N tiles, of which a cluster takes two
+// consecutive items (the two blocks: N tiles n, n + 1 of the same M tile, or the next tile's),
+// each block copying its own whole B tile by plain TMA (no multicast: different weight rows).
+// Every item, shared or not, arms `full` with the same 32 KB and every consumer warp releases the
+// stage in both blocks (`empty` counts 16), so the barrier protocol is path 7's for every item:
+// whether an item multicasts depends only on the cluster's unit, the same for both blocks. The
+// per-expert counts are packed (pairs in bits 0-15, single tiles in 16-31) into one scan; a unit
+// count past the single items' end (an odd number of them) leaves block 1 a unit with no rows,
+// which copies a valid B tile and multiplies nothing, as path 7's empty tiles.
+//
 // PF = 1, 2 (paths 11, 10, BF16 only, opt-in: measured 0-6 % slower than path 6): the proxy
 // fence moves from the consumers to the producer. Path 6's BF16 consumers fence the async proxy
 // after every `full` wait (the A pieces are other threads' cp.async writes), a fence per chunk in
@@ -201,12 +221,13 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
 // either way, but with P = 2 the arrival for chunk q waits for the release of q - 2 (the producer
 // issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
 // PF = 3 (path 12, BF16's prefill default): path 6 with glu_act_fast in the gate/up epilogue.
-template <bool MX, bool GATEUP, bool CL, int PF>
+template <bool MX, bool GATEUP, int CL, int PF>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
-    static_assert(!(PF && (MX || CL)), "paths 10-12 are variants of path 6's BF16 kernel");
+    static_assert(!(PF && (MX || (CL && PF != 3))), "paths 10-12 are variants of path 6's BF16 kernel");
+    static_assert(CL >= 0 && CL <= 2, "0: one block, 1: path 7's pairs, 2: path 17's pairs + paired single tiles");
     constexpr bool FE = PF == 3;               // the fast epilogue, path 6's pipeline
     constexpr bool DEFER = MX || (PF && !FE);  // producer threads arrive P chunks late, after their own fence
     constexpr int P = PF && !FE ? PF : WS_P;
@@ -217,7 +238,7 @@ __global__ void __launch_bounds__(WS_T, 1)
     const uint32_t sA = (smem_u32(ws_smem) + 1023u) & ~1023u;
     const uint32_t sB = sA + WS_ST * C::A_BYTES, sR = sB + WS_ST * C::B_BYTES, sS = sR + WS_RS * C::RAW_BYTES;
     const uint32_t full = (MX ? sS + WS_RS * C::SCW_BYTES : sR), empty = full + WS_ST * 8;
-    int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs before expert e
+    int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs (+ singles) before expert e
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
@@ -225,21 +246,36 @@ __global__ void __launch_bounds__(WS_T, 1)
     if (CL) {
         for (int e = tid; e < a.E; e += WS_T) {
             const int t = (a.offsets[e + 1] - a.offsets[e] + WS_BM - 1) / WS_BM;
-            pfx[e + 1] = (t + 1) / 2;
+            pfx[e + 1] = CL == 1 ? (t + 1) / 2 : (t >> 1) | ((t & 1) << 16);
         }
         __syncthreads();
         if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
         __syncthreads();
     }
-    // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones
-    const int total = (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
+    // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones.
+    // CL = 2: units [0, PT) the multicast pairs x N tiles, then the single tiles' SG items two a unit
+    const int PT = CL == 2 ? (pfx[a.E] & 0xffff) * NN : 0, SG = CL == 2 ? (pfx[a.E] >> 16) * NN : 0;
+    const int total = CL == 2 ? PT + (SG + 1) / 2 : (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
     const int G = CL ? gridDim.x / 2 : gridDim.x, b = CL ? blockIdx.x / 2 : blockIdx.x;
     if (b >= total) return;  // block- (CL: cluster-) uniform, before any barrier
     const int items = (total - 1 - b) / G + 1, Q = items * J;
-    // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..
-    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
+    // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..;
+    // mc: the cluster shares the item's B tile (CL = 1 always, CL = 2 on the pairs' units)
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0, bool &mc) {
         const int w = b + li * G;
-        if (CL) {
+        mc = CL == 1 || (CL == 2 && w < PT);
+        if (CL == 2 && !mc) {
+            const int si0 = 2 * (w - PT) + (int)rank, si = min(si0, SG - 1), sp = si / NN;
+            e = pairs_expert<16>(pfx, a.E, sp), rend = a.offsets[e + 1];
+            // the expert's odd last tile, after its pairs; block 1's unit past the end: no rows
+            r0 = si0 < SG ? a.offsets[e] + ((pfx[e + 1] & 0xffff) - (pfx[e] & 0xffff)) * 2 * WS_BM : rend;
+            n0 = (si - sp * NN) * NH;
+        } else if (CL == 2) {
+            const int pr = w / NN;
+            e = pairs_expert<0>(pfx, a.E, pr), rend = a.offsets[e + 1];
+            r0 = a.offsets[e] + (pr - (pfx[e] & 0xffff)) * 2 * WS_BM + (int)rank * WS_BM;
+            n0 = (w - pr * NN) * NH;
+        } else if (CL) {
             const int pr = w / NN;
             e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
             r0 = a.offsets[e] + (pr - pfx[e]) * 2 * WS_BM + (int)rank * WS_BM;
@@ -262,15 +298,16 @@ __global__ void __launch_bounds__(WS_T, 1)
         const uint16_t *xsrc[8];
         uint32_t xok = 0;
         int e = 0, n0 = 0;
+        bool mc = false;
         auto issue = [&](int q) {
             const int li = q / J, j = q - li * J, s = q % WS_ST;
             if (j == 0) {
                 int r0, rend;
-                item(li, e, r0, rend, n0);
+                item(li, e, r0, rend, n0, mc);
                 xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
             }
             if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
-            if (CL && tid == 0) {  // this block's half of B, into both blocks
+            if (CL && mc && tid == 0) {  // this block's half of B, into both blocks
                 mbar_expect_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
                 ws_tma_mc(sB + s * C::B_BYTES + rank * (C::B_BYTES / 2), rank ? &tm1 : &tm0, j * WS_BK, row,
@@ -367,7 +404,8 @@ __global__ void __launch_bounds__(WS_T, 1)
         int pend = -1;  // the chunk whose stage this warp has not released yet
         for (int li = 0, q = 0; li < items; li++) {
             int e_, c_r0, c_rend, c_n0;
-            item(li, e_, c_r0, c_rend, c_n0);
+            bool mc_;
+            item(li, e_, c_r0, c_rend, c_n0, mc_);
             c_r0 += wg * 64;
             const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
             for (int j = 0; j < J; j++, q++) {
@@ -853,7 +891,7 @@ static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
 }
 
 #define WS_MAX_DEV 64
-template <bool MX, bool GATEUP, bool CL, int PF>
+template <bool MX, bool GATEUP, int CL, int PF>
 static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUtensorMap t0, t1;
     memset(&t0, 0, sizeof t0), memset(&t1, 0, sizeof t1);
@@ -864,7 +902,9 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
         else if (!ws_tmap(&t1, a.wb[1], rows, a.K)) return false;
     }
     // CL: + the pair prefix array; sized for the largest expert count once (the attribute is set once)
+    // CL = 2 packs the pair and single-tile counts into 16 bits each (tiles <= n k / 128 + E)
     CUDA_REQUIRE(!CL || a.E <= 1024);
+    CUDA_REQUIRE(CL != 2 || tiles < 65536);
     const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0);
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];  // blocks that run at once: SMs, or CL: 2 x the clusters that fit
@@ -941,14 +981,16 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;
     if (mx && mode == 5) return wx_launch<true>(g, tiles, st) && wx_launch<false>(d, tiles, st);
     if (mx)
-        return ws_launch<true, true, false, 0>(g, tiles, st) && ws_launch<true, false, false, 0>(d, tiles, st);
+        return ws_launch<true, true, 0, 0>(g, tiles, st) && ws_launch<true, false, 0, 0>(d, tiles, st);
     if (mode == 1)
-        return ws_launch<false, true, true, 0>(g, tiles, st) && ws_launch<false, false, true, 0>(d, tiles, st);
+        return ws_launch<false, true, 1, 0>(g, tiles, st) && ws_launch<false, false, 1, 0>(d, tiles, st);
+    if (mode == 9)  // path 17: the down epilogue has no activation (as mode 4)
+        return ws_launch<false, true, 2, 3>(g, tiles, st) && ws_launch<false, false, 2, 0>(d, tiles, st);
     if (mode == 2)
-        return ws_launch<false, true, false, 2>(g, tiles, st) && ws_launch<false, false, false, 2>(d, tiles, st);
+        return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
-        return ws_launch<false, true, false, 1>(g, tiles, st) && ws_launch<false, false, false, 1>(d, tiles, st);
+        return ws_launch<false, true, 0, 1>(g, tiles, st) && ws_launch<false, false, 0, 1>(d, tiles, st);
     if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
-        return ws_launch<false, true, false, 3>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
-    return ws_launch<false, true, false, 0>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
+        return ws_launch<false, true, 0, 3>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
+    return ws_launch<false, true, 0, 0>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
 }
