@@ -65,6 +65,7 @@
 // limit is the bytes moved through L2 (weights re-read per M tile, the fp32 down output).
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -926,6 +927,12 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
             cfg.gridDim = dim3(2 * sms[dev]);
             CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL, PF>, &cfg));
             if (nc <= 0) return false;  // (attr stays unset: asked again, refused again)
+            // LUNAR_MOE_WSMC_CLUSTERS=c (path 17, opt-in, measurement only): c clusters instead of the
+            // occupancy query's count, to test whether the query leaves SMs idle (path 7 and 17 measured
+            // 30-40 % slower than their one-block kernels, even path 7 without copies)
+            const char *ov = CL == 2 ? getenv("LUNAR_MOE_WSMC_CLUSTERS") : NULL;
+            if (ov) fprintf(stderr, "path 17: the occupancy query's clusters %d, set %s\n", nc, ov);
+            if (ov && atoi(ov) > 0) nc = atoi(ov);
             sms[dev] = 2 * nc;
         }
         attr[dev] = true;
