@@ -347,7 +347,7 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
-    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || path == 17;
+    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || path == 17 || path == 18;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -440,7 +440,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 17; path++) {
+    for (int path = 1; path <= 18; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -451,7 +451,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx", "wsmx2", "", "f16", "wsmc"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx", "wsmx2", "", "f16", "wsmc", "wsmc2"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -507,7 +507,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * x N tiles: the down GEMMs at D = 256, one N tile, with an odd number of odd-tile experts, where
  * block 1 of the last unit has no rows) and K of 2..16 chunks (the ring wrapping within and across
  * items). */
-#define WSMC (1 << 16)
+#define WSMC (1 << 16 | 1 << 17) /* paths 17 and 18 (17 with CTA-scope remote releases) */
 /* Path 13 (MXFP4 widened by the consumer warpgroups) on every MXFP4 case: where path 6 takes the
  * shape (D % 256 == 0) it runs its own kernel, so the cases cover tiles of 1..128 rows (token
  * half 1 idle or not: n = 400 puts ~200 rows on an expert), K of 2..18 chunks (its ring of 5
@@ -860,16 +860,16 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12 and 7 differ from 6 for BF16 weights only; 13 exists for MXFP4 only */
-    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 12, 17}, mpaths[] = {2, 4, 6, 13, 14};
+    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18}, mpaths[] = {2, 4, 6, 13, 14};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
-                                "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "ws fast epi (12) again",
-                                "ws cluster fast epi (17) again"},
+                                "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
+                                "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
                       *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws widen in consumers (13)",
                                                     "widen once per 2 tiles (14)"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 5 : 10); i++) {
+    for (int i = 0; i < (mx ? 5 : 12); i++) {
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);

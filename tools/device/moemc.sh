@@ -8,6 +8,8 @@
 # Call 2 adds CL=<clusters> (LUNAR_MOE_WSMC_CLUSTERS, the persistent grid's cluster count instead of
 # the occupancy query's) to the table and the A/B, and NCU=1: Nsight Compute on path 12's and path
 # 17's first gate/up launch of the table (launch, speed of light, warp stalls).
+# From the next call on (not run in session 9): path 18 (LUNAR_MOE_PREFILL=wsmc2, path 17 with
+# CTA-scope remote releases) in the op tests, the table, the A/B (V2=0 leaves it out) and ncu.
 #   P=<prebuilt dir> OUT=<dir> [AB_S=s: no round started after s seconds] [CL=66] [NCU=1] tools/device/moemc.sh
 set -u
 P=${P:?P = the prebuilt directory}
@@ -19,7 +21,7 @@ nvidia-smi -L >> $T
 for c in 0 ${CL:-}; do
   step "op tests: cuda_moe_experts_bf16 (path 17 = wsmc among the others, vs the CPU op), LUNAR_MOE_WSMC_CLUSTERS=$c"
   LUNAR_MOE_WSMC_CLUSTERS=$c LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 50 $P/bin/lunar_tests cuda_moe_experts_bf16 > $OUT/t_moe_$c.log 2>&1; echo "rc=$?" >> $T
-  grep -E ' wsmc |FAILED|passed, |CHECK|path 17' $OUT/t_moe_$c.log | cut -c1-160 | tail -${TL:-40} >> $T
+  grep -E ' wsmc2? |FAILED|passed, |CHECK|path 17' $OUT/t_moe_$c.log | cut -c1-160 | tail -${TL:-40} >> $T
   # a hung kernel (a barrier protocol error) would hang every later step too
   if grep -q 'rc=124' $T; then step "op tests timed out: stopping"; tail -5 $OUT/t_moe_$c.log >> $T; cat $T; exit 1; fi
   TL=4
@@ -40,6 +42,7 @@ for r in 1 2 3; do
   late ${AB_S:-100} && break
   step "Kimi-Linear 8K prefill A/B round $r"
   V="def:LUNAR_NONE=0 wsmc:LUNAR_MOE_PREFILL=wsmc"
+  [ "${V2:-1}" = 1 ] && V="$V wsmc2:LUNAR_MOE_PREFILL=wsmc2"
   [ -n "${CL:-}" ] && V="$V wsmc$CL:LUNAR_MOE_PREFILL=wsmc,LUNAR_MOE_WSMC_CLUSTERS=$CL"
   [ $r = 2 ] && V=$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')
   for v in $V; do e=${v#*:}; bench ${v%%:*}_$r "${e//,/ }"; done
@@ -48,8 +51,8 @@ done
   LUNAR_MOE_PREFILL=wsmc OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_forward > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/t_fwd.log | cut -c1-160 | tail -6 >> $T; }
 if [ "${NCU:-0}" = 1 ] && command -v ncu > /dev/null; then
-  for k in 0 2; do  # CL template argument: 0 path 12, 2 path 17 (gate/up: GATEUP true, PF 3)
-    late ${NCU_S:-150} && break
+  for k in 0 2 3; do  # CL template argument: 0 path 12, 2 path 17, 3 path 18 (gate/up: GATEUP true, PF 3)
+    late ${NCU_S:-170} && break
     step "ncu moe_ws_kernel<bf16, gate/up, CL=$k, PF=3> (first launch, Kimi-Linear swiglu)"
     LUNAR_MOE_BENCH=prefill-bf16 timeout 45 ncu --clock-control none --kernel-name-base mangled \
       -k regex:moe_ws_kernelILb0ELb1ELi${k}ELi3E -c 1 --section LaunchStats --section SpeedOfLight --section Occupancy \

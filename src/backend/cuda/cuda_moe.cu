@@ -1022,7 +1022,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the
         // defaults), =wsmx path 13 for MXFP4 experts, =wsmc path 17 for BF16 experts (path 12's
         // kernel in clusters of 2 sharing the weight tiles by TMA multicast, the odd tiles paired
-        // without; opt-in); the other kind keeps its default under wsf / wsfast / wsmx / wsmx2 / wsmc.
+        // without; opt-in), =wsmc2 path 18 (17 with CTA-scope remote releases); the other kind keeps
+        // its default under wsf / wsfast / wsmx / wsmx2 / wsmc / wsmc2.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1035,6 +1036,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmx") ? 13
                   : !strcmp(e, "wsmx2") ? 14
                   : !strcmp(e, "wsmc") ? 17
+                  : !strcmp(e, "wsmc2") ? 18
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
         }
@@ -1046,10 +1048,11 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     if ((path == 13 || path == 14) && !w->mxfp4) path = 12;  // paths 13, 14: MXFP4 widened by the consumers
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-14: the grouped GEMMs (any n)
-    // 17: path 12 in clusters of 2 sharing the BF16 weight tiles (MXFP4: path 6, as 7)
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14) || path == 17, dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 14) || path == 16 || path == 17) &&
-                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || path == 17 || n <= 64));
+    // 17, 18: path 12 in clusters of 2 sharing the BF16 weight tiles (MXFP4: path 6, as 7)
+    const bool mc = path == 17 || path == 18;
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14) || mc, dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(((path >= 1 && path <= 14) || path >= 16) && path <= 18 &&
+                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || mc || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
@@ -1089,9 +1092,9 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path == 17 ? 9 : path >= 10 ? path - 8 : 0, st)) {
+                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 14) || path == 17) {
+    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 14) || mc) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

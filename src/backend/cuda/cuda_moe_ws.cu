@@ -106,12 +106,26 @@ __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *tm, i
         "l"(reinterpret_cast<uint64_t>(tm)), "r"(col), "r"(row), "r"(bar), "h"((uint16_t)3)
         : "memory");
 }
-// an arrival on the mbarrier at the same offset in the other block of the cluster
+// an arrival on the mbarrier at the same offset in the other block of the cluster. CTA: release at
+// CTA scope (path 18) instead of cluster scope (paths 7, 17). Nsight Compute on path 17's gate/up
+// kernel (docs/benchmarks.md "MoE prefill, weight tiles multicast in clusters"): 5.2 of its 16.3
+// cycles between a warp's issues stalled on a memory barrier (`membar`, absent from path 12), the
+// cluster-scope release of this arrival, made by every consumer warp once per chunk. What the arrival
+// publishes is only that this warp's wgmma (complete: wgmma.wait_group) no longer read the stage;
+// the refilling TMA is ordered after it by the barrier itself, as in the usual pipelines' remote
+// consumer release, which arrive with the default (CTA-scope) semantics.
+template <bool CTA = false>
 __device__ __forceinline__ void ws_arrive_peer(uint32_t bar, uint32_t peer) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(peer)
-                 : "memory");
+    if (CTA)
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                     "r"(peer)
+                     : "memory");
+    else
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                     "r"(peer)
+                     : "memory");
 }
 // K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as cuda_moe_wg.cu's wg_desc)
 __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
@@ -193,7 +207,8 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
 // expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
 // run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
 //
-// CL = 2 (path 17, BF16 only, opt-in: LUNAR_MOE_PREFILL=wsmc): path 7's clusters with path 12's
+// CL = 2, 3 (paths 17, 18, BF16 only, opt-in: LUNAR_MOE_PREFILL=wsmc, wsmc2; 18 releases the peer's
+// stage with a CTA-scope arrival, see ws_arrive_peer): path 7's clusters with path 12's
 // fast gate/up epilogue (PF = 3), now that the epilogue no longer hides the L2: path 12 runs both
 // GEMMs at ~91 % of the L2's throughput (Nsight Compute, session 5), each 128-row M tile re-reading
 // its expert's weight tile. Path 7 also spent a whole pair (two SMs) on the last tile of an expert
@@ -228,7 +243,10 @@ __global__ void __launch_bounds__(WS_T, 1)
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
     static_assert(!(PF && (MX || (CL && PF != 3))), "paths 10-12 are variants of path 6's BF16 kernel");
-    static_assert(CL >= 0 && CL <= 2, "0: one block, 1: path 7's pairs, 2: path 17's pairs + paired single tiles");
+    static_assert(CL >= 0 && CL <= 3,
+                  "0: one block, 1: path 7's pairs, 2: path 17's pairs + paired single tiles, 3: path 18 (17, "
+                  "CTA-scope remote releases)");
+    constexpr bool CL2 = CL >= 2;  // paths 17, 18: the pairs + paired single tiles
     constexpr bool FE = PF == 3;               // the fast epilogue, path 6's pipeline
     constexpr bool DEFER = MX || (PF && !FE);  // producer threads arrive P chunks late, after their own fence
     constexpr int P = PF && !FE ? PF : WS_P;
@@ -247,7 +265,7 @@ __global__ void __launch_bounds__(WS_T, 1)
     if (CL) {
         for (int e = tid; e < a.E; e += WS_T) {
             const int t = (a.offsets[e + 1] - a.offsets[e] + WS_BM - 1) / WS_BM;
-            pfx[e + 1] = CL == 1 ? (t + 1) / 2 : (t >> 1) | ((t & 1) << 16);
+            pfx[e + 1] = !CL2 ? (t + 1) / 2 : (t >> 1) | ((t & 1) << 16);
         }
         __syncthreads();
         if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
@@ -255,8 +273,8 @@ __global__ void __launch_bounds__(WS_T, 1)
     }
     // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones.
     // CL = 2: units [0, PT) the multicast pairs x N tiles, then the single tiles' SG items two a unit
-    const int PT = CL == 2 ? (pfx[a.E] & 0xffff) * NN : 0, SG = CL == 2 ? (pfx[a.E] >> 16) * NN : 0;
-    const int total = CL == 2 ? PT + (SG + 1) / 2 : (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
+    const int PT = CL2 ? (pfx[a.E] & 0xffff) * NN : 0, SG = CL2 ? (pfx[a.E] >> 16) * NN : 0;
+    const int total = CL2 ? PT + (SG + 1) / 2 : (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
     const int G = CL ? gridDim.x / 2 : gridDim.x, b = CL ? blockIdx.x / 2 : blockIdx.x;
     if (b >= total) return;  // block- (CL: cluster-) uniform, before any barrier
     const int items = (total - 1 - b) / G + 1, Q = items * J;
@@ -264,14 +282,14 @@ __global__ void __launch_bounds__(WS_T, 1)
     // mc: the cluster shares the item's B tile (CL = 1 always, CL = 2 on the pairs' units)
     auto item = [&](int li, int &e, int &r0, int &rend, int &n0, bool &mc) {
         const int w = b + li * G;
-        mc = CL == 1 || (CL == 2 && w < PT);
-        if (CL == 2 && !mc) {
+        mc = CL == 1 || (CL2 && w < PT);
+        if (CL2 && !mc) {
             const int si0 = 2 * (w - PT) + (int)rank, si = min(si0, SG - 1), sp = si / NN;
             e = pairs_expert<16>(pfx, a.E, sp), rend = a.offsets[e + 1];
             // the expert's odd last tile, after its pairs; block 1's unit past the end: no rows
             r0 = si0 < SG ? a.offsets[e] + ((pfx[e + 1] & 0xffff) - (pfx[e] & 0xffff)) * 2 * WS_BM : rend;
             n0 = (si - sp * NN) * NH;
-        } else if (CL == 2) {
+        } else if (CL2) {
             const int pr = w / NN;
             e = pairs_expert<0>(pfx, a.E, pr), rend = a.offsets[e + 1];
             r0 = a.offsets[e] + (pr - (pfx[e] & 0xffff)) * 2 * WS_BM + (int)rank * WS_BM;
@@ -428,7 +446,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                     __syncwarp();
                     if (lane == 0) {
                         mbar_arrive(empty + 8 * (pend % WS_ST));
-                        if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+                        if (CL) ws_arrive_peer<CL == 3>(empty + 8 * (pend % WS_ST), rank ^ 1);
                     }
                 }
                 pend = q;
@@ -438,7 +456,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             __syncwarp();
             if (lane == 0) {
                 mbar_arrive(empty + 8 * (pend % WS_ST));
-                if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+                if (CL) ws_arrive_peer<CL == 3>(empty + 8 * (pend % WS_ST), rank ^ 1);
             }
             pend = -1;
             if (c_on) {
@@ -905,7 +923,7 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     // CL: + the pair prefix array; sized for the largest expert count once (the attribute is set once)
     // CL = 2 packs the pair and single-tile counts into 16 bits each (tiles <= n k / 128 + E)
     CUDA_REQUIRE(!CL || a.E <= 1024);
-    CUDA_REQUIRE(CL != 2 || tiles < 65536);
+    CUDA_REQUIRE(CL < 2 || tiles < 65536);
     const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0);
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];  // blocks that run at once: SMs, or CL: 2 x the clusters that fit
@@ -930,7 +948,7 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
             // LUNAR_MOE_WSMC_CLUSTERS=c (path 17, opt-in, measurement only): c clusters instead of the
             // occupancy query's count, to test whether the query leaves SMs idle (path 7 and 17 measured
             // 30-40 % slower than their one-block kernels, even path 7 without copies)
-            const char *ov = CL == 2 ? getenv("LUNAR_MOE_WSMC_CLUSTERS") : NULL;
+            const char *ov = CL >= 2 ? getenv("LUNAR_MOE_WSMC_CLUSTERS") : NULL;
             if (ov) fprintf(stderr, "path 17: the occupancy query's clusters %d, set %s\n", nc, ov);
             if (ov && atoi(ov) > 0) nc = atoi(ov);
             sms[dev] = 2 * nc;
@@ -993,6 +1011,8 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
         return ws_launch<false, true, 1, 0>(g, tiles, st) && ws_launch<false, false, 1, 0>(d, tiles, st);
     if (mode == 9)  // path 17: the down epilogue has no activation (as mode 4)
         return ws_launch<false, true, 2, 3>(g, tiles, st) && ws_launch<false, false, 2, 0>(d, tiles, st);
+    if (mode == 10)  // path 18: path 17 with the CTA-scope remote releases
+        return ws_launch<false, true, 3, 3>(g, tiles, st) && ws_launch<false, false, 3, 0>(d, tiles, st);
     if (mode == 2)
         return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
