@@ -341,13 +341,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-14) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
-    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 14);
+    const int grouped =
+        (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 || path == 18;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -488,7 +489,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 16; path++) {
+    for (int path = 1; path <= 18; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -499,7 +500,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "wsmx", "wsmx2", "", "f16"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -548,48 +549,53 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * experts: 128 + 2), and empty experts (mode 1) leave items to none. */
 #define WG (8 | 16 | 32)
 #define WSF (512 | 1024 | 2048)
-/* Path 13 (MXFP4 widened by the consumer warpgroups) on every MXFP4 case: where path 6 takes the
- * shape (D % 256 == 0) it runs its own kernel, so the cases cover tiles of 1..128 rows (token
- * half 1 idle or not: n = 400 puts ~200 rows on an expert), K of 2..18 chunks (its ring of 5
- * stages and double-buffered B tiles wrapping within and across items), empty (mode 1) and
- * overloaded experts, odd n, scales above 128 (the two-multiply widening) and both matrices of
- * gate/up; D = 128 and 384 fall back to path 4. */
-/* Path 14 (path 13 with items of 2 M tiles x 128 weight rows, each weight chunk widened once for
- * both) on the same cases: items of 1..256 rows (n = 400: ~200 rows, warpgroup 1's half 1 idle;
- * n = 131 overloaded: 3 tiles = a pair + a pair of 3 rows whose warpgroup 1 only widens; n = 1, 5,
- * 13: warpgroup 1 idle on every item), K of 2..18 chunks (its ring of 4 stages and 3 B buffers
- * wrapping within and across items), D = 128 and 384 in its own down kernel (128-row weight
- * tiles); gate/up needs I % 64 only. */
-#define MX13 (4096 | 8192)
+/* Path 17 (path 12 in clusters of 2: multicast pairs of an expert's tiles, its odd last tile paired
+ * with the next single item, each block copying its own B) on every BF16 wgmma case: 1 tile per
+ * expert (only single items: two N tiles, or the next expert's tile, per cluster), 2 tiles (pairs
+ * only), 3 tiles (n = 131 overloaded, n = 300 on 2 experts: a pair + a single each), ~300 rows
+ * (n = 600: mixed 2 and 3 tiles), empty experts (mode 1), odd single item counts (odd-tile experts
+ * x N tiles: the down GEMMs at D = 256, one N tile, with an odd number of odd-tile experts, where
+ * block 1 of the last unit has no rows) and K of 2..16 chunks (the ring wrapping within and across
+ * items). */
+#define WSMC (1 << 16 | 1 << 17) /* paths 17 and 18 (17 with CTA-scope remote releases) */
+/* Path 14 (MXFP4 widened by the consumer warpgroups, items of 2 M tiles x 128 weight rows, each
+ * weight chunk widened once for both) on every MXFP4 case: items of 1..256 rows (n = 400: ~200
+ * rows, warpgroup 1's half 1 idle; n = 131 overloaded: 3 tiles = a pair + a pair of 3 rows whose
+ * warpgroup 1 only widens; n = 1, 5, 13: warpgroup 1 idle on every item), K of 2..18 chunks (its
+ * ring of 4 stages and 3 B buffers wrapping within and across items), empty (mode 1) and
+ * overloaded experts, odd n, scales above 128 (the two-multiply widening), both matrices of
+ * gate/up, D = 128 and 384 in its own down kernel (128-row weight tiles); gate/up needs I % 64
+ * only. (Path 13, its one-tile predecessor, was removed in session 9.) */
+#define MX14 8192
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
-    experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX13);
-    experts_case(5, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX13);
-    experts_case(13, 4, 16, 256, 128, 1, 0, 0, ALL_DECODE | WG | MX13);
-    experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG | MX13);
-    experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG | MX13); /* 40 rows on each of 4 experts, 4 empty */
-    experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG | MX13);
-    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | F16 | WG | MX13);
+    experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
+    experts_case(5, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
+    experts_case(13, 4, 16, 256, 128, 1, 0, 0, ALL_DECODE | WG | MX14);
+    experts_case(64, 4, 16, 256, 384, 1, 1, 2, ALL_DECODE | WG | MX14);
+    experts_case(40, 4, 8, 128, 256, 1, 1, 1, ALL_DECODE | WG | MX14); /* 40 rows on each of 4 experts, 4 empty */
+    experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG | MX14);
+    experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | F16 | WG | MX14);
     experts_case(7, 4, 16, 512, 640, 1, 1, 0, 1 | F16); /* split-K 2 in both GEMMs (J = 4, 5: uneven) */
-    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG | MX13);
-    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG | MX13);
-    experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX13); /* 130 rows on 4 experts: tiles of 128 + 2 */
-    experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG | MX13); /* ~200 rows per expert, 192 gate/up items */
-    experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG | MX13); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG | MX14);
+    experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG | MX14);
+    experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX14); /* 130 rows on 4 experts: tiles of 128 + 2 */
+    experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG | MX14); /* ~200 rows per expert, 192 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG | MX14); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
     /* paths 10, 11 (WSF) on every wgmma case; path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
      * tiles (n = 131 overloaded: a full pair + a pair of 3 rows and none), empty experts (mode 1) */
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64 | WSF); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | WSF | 128 | 256);
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64 | WSF | WSMC); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | WSF | WSMC | 128 | 256);
     experts_case(64, 8, 32, 1024, 1152, 0, 1, 2, 1 | 128 | 256); /* BF16 v2: 64 groups x 72 tiles, S = 1..4 */
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64 | WSF);
-    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64 | WSF); /* ~300 rows per expert, 288 gate/up items */
-    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64 | WSF); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
-    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64 | WSF);  /* 16 chunks of K per gate/up item, 3 N tiles */
-    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF);  /* 300 rows on 2 experts: 3 tiles each */
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64 | WSF | WSMC);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64 | WSF | WSMC); /* ~300 rows per expert, 288 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64 | WSF | WSMC);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC);  /* 300 rows on 2 experts: 3 tiles each */
 }
 
 /* Issue 9: the shared expert as one more routed row (route_one with shared = 1, BF16 experts):
@@ -850,7 +856,7 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
 
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
  * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma, its BF16 variants 10-12 (12: BF16's default) and
- * 7; MXFP4: 2, 4, 6, 13 (the default) and 14), median of 5, and each wgmma path's
+ * 7; MXFP4: 2, 4, 6 and 14 (the default)), median of 5, and each wgmma path's
  * combined output against path 2's (max rel err: the same products summed in another order). */
 static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, const char *label) {
     size_t mark = lunar_cuda_mark();
@@ -899,16 +905,16 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_fill_uniform(zf, (size_t)n * D, 5, -1, 1);
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
-    /* paths 10-12 and 7 differ from 6 for BF16 weights only; 13 exists for MXFP4 only */
-    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7}, mpaths[] = {2, 4, 6, 13, 14};
+    /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
+    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18}, mpaths[] = {2, 4, 6, 14};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
-                                "ws fast epi (12)", "ws cluster (7)"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws widen in consumers (13)",
-                                                    "widen once per 2 tiles (14)"};
+                                "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
+                                "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "widen once per 2 tiles (14)"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 5 : 7); i++) {
+    for (int i = 0; i < (mx ? 4 : 12); i++) {
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);

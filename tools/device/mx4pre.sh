@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# History (session 9): path 13 and LUNAR_MOE_PREFILL=wsmx were removed; its wsmx steps now run the defaults.
 # Issue 8, session 7: MoE prefill path 13 (MXFP4 widened in the consumer warpgroups, cuda_moe_ws.cu)
 # in one device call. Run from the repository root with P = the prebuilt directory and OUT:
 #   P=.xfer-mx4pre OUT=/tmp/o tools/device/mx4pre.sh

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# History (session 9): path 13 and LUNAR_MOE_PREFILL=wsmx were removed; its wsmx steps now run the defaults.
 # Issue 8, session 8: MoE prefill path 14 (MXFP4, each weight chunk widened once for two M tiles,
 # cuda_moe_ws.cu moe_wy_kernel) in one device call. Run from the repository root with P = the
 # prebuilt directory and OUT:

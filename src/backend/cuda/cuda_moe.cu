@@ -728,7 +728,7 @@ static void fused_launch(const xargs &g, const xargs &d, const lunar_cuda_moe_ro
 
 // ---------------------------------------------------------------- grouped GEMM (prefill)
 // The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the defaults are
-// the wgmma kernels of cuda_moe_ws.cu: path 12 for BF16 experts, path 13 for MXFP4).
+// the wgmma kernels of cuda_moe_ws.cu: path 12 for BF16 experts, path 14 for MXFP4).
 // CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
 // (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
 // 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
@@ -1006,22 +1006,26 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         const int auto_dec = f16_ok ? 16 : w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
         // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
-        // path 6's pipeline with the widening in the consumer warpgroups (path 13, cuda_moe_ws.cu):
-        // measured on the H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16
-        // shape and 20 % slower on K3.1's MXFP4 ones (its single producer warpgroup widens the
-        // nibbles alone; docs/benchmarks.md "MoE prefill, warp-specialised"), path 12 4 % faster
-        // than 6 with Kimi-Linear's SwiGLU, 21 % with SiTU (docs/benchmarks.md "MoE prefill, round
-        // 4"), path 13 21-25 % faster than path 4 (the wgmma kernel, cuda_moe_wg.cu, MXFP4's
-        // default before) on K3.1's shapes (docs/benchmarks.md "MoE prefill, MXFP4 in the consumer
-        // warps"), and path 14 (path 13's pipeline with each weight chunk widened once for the two
-        // M tiles of an expert) 9-17 % faster than 13 there (docs/benchmarks.md "MoE prefill, MXFP4
-        // round 2"). LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for
-        // both kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured
-        // 30 % slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the
-        // consumers' per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6,
-        // kept opt-in), =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the
-        // defaults), =wsmx path 13 for MXFP4 experts; the other kind keeps its default under wsf /
-        // wsfast / wsmx / wsmx2.
+        // the warp-specialised wgmma kernel that widens each weight chunk in its consumer
+        // warpgroups once for two M tiles of an expert (path 14, cuda_moe_ws.cu): measured on the
+        // H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
+        // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
+        // docs/benchmarks.md "MoE prefill, warp-specialised"), path 12 4 % faster than 6 with
+        // Kimi-Linear's SwiGLU, 21 % with SiTU (docs/benchmarks.md "MoE prefill, round 4"), path 13
+        // (the widening in the consumers, one M tile an item) 21-25 % faster than path 4 (the wgmma
+        // kernel, cuda_moe_wg.cu, MXFP4's default before) on K3.1's shapes (docs/benchmarks.md "MoE
+        // prefill, MXFP4 in the consumer warps"), and path 14 9-17 % faster than 13 there
+        // (docs/benchmarks.md "MoE prefill, MXFP4 round 2"; path 13 removed in session 9).
+        // LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for both
+        // kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured 30 %
+        // slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the consumers'
+        // per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6, kept opt-in),
+        // =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the defaults), =wsmc
+        // path 17 for BF16 experts (path 12's kernel in clusters of 2 sharing the weight tiles by
+        // TMA multicast, the odd tiles paired without; opt-in), =wsmc2 path 18 (17 with CTA-scope
+        // remote releases); the other kind keeps its default under wsf / wsfast / wsmx2 / wsmc /
+        // wsmc2. Any other value (wsmx, path 13's, among them) runs the defaults, with a note on
+        // stderr once.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1031,21 +1035,31 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsc") ? 7
                   : !strcmp(e, "wsf") ? 10
                   : !strcmp(e, "wsfast") ? 12
-                  : !strcmp(e, "wsmx") ? 13
                   : !strcmp(e, "wsmx2") ? 14
+                  : !strcmp(e, "wsmc") ? 17
+                  : !strcmp(e, "wsmc2") ? 18
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
+            if (e && !pre)
+                fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
+                        !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmc | wsmc2");
         }
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (pre >= 13 ? pre : 14) : pre >= 13 ? 12 : pre) : pre;
+        const bool mxp = pre == 14;  // the MXFP4-only path; the others BF16-only from 10 on
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 14) : mxp ? 12 : pre) : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 14 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    if ((path == 13 || path == 14) && !w->mxfp4) path = 12;  // paths 13, 14: MXFP4 widened by the consumers
+    if (path == 14 && !w->mxfp4) path = 12;  // path 14: MXFP4 widened by the consumers
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
-    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7 and 10-14: the grouped GEMMs (any n)
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 14), dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 14) || path == 16) &&
-                 (path == 2 || (path >= 4 && path <= 7) || (path >= 10 && path <= 14) || n <= 64));
+    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12 and 14: the grouped GEMMs (any
+    // n); 17, 18: path 12 in clusters of 2 sharing the BF16 weight tiles (MXFP4: path 6, as 7).
+    // 13 (session 7's MXFP4 kernel, superseded by 14) and 15 are no paths.
+    const bool mc = path == 17 || path == 18;
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 14 || mc,
+               dec2 = path == 8 || path == 9;
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 14 || path >= 16) && path <= 18 &&
+                 (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
@@ -1087,7 +1101,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
                                     path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
-    } else if ((path >= 4 && path <= 7) || (path >= 10 && path <= 14)) {
+    } else if ((path >= 4 && path <= 7) || ws) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
         const int tiles = max_tiles(n, r->k, w->E);

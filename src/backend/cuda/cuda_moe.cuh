@@ -221,9 +221,12 @@ void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool nar
 // The warp-specialised one (cuda_moe_ws.cu): mode 0 path 6; 1 path 7, pairs of blocks sharing the
 // BF16 weight tiles; 2 path 10, path 6 with the BF16 proxy fences in the producer, arriving 2 chunks
 // late; 3 path 11, the same 1 chunk late; 4 path 12, path 6 with glu_act_fast in the gate/up
-// epilogue (MXFP4 runs path 6 for modes 0-4); 5 path 13, MXFP4 only: path 6's pipeline with the
-// widening in the consumer warpgroups: false when the shapes do not fit it (gate/up R % 128, down R % 256, K % 64), a
-// weight tensor map was refused or no cluster fits; the caller runs path 4 then.
+// epilogue (MXFP4 runs path 6 for modes 0-4); 6 path 14, MXFP4 only: the widening in the consumer
+// warpgroups, each weight chunk once for two M tiles (mode 5 was path 13, removed in session 9);
+// 9 path 17, BF16 only: path 12's kernel in clusters of 2 sharing the weight tiles by TMA multicast
+// (MXFP4: path 6); 10 path 18, path 17 releasing the peer's stages with CTA-scope arrivals: false
+// when the shapes do not fit it (gate/up R % 128, down R % 256, K % 64; path 14: gate/up R % 64,
+// down R % 128, K % 64), a weight tensor map was refused or no cluster fits; the caller runs path 4.
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st);
 // The warp-team decode kernels (cuda_moe_dec.cu): both expert GEMMs over r's decode groups
 // (groups, counts[E + 2]); blocks: 0 = the resident capacity, else that many (tests).

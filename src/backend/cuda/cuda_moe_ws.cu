@@ -50,8 +50,9 @@
 // Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, warp-specialised"): Kimi-Linear's
 // BF16 shape 2.72-2.84 ms (path 4: 2.95-2.98), 38 % of the measured dense peak, so BF16 prefill runs
 // here by default; K3.1's MXFP4 shapes 20 % slower than path 4 (one warpgroup widening alone: the
-// copies-only probe takes 46 of the 51 ms), so MXFP4 stayed on path 4 (until path 13 below moved
-// the widening into the consumers, session 7). The probes show the BF16 time is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
+// copies-only probe takes 46 of the 51 ms), so MXFP4 stayed on path 4 (until path 13 moved the
+// widening into the consumers, session 7, and path 14 below widened each chunk once for two M tiles).
+// The probes show the BF16 time is not the copies: with no copies at all (probe "mma") the kernel takes as long (2.88 ms), so the
 // consumer side (short M tiles, the epilogue outside the MMA stream, per-chunk waits) is the limit.
 // (The probes were switches of this kernel that skipped the copies or the products, outputs garbage;
 // removed after the measurement so that no setting can make the default kernel compute wrong
@@ -65,6 +66,7 @@
 // limit is the bytes moved through L2 (weights re-read per M tile, the fp32 down output).
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,12 +107,26 @@ __device__ __forceinline__ void ws_tma_mc(uint32_t dst, const CUtensorMap *tm, i
         "l"(reinterpret_cast<uint64_t>(tm)), "r"(col), "r"(row), "r"(bar), "h"((uint16_t)3)
         : "memory");
 }
-// an arrival on the mbarrier at the same offset in the other block of the cluster
+// an arrival on the mbarrier at the same offset in the other block of the cluster. CTA: release at
+// CTA scope (path 18) instead of cluster scope (paths 7, 17). Nsight Compute on path 17's gate/up
+// kernel (docs/benchmarks.md "MoE prefill, weight tiles multicast in clusters"): 5.2 of its 16.3
+// cycles between a warp's issues stalled on a memory barrier (`membar`, absent from path 12), the
+// cluster-scope release of this arrival, made by every consumer warp once per chunk. What the arrival
+// publishes is only that this warp's wgmma (complete: wgmma.wait_group) no longer read the stage;
+// the refilling TMA is ordered after it by the barrier itself, as in the usual pipelines' remote
+// consumer release, which arrive with the default (CTA-scope) semantics.
+template <bool CTA = false>
 __device__ __forceinline__ void ws_arrive_peer(uint32_t bar, uint32_t peer) {
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(peer)
-                 : "memory");
+    if (CTA)
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                     "r"(peer)
+                     : "memory");
+    else
+        asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                     "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                     "r"(peer)
+                     : "memory");
 }
 // K-major, 128-byte swizzle, 8-row groups 1024 bytes apart (as cuda_moe_wg.cu's wg_desc)
 __device__ __forceinline__ uint64_t ws_desc(uint32_t addr) {
@@ -147,7 +163,7 @@ __device__ __forceinline__ void pairs_scan_warp(int *pfx, int E, int lane) {
     if (lane == 0) pfx[0] = 0;
     for (int e = e0; e < e1; e++) run += pfx[e + 1], pfx[e + 1] = run;
 }
-// The producer's A pieces of an item (paths 6 and 13): rows r0 + a_row0 + 16 i, i < 8, of the
+// The producer's A pieces of an item (path 6): rows r0 + a_row0 + 16 i, i < 8, of the
 // permutation (GATEUP: the row's token, whose latent row is read; DOWN: the row of h), 16-byte chunk
 // a_ch; returns the mask of the rows before rend (the others are zero-filled copies of row 0)
 template <bool GATEUP>
@@ -164,12 +180,16 @@ __device__ __forceinline__ uint32_t ws_a_sources(const xargs &a, int r0, int ren
     }
     return ok_mask;
 }
-// the expert of pair pr: the last whose pairs start at or before pr (binary search of the scan)
+// the expert of pair pr: the last whose pairs start at or before pr (binary search of the scan).
+// SH (path 17's packed scan, pairs in bits 0-15 and single tiles in 16-31): 0 searches the pairs,
+// 16 the single tiles; -1 the whole word (paths 7 and 14)
+template <int SH = -1>
 __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
     int lo = 0, hi = E - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
-        if (pfx[mid] <= pr) lo = mid;
+        const int v = SH < 0 ? pfx[mid] : (pfx[mid] >> (SH < 0 ? 0 : SH)) & 0xffff;
+        if (v <= pr) lo = mid;
         else hi = mid - 1;
     }
     return lo;
@@ -188,6 +208,23 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
 // expert with an odd tile count spends a whole pair (two SMs) on its last tile, the pair's blocks
 // run in lock step, and the L2 traffic it saves was not the limit (path 6's probes); opt-in only.
 //
+// CL = 2, 3 (paths 17, 18, BF16 only, opt-in: LUNAR_MOE_PREFILL=wsmc, wsmc2; 18 releases the peer's
+// stage with a CTA-scope arrival, see ws_arrive_peer): path 7's clusters with path 12's
+// fast gate/up epilogue (PF = 3), now that the epilogue no longer hides the L2: path 12 runs both
+// GEMMs at ~91 % of the L2's throughput (Nsight Compute, session 5), each 128-row M tile re-reading
+// its expert's weight tile. Path 7 also spent a whole pair (two SMs) on the last tile of an expert
+// with an odd tile count (about half of Kimi-Linear's experts at 8K: ~256 +- 16 rows, 2 or 3 tiles);
+// here an expert's tiles 2k, 2k + 1 form the multicast pairs (floor(tiles / 2) per expert) and the
+// odd last tiles form a second list, single tiles x N tiles, of which a cluster takes two
+// consecutive items (the two blocks: N tiles n, n + 1 of the same M tile, or the next tile's),
+// each block copying its own whole B tile by plain TMA (no multicast: different weight rows).
+// Every item, shared or not, arms `full` with the same 32 KB and every consumer warp releases the
+// stage in both blocks (`empty` counts 16), so the barrier protocol is path 7's for every item:
+// whether an item multicasts depends only on the cluster's unit, the same for both blocks. The
+// per-expert counts are packed (pairs in bits 0-15, single tiles in 16-31) into one scan; a unit
+// count past the single items' end (an odd number of them) leaves block 1 a unit with no rows,
+// which copies a valid B tile and multiplies nothing, as path 7's empty tiles.
+//
 // PF = 1, 2 (paths 11, 10, BF16 only, opt-in: measured 0-6 % slower than path 6): the proxy
 // fence moves from the consumers to the producer. Path 6's BF16 consumers fence the async proxy
 // after every `full` wait (the A pieces are other threads' cp.async writes), a fence per chunk in
@@ -201,12 +238,16 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
 // either way, but with P = 2 the arrival for chunk q waits for the release of q - 2 (the producer
 // issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
 // PF = 3 (path 12, BF16's prefill default): path 6 with glu_act_fast in the gate/up epilogue.
-template <bool MX, bool GATEUP, bool CL, int PF>
+template <bool MX, bool GATEUP, int CL, int PF>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
-    static_assert(!(PF && (MX || CL)), "paths 10-12 are variants of path 6's BF16 kernel");
+    static_assert(!(PF && (MX || (CL && PF != 3))), "paths 10-12 are variants of path 6's BF16 kernel");
+    static_assert(CL >= 0 && CL <= 3,
+                  "0: one block, 1: path 7's pairs, 2: path 17's pairs + paired single tiles, 3: path 18 (17, "
+                  "CTA-scope remote releases)");
+    constexpr bool CL2 = CL >= 2;  // paths 17, 18: the pairs + paired single tiles
     constexpr bool FE = PF == 3;               // the fast epilogue, path 6's pipeline
     constexpr bool DEFER = MX || (PF && !FE);  // producer threads arrive P chunks late, after their own fence
     constexpr int P = PF && !FE ? PF : WS_P;
@@ -217,7 +258,7 @@ __global__ void __launch_bounds__(WS_T, 1)
     const uint32_t sA = (smem_u32(ws_smem) + 1023u) & ~1023u;
     const uint32_t sB = sA + WS_ST * C::A_BYTES, sR = sB + WS_ST * C::B_BYTES, sS = sR + WS_RS * C::RAW_BYTES;
     const uint32_t full = (MX ? sS + WS_RS * C::SCW_BYTES : sR), empty = full + WS_ST * 8;
-    int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs before expert e
+    int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs (+ singles) before expert e
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
@@ -225,21 +266,36 @@ __global__ void __launch_bounds__(WS_T, 1)
     if (CL) {
         for (int e = tid; e < a.E; e += WS_T) {
             const int t = (a.offsets[e + 1] - a.offsets[e] + WS_BM - 1) / WS_BM;
-            pfx[e + 1] = (t + 1) / 2;
+            pfx[e + 1] = !CL2 ? (t + 1) / 2 : (t >> 1) | ((t & 1) << 16);
         }
         __syncthreads();
         if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
         __syncthreads();
     }
-    // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones
-    const int total = (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
+    // CL: cluster c = b / 2 of G / 2 walks items c, c + G / 2, ...; both blocks the same ones.
+    // CL = 2: units [0, PT) the multicast pairs x N tiles, then the single tiles' SG items two a unit
+    const int PT = CL2 ? (pfx[a.E] & 0xffff) * NN : 0, SG = CL2 ? (pfx[a.E] >> 16) * NN : 0;
+    const int total = CL2 ? PT + (SG + 1) / 2 : (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
     const int G = CL ? gridDim.x / 2 : gridDim.x, b = CL ? blockIdx.x / 2 : blockIdx.x;
     if (b >= total) return;  // block- (CL: cluster-) uniform, before any barrier
     const int items = (total - 1 - b) / G + 1, Q = items * J;
-    // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..
-    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
+    // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..;
+    // mc: the cluster shares the item's B tile (CL = 1 always, CL = 2 on the pairs' units)
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0, bool &mc) {
         const int w = b + li * G;
-        if (CL) {
+        mc = CL == 1 || (CL2 && w < PT);
+        if (CL2 && !mc) {
+            const int si0 = 2 * (w - PT) + (int)rank, si = min(si0, SG - 1), sp = si / NN;
+            e = pairs_expert<16>(pfx, a.E, sp), rend = a.offsets[e + 1];
+            // the expert's odd last tile, after its pairs; block 1's unit past the end: no rows
+            r0 = si0 < SG ? a.offsets[e] + ((pfx[e + 1] & 0xffff) - (pfx[e] & 0xffff)) * 2 * WS_BM : rend;
+            n0 = (si - sp * NN) * NH;
+        } else if (CL2) {
+            const int pr = w / NN;
+            e = pairs_expert<0>(pfx, a.E, pr), rend = a.offsets[e + 1];
+            r0 = a.offsets[e] + (pr - (pfx[e] & 0xffff)) * 2 * WS_BM + (int)rank * WS_BM;
+            n0 = (w - pr * NN) * NH;
+        } else if (CL) {
             const int pr = w / NN;
             e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
             r0 = a.offsets[e] + (pr - pfx[e]) * 2 * WS_BM + (int)rank * WS_BM;
@@ -262,15 +318,16 @@ __global__ void __launch_bounds__(WS_T, 1)
         const uint16_t *xsrc[8];
         uint32_t xok = 0;
         int e = 0, n0 = 0;
+        bool mc = false;
         auto issue = [&](int q) {
             const int li = q / J, j = q - li * J, s = q % WS_ST;
             if (j == 0) {
                 int r0, rend;
-                item(li, e, r0, rend, n0);
+                item(li, e, r0, rend, n0, mc);
                 xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
             }
             if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
-            if (CL && tid == 0) {  // this block's half of B, into both blocks
+            if (CL && mc && tid == 0) {  // this block's half of B, into both blocks
                 mbar_expect_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
                 ws_tma_mc(sB + s * C::B_BYTES + rank * (C::B_BYTES / 2), rank ? &tm1 : &tm0, j * WS_BK, row,
@@ -367,7 +424,8 @@ __global__ void __launch_bounds__(WS_T, 1)
         int pend = -1;  // the chunk whose stage this warp has not released yet
         for (int li = 0, q = 0; li < items; li++) {
             int e_, c_r0, c_rend, c_n0;
-            item(li, e_, c_r0, c_rend, c_n0);
+            bool mc_;
+            item(li, e_, c_r0, c_rend, c_n0, mc_);
             c_r0 += wg * 64;
             const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
             for (int j = 0; j < J; j++, q++) {
@@ -389,7 +447,7 @@ __global__ void __launch_bounds__(WS_T, 1)
                     __syncwarp();
                     if (lane == 0) {
                         mbar_arrive(empty + 8 * (pend % WS_ST));
-                        if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+                        if (CL) ws_arrive_peer<CL == 3>(empty + 8 * (pend % WS_ST), rank ^ 1);
                     }
                 }
                 pend = q;
@@ -399,7 +457,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             __syncwarp();
             if (lane == 0) {
                 mbar_arrive(empty + 8 * (pend % WS_ST));
-                if (CL) ws_arrive_peer(empty + 8 * (pend % WS_ST), rank ^ 1);
+                if (CL) ws_arrive_peer<CL == 3>(empty + 8 * (pend % WS_ST), rank ^ 1);
             }
             pend = -1;
             if (c_on) {
@@ -410,218 +468,17 @@ __global__ void __launch_bounds__(WS_T, 1)
     if (CL) cluster_sync_all();  // the other block's last copies / arrivals into this one have landed
 }
 
-// ---------------------------------------------------------------- path 13: MXFP4 widened by the consumers
-// Path 6's MXFP4 kernel widens in its one producer warpgroup: 128 threads turn 16 K weights a chunk
-// into bf16 (~2.5 integer / bf16x2 operations a weight: ~330 issue cycles a warp on top of the
-// copies), the tensor cores wait for them, and it measured 20 % slower than path 4 on K3.1's shapes.
-// Here the producer only copies (A pieces, the packed nibbles and the E8M0 scale words, cp.async:
-// a quarter of the bf16 bytes), and each consumer warpgroup widens the weights it multiplies, one
-// chunk ahead of its tensor cores, into its own double-buffered bf16 B tile.
-//
-// Work per consumer warpgroup w (0, 1) of an item (128 token rows x 256 weight rows): the weight
-// rows 128 w .. 128 w + 127 of the item (GATEUP: 64 rows of w1 and the same 64 of w3, output
-// columns n0 + 64 w ..; DOWN: output columns n0 + 128 w ..) against all 128 token rows: two
-// m64n128k16 accumulator sets (2 x 64 fp32 a thread, as path 6's one m64n256), so a warpgroup
-// needs no B row of the other and the two meet only at the ring's `empty` barrier. Each B row is
-// widened once per block (the two warpgroups split them) and read by one warpgroup's products.
-//
-// Cost per 64-column chunk, per consumer warpgroup: 8 wgmma m64n128k16 (2 token halves x 4 k steps:
-// 2 x 64 x 128 x 64 x 2 = 2.1 MFLOP; with both warpgroups ~1000 SM cycles at the ~4 K dense
-// FLOP/cycle an SM has) against its 8 K weights widened by 128 threads: 2 scale blocks a thread,
-// each 2 shared loads, ~8 operations for the scale, 4 words x (4 pairs x 3 + 4 prmt) + 4 stores,
-// ~75 a block: ~2 x 75 instructions a thread, 4 warps x 150 = 600 issue cycles over the 4
-// schedulers' = ~300 cycles of each scheduler (two consumer warps each: ~300 of ~1000). The
-// widening of chunk q runs while the tensor cores work on q - 1 (wgmma_wait<1>), so it hides
-// behind the products as long as it stays under their time.
-//
-// Per chunk, consumer warpgroup w: wait `full` (the stage's A pieces, nibbles and scale words have
-// landed: the producer threads arrive by cp.async.mbarrier.arrive.noinc, 128 arrivals), fence the
-// async proxy (the A pieces are other threads' cp.async writes), widen its 128 rows into B buffer
-// q % 2, fence (its own generic stores -> the async proxy), a 128-thread named barrier (all rows
-// widened), the products, commit, wgmma_wait<1> (chunk q - 1's products are done: its stage is
-// released, and its B buffer, (q + 1) % 2, may be rewritten in the next iteration). Token half 1
-// (rows 64 .. 127 of the M tile) issues no products when it lies past the expert's end.
-#define WX_ST 5  // ring stages of 26 KB (A 16 + nibbles 8 + scale words 2) + 4 x 16 KB bf16 B buffers
-
-struct wx_cfg {
-    static constexpr uint32_t A_BYTES = WS_BM * 128, RAW_BYTES = WS_BN * 32, SCW_BYTES = WS_BN * 2 * 4;
-    static constexpr uint32_t STAGE = A_BYTES + RAW_BYTES + SCW_BYTES;  // a multiple of 1024
-    static constexpr uint32_t BH_BYTES = 128 * 128;                   // one warpgroup's bf16 B tile
-    static constexpr size_t smem() { return 1024 + (size_t)WX_ST * STAGE + 4 * BH_BYTES + 2 * WX_ST * 8; }
-};
-
-__device__ __forceinline__ void wx_bar(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
-
-template <bool GATEUP>
-__global__ void __launch_bounds__(WS_T, 1) moe_wx_kernel(const __grid_constant__ xargs a) {
-    typedef wx_cfg C;
-    static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
-    constexpr int NH = GATEUP ? WS_BN / 2 : WS_BN;  // output columns per item
-    extern __shared__ uint8_t ws_smem[];
-    const uint32_t sT = (smem_u32(ws_smem) + 1023u) & ~1023u;  // stage s: A, nibbles, scale words
-    const uint32_t sBh = sT + WX_ST * C::STAGE;                  // B buffer b of warpgroup w: 2 w + b
-    const uint32_t full = sBh + 4 * C::BH_BYTES, empty = full + WX_ST * 8;
-
-    const int NN = a.R / NH, J = a.K / WS_BK;
-    const int tid = threadIdx.x;
-    const int total = a.counts[a.E + 1] * NN, G = gridDim.x, b = blockIdx.x;
-    if (b >= total) return;  // block-uniform, before any barrier
-    const int items = (total - 1 - b) / G + 1, Q = items * J;
-    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
-        const int w = b + li * G, ti = w / NN;
-        e = a.tiles[2 * ti], r0 = a.tiles[2 * ti + 1], rend = a.offsets[e + 1];
-        n0 = (w - ti * NN) * NH;
-    };
-    // local B row nr (0 .. 255; rows 128 w .. of warpgroup w) -> matrix m3 (w3) and row within the item's rows
-    auto wrow = [&](int nr, bool &m3) {
-        const int lr = nr & 127;
-        m3 = GATEUP && lr >= 64;
-        return GATEUP ? 64 * (nr >> 7) + (lr & 63) : nr;
-    };
-    if (tid == 0) ws_ring_init(full, empty, WX_ST, 128, 8);
-    __syncthreads();
-
-    if (tid < 128) {
-        // ---------------------------------------------------------------- producer: copies only
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 72;\n" ::: "memory");
-        const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 16 i, 16-byte chunk a_ch
-        const size_t estr = (size_t)a.R * a.K;
-        const uint16_t *xsrc[8];
-        uint32_t xok = 0;
-        int e = 0, n0 = 0;
-        for (int q = 0; q < Q; q++) {
-            const int li = q / J, j = q - li * J, s = q % WX_ST;
-            if (j == 0) {
-                int r0, rend;
-                item(li, e, r0, rend, n0);
-                xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
-            }
-            if (q >= WX_ST) mbar_wait(empty + 8 * s, ((q / WX_ST) - 1) & 1);
-            const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                const int row = a_row0 + 16 * i;
-                cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4), xsrc[i] + j * WS_BK, (xok >> i) & 1);
-            }
-            const size_t ebase = (size_t)e * estr;
-#pragma unroll
-            for (int i = 0; i < 4; i++) {  // 512 blocks of 32 columns: 256 rows x 2
-                const int u = tid + 128 * i, half = u & 1;
-                bool m3;
-                const int wr = wrow(u >> 1, m3);
-                const size_t base = ebase + (size_t)(n0 + wr) * a.K;
-                const uint8_t *q4 = m3 ? a.wq[1] : a.wq[0], *s8 = m3 ? a.ws[1] : a.ws[0];
-                cp_async16(dR + u * 16, q4 + base / 2 + j * 32 + half * 16, true);
-                // the aligned word holding this block's scale byte (never past the allocation)
-                const uintptr_t sp = (uintptr_t)(s8 + base / 32 + 2 * j + half);
-                cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
-            }
-            ws_arrive_cp(full + 8 * s);
-        }
-        cp_commit();
-        cp_wait<0>();  // nothing of this thread's is left in flight when it leaves
-    } else {
-        // ---------------------------------------------------------------- consumers: widen + wgmma
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\n" ::: "memory");
-        const int ct = tid - 128, wg = ct >> 7, lt = ct & 127, lane = ct & 31, wwarp = (ct >> 5) & 3;
-        const int g = lane >> 2, c = lane & 3;
-        float acc0[64], acc1[64];
-#pragma unroll
-        for (int i = 0; i < 64; i++) acc0[i] = 0.0f, acc1[i] = 0.0f;
-        int pend = -1;  // the chunk whose stage this warp has not released yet
-        for (int li = 0, q = 0; li < items; li++) {
-            int e_, r0, rend, n0;
-            item(li, e_, r0, rend, n0);
-            const bool on1 = r0 + 64 < rend;  // token half 1 has rows (half 0 always has)
-            // the item's chunks, ON1: with token half 1's products. Two copies of the loop rather
-            // than a branch around half 1's wgmma: a branch inside the loop makes ptxas insert a
-            // warpgroup.arrive at the join (C7519) to guard the accumulator registers
-            auto chunks = [&](auto on1_c) {
-                constexpr bool ON1 = decltype(on1_c)::value;
-                for (int j = 0; j < J; j++, q++) {
-                    const int s = q % WX_ST;
-                    const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
-                    const uint32_t bT = sBh + (2 * wg + (q & 1)) * C::BH_BYTES;
-                    mbar_wait(full + 8 * s, (q / WX_ST) & 1);
-                    fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
-                    // this warpgroup's 256 blocks (128 rows x 2), 2 a thread: both loaded first and one
-                    // warp-uniform branch for both (TWO), so that the 8 words' widenings are one
-                    // straight run ptxas can interleave (a branch per block left 4 dependent chains
-                    // of ~20 operations between branches: the widening ran at the latency of one)
-                    uint4 nib[2];
-                    mxscale sc[2];
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        const int v = lt + 128 * i, nr = v >> 1, half = v & 1, u = 256 * wg + v;
-                        const bool m3 = GATEUP && nr >= 64;
-                        nib[i] = lds128(dR + u * 16);
-                        const uint32_t sw = lds32(dS + u * 4);
-                        // the byte's place in its word: the scale offsets of a row and an expert are multiples of 4
-                        const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + 2 * j + half) & 3;
-                        sc[i] = mx_scale((sw >> (8 * sel)) & 0xffu);
-                    }
-                    auto put = [&](auto two_c) {
-                        constexpr bool TWO = decltype(two_c)::value;
-#pragma unroll
-                        for (int i = 0; i < 2; i++) {
-                            const int v = lt + 128 * i, nr = v >> 1, half = v & 1;
-                            const uint32_t row = bT + nr * 128;
-                            const uint32_t words[4] = {nib[i].x, nib[i].y, nib[i].z, nib[i].w};
-#pragma unroll
-                            for (int w = 0; w < 4; w++) {
-                                uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
-                                pairs_mx<TWO>(words[w], sc[i], p);
-                                sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
-                                       prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
-                            }
-                        }
-                    };
-                    if (__any_sync(0xffffffffu, sc[0].two || sc[1].two)) put(std::true_type());
-                    else put(std::false_type());
-                    fence_async_smem();  // this thread's widened rows -> the wgmma
-                    wx_bar(1 + wg);      // all 128 rows of this warpgroup's B buffer written
-                    wgmma_fence();
-                    fence_acc<64>(acc0);
-                    if (ON1) fence_acc<64>(acc1);
-#pragma unroll
-                    for (int kk = 0; kk < WS_BK / 16; kk++)
-                        wgmma_m64n128<0>(acc0, ws_desc(dA + kk * 32), ws_desc(bT + kk * 32), j > 0 || kk > 0);
-                    if (ON1) {
-#pragma unroll
-                        for (int kk = 0; kk < WS_BK / 16; kk++)
-                            wgmma_m64n128<0>(acc1, ws_desc(dA + 64 * 128 + kk * 32), ws_desc(bT + kk * 32),
-                                             j > 0 || kk > 0);
-                    }
-                    wgmma_commit();
-                    fence_acc<64>(acc0);
-                    if (ON1) fence_acc<64>(acc1);
-                    wgmma_wait<1>();  // chunk q - 1's products are done: its stage may be refilled
-                    if (pend >= 0) {
-                        __syncwarp();
-                        if (lane == 0) mbar_arrive(empty + 8 * (pend % WX_ST));
-                    }
-                    pend = q;
-                }
-            };
-            if (on1) chunks(std::true_type());
-            else chunks(std::false_type());
-            wgmma_wait<0>();
-            fence_acc<64>(acc0);
-            fence_acc<64>(acc1);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + 8 * (pend % WX_ST));
-            pend = -1;
-            const int cn0 = n0 + (GATEUP ? 64 : 128) * wg;
-            moe_wg_epilogue<GATEUP, 64, true>(a, acc0, r0, rend, cn0, wwarp, g, c);
-            if (on1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, r0 + 64, rend, cn0, wwarp, g, c);
-        }
-    }
-}
-
 // ---------------------------------------------------------------- path 14: MXFP4, each weight tile widened once for 256 token rows
-// Path 13 widens a block's 256 weight rows once per 128-row M tile. At K3.1's 8K prefill an expert
-// gets ~146 rows (8192 x 16 / 896): tiles of 128 + ~18, so every weight chunk is widened twice and
-// the second widening feeds a quarter of the products (token half 1 idle); Nsight Compute put the
+// Path 6's MXFP4 kernel widens in its one producer warpgroup (128 threads, ~2.5 integer / bf16x2
+// operations a weight on top of the copies) and measured 20 % slower than path 4 on K3.1's shapes.
+// Path 13 (session 7, moe_wx_kernel; superseded by this kernel and removed in session 9) had
+// the producer only copy (A pieces, the packed nibbles and the E8M0 scale words by cp.async: a
+// quarter of the bf16 bytes) and each consumer warpgroup widen, one chunk ahead of its tensor cores,
+// the weight rows it multiplied: items of 128 token rows x 256 weight rows, warpgroup w taking
+// weight rows 128 w .. against all 128 token rows, 21-25 % faster than path 4. It widened a
+// block's 256 weight rows once per 128-row M tile: at K3.1's 8K prefill an expert gets ~146 rows
+// (8192 x 16 / 896), tiles of 128 + ~18, so every weight chunk was widened twice and the second
+// widening fed a quarter of the products (token half 1 idle); Nsight Compute put the
 // consumers' latency chain (wait -> shared loads -> ~270 ALU ops -> stores -> barrier -> wgmma), not
 // L2 or DRAM, at the limit (docs/benchmarks.md "MoE prefill, MXFP4 in the consumer warps").
 //
@@ -853,7 +710,7 @@ static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
 }
 
 #define WS_MAX_DEV 64
-template <bool MX, bool GATEUP, bool CL, int PF>
+template <bool MX, bool GATEUP, int CL, int PF>
 static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUtensorMap t0, t1;
     memset(&t0, 0, sizeof t0), memset(&t1, 0, sizeof t1);
@@ -864,7 +721,9 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
         else if (!ws_tmap(&t1, a.wb[1], rows, a.K)) return false;
     }
     // CL: + the pair prefix array; sized for the largest expert count once (the attribute is set once)
+    // CL = 2 packs the pair and single-tile counts into 16 bits each (tiles <= n k / 128 + E)
     CUDA_REQUIRE(!CL || a.E <= 1024);
+    CUDA_REQUIRE(CL < 2 || tiles < 65536);
     const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0);
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];  // blocks that run at once: SMs, or CL: 2 x the clusters that fit
@@ -886,6 +745,12 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
             cfg.gridDim = dim3(2 * sms[dev]);
             CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL, PF>, &cfg));
             if (nc <= 0) return false;  // (attr stays unset: asked again, refused again)
+            // LUNAR_MOE_WSMC_CLUSTERS=c (path 17, opt-in, measurement only): c clusters instead of the
+            // occupancy query's count, to test whether the query leaves SMs idle (path 7 and 17 measured
+            // 30-40 % slower than their one-block kernels, even path 7 without copies)
+            const char *ov = CL >= 2 ? getenv("LUNAR_MOE_WSMC_CLUSTERS") : NULL;
+            if (ov) fprintf(stderr, "path 17: the occupancy query's clusters %d, set %s\n", nc, ov);
+            if (ov && atoi(ov) > 0) nc = atoi(ov);
             sms[dev] = 2 * nc;
         }
         attr[dev] = true;
@@ -899,7 +764,7 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     return true;
 }
 
-// Paths 13 and 14: a persistent grid, at most one block an SM walking `items` work items (an upper
+// Path 14: a persistent grid, at most one block an SM walking `items` work items (an upper
 // bound: blocks without one leave), the kernel's dynamic shared memory raised once per device
 template <void (*KERNEL)(xargs)>
 static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st) {
@@ -919,10 +784,6 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP> static bool wx_launch(const xargs &a, int tiles, cudaStream_t st) {
-    return ws_persistent<moe_wx_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? WS_BN / 2 : WS_BN)), wx_cfg::smem(),
-                                                st);
-}
 template <bool GATEUP> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
@@ -939,16 +800,19 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
     if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;
-    if (mx && mode == 5) return wx_launch<true>(g, tiles, st) && wx_launch<false>(d, tiles, st);
     if (mx)
-        return ws_launch<true, true, false, 0>(g, tiles, st) && ws_launch<true, false, false, 0>(d, tiles, st);
+        return ws_launch<true, true, 0, 0>(g, tiles, st) && ws_launch<true, false, 0, 0>(d, tiles, st);
     if (mode == 1)
-        return ws_launch<false, true, true, 0>(g, tiles, st) && ws_launch<false, false, true, 0>(d, tiles, st);
+        return ws_launch<false, true, 1, 0>(g, tiles, st) && ws_launch<false, false, 1, 0>(d, tiles, st);
+    if (mode == 9)  // path 17: the down epilogue has no activation (as mode 4)
+        return ws_launch<false, true, 2, 3>(g, tiles, st) && ws_launch<false, false, 2, 0>(d, tiles, st);
+    if (mode == 10)  // path 18: path 17 with the CTA-scope remote releases
+        return ws_launch<false, true, 3, 3>(g, tiles, st) && ws_launch<false, false, 3, 0>(d, tiles, st);
     if (mode == 2)
-        return ws_launch<false, true, false, 2>(g, tiles, st) && ws_launch<false, false, false, 2>(d, tiles, st);
+        return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
-        return ws_launch<false, true, false, 1>(g, tiles, st) && ws_launch<false, false, false, 1>(d, tiles, st);
+        return ws_launch<false, true, 0, 1>(g, tiles, st) && ws_launch<false, false, 0, 1>(d, tiles, st);
     if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
-        return ws_launch<false, true, false, 3>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
-    return ws_launch<false, true, false, 0>(g, tiles, st) && ws_launch<false, false, false, 0>(d, tiles, st);
+        return ws_launch<false, true, 0, 3>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
+    return ws_launch<false, true, 0, 0>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
 }

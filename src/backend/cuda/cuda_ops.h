@@ -509,7 +509,7 @@ typedef struct lunar_cuda_moe_experts {
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
  * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair; MXFP4 with a clamped SiTU path
  * 16, other MXFP4 path 8 at I >= 1024 and n >= 32; LUNAR_MOE_DECODE=pair|v2|fused|f16 forcing one; above,
- * path 12 for BF16 experts and path 13 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old /
+ * path 12 for BF16 experts and path 14 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old /
  * wg / ws), 1 the decode kernel
  * pair (n <= 64), 2 the mma.sync grouped GEMM, 3 the fused decode kernel (one persistent grid for
  * both GEMMs; MXFP4 and n <= 64, BF16 falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu),
@@ -519,14 +519,20 @@ typedef struct lunar_cuda_moe_experts {
  * TMA multicast (MXFP4: path 6), 8 the warp-team decode kernels (cuda_moe_dec.cu, n <= 64, MXFP4
  * and BF16; LUNAR_MOE_DECODE=v2 selects it in auto), 9 the same on 3 blocks only (tests: every warp
  * walks many units), 10 path 6 with the BF16 proxy fences moved from the consumer warps to the
- * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 13 then; path
+ * producer (LUNAR_MOE_PREFILL=wsf selects it for BF16 experts, MXFP4 experts keep 14 then; path
  * 10 with MXFP4 weights runs path 6), 11 the same arriving one chunk after the copies instead of
  * two, 12 path 6 with the SFU approximations of exp / tanh / division in the gate/up epilogue
- * (MXFP4: 6; LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 13), 13 path
- * 6's pipeline for MXFP4 experts with the widening in the consumer warpgroups (cuda_moe_ws.cu;
- * LUNAR_MOE_PREFILL=wsmx selects it for MXFP4 experts, BF16 experts keep 12; BF16 weights: 12),
- * 16 the decode pair on f16 tensor cores (cuda_moe_f16.cu, n <= 64; MXFP4 experts with SiTU's clamp
- * on u only, |h| <= beta * beta_l, else path 1; h in f16 there).
+ * (MXFP4: 6; LUNAR_MOE_PREFILL=wsfast selects it for BF16 experts, MXFP4 experts keep 14), 14 the
+ * warp-specialised wgmma kernel for MXFP4 experts with the widening in the consumer warpgroups,
+ * each weight chunk widened once for two M tiles of an expert (cuda_moe_ws.cu; LUNAR_MOE_PREFILL=
+ * wsmx2 selects it for MXFP4 experts, BF16 experts keep 12; BF16 weights: 12; 13, its one-tile
+ * predecessor, was removed in session 9 and aborts as any unknown path), 16 the decode pair on f16
+ * tensor cores (cuda_moe_f16.cu, n <= 64; MXFP4 experts with SiTU's clamp on u only, |h| <= beta *
+ * beta_l, else path 1; h in f16 there), 17 path 12 in clusters of 2 blocks sharing each BF16
+ * weight chunk by TMA multicast over an expert's pairs of M tiles, the odd last tiles paired without
+ * multicast (LUNAR_MOE_PREFILL=wsmc selects it for BF16 experts, MXFP4 experts keep 14; MXFP4
+ * weights: 6), 18 path 17 releasing the peer block's stages with CTA-scope remote arrivals
+ * (LUNAR_MOE_PREFILL=wsmc2, as 17).
  * hbuf: [n*k, I] bf16 (f16 under path 16), ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
@@ -534,7 +540,7 @@ void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
 /* The same with ybuf [n*k, D] in bf16, each weighted expert row rounded once (round to nearest
  * even) from the fp32 value the other form stores (LUNAR_MOE_YBUF=bf16, an opt-in of the 8K
  * prefill: the combine reads half the bytes, the down GEMM writes half). Only the prefill grouped
- * GEMMs' shared epilogue writes bf16 rows (paths 4, 6, 7, 10-13 at n > 64, as path resolves there):
+ * GEMMs' shared epilogue writes bf16 rows (paths 4-7, 10-12, 14, 17, 18 at n > 64, as path resolves there):
  * returns -1, launching nothing, where the path would be another (the caller runs the fp32 form). */
 int lunar_cuda_moe_experts_run_b(uint16_t *ybuf, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
                                  const lunar_cuda_moe_route *r, int path, lunar_cuda_stream s);
