@@ -4,7 +4,7 @@
 # and the K3.1 TP8 slice), A/B rounds of the new defaults against their switches, llama.cpp as the peer
 # (LLAMA=<llama-bench>: tools/device/peer_llamacpp.sh) and (NCU=1) the per-kernel table of one Kimi-Linear B=1 step.
 #   P=<prebuilt dir> [SKIP_CHECK=1] [SKIP_TABLES=1] [LLAMA=<llama-bench>] [NCU=1] [AB="ENV=V ..."] [AB_BATCH=1,32,64] \
-#     [TESTS="cuda_forward ..."] [PF_AB="ENV=V ..."] tools/device/session7_final.sh
+#     [TESTS="cuda_forward ..."] [PF_AB="ENV=V ..."] [SKIP_AB=1] tools/device/session7_final.sh
 # PF_AB: the 8K prefill (Kimi-Linear, and the K3.1 slice) of main's defaults against each variant, two rounds.
 set -u
 P=${P:-.xfer-fin7}
@@ -36,8 +36,9 @@ timeout 120 $P/bin/lunar bench $S --load-format dummy --backend cuda --input-len
   --contexts 8192 > $OUT/k3_table.log 2>&1
 echo "rc=$?" >> $T; grep -A4 '^prefill' $OUT/k3_table.log | head -3 >> $T; tpot $OUT/k3_table.log >> $T; grep -i 'project' $OUT/k3_table.log | head -3 >> $T
 fi
-# AB: variants separated by spaces, the assignments of one variant by commas (LUNAR_ROUTER=block,LUNAR_NORM=block)
-for r in 1 2; do
+# AB: variants separated by spaces, the assignments of one variant by commas (LUNAR_ROUTER=block,LUNAR_NORM=block);
+# SKIP_AB=1 skips the decode rounds (binab.sh times main's B=1 instead)
+for r in $([ "${SKIP_AB:-0}" = 1 ] || echo 1 2); do
   i=0
   for v in LUNAR_NONE=0 ${AB:-}; do
     i=$((i + 1))
