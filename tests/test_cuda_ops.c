@@ -117,6 +117,54 @@ TEST(cuda_matmul_bf16_vs_cpu) {
     }
 }
 
+/* The skinny kernel with its first loads of W before the PDL wait (LUNAR_GEMV_EARLY): 4 loads a lane
+ * keep the deep kernel's registers, blocks per SM and split, so the outputs equal the default's bit for
+ * bit; 8 may change the split (other summation order): against the CPU op. Each launch follows another
+ * (PDL on), so the pre-wait loads run while a predecessor still may; shapes with fewer than 4 / 8
+ * loads a lane too (in = 40, 200). */
+TEST(cuda_matmul_gemv_early) {
+    if (!cuda_on()) return;
+    static const int shapes[][3] = {{1, 12576, 2304}, {1, 2304, 4096}, {1, 4096, 2304}, {1, 256, 2304},
+                                    {2, 9000, 512}, {3, 256, 9216}, {4, 520, 1024}, {1, 129, 200}, {4, 3, 40}};
+    lunar_cuda_pdl_set(1);
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand((long)n * in, 40 + s, -1, 1), *w = test_rand((long)out * in, 50 + s, -0.1f, 0.1f);
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        float *xr = malloc((size_t)n * in * sizeof *xr);
+        memcpy(xr, x, (size_t)n * in * sizeof *xr);
+        round_bf16(xr, (long)n * in);
+        float *ref = test_poisoned((long)n * out);
+        op_matmul(ref, xr, &W, n);
+        const float *dxf = dev_in(x, (size_t)n * in * 4);
+        const uint16_t *dw = dev_in(W.data, W.nbytes);
+        for (int dt = 0; dt < 2; dt++) {
+            float *y[3];
+            for (int e = 0; e < 3; e++) {
+                lunar_cuda_gemv_early_set(e * 4);
+                guarded o;
+                void *dy = guarded_new(&o, (size_t)n * out * (dt ? 2 : 4));
+                /* a predecessor on the stream, so the kernel under test starts under PDL */
+                CHECK(lunar_cuda_matmul_f32x(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL) == 0);
+                CHECK(lunar_cuda_matmul_f32x(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL) == 0);
+                y[e] = dt ? down_bf16(dy, (long)n * out) : down_f32(dy, (long)n * out);
+                CHECK(guards_ok(&o));
+                char what[96];
+                snprintf(what, sizeof what, "gemv early %d n=%d out=%d in=%d %s", e * 4, n, out, in, dt ? "bf16" : "f32");
+                report(what, lunar_max_rel_err(y[e], ref, (long)n * out), dt ? 5e-3 : 1e-4);
+            }
+            CHECK_MSG(memcmp(y[1], y[0], (size_t)n * out * sizeof *y[0]) == 0, "early 4 differs from the default, n=%d out=%d in=%d", n, out, in);
+            for (int e = 0; e < 3; e++) free(y[e]);
+        }
+        lunar_cuda_gemv_early_set(-1);
+        test_tensor_free(&W);
+        free(x), free(w), free(xr), free(ref);
+        lunar_cuda_release(mark);
+    }
+    lunar_cuda_pdl_set(-1);
+}
+
 /* The forward's GEMM use in isolation: multi-token (n > 1) prefill shapes of the tiny goldens
  * (small, multiple-of-8 widths, odd token counts), more shapes than the 128-entry plan cache holds
  * (so plans are recycled), each against the CPU op on bf16-exact operands, through cuBLASLt and
