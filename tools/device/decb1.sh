@@ -2,7 +2,8 @@
 # Session 9, task decb1 (issue 9: Kimi-Linear-48B decode at batch 1 towards 2.0 ms). One script per call:
 #   P=<prebuilt dir> OUT=<dir> [NCU=1] [TESTS="cuda_forward ENV=V:cuda_forward ..."] [AB="ENV=V,ENV2=V ..."] \
 #     [ROUNDS=2] [ONCE="ENV=V ..."] tools/device/decb1.sh
-# ONCE: variants timed once each after the rounds. NCU=1: the per-kernel table of one eager B=1 step (Nsight Compute, application replay, each kernel alone;
+# ONCE: variants timed once each after the rounds. NCU=1: the per-kernel table of one eager B=1 step
+# (NCU_ENV="ENV=V ..." its switches) (Nsight Compute, application replay, each kernel alone;
 # tools/device/ncu_step.py). TESTS: lunar_tests filters, "ENV=V:filter" with those switches.
 # AB: Kimi-Linear B=1 1K 64 steps, main's defaults then each variant, alternating, ROUNDS rounds.
 set -u
@@ -39,7 +40,7 @@ for v in ${ONCE:-}; do
 done
 if [ "${NCU:-0}" = 1 ]; then
   step "ncu: one KL48 B=1 decode step, per kernel"
-  timeout 110 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
+  env ${NCU_ENV:-LUNAR_NONE=0} timeout 110 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
     -k regex:'^(?!k_bf16|k_f32|k_mxfp4|k_packed|k_scale)' --launch-count 3000 \
     $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 16 --batch-sizes 1 --contexts 1024 --steps 1 \
     > $OUT/ncu_dec.csv 2> $OUT/ncu_dec.err

@@ -82,12 +82,8 @@ constexpr int kGvRows = 4, kGvWarps = 8;
 /* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
 constexpr long long kGvMaxElems = 64ll << 20;
 
-/* U: the loads of W a warp has in flight (the unroll of its stream). E (LUNAR_GEMV_EARLY=1, issue 9):
- * each lane's first E loads of W issued into registers BEFORE the PDL wait (weights only, as
- * cuda_common.cuh's rule allows), so a block made resident while its predecessor still runs (a
- * one-block norm, the KDA gated norm) streams its head of W meanwhile instead of after the wait;
- * the products are then taken in the same i order as without E: the same sums, bit for bit. */
-template <int NR, int U, typename TY, typename TX, int E = 0>
+/* U: the loads of W a warp has in flight (the unroll of its stream) */
+template <int NR, int U, typename TY, typename TX>
 __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
                                                             int in, int split, uint32_t pf) {
     __shared__ float red[kGvWarps][NR];
@@ -99,32 +95,14 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
         const uint32_t rb = (uint32_t)in * 2u, lim = (pf / (uint32_t)per_block) & ~15u;
         pdl_prefetch_l2(W + (size_t)o * in, rb < lim ? rb : lim);
     }
-    uint4 early[E > 0 ? E : 1];
-    if (E > 0 && o < out) {
-        const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
-#pragma unroll
-        for (int j = 0; j < E; j++) {
-            const int i = part * 32 + lane + j * 32 * split;
-            if (i < n8) early[j] = __ldcs(w4 + i);
-        }
-    }
     pdl_wait();
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
     if (o < out) {
         const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
-        int i0 = part * 32 + lane;
-        if (E > 0) {
-#pragma unroll
-            for (int j = 0; j < E; j++, i0 += 32 * split)
-                if (i0 < n8) {
-#pragma unroll
-                    for (int r = 0; r < NR; r++) acc[r] += gv_dot8(early[j], gv_x8(x, (size_t)r, i0, in));
-                }
-        }
 #pragma unroll U
-        for (int i = i0; i < n8; i += 32 * split) {
+        for (int i = part * 32 + lane; i < n8; i += 32 * split) {
             const uint4 wv = __ldcs(w4 + i); /* streamed once: not kept in L1 */
 #pragma unroll
             for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, gv_x8(x, (size_t)r, i, in));
@@ -152,6 +130,77 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     }
 }
 
+/* Batched (LUNAR_GEMV_BATCH=4 | 8, opt-in; one token, issue 9). gemv_kernel's unrolled loop checks
+ * i < n8 before each load, so its loads sit in separate basic blocks, each consumed before the next
+ * branch (PTX: 8 x "ld W, ld x, branch"); at 30-32 registers a warp has about one 16-byte load of W in
+ * flight, not 8. Here each lane loads B chunks of W with predicated loads (no branch between them),
+ * then consumes them in the same i order: the same products and sums as gemv_kernel<1> at the same
+ * split, bit for bit (the launcher picks the split from gemv_kernel's own wave for that reason).
+ * early (LUNAR_GEMV_EARLY=1): the first batch of W is loaded before the PDL wait (weights only,
+ * cuda_common.cuh's rule), while the predecessor still runs. */
+template <int B, typename TY, typename TX>
+__global__ void __launch_bounds__(kGvWarps * 32) gemv_batch_kernel(TY *y, const TX *x, const uint16_t *W, int out,
+                                                                  int in, int split, int early) {
+    __shared__ float red[kGvWarps];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
+    const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8, st = 32 * split;
+    const uint4 *w4 = (const uint4 *)(W + (size_t)(o < out ? o : 0) * in);
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    int base = o < out ? part * 32 + lane : n8; /* a warp past the outputs loads and adds nothing */
+    uint4 wv[B];
+    if (early) {
+#pragma unroll
+        for (int j = 0; j < B; j++) wv[j] = base + j * st < n8 ? __ldcs(w4 + base + j * st) : zero;
+    }
+    pdl_wait();
+    if (!early) {
+#pragma unroll
+        for (int j = 0; j < B; j++) wv[j] = base + j * st < n8 ? __ldcs(w4 + base + j * st) : zero;
+    }
+    float acc = 0.f;
+    while (base < n8) {
+#pragma unroll
+        for (int j = 0; j < B; j++)
+            if (base + j * st < n8) acc += gv_dot8(wv[j], gv_x8(x, (size_t)0, base + j * st, in));
+        base += B * st;
+        if (base >= n8) break;
+#pragma unroll
+        for (int j = 0; j < B; j++) wv[j] = base + j * st < n8 ? __ldcs(w4 + base + j * st) : zero;
+    }
+    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    if (split == 1) {
+        if (lane == 0 && o < out) gv_store(y + o, acc);
+        return;
+    }
+    if (lane == 0) red[warp] = acc;
+    __syncthreads();
+    const int t = threadIdx.x; /* thread t: the block's output t */
+    if (t < per_block) {
+        const int oo = blockIdx.x * per_block + t;
+        float v = 0.f;
+        for (int w = 0; w < split; w++) v += red[t * split + w];
+        if (oo < out) gv_store(y + oo, v);
+    }
+}
+
+/* LUNAR_GEMV_BATCH=4 | 8 (else 0) and LUNAR_GEMV_EARLY=1: gemv_batch_kernel at one token (opt-in);
+ * lunar_cuda_gemv_batch_set overrides both (tests; batch -1 returns to the environment) */
+static int g_gb_set = -1, g_ge_set = 0;
+static int gemv_batch(int *early) {
+    static int b = -1, e = 0;
+    if (b < 0) {
+        const char *v = getenv("LUNAR_GEMV_BATCH");
+        b = v && (atoi(v) == 4 || atoi(v) == 8) ? atoi(v) : 0;
+        e = getenv("LUNAR_GEMV_EARLY") && atoi(getenv("LUNAR_GEMV_EARLY")) > 0;
+    }
+    *early = g_gb_set >= 0 ? g_ge_set : e;
+    return g_gb_set >= 0 ? g_gb_set : b;
+}
+extern "C" void lunar_cuda_gemv_batch_set(int batch, int early) {
+    g_gb_set = batch == 0 || batch == 4 || batch == 8 ? batch : -1;
+    g_ge_set = early > 0;
+}
+
 /* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
  * of 4, and the split chosen so the grid fits one wave of resident blocks where some split does. The
  * per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token projections
@@ -164,21 +213,6 @@ static int gemv_deep(void) {
 }
 /* blocks of kernel k resident on the whole device at once (its registers decide: 30 at one row,
  * 8 blocks per SM; 64 at four rows, 4) */
-/* LUNAR_GEMV_EARLY=4 or 8 (opt-in; else 0): the deep kernel's loads of W issued before the PDL wait, per
- * lane. 4 keeps the deep kernel's 32 registers (the same blocks per SM, so the same split: bit-equal);
- * 8 takes 48-58, half the blocks per SM, so the split (and with it the summation order) may differ.
- * lunar_cuda_gemv_early_set overrides it (tests; -1 returns to the environment). */
-static int g_gemv_early_set = -1;
-static int gemv_early(void) {
-    static int v = -1;
-    if (g_gemv_early_set >= 0) return g_gemv_early_set;
-    if (v < 0) {
-        const char *e = getenv("LUNAR_GEMV_EARLY");
-        v = e && (atoi(e) == 4 || atoi(e) == 8) ? atoi(e) : 0;
-    }
-    return v;
-}
-extern "C" void lunar_cuda_gemv_early_set(int e) { g_gemv_early_set = e == 4 || e == 8 || e == 0 ? e : -1; }
 template <typename K> static int gemv_wave_blocks(K k) {
     int dev = 0, sms = 0, per_sm = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
@@ -193,23 +227,17 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
      * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
      * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. */
     CUDA_REQUIRE(n >= 1 && n <= kGvRows);
-    const int deep = gemv_deep(), early = deep ? gemv_early() : 0;
+    const int deep = gemv_deep();
     int split = 1;
     if (deep) {
-        static int wave_of[3][kGvRows + 1]; /* per early setting and row count n: the kernel instance differs */
-        int *waves = wave_of[early / 4];
+        static int waves[kGvRows + 1]; /* per row count n: the kernel instance differs */
         if (!waves[n]) {
-#define GV_WAVE(R)                                                                            \
-    waves[n] = early == 8   ? gemv_wave_blocks(gemv_kernel<R, 8, TY, TX, 8>)                  \
-               : early == 4 ? gemv_wave_blocks(gemv_kernel<R, 8, TY, TX, 4>)                  \
-                            : gemv_wave_blocks(gemv_kernel<R, 8, TY, TX>)
             switch (n) {
-            case 1: GV_WAVE(1); break;
-            case 2: GV_WAVE(2); break;
-            case 3: GV_WAVE(3); break;
-            default: GV_WAVE(4); break;
+            case 1: waves[n] = gemv_wave_blocks(gemv_kernel<1, 8, TY, TX>); break;
+            case 2: waves[n] = gemv_wave_blocks(gemv_kernel<2, 8, TY, TX>); break;
+            case 3: waves[n] = gemv_wave_blocks(gemv_kernel<3, 8, TY, TX>); break;
+            default: waves[n] = gemv_wave_blocks(gemv_kernel<4, 8, TY, TX>); break;
             }
-#undef GV_WAVE
         }
         const int wave = waves[n];
         while (split < kGvWarps && in / 8 >= 32 * split * 2 * 2 &&
@@ -219,6 +247,16 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
         while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
     }
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
+    int early = 0;
+    const int batch = n == 1 && deep ? gemv_batch(&early) : 0;
+    if (batch) { /* the deep kernel's split (its wave), so the sums are its own */
+        if (batch == 8)
+            launch_pdl(gemv_batch_kernel<8, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, early);
+        else
+            launch_pdl(gemv_batch_kernel<4, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, early);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
     switch (n * 2 + deep) {
 #define GV_CASE(R)                                                                                              \
@@ -226,12 +264,7 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
         launch_pdl(gemv_kernel<R, 4, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
         break;                                                                                                  \
     case 2 * R + 1:                                                                                             \
-        if (early == 8)                                                                                         \
-            launch_pdl(gemv_kernel<R, 8, TY, TX, 8>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
-        else if (early == 4)                                                                                    \
-            launch_pdl(gemv_kernel<R, 8, TY, TX, 4>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
-        else                                                                                                    \
-            launch_pdl(gemv_kernel<R, 8, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
+        launch_pdl(gemv_kernel<R, 8, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
         break;
         GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
 #undef GV_CASE

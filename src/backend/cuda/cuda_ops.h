@@ -118,9 +118,10 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
  * not 0). Returns -1, launching nothing, elsewhere. */
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
-/* The skinny kernel's loads of W issued before the PDL wait (LUNAR_GEMV_EARLY=4 / 8, opt-in): 0, 4 or 8
- * override the environment (tests), -1 returns to it */
-void lunar_cuda_gemv_early_set(int e);
+/* The one-token skinny kernel with batched loads of W (LUNAR_GEMV_BATCH=4 / 8, opt-in; LUNAR_GEMV_EARLY=1
+ * its first batch before the PDL wait): batch 0, 4 or 8 and early 0 / 1 override the environment
+ * (tests), batch -1 returns to it */
+void lunar_cuda_gemv_batch_set(int batch, int early);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
  * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
