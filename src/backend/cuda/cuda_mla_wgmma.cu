@@ -739,14 +739,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 namespace rs {
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
-constexpr int p_off = raw_off + kStages * q8::kStage; // [64 heads][64 positions] f16, core-matrix order
-constexpr int red_off = p_off + kPBytes;              // [2][64] floats
-constexpr int sq_off = red_off + 2 * 64 * 4;          // [64] the per-head q scale
-constexpr int al_off = sq_off + 64 * 4;               // [64] the tile's rescale factor per head
-constexpr int li_off = al_off + 64 * 4;               // [64] the output factor per head
-constexpr int bar_off = li_off + 64 * 4;
-constexpr size_t smem = (size_t)bar_off + kStages * 8 + 1024;
-static_assert(smem <= 232448, "227 KB of shared memory per block");
+constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
+// the rest after NP P buffers (round 4: one, 200 KB; round 5: two, 208 KB)
+template <int NP> struct Lay {
+    static constexpr int red_off = p_off + NP * kPBytes; // [2][64] floats
+    static constexpr int sq_off = red_off + 2 * 64 * 4;  // [64] the per-head q scale
+    static constexpr int al_off = sq_off + 64 * 4;       // [64] the tile's rescale factor per head
+    static constexpr int li_off = al_off + 64 * 4;       // [64] the output factor per head
+    static constexpr int bar_off = li_off + 64 * 4;
+    static constexpr size_t smem = (size_t)bar_off + kStages * 8 + 1024;
+    static_assert(smem <= 232448, "227 KB of shared memory per block");
+};
 
 // the f16 pair (byte b of x, byte b of y) x 2^-8; sel = prmt selector b | (8 | b) << 4 | (4 + b) << 8
 // | (12 + b) << 12 (nibble msb: the selected byte's sign replicated)
@@ -759,14 +762,181 @@ __host__ __device__ constexpr uint32_t sel(int b) {
     return (uint32_t)(b | (8 | b) << 4 | (4 + b) << 8 | (12 + b) << 12);
 }
 static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
-} // namespace rs
+
+// What the round-4 and round-5 kernels share (one body for each step, so the two cannot drift apart:
+// round 5 promises round 4's bits). The constructor is their set-up: the block's heads, split and row,
+// this thread's S rows (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages
+// tiles' copies issued, Q quantised into shared memory. NP: the P buffers of the layout.
+template <int NP> struct Block {
+    using L = Lay<NP>;
+    unsigned char *smem;
+    uint32_t sb, bars;
+    float *red, *sqs, *alpha, *linv;
+    const CUtensorMap *tm;
+    const int32_t *bt;
+    int split, row, tid, wg, lane, warp, g, t, r0, r1, h0, nh, begin, end, ntiles;
+    float f0, f1;
+    uint64_t dqh, dql, dqe;
+    int D0;
+    uint32_t vbox, vchunk;
+
+    // warp 0: five boxes of 128 B x 64 positions into stage i % kStages
+    __device__ __forceinline__ void issue_tma(int i) const {
+        using namespace q8;
+        if (i >= ntiles) return;
+        const int t0 = begin + i * kTile;
+        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
+        const uint32_t bar = bars + (i % kStages) * 8, dst = sb + raw_off + (i % kStages) * kStage;
+        if (lane == 0) mbar_expect_tx(bar, kStage);
+        __syncwarp();
+        if (lane < 5) tma_2d(dst + lane * kBox, tm, lane * 128, slot0, bar);
+    }
+
+    __device__ __forceinline__ Block(const Args &a, const CUtensorMap &tmap, unsigned char *smem_raw) {
+        using namespace q8;
+        smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
+        sb = smem_u32(smem);
+        red = reinterpret_cast<float *>(smem + L::red_off);
+        sqs = reinterpret_cast<float *>(smem + L::sq_off);
+        alpha = reinterpret_cast<float *>(smem + L::al_off);
+        linv = reinterpret_cast<float *>(smem + L::li_off);
+        tm = &tmap;
+        const int hb = blockIdx.x;
+        split = blockIdx.y, row = blockIdx.z;
+        tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        r0 = (warp & 3) * 16 + g, r1 = r0 + 8;
+        h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
+        const int seq = a.row_seq ? a.row_seq[row] : row;
+        bt = a.bt + (size_t)seq * a.max_blocks;
+        begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
+        ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
+
+        bars = sb + L::bar_off;
+        if (tid == 0) {
+            for (int i = 0; i < kStages; i++) mbar_init(bars + 8 * i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        if (tid < 32)
+            for (int i = 0; i < kStages; i++) issue_tma(i);
+
+        q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
+        fence_async_smem();
+        __syncthreads();
+        f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
+
+        dqh = desc_sw(sb + q_hi, 16, 1024), dql = desc_sw(sb + q_lo, 16, 1024);
+        dqe = desc_sw(sb + q_pe, 16, 1024);
+        D0 = wg * 256 + (warp & 3) * 64 + g * 8;
+        // this thread's 8 bytes of position p in a stage: box D0 / 128, chunk (D0 % 128) / 16 swizzled by p
+        vbox = (uint32_t)(D0 >> 7) * kBox + (D0 & 8), vchunk = (D0 & 127) >> 4;
+    }
+
+    // the V bytes of the tile in stage `raw`, positions 16 ks + 2t + {0, 1, 8, 9}
+    __device__ __forceinline__ void load_v(uint32_t (&vx)[4][4][2], uint32_t raw) const {
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int p = 16 * ks + 2 * t + (q & 1) + 8 * (q >> 1);
+                const uint32_t ad = raw + vbox + p * 128 + (((vchunk ^ p) & 7) << 4);
+                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(vx[ks][q][0]), "=r"(vx[ks][q][1]) : "r"(ad) : "memory");
+            }
+    }
+
+    // The softmax of tile it from its scores s and this warpgroup's row maxima: the maxima exchanged
+    // through red (the barrier also frees tile it's stage for tile it + kStages's copies), f16 P into
+    // P buffer it % NP, the running maxima and sums updated; al0 / al1, the rows' rescale factors, also
+    // into alpha for the threads that hold those heads' columns
+    __device__ __forceinline__ void softmax_p(const float (&s)[16], float mx0, float mx1, int it, float &m0, float &m1,
+                                              float &l0, float &l1, float &al0, float &al1) const {
+        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
+        __syncthreads(); // maxima in; every read of this stage (S, the V loads) is done
+        if (tid < 32) issue_tma(it + kStages);
+        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+        m0 = mn0, m1 = mn1;
+        float ps0 = 0.0f, ps1 = 0.0f;
+        // (the buffer as it & (NP - 1), not it % NP: the kernels' PTX, instruction for instruction)
+        unsigned char *P = smem + p_off + (it & (NP - 1)) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+            ps0 += e0 + e1, ps1 += e2 + e3;
+            const __half2 h01 = __floats2half2_rn(e0, e1), h23 = __floats2half2_rn(e2, e3);
+            *reinterpret_cast<__half2 *>(P + (4 * wg + k) * 128) = h01;
+            *reinterpret_cast<__half2 *>(P + kPGroup + (4 * wg + k) * 128) = h23;
+        }
+        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
+        if (wg == 0 && t == 0) alpha[r0] = al0, alpha[r1] = al1;
+    }
+
+    // P and the factors published; O^T's columns rescaled where some maximum of the block moved
+    // (o: O^T accumulators o[j][4i + c], dims D0 + 2j (c = 0, 1) / D0 + 2j + 1 (c = 2, 3), heads 8i + 2t + (c & 1))
+    template <int N> __device__ __forceinline__ void rescale(float (&o)[4][N / 2], float al0, float al1) const {
+        fence_async_smem();
+        // all of P and the factors are written; nonzero where some maximum of the block moved
+        if (__syncthreads_or(al0 != 1.0f || al1 != 1.0f)) {
+#pragma unroll
+            for (int i = 0; i < N / 8; i++) {
+                const float2 f = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    o[j][4 * i] *= f.x, o[j][4 * i + 1] *= f.y, o[j][4 * i + 2] *= f.x, o[j][4 * i + 3] *= f.y;
+            }
+        }
+    }
+};
+
+// V^T fragments from a tile's V bytes: instruction j takes byte 2j (row g) and 2j + 1 (row g + 8) of
+// each position
+__device__ __forceinline__ void v_fragments(uint32_t (&av)[4][4][4], const uint32_t (&vx)[4][4][2]) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int w = j >> 1, b = 2 * (j & 1);
+            av[ks][j][0] = e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], sel(b));
+            av[ks][j][1] = e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], sel(b + 1));
+            av[ks][j][2] = e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], sel(b));
+            av[ks][j][3] = e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], sel(b + 1));
+        }
+}
+
+// PV of tile it issued and committed (not waited): O^T += V^T P^T, the 16 products of a tile, P^T from
+// P buffer it % NP (dp0: the descriptor of buffer 0)
+template <int N, int NP>
+__device__ __forceinline__ void issue_pv(float (&o)[4][N / 2], uint32_t (&av)[4][4][4], uint64_t dp0, int it) {
+    // the fragments are computed before the fence (else ptxas, finding them written between
+    // the products, injects a warpgroup.arrive before each one)
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            asm volatile("" : "+r"(av[ks][j][0]), "+r"(av[ks][j][1]), "+r"(av[ks][j][2]), "+r"(av[ks][j][3])::"memory");
+#pragma unroll
+    for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+    wgmma_fence();
+    const uint64_t dp = dp0 + (uint64_t)((it & (NP - 1)) * (kPBytes >> 4));
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if constexpr (N == 64) wgmma_m64n64_rs_f16(o[j], av[ks][j], dp + 16 * ks);
+            else wgmma_m64n32_rs_f16(o[j], av[ks][j], dp + 16 * ks);
+        }
+    wgmma_commit();
+}
 
 // The end of the round-4 kernels: the row sums of the two warpgroups' positions; the output factor per head
 // (x 2^8: V was x 2^-8) through shared memory to the threads holding that head's columns (o: O^T, dims D0..)
-template <int N>
-__device__ __forceinline__ void rs_write_out(const Args &a, const float (&o)[4][N / 2], float *red, float *linv, int row,
-                                             int split, int h0, int nh, int wg, int t, int r0, int r1, int D0, float m0,
-                                             float m1, float l0, float l1) {
+template <int N, int NP>
+__device__ __forceinline__ void write_out(const Args &a, const Block<NP> &b, const float (&o)[4][N / 2], float m0, float m1,
+                                          float l0, float l1) {
+    const int wg = b.wg, t = b.t, r0 = b.r0, r1 = b.r1, nh = b.nh, row = b.row, split = b.split;
+    float *red = b.red, *linv = b.linv;
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, x);
@@ -784,7 +954,7 @@ __device__ __forceinline__ void rs_write_out(const Args &a, const float (&o)[4][
             const float l = red[r] + red[64 + r], m = e ? m1 : m0;
             linv[r] = l > 0.0f ? os / l : 0.0f;
             if (!direct && r < nh)
-                a.lse_part[(size_t)split * a.rows * a.H + (size_t)row * a.H + h0 + r] = l > 0.0f ? m + log2f(l) : -INFINITY;
+                a.lse_part[(size_t)split * a.rows * a.H + (size_t)row * a.H + b.h0 + r] = l > 0.0f ? m + log2f(l) : -INFINITY;
         }
     }
     __syncthreads();
@@ -796,54 +966,19 @@ __device__ __forceinline__ void rs_write_out(const Args &a, const float (&o)[4][
             const int h = 8 * i + 2 * t + e;
             if (h >= nh) continue;
             const float f = linv[h];
-            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + h0 + h) * kR + D0);
+            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + b.h0 + h) * kR + b.D0);
             d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
             d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
         }
 }
+} // namespace rs
 
 template <int N>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using namespace q8;
     constexpr int kS = rs::kStages;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const uint32_t sb = smem_u32(smem);
-    float *red = reinterpret_cast<float *>(smem + rs::red_off);
-    float *sqs = reinterpret_cast<float *>(smem + rs::sq_off);
-    float *alpha = reinterpret_cast<float *>(smem + rs::al_off);
-    float *linv = reinterpret_cast<float *>(smem + rs::li_off);
-    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8; // S rows (heads) of this thread
-    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
-    const int seq = a.row_seq ? a.row_seq[row] : row;
-    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
-    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
-    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
-
-    const uint32_t bars = sb + rs::bar_off;
-    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions into stage i % kS
-        if (i >= ntiles) return;
-        const int t0 = begin + i * kTile;
-        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
-        const uint32_t bar = bars + (i % kS) * 8, dst = sb + rs::raw_off + (i % kS) * kStage;
-        if (lane == 0) mbar_expect_tx(bar, kStage);
-        __syncwarp();
-        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
-    };
-    if (tid == 0) {
-        for (int i = 0; i < kS; i++) mbar_init(bars + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (tid < 32)
-        for (int i = 0; i < kS; i++) issue_tma(i);
-
-    q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
-    fence_async_smem();
-    __syncthreads();
-    const float f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
+    const rs::Block<1> b(a, tm, smem_raw);
 
     // O^T accumulators: o[j][4i + c], instruction j (dims D0 + 2j: c = 0, 1; D0 + 2j + 1: c = 2, 3),
     // heads 8i + 2t + (c & 1)
@@ -852,107 +987,36 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, co
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int i = 0; i < N / 2; i++) o[j][i] = 0.0f;
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const uint64_t dp = desc(sb + rs::p_off, 128, kPGroup);
-    const uint64_t dqh = desc_sw(sb + q_hi, 16, 1024), dql = desc_sw(sb + q_lo, 16, 1024);
-    const uint64_t dqe = desc_sw(sb + q_pe, 16, 1024);
-    const int D0 = wg * 256 + (warp & 3) * 64 + g * 8;
-    // this thread's 8 bytes of position p in a stage: box D0 / 128, chunk (D0 % 128) / 16 swizzled by p
-    const uint32_t vbox = (uint32_t)(D0 >> 7) * kBox + (D0 & 8), vchunk = (D0 & 127) >> 4;
+    float l1 = 0.0f, l0 = 0.0f, m0 = -INFINITY, m1 = -INFINITY;
+    const uint64_t dp = desc(b.sb + rs::p_off, 128, kPGroup);
 
-    for (int it = 0; it < ntiles; it++) {
+    for (int it = 0; it < b.ntiles; it++) {
         const int stage = it % kS;
         __syncthreads(); // both warpgroups are done with PV of tile it - 1: P is free
-        mbar_wait(bars + stage * 8, (uint32_t)(it / kS) & 1);
-        const uint32_t raw = sb + rs::raw_off + stage * kStage;
+        mbar_wait(b.bars + stage * 8, (uint32_t)(it / kS) & 1);
+        const uint32_t raw = b.sb + rs::raw_off + stage * kStage;
         float s[16], sl[16];
-        q8_issue_s(s, sl, raw, wg, dqh, dql, dqe);
+        q8_issue_s(s, sl, raw, b.wg, b.dqh, b.dql, b.dqe);
 
-        // meanwhile: the V bytes of the tile, positions 16 ks + 2t + {0, 1, 8, 9}
         uint32_t vx[4][4][2];
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int p = 16 * ks + 2 * t + (q & 1) + 8 * (q >> 1);
-                const uint32_t ad = raw + vbox + p * 128 + (((vchunk ^ p) & 7) << 4);
-                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(vx[ks][q][0]), "=r"(vx[ks][q][1]) : "r"(ad) : "memory");
-            }
+        b.load_v(vx, raw); // meanwhile
         wgmma_wait<0>();
         fence_acc<16>(s);
         fence_acc<16>(sl);
 
-        float mx0, mx1;
-        q8_scores(s, sl, begin + it * kTile + 32 * wg + 2 * t, end, f0, f1, mx0, mx1);
-        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
-        __syncthreads(); // maxima in; every read of this stage (S, the V loads) is done
-        if (tid < 32) issue_tma(it + kS);
-        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-        m0 = mn0, m1 = mn1;
-        float ps0 = 0.0f, ps1 = 0.0f;
-        unsigned char *P = smem + rs::p_off + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
-            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
-            ps0 += e0 + e1, ps1 += e2 + e3;
-            const __half2 h01 = __floats2half2_rn(e0, e1), h23 = __floats2half2_rn(e2, e3);
-            *reinterpret_cast<__half2 *>(P + (4 * wg + k) * 128) = h01;
-            *reinterpret_cast<__half2 *>(P + kPGroup + (4 * wg + k) * 128) = h23;
-        }
-        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
-        if (wg == 0 && t == 0) alpha[r0] = al0, alpha[r1] = al1;
-
-        // V^T fragments: instruction j takes byte 2j (row g) and 2j + 1 (row g + 8) of each position
+        float mx0, mx1, al0, al1;
+        q8_scores(s, sl, b.begin + it * kTile + 32 * b.wg + 2 * b.t, b.end, b.f0, b.f1, mx0, mx1);
+        b.softmax_p(s, mx0, mx1, it, m0, m1, l0, l1, al0, al1);
         uint32_t av[4][4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int w = j >> 1, b = 2 * (j & 1);
-                av[ks][j][0] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b));
-                av[ks][j][1] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b + 1));
-                av[ks][j][2] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b));
-                av[ks][j][3] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b + 1));
-            }
-        fence_async_smem();
-        // all of P and the factors are written; nonzero where some maximum of the block moved
-        if (__syncthreads_or(al0 != 1.0f || al1 != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < N / 8; i++) {
-                const float2 f = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    o[j][4 * i] *= f.x, o[j][4 * i + 1] *= f.y, o[j][4 * i + 2] *= f.x, o[j][4 * i + 3] *= f.y;
-            }
-        }
-
-        // the fragments are computed before the fence (else ptxas, finding them written between
-        // the products, injects a warpgroup.arrive before each one)
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                asm volatile("" : "+r"(av[ks][j][0]), "+r"(av[ks][j][1]), "+r"(av[ks][j][2]), "+r"(av[ks][j][3])::"memory");
-#pragma unroll
-        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                if constexpr (N == 64) wgmma_m64n64_rs_f16(o[j], av[ks][j], dp + 16 * ks);
-                else wgmma_m64n32_rs_f16(o[j], av[ks][j], dp + 16 * ks);
-            }
-        wgmma_commit();
+        rs::v_fragments(av, vx);
+        b.template rescale<N>(o, al0, al1);
+        rs::issue_pv<N, 1>(o, av, dp, it);
         wgmma_wait<0>();
 #pragma unroll
         for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
     }
 
-    rs_write_out<N>(a, o, red, linv, row, split, h0, nh, wg, t, r0, r1, D0, m0, m1, l0, l1);
+    rs::write_out<N>(a, b, o, m0, m1, l0, l1);
 }
 
 // FP8 pages, round 5 (opt-in: LUNAR_MLA_WGMMA_FP8=rs2; blocks of <= 32 heads, N = 32; larger blocks run
@@ -976,60 +1040,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, co
 //    before the P barrier of tile it - 1. Two barriers a tile (maxima; P written) instead of three.
 //  - The same arithmetic in the same order as the round-4 kernel (scores, P, rescale, PV k-steps):
 //    its outputs bit for bit (tests/test_cuda_mla.c checks it).
-//  - Shared memory: the round-4 layout + a second P buffer: 208 KB.
-namespace rs2 {
-constexpr int p_off = rs::raw_off + rs::kStages * q8::kStage; // 2 x [64 heads][64 positions] f16
-constexpr int red_off = p_off + 2 * kPBytes;
-constexpr int sq_off = red_off + 2 * 64 * 4;
-constexpr int al_off = sq_off + 64 * 4;
-constexpr int li_off = al_off + 64 * 4;
-constexpr int bar_off = li_off + 64 * 4;
-constexpr size_t smem = (size_t)bar_off + rs::kStages * 8 + 1024;
-static_assert(smem <= 232448, "227 KB of shared memory per block");
-} // namespace rs2
-
+//  - Shared memory: the round-4 layout + a second P buffer (rs::Lay<2>): 208 KB.
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using namespace q8;
     constexpr int N = 32;
     constexpr int kS = rs::kStages;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    unsigned char *smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
-    const uint32_t sb = smem_u32(smem);
-    float *red = reinterpret_cast<float *>(smem + rs2::red_off);
-    float *sqs = reinterpret_cast<float *>(smem + rs2::sq_off);
-    float *alpha = reinterpret_cast<float *>(smem + rs2::al_off);
-    float *linv = reinterpret_cast<float *>(smem + rs2::li_off);
-    const int hb = blockIdx.x, split = blockIdx.y, row = blockIdx.z;
-    const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-    const int r0 = (warp & 3) * 16 + g, r1 = r0 + 8; // S rows (heads) of this thread
-    const int h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
-    const int seq = a.row_seq ? a.row_seq[row] : row;
-    const int32_t *bt = a.bt + (size_t)seq * a.max_blocks;
-    const int begin = split * a.chunk, end = min(a.lens[row], begin + a.chunk);
-    const int ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
-
-    const uint32_t bars = sb + rs2::bar_off;
-    auto issue_tma = [&](int i) { // warp 0: five boxes of 128 B x 64 positions into stage i % kS
-        if (i >= ntiles) return;
-        const int t0 = begin + i * kTile;
-        const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
-        const uint32_t bar = bars + (i % kS) * 8, dst = sb + rs::raw_off + (i % kS) * kStage;
-        if (lane == 0) mbar_expect_tx(bar, kStage);
-        __syncwarp();
-        if (lane < 5) tma_2d(dst + lane * kBox, &tm, lane * 128, slot0, bar);
-    };
-    if (tid == 0) {
-        for (int i = 0; i < kS; i++) mbar_init(bars + 8 * i, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (tid < 32)
-        for (int i = 0; i < kS; i++) issue_tma(i);
-
-    q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
-    fence_async_smem();
-    __syncthreads();
-    const float f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
+    const rs::Block<2> b(a, tm, smem_raw);
 
     // accumulators zeroed one register at a time (asm: no shared zero register that later copies read)
     float o[4][N / 2], sn[16], snl[16];
@@ -1042,55 +1059,43 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
         asm volatile("mov.b32 %0, 0;\n" : "=f"(sn[i]));
         asm volatile("mov.b32 %0, 0;\n" : "=f"(snl[i]));
     }
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const uint64_t dp0 = desc(sb + rs2::p_off, 128, kPGroup);
-    const uint64_t dqh = desc_sw(sb + q_hi, 16, 1024), dql = desc_sw(sb + q_lo, 16, 1024);
-    const uint64_t dqe = desc_sw(sb + q_pe, 16, 1024);
-    const int D0 = wg * 256 + (warp & 3) * 64 + g * 8;
-    const uint32_t vbox = (uint32_t)(D0 >> 7) * kBox + (D0 & 8), vchunk = (D0 & 127) >> 4;
+    float l1 = 0.0f, l0 = 0.0f, m0 = -INFINITY, m1 = -INFINITY;
+    const uint64_t dp0 = desc(b.sb + rs::p_off, 128, kPGroup);
 
-    if (ntiles > 0) {
-        mbar_wait(bars, 0);
-        q8_issue_s<false>(sn, snl, sb + rs::raw_off, wg, dqh, dql, dqe);
+    if (b.ntiles > 0) {
+        mbar_wait(b.bars, 0);
+        q8_issue_s<false>(sn, snl, b.sb + rs::raw_off, b.wg, b.dqh, b.dql, b.dqe);
     }
     wgmma_wait<0>();
 
-    for (int it = 0; it < ntiles; it++) {
-        const uint32_t raw = sb + rs::raw_off + (it % kS) * kStage;
+    for (int it = 0; it < b.ntiles; it++) {
+        const uint32_t raw = b.sb + rs::raw_off + (it % kS) * kStage;
         // S(it) is done (the prologue's wait, or tile it - 1's second wait); PV(it - 1) may still run
         fence_acc<16>(sn);
         fence_acc<16>(snl);
         float s[16];
 #pragma unroll
         for (int i = 0; i < 16; i++) s[i] = sn[i] + snl[i] * 0.0625f;
-        if (it + 1 < ntiles) { // S(it + 1) runs under this tile's softmax
+        if (it + 1 < b.ntiles) { // S(it + 1) runs under this tile's softmax
             const int nx = it + 1;
-            mbar_wait(bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
-            q8_issue_s<false>(sn, snl, sb + rs::raw_off + (nx % kS) * kStage, wg, dqh, dql, dqe);
+            mbar_wait(b.bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
+            q8_issue_s<false>(sn, snl, b.sb + rs::raw_off + (nx % kS) * kStage, b.wg, b.dqh, b.dql, b.dqe);
         }
 
-        // the V bytes of tile it, positions 16 ks + 2t + {0, 1, 8, 9}
         uint32_t vx[4][4][2];
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const int p = 16 * ks + 2 * t + (q & 1) + 8 * (q >> 1);
-                const uint32_t ad = raw + vbox + p * 128 + (((vchunk ^ p) & 7) << 4);
-                asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(vx[ks][q][0]), "=r"(vx[ks][q][1]) : "r"(ad) : "memory");
-            }
+        b.load_v(vx, raw);
 
         // q8_scores on the summed terms: the same expressions, so the same values
-        const int pbase = begin + it * kTile + 32 * wg + 2 * t;
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        const int pbase = b.begin + it * kTile + 32 * b.wg + 2 * b.t;
+        float mx0 = -INFINITY, mx1 = -INFINITY, al0, al1;
 #pragma unroll
         for (int k = 0; k < 4; k++)
 #pragma unroll
             for (int c = 0; c < 2; c++) {
-                const bool ok = pbase + 8 * k + c < end;
+                const bool ok = pbase + 8 * k + c < b.end;
                 const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-                s[i0] = ok ? s[i0] * f0 : -INFINITY;
-                s[i1] = ok ? s[i1] * f1 : -INFINITY;
+                s[i0] = ok ? s[i0] * b.f0 : -INFINITY;
+                s[i1] = ok ? s[i1] * b.f1 : -INFINITY;
                 mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
             }
 #pragma unroll
@@ -1098,73 +1103,21 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
             mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
         }
-        if (t == 0) red[wg * 64 + r0] = mx0, red[wg * 64 + r1] = mx1;
-        __syncthreads(); // maxima in; every read of tile it's stage (S(it), the V loads) is done
-        if (tid < 32) issue_tma(it + kS);
-        mx0 = fmaxf(red[r0], red[64 + r0]), mx1 = fmaxf(red[r1], red[64 + r1]);
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-        m0 = mn0, m1 = mn1;
-        float ps0 = 0.0f, ps1 = 0.0f;
-        unsigned char *P = smem + rs2::p_off + (it & 1) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
-            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
-            ps0 += e0 + e1, ps1 += e2 + e3;
-            const __half2 h01 = __floats2half2_rn(e0, e1), h23 = __floats2half2_rn(e2, e3);
-            *reinterpret_cast<__half2 *>(P + (4 * wg + k) * 128) = h01;
-            *reinterpret_cast<__half2 *>(P + kPGroup + (4 * wg + k) * 128) = h23;
-        }
-        l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
-        if (wg == 0 && t == 0) alpha[r0] = al0, alpha[r1] = al1;
+        b.softmax_p(s, mx0, mx1, it, m0, m1, l0, l1, al0, al1);
 
         wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
 #pragma unroll
         for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
         uint32_t av[4][4][4];
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int w = j >> 1, b = 2 * (j & 1);
-                av[ks][j][0] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b));
-                av[ks][j][1] = rs::e4m3_pair_f16(vx[ks][0][w], vx[ks][1][w], rs::sel(b + 1));
-                av[ks][j][2] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b));
-                av[ks][j][3] = rs::e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], rs::sel(b + 1));
-            }
-        fence_async_smem();
-        // all of P and the factors are written; nonzero where some maximum of the block moved
-        if (__syncthreads_or(al0 != 1.0f || al1 != 1.0f)) {
-#pragma unroll
-            for (int i = 0; i < N / 8; i++) {
-                const float2 f = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    o[j][4 * i] *= f.x, o[j][4 * i + 1] *= f.y, o[j][4 * i + 2] *= f.x, o[j][4 * i + 3] *= f.y;
-            }
-        }
-        // fragments pinned before the fence (see the round-4 kernel)
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                asm volatile("" : "+r"(av[ks][j][0]), "+r"(av[ks][j][1]), "+r"(av[ks][j][2]), "+r"(av[ks][j][3])::"memory");
-#pragma unroll
-        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
-        wgmma_fence();
-        const uint64_t dp = dp0 + (uint64_t)((it & 1) * (kPBytes >> 4));
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) wgmma_m64n32_rs_f16(o[j], av[ks][j], dp + 16 * ks);
-        wgmma_commit();
+        rs::v_fragments(av, vx);
+        b.rescale<N>(o, al0, al1);
+        rs::issue_pv<N, 2>(o, av, dp0, it);
     }
     wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
 
-    rs_write_out<N>(a, o, red, linv, row, split, h0, nh, wg, t, r0, r1, D0, m0, m1, l0, l1);
+    rs::write_out<N>(a, b, o, m0, m1, l0, l1);
 }
 
 struct Plan {
@@ -1239,13 +1192,13 @@ void launch_rs(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
     static bool attr = false;
     if (!attr) {
         CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_rs_kernel<32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)rs::smem));
+                                        (int)rs::Lay<1>::smem));
         CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_rs_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)rs::smem));
+                                        (int)rs::Lay<1>::smem));
         attr = true;
     }
-    if (p.hpb <= 32) wgmma_decode_rs_kernel<32><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::smem, s>>>(a, tm);
-    else wgmma_decode_rs_kernel<64><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::smem, s>>>(a, tm);
+    if (p.hpb <= 32) wgmma_decode_rs_kernel<32><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::Lay<1>::smem, s>>>(a, tm);
+    else wgmma_decode_rs_kernel<64><<<dim3(p.hb, p.splits, a.rows), kThreads, rs::Lay<1>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
 // Round 5: blocks of <= 32 heads only (the in-flight S needs registers N = 64 does not have)
@@ -1253,10 +1206,10 @@ void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_
     static bool attr = false;
     if (!attr) {
         CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_rs2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)rs2::smem));
+                                        (int)rs::Lay<2>::smem));
         attr = true;
     }
-    wgmma_decode_rs2_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, rs2::smem, s>>>(a, tm);
+    wgmma_decode_rs2_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, rs::Lay<2>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
 // The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
