@@ -530,7 +530,9 @@ __device__ __forceinline__ void q8_issue_s(float (&s)[16], float (&sl)[16], uint
 // line), the per-head scale into sqs.
 // The two-term scores s + sl / 16 of this thread's 16 accumulators (rows r0: i = 4k + c, r1: 4k + 2 + c;
 // position pbase + 8 k + c) scaled by the rows' factors f0 / f1, positions at or past `end` -inf, and each
-// row's maximum over the quad's four lanes
+// row's maximum over the quad's four lanes. Two = false: s holds the sums already (the round-5 kernel), sl
+// is not read. (The sum stays inside the loop: hoisted out, it reorders the PTX of the other kernels.)
+template <bool Two = true>
 __device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16], int pbase, int end, float f0, float f1,
                                           float &mx0, float &mx1) {
     mx0 = -INFINITY, mx1 = -INFINITY;
@@ -540,8 +542,8 @@ __device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16],
         for (int c = 0; c < 2; c++) {
             const bool ok = pbase + 8 * k + c < end;
             const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-            const float v0 = s[i0] + sl[i0] * 0.0625f;
-            const float v1 = s[i1] + sl[i1] * 0.0625f;
+            const float v0 = Two ? s[i0] + sl[i0] * 0.0625f : s[i0];
+            const float v1 = Two ? s[i1] + sl[i1] * 0.0625f : s[i1];
             s[i0] = ok ? v0 * f0 : -INFINITY;
             s[i1] = ok ? v1 * f1 : -INFINITY;
             mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
@@ -873,11 +875,11 @@ template <int NP> struct Block {
         if (wg == 0 && t == 0) alpha[r0] = al0, alpha[r1] = al1;
     }
 
-    // P and the factors published; O^T's columns rescaled where some maximum of the block moved
+    // P and the factors published (the barrier reports whether some maximum of the block moved); O^T's
+    // columns rescaled where one did
     // (o: O^T accumulators o[j][4i + c], dims D0 + 2j (c = 0, 1) / D0 + 2j + 1 (c = 2, 3), heads 8i + 2t + (c & 1))
     template <int N> __device__ __forceinline__ void rescale(float (&o)[4][N / 2], float al0, float al1) const {
         fence_async_smem();
-        // all of P and the factors are written; nonzero where some maximum of the block moved
         if (__syncthreads_or(al0 != 1.0f || al1 != 1.0f)) {
 #pragma unroll
             for (int i = 0; i < N / 8; i++) {
@@ -987,6 +989,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs_kernel(Args a, co
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int i = 0; i < N / 2; i++) o[j][i] = 0.0f;
+    // (declared l1, l0, m0, m1: the order of the loop's phi nodes, so of the PTX's registers, which ptxas's
+    // schedule follows; this order keeps the PTX and SASS of the kernels before rs::Block, byte for byte)
     float l1 = 0.0f, l0 = 0.0f, m0 = -INFINITY, m1 = -INFINITY;
     const uint64_t dp = desc(b.sb + rs::p_off, 128, kPGroup);
 
@@ -1059,7 +1063,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
         asm volatile("mov.b32 %0, 0;\n" : "=f"(sn[i]));
         asm volatile("mov.b32 %0, 0;\n" : "=f"(snl[i]));
     }
-    float l1 = 0.0f, l0 = 0.0f, m0 = -INFINITY, m1 = -INFINITY;
+    float l1 = 0.0f, l0 = 0.0f, m0 = -INFINITY, m1 = -INFINITY; // this order: see the round-4 kernel
     const uint64_t dp0 = desc(b.sb + rs::p_off, 128, kPGroup);
 
     if (b.ntiles > 0) {
@@ -1085,24 +1089,9 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
         uint32_t vx[4][4][2];
         b.load_v(vx, raw);
 
-        // q8_scores on the summed terms: the same expressions, so the same values
-        const int pbase = b.begin + it * kTile + 32 * b.wg + 2 * b.t;
-        float mx0 = -INFINITY, mx1 = -INFINITY, al0, al1;
-#pragma unroll
-        for (int k = 0; k < 4; k++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const bool ok = pbase + 8 * k + c < b.end;
-                const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-                s[i0] = ok ? s[i0] * b.f0 : -INFINITY;
-                s[i1] = ok ? s[i1] * b.f1 : -INFINITY;
-                mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
-            }
-#pragma unroll
-        for (int x = 1; x <= 2; x <<= 1) {
-            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
-            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
-        }
+        // the scores of the summed terms (q8_scores' expressions, so its values)
+        float mx0, mx1, al0, al1;
+        q8_scores<false>(s, s, b.begin + it * kTile + 32 * b.wg + 2 * b.t, b.end, b.f0, b.f1, mx0, mx1);
         b.softmax_p(s, mx0, mx1, it, m0, m1, l0, l1, al0, al1);
 
         wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
