@@ -13,7 +13,7 @@ SKIP_AB=1 TESTS="${TESTS:-cuda_forward cuda_moe_ cuda_kda cuda_mla}" bash tools/
 SUMMARY=s9.txt . tools/device/env.sh
 step "BF16 MoE prefill kernels (paths 12, 17, 18)"
 OMP_NUM_THREADS=16 LUNAR_MOE_BENCH=prefill-bf16 timeout 90 $P/bin/lunar_tests cuda_moe_bench > $OUT/moe_pf.log 2>&1
-echo "rc=$?" >> $T; grep -E '^\|' $OUT/moe_pf.log | head -16 >> $T
+echo "rc=$?" >> $T; grep -E '^\||Measured' $OUT/moe_pf.log | head -30 >> $T
 if [ -x "$P/bin/lunar_old" ]; then
   step "binab: session 7's 689e6a8 (A) vs main (B), Kimi-Linear B=1"
   A=$P/bin/lunar_old B=$P/bin/lunar ROUNDS=${ROUNDS:-2} timeout 200 tools/device/binab.sh > /dev/null 2>&1
