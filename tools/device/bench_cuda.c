@@ -4,7 +4,7 @@
  * (bf16 8192^3 product measured on them). Prints one table row per case.
  * Usage: bench_cuda [prefill|decode|gemm|all|profile|profile32|kdastate|ptpc]
  *   (profile: one KDA prefill call per bf16 mode, for ncu, H = 96; profile32: H = 32 and the
- *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws / pipe3, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
+ *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,7 +77,7 @@ static void bench_prefill_v(int T, int H, int mode, int sv) {
     const double fl_ms = fmax(bytes / BW, flops / TC) * 1e3;
     printf("| kda prefill %s%s | T=%d H=%d | %.3f ms (intra %.2f + state %.2f) | %.3f ms (%s) | %.0f%% | %.1f TFLOP/s |\n",
            mode == 1 ? "3xTF32" : mode == 0 ? "tf32" : mode == 3 ? "bf16 old intra" : "bf16",
-           sv == 4 ? " state ws" : sv == 3 ? " state pipe3" : sv == 2 ? " state pipe2" : sv == 0 ? " state old" : "", T, H, ms, t_intra, t_state, fl_ms,
+           sv == 4 ? " state ws" : sv == 0 ? " state old" : "", T, H, ms, t_intra, t_state, fl_ms,
            bytes / BW > flops / TC ? "bytes" : "flops", 100.0 * fl_ms / ms, flops / (ms * 1e-3) / 1e12);
     lunar_cuda_kda_state_variant(prev_sv);
     lunar_cuda_kda_chunk_precision(prev);
@@ -308,10 +308,10 @@ int main(int argc, char **argv) {
         crosscheck_prefill(8192, 96);
         crosscheck_prefill(65536, 32);
     }
-    if (strcmp(what, "kdastate") == 0) /* mode 2's state pass: old / ws / pipe3, two rounds alternating */
+    if (strcmp(what, "kdastate") == 0) /* mode 2's state pass: old / ws, two rounds alternating */
         for (int round = 0; round < 2; round++)
             for (int t = 0; t < 2; t++)
-                for (int v = 0; v < 3; v++) bench_prefill_v(t ? 65536 : 8192, 32, 2, v == 0 ? 0 : v == 1 ? 4 : 3);
+                for (int v = 0; v < 2; v++) bench_prefill_v(t ? 65536 : 8192, 32, 2, v ? 4 : 0);
     if (strcmp(what, "profile") == 0 || strcmp(what, "profile32") == 0) { /* one call per mode, for ncu */
         const int T = 8192, H = what[7] ? 32 : 96, d = 128; /* profile32: H = 32, the model's */
         const size_t nq = (size_t)T * H * d;
@@ -329,7 +329,7 @@ int main(int argc, char **argv) {
             lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
             lunar_cuda_kda_chunk_precision(prev);
         }
-        if (what[7]) { /* and the staged state pass (mode 2) */
+        if (what[7]) { /* and the warp-specialised state pass (mode 2) */
             const int pv = lunar_cuda_kda_state_variant(4);
             lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, 1.0f / sqrtf(d), ws, NULL);
             lunar_cuda_kda_state_variant(pv);

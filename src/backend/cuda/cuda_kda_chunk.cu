@@ -950,6 +950,175 @@ template <int BV> struct bstate_smem {
     static const size_t bytes = sizeof(__nv_bfloat16) * halves + sizeof(float) * DK;
 };
 
+// The state pass's steps, written once: kda_state_bf16_kernel and kda_state_ws_kernel run the same
+// arithmetic (bit-equal outputs) and differ only in who runs which step when, and where the tiles
+// sit. Forced inline, and the fragment coordinates come in as arguments computed once by the kernel:
+// against the steps written out in the kernels (tools/ptx_same.py, session 9) every floating-point,
+// mma, ldmatrix, shared/global memory and barrier instruction is the same; kda_state_bf16_kernel<32>
+// has one integer instruction more (an address sum reassociated) and kda_state_ws_kernel<32> a few
+// integer address instructions of its Qg load different (the compiler simplifies a helper before
+// inlining it, knowing less of its arguments' ranges; deriving the coordinates in the helpers was
+// further off). Tiles are bf16, row strides LDB ([.][128]), LDB64 ([.][64]) and LDV = BV + 8 (the
+// state copy, U, V_new); cb = h * NC + n indexes a chunk in the workspace. Fragments: warp
+// (mt, c0) = (warp & 3, (warp >> 2) BV/2) owns rows r0 = 16 mt + g.. and columns c0..c0 + BV/2 of
+// (a) and (b); warp w owns key rows sr0 = 16 w + g, sr1 = sr0 + 8 of the state (c); g = lane / 4,
+// t4 = lane % 4; lr, lc: this lane's ldmatrix row / column.
+
+// the workspace's bf16 tiles as the state pass reads them (kda_ws holds them as float pointers)
+struct ws_bf16 {
+    const __nv_bfloat16 *W, *U, *Qg, *Kg, *Aq;
+    __device__ __forceinline__ explicit ws_bf16(const kda_ws &ws)
+        : W(reinterpret_cast<const __nv_bfloat16 *>(ws.W)), U(reinterpret_cast<const __nv_bfloat16 *>(ws.U)),
+          Qg(reinterpret_cast<const __nv_bfloat16 *>(ws.Qg)), Kg(reinterpret_cast<const __nv_bfloat16 *>(ws.Kg)),
+          Aq(reinterpret_cast<const __nv_bfloat16 *>(ws.Aq)) {}
+};
+
+// [64][128] tiles of chunk cb, given as (dst, src) pairs (the same offsets in each), one loop over
+// the 256 threads
+__device__ __forceinline__ void load_row_dk(int, int, size_t) {}
+template <typename... R>
+__device__ __forceinline__ void load_row_dk(int r, int j, size_t cb, __nv_bfloat16 *dst, const __nv_bfloat16 *src,
+                                            R... rest) {
+    cp16b(dst + r * LDB + j, src + cb * BT * DK + r * DK + j);
+    load_row_dk(r, j, cb, rest...);
+}
+template <typename... R>
+__device__ __forceinline__ void load_tiles_dk(size_t cb, int tid, R... tiles) {
+    for (int idx = tid; idx < BT * DK / 8; idx += 256) {
+        const int r = idx >> 4, j = (idx & 15) * 8;
+        load_row_dk(r, j, cb, tiles...);
+    }
+}
+// U's [64][BV] columns v0.. of chunk cb
+template <int BV>
+__device__ __forceinline__ void load_u(__nv_bfloat16 *Ub, const __nv_bfloat16 *Ug, size_t cb, int v0, int tid) {
+    constexpr int LDV = BV + 8;
+    for (int idx = tid; idx < BT * BV / 8; idx += 256) {
+        const int r = idx / (BV / 8), j = (idx % (BV / 8)) * 8;
+        cp16b(Ub + r * LDV + j, Ug + cb * BT * DK + r * DK + v0 + j);
+    }
+}
+// Aqk [64][64] of chunk cb
+__device__ __forceinline__ void load_aqk(__nv_bfloat16 *Ab, const __nv_bfloat16 *Agg, size_t cb, int tid) {
+    for (int idx = tid; idx < BT * BT / 8; idx += 256) {
+        const int r = idx >> 3, j = (idx & 7) * 8;
+        cp16b(Ab + r * LDB64 + j, Agg + cb * BT * BT + r * BT + j);
+    }
+}
+// exp(Gamma_C) [128] fp32 of chunk cb
+__device__ __forceinline__ void load_dec(float *dec, const float *Dc, size_t cb, int tid) {
+    if (tid < DK / 4) cp16(dec + tid * 4, Dc + cb * DK + tid * 4);
+}
+
+// the fp32 state slice (rows sr0, sr1, columns v0..v0 + BV of Sh) into registers (C-fragment
+// positions) and its bf16 copy into Sb
+template <int BV>
+__device__ __forceinline__ void state_in(float (&s)[BV / 8][4], __nv_bfloat16 *Sb, const float *Sh, int sr0, int sr1,
+                                         int v0, int t4) {
+    constexpr int LDV = BV + 8;
+#pragma unroll
+    for (int i = 0; i < BV / 8; i++) {
+        const int cc = 8 * i + 2 * t4;
+        const float2 x0 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr0 * DK + v0 + cc);
+        const float2 x1 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr1 * DK + v0 + cc);
+        s[i][0] = x0.x, s[i][1] = x0.y, s[i][2] = x1.x, s[i][3] = x1.y;
+        *reinterpret_cast<unsigned *>(Sb + sr0 * LDV + cc) = pack_bf16(x0.x, x0.y);
+        *reinterpret_cast<unsigned *>(Sb + sr1 * LDV + cc) = pack_bf16(x1.x, x1.y);
+    }
+}
+// ... and back to Sh after the last chunk
+template <int BV>
+__device__ __forceinline__ void state_out(const float (&s)[BV / 8][4], float *Sh, int sr0, int sr1, int v0, int t4) {
+#pragma unroll
+    for (int i = 0; i < BV / 8; i++) {
+        const int cc = 8 * i + 2 * t4;
+        *reinterpret_cast<float2 *>(Sh + (size_t)sr0 * DK + v0 + cc) = make_float2(s[i][0], s[i][1]);
+        *reinterpret_cast<float2 *>(Sh + (size_t)sr1 * DK + v0 + cc) = make_float2(s[i][2], s[i][3]);
+    }
+}
+
+// (a) V_new = U - W S (S: the bf16 copy Sb) -> bf16 Vb (r0 = 16 mt + g)
+template <int BV>
+__device__ __forceinline__ void step_vnew(const __nv_bfloat16 *Wb, const __nv_bfloat16 *Sb, const __nv_bfloat16 *Ub,
+                                          __nv_bfloat16 *Vb, int mt, int c0, int lr, int lc, int r0, int t4) {
+    constexpr int LDV = BV + 8, NT = BV / 16;
+    float acc[NT][4];
+#pragma unroll
+    for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ks++) {
+        unsigned a[4];
+        ldsm4(a, Wb + (16 * mt + lr) * LDB + 16 * ks + lc);
+        mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
+    }
+    const int r1 = r0 + 8;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+        const int cc = c0 + 8 * i + 2 * t4;
+        const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r0 * LDV + cc));
+        const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r1 * LDV + cc));
+        *reinterpret_cast<unsigned *>(Vb + r0 * LDV + cc) = pack_bf16(u0.x - acc[i][0], u0.y - acc[i][1]);
+        *reinterpret_cast<unsigned *>(Vb + r1 * LDV + cc) = pack_bf16(u1.x - acc[i][2], u1.y - acc[i][3]);
+    }
+}
+// (b) O = Qg S + Aqk V_new into acc (S: the copy before this chunk's update)
+template <int BV>
+__device__ __forceinline__ void step_out(float (&acc)[BV / 16][4], const __nv_bfloat16 *Qb, const __nv_bfloat16 *Ab,
+                                         const __nv_bfloat16 *Sb, const __nv_bfloat16 *Vb, int mt, int c0, int lr,
+                                         int lc) {
+    constexpr int LDV = BV + 8;
+#pragma unroll
+    for (int i = 0; i < BV / 16; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < DK / 16; ks++) {
+        unsigned a[4];
+        ldsm4(a, Qb + (16 * mt + lr) * LDB + 16 * ks + lc);
+        mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
+    }
+    for (int ks = 0; ks <= mt; ks++) {  // Aqk lower triangular: tokens up to this row tile
+        unsigned a[4];
+        ldsm4(a, Ab + (16 * mt + lr) * LDB64 + 16 * ks + lc);
+        mma_k16(acc, a, Vb + (16 * ks + lr) * LDV + c0 + lc);
+    }
+}
+// ... its rows r0, r0 + 8 (16 mt + g: the caller's, so that it is computed once) where below c (the
+// chunk's tokens from t0) into fp32 o, columns v0 + c0..
+template <int BV>
+__device__ __forceinline__ void store_out(float *o, const float (&acc)[BV / 16][4], int t0, int c, int H, int h, int v0,
+                                          int c0, int r0, int t4) {
+    const int r1 = r0 + 8;
+#pragma unroll
+    for (int i = 0; i < BV / 16; i++) {
+        const int cc = v0 + c0 + 8 * i + 2 * t4;
+        if (r0 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r0) * H + h) * DK + cc) = make_float2(acc[i][0], acc[i][1]);
+        if (r1 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r1) * H + h) * DK + cc) = make_float2(acc[i][2], acc[i][3]);
+    }
+}
+// (c) S = exp(Gamma_C) S + Kg^T V_new in registers (warp w: key rows 16w.., all BV columns), its bf16
+// copy into Sn
+template <int BV>
+__device__ __forceinline__ void step_state(float (&s)[BV / 8][4], const float *dec, const __nv_bfloat16 *Kb,
+                                           const __nv_bfloat16 *Vb, __nv_bfloat16 *Sn, int warp, int lane, int sr0,
+                                           int sr1, int lr, int lc, int t4) {
+    constexpr int LDV = BV + 8, NS = BV / 8;
+    const float d0 = dec[sr0], d1 = dec[sr1];
+#pragma unroll
+    for (int i = 0; i < NS; i++) s[i][0] *= d0, s[i][1] *= d0, s[i][2] *= d1, s[i][3] *= d1;
+    const int kr = (lane & 7) + 8 * (lane >> 4), kc = 16 * warp + 8 * ((lane >> 3) & 1);
+#pragma unroll
+    for (int ks = 0; ks < BT / 16; ks++) {
+        unsigned a[4];
+        ldsm4t(a, Kb + (16 * ks + kr) * LDB + kc);
+        mma_k16(s, a, Vb + (16 * ks + lr) * LDV + lc);
+    }
+#pragma unroll
+    for (int i = 0; i < NS; i++) {
+        const int cc = 8 * i + 2 * t4;
+        *reinterpret_cast<unsigned *>(Sn + sr0 * LDV + cc) = pack_bf16(s[i][0], s[i][1]);
+        *reinterpret_cast<unsigned *>(Sn + sr1 * LDV + cc) = pack_bf16(s[i][2], s[i][3]);
+    }
+}
+
 // One block per (head, BV value columns), 8 warps, walking the chunks. The fp32 state slice lives
 // in registers (warp w: key rows 16w..16w+15, all BV columns); a bf16 copy in shared memory is
 // the B operand of W S and Qg S (fla's chunk kernels use bf16 h the same way). Per chunk:
@@ -973,60 +1142,32 @@ __global__ void __launch_bounds__(256, 2)
     float *dec = reinterpret_cast<float *>(Vb + BT * LDV);  // [128]
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int v0 = blockIdx.x * BV, h = blockIdx.y;
-    const __nv_bfloat16 *Wg = reinterpret_cast<const __nv_bfloat16 *>(ws.W);
-    const __nv_bfloat16 *Ug = reinterpret_cast<const __nv_bfloat16 *>(ws.U);
-    const __nv_bfloat16 *Qgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Qg);
-    const __nv_bfloat16 *Kgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Kg);
-    const __nv_bfloat16 *Agg = reinterpret_cast<const __nv_bfloat16 *>(ws.Aq);
+    const ws_bf16 wg(ws);
     float *Sh = S + (size_t)h * DK * DK;
 
     auto load_wu = [&](int n) {
         const size_t cb = (size_t)h * NC + n;
-        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
-            const int r = idx >> 4, j = (idx & 15) * 8;
-            cp16b(Wb + r * LDB + j, Wg + cb * BT * DK + r * DK + j);
-        }
-        for (int idx = tid; idx < BT * BV / 8; idx += 256) {
-            const int r = idx / (BV / 8), j = (idx % (BV / 8)) * 8;
-            cp16b(Ub + r * LDV + j, Ug + cb * BT * DK + r * DK + v0 + j);
-        }
+        load_tiles_dk(cb, tid, Wb, wg.W);
+        load_u<BV>(Ub, wg.U, cb, v0, tid);
     };
     auto load_qa = [&](int n) {
         const size_t cb = (size_t)h * NC + n;
-        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
-            const int r = idx >> 4, j = (idx & 15) * 8;
-            cp16b(Qb + r * LDB + j, Qgg + cb * BT * DK + r * DK + j);
-        }
-        for (int idx = tid; idx < BT * BT / 8; idx += 256) {
-            const int r = idx >> 3, j = (idx & 7) * 8;
-            cp16b(Ab + r * LDB64 + j, Agg + cb * BT * BT + r * BT + j);
-        }
+        load_tiles_dk(cb, tid, Qb, wg.Qg);
+        load_aqk(Ab, wg.Aq, cb, tid);
     };
     auto load_kd = [&](int n) {
         const size_t cb = (size_t)h * NC + n;
-        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
-            const int r = idx >> 4, j = (idx & 15) * 8;
-            cp16b(Kb + r * LDB + j, Kgg + cb * BT * DK + r * DK + j);
-        }
-        if (tid < DK / 4) cp16(dec + tid * 4, ws.Dc + cb * DK + tid * 4);
+        load_tiles_dk(cb, tid, Kb, wg.Kg);
+        load_dec(dec, ws.Dc, cb, tid);
     };
 
     load_wu(0);
     cp_commit();
     load_qa(0);
     cp_commit();
-    // state slice into registers (C-fragment positions) and its bf16 copy
     float s[NS][4];
     const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-        const int cc = 8 * i + 2 * t4;
-        const float2 x0 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr0 * DK + v0 + cc);
-        const float2 x1 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr1 * DK + v0 + cc);
-        s[i][0] = x0.x, s[i][1] = x0.y, s[i][2] = x1.x, s[i][3] = x1.y;
-        *reinterpret_cast<unsigned *>(Sb + sr0 * LDV + cc) = pack_bf16(x0.x, x0.y);
-        *reinterpret_cast<unsigned *>(Sb + sr1 * LDV + cc) = pack_bf16(x1.x, x1.y);
-    }
+    state_in<BV>(s, Sb, Sh, sr0, sr1, v0, t4);
     const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);  // (a), (b): rows 16mt.., columns c0..
     const int lr = lane & 15, lc = 8 * (lane >> 4);           // ldmatrix row / column of this lane
     for (int n = 0; n < NC; n++) {
@@ -1035,256 +1176,37 @@ __global__ void __launch_bounds__(256, 2)
         __syncthreads();
         load_kd(n);
         cp_commit();
-        // (a) V_new = U - W S
-        float acc[NT][4];
-#pragma unroll
-        for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < DK / 16; ks++) {
-            unsigned a[4];
-            ldsm4(a, Wb + (16 * mt + lr) * LDB + 16 * ks + lc);
-            mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
-        }
-        const int r0 = 16 * mt + g, r1 = r0 + 8;
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            const int cc = c0 + 8 * i + 2 * t4;
-            const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r0 * LDV + cc));
-            const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r1 * LDV + cc));
-            *reinterpret_cast<unsigned *>(Vb + r0 * LDV + cc) = pack_bf16(u0.x - acc[i][0], u0.y - acc[i][1]);
-            *reinterpret_cast<unsigned *>(Vb + r1 * LDV + cc) = pack_bf16(u1.x - acc[i][2], u1.y - acc[i][3]);
-        }
+        const int r0 = 16 * mt + g;
+        step_vnew<BV>(Wb, Sb, Ub, Vb, mt, c0, lr, lc, r0, t4);
         cp_wait1();  // Qg/Aqk(n) landed (Kg(n) may be in flight)
         __syncthreads();
         if (n + 1 < NC) load_wu(n + 1);
         cp_commit();
-        // (b) O = Qg S + Aqk V_new
-#pragma unroll
-        for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < DK / 16; ks++) {
-            unsigned a[4];
-            ldsm4(a, Qb + (16 * mt + lr) * LDB + 16 * ks + lc);
-            mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
-        }
-        for (int ks = 0; ks <= mt; ks++) {  // Aqk lower triangular: tokens up to this row tile
-            unsigned a[4];
-            ldsm4(a, Ab + (16 * mt + lr) * LDB64 + 16 * ks + lc);
-            mma_k16(acc, a, Vb + (16 * ks + lr) * LDV + c0 + lc);
-        }
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            const int cc = v0 + c0 + 8 * i + 2 * t4;
-            if (r0 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r0) * H + h) * DK + cc) = make_float2(acc[i][0], acc[i][1]);
-            if (r1 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r1) * H + h) * DK + cc) = make_float2(acc[i][2], acc[i][3]);
-        }
+        float acc[NT][4];
+        step_out<BV>(acc, Qb, Ab, Sb, Vb, mt, c0, lr, lc);
+        store_out<BV>(o, acc, t0, c, H, h, v0, c0, r0, t4);
         cp_wait1();  // Kg/decay(n) landed (W/U(n+1) may be in flight)
         __syncthreads();  // also: every warp is done reading Sb, Qb, Ab
         if (n + 1 < NC) load_qa(n + 1);
         cp_commit();
-        // (c) S = exp(Gamma_C) S + Kg^T V_new, warp w: key rows 16w.., all BV columns
-        {
-            const float d0 = dec[sr0], d1 = dec[sr1];
-#pragma unroll
-            for (int i = 0; i < NS; i++) s[i][0] *= d0, s[i][1] *= d0, s[i][2] *= d1, s[i][3] *= d1;
-            const int kr = (lane & 7) + 8 * (lane >> 4), kc = 16 * warp + 8 * ((lane >> 3) & 1);
-#pragma unroll
-            for (int ks = 0; ks < BT / 16; ks++) {
-                unsigned a[4];
-                ldsm4t(a, Kb + (16 * ks + kr) * LDB + kc);
-                mma_k16(s, a, Vb + (16 * ks + lr) * LDV + lc);
-            }
-#pragma unroll
-            for (int i = 0; i < NS; i++) {
-                const int cc = 8 * i + 2 * t4;
-                *reinterpret_cast<unsigned *>(Sb + sr0 * LDV + cc) = pack_bf16(s[i][0], s[i][1]);
-                *reinterpret_cast<unsigned *>(Sb + sr1 * LDV + cc) = pack_bf16(s[i][2], s[i][3]);
-            }
-        }
+        step_state<BV>(s, dec, Kb, Vb, Sb, warp, lane, sr0, sr1, lr, lc, t4);
     }
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-        const int cc = 8 * i + 2 * t4;
-        *reinterpret_cast<float2 *>(Sh + (size_t)sr0 * DK + v0 + cc) = make_float2(s[i][0], s[i][1]);
-        *reinterpret_cast<float2 *>(Sh + (size_t)sr1 * DK + v0 + cc) = make_float2(s[i][2], s[i][3]);
-    }
+    state_out<BV>(s, Sh, sr0, sr1, v0, t4);
     cp_wait_all();
 }
 
-// The same state pass for small head counts, where (DK / BV) x H blocks leave SMs to spare and one
-// block per SM is all that runs (H = 32, BV = 32: 128 blocks): kda_state_bf16_kernel there waits
-// on loads issued a third to two thirds of a chunk earlier and on three barriers per chunk, with
-// eight warps per SM to hide it. Here every tile of chunk n (W, U, Qg, Aqk, Kg, exp(Gamma_C))
-// lives in one of ST shared-memory stages, loaded ST - 1 chunks ahead as one cp.async group, and
-// the bf16 state copy is double-buffered so that (c) (the serial chain S -> V_new -> S) runs
-// before (b) (the output, off the chain) with no barrier between them: two barriers per chunk.
-// The arithmetic is kda_state_bf16_kernel's, operation for operation (bit-equal outputs).
-// Measured (session 9, H200, H = 32): no faster than kda_state_bf16_kernel (8K 0.28 vs 0.27 ms,
-// 64K 2.13 vs 2.10 ms): that pass is bound by its warps' dependency chains and barriers with only
-// 2 warps per scheduler (ncu: 0.36 eligible), not by its loads; kept behind LUNAR_KDA_STATE=pipe.
-template <int BV, int ST> struct pstate_smem {
-    static const int LDV = BV + 8;
-    static const int stage = 3 * BT * LDB + BT * LDB64 + BT * LDV + 2 * DK;  // halves; 2 DK = dec fp32
-    static const int halves = 2 * DK * LDV + BT * LDV + ST * stage;
-    static const size_t bytes = sizeof(__nv_bfloat16) * halves;
-};
+// all but the newest N of this thread's cp.async groups landed
 template <int N>
 __device__ __forceinline__ void cp_wait_n() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-template <int BV, int ST>
-__global__ void __launch_bounds__(256, 1)
-    kda_state_pipe_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
-    typedef pstate_smem<BV, ST> L;
-    constexpr int LDV = BV + 8, NT = BV / 16, NS = BV / 8;
-    extern __shared__ __align__(128) __nv_bfloat16 smb[];
-    __nv_bfloat16 *Sb0 = smb;             // [2][128][LDV] bf16 state, double-buffered
-    __nv_bfloat16 *Vb = Sb0 + 2 * DK * LDV;  // [64][LDV] V_new
-    __nv_bfloat16 *stg = Vb + BT * LDV;   // ST x {W, Qg, Kg [64][LDB]; Aqk [64][LDB64]; U [64][LDV]; dec}
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int v0 = blockIdx.x * BV, h = blockIdx.y;
-    const __nv_bfloat16 *Wg = reinterpret_cast<const __nv_bfloat16 *>(ws.W);
-    const __nv_bfloat16 *Ug = reinterpret_cast<const __nv_bfloat16 *>(ws.U);
-    const __nv_bfloat16 *Qgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Qg);
-    const __nv_bfloat16 *Kgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Kg);
-    const __nv_bfloat16 *Agg = reinterpret_cast<const __nv_bfloat16 *>(ws.Aq);
-    float *Sh = S + (size_t)h * DK * DK;
-
-    // one cp.async group per chunk: every tile chunk n needs, into stage n % ST
-    auto load = [&](int n) {
-        __nv_bfloat16 *Wb = stg + (n % ST) * L::stage, *Qb = Wb + BT * LDB, *Kb = Qb + BT * LDB;
-        __nv_bfloat16 *Ab = Kb + BT * LDB, *Ub = Ab + BT * LDB64;
-        float *dec = reinterpret_cast<float *>(Ub + BT * LDV);
-        const size_t cb = (size_t)h * NC + n;
-        for (int idx = tid; idx < BT * DK / 8; idx += 256) {
-            const int r = idx >> 4, j = (idx & 15) * 8;
-            const size_t off = cb * BT * DK + r * DK + j;
-            cp16b(Wb + r * LDB + j, Wg + off);
-            cp16b(Qb + r * LDB + j, Qgg + off);
-            cp16b(Kb + r * LDB + j, Kgg + off);
-        }
-        for (int idx = tid; idx < BT * BT / 8; idx += 256) {
-            const int r = idx >> 3, j = (idx & 7) * 8;
-            cp16b(Ab + r * LDB64 + j, Agg + cb * BT * BT + r * BT + j);
-        }
-        for (int idx = tid; idx < BT * BV / 8; idx += 256) {
-            const int r = idx / (BV / 8), j = (idx % (BV / 8)) * 8;
-            cp16b(Ub + r * LDV + j, Ug + cb * BT * DK + r * DK + v0 + j);
-        }
-        if (tid < DK / 4) cp16(dec + tid * 4, ws.Dc + cb * DK + tid * 4);
-    };
-#pragma unroll
-    for (int n = 0; n < ST - 1; n++) {
-        if (n < NC) load(n);
-        cp_commit();  // empty groups past the end keep the group count uniform
-    }
-    float s[NS][4];
-    const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-        const int cc = 8 * i + 2 * t4;
-        const float2 x0 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr0 * DK + v0 + cc);
-        const float2 x1 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr1 * DK + v0 + cc);
-        s[i][0] = x0.x, s[i][1] = x0.y, s[i][2] = x1.x, s[i][3] = x1.y;
-        *reinterpret_cast<unsigned *>(Sb0 + sr0 * LDV + cc) = pack_bf16(x0.x, x0.y);
-        *reinterpret_cast<unsigned *>(Sb0 + sr1 * LDV + cc) = pack_bf16(x1.x, x1.y);
-    }
-    const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);
-    const int lr = lane & 15, lc = 8 * (lane >> 4);
-    for (int n = 0; n < NC; n++) {
-        const int t0 = n * BT, c = min(BT, T - t0);
-        const __nv_bfloat16 *Wb = stg + (n % ST) * L::stage, *Qb = Wb + BT * LDB, *Kb = Qb + BT * LDB;
-        const __nv_bfloat16 *Ab = Kb + BT * LDB, *Ub = Ab + BT * LDB64;
-        const float *dec = reinterpret_cast<const float *>(Ub + BT * LDV);
-        const __nv_bfloat16 *Sb = Sb0 + (n & 1) * DK * LDV;
-        __nv_bfloat16 *Sn = Sb0 + ((n + 1) & 1) * DK * LDV;
-        cp_wait_n<ST - 2>();  // chunk n's group landed (this thread's copies)
-        __syncthreads();      // everyone's copies; chunk n - 1 done (its stage, Vb, Sb free)
-        if (n + ST - 1 < NC) load(n + ST - 1);
-        cp_commit();
-        // (a) V_new = U - W S
-        float acc[NT][4];
-#pragma unroll
-        for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < DK / 16; ks++) {
-            unsigned a[4];
-            ldsm4(a, Wb + (16 * mt + lr) * LDB + 16 * ks + lc);
-            mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
-        }
-        const int r0 = 16 * mt + g, r1 = r0 + 8;
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            const int cc = c0 + 8 * i + 2 * t4;
-            const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r0 * LDV + cc));
-            const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r1 * LDV + cc));
-            *reinterpret_cast<unsigned *>(Vb + r0 * LDV + cc) = pack_bf16(u0.x - acc[i][0], u0.y - acc[i][1]);
-            *reinterpret_cast<unsigned *>(Vb + r1 * LDV + cc) = pack_bf16(u1.x - acc[i][2], u1.y - acc[i][3]);
-        }
-        __syncthreads();  // V_new complete
-        // (c) S = exp(Gamma_C) S + Kg^T V_new into the other bf16 copy (the chain first)
-        {
-            const float d0 = dec[sr0], d1 = dec[sr1];
-#pragma unroll
-            for (int i = 0; i < NS; i++) s[i][0] *= d0, s[i][1] *= d0, s[i][2] *= d1, s[i][3] *= d1;
-            const int kr = (lane & 7) + 8 * (lane >> 4), kc = 16 * warp + 8 * ((lane >> 3) & 1);
-#pragma unroll
-            for (int ks = 0; ks < BT / 16; ks++) {
-                unsigned a[4];
-                ldsm4t(a, Kb + (16 * ks + kr) * LDB + kc);
-                mma_k16(s, a, Vb + (16 * ks + lr) * LDV + lc);
-            }
-#pragma unroll
-            for (int i = 0; i < NS; i++) {
-                const int cc = 8 * i + 2 * t4;
-                *reinterpret_cast<unsigned *>(Sn + sr0 * LDV + cc) = pack_bf16(s[i][0], s[i][1]);
-                *reinterpret_cast<unsigned *>(Sn + sr1 * LDV + cc) = pack_bf16(s[i][2], s[i][3]);
-            }
-        }
-        // (b) O = Qg S + Aqk V_new, with the state before this chunk's update
-#pragma unroll
-        for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < DK / 16; ks++) {
-            unsigned a[4];
-            ldsm4(a, Qb + (16 * mt + lr) * LDB + 16 * ks + lc);
-            mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
-        }
-        for (int ks = 0; ks <= mt; ks++) {
-            unsigned a[4];
-            ldsm4(a, Ab + (16 * mt + lr) * LDB64 + 16 * ks + lc);
-            mma_k16(acc, a, Vb + (16 * ks + lr) * LDV + c0 + lc);
-        }
-#pragma unroll
-        for (int i = 0; i < NT; i++) {
-            const int cc = v0 + c0 + 8 * i + 2 * t4;
-            if (r0 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r0) * H + h) * DK + cc) = make_float2(acc[i][0], acc[i][1]);
-            if (r1 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r1) * H + h) * DK + cc) = make_float2(acc[i][2], acc[i][3]);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < NS; i++) {
-        const int cc = 8 * i + 2 * t4;
-        *reinterpret_cast<float2 *>(Sh + (size_t)sr0 * DK + v0 + cc) = make_float2(s[i][0], s[i][1]);
-        *reinterpret_cast<float2 *>(Sh + (size_t)sr1 * DK + v0 + cc) = make_float2(s[i][2], s[i][3]);
-    }
-    cp_wait_all();
-}
-
-template <int BV, int ST>
-static void launch_state_pipe(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st) {
-    const size_t bytes = pstate_smem<BV, ST>::bytes;
-    CUDA_CHECK(cudaFuncSetAttribute(kda_state_pipe_kernel<BV, ST>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    kda_state_pipe_kernel<BV, ST><<<dim3(DK / BV, H), 256, bytes, st>>>(o, S, w, T, H, NC);
-    CUDA_CHECK_LAUNCH();
-}
 
 // Warp-specialised state pass (512 threads, one block per SM where they fit): warps 0-7 run the
 // serial chain, (a) V_new = U - W S and (c) S = exp(Gamma_C) S + Kg^T V_new, chunk after chunk;
 // warps 8-15 run (b) O = Qg S + Aqk V_new one chunk behind, so the output (half the tensor-core
 // work) leaves the chain and the SM has 16 warps instead of 8 (the ncu of kda_state_bf16_kernel
 // at H = 32: 2 warps per scheduler, 0.36 eligible, issue 28 % busy). The arithmetic is
-// kda_state_bf16_kernel's, operation for operation (bit-equal outputs).
+// kda_state_bf16_kernel's, operation for operation (bit-equal outputs). (A staged variant that only
+// loaded 2-3 chunks ahead, 8 warps, was measured no faster than the old pass and removed, session 9:
+// that pass waits on its warps' dependency chains and barriers, not on its loads.)
 // Hand-off by named barriers (1: chunk m ready for (b), 2: (b) of chunk m done; 256 arrive + 256
 // sync each, so neither side runs more than one phase ahead; 3: the chain warps alone):
 //   chain m:  wait A-tiles(m); bar 3; (a) -> Vb[m % 2]; bar 3; (c) -> Sb[(m + 1) % 3];
@@ -1315,11 +1237,7 @@ __global__ void __launch_bounds__(512, 1)
     const int tid = threadIdx.x & 255, warp = (threadIdx.x >> 5) & 7, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3, chain = threadIdx.x < 256;
     const int v0 = blockIdx.x * BV, h = blockIdx.y;
-    const __nv_bfloat16 *Wg = reinterpret_cast<const __nv_bfloat16 *>(ws.W);
-    const __nv_bfloat16 *Ug = reinterpret_cast<const __nv_bfloat16 *>(ws.U);
-    const __nv_bfloat16 *Qgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Qg);
-    const __nv_bfloat16 *Kgg = reinterpret_cast<const __nv_bfloat16 *>(ws.Kg);
-    const __nv_bfloat16 *Agg = reinterpret_cast<const __nv_bfloat16 *>(ws.Aq);
+    const ws_bf16 wg(ws);
     float *Sh = S + (size_t)h * DK * DK;
     const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);  // (a), (b) tiling, per role
     const int lr = lane & 15, lc = 8 * (lane >> 4);
@@ -1330,29 +1248,15 @@ __global__ void __launch_bounds__(512, 1)
             __nv_bfloat16 *Ub = Kb + BT * LDB + BT * LDB64;
             float *dec = reinterpret_cast<float *>(Ub + BT * LDV);
             const size_t cb = (size_t)h * NC + n;
-            for (int idx = tid; idx < BT * DK / 8; idx += 256) {
-                const int r = idx >> 4, j = (idx & 15) * 8;
-                const size_t off = cb * BT * DK + r * DK + j;
-                cp16b(Wb + r * LDB + j, Wg + off);
-                cp16b(Kb + r * LDB + j, Kgg + off);
-            }
-            for (int idx = tid; idx < BT * BV / 8; idx += 256) {
-                const int r = idx / (BV / 8), j = (idx % (BV / 8)) * 8;
-                cp16b(Ub + r * LDV + j, Ug + cb * BT * DK + r * DK + v0 + j);
-            }
-            if (tid < DK / 4) cp16(dec + tid * 4, ws.Dc + cb * DK + tid * 4);
+            load_tiles_dk(cb, tid, Wb, wg.W, Kb, wg.Kg);
+            load_u<BV>(Ub, wg.U, cb, v0, tid);
+            load_dec(dec, ws.Dc, cb, tid);
         };
         auto load_b = [&](int n) {  // Qg, Aqk of chunk n
             __nv_bfloat16 *Qb = stg + (n & 1) * L::stage + BT * LDB, *Ab = Qb + 2 * BT * LDB;
             const size_t cb = (size_t)h * NC + n;
-            for (int idx = tid; idx < BT * DK / 8; idx += 256) {
-                const int r = idx >> 4, j = (idx & 15) * 8;
-                cp16b(Qb + r * LDB + j, Qgg + cb * BT * DK + r * DK + j);
-            }
-            for (int idx = tid; idx < BT * BT / 8; idx += 256) {
-                const int r = idx >> 3, j = (idx & 7) * 8;
-                cp16b(Ab + r * LDB64 + j, Agg + cb * BT * BT + r * BT + j);
-            }
+            load_tiles_dk(cb, tid, Qb, wg.Qg);
+            load_aqk(Ab, wg.Aq, cb, tid);
         };
         load_a(0);
         cp_commit();
@@ -1360,15 +1264,7 @@ __global__ void __launch_bounds__(512, 1)
         cp_commit();
         float s[NS][4];
         const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
-#pragma unroll
-        for (int i = 0; i < NS; i++) {
-            const int cc = 8 * i + 2 * t4;
-            const float2 x0 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr0 * DK + v0 + cc);
-            const float2 x1 = *reinterpret_cast<const float2 *>(Sh + (size_t)sr1 * DK + v0 + cc);
-            s[i][0] = x0.x, s[i][1] = x0.y, s[i][2] = x1.x, s[i][3] = x1.y;
-            *reinterpret_cast<unsigned *>(Sb0 + sr0 * LDV + cc) = pack_bf16(x0.x, x0.y);
-            *reinterpret_cast<unsigned *>(Sb0 + sr1 * LDV + cc) = pack_bf16(x1.x, x1.y);
-        }
+        state_in<BV>(s, Sb0, Sh, sr0, sr1, v0, t4);
         for (int n = 0; n < NC; n++) {
             const __nv_bfloat16 *Wb = stg + (n & 1) * L::stage, *Kb = Wb + 2 * BT * LDB;
             const __nv_bfloat16 *Ub = Kb + BT * LDB + BT * LDB64;
@@ -1379,45 +1275,9 @@ __global__ void __launch_bounds__(512, 1)
             cp_commit();
             cp_wait_n<2>();  // A-tiles(n) landed (B-tiles(n), A-tiles(n + 1) may be in flight)
             bar_sync(3, 256);
-            // (a) V_new = U - W S
-            float acc[NT][4];
-#pragma unroll
-            for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                unsigned a[4];
-                ldsm4(a, Wb + (16 * mt + lr) * LDB + 16 * ks + lc);
-                mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
-            }
-            const int r0 = 16 * mt + g, r1 = r0 + 8;
-#pragma unroll
-            for (int i = 0; i < NT; i++) {
-                const int cc = c0 + 8 * i + 2 * t4;
-                const float2 u0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r0 * LDV + cc));
-                const float2 u1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(Ub + r1 * LDV + cc));
-                *reinterpret_cast<unsigned *>(Vb + r0 * LDV + cc) = pack_bf16(u0.x - acc[i][0], u0.y - acc[i][1]);
-                *reinterpret_cast<unsigned *>(Vb + r1 * LDV + cc) = pack_bf16(u1.x - acc[i][2], u1.y - acc[i][3]);
-            }
+            step_vnew<BV>(Wb, Sb, Ub, Vb, mt, c0, lr, lc, 16 * mt + g, t4);
             bar_sync(3, 256);  // V_new complete
-            // (c) S = exp(Gamma_C) S + Kg^T V_new
-            {
-                const float d0 = dec[sr0], d1 = dec[sr1];
-#pragma unroll
-                for (int i = 0; i < NS; i++) s[i][0] *= d0, s[i][1] *= d0, s[i][2] *= d1, s[i][3] *= d1;
-                const int kr = (lane & 7) + 8 * (lane >> 4), kc = 16 * warp + 8 * ((lane >> 3) & 1);
-#pragma unroll
-                for (int ks = 0; ks < BT / 16; ks++) {
-                    unsigned a[4];
-                    ldsm4t(a, Kb + (16 * ks + kr) * LDB + kc);
-                    mma_k16(s, a, Vb + (16 * ks + lr) * LDV + lc);
-                }
-#pragma unroll
-                for (int i = 0; i < NS; i++) {
-                    const int cc = 8 * i + 2 * t4;
-                    *reinterpret_cast<unsigned *>(Sn + sr0 * LDV + cc) = pack_bf16(s[i][0], s[i][1]);
-                    *reinterpret_cast<unsigned *>(Sn + sr1 * LDV + cc) = pack_bf16(s[i][2], s[i][3]);
-                }
-            }
+            step_state<BV>(s, dec, Kb, Vb, Sn, warp, lane, sr0, sr1, lr, lc, t4);
             if (n > 0) bar_sync(2, 512);  // (b) of n - 1 done: its Qg/Aqk stage is free
             else bar_sync(3, 256);        // (c) of chunk 0 done everywhere before stage 1's B-tiles
             cp_wait_n<1>();               // B-tiles(n) landed (A-tiles(n + 1) may be in flight)
@@ -1426,12 +1286,7 @@ __global__ void __launch_bounds__(512, 1)
             bar_arrive(1, 512);  // chunk n ready for (b)
         }
         bar_sync(2, 512);  // (b) of the last chunk done
-#pragma unroll
-        for (int i = 0; i < NS; i++) {
-            const int cc = 8 * i + 2 * t4;
-            *reinterpret_cast<float2 *>(Sh + (size_t)sr0 * DK + v0 + cc) = make_float2(s[i][0], s[i][1]);
-            *reinterpret_cast<float2 *>(Sh + (size_t)sr1 * DK + v0 + cc) = make_float2(s[i][2], s[i][3]);
-        }
+        state_out<BV>(s, Sh, sr0, sr1, v0, t4);
         cp_wait_all();
     } else {
         for (int n = 0; n < NC; n++) {
@@ -1439,33 +1294,13 @@ __global__ void __launch_bounds__(512, 1)
             const __nv_bfloat16 *Qb = stg + (n & 1) * L::stage + BT * LDB, *Ab = Qb + 2 * BT * LDB;
             const __nv_bfloat16 *Sb = Sb0 + (n % 3) * DK * LDV, *Vb = Vb0 + (n & 1) * BT * LDV;
             bar_sync(1, 512);  // chunk n ready
-            // (b) O = Qg S + Aqk V_new
             float acc[NT][4];
-#pragma unroll
-            for (int i = 0; i < NT; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < DK / 16; ks++) {
-                unsigned a[4];
-                ldsm4(a, Qb + (16 * mt + lr) * LDB + 16 * ks + lc);
-                mma_k16(acc, a, Sb + (16 * ks + lr) * LDV + c0 + lc);
-            }
-            for (int ks = 0; ks <= mt; ks++) {
-                unsigned a[4];
-                ldsm4(a, Ab + (16 * mt + lr) * LDB64 + 16 * ks + lc);
-                mma_k16(acc, a, Vb + (16 * ks + lr) * LDV + c0 + lc);
-            }
+            step_out<BV>(acc, Qb, Ab, Sb, Vb, mt, c0, lr, lc);
             bar_arrive(2, 512);  // shared memory of chunk n consumed (the stores below use registers)
-            const int r0 = 16 * mt + g, r1 = r0 + 8;
-#pragma unroll
-            for (int i = 0; i < NT; i++) {
-                const int cc = v0 + c0 + 8 * i + 2 * t4;
-                if (r0 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r0) * H + h) * DK + cc) = make_float2(acc[i][0], acc[i][1]);
-                if (r1 < c) *reinterpret_cast<float2 *>(o + ((size_t)(t0 + r1) * H + h) * DK + cc) = make_float2(acc[i][2], acc[i][3]);
-            }
+            store_out<BV>(o, acc, t0, c, H, h, v0, c0, 16 * mt + g, t4);
         }
     }
 }
-
 template <int BV>
 static void launch_state_ws(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st) {
     const size_t bytes = wsstate_smem<BV>::bytes;
@@ -1477,9 +1312,8 @@ static void launch_state_ws(float *o, float *S, kda_ws w, int T, int H, int NC, 
 // Where the 32-column blocks fit the SMs one each (H <= 33; Kimi-Linear's H = 32), the state pass
 // is kda_state_ws_kernel by default (session 9, H200, T = 8K / 64K at H = 32: 0.27 -> 0.24 ms and
 // 2.10 -> 1.84 ms; the 8K prefill's kda_core 17.8-18.0 -> 17.1 ms). LUNAR_KDA_STATE (read once):
-// old = kda_state_bf16_kernel, pipe | pipe2 = kda_state_pipe_kernel with 3 | 2 stages (measured no
-// faster than old: the old pass is not waiting on its loads), ws = the default.
-// lunar_cuda_kda_state_variant overrides it (tests, benchmarks): 0 old, 2 / 3 stages, 4 ws, -1 env.
+// old = kda_state_bf16_kernel; ws or anything else = the default.
+// lunar_cuda_kda_state_variant overrides it (tests, benchmarks): 4 ws, -1 env, any other value old.
 static int g_state = -1;
 extern "C" int lunar_cuda_kda_state_variant(int v) {
     const int prev = g_state;
@@ -1490,7 +1324,7 @@ static int state_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_STATE");
-        env = !e ? 4 : strcmp(e, "old") == 0 ? 0 : strcmp(e, "pipe") == 0 ? 3 : strcmp(e, "pipe2") == 0 ? 2 : 4;
+        env = e && strcmp(e, "old") == 0 ? 0 : 4;
     }
     return g_state >= 0 ? g_state : env;
 }
@@ -1554,8 +1388,6 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
     const int sv = state_variant();
     if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
     else if (sv == 4 && H * (DK / 32) <= 132) launch_state_ws<32>(o, S, w, T, H, NC, st);
-    else if (sv == 3 && H * (DK / 32) <= 132) launch_state_pipe<32, 3>(o, S, w, T, H, NC, st);
-    else if (sv == 2 && H * (DK / 32) <= 132) launch_state_pipe<32, 2>(o, S, w, T, H, NC, st);
     else launch_state_bf16<32>(o, S, w, T, H, NC, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
