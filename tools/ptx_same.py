@@ -20,8 +20,29 @@ import sys
 
 
 def entries(path):
+    """(name, whole text) of each .entry: from its name to the brace that closes its body. Session 9 found the
+    first version ended an entry at its first line holding only '}', which inline asm's blocks also end with, so
+    it compared only the first 17-48 % of the wgmma kernels; braces are now counted (// comments skipped)."""
     text = open(path).read()
-    return [(m.group(1), m.group(0)) for m in re.finditer(r'\.entry\s+(\S+)\s*\((.*?)\n\}\n', text, re.S)]
+    out = []
+    for m in re.finditer(r'\.entry\s+(\S+?)\s*\(', text):
+        i = text.index(')', m.end())  # the parameter list holds no parentheses
+        i = text.index('{', i)
+        depth, j = 0, i
+        while True:
+            c = text[j]
+            if c == '/' and text.startswith('//', j):
+                j = text.index('\n', j)
+                continue
+            if c == '{':
+                depth += 1
+            elif c == '}':
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        out.append((m.group(1), text[m.start():j + 1]))
+    return out
 
 
 def shape(body):

@@ -260,9 +260,9 @@ size_t lunar_cuda_kda_chunk_ws(int T, int H);
  * from the older, slower intra-chunk kernel (benchmark comparison). */
 int lunar_cuda_kda_chunk_precision(int mode);
 /* Mode 2's state pass where its 32-column blocks fit one per SM (H <= 33): 4 the warp-specialised
- * kernel (the default), 0 kda_state_bf16_kernel (as at larger H), 3 / 2 the staged kernel (3 / 2
- * chunks of tiles in flight); all bit-equal. -1 (default): LUNAR_KDA_STATE. Returns the previous
- * setting. */
+ * kernel (the default), 0 kda_state_bf16_kernel (as at larger H; other values too: session 9's staged
+ * kernel, 3 / 2, measured no faster and was removed); bit-equal. -1 (default): LUNAR_KDA_STATE.
+ * Returns the previous setting. */
 int lunar_cuda_kda_state_variant(int v);
 /* Benchmarks: record events around the two kernels of each call (on), and read the last call's
  * intra-chunk and state-pass times. */
