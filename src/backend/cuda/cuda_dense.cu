@@ -292,10 +292,16 @@ __global__ void __launch_bounds__(32 * NORM_WARP_ROWS) norm_warp_kernel(Y *y, co
     const size_t row = (size_t)blockIdx.x * NORM_WARP_ROWS + (threadIdx.x >> 5);
     if (row >= (size_t)n) return;  // no barrier below
     const float *xr = x + row * dim;
-    float a[NW], t[NW];
+    // the gate's row is loaded with x's, before the reduction: loaded in the store loop below, each
+    // load sat behind the previous element's store to y (which the compiler must assume may alias
+    // it), NW dependent round trips (session 9's decode step: 4.93 us a launch against the block
+    // kernel's 3.22, where each thread has one element and so one round trip)
+    const float *gr = gate + (MODE == 1 ? row * dim : 0);
+    float a[NW], t[NW], gv[NW];
 #pragma unroll
     for (int j = 0; j < NW; j++) {
         a[j] = xr[lane + 32 * j];
+        gv[j] = MODE == 1 ? gr[lane + 32 * j] : 0.0f;
         t[j] = a[j] * a[j];
     }
 #pragma unroll
@@ -313,14 +319,13 @@ __global__ void __launch_bounds__(32 * NORM_WARP_ROWS) norm_warp_kernel(Y *y, co
     }
     const float ss = t[0];
     const float inv = MODE == 2 ? 1.0f / sqrtf(ss + eps) : 1.0f / sqrtf(ss / dim + eps);
-    const float *gr = gate + (MODE == 1 ? row * dim : 0);
 #pragma unroll
     for (int j = 0; j < NW; j++) {
         const int i = lane + 32 * j;
         float v = a[j] * inv;
         if (MODE == 1) {
             if (w) v *= wv[j];
-            v *= 1.0f / (1.0f + expf(-gr[i]));
+            v *= 1.0f / (1.0f + expf(-gv[j]));
         }
         y[row * dim + i] = from_f32<Y>(v);
     }
