@@ -117,69 +117,6 @@ TEST(cuda_matmul_bf16_vs_cpu) {
     }
 }
 
-/* The one-wave skinny kernel (LUNAR_GEMV_WAVE=1, =2 with the next row's L2 prefetch, =3 at split 1 only): the
- * default's split and per-row sums in a grid of k x SMs blocks looping over the rows, so equal to the default
- * kernel bit for bit, and to the CPU op within the GEMM tolerance. Shapes: the model's (KDA input 1.49 waves, dense gate 1.09, MLA
- * input 0.8, the 576-block split-2 ones), split 8 (1000 x 8192) and split 4 (1999 x 4096, idle groups), odd rows
- * at split 1 with a second pass for some warps (9001 x 200: 8448 warp slots), grids within one block an SM (the
- * default path: 256 x 2304, 3 x 40), and n = 2 (the switch ignored). x as fp32 and as bf16; poisoned outputs
- * with guards (lunar_max_rel_err is infinite on a NaN). Each launch twice, the second under PDL behind the first. */
-TEST(cuda_matmul_gemv_wave) {
-    if (!cuda_on()) return;
-    static const int shapes[][3] = {{1, 12576, 2304}, {1, 9216, 2304}, {1, 6720, 2304}, {1, 2304, 4096},
-                                    {1, 2304, 9216},  {1, 2304, 1024}, {1, 2304, 2304}, {1, 1000, 8192},
-                                    {1, 1999, 4096},  {1, 9001, 200},  {1, 256, 2304},  {1, 3, 40},
-                                    {2, 4099, 1024}};
-    lunar_cuda_pdl_set(1);
-    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
-        size_t mark = lunar_cuda_mark();
-        float *x = test_rand((long)n * in, 60 + s, -1, 1), *w = test_rand((long)out * in, 70 + s, -0.1f, 0.1f);
-        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
-        float *xr = malloc((size_t)n * in * sizeof *xr);
-        memcpy(xr, x, (size_t)n * in * sizeof *xr);
-        round_bf16(xr, (long)n * in);
-        float *ref = test_poisoned((long)n * out);
-        op_matmul(ref, xr, &W, n);
-        const float *dxf = dev_in(x, (size_t)n * in * 4);
-        uint16_t *xb = to_bf16(xr, (long)n * in);
-        const uint16_t *dxb = dev_in(xb, (size_t)n * in * 2);
-        const uint16_t *dw = dev_in(W.data, W.nbytes);
-        for (int dt = 0; dt < 2; dt++)
-            for (int xt = 0; xt < 2; xt++) { /* x as fp32 (rounded in the kernel) or as bf16 */
-                float *y0 = NULL;
-                for (int m = 0; m < 4; m++) {
-                    lunar_cuda_gemv_wave_set(m);
-                    guarded o;
-                    void *dy = guarded_new(&o, (size_t)n * out * (dt ? 2 : 4));
-                    const lunar_cuda_dtype yd = dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32;
-                    for (int rep = 0; rep < 2; rep++) {
-                        if (xt) lunar_cuda_matmul(dy, yd, dxb, dw, n, out, in, NULL);
-                        else CHECK(lunar_cuda_matmul_f32x(dy, yd, dxf, dw, n, out, in, NULL) == 0);
-                    }
-                    float *y = dt ? down_bf16(dy, (long)n * out) : down_f32(dy, (long)n * out);
-                    CHECK(guards_ok(&o));
-                    char what[96];
-                    snprintf(what, sizeof what, "gemv wave %d n=%d out=%d in=%d %s x %s", m, n, out, in,
-                             dt ? "bf16" : "f32", xt ? "bf16" : "f32");
-                    report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
-                    if (!y0)
-                        y0 = y;
-                    else {
-                        CHECK_MSG(memcmp(y, y0, (size_t)n * out * sizeof *y) == 0, "%s differs from the default kernel", what);
-                        free(y);
-                    }
-                }
-                free(y0);
-            }
-        lunar_cuda_gemv_wave_set(-1);
-        test_tensor_free(&W);
-        free(x), free(w), free(xr), free(ref), free(xb);
-        lunar_cuda_release(mark);
-    }
-    lunar_cuda_pdl_set(-1);
-}
-
 /* The forward's GEMM use in isolation: multi-token (n > 1) prefill shapes of the tiny goldens
  * (small, multiple-of-8 widths, odd token counts), more shapes than the 128-entry plan cache holds
  * (so plans are recycled), each against the CPU op on bf16-exact operands, through cuBLASLt and

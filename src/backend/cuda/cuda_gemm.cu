@@ -130,66 +130,6 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     }
 }
 
-/* One-wave gemv (LUNAR_GEMV_WAVE=1, opt-in; issue 9, session 10): one token, the default's split and
- * per-row arithmetic, in a grid of k x SMs blocks (k <= the resident blocks per SM) that loop over the
- * rows, so no block waits for a second wave and every SM gets the same number of rows +- its k. At n = 1
- * the default's grids are 1.49 waves (KDA input, 12576 rows = 1572 blocks of 8 at 1056 resident), 1.09
- * (dense gate / up, 1152) or 0.55 to 0.8 of one (576 blocks of 4 rows at split 2: 4 or 5 blocks an SM,
- * 20 rows on some SMs and 16 on others). A group = the `split` warps that share one row (the default's
- * warps o / split of a block); group slot j = group * gridDim + block (interleaved, so that the blocks'
- * row counts differ by at most one a pass), rows j, j + G, j + 2 G ... (G = groups a block x gridDim).
- * Each row's sums are the default kernel's in the same order (each warp's strided chunks, the xor
- * butterfly, then the parts added to 0 in warp order), so the outputs are equal bit for bit (tested).
- * The parts of a row meet in shared memory behind a named barrier of their group only (id 1 + group,
- * split x 32 threads; the whole block at split 8), double-buffered by the row's parity so one barrier
- * a row suffices: a part writes buffer b of row t + 2 only after the barrier of row t + 1, which the
- * reader of row t passes after it has read. LUNAR_GEMV_WAVE=2 also prefetches (one bulk L2 request by
- * part 0's lane 0) the group's next row while it streams the current one (weights only: before or after
- * the PDL wait alike). __launch_bounds__(256, 8): <= 32 registers, 8 resident blocks, as the default. */
-template <int U, typename TY, typename TX>
-__global__ void __launch_bounds__(kGvWarps * 32, 8) gemv_wave_kernel(TY *y, const TX *x, const uint16_t *W, int out,
-                                                                   int in, int split, uint32_t pf, int next_pf) {
-    __shared__ float red[2][kGvWarps];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, groups = kGvWarps / split;
-    const int grp = warp / split, part = warp % split, n8 = in / 8;
-    const int stride = groups * (int)gridDim.x;
-    const int first = grp * (int)gridDim.x + (int)blockIdx.x;
-    if (pf && part == 0 && lane == 0 && first < out) {
-        const uint32_t rb = (uint32_t)in * 2u, lim = (pf / (uint32_t)groups) & ~15u;
-        pdl_prefetch_l2(W + (size_t)first * in, rb < lim ? rb : lim);
-    }
-    pdl_wait();
-    int t = 0;
-    for (int o = first; o < out; o += stride, t ^= 1) {
-        if (next_pf && part == 0 && lane == 0 && o + stride < out)
-            pdl_prefetch_l2(W + (size_t)(o + stride) * in, (uint32_t)in * 2u);
-        const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
-        float acc = 0.f;
-#pragma unroll U
-        for (int i = part * 32 + lane; i < n8; i += 32 * split) {
-            const uint4 wv = __ldcs(w4 + i); /* streamed once: not kept in L1 */
-            acc += gv_dot8(wv, gv_x8(x, (size_t)0, i, in));
-        }
-        for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-        if (split == 1) {
-            if (lane == 0) gv_store(y + o, acc);
-            continue;
-        }
-        if (lane == 0) red[t][warp] = acc;
-        /* immediate barrier ids (a register id makes ptxas reserve all 16 of the block's) */
-        if (split == kGvWarps) __syncthreads();
-        else if (grp == 0) asm volatile("bar.sync 1, %0;" ::"r"(split * 32) : "memory");
-        else if (grp == 1) asm volatile("bar.sync 2, %0;" ::"r"(split * 32) : "memory");
-        else if (grp == 2) asm volatile("bar.sync 3, %0;" ::"r"(split * 32) : "memory");
-        else asm volatile("bar.sync 4, %0;" ::"r"(split * 32) : "memory");
-        if (part == 0 && lane == 0) {
-            float v = 0.f;
-            for (int w = 0; w < split; w++) v += red[t][grp * split + w];
-            gv_store(y + o, v);
-        }
-    }
-}
-
 /* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
  * of 4, and the split chosen so the grid fits one wave of resident blocks where some split does. The
  * per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token projections
@@ -200,17 +140,6 @@ static int gemv_deep(void) {
     if (v < 0) v = !(getenv("LUNAR_GEMV_DEEP") && strcmp(getenv("LUNAR_GEMV_DEEP"), "0") == 0);
     return v;
 }
-/* LUNAR_GEMV_WAVE: 0 the default grids, 1 the one-wave kernel at one token, 2 that with the next row's
- * L2 prefetch, 3 the one-wave kernel at split 1 only (the grids of 8-row blocks: KDA / MLA input, dense
- * gate / up), to tell its two effects apart; lunar_cuda_gemv_wave_set overrides (tests) */
-static int gemv_wave_state = -1;
-static int gemv_wave(void) {
-    static int env = -1;
-    if (gemv_wave_state >= 0) return gemv_wave_state;
-    if (env < 0) env = getenv("LUNAR_GEMV_WAVE") ? atoi(getenv("LUNAR_GEMV_WAVE")) : 0;
-    return env;
-}
-extern "C" void lunar_cuda_gemv_wave_set(int mode) { gemv_wave_state = mode; }
 /* blocks of kernel k resident on the whole device at once (its registers decide: 30 at one row,
  * 8 blocks per SM; 64 at four rows, 4) */
 template <typename K> static int gemv_wave_blocks(K k) {
@@ -248,28 +177,6 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     }
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
-    const int wave_mode = n == 1 && deep ? gemv_wave() : 0;
-    if (wave_mode) {
-        /* k blocks an SM, as few as hold the default's blocks and at most the resident ones; grids
-         * already within one block an SM stay on the default */
-        static int sms, per_sm;
-        if (!sms) {
-            int dev = 0;
-            CUDA_CHECK(cudaGetDevice(&dev));
-            CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, gemv_wave_kernel<8, TY, TX>,
-                                                                     kGvWarps * 32, 0));
-            if (per_sm < 1) per_sm = 1;
-        }
-        if (blocks > sms && (wave_mode != 3 || split == 1)) {
-            int k = (blocks + sms - 1) / sms;
-            if (k > per_sm) k = per_sm;
-            launch_pdl(gemv_wave_kernel<8, TY, TX>, dim3(k * sms), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split,
-                       pf, wave_mode == 2 ? 1 : 0);
-            CUDA_CHECK_LAUNCH();
-            return;
-        }
-    }
     switch (n * 2 + deep) {
 #define GV_CASE(R)                                                                                              \
     case 2 * R:                                                                                                 \

@@ -119,11 +119,6 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
 
-/* The one-token skinny GEMM as a one-wave grid of blocks looping over the rows (LUNAR_GEMV_WAVE=1, opt-in;
- * =2 also an L2 prefetch of each row group's next row; =3 only where the default's split is 1): bit-equal to
- * the default kernel. mode 0..3 overrides the environment (tests), -1 returns to it */
-void lunar_cuda_gemv_wave_set(int mode);
-
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
  * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
  * q [rows, in] with one fp32 scale per row s [rows]: bit-identical to lunar_ptpc_quantize_row on the same values (weights
