@@ -203,14 +203,17 @@ static void bench_decode_fp8(void) {
         }
 }
 
-/* FP8 pages, round 5 (session 9): the round-5 kernel (LUNAR_MLA_WGMMA_FP8=rs2: S one tile ahead, blocks
- * of <= 32 heads) against the round-4 kernel (=rs) it reorders, A/B alternating (rs first in odd rounds,
- * rs2 first in even ones), 4 rounds of a median of 9 each, same data, same process. Floor: the e4m3
- * latent bytes at 4.3 TB/s. */
+/* FP8 pages, A/B of two wgmma FP8 kernels, alternating (A first in odd rounds, B first in even ones), 4
+ * rounds of a median of 9 each, same data, same process. Floor: the e4m3 latent bytes at 4.3 TB/s. Session 9
+ * ran A = rs (round 4) against B = rs2 (round 5: S one tile ahead); session 10 runs A = rs2 against B = st
+ * (round 6: S^T with heads as N, blocks of <= 32 heads). */
 static void bench_decode_fp8_ab(void) {
-    printf("\n### MLA decode, FP8 pages: rs vs rs2 (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=rs / rs2), 4 rounds A/B\n\n");
-    printf("| H | B | context | floor | rs rounds (us) | rs2 rounds (us) | rs mean | of floor | rs2 mean | of floor | rs2 vs rs |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    static const char *const ab[2] = {"rs2", "st"};
+    printf("\n### MLA decode, FP8 pages: %s vs %s (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=%s / %s), 4 rounds A/B\n\n",
+           ab[0], ab[1], ab[0], ab[1]);
+    printf("| H | B | context | floor | %s rounds (us) | %s rounds (us) | %s mean | of floor | %s mean | of floor | %s vs %s |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|\n",
+           ab[0], ab[1], ab[0], ab[1], ab[1], ab[0]);
     static const int Hs[] = {12, 32};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
     enum { ROUNDS = 4 };
@@ -227,8 +230,8 @@ static void bench_decode_fp8_ab(void) {
             double mean[2] = {0, 0};
             for (int r = 0; r < ROUNDS; r++)
                 for (int k = 0; k < 2; k++) {
-                    const int v = (r & 1) ? 1 - k : k; /* 0 = rs, 1 = rs2 */
-                    setenv("LUNAR_MLA_WGMMA_FP8", v ? "rs2" : "rs", 1);
+                    const int v = (r & 1) ? 1 - k : k; /* 0 = A, 1 = B */
+                    setenv("LUNAR_MLA_WGMMA_FP8", ab[v], 1);
                     t[v][r] = time_us(call_decode, &m, 9);
                     mean[v] += t[v][r] / ROUNDS;
                 }
