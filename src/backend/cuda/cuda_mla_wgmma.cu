@@ -752,15 +752,19 @@ namespace rs {
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
-// the rest after NP P buffers (round 4: one, 200 KB; round 5: two, 208 KB)
-template <int NP> struct Lay {
+// The layout of a Block: Q (QB boxes), S e4m3 stages, NP P buffers (round 4: one, 200 KB; round 5: two,
+// 208 KB; round 6: Q in 5 boxes, 3 or 4 stages, two P buffers, 178 / 218 KB)
+template <int NP, int S = kStages, int QB = 9> struct Lay {
+    static constexpr int raw_off = QB * q8::kBox;
+    static constexpr int p_off = raw_off + S * q8::kStage;
     static constexpr int red_off = p_off + NP * kPBytes; // [2][64] floats
     static constexpr int sq_off = red_off + 2 * 64 * 4;  // [64] the per-head q scale
     static constexpr int al_off = sq_off + 64 * 4;       // [64] the tile's rescale factor per head
     static constexpr int li_off = al_off + 64 * 4;       // [64] the output factor per head
     static constexpr int bar_off = li_off + 64 * 4;
-    static constexpr size_t smem = (size_t)bar_off + kStages * 8 + 1024;
+    static constexpr size_t smem = (size_t)bar_off + S * 8 + 1024;
     static_assert(smem <= 232448, "227 KB of shared memory per block");
+    static_assert(raw_off % 1024 == 0 && q8::kStage % 1024 == 0, "stages on the 128-byte swizzle's 1 KB period");
 };
 
 // the f16 pair (byte b of x, byte b of y) x 2^-8; sel = prmt selector b | (8 | b) << 4 | (4 + b) << 8
@@ -779,8 +783,10 @@ static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
 // round 5 promises round 4's bits). The constructor is their set-up: the block's heads, split and row,
 // this thread's S rows (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages
 // tiles' copies issued, Q quantised into shared memory. NP: the P buffers of the layout.
-template <int NP, bool ST = false> struct Block {
-    using L = Lay<NP>;
+// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages.
+template <int NP, bool ST = false, int S = kStages> struct Block {
+    using L = Lay<NP, S, ST ? 5 : 9>;
+    static constexpr int kStages = S;
     unsigned char *smem;
     uint32_t sb, bars;
     float *red, *sqs, *alpha, *linv;
@@ -798,7 +804,7 @@ template <int NP, bool ST = false> struct Block {
         if (i >= ntiles) return;
         const int t0 = begin + i * kTile;
         const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
-        const uint32_t bar = bars + (i % kStages) * 8, dst = sb + raw_off + (i % kStages) * kStage;
+        const uint32_t bar = bars + (i % kStages) * 8, dst = sb + L::raw_off + (i % kStages) * kStage;
         if (lane == 0) mbar_expect_tx(bar, kStage);
         __syncwarp();
         if (lane < 5) tma_2d(dst + lane * kBox, tm, lane * 128, slot0, bar);
@@ -871,7 +877,7 @@ template <int NP, bool ST = false> struct Block {
         m0 = mn0, m1 = mn1;
         float ps0 = 0.0f, ps1 = 0.0f;
         // (the buffer as it & (NP - 1), not it % NP: the kernels' PTX, instruction for instruction)
-        unsigned char *P = smem + p_off + (it & (NP - 1)) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+        unsigned char *P = smem + L::p_off + (it & (NP - 1)) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
@@ -943,8 +949,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][N / 2], uint32_t (&av)[4]
 }
 
 // O^T (dims D0.., heads 8i + 2t + e) times the output factor per head (linv, published) into o or the split's part
-template <int N, int NP, bool ST>
-__device__ __forceinline__ void store_ot(const Args &a, const Block<NP, ST> &b, const float (&o)[4][N / 2]) {
+template <int N, class B> __device__ __forceinline__ void store_ot(const Args &a, const B &b, const float (&o)[4][N / 2]) {
     const int t = b.t, nh = b.nh, row = b.row;
     const float *linv = b.linv;
     float *base = a.splits == 1 ? a.o : a.o_part + (size_t)b.split * a.rows * a.H * kR;
@@ -1173,12 +1178,13 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t d
 __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 } // namespace st
 
+template <int kS>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
     using namespace q8;
     constexpr int N = 32;
-    constexpr int kS = rs::kStages;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const rs::Block<2, true> b(a, tm, smem_raw);
+    const rs::Block<2, true, kS> b(a, tm, smem_raw);
+    using L = typename decltype(b)::L;
     const int w4 = b.warp & 3, wg = b.wg, t = b.t, g = b.g;
     float *red = b.red; // [2 warpgroups][4 warps][16 heads]: the maxima, at the end the sums
     // this thread's heads 16 wg + 8 i + 2 t + c: their score factors
@@ -1200,17 +1206,17 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     for (int i = 0; i < 2; i++)
 #pragma unroll
         for (int c = 0; c < 2; c++) m[i][c] = -INFINITY, l[i][c] = 0.0f;
-    const uint64_t dp0 = desc(b.sb + rs::p_off, 128, kPGroup);
+    const uint64_t dp0 = desc(b.sb + L::p_off, 128, kPGroup);
     const uint64_t dq = desc_sw(b.sb + wg * 4096, 16, 1024); // ST rows 32 wg ..
 
     if (b.ntiles > 0) {
         mbar_wait(b.bars, 0);
-        st::issue_s(sn, b.sb + rs::raw_off, dq);
+        st::issue_s(sn, b.sb + L::raw_off, dq);
     }
     wgmma_wait<0>();
 
     for (int it = 0; it < b.ntiles; it++) {
-        const uint32_t raw = b.sb + rs::raw_off + (it % kS) * kStage;
+        const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
         fence_acc<16>(sn);
         // s[i][e]: head (i, e & 1), position 16 w4 + g + 8 (e >> 1): the two terms summed
         float s[2][4];
@@ -1221,7 +1227,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
         if (it + 1 < b.ntiles) { // S(it + 1) runs under this tile's softmax
             const int nx = it + 1;
             mbar_wait(b.bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
-            st::issue_s(sn, b.sb + rs::raw_off + (nx % kS) * kStage, dq);
+            st::issue_s(sn, b.sb + L::raw_off + (nx % kS) * kStage, dq);
         }
 
         uint32_t vx[4][4][2];
@@ -1260,7 +1266,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
 
         // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
         // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
-        unsigned char *P = b.smem + rs::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
+        unsigned char *P = b.smem + L::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
         float al[2][2];
         bool moved = false;
 #pragma unroll
@@ -1432,15 +1438,15 @@ void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_
     wgmma_decode_rs2_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, rs::Lay<2>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
-// Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each)
-void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+// Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); S e4m3 stages (3 or 4)
+template <int S> void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    using L = rs::Lay<2, S, 5>;
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)rs::Lay<2>::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
         attr = true;
     }
-    wgmma_decode_st_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, rs::Lay<2>::smem, s>>>(a, tm);
+    wgmma_decode_st_kernel<S><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
 // The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
@@ -1501,26 +1507,28 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // FP8 pages on the swizzled tiles with bulk copies: from rows x context = 64K the round-4 kernel
     // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
-    // round-5 form (S one tile ahead, the same bits) where a block has <= 32 heads (1.03-1.06x the
-    // round-4 kernel from 64K rows x context except 1.00x at B = 8, 8K: "... round 5"); below it
-    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 / widen force one;
+    // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
+    // from 64K rows x context, "... round 6"); below it the tile widened to bf16.
+    // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
+    // / st4 (round 6 with 4 e4m3 stages) / widen force one;
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    const bool st = p.hpb <= 32 && f8 && !strcmp(f8, "st");
-    const bool rs2 = p.hpb <= 32 && !(f8 && !strcmp(f8, "rs")) && !st;
-    const bool rs_wanted =
-        f8 && *f8 ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") : (double)rows * max_n >= 65536.0;
+    const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
+    const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
+    const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
+    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4
+                                  : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
-            const int v = st ? 2 : rs2;
+            const int v = st ? 2 + st4 : rs2;
             if (!(seen & (1 << v)))
                 fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s\n",
-                        st ? ", S^T with heads as N" : rs2 ? ", S one tile ahead" : ""),
+                        st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : ""),
                     seen |= 1 << v;
         }
-        if (st) launch_st(a, tm, p, s);
+        if (st) st4 ? launch_st<4>(a, tm, p, s) : launch_st<3>(a, tm, p, s);
         else if (rs2) launch_rs2(a, tm, p, s);
         else launch_rs(a, tm, p, s);
     } else if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
