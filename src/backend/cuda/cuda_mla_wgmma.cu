@@ -1132,8 +1132,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
     rs::write_out<N>(a, b, o, m0, m1, l0, l1);
 }
 
-// FP8 pages, round 6 (opt-in: LUNAR_MLA_WGMMA_FP8=st; blocks of <= 32 heads, larger blocks run the round-4
-// kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
+// FP8 pages, round 6 (the default from 64K rows x context at blocks of <= 32 heads; LUNAR_MLA_WGMMA_FP8=st
+// forces it; larger blocks run the round-4 kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
 // positions of the tile per warpgroup): at <= 32 heads half of S's rows are zeros, and the operands read
 // from shared memory are 216 KB a tile (each warpgroup reads all of both Q terms, 2 x 36 KB, for its 32
 // positions), ~0.85 us of round 5's 2.39 us a tile at 128 B a clock (docs/benchmarks.md, "MLA decode, FP8
@@ -1158,6 +1158,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
 //    warpgroup may write tile it + 1's before the other has read tile it's: no block barrier between).
 //  - Arithmetic: round 5's scores, exponentials, f16 P, PV and rescale per head; the sums over positions
 //    run in another order (per thread, then across threads at the end), so not round 5's bits.
+//  - Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 6"): 1.15-1.35x round 5 from 64K rows x
+//    context (H = 32, B = 64, 32K: 463 us, 61 % of the latent-bytes floor, 1.79 us a tile against 2.40).
+//    kS = 4 (=st4: Q's 40 KB left room for a fourth e4m3 stage) measured 0.97-1.00x kS = 3: the copies
+//    are not what the tile waits for; it stays opt-in.
 namespace st {
 // S^T of the tile in stage `raw` for one warpgroup: 18 m64n32k32 steps (k-step ks < 16 in box ks / 4 at
 // 32 (ks & 3) bytes, the rope in box 4: the same offset in the tile and in Q), issued and committed, not
