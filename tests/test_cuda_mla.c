@@ -18,8 +18,8 @@
  *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel rounds
  *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
  *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
- *    the default from 64K rows x context (as its round-5 form, =rs2, the same bits, at blocks of
- *    <= 32 heads), which multiplies f16 P by exact f16 V); its own test
+ *    the default from 64K rows x context (at blocks of <= 32 heads as its round-6 form, =st, S^T with
+ *    heads as N; =rs2, round 5, gives rs's bits), which multiplies f16 P by exact f16 V); its own test
  *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
@@ -266,13 +266,18 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * "widen" forces the widening. "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
      * 0.0026 worst, as the widened path). "rs": those scores, PV from f16 P and V^T converted in
      * registers (f16 V exact, f16 P finer than bf16): the q8x2 bound. "rs2": the round-5 kernel, rs's
-     * work in another order (S one tile ahead; blocks of <= 32 heads, rs above): rs's bits too. */
+     * work in another order (S one tile ahead; blocks of <= 32 heads, rs above): rs's bits too. "st": the
+     * round-6 kernel, S^T with heads as N (blocks of <= 32 heads, rs above; the default from 64K rows x
+     * context): rs2's scores, P and PV, the softmax sums in another order: the rs bound, not its bits.
+     * "st4": st with four e4m3 stages, the same work in the same order: st's bits. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL},
         {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2, NULL},
         {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2, NULL},
         {NULL, NULL, "rs2", " wgmma fp8 S one tile ahead", 1.5e-2, "rs"},
+        {NULL, NULL, "st", " wgmma fp8 S^T heads as N", 1.5e-2, NULL},
+        {NULL, NULL, "st4", " wgmma fp8 S^T 4 stages", 1.5e-2, "st"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL}};

@@ -158,7 +158,8 @@ static void bench_decode(void) {
 }
 
 /* FP8 pages (session 6): the wgmma kernel's FP8-score path (LUNAR_MLA_WGMMA_FP8=q8x2: two e4m3
- * terms of q; =rs: those scores with PV transposed, V^T from the e4m3 tile in registers, session 8)
+ * terms of q; =rs: those scores with PV transposed, V^T from the e4m3 tile in registers, session 8;
+ * =st: S^T with heads as N, session 10; "rs" and "st" run the round-4 kernel at blocks of > 32 heads)
  * beside its session-5 path (=widen: e4m3 widened to bf16 before the bf16
  * MMA), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the default selection, same data, same
  * process. Floors: the e4m3 latent bytes at 4.3 TB/s; the MMA work of the widen / two-term path
@@ -166,10 +167,10 @@ static void bench_decode(void) {
  * two e4m3 S terms cost one bf16 S). */
 static void bench_decode_fp8(void) {
     printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; wgmma = LUNAR_MLA_DECODE=wgmma with "
-           "LUNAR_MLA_WGMMA_FP8=widen / q8x2 / rs; default = no variable)\n\n");
+           "LUNAR_MLA_WGMMA_FP8=widen / q8x2 / rs / st; default = no variable)\n\n");
     printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | wgmma widen | of floor | wgmma q8x2 | of floor | "
-           "wgmma rs | of floor | default | q8x2 vs widen | rs vs widen |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "wgmma rs | of floor | wgmma st | of floor | default | of floor | q8x2 vs widen | rs vs widen | st vs widen | "
+           "default vs new |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Hs[] = {12, 32, 64, 96};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
     for (int hi = 0; hi < 4; hi++)
@@ -189,31 +190,42 @@ static void bench_decode_fp8(void) {
             const float us_1 = time_us(call_decode, &m, 9);
             setenv("LUNAR_MLA_WGMMA_FP8", "q8x2", 1);
             const float us_2 = time_us(call_decode, &m, 9);
+            setenv("LUNAR_MLA_WGMMA_FP8", "st", 1);
+            const float us_s = time_us(call_decode, &m, 9);
             unsetenv("LUNAR_MLA_WGMMA_FP8");
             unsetenv("LUNAR_MLA_DECODE");
             const float us_d = time_us(call_decode, &m, 9);
             const double floor = (double)B * L * 576 / BW * 1e6;
             const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
             printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | %.0f%% | "
-                   "%.1f us | %.2fx | %.2fx |\n",
+                   "%.1f us | %.0f%% | %.1f us | %.0f%% | %.2fx | %.2fx | %.2fx | %.2fx |\n",
                    H, B, L / 1024, floor, mma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
-                   100.0 * floor / us_1, us_d, us_w / us_2, us_w / us_1);
+                   100.0 * floor / us_1, us_s, 100.0 * floor / us_s, us_d, 100.0 * floor / us_d, us_w / us_2, us_w / us_1,
+                   us_w / us_s, us_new / us_d);
             fflush(stdout);
             lunar_cuda_release(mark);
         }
 }
 
-/* FP8 pages, round 5 (session 9): the round-5 kernel (LUNAR_MLA_WGMMA_FP8=rs2: S one tile ahead, blocks
- * of <= 32 heads) against the round-4 kernel (=rs) it reorders, A/B alternating (rs first in odd rounds,
- * rs2 first in even ones), 4 rounds of a median of 9 each, same data, same process. Floor: the e4m3
- * latent bytes at 4.3 TB/s. */
+/* FP8 pages, A/B/C of wgmma FP8 kernels (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=<variant>), rotating
+ * the order every round (round r starts with variant r mod NV), 4 rounds of a median of 9 each, same data,
+ * same process; ratios against the first. Floor: the e4m3 latent bytes at 4.3 TB/s. Session 9 ran rs (round
+ * 4) against rs2 (round 5: S one tile ahead); session 10 runs rs2 against st (round 6: S^T with heads as N,
+ * blocks of <= 32 heads) and st4 (st with 4 e4m3 stages). */
 static void bench_decode_fp8_ab(void) {
-    printf("\n### MLA decode, FP8 pages: rs vs rs2 (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=rs / rs2), 4 rounds A/B\n\n");
-    printf("| H | B | context | floor | rs rounds (us) | rs2 rounds (us) | rs mean | of floor | rs2 mean | of floor | rs2 vs rs |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    enum { NV = 3, ROUNDS = 4 };
+    static const char *const ab[NV] = {"rs2", "st", "st4"};
+    printf("\n### MLA decode, FP8 pages: %s / %s / %s (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=<variant>), %d rounds, "
+           "order rotated\n\n| H | B | context | floor |",
+           ab[0], ab[1], ab[2], ROUNDS);
+    for (int v = 0; v < NV; v++) printf(" %s rounds (us) |", ab[v]);
+    for (int v = 0; v < NV; v++) printf(" %s mean | of floor |", ab[v]);
+    for (int v = 1; v < NV; v++) printf(" %s vs %s |", ab[v], ab[0]);
+    printf("\n|---|---|---|---|");
+    for (int v = 0; v < 4 * NV - 1; v++) printf("---|");
+    printf("\n");
     static const int Hs[] = {12, 32};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
-    enum { ROUNDS = 4 };
     for (int hi = 0; hi < 2; hi++)
         for (int ci = 0; ci < 6; ci++) {
             const int H = Hs[hi], B = BL[ci][0], L = BL[ci][1];
@@ -223,25 +235,24 @@ static void bench_decode_fp8_ab(void) {
             size_t wsb = lunar_cuda_mla_ws(B, H, L);
             m.ws = wsb ? dalloc(wsb) : NULL;
             setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-            float t[2][ROUNDS];
-            double mean[2] = {0, 0};
+            float t[NV][ROUNDS];
+            double mean[NV] = {0};
             for (int r = 0; r < ROUNDS; r++)
-                for (int k = 0; k < 2; k++) {
-                    const int v = (r & 1) ? 1 - k : k; /* 0 = rs, 1 = rs2 */
-                    setenv("LUNAR_MLA_WGMMA_FP8", v ? "rs2" : "rs", 1);
+                for (int k = 0; k < NV; k++) {
+                    const int v = (r + k) % NV;
+                    setenv("LUNAR_MLA_WGMMA_FP8", ab[v], 1);
                     t[v][r] = time_us(call_decode, &m, 9);
                     mean[v] += t[v][r] / ROUNDS;
                 }
             unsetenv("LUNAR_MLA_WGMMA_FP8");
             unsetenv("LUNAR_MLA_DECODE");
             const double floor = (double)B * L * 576 / BW * 1e6;
-            char rr[2][96];
-            for (int v = 0; v < 2; v++) {
-                int n = 0;
-                for (int r = 0; r < ROUNDS; r++) n += snprintf(rr[v] + n, sizeof rr[v] - n, "%s%.1f", r ? ", " : "", t[v][r]);
-            }
-            printf("| %d | %d | %dK | %.1f us | %s | %s | %.1f us | %.0f%% | %.1f us | %.0f%% | %.2fx |\n", H, B, L / 1024, floor,
-                   rr[0], rr[1], mean[0], 100.0 * floor / mean[0], mean[1], 100.0 * floor / mean[1], mean[0] / mean[1]);
+            printf("| %d | %d | %dK | %.1f us |", H, B, L / 1024, floor);
+            for (int v = 0; v < NV; v++)
+                for (int r = 0; r < ROUNDS; r++) printf("%s%.1f%s", r ? ", " : " ", t[v][r], r == ROUNDS - 1 ? " |" : "");
+            for (int v = 0; v < NV; v++) printf(" %.1f us | %.0f%% |", mean[v], 100.0 * floor / mean[v]);
+            for (int v = 1; v < NV; v++) printf(" %.2fx |", mean[0] / mean[v]);
+            printf("\n");
             fflush(stdout);
             lunar_cuda_release(mark);
         }

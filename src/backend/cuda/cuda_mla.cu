@@ -850,22 +850,20 @@ bool enabled() {
 // it is the default where the device run showed it faster than this kernel (docs/benchmarks.md,
 // "MLA decode, producer/consumer (session 5)": the swizzled-tile kernel, H = 32 / 64 / 96, B = 1-64,
 // 1K-128K; 17..32 heads cost both kernels what 32 do, 33..64 what 64 do).
-//  - FP8 pages: from 33 heads (1.5-2.9x); at 17-32 heads while rows x context <= 512K (1.14-2.2x;
-//    B = 8 at 32K + the generated tokens, just past 256K: 1.29x in the kernel bench and 3.7 % off
-//    the Kimi-Linear step in session 6; past 512K 1.10-1.16x in the kernel bench but 1-2 % slower
-//    in the Kimi-Linear step at B = 64, 32K with the FP8 cache in sessions 5 and 6, so mma.sync
-//    stays there).
+//  - FP8 pages: always (session 10). From 33 heads 1.5-2.9x; at <= 32 heads below 64K rows x context
+//    the widening wgmma kernel (1.14-2.2x, H = 12: 1.46-1.67x); from 64K the round-6 kernel (S^T with
+//    heads as N: "MLA decode, FP8 pages, round 6"), which also wins where mma.sync stayed before
+//    (17-32 heads past 512K, where the older wgmma kernels were 1.10-1.16x in the kernel bench but 1-2 %
+//    slower in the Kimi-Linear step at B = 64, 32K; 16 heads or fewer from 64K).
 //  - bf16 pages: once rows x context reaches 64K at 17-32 heads (1.03-1.94x; 0.83-0.91x below:
 //    B = 1 at 1K-32K, B = 8 at 1K), 32K at 33-64 (1.02-3.9x; 0.69-0.81x at 8K), 16K from 65
 //    (1.44-3.0x; 0.76-0.98x at 8K and below).
-//  - At 16 heads or fewer: FP8 pages while rows x context <= 64K (H = 12: 1.46-1.67x at B = 1,
-//    32K and B = 8, 8K; 0.59-0.89x from 256K: "MLA decode, FP8 pages (session 6)"); bf16 never
-//    (one mma.sync group against a 4x padded wgmma block; this kernel reaches 83-99 % of the
-//    bandwidth floor there from B = 8 at 32K).
+//  - At 16 heads or fewer, bf16 pages: never (one mma.sync group against a 4x padded wgmma block;
+//    this kernel reaches 83-99 % of the bandwidth floor there from B = 8 at 32K).
 bool wgmma_default(int H, int rows, int max_n, bool fp8) {
     const double work = (double)rows * max_n;
-    if (H <= 16) return fp8 && work <= 65536.0;
-    if (fp8) return H > 32 || work <= 524288.0;
+    if (fp8) return true;
+    if (H <= 16) return false;
     return work >= (H <= 32 ? 65536.0 : H <= 64 ? 32768.0 : 16384.0);
 }
 bool wgmma_wanted(int H, int rows, int max_n, bool fp8) {

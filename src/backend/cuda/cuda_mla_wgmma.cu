@@ -554,10 +554,15 @@ __device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16],
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
     }
 }
+// ST (the round-6 kernel, S^T = K Q^T with heads as N; blocks of <= 32 heads): head r's hi and lo terms are
+// two rows of the B operand, warpgroup w's 16 heads 16 w .. as rows 32 w + (r & 15) (hi) and 32 w + 16 + (r & 15)
+// (lo), 64 rows x 5 boxes from offset 0: dims 0..511 in boxes 0..3, the rope in box 4's first 64 bytes of
+// each row (so a k-step sits at the same offset in Q as in the tile); only heads 0..31 are quantised.
+template <bool ST = false>
 __device__ __forceinline__ void q8_quantise_q(const Args &a, unsigned char *smem, float *sqs, int row, int h0, int nh, int warp,
                                               int lane) {
     using namespace q8;
-    for (int r = warp; r < kM; r += kThreads / 32) {
+    for (int r = warp; r < (ST ? 32 : kM); r += kThreads / 32) {
         float4 x[5];
         float amax = 0.0f;
         const size_t qr = (size_t)row * a.H + h0 + r;
@@ -585,7 +590,12 @@ __device__ __forceinline__ void q8_quantise_q(const Args &a, unsigned char *smem
             const uint32_t lo = e4m3x2((v.x - b01.x) * 16.0f, (v.y - b01.y) * 16.0f) |
                                 e4m3x2((v.z - b23.x) * 16.0f, (v.w - b23.y) * 16.0f) << 16;
             const int d = 4 * w; // dims d .. d + 3: one 4-byte word of a line (never across a chunk)
-            if (d < kR) {
+            if constexpr (ST) {
+                const int rh = 32 * (r >> 4) + (r & 15), rl = rh + 16;
+                const int box = d < kR ? (d >> 7) * kBox : 4 * kBox, b = d < kR ? d & 127 : d - kR;
+                *reinterpret_cast<uint32_t *>(smem + box + sw_byte(rh, b)) = hi;
+                *reinterpret_cast<uint32_t *>(smem + box + sw_byte(rl, b)) = lo;
+            } else if (d < kR) {
                 *reinterpret_cast<uint32_t *>(smem + q_hi + (d >> 7) * kBox + sw_byte(r, d & 127)) = hi;
                 *reinterpret_cast<uint32_t *>(smem + q_lo + (d >> 7) * kBox + sw_byte(r, d & 127)) = lo;
             } else {
@@ -742,15 +752,19 @@ namespace rs {
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
-// the rest after NP P buffers (round 4: one, 200 KB; round 5: two, 208 KB)
-template <int NP> struct Lay {
+// The layout of a Block: Q (QB boxes), S e4m3 stages, NP P buffers (round 4: one, 200 KB; round 5: two,
+// 208 KB; round 6: Q in 5 boxes, 3 or 4 stages, two P buffers, 178 / 218 KB)
+template <int NP, int S = kStages, int QB = 9> struct Lay {
+    static constexpr int raw_off = QB * q8::kBox;
+    static constexpr int p_off = raw_off + S * q8::kStage;
     static constexpr int red_off = p_off + NP * kPBytes; // [2][64] floats
     static constexpr int sq_off = red_off + 2 * 64 * 4;  // [64] the per-head q scale
     static constexpr int al_off = sq_off + 64 * 4;       // [64] the tile's rescale factor per head
     static constexpr int li_off = al_off + 64 * 4;       // [64] the output factor per head
     static constexpr int bar_off = li_off + 64 * 4;
-    static constexpr size_t smem = (size_t)bar_off + kStages * 8 + 1024;
+    static constexpr size_t smem = (size_t)bar_off + S * 8 + 1024;
     static_assert(smem <= 232448, "227 KB of shared memory per block");
+    static_assert(raw_off % 1024 == 0 && q8::kStage % 1024 == 0, "stages on the 128-byte swizzle's 1 KB period");
 };
 
 // the f16 pair (byte b of x, byte b of y) x 2^-8; sel = prmt selector b | (8 | b) << 4 | (4 + b) << 8
@@ -769,8 +783,10 @@ static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
 // round 5 promises round 4's bits). The constructor is their set-up: the block's heads, split and row,
 // this thread's S rows (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages
 // tiles' copies issued, Q quantised into shared memory. NP: the P buffers of the layout.
-template <int NP> struct Block {
-    using L = Lay<NP>;
+// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages.
+template <int NP, bool ST = false, int S = kStages> struct Block {
+    using L = Lay<NP, S, ST ? 5 : 9>;
+    static constexpr int kStages = S;
     unsigned char *smem;
     uint32_t sb, bars;
     float *red, *sqs, *alpha, *linv;
@@ -788,7 +804,7 @@ template <int NP> struct Block {
         if (i >= ntiles) return;
         const int t0 = begin + i * kTile;
         const int slot0 = bt[t0 >> 7] * 128 + (t0 & 127);
-        const uint32_t bar = bars + (i % kStages) * 8, dst = sb + raw_off + (i % kStages) * kStage;
+        const uint32_t bar = bars + (i % kStages) * 8, dst = sb + L::raw_off + (i % kStages) * kStage;
         if (lane == 0) mbar_expect_tx(bar, kStage);
         __syncwarp();
         if (lane < 5) tma_2d(dst + lane * kBox, tm, lane * 128, slot0, bar);
@@ -822,7 +838,7 @@ template <int NP> struct Block {
         if (tid < 32)
             for (int i = 0; i < kStages; i++) issue_tma(i);
 
-        q8_quantise_q(a, smem, sqs, row, h0, nh, warp, lane);
+        q8_quantise_q<ST>(a, smem, sqs, row, h0, nh, warp, lane);
         fence_async_smem();
         __syncthreads();
         f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
@@ -861,7 +877,7 @@ template <int NP> struct Block {
         m0 = mn0, m1 = mn1;
         float ps0 = 0.0f, ps1 = 0.0f;
         // (the buffer as it & (NP - 1), not it % NP: the kernels' PTX, instruction for instruction)
-        unsigned char *P = smem + p_off + (it & (NP - 1)) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+        unsigned char *P = smem + L::p_off + (it & (NP - 1)) * kPBytes + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
@@ -932,6 +948,24 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][N / 2], uint32_t (&av)[4]
     wgmma_commit();
 }
 
+// O^T (dims D0.., heads 8i + 2t + e) times the output factor per head (linv, published) into o or the split's part
+template <int N, class B> __device__ __forceinline__ void store_ot(const Args &a, const B &b, const float (&o)[4][N / 2]) {
+    const int t = b.t, nh = b.nh, row = b.row;
+    const float *linv = b.linv;
+    float *base = a.splits == 1 ? a.o : a.o_part + (size_t)b.split * a.rows * a.H * kR;
+#pragma unroll
+    for (int i = 0; i < N / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int h = 8 * i + 2 * t + e;
+            if (h >= nh) continue;
+            const float f = linv[h];
+            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + b.h0 + h) * kR + b.D0);
+            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
+            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
+        }
+}
+
 // The end of the round-4 kernels: the row sums of the two warpgroups' positions; the output factor per head
 // (x 2^8: V was x 2^-8) through shared memory to the threads holding that head's columns (o: O^T, dims D0..)
 template <int N, int NP>
@@ -960,18 +994,7 @@ __device__ __forceinline__ void write_out(const Args &a, const Block<NP> &b, con
         }
     }
     __syncthreads();
-    float *base = direct ? a.o : a.o_part + (size_t)split * a.rows * a.H * kR;
-#pragma unroll
-    for (int i = 0; i < N / 8; i++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int h = 8 * i + 2 * t + e;
-            if (h >= nh) continue;
-            const float f = linv[h];
-            float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + b.h0 + h) * kR + b.D0);
-            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
-            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
-        }
+    store_ot<N>(a, b, o);
 }
 } // namespace rs
 
@@ -1109,6 +1132,224 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
     rs::write_out<N>(a, b, o, m0, m1, l0, l1);
 }
 
+// FP8 pages, round 6 (the default from 64K rows x context at blocks of <= 32 heads; LUNAR_MLA_WGMMA_FP8=st
+// forces it; larger blocks run the round-4 kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
+// positions of the tile per warpgroup): at <= 32 heads half of S's rows are zeros, and the operands read
+// from shared memory are 216 KB a tile (each warpgroup reads all of both Q terms, 2 x 36 KB, for its 32
+// positions), ~0.85 us of round 5's 2.39 us a tile at 128 B a clock (docs/benchmarks.md, "MLA decode, FP8
+// pages, round 5"). Here S^T = K Q^T: M = the tile's 64 positions (A = the e4m3 tile as TMA wrote it,
+// K-major, the same swizzled descriptors), N = 32 per warpgroup = its 16 heads' hi term then their lo term
+// (B = Q in the ST rows of q8_quantise_q<true>): a warpgroup's 18 m64n32k32 steps read the tile once (36
+// KB) and its heads' Q (18 KB), 108 KB a tile for the block, and no padded rows are multiplied.
+//  - The warpgroups split the heads, not the positions: a thread's accumulators are positions 16 w + g and
+//    + 8 (w: its warp in the warpgroup) of heads 16 wg + 8 i + 2 t + c (i, c = 0, 1; hi in columns i = 0, 1,
+//    lo in 2, 3), so the two terms of a score meet in one thread (s = hi + lo / 16, as before) and the
+//    softmax over a head's positions stays inside the warpgroup: a maximum over the thread's two positions,
+//    over g by shuffles, over the 4 warps through shared memory behind a named barrier of the warpgroup's
+//    128 threads (not the block's). The sums stay per thread (rescaled by the head's factor like the
+//    maxima) and meet once, at the end.
+//  - P goes to the same buffer as rounds 4-5 (f16, [head][position] core-matrix order, read by PV as its
+//    K-major B), one 2-byte store per score (a thread's positions of a head are 8 apart); PV, the V^T
+//    fragments and O^T are round 5's (each warpgroup its 256 dims over all heads).
+//  - Round 5's pipeline: S(it + 1) issued before tile it's softmax (only 16 accumulators in flight now),
+//    one wgmma wait a tile (S(it + 1) and PV(it - 1)), accumulators zeroed by asm and S issued without
+//    zeroing. Tile it's stage is refilled (tile it + 3) after the block barrier that publishes P (the
+//    maxima no longer meet at a block barrier); the rescale factors are double-buffered by tile (a
+//    warpgroup may write tile it + 1's before the other has read tile it's: no block barrier between).
+//  - Arithmetic: round 5's scores, exponentials, f16 P, PV and rescale per head; the sums over positions
+//    run in another order (per thread, then across threads at the end), so not round 5's bits.
+//  - Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 6"): 1.15-1.35x round 5 from 64K rows x
+//    context (H = 32, B = 64, 32K: 463 us, 61 % of the latent-bytes floor, 1.79 us a tile against 2.40).
+//    kS = 4 (=st4: Q's 40 KB left room for a fourth e4m3 stage) measured 0.97-1.00x kS = 3: the copies
+//    are not what the tile waits for; it stays opt-in.
+namespace st {
+// S^T of the tile in stage `raw` for one warpgroup: 18 m64n32k32 steps (k-step ks < 16 in box ks / 4 at
+// 32 (ks & 3) bytes, the rope in box 4: the same offset in the tile and in Q), issued and committed, not
+// waited; not zeroed (the first step's scale-d 0 ignores the old values: see the round-5 kernel)
+__device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t dq) {
+    using namespace q8;
+    fence_acc<16>(s);
+    wgmma_fence();
+    const uint64_t dt = desc_sw(raw, 16, 1024);
+#pragma unroll
+    for (int ks = 0; ks < 18; ks++) {
+        const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
+        wgmma_m64n32_e4m3(s, dt + off, dq + off, ks > 0);
+    }
+    wgmma_commit();
+}
+// the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads)
+__device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+} // namespace st
+
+template <int kS>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+    using namespace q8;
+    constexpr int N = 32;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const rs::Block<2, true, kS> b(a, tm, smem_raw);
+    using L = typename decltype(b)::L;
+    const int w4 = b.warp & 3, wg = b.wg, t = b.t, g = b.g;
+    float *red = b.red; // [2 warpgroups][4 warps][16 heads]: the maxima, at the end the sums
+    // this thread's heads 16 wg + 8 i + 2 t + c: their score factors
+    float f[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) f[i][c] = b.sqs[16 * wg + 8 * i + 2 * t + c] * a.scale2;
+
+    float o[4][N / 2], sn[16];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < N / 2; i++) asm volatile("mov.b32 %0, 0;\n" : "=f"(o[j][i]));
+#pragma unroll
+    for (int i = 0; i < 16; i++) asm volatile("mov.b32 %0, 0;\n" : "=f"(sn[i]));
+    float m[2][2], l[2][2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int c = 0; c < 2; c++) m[i][c] = -INFINITY, l[i][c] = 0.0f;
+    const uint64_t dp0 = desc(b.sb + L::p_off, 128, kPGroup);
+    const uint64_t dq = desc_sw(b.sb + wg * 4096, 16, 1024); // ST rows 32 wg ..
+
+    if (b.ntiles > 0) {
+        mbar_wait(b.bars, 0);
+        st::issue_s(sn, b.sb + L::raw_off, dq);
+    }
+    wgmma_wait<0>();
+
+    for (int it = 0; it < b.ntiles; it++) {
+        const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
+        fence_acc<16>(sn);
+        // s[i][e]: head (i, e & 1), position 16 w4 + g + 8 (e >> 1): the two terms summed
+        float s[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = sn[4 * i + e] + sn[4 * i + 8 + e] * 0.0625f;
+        if (it + 1 < b.ntiles) { // S(it + 1) runs under this tile's softmax
+            const int nx = it + 1;
+            mbar_wait(b.bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
+            st::issue_s(sn, b.sb + L::raw_off + (nx % kS) * kStage, dq);
+        }
+
+        uint32_t vx[4][4][2];
+        b.load_v(vx, raw);
+
+        // scores (positions at or past the end -inf) and each head's maximum over the warpgroup's 64 positions
+        const int pos = b.begin + it * kTile + 16 * w4 + g;
+        const bool ok0 = pos < b.end, ok1 = pos + 8 < b.end;
+        float mx[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                s[i][c] = ok0 ? s[i][c] * f[i][c] : -INFINITY;
+                s[i][2 + c] = ok1 ? s[i][2 + c] * f[i][c] : -INFINITY;
+                mx[i][c] = fmaxf(s[i][c], s[i][2 + c]);
+            }
+#pragma unroll
+        for (int x = 4; x <= 16; x <<= 1)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
+        if (g == 0)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
+        st::wg_sync(wg); // the warpgroup's maxima in (red is rewritten only after this tile's block barrier)
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
+                mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
+            }
+
+        // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
+        // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
+        unsigned char *P = b.smem + L::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
+        float al[2][2];
+        bool moved = false;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const float mn = fmaxf(m[i][c], mx[i][c]);
+                al[i][c] = exp2f(m[i][c] - mn);
+                m[i][c] = mn;
+                moved |= al[i][c] != 1.0f;
+                const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
+                l[i][c] = l[i][c] * al[i][c] + (e0 + e1);
+                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+            }
+        float *alpha = b.alpha + (it & 1) * 32;
+        if (w4 == 0 && g == 0)
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
+
+        wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
+#pragma unroll
+        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+        uint32_t av[4][4][4];
+        rs::v_fragments(av, vx);
+        fence_async_smem();
+        // P and the factors published (and every read of tile it's stage done); O^T's columns rescaled
+        // where a maximum of the block moved
+        if (__syncthreads_or(moved)) {
+#pragma unroll
+            for (int i = 0; i < N / 8; i++) {
+                const float2 fa = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    o[j][4 * i] *= fa.x, o[j][4 * i + 1] *= fa.y, o[j][4 * i + 2] *= fa.x, o[j][4 * i + 3] *= fa.y;
+            }
+        }
+        if (b.tid < 32) b.issue_tma(it + kS);
+        rs::issue_pv<N, 2>(o, av, dp0, it);
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+
+    // each head's sum over the threads of its warpgroup (g by shuffles, the 4 warps through red); the output
+    // factor (x 2^8: V was x 2^-8) and the split's log2-sum-exp per head
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) l[i][c] += __shfl_xor_sync(0xffffffffu, l[i][c], x);
+    __syncthreads(); // nobody reads red any more
+    if (g == 0)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(l[i][0], l[i][1]);
+    __syncthreads();
+    const bool direct = a.splits == 1;
+    if (w4 == 0 && g == 0) {
+        const float os = (direct ? a.out_scale : 1.0f) * 256.0f;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                const int hl = 8 * i + 2 * t + c, h = 16 * wg + hl;
+                const float ls = red[(wg * 4) * 16 + hl] + red[(wg * 4 + 1) * 16 + hl] + red[(wg * 4 + 2) * 16 + hl] +
+                                 red[(wg * 4 + 3) * 16 + hl];
+                b.linv[h] = ls > 0.0f ? os / ls : 0.0f;
+                if (!direct && h < b.nh)
+                    a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] =
+                        ls > 0.0f ? m[i][c] + log2f(ls) : -INFINITY;
+            }
+    }
+    __syncthreads();
+    rs::store_ot<N>(a, b, o);
+}
+
 struct Plan {
     int hb, hpb, splits, chunk;
 };
@@ -1201,6 +1442,17 @@ void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_
     wgmma_decode_rs2_kernel<<<dim3(p.hb, p.splits, a.rows), kThreads, rs::Lay<2>::smem, s>>>(a, tm);
     CUDA_CHECK_LAUNCH();
 }
+// Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); S e4m3 stages (3 or 4)
+template <int S> void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+    using L = rs::Lay<2, S, 5>;
+    static bool attr = false;
+    if (!attr) {
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
+        attr = true;
+    }
+    wgmma_decode_st_kernel<S><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm);
+    CUDA_CHECK_LAUNCH();
+}
 // The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
 // swizzle; the box at 512 runs past the 576-byte row and the copy engine fills it with zeros.
 bool make_tmap_q8(CUtensorMap *m, const void *latent) {
@@ -1259,23 +1511,29 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // FP8 pages on the swizzled tiles with bulk copies: from rows x context = 64K the round-4 kernel
     // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
-    // round-5 form (S one tile ahead, the same bits) where a block has <= 32 heads (1.03-1.06x the
-    // round-4 kernel from 64K rows x context except 1.00x at B = 8, 8K: "... round 5"); below it
-    // the tile widened to bf16. LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 / widen force one;
+    // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
+    // from 64K rows x context, "... round 6"); below it the tile widened to bf16.
+    // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
+    // / st4 (round 6 with 4 e4m3 stages) / widen force one;
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    const bool rs2 = p.hpb <= 32 && !(f8 && !strcmp(f8, "rs"));
-    const bool rs_wanted = f8 && *f8 ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") : (double)rows * max_n >= 65536.0;
+    const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
+    const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
+    const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
+    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4
+                                  : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
-            if (!(seen & (1 << rs2)))
+            const int v = st ? 2 + st4 : rs2;
+            if (!(seen & (1 << v)))
                 fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s\n",
-                        rs2 ? ", S one tile ahead" : ""),
-                    seen |= 1 << rs2;
+                        st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : ""),
+                    seen |= 1 << v;
         }
-        if (rs2) launch_rs2(a, tm, p, s);
+        if (st) st4 ? launch_st<4>(a, tm, p, s) : launch_st<3>(a, tm, p, s);
+        else if (rs2) launch_rs2(a, tm, p, s);
         else launch_rs(a, tm, p, s);
     } else if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
         make_tmap_q8(&tm, c->latent)) {
