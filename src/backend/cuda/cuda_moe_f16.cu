@@ -120,37 +120,26 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // and the reduction's barriers. Two groups a block halve those (K3.1 -5 %); more lose again (one
 // wave of 6-7 groups a block: +0.5 %), and a grid under one wave loses its warps (launch below).
 // The sums of each tile are the same operations in the same order (bit-identical to MT = false).
-// KB (LUNAR_MOE_F16_KSPLIT, launch below; issue 8, session 10): the gate/up kernel's K split across
-// kbn blocks of the same row group (blockIdx.x = group * kbn + kb), each block's S warps taking parts
-// kb S + ks of J / (S kbn) chunks. Why: at K3.1's TP8 slice (R = 384) the one-group grid is 24 groups
-// x 16 experts = 384 blocks, 0.73 of the 528 resident, and each warp streams its 7 chunks in two
-// round trips; kbn blocks give kbn x the warps, each with <= 4 chunks (one ring fill). The SiTU is
-// not linear, so each block's warp ks = 0 stores its in-block sum (as the S > 1 reduction leaves it)
-// to ksplit_part[slot][tile][kb], and the block that arrives last at the tile's counter (atomicAdd
-// after a __threadfence) sums the kbn partials in kb order (deterministic, whichever block arrives
-// last), runs the GLU and stores h, and resets the counter for the next launch (the MoE layers of a
-// step reuse both arrays one after another: each kernel waits for its predecessor under PDL). One
-// pass of <= 8 tokens only (n <= 8): the partials are per (slot, tile), not per pass.
-constexpr int KS_PART = 1 << 21;  // floats: slots x tiles x kbn x 256 (8 MB; K3.1 at 16 slots: kbn <= 2)
-constexpr int KS_CTR = 1 << 13;   // slots x tiles
-__device__ float ksplit_part[KS_PART];
-__device__ unsigned ksplit_ctr[KS_CTR];  // zero at module load; each use returns it to zero
-
-template <bool GATEUP, int S, bool XS, bool MT, bool KB = false>
-__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb, int kbs) {
+template <bool GATEUP, int S, bool XS, bool MT>
+__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     const int T = MT ? tpb : 1;  // row groups of this block
-    const int kbn = GATEUP && !MT && KB ? kbs : 1;  // KB: blocks along K per row group (the note above)
-    const int bx = kbn > 1 ? (int)blockIdx.x / kbn : (int)blockIdx.x, kb = (int)blockIdx.x - bx * kbn;
-    // EARLY bit 1 (LUNAR_MOE_F16_EARLY, opt bit 8; down kernel with opt bit 2): the ring's first fill
-    // before griddepcontrol.wait. The weights are no kernel's output, and the expert id comes from
-    // the route, written two launches back (cuda_common.cuh's rule, as the L2 prefetch below): under
-    // PDL the down blocks that become resident beside the gate/up kernel's tail (its grid is < 1 wave
-    // at the TP8 slice) have their first ST chunks (at K = 384 all 3 of a warp) in flight while it
-    // finishes. EARLY bit 2 (opt bit 16): counts[E] and active[slot] loaded together (active has E
-    // entries >= the grid's slots; the value is used only for a live slot), not behind the branch
-    // on the count: one dependent L2/DRAM round trip less before the first fill in both kernels.
-    const bool pre = !GATEUP && (opt & 8u) && (opt & 4u);
+    // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
+    // of dependent loads (count, expert id, ring fill, offsets, row_token, activations), paid once
+    // per block and serially per wave; at the TP8 slice (7 chunks a warp in gate/up, 3 in down) it
+    // is most of the kernel. Bit 1 (opt bit 8; down kernel, with opt bit 2): the ring's first fill
+    // and the expert's offsets before griddepcontrol.wait. The weights are no kernel's output, and
+    // the expert id and offsets come from the route, written two launches back (cuda_common.cuh's
+    // rule, as the L2 prefetch below): under PDL the down blocks that become resident beside the
+    // gate/up kernel's tail (its grid is < 1 wave at the TP8 slice) have their first ST chunks (at K
+    // = 384 all 3 of a warp) in flight while it finishes. Bit 2 (opt bit 16): counts[E] and
+    // active[slot] loaded together (active has E entries >= the grid's slots; the value is used
+    // only for a live slot), not behind the branch on the count: one dependent round trip less
+    // before the first fill in both kernels. Bit 4 (opt bit 32, set by the host only for one
+    // token): the route of one token gives each of its experts one row, at offsets[e] = the
+    // expert's slot (offsets are the exclusive scan of counts, the active list the experts in
+    // order) and row_token = 0, so neither is loaded (two round trips less in gate/up, one in down).
+    const bool pre = !GATEUP && (opt & 8u) && (opt & 4u), one = (opt & 32u) != 0;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
@@ -182,9 +171,9 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     if (!slot_live) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
-    const int tile = bx * RT * T + rt;
+    const int tile = blockIdx.x * RT * T + rt;
     const bool tile_ok = tile * 16 < a.R;
-    const int J = a.K / 128, P = S * kbn, j0 = (kb * S + ks) * J / P, j1 = (kb * S + ks + 1) * J / P;
+    const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
     // MT: this warp's live row groups (u < nt: tile + RT u inside R)
     const int nt = MT && tile_ok ? min(T, ((a.R - 1) / 16 - tile) / RT + 1) : (int)tile_ok;
     const int ra = tile * 16 + g, rb = ra + 8;
@@ -228,27 +217,24 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // has at least one token, so the first pass always runs)
     const bool early = (opt & 4u) && tile_ok && j0 < j1;
     if (early) fill();
-    if (!waited) pdl_wait();  // EARLY bit 1: the wait after the first fill (pre)
-    const int off = a.offsets[e], m = a.offsets[e + 1] - off;
+    const int off = one ? slot : a.offsets[e], m = one ? 1 : a.offsets[e + 1] - off;
+    if (!waited) pdl_wait();  // EARLY bit 1: the wait after the first fill and the offsets (pre)
     for (int t0 = 0; t0 < m; t0 += 8) {
         float acc[NM][4];  // zeroed per row group below
         // a lane past the group's last token reads token t0's activations: its mma column is
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
-        const uint16_t *xr = a.x + (size_t)(GATEUP ? a.row_token[off + tk] : off + tk) * a.K + c * 8;
+        const uint16_t *xr = a.x + (size_t)(GATEUP ? (one ? 0 : a.row_token[off + tk]) : off + tk) * a.K + c * 8;
         if (XS) {
             // the pass's rows (the host sized xs for min(8, tokens) >= min(8, m - t0) rows); the
             // previous pass's readers are done first (S = 1 has no other barrier between passes)
             if (t0 > 0) __syncthreads();
             const int nr = min(8, m - t0);
-            // KB: only this block's chunks kb S J / P .. (kb + 1) S J / P (16 column groups each)
-            const int q0 = kbn > 1 ? 16 * (kb * S * J / P) : 0;
-            const int qn = kbn > 1 ? 16 * ((kb + 1) * S * J / P) - q0 : K8;
             // one flat loop over the rows' 8-column groups (a loop per row kept more values live
             // across the chunk loop: 16 bytes of spill at S = 4, none this way)
-            for (int i = tid; i < nr * qn; i += 128) {
-                const int r = i / qn, q = q0 + i - r * qn;
-                const size_t row = GATEUP ? (size_t)a.row_token[off + t0 + r] : (size_t)(off + t0 + r);
+            for (int i = tid; i < nr * K8; i += 128) {
+                const int r = i / K8, q = i - r * K8;
+                const size_t row = GATEUP ? (one ? 0 : (size_t)a.row_token[off + t0 + r]) : (size_t)(off + t0 + r);
                 const uint4 u = __ldg((const uint4 *)(a.x + row * a.K + 8 * q));
                 uint32_t px[4];
                 if (GATEUP) x_f16(u, px);
@@ -347,32 +333,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                 }
                 __syncthreads();
             }
-            if (GATEUP && !MT && KB && ks == 0 && live) {
-                // KB: this block's sum of the tile to its slot, then the last of the kbn blocks to
-                // arrive sums all kbn in kb order (the note above the kernel); the others are done
-                const size_t ti = (size_t)slot * (a.R / 16) + tile;
-                float *part = ksplit_part + ti * kbn * (NACC * 32);
-#pragma unroll
-                for (int i = 0; i < NM; i++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++) part[(size_t)kb * NACC * 32 + (i * 4 + v) * 32 + lane] = acc[i][v];
-                __threadfence();  // the partial is visible device-wide before the count says so
-                unsigned last = 0;
-                if (lane == 0) last = atomicAdd(&ksplit_ctr[ti], 1u) == (unsigned)kbn - 1u;
-                last = __shfl_sync(0xffffffffu, last, 0);
-                if (!last) continue;  // u loop of one group (MT = false): this block is done
-                __threadfence();  // the other blocks' partials (seen through the count) are read after it
-#pragma unroll
-                for (int i = 0; i < NM; i++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++) acc[i][v] = 0.0f;
-                for (int q = 0; q < kbn; q++)
-#pragma unroll
-                    for (int i = 0; i < NM; i++)
-#pragma unroll
-                        for (int v = 0; v < 4; v++) acc[i][v] += __ldcg(part + (size_t)q * NACC * 32 + (i * 4 + v) * 32 + lane);
-                if (lane == 0) ksplit_ctr[ti] = 0u;  // every block of this launch has counted
-            }
             if (ks == 0 && live) {
                 // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
 #pragma unroll
@@ -438,27 +398,16 @@ static int tiles_mode(int n) {
     return t >= 1 && t <= 64 ? t : 0;
 }
 
-static int sm_count();
-
-// LUNAR_MOE_F16_KSPLIT (read at every launch, as the switches above): the gate/up kernel's K split
-// across N = 2..4 blocks per row group at <= 8 tokens (the kernel's KB note); 0, 1 or unset: off.
-// "auto": 2 where the one-group grid (nb x slots blocks) is under one wave of resident blocks (the
-// TP8 slice's 0.73), else off.
-static int ksplit_mode(int nb, int slots) {
-    const char *v = getenv("LUNAR_MOE_F16_KSPLIT");
-    if (!v) return 1;
-    if (!strcmp(v, "auto")) return (long long)nb * slots < 4LL * sm_count() ? 2 : 1;
-    const int k = atoi(v);
-    return k >= 2 && k <= 4 ? k : 1;
-}
-
-// LUNAR_MOE_F16_EARLY (bits, read at every launch): 1 the down kernel's first ring fill before
-// griddepcontrol.wait (opt bit 8), 2 the route's count and active id loaded together in both kernels
-// (opt bit 16); the kernel's EARLY note. Unset: 0.
-static uint32_t early_mode() {
+// LUNAR_MOE_F16_EARLY (bits, read at every launch): 1 the down kernel's first ring fill and the
+// expert's offsets before griddepcontrol.wait (opt bit 8), 2 the route's count and active id loaded
+// together in both kernels (opt bit 16), 4 at one token no offsets / row_token loads (opt bit 32);
+// the kernel's EARLY note. Unset: 7 (all three; 0: session 9's kernels). Measured (H200, decode bench
+// at batch 1, docs/benchmarks.md "MoE decode, MXFP4, the TP8 slice (session 10, H200)"): the TP8
+// slice 26.5 / 26.4 us off, 24.2 / 24.1 at 1, 23.6 / 23.5 at 3; K3.1 111.7 / 111.6 -> 109.3 / 109.8 at 3.
+static uint32_t early_mode(int n) {
     const char *v = getenv("LUNAR_MOE_F16_EARLY");
-    const int b = v ? atoi(v) : 0;
-    return (b & 1 ? 8u : 0u) | (b & 2 ? 16u : 0u);
+    const int b = v ? atoi(v) : 7;
+    return (b & 1 ? 8u : 0u) | (b & 2 ? 16u : 0u) | (b & 4 && n == 1 ? 32u : 0u);
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -473,9 +422,8 @@ static int sm_count() {
     return n;
 }
 
-template <bool GATEUP, int S, bool MT, bool KB = false>
-void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, int kb, uint32_t opt,
-              cudaStream_t st) {
+template <bool GATEUP, int S, bool MT>
+void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt, cudaStream_t st) {
     if (xs) {
         // the opt-in above 48 KB: raised per device whenever a call needs more than that device has
         // (a driver call, so not on every eager launch)
@@ -483,15 +431,15 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
         int dev = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         if (sx > 48 * 1024 && (dev < 0 || dev >= 8 || sx > opted[dev])) {
-            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT, KB>,
+            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
             if (dev >= 0 && dev < 8) opted[dev] = sx;
         }
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT, KB>, grid, dim3(128), sx, st, a,
-                   lunar_cuda_pdl_prefetch_bytes(2), opt, T, kb);
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT>, grid, dim3(128), sx, st, a,
+                   lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     } else {
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT, KB>, grid, dim3(128), smem, st, a,
-                   lunar_cuda_pdl_prefetch_bytes(2), opt, T, kb);
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
+                   lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     }
 }
 
@@ -517,20 +465,9 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     } else if (tm > 1) {
         T = min(tm, nb);
     }
-    // LUNAR_MOE_F16_KSPLIT: kb blocks along K per row group (gate/up, one pass: n <= 8; at most J / S;
-    // the partials and counters must fit the kernel's arrays), one group a block
-    const int J = a.K / 128;
-    int kb = GATEUP && n <= 8 ? min(ksplit_mode(nb, slots), J / S) : 1;
-    if (kb > 1 && ((size_t)slots * (a.R / 16) * kb * 256 > (size_t)KS_PART || (size_t)slots * (a.R / 16) > KS_CTR))
-        kb = 1;
-    if (kb > 1) T = 1;
-    const uint32_t opt = dec_opt() | early_mode();
-    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, 1, opt, st);
-    else if (kb > 1) {
-        if constexpr (GATEUP) launch_k<GATEUP, S, false, true>(a, dim3(nb * kb, slots), smem, sx, xs, 1, kb, opt, st);
-    } else {
-        launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, 1, opt, st);
-    }
+    const uint32_t opt = dec_opt() | early_mode(n);
+    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
+    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
