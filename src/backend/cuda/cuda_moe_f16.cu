@@ -401,9 +401,13 @@ static int tiles_mode(int n) {
 // LUNAR_MOE_F16_EARLY (bits, read at every launch): 1 the down kernel's first ring fill and the
 // expert's offsets before griddepcontrol.wait (opt bit 8), 2 the route's count and active id loaded
 // together in both kernels (opt bit 16), 4 at one token no offsets / row_token loads (opt bit 32);
-// the kernel's EARLY note. Unset: 7 (all three; 0: session 9's kernels). Measured (H200, decode bench
-// at batch 1, docs/benchmarks.md "MoE decode, MXFP4, the TP8 slice (session 10, H200)"): the TP8
-// slice 26.5 / 26.4 us off, 24.2 / 24.1 at 1, 23.6 / 23.5 at 3; K3.1 111.7 / 111.6 -> 109.3 / 109.8 at 3.
+// the kernel's EARLY note. Unset: 7 (all three; 0: session 9's kernels). Measured (H200, two calls,
+// docs/benchmarks.md "MoE decode, MXFP4, the TP8 slice (session 10, H200)"): decode bench at batch 1,
+// the TP8 slice 26.8 / 26.6 us at 0, 23.9 / 23.7 at 3, 23.4 / 23.3 unset (call 1: 26.5 / 26.4 at 0,
+// 24.2 / 24.1 at 1); K3.1 115.4 / 115.2 -> 111.0 / 111.0; the K3.1 slice's step (3 rounds alternating)
+// B = 1 1.980 -> 1.948 ms, B = 8 -0.4 %, B = 64 +0.2 % (noise). Also tried there: the gate/up K split
+// across 2-4 blocks per row group, the last to arrive summing the partials (+21-25 % at the TP8 slice,
+// +25 % on K3.1: more waves of this start-up chain), removed.
 static uint32_t early_mode(int n) {
     const char *v = getenv("LUNAR_MOE_F16_EARLY");
     const int b = v ? atoi(v) : 7;
