@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 8, session 10, call 1 (branch s10-mx4tp8): path 16 at K3.1's TP8 slice (gate/up K split across
+# Issue 8, session 10, call 1 (branch s10-mx4tp8, binaries of 949238e; KSPLIT was removed in e59936c, so its variants now run the default): path 16 at K3.1's TP8 slice (gate/up K split across
 # blocks, LUNAR_MOE_F16_KSPLIT; the down kernel's first ring fill before griddepcontrol.wait and the
 # route's two loads together, LUNAR_MOE_F16_EARLY). In order, each step only while time is left:
 # the MXFP4 op tests (new KSPLIT / EARLY cases), the decode bench at batch 1 (two rounds alternating
