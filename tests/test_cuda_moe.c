@@ -459,6 +459,55 @@ static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float 
     free(y0), free(r0);
 }
 
+/* LUNAR_MOE_F16_EARLY (path 16's block start-up; cuda_moe_f16.cu's EARLY note): bit 1 the down
+ * kernel's first ring fill and offsets before griddepcontrol.wait, bit 2 the route's count and
+ * expert id loaded together, bit 4 at one token no offsets / row_token loads (the slot is the row).
+ * Each changes when or whether route values are loaded, not the sums: the expert rows and the
+ * combined output must equal the switch off (=0) bit for bit, with the activations per chunk
+ * (LUNAR_MOE_F16_XS=0) and in shared memory (unset: 1 where it fits). Bit 4 needs the one-token
+ * route's layout (offsets[e] = the expert's rank = its slot, row_token 0): the n = 1 cases check it
+ * (with this test's permutation; the forward tests' route-one builds the same). The caller's values
+ * of both switches are restored after. */
+static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                           const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
+                           int I) {
+    static const char *names[2] = {"LUNAR_MOE_F16_EARLY", "LUNAR_MOE_F16_XS"};
+    char *keep[2];
+    for (int i = 0; i < 2; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    const size_t nkd = (size_t)n * k * D;
+    static const char *xsv[2] = {"0", NULL}, *ev[6] = {"0", "1", "2", "4", "3", "7"};
+    for (int x = 0; x < 2; x++) {
+        float *y0 = NULL, *r0 = NULL;
+        if (xsv[x]) setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
+        else unsetenv("LUNAR_MOE_F16_XS");
+        for (int t = 0; t < 6; t++) {
+            setenv("LUNAR_MOE_F16_EARLY", ev[t], 1);
+            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
+            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
+            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
+            lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
+            float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+            if (!y0) {
+                y0 = y, r0 = rows;
+                continue;
+            }
+            long bad = 0;
+            for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+            CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
+                      "%s EARLY=%s XS=%s: %ld expert-row values (or the combined output) differ from EARLY=0", what,
+                      ev[t], xsv[x] ? xsv[x] : "unset", bad);
+            free(y), free(rows);
+        }
+        free(y0), free(r0);
+    }
+    for (int i = 0; i < 2; i++) {
+        if (keep[i]) setenv(names[i], keep[i], 1);
+        else unsetenv(names[i]);
+        free(keep[i]);
+    }
+}
+
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
     size_t mark = lunar_cuda_mark();
     host_experts h;
@@ -508,6 +557,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         bf16_rows_case(what, path, ybuf, yb, ybw, acc, acc_b, hbuf, dz, &dw, &r, n, D, nkd);
         if (path == 16 && mxfp4 && act) f16_xs_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
+        if (path == 16 && mxfp4 && act) f16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);
             moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);
@@ -577,6 +627,8 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(3, 4, 16, 1024, 1152, 1, 1, 0, ALL_DECODE | WG | MX14);
     experts_case(64, 8, 32, 1024, 1152, 1, 0, 2, 1 | 4 | 128 | 256 | F16 | WG | MX14);
     experts_case(7, 4, 16, 512, 640, 1, 1, 0, 1 | F16); /* split-K 2 in both GEMMs (J = 4, 5: uneven) */
+    experts_case(1, 8, 16, 2048, 384, 1, 1, 0, 1 | F16); /* one token, 8 experts (EARLY bit 4: slot = row) */
+    experts_case(6, 6, 16, 2304, 256, 1, 1, 2, 1 | F16); /* skewed: up to 6 rows an expert in one pass */
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG | MX14);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG | MX14);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX14); /* 130 rows on 4 experts: tiles of 128 + 2 */

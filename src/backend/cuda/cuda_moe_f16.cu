@@ -124,6 +124,22 @@ template <bool GATEUP, int S, bool XS, bool MT>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     const int T = MT ? tpb : 1;  // row groups of this block
+    // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
+    // of dependent loads (count, expert id, ring fill, offsets, row_token, activations), paid once
+    // per block and serially per wave; at the TP8 slice (7 chunks a warp in gate/up, 3 in down) it
+    // is most of the kernel. Bit 1 (opt bit 8; down kernel, with opt bit 2): the ring's first fill
+    // and the expert's offsets before griddepcontrol.wait. The weights are no kernel's output, and
+    // the expert id and offsets come from the route, written two launches back (cuda_common.cuh's
+    // rule, as the L2 prefetch below): under PDL the down blocks that become resident beside the
+    // gate/up kernel's tail (its grid is < 1 wave at the TP8 slice) have their first ST chunks (at K
+    // = 384 all 3 of a warp) in flight while it finishes. Bit 2 (opt bit 16): counts[E] and
+    // active[slot] loaded together (active has E entries >= the grid's slots; the value is used
+    // only for a live slot), not behind the branch on the count: one dependent round trip less
+    // before the first fill in both kernels. Bit 4 (opt bit 32, set by the host only for one
+    // token): the route of one token gives each of its experts one row, at offsets[e] = the
+    // expert's slot (offsets are the exclusive scan of counts, the active list the experts in
+    // order) and row_token = 0, so neither is loaded (two round trips less in gate/up, one in down).
+    const bool pre = !GATEUP && (opt & 8u) && (opt & 4u), one = (opt & 32u) != 0;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
@@ -137,10 +153,22 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
             pdl_prefetch_l2(a.ws[0] + e * estr / 32 + r0 * (a.K / 32), (uint32_t)((size_t)rows * a.K / 32) & ~15u);
         }
     }
-    pdl_wait();
     const int slot = blockIdx.y;
-    if (slot >= a.counts[a.E]) return;
-    const int e = a.active[slot];
+    bool waited = !pre;
+    if (!pre) pdl_wait();
+    int e = -1;
+    bool slot_live;
+    if (pre || (opt & 16u)) {
+        const int cnt = a.counts[a.E], ev = a.active[slot];
+        slot_live = slot < cnt, e = ev;
+    } else {
+        slot_live = slot < a.counts[a.E];
+        if (slot_live) e = a.active[slot];
+    }
+    // pre: a block that returns or holds an id out of range (never, from the route) waits here,
+    // before anything else (every block waits: the chain stays transitive)
+    if (!waited && (!slot_live || e < 0 || e >= a.E)) pdl_wait(), waited = true;
+    if (!slot_live) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
     const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT * T + rt;
@@ -189,13 +217,14 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // has at least one token, so the first pass always runs)
     const bool early = (opt & 4u) && tile_ok && j0 < j1;
     if (early) fill();
-    const int off = a.offsets[e], m = a.offsets[e + 1] - off;
+    const int off = one ? slot : a.offsets[e], m = one ? 1 : a.offsets[e + 1] - off;
+    if (!waited) pdl_wait();  // EARLY bit 1: the wait after the first fill and the offsets (pre)
     for (int t0 = 0; t0 < m; t0 += 8) {
         float acc[NM][4];  // zeroed per row group below
         // a lane past the group's last token reads token t0's activations: its mma column is
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
-        const uint16_t *xr = a.x + (size_t)(GATEUP ? a.row_token[off + tk] : off + tk) * a.K + c * 8;
+        const uint16_t *xr = a.x + (size_t)(GATEUP ? (one ? 0 : a.row_token[off + tk]) : off + tk) * a.K + c * 8;
         if (XS) {
             // the pass's rows (the host sized xs for min(8, tokens) >= min(8, m - t0) rows); the
             // previous pass's readers are done first (S = 1 has no other barrier between passes)
@@ -205,7 +234,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
             // across the chunk loop: 16 bytes of spill at S = 4, none this way)
             for (int i = tid; i < nr * K8; i += 128) {
                 const int r = i / K8, q = i - r * K8;
-                const size_t row = GATEUP ? (size_t)a.row_token[off + t0 + r] : (size_t)(off + t0 + r);
+                const size_t row = GATEUP ? (one ? 0 : (size_t)a.row_token[off + t0 + r]) : (size_t)(off + t0 + r);
                 const uint4 u = __ldg((const uint4 *)(a.x + row * a.K + 8 * q));
                 uint32_t px[4];
                 if (GATEUP) x_f16(u, px);
@@ -369,6 +398,22 @@ static int tiles_mode(int n) {
     return t >= 1 && t <= 64 ? t : 0;
 }
 
+// LUNAR_MOE_F16_EARLY (bits, read at every launch): 1 the down kernel's first ring fill and the
+// expert's offsets before griddepcontrol.wait (opt bit 8), 2 the route's count and active id loaded
+// together in both kernels (opt bit 16), 4 at one token no offsets / row_token loads (opt bit 32);
+// the kernel's EARLY note. Unset: 7 (all three; 0: session 9's kernels). Measured (H200, two calls,
+// docs/benchmarks.md "MoE decode, MXFP4, the TP8 slice (session 10, H200)"): decode bench at batch 1,
+// the TP8 slice 26.8 / 26.6 us at 0, 23.9 / 23.7 at 3, 23.4 / 23.3 unset (call 1: 26.5 / 26.4 at 0,
+// 24.2 / 24.1 at 1); K3.1 115.4 / 115.2 -> 111.0 / 111.0; the K3.1 slice's step (3 rounds alternating)
+// B = 1 1.980 -> 1.948 ms, B = 8 -0.4 %, B = 64 +0.2 % (noise). Also tried there: the gate/up K split
+// across 2-4 blocks per row group, the last to arrive summing the partials (+21-25 % at the TP8 slice,
+// +25 % on K3.1: more waves of this start-up chain), removed.
+static uint32_t early_mode(int n) {
+    const char *v = getenv("LUNAR_MOE_F16_EARLY");
+    const int b = v ? atoi(v) : 7;
+    return (b & 1 ? 8u : 0u) | (b & 2 ? 16u : 0u) | (b & 4 && n == 1 ? 32u : 0u);
+}
+
 // the SM count of the current device (cached per device: a driver query)
 static int sm_count() {
     static int sms[8];
@@ -382,7 +427,7 @@ static int sm_count() {
 }
 
 template <bool GATEUP, int S, bool MT>
-void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, cudaStream_t st) {
+void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt, cudaStream_t st) {
     if (xs) {
         // the opt-in above 48 KB: raised per device whenever a call needs more than that device has
         // (a driver call, so not on every eager launch)
@@ -395,10 +440,10 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
             if (dev >= 0 && dev < 8) opted[dev] = sx;
         }
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT>, grid, dim3(128), sx, st, a,
-                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt(), T);
+                   lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     } else {
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
-                   lunar_cuda_pdl_prefetch_bytes(2), dec_opt(), T);
+                   lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     }
 }
 
@@ -424,8 +469,9 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     } else if (tm > 1) {
         T = min(tm, nb);
     }
-    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, st);
-    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, st);
+    const uint32_t opt = dec_opt() | early_mode(n);
+    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
+    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
