@@ -341,14 +341,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17-21) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped =
-        (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 || path == 18;
+        (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || (path >= 17 && path <= 21);
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -489,7 +489,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 18; path++) {
+    for (int path = 1; path <= 21; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -500,7 +500,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "wsmxd",
+                                      "wsmxp", "wsmxdp"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -565,8 +566,13 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * ring of 4 stages and 3 B buffers wrapping within and across items), empty (mode 1) and
  * overloaded experts, odd n, scales above 128 (the two-multiply widening), both matrices of
  * gate/up, D = 128 and 384 in its own down kernel (128-row weight tiles); gate/up needs I % 64
- * only. (Path 13, its one-tile predecessor, was removed in session 9.) */
-#define MX14 8192
+ * only. (Path 13, its one-tile predecessor, was removed in session 9.) Paths 19-21 (path 14 with 4
+ * B buffers and two chunks of products in flight; with the producer widening words 2-3 of every
+ * block one chunk behind its copies; both) on the same cases: their rings wrap within items (K of
+ * 18 chunks) and across them (K of 2-6 chunks: the producer's lagging widening crosses items, the
+ * last chunk's widening waits for its buffer's release), idle and half-idle warpgroups, and the
+ * two-multiply widening in either warpgroup (scales above 128). */
+#define MX14 (8192 | 1 << 18 | 1 << 19 | 1 << 20)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -767,6 +773,28 @@ static float time_experts(float *ybuf, uint16_t *hbuf, const uint16_t *z, const 
     return ts[reps / 2];
 }
 
+/* time_experts for paths 14 and 19-21 with each kernel's median too: *gu the gate/up kernel's ms,
+ * *dn the down kernel's (lunar_cuda_moe_split_event between the two launches) */
+static float time_experts_split(float *ybuf, uint16_t *hbuf, const uint16_t *z, const lunar_cuda_moe_experts *w,
+                                const lunar_cuda_moe_route *r, int path, int reps, float *gu, float *dn) {
+    lunar_cuda_event e0 = lunar_cuda_event_create(), em = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    float ts[64], tg[64], td[64];
+    for (int i = 0; i < 2; i++) lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);
+    lunar_cuda_moe_split_event(em);
+    for (int i = 0; i < reps; i++) {
+        lunar_cuda_event_record(e0, NULL);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);
+        lunar_cuda_event_record(e1, NULL);
+        ts[i] = lunar_cuda_event_ms(e0, e1), tg[i] = lunar_cuda_event_ms(e0, em), td[i] = lunar_cuda_event_ms(em, e1);
+    }
+    lunar_cuda_moe_split_event(NULL);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(em), lunar_cuda_event_destroy(e1);
+    qsort(ts, (size_t)reps, sizeof ts[0], cmpf), qsort(tg, (size_t)reps, sizeof tg[0], cmpf);
+    qsort(td, (size_t)reps, sizeof td[0], cmpf);
+    *gu = tg[reps / 2], *dn = td[reps / 2];
+    return ts[reps / 2];
+}
+
 /* random bf16 weights [n] (constant data would flatter the tensor cores), converted in pieces */
 static uint16_t *bench_bf16(size_t nw, uint32_t seed) {
     const size_t piece = (size_t)64 << 20;
@@ -906,24 +934,38 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
-    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18}, mpaths[] = {2, 4, 6, 14};
+    /* MXFP4: path 14 and its variants 19-21 twice, in opposite orders (alternating rounds) */
+    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18},
+                     mpaths[] = {2, 4, 14, 19, 20, 21, 21, 20, 19, 14};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "widen once per 2 tiles (14)"};
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)",     "path 14",         "deep B ring (19)",
+                                "producer widens (20)", "both (21)", "both (21) again", "producer widens (20) again",
+                                "deep B ring (19) again", "path 14 again"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 4 : 12); i++) {
+    for (int i = 0; i < (mx ? 10 : 12); i++) {
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-        float ms = time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
+        const int wy = mx && (paths[i] == 14 || paths[i] >= 19);
+        float gu = 0.0f, dn = 0.0f;
+        float ms = wy ? time_experts_split(ybuf, hbuf, z, &w, &r, paths[i], 7, &gu, &dn)
+                      : time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
         lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
         float *y = dl_f32(acc, (long)n * D);
         double err = 0.0;
         if (ref) err = lunar_max_rel_err(y, ref, (long)n * D);
-        printf("| prefill %-24s %-5s | %-14s | %5d | %8.2f | %6.1f | %5.0f %% | %s%.2g | router %.3f ms, permute %.3f ms |\n",
+        char split[96] = "";
+        /* gate/up is 2/3 of the FLOPs, down 1/3 */
+        if (wy)
+            snprintf(split, sizeof split, "gate/up %.2f ms (%.0f %%), down %.2f ms (%.0f %%)", gu,
+                     100.0 * flops * 2 / 3 / (gu * 1e-3) / g_dense_peak, dn,
+                     100.0 * flops / 3 / (dn * 1e-3) / g_dense_peak);
+        printf("| prefill %-24s %-5s | %-14s | %5d | %8.2f | %6.1f | %5.0f %% | %s%.2g | %s | router %.3f ms, permute %.3f ms |\n",
                label, mx ? "mxfp4" : "bf16", pn[i], n, ms, flops / (ms * 1e-3) / 1e12,
-               100.0 * flops / (ms * 1e-3) / g_dense_peak, ref ? "vs old " : "", ref ? err : 0.0, ms_router, ms_perm);
+               100.0 * flops / (ms * 1e-3) / g_dense_peak, ref ? "vs old " : "", ref ? err : 0.0, split, ms_router,
+               ms_perm);
         if (ref) free(y);
         else ref = y;
     }
