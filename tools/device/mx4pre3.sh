@@ -5,10 +5,11 @@
 # device call: the MXFP4 experts op tests (every path vs the CPU op, 19-21 among them), the prefill
 # kernel table (LUNAR_MOE_BENCH=prefill-mxfp4: K3.1's full shape and its TP8 slice; paths 14, 19,
 # 20, 21, then 21, 20, 19, 14 again, each with its gate/up and down kernel times), the K3.1 TP8
-# slice 8K prefill A/B (default = path 14 against the variants, alternating order), the forward
-# tests under one variant (FWD_MODE), and (time left) Nsight Compute on path 14's and path 20's first
-# K3.1 gate/up launch (speed of light, warp stalls).
-#   P=<prebuilt dir> OUT=<dir> [MODES="wsmxp wsmxdp wsmxd"] [ROUNDS=2] [AB_S=s] [FWD_MODE=wsmxp] [NCU=1] \
+# slice 8K prefill A/B (default = path 14 against MODES, unset: the variant fastest on the table's
+# TP8 rows; alternating order), the forward tests under the first of MODES (FWD_MODE), and (time
+# left) Nsight Compute on path 14's and that variant's first K3.1 gate/up launch (speed of light,
+# warp stalls).
+#   P=<prebuilt dir> OUT=<dir> [MODES="wsmxp wsmxdp wsmxd"] [ROUNDS=3] [AB_S=s] [FWD_MODE=wsmxp] [NCU=1] \
 #     tools/device/mx4pre3.sh
 set -u
 P=${P:?P = the prebuilt directory}
@@ -36,24 +37,32 @@ bench() { # name, env
   env $2 timeout 40 $S ${PROF:-} > $OUT/b_$1.log 2>&1
   echo "rc=$? $1 [$2]: $(pre $OUT/b_$1.log)" >> $T
 }
-for r in $(seq 1 ${ROUNDS:-2}); do
-  late ${AB_S:-130} && break
+# MODES unset: the variant whose rounds in the table's TP8 rows (the model's shape) average lowest
+if [ -z "${MODES:-}" ]; then
+  best=$(awk -F'|' '/^\| prefill K3.1 TP8/ && $3 ~ /\((19|20|21)\)/ {match($3, /\((19|20|21)\)/); p = substr($3, RSTART + 1, 2); t[p] += $5; n[p]++}
+    END {b = ""; for (p in t) if (b == "" || t[p] / n[p] < t[b] / n[b]) b = p; print b}' $OUT/bench.log)
+  case "$best" in 19) MODES=wsmxd ;; 20) MODES=wsmxp ;; 21) MODES=wsmxdp ;; *) MODES="wsmxp" ;; esac
+  echo "A/B variant (lowest TP8 mean in the table): path $best = $MODES" >> $T
+fi
+for r in $(seq 1 ${ROUNDS:-3}); do
+  late ${AB_S:-110} && break
   step "K3.1 TP8 slice 8K prefill A/B round $r"
   V="def:LUNAR_NONE=0"
-  for m in ${MODES:-wsmxp wsmxdp wsmxd}; do V="$V $m:LUNAR_MOE_PREFILL=$m"; done
+  for m in $MODES; do V="$V $m:LUNAR_MOE_PREFILL=$m"; done
   [ $((r % 2)) = 0 ] && V=$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')
   for v in $V; do bench ${v%%:*}_$r "${v#*:}"; done
 done
-FM=${FWD_MODE:-wsmxp}
-! late ${FWD_S:-160} && { step "LUNAR_MOE_PREFILL=$FM: cuda_moe_layer, cuda_forward (the MXFP4 goldens on its path)"
+FM=${FWD_MODE:-${MODES%% *}}
+! late ${FWD_S:-150} && { step "LUNAR_MOE_PREFILL=$FM: cuda_moe_layer, cuda_forward (the MXFP4 goldens on its path)"
   LUNAR_MOE_PREFILL=$FM OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_moe_layer > $OUT/t_layer.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/t_layer.log | cut -c1-160 | tail -3 >> $T
   LUNAR_MOE_PREFILL=$FM OMP_NUM_THREADS=16 timeout 40 $P/bin/lunar_tests cuda_forward > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |steps differ|median|CHECK' $OUT/t_fwd.log | cut -c1-160 | tail -12 >> $T; }
-if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null && ! late ${NCU_S:-175}; then
-  step "ncu moe_wy_kernel<gate/up, V = 0 (path 14), 2 (path 20)>: first launch each, K3.1 full shape"
-  LUNAR_MOE_BENCH=prefill-mxfp4 timeout 50 ncu --clock-control none --kernel-name-base mangled \
-    -k regex:'moe_wy_kernelILb1ELi[02]E' -c 2 --section SpeedOfLight --section WarpStateStats \
+NV=$(case "${MODES%% *}" in wsmxd) echo 1 ;; wsmxdp) echo 3 ;; *) echo 2 ;; esac)
+if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null && ! late ${NCU_S:-165}; then
+  step "ncu moe_wy_kernel<gate/up, V = 0 (path 14), $NV>: first launch each, K3.1 full shape"
+  LUNAR_MOE_BENCH=prefill-mxfp4 timeout 45 ncu --clock-control none --kernel-name-base mangled \
+    -k regex:"moe_wy_kernelILb1ELi[0$NV]E" -c 2 --section SpeedOfLight --section WarpStateStats \
     --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed.sum \
     $P/bin/lunar_tests cuda_moe_bench > $OUT/ncu_wy.txt 2>&1
   echo "rc=$?" >> $T
