@@ -536,6 +536,13 @@ __global__ void __launch_bounds__(WS_T, 1)
 //    were the last to read the buffer, in both warpgroups. The last chunk waits for that release
 //    explicitly (no chunk Q to issue).
 //  - V = 3 (path 21): both.
+//  - EPI (V = 4, path 22): the consumers' work between two items. At the TP8 slice's down GEMM (K =
+//    384: 6 chunks an item) path 14's down kernel takes as long as its gate/up (2.16 vs 2.24 ms at
+//    8K) for half the products; per item the consumers drain the tensor cores, look the next item
+//    up (a binary search over the pair prefix array: ~10 dependent shared loads) and run the
+//    epilogue, whose row weight load follows every store (moe_wg_epilogue's stores may alias it).
+//    EPI loads the 4 row weights of a thread once (wy_down_epilogue) and looks the next item up
+//    before the drain's wgmma_wait<0>; the products and stores are path 14's.
 // The producer keeps 88 registers only where it widens nothing; PW gives it 104 and the consumers
 // 200 (128 x 104 + 256 x 200 = 384 x 168).
 #define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + NB x 16 KB bf16 B buffers
@@ -566,12 +573,45 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
     return v;
 }
 
+// EPI's down epilogue (moe_wg_epilogue<false, 64> for both 64-row halves of this warpgroup, the same
+// products and stores): the 4 row weights of this thread's rows loaded once, before any store. In
+// moe_wg_epilogue each store through a.y (float *) may alias a.row_weight (const float *), so its
+// row weight is loaded again after every store: 64 dependent loads a thread and item.
+__device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
+                                                 int rend, int n0, int wwarp, int g, int c) {
+    const int rlo = m0 + wwarp * 16 + g;
+    float rw[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // half i / 2, row rlo + 64 (i / 2) + 8 (i % 2)
+        const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
+        rw[i] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
+    }
+    auto half = [&](const float *acc, int hf) {
+#pragma unroll
+        for (int p = 0; p < 64; p += 4) {
+            const int col = n0 + 2 * p + 2 * c;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = rlo + 64 * hf + 8 * hh;
+                if (r >= rend) continue;
+                const float *v = acc + p + 2 * hh, w = rw[2 * hf + hh];
+                if (a.yb)
+                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * w, v[1] * w);
+                else
+                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * w, v[1] * w);
+            }
+        }
+    };
+    if (nw > 0) half(acc0, 0);
+    if (nw > 1) half(acc1, 1);
+}
+
 template <bool GATEUP, int V>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
-    static_assert(V >= 0 && V <= 3, "bit 0: DEEP, bit 1: PW");
-    constexpr bool DEEP = V & 1, PW = V & 2;
+    static_assert(V >= 0 && V <= 4 && (V < 4 || V == 4), "bit 0: DEEP, bit 1: PW; 4: EPI alone");
+    constexpr bool DEEP = V & 1, PW = V & 2, EPI = V & 4;
     constexpr int NB = DEEP ? 4 : 3;  // B buffers
     constexpr int WD = DEEP ? 2 : 1;  // wgmma groups left in flight when the next chunk starts
     static_assert(NB >= WD + 2 && NB >= WY_ST - 1, "buffer reuse (see above)");
@@ -724,10 +764,10 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             if (lane == 0) mbar_arrive(empty + 8 * (rel % WY_ST));
             rel++;
         };
+        int e_, r0, rend, n0;  // EPI: the next item's, looked up before the previous one's drain
         for (int li = 0, q = 0; li < items; li++) {
-            int e_, r0, rend, n0;
-            item(li, e_, r0, rend, n0);
-            const int m0 = r0 + 128 * wg;  // this warpgroup's first token row
+            if (!EPI || li == 0) item(li, e_, r0, rend, n0);
+            const int m0 = r0 + 128 * wg, c_rend = rend, c_n0 = n0;  // this warpgroup's first token row
             // NW: this warpgroup's live 64-row halves (0: it only widens and meets the barriers).
             // Copies of the loop per NW rather than branches around the wgmma: a branch inside the
             // loop makes ptxas insert a warpgroup.arrive at the join (C7519)
@@ -792,12 +832,17 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             if (nw == 2) chunks(std::integral_constant<int, 2>());
             else if (nw == 1) chunks(std::integral_constant<int, 1>());
             else chunks(std::integral_constant<int, 0>());
+            if (EPI && li + 1 < items) item(li + 1, e_, r0, rend, n0);  // its shared loads under the drain
             wgmma_wait<0>();
             fence_acc<64>(acc0);
             fence_acc<64>(acc1);
             while (rel < q) release();
-            if (nw > 0) moe_wg_epilogue<GATEUP, 64, true>(a, acc0, m0, rend, n0, wwarp, g, c);
-            if (nw > 1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, m0 + 64, rend, n0, wwarp, g, c);
+            if (!GATEUP && EPI) {
+                wy_down_epilogue(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, c);
+            } else {
+                if (nw > 0) moe_wg_epilogue<GATEUP, 64, true>(a, acc0, m0, c_rend, c_n0, wwarp, g, c);
+                if (nw > 1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, m0 + 64, c_rend, c_n0, wwarp, g, c);
+            }
         }
     }
 }
@@ -905,14 +950,16 @@ template <bool GATEUP, int V> static bool wy_launch(const xargs &a, int tiles, c
 // the gate/up and the down launch of these modes (the benchmark's per-kernel times)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // path 14: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
-    if (mx && (mode == 6 || (mode >= 11 && mode <= 13))) {
+    if (mx && (mode == 6 || (mode >= 11 && mode <= 14))) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         const int v = mode == 6 ? 0 : mode - 10;
         bool ok = v == 0 ? wy_launch<true, 0>(g, tiles, st) : v == 1 ? wy_launch<true, 1>(g, tiles, st)
-                  : v == 2 ? wy_launch<true, 2>(g, tiles, st) : wy_launch<true, 3>(g, tiles, st);
+                  : v == 2 ? wy_launch<true, 2>(g, tiles, st) : v == 3 ? wy_launch<true, 3>(g, tiles, st)
+                           : wy_launch<true, 4>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
         ok = ok && (v == 0 ? wy_launch<false, 0>(d, tiles, st) : v == 1 ? wy_launch<false, 1>(d, tiles, st)
-                    : v == 2 ? wy_launch<false, 2>(d, tiles, st) : wy_launch<false, 3>(d, tiles, st));
+                    : v == 2 ? wy_launch<false, 2>(d, tiles, st) : v == 3 ? wy_launch<false, 3>(d, tiles, st)
+                             : wy_launch<false, 4>(d, tiles, st));
         return ok;
     }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
