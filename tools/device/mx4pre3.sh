@@ -10,7 +10,8 @@
 # left) Nsight Compute on path 14's and that variant's first K3.1 gate/up launch (speed of light,
 # warp stalls).
 # Call 2 (path 22, =wsmxe: the down epilogue's row weights loaded once, the next item looked up
-# under the drain): MODES=wsmxe AB_EXTRA="ybf:LUNAR_MOE_PREFILL=wsmxe,LUNAR_MOE_YBUF=bf16" NCU=down.
+# under the drain; 23, =wsmxes: 22 without copies of the A rows past an expert's end): MODES="wsmxe
+# wsmxes" AB_EXTRA="ybf:LUNAR_MOE_PREFILL=wsmxe,LUNAR_MOE_YBUF=bf16" FWD_MODE=wsmxes NCU=down.
 #   P=<prebuilt dir> OUT=<dir> [MODES="wsmxp wsmxdp wsmxd"] [ROUNDS=3] [AB_S=s] [FWD_MODE=wsmxp] [NCU=1|down] \
 #     [AB_EXTRA="name:VAR=v,VAR2=w ..."] \
 #     tools/device/mx4pre3.sh
@@ -22,9 +23,9 @@ late() { [ $(( $(date +%s) - t0 )) -gt $1 ]; }
 nvidia-smi -L >> $T
 step "op tests: cuda_moe_experts_mxfp4 (paths 14, 19-21 among the others, vs the CPU op)"
 LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 $P/bin/lunar_tests cuda_moe_experts_mxfp4 > $OUT/t_moe.log 2>&1; echo "rc=$?" >> $T
-grep -E ' wsmx(2|d|p|dp|e) |FAILED|passed, |CHECK' $OUT/t_moe.log | awk '{print}' | cut -c1-150 > $OUT/t_moe_sel.txt
+grep -E ' wsmx(2|d|p|dp|e|es) |FAILED|passed, |CHECK' $OUT/t_moe.log | awk '{print}' | cut -c1-150 > $OUT/t_moe_sel.txt
 # the worst error of each path over every case
-for p in wsmx2 wsmxd wsmxp wsmxdp wsmxe; do
+for p in wsmx2 wsmxd wsmxp wsmxdp wsmxe wsmxes; do
   grep -E "experts mxfp4 [a-z]+ $p n=" $OUT/t_moe.log | grep -oE 'err[ =:]*[0-9.e+-]+' | awk -v p=$p '{sub(/err[ =:]*/, ""); if ($1 + 0 > m) m = $1 + 0; n++} END {printf "%s: %d cases vs the CPU op, max rel err %.3g\n", p, n, m}' >> $T
 done
 grep -E 'FAILED|passed, |CHECK' $OUT/t_moe.log | cut -c1-160 | tail -8 >> $T

@@ -543,6 +543,11 @@ __global__ void __launch_bounds__(WS_T, 1)
 //    epilogue, whose row weight load follows every store (moe_wg_epilogue's stores may alias it).
 //    EPI loads the 4 row weights of a thread once (wy_down_epilogue) and looks the next item up
 //    before the drain's wgmma_wait<0>; the products and stores are path 14's.
+//  - SKIP (V = 12 with EPI, path 23): no copies for the A rows past the expert's end. Path 14
+//    zero-fills them (cp.async of 0 source bytes: no global read, but a shared store): at K3.1's 8K
+//    an item has ~146 of its 256 rows, so ~43 % of the producer's A copies write zeros. Output row i
+//    depends on A row i only, and rows past the end are never stored, so whatever the buffer holds
+//    there (a previous chunk's rows) reaches no output.
 // The producer keeps 88 registers only where it widens nothing; PW gives it 104 and the consumers
 // 200 (128 x 104 + 256 x 200 = 384 x 168).
 #define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + NB x 16 KB bf16 B buffers
@@ -610,8 +615,8 @@ template <bool GATEUP, int V>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
-    static_assert(V >= 0 && V <= 4 && (V < 4 || V == 4), "bit 0: DEEP, bit 1: PW; 4: EPI alone");
-    constexpr bool DEEP = V & 1, PW = V & 2, EPI = V & 4;
+    static_assert(V >= 0 && V <= 12 && (V < 4 || V == 4 || V == 12), "bit 0: DEEP, bit 1: PW; 4: EPI, 12: EPI + SKIP");
+    constexpr bool DEEP = V & 1, PW = V & 2, EPI = V & 4, SKIP = V & 8;
     constexpr int NB = DEEP ? 4 : 3;  // B buffers
     constexpr int WD = DEEP ? 2 : 1;  // wgmma groups left in flight when the next chunk starts
     static_assert(NB >= WD + 2 && NB >= WY_ST - 1, "buffer reuse (see above)");
@@ -712,8 +717,10 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int row = a_row0 + 16 * i;
-                    cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
-                               a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
+                    // SKIP: a row past the expert's end only feeds its own (never stored) output row
+                    if (!SKIP || ((xok >> i) & 1))
+                        cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
+                                   a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
                 }
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
@@ -950,16 +957,16 @@ template <bool GATEUP, int V> static bool wy_launch(const xargs &a, int tiles, c
 // the gate/up and the down launch of these modes (the benchmark's per-kernel times)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // path 14: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
-    if (mx && (mode == 6 || (mode >= 11 && mode <= 14))) {
+    if (mx && (mode == 6 || (mode >= 11 && mode <= 15))) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
-        const int v = mode == 6 ? 0 : mode - 10;
+        const int v = mode == 6 ? 0 : mode == 15 ? 12 : mode - 10;
         bool ok = v == 0 ? wy_launch<true, 0>(g, tiles, st) : v == 1 ? wy_launch<true, 1>(g, tiles, st)
                   : v == 2 ? wy_launch<true, 2>(g, tiles, st) : v == 3 ? wy_launch<true, 3>(g, tiles, st)
-                           : wy_launch<true, 4>(g, tiles, st);
+                  : v == 4 ? wy_launch<true, 4>(g, tiles, st) : wy_launch<true, 12>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
         ok = ok && (v == 0 ? wy_launch<false, 0>(d, tiles, st) : v == 1 ? wy_launch<false, 1>(d, tiles, st)
                     : v == 2 ? wy_launch<false, 2>(d, tiles, st) : v == 3 ? wy_launch<false, 3>(d, tiles, st)
-                             : wy_launch<false, 4>(d, tiles, st));
+                    : v == 4 ? wy_launch<false, 4>(d, tiles, st) : wy_launch<false, 12>(d, tiles, st));
         return ok;
     }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
