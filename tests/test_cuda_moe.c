@@ -341,14 +341,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17-23) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped =
-        (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || (path >= 17 && path <= 23);
+        (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 || path == 18 || path == 22;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -489,7 +489,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 23; path++) {
+    for (int path = 1; path <= 22; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -500,8 +500,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         float *y = dl_f32(acc, (long)n * D);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
-                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "wsmxd",
-                                      "wsmxp", "wsmxdp", "wsmxe", "wsmxes"};
+                                      "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
+                                      "",     "",       "wsmxe"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -566,19 +566,11 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * ring of 4 stages and 3 B buffers wrapping within and across items), empty (mode 1) and
  * overloaded experts, odd n, scales above 128 (the two-multiply widening), both matrices of
  * gate/up, D = 128 and 384 in its own down kernel (128-row weight tiles); gate/up needs I % 64
- * only. (Path 13, its one-tile predecessor, was removed in session 9.) Paths 19-21 (path 14 with 4
- * B buffers and two chunks of products in flight; with the producer widening words 2-3 of every
- * block one chunk behind its copies; both) on the same cases: their rings wrap within items (K of
- * 18 chunks) and across them (K of 2-6 chunks: the producer's lagging widening crosses items, the
- * last chunk's widening waits for its buffer's release), idle and half-idle warpgroups, and the
- * two-multiply widening in either warpgroup (scales above 128). Path 22 (path 14 with the down
- * epilogue's row weights loaded once per item, the next item looked up before the drain) on the same
- * cases: rows past the expert's end in either half, warpgroup 1 idle or half-idle, bf16 rows
- * (bf16_rows_case) and fp32. Path 23 (22 copying no A rows past an expert's end: the stage keeps
- * an earlier chunk's rows there) on the same cases: every item with fewer than 256 rows, K of 2..18
- * chunks (the stale rows from this item's or another's chunks), NaN-poisoned outputs (a stale row
- * reaching a stored row fails). */
-#define MX14 (8192 | 1 << 18 | 1 << 19 | 1 << 20 | 1 << 21 | 1 << 22)
+ * only. (Path 13, its one-tile predecessor, was removed in session 9.) Path 22 (path 14 with the
+ * down epilogue's row weights loaded once per item, the next item looked up before the drain; the
+ * MXFP4 default) on the same cases: rows past the expert's end in either half, warpgroup 1 idle or
+ * half-idle, several items a block, bf16 rows (bf16_rows_case) and fp32. */
+#define MX14 (8192 | 1 << 21)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -779,7 +771,7 @@ static float time_experts(float *ybuf, uint16_t *hbuf, const uint16_t *z, const 
     return ts[reps / 2];
 }
 
-/* time_experts for paths 14 and 19-23 with each kernel's median too: *gu the gate/up kernel's ms,
+/* time_experts for paths 14 and 22 with each kernel's median too: *gu the gate/up kernel's ms,
  * *dn the down kernel's (lunar_cuda_moe_split_event between the two launches) */
 static float time_experts_split(float *ybuf, uint16_t *hbuf, const uint16_t *z, const lunar_cuda_moe_experts *w,
                                 const lunar_cuda_moe_route *r, int path, int reps, float *gu, float *dn) {
@@ -890,8 +882,9 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
 
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
  * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma, its BF16 variants 10-12 (12: BF16's default) and
- * 7; MXFP4: 2, 4, 6 and 14 (the default)), median of 5, and each wgmma path's
- * combined output against path 2's (max rel err: the same products summed in another order). */
+ * 7; MXFP4: 2, 4, then 14 and 22 (the default) in alternating order, each with its gate/up and down
+ * kernel's own median of 7 too), median of 5, and each wgmma path's combined output against path 2's
+ * (max rel err: the same products summed in another order). */
 static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, const char *label) {
     size_t mark = lunar_cuda_mark();
     lunar_cuda_moe_experts w;
@@ -940,21 +933,20 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
-    /* MXFP4: path 14 and its variants 19-23; 14, 22 and 23 twice, in opposite orders (alternating rounds) */
+    /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds) */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18},
-                     mpaths[] = {2, 14, 22, 23, 19, 20, 21, 23, 22, 14};
+                     mpaths[] = {2, 4, 14, 22, 22, 14};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)",       "path 14",   "epilogue (22)",   "22, no dead A rows (23)",
-                                "deep B ring (19)",     "producer widens (20)", "both (21)",
-                                "22, no dead A rows (23) again", "epilogue (22) again", "path 14 again"};
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22 (default)", "path 22 again",
+                                "path 14 again"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 10 : 12); i++) {
+    for (int i = 0; i < (mx ? 6 : 12); i++) {
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-        const int wy = mx && (paths[i] == 14 || paths[i] >= 19); /* 19-23 */
+        const int wy = mx && (paths[i] == 14 || paths[i] == 22);
         float gu = 0.0f, dn = 0.0f;
         float ms = wy ? time_experts_split(ybuf, hbuf, z, &w, &r, paths[i], 7, &gu, &dn)
                       : time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);

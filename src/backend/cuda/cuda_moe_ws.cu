@@ -510,56 +510,35 @@ __global__ void __launch_bounds__(WS_T, 1)
 //
 // Measured (H200, 8192 tokens, both expert GEMMs; docs/benchmarks.md "MoE prefill, MXFP4 round 2"):
 // K3.1 25.25 ms (39 % of the measured dense peak) against path 13's 31.41, the TP8 slice 4.01 against
-// 4.68; the TP8 slice's 8K prefill 0.1311 s against 0.1328. The MXFP4 prefill default since.
+// 4.68; the TP8 slice's 8K prefill 0.1311 s against 0.1328. The MXFP4 prefill default until path 22.
 //
-// Variants (session 10, issue 8 round 3; V = template argument, opt-in: LUNAR_MOE_PREFILL=wsmxd /
-// wsmxp / wsmxdp, paths 19 / 20 / 21). Session 8's Nsight Compute run put the consumers' per-chunk
-// chain at the limit (SM 46.8 %, stalls long scoreboard 1.78, wait 1.49, barrier 0.47 a issue), and
-// nothing of the memory system near its own. Two ways to shorten what a consumer warp does between
-// two of its wgmma batches:
-//  - DEEP (V & 1, path 19): 4 B buffers and wgmma_wait<2>: a consumer starts widening chunk q + 1
-//    as soon as chunk q - 2's products are done instead of q - 1's, so a slow widening (or a skew
-//    between the warpgroups at the barrier) can run under two chunks of products, not one. Stage
-//    q - 2 (not q - 1) is released after chunk q's commit; a buffer is rewritten NB = 4 chunks
-//    after its last reader: this warp's own chunk q - 3 products are done (wait<2> of chunk q - 1)
-//    and the other warpgroup passed the barrier of chunk q only after its wait<2> of chunk q - 1,
-//    so its chunk q - 3 is done too. The cost: the producer refills a stage one chunk later (two
-//    chunks of copy latency hidden instead of three).
-//  - PW (V & 2, path 20): the producer warpgroup, which only issues copies (~90 SASS instructions a
-//    chunk against the consumers' ~285), widens half of every block: its thread t copies blocks t
-//    and t + 128 and widens their words 2 and 3 (16 of the 32 weights each) once its own copies
-//    have landed (cp.async.wait_group 1, one chunk behind its issue), fences the async proxy and
-//    arrives on `full` (128 plain arrivals instead of the arrive-on-completion); the consumers then
-//    widen words 0 and 1 of their block (half the loads, multiplies and stores) and fence nothing
-//    before their own widening. The producer widens chunk q into buffer q % NB after issuing chunk
-//    q + 1, i.e. after the release of chunk q + 1 - ST: with NB >= ST - 1 = 3 that chunk's products
-//    were the last to read the buffer, in both warpgroups. The last chunk waits for that release
-//    explicitly (no chunk Q to issue).
-//  - V = 3 (path 21): both.
-//  - EPI (V = 4, path 22): the consumers' work between two items. At the TP8 slice's down GEMM (K =
-//    384: 6 chunks an item) path 14's down kernel takes as long as its gate/up (2.16 vs 2.24 ms at
-//    8K) for half the products; per item the consumers drain the tensor cores, look the next item
-//    up (a binary search over the pair prefix array: ~10 dependent shared loads) and run the
-//    epilogue, whose row weight load follows every store (moe_wg_epilogue's stores may alias it).
-//    EPI loads the 4 row weights of a thread once (wy_down_epilogue) and looks the next item up
-//    before the drain's wgmma_wait<0>; the products and stores are path 14's.
-//  - SKIP (V = 12 with EPI, path 23): no copies for the A rows past the expert's end. Path 14
-//    zero-fills them (cp.async of 0 source bytes: no global read, but a shared store): at K3.1's 8K
-//    an item has ~146 of its 256 rows, so ~43 % of the producer's A copies write zeros. Output row i
-//    depends on A row i only, and rows past the end are never stored, so whatever the buffer holds
-//    there (a previous chunk's rows) reaches no output.
-// The producer keeps 88 registers only where it widens nothing; PW gives it 104 and the consumers
-// 200 (128 x 104 + 256 x 200 = 384 x 168).
-#define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + NB x 16 KB bf16 B buffers
+// Path 22 (EPI = true; session 10, docs/benchmarks.md "MoE prefill, MXFP4 round 3"): the consumers'
+// work between two items. At the TP8 slice's down GEMM (K = 384: 6 chunks an item) path 14's down
+// kernel took as long as its gate/up (2.16 vs 2.24 ms at 8K) for half the products; per item the
+// consumers drain the tensor cores, look the next item up (a binary search over the pair prefix
+// array: ~10 dependent shared loads) and run the epilogue, whose row weight load follows every store
+// (moe_wg_epilogue's stores through a.y may alias a.row_weight, so the compiler reloads it: 64
+// dependent loads a thread and item). Path 22 loads the 4 row weights of a thread once
+// (wy_down_epilogue) and looks the next item up before the drain's wgmma_wait<0>; products and
+// stores are path 14's. Measured: the TP8 slice's down kernel 2.16 -> 1.50 ms (Nsight Compute: long
+// scoreboard 3.52 -> 1.90 cycles a issue, barrier 1.61 -> 0.65), K3.1's 26.3 -> 25.4 ms, the TP8
+// slice's 8K prefill 0.1322 -> 0.1264 s; the MXFP4 prefill default since (LUNAR_MOE_PREFILL=wsmx2:
+// path 14).
+// Measured slower and removed (commit 9ac592b of branch s10-mx4pre has them): 4 B buffers with
+// wgmma_wait<2> (+8 %: the stage is released a chunk later, so the producer runs a chunk less
+// ahead), the producer warpgroup widening words 2-3 of every block one chunk behind its copies
+// (+11 %: its arrival now waits for its own copies and its widening), both (+30 %), and no copies
+// for the A rows past an expert's end (+14 % on K3.1 against path 22; not broken down: the stale
+// rows left there, unlike zeros, may cost the tensor cores power, hence clock).
+#define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + 3 x 16 KB bf16 B buffers
 #define WY_MAX_E 1024  // the prefix array's experts
 
 struct wy_cfg {
     static constexpr uint32_t A_BYTES = 256 * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
     static constexpr uint32_t STAGE = A_BYTES + RAW_BYTES + SCW_BYTES;  // 37 x 1024
     static constexpr uint32_t B_BYTES = 128 * 128;                    // the shared bf16 B tile
-    // NB B buffers: 3 (paths 14, 20): 212 KB in all; 4 (DEEP: paths 19, 21): 228 KB - 5.7 KB
-    static constexpr size_t smem(int nb) {
-        return 1024 + (size_t)WY_ST * STAGE + (size_t)nb * B_BYTES + 2 * WY_ST * 8 + (WY_MAX_E + 1) * 4;
+    static constexpr size_t smem() {
+        return 1024 + (size_t)WY_ST * STAGE + 3 * B_BYTES + 2 * WY_ST * 8 + (WY_MAX_E + 1) * 4;
     }
 };
 
@@ -572,16 +551,9 @@ __device__ __forceinline__ void wy_put(uint32_t row, int nr, int half, int w, ui
     sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410), prmt(p[1], p[0], 0x5410),
            prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
 }
-__device__ __forceinline__ uint2 lds64(uint32_t a) {
-    uint2 v;
-    asm volatile("ld.shared.v2.b32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
-    return v;
-}
 
-// EPI's down epilogue (moe_wg_epilogue<false, 64> for both 64-row halves of this warpgroup, the same
-// products and stores): the 4 row weights of this thread's rows loaded once, before any store. In
-// moe_wg_epilogue each store through a.y (float *) may alias a.row_weight (const float *), so its
-// row weight is loaded again after every store: 64 dependent loads a thread and item.
+// Path 22's down epilogue (moe_wg_epilogue<false, 64> for both 64-row halves of this warpgroup, the
+// same products and stores): the 4 row weights of this thread's rows loaded once, before any store
 __device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
                                                  int rend, int n0, int wwarp, int g, int c) {
     const int rlo = m0 + wwarp * 16 + g;
@@ -611,20 +583,16 @@ __device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *ac
     if (nw > 1) half(acc1, 1);
 }
 
-template <bool GATEUP, int V>
+// EPI: path 22 (false: path 14)
+template <bool GATEUP, bool EPI>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
-    static_assert(V >= 0 && V <= 12 && (V < 4 || V == 4 || V == 12), "bit 0: DEEP, bit 1: PW; 4: EPI, 12: EPI + SKIP");
-    constexpr bool DEEP = V & 1, PW = V & 2, EPI = V & 4, SKIP = V & 8;
-    constexpr int NB = DEEP ? 4 : 3;  // B buffers
-    constexpr int WD = DEEP ? 2 : 1;  // wgmma groups left in flight when the next chunk starts
-    static_assert(NB >= WD + 2 && NB >= WY_ST - 1, "buffer reuse (see above)");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
     extern __shared__ uint8_t ws_smem[];
     const uint32_t sT = (smem_u32(ws_smem) + 1023u) & ~1023u;  // stage s: A, nibbles, scale words
     const uint32_t sB = sT + WY_ST * C::STAGE;                   // B buffer b
-    const uint32_t full = sB + NB * C::B_BYTES, empty = full + WY_ST * 8;
+    const uint32_t full = sB + 3 * C::B_BYTES, empty = full + WY_ST * 8;
     int *pfx = (int *)(ws_smem + (empty + WY_ST * 8 - smem_u32(ws_smem)));  // [E + 1] pairs before expert e
 
     const int NN = a.R / NH, J = a.K / WS_BK;
@@ -647,48 +615,13 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
     __syncthreads();
 
     if (tid < 128) {
-        // ---------------------------------------------------------------- producer: copies (PW: and half the widening)
+        // ---------------------------------------------------------------- producer: copies only
         // 88 registers, the consumers 208 (128 x 88 + 256 x 208 = 384 x 168): at path 13's 72 the 16
         // A-piece sources of a 256-row item spilled (ptxas -v: 32 bytes, reloaded every chunk)
-        if (PW) asm volatile("setmaxnreg.dec.sync.aligned.u32 104;\n" ::: "memory");
-        else asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n" ::: "memory");
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n" ::: "memory");
         const int a_ch = tid & 7, a_row0 = tid >> 3;  // A piece i: row a_row0 + 16 i, 16-byte chunk a_ch
         const size_t estr = (size_t)a.R * a.K;
-        // PW: words 2, 3 of this thread's blocks u = tid + 128 i of chunk q (raw slot q % ST) into
-        // buffer q % NB; i = 0 / 1 are rows nr = u / 2 < 64 / >= 64 (GATEUP: w1 / w3)
-        auto pwiden = [&](int q) {
-            const int j = q % J, s = q % WY_ST;
-            const uint32_t dR = sT + s * C::STAGE + C::A_BYTES, dS = dR + C::RAW_BYTES;
-            const uint32_t bT = sB + (q % NB) * C::B_BYTES;
-            uint2 nib[2];
-            mxscale sc[2];
-            bool two = false;
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const int u = tid + 128 * i, half = u & 1;
-                const bool m3 = GATEUP && i == 1;
-                nib[i] = lds64(dR + u * 16 + 8);
-                const uint32_t sw = lds32(dS + u * 4);
-                const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + half + 2 * j) & 3;
-                sc[i] = mx_scale((sw >> (8 * sel)) & 0xffu);
-                two |= sc[i].two;
-            }
-            auto put = [&](auto two_c) {
-                constexpr bool TWO = decltype(two_c)::value;
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int u = tid + 128 * i, nr = u >> 1, half = u & 1;
-                    wy_put<TWO>(bT + nr * 128, nr, half, 2, nib[i].x, sc[i]);
-                    wy_put<TWO>(bT + nr * 128, nr, half, 3, nib[i].y, sc[i]);
-                }
-            };
-            if (__any_sync(0xffffffffu, two)) put(std::true_type());
-            else put(std::false_type());
-            fence_async_smem();  // this thread's widened words and landed A pieces -> the wgmma
-            mbar_arrive(full + 8 * s);
-        };
-        int q = 0;
-        for (int li = 0; li < items; li++) {
+        for (int li = 0, q = 0; li < items; li++) {
             int e, r0, rend, n0;
             item(li, e, r0, rend, n0);
             int src[16];
@@ -714,13 +647,13 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                 const int s = q % WY_ST;
                 if (q >= WY_ST) mbar_wait(empty + 8 * s, ((q / WY_ST) - 1) & 1);
                 const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
+                // rows past the expert's end are zero-filled (copying none there, which leaves a
+                // previous chunk's rows, measured 14 % slower on K3.1: see above)
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int row = a_row0 + 16 * i;
-                    // SKIP: a row past the expert's end only feeds its own (never stored) output row
-                    if (!SKIP || ((xok >> i) & 1))
-                        cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
-                                   a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
+                    cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
+                               a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
                 }
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
@@ -730,31 +663,14 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                     const uintptr_t sp = (uintptr_t)(wsw[i] + 2 * j);
                     cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
                 }
-                if (PW) {
-                    cp_commit();
-                    if (q >= 1) {
-                        cp_wait<1>();  // this thread's copies of chunk q - 1 have landed
-                        pwiden(q - 1);
-                    }
-                } else {
-                    ws_arrive_cp(full + 8 * s);
-                }
+                ws_arrive_cp(full + 8 * s);
             }
-        }
-        if (PW) {
-            // the last chunk Q - 1: its buffer's last reader is chunk Q - 1 - NB, released before
-            // chunk Q - ST's stage (NB >= ST - 1), which no issue waited for
-            const int Q = q;
-            if (Q >= WY_ST) mbar_wait(empty + 8 * (Q % WY_ST), ((Q / WY_ST) - 1) & 1);
-            cp_wait<0>();
-            pwiden(Q - 1);
         }
         cp_commit();
         cp_wait<0>();  // nothing of this thread's is left in flight when it leaves
     } else {
         // ---------------------------------------------------------------- consumers: widen + wgmma
-        if (PW) asm volatile("setmaxnreg.inc.sync.aligned.u32 200;\n" ::: "memory");
-        else asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n" ::: "memory");
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n" ::: "memory");
         const int ct = tid - 128, wg = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3;
         const int g = lane >> 2, c = lane & 3;
         const int nr = ct >> 1, half = ct & 1;  // this thread's block of every chunk: B row nr, columns 32 half ..
@@ -784,34 +700,22 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                 for (int j = 0; j < J; j++, q++) {
                     const int s = q % WY_ST;
                     const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
-                    const uint32_t bT = sB + (q % NB) * C::B_BYTES;
+                    const uint32_t bT = sB + (q % 3) * C::B_BYTES;
                     mbar_wait(full + 8 * s, (q / WY_ST) & 1);
-                    // the producer's cp.async A pieces, published by the barrier (PW: the producer fenced)
-                    if (!PW) fence_async_smem();
+                    fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
                     const uint32_t sw = lds32(dS + ct * 4);
                     const mxscale sc = mx_scale((sw >> (8 * ((sel0 + 2 * j) & 3))) & 0xffu);
                     const uint32_t row = bT + nr * 128;
-                    if (PW) {
-                        const uint2 nib = lds64(dR + ct * 16);
-                        if (__any_sync(0xffffffffu, sc.two)) {
-                            wy_put<true>(row, nr, half, 0, nib.x, sc);
-                            wy_put<true>(row, nr, half, 1, nib.y, sc);
-                        } else {
-                            wy_put<false>(row, nr, half, 0, nib.x, sc);
-                            wy_put<false>(row, nr, half, 1, nib.y, sc);
-                        }
-                    } else {
-                        const uint4 nib = lds128(dR + ct * 16);
-                        auto put = [&](auto two_c) {
-                            constexpr bool TWO = decltype(two_c)::value;
-                            wy_put<TWO>(row, nr, half, 0, nib.x, sc);
-                            wy_put<TWO>(row, nr, half, 1, nib.y, sc);
-                            wy_put<TWO>(row, nr, half, 2, nib.z, sc);
-                            wy_put<TWO>(row, nr, half, 3, nib.w, sc);
-                        };
-                        if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
-                        else put(std::false_type());
-                    }
+                    const uint4 nib = lds128(dR + ct * 16);
+                    auto put = [&](auto two_c) {
+                        constexpr bool TWO = decltype(two_c)::value;
+                        wy_put<TWO>(row, nr, half, 0, nib.x, sc);
+                        wy_put<TWO>(row, nr, half, 1, nib.y, sc);
+                        wy_put<TWO>(row, nr, half, 2, nib.z, sc);
+                        wy_put<TWO>(row, nr, half, 3, nib.w, sc);
+                    };
+                    if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
+                    else put(std::false_type());
                     fence_async_smem();  // this thread's widened row piece -> the wgmma
                     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the whole B tile written
                     if (NW > 0) {
@@ -831,9 +735,9 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                         wgmma_commit();
                         fence_acc<64>(acc0);
                         if (NW > 1) fence_acc<64>(acc1);
-                        wgmma_wait<WD>();  // chunk q - WD's products are done: its stage may be refilled
+                        wgmma_wait<1>();  // chunk q - 1's products are done: its stage may be refilled
                     }
-                    if (q - WD >= rel) release();
+                    if (q - 1 >= rel) release();
                 }
             };
             if (nw == 2) chunks(std::integral_constant<int, 2>());
@@ -943,30 +847,26 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP, int V> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
+template <bool GATEUP, bool EPI> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    constexpr int NB = (V & 1) ? 4 : 3;
-    return ws_persistent<moe_wy_kernel<GATEUP, V>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(NB),
-                                                   st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(),
+                                                     st);
 }
 
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
-// rows, gate/up R % 64, down R % 128); modes 11, 12, 13: its variants V = 1, 2, 3 (paths 19, 20,
-// 21: DEEP, PW, both); false where the shapes do not fit it. mid (or NULL): recorded on st between
-// the gate/up and the down launch of these modes (the benchmark's per-kernel times)
+// rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
+// weights loaded once and the next item looked up before the drain); false where the shapes do not
+// fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
+// benchmark's per-kernel times)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
-    // path 14: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
-    if (mx && (mode == 6 || (mode >= 11 && mode <= 15))) {
+    // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
+    if (mx && (mode == 6 || mode == 14)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
-        const int v = mode == 6 ? 0 : mode == 15 ? 12 : mode - 10;
-        bool ok = v == 0 ? wy_launch<true, 0>(g, tiles, st) : v == 1 ? wy_launch<true, 1>(g, tiles, st)
-                  : v == 2 ? wy_launch<true, 2>(g, tiles, st) : v == 3 ? wy_launch<true, 3>(g, tiles, st)
-                  : v == 4 ? wy_launch<true, 4>(g, tiles, st) : wy_launch<true, 12>(g, tiles, st);
+        const bool epi = mode == 14;
+        bool ok = epi ? wy_launch<true, true>(g, tiles, st) : wy_launch<true, false>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
-        ok = ok && (v == 0 ? wy_launch<false, 0>(d, tiles, st) : v == 1 ? wy_launch<false, 1>(d, tiles, st)
-                    : v == 2 ? wy_launch<false, 2>(d, tiles, st) : v == 3 ? wy_launch<false, 3>(d, tiles, st)
-                    : v == 4 ? wy_launch<false, 4>(d, tiles, st) : wy_launch<false, 12>(d, tiles, st));
+        ok = ok && (epi ? wy_launch<false, true>(d, tiles, st) : wy_launch<false, false>(d, tiles, st));
         return ok;
     }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
