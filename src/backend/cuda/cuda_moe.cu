@@ -1021,20 +1021,21 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // kernel, cuda_moe_wg.cu, MXFP4's default before) on K3.1's shapes (docs/benchmarks.md "MoE
         // prefill, MXFP4 in the consumer warps"), and path 14 9-17 % faster than 13 there
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 2"; path 13 removed in session 9), path
-        // 22 4-17 % faster than 14 (docs/benchmarks.md "MoE prefill, MXFP4 round 3").
+        // 22 3-17 % faster than 14 (docs/benchmarks.md "MoE prefill, MXFP4 round 3").
         // LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for both
         // kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured 30 %
         // slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the consumers'
         // per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6, kept opt-in),
-        // =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the defaults), =wsmc
+        // =wsfast path 12 for BF16 experts (the default), =wsmx2 path 14 for MXFP4 experts, =wsmc
         // path 17 for BF16 experts (path 12's kernel in clusters of 2 sharing the weight tiles by
         // TMA multicast, the odd tiles paired without; opt-in), =wsmc2 path 18 (17 with CTA-scope
         // remote releases); the other kind keeps its default under wsf / wsfast / wsmx2 / wsmc /
         // wsmc2. Path 22 (path 14 with the down epilogue's row weights loaded once per item and the
-        // next item looked up before the drain: the TP8 slice's down kernel 31 % faster, its 8K
-        // prefill 4.4 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
-        // session 10; =wsmx2 forces path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any other value (wsmx, path 13's, among
-        // them) runs the defaults, with a note on stderr once.
+        // next item looked up before the drain: the TP8 slice's down kernel 30 % faster, its 8K
+        // prefill 4.5 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
+        // session 10; =wsmx2 forces path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any
+        // other value (wsmx, path 13's, and session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes
+        // among them) runs the defaults, with a note on stderr once.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
