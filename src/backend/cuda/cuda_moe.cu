@@ -978,6 +978,10 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUDA_CHECK_LAUNCH();
 }
 
+// lunar_cuda_moe_split_event's event (the prefill benchmark's per-kernel times), or NULL
+static cudaEvent_t g_split_event;
+extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event = (cudaEvent_t)e; }
+
 // yb: the down outputs in bf16 instead of ybuf where path is a wgmma grouped GEMM (their shared
 // epilogue, cuda_moe.cuh), else -1 before any launch
 static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
@@ -1007,7 +1011,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
         // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
         // the warp-specialised wgmma kernel that widens each weight chunk in its consumer
-        // warpgroups once for two M tiles of an expert (path 14, cuda_moe_ws.cu): measured on the
+        // warpgroups once for two M tiles of an expert (path 22, cuda_moe_ws.cu: path 14 with a
+        // shorter switch between items): measured on the
         // H200 at 8192 tokens, path 6 is 5-8 % faster than 4 on Kimi-Linear's BF16 shape and 20 %
         // slower on K3.1's MXFP4 ones (its single producer warpgroup widens the nibbles alone;
         // docs/benchmarks.md "MoE prefill, warp-specialised"), path 12 4 % faster than 6 with
@@ -1015,17 +1020,22 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // (the widening in the consumers, one M tile an item) 21-25 % faster than path 4 (the wgmma
         // kernel, cuda_moe_wg.cu, MXFP4's default before) on K3.1's shapes (docs/benchmarks.md "MoE
         // prefill, MXFP4 in the consumer warps"), and path 14 9-17 % faster than 13 there
-        // (docs/benchmarks.md "MoE prefill, MXFP4 round 2"; path 13 removed in session 9).
+        // (docs/benchmarks.md "MoE prefill, MXFP4 round 2"; path 13 removed in session 9), path
+        // 22 3-17 % faster than 14 (docs/benchmarks.md "MoE prefill, MXFP4 round 3").
         // LUNAR_MOE_PREFILL=ws / wg / old force path 6 / 4 / 2 (the mma.sync kernel) for both
         // kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured 30 %
         // slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the consumers'
         // per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6, kept opt-in),
-        // =wsfast path 12 for BF16 experts, =wsmx2 path 14 for MXFP4 experts (the defaults), =wsmc
+        // =wsfast path 12 for BF16 experts (the default), =wsmx2 path 14 for MXFP4 experts, =wsmc
         // path 17 for BF16 experts (path 12's kernel in clusters of 2 sharing the weight tiles by
         // TMA multicast, the odd tiles paired without; opt-in), =wsmc2 path 18 (17 with CTA-scope
         // remote releases); the other kind keeps its default under wsf / wsfast / wsmx2 / wsmc /
-        // wsmc2. Any other value (wsmx, path 13's, among them) runs the defaults, with a note on
-        // stderr once.
+        // wsmc2. Path 22 (path 14 with the down epilogue's row weights loaded once per item and the
+        // next item looked up before the drain: the TP8 slice's down kernel 30 % faster, its 8K
+        // prefill 4.5 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
+        // session 10; =wsmx2 forces path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any
+        // other value (wsmx, path 13's, and session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes
+        // among them) runs the defaults, with a note on stderr once.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1038,27 +1048,29 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmx2") ? 14
                   : !strcmp(e, "wsmc") ? 17
                   : !strcmp(e, "wsmc2") ? 18
+                  : !strcmp(e, "wsmxe") ? 22
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmc | wsmc2");
         }
-        const bool mxp = pre == 14;  // the MXFP4-only path; the others BF16-only from 10 on
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 14) : mxp ? 12 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 14 : 12) : dec ? dec : auto_dec;
+        const bool mxp = pre == 14 || pre == 22;  // the MXFP4-only paths; the others BF16-only from 10 on
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 22) : mxp ? 12 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 22 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    if (path == 14 && !w->mxfp4) path = 12;  // path 14: MXFP4 widened by the consumers
+    if ((path == 14 || path == 22) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
-    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12 and 14: the grouped GEMMs (any
-    // n); 17, 18: path 12 in clusters of 2 sharing the BF16 weight tiles (MXFP4: path 6, as 7).
-    // 13 (session 7's MXFP4 kernel, superseded by 14) and 15 are no paths.
-    const bool mc = path == 17 || path == 18;
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 14 || mc,
+    // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
+    // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
+    // the BF16 weight tiles (MXFP4: path 6, as 7). 13 (session 7's MXFP4 kernel, superseded by 14),
+    // 15 and 19-21 (session 10's slower variants of 14, removed) are no paths.
+    const bool mc = path == 17 || path == 18, wy = path == 14 || path == 22;
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 14 || path >= 16) && path <= 18 &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 14 || (path >= 16 && path <= 18) || path == 22) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
@@ -1099,7 +1111,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st)) {
+                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st,
+                                    g_split_event)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if ((path >= 4 && path <= 7) || ws) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);

@@ -510,7 +510,26 @@ __global__ void __launch_bounds__(WS_T, 1)
 //
 // Measured (H200, 8192 tokens, both expert GEMMs; docs/benchmarks.md "MoE prefill, MXFP4 round 2"):
 // K3.1 25.25 ms (39 % of the measured dense peak) against path 13's 31.41, the TP8 slice 4.01 against
-// 4.68; the TP8 slice's 8K prefill 0.1311 s against 0.1328. The MXFP4 prefill default since.
+// 4.68; the TP8 slice's 8K prefill 0.1311 s against 0.1328. The MXFP4 prefill default until path 22.
+//
+// Path 22 (EPI = true; session 10, docs/benchmarks.md "MoE prefill, MXFP4 round 3"): the consumers'
+// work between two items. At the TP8 slice's down GEMM (K = 384: 6 chunks an item) path 14's down
+// kernel took as long as its gate/up (2.16 vs 2.24 ms at 8K) for half the products; per item the
+// consumers drain the tensor cores, look the next item up (a binary search over the pair prefix
+// array: ~10 dependent shared loads) and run the epilogue, whose row weight load follows every store
+// (moe_wg_epilogue's stores through a.y may alias a.row_weight, so the compiler reloads it: 64
+// dependent loads a thread and item). Path 22 loads the 4 row weights of a thread once
+// (wy_down_epilogue) and looks the next item up before the drain's wgmma_wait<0>; products and
+// stores are path 14's. Measured: the TP8 slice's down kernel 2.16 -> 1.50 ms (Nsight Compute: long
+// scoreboard 3.52 -> 1.90 cycles a issue, barrier 1.61 -> 0.65), K3.1's 26.3 -> 25.4 ms, the TP8
+// slice's 8K prefill 0.1322 -> 0.1264 s; the MXFP4 prefill default since (LUNAR_MOE_PREFILL=wsmx2:
+// path 14).
+// Measured slower and removed (commit 9ac592b of branch s10-mx4pre has them): 4 B buffers with
+// wgmma_wait<2> (+8 %: the stage is released a chunk later, so the producer runs a chunk less
+// ahead), the producer warpgroup widening words 2-3 of every block one chunk behind its copies
+// (+11 %: its arrival now waits for its own copies and its widening), both (+30 %), and no copies
+// for the A rows past an expert's end (+14 % on K3.1 against path 22; not broken down: the stale
+// rows left there, unlike zeros, may cost the tensor cores power, hence clock).
 #define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + 3 x 16 KB bf16 B buffers
 #define WY_MAX_E 1024  // the prefix array's experts
 
@@ -523,7 +542,49 @@ struct wy_cfg {
     }
 };
 
-template <bool GATEUP>
+// 8 nibbles of one 32-weight block (word w of its 4) widened by the block's scale into the 16
+// bytes of row nr, columns 32 half + 8 w .. of a bf16 B tile (128-byte swizzle)
+template <bool TWO>
+__device__ __forceinline__ void wy_put(uint32_t row, int nr, int half, int w, uint32_t word, const mxscale &sc) {
+    uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
+    pairs_mx<TWO>(word, sc, p);
+    sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410), prmt(p[1], p[0], 0x5410),
+           prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
+}
+
+// Path 22's down epilogue (moe_wg_epilogue<false, 64> for both 64-row halves of this warpgroup, the
+// same products and stores): the 4 row weights of this thread's rows loaded once, before any store
+__device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
+                                                 int rend, int n0, int wwarp, int g, int c) {
+    const int rlo = m0 + wwarp * 16 + g;
+    float rw[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {  // half i / 2, row rlo + 64 (i / 2) + 8 (i % 2)
+        const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
+        rw[i] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
+    }
+    auto half = [&](const float *acc, int hf) {
+#pragma unroll
+        for (int p = 0; p < 64; p += 4) {
+            const int col = n0 + 2 * p + 2 * c;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = rlo + 64 * hf + 8 * hh;
+                if (r >= rend) continue;
+                const float *v = acc + p + 2 * hh, w = rw[2 * hf + hh];
+                if (a.yb)
+                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * w, v[1] * w);
+                else
+                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * w, v[1] * w);
+            }
+        }
+    };
+    if (nw > 0) half(acc0, 0);
+    if (nw > 1) half(acc1, 1);
+}
+
+// EPI: path 22 (false: path 14)
+template <bool GATEUP, bool EPI>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
@@ -586,6 +647,8 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                 const int s = q % WY_ST;
                 if (q >= WY_ST) mbar_wait(empty + 8 * s, ((q / WY_ST) - 1) & 1);
                 const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
+                // rows past the expert's end are zero-filled (copying none there, which leaves a
+                // previous chunk's rows, measured 14 % slower on K3.1: see above)
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int row = a_row0 + 16 * i;
@@ -618,11 +681,16 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
         float acc0[64], acc1[64];
 #pragma unroll
         for (int i = 0; i < 64; i++) acc0[i] = 0.0f, acc1[i] = 0.0f;
-        int pend = -1;  // the chunk whose stage this warp has not released yet
+        int rel = 0;  // the first chunk whose stage this warp has not released yet
+        auto release = [&]() {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + 8 * (rel % WY_ST));
+            rel++;
+        };
+        int e_, r0, rend, n0;  // EPI: the next item's, looked up before the previous one's drain
         for (int li = 0, q = 0; li < items; li++) {
-            int e_, r0, rend, n0;
-            item(li, e_, r0, rend, n0);
-            const int m0 = r0 + 128 * wg;  // this warpgroup's first token row
+            if (!EPI || li == 0) item(li, e_, r0, rend, n0);
+            const int m0 = r0 + 128 * wg, c_rend = rend, c_n0 = n0;  // this warpgroup's first token row
             // NW: this warpgroup's live 64-row halves (0: it only widens and meets the barriers).
             // Copies of the loop per NW rather than branches around the wgmma: a branch inside the
             // loop makes ptxas insert a warpgroup.arrive at the join (C7519)
@@ -635,20 +703,16 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                     const uint32_t bT = sB + (q % 3) * C::B_BYTES;
                     mbar_wait(full + 8 * s, (q / WY_ST) & 1);
                     fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
-                    const uint4 nib = lds128(dR + ct * 16);
                     const uint32_t sw = lds32(dS + ct * 4);
                     const mxscale sc = mx_scale((sw >> (8 * ((sel0 + 2 * j) & 3))) & 0xffu);
+                    const uint32_t row = bT + nr * 128;
+                    const uint4 nib = lds128(dR + ct * 16);
                     auto put = [&](auto two_c) {
                         constexpr bool TWO = decltype(two_c)::value;
-                        const uint32_t row = bT + nr * 128;
-                        const uint32_t words[4] = {nib.x, nib.y, nib.z, nib.w};
-#pragma unroll
-                        for (int w = 0; w < 4; w++) {
-                            uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
-                            pairs_mx<TWO>(words[w], sc, p);
-                            sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410),
-                                   prmt(p[1], p[0], 0x5410), prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
-                        }
+                        wy_put<TWO>(row, nr, half, 0, nib.x, sc);
+                        wy_put<TWO>(row, nr, half, 1, nib.y, sc);
+                        wy_put<TWO>(row, nr, half, 2, nib.z, sc);
+                        wy_put<TWO>(row, nr, half, 3, nib.w, sc);
                     };
                     if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
                     else put(std::false_type());
@@ -673,24 +737,23 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                         if (NW > 1) fence_acc<64>(acc1);
                         wgmma_wait<1>();  // chunk q - 1's products are done: its stage may be refilled
                     }
-                    if (pend >= 0) {
-                        __syncwarp();
-                        if (lane == 0) mbar_arrive(empty + 8 * (pend % WY_ST));
-                    }
-                    pend = q;
+                    if (q - 1 >= rel) release();
                 }
             };
             if (nw == 2) chunks(std::integral_constant<int, 2>());
             else if (nw == 1) chunks(std::integral_constant<int, 1>());
             else chunks(std::integral_constant<int, 0>());
+            if (EPI && li + 1 < items) item(li + 1, e_, r0, rend, n0);  // its shared loads under the drain
             wgmma_wait<0>();
             fence_acc<64>(acc0);
             fence_acc<64>(acc1);
-            __syncwarp();
-            if (lane == 0) mbar_arrive(empty + 8 * (pend % WY_ST));
-            pend = -1;
-            if (nw > 0) moe_wg_epilogue<GATEUP, 64, true>(a, acc0, m0, rend, n0, wwarp, g, c);
-            if (nw > 1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, m0 + 64, rend, n0, wwarp, g, c);
+            while (rel < q) release();
+            if (!GATEUP && EPI) {
+                wy_down_epilogue(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, c);
+            } else {
+                if (nw > 0) moe_wg_epilogue<GATEUP, 64, true>(a, acc0, m0, c_rend, c_n0, wwarp, g, c);
+                if (nw > 1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, m0 + 64, c_rend, c_n0, wwarp, g, c);
+            }
         }
     }
 }
@@ -784,19 +847,27 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
+template <bool GATEUP, bool EPI> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    return ws_persistent<moe_wy_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(), st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(),
+                                                     st);
 }
 
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
-// rows, gate/up R % 64, down R % 128), false where the shapes do not fit it
-bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st) {
-    // path 14: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
-    if (mx && mode == 6) {
-        if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK) return false;
-        return wy_launch<true>(g, tiles, st) && wy_launch<false>(d, tiles, st);
+// rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
+// weights loaded once and the next item looked up before the drain); false where the shapes do not
+// fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
+// benchmark's per-kernel times)
+bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
+    // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
+    if (mx && (mode == 6 || mode == 14)) {
+        if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
+        const bool epi = mode == 14;
+        bool ok = epi ? wy_launch<true, true>(g, tiles, st) : wy_launch<true, false>(g, tiles, st);
+        if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
+        ok = ok && (epi ? wy_launch<false, true>(d, tiles, st) : wy_launch<false, false>(d, tiles, st));
+        return ok;
     }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item
     if (g.R % 128 || g.K % WS_BK || d.R % 256 || d.K % WS_BK) return false;

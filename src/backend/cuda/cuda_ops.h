@@ -509,7 +509,7 @@ typedef struct lunar_cuda_moe_experts {
  * registers (exact: E2M1 * 2^(s-127) has 3 significant bits), tensor cores (mma.sync bf16,
  * fp32 accumulation). path: 0 auto (n <= 64: the decode kernel pair; MXFP4 with a clamped SiTU path
  * 16, other MXFP4 path 8 at I >= 1024 and n >= 32; LUNAR_MOE_DECODE=pair|v2|fused|f16 forcing one; above,
- * path 12 for BF16 experts and path 14 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old /
+ * path 12 for BF16 experts and path 22 for MXFP4, or for both path 2 / 4 / 6 when LUNAR_MOE_PREFILL=old /
  * wg / ws), 1 the decode kernel
  * pair (n <= 64), 2 the mma.sync grouped GEMM, 3 the fused decode kernel (one persistent grid for
  * both GEMMs; MXFP4 and n <= 64, BF16 falls back to 1), 4 the wgmma grouped GEMM (cuda_moe_wg.cu),
@@ -532,11 +532,16 @@ typedef struct lunar_cuda_moe_experts {
  * weight chunk by TMA multicast over an expert's pairs of M tiles, the odd last tiles paired without
  * multicast (LUNAR_MOE_PREFILL=wsmc selects it for BF16 experts, MXFP4 experts keep 14; MXFP4
  * weights: 6), 18 path 17 releasing the peer block's stages with CTA-scope remote arrivals
- * (LUNAR_MOE_PREFILL=wsmc2, as 17).
+ * (LUNAR_MOE_PREFILL=wsmc2, as 17), 22 path 14 with the down epilogue's row weights loaded once per
+ * item and the next item looked up before the drain (MXFP4's prefill default since session 10;
+ * LUNAR_MOE_PREFILL=wsmx2 selects 14, =wsmxe 22, BF16 experts keep 12 under both; BF16 weights: 12).
  * hbuf: [n*k, I] bf16 (f16 under path 16), ybuf: [n*k, D] fp32 scratch. */
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
+/* Benchmarks: e (or NULL to stop) recorded on the stream between the gate/up and the down kernel
+ * of paths 14 and 22, so that events around lunar_cuda_moe_experts_run time each kernel. */
+void lunar_cuda_moe_split_event(lunar_cuda_event e);
 /* The same with ybuf [n*k, D] in bf16, each weighted expert row rounded once (round to nearest
  * even) from the fp32 value the other form stores (LUNAR_MOE_YBUF=bf16, an opt-in of the 8K
  * prefill: the combine reads half the bytes, the down GEMM writes half). Only the prefill grouped
