@@ -189,6 +189,15 @@ template <bool GATEUP, int NACC, bool FAST = false>
 __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc, int r0, int rend, int n0, int wwarp,
                                                 int g, int c) {
     const int rlo = r0 + wwarp * 16 + g;
+    // DOWN: this thread's two rows' top-k weights loaded once, before any store (loaded at each
+    // store, every load followed a store through a.y, which the compiler must assume may alias
+    // a.row_weight: NACC / 2 dependent round trips a tile; path 22's wy_down_epilogue, session 10)
+    float rw[2] = {0.0f, 0.0f};
+    if (!GATEUP) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            if (rlo + 8 * hh < rend) rw[hh] = a.row_weight[rlo + 8 * hh];
+    }
 #pragma unroll
     for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
         const int col = n0 + 2 * p + 2 * c;
@@ -204,11 +213,11 @@ __device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc
                                       : glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
                 *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
             } else {
-                const float rw = a.row_weight[r];
+                const float w = rw[hh];
                 if (a.yb)
-                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * rw, v[1] * rw);
+                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * w, v[1] * w);
                 else
-                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * rw, v[1] * rw);
+                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * w, v[1] * w);
             }
         }
     }
