@@ -66,6 +66,16 @@ __global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, const flo
         for (int j = 0; j < EPT; j++) m[j] = m[j] * keep + w * x[j];
         mx = nm;
     }
+    // the out-norm's weights loaded here, before the norm's block sum and every store: loaded in the
+    // store loop below, each load sat behind the previous element's store to out (which the compiler
+    // must assume may alias on), EPT - 1 dependent round trips at the end of every block (K3's
+    // D = 7168: 27 of them a mix, 2 L + 1 mixes a decode step); uu and x are dead by now
+    float ov[EPT];
+#pragma unroll
+    for (int j = 0; j < EPT; j++) {
+        const int d = threadIdx.x + j * kThreads;
+        ov[j] = on && d < D ? on[d] : 0.0f;
+    }
     const float inv_sum = 1.0f / sum;
     double ss = 0, unused = 0;
 #pragma unroll
@@ -82,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, const flo
 #pragma unroll
     for (int j = 0; j < EPT; j++) {
         const int d = threadIdx.x + j * kThreads;
-        if (d < D) o[d] = on ? m[j] * scale * on[d] : m[j];
+        if (d < D) o[d] = on ? m[j] * scale * ov[j] : m[j];
     }
 }
 

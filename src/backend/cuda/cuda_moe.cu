@@ -117,9 +117,13 @@ __global__ void moe_scatter_kernel(lunar_cuda_moe_route r) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= r.n * r.k) return;
     int e = r.experts[i];
+    // the weight loaded with the expert id, before the atomic and the stores: loaded after the
+    // row_token store (which the compiler must assume may alias r.weights), it was a second dependent
+    // round trip after the atomic's (this runs at every n > 1: decode B >= 2 and prefill)
+    const float w = r.weights[i];
     int pos = atomicAdd(&r.cursor[e], 1);
     r.row_token[pos] = i / r.k;
-    r.row_weight[pos] = r.weights[i];
+    r.row_weight[pos] = w;
     r.pair_row[i] = pos;
 }
 
