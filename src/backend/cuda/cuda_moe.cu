@@ -159,9 +159,18 @@ extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_strea
 // pair at batch 1 41.4 -> 39.3 us (decode bench), the model's B = 1 step 2.69 / 2.71 -> 2.66 ms; the
 // gate/up kernel's first chunk loaded early the same way made ptxas interleave each later chunk's
 // loads with its mmas (4 round trips a chunk instead of 1; SASS, not run): not done.
-template <int NT, bool MX, bool GATEUP, int S>
-__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf, uint32_t opt) {
+//
+// OPT = false compiles the bits out (opt is 0): the session-7 kernel's code. The bits cost registers even
+// where they are off at run time (ptxas allocates for the opt-bit-0 path's 64 registers of weights): the
+// BF16 down kernel <1, false, false, 4> went from 88 registers to 128 with 12 bytes of spills, and the
+// Kimi-Linear B = 1 step measured 2.613 ms at d0b593b (before the bits) against 2.655 with bits 7 and
+// 2.708 with LUNAR_MOE_DEC_OPT=0 in the same kernel (session 10, three alternating rounds, one call;
+// the bisection d0b593b..main put the whole +2.6 % on the merge that added them). Hence the BF16 down
+// kernel runs OPT = false unless LUNAR_MOE_DEC_OPT is set (decode_launch_s).
+template <int NT, bool MX, bool GATEUP, int S, bool OPT = true>
+__global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf, uint32_t opt_in) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * NT * 4, ST = DEC_STAGES;
+    const uint32_t opt = OPT ? opt_in : 0u;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // under PDL (LUNAR_CUDA_PDL=1) both kernels wait before any load: session 3's variant (the down
@@ -915,7 +924,7 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 // ---------------------------------------------------------------- launchers
 
 // LUNAR_MOE_DEC_OPT: the decode kernels' opt bits (moe_decode_kernel's note; path 16 reads bits 1
-// and 2, cuda_moe_f16.cu); unset: all
+// and 2, cuda_moe_f16.cu); unset: all, except in the BF16 down kernel (moe_decode_kernel's OPT note)
 static uint32_t moe_dec_opt() {
     static int v = -1;
     if (v < 0) {
@@ -924,20 +933,31 @@ static uint32_t moe_dec_opt() {
     }
     return (uint32_t)v;
 }
+static bool moe_dec_opt_set() {
+    static const bool set = getenv("LUNAR_MOE_DEC_OPT") != NULL;
+    return set;
+}
 
-template <int NT, bool MX, bool GATEUP, int S>
-static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
+template <int NT, bool MX, bool GATEUP, int S, bool OPT>
+static void decode_launch_o(const xargs &a, int slots, uint32_t opt, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * NT * 4;
     const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
                         (MX ? (size_t)DEC_STAGES * 2 * (GATEUP ? 2 : 1) * 128 * 20 : 0);
     static bool attr = false;
     if (!attr && smem > 48 * 1024) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S>,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_decode_kernel<NT, MX, GATEUP, S, OPT>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr = true;
     }
-    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st, a,
-               lunar_cuda_pdl_prefetch_bytes(2), moe_dec_opt());
+    launch_pdl(moe_decode_kernel<NT, MX, GATEUP, S, OPT>, dim3(ceil_div_u(a.R / 16, RT), slots), dim3(128), smem, st,
+               a, lunar_cuda_pdl_prefetch_bytes(2), opt);
+}
+template <int NT, bool MX, bool GATEUP, int S>
+static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
+    const uint32_t opt = moe_dec_opt();
+    const bool plain = opt == 0 || (!MX && !GATEUP && !moe_dec_opt_set());
+    if (plain) decode_launch_o<NT, MX, GATEUP, S, false>(a, slots, 0u, st);
+    else decode_launch_o<NT, MX, GATEUP, S, true>(a, slots, opt, st);
 }
 
 // LUNAR_MOE_DEC_SPLIT=1|2: at most that many k-splits in the pair's gate/up kernel (for measuring:
