@@ -411,28 +411,23 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
     free(keep), free(y0), free(r0);
 }
 
-/* LUNAR_MOE_F16_TILES (path 16 with several row groups per block, each warp's copy ring running on
- * across them; cuda_moe_f16.cu's MT note): every row tile's sums are the same operations in the
- * same order, so at 2 and 3 groups a block (and 1, the rule that is the default at one token: 2
- * where the grid is >= 1.5 waves, which these small grids leave at one group) the expert rows and the combined output must equal the switch off
- * (=0) bit for bit, with the activations per chunk (LUNAR_MOE_F16_XS=0) and in shared memory (=2).
- * The shapes here make the ring cross groups within its first fill (2-3 chunks a warp: D = 256, K =
- * 384), leave a block's last groups past R (D = 1024: 64 tiles in blocks of 3 groups; I = 640 at 2
- * k-splits), and run several passes of 8 tokens per expert (n = 64, 40), each refilling the ring.
- * The caller's values of both switches are restored after. */
-static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
-                           const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
-                           int I) {
-    static const char *names[2] = {"LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS"};
+/* The switches of path 16 that change no sum (TILES, EARLY): path 16 under each value of var, with the
+ * activations per chunk and in shared memory (LUNAR_MOE_F16_XS at each of xs; NULL: unset), every run's
+ * expert rows and combined output bit for bit the first run's (var = vals[0], XS = xs[0]; f16_xs_case
+ * holds XS itself to those bits). The caller's values of both switches are restored after. */
+static void f16_sweep(const char *what, const char *var, const char *const *vals, int nv, const char *const *xs,
+                      int nx, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                      const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I) {
+    const char *names[2] = {var, "LUNAR_MOE_F16_XS"};
     char *keep[2];
     for (int i = 0; i < 2; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     const size_t nkd = (size_t)n * k * D;
     float *y0 = NULL, *r0 = NULL;
-    static const char *xsv[2] = {"0", "2"}, *tv[4] = {"0", "2", "3", "1"};
-    for (int x = 0; x < 2; x++) {
-        setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
-        for (int t = x == 0 ? 0 : 1; t < 4; t++) {
-            setenv("LUNAR_MOE_F16_TILES", tv[t], 1);
+    for (int x = 0; x < nx; x++) {
+        if (xs[x]) setenv("LUNAR_MOE_F16_XS", xs[x], 1);
+        else unsetenv("LUNAR_MOE_F16_XS");
+        for (int t = 0; t < nv; t++) {
+            setenv(var, vals[t], 1);
             lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
             lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
             lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
@@ -446,8 +441,8 @@ static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float 
             long bad = 0;
             for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
             CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
-                      "%s TILES=%s XS=%s: %ld expert-row values (or the combined output) differ from TILES=0", what,
-                      tv[t], xsv[x], bad);
+                      "%s %s=%s XS=%s: %ld expert-row values (or the combined output) differ from %s=%s XS=%s", what,
+                      var, vals[t], xs[x] ? xs[x] : "unset", bad, var, vals[0], xs[0] ? xs[0] : "unset");
             free(y), free(rows);
         }
     }
@@ -457,6 +452,22 @@ static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float 
         free(keep[i]);
     }
     free(y0), free(r0);
+}
+
+/* LUNAR_MOE_F16_TILES (path 16 with several row groups per block, each warp's copy ring running on
+ * across them; cuda_moe_f16.cu's MT note): every row tile's sums are the same operations in the
+ * same order, so at 2 and 3 groups a block (and 1, the rule that is the default at one token: 2
+ * where the grid is >= 1.5 waves, which these small grids leave at one group) the expert rows and the combined output must equal the switch off
+ * (=0) bit for bit, with the activations per chunk (LUNAR_MOE_F16_XS=0) and in shared memory (=2).
+ * The shapes here make the ring cross groups within its first fill (2-3 chunks a warp: D = 256, K =
+ * 384), leave a block's last groups past R (D = 1024: 64 tiles in blocks of 3 groups; I = 640 at 2
+ * k-splits), and run several passes of 8 tokens per expert (n = 64, 40), each refilling the ring.
+ * The caller's values of both switches are restored after. */
+static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                           const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
+                           int I) {
+    static const char *tv[4] = {"0", "2", "3", "1"}, *xsv[2] = {"0", "2"};
+    f16_sweep(what, "LUNAR_MOE_F16_TILES", tv, 4, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
 /* LUNAR_MOE_F16_EARLY (path 16's block start-up; cuda_moe_f16.cu's EARLY note): bit 1 the down
@@ -471,41 +482,8 @@ static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float 
 static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
                            int I) {
-    static const char *names[2] = {"LUNAR_MOE_F16_EARLY", "LUNAR_MOE_F16_XS"};
-    char *keep[2];
-    for (int i = 0; i < 2; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
-    const size_t nkd = (size_t)n * k * D;
-    static const char *xsv[2] = {"0", NULL}, *ev[6] = {"0", "1", "2", "4", "3", "7"};
-    for (int x = 0; x < 2; x++) {
-        float *y0 = NULL, *r0 = NULL;
-        if (xsv[x]) setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
-        else unsetenv("LUNAR_MOE_F16_XS");
-        for (int t = 0; t < 6; t++) {
-            setenv("LUNAR_MOE_F16_EARLY", ev[t], 1);
-            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
-            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
-            lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
-            float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
-            if (!y0) {
-                y0 = y, r0 = rows;
-                continue;
-            }
-            long bad = 0;
-            for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
-            CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
-                      "%s EARLY=%s XS=%s: %ld expert-row values (or the combined output) differ from EARLY=0", what,
-                      ev[t], xsv[x] ? xsv[x] : "unset", bad);
-            free(y), free(rows);
-        }
-        free(y0), free(r0);
-    }
-    for (int i = 0; i < 2; i++) {
-        if (keep[i]) setenv(names[i], keep[i], 1);
-        else unsetenv(names[i]);
-        free(keep[i]);
-    }
+    static const char *ev[6] = {"0", "1", "2", "4", "3", "7"}, *xsv[2] = {"0", NULL};
+    f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
