@@ -925,17 +925,10 @@ __global__ void __launch_bounds__(256) moe_gemm_kernel(xargs a) {
 
 // LUNAR_MOE_DEC_OPT: the decode kernels' opt bits (moe_decode_kernel's note; path 16 reads bits 1
 // and 2, cuda_moe_f16.cu); unset: all, except in the BF16 down kernel (moe_decode_kernel's OPT note)
-static uint32_t moe_dec_opt() {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("LUNAR_MOE_DEC_OPT");
-        v = e ? atoi(e) & 7 : 7;
-    }
-    return (uint32_t)v;
-}
-static bool moe_dec_opt_set() {
-    static const bool set = getenv("LUNAR_MOE_DEC_OPT") != NULL;
-    return set;
+// (here: its value, -1 where unset)
+static int moe_dec_opt_env() {
+    static const int v = getenv("LUNAR_MOE_DEC_OPT") ? atoi(getenv("LUNAR_MOE_DEC_OPT")) & 7 : -1;
+    return v;
 }
 
 template <int NT, bool MX, bool GATEUP, int S, bool OPT>
@@ -954,8 +947,9 @@ static void decode_launch_o(const xargs &a, int slots, uint32_t opt, cudaStream_
 }
 template <int NT, bool MX, bool GATEUP, int S>
 static void decode_launch_s(const xargs &a, int slots, cudaStream_t st) {
-    const uint32_t opt = moe_dec_opt();
-    const bool plain = opt == 0 || (!MX && !GATEUP && !moe_dec_opt_set());
+    const int env = moe_dec_opt_env();
+    const uint32_t opt = env < 0 ? 7u : (uint32_t)env;
+    const bool plain = opt == 0 || (!MX && !GATEUP && env < 0);
     if (plain) decode_launch_o<NT, MX, GATEUP, S, false>(a, slots, 0u, st);
     else decode_launch_o<NT, MX, GATEUP, S, true>(a, slots, opt, st);
 }

@@ -179,45 +179,62 @@ template <int NM> struct mx_ring_src {
     }
 };
 
-// The epilogue of the wgmma grouped GEMMs (cuda_moe_wg.cu, cuda_moe_ws.cu): a warpgroup's
-// m64nNk16 accumulators (NACC per thread) for rows [r0, r0 + 64) of the permutation (rows from rend
-// on are another expert's: skipped) and weight rows from n0. Accumulator i of a thread holds row
-// 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1) (g = lane / 4, c = lane % 4).
-// GATEUP: the two halves are gate and up of the same columns, h = act(gate) * up in bf16; DOWN:
-// y = acc * the row's top-k weight in fp32. FAST: glu_act_fast (path 12).
-template <bool GATEUP, int NACC, bool FAST = false>
-__device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc, int r0, int rend, int n0, int wwarp,
-                                                int g, int c) {
+// The down epilogue's stores (moe_wg_epilogue below, and path 22's, which loads the row weights of both
+// its halves first: cuda_moe_ws.cu): y = acc * rw[hh] for rows r0 + 16 wwarp + g + 8 hh (those from rend
+// on are another expert's: skipped), columns from n0, fp32 or (a.yb) bf16. rw: the two rows' top-k
+// weights, loaded by the caller before any store (loaded at each store, every load followed a store
+// through a.y, which the compiler must assume may alias a.row_weight: NACC / 2 dependent round trips
+// a tile; session 10)
+template <int NACC>
+__device__ __forceinline__ void moe_wg_down_store(const xargs &a, const float *acc, const float (&rw)[2], int r0,
+                                                  int rend, int n0, int wwarp, int g, int c) {
     const int rlo = r0 + wwarp * 16 + g;
-    // DOWN: this thread's two rows' top-k weights loaded once, before any store (loaded at each
-    // store, every load followed a store through a.y, which the compiler must assume may alias
-    // a.row_weight: NACC / 2 dependent round trips a tile; path 22's wy_down_epilogue, session 10)
-    float rw[2] = {0.0f, 0.0f};
-    if (!GATEUP) {
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-            if (rlo + 8 * hh < rend) rw[hh] = a.row_weight[rlo + 8 * hh];
-    }
-#pragma unroll
-    for (int p = 0; p < (GATEUP ? NACC / 2 : NACC); p += 4) {
+    for (int p = 0; p < NACC; p += 4) {
         const int col = n0 + 2 * p + 2 * c;
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
             const int r = rlo + 8 * hh;
             if (r >= rend) continue;
-            const float *v = acc + p + 2 * hh;
-            if (GATEUP) {
+            const float *v = acc + p + 2 * hh, w = rw[hh];
+            if (a.yb)
+                *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * w, v[1] * w);
+            else
+                *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * w, v[1] * w);
+        }
+    }
+}
+
+// The epilogue of the wgmma grouped GEMMs (cuda_moe_wg.cu, cuda_moe_ws.cu): a warpgroup's
+// m64nNk16 accumulators (NACC per thread) for rows [r0, r0 + 64) of the permutation (rows from rend
+// on are another expert's: skipped) and weight rows from n0. Accumulator i of a thread holds row
+// 16 wwarp + g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 c + (i & 1) (g = lane / 4, c = lane % 4).
+// GATEUP: the two halves are gate and up of the same columns, h = act(gate) * up in bf16; DOWN:
+// y = acc * the row's top-k weight in fp32 (moe_wg_down_store). FAST: glu_act_fast (path 12).
+template <bool GATEUP, int NACC, bool FAST = false>
+__device__ __forceinline__ void moe_wg_epilogue(const xargs &a, const float *acc, int r0, int rend, int n0, int wwarp,
+                                                int g, int c) {
+    const int rlo = r0 + wwarp * 16 + g;
+    if constexpr (!GATEUP) {
+        float rw[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+            if (rlo + 8 * hh < rend) rw[hh] = a.row_weight[rlo + 8 * hh];
+        moe_wg_down_store<NACC>(a, acc, rw, r0, rend, n0, wwarp, g, c);
+    } else {
+#pragma unroll
+        for (int p = 0; p < NACC / 2; p += 4) {
+            const int col = n0 + 2 * p + 2 * c;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = rlo + 8 * hh;
+                if (r >= rend) continue;
+                const float *v = acc + p + 2 * hh;
                 const float h0 = FAST ? glu_act_fast(v[0], v[NACC / 2], a.act, a.beta, a.beta_l)
                                       : glu_act(v[0], v[NACC / 2], a.act, a.beta, a.beta_l);
                 const float h1 = FAST ? glu_act_fast(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l)
                                       : glu_act(v[1], v[NACC / 2 + 1], a.act, a.beta, a.beta_l);
                 *(__nv_bfloat162 *)(a.h + (size_t)r * a.R + col) = __floats2bfloat162_rn(h0, h1);
-            } else {
-                const float w = rw[hh];
-                if (a.yb)
-                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * w, v[1] * w);
-                else
-                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * w, v[1] * w);
             }
         }
     }

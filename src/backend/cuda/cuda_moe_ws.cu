@@ -553,34 +553,18 @@ __device__ __forceinline__ void wy_put(uint32_t row, int nr, int half, int w, ui
 }
 
 // Path 22's down epilogue (moe_wg_epilogue<false, 64> for both 64-row halves of this warpgroup, the
-// same products and stores): the 4 row weights of this thread's rows loaded once, before any store
+// same products and stores): the 4 row weights of this thread's rows loaded before either half's stores
 __device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
                                                  int rend, int n0, int wwarp, int g, int c) {
     const int rlo = m0 + wwarp * 16 + g;
-    float rw[4];
+    float rw[2][2];
 #pragma unroll
     for (int i = 0; i < 4; i++) {  // half i / 2, row rlo + 64 (i / 2) + 8 (i % 2)
         const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
-        rw[i] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
+        rw[i >> 1][i & 1] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
     }
-    auto half = [&](const float *acc, int hf) {
-#pragma unroll
-        for (int p = 0; p < 64; p += 4) {
-            const int col = n0 + 2 * p + 2 * c;
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = rlo + 64 * hf + 8 * hh;
-                if (r >= rend) continue;
-                const float *v = acc + p + 2 * hh, w = rw[2 * hf + hh];
-                if (a.yb)
-                    *(__nv_bfloat162 *)(a.yb + (size_t)r * a.R + col) = __floats2bfloat162_rn(v[0] * w, v[1] * w);
-                else
-                    *(float2 *)(a.y + (size_t)r * a.R + col) = make_float2(v[0] * w, v[1] * w);
-            }
-        }
-    };
-    if (nw > 0) half(acc0, 0);
-    if (nw > 1) half(acc1, 1);
+    if (nw > 0) moe_wg_down_store<64>(a, acc0, rw[0], m0, rend, n0, wwarp, g, c);
+    if (nw > 1) moe_wg_down_store<64>(a, acc1, rw[1], m0 + 64, rend, n0, wwarp, g, c);
 }
 
 // EPI: path 22 (false: path 14)
