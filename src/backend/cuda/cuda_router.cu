@@ -164,7 +164,8 @@ __global__ void __launch_bounds__(256) router_topk_kernel(int32_t *experts, floa
 // an eligible -inf choice still wins over it). A round: the warp's best key by one redux.sync max,
 // the lowest index holding it by one redux.sync min (ties to the lower index, as argmax_eligible:
 // the order (key desc, index asc) is total, so any reduction tree gives the CPU's scan result), then
-// only the winning lane recomputes its best candidate (a max tree over (key, C-1-j) pairs).
+// only the winning lane recomputes its best candidate (a max tree over (key, C-1-j) pairs: of the
+// group it took from, from C = 16 a lane; see groups_take).
 // The weights: s[e] from shared memory, summed in selection order by every lane (the CPU's sum).
 // Groups (n_group > 1; no shipped config uses them) go through shared memory exactly as the block
 // router: lane g scores group g (top-2 sum, serial), lane 0 picks topk_group of them serially.
@@ -177,20 +178,53 @@ __device__ __forceinline__ uint32_t choice_key(float v) {
     const uint32_t u = __float_as_uint(v + 0.0f);  // -0 + 0 = +0: equal choices, equal keys
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
-// (key, C-1-j) of the lane's best candidate: the largest key, the lowest j among equal keys
-template <int C>
-__device__ __forceinline__ unsigned long long lane_best(const uint32_t *key) {
-    unsigned long long p[C];
+// (key, C-1-j) of the lane's candidates J0 <= j < J0 + W: the largest key, the lowest j among
+// equal keys (the pairs are unique, so any max tree gives the same pair)
+template <int C, int J0, int W>
+__device__ __forceinline__ unsigned long long span_best(const uint32_t (&key)[C]) {
+    unsigned long long p[W];
 #pragma unroll
-    for (int j = 0; j < C; j++) p[j] = (unsigned long long)key[j] << 32 | (uint32_t)(C - 1 - j);
+    for (int j = 0; j < W; j++) p[j] = (unsigned long long)key[J0 + j] << 32 | (uint32_t)(C - 1 - J0 - j);
 #pragma unroll
-    for (int w = 1; w < C; w <<= 1)
+    for (int w = 1; w < W; w <<= 1)
 #pragma unroll
-        for (int j = 0; j + w < C; j += 2 * w) p[j] = max(p[j], p[j + w]);
+        for (int j = 0; j + w < W; j += 2 * w) p[j] = max(p[j], p[j + w]);
     return p[0];
 }
+// The lane's candidates in G groups of W with each group's best kept: the round's winner rescans
+// only the group it took from (W pairs, then G - 1 maxima) instead of all C. One warp runs the k
+// rounds back to back with nothing to hide their latency, and the rescan was most of a round:
+// K3.1's 896 experts (C = 28), top-16, took 19.8 us a route (ncu, session 11) against 5.8 us for
+// Kimi-Linear's 256 (C = 8), top-8. The same pairs are compared, so the same choices.
+template <int C, int W, int G, int I = 0>
+__device__ __forceinline__ void groups_init(const uint32_t (&key)[C], unsigned long long (&gb)[G]) {
+    if constexpr (I < G) {
+        gb[I] = span_best<C, I * W, W>(key);
+        groups_init<C, W, G, I + 1>(key, gb);
+    }
+}
+template <int C, int W, int G, int I = 0>
+__device__ __forceinline__ void groups_take(uint32_t (&key)[C], unsigned long long (&gb)[G], int bj) {
+    if constexpr (I < G) {
+        if (I + 1 == G || bj < (I + 1) * W) { // bj >= I * W: the groups before said no
+#pragma unroll
+            for (int j = I * W; j < (I + 1) * W; j++)
+                if (j == bj) key[j] = 0;
+            gb[I] = span_best<C, I * W, W>(key);
+        } else {
+            groups_take<C, W, G, I + 1>(key, gb, bj);
+        }
+    }
+}
+template <int G>
+__device__ __forceinline__ unsigned long long groups_best(const unsigned long long (&gb)[G]) {
+    unsigned long long b = gb[0];
+#pragma unroll
+    for (int i = 1; i < G; i++) b = max(b, gb[i]);
+    return b;
+}
 
-template <bool ROUTE, int C>
+template <bool ROUTE, int C, int G>
 __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *experts, float *weights,
                                                                       const float *logits, const float *bias,
                                                                       int n, int E, int k, int n_group,
@@ -261,7 +295,11 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
         }
     }
     __syncwarp();  // sw
-    unsigned long long b = lane_best<C>(key);
+    static_assert(C % G == 0, "groups of equal width");
+    constexpr int W = C / G;
+    unsigned long long gb[G];
+    groups_init<C, W, G>(key, gb);
+    unsigned long long b = groups_best<G>(gb);
     uint32_t taken = 0;      // bit j: candidate j of this lane chosen
     int ex0 = 0, ex1 = 0;    // this lane's slots: lane and lane + 32
     float w0 = 0.0f, w1 = 0.0f, wsum = 0.0f;
@@ -272,10 +310,8 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
         const int e = (int)__reduce_min_sync(FULL, bk == m ? (uint32_t)(lane + 32 * bj) : FULL);
         if ((e & 31) == lane) {  // the winner: its candidate bj is taken
             taken |= 1u << bj;
-#pragma unroll
-            for (int j = 0; j < C; j++)
-                if (j == bj) key[j] = 0;
-            b = lane_best<C>(key);
+            groups_take<C, W, G>(key, gb, bj);
+            b = groups_best<G>(gb);
         }
         const float w = sw[e];
         wsum += w;
@@ -329,12 +365,18 @@ static int warp_cols(int E) {
         if (32 * cs[i] >= E) return cs[i];
     return 0;
 }
-// LUNAR_ROUTER=block: the block router (the A/B of session 7); anything else: the warp router
-static int router_block(void) {
+// LUNAR_ROUTER=block: the block router (the A/B of session 7); =flat: the warp router rescanning all
+// of the winner's candidates each round (session 7-10's, for A/B); anything else: the warp router with
+// groups of candidates from 16 a lane
+static int router_mode(void) { // 0 warp, grouped; 1 block; 2 warp, flat
     static int v = -1;
-    if (v < 0) v = getenv("LUNAR_ROUTER") && strcmp(getenv("LUNAR_ROUTER"), "block") == 0;
+    if (v < 0) {
+        const char *e = getenv("LUNAR_ROUTER");
+        v = e && strcmp(e, "block") == 0 ? 1 : e && strcmp(e, "flat") == 0 ? 2 : 0;
+    }
     return v;
 }
+static int router_block(void) { return router_mode() == 1; }
 
 template <bool ROUTE>
 static void warp_launch(int C, int n, int32_t *experts, float *weights, const float *logits, const float *bias,
@@ -343,16 +385,21 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
     const int wpb = ROUTE ? 1 : ROUTER_WPB;
     const dim3 grid((n + wpb - 1) / wpb), block(32 * wpb);
     const size_t smem = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1);
+    const bool flat = router_mode() == 2;
+#define RW_LAUNCH(CC, GG)                                                                                          \
+    launch_pdl(router_warp_kernel<ROUTE, CC, GG>, grid, block, smem, st, experts, weights, logits, bias, n, E, k, \
+               n_group, topk_group, renorm, scale, shared, r)
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
-        launch_pdl(router_warp_kernel<ROUTE, CC>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
-                   k, n_group, topk_group, renorm, scale, shared, r);                                          \
+        if (CC >= 16 && !flat) RW_LAUNCH(CC, CC >= 16 ? 4 : 1);                                                 \
+        else RW_LAUNCH(CC, 1);                                                                                  \
         break;
     switch (C) {
         RW_CASE(2) RW_CASE(4) RW_CASE(8) RW_CASE(16) RW_CASE(28) RW_CASE(32)
     default: CUDA_REQUIRE(!"warp router: no such column count");
     }
 #undef RW_CASE
+#undef RW_LAUNCH
     CUDA_CHECK_LAUNCH();
 }
 
