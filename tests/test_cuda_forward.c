@@ -459,6 +459,59 @@ TEST(cuda_forward_combine_norm_bit_equal) {
     lunar_test_model_done(m, dir);
 }
 
+/* lunar_cuda_model_decode_folds (LUNAR_SHARED_GLU=1, LUNAR_OPROJ_NORM=1): the one-token launch merges
+ * (the GLU inside the down gemv of the dense layer and the shared experts; each layer's output
+ * projection with the residual add + RMSNorm after it) give the unmerged model's logits bit for bit:
+ * the wide model's prompt of 150 tokens (no merge: n > 1) and 4 decode steps (batch 1: eager, captured,
+ * replayed), each bit alone and both, each model uploaded fresh. The merges must have run. */
+TEST(cuda_forward_decode_folds_bit_equal) {
+    if (!lunar_test_cuda_device()) return;
+    char dir[64];
+    enum { T = 150, ND = 4 };
+    int32_t ids[T + ND];
+    unsigned st = 13;
+    for (int i = 0; i < T + ND; i++) st = st * 1103515245u + 12345u, ids[i] = (int32_t)((st >> 8) % 320u);
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide_model_dir, NULL);
+    if (!m) {
+        lunar_test_model_done(m, dir);
+        return;
+    }
+    const int V = m->cfg.vocab_size, L = m->cfg.num_hidden_layers;
+    float *out[4] = {NULL, NULL, NULL, NULL};
+    long folds[4] = {0, 0, 0, 0};
+    int ran = 0;
+    for (int bits = 0; bits < 4; bits++) {
+        lunar_err err;
+        out[bits] = lunar_xmalloc((size_t)(T + ND) * V * sizeof(float));
+        memset(out[bits], 0xff, (size_t)(T + ND) * V * sizeof(float));
+        lunar_cuda_model *gm = NULL;
+        lunar_cuda_seq s;
+        CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
+        if (!gm) break;
+        CHECK(lunar_cuda_model_fused_moe(gm, 1));
+        lunar_cuda_model_decode_folds(gm, bits);
+        CHECK_MSG(lunar_cuda_seq_init(&s, m, T + ND, 0, &err) == 0, "%s", err.msg);
+        CHECK(lunar_forward_cuda(gm, &s, ids, T, out[bits], 1, &err) == 0);
+        for (int i = 0; i < ND; i++)
+            CHECK(lunar_forward_cuda(gm, &s, ids + T + i, 1, out[bits] + (size_t)(T + i) * V, 0, &err) == 0);
+        folds[bits] = lunar_cuda_model_decode_fold_count(gm);
+        lunar_cuda_seq_free(&s);
+        lunar_cuda_model_free(gm);
+        ran++;
+    }
+    if (ran == 4) {
+        /* every layer folds its o_proj (bit 2) and its GLU (bit 1: the dense layer, the MoE layers'
+         * shared experts) in each enqueued decode step: the eager one and the captured one at least */
+        CHECK_MSG(folds[0] == 0 && folds[1] >= 2 && folds[2] >= 2 * L && folds[3] >= folds[1] + folds[2] - 2 * L,
+                  "folds: none %ld, glu %ld, o_proj %ld, both %ld (%d layers)", folds[0], folds[1], folds[2], folds[3], L);
+        for (int bits = 1; bits < 4; bits++)
+            CHECK_MSG(memcmp(out[0], out[bits], (size_t)(T + ND) * V * sizeof(float)) == 0,
+                      "the merged model's logits (bits %d) differ from the unmerged model's", bits);
+    }
+    for (int i = 0; i < 4; i++) free(out[i]);
+    lunar_test_model_done(m, dir);
+}
+
 TEST(cuda_forward_kernel_shapes_vs_cpu) {
     if (!lunar_test_cuda_device()) return;
     char dir[64];

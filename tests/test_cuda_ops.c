@@ -429,6 +429,137 @@ TEST(cuda_glu_vs_cpu) {
     }
 }
 
+/* The one-token launch merges (cuda_gemm.cu, issue 9 session 11). lunar_cuda_matmul_glu: the down gemv
+ * with the GLU in its prologue, against the pair it replaces (the GLU kernel, then the skinny gemv on
+ * its bf16 output, or on its fp32 output through the fp32-x kernel: memcmp, every shape, both
+ * activations, both references) and against the CPU (op_silu_mul / op_situ_mul, bf16-rounded, then
+ * op_matmul: 5e-3 of max |y|, the bf16 tolerance: the device's expf/tanhf ulps can flip the bf16 rounding
+ * of an input element, which moves y by up to 2^-8 of that element's product).
+ * Shapes: Kimi-Linear's shared down (2304 x 1024) and dense down (2304 x 9216), split 1 (4096 x 512),
+ * odd out and a short row (37 x 40, 129 x 200), the widest input (300 x 16384). Launched twice into
+ * poisoned, guarded outputs (the second under PDL after the first). */
+TEST(cuda_matmul_glu_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][2] = {{2304, 1024}, {2304, 9216}, {4096, 512}, {37, 40}, {129, 200}, {300, 16384}};
+    static const float betas[3][2] = {{0.0f, 0.0f}, {4.0f, 25.0f}, {4.0f, 0.0f}}; /* silu; situ; situ, no beta_l */
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        size_t mark = lunar_cuda_mark();
+        float *g = test_rand(in, 300 + s, -8, 8), *u = test_rand(in, 310 + s, -4, 4);
+        float *w = test_rand((long)out * in, 320 + s, -0.1f, 0.1f);
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        const float *dg = dev_in(g, (size_t)in * 4), *du = dev_in(u, (size_t)in * 4);
+        const uint16_t *dw = dev_in(W.data, W.nbytes);
+        for (int a = 0; a < 3; a++) {
+            const int act = a > 0;
+            float *xa = test_alloc(in), *ref = test_poisoned(out);
+            if (act) op_situ_mul(xa, g, u, in, betas[a][0], betas[a][1]);
+            else op_silu_mul(xa, g, u, in);
+            round_bf16(xa, in);
+            op_matmul(ref, xa, &W, 1);
+            for (int f32 = 0; f32 < 2; f32++) {
+                /* the pair */
+                void *gl = lunar_cuda_alloc((size_t)in * 4);
+                const lunar_cuda_dtype gt = f32 ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16;
+                if (act) lunar_cuda_situ_mul(gl, gt, dg, du, in, betas[a][0], betas[a][1], NULL);
+                else lunar_cuda_silu_mul(gl, gt, dg, du, in, NULL);
+                guarded o1, o2;
+                float *y1 = guarded_new(&o1, (size_t)out * 4), *y2 = guarded_new(&o2, (size_t)out * 4);
+                if (f32) CHECK(lunar_cuda_matmul_f32x(y1, LUNAR_CUDA_F32, gl, dw, 1, out, in, NULL) == 0);
+                else lunar_cuda_matmul(y1, LUNAR_CUDA_F32, gl, dw, 1, out, in, NULL);
+                float *h1 = down_f32(y1, out);
+                char what[96];
+                snprintf(what, sizeof what, "matmul_glu %s out=%d in=%d ref %s", a == 0 ? "silu" : a == 1 ? "situ" : "situ0",
+                         out, in, f32 ? "f32x" : "bf16");
+                for (int rep = 0; rep < 2; rep++) {
+                    CHECK(lunar_cuda_matmul_glu(y2, dg, du, act, betas[a][0], betas[a][1], dw, out, in, f32, NULL) == 0);
+                    float *h2 = down_f32(y2, out);
+                    CHECK_MSG(memcmp(h1, h2, (size_t)out * 4) == 0, "%s: differs from the GLU + gemv pair (run %d)", what,
+                              rep);
+                    if (rep == 0) report(what, lunar_max_rel_err(h2, ref, out), 5e-3);
+                    free(h2);
+                }
+                CHECK(guards_ok(&o1) && guards_ok(&o2));
+                free(h1);
+            }
+            free(xa), free(ref);
+        }
+        /* where the pair would not take the skinny kernels (in % 8 != 0): nothing launched */
+        CHECK(lunar_cuda_matmul_glu(NULL, dg, du, 0, 0, 0, dw, out, in - 4, 0, NULL) == -1);
+        test_tensor_free(&W);
+        free(g), free(u), free(w);
+        lunar_cuda_release(mark);
+    }
+}
+
+/* lunar_cuda_matmul_add_rmsnorm: o_proj's gemv with the residual add + RMSNorm in its last block,
+ * against the pair (lunar_cuda_matmul_f32x, then lunar_cuda_add_rmsnorm[_b]): y, x + y, h and h's bf16
+ * copy memcmp-equal; h against the CPU (op_matmul on bf16 x, the add, op_rmsnorm: 1e-4). Shapes:
+ * Kimi-Linear's o_proj (2304 x 4096, V = 3 of 192 threads in a block of 256) and MLA o_proj
+ * (2304 x 4096 is the same; 2304 x 8192 split 2 in), K3's width (7168: V = 8, 224 threads), 2052 (the
+ * last warp partly idle), 8192 (V = 8, 256 threads), small ones (128 x 64, 16 x 40: one block). Each
+ * twice in a row (the ticket counter must be back at zero), with and without the bf16 copy. */
+TEST(cuda_matmul_add_rmsnorm_vs_cpu) {
+    if (!cuda_on()) return;
+    static const int shapes[][2] = {{2304, 4096}, {2304, 8192}, {7168, 1024}, {2052, 520}, {8192, 256}, {128, 64},
+                                    {16, 40}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int out = shapes[s][0], in = shapes[s][1];
+        size_t mark = lunar_cuda_mark();
+        float *x = test_rand(in, 400 + s, -1, 1), *w = test_rand((long)out * in, 410 + s, -0.1f, 0.1f);
+        float *res = test_rand(out, 420 + s, -3, 3), *nwv = test_rand(out, 430 + s, 0.5f, 1.5f);
+        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+        lunar_tensor NW = test_tensor1(LUNAR_DTYPE_BF16, out, nwv);
+        /* the CPU: y = W . bf16(x), x' = res + y, h = rmsnorm(x') nw */
+        float *xr = test_alloc(in), *yc = test_alloc(out), *sum = test_alloc(out), *ref = test_poisoned(out);
+        memcpy(xr, x, (size_t)in * 4);
+        round_bf16(xr, in);
+        op_matmul(yc, xr, &W, 1);
+        for (int i = 0; i < out; i++) sum[i] = res[i] + yc[i];
+        op_rmsnorm(ref, sum, &NW, 1, out, 1e-6f);
+        const float *dx = dev_in(x, (size_t)in * 4);
+        const uint16_t *dw = dev_in(W.data, W.nbytes), *dnw = dev_in(NW.data, NW.nbytes);
+        for (int wb = 0; wb < 2; wb++) {
+            /* the pair */
+            float *dr1 = (float *)dev_in(res, (size_t)out * 4);
+            guarded o1, o2, o3;
+            float *y1 = guarded_new(&o1, (size_t)out * 4), *h1 = guarded_new(&o2, (size_t)out * 4);
+            uint16_t *b1 = guarded_new(&o3, (size_t)out * 2);
+            CHECK(lunar_cuda_matmul_f32x(y1, LUNAR_CUDA_F32, dx, dw, 1, out, in, NULL) == 0);
+            if (wb) lunar_cuda_add_rmsnorm_b(h1, b1, dr1, y1, dnw, 1, out, 1e-6f, NULL);
+            else lunar_cuda_add_rmsnorm(h1, LUNAR_CUDA_F32, dr1, y1, dnw, 1, out, 1e-6f, NULL);
+            float *Y1 = down_f32(y1, out), *H1 = down_f32(h1, out), *R1 = down_f32(dr1, out);
+            float *B1 = wb ? down_bf16(b1, out) : NULL;
+            char what[96];
+            snprintf(what, sizeof what, "matmul_add_rmsnorm out=%d in=%d%s", out, in, wb ? " +bf16" : "");
+            for (int rep = 0; rep < 2; rep++) {
+                float *dr2 = (float *)dev_in(res, (size_t)out * 4);
+                guarded p1, p2, p3;
+                float *y2 = guarded_new(&p1, (size_t)out * 4), *h2 = guarded_new(&p2, (size_t)out * 4);
+                uint16_t *b2 = guarded_new(&p3, (size_t)out * 2);
+                CHECK(lunar_cuda_matmul_add_rmsnorm(y2, dx, dw, out, in, dr2, h2, wb ? b2 : NULL, dnw, 1e-6f, NULL) == 0);
+                float *Y2 = down_f32(y2, out), *H2 = down_f32(h2, out), *R2 = down_f32(dr2, out);
+                CHECK_MSG(memcmp(Y1, Y2, (size_t)out * 4) == 0, "%s: y differs from the gemv's (run %d)", what, rep);
+                CHECK_MSG(memcmp(R1, R2, (size_t)out * 4) == 0, "%s: x + y differs from the pair's (run %d)", what, rep);
+                CHECK_MSG(memcmp(H1, H2, (size_t)out * 4) == 0, "%s: h differs from the pair's (run %d)", what, rep);
+                if (wb) {
+                    float *B2 = down_bf16(b2, out);
+                    CHECK_MSG(memcmp(B1, B2, (size_t)out * 4) == 0, "%s: h's bf16 copy differs (run %d)", what, rep);
+                    free(B2);
+                }
+                if (rep == 0) report(what, lunar_max_rel_err(H2, ref, out), 1e-4);
+                CHECK(guards_ok(&p1) && guards_ok(&p2) && (!wb || guards_ok(&p3)));
+                free(Y2), free(H2), free(R2);
+            }
+            CHECK(guards_ok(&o1) && guards_ok(&o2) && guards_ok(&o3));
+            free(Y1), free(H1), free(R1), free(B1);
+        }
+        test_tensor_free(&W), test_tensor_free(&NW);
+        free(x), free(w), free(res), free(nwv), free(xr), free(yc), free(sum), free(ref);
+        lunar_cuda_release(mark);
+    }
+}
+
 /* ---------------------------------------------------------------- short conv, gate */
 
 TEST(cuda_short_conv_vs_cpu) {

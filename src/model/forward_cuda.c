@@ -268,6 +268,26 @@ static const uint16_t *bf16_copy(const float *x, size_t n) {
     return b;
 }
 
+/* The one-token launch merges (lunar_cuda_model.decode_folds), counted for the tests; the step
+ * only holds the model const (the count is the upload's heap object's, as combine_norm_folds) */
+static _Thread_local const lunar_cuda_model *fold_model;
+static void fold_count(void) {
+    if (fold_model) ((lunar_cuda_model *)fold_model)->decode_fold_count++;
+}
+/* bit 1: y = down . bf16(act(a) * b) in one launch where the pair would be the GLU kernel and the
+ * skinny gemv (f32_ref: the down gemv reads fp32 x, as mm; else bf16 x, as mm_b); 0 where it ran */
+static int glu_down(const lunar_config *c, float *y, const float *a, const float *b, const dmat *down, int n,
+                    int f32_ref, lunar_cuda_stream st) {
+    if (!fold_model || !(fold_model->decode_folds & 1) || n != 1 || down->s8 || glue_gemm_only() ||
+        down->in % 8 || down->out % 8)
+        return -1;
+    if (lunar_cuda_matmul_glu(y, a, b, c->act_situ ? 1 : 0, c->situ_beta, c->situ_linear_beta, down->p, down->out,
+                              down->in, f32_ref, st))
+        return -1;
+    fold_count();
+    return 0;
+}
+
 static void glu(const lunar_config *c, float *y, const float *x, const dmat *gate, const dmat *up,
                 const dmat *down, int n) {
     if (n <= 0) return;
@@ -276,12 +296,38 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
     float *a = fd((size_t)n * I), *b = fd((size_t)n * I);
     mm(a, x, gate, n);
     mm(b, x, up, n);
+    if (glu_down(c, y, a, b, down, n, 1, NULL) == 0) {
+        lunar_cuda_release(mk);
+        return;
+    }
     if (c->act_situ)
         lunar_cuda_situ_mul(a, LUNAR_CUDA_F32, a, b, (int64_t)n * I, c->situ_beta, c->situ_linear_beta, NULL);
     else
         lunar_cuda_silu_mul(a, LUNAR_CUDA_F32, a, b, (int64_t)n * I, NULL);
     mm(y, a, down, n);
     lunar_cuda_release(mk);
+}
+
+/* bit 2: the residual add + RMSNorm that follows the attention, set by run_residual around it (one
+ * token, no TP): the output projection (mm_out) runs it in its last block where it can, and marks it
+ * done; x, h, hb (or NULL), w: lunar_cuda_add_rmsnorm[_b]'s operands */
+typedef struct {
+    float *x, *h;
+    uint16_t *hb;
+    const uint16_t *w;
+    float eps;
+    int done;
+} oproj_fold;
+static _Thread_local oproj_fold *o_fold;
+static void mm_out(float *out, const float *o, const dmat *W, int n) {
+    oproj_fold *f = o_fold;
+    if (f && !f->done && n == 1 && !W->s8 && !glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
+        lunar_cuda_matmul_add_rmsnorm(out, o, W->p, W->out, W->in, f->x, f->h, f->hb, f->w, f->eps, NULL) == 0) {
+        f->done = 1;
+        fold_count();
+        return;
+    }
+    mm(out, o, W, n);
 }
 
 static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, then the gate pass */
@@ -482,7 +528,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(out, ob, &w->o, n, NULL);
     } else {
         if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
-        mm(out, o, &w->o, n);
+        mm_out(out, o, &w->o, n);
     }
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
@@ -655,7 +701,7 @@ out_proj:
         if (!y1) mm_b(gate, hb, &w->mg, n, NULL);
         lunar_glue_sigmoid_mul(o, gate, (size_t)n * nh * Vd, NULL);
     }
-    mm(out, o, &w->mo, n);
+    mm_out(out, o, &w->mo, n);
     cp_end(LUNAR_PROF_MLA_OUT, t0);
     lunar_cuda_release(mk);
 }
@@ -789,12 +835,15 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
             mm_b(sa, hb, &w->sg, n, g->side);
             mm_b(sb, hb, &w->su, n, g->side);
         }
-        if (c->act_situ)
-            lunar_cuda_situ_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, c->situ_beta, c->situ_linear_beta,
-                                g->side);
-        else
-            lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, g->side);
-        mm_b(sh, sab, &w->sd, n, g->side);
+        if (glu_down(c, sh, sa, sb, &w->sd, n, 0, g->side) == 0) {
+        } else {
+            if (c->act_situ)
+                lunar_cuda_situ_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, c->situ_beta,
+                                    c->situ_linear_beta, g->side);
+            else
+                lunar_cuda_silu_mul(sab, LUNAR_CUDA_BF16, sa, sb, (int64_t)n * Is, g->side);
+            mm_b(sh, sab, &w->sd, n, g->side);
+        }
         lunar_cuda_event_record(g->ev_shared, g->side);
         cp_end(LUNAR_PROF_SHARED, t0); /* the h -> bf16 copy included */
         t0 = cp_begin();
@@ -913,6 +962,7 @@ static int ffn(const lunar_cuda_model *g, int l, const float *h, const uint16_t 
 static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, int n, float *hout) {
     const lunar_config *c = &g->m->cfg;
     const int D = c->hidden_size;
+    fold_model = g; /* the one-token merges' switches and count (glu_down, mm_out) */
     float *h = fd((size_t)n * D), *y = fd((size_t)n * D);
     /* prefill rows: the attention norm writes h's bf16 copy too, the operand of the layer's input
      * projections (KDA, MLA), instead of the layer converting h in a launch of its own (8K prefill:
@@ -942,11 +992,15 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         step_ev(l, 0);
+        const int b16 = hb && !g->fuse_off && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
+        oproj_fold of = {x, h, b16 ? hb : NULL, w->ffn_norm, c->rms_norm_eps, 0};
+        o_fold = (g->decode_folds & 2) && n == 1 && !g->m->tp ? &of : NULL;
         attention(g, b, l, h, attn_b16 && l > 0 ? hb : NULL, y);
+        o_fold = NULL;
         step_ev(l, 1);
         t0 = cp_begin();
-        const int b16 = hb && !g->fuse_off && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
-        if (b16)
+        if (of.done) {
+        } else if (b16)
             lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         else
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
@@ -966,6 +1020,7 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         lunar_cuda_rmsnorm(hout, LUNAR_CUDA_F32, x, g->final_norm, n, D, c->rms_norm_eps, NULL);
     cp_end(LUNAR_PROF_NORM, t0);
     sev_rec(1 + 2 * c->num_hidden_layers);
+    fold_model = NULL;
 }
 
 /* AttnRes without a pointer upload per mix (which a captured step could not replay): the banked

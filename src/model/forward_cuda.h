@@ -44,6 +44,13 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
 int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on);
 /* MoE layers enqueued with that fold so far (captured steps once, replays not at all) */
 long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g);
+/* Launch merges of a one-token step, bits (bit-equal to the unmerged step; opt-in until measured):
+ * 1 the GLU inside the down gemv (the MoE's shared expert, dense layers; LUNAR_SHARED_GLU=1 at
+ * upload), 2 o_proj with the residual add + RMSNorm after it (no TP; LUNAR_OPROJ_NORM=1). Set before
+ * the first step (graphs keep the path they were captured with). Returns the previous bits. */
+int lunar_cuda_model_decode_folds(lunar_cuda_model *g, int bits);
+/* launches enqueued with one of those merges so far (captured steps once, replays not at all) */
+long lunar_cuda_model_decode_fold_count(const lunar_cuda_model *g);
 /* Decode steps (one token per sequence) as CUDA graphs, captured per batch size and context bucket
  * on a key's second step and replayed after (forward_cuda.c, "decode graphs"); on by default,
  * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host

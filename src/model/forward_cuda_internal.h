@@ -83,6 +83,11 @@ struct lunar_cuda_model {
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
     int combine_norm;       /* LUNAR_COMBINE_NORM=1 at upload (lunar_cuda_model_combine_norm): run_residual */
     long combine_norm_folds; /* layers enqueued with the fold (graph replays not counted) */
+    /* launch merges at one token (lunar_cuda_model_decode_folds; issue 9, session 11): bit 1 the GLU
+     * folded into the down gemv (LUNAR_SHARED_GLU=1: the MoE's shared expert, the dense layer), bit 2
+     * o_proj folded with the residual add + RMSNorm after it (LUNAR_OPROJ_NORM=1) */
+    int decode_folds;
+    long decode_fold_count; /* launches enqueued with a fold (graph replays not counted) */
     /* the batch-1 KDA decode (kda_layer): the launches of session 4 (default: conv, recurrence,
      * gated norm apart), the fused core with the gate projections (LUNAR_KDA_DECODE=fused), or the
      * fused core after the gate-projection launch (=nogate). Opt-in: no faster on the H200

@@ -230,6 +230,8 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
     g->combine_norm = getenv("LUNAR_COMBINE_NORM") && atoi(getenv("LUNAR_COMBINE_NORM")) > 0;
+    g->decode_folds = (getenv("LUNAR_SHARED_GLU") && atoi(getenv("LUNAR_SHARED_GLU")) > 0 ? 1 : 0) |
+                      (getenv("LUNAR_OPROJ_NORM") && atoi(getenv("LUNAR_OPROJ_NORM")) > 0 ? 2 : 0);
     const char *kd = getenv("LUNAR_KDA_DECODE");
     g->kda_decode = fuse_off || !kd                 ? KDA_DECODE_SPLIT
                     : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
@@ -448,6 +450,12 @@ int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
     return was;
 }
 long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) { return g->combine_norm_folds; }
+int lunar_cuda_model_decode_folds(lunar_cuda_model *g, int bits) {
+    const int was = g->decode_folds;
+    g->decode_folds = bits & 3;
+    return was;
+}
+long lunar_cuda_model_decode_fold_count(const lunar_cuda_model *g) { return g->decode_fold_count; }
 
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;

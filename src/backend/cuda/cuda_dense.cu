@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_norm_vec.cuh"
 
 
 static int row_threads(int dim) {
@@ -45,66 +46,7 @@ __global__ void norm_kernel(Y *y, const float *x, const float *gate, const uint1
 // tid + v * blockDim), the warp butterfly, the warps in order: not block_sum_f32's, so the bits differ
 // from the block kernels (the CPU comparison's tolerance holds); rmsnorm and add_rmsnorm take the
 // same path for the same dim, so the fused pair still equals add + rmsnorm bit for bit.
-#define NORM_VEC_THREADS 256
-template <typename Y>
-__device__ __forceinline__ void store4(Y *y, size_t i, float a, float b, float c, float d);
-template <>
-__device__ __forceinline__ void store4<float>(float *y, size_t i, float a, float b, float c, float d) {
-    reinterpret_cast<float4 *>(y)[i] = make_float4(a, b, c, d);
-}
-template <>
-__device__ __forceinline__ void store4<__nv_bfloat16>(__nv_bfloat16 *y, size_t i, float a, float b, float c,
-                                                      float d) {
-    reinterpret_cast<uint2 *>(y)[i] = make_uint2(gv_pack(a, b), gv_pack(c, d));
-}
-// the norm of row `row` held as a[] (x after the add), shared by norm_vec_kernel and
-// combine_norm_kernel so that both give the same bits: a thread's 4V squares in chunk order, the warp
-// butterfly, the warp sums in warp order, then y (and yb) = a * inv * w
-template <typename Y, int V>
-__device__ __forceinline__ void norm_vec_tail(Y *y, __nv_bfloat16 *yb, const float4 (&a)[V], const uint2 (&wq)[V],
-                                              bool hw, float *red, size_t row, int dim, float eps) {
-    const int nv = dim >> 2, tid = threadIdx.x, T = blockDim.x;
-    float ss = 0.0f;
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        ss += a[v].x * a[v].x;
-        ss += a[v].y * a[v].y;
-        ss += a[v].z * a[v].z;
-        ss += a[v].w * a[v].w;
-    }
-    for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((tid & 31) == 0) red[tid >> 5] = ss;
-    __syncthreads();
-    float tot = 0.0f;
-#pragma unroll
-    for (int i = 0; i < NORM_VEC_THREADS / 32; i++)
-        if (i < (T >> 5)) tot += red[i];
-    const float inv = 1.0f / sqrtf(tot / dim + eps);
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        const int i = tid + v * T;
-        if (i >= nv) continue;
-        float o0 = a[v].x * inv, o1 = a[v].y * inv, o2 = a[v].z * inv, o3 = a[v].w * inv;
-        if (hw) {
-            o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
-            o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
-        }
-        store4<Y>(y + row * dim, i, o0, o1, o2, o3);
-        if (yb)
-            store4<__nv_bfloat16>(yb + row * dim, i, (float)from_f32<Y>(o0), (float)from_f32<Y>(o1),
-                                  (float)from_f32<Y>(o2), (float)from_f32<Y>(o3));
-    }
-}
-// the vector norms' weights (chunk v of thread tid: 4 bf16 at tid + v T; zero past nv or without w), loaded
-// before the PDL wait: no kernel of the step writes them
-template <int V>
-__device__ __forceinline__ void norm_vec_weights(uint2 (&wq)[V], const uint16_t *w, int nv, int tid, int T) {
-#pragma unroll
-    for (int v = 0; v < V; v++) {
-        const int i = tid + v * T;
-        wq[v] = w && i < nv ? __ldg(reinterpret_cast<const uint2 *>(w) + i) : make_uint2(0, 0);
-    }
-}
+// NORM_VEC_THREADS, store4, norm_vec_tail, norm_vec_weights: cuda_norm_vec.cuh (shared with cuda_gemm.cu)
 template <typename Y, int V, bool ADD>
 __global__ void __launch_bounds__(NORM_VEC_THREADS) norm_vec_kernel(Y *y, __nv_bfloat16 *yb, float *x, const float *r,
                                                                    const uint16_t *w, int dim, float eps) {
@@ -129,7 +71,7 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS) norm_vec_kernel(Y *y, __nv_b
             a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
             if (tid + v * T < nv) xr[tid + v * T] = a[v];
         }
-    norm_vec_tail<Y, V>(y, yb, a, wq, w != NULL, red, row, dim, eps);
+    norm_vec_tail<Y, V>(y, yb, a, wq, w != NULL, red, row, dim, eps, T);
 }
 // LUNAR_NORM=block: the block kernels everywhere (the A/B of session 7)
 static int norm_block(void) {
@@ -224,7 +166,7 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS)
         a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
         xr[i] = a[v];
     }
-    norm_vec_tail<float, V>(y, yb, a, wq, w != NULL, red, row, dim, eps);
+    norm_vec_tail<float, V>(y, yb, a, wq, w != NULL, red, row, dim, eps, T);
 }
 template <typename R>
 static void combine_norm_launch(int V, float *y, __nv_bfloat16 *yb, float *x, const R *ybuf, const int32_t *pair_row,
@@ -493,15 +435,7 @@ __global__ void glu_kernel(Y *y, const float *g, const float *u, int64_t n, floa
     pdl_enter();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float a = g[i], b = u[i], r;
-        if (ACT == 0) {
-            r = a / (1.0f + expf(-a)) * b;
-        } else {
-            float ga = beta * tanhf(a / beta) / (1.0f + expf(-a));
-            float ub = beta_l > 0.0f ? beta_l * tanhf(b / beta_l) : b;
-            r = ga * ub;
-        }
-        y[i] = from_f32<Y>(r);
+        y[i] = from_f32<Y>(glu_act<ACT>(g[i], u[i], beta, beta_l));
     }
 }
 template <int ACT>

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_norm_vec.cuh"
 
 #define LT_CHECK(call)                                                                         \
     do {                                                                                       \
@@ -82,20 +83,32 @@ constexpr int kGvRows = 4, kGvWarps = 8;
 /* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
 constexpr long long kGvMaxElems = 64ll << 20;
 
-/* U: the loads of W a warp has in flight (the unroll of its stream) */
-template <int NR, int U, typename TY, typename TX>
-__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
-                                                            int in, int split, uint32_t pf) {
-    __shared__ float red[kGvWarps][NR];
+/* x read from shared memory (the GLU-folded kernel stages its activated x there, bf16 as the bf16-x
+ * kernel reads it from global memory) */
+struct gv_sx {
+    const uint16_t *p;
+};
+__device__ __forceinline__ uint4 gv_x8(gv_sx x, size_t row, int i, int in) {
+    return reinterpret_cast<const uint4 *>(x.p + row * in)[i];
+}
+/* the skinny GEMM's start, before its rows: the head of each of the block's rows into L2 (pf bytes per
+ * block in all; cuda_common.cuh's rule: weights only, before the wait), then the PDL wait */
+__device__ __forceinline__ void gemv_head(const uint16_t *W, int out, int in, int split, uint32_t pf) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
-    const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8;
-    /* before the wait (cuda_common.cuh's rule: weights only): the head of each of the block's rows
-     * into L2, pf bytes per block in all, while the predecessor still runs */
+    const int o = blockIdx.x * per_block + warp / split, part = warp % split;
     if (pf && part == 0 && lane == 0 && o < out) {
         const uint32_t rb = (uint32_t)in * 2u, lim = (pf / (uint32_t)per_block) & ~15u;
         pdl_prefetch_l2(W + (size_t)o * in, rb < lim ? rb : lim);
     }
     pdl_wait();
+}
+/* the block's outputs: each warp streams its part of one row of W against x; the parts of a split row
+ * added in warp order through red. XA: a pointer to x (bf16 or fp32, gv_x8's overloads) or gv_sx */
+template <int NR, int U, typename TY, typename XA>
+__device__ __forceinline__ void gemv_rows(TY *y, XA x, const uint16_t *W, int out, int in, int split,
+                                          float (*red)[NR]) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
+    const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8;
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
@@ -130,6 +143,90 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     }
 }
 
+/* U: the loads of W a warp has in flight (the unroll of its stream) */
+template <int NR, int U, typename TY, typename TX>
+__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
+                                                            int in, int split, uint32_t pf) {
+    __shared__ float red[kGvWarps][NR];
+    gemv_head(W, out, in, split, pf);
+    gemv_rows<NR, U>(y, x, W, out, in, split, red);
+}
+
+/* Launch merges at batch 1 (issue 9, session 11; opt-in until measured faster in the step).
+ * The shared expert's (and the dense layer's) down projection with the GLU folded in: the block
+ * computes act(gate) * up of the whole input row once into shared memory, rounded to bf16 as the GLU
+ * kernel's bf16 output (or the fp32-x kernel's rounding of its fp32 output: the same bits), then
+ * streams its rows against it: one launch instead of GLU + gemv, same split, same sums, same bits. */
+template <int ACT>
+__global__ void __launch_bounds__(kGvWarps * 32) gemv_glu_kernel(float *y, const float *g, const float *u, float beta,
+                                                                float beta_l, const uint16_t *W, int out, int in,
+                                                                int split, uint32_t pf) {
+    extern __shared__ __align__(16) uint16_t gv_xs[];
+    __shared__ float red[kGvWarps][1];
+    gemv_head(W, out, in, split, pf);
+    for (int i = threadIdx.x; i < in / 4; i += blockDim.x) {
+        const float4 a = __ldg(reinterpret_cast<const float4 *>(g) + i), b = __ldg(reinterpret_cast<const float4 *>(u) + i);
+        reinterpret_cast<uint2 *>(gv_xs)[i] =
+            make_uint2(gv_pack(glu_act<ACT>(a.x, b.x, beta, beta_l), glu_act<ACT>(a.y, b.y, beta, beta_l)),
+                       gv_pack(glu_act<ACT>(a.z, b.z, beta, beta_l), glu_act<ACT>(a.w, b.w, beta, beta_l)));
+    }
+    __syncthreads();
+    gemv_rows<1, 8>(y, gv_sx{gv_xs}, W, out, in, split, red);
+}
+
+/* o_proj with the residual add + RMSNorm after it folded in (one token): the gemv writes y as the
+ * plain kernel does; each block then takes a ticket, and the last block to finish (all of y written
+ * and visible: every thread fences before the ticket) runs norm_vec_kernel<float, V, true>'s body on
+ * y: x += y, h = rmsnorm(x) w, hb = bf16(h), the same thread layout (th threads of V float4) and sums,
+ * so the bits of gemv + lunar_cuda_add_rmsnorm[_b]. One launch fewer on the serial chain of every
+ * attention layer; the norm's work stays on it (one block, after the last row). The ticket counter
+ * is zero between launches (the last block resets it; launches of the chain never overlap). */
+struct gv_norm {
+    float *x, *h;
+    __nv_bfloat16 *hb;
+    const uint16_t *w;
+    unsigned *ticket;
+    float eps;
+    int th;
+};
+/* 8 blocks an SM as the plain kernel (30-32 registers): the epilogue's chunks (V float4 and their weights)
+ * would otherwise set the whole kernel's registers (40 at V = 3: 6 blocks an SM) */
+template <int V>
+__global__ void __launch_bounds__(kGvWarps * 32, 8) gemv_norm_kernel(float *y, const float *x, const uint16_t *W, int out,
+                                                                 int in, int split, uint32_t pf, gv_norm f) {
+    __shared__ float red[kGvWarps][1];
+    __shared__ float nred[NORM_VEC_THREADS / 32];
+    __shared__ int last;
+    gemv_head(W, out, in, split, pf);
+    gemv_rows<1, 8>(y, x, W, out, in, split, red);
+    __threadfence(); /* this thread's y stores, device-wide, before the block's ticket */
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(f.ticket, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const int nv = out >> 2, tid = threadIdx.x, T = f.th;
+    uint2 wq[V];
+    norm_vec_weights<V>(wq, f.w, nv, tid, T);
+    float4 *xr = reinterpret_cast<float4 *>(f.x);
+    const float4 *yr = reinterpret_cast<const float4 *>(y);
+    float4 a[V], b[V];
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        const int i = tid + v * T;
+        const bool in_row = tid < T && i < nv;
+        a[v] = in_row ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        b[v] = in_row ? __ldcg(yr + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* other blocks' rows: from L2 */
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
+        if (tid < T && tid + v * T < nv) xr[tid + v * T] = a[v];
+    }
+    norm_vec_tail<float, V>(f.h, f.hb, a, wq, f.w != NULL, nred, 0, out, f.eps, T);
+    if (tid == 0) *f.ticket = 0u;
+}
+
 /* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
  * of 4, and the split chosen so the grid fits one wave of resident blocks where some split does. The
  * per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token projections
@@ -150,12 +247,11 @@ template <typename K> static int gemv_wave_blocks(K k) {
     return sms * (per_sm > 0 ? per_sm : 1);
 }
 
-template <typename TY, typename TX>
-static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
-    /* split: warps sharing one output. Deep: as many as keep the grid within one wave of resident
-     * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
-     * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. */
-    CUDA_REQUIRE(n >= 1 && n <= kGvRows);
+/* split: warps sharing one output. Deep: as many as keep the grid within one wave of resident
+ * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
+ * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. The folded
+ * kernels above take the split of the kernel whose sums they reproduce. */
+template <typename TY, typename TX> static int gemv_split(int n, int out, int in) {
     const int deep = gemv_deep();
     int split = 1;
     if (deep) {
@@ -175,6 +271,13 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     } else {
         while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
     }
+    return split;
+}
+
+template <typename TY, typename TX>
+static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
+    CUDA_REQUIRE(n >= 1 && n <= kGvRows);
+    const int deep = gemv_deep(), split = gemv_split<TY, TX>(n, out, in);
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
     switch (n * 2 + deep) {
@@ -227,6 +330,66 @@ extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t 
     LT_CHECK(cublasLtMatmul((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op, &alpha, W, p->a,
                             x, p->b, &beta, y, p->d, y, p->d, &p->algo, ws, ws_bytes,
                             to_stream(s)));
+}
+
+/* the folded kernels' entry points (cuda_ops.h): -1, launching nothing, where the plain pair would not
+ * take the kernels whose bits they reproduce (the skinny gemv at one row; the vector norm) */
+extern "C" int lunar_cuda_matmul_glu(float *y, const float *g, const float *u, int act, float beta, float beta_l,
+                                     const uint16_t *W, int out, int in, int f32_ref, lunar_cuda_stream s) {
+    /* the input row in shared memory as bf16 (32 KB at most: within the default dynamic limit) */
+    if (!gemv_wanted(g, W, 1, out, in) || ((uintptr_t)u % 16) || in % 8 || in > 16384) return -1;
+    const int split = f32_ref ? gemv_split<float, float>(1, out, in) : gemv_split<float, uint16_t>(1, out, in);
+    const int blocks = (out + kGvWarps / split - 1) / (kGvWarps / split);
+    const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
+    if (act == 0)
+        launch_pdl(gemv_glu_kernel<0>, dim3(blocks), dim3(kGvWarps * 32), (size_t)in * 2, to_stream(s), y, g, u, beta,
+                   beta_l, W, out, in, split, pf);
+    else
+        launch_pdl(gemv_glu_kernel<1>, dim3(blocks), dim3(kGvWarps * 32), (size_t)in * 2, to_stream(s), y, g, u, beta,
+                   beta_l, W, out, in, split, pf);
+    CUDA_CHECK_LAUNCH();
+    return 0;
+}
+
+extern "C" int lunar_cuda_matmul_add_rmsnorm(float *y, const float *x, const uint16_t *W, int out, int in, float *res,
+                                             float *h, uint16_t *hb, const uint16_t *nw, float eps,
+                                             lunar_cuda_stream s) {
+    /* the ticket counters, one per device, made before any capture (a graph cannot replay cudaMalloc) */
+    static unsigned *tickets[16];
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 16 || !gemv_wanted(x, W, 1, out, in)) return -1;
+    /* norm_vec_v's rule (cuda_dense.cu): the vector kernel's V at dim = out, its alignments; the block
+     * kernels (LUNAR_NORM=block, dim % 4, dim > 8192) sum in another order */
+    const char *nb = getenv("LUNAR_NORM");
+    if ((nb && strcmp(nb, "block") == 0) || out % 4 || out > 8 * 4 * NORM_VEC_THREADS) return -1;
+    if (((uintptr_t)y | (uintptr_t)res | (uintptr_t)h) % 16 || ((uintptr_t)hb | (uintptr_t)nw) % 8) return -1;
+    if (!tickets[dev]) {
+        if (lunar_cuda_capturing()) return -1;
+        CUDA_CHECK(cudaMalloc(&tickets[dev], sizeof(unsigned)));
+        CUDA_CHECK(cudaMemset(tickets[dev], 0, sizeof(unsigned)));
+        CUDA_CHECK(cudaDeviceSynchronize());
+    }
+    const int nv = out / 4;
+    int V = 8;
+    static const int vs[] = {1, 2, 3, 4, 8};
+    for (int i = 4; i >= 0; i--)
+        if (vs[i] * NORM_VEC_THREADS >= nv) V = vs[i];
+    const int split = gemv_split<float, float>(1, out, in);
+    const int blocks = (out + kGvWarps / split - 1) / (kGvWarps / split);
+    const gv_norm f = {res, h, (__nv_bfloat16 *)hb, nw, tickets[dev], eps, ((nv + V - 1) / V + 31) / 32 * 32};
+    const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
+    cudaStream_t st = to_stream(s);
+    switch (V) {
+#define GN_CASE(VV)                                                                                             \
+    case VV:                                                                                                    \
+        launch_pdl(gemv_norm_kernel<VV>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf, f); \
+        break;
+        GN_CASE(1) GN_CASE(2) GN_CASE(3) GN_CASE(4) GN_CASE(8)
+#undef GN_CASE
+    }
+    CUDA_CHECK_LAUNCH();
+    return 0;
 }
 
 /* KDA decode at batch 1: the forget gate's up-projection f_b with op_kda_gate applied to its

@@ -118,6 +118,17 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
  * not 0). Returns -1, launching nothing, elsewhere. */
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
+/* Launch merges at one token (issue 9; opt-in: LUNAR_SHARED_GLU, LUNAR_OPROJ_NORM in forward_cuda.c).
+ * matmul_glu: y[out] = W . bf16(act(g) * u) (act 0 SiLU, 1 SiTU with beta, beta_l: op_silu_mul /
+ * op_situ_mul), the bits of lunar_cuda_silu_mul / situ_mul (bf16 y) then lunar_cuda_matmul on it
+ * (f32_ref 0), or of the fp32 GLU then lunar_cuda_matmul_f32x (f32_ref 1), in one launch.
+ * matmul_add_rmsnorm: y[out] = W . bf16(x), then res += y, h = rmsnorm(res) nw (eps), hb (or NULL)
+ * h's bf16 copy: the bits of lunar_cuda_matmul_f32x then lunar_cuda_add_rmsnorm[_b] (dim = out), in one
+ * launch. Both return -1, launching nothing, where the pair would not take those kernels. */
+int lunar_cuda_matmul_glu(float *y, const float *g, const float *u, int act, float beta, float beta_l,
+                          const uint16_t *W, int out, int in, int f32_ref, lunar_cuda_stream s);
+int lunar_cuda_matmul_add_rmsnorm(float *y, const float *x, const uint16_t *W, int out, int in, float *res, float *h,
+                                  uint16_t *hb, const uint16_t *nw, float eps, lunar_cuda_stream s);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
  * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
