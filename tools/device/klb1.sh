@@ -8,7 +8,9 @@
 #   context, 64 steps): default / LUNAR_SHARED_GLU=1 / LUNAR_OPROJ_NORM=1 / both / both + LUNAR_COMBINE_NORM=1,
 #   then Nsight Compute (application replay, each kernel alone; only the kernels the merges touch, the whole
 #   step's ran past 40 s in session 10) of the last B = 1 decode step, default and both merges: kernel, launches, us.
-#   P=.xfer-NAME OUT=/tmp/o [ROUNDS=3] [AB="..."] [NCU_AB="..."] [BUDGET=130] tools/device/klb1.sh
+#   P=.xfer-NAME OUT=/tmp/o [ROUNDS=3] [AB="..."] [NCU_AB="..."] [NCU=0] [TESTS=none] [BUDGET=130] tools/device/klb1.sh
+# (call 2 of the session: TESTS=none NCU=0 ROUNDS=4 AB="$BOTH LUNAR_CUDA_PDL=0 LUNAR_CUDA_PDL=0,$BOTH", the merges
+# with and without PDL)
 set -u
 P=${P:?P = the prebuilt directory}
 OUT=${OUT:-/tmp/o}
@@ -59,6 +61,7 @@ for n, (c, t, b) in sorted(g.items(), key=lambda x: -x[1][1]):
 print("sum %d launches %.1f us" % (sum(a[0] for a in g.values()), sum(a[1] for a in g.values())))
 PY
 for v in LUNAR_NONE=0 ${NCU_AB:-$BOTH}; do
+  [ "${NCU:-1}" = 1 ] || break
   left $((B - 15)) || break
   step "ncu: one KL48 B=1 decode step, the touched kernels, $v"
   env ${v//,/ } timeout 45 ncu --replay-mode application --clock-control none \
