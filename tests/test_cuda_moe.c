@@ -178,6 +178,31 @@ TEST(cuda_moe_route_one_matches_topk_permute) {
             if (h1[i] != h2[i]) first = i;
         CHECK_MSG(first == bytes, "route_one E=%d k=%d groups %d/%d: workspace differs from byte %zu of %zu", E, k,
                   ng, tg, first, bytes);
+        /* route_one_pf (the chosen experts' gate/up rows prefetched into L2, LUNAR_MOE_ROUTE_PF KB of
+         * each): the same workspace, at a part of each slice (1 KB) and at more than all of it (64 KB
+         * of the 32 KB slices of I = D = 256: capped at the slice) */
+        lunar_cuda_moe_experts pw;
+        memset(&pw, 0, sizeof pw);
+        pw.E = E, pw.D = 256, pw.I = 256, pw.mxfp4 = 1, pw.act = 1;
+        uint8_t *pq = dalloc((size_t)E * 256 * 128), *ps = dalloc((size_t)E * 256 * 8);
+        pw.w1q = pq, pw.w3q = pq, pw.w1s = ps, pw.w3s = ps;
+        char *keep = getenv("LUNAR_MOE_ROUTE_PF") ? strdup(getenv("LUNAR_MOE_ROUTE_PF")) : NULL;
+        static const char *kbs[2] = {"1", "64"};
+        for (int v = 0; v < 2; v++) {
+            setenv("LUNAR_MOE_ROUTE_PF", kbs[v], 1);
+            lunar_cuda_fill_u32(w2, 0xdeadbeefu, bytes / 4);
+            lunar_cuda_moe_route_one_pf(&r2, dlg, db, ng, tg, renorm, scale, 0, &pw, NULL);
+            lunar_cuda_sync();
+            lunar_cuda_download(h2, w2, bytes);
+            first = bytes;
+            for (size_t i = 0; i < bytes && first == bytes; i++)
+                if (h1[i] != h2[i]) first = i;
+            CHECK_MSG(first == bytes, "route_one_pf %s KB E=%d k=%d: workspace differs from byte %zu of %zu", kbs[v],
+                      E, k, first, bytes);
+        }
+        if (keep) setenv("LUNAR_MOE_ROUTE_PF", keep, 1);
+        else unsetenv("LUNAR_MOE_ROUTE_PF");
+        free(keep);
         free(lg), free(b), free(h1), free(h2);
         lunar_cuda_release(mark);
     }
@@ -416,7 +441,7 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
  * expert rows and combined output bit for bit the first run's (var = vals[0], XS = xs[0]; f16_xs_case
  * holds XS itself to those bits). The caller's values of both switches are restored after. */
 static void f16_sweep(const char *what, const char *var, const char *const *vals, int nv, const char *const *xs,
-                      int nx, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                      int nx, int pflags, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                       const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I) {
     const char *names[2] = {var, "LUNAR_MOE_F16_XS"};
     char *keep[2];
@@ -431,7 +456,7 @@ static void f16_sweep(const char *what, const char *var, const char *const *vals
             lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
             lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
             lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
+            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16 | pflags, NULL);
             lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
             float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
             if (!y0) {
@@ -467,7 +492,11 @@ static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float 
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
                            int I) {
     static const char *tv[4] = {"0", "2", "3", "1"}, *xsv[2] = {"0", "2"};
-    f16_sweep(what, "LUNAR_MOE_F16_TILES", tv, 4, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
+    f16_sweep(what, "LUNAR_MOE_F16_TILES", tv, 4, xsv, 2, 0, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
+    /* LUNAR_MOE_F16_WAVES, the rule's threshold (TILES unset: the rule at one token): 0 puts these
+     * grids at 2 groups a block, 1.5 / 2 leave them at one */
+    static const char *wv[3] = {"1.5", "0", "2"};
+    f16_sweep(what, "LUNAR_MOE_F16_WAVES", wv, 3, xsv, 2, 0, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
 /* LUNAR_MOE_F16_EARLY (path 16's block start-up; cuda_moe_f16.cu's EARLY note): bit 1 the down
@@ -483,7 +512,13 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
                            int I) {
     static const char *ev[6] = {"0", "1", "2", "4", "3", "7"}, *xsv[2] = {"0", NULL};
-    f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
+    f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, 0, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
+    /* bit 8 (the gate/up kernel's first fill and offsets before the wait) under LUNAR_MOE_RUN_SETTLED:
+     * the route is written by the permutation, three fills and more before each run (two launches
+     * back at least, as the caller promises); 8 without bit 1 is off */
+    static const char *sv[5] = {"0", "15", "9", "8", "13"};
+    f16_sweep(what, "LUNAR_MOE_F16_EARLY", sv, 5, xsv, 2, LUNAR_MOE_RUN_SETTLED, ybuf, hbuf, acc, dz, dw, r, n, k,
+              D, I);
 }
 
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
@@ -892,7 +927,9 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
         double f16err = 0.0;
         if (mx) {
             lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-            f16 = time_experts(ybuf, hbuf, z, &w, &r, 16, 21, flush, fw);
+            /* LUNAR_MOE_BENCH_SETTLED=1: as the K3 forward, the route marked as two launches back */
+            const int f16p = getenv("LUNAR_MOE_BENCH_SETTLED") && atoi(getenv("LUNAR_MOE_BENCH_SETTLED")) ? LUNAR_MOE_RUN_SETTLED : 0;
+            f16 = time_experts(ybuf, hbuf, z, &w, &r, 16 | f16p, 21, flush, fw);
             lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
             float *yf = dl_f32(acc, (long)n * D);
             f16err = lunar_max_rel_err(yf, yp, (long)n * D);

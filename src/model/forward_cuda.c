@@ -805,8 +805,8 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     const int kr = k + shrow; /* permuted rows per token */
     lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, E)), n, kr, E);
     if (n == 1 && kr <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
-        lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
-                                 c->routed_scaling_factor, shrow, NULL);
+        lunar_cuda_moe_route_one_pf(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
+                                    c->routed_scaling_factor, shrow, &w->mx, NULL);
     } else {
         lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
                                c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
@@ -832,10 +832,13 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     static int ybf = -1;
     if (ybf < 0) ybf = getenv("LUNAR_MOE_YBUF") && !strcmp(getenv("LUNAR_MOE_YBUF"), "bf16");
     uint16_t *yb16 = ybf && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
-    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, 0, NULL)) yb16 = NULL;
+    /* with a latent the route is three launches back (the projection and its bf16 copy between):
+     * path 16's gate/up kernel may start its weight fills before its PDL wait (LUNAR_MOE_F16_EARLY) */
+    const int rpath = Lat ? LUNAR_MOE_RUN_SETTLED : 0;
+    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, rpath, NULL)) yb16 = NULL;
     if (!yb16) {
         ybuf = fd((size_t)n * kr * De);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, rpath, NULL);
     }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;

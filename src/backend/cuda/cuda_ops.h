@@ -489,6 +489,12 @@ void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
  * its weights; the side stream's SiLU and down projection disappear). */
 void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
                               int topk_group, int renorm, float scale, int shared, lunar_cuda_stream s);
+struct lunar_cuda_moe_experts;
+/* The same; w (or NULL): the experts the route feeds, whose chosen gate/up slices the kernel
+ * prefetches into L2 under LUNAR_MOE_ROUTE_PF (KB per matrix and expert, MXFP4 only; unset: none). */
+void lunar_cuda_moe_route_one_pf(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
+                                 int topk_group, int renorm, float scale, int shared,
+                                 const struct lunar_cuda_moe_experts *w, lunar_cuda_stream s);
 
 /* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as
  * lunar_mxfp4): w1q/w3q [E, I, D/2], w1s/w3s [E, I, D/32], w2q [E, D, I/2], w2s [E, D, I/32];
@@ -539,6 +545,10 @@ typedef struct lunar_cuda_moe_experts {
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
+/* Or'ed into path (any path; read by path 16 only): the caller's promise that r was written at least
+ * two launches back on s (as K3 / K3.1's latent projection runs between the route and the experts),
+ * so the first kernel may read it before its PDL wait (cuda_common.cuh's rule). */
+#define LUNAR_MOE_RUN_SETTLED 0x10000
 /* Benchmarks: e (or NULL to stop) recorded on the stream between the gate/up and the down kernel
  * of paths 14 and 22, so that events around lunar_cuda_moe_experts_run time each kernel. */
 void lunar_cuda_moe_split_event(lunar_cuda_event e);
