@@ -489,12 +489,6 @@ void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
  * its weights; the side stream's SiLU and down projection disappear). */
 void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
                               int topk_group, int renorm, float scale, int shared, lunar_cuda_stream s);
-struct lunar_cuda_moe_experts;
-/* The same; w (or NULL): the experts the route feeds, whose chosen gate/up slices the kernel
- * prefetches into L2 under LUNAR_MOE_ROUTE_PF (KB per matrix and expert, MXFP4 only; unset: none). */
-void lunar_cuda_moe_route_one_pf(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
-                                 int topk_group, int renorm, float scale, int shared,
-                                 const struct lunar_cuda_moe_experts *w, lunar_cuda_stream s);
 
 /* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as
  * lunar_mxfp4): w1q/w3q [E, I, D/2], w1s/w3s [E, I, D/32], w2q [E, D, I/2], w2s [E, D, I/32];

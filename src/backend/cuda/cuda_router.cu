@@ -190,25 +190,12 @@ __device__ __forceinline__ unsigned long long lane_best(const uint32_t *key) {
     return p[0];
 }
 
-// route-one's L2 prefetch of the chosen experts' gate/up rows (lunar_cuda_moe_route_one_pf,
-// LUNAR_MOE_ROUTE_PF; issue 8, session 11): at one token the route kernel is the first to know the
-// k experts, a latent projection and its copy before the gate/up kernel reads them. q / s: the
-// gate and up matrices' packed weights and scales (q[0] NULL: none), qe / se one expert's bytes of
-// each, qb / sb the first bytes of each expert's slice to prefetch (multiples of 16).
-struct route_pf {
-    const uint8_t *q[2], *s[2];
-    size_t qe, se;
-    uint32_t qb, sb;
-};
-#define ROUTE_PF_PIECE 65536u  // one bulk prefetch request's bytes at most
-
 template <bool ROUTE, int C>
 __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *experts, float *weights,
                                                                       const float *logits, const float *bias,
                                                                       int n, int E, int k, int n_group,
                                                                       int topk_group, int renorm, float scale,
-                                                                      int shared, lunar_cuda_moe_route r,
-                                                                      route_pf pf) {
+                                                                      int shared, lunar_cuda_moe_route r) {
     extern __shared__ float wsm[];  // per warp: s [E], then (groups only) the choices [E]
     __shared__ float gscore[ROUTER_WPB][64];
     __shared__ int gok[ROUTER_WPB][64];
@@ -295,21 +282,6 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
         if (sel == lane) ex0 = e, w0 = w;
         if (sel == lane + 32) ex1 = e, w1 = w;
     }
-    if (ROUTE && pf.q[0]) {
-        // each lane its expert(s)' first bytes of the gate and up matrices, into L2 only (a hint:
-        // the weights are no kernel's output; cuda_common.cuh's pdl_prefetch_l2)
-        for (int h = 0; h < k; h += 32) {
-            if (lane + h >= k) break;
-            const size_t e = (size_t)(h ? ex1 : ex0);
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                for (uint32_t o = 0; o < pf.qb; o += ROUTE_PF_PIECE)
-                    pdl_prefetch_l2(pf.q[m] + e * pf.qe + o, min(ROUTE_PF_PIECE, pf.qb - o));
-                for (uint32_t o = 0; o < pf.sb; o += ROUTE_PF_PIECE)
-                    pdl_prefetch_l2(pf.s[m] + e * pf.se + o, min(ROUTE_PF_PIECE, pf.sb - o));
-            }
-        }
-    }
     if (renorm) w0 /= wsum + 1e-20f, w1 /= wsum + 1e-20f;
     w0 *= scale, w1 *= scale;
     int32_t *ex = experts + (size_t)t * k;
@@ -367,14 +339,14 @@ static int router_block(void) {
 template <bool ROUTE>
 static void warp_launch(int C, int n, int32_t *experts, float *weights, const float *logits, const float *bias,
                         int E, int k, int n_group, int topk_group, int renorm, float scale, int shared,
-                        const lunar_cuda_moe_route &r, const route_pf &pf, cudaStream_t st) {
+                        const lunar_cuda_moe_route &r, cudaStream_t st) {
     const int wpb = ROUTE ? 1 : ROUTER_WPB;
     const dim3 grid((n + wpb - 1) / wpb), block(32 * wpb);
     const size_t smem = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1);
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
         launch_pdl(router_warp_kernel<ROUTE, CC>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
-                   k, n_group, topk_group, renorm, scale, shared, r, pf);                                      \
+                   k, n_group, topk_group, renorm, scale, shared, r);                                          \
         break;
     switch (C) {
         RW_CASE(2) RW_CASE(4) RW_CASE(8) RW_CASE(16) RW_CASE(28) RW_CASE(32)
@@ -397,7 +369,7 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
     const int C = warp_cols(E);
     if (C && k <= 64 && !router_block()) {
         warp_launch<false>(C, n, experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none,
-                           route_pf{}, to_stream(s));
+                           to_stream(s));
         return;
     }
     router_topk_kernel<false><<<n, 256, 2 * E * sizeof(float), to_stream(s)>>>(
@@ -405,42 +377,18 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
     CUDA_CHECK_LAUNCH();
 }
 
-// LUNAR_MOE_ROUTE_PF (read at every call: decode replays a captured graph): KB of each chosen
-// expert's gate and of its up matrix (packed weights; their scales in proportion) that route-one
-// prefetches into L2 (capped at the slice); unset or 0: none.
-static uint32_t route_pf_kb() {
-    const char *v = getenv("LUNAR_MOE_ROUTE_PF");
-    const int kb = v ? atoi(v) : 0;
-    return kb > 0 ? (uint32_t)(kb < 1 << 20 ? kb : 1 << 20) : 0u;
-}
-
 extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias,
                                          int n_group, int topk_group, int renorm, float scale,
                                          int shared, lunar_cuda_stream s) {
-    lunar_cuda_moe_route_one_pf(r, logits, bias, n_group, topk_group, renorm, scale, shared, NULL, s);
-}
-
-extern "C" void lunar_cuda_moe_route_one_pf(lunar_cuda_moe_route *r, const float *logits, const float *bias,
-                                            int n_group, int topk_group, int renorm, float scale, int shared,
-                                            const lunar_cuda_moe_experts *w, lunar_cuda_stream s) {
     const int E = r->E, k = r->k - (shared != 0);
     if (n_group < 1) n_group = 1;
     CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
                  n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
     const int C = warp_cols(E);
-    route_pf pf{};
-    const uint32_t kb = w && w->mxfp4 && w->w1q && w->w3q ? route_pf_kb() : 0u;
-    if (kb) {
-        CUDA_REQUIRE(w->E == E);
-        pf.q[0] = w->w1q, pf.q[1] = w->w3q, pf.s[0] = w->w1s, pf.s[1] = w->w3s;
-        pf.qe = (size_t)w->I * w->D / 2, pf.se = (size_t)w->I * w->D / 32;
-        const size_t qb = (size_t)kb * 1024 < pf.qe ? (size_t)kb * 1024 : pf.qe;
-        pf.qb = (uint32_t)qb & ~15u, pf.sb = (uint32_t)(qb / 16) & ~15u;
-    }
     if (C && !router_block()) {
         warp_launch<true>(C, 1, r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale,
-                          shared != 0, *r, pf, to_stream(s));
+                          shared != 0, *r, to_stream(s));
         return;
     }
     launch_pdl(router_topk_kernel<true>, dim3(1), dim3(256), 2 * E * sizeof(float), to_stream(s),
