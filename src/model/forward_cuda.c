@@ -819,7 +819,10 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
         uint16_t *z16 = lunar_cuda_fwd_alloc((size_t)n * Lat * 2);
         /* LUNAR_MOE_LATENT_BF16=1 (opt-in, issue 8 session 11): at one token the latent projection
          * stores bf16 itself (the skinny kernel rounds its fp32 sum as the copy would), one launch
-         * fewer between the route and the gate/up kernel (the route then two launches back) */
+         * fewer between the route and the gate/up kernel (the route then two launches back).
+         * Measured not faster (H200, the K3.1 slice's B = 1 step): 1.726 / 1.730 ms against 1.722 /
+         * 1.711 / 1.747 unset, 1.708 / 1.718 with LUNAR_MOE_F16_EARLY=15 (docs/benchmarks.md "MoE
+         * decode, MXFP4, round 4 (session 11, H200)") */
         static int lbf = -1;
         if (lbf < 0) lbf = getenv("LUNAR_MOE_LATENT_BF16") && atoi(getenv("LUNAR_MOE_LATENT_BF16")) == 1;
         if (lbf && n == 1 && !w->ldown.s8 && !glue_gemm_only() && w->ldown.in % 8 == 0 && w->ldown.out % 8 == 0) {

@@ -413,9 +413,12 @@ static int tiles_mode(int n) {
 // B = 1 1.980 -> 1.948 ms, B = 8 -0.4 %, B = 64 +0.2 % (noise). Also tried there: the gate/up K split
 // across 2-4 blocks per row group, the last to arrive summing the partials (+21-25 % at the TP8 slice,
 // +25 % on K3.1: more waves of this start-up chain), removed.
-// Bit 8 (session 11): the gate/up kernel's first fill and offsets before the wait too (opt bit 64),
-// only where the caller passed LUNAR_MOE_RUN_SETTLED (the route at least two launches back); with
-// bit 1 only (the order is bit 1's).
+// Bit 8 (session 11, opt-in): the gate/up kernel's first fill and offsets before the wait too (opt
+// bit 64), only where the caller passed LUNAR_MOE_RUN_SETTLED (the route at least two launches back);
+// with bit 1 only (the order is bit 1's). Measured not faster (H200, docs/benchmarks.md "MoE decode,
+// MXFP4, round 4 (session 11, H200)"): the K3.1 slice's B = 1 step 1.732 / 1.724 ms at 15 against
+// 1.721 / 1.722 unset (behind the latent's bf16 copy, whose blocks trigger only after the projection
+// is done: no window), 1.708 / 1.718 with LUNAR_MOE_LATENT_BF16=1 against 1.722 / 1.711 / 1.747 (noise).
 static uint32_t early_mode(int n, bool settled) {
     const char *v = getenv("LUNAR_MOE_F16_EARLY");
     const int b = v ? atoi(v) : 7;
@@ -424,7 +427,11 @@ static uint32_t early_mode(int n, bool settled) {
 }
 
 // LUNAR_MOE_F16_WAVES (read at every launch): the TILES rule's threshold, in waves of resident
-// blocks (unset: 1.5, session 9's rule; 0: 2 groups a block wherever an expert has >= 2 groups)
+// blocks (unset: 1.5, session 9's rule; 0: 2 groups a block wherever an expert has >= 2 groups). At
+// 2 the TP8 slice's down kernel (1.7 waves) keeps one group a block, K3.1's kernels (5.8 / 6.8) two.
+// Measured (H200, session 11): the TP8 pair at batch 1 22.7 / 22.6 us against 22.9 / 23.0 unset (-1 %),
+// K3.1 107.2 / 107.3 against 107.2 / 106.8; the K3.1 slice's B = 1 step 1.712 / 1.736 ms against
+// 1.721 / 1.722 (rounds cross): not made the default.
 static double tiles_waves() {
     const char *v = getenv("LUNAR_MOE_F16_WAVES");
     const double w = v ? atof(v) : 1.5;
