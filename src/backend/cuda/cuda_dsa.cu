@@ -639,7 +639,11 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
         krem -= s_above;
         prefix |= (unsigned long long)digit << shift;
         mask |= (unsigned long long)dm << shift;
-        if (shift == 0) break;
+        // the bin holds exactly the keys still wanted: every key >= prefix (its lower bits 0) is
+        // selected, the same set as the full search's threshold selects. Random scores get here after
+        // two digits (24 bits) instead of walking the position bits down to bit 0: 6 passes, each a
+        // histogram, a 4096-bin block scan and 3 barriers (25 us for 2048 of 8K keys at one row)
+        if (cnt == krem || shift == 0) break;
         if (shift >= 12) shift -= 12, bits = 12;
         else bits = shift, shift = 0;
         if (!insm && cnt <= kCap) { // the rest of the search runs on the few keys in the bin
@@ -664,7 +668,8 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
             insm = true;
         }
     }
-    // prefix is now the topk-th largest key: write every key >= it, in position order
+    // every key >= prefix is selected (prefix is the topk-th largest key, or its bin's lower bound
+    // when the bin is taken whole): write them in position order
     const unsigned long long T = prefix;
     unsigned base = 0;
     for (int p0 = 0; p0 < n; p0 += kTK * kUnroll) { // thread tid: kUnroll consecutive positions
