@@ -283,9 +283,9 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         {NULL, NULL, "st", " wgmma fp8 S^T heads as N", 1.5e-2, NULL, NULL},
         {NULL, NULL, "st4", " wgmma fp8 S^T 4 stages", 1.5e-2, "st", NULL},
         {NULL, NULL, "stl", " wgmma fp8 S^T lazy rescale", 1.5e-2, NULL, NULL},
-        {NULL, NULL, "stp", " wgmma fp8 S^T PV in flight", 1.5e-2, "st", NULL},
-        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy, PV in flight", 1.5e-2, "stl", NULL},
-        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, PV in flight", 1.5e-2, "stl", "0"},
+        {NULL, NULL, "stp", " wgmma fp8 S^T wait at top", 1.5e-2, "st", NULL},
+        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy, wait at top", 1.5e-2, "stl", NULL},
+        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, wait at top", 1.5e-2, "stl", "0"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL, NULL},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL, NULL}};

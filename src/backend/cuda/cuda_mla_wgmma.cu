@@ -1524,7 +1524,7 @@ void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_
     CUDA_CHECK_LAUNCH();
 }
 // Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); S e4m3 stages (3 or 4)
-// Round 7: Lazy (=stl: the lazy rescale), Pipe (=stp: PV left in flight across the next tile's top), both (=stlp)
+// Round 7: Lazy (=stl: the lazy rescale), Pipe (=stp: the tile's wait at its top), both (=stlp, the default)
 template <int S, bool Lazy = false, bool Pipe = false>
 void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s, float lazy = 8.0f) {
     using L = rs::Lay<2, S, 5>;
@@ -1603,8 +1603,10 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
     const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
-    // round 7 (opt-in): =stl the lazy rescale, =stp PV in flight across the next tile's top, =stlp both
-    const bool stl = forced && (!strcmp(f8, "stl") || !strcmp(f8, "stlp")), stp = forced && (!strcmp(f8, "stp") || !strcmp(f8, "stlp"));
+    // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
+    // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
+    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") : true;
+    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") : true;
     const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
     const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
     const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp
@@ -1616,7 +1618,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
             if (!(seen & (1 << v)))
                 fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
-                        st && stl ? ", lazy rescale" : "", st && stp ? ", PV in flight" : ""),
+                        st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : ""),
                     seen |= 1 << v;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
