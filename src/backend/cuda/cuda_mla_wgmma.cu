@@ -1132,8 +1132,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
     rs::write_out<N>(a, b, o, m0, m1, l0, l1);
 }
 
-// FP8 pages, round 6 (the default from 64K rows x context at blocks of <= 32 heads; LUNAR_MLA_WGMMA_FP8=st
-// forces it; larger blocks run the round-4 kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
+// FP8 pages, round 6 (from 64K rows x context at blocks of <= 32 heads, as its round-7 form below by default;
+// LUNAR_MLA_WGMMA_FP8=st forces round 6 as it was; larger blocks run the round-4 kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
 // positions of the tile per warpgroup): at <= 32 heads half of S's rows are zeros, and the operands read
 // from shared memory are 216 KB a tile (each warpgroup reads all of both Q terms, 2 x 36 KB, for its 32
 // positions), ~0.85 us of round 5's 2.39 us a tile at 128 B a clock (docs/benchmarks.md, "MLA decode, FP8
@@ -1182,6 +1182,20 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t d
 __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 } // namespace st
 
+// Round 7 (the default since session 11: Lazy and Pipe; =st / =st4 keep round 6, =stl / =stp one of the two):
+//  - Lazy: P is computed against each head's running maximum m as it stands, with no exchange of the tile's
+//    maxima and no warpgroup barrier; a thread whose score passes m + lazy (log2 domain, 8 by default: P <=
+//    256, f16 keeps its 11 bits) votes at the block barrier that already publishes P, and only then (the first
+//    tile always: m = -inf) the maxima are exchanged as in round 6, the heads past m + lazy take the new maximum
+//    (P rewritten, l and O's columns rescaled behind a second barrier) and the others keep theirs. Exact: every
+//    head's P, l and lse use one m, the one applied (FlashAttention-4's and FlashMLA's conditional rescale).
+//  - Pipe: the tile's one wgmma wait (S(it + 1), PV(it - 1)) moved from after the softmax to the tile's top,
+//    so S(it + 1) runs on under the softmax, the V^T fragments, the block barrier and the PV issue; PV(it - 1)
+//    is then waited for at the top. (A wait_group 1 after the softmax, retiring PV(it - 1) and leaving S(it + 1)
+//    in flight, drew ptxas's C7514 (every wgmma serialised), with S issued under a branch or unconditionally.)
+//  - Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 7"): both 1.03-1.15x round 6 from 64K rows x
+//    context, 1.12-1.15x from 512K (H = 32, B = 64, 32K: 400 us, 70 % of the latent-bytes floor); Lazy alone
+//    1.03-1.14x, Pipe alone 1.00-1.02x; ncu: 15 % fewer instructions; 226 registers, no spills.
 // (lazy: the Lazy kernels' threshold, a parameter of its own: a field of Args changes the other kernels' PTX)
 template <int kS, bool Lazy = false, bool Pipe = false>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm, float lazy) {
@@ -1596,9 +1610,10 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
     // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
-    // from 64K rows x context, "... round 6"); below it the tile widened to bf16.
+    // from 64K rows x context, "... round 6") with round 7's lazy rescale and early wait (1.12-1.15x round 6,
+    // "... round 7"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
-    // / st4 (round 6 with 4 e4m3 stages) / widen force one;
+    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts, stlp the default) / widen force one;
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
