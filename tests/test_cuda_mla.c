@@ -19,7 +19,8 @@
  *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
  *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
  *    the default from 64K rows x context (at blocks of <= 32 heads as its round-6 form, =st, S^T with
- *    heads as N; =rs2, round 5, gives rs's bits), which multiplies f16 P by exact f16 V); its own test
+ *    heads as N, with round 7's lazy rescale and early wait, =stlp; =rs2, round 5, gives rs's bits), which
+ *    multiplies f16 P by exact f16 V); its own test
  *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
