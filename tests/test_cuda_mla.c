@@ -19,7 +19,8 @@
  *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
  *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
  *    the default from 64K rows x context (at blocks of <= 32 heads as its round-6 form, =st, S^T with
- *    heads as N; =rs2, round 5, gives rs's bits), which multiplies f16 P by exact f16 V); its own test
+ *    heads as N, with round 7's lazy rescale and early wait, =stlp; =rs2, round 5, gives rs's bits), which
+ *    multiplies f16 P by exact f16 V); its own test
  *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
@@ -257,9 +258,9 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
                                         {2, 40, {777, 64}},      {1, 96, {9000}},      {3, 12, {8192, 128, 63}},
                                         {2, 128, {4096, 1}},     {4, 96, {191, 256, 1, 3000}}};
     static const char *const names[] = {"LUNAR_MLA_DECODE", "LUNAR_MLA_WGMMA_TMA", "LUNAR_MLA_WGMMA_SW",
-                                        "LUNAR_MLA_WGMMA_FP8"};
-    char *saved[4];
-    for (int i = 0; i < 4; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+                                        "LUNAR_MLA_WGMMA_FP8", "LUNAR_MLA_WGMMA_LAZY"};
+    char *saved[5];
+    for (int i = 0; i < 5; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
     /* {SW, TMA, FP8, tag, FP8 tolerance}: NULL = unset (the default: FP8 pages widened to bf16,
      * exact, below 64K rows x context as in all these cases; the round-4 kernel from there);
@@ -269,27 +270,36 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * work in another order (S one tile ahead; blocks of <= 32 heads, rs above): rs's bits too. "st": the
      * round-6 kernel, S^T with heads as N (blocks of <= 32 heads, rs above; the default from 64K rows x
      * context): rs2's scores, P and PV, the softmax sums in another order: the rs bound, not its bits.
-     * "st4": st with four e4m3 stages, the same work in the same order: st's bits. */
-    static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same; } runs[] = {
-        {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL},
-        {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL},
-        {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2, NULL},
-        {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2, NULL},
-        {NULL, NULL, "rs2", " wgmma fp8 S one tile ahead", 1.5e-2, "rs"},
-        {NULL, NULL, "st", " wgmma fp8 S^T heads as N", 1.5e-2, NULL},
-        {NULL, NULL, "st4", " wgmma fp8 S^T 4 stages", 1.5e-2, "st"},
-        {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL},
-        {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL},
-        {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL}};
+     * "st4": st with four e4m3 stages, the same work in the same order: st's bits. Round 7: "stl", st with
+     * the lazy rescale (P against a head's running maximum until a score passes it by 2^8: other P values,
+     * the st bound); "stp", st with the tile's wgmma wait moved to its top (st's bits); "stlp" both (stl's
+     * bits); and both again with the threshold 0 (LUNAR_MLA_WGMMA_LAZY=0: the redo, exchange and rescale
+     * run on every tile whose maximum grows, which random scores past the first tile never do at 8). */
+    static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
+        {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "rs2", " wgmma fp8 S one tile ahead", 1.5e-2, "rs", NULL},
+        {NULL, NULL, "st", " wgmma fp8 S^T heads as N", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "st4", " wgmma fp8 S^T 4 stages", 1.5e-2, "st", NULL},
+        {NULL, NULL, "stl", " wgmma fp8 S^T lazy rescale", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "stp", " wgmma fp8 S^T wait at top", 1.5e-2, "st", NULL},
+        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy, wait at top", 1.5e-2, "stl", NULL},
+        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, wait at top", 1.5e-2, "stl", "0"},
+        {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
+        {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL, NULL},
+        {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL, NULL}};
     for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
         setenv_or_unset("LUNAR_MLA_WGMMA_SW", runs[r].sw);
         setenv_or_unset("LUNAR_MLA_WGMMA_TMA", runs[r].tma);
         setenv_or_unset("LUNAR_MLA_WGMMA_FP8", runs[r].fp8);
+        setenv_or_unset("LUNAR_MLA_WGMMA_LAZY", runs[r].lazy);
         fp8_bitwise_ref = runs[r].same;
         decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), runs[r].tag, runs[r].tol);
         fp8_bitwise_ref = NULL;
     }
-    for (int i = 0; i < 4; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);
+    for (int i = 0; i < 5; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);
 }
 
 /* The GEMM absorption / un-absorption (prefill's) and the row kernels (decode's) against the CPU

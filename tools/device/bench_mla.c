@@ -3,7 +3,7 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
- * Usage: bench_mla [decode|wgmma|fp8|fp8ab|indexer|sparse|prefill|all] */
+ * Usage: bench_mla [decode|wgmma|fp8|fp8ab|fp8one|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,13 +211,21 @@ static void bench_decode_fp8(void) {
  * the order every round (round r starts with variant r mod NV), 4 rounds of a median of 9 each, same data,
  * same process; ratios against the first. Floor: the e4m3 latent bytes at 4.3 TB/s. Session 9 ran rs (round
  * 4) against rs2 (round 5: S one tile ahead); session 10 runs rs2 against st (round 6: S^T with heads as N,
- * blocks of <= 32 heads) and st4 (st with 4 e4m3 stages). */
+ * blocks of <= 32 heads) and st4 (st with 4 e4m3 stages); session 11 st against stl (the lazy rescale), stp
+ * (the tile's wgmma wait at its top) and stlp (both), or the list in BENCH_MLA_AB. */
 static void bench_decode_fp8_ab(void) {
-    enum { NV = 3, ROUNDS = 4 };
-    static const char *const ab[NV] = {"rs2", "st", "st4"};
-    printf("\n### MLA decode, FP8 pages: %s / %s / %s (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=<variant>), %d rounds, "
-           "order rotated\n\n| H | B | context | floor |",
-           ab[0], ab[1], ab[2], ROUNDS);
+    enum { MAXV = 6, ROUNDS = 4 };
+    /* the variants: BENCH_MLA_AB (space-separated, at most 6), else session 11's st / stl / stp / stlp */
+    static char list[256];
+    const char *e = getenv("BENCH_MLA_AB");
+    snprintf(list, sizeof list, "%s", e && *e ? e : "st stl stp stlp");
+    const char *ab[MAXV];
+    int NV = 0;
+    for (char *tok = strtok(list, " "); tok && NV < MAXV; tok = strtok(NULL, " ")) ab[NV++] = tok;
+    printf("\n### MLA decode, FP8 pages:");
+    for (int v = 0; v < NV; v++) printf("%s %s", v ? " /" : "", ab[v]);
+    printf(" (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=<variant>), %d rounds, order rotated\n\n| H | B | context | floor |",
+           ROUNDS);
     for (int v = 0; v < NV; v++) printf(" %s rounds (us) |", ab[v]);
     for (int v = 0; v < NV; v++) printf(" %s mean | of floor |", ab[v]);
     for (int v = 1; v < NV; v++) printf(" %s vs %s |", ab[v], ab[0]);
@@ -235,8 +243,8 @@ static void bench_decode_fp8_ab(void) {
             size_t wsb = lunar_cuda_mla_ws(B, H, L);
             m.ws = wsb ? dalloc(wsb) : NULL;
             setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-            float t[NV][ROUNDS];
-            double mean[NV] = {0};
+            float t[MAXV][ROUNDS];
+            double mean[MAXV] = {0};
             for (int r = 0; r < ROUNDS; r++)
                 for (int k = 0; k < NV; k++) {
                     const int v = (r + k) % NV;
@@ -524,6 +532,24 @@ static void bench_prefill(void) {
     }
 }
 
+/* One FP8 case (BENCH_MLA_CASE="H B L", default "32 64 32768") under the current LUNAR_MLA_* switches: two
+ * untimed calls then the median of 9, for a profiler pointed at one launch (ncu --launch-skip 1 -c 1 -k ...) */
+static void bench_decode_fp8_one(void) {
+    int H = 32, B = 64, L = 32768;
+    const char *e = getenv("BENCH_MLA_CASE");
+    if (e && sscanf(e, "%d %d %d", &H, &B, &L) != 3) H = 32, B = 64, L = 32768;
+    size_t mark = lunar_cuda_mark();
+    mla_case m;
+    setup_case(&m, B, H, L, 1);
+    size_t wsb = lunar_cuda_mla_ws(B, H, L);
+    m.ws = wsb ? dalloc(wsb) : NULL;
+    call_decode(&m), call_decode(&m);
+    const char *v = getenv("LUNAR_MLA_WGMMA_FP8");
+    printf("fp8one H=%d B=%d L=%d %s: %.1f us (floor %.1f us)\n", H, B, L, v ? v : "default", time_us(call_decode, &m, 9),
+           (double)B * L * 576 / BW * 1e6);
+    lunar_cuda_release(mark);
+}
+
 int main(int argc, char **argv) {
     const char *what = argc > 1 ? argv[1] : "all";
     lunar_err err;
@@ -539,6 +565,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "wgmma")) bench_decode_wgmma();
     if (!strcmp(what, "all") || !strcmp(what, "fp8")) bench_decode_fp8();
     if (!strcmp(what, "all") || !strcmp(what, "fp8ab")) bench_decode_fp8_ab();
+    if (!strcmp(what, "fp8one")) bench_decode_fp8_one();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
     if (!strcmp(what, "all") || !strcmp(what, "prefill")) bench_prefill();

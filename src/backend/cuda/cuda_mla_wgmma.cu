@@ -1132,8 +1132,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_rs2_kernel(Args a, c
     rs::write_out<N>(a, b, o, m0, m1, l0, l1);
 }
 
-// FP8 pages, round 6 (the default from 64K rows x context at blocks of <= 32 heads; LUNAR_MLA_WGMMA_FP8=st
-// forces it; larger blocks run the round-4 kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
+// FP8 pages, round 6 (from 64K rows x context at blocks of <= 32 heads, as its round-7 form below by default;
+// LUNAR_MLA_WGMMA_FP8=st forces round 6 as it was; larger blocks run the round-4 kernel). Rounds 4-5 compute S with heads as M, padded to 64 (A = the two e4m3 Q terms, 64 rows; B = 32
 // positions of the tile per warpgroup): at <= 32 heads half of S's rows are zeros, and the operands read
 // from shared memory are 216 KB a tile (each warpgroup reads all of both Q terms, 2 x 36 KB, for its 32
 // positions), ~0.85 us of round 5's 2.39 us a tile at 128 B a clock (docs/benchmarks.md, "MLA decode, FP8
@@ -1182,8 +1182,23 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t d
 __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 } // namespace st
 
-template <int kS>
-__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm) {
+// Round 7 (the default since session 11: Lazy and Pipe; =st / =st4 keep round 6, =stl / =stp one of the two):
+//  - Lazy: P is computed against each head's running maximum m as it stands, with no exchange of the tile's
+//    maxima and no warpgroup barrier; a thread whose score passes m + lazy (log2 domain, 8 by default: P <=
+//    256, f16 keeps its 11 bits) votes at the block barrier that already publishes P, and only then (the first
+//    tile always: m = -inf) the maxima are exchanged as in round 6, the heads past m + lazy take the new maximum
+//    (P rewritten, l and O's columns rescaled behind a second barrier) and the others keep theirs. Exact: every
+//    head's P, l and lse use one m, the one applied (FlashAttention-4's and FlashMLA's conditional rescale).
+//  - Pipe: the tile's one wgmma wait (S(it + 1), PV(it - 1)) moved from after the softmax to the tile's top,
+//    so S(it + 1) runs on under the softmax, the V^T fragments, the block barrier and the PV issue; PV(it - 1)
+//    is then waited for at the top. (A wait_group 1 after the softmax, retiring PV(it - 1) and leaving S(it + 1)
+//    in flight, drew ptxas's C7514 (every wgmma serialised), with S issued under a branch or unconditionally.)
+//  - Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 7"): both 1.03-1.15x round 6 from 64K rows x
+//    context, 1.12-1.15x from 512K (H = 32, B = 64, 32K: 400 us, 70 % of the latent-bytes floor); Lazy alone
+//    1.03-1.14x, Pipe alone 1.00-1.02x; ncu: 15 % fewer instructions; 226 registers, no spills.
+// (lazy: the Lazy kernels' threshold, a parameter of its own: a field of Args changes the other kernels' PTX)
+template <int kS, bool Lazy = false, bool Pipe = false>
+__global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm, float lazy) {
     using namespace q8;
     constexpr int N = 32;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1221,6 +1236,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
 
     for (int it = 0; it < b.ntiles; it++) {
         const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
+        // Pipe: the tile's one wait is here (S(it) and PV(it - 1) done), not after the softmax: S(it + 1)
+        // then runs on under the softmax, the V^T fragments, the block barrier, the rescale and the PV issue
+        if constexpr (Pipe) {
+            wgmma_wait<0>();
+#pragma unroll
+            for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+        }
         fence_acc<16>(sn);
         // s[i][e]: head (i, e & 1), position 16 w4 + g + 8 (e >> 1): the two terms summed
         float s[2][4];
@@ -1237,7 +1259,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
         uint32_t vx[4][4][2];
         b.load_v(vx, raw);
 
-        // scores (positions at or past the end -inf) and each head's maximum over the warpgroup's 64 positions
+        // scores (positions at or past the end -inf) and each head's maximum over the thread's positions
         const int pos = b.begin + it * kTile + 16 * w4 + g;
         const bool ok0 = pos < b.end, ok1 = pos + 8 < b.end;
         float mx[2][2];
@@ -1249,58 +1271,125 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 s[i][2 + c] = ok1 ? s[i][2 + c] * f[i][c] : -INFINITY;
                 mx[i][c] = fmaxf(s[i][c], s[i][2 + c]);
             }
-#pragma unroll
-        for (int x = 4; x <= 16; x <<= 1)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
-        if (g == 0)
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-                *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
-        st::wg_sync(wg); // the warpgroup's maxima in (red is rewritten only after this tile's block barrier)
-#pragma unroll
-        for (int w = 0; w < 4; w++)
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
-                mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
-            }
-
-        // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
-        // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
         unsigned char *P = b.smem + L::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
-        float al[2][2];
-        bool moved = false;
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const float mn = fmaxf(m[i][c], mx[i][c]);
-                al[i][c] = exp2f(m[i][c] - mn);
-                m[i][c] = mn;
-                moved |= al[i][c] != 1.0f;
-                const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
-                l[i][c] = l[i][c] * al[i][c] + (e0 + e1);
-                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
-            }
         float *alpha = b.alpha + (it & 1) * 32;
-        if (w4 == 0 && g == 0)
+        bool moved = false; // Lazy: some maximum of this thread passed its head's m + lazy
+        float ps[2][2];     // Lazy: the tile's sums per head, added to l after the block barrier
+        if constexpr (Lazy) {
+            // P with the running maxima as they are (no exchange, no warpgroup barrier): exact as long as
+            // every score of a head stays <= m + lazy (P <= 2^lazy, f16 keeps its 11 bits there); the block
+            // barrier below reports whether some score did not, and then the tile is redone with the maxima
+            // exchanged (the first tile always: m = -inf)
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
-
-        wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
 #pragma unroll
-        for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+                for (int c = 0; c < 2; c++) {
+                    moved |= mx[i][c] > m[i][c] + lazy;
+                    const float e0 = exp2f(s[i][c] - m[i][c]), e1 = exp2f(s[i][2 + c] - m[i][c]);
+                    ps[i][c] = e0 + e1;
+                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                }
+        } else {
+#pragma unroll
+            for (int x = 4; x <= 16; x <<= 1)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
+            if (g == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
+            st::wg_sync(wg); // the warpgroup's maxima in (red is rewritten only after this tile's block barrier)
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
+                    mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
+                }
+
+            // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
+            // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
+            float al[2][2];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float mn = fmaxf(m[i][c], mx[i][c]);
+                    al[i][c] = exp2f(m[i][c] - mn);
+                    m[i][c] = mn;
+                    moved |= al[i][c] != 1.0f;
+                    const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
+                    l[i][c] = l[i][c] * al[i][c] + (e0 + e1);
+                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                }
+            if (w4 == 0 && g == 0)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+                    *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
+        }
+
+        if constexpr (!Pipe) {
+            wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
+#pragma unroll
+            for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+        }
         uint32_t av[4][4][4];
         rs::v_fragments(av, vx);
         fence_async_smem();
         // P and the factors published (and every read of tile it's stage done); O^T's columns rescaled
         // where a maximum of the block moved
         if (__syncthreads_or(moved)) {
+            if constexpr (Lazy) {
+                // rare (the first tile; then a score past its head's m + lazy): the maxima over the
+                // warpgroup's 64 positions exchanged as in the exact kernel; heads whose maximum passed
+                // m + lazy take it as m (the rest keep theirs and their P), their P rewritten, then O's
+                // columns rescaled after a second barrier
+#pragma unroll
+                for (int x = 4; x <= 16; x <<= 1)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
+                if (g == 0)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
+                st::wg_sync(wg);
+#pragma unroll
+                for (int w = 0; w < 4; w++)
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
+                        mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
+                    }
+                float al[2][2];
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        al[i][c] = 1.0f;
+                        if (mx[i][c] > m[i][c] + lazy) { // the same decision in every thread of the head
+                            const float mn = mx[i][c];
+                            al[i][c] = exp2f(m[i][c] - mn);
+                            m[i][c] = mn;
+                            const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
+                            ps[i][c] = e0 + e1;
+                            *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                            *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                        }
+                        l[i][c] *= al[i][c];
+                    }
+                if (w4 == 0 && g == 0)
+#pragma unroll
+                    for (int i = 0; i < 2; i++)
+                        *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
+                fence_async_smem();
+                __syncthreads(); // the new P and the factors published
+            }
 #pragma unroll
             for (int i = 0; i < N / 8; i++) {
                 const float2 fa = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
@@ -1308,6 +1397,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 for (int j = 0; j < 4; j++)
                     o[j][4 * i] *= fa.x, o[j][4 * i + 1] *= fa.y, o[j][4 * i + 2] *= fa.x, o[j][4 * i + 3] *= fa.y;
             }
+        }
+        if constexpr (Lazy) {
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) l[i][c] += ps[i][c];
         }
         if (b.tid < 32) b.issue_tma(it + kS);
         rs::issue_pv<N, 2>(o, av, dp0, it);
@@ -1443,14 +1538,17 @@ void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_
     CUDA_CHECK_LAUNCH();
 }
 // Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); S e4m3 stages (3 or 4)
-template <int S> void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s) {
+// Round 7: Lazy (=stl: the lazy rescale), Pipe (=stp: the tile's wait at its top), both (=stlp, the default)
+template <int S, bool Lazy = false, bool Pipe = false>
+void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s, float lazy = 8.0f) {
     using L = rs::Lay<2, S, 5>;
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)L::smem));
         attr = true;
     }
-    wgmma_decode_st_kernel<S><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm);
+    wgmma_decode_st_kernel<S, Lazy, Pipe><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm, lazy);
     CUDA_CHECK_LAUNCH();
 }
 // The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
@@ -1512,27 +1610,41 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // (FP8 scores, PV transposed from the e4m3 tile in registers: 1.02-1.34x the widening there,
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
     // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
-    // from 64K rows x context, "... round 6"); below it the tile widened to bf16.
+    // from 64K rows x context, "... round 6") with round 7's lazy rescale and early wait (1.12-1.15x round 6,
+    // "... round 7"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
-    // / st4 (round 6 with 4 e4m3 stages) / widen force one;
+    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts, stlp the default) / widen force one;
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
     const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
+    // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
+    // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
+    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") : true;
+    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") : true;
     const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
     const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
-    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4
+    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp
                                   : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
-            const int v = st ? 2 + st4 : rs2;
+            const int v = st ? (st4 ? 3 : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
             if (!(seen & (1 << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s\n",
-                        st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : ""),
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s\n",
+                        st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
+                        st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : ""),
                     seen |= 1 << v;
         }
-        if (st) st4 ? launch_st<4>(a, tm, p, s) : launch_st<3>(a, tm, p, s);
+        // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
+        // a maximum moves whenever it grows, as in the exact kernel; the op test runs it to exercise the redo)
+        const char *lz = getenv("LUNAR_MLA_WGMMA_LAZY");
+        // (at most 15: P <= 2^15 stays inside f16's 65504)
+        const float lazy = lz && *lz ? fminf(fmaxf((float)atof(lz), 0.0f), 15.0f) : 8.0f;
+        if (st && stl && stp) launch_st<3, true, true>(a, tm, p, s, lazy);
+        else if (st && stl) launch_st<3, true, false>(a, tm, p, s, lazy);
+        else if (st && stp) launch_st<3, false, true>(a, tm, p, s);
+        else if (st) st4 ? launch_st<4>(a, tm, p, s) : launch_st<3>(a, tm, p, s);
         else if (rs2) launch_rs2(a, tm, p, s);
         else launch_rs(a, tm, p, s);
     } else if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
