@@ -595,10 +595,11 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * overloaded experts, odd n, scales above 128 (the two-multiply widening), both matrices of
  * gate/up, D = 128 and 384 in its own down kernel (128-row weight tiles); gate/up needs I % 64
  * only. (Path 13, its one-tile predecessor, was removed in session 9.) Path 22 (path 14 with the
- * down epilogue's row weights loaded once per item, the next item looked up before the drain; the
- * MXFP4 default) on the same cases: rows past the expert's end in either half, warpgroup 1 idle or
+ * down epilogue's row weights loaded once per item, the next item looked up before the drain; with
+ * fp32 rows the MXFP4 default) on the same cases: rows past the expert's end in either half, warpgroup 1 idle or
  * half-idle, several items a block, bf16 rows (bf16_rows_case) and fp32. Path 24 (22 with the
- * bf16 down rows staged in shared memory and written by bulk copies; fp32 rows as 22) on the same
+ * bf16 down rows staged in shared memory and written by bulk copies; fp32 rows as 22; the MXFP4
+ * default, with bf16 rows in the forward) on the same
  * cases: bf16_rows_case holds its rows to the fp32 rows rounded, bit for bit, on a NaN-filled
  * buffer (a row not copied, or copied past an expert's end into the next one's, fails), with 1..4
  * staged row sets a warp (nw = 0..2, rows past the end in either set) and several items a block
@@ -983,8 +984,8 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22 (default)", "path 22 again",
-                                "path 14 again", "22, bf16 rows", "24, bf16 rows", "24, bf16 again",
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22", "path 22 again",
+                                "path 14 again", "22, bf16 rows", "24, bf16 (default)", "24, bf16 again",
                                 "22, bf16 again"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;

@@ -1051,11 +1051,15 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // wsmc2. Path 22 (path 14 with the down epilogue's row weights loaded once per item and the
         // next item looked up before the drain: the TP8 slice's down kernel 30 % faster, its 8K
         // prefill 4.5 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
-        // session 10; =wsmx2 forces path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any
+        // session 10 (24 since session 11: 22 with fp32 rows); =wsmx2 forces path 14, =wsmxe path 22
+        // (BF16 experts keep 12 under both). Any
         // other value (wsmx, path 13's, and session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes
-        // among them) runs the defaults, with a note on stderr once. =wsmxb: path 24 (path 22 whose
-        // down kernel writes bf16 rows, LUNAR_MOE_YBUF=bf16, by bulk copies from shared memory; with
-        // fp32 rows it is path 22; opt-in, docs/benchmarks.md "MoE prefill, MXFP4 round 4").
+        // among them) runs the defaults, with a note on stderr once. Path 24 (=wsmxb), MXFP4's
+        // default since session 11: path 22 whose down kernel writes the bf16 rows (the forward's
+        // default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk copies, with fp32
+        // rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 -> 1.44 ms
+        // against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
+        // (docs/benchmarks.md "MoE prefill, MXFP4 round 4").
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1078,8 +1082,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                                            : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmc | wsmc2");
         }
         const bool mxp = pre == 14 || pre == 22 || pre == 24;  // the MXFP4-only paths; the others BF16-only from 10 on
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 22) : mxp ? 12 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 22 : 12) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 24) : mxp ? 12 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 24 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if ((path == 14 || path == 22 || path == 24) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel

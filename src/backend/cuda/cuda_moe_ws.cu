@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(WS_T, 1)
 // (wy_down_epilogue) and looks the next item up before the drain's wgmma_wait<0>; products and
 // stores are path 14's. Measured: the TP8 slice's down kernel 2.16 -> 1.50 ms (Nsight Compute: long
 // scoreboard 3.52 -> 1.90 cycles a issue, barrier 1.61 -> 0.65), K3.1's 26.3 -> 25.4 ms, the TP8
-// slice's 8K prefill 0.1322 -> 0.1264 s; the MXFP4 prefill default since (LUNAR_MOE_PREFILL=wsmx2:
+// slice's 8K prefill 0.1322 -> 0.1264 s; the MXFP4 prefill default until path 24 (LUNAR_MOE_PREFILL=wsmx2:
 // path 14).
 // Measured slower and removed (commit 9ac592b of branch s10-mx4pre has them): 4 B buffers with
 // wgmma_wait<2> (+8 %: the stage is released a chunk later, so the producer runs a chunk less
