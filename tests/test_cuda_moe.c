@@ -341,14 +341,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
-    const int grouped =
-        (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 || path == 18 || path == 22;
+    const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
+                        path == 18 || path == 22 || path == 24;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -526,7 +526,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 22; path++) {
+    for (int path = 1; path <= 24; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -538,7 +538,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe"};
+                                      "",     "",       "wsmxe", "", "wsmxb"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -605,10 +605,16 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * overloaded experts, odd n, scales above 128 (the two-multiply widening), both matrices of
  * gate/up, D = 128 and 384 in its own down kernel (128-row weight tiles); gate/up needs I % 64
  * only. (Path 13, its one-tile predecessor, was removed in session 9.) Path 22 (path 14 with the
- * down epilogue's row weights loaded once per item, the next item looked up before the drain; the
- * MXFP4 default) on the same cases: rows past the expert's end in either half, warpgroup 1 idle or
- * half-idle, several items a block, bf16 rows (bf16_rows_case) and fp32. */
-#define MX14 (8192 | 1 << 21)
+ * down epilogue's row weights loaded once per item, the next item looked up before the drain; with
+ * fp32 rows the MXFP4 default) on the same cases: rows past the expert's end in either half, warpgroup 1 idle or
+ * half-idle, several items a block, bf16 rows (bf16_rows_case) and fp32. Path 24 (22 with the
+ * bf16 down rows staged in shared memory and written by bulk copies; fp32 rows as 22; the MXFP4
+ * default, with bf16 rows in the forward) on the same
+ * cases: bf16_rows_case holds its rows to the fp32 rows rounded, bit for bit, on a NaN-filled
+ * buffer (a row not copied, or copied past an expert's end into the next one's, fails), with 1..4
+ * staged row sets a warp (nw = 0..2, rows past the end in either set) and several items a block
+ * (the staging in the B buffers reused by the next item's chunks). */
+#define MX14 (8192 | 1 << 21 | 1 << 23)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -811,20 +817,28 @@ static float time_experts(float *ybuf, uint16_t *hbuf, const uint16_t *z, const 
     return ts[reps / 2];
 }
 
-/* time_experts for paths 14 and 22 with each kernel's median too: *gu the gate/up kernel's ms,
- * *dn the down kernel's (lunar_cuda_moe_split_event between the two launches) */
-static float time_experts_split(float *ybuf, uint16_t *hbuf, const uint16_t *z, const lunar_cuda_moe_experts *w,
-                                const lunar_cuda_moe_route *r, int path, int reps, float *gu, float *dn) {
+/* time_experts for paths 14, 22 and 24 with each kernel's median too: *gu the gate/up kernel's ms,
+ * *dn the down kernel's (lunar_cuda_moe_split_event between the two launches); yb (or NULL): the
+ * bf16 rows form (lunar_cuda_moe_experts_run_b) into yb instead of ybuf */
+static float time_experts_split(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t *z,
+                                const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r, int path, int reps,
+                                float *gu, float *dn) {
     lunar_cuda_event e0 = lunar_cuda_event_create(), em = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     float ts[64], tg[64], td[64];
-    for (int i = 0; i < 2; i++) lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);
+#define RUN_SPLIT()                                                            \
+    do {                                                                       \
+        if (yb) CHECK(lunar_cuda_moe_experts_run_b(yb, hbuf, z, w, r, path, NULL) == 0); \
+        else lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);      \
+    } while (0)
+    for (int i = 0; i < 2; i++) RUN_SPLIT();
     lunar_cuda_moe_split_event(em);
     for (int i = 0; i < reps; i++) {
         lunar_cuda_event_record(e0, NULL);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, r, path, NULL);
+        RUN_SPLIT();
         lunar_cuda_event_record(e1, NULL);
         ts[i] = lunar_cuda_event_ms(e0, e1), tg[i] = lunar_cuda_event_ms(e0, em), td[i] = lunar_cuda_event_ms(em, e1);
     }
+#undef RUN_SPLIT
     lunar_cuda_moe_split_event(NULL);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(em), lunar_cuda_event_destroy(e1);
     qsort(ts, (size_t)reps, sizeof ts[0], cmpf), qsort(tg, (size_t)reps, sizeof tg[0], cmpf);
@@ -975,24 +989,34 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
-    /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds) */
+    /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds), then with bf16 rows
+     * (LUNAR_MOE_YBUF=bf16's form; -22, -24: the path's run_b) 22 and 24 twice, in opposite orders */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18},
-                     mpaths[] = {2, 4, 14, 22, 22, 14};
+                     mpaths[] = {2, 4, 14, 22, 22, 14, -22, -24, -24, -22};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22 (default)", "path 22 again",
-                                "path 14 again"};
+                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22", "path 22 again",
+                                "path 14 again", "22, bf16 rows", "24, bf16 (default)", "24, bf16 again",
+                                "22, bf16 again"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    for (int i = 0; i < (mx ? 6 : 12); i++) {
+    uint16_t *yb = mx ? dalloc((size_t)n * k * D * 2) : NULL;
+    for (int i = 0; i < (mx ? 10 : 12); i++) {
+        const int path = paths[i] < 0 ? -paths[i] : paths[i], brows = paths[i] < 0;
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-        const int wy = mx && (paths[i] == 14 || paths[i] == 22);
+        if (brows) lunar_cuda_fill_u32(yb, 0x7fc07fc0u, (size_t)n * k * D / 2);
+        const int wy = mx && (path == 14 || path == 22 || path == 24);
         float gu = 0.0f, dn = 0.0f;
-        float ms = wy ? time_experts_split(ybuf, hbuf, z, &w, &r, paths[i], 7, &gu, &dn)
-                      : time_experts(ybuf, hbuf, z, &w, &r, paths[i], 5, NULL, 0);
-        lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+        float ms = wy ? time_experts_split(ybuf, brows ? yb : NULL, hbuf, z, &w, &r, path, 7, &gu, &dn)
+                      : time_experts(ybuf, hbuf, z, &w, &r, path, 5, NULL, 0);
+        if (brows) {
+            lunar_cuda_fill_u32(acc, 0, (size_t)n * D);
+            lunar_cuda_moe_combine_add_b(acc, yb, &r, D, NULL, NULL);
+        } else {
+            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
+        }
         float *y = dl_f32(acc, (long)n * D);
         double err = 0.0;
         if (ref) err = lunar_max_rel_err(y, ref, (long)n * D);

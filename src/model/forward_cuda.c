@@ -838,12 +838,20 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     t0 = cp_begin();
     uint16_t *hbuf = lunar_cuda_fwd_alloc((size_t)n * kr * I * 2);
     float *acc = Lat ? fd((size_t)n * Lat) : out, *ybuf = NULL;
-    /* LUNAR_MOE_YBUF=bf16 (opt-in, prefill rows): the weighted expert rows stored in bf16, half
-     * the bytes for the down GEMM's stores and the combine's loads (8K prefill: 604 MB a layer in
-     * fp32), at one more bf16 rounding of each row than the CPU's fp32 sum */
-    static int ybf = -1;
-    if (ybf < 0) ybf = getenv("LUNAR_MOE_YBUF") && !strcmp(getenv("LUNAR_MOE_YBUF"), "bf16");
-    uint16_t *yb16 = ybf && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
+    /* The weighted expert rows of a prefill (n > 64) in bf16: half the bytes for the down GEMM's
+     * stores and the combine's loads (8K prefill: 604 MB a layer in fp32), at one more bf16 rounding
+     * of each row (relative 2^-9, as the bf16 h the down GEMM multiplies) before the fp32 sum. The
+     * default for MXFP4 experts since session 11 (path 24 writes them by bulk copies: the K3.1 TP8
+     * slice's 8K prefill 2.2 % faster than fp32 rows, the K3-shaped model's median row error vs
+     * the CPU unchanged; docs/benchmarks.md "MoE prefill, MXFP4 round 4"); BF16 experts keep fp32
+     * rows (no gain measured on Kimi-Linear). LUNAR_MOE_YBUF=bf16 | fp32: either form for both. */
+    static int ybf = -1; /* 1 bf16, 0 fp32, 2 by weight kind */
+    if (ybf < 0) {
+        const char *e = getenv("LUNAR_MOE_YBUF");
+        ybf = e && !strcmp(e, "bf16") ? 1 : e && !strcmp(e, "fp32") ? 0 : 2;
+    }
+    const int yrows_b = ybf == 1 || (ybf == 2 && w->mx.mxfp4);
+    uint16_t *yb16 = yrows_b && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
     /* with a latent the route is at least two launches back (the projection, and its bf16 copy
      * unless LUNAR_MOE_LATENT_BF16): path 16's gate/up kernel may start its weight fills before its
      * PDL wait (LUNAR_MOE_F16_EARLY bit 8) */

@@ -522,7 +522,7 @@ __global__ void __launch_bounds__(WS_T, 1)
 // (wy_down_epilogue) and looks the next item up before the drain's wgmma_wait<0>; products and
 // stores are path 14's. Measured: the TP8 slice's down kernel 2.16 -> 1.50 ms (Nsight Compute: long
 // scoreboard 3.52 -> 1.90 cycles a issue, barrier 1.61 -> 0.65), K3.1's 26.3 -> 25.4 ms, the TP8
-// slice's 8K prefill 0.1322 -> 0.1264 s; the MXFP4 prefill default since (LUNAR_MOE_PREFILL=wsmx2:
+// slice's 8K prefill 0.1322 -> 0.1264 s; the MXFP4 prefill default until path 24 (LUNAR_MOE_PREFILL=wsmx2:
 // path 14).
 // Measured slower and removed (commit 9ac592b of branch s10-mx4pre has them): 4 B buffers with
 // wgmma_wait<2> (+8 %: the stage is released a chunk later, so the producer runs a chunk less
@@ -537,8 +537,9 @@ struct wy_cfg {
     static constexpr uint32_t A_BYTES = 256 * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
     static constexpr uint32_t STAGE = A_BYTES + RAW_BYTES + SCW_BYTES;  // 37 x 1024
     static constexpr uint32_t B_BYTES = 128 * 128;                    // the shared bf16 B tile
-    static constexpr size_t smem() {
-        return 1024 + (size_t)WY_ST * STAGE + 3 * B_BYTES + 2 * WY_ST * 8 + (WY_MAX_E + 1) * 4;
+    static constexpr size_t smem(bool bs = false) {
+        return 1024 + (size_t)WY_ST * STAGE + 3 * B_BYTES + 2 * WY_ST * 8 + (WY_MAX_E + 1) * 4 +
+               (bs ? 16 + 2 * (size_t)(2 * 8 * 272) : 0);  // BS: warps 6-7's staging (WB_WARP each)
     }
 };
 
@@ -567,9 +568,97 @@ __device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *ac
     if (nw > 1) moe_wg_down_store<64>(a, acc1, rw[1], m0 + 64, rend, n0, wwarp, g, c);
 }
 
-// EPI: path 22 (false: path 14)
-template <bool GATEUP, bool EPI>
+// ---------------------------------------------------------------- path 24: the bf16 down rows by bulk copies
+// Path 22's down GEMM at the TP8 slice (K = 384: 6 chunks an item) ran at 27 % of the peak against
+// its gate/up's 38 %: per item the consumers drain the tensor cores and then store 128 x 128 outputs
+// from the accumulators, each warp store instruction covering 8 rows x 4 threads x 4 bytes (bf16
+// rows: 16 bytes, half a sector, of 8 different lines), 64 of them a thread, while no wgmma runs.
+// Path 24 (LUNAR_MOE_PREFILL=wsmxb; MXFP4's default since session 11, with the forward's bf16 rows:
+// with fp32 rows it is path 22) stages each warp's rows in shared memory with stmatrix (4 instructions per 8 rows x 128
+// columns instead of 16 stores) and writes every row as one 256-byte bulk copy
+// (cp.async.bulk.global.shared::cta): whole sectors, issued by 8 lanes, completed by the copy engine
+// while the warps go on to the next item's chunks.
+// Staging: a warp's 16 rows of one 64-row half in two 8-row buffers of 8 x 272 bytes (rows 16 bytes
+// apart in the banks: the 8 rows of an 8 x 8 matrix hit disjoint banks), 4352 bytes a warp, 34 KB for
+// the 8 consumer warps: more than the 26 KB path 22 leaves free, so warps 0-2 stage in B buffer
+// (q + 1) % 3, warps 3-5 in (q + 2) % 3 (q: the next item's first chunk, which widens into q % 3)
+// and warps 6-7 in 8.5 KB more at the end. The B buffers are free at the epilogue once both
+// warpgroups have drained (one 256-thread barrier: the other's last products read (q + 2) % 3); they
+// are refilled only by the widening of chunks q + 1 and q + 2, after chunk q's barrier, before which
+// every consumer thread waits for its bulk copies' reads (cp.async.bulk.wait_group.read 0: nothing
+// pending for the other lanes and chunks). Rows past the expert's end are staged but not copied.
+// Measured (H200, docs/benchmarks.md "MoE prefill, MXFP4 round 4"): the TP8 slice's down kernel with
+// bf16 rows 1.44 ms against 22's 1.59 (its own bf16 stores) and 1.50 (fp32 rows); its 8K prefill 2.2 %
+// faster than path 22 with fp32 rows (the old default), 1.2 % than 22 with bf16 rows.
+#define WB_ROW 272                // staging row: 128 bf16 + 16 bytes
+#define WB_WARP (2 * 8 * WB_ROW)  // two 8-row buffers a warp
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+                 "r"(r2), "r"(r3)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_store(const void *gdst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(gdst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// this thread's bulk groups but the newest N have been read from shared memory (READ) or completed
+template <int N, bool READ> __device__ __forceinline__ void bulk_wait() {
+    if (READ) asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+    else asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ uint32_t bf2_bits(float lo, float hi) {
+    __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&b);
+}
+// the same rows and values as wy_down_epilogue into a.yb (v * w rounded once to bf16); stg: this
+// warp's WB_WARP bytes of staging. Row set s = (half s / 2, rows g + 8 (s % 2)) goes to buffer s % 2;
+// set s >= 2 first waits until set s - 2's copies have read it
+__device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
+                                             int rend, int n0, int wwarp, int g, int lane, uint32_t stg) {
+    const int rlo = m0 + wwarp * 16 + g;
+    float rw[2][2];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
+        rw[i >> 1][i & 1] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
+    }
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+        const int h = s >> 1, hh = s & 1;
+        if (h >= nw) break;  // warpgroup-uniform
+        const float *acc = h ? acc1 : acc0, w = rw[h][hh];
+        const uint32_t buf = stg + (s & 1) * (8 * WB_ROW);
+        if (s >= 2) {
+            bulk_wait<1, true>();
+            __syncwarp();
+        }
+        // matrix i of stmatrix m: columns 8 (4 m + i) .., accumulators 4 (4 m + i) + 2 hh, + 1 (row g + 8 hh);
+        // lane l gives the address of row l % 8 of matrix l / 8
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            uint32_t v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const float *x = acc + 4 * (4 * m + i) + 2 * hh;
+                v[i] = bf2_bits(x[0] * w, x[1] * w);
+            }
+            stmatrix_x4(buf + (lane & 7) * WB_ROW + (4 * m + (lane >> 3)) * 16, v[0], v[1], v[2], v[3]);
+        }
+        fence_async_smem();  // this thread's staged rows -> the bulk copies (async proxy)
+        __syncwarp();
+        if (lane < 8) {
+            const int r = m0 + 64 * h + wwarp * 16 + 8 * hh + lane;
+            if (r < rend) bulk_store(a.yb + (size_t)r * a.R + n0, buf + lane * WB_ROW, 256);
+            bulk_commit();
+        }
+    }
+}
+
+// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies
+template <bool GATEUP, bool EPI, bool BS = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
+    static_assert(!BS || (EPI && !GATEUP), "path 24 is path 22's down kernel");
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
@@ -578,6 +667,8 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
     const uint32_t sB = sT + WY_ST * C::STAGE;                   // B buffer b
     const uint32_t full = sB + 3 * C::B_BYTES, empty = full + WY_ST * 8;
     int *pfx = (int *)(ws_smem + (empty + WY_ST * 8 - smem_u32(ws_smem)));  // [E + 1] pairs before expert e
+    // BS: warps 6-7's staging (wy_down_bulk), after the prefix array
+    const uint32_t stgE = (empty + WY_ST * 8 + (WY_MAX_E + 1) * 4 + 15) & ~15u;
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
@@ -701,6 +792,9 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                     if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
                     else put(std::false_type());
                     fence_async_smem();  // this thread's widened row piece -> the wgmma
+                    // BS: the previous item's staging in B buffers q + 1, q + 2 read by its bulk copies
+                    // before this barrier lets chunk q + 1 widen (returns at once where none is pending)
+                    if (BS) bulk_wait<0, true>();
                     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the whole B tile written
                     if (NW > 0) {
                         wgmma_fence();
@@ -732,13 +826,22 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             fence_acc<64>(acc0);
             fence_acc<64>(acc1);
             while (rel < q) release();
-            if (!GATEUP && EPI) {
+            if (BS && a.yb) {
+                // both warpgroups drained: no product reads the B buffers staged in below
+                asm volatile("bar.sync 1, 256;\n" ::: "memory");
+                const int cw = ct >> 5;  // consumer warp 0..7
+                const uint32_t stg = cw < 3   ? sB + ((q + 1) % 3) * C::B_BYTES + cw * WB_WARP
+                                     : cw < 6 ? sB + ((q + 2) % 3) * C::B_BYTES + (cw - 3) * WB_WARP
+                                              : stgE + (cw - 6) * WB_WARP;
+                wy_down_bulk(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, lane, stg);
+            } else if (!GATEUP && EPI) {
                 wy_down_epilogue(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, c);
             } else {
                 if (nw > 0) moe_wg_epilogue<GATEUP, 64, true>(a, acc0, m0, c_rend, c_n0, wwarp, g, c);
                 if (nw > 1) moe_wg_epilogue<GATEUP, 64, true>(a, acc1, m0 + 64, c_rend, c_n0, wwarp, g, c);
             }
         }
+        if (BS) bulk_wait<0, false>();  // this thread's bulk copies complete before the block leaves
     }
 }
 
@@ -831,26 +934,30 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP, bool EPI> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
+template <bool GATEUP, bool EPI, bool BS = false> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    return ws_persistent<moe_wy_kernel<GATEUP, EPI>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(),
-                                                     st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
+                                                         wy_cfg::smem(BS), st);
 }
 
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
 // rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
-// weights loaded once and the next item looked up before the drain); false where the shapes do not
+// weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
+// bf16 down rows staged in shared memory and written by bulk copies); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
 // benchmark's per-kernel times)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
-    if (mx && (mode == 6 || mode == 14)) {
+    // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
+    if (mx && (mode == 6 || mode == 14 || mode == 16)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
-        const bool epi = mode == 14;
+        const bool epi = mode != 6;
         bool ok = epi ? wy_launch<true, true>(g, tiles, st) : wy_launch<true, false>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
-        ok = ok && (epi ? wy_launch<false, true>(d, tiles, st) : wy_launch<false, false>(d, tiles, st));
+        ok = ok && (mode == 16 ? wy_launch<false, true, true>(d, tiles, st)
+                    : epi      ? wy_launch<false, true>(d, tiles, st)
+                               : wy_launch<false, false>(d, tiles, st));
         return ok;
     }
     // 128 columns of w1 and of w3 per gate/up item, 256 rows of w2 per down item

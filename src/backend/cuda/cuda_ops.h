@@ -551,9 +551,10 @@ void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
  * of paths 14 and 22, so that events around lunar_cuda_moe_experts_run time each kernel. */
 void lunar_cuda_moe_split_event(lunar_cuda_event e);
 /* The same with ybuf [n*k, D] in bf16, each weighted expert row rounded once (round to nearest
- * even) from the fp32 value the other form stores (LUNAR_MOE_YBUF=bf16, an opt-in of the 8K
- * prefill: the combine reads half the bytes, the down GEMM writes half). Only the prefill grouped
- * GEMMs' shared epilogue writes bf16 rows (paths 4-7, 10-12, 14, 17, 18 at n > 64, as path resolves there):
+ * even) from the fp32 value the other form stores (the forward's prefill default for MXFP4 experts
+ * since session 11, LUNAR_MOE_YBUF=bf16 | fp32 for either: the combine reads half the bytes, the
+ * down GEMM writes half). Only the prefill grouped GEMMs' shared epilogue writes bf16 rows (paths
+ * 4-7, 10-12, 14, 17, 18, 22, 24 at n > 64, as path resolves there; 24 by bulk copies):
  * returns -1, launching nothing, where the path would be another (the caller runs the fp32 form). */
 int lunar_cuda_moe_experts_run_b(uint16_t *ybuf, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
                                  const lunar_cuda_moe_route *r, int path, lunar_cuda_stream s);
