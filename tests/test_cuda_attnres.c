@@ -3,10 +3,7 @@
  * odd D, one candidate, the 64 of the largest stack), with and without the out-norm. The output
  * sits between guard words and is poisoned first (NaN), so an unwritten element or a write out of
  * bounds fails. Tolerance 1e-5 of max |ref|: the dot and the sum of squares are accumulated in
- * double as the CPU's; only the running mix m is fp32 (online-softmax rescaling, ~S ulp). Both
- * kernels run every case (lunar_cuda_attnres_variant: one pass, two passes where S <= 64) and must
- * give the same bits, since the model picks one by the row count and a request's output must not
- * depend on the batch it decodes in.
+ * double as the CPU's; only the running mix m is fp32 (online-softmax rescaling, ~S ulp).
  *
  * With LUNAR_NORM_BENCH=1, cuda_attnres_bench times the fused kernel, the generic glue kernel it
  * replaces and RMSNorm against the bandwidth floor (bytes / a device copy's rate, measured in the
@@ -88,39 +85,28 @@ TEST(cuda_attnres_fused_vs_cpu) {
         lunar_tensor P = test_tensor1(LUNAR_DTYPE_F32, D, c.proj), R = test_tensor1(LUNAR_DTYPE_F32, D, c.norm);
         lunar_tensor O = test_tensor1(LUNAR_DTYPE_F32, D, c.on);
         for (int with_norm = 0; with_norm < 2; with_norm++) {
-            float *ref = test_poisoned(N), *first = test_alloc(N);
+            float *ref = test_poisoned(N);
             op_attnres_mix(ref, (const float *const *)c.h, S, &P, &R, with_norm ? &O : NULL, n, D, 1e-6f);
-            for (int v = 1; v <= 2; v++) {
-                const int prev = lunar_cuda_attnres_variant(v);
-                uint32_t *buf = lunar_cuda_alloc(((size_t)N + 2 * GUARD) * 4);
-                LUNAR_ASSERT(buf);
-                lunar_cuda_fill_u32(buf, SENT, (size_t)N + 2 * GUARD);
-                float *dy = (float *)(buf + GUARD);
-                lunar_cuda_attnres_mix(dy, c.dtab, S, c.du, with_norm ? c.don : NULL, n, D, 1e-6f, NULL);
-                lunar_cuda_sync();
-                lunar_cuda_attnres_variant(prev);
-                float *y = test_alloc(N);
-                uint32_t g[2 * GUARD];
-                lunar_cuda_download(y, dy, (size_t)N * 4);
-                lunar_cuda_download(g, buf, GUARD * 4);
-                lunar_cuda_download(g + GUARD, buf + GUARD + N, GUARD * 4);
-                int guards = 1;
-                for (int i = 0; i < 2 * GUARD; i++) guards &= g[i] == SENT;
-                const double e = lunar_max_rel_err(y, ref, N);
-                if (getenv("LUNAR_TEST_VERBOSE"))
-                    fprintf(stderr, "\n    attnres n=%d S=%d D=%d%s kernel %d max rel err %.3g (tol 1e-05)", n, S, D,
-                            with_norm ? " +norm" : "", v, e);
-                CHECK_MSG(e <= 1e-5, "attnres n=%d S=%d D=%d norm %d kernel %d: max rel err %.3g", n, S, D, with_norm,
-                          v, e);
-                CHECK_MSG(guards, "attnres n=%d S=%d D=%d kernel %d: a guard word was overwritten", n, S, D, v);
-                if (v == 1) memcpy(first, y, (size_t)N * 4);
-                else
-                    CHECK_MSG(memcmp(first, y, (size_t)N * 4) == 0,
-                              "attnres n=%d S=%d D=%d norm %d: the two-pass kernel's bits differ from the one pass's",
-                              n, S, D, with_norm);
-                free(y);
-            }
-            free(ref), free(first);
+            uint32_t *buf = lunar_cuda_alloc(((size_t)N + 2 * GUARD) * 4);
+            LUNAR_ASSERT(buf);
+            lunar_cuda_fill_u32(buf, SENT, (size_t)N + 2 * GUARD);
+            float *dy = (float *)(buf + GUARD);
+            lunar_cuda_attnres_mix(dy, c.dtab, S, c.du, with_norm ? c.don : NULL, n, D, 1e-6f, NULL);
+            lunar_cuda_sync();
+            float *y = test_alloc(N);
+            uint32_t g[2 * GUARD];
+            lunar_cuda_download(y, dy, (size_t)N * 4);
+            lunar_cuda_download(g, buf, GUARD * 4);
+            lunar_cuda_download(g + GUARD, buf + GUARD + N, GUARD * 4);
+            int guards = 1;
+            for (int i = 0; i < 2 * GUARD; i++) guards &= g[i] == SENT;
+            const double e = lunar_max_rel_err(y, ref, N);
+            if (getenv("LUNAR_TEST_VERBOSE"))
+                fprintf(stderr, "\n    attnres n=%d S=%d D=%d%s max rel err %.3g (tol 1e-05)", n, S, D,
+                        with_norm ? " +norm" : "", e);
+            CHECK_MSG(e <= 1e-5, "attnres n=%d S=%d D=%d norm %d: max rel err %.3g", n, S, D, with_norm, e);
+            CHECK_MSG(guards, "attnres n=%d S=%d D=%d: a guard word was overwritten", n, S, D);
+            free(ref), free(y);
         }
         test_tensor_free(&P), test_tensor_free(&R), test_tensor_free(&O);
         cands_free(&c, S);
@@ -159,19 +145,17 @@ TEST(cuda_attnres_bench) {
         uint16_t *wb = lunar_cuda_alloc((size_t)D * 2), *yb = lunar_cuda_alloc((size_t)n * D * 2);
         lunar_cuda_fill_u32(wb, 0x3f803f80u, (size_t)D / 2); /* bf16 1.0 */
         const double mix_bytes = (double)(S + 1) * n * D * 4, norm_bytes = (double)n * D * (4 + 2);
-        for (int which = 0; which < 4; which++) {
-            const int prev = lunar_cuda_attnres_variant(which == 3 ? 2 : 1);
+        for (int which = 0; which < 3; which++) {
             for (int r = 0; r < 2 + reps; r++) {
                 if (r == 2) lunar_cuda_event_record(e0, NULL);
-                if (which == 0 || which == 3) lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
+                if (which == 0) lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
                 else if (which == 1) lunar_glue_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
                 else lunar_cuda_rmsnorm(yb, LUNAR_CUDA_BF16, c.d[0], wb, n, D, 1e-6f, NULL);
             }
             lunar_cuda_event_record(e1, NULL);
-            lunar_cuda_attnres_variant(prev);
-            const double us = time_ms(e0, e1) * 1e3 / reps, by = which != 2 ? mix_bytes : norm_bytes;
-            static const char *names[] = {"AttnRes mix + norm, fused one pass (S=9)", "AttnRes mix + norm, glue (S=9)",
-                                          "RMSNorm fp32 -> bf16", "AttnRes mix + norm, fused two passes (S=9)"};
+            const double us = time_ms(e0, e1) * 1e3 / reps, by = which < 2 ? mix_bytes : norm_bytes;
+            static const char *names[] = {"AttnRes mix + norm, fused (S=9)", "AttnRes mix + norm, glue (S=9)",
+                                          "RMSNorm fp32 -> bf16"};
             printf("| %s | %d | %.1f | %.0f | %.1f | %.0f%% |\n", names[which], n, us, by / (us * 1e-6) / 1e9,
                    by / bw * 1e6, 100.0 * (by / bw * 1e6) / us);
         }

@@ -175,10 +175,6 @@ void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids,
 int lunar_cuda_attnres_supported(int D);
 void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on, int n,
                             int D, float eps, lunar_cuda_stream s);
-/* Which kernel lunar_cuda_attnres_mix runs: 0 by the row count (two passes for decode-sized n),
- * 1 always one pass, 2 two passes where S allows; returns the previous setting. Both give the same
- * bits. The first call of either function reads LUNAR_ATTNRES=onepass|twopass. */
-int lunar_cuda_attnres_variant(int v);
 
 /* op_rmsnorm / op_rmsnorm_gated / op_l2norm. x, gate fp32; w bf16 [dim] (NULL: no weight, rmsnorm
  * only). Sum of squares in fp32 (tree order). y may alias x when ydt is F32. */
