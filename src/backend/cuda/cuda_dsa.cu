@@ -700,11 +700,26 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
 } // namespace
 
 static int g_score_mode = LUNAR_DSA_SCORE_AUTO;
-// INT8 (the default) is the pipelined kernel when this is true. False: its device run (docs/
-// benchmarks.md, "DSA indexer, round 2") showed it bitwise equal and faster in the op benchmark at
-// small sizes (1 row x 4K: 1.65x) but 0.93x at 1 row x 128K and no gain in the K3.1 decode, so it
-// stays opt-in (LUNAR_DSA_SCORE=int8-pipe) until an end-to-end run shows one
-static const bool kPipeDefault = false;
+// INT8 (the default) runs the pipelined kernel where the round-1 kernel's grid would leave SMs idle,
+// the round-1 kernel elsewhere. Both give the same bits. The pipelined kernel was measured faster
+// exactly there ("DSA indexer, round 2", session 4: 1 row x 4K 1.65x, 8 x 4K 1.27x, 1 x 32K 1.13x;
+// 8 x 32K 1.03x and 8 x 128K 1.05x at grids of >= 512 blocks, 1 x 128K 0.93x at 256) and in the K3.1
+// slice's B = 1 step at 8K context (16 blocks: 1.720 -> 1.680 ms, every round, session 11's last call)
+template <int NHP, int R> static long long sync_grid(int max_len, int rows) {
+    using T = I8Tile<NHP, R>;
+    return (long long)ceil_div_u(max_len, T::TPB * T::PT) * ceil_div_u(rows, R);
+}
+static bool pipe_fills_sms(bool grouped, int nh, int max_len, int rows) {
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const long long g = nh <= 32 ? (grouped ? sync_grid<32, 4>(max_len, rows) : sync_grid<32, 1>(max_len, rows))
+                                 : (grouped ? sync_grid<64, 2>(max_len, rows) : sync_grid<64, 1>(max_len, rows));
+    return g < sms;
+}
 
 extern "C" int lunar_cuda_dsa_score_mode(int mode) {
     const int prev = g_score_mode;
@@ -749,7 +764,8 @@ extern "C" void lunar_cuda_dsa_index_score(float *scores, int ld, const float *i
         const bool grouped = mode == LUNAR_DSA_SCORE_INT8_GROUPED || mode == LUNAR_DSA_SCORE_INT8_SYNC_GROUPED ||
                              mode == LUNAR_DSA_SCORE_INT8_PIPE_GROUPED || rows > 256;
         const bool pipe = mode == LUNAR_DSA_SCORE_INT8_PIPE || mode == LUNAR_DSA_SCORE_INT8_PIPE_GROUPED ||
-                          ((mode == LUNAR_DSA_SCORE_INT8 || mode == LUNAR_DSA_SCORE_INT8_GROUPED) && kPipeDefault);
+                          ((mode == LUNAR_DSA_SCORE_INT8 || mode == LUNAR_DSA_SCORE_INT8_GROUPED) &&
+                           pipe_fills_sms(grouped, nh, max_len, rows));
         if (pipe)
             launch_i8_any<true>(grouped, scores, ld, iq, w, codes, scales, block_tables, max_blocks, row_seq, lens,
                                 max_len, rows, nh, d, to_stream(s));
