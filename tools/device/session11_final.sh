@@ -4,7 +4,7 @@
 #  2. the K3.1 TP8 slice's B = 1 step (10 layers, 8K context), main's defaults against each variant of $K3AB
 #     (space-separated; a variant's assignments comma-separated), $ROUNDS rounds alternating
 #  3. issue 9's tables: Kimi-Linear-48B (prefill 1K/8K/32K, decode B = 1/8/32/64) and the K3.1 slice projected to 93
-#  4. NCU=1: the route and AttnRes kernels of one eager K3.1 slice step under Nsight Compute (each kernel alone)
+#  4. NCU=1: the route and AttnRes kernels (NCU_K: another kernel-name regex) of one eager K3.1 slice step under Nsight Compute (each kernel alone)
 #  5. LLAMA=<llama-bench>: llama.cpp's Kimi-Linear as issue 9's peer (tools/device/peer_llamacpp.sh)
 #   P=<prebuilt dir> OUT=<dir> [TESTS=...] [K3AB=...] [ROUNDS=3] [NCU=1] [LLAMA=...] tools/device/session11_final.sh
 set -u
@@ -41,14 +41,14 @@ echo "rc=$?" >> $T; grep -A3 '^prefill' $OUT/k3_table.log | head -3 >> $T; grep 
 if [ "${NCU:-0}" = 1 ]; then
   step "ncu: route and AttnRes kernels, one K3.1 slice B=1 step"
   timeout 90 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv \
-    -k regex:'router_warp|attnres|embedding' --launch-count 400 \
+    -k regex:"${NCU_K:-router_warp|attnres|embedding}" --launch-count 400 \
     $P/bin/lunar bench $S --load-format dummy --backend cuda --input-lens 16 --batch-sizes 1 --contexts 8192 --steps 1 \
     > $OUT/ncu_ra.csv 2> $OUT/ncu_ra.err
   echo "ncu rc=$?" >> $T; python3 tools/device/ncu_step.py $OUT/ncu_ra.csv -3 > $OUT/ncu_ra.md 2>&1; head -12 $OUT/ncu_ra.md >> $T
 fi
 if [ -n "${LLAMA:-}" ]; then
   step "llama.cpp peer (Kimi-Linear-48B, random Q4_0 GGUF)"
-  LLAMA_BENCH=$LLAMA OUT=$OUT timeout 300 tools/device/peer_llamacpp.sh > $OUT/llamacpp.log 2>&1
+  LLAMA_BENCH=$LLAMA OUT=$OUT timeout ${LLAMA_TIMEOUT:-300} tools/device/peer_llamacpp.sh > $OUT/llamacpp.log 2>&1
   echo "rc=$?" >> $T; grep -E 'gguf rc|^\||llama-bench rc' $OUT/llamacpp.log | head -14 >> $T
 fi
 step done
