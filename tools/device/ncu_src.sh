@@ -3,6 +3,7 @@
 # test (application replay: the test's small arena, not a model's pools), sections SpeedOfLight, WarpStateStats,
 # SourceCounters (per-SASS-instruction stall samples), InstructionStats, SchedulerStats; the report, its details
 # page and its SASS page (CSV) come back.
+# (Written in session 11 for the route-one and AttnRes kernels of the K3.1 slice; not yet run: no device time was left.)
 #   P=<prebuilt dir> OUT=<dir> [SPECS="test|kernel regex|launches to skip ..."] tools/device/ncu_src.sh
 set -u
 P=${P:?prebuilt dir}
