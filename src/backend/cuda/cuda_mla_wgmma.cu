@@ -1180,6 +1180,29 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t d
 }
 // the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads)
 __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
+// the heads' maxima over the warpgroup's 64 positions: the 8 lanes of a column (g) by shuffles, then the
+// warpgroup's 4 warps through red (16 floats a warp: 2 row halves x 8 columns) behind its named barrier;
+// every thread ends with its heads' maxima. red is rewritten only after the tile's block barrier.
+__device__ __forceinline__ void wg_max(float (&mx)[2][2], float *red, int wg, int w4, int g, int t) {
+#pragma unroll
+    for (int x = 4; x <= 16; x <<= 1)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
+    if (g == 0)
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+            *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
+    wg_sync(wg);
+#pragma unroll
+    for (int w = 0; w < 4; w++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
+            mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
+        }
+}
 } // namespace st
 
 // Round 7 (the default since session 11: Lazy and Pipe; =st / =st4 keep round 6, =stl / =stp one of the two):
@@ -1291,24 +1314,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                     *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
                 }
         } else {
-#pragma unroll
-            for (int x = 4; x <= 16; x <<= 1)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
-            if (g == 0)
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-                    *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
-            st::wg_sync(wg); // the warpgroup's maxima in (red is rewritten only after this tile's block barrier)
-#pragma unroll
-            for (int w = 0; w < 4; w++)
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
-                    mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
-                }
+            st::wg_max(mx, red, wg, w4, g, t); // the warpgroup's maxima in
 
             // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
             // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
@@ -1348,24 +1354,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 // warpgroup's 64 positions exchanged as in the exact kernel; heads whose maximum passed
                 // m + lazy take it as m (the rest keep theirs and their P), their P rewritten, then O's
                 // columns rescaled after a second barrier
-#pragma unroll
-                for (int x = 4; x <= 16; x <<= 1)
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) mx[i][c] = fmaxf(mx[i][c], __shfl_xor_sync(0xffffffffu, mx[i][c], x));
-                if (g == 0)
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(mx[i][0], mx[i][1]);
-                st::wg_sync(wg);
-#pragma unroll
-                for (int w = 0; w < 4; w++)
-#pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        const float2 r = *reinterpret_cast<const float2 *>(red + (wg * 4 + w) * 16 + 8 * i + 2 * t);
-                        mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
-                    }
+                st::wg_max(mx, red, wg, w4, g, t);
                 float al[2][2];
 #pragma unroll
                 for (int i = 0; i < 2; i++)
