@@ -19,6 +19,33 @@
         }                                                                                      \
     } while (0)
 
+// a plan slot's cuBLASLt objects, released before the slot is reused
+static void lt_release(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                       cublasLtMatrixLayout_t d) {
+    cublasLtMatmulDescDestroy(op);
+    cublasLtMatrixLayoutDestroy(a);
+    cublasLtMatrixLayoutDestroy(b);
+    cublasLtMatrixLayoutDestroy(d);
+}
+
+// cuBLASLt's first heuristic choice for D = op(A) op(B) within the shared workspace (C is D, beta 0)
+static cublasLtMatmulAlgo_t lt_algo(cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                    cublasLtMatrixLayout_t d) {
+    cublasLtMatmulPreference_t pref;
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    size_t ws_bytes;
+    lunar_cuda_gemm_workspace(&ws_bytes);
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                  sizeof ws_bytes));
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), op, a, b, d, d, pref, 1,
+                                            &res, &found));
+    cublasLtMatmulPreferenceDestroy(pref);
+    CUDA_REQUIRE(found > 0);
+    return res.algo;
+}
+
 struct gemm_plan {
     int n, out, in, ydt, used;
     cublasLtMatmulDesc_t op;
@@ -36,12 +63,7 @@ static gemm_plan *get_plan(int n, int out, int in, lunar_cuda_dtype ydt) {
             return &plans[i];
     // a full cache recycles the oldest slot (shapes are few in practice: one per linear x batch)
     gemm_plan *p = &plans[n_plans < MAX_PLANS ? n_plans++ : (n % MAX_PLANS)];
-    if (p->used) {
-        cublasLtMatmulDescDestroy(p->op);
-        cublasLtMatrixLayoutDestroy(p->a);
-        cublasLtMatrixLayoutDestroy(p->b);
-        cublasLtMatrixLayoutDestroy(p->d);
-    }
+    if (p->used) lt_release(p->op, p->a, p->b, p->d);
     p->n = n, p->out = out, p->in = in, p->ydt = (int)ydt, p->used = 1;
     LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -51,19 +73,7 @@ static gemm_plan *get_plan(int n, int out, int in, lunar_cuda_dtype ydt) {
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, in, out, in));
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, in, n, in));
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->d, dt, out, n, out));
-    cublasLtMatmulPreference_t pref;
-    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    size_t ws_bytes;
-    lunar_cuda_gemm_workspace(&ws_bytes);
-    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws_bytes, sizeof ws_bytes));
-    cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    LT_CHECK(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op,
-                                            p->a, p->b, p->d, p->d, pref, 1, &res, &found));
-    cublasLtMatmulPreferenceDestroy(pref);
-    CUDA_REQUIRE(found > 0);
-    p->algo = res.algo;
+    p->algo = lt_algo(p->op, p->a, p->b, p->d);
     return p;
 }
 
@@ -301,12 +311,7 @@ static void sgemm_strided(float *C, const float *A, const float *B, int transa, 
         if (memcmp(splans[i].key, key, sizeof key) == 0) p = &splans[i];
     if (!p) {
         p = &splans[n_splans < MAX_SPLANS ? n_splans++ : (next_splan++ % MAX_SPLANS)];
-        if (p->used) {
-            cublasLtMatmulDescDestroy(p->op);
-            cublasLtMatrixLayoutDestroy(p->a);
-            cublasLtMatrixLayoutDestroy(p->b);
-            cublasLtMatrixLayoutDestroy(p->d);
-        }
+        if (p->used) lt_release(p->op, p->a, p->b, p->d);
         memcpy(p->key, key, sizeof key);
         p->used = 1;
         LT_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -319,19 +324,7 @@ static void sgemm_strided(float *C, const float *A, const float *B, int transa, 
         set_batch(p->a, batch, sa);
         set_batch(p->b, batch, sb);
         set_batch(p->d, batch, sc);
-        cublasLtMatmulPreference_t pref;
-        LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        size_t ws_bytes;
-        lunar_cuda_gemm_workspace(&ws_bytes);
-        LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &ws_bytes, sizeof ws_bytes));
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        LT_CHECK(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)lunar_cuda_cublaslt_handle(), p->op,
-                                                p->a, p->b, p->d, p->d, pref, 1, &res, &found));
-        cublasLtMatmulPreferenceDestroy(pref);
-        CUDA_REQUIRE(found > 0);
-        p->algo = res.algo;
+        p->algo = lt_algo(p->op, p->a, p->b, p->d);
     }
     const float alpha = 1.0f, beta = 0.0f;
     size_t ws_bytes;
