@@ -4,12 +4,14 @@
 # SourceCounters (per-SASS-instruction stall samples), InstructionStats, SchedulerStats; the report, its details
 # page and its SASS page (CSV) come back.
 # (Written in session 11 for the route-one and AttnRes kernels of the K3.1 slice; not yet run: no device time was left.)
-#   P=<prebuilt dir> OUT=<dir> [SPECS="test|kernel regex|launches to skip ..."] tools/device/ncu_src.sh
+#   P=<prebuilt dir> OUT=<dir> [SPECS="test|kernel regex|skip;..."] tools/device/ncu_src.sh
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
 SUMMARY=ncu_src.txt . tools/device/env.sh
-for spec in ${SPECS:-"cuda_moe_route_one|router_warp_kernel<(true|1), 28|0" "cuda_attnres_fused|attnres_kernel<32>|1"}; do
+# SPECS: entries "test|kernel regex|launches to skip" separated by ';' (the regexes use '.' for a space)
+IFS=';' read -r -a specs <<< "${SPECS:-cuda_moe_route_one|router_warp_kernel<[^,]*,.28|0;cuda_attnres_fused|attnres_kernel<32>|1}"
+for spec in "${specs[@]}"; do
   IFS='|' read -r test k skip <<< "$spec"
   step "ncu $test: $k (skip $skip)"
   timeout 100 ncu --replay-mode application --kernel-name-base demangled -k "regex:$k" --launch-skip "$skip" \
