@@ -195,7 +195,8 @@ __device__ __forceinline__ unsigned long long span_best(const uint32_t (&key)[C]
 // only the group it took from (W pairs, then G - 1 maxima) instead of all C. One warp runs the k
 // rounds back to back with nothing to hide their latency, and the rescan was most of a round:
 // K3.1's 896 experts (C = 28), top-16, took 19.8 us a route (ncu, session 11) against 5.8 us for
-// Kimi-Linear's 256 (C = 8), top-8. The same pairs are compared, so the same choices.
+// Kimi-Linear's 256 (C = 8), top-8; grouped, 17.0 us (the step inside its noise). The same pairs are
+// compared, so the same choices. Most of the 17 us is still unexplained (tools/device/ncu_src.sh).
 template <int C, int W, int G, int I = 0>
 __device__ __forceinline__ void groups_init(const uint32_t (&key)[C], unsigned long long (&gb)[G]) {
     if constexpr (I < G) {
