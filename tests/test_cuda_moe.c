@@ -416,7 +416,7 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
  * expert rows and combined output bit for bit the first run's (var = vals[0], XS = xs[0]; f16_xs_case
  * holds XS itself to those bits). The caller's values of both switches are restored after. */
 static void f16_sweep(const char *what, const char *var, const char *const *vals, int nv, const char *const *xs,
-                      int nx, int pflags, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                      int nx, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                       const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I) {
     const char *names[2] = {var, "LUNAR_MOE_F16_XS"};
     char *keep[2];
@@ -431,7 +431,7 @@ static void f16_sweep(const char *what, const char *var, const char *const *vals
             lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
             lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
             lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16 | pflags, NULL);
+            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
             lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
             float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
             if (!y0) {
@@ -467,11 +467,7 @@ static void f16_tiles_case(const char *what, float *ybuf, uint16_t *hbuf, float 
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
                            int I) {
     static const char *tv[4] = {"0", "2", "3", "1"}, *xsv[2] = {"0", "2"};
-    f16_sweep(what, "LUNAR_MOE_F16_TILES", tv, 4, xsv, 2, 0, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
-    /* LUNAR_MOE_F16_WAVES, the rule's threshold (TILES unset: the rule at one token): 0 puts these
-     * grids at 2 groups a block, 1.5 / 2 leave them at one */
-    static const char *wv[3] = {"1.5", "0", "2"};
-    f16_sweep(what, "LUNAR_MOE_F16_WAVES", wv, 3, xsv, 2, 0, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
+    f16_sweep(what, "LUNAR_MOE_F16_TILES", tv, 4, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
 /* LUNAR_MOE_F16_EARLY (path 16's block start-up; cuda_moe_f16.cu's EARLY note): bit 1 the down
@@ -487,13 +483,7 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D,
                            int I) {
     static const char *ev[6] = {"0", "1", "2", "4", "3", "7"}, *xsv[2] = {"0", NULL};
-    f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, 0, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
-    /* bit 8 (the gate/up kernel's first fill and offsets before the wait) under LUNAR_MOE_RUN_SETTLED:
-     * the route is written by the permutation, three fills and more before each run (two launches
-     * back at least, as the caller promises); 8 without bit 1 is off */
-    static const char *sv[5] = {"0", "15", "9", "8", "13"};
-    f16_sweep(what, "LUNAR_MOE_F16_EARLY", sv, 5, xsv, 2, LUNAR_MOE_RUN_SETTLED, ybuf, hbuf, acc, dz, dw, r, n, k,
-              D, I);
+    f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
@@ -916,9 +906,7 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
         double f16err = 0.0;
         if (mx) {
             lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-            /* LUNAR_MOE_BENCH_SETTLED=1: as the K3 forward, the route marked as two launches back */
-            const int f16p = getenv("LUNAR_MOE_BENCH_SETTLED") && atoi(getenv("LUNAR_MOE_BENCH_SETTLED")) ? LUNAR_MOE_RUN_SETTLED : 0;
-            f16 = time_experts(ybuf, hbuf, z, &w, &r, 16 | f16p, 21, flush, fw);
+            f16 = time_experts(ybuf, hbuf, z, &w, &r, 16, 21, flush, fw);
             lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
             float *yf = dl_f32(acc, (long)n * D);
             f16err = lunar_max_rel_err(yf, yp, (long)n * D);

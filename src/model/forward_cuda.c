@@ -816,22 +816,10 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     const uint16_t *zb = hb;
     if (Lat) {
         t0 = cp_begin();
+        float *z = fd((size_t)n * Lat);
+        mm_b(z, hb, &w->ldown, n, NULL);
         uint16_t *z16 = lunar_cuda_fwd_alloc((size_t)n * Lat * 2);
-        /* LUNAR_MOE_LATENT_BF16=1 (opt-in, issue 8 session 11): at one token the latent projection
-         * stores bf16 itself (the skinny kernel rounds its fp32 sum as the copy would), one launch
-         * fewer between the route and the gate/up kernel (the route then two launches back).
-         * Measured not faster (H200, the K3.1 slice's B = 1 step): 1.726 / 1.730 ms against 1.722 /
-         * 1.711 / 1.747 unset, 1.708 / 1.718 with LUNAR_MOE_F16_EARLY=15 (docs/benchmarks.md "MoE
-         * decode, MXFP4, round 4 (session 11, H200)") */
-        static int lbf = -1;
-        if (lbf < 0) lbf = getenv("LUNAR_MOE_LATENT_BF16") && atoi(getenv("LUNAR_MOE_LATENT_BF16")) == 1;
-        if (lbf && n == 1 && !w->ldown.s8 && !glue_gemm_only() && w->ldown.in % 8 == 0 && w->ldown.out % 8 == 0) {
-            lunar_cuda_matmul(z16, LUNAR_CUDA_BF16, hb, w->ldown.p, n, w->ldown.out, w->ldown.in, NULL);
-        } else {
-            float *z = fd((size_t)n * Lat);
-            mm_b(z, hb, &w->ldown, n, NULL);
-            lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
-        }
+        lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
         zb = z16;
         cp_end(LUNAR_PROF_LATENT, t0);
     }
@@ -852,14 +840,10 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     }
     const int yrows_b = ybf == 1 || (ybf == 2 && w->mx.mxfp4);
     uint16_t *yb16 = yrows_b && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
-    /* with a latent the route is at least two launches back (the projection, and its bf16 copy
-     * unless LUNAR_MOE_LATENT_BF16): path 16's gate/up kernel may start its weight fills before its
-     * PDL wait (LUNAR_MOE_F16_EARLY bit 8) */
-    const int rpath = Lat ? LUNAR_MOE_RUN_SETTLED : 0;
-    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, rpath, NULL)) yb16 = NULL;
+    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, 0, NULL)) yb16 = NULL;
     if (!yb16) {
         ybuf = fd((size_t)n * kr * De);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, rpath, NULL);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;

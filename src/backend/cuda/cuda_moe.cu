@@ -1005,8 +1005,6 @@ extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event =
 static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
                        const lunar_cuda_moe_route *r, int path, lunar_cuda_stream s) {
     CUDA_REQUIRE(w->D % 128 == 0 && w->I % 128 == 0 && w->E == r->E);
-    const bool settled = (path & LUNAR_MOE_RUN_SETTLED) != 0;  // the caller's promise (cuda_ops.h)
-    path &= ~LUNAR_MOE_RUN_SETTLED;
     const int n = r->n, np = n * r->k;
     // path 16 keeps the activations in f16 (finite to 65504): its h between the two GEMMs is the
     // SiTU's output, |h| <= beta * beta_l; SwiGLU's (unbounded) or a SiTU without the clamp on u
@@ -1126,7 +1124,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         fused_launch<256, 3>(g, d, r, st);
     } else if (path == 16) {
         const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
-        moe_f16_decode(g, d, slots, n, settled, st);
+        moe_f16_decode(g, d, slots, n, st);
     } else if (path == 1) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)

@@ -265,8 +265,6 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
 void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);
 // The MXFP4 decode pair on f16 tensor cores (cuda_moe_f16.cu, path 16): the pair's grid over
 // slots active-expert slots, gate/up then down; n tokens (sizes LUNAR_MOE_F16_XS's shared rows).
-// settled: the route was written at least two launches back (LUNAR_MOE_RUN_SETTLED): the gate/up
-// kernel may then read it before its PDL wait (cuda_moe_f16.cu, LUNAR_MOE_F16_EARLY bit 8)
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, bool settled, cudaStream_t st);
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st);
 
 #endif

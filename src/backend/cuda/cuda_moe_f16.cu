@@ -139,12 +139,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // token): the route of one token gives each of its experts one row, at offsets[e] = the
     // expert's slot (offsets are the exclusive scan of counts, the active list the experts in
     // order) and row_token = 0, so neither is loaded (two round trips less in gate/up, one in down).
-    // Bit 8 (opt bit 64, set by the host only where the caller says the route was written at least
-    // two launches back on the stream, LUNAR_MOE_RUN_SETTLED: K3 / K3.1's latent projection and its
-    // bf16 copy run between the route and the gate/up kernel): bit 1's order for the gate/up kernel
-    // too, its first fill (at the TP8 slice 4 of a warp's 7 chunks) and offsets before the wait;
-    // the activations (the direct predecessor's output) stay behind it.
-    const bool pre = (!GATEUP || (opt & 64u)) && (opt & 8u) && (opt & 4u), one = (opt & 32u) != 0;
+    const bool pre = !GATEUP && (opt & 8u) && (opt & 4u), one = (opt & 32u) != 0;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
     float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
@@ -413,29 +408,10 @@ static int tiles_mode(int n) {
 // B = 1 1.980 -> 1.948 ms, B = 8 -0.4 %, B = 64 +0.2 % (noise). Also tried there: the gate/up K split
 // across 2-4 blocks per row group, the last to arrive summing the partials (+21-25 % at the TP8 slice,
 // +25 % on K3.1: more waves of this start-up chain), removed.
-// Bit 8 (session 11, opt-in): the gate/up kernel's first fill and offsets before the wait too (opt
-// bit 64), only where the caller passed LUNAR_MOE_RUN_SETTLED (the route at least two launches back);
-// with bit 1 only (the order is bit 1's). Measured not faster (H200, docs/benchmarks.md "MoE decode,
-// MXFP4, round 4 (session 11, H200)"): the K3.1 slice's B = 1 step 1.732 / 1.724 ms at 15 against
-// 1.721 / 1.722 unset (behind the latent's bf16 copy, whose blocks trigger only after the projection
-// is done: no window), 1.708 / 1.718 with LUNAR_MOE_LATENT_BF16=1 against 1.722 / 1.711 / 1.747 (noise).
-static uint32_t early_mode(int n, bool settled) {
+static uint32_t early_mode(int n) {
     const char *v = getenv("LUNAR_MOE_F16_EARLY");
     const int b = v ? atoi(v) : 7;
-    return (b & 1 ? 8u : 0u) | (b & 2 ? 16u : 0u) | (b & 4 && n == 1 ? 32u : 0u) |
-           (b & 8 && b & 1 && settled ? 64u : 0u);
-}
-
-// LUNAR_MOE_F16_WAVES (read at every launch): the TILES rule's threshold, in waves of resident
-// blocks (unset: 1.5, session 9's rule; 0: 2 groups a block wherever an expert has >= 2 groups). At
-// 2 the TP8 slice's down kernel (1.7 waves) keeps one group a block, K3.1's kernels (5.8 / 6.8) two.
-// Measured (H200, session 11): the TP8 pair at batch 1 22.7 / 22.6 us against 22.9 / 23.0 unset (-1 %),
-// K3.1 107.2 / 107.3 against 107.2 / 106.8; the K3.1 slice's B = 1 step 1.712 / 1.736 ms against
-// 1.721 / 1.722 (rounds cross): not made the default.
-static double tiles_waves() {
-    const char *v = getenv("LUNAR_MOE_F16_WAVES");
-    const double w = v ? atof(v) : 1.5;
-    return w >= 0.0 && w <= 64.0 ? w : 1.5;
+    return (b & 1 ? 8u : 0u) | (b & 2 ? 16u : 0u) | (b & 4 && n == 1 ? 32u : 0u);
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -472,7 +448,7 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
 }
 
 template <bool GATEUP, int S>
-void launch_s(const xargs &a, int slots, int n, bool settled, cudaStream_t st) {
+void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
     const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
     const int nb = ceil_div_u(a.R / 16, RT);  // row groups of RT tiles per expert
@@ -489,11 +465,11 @@ void launch_s(const xargs &a, int slots, int n, bool settled, cudaStream_t st) {
     if (tm == 1) {
         const size_t per = (xs ? sx : smem) + 1024;
         const int bps = per * 4 <= (size_t)228 * 1024 ? 4 : (int)((size_t)228 * 1024 / per);
-        if (nb >= 2 && (double)nb * slots >= tiles_waves() * bps * sm_count()) T = 2;
+        if (nb >= 2 && 2LL * nb * slots >= 3LL * bps * sm_count()) T = 2;
     } else if (tm > 1) {
         T = min(tm, nb);
     }
-    const uint32_t opt = dec_opt() | early_mode(n, settled);
+    const uint32_t opt = dec_opt() | early_mode(n);
     if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
     else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
 }
@@ -511,16 +487,16 @@ static int split_cap() {
 }
 
 template <bool GATEUP>
-void launch(const xargs &a, int slots, int n, bool settled, cudaStream_t st) {
+void launch(const xargs &a, int slots, int n, cudaStream_t st) {
     const int J = a.K / 128, S = min(split_cap(), J >= 8 ? 4 : J >= 4 ? 2 : 1);  // the pair's split-K choice
-    if (S == 4) launch_s<GATEUP, 4>(a, slots, n, settled, st);
-    else if (S == 2) launch_s<GATEUP, 2>(a, slots, n, settled, st);
-    else launch_s<GATEUP, 1>(a, slots, n, settled, st);
+    if (S == 4) launch_s<GATEUP, 4>(a, slots, n, st);
+    else if (S == 2) launch_s<GATEUP, 2>(a, slots, n, st);
+    else launch_s<GATEUP, 1>(a, slots, n, st);
 }
 
 }  // namespace
 
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, bool settled, cudaStream_t st) {
-    launch<true>(g, slots, n, settled, st);
-    launch<false>(d, slots, n, false, st);  // opt bit 64 is the gate/up kernel's (the down kernel's fill is early anyway)
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st) {
+    launch<true>(g, slots, n, st);
+    launch<false>(d, slots, n, st);
 }

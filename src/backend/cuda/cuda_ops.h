@@ -539,10 +539,6 @@ typedef struct lunar_cuda_moe_experts {
 void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
-/* Or'ed into path (any path; read by path 16 only): the caller's promise that r was written at least
- * two launches back on s (as K3 / K3.1's latent projection runs between the route and the experts),
- * so the first kernel may read it before its PDL wait (cuda_common.cuh's rule). */
-#define LUNAR_MOE_RUN_SETTLED 0x10000
 /* Benchmarks: e (or NULL to stop) recorded on the stream between the gate/up and the down kernel
  * of paths 14 and 22, so that events around lunar_cuda_moe_experts_run time each kernel. */
 void lunar_cuda_moe_split_event(lunar_cuda_event e);
