@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_mla_wgmma.h" // lunar_mla_sm_count
 
 namespace {
 
@@ -504,15 +505,12 @@ void launch_i8(float *scores, int ld, const float *iq, const float *w, const uin
     using T = I8Tile<NHP, R>;
     constexpr size_t smem = PIPE ? T::smem_pipe : T::smem;
     static bool attr = false;
-    static int sms = 0;
     if (!attr) {
         CUDA_CHECK(cudaFuncSetAttribute(index_score_i8_kernel<NHP, R, PIPE>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
         attr = true;
     }
+    const int sms = lunar_mla_sm_count();
     // PIPE: fewer tiles per block (each block quantises its queries again) only to give every SM a block
     const long long tiles = ceil_div_u(max_len, T::PT), groups = ceil_div_u(rows, R);
     int tpb = T::TPB;
@@ -710,12 +708,7 @@ template <int NHP, int R> static long long sync_grid(int max_len, int rows) {
     return (long long)ceil_div_u(max_len, T::TPB * T::PT) * ceil_div_u(rows, R);
 }
 static bool pipe_fills_sms(bool grouped, int nh, int max_len, int rows) {
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
+    const int sms = lunar_mla_sm_count();
     const long long g = nh <= 32 ? (grouped ? sync_grid<32, 4>(max_len, rows) : sync_grid<32, 1>(max_len, rows))
                                  : (grouped ? sync_grid<64, 2>(max_len, rows) : sync_grid<64, 1>(max_len, rows));
     return g < sms;

@@ -379,6 +379,9 @@ static int router_mode(void) { // 0 warp, grouped; 1 block; 2 warp, flat
 }
 static int router_block(void) { return router_mode() == 1; }
 
+// groups of a lane's C candidates (groups_take): 4 from 16 candidates, else 1 (the full rescan)
+static constexpr int router_groups(int C) { return C >= 16 ? 4 : 1; }
+
 template <bool ROUTE>
 static void warp_launch(int C, int n, int32_t *experts, float *weights, const float *logits, const float *bias,
                         int E, int k, int n_group, int topk_group, int renorm, float scale, int shared,
@@ -392,8 +395,8 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
                n_group, topk_group, renorm, scale, shared, r)
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
-        if (CC >= 16 && !flat) RW_LAUNCH(CC, CC >= 16 ? 4 : 1);                                                 \
-        else RW_LAUNCH(CC, 1);                                                                                  \
+        if (flat) RW_LAUNCH(CC, 1);                                                                             \
+        else RW_LAUNCH(CC, router_groups(CC));                                                                  \
         break;
     switch (C) {
         RW_CASE(2) RW_CASE(4) RW_CASE(8) RW_CASE(16) RW_CASE(28) RW_CASE(32)
