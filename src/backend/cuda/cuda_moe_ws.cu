@@ -553,17 +553,24 @@ __device__ __forceinline__ void wy_put(uint32_t row, int nr, int half, int w, ui
            prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
 }
 
+// the top-k weights of this thread's 4 down rows (half h = i / 2 of the warpgroup's 128, row 16 wwarp
+// + g + 8 (i % 2) in it; 0 past the expert's end or a dead half), loaded before any store of the item
+__device__ __forceinline__ void wy_row_weights(const xargs &a, int nw, int m0, int rend, int wwarp, int g,
+                                               float (&rw)[2][2]) {
+    const int rlo = m0 + wwarp * 16 + g;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
+        rw[i >> 1][i & 1] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
+    }
+}
+
 // Path 22's down epilogue (moe_wg_epilogue<false, 64> for both 64-row halves of this warpgroup, the
 // same products and stores): the 4 row weights of this thread's rows loaded before either half's stores
 __device__ __forceinline__ void wy_down_epilogue(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
                                                  int rend, int n0, int wwarp, int g, int c) {
-    const int rlo = m0 + wwarp * 16 + g;
     float rw[2][2];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {  // half i / 2, row rlo + 64 (i / 2) + 8 (i % 2)
-        const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
-        rw[i >> 1][i & 1] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
-    }
+    wy_row_weights(a, nw, m0, rend, wwarp, g, rw);
     if (nw > 0) moe_wg_down_store<64>(a, acc0, rw[0], m0, rend, n0, wwarp, g, c);
     if (nw > 1) moe_wg_down_store<64>(a, acc1, rw[1], m0 + 64, rend, n0, wwarp, g, c);
 }
@@ -616,13 +623,8 @@ __device__ __forceinline__ uint32_t bf2_bits(float lo, float hi) {
 // set s >= 2 first waits until set s - 2's copies have read it
 __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
                                              int rend, int n0, int wwarp, int g, int lane, uint32_t stg) {
-    const int rlo = m0 + wwarp * 16 + g;
     float rw[2][2];
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int r = rlo + 64 * (i >> 1) + 8 * (i & 1);
-        rw[i >> 1][i & 1] = (i >> 1) < nw && r < rend ? a.row_weight[r] : 0.0f;
-    }
+    wy_row_weights(a, nw, m0, rend, wwarp, g, rw);
 #pragma unroll
     for (int s = 0; s < 4; s++) {
         const int h = s >> 1, hh = s & 1;
