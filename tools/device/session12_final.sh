@@ -7,7 +7,8 @@
 #     $ROUNDS rounds alternating: K3AB on the K3.1 TP8 slice's B = 1 step (10 layers, 8K context), KLAB on
 #     Kimi-Linear-48B's B = 1 step (1K context), PFAB on Kimi-Linear-48B's 8K prefill
 #  4. issue 9's tables (MFU against the peak measured in the same call; sheet% = against the 989.4 TF data sheet):
-#     Kimi-Linear-48B (prefill 1K/8K/32K, decode B = 1/8/32/64) and the K3.1 slice projected to 93 layers
+#     Kimi-Linear-48B (prefill 1K/8K/32K, decode B = 1/8/32/64) and the K3.1 slice projected to 93 layers, decode
+#     over TSTEPS (64) steps: session 11's tables ran 8 and read B = 1 0.1-0.2 ms above the 64-step A/B rounds
 #   P=<prebuilt dir> OUT=<dir> [CHECK=1] [TESTS=...] [K3AB=...] [KLAB=...] [PFAB=...] [ROUNDS=3] [TABLES=1]
 #     tools/device/session12_final.sh
 set -u
@@ -59,12 +60,12 @@ done
 if [ "${TABLES:-1}" = 1 ]; then
   step "KL48 table"
   timeout 150 $P/bin/lunar bench $K --load-format dummy --backend cuda --max-len 36864 --input-lens 1024,8192,32768 \
-    --batch-sizes 1,8,32,64 --contexts 1024 > $OUT/kl_table.log 2>&1
+    --batch-sizes 1,8,32,64 --contexts 1024 --steps ${TSTEPS:-64} > $OUT/kl_table.log 2>&1
   echo "rc=$?" >> $T; grep -E '^bandwidth' $OUT/kl_table.log >> $T; grep -A4 '^prefill' $OUT/kl_table.log | head -5 >> $T
   tpot $OUT/kl_table.log >> $T
   step "K3.1 slice table"
   timeout 120 $P/bin/lunar bench $S --project-layers 93 --load-format dummy --backend cuda --input-lens 8192 \
-    --batch-sizes 1,8,64 --contexts 8192 > $OUT/k3_table.log 2>&1
+    --batch-sizes 1,8,64 --contexts 8192 --steps ${TSTEPS:-64} > $OUT/k3_table.log 2>&1
   echo "rc=$?" >> $T; grep -A3 '^prefill' $OUT/k3_table.log | head -3 >> $T; grep -A5 '^decode' $OUT/k3_table.log | head -5 >> $T
 fi
 step done
