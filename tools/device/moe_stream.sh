@@ -19,7 +19,7 @@ tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader >> $T 2>&1
 for f in cuda_moe_stream ${TESTS:-}; do
   step "lunar_tests $f"
-  OMP_NUM_THREADS=16 timeout 90 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1; echo "rc=$?" >> $T
+  OMP_NUM_THREADS=16 timeout 45 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/t_$f.log | cut -c1-200 | tail -6 >> $T
 done
 for r in $(seq 1 "${ROUNDS:-3}"); do
@@ -28,7 +28,7 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
     i=$((i + 1))
     left $(( ${BUDGET:-130} - 40 )) || break
     step "KL48 B=1,8 ctx 1K $v round $r"
-    env ${v//,/ } timeout 30 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
+    env ${v//,/ } timeout 20 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
       --batch-sizes 1,8 --contexts 1024 --steps 64 > $OUT/ab_${i}_$r.log 2>&1
     echo "rc=$? $(tpot $OUT/ab_${i}_$r.log)" >> $T
   done
