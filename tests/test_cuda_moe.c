@@ -643,7 +643,8 @@ TEST(cuda_moe_experts_bf16_vs_cpu) {
  * expert with weight 1. The experts are uploaded as a stack of E + 1 whose last slice (the shared
  * expert's weights, also uploaded on their own as s1/s3/s2) is then poisoned with NaN: a kernel
  * that read row E from the stack instead of s1/s3/s2 fails. Outputs NaN-poisoned per path. */
-static void shared_row_cases(const char *tag) {
+TEST(cuda_moe_shared_row_vs_cpu) {
+    if (!moe_cuda_on()) return;
     /* E = k (every expert taken, as the forward tests' wide model): k + 1 rows over E + 1 experts */
     static const int cases[][5] = {/* E, k, D, I, act */ {16, 4, 256, 384, 1}, {32, 8, 1024, 1152, 0},
                                    {256, 8, 256, 128, 0}, {4, 4, 256, 128, 0}};
@@ -694,8 +695,7 @@ static void shared_row_cases(const char *tag) {
             lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
             float *y = dl_f32(acc, D);
             char what[128];
-            snprintf(what, sizeof what, "shared row %s %s E=%d k=%d+1 D=%d I=%d%s", pn[p], act ? "situ" : "swiglu", E, k, D,
-                     I, tag);
+            snprintf(what, sizeof what, "shared row %s %s E=%d k=%d+1 D=%d I=%d", pn[p], act ? "situ" : "swiglu", E, k, D, I);
             moe_report(what, lunar_max_rel_err(y, ref, D), 1e-2);
             free(y);
         }
@@ -703,102 +703,6 @@ static void shared_row_cases(const char *tag) {
         free(lg), free(z), free(ref), free(zb);
         lunar_cuda_release(mark);
     }
-}
-
-TEST(cuda_moe_shared_row_vs_cpu) {
-    if (!moe_cuda_on()) return;
-    shared_row_cases("");
-}
-
-/* LUNAR_MOE_STREAM (session 12: the pair's BF16 kernels as grids of resident blocks streaming (slot, row
- * group) items through a ring of bulk copies in shared memory, cuda_moe.cu's moe_stream_kernel): path 1
- * with it unset, then bits 1 (down), 2 (gate/up), 3 (both) at rings of 3 items and 3 at rings of 2 and
- * 4 (LUNAR_MOE_STREAM_ST; gate/up at 4 does not fit at these K: the pair's kernel runs), each launched
- * twice into a NaN-poisoned ybuf (hbuf too): every row pair's [D] down row memcmp-equal to the pair's
- * (the same split, fragments and order), the combine within 1e-2 of the CPU op. Shapes: Kimi-Linear's
- * (8 of 8 experts at one token, D = 2304, I = 1024: 1152 down and 1024 gate/up items over the resident
- * grid, each block's ring wrapping), 40 rows an expert (5 passes of 8, 4 experts empty), J = 9 in either
- * kernel (chunks 2, 2, 2, 3 a warp), J = 12 (down) and 20 (gate/up, 5 a warp), fewer items than blocks in
- * either kernel, and the shared expert as routed row E (shared_row_cases: its D = 1024, I = 1152 case
- * takes both kernels, the weights from s1, s3, s2). */
-static void stream_case(int n, int k, int E, int D, int I, int act, int mode) {
-    size_t mark = lunar_cuda_mark();
-    host_experts h;
-    host_experts_make(&h, E, D, I, 0, 3000u + (uint32_t)(n * 7 + E + mode));
-    lunar_cuda_moe_experts dw;
-    host_experts_upload(&dw, &h, act);
-    int32_t *ex = malloc((size_t)n * k * 4);
-    float *w = test_alloc((long)n * k);
-    make_routing(ex, w, n, k, E, mode, 91u + (uint32_t)n);
-    float *z = test_rand((long)n * D, 400 + n, -1, 1);
-    rnd_bf16(z, (long)n * D);
-    const lunar_glu ga = {act ? LUNAR_GLU_SITU : LUNAR_GLU_SWIGLU, 4.0f, 25.0f};
-    float *ref = test_alloc((long)n * D);
-    cpu_experts(ref, z, &h, ex, w, n, k, &ga);
-    lunar_cuda_moe_route r;
-    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
-    lunar_cuda_upload(r.experts, ex, (size_t)n * k * 4);
-    lunar_cuda_upload(r.weights, w, (size_t)n * k * 4);
-    lunar_cuda_moe_permute(&r, NULL);
-    uint16_t *zb = bf16_of(z, (long)n * D);
-    const uint16_t *dz = din(zb, (size_t)n * D * 2);
-    const size_t nkd = (size_t)n * k * D;
-    uint16_t *hbuf = dalloc((size_t)n * k * I * 2);
-    float *ybuf = dalloc(nkd * 4), *acc = dalloc((size_t)n * D * 4);
-    float *old = NULL;
-    static const char *bits[] = {NULL, "1", "2", "3", "3", "3"}, *sts[] = {NULL, "3", "3", "3", "2", "4"};
-    for (int v = 0; v < 6; v++) {
-        if (bits[v]) setenv("LUNAR_MOE_STREAM", bits[v], 1), setenv("LUNAR_MOE_STREAM_ST", sts[v], 1);
-        else unsetenv("LUNAR_MOE_STREAM"), unsetenv("LUNAR_MOE_STREAM_ST");
-        for (int rep = 0; rep < 2; rep++) {
-            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
-            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, &dw, &r, 1, NULL);
-            float *y = dl_f32(ybuf, (long)nkd);
-            lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
-            float *s = dl_f32(acc, (long)n * D);
-            char what[128];
-            snprintf(what, sizeof what, "stream=%s st=%s n=%d k=%d E=%d D=%d I=%d%s rep %d", bits[v] ? bits[v] : "off",
-                     sts[v] ? sts[v] : "-", n, k, E, D, I, mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "",
-                     rep);
-            moe_report(what, lunar_max_rel_err(s, ref, (long)n * D), 1e-2);
-            if (!old) {
-                old = y;
-            } else {
-                CHECK_MSG(!memcmp(y, old, nkd * 4), "%s: rows differ from the pair's", what);
-                free(y);
-            }
-            free(s);
-        }
-    }
-    unsetenv("LUNAR_MOE_STREAM"), unsetenv("LUNAR_MOE_STREAM_ST");
-    free(old);
-    host_experts_free(&h);
-    free(ex), free(w), free(z), free(ref), free(zb);
-    lunar_cuda_release(mark);
-}
-
-TEST(cuda_moe_stream_vs_cpu) {
-    if (!moe_cuda_on()) return;
-    const char *keep = getenv("LUNAR_MOE_STREAM"), *keep_st = getenv("LUNAR_MOE_STREAM_ST");
-    stream_case(1, 8, 8, 2304, 1024, 0, 0);  /* Kimi-Linear B = 1 */
-    stream_case(40, 4, 8, 1024, 1024, 1, 1); /* 40 rows on each of 4 experts: 5 passes, 4 empty; J = 8, 8 */
-    stream_case(6, 6, 16, 1152, 1024, 0, 2); /* skewed; gate/up J = 9 */
-    stream_case(3, 4, 16, 384, 1152, 1, 0);  /* down J = 9 */
-    stream_case(5, 4, 4, 2560, 1536, 0, 0);  /* down J = 12, gate/up J = 20 */
-    stream_case(2, 8, 64, 128, 1024, 1, 0);  /* down: 16 slots of 8 tiles, fewer items than blocks */
-    stream_case(1, 2, 4, 1024, 128, 0, 0);   /* gate/up: 2 slots of 16 groups, fewer items than blocks */
-    for (int st = 2; st <= 4; st++) {
-        char tag[32], sv[2] = {(char)('0' + st), 0};
-        snprintf(tag, sizeof tag, " stream=3 st=%d", st);
-        setenv("LUNAR_MOE_STREAM", "3", 1), setenv("LUNAR_MOE_STREAM_ST", sv, 1);
-        shared_row_cases(tag);
-    }
-    if (keep) setenv("LUNAR_MOE_STREAM", keep, 1);
-    else unsetenv("LUNAR_MOE_STREAM");
-    if (keep_st) setenv("LUNAR_MOE_STREAM_ST", keep_st, 1);
-    else unsetenv("LUNAR_MOE_STREAM_ST");
 }
 
 /* ---------------------------------------------------------------- the latent routed path */

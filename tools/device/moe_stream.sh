@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Session 12, issue 9 (branch s12-klb1): the BF16 MoE decode pair streamed through shared-memory rings
-# (LUNAR_MOE_STREAM, cuda_moe.cu's moe_stream_kernel). In order, each step only while time is left:
+# (LUNAR_MOE_STREAM, cuda_moe.cu's moe_stream_kernel; left out of the tree: needs the binaries of cda4dfa (round 1)
+# or 4ce4453 (round 2); docs/benchmarks.md "Decode B = 1: the BF16 MoE pair (session 12, H200)").
+# In order, each step only while time is left:
 #  1. lunar_tests cuda_moe_stream (memcmp-equal to the pair, within 1e-2 of the CPU op) [and $TESTS]
 #  2. Kimi-Linear-48B decode B = 1 and 8 (1K context, 64 steps), the default against each of $AB
 #     (space-separated; a variant's assignments comma-separated), $ROUNDS rounds alternating

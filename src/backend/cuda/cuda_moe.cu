@@ -22,8 +22,6 @@
 #include <cub/block/block_scan.cuh>
 
 #include "backend/cuda/cuda_moe.cuh"
-#include "backend/cuda/cuda_mbarrier.cuh"
-#include "backend/cuda/cuda_wgmma.cuh"  // smem_u32
 
 // ---------------------------------------------------------------- permutation
 
@@ -437,204 +435,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                     }
                 }
         }
-    }
-}
-
-// ---------------------------------------------------------------- BF16 pair, streamed (session 12)
-// Issue 9, Kimi-Linear B = 1: the pair's BF16 down kernel (above, OPT = false) took 16.6 us for its
-// 37.7 MB (8 experts x 2304 x 1024; 2.3 TB/s, 9 us at 4.2) in 1152 blocks of 32 KB each (144 row
-// tiles x 8 slots; 88 registers: 5 blocks an SM, 1.75 waves), the gate/up kernel 24.1 us for 75 MB
-// (3.1 TB/s, 18 us at 4.2) in 512 blocks of 147 KB. Each block is a chain: counts -> active ->
-// offsets (L2 round trips) -> its warp's chunks of weights (one DRAM round trip a chunk, <= 8 KB a
-// warp in flight) -> the split-K barrier -> the epilogue's loads and stores; the next wave's block
-// starts the chain again, with nothing in flight between a block's end and its successor's loads.
-// Here (LUNAR_MOE_STREAM, decode_stream below) a grid of the resident blocks walks (slot, row
-// group) items b, b + grid, ...; thread 0 copies each item's 16 weight rows (contiguous rows of K
-// bf16: one bulk copy a row, into rows padded by 16 bytes so that the 2 rows g of a quarter warp
-// fall on different banks) into a ring of ST items in shared memory, so the next items stream
-// while this one is summed. Down (GU = false): an item is 16 rows of w2, and the first ST items are
-// issued before griddepcontrol.wait (weights, chosen by the route two launches back: THE RULE in
-// cuda_common.cuh), so they stream under the gate/up kernel's tail. Gate/up (GU = true): an item is
-// 8 rows of w1 and the same 8 rows of w3, stacked as the mma's 16 A rows (rows g: gate, g + 8: up,
-// so a lane holds both halves of its GLU), issued after the wait (the route is the predecessor's).
-// The arithmetic is the pair's (the same warp split of K at S = 4, fragments, mma order, split-K
-// order and epilogue; an mma's output row depends on its own A row only): memcmp-equal to it.
-constexpr int DS_RED = 4 * 4 * 32 * 4;  // split-K partials [4 warps][4 values][32 lanes], floats
-constexpr int DS_META = 64;             // a stage's item: off, m, the first 8 rows' weights (down)
-constexpr int DS_HDR = DS_RED + 128 + 4 * DS_META;  // + full[4], empty[4] mbarriers, meta[4]; then the ring
-
-__device__ __forceinline__ void bulk_g2s(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
-struct ds_meta {
-    int off, m;
-    float rw[8];
-};
-
-// ST ring stages (items, <= 4); CH: the most chunks of 128 columns a consumer warp takes (J = K / 128
-// in [8, 4 CH]); groups: row groups an expert (R / 16 down, R / 8 gate/up); XR: activation rows
-// staged an item (min(n, 8): an expert has at most n rows). Warps 0-3 consume (the pair's split of
-// K), warp 4 produces: its lanes load 32 items' route data at a time (e, off, m and the first rows'
-// weights / token rows: L2 reads, one round trip for 32 items), then lane j issues item j's copies
-// once the consumers have released its stage: the 16 weight rows (one arrival on full[s]) and the
-// item's first XR activation rows (the second). Down: the first ST items' weights before
-// griddepcontrol.wait (route data two launches back, read through L2, the point of coherence:
-// complete there before any block of this grid can start), their activation rows after it.
-template <bool GU, int ST, int CH>
-__global__ void __launch_bounds__(160) moe_stream_kernel(xargs a, int groups, int slots, int XR) {
-    extern __shared__ __align__(128) unsigned char dsm[];
-    float *red = (float *)dsm;
-    uint64_t *full = (uint64_t *)(dsm + DS_RED), *emp = full + 4;
-    ds_meta *meta = (ds_meta *)(dsm + DS_RED + 128);
-    unsigned char *ring = dsm + DS_HDR;
-    const int K = a.K, J = K / 128;
-    const uint32_t rowb = (uint32_t)K * 2 + 16, stb = (16 + XR) * rowb;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, c = lane & 3;
-    const size_t estr = (size_t)a.R * K;
-    constexpr int RI = GU ? 8 : 16;  // output rows an item
-    if (tid == 0) {
-#pragma unroll
-        for (int s = 0; s < ST; s++) mbar_init(smem_u32(&full[s]), 2), mbar_init(smem_u32(&emp[s]), 4);
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-    if (warp == 4) {
-        if (GU) pdl_wait();
-        bool waited = GU;
-        const int total = min(__ldcg(a.counts + a.E), slots) * groups;
-        for (int base = 0;; base += 32) {
-            const int il = blockIdx.x + (base + lane) * gridDim.x;
-            const bool v = il < total;
-            if (!__any_sync(0xffffffffu, v)) break;
-            int e = 0, off = 0, m = 0, xr[8];
-            float rw[8];
-            if (v) {
-                e = __ldcg(a.active + il / groups);
-                off = __ldcg(a.offsets + e), m = __ldcg(a.offsets + e + 1) - off;
-            }
-#pragma unroll
-            for (int t = 0; t < 8; t++) {
-                const bool in = v && t < m;
-                xr[t] = GU ? (in ? __ldcg(a.row_token + off + t) : 0) : off + t;
-                rw[t] = !GU && in ? __ldcg(a.row_weight + off + t) : 0.0f;
-            }
-            // lane j: item base + j's weights; down: items 0..ST-1 before the wait, their rows after it
-            auto weights = [&](int it) {
-                const int s = it % ST, i = blockIdx.x + it * gridDim.x;
-                if (it >= ST) mbar_wait(smem_u32(&emp[s]), (uint32_t)(it / ST - 1) & 1u);
-                const size_t r0 = (size_t)(i % groups) * RI;
-                const uint32_t b = smem_u32(&full[s]), d = smem_u32(ring + (size_t)s * stb);
-                mbar_expect_tx(b, 16u * (uint32_t)K * 2u);
-                if (GU) {
-                    const uint16_t *w1 = (e == a.E ? a.sb[0] : a.wb[0] + e * estr) + r0 * K;
-                    const uint16_t *w3 = (e == a.E ? a.sb[1] : a.wb[1] + e * estr) + r0 * K;
-                    for (int r = 0; r < 8; r++) {
-                        bulk_g2s(d + r * rowb, w1 + (size_t)r * K, (uint32_t)K * 2u, b);
-                        bulk_g2s(d + (r + 8) * rowb, w3 + (size_t)r * K, (uint32_t)K * 2u, b);
-                    }
-                } else {
-                    const uint16_t *src = (e == a.E ? a.sb[0] : a.wb[0] + e * estr) + r0 * K;
-                    for (int r = 0; r < 16; r++) bulk_g2s(d + r * rowb, src + (size_t)r * K, (uint32_t)K * 2u, b);
-                }
-            };
-            auto rows = [&](int it) {
-                const int s = it % ST, nx = min(m, XR);
-                meta[s].off = off, meta[s].m = m;
-#pragma unroll
-                for (int t = 0; t < 8; t++) meta[s].rw[t] = rw[t];
-                const uint32_t b = smem_u32(&full[s]), d = smem_u32(ring + (size_t)s * stb + 16 * rowb);
-                mbar_expect_tx(b, (uint32_t)nx * (uint32_t)K * 2u);  // the stage's second arrival
-#pragma unroll
-                for (int t = 0; t < 8; t++)
-                    if (t < nx) bulk_g2s(d + t * rowb, a.x + (size_t)xr[t] * K, (uint32_t)K * 2u, b);
-            };
-            for (int j = 0; j < 32; j++) {
-                const int it = base + j;
-                if (!waited && it == ST) {
-                    pdl_wait();
-                    waited = true;
-                    if (lane < ST && v) rows(lane);
-                }
-                if (lane == j && v) {
-                    weights(it);
-                    if (waited) rows(it);
-                }
-            }
-            if (!waited) {  // fewer than ST items in this block
-                pdl_wait();
-                waited = true;
-                if (lane < ST && v) rows(lane);
-            }
-        }
-        if (!waited) pdl_wait();
-        return;
-    }
-    // consumers
-    pdl_wait();
-    const int total = min(__ldcg(a.counts + a.E), slots) * groups;
-    const int j0 = warp * J / 4, j1 = (warp + 1) * J / 4;  // the pair's split at S = 4
-    for (int it = 0;; it++) {
-        const int i = blockIdx.x + it * gridDim.x;
-        if (i >= total) break;
-        const int s = it % ST, r0 = (i % groups) * RI;
-        mbar_wait(smem_u32(&full[s]), (uint32_t)(it / ST) & 1u);
-        const int off = meta[s].off, m = meta[s].m;
-        const unsigned char *sa = ring + (size_t)s * stb + g * rowb, *sbb = sa + 8 * rowb, *xs = sa + 16 * rowb;
-        for (int t0 = 0; t0 < m; t0 += 8) {
-            const int tk = t0 + g;
-            const bool ok = tk < m;
-            // passes after the first (more than 8 rows an expert) read their activations from L2
-            const uint16_t *xg = a.x + (size_t)(ok ? (GU ? a.row_token[off + tk] : off + tk) : 0) * K;
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int jj = 0; jj < CH; jj++) {
-                if (j0 + jj >= j1) break;
-                const int col = (4 * (j0 + jj) + c) * 32;
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    uint32_t pa[4], pb[4], px[4];
-                    pairs_bf16(*(const uint4 *)(sa + (col + w * 8) * 2), pa);
-                    pairs_bf16(*(const uint4 *)(sbb + (col + w * 8) * 2), pb);
-                    const uint4 xv = !ok ? make_uint4(0, 0, 0, 0)
-                                     : t0 == 0 ? *(const uint4 *)(xs + (col + w * 8) * 2)
-                                               : __ldg((const uint4 *)(xg + col + w * 8));
-                    pairs_bf16(xv, px);
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-                        mma_bf16(acc, pa[2 * h], pb[2 * h], pa[2 * h + 1], pb[2 * h + 1], px[2 * h], px[2 * h + 1]);
-                }
-            }
-            float *mine = red + (size_t)warp * 4 * 32;
-#pragma unroll
-            for (int v = 0; v < 4; v++) mine[v * 32 + lane] = acc[v];
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the consumer warps only
-            if (warp == 0) {
-                for (int s2 = 1; s2 < 4; s2++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++) acc[v] += red[(s2 * 4 + v) * 32 + lane];
-                // C fragment: (row g, tokens 2c, 2c + 1), (row g + 8, the same tokens)
-#pragma unroll
-                for (int v = 0; v < (GU ? 2 : 4); v++) {
-                    const int tv = t0 + 2 * c + (v & 1);
-                    if (tv >= m) continue;
-                    const size_t pr = (size_t)(off + tv);
-                    if (GU) {
-                        const float hv = glu_act(acc[v], acc[v + 2], a.act, a.beta, a.beta_l);
-                        __nv_bfloat16 hb = __float2bfloat16_rn(hv);
-                        a.h[pr * a.R + r0 + g] = *reinterpret_cast<uint16_t *>(&hb);
-                    } else {
-                        const float wt = t0 == 0 ? meta[s].rw[tv] : a.row_weight[pr];
-                        a.y[pr * a.R + r0 + g + (v < 2 ? 0 : 8)] = acc[v] * wt;
-                    }
-                }
-            }
-            asm volatile("bar.sync 1, 128;\n" ::: "memory");
-        }
-        __syncwarp();
-        if (lane == 0) mbar_arrive(smem_u32(&emp[s]));  // this warp is done with the stage (and its meta)
     }
 }
 
@@ -1183,58 +983,6 @@ static void decode_nt(const xargs &a, int n, int slots, cudaStream_t st) {
     decode_launch<1, MX, GATEUP>(a, slots, st);
 }
 
-// LUNAR_MOE_STREAM (bits, read at every launch: the op tests switch it; a graph keeps what it
-// captured): 1 the pair's BF16 down kernel, 2 its gate/up kernel as moe_stream_kernel; unset or 0:
-// moe_decode_kernel. LUNAR_MOE_STREAM_ST: ring stages (items), 2..4, default 3. Taken where K / 128 is
-// 8..20 (Kimi-Linear: down 8, gate/up 18), R % 16 == 0 and the ring fits in shared memory; elsewhere
-// the pair's kernel runs. Grid: the resident blocks (Kimi-Linear, 3 stages: down 101 KB, 2 blocks an
-// SM, 264 blocks for 1152 items; gate/up 222 KB, 1 an SM, 132 blocks for 1024 items).
-static int stream_env(int *st) {
-    const char *v = getenv("LUNAR_MOE_STREAM"), *s = getenv("LUNAR_MOE_STREAM_ST");
-    const int x = s ? atoi(s) : 3;
-    *st = x >= 2 && x <= 4 ? x : 3;
-    return v ? atoi(v) & 3 : 0;
-}
-template <bool GU, int ST, int CH>
-static bool stream_launch(const xargs &a, int slots, int XR, cudaStream_t st) {
-    const size_t smem = DS_HDR + (size_t)ST * (16 + XR) * (a.K * 2 + 16);
-    if (smem > 227 * 1024) return false;
-    static int nb = -1, sms = 0, nb_k = -1;  // blocks an SM, cached per K and XR
-    if (nb_k != a.K * 16 + XR) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_stream_kernel<GU, ST, CH>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        227 * 1024));
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, moe_stream_kernel<GU, ST, CH>, 160, smem));
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        nb_k = a.K * 16 + XR;
-    }
-    if (nb < 1) return false;
-    const int groups = a.R / (GU ? 8 : 16), items = slots * groups, grid = items < nb * sms ? items : nb * sms;
-    if (grid < 1) return false;
-    launch_pdl(moe_stream_kernel<GU, ST, CH>, dim3(grid), dim3(160), smem, st, a, groups, slots, XR);
-    return true;
-}
-// the deepest ring of at most ST stages that fits (2 at least)
-template <bool GU, int CH>
-static bool stream_launch_st(const xargs &a, int slots, int XR, int ST, cudaStream_t st) {
-    if (ST >= 4 && stream_launch<GU, 4, CH>(a, slots, XR, st)) return true;
-    if (ST >= 3 && stream_launch<GU, 3, CH>(a, slots, XR, st)) return true;
-    return stream_launch<GU, 2, CH>(a, slots, XR, st);
-}
-// true where the streamed kernel ran (BF16 experts, the pair's kernel GU)
-template <bool GU>
-static bool decode_stream(const xargs &a, int n, int slots, cudaStream_t st) {
-    int ST;
-    const int bits = stream_env(&ST), J = a.K / 128, XR = n < 8 ? n : 8;
-    if (!(bits & (GU ? 2 : 1)) || J < 8 || J > 20 || a.K % 128 || a.R % 16) return false;
-    // the bulk copies need 16-byte aligned sources (rows of K bf16 are, from aligned bases)
-    const uintptr_t al = (uintptr_t)a.x | (uintptr_t)a.wb[0] | (uintptr_t)a.wb[1] | (uintptr_t)a.sb[0] |
-                         (uintptr_t)a.sb[1];
-    if (al % 16) return false;
-    return J <= 12 ? stream_launch_st<GU, 3>(a, slots, XR, ST, st) : stream_launch_st<GU, 5>(a, slots, XR, ST, st);
-}
-
 template <bool MX, bool GATEUP>
 static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
     static bool attr = false;
@@ -1385,8 +1133,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<true, true>(g, n, slots, st);
             decode_nt<true, false>(d, n, slots, st);
         } else {
-            if (!decode_stream<true>(g, n, slots, st)) decode_nt<false, true>(g, n, slots, st);
-            if (!decode_stream<false>(d, n, slots, st)) decode_nt<false, false>(d, n, slots, st);
+            decode_nt<false, true>(g, n, slots, st);
+            decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
                                     path == 7 ? 1 : path >= 10 ? path - 8 : 0, st,
