@@ -129,8 +129,9 @@ __global__ void moe_scatter_kernel(lunar_cuda_moe_route r) {
 
 // ---- the prefill permutation (session 12, issue 9): the same route in three shorter launches.
 // Nsight Compute on the Kimi-Linear 8K prefill (65536 pairs over 256 experts; docs/benchmarks.md
-// "Prefill 8K, round 9"): count 19 us, scan 28 us, scatter 21 us a MoE layer, ~68 us of the critical
-// path between the router and the experts, 1.8 ms of the prefill. Count and scatter made 65536
+// "Prefill 8K, round 5"): count 19 us, scan 28 us, scatter 21 us a MoE layer, ~68 us of the critical
+// path between the router and the experts, 1.8 ms of the prefill; these kernels 3.1 / 7.9 / 11.7 us
+// (the profiled router family 3.26-3.30 -> 2.00-2.09 ms a prefill, the same call). Count and scatter made 65536
 // global atomics on 256 addresses (256 same-address atomics each, serialised at L2); the scan's
 // threads each wrote the tile and decode-group lists of their 4 experts in a serial loop (32 groups
 // an expert at 256 rows: 128 iterations a thread while 960 of the 1024 threads idle). Here:
