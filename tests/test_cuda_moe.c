@@ -249,6 +249,53 @@ static int check_permutation(const lunar_cuda_moe_route *r, const int32_t *ex, c
     return ok;
 }
 
+/* the prefill permutation (n > 64: the shared-memory count / scatter and the warp-written lists,
+ * cuda_moe.cu; E > 1024 the single-atomic kernels) against the routing on the host: check_permutation
+ * (offsets, active list, decode groups and their zeroed counters, every pair's row, token and weight
+ * inside its expert's run) and the prefill tile list, the workspace poisoned first; random, overloaded
+ * (every token on experts 0..k-1) and skewed routes, sizes that leave partial blocks of 4096 pairs */
+TEST(cuda_moe_permute_prefill) {
+    if (!moe_cuda_on()) return;
+    static const int cases[][4] = {/* n, k, E, mode */
+                                   {8192, 8, 256, 0}, {8192, 8, 256, 1}, {8192, 8, 256, 2}, {65, 8, 256, 0},
+                                   {300, 9, 896, 0},  {4097, 16, 896, 2}, {1000, 1, 1024, 0}, {777, 5, 1024, 1},
+                                   {513, 8, 1500, 0}, {2000, 3, 7, 0}};
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int n = cases[c][0], k = cases[c][1], E = cases[c][2], mode = cases[c][3], np = n * k;
+        size_t mark = lunar_cuda_mark();
+        int32_t *ex = malloc((size_t)np * 4);
+        float *w = test_alloc(np);
+        make_routing(ex, w, n, k, E, mode, 9000u + c);
+        const size_t bytes = lunar_cuda_moe_route_bytes(n, k, E);
+        void *ws = dalloc(bytes);
+        lunar_cuda_fill_u32(ws, 0xdeadbeefu, bytes / 4);
+        lunar_cuda_moe_route r;
+        lunar_cuda_moe_route_init(&r, ws, n, k, E);
+        lunar_cuda_upload(r.experts, ex, (size_t)np * 4);
+        lunar_cuda_upload(r.weights, w, (size_t)np * 4);
+        lunar_cuda_moe_permute(&r, NULL);
+        int ok = check_permutation(&r, ex, w);
+        /* the tile list: every expert's rows in runs of LUNAR_CUDA_MOE_BM, in expert order */
+        int32_t *off = malloc((size_t)(E + 1) * 4), cnt[2];
+        lunar_cuda_download(off, r.offsets, (size_t)(E + 1) * 4);
+        lunar_cuda_download(cnt, r.counts + E + 1, 4);
+        int nt = 0;
+        for (int e = 0; e < E; e++) nt += (off[e + 1] - off[e] + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM;
+        ok &= cnt[0] == nt;
+        if (ok && nt) {
+            int32_t *tl = malloc((size_t)nt * 8);
+            lunar_cuda_download(tl, r.tiles, (size_t)nt * 8);
+            for (int e = 0, ti = 0; e < E; e++)
+                for (int s0 = off[e]; s0 < off[e + 1]; s0 += LUNAR_CUDA_MOE_BM, ti++)
+                    ok &= tl[2 * ti] == e && tl[2 * ti + 1] == s0;
+            free(tl);
+        }
+        CHECK_MSG(ok, "prefill permutation n=%d k=%d E=%d mode %d", n, k, E, mode);
+        free(ex), free(w), free(off);
+        lunar_cuda_release(mark);
+    }
+}
+
 typedef struct host_experts {
     int E, D, I, mxfp4;
     uint8_t *q[3], *s[3]; /* w1, w3, w2 */
@@ -1106,6 +1153,19 @@ static void combine_norm_case(int n, int k, int D, int shared, int bf16_rows, in
             lunar_cuda_download(b1, hb1, (size_t)n * D * 2);
             lunar_cuda_download(b2, hb2, (size_t)n * D * 2);
             CHECK_MSG(memcmp(b1, b2, (size_t)n * D * 2) == 0, "%s: y's bf16 copy differs from the pair's", what);
+            /* y = NULL (the prefill whose next layer reads only the copy): x and the copy, the same bits */
+            guarded gx3, gb3;
+            float *x3 = guarded_new(&gx3, (size_t)n * D * 4);
+            uint16_t *hb3 = guarded_new(&gb3, (size_t)n * D * 2);
+            lunar_cuda_upload(x3, x, (size_t)n * D * 4);
+            const int rc3 = lunar_cuda_moe_combine_add_rmsnorm(NULL, hb3, x3, dy, dyb, &r, dadd, dw, D, eps, NULL);
+            CHECK_MSG(rc3 == 0, "%s (y NULL): returned %d", what, rc3);
+            float *gx3h = dl_f32(x3, (long)n * D);
+            lunar_cuda_download(b2, hb3, (size_t)n * D * 2);
+            CHECK_MSG(memcmp(gx1, gx3h, (size_t)n * D * 4) == 0, "%s (y NULL): x differs from the pair's", what);
+            CHECK_MSG(memcmp(b1, b2, (size_t)n * D * 2) == 0, "%s (y NULL): the bf16 copy differs", what);
+            CHECK_MSG(guards_ok(&gx3) && guards_ok(&gb3), "%s (y NULL): stores out of bounds", what);
+            free(gx3h);
             free(b1), free(b2);
         }
         /* the CPU: the combine's order, then x + sum, then the norm in double */

@@ -331,6 +331,18 @@ TEST(cuda_add_rmsnorm_vs_cpu) {
         CHECK_MSG(memcmp(h3, h2, (size_t)N * 4) == 0, "%s: add_rmsnorm_b's y differs", what);
         CHECK_MSG(memcmp(hb3, hb2, (size_t)N * 2) == 0, "%s: add_rmsnorm_b's bf16 copy differs", what);
         CHECK(guards_ok(&o3) && guards_ok(&o4) && guards_ok(&o5));
+        /* y = NULL: x and the bf16 copy alone, the same bits as with y */
+        float *dx4 = (float *)dev_in(x, N * 4);
+        guarded o6;
+        uint16_t *b4 = guarded_new(&o6, N * 2);
+        lunar_cuda_add_rmsnorm_b(NULL, b4, dx4, dr, dw, n, dim, 1e-5f, NULL);
+        float *xs4 = down_f32(dx4, N);
+        lunar_cuda_sync();
+        lunar_cuda_download(hb3, b4, (size_t)N * 2);
+        CHECK_MSG(memcmp(hb3, hb2, (size_t)N * 2) == 0, "%s: add_rmsnorm_b(y NULL)'s bf16 copy differs", what);
+        CHECK_MSG(memcmp(xs4, sum, (size_t)N * 4) == 0, "%s: add_rmsnorm_b(y NULL): x + r not stored exactly", what);
+        CHECK(guards_ok(&o6));
+        free(xs4);
         free(h3), free(hb3), free(hb2);
         test_tensor_free(&w);
         free(x), free(r), free(wv), free(sum), free(ref), free(h1), free(h2), free(xs);

@@ -930,6 +930,14 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
     static int pre_hb = -1;
     if (pre_hb < 0) pre_hb = !(getenv("LUNAR_PREFILL_HB") && atoi(getenv("LUNAR_PREFILL_HB")) <= 0);
     const int attn_b16 = pre_hb && n >= 64;
+    /* where a norm writes the bf16 copy for a layer that reads only it (the KDA / MLA projections of 2+
+     * rows, the fused MoE's router, shared experts and grouped GEMM), h's fp32 rows are dead: the norm
+     * leaves them unwritten (8K prefill: 75 MB fewer per norm, 52 norms: 81.5 -> 62.5 us each, the
+     * profiled norm family 4.89-4.96 -> 3.87-3.96 ms; docs/benchmarks.md "Prefill 8K, round 5").
+     * LUNAR_PREFILL_H32=1 writes them as before (A/B). */
+    static int h32 = -1;
+    if (h32 < 0) h32 = getenv("LUNAR_PREFILL_H32") && atoi(getenv("LUNAR_PREFILL_H32")) > 0;
+    float *h_opt = h32 ? h : NULL;
     /* the FFN norm also writes h's bf16 copy where the fused MoE reads one (one launch fewer) */
     uint16_t *hb = g->fuse_off && !attn_b16 ? NULL : lunar_cuda_fwd_alloc((size_t)n * D * 2);
     /* g->combine_norm (LUNAR_COMBINE_NORM=1, opt-in until measured): a MoE layer's combine is folded
@@ -945,7 +953,7 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
             lunar_cuda_rmsnorm(h, LUNAR_CUDA_F32, x, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         else if (folded) {
         } else if (attn_b16) /* the previous layer's FFN output; hb's last reader (the MoE) has finished */
-            lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
+            lunar_cuda_add_rmsnorm_b(h_opt, hb, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         else
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
@@ -954,13 +962,13 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         step_ev(l, 1);
         t0 = cp_begin();
         const int b16 = hb && !g->fuse_off && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
-        if (b16)
-            lunar_cuda_add_rmsnorm_b(h, hb, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
+        if (b16) /* moe_fused reads h only where it is given no bf16 copy */
+            lunar_cuda_add_rmsnorm_b(attn_b16 ? h_opt : h, hb, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         else
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->ffn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         const int last = l + 1 == c->num_hidden_layers;
-        const moe_fold fold = {x, last ? hout : h, last || !attn_b16 ? NULL : hb,
+        const moe_fold fold = {x, last ? hout : attn_b16 ? h_opt : h, last || !attn_b16 ? NULL : hb,
                                last ? g->final_norm : g->L[l + 1].attn_norm};
         folded = ffn(g, l, h, b16 ? hb : NULL, n, y, cnorm ? &fold : NULL);
         /* a statistic for the tests (the model is the upload's heap object; the step only takes it const) */

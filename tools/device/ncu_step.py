@@ -22,13 +22,18 @@ else:
 s = emb[j]; e = emb[j + 1]
 step = [i for i in ids if s <= i < e]
 print("step kernels", len(step), "ids", s, e - 1)
-agg = collections.OrderedDict(); tt = tb = 0
+# dram__bytes_write.sum where the CSV has it (the prefill tables): a column of MB written, GB/s of both
+wr = any("dram__bytes_write.sum" in d for d in k.values())
+agg = collections.OrderedDict(); tt = tb = tw = 0
 for i in step:
     d = k[i]; n = d["name"].split("(")[0].replace("void ", "")
     t = d.get("gpu__time_duration.sum", 0) / 1e3; b = d.get("dram__bytes_read.sum", 0) / 1e6
-    a = agg.setdefault(n, [0, 0, 0]); a[0] += 1; a[1] += t; a[2] += b; tt += t; tb += b
-print("sum of kernel times %.1f us, DRAM read %.1f MB, read floor at 4.2 TB/s %.1f us" % (tt, tb, tb / 4.2e6 * 1e6))
-print("| kernel | launches | us | MB read | GB/s | us / launch |")
-print("|---|---|---|---|---|---|")
-for n, (c, t, b) in sorted(agg.items(), key=lambda x: -x[1][1]):
-    print("| `%s` | %d | %.1f | %.1f | %.0f | %.2f |" % (n[:60], c, t, b, b / t * 1e3 if t else 0, t / c))
+    w = d.get("dram__bytes_write.sum", 0) / 1e6
+    a = agg.setdefault(n, [0, 0, 0, 0]); a[0] += 1; a[1] += t; a[2] += b; a[3] += w; tt += t; tb += b; tw += w
+print("sum of kernel times %.1f us, DRAM read %.1f MB, read floor at 4.2 TB/s %.1f us" % (tt, tb, tb / 4.2e6 * 1e6)
+      + (", written %.1f MB, read + written floor %.1f us" % (tw, (tb + tw) / 4.2e6 * 1e6) if wr else ""))
+print("| kernel | launches | us | MB read |" + (" MB written |" if wr else "") + " GB/s | us / launch |")
+print("|---|---|---|---|" + ("---|" if wr else "") + "---|---|")
+for n, (c, t, b, w) in sorted(agg.items(), key=lambda x: -x[1][1]):
+    print("| `%s` | %d | %.1f | %.1f |" % (n[:60], c, t, b) + (" %.1f |" % w if wr else "")
+          + " %.0f | %.2f |" % ((b + w) / t * 1e3 if t else 0, t / c))

@@ -89,7 +89,7 @@ __device__ __forceinline__ void norm_vec_tail(Y *y, __nv_bfloat16 *yb, const flo
             o0 *= bf16_bits_to_f32((uint16_t)wq[v].x), o1 *= bf16_bits_to_f32((uint16_t)(wq[v].x >> 16));
             o2 *= bf16_bits_to_f32((uint16_t)wq[v].y), o3 *= bf16_bits_to_f32((uint16_t)(wq[v].y >> 16));
         }
-        store4<Y>(y + row * dim, i, o0, o1, o2, o3);
+        if (y) store4<Y>(y + row * dim, i, o0, o1, o2, o3);  // NULL: the bf16 copy alone (add_rmsnorm_b)
         if (yb)
             store4<__nv_bfloat16>(yb + row * dim, i, (float)from_f32<Y>(o0), (float)from_f32<Y>(o1),
                                   (float)from_f32<Y>(o2), (float)from_f32<Y>(o3));
@@ -258,7 +258,7 @@ extern "C" int lunar_cuda_moe_combine_add_rmsnorm(float *y, uint16_t *yb, float 
                                                   const uint16_t *ybuf_b, const lunar_cuda_moe_route *r,
                                                   const float *add, const uint16_t *w, int dim, float eps,
                                                   lunar_cuda_stream s) {
-    if ((ybuf == NULL) == (ybuf_b == NULL) || r->n <= 0) return -1;
+    if ((ybuf == NULL) == (ybuf_b == NULL) || r->n <= 0 || (!y && !yb)) return -1;
     /* the combine's own conditions (4-column rows) and the vector norm's: elsewhere the pair would
      * take the block norm, whose sums differ */
     const int V = norm_vec_v(dim, y, yb, x, add, w);
@@ -410,13 +410,14 @@ __global__ void add_norm_kernel(Y *y, float *x, const float *r, const uint16_t *
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] * inv;
         if (w) v *= bf16_bits_to_f32(w[i]);
-        y[row * dim + i] = from_f32<Y>(v);
+        if (y) y[row * dim + i] = from_f32<Y>(v);
         if (yb) yb[row * dim + i] = __float2bfloat16_rn(from_f32<Y>(v));
     }
 }
 extern "C" void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n,
                                          int dim, float eps, lunar_cuda_stream s) {
     if (n <= 0) return;
+    CUDA_REQUIRE(y || yb);
     const int V = norm_vec_v(dim, y, yb, x, r, w);
     if (V) {
         norm_vec_launch<float, true>(V, y, (__nv_bfloat16 *)yb, x, r, w, n, dim, eps, to_stream(s));

@@ -127,10 +127,149 @@ __global__ void moe_scatter_kernel(lunar_cuda_moe_route r) {
     r.pair_row[i] = pos;
 }
 
+// ---- the prefill permutation (session 12, issue 9): the same route in three shorter launches.
+// Nsight Compute on the Kimi-Linear 8K prefill (65536 pairs over 256 experts; docs/benchmarks.md
+// "Prefill 8K, round 5"): count 19 us, scan 28 us, scatter 21 us a MoE layer, ~68 us of the critical
+// path between the router and the experts, 1.8 ms of the prefill; these kernels 3.1 / 7.9 / 11.7 us
+// (the profiled router family 3.26-3.30 -> 2.00-2.09 ms a prefill, the same call). Count and scatter made 65536
+// global atomics on 256 addresses (256 same-address atomics each, serialised at L2); the scan's
+// threads each wrote the tile and decode-group lists of their 4 experts in a serial loop (32 groups
+// an expert at 256 rows: 128 iterations a thread while 960 of the 1024 threads idle). Here:
+//  - count: a block's PERM_IPT x PERM_T pairs counted in a shared-memory histogram, then one global
+//    atomic per expert the block saw (16 blocks x 256 at 8K instead of 65536);
+//  - scan: the same four block scans, then the lists written by warps, one expert a warp at a time,
+//    its tiles and groups one a lane: every field the same value at the same address as
+//    moe_scan_kernel (the decode-group list too, which only decode kernels read, so that no path
+//    sees a different route);
+//  - scatter: each pair's rank among the block's pairs of its expert from a shared-memory atomic,
+//    one global atomic per expert the block saw reserving the block's run of the expert's rows, so a
+//    pair's row = the run's start + its rank. Within an expert the rows' order is as arbitrary as
+//    the single-atomic scatter's (the order in which atomics land); every consumer reads a row
+//    through row_token / pair_row, and the products of a row do not depend on its neighbours.
+// Used from 65 tokens (prefill rows) and E <= PSCAN_E; decode steps keep the kernels above.
+// LUNAR_MOE_PERMUTE=old: the kernels above everywhere (A/B).
+#define PERM_T 512
+#define PERM_IPT 8  // pairs a thread: a block takes 4096
+#define PSCAN_E 1024
+__global__ void __launch_bounds__(PERM_T) moe_count_smem_kernel(int32_t *counts, const int32_t *experts, int np,
+                                                                 int E) {
+    __shared__ int hist[PSCAN_E];
+    for (int e = threadIdx.x; e < E; e += PERM_T) hist[e] = 0;
+    __syncthreads();
+    const int i0 = blockIdx.x * (PERM_T * PERM_IPT) + threadIdx.x;
+    int ex[PERM_IPT];
+#pragma unroll
+    for (int j = 0; j < PERM_IPT; j++) ex[j] = i0 + j * PERM_T < np ? experts[i0 + j * PERM_T] : -1;  // loads in flight together
+#pragma unroll
+    for (int j = 0; j < PERM_IPT; j++)
+        if (ex[j] >= 0) atomicAdd(&hist[ex[j]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += PERM_T)
+        if (hist[e]) atomicAdd(&counts[e], hist[e]);
+}
+
+__global__ void __launch_bounds__(SCAN_T) moe_scan_warps_kernel(lunar_cuda_moe_route r) {
+    typedef cub::BlockScan<int, SCAN_T> Scan;
+    __shared__ typename Scan::TempStorage tmp;
+    __shared__ int s_off[PSCAN_E], s_toff[PSCAN_E], s_goff[PSCAN_E], s_cnt[PSCAN_E];
+    const int E = r.E, base = threadIdx.x * SCAN_IPT;
+    int cnt[SCAN_IPT], act[SCAN_IPT], til[SCAN_IPT], grp[SCAN_IPT];
+    for (int i = 0; i < SCAN_IPT; i++) {
+        int e = base + i;
+        cnt[i] = e < E ? r.counts[e] : 0;
+        act[i] = cnt[i] > 0;
+        til[i] = (cnt[i] + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM;
+        grp[i] = (cnt[i] + DEC_G - 1) / DEC_G;
+    }
+    int off[SCAN_IPT], aoff[SCAN_IPT], toff[SCAN_IPT], goff[SCAN_IPT], tot, atot, ttot, gtot;
+    Scan(tmp).ExclusiveSum(cnt, off, tot);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(act, aoff, atot);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(til, toff, ttot);
+    __syncthreads();
+    Scan(tmp).ExclusiveSum(grp, goff, gtot);
+    for (int i = 0; i < SCAN_IPT; i++) {
+        int e = base + i;
+        if (e >= E) break;
+        r.offsets[e] = off[i];
+        r.cursor[e] = off[i];
+        if (act[i]) r.active[aoff[i]] = e;
+        s_off[e] = off[i], s_toff[e] = toff[i], s_goff[e] = goff[i], s_cnt[e] = cnt[i];
+    }
+    if (threadIdx.x == 0) {
+        r.offsets[E] = tot;
+        r.counts[E] = atot;
+        r.counts[E + 1] = ttot;
+        r.counts[E + 2] = gtot;
+        r.gdone[max_groups(r.n, r.k, E)] = 0;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    for (int e = threadIdx.x >> 5; e < E; e += SCAN_T / 32) {
+        const int c = s_cnt[e], o = s_off[e], t0 = s_toff[e], g0 = s_goff[e];
+        const int nt = (c + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM, ng = (c + DEC_G - 1) / DEC_G;
+        for (int tt = lane; tt < nt; tt += 32)
+            *(int2 *)(r.tiles + 2 * (t0 + tt)) = make_int2(e, o + tt * LUNAR_CUDA_MOE_BM);
+        for (int gg = lane; gg < ng; gg += 32) {
+            *(int2 *)(r.groups + 2 * (g0 + gg)) = make_int2(e, o + gg * DEC_G);
+            r.gdone[g0 + gg] = 0;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(PERM_T) moe_scatter_smem_kernel(lunar_cuda_moe_route r) {
+    __shared__ int hist[PSCAN_E];
+    const int E = r.E, np = r.n * r.k;
+    for (int e = threadIdx.x; e < E; e += PERM_T) hist[e] = 0;
+    __syncthreads();
+    const int i0 = blockIdx.x * (PERM_T * PERM_IPT) + threadIdx.x;
+    int ex[PERM_IPT], rk[PERM_IPT];
+    float w[PERM_IPT];
+#pragma unroll
+    for (int j = 0; j < PERM_IPT; j++) {
+        const int i = i0 + j * PERM_T;
+        ex[j] = i < np ? r.experts[i] : -1;
+        w[j] = i < np ? r.weights[i] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < PERM_IPT; j++) rk[j] = ex[j] >= 0 ? atomicAdd(&hist[ex[j]], 1) : 0;
+    __syncthreads();
+    // hist[e] becomes the start of this block's run of expert e's rows
+    for (int e = threadIdx.x; e < E; e += PERM_T)
+        if (hist[e]) hist[e] = atomicAdd(&r.cursor[e], hist[e]);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < PERM_IPT; j++) {
+        const int i = i0 + j * PERM_T;
+        if (ex[j] < 0) continue;
+        const int pos = hist[ex[j]] + rk[j];
+        r.row_token[pos] = i / r.k;
+        r.row_weight[pos] = w[j];
+        r.pair_row[i] = pos;
+    }
+}
+
+static int permute_old(void) { /* LUNAR_MOE_PERMUTE=old: the single-atomic kernels at every size */
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_MOE_PERMUTE") && !strcmp(getenv("LUNAR_MOE_PERMUTE"), "old");
+    return v;
+}
+
 extern "C" void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s) {
     CUDA_REQUIRE(r->E <= SCAN_T * SCAN_IPT && r->n >= 1 && r->k >= 1);
     const int np = r->n * r->k;
     CUDA_CHECK(cudaMemsetAsync(r->counts, 0, (r->E + 2) * 4, to_stream(s)));
+    if (r->n > 64 && r->E <= PSCAN_E && !permute_old()) {
+        const unsigned blocks = ceil_div_u(np, PERM_T * PERM_IPT);
+        moe_count_smem_kernel<<<blocks, PERM_T, 0, to_stream(s)>>>(r->counts, r->experts, np, r->E);
+        CUDA_CHECK_LAUNCH();
+        moe_scan_warps_kernel<<<1, SCAN_T, 0, to_stream(s)>>>(*r);
+        CUDA_CHECK_LAUNCH();
+        moe_scatter_smem_kernel<<<blocks, PERM_T, 0, to_stream(s)>>>(*r);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     moe_count_kernel<<<ceil_div_u(np, 256), 256, 0, to_stream(s)>>>(r->counts, r->experts, np);
     CUDA_CHECK_LAUNCH();
     moe_scan_kernel<<<1, SCAN_T, 0, to_stream(s)>>>(*r);

@@ -189,7 +189,8 @@ void lunar_cuda_l2norm(float *y, const float *x, int n, int dim, float eps, luna
 void lunar_cuda_add_rmsnorm(void *y, lunar_cuda_dtype ydt, float *x, const float *r, const uint16_t *w, int n,
                             int dim, float eps, lunar_cuda_stream s);
 /* The same with an fp32 y and its bf16 copy yb [n, dim] (what lunar_cuda_f32_to_bf16 of y gives),
- * in one launch. */
+ * in one launch. y may be NULL: x and the bf16 copy alone (a prefill whose readers of the norm's
+ * output all read the copy: [n, dim] fp32 not written). */
 void lunar_cuda_add_rmsnorm_b(float *y, uint16_t *yb, float *x, const float *r, const uint16_t *w, int n, int dim,
                               float eps, lunar_cuda_stream s);
 
@@ -563,8 +564,8 @@ void lunar_cuda_moe_combine_add_b(float *acc, const uint16_t *ybuf, const lunar_
                                   const float *add, lunar_cuda_stream s);
 
 /* The combine folded into the residual add + RMSNorm after it: x[t] += sum_j rows[pair_row[t, j]]
- * (+ add[t]), y = rmsnorm(x) w, yb (or NULL) y's bf16 copy; rows: ybuf (fp32) or ybuf_b (bf16),
- * exactly one. Bit-equal to lunar_cuda_moe_combine_add[_b] into a buffer followed by
+ * (+ add[t]), y = rmsnorm(x) w, yb (or NULL) y's bf16 copy (y may be NULL where yb is not, as in
+ * lunar_cuda_add_rmsnorm_b); rows: ybuf (fp32) or ybuf_b (bf16), exactly one. Bit-equal to lunar_cuda_moe_combine_add[_b] into a buffer followed by
  * lunar_cuda_add_rmsnorm[_b] from it. Returns -1, launching nothing, where that pair's norm would
  * not be the vector kernel (LUNAR_NORM=block, dim % 4, dim > 8192, misaligned rows): the caller
  * runs the pair. */
