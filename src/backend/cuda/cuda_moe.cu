@@ -65,50 +65,63 @@ __global__ void moe_count_kernel(int32_t *counts, const int32_t *experts, int np
 
 #define SCAN_T 1024
 #define SCAN_IPT 4
+// Both scan kernels' first half: thread t's experts SCAN_IPT t .. + SCAN_IPT - 1, their counts,
+// whether active, their 128-row tiles and decode groups, and the four exclusive scans over the
+// experts with their totals (rows, active experts, tiles, groups).
+struct moe_scan_parts {
+    int cnt[SCAN_IPT], act[SCAN_IPT], til[SCAN_IPT], grp[SCAN_IPT];
+    int off[SCAN_IPT], aoff[SCAN_IPT], toff[SCAN_IPT], goff[SCAN_IPT], tot, atot, ttot, gtot;
+};
+typedef cub::BlockScan<int, SCAN_T> moe_block_scan;
+
+__device__ __forceinline__ void moe_scan_counts(const lunar_cuda_moe_route &r, moe_block_scan::TempStorage &tmp,
+                                                moe_scan_parts &p) {
+    const int E = r.E, base = threadIdx.x * SCAN_IPT;
+    for (int i = 0; i < SCAN_IPT; i++) {
+        int e = base + i;
+        p.cnt[i] = e < E ? r.counts[e] : 0;
+        p.act[i] = p.cnt[i] > 0;
+        p.til[i] = (p.cnt[i] + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM;
+        p.grp[i] = (p.cnt[i] + DEC_G - 1) / DEC_G;
+    }
+    moe_block_scan(tmp).ExclusiveSum(p.cnt, p.off, p.tot);
+    __syncthreads();
+    moe_block_scan(tmp).ExclusiveSum(p.act, p.aoff, p.atot);
+    __syncthreads();
+    moe_block_scan(tmp).ExclusiveSum(p.til, p.toff, p.ttot);
+    __syncthreads();
+    moe_block_scan(tmp).ExclusiveSum(p.grp, p.goff, p.gtot);
+}
+
 // One block: offsets (exclusive scan of counts), cursors, the active list, the tile list and the
 // decode group list with its zeroed completion counters (written here, so the fused decode
 // kernel needs no memset of its own).
 __global__ void __launch_bounds__(SCAN_T) moe_scan_kernel(lunar_cuda_moe_route r) {
-    typedef cub::BlockScan<int, SCAN_T> Scan;
-    __shared__ typename Scan::TempStorage tmp;
+    __shared__ moe_block_scan::TempStorage tmp;
+    moe_scan_parts p;
+    moe_scan_counts(r, tmp, p);
     const int E = r.E, base = threadIdx.x * SCAN_IPT;
-    int cnt[SCAN_IPT], act[SCAN_IPT], til[SCAN_IPT], grp[SCAN_IPT];
-    for (int i = 0; i < SCAN_IPT; i++) {
-        int e = base + i;
-        cnt[i] = e < E ? r.counts[e] : 0;
-        act[i] = cnt[i] > 0;
-        til[i] = (cnt[i] + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM;
-        grp[i] = (cnt[i] + DEC_G - 1) / DEC_G;
-    }
-    int off[SCAN_IPT], aoff[SCAN_IPT], toff[SCAN_IPT], goff[SCAN_IPT], tot, atot, ttot, gtot;
-    Scan(tmp).ExclusiveSum(cnt, off, tot);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(act, aoff, atot);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(til, toff, ttot);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(grp, goff, gtot);
     for (int i = 0; i < SCAN_IPT; i++) {
         int e = base + i;
         if (e >= E) break;
-        r.offsets[e] = off[i];
-        r.cursor[e] = off[i];
-        if (act[i]) r.active[aoff[i]] = e;
-        for (int tt = 0; tt < til[i]; tt++) {
-            r.tiles[2 * (toff[i] + tt)] = e;
-            r.tiles[2 * (toff[i] + tt) + 1] = off[i] + tt * LUNAR_CUDA_MOE_BM;
+        r.offsets[e] = p.off[i];
+        r.cursor[e] = p.off[i];
+        if (p.act[i]) r.active[p.aoff[i]] = e;
+        for (int tt = 0; tt < p.til[i]; tt++) {
+            r.tiles[2 * (p.toff[i] + tt)] = e;
+            r.tiles[2 * (p.toff[i] + tt) + 1] = p.off[i] + tt * LUNAR_CUDA_MOE_BM;
         }
-        for (int gg = 0; gg < grp[i]; gg++) {
-            r.groups[2 * (goff[i] + gg)] = e;
-            r.groups[2 * (goff[i] + gg) + 1] = off[i] + gg * DEC_G;
-            r.gdone[goff[i] + gg] = 0;
+        for (int gg = 0; gg < p.grp[i]; gg++) {
+            r.groups[2 * (p.goff[i] + gg)] = e;
+            r.groups[2 * (p.goff[i] + gg) + 1] = p.off[i] + gg * DEC_G;
+            r.gdone[p.goff[i] + gg] = 0;
         }
     }
     if (threadIdx.x == 0) {
-        r.offsets[E] = tot;
-        r.counts[E] = atot;
-        r.counts[E + 1] = ttot;
-        r.counts[E + 2] = gtot;
+        r.offsets[E] = p.tot;
+        r.counts[E] = p.atot;
+        r.counts[E + 1] = p.ttot;
+        r.counts[E + 2] = p.gtot;
         r.gdone[max_groups(r.n, r.k, E)] = 0;
     }
 }
@@ -169,39 +182,24 @@ __global__ void __launch_bounds__(PERM_T) moe_count_smem_kernel(int32_t *counts,
 }
 
 __global__ void __launch_bounds__(SCAN_T) moe_scan_warps_kernel(lunar_cuda_moe_route r) {
-    typedef cub::BlockScan<int, SCAN_T> Scan;
-    __shared__ typename Scan::TempStorage tmp;
+    __shared__ moe_block_scan::TempStorage tmp;
     __shared__ int s_off[PSCAN_E], s_toff[PSCAN_E], s_goff[PSCAN_E], s_cnt[PSCAN_E];
+    moe_scan_parts p;
+    moe_scan_counts(r, tmp, p);
     const int E = r.E, base = threadIdx.x * SCAN_IPT;
-    int cnt[SCAN_IPT], act[SCAN_IPT], til[SCAN_IPT], grp[SCAN_IPT];
-    for (int i = 0; i < SCAN_IPT; i++) {
-        int e = base + i;
-        cnt[i] = e < E ? r.counts[e] : 0;
-        act[i] = cnt[i] > 0;
-        til[i] = (cnt[i] + LUNAR_CUDA_MOE_BM - 1) / LUNAR_CUDA_MOE_BM;
-        grp[i] = (cnt[i] + DEC_G - 1) / DEC_G;
-    }
-    int off[SCAN_IPT], aoff[SCAN_IPT], toff[SCAN_IPT], goff[SCAN_IPT], tot, atot, ttot, gtot;
-    Scan(tmp).ExclusiveSum(cnt, off, tot);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(act, aoff, atot);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(til, toff, ttot);
-    __syncthreads();
-    Scan(tmp).ExclusiveSum(grp, goff, gtot);
     for (int i = 0; i < SCAN_IPT; i++) {
         int e = base + i;
         if (e >= E) break;
-        r.offsets[e] = off[i];
-        r.cursor[e] = off[i];
-        if (act[i]) r.active[aoff[i]] = e;
-        s_off[e] = off[i], s_toff[e] = toff[i], s_goff[e] = goff[i], s_cnt[e] = cnt[i];
+        r.offsets[e] = p.off[i];
+        r.cursor[e] = p.off[i];
+        if (p.act[i]) r.active[p.aoff[i]] = e;
+        s_off[e] = p.off[i], s_toff[e] = p.toff[i], s_goff[e] = p.goff[i], s_cnt[e] = p.cnt[i];
     }
     if (threadIdx.x == 0) {
-        r.offsets[E] = tot;
-        r.counts[E] = atot;
-        r.counts[E + 1] = ttot;
-        r.counts[E + 2] = gtot;
+        r.offsets[E] = p.tot;
+        r.counts[E] = p.atot;
+        r.counts[E + 1] = p.ttot;
+        r.counts[E + 2] = p.gtot;
         r.gdone[max_groups(r.n, r.k, E)] = 0;
     }
     __syncthreads();
