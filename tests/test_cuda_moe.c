@@ -348,7 +348,7 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
-                        path == 18 || path == 22 || path == 24;
+                        path == 18 || path == 22 || path == 24 || path == 25 || path == 26;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -516,7 +516,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 24; path++) {
+    for (int path = 1; path <= 26; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -528,7 +528,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe", "", "wsmxb"};
+                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -604,7 +604,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * buffer (a row not copied, or copied past an expert's end into the next one's, fails), with 1..4
  * staged row sets a warp (nw = 0..2, rows past the end in either set) and several items a block
  * (the staging in the B buffers reused by the next item's chunks). */
-#define MX14 (8192 | 1 << 21 | 1 << 23)
+#define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -980,13 +980,13 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds), then with bf16 rows
      * (LUNAR_MOE_YBUF=bf16's form; -22, -24: the path's run_b) 22 and 24 twice, in opposite orders */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18},
-                     mpaths[] = {2, 4, 14, 22, 22, 14, -22, -24, -24, -22};
+                     mpaths[] = {2, 22, -24, -25, -26, -24, -25, -26, 25, -24};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22", "path 22 again",
-                                "path 14 again", "22, bf16 rows", "24, bf16 (default)", "24, bf16 again",
-                                "22, bf16 again"};
+                      *mpn[] = {"mma.sync (old)", "path 22",        "24, bf16 (default)", "25, bf16 rows",
+                                "26, bf16 rows", "24, bf16 again", "25, bf16 again",     "26, bf16 again",
+                                "25, fp32 rows",  "24, bf16 third"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
@@ -995,7 +995,7 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
         const int path = paths[i] < 0 ? -paths[i] : paths[i], brows = paths[i] < 0;
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         if (brows) lunar_cuda_fill_u32(yb, 0x7fc07fc0u, (size_t)n * k * D / 2);
-        const int wy = mx && (path == 14 || path == 22 || path == 24);
+        const int wy = mx && (path == 14 || path == 22 || path >= 24);
         float gu = 0.0f, dn = 0.0f;
         float ms = wy ? time_experts_split(ybuf, brows ? yb : NULL, hbuf, z, &w, &r, path, 7, &gu, &dn)
                       : time_experts(ybuf, hbuf, z, &w, &r, path, 5, NULL, 0);
