@@ -962,6 +962,18 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
     float *lg = dalloc((size_t)n * E * 4);
     lunar_cuda_fill_uniform(lg, (size_t)n * E, 77, -4, 4);
+    /* LUNAR_MOE_BENCH_ACTIVE=a (0 < a < E): only experts 0 .. a - 1 routed (the others' logits -30),
+     * so each gets ~n k / a rows: large experts, several token tiles each (path 25's 192-token tiles
+     * against path 24's 256; the model's dummy routing may be skewed so) */
+    const int act_e = getenv("LUNAR_MOE_BENCH_ACTIVE") ? atoi(getenv("LUNAR_MOE_BENCH_ACTIVE")) : 0;
+    if (act_e > 0 && act_e < E) {
+        float *hl = dl_f32(lg, (long)n * E);
+        for (size_t i = 0; i < (size_t)n * E; i++)
+            if ((int)(i % (size_t)E) >= act_e) hl[i] = -30.0f;
+        lunar_cuda_upload(lg, hl, (size_t)n * E * 4);
+        free(hl);
+        printf("(LUNAR_MOE_BENCH_ACTIVE=%d: %d of %d experts routed, ~%d rows each)\n", act_e, act_e, E, n * k / act_e);
+    }
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     lunar_cuda_event_record(e0, NULL);
     lunar_cuda_router_topk(r.experts, r.weights, lg, NULL, n, E, k, 1, 1, 1, 1.0f, NULL);

@@ -8,7 +8,9 @@
 # (V: name:VAR=v,... in alternating order, ROUNDS rounds while AB_S seconds are not past), and the
 # K3-shaped forward test under each FWD selection. Model: tools/device/mx4pre4.sh.
 #   P=<prebuilt dir> OUT=<dir> [V="def:LUNAR_NONE=0 wm:LUNAR_MOE_PREFILL=wsmxm ..."] [ROUNDS=3] [AB_S=s] \
-#     [FWD="wm:LUNAR_MOE_PREFILL=wsmxm"] [OPS=0] [BENCH=0] tools/device/mx4wm.sh
+#     [FWD="wm:LUNAR_MOE_PREFILL=wsmxm"] [OPS=0] [BENCH=0] [ACTIVE="0 224 56"] tools/device/mx4wm.sh
+# Call 1 (commit c4021d2): the defaults with ROUNDS=2 AB_S=100 FWD_S=125; call 2 (the large-expert
+# tables, LUNAR_MOE_BENCH_ACTIVE): OPS=0 ACTIVE="224 56" ROUNDS=1 FWD="" with the rounds' order reversed.
 set -u
 P=${P:?P = the prebuilt directory}
 OUT=${OUT:-/tmp/o}
@@ -25,9 +27,11 @@ grep -E 'FAILED|passed, |CHECK' $OUT/t_moe.log | cut -c1-200 | tail -8 >> $T
 if grep -q 'rc=124' $T; then step "op tests timed out: stopping"; tail -5 $OUT/t_moe.log >> $T; cat $T; exit 1; fi
 fi
 if [ "${BENCH:-1}" = 1 ]; then
-step "prefill kernel table (LUNAR_MOE_BENCH=prefill-mxfp4)"
-LUNAR_MOE_BENCH=prefill-mxfp4 timeout 70 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
-grep -E '^\| prefill|Measured' $OUT/bench.log | cut -c1-210 | sed 's/| router.*//' >> $T
+for act in ${ACTIVE:-0}; do  # LUNAR_MOE_BENCH_ACTIVE: only the first act experts routed (0: all)
+step "prefill kernel table (LUNAR_MOE_BENCH=prefill-mxfp4, LUNAR_MOE_BENCH_ACTIVE=$act)"
+LUNAR_MOE_BENCH_ACTIVE=$act LUNAR_MOE_BENCH=prefill-mxfp4 timeout 70 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench_$act.log 2>&1; echo "rc=$?" >> $T
+grep -E '^\| prefill|Measured|BENCH_ACTIVE' $OUT/bench_$act.log | cut -c1-210 | sed 's/| router.*//' >> $T
+done
 fi
 pre() { grep -A4 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "%s: %s s %s  ", $1, $2, $NF; exit}'; }
 S="$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 1"
@@ -36,14 +40,14 @@ bench() { # name, env
   echo "rc=$? $1 [$2]: $(pre $OUT/b_$1.log)" >> $T
 }
 V=${V:-"def:LUNAR_NONE=0 wm:LUNAR_MOE_PREFILL=wsmxm wg:LUNAR_MOE_PREFILL=wsmxg"}
-for r in $(seq 1 ${ROUNDS:-3}); do
+for r in $(seq ${R0:-1} $(( ${R0:-1} + ${ROUNDS:-3} - 1 ))); do
   late ${AB_S:-95} && break
   step "K3.1 TP8 slice 8K prefill A/B round $r"
   W=$V
   [ $((r % 2)) = 0 ] && W=$(echo $V | tr ' ' '\n' | tac | tr '\n' ' ')
   for v in $W; do e=${v#*:}; bench ${v%%:*}_$r "${e//,/ }"; done
 done
-FWD=${FWD:-"wm:LUNAR_MOE_PREFILL=wsmxm"}
+FWD=${FWD-"wm:LUNAR_MOE_PREFILL=wsmxm"}
 for v in $FWD; do
   late ${FWD_S:-140} && break
   n=${v%%:*}; e=${v#*:}
