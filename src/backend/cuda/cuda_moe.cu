@@ -1059,7 +1059,10 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk copies, with fp32
         // rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 -> 1.44 ms
         // against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
-        // (docs/benchmarks.md "MoE prefill, MXFP4 round 4").
+        // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
+        // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
+        // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
+        // prefill, MXFP4 with the weights as M").
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");

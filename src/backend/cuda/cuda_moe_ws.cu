@@ -889,6 +889,12 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
 // threads, and WM_TM / 2 accumulators + the 16 A registers + the nibbles must fit there (192: 4 bytes
 // of spill, one value).
 // Path 26 (LUNAR_MOE_PREFILL=wsmxg): path 25's gate/up with path 24's down kernel.
+// Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, MXFP4 with the weights as M"): with
+// balanced routing (~146 rows an expert) path 25's gate/up is 5 % (K3.1) / 9 % (TP8 slice) faster
+// than path 24's, its down kernel 2-4 % slower (direct stores, no staging); with large experts (585
+// or 2340 rows) its gate/up is 8 % slower (192-token tiles against 256: a third more widening a
+// token, and each warpgroup's widening and products serialized). In the model (the TP8 slice's 8K
+// prefill, 4 alternating rounds) path 26 ties with path 24 and path 25 is 1.5 % slower: both opt-in.
 #define WM_TM 192  // tokens a tile (N <= 192: 96 accumulators a thread)
 #define WM_ST 6    // ring stages of 29 KB (tokens 24 + nibbles 4 + scale words 1)
 
