@@ -603,7 +603,11 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * cases: bf16_rows_case holds its rows to the fp32 rows rounded, bit for bit, on a NaN-filled
  * buffer (a row not copied, or copied past an expert's end into the next one's, fails), with 1..4
  * staged row sets a warp (nw = 0..2, rows past the end in either set) and several items a block
- * (the staging in the B buffers reused by the next item's chunks). */
+ * (the staging in the B buffers reused by the next item's chunks). Paths 25 (the weights as wgmma's
+ * M, the tokens as N in multiples of 32 up to 192 a tile, A widened into registers) and 26 (25's
+ * gate/up, 24's down) on the same cases: N = 32 (n = 1, 5, 13) to 192 (n = 400, ~200 rows: a full
+ * tile + a short one), empty and overloaded experts, w1 / w3 interleaved in gate/up, D = 128 .. 1024
+ * (1 to 8 down items of 128 columns), K of 2..18 chunks, fp32 and bf16 rows. */
 #define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
