@@ -395,7 +395,7 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
-                        path == 18 || path == 22 || path == 24;
+                        path == 18 || path == 22 || path == 24 || path == 25 || path == 26;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -563,7 +563,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 24; path++) {
+    for (int path = 1; path <= 26; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -575,7 +575,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe", "", "wsmxb"};
+                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -650,8 +650,12 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * cases: bf16_rows_case holds its rows to the fp32 rows rounded, bit for bit, on a NaN-filled
  * buffer (a row not copied, or copied past an expert's end into the next one's, fails), with 1..4
  * staged row sets a warp (nw = 0..2, rows past the end in either set) and several items a block
- * (the staging in the B buffers reused by the next item's chunks). */
-#define MX14 (8192 | 1 << 21 | 1 << 23)
+ * (the staging in the B buffers reused by the next item's chunks). Paths 25 (the weights as wgmma's
+ * M, the tokens as N in multiples of 32 up to 192 a tile, A widened into registers) and 26 (25's
+ * gate/up, 24's down) on the same cases: N = 32 (n = 1, 5, 13) to 192 (n = 400, ~200 rows: a full
+ * tile + a short one), empty and overloaded experts, w1 / w3 interleaved in gate/up, D = 128 .. 1024
+ * (1 to 8 down items of 128 columns), K of 2..18 chunks, fp32 and bf16 rows. */
+#define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -1009,6 +1013,18 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
     float *lg = dalloc((size_t)n * E * 4);
     lunar_cuda_fill_uniform(lg, (size_t)n * E, 77, -4, 4);
+    /* LUNAR_MOE_BENCH_ACTIVE=a (0 < a < E): only experts 0 .. a - 1 routed (the others' logits -30),
+     * so each gets ~n k / a rows: large experts, several token tiles each (path 25's 192-token tiles
+     * against path 24's 256; the model's dummy routing may be skewed so) */
+    const int act_e = getenv("LUNAR_MOE_BENCH_ACTIVE") ? atoi(getenv("LUNAR_MOE_BENCH_ACTIVE")) : 0;
+    if (act_e > 0 && act_e < E) {
+        float *hl = dl_f32(lg, (long)n * E);
+        for (size_t i = 0; i < (size_t)n * E; i++)
+            if ((int)(i % (size_t)E) >= act_e) hl[i] = -30.0f;
+        lunar_cuda_upload(lg, hl, (size_t)n * E * 4);
+        free(hl);
+        printf("(LUNAR_MOE_BENCH_ACTIVE=%d: %d of %d experts routed, ~%d rows each)\n", act_e, act_e, E, n * k / act_e);
+    }
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     lunar_cuda_event_record(e0, NULL);
     lunar_cuda_router_topk(r.experts, r.weights, lg, NULL, n, E, k, 1, 1, 1, 1.0f, NULL);
@@ -1027,13 +1043,13 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds), then with bf16 rows
      * (LUNAR_MOE_YBUF=bf16's form; -22, -24: the path's run_b) 22 and 24 twice, in opposite orders */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18},
-                     mpaths[] = {2, 4, 14, 22, 22, 14, -22, -24, -24, -22};
+                     mpaths[] = {2, 22, -24, -25, -26, -24, -25, -26, 25, -24};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)", "wgmma (4)", "path 14", "path 22", "path 22 again",
-                                "path 14 again", "22, bf16 rows", "24, bf16 (default)", "24, bf16 again",
-                                "22, bf16 again"};
+                      *mpn[] = {"mma.sync (old)", "path 22",        "24, bf16 (default)", "25, bf16 rows",
+                                "26, bf16 rows", "24, bf16 again", "25, bf16 again",     "26, bf16 again",
+                                "25, fp32 rows",  "24, bf16 third"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
@@ -1042,7 +1058,7 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
         const int path = paths[i] < 0 ? -paths[i] : paths[i], brows = paths[i] < 0;
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         if (brows) lunar_cuda_fill_u32(yb, 0x7fc07fc0u, (size_t)n * k * D / 2);
-        const int wy = mx && (path == 14 || path == 22 || path == 24);
+        const int wy = mx && (path == 14 || path == 22 || path >= 24);
         float gu = 0.0f, dn = 0.0f;
         float ms = wy ? time_experts_split(ybuf, brows ? yb : NULL, hbuf, z, &w, &r, path, 7, &gu, &dn)
                       : time_experts(ybuf, hbuf, z, &w, &r, path, 5, NULL, 0);

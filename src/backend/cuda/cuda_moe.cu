@@ -1196,7 +1196,10 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk copies, with fp32
         // rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 -> 1.44 ms
         // against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
-        // (docs/benchmarks.md "MoE prefill, MXFP4 round 4").
+        // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
+        // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
+        // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
+        // prefill, MXFP4 with the weights as M").
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1211,29 +1214,31 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmc2") ? 18
                   : !strcmp(e, "wsmxe") ? 22
                   : !strcmp(e, "wsmxb") ? 24
+                  : !strcmp(e, "wsmxm") ? 25
+                  : !strcmp(e, "wsmxg") ? 26
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmc | wsmc2");
         }
-        const bool mxp = pre == 14 || pre == 22 || pre == 24;  // the MXFP4-only paths; the others BF16-only from 10 on
+        const bool mxp = pre == 14 || pre == 22 || pre == 24 || pre == 25 || pre == 26;  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 24) : mxp ? 12 : pre) : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 24 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    if ((path == 14 || path == 22 || path == 24) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
+    if ((path == 14 || path == 22 || path >= 24) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
     // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
     // of 14, removed) are no paths.
-    const bool mc = path == 17 || path == 18, wy = path == 14 || path == 22 || path == 24;
+    const bool mc = path == 17 || path == 18, wy = path == 14 || path == 22 || path == 24 || path == 25 || path == 26;
     const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 14 || (path >= 16 && path <= 18) || path == 22 || path == 24) &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 14 || (path >= 16 && path <= 18) || path == 22 || (path >= 24 && path <= 26)) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E

@@ -75,6 +75,7 @@
 #include "backend/cuda/cuda_moe.cuh"
 #include "backend/cuda/cuda_mbarrier.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
+#include "backend/cuda/cuda_wgmma_rs.cuh"
 
 #define WS_BM 128
 #define WS_BN 256
@@ -847,6 +848,273 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
     }
 }
 
+// ---------------------------------------------------------------- path 25: the weights as wgmma's M
+// Paths 14-24 put the tokens in wgmma's M and the widened weights in a shared B tile: at K3.1's 8K
+// prefill an expert gets ~146 of 8192 x 16 / 896 rows, products are issued per live 64-row half
+// (192 rows for 146), and every chunk the two consumer warpgroups widen their halves of the shared
+// tile, fence, and meet at a 256-thread barrier before either may multiply (docs/benchmarks.md
+// "MoE prefill, MXFP4 round 4", point (5)). Path 25 (LUNAR_MOE_PREFILL=wsmxm) turns the product
+// around: D^T = W X^T, the weights as M (64 weight rows a warpgroup) and the item's tokens as N, a
+// multiple of 32 picked per item (160 issued for 146 rows), with A from registers (wgmma's RS form):
+// each consumer thread widens its own 2 weight rows x 16 columns of every 16-column step straight
+// into the A fragment (mma.sync's m16n8k16 A layout: row g and g + 8 of its warp's 16, columns
+// 2t, 2t + 1 and 8 + 2t, 9 + 2t), so no shared B tile, no widened stores, no proxy fence for them and
+// no barrier between the warpgroups; the tokens' bf16 rows are the B operand, K-major in the
+// 128-byte swizzle, exactly the A tile the producer of path 22 already copies (cp.async, rows
+// gathered through row_token for gate/up, rows past the expert's end zero-filled, rows past N not
+// copied at all).
+// Widening: a thread's A fragment of a 32-column MXFP4 block (16 bytes: 4 words of 8 nibbles, word
+// w = columns 8 w .. 8 w + 7) is byte t of each word (columns 8 w + 2t, + 1): the 4 bytes are
+// gathered into one word (3 prmt), widened by pairs_mx as paths 2-24 do, and the pairs reordered
+// (4 prmt) into words 0-3 = groups 0-3, i.e. a[0] / a[2] of the block's two 16-column steps; the
+// four threads of a row read the same 16 bytes (one lds128 each, a broadcast).
+// Gate/up: warpgroup w's 64 M rows are w1 and w3 rows interleaved 8 by 8 (rows 16 v + g: w1 row
+// n0 + 32 w + 8 v + g, rows 16 v + 8 + g: the same row of w3), so each accumulator pair (row g,
+// row g + 8) of a thread is the gate and the up of one output column, and SiTU (glu_act_fast, its
+// clamp) runs in registers; an item is 64 output columns x up to WM_TM tokens (two warpgroups).
+// Down: warpgroup w multiplies w2 rows n0 + 64 w .., an item 128 output columns x up to WM_TM
+// tokens, the top-k row weight of each token applied in the epilogue (fp32 rows, or the bf16 rows
+// of lunar_cuda_moe_experts_run_b). Epilogue stores: a thread holds one column for two tokens; a
+// shuffle with the lane of the neighbouring column (g ^ 1) pairs two columns of one token, so each
+// store writes 2 columns (bf16x2 or float2).
+// Pipeline: the producer warpgroup is path 22's (a ring of WM_ST stages: the token tile, the 128
+// weight rows' nibbles and scale words; 128 arrivals a chunk); the consumers wait `full`, widen,
+// issue 4 RS products, commit, wgmma_wait<0> and release the chunk's stage: the fragments are
+// registers the asynchronous products read, rewritten by the next chunk's widening. Double-buffered
+// fragments with wgmma_wait<1> (the widening of chunk q + 1 under chunk q's products) were built
+// first: ptxas serialized the products for want of registers (C7512, at 128 tokens a tile too), so
+// a warpgroup widens while the other one's products run (no barrier couples the two). Items, their
+// order and the per-expert token tiles are path 22's (the pair prefix scan, a persistent grid), with
+// WM_TM tokens a tile instead of 256: ptxas compiles every role within the 168 registers of 384
+// threads, and WM_TM / 2 accumulators + the 16 A registers + the nibbles must fit there (192: 4 bytes
+// of spill, one value).
+// Path 26 (LUNAR_MOE_PREFILL=wsmxg): path 25's gate/up with path 24's down kernel.
+// Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, MXFP4 with the weights as M"): with
+// balanced routing (~146 rows an expert) path 25's gate/up is 5 % (K3.1) / 9 % (TP8 slice) faster
+// than path 24's, its down kernel 2-4 % slower (direct stores, no staging); with large experts (585
+// or 2340 rows) its gate/up is 8 % slower (192-token tiles against 256: a third more widening a
+// token, and each warpgroup's widening and products serialized). In the model (the TP8 slice's 8K
+// prefill, 4 alternating rounds) path 26 ties with path 24 and path 25 is 1.5 % slower: both opt-in.
+#define WM_TM 192  // tokens a tile (N <= 192: 96 accumulators a thread)
+#define WM_ST 6    // ring stages of 29 KB (tokens 24 + nibbles 4 + scale words 1)
+
+struct wm_cfg {
+    static constexpr uint32_t A_BYTES = WM_TM * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
+    static constexpr uint32_t STAGE = A_BYTES + RAW_BYTES + SCW_BYTES;
+    static constexpr size_t smem() { return 1024 + (size_t)WM_ST * STAGE + 2 * WM_ST * 8 + (WY_MAX_E + 1) * 4; }
+};
+
+// this thread's A fragment words of one 32-column block of one weight row: byte t of each of the
+// block's 4 words (nibbles: columns 8 w + 2t, 8 w + 2t + 1), widened; o[i] = group i's pair
+template <bool TWO>
+__device__ __forceinline__ void wm_frag(const uint4 &nib, uint32_t bsel, const mxscale &sc, uint32_t (&o)[4]) {
+    const uint32_t word = prmt(prmt(nib.x, nib.y, bsel), prmt(nib.z, nib.w, bsel), 0x5410);
+    uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4)
+    pairs_mx<TWO>(word, sc, p);
+    o[0] = prmt(p[3], p[2], 0x5410), o[1] = prmt(p[1], p[0], 0x5410);
+    o[2] = prmt(p[3], p[2], 0x7632), o[3] = prmt(p[1], p[0], 0x7632);
+}
+
+template <bool GATEUP>
+__global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__ xargs a) {
+    typedef wm_cfg C;
+    static_assert(C::STAGE % 1024 == 0, "stages keep the token tiles 1024-byte aligned");
+    constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
+    constexpr int NP = WM_TM / 16;         // token rows a producer thread copies (16 apart)
+    extern __shared__ uint8_t ws_smem[];
+    const uint32_t sT = (smem_u32(ws_smem) + 1023u) & ~1023u;  // stage s: tokens, nibbles, scale words
+    const uint32_t full = sT + WM_ST * C::STAGE, empty = full + WM_ST * 8;
+    int *pfx = (int *)(ws_smem + (empty + WM_ST * 8 - smem_u32(ws_smem)));  // [E + 1] tiles before expert e
+
+    const int NN = a.R / NH, J = a.K / WS_BK;
+    const int tid = threadIdx.x;
+    for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + WM_TM - 1) / WM_TM;
+    __syncthreads();
+    if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
+    __syncthreads();
+    const int total = pfx[a.E] * NN, G = gridDim.x, b = blockIdx.x;
+    if (b >= total) return;  // block-uniform, before any barrier
+    const int items = (total - 1 - b) / G + 1;
+    // item li: expert e, token rows r0 .. min(r0 + WM_TM, rend) of the permutation, weight rows from n0
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
+        const int w = b + li * G, pr = w / NN;
+        e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
+        r0 = a.offsets[e] + (pr - pfx[e]) * WM_TM;
+        n0 = (w - pr * NN) * NH;
+    };
+    // the tokens issued as N: the live rows rounded up to 32
+    auto n_of = [](int r0, int rend) { return (min(WM_TM, rend - r0) + 31) & ~31; };
+    if (tid == 0) ws_ring_init(full, empty, WM_ST, 128, 8);
+    __syncthreads();
+
+    if (tid < 128) {
+        // ---------------------------------------------------------------- producer: copies only (path 22's)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 88;\n" ::: "memory");
+        const int a_ch = tid & 7, a_row0 = tid >> 3;  // token piece i: row a_row0 + 16 i, 16-byte chunk a_ch
+        const size_t estr = (size_t)a.R * a.K;
+        for (int li = 0, q = 0; li < items; li++) {
+            int e, r0, rend, n0;
+            item(li, e, r0, rend, n0);
+            const int nt = n_of(r0, rend);
+            int src[NP];
+            uint32_t xok = 0, xon = 0;  // live rows; rows the products read (< nt)
+#pragma unroll
+            for (int i = 0; i < NP; i++) {
+                const int r = r0 + a_row0 + 16 * i;
+                const bool ok = r < rend;
+                xok |= (uint32_t)ok << i;
+                xon |= (uint32_t)(a_row0 + 16 * i < nt) << i;
+                src[i] = ok ? (GATEUP ? a.row_token[r] : r) : 0;
+            }
+            // this thread's 2 blocks: row nr = u / 2 of the raw tile, half u % 2. GATEUP: row nr of
+            // warpgroup nr / 64's 64 interleaves w1 / w3 by 8 rows (the consumers' note above)
+            const uint8_t *wq[2], *wsw[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const int u = tid + 128 * i, nr = u >> 1, half = u & 1;
+                const bool m3 = GATEUP && ((nr >> 3) & 1);
+                const int wr = GATEUP ? 32 * (nr >> 6) + 8 * ((nr >> 4) & 3) + (nr & 7) : nr;
+                const size_t base = (size_t)e * estr + (size_t)(n0 + wr) * a.K;
+                wq[i] = (m3 ? a.wq[1] : a.wq[0]) + base / 2 + half * 16;
+                wsw[i] = (m3 ? a.ws[1] : a.ws[0]) + base / 32 + half;
+            }
+            for (int j = 0; j < J; j++, q++) {
+                const int s = q % WM_ST;
+                if (q >= WM_ST) mbar_wait(empty + 8 * s, ((q / WM_ST) - 1) & 1);
+                const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
+#pragma unroll
+                for (int i = 0; i < NP; i++) {
+                    const int row = a_row0 + 16 * i;
+                    if ((xon >> i) & 1)
+                        cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
+                                   a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
+                }
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    const int u = tid + 128 * i;
+                    cp_async16(dR + u * 16, wq[i] + j * 32, true);
+                    const uintptr_t sp = (uintptr_t)(wsw[i] + 2 * j);
+                    cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
+                }
+                ws_arrive_cp(full + 8 * s);
+            }
+        }
+        cp_commit();
+        cp_wait<0>();
+    } else {
+        // ---------------------------------------------------------------- consumers: widen into A, wgmma RS
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n" ::: "memory");
+        const int ct = tid - 128, wg = ct >> 7, lane = ct & 31, wwarp = (ct >> 5) & 3;
+        const int g = lane >> 2, c = lane & 3;
+        const int rA = 64 * wg + 16 * wwarp + g;  // this thread's raw tile rows rA, rA + 8
+        // the scale byte's place in its word: a row's and an expert's scale offsets are multiples of
+        // 4 (K % 128 == 0), so only the matrix's base, j and the half move it. GATEUP: row rA is w1's, rA + 8 w3's
+        const uint32_t selA = (uint32_t)(uintptr_t)a.ws[0] & 3, selB = (uint32_t)(uintptr_t)a.ws[GATEUP ? 1 : 0] & 3;
+        const uint32_t bsel = (uint32_t)c | ((uint32_t)(c + 4) << 4);  // byte c of two words
+        float acc[WM_TM / 2];
+        uint32_t af[4][4];  // the A fragments of a chunk: [16-column step][register]
+#pragma unroll
+        for (int i = 0; i < WM_TM / 2; i++) acc[i] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) af[i / 4][i % 4] = 0u;
+        int rel = 0;                    // the first chunk whose stage this warp has not released yet
+        auto release = [&]() {
+            __syncwarp();
+            if (lane == 0) mbar_arrive(empty + 8 * (rel % WM_ST));
+            rel++;
+        };
+        // chunk q (column chunk j) into the fragments af, then N's products, waited for before the
+        // next chunk rewrites af (wgmma_wait<0>: the other warpgroup's products overlap this one's widening)
+        auto chunk = [&](auto n_c, int j, int q) {
+            constexpr int N = decltype(n_c)::value;
+            const int s = q % WM_ST;
+            const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
+            mbar_wait(full + 8 * s, (q / WM_ST) & 1);
+            fence_async_smem();  // the producer's cp.async token rows, published by the barrier
+            uint32_t sw[4];      // scale words: row rA half 0, 1; row rA + 8 half 0, 1
+            sw[0] = lds32(dS + (2 * rA) * 4), sw[1] = lds32(dS + (2 * rA + 1) * 4);
+            sw[2] = lds32(dS + (2 * rA + 16) * 4), sw[3] = lds32(dS + (2 * rA + 17) * 4);
+            mxscale sc[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                sc[i] = mx_scale((sw[i] >> (8 * (((i < 2 ? selA : selB) + 2 * j + (i & 1)) & 3))) & 0xffu);
+            auto widen = [&](auto two_c) {
+                constexpr bool TWO = decltype(two_c)::value;
+#pragma unroll
+                for (int h = 0; h < 2; h++) {  // block h of the chunk: 16-column steps 2h, 2h + 1
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {  // row rA + 8 r: fragment register r (+ 2)
+                        const uint4 nib = lds128(dR + (2 * (rA + 8 * r) + h) * 16);
+                        uint32_t o[4];
+                        wm_frag<TWO>(nib, bsel, sc[2 * r + h], o);
+                        af[2 * h][r] = o[0], af[2 * h][r + 2] = o[1];
+                        af[2 * h + 1][r] = o[2], af[2 * h + 1][r + 2] = o[3];
+                    }
+                }
+            };
+            if (__any_sync(0xffffffffu, sc[0].two || sc[1].two || sc[2].two || sc[3].two)) widen(std::true_type());
+            else widen(std::false_type());
+            wgmma_fence();
+            fence_acc<N / 2>(acc);
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) wgmma_rs_bf16<N>(acc, af[kk], ws_desc(dA + kk * 32), j > 0 || kk > 0);
+            wgmma_commit();
+            fence_acc<N / 2>(acc);
+            wgmma_wait<0>();  // this chunk's products are done: its stage and the fragments are free
+            release();
+        };
+        int e_, r0, rend, n0;  // the next item's, looked up before the previous one's drain
+        for (int li = 0, q = 0; li < items; li++) {
+            if (li == 0) item(li, e_, r0, rend, n0);
+            const int c_r0 = r0, c_rend = rend, c_n0 = n0, nt = n_of(r0, rend);
+            auto run = [&](auto n_c) {
+                constexpr int N = decltype(n_c)::value;
+                for (int j = 0; j < J; j++, q++) chunk(n_c, j, q);
+                if (li + 1 < items) item(li + 1, e_, r0, rend, n0);
+                const int live = min(WM_TM, c_rend - c_r0);
+                // token 8 jj + 2c (+ 1) of the item: accumulators 4 jj (+ 1) row rA, 4 jj + 2 (+ 1) row rA + 8
+                const bool odd = g & 1;
+#pragma unroll
+                for (int jj = 0; jj < N / 8; jj++) {
+                    const int ta = 8 * jj + 2 * c, tb = ta + 1;
+                    const float *v = acc + 4 * jj;
+                    if constexpr (GATEUP) {
+                        const float ha = glu_act_fast(v[0], v[2], a.act, a.beta, a.beta_l);
+                        const float hb = glu_act_fast(v[1], v[3], a.act, a.beta, a.beta_l);
+                        // even g: token ta, columns g, g + 1; odd g: token tb, columns g - 1, g
+                        const float got = __shfl_xor_sync(0xffffffffu, odd ? ha : hb, 4);
+                        const int t = odd ? tb : ta, col = c_n0 + 32 * wg + 8 * wwarp + (g & ~1);
+                        if (t < live)
+                            *(__nv_bfloat162 *)(a.h + (size_t)(c_r0 + t) * a.R + col) =
+                                odd ? __floats2bfloat162_rn(got, hb) : __floats2bfloat162_rn(ha, got);
+                    } else {
+                        const float wa = ta < live ? __ldg(a.row_weight + c_r0 + ta) : 0.0f;
+                        const float wb = tb < live ? __ldg(a.row_weight + c_r0 + tb) : 0.0f;
+#pragma unroll
+                        for (int r = 0; r < 2; r++) {  // row rA + 8 r: output column n0 + rA + 8 r
+                            const float xa = v[2 * r] * wa, xb = v[2 * r + 1] * wb;
+                            const float got = __shfl_xor_sync(0xffffffffu, odd ? xa : xb, 4);
+                            const int t = odd ? tb : ta, col = c_n0 + rA + 8 * r - (g & 1);
+                            const float lo = odd ? got : xa, hi = odd ? xb : got;
+                            if (t >= live) continue;
+                            if (a.yb) *(__nv_bfloat162 *)(a.yb + (size_t)(c_r0 + t) * a.R + col) = __floats2bfloat162_rn(lo, hi);
+                            else *(float2 *)(a.y + (size_t)(c_r0 + t) * a.R + col) = make_float2(lo, hi);
+                        }
+                    }
+                }
+            };
+            switch (nt >> 5) {
+            case 1: run(std::integral_constant<int, 32>()); break;
+            case 2: run(std::integral_constant<int, 64>()); break;
+            case 3: run(std::integral_constant<int, 96>()); break;
+            case 4: run(std::integral_constant<int, 128>()); break;
+            case 5: run(std::integral_constant<int, WM_TM < 160 ? WM_TM : 160>()); break;
+            default: run(std::integral_constant<int, WM_TM>()); break;
+            }
+        }
+    }
+}
+
 // ---------------------------------------------------------------- launchers
 
 // [rows, K] bf16 weights as a 2-D tensor with 64-column x 128-row boxes in the 128-byte swizzle.
@@ -943,6 +1211,11 @@ template <bool GATEUP, bool EPI, bool BS = false> static bool wy_launch(const xa
                                                          wy_cfg::smem(BS), st);
 }
 
+// path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128)
+template <bool GATEUP> static bool wm_launch(const xargs &a, int tiles, cudaStream_t st) {
+    return ws_persistent<moe_wm_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wm_cfg::smem(), st);
+}
+
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
 // rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
 // weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
@@ -952,6 +1225,15 @@ template <bool GATEUP, bool EPI, bool BS = false> static bool wy_launch(const xa
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
     // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
+    // paths 25, 26 (modes 17, 18): the weights as M, 64 output columns a gate/up item, 128 a down item;
+    // 26 runs path 24's down kernel (22's with fp32 rows)
+    if (mx && (mode == 17 || mode == 18)) {
+        if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
+        bool ok = wm_launch<true>(g, tiles, st);
+        if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
+        ok = ok && (mode == 17 ? wm_launch<false>(d, tiles, st) : wy_launch<false, true, true>(d, tiles, st));
+        return ok;
+    }
     if (mx && (mode == 6 || mode == 14 || mode == 16)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         const bool epi = mode != 6;
