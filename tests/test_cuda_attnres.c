@@ -4,9 +4,9 @@
  * sits between guard words and is poisoned first (NaN), so an unwritten element or a write out of
  * bounds fails. Tolerance 1e-5 of max |ref|: the dot and the sum of squares are accumulated in
  * double as the CPU's; only the running mix m is fp32 (online-softmax rescaling, ~S ulp). Both
- * kernels on every shape (lunar_cuda_attnres_mode: the one-block kernel, the cluster kernel that
- * the default runs at n <= 16), including candidate counts past the cluster kernel's chunk of 8 and
- * D that leaves its last block partly empty.
+ * kernels on every shape (lunar_cuda_attnres_mode: the one-block kernel, the default, and the
+ * opt-in cluster kernel), including candidate counts past the cluster kernel's chunk of 8 and D that
+ * leaves its last block partly empty.
  *
  * With LUNAR_NORM_BENCH=1, cuda_attnres_bench times the fused kernel, the generic glue kernel it
  * replaces and RMSNorm against the bandwidth floor (bytes / a device copy's rate, measured in the

@@ -7,39 +7,43 @@
 #     route-one rolled (default) and unrolled (LUNAR_ROUTER=unrolled), the AttnRes mix one-block and cluster at
 #     K3's n = 1, S = 9, D = 7168 with the out-norm, the DSA top-k
 #  4. the K3.1 TP8 slice's B = 1 step, $ROUNDS rounds alternating: the default against each variant of $K3AB
-#   P=<prebuilt dir> OUT=<dir> [ROUNDS=3] [K3AB="A=1,B=2 C=3"] tools/device/k3lat.sh
+#   P=<prebuilt dir> OUT=<dir> [TESTS=...] [BENCH=0] [SPECS=...] [SI=<ncu sampling interval>] [ROUNDS=3]
+#   [K3AB="A=1,B=2 C=3"] tools/device/k3lat.sh
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
 SUMMARY=k3lat.txt . tools/device/env.sh
 S="configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers 10"
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
-for f in cuda_attnres_fused cuda_moe_route cuda_moe_router; do
+for f in ${TESTS-cuda_attnres_fused cuda_moe_route cuda_moe_router}; do
   step "lunar_tests $f"
   OMP_NUM_THREADS=16 timeout 60 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1; echo "rc=$?" >> $T
   grep -E 'FAILED|passed, |CHECK' $OUT/t_$f.log | cut -c1-200 | tail -4 >> $T
 done
-step "AttnRes op bench"
-LUNAR_NORM_BENCH=1 timeout 40 $P/bin/lunar_tests cuda_attnres_bench > $OUT/attnres_bench.log 2>&1
-echo "rc=$?" >> $T; grep -E '^\|.*(cluster|one block)|^floor' $OUT/attnres_bench.log >> $T
-# name|environment|test|kernel regex ('.' for a space)|launches to skip
-SPECS="route_rolled|LUNAR_NONE=0|cuda_moe_route_one|router_warp_kernel<[t1][^,]*,.28,.4,.[t1]|0;\
-route_unrolled|LUNAR_ROUTER=unrolled|cuda_moe_route_one|router_warp_kernel<[t1][^,]*,.28,.4,.[f0]|0;\
-attnres_onepass|LUNAR_NONE=0|cuda_attnres_fused|attnres_kernel<32>|1;\
-attnres_cluster|LUNAR_NONE=0|cuda_attnres_fused|attnres_cl_kernel<8>|1;\
-dsa_topk|LUNAR_NONE=0|cuda_dsa_indexer_vs_cpu|topk_kernel|0"
+if [ "${BENCH:-1}" = 1 ]; then
+  step "AttnRes op bench"
+  LUNAR_NORM_BENCH=1 timeout 40 $P/bin/lunar_tests cuda_attnres_bench > $OUT/attnres_bench.log 2>&1
+  echo "rc=$?" >> $T; grep -E '^\|.*(cluster|one block)|^floor' $OUT/attnres_bench.log >> $T
+fi
+# name|environment|test|kernel regex|launches to skip; ncu's demangled names read
+# "router_warp_kernel<(bool)1, (int)28, (int)4, (bool)1>", so '.' stands for '(', ')' and ' '
+SPECS=${SPECS:-"route_rolled|LUNAR_NONE=0|cuda_moe_route_one|router_warp_kernel<.bool.1,..int.28,..int.4,..bool.1>|0;\
+route_unrolled|LUNAR_ROUTER=unrolled|cuda_moe_route_one|router_warp_kernel<.bool.1,..int.28,..int.4,..bool.0>|0;\
+attnres_onepass|LUNAR_NONE=0|cuda_attnres_fused|attnres_kernel<.int.32>|1;\
+attnres_cluster|LUNAR_NONE=0|cuda_attnres_fused|attnres_cl_kernel<.int.8>|1;\
+dsa_topk|LUNAR_NONE=0|cuda_dsa_indexer_vs_cpu|topk_kernel|0"}
 IFS=';' read -r -a specs <<< "$SPECS"
 for spec in "${specs[@]}"; do
   IFS='|' read -r name ev test k skip <<< "$spec"
   step "ncu $name: $test $k (skip $skip)"
   env $ev timeout 30 ncu --replay-mode kernel --kernel-name-base demangled -k "regex:$k" --launch-skip "$skip" \
-    --launch-count 1 --import-source no --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+    --launch-count 1 --import-source no --sampling-interval ${SI:-0} --section SpeedOfLight --section WarpStateStats --section SourceCounters \
     --section LaunchStats -o "$OUT/rep_$name" -f "$P/bin/lunar_tests" "$test" > "$OUT/ncu_$name.log" 2>&1
   echo "rc=$?" >> $T
   ncu -i "$OUT/rep_$name.ncu-rep" --page details > "$OUT/det_$name.txt" 2>&1
   ncu -i "$OUT/rep_$name.ncu-rep" --page source --print-source sass --csv > "$OUT/sass_$name.csv" 2>&1
   ncu -i "$OUT/rep_$name.ncu-rep" --page raw --csv > "$OUT/raw_$name.csv" 2>&1
-  grep -E '^  [a-z_]+<|Duration|Elapsed Cycles|SM Frequency|Executed Instructions |Warp Cycles Per Issued|Grid Size|Cluster Size' \
+  grep -E 'Duration|Elapsed Cycles|SM Frequency|Executed Instructions |Warp Cycles Per Issued|Grid Size|Cluster Size' \
     "$OUT/det_$name.txt" | head -10 >> $T
   python3 "$(dirname "$0")/ncu_sass_top.py" "$OUT/sass_$name.csv" "$OUT/raw_$name.csv" 8 >> $T 2>&1
 done

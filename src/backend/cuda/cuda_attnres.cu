@@ -2,8 +2,8 @@
 //   s_i = (v_i . u) / sqrt(mean(v_i^2) + eps)          u = proj * norm, folded by the caller
 //   m   = sum_i softmax(s)_i v_i                       online softmax over the candidates
 //   out = RMSNorm(m) * on  (on = NULL: out = m)
-// The one-block kernel (prefill rows; the cluster kernel below serves n <= 16): one block of 256
-// threads per token; thread j holds elements j, j + 256, ... (EPT of them) of the current candidate and of the running m in registers, so each candidate row is read from
+// The one-block kernel (the default; the cluster kernel below is opt-in): one block of 256 threads
+// per token; thread j holds elements j, j + 256, ... (EPT of them) of the current candidate and of the running m in registers, so each candidate row is read from
 // memory once and out written once: (S + 1) x D x 4 bytes per token, the bandwidth floor. The
 // generic glue kernel (cuda_glue.cu) reads every candidate two or three times.
 // Precision: the dot and sum of squares are accumulated in double per thread and across the
@@ -237,11 +237,11 @@ __global__ void __launch_bounds__(kClThreads) attnres_cl_kernel(float *out, cons
 
 extern "C" int lunar_cuda_attnres_supported(int D) { return D >= 1 && D <= 32 * kThreads; }
 
-// LUNAR_ATTNRES=onepass: the one-block kernel at every n; =cluster: the cluster kernel at every n
-// (D <= 8192); else the cluster kernel where n <= kClRows (below: its clusters are what fills the
-// GPU; above, one block a row already fills it and reads each row's bytes once), the one-block kernel
-// above. lunar_cuda_attnres_mode (tests) overrides the environment.
-constexpr int kClRows = 16;
+// LUNAR_ATTNRES=cluster: the cluster kernel at every n (D <= 8192); else (default, =onepass) the
+// one-block kernel. The cluster kernel stays opt-in: faster alone at one row (op bench, session 12:
+// 9.5 against 12.8 us a mix at n = 1, S = 9, D = 7168) but not in the K3.1 slice's B = 1 step (1.639
+// against 1.634 ms, 3 rounds alternating) and slower at 64 rows (23.1 against 13.4 us) and 8192
+// (2091 against 999 us). lunar_cuda_attnres_mode (tests) overrides the environment.
 static int g_attnres_mode = -1;
 extern "C" int lunar_cuda_attnres_mode(int mode) {
     if (g_attnres_mode < 0) {
@@ -278,8 +278,7 @@ extern "C" void lunar_cuda_attnres_mix(float *out, const float *const *src, int 
     if (n <= 0) return;
     const cudaStream_t st = to_stream(s);
     const int mode = lunar_cuda_attnres_mode(-1);
-    if (D <= 8 * kClThreads * 8 && n <= 65535 &&
-        (mode == LUNAR_ATTNRES_CLUSTER || (mode == LUNAR_ATTNRES_AUTO && n <= kClRows))) {
+    if (D <= 8 * kClThreads * 8 && n <= 65535 && mode == LUNAR_ATTNRES_CLUSTER) {
         // blocks of 512 columns up to D = 4096 (Kimi-Linear's 2304: 5), of 1024 above (K3's 7168: 7)
         if (D <= 8 * kClThreads * 4) launch_cl<4>(out, src, S, u, on, n, D, eps, st);
         else launch_cl<8>(out, src, S, u, on, n, D, eps, st);
