@@ -183,10 +183,10 @@ TEST(cuda_moe_route_one_matches_topk_permute) {
     }
 }
 
-/* The warp router's variants (lunar_cuda_router_mode: 0 rolled, the default; 3 unrolled, session
- * 11's; 2 flat) leave the same bytes: route_one's whole workspace (shared expert on and off) and the
- * batched router's experts and weights, bit for bit, on K3's 896/16 (plain, ties, NaN logits),
- * Kimi-Linear's 256/8 (plain, grouped), 1000/40 and 100/64. */
+/* The warp router's variants (lunar_cuda_router_mode: 0 the default, rolled from E > 256; 3 unrolled,
+ * session 11's; 2 flat) leave the same bytes: route_one's whole workspace (shared expert on and off)
+ * and the batched router's experts and weights, bit for bit, on K3's 896/16 (plain, ties, NaN logits)
+ * and 1000/40 (rolled against unrolled), Kimi-Linear's 256/8 (plain, grouped) and 100/64. */
 TEST(cuda_moe_route_variants_same_bits) {
     if (!moe_cuda_on()) return;
     static const int cases[][6] = {/* E, k, n_group, topk_group, renorm, logits (1 NaN, 2 ties) */

@@ -7,6 +7,8 @@
 #     route-one rolled (default) and unrolled (LUNAR_ROUTER=unrolled), the AttnRes mix one-block and cluster at
 #     K3's n = 1, S = 9, D = 7168 with the out-norm, the DSA top-k
 #  4. the K3.1 TP8 slice's B = 1 step, $ROUNDS rounds alternating: the default against each variant of $K3AB
+# (--warp-sampling-interval: SI = 0 samples every 32 cycles; call 2 of session 12 passed --sampling-interval, which
+# the device's ncu rejects; this spelling is not yet run there.)
 #   P=<prebuilt dir> OUT=<dir> [TESTS=...] [BENCH=0] [SPECS=...] [SI=<ncu sampling interval>] [ROUNDS=3]
 #   [K3AB="A=1,B=2 C=3"] tools/device/k3lat.sh
 set -u
@@ -37,7 +39,7 @@ for spec in "${specs[@]}"; do
   IFS='|' read -r name ev test k skip <<< "$spec"
   step "ncu $name: $test $k (skip $skip)"
   env $ev timeout 30 ncu --replay-mode kernel --kernel-name-base demangled -k "regex:$k" --launch-skip "$skip" \
-    --launch-count 1 --import-source no --sampling-interval ${SI:-0} --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+    --launch-count 1 --import-source no --warp-sampling-interval ${SI:-0} --section SpeedOfLight --section WarpStateStats --section SourceCounters \
     --section LaunchStats -o "$OUT/rep_$name" -f "$P/bin/lunar_tests" "$test" > "$OUT/ncu_$name.log" 2>&1
   echo "rc=$?" >> $T
   ncu -i "$OUT/rep_$name.ncu-rep" --page details > "$OUT/det_$name.txt" 2>&1

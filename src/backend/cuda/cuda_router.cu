@@ -196,7 +196,8 @@ __device__ __forceinline__ unsigned long long span_best(const uint32_t (&key)[C]
 // rounds back to back with nothing to hide their latency, and the rescan was most of a round:
 // K3.1's 896 experts (C = 28), top-16, took 19.8 us a route (ncu, session 11) against 5.8 us for
 // Kimi-Linear's 256 (C = 8), top-8; grouped, 17.0 us (the step inside its noise). The same pairs are
-// compared, so the same choices. Most of the 17 us is still unexplained (tools/device/ncu_src.sh).
+// compared, so the same choices. Of the rest, ~4 us a route was run-once code unrolled (ROLL below,
+// session 12); what remains of the ~13 us is not yet profiled (tools/device/k3lat.sh).
 template <int C, int W, int G, int I = 0>
 __device__ __forceinline__ void groups_init(const uint32_t (&key)[C], unsigned long long (&gb)[G]) {
     if constexpr (I < G) {
@@ -406,8 +407,8 @@ static int warp_cols(int E) {
 // LUNAR_ROUTER=block: the block router (the A/B of session 7); =flat: the warp router rescanning all
 // of the winner's candidates each round (session 7-10's, for A/B); =unrolled: the grouped warp router
 // with its sigmoids and permutation columns unrolled (session 11's); anything else: the warp router
-// with groups of candidates from 16 a lane and those two loops rolled (ROLL), where its shared memory
-// fits 48 KB (the batched router with groups at E > 816 does not: unrolled there)
+// with groups of candidates from 16 a lane and, from 16 a lane too, those two loops rolled (ROLL),
+// where its shared memory fits (the batched router with groups at E > 816 does not: unrolled there)
 static int g_router_mode = -1;
 static int router_mode(void) { // 0 warp, grouped, rolled; 1 block; 2 warp, flat; 3 warp, grouped, unrolled
     if (g_router_mode < 0) {
@@ -436,7 +437,9 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
     const int wpb = ROUTE ? 1 : ROUTER_WPB;
     const dim3 grid((n + wpb - 1) / wpb), block(32 * wpb);
     const size_t smem1 = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1), smem_roll = smem1 + wpb * E * 4;
-    const bool flat = router_mode() == 2, roll = router_mode() == 0 && smem_roll <= 40 * 1024;
+    // rolled from 16 candidates a lane (E > 256), where it was measured (K3.1's 896: -1.9 / -2.6 % TPOT, session
+    // 12); Kimi-Linear's 256 (C = 8, 2.1 K against 2.5 K instructions) keeps the unrolled kernel, not measured
+    const bool flat = router_mode() == 2, roll = router_mode() == 0 && C >= 16 && smem_roll <= 40 * 1024;
     const size_t smem = roll ? smem_roll : smem1;
 #define RW_LAUNCH(CC, GG, RR)                                                                                     \
     launch_pdl(router_warp_kernel<ROUTE, CC, GG, RR>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
@@ -444,7 +447,7 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
         if (flat) RW_LAUNCH(CC, 1, false);                                                                      \
-        else if (roll) RW_LAUNCH(CC, router_groups(CC), true);                                                  \
+        else if (roll) RW_LAUNCH(CC, router_groups(CC), CC >= 16);                                              \
         else RW_LAUNCH(CC, router_groups(CC), false);                                                           \
         break;
     switch (C) {
