@@ -183,6 +183,65 @@ TEST(cuda_moe_route_one_matches_topk_permute) {
     }
 }
 
+/* The warp router's variants (lunar_cuda_router_mode: 0 the default, rolled from E > 256; 3 unrolled,
+ * session 11's; 2 flat) leave the same bytes: route_one's whole workspace (shared expert on and off)
+ * and the batched router's experts and weights, bit for bit, on K3's 896/16 (plain, ties, NaN logits)
+ * and 1000/40 (rolled against unrolled), Kimi-Linear's 256/8 (plain, grouped) and 100/64. */
+TEST(cuda_moe_route_variants_same_bits) {
+    if (!moe_cuda_on()) return;
+    static const int cases[][6] = {/* E, k, n_group, topk_group, renorm, logits (1 NaN, 2 ties) */
+                                   {896, 16, 1, 1, 1, 0}, {896, 16, 1, 1, 1, 2}, {896, 16, 1, 1, 0, 1},
+                                   {256, 8, 1, 1, 1, 0},  {256, 8, 8, 4, 1, 0},  {1000, 40, 1, 1, 1, 0},
+                                   {100, 64, 1, 1, 1, 0}, {64, 6, 8, 3, 0, 0}};
+    static const int modes[] = {3, 2};
+    const int mode0 = lunar_cuda_router_mode(-1);
+    for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const int E = cases[c][0], k = cases[c][1], ng = cases[c][2], tg = cases[c][3], renorm = cases[c][4];
+        const int n = 37, shared = c & 1;
+        const float scale = renorm ? 2.0f : 2.5f;
+        size_t mark = lunar_cuda_mark();
+        float *lg = test_rand((long)n * E, 500 + c, -4, 4), *b = test_rand(E, 600 + c, -0.3f, 0.3f);
+        if (cases[c][5] == 1)
+            for (long e = 0; e < (long)n * E; e += 3) lg[e] = NAN;
+        if (cases[c][5] == 2) {
+            for (long e = 0; e < (long)n * E; e++) lg[e] = roundf(lg[e]);
+            for (int e = 0; e < E; e++) b[e] = roundf(b[e] * 4.0f) / 4.0f;
+        }
+        const float *dlg = din(lg, (size_t)n * E * 4), *db = din(b, (size_t)E * 4);
+        const size_t bytes = lunar_cuda_moe_route_bytes(1, k + shared, E), tb = (size_t)n * k * 4;
+        unsigned char *h0 = NULL, *g0 = NULL; /* mode 0's */
+        for (int m = 0; m < 3; m++) {
+            lunar_cuda_router_mode(m == 0 ? 0 : modes[m - 1]);
+            void *w = dalloc(bytes);
+            lunar_cuda_fill_u32(w, 0xdeadbeefu, bytes / 4);
+            lunar_cuda_moe_route r;
+            lunar_cuda_moe_route_init(&r, w, 1, k + shared, E);
+            lunar_cuda_moe_route_one(&r, dlg, db, ng, tg, renorm, scale, shared, NULL);
+            int32_t *dex = dalloc(tb);
+            float *dw = dalloc(tb);
+            lunar_cuda_router_topk(dex, dw, dlg, db, n, E, k, ng, tg, renorm, scale, NULL);
+            unsigned char *hr = malloc(bytes), *gr = malloc(2 * tb);
+            lunar_cuda_sync();
+            lunar_cuda_download(hr, w, bytes);
+            lunar_cuda_download(gr, dex, tb);
+            lunar_cuda_download(gr + tb, dw, tb);
+            if (m == 0) {
+                h0 = hr, g0 = gr;
+                continue;
+            }
+            CHECK_MSG(memcmp(hr, h0, bytes) == 0, "route_one E=%d k=%d shared %d: mode %d differs from mode 0", E, k,
+                      shared, modes[m - 1]);
+            CHECK_MSG(memcmp(gr, g0, 2 * tb) == 0, "router_topk n=%d E=%d k=%d: mode %d differs from mode 0", n, E, k,
+                      modes[m - 1]);
+            free(hr), free(gr);
+        }
+        free(h0), free(g0);
+        free(lg), free(b);
+        lunar_cuda_release(mark);
+    }
+    lunar_cuda_router_mode(mode0);
+}
+
 /* ---------------------------------------------------------------- permutation + experts */
 
 /* Random distinct experts per token; mode 1: every token takes experts 0..k-1 (overloaded, all

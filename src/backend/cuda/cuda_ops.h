@@ -175,6 +175,12 @@ void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids,
 int lunar_cuda_attnres_supported(int D);
 void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on, int n,
                             int D, float eps, lunar_cuda_stream s);
+/* Which kernel lunar_cuda_attnres_mix runs (both within the op test's CPU tolerance): AUTO (the
+ * default; LUNAR_ATTNRES unset) and ONEPASS (=onepass) one block a row; CLUSTER (=cluster; opt-in,
+ * not faster in the K3.1 slice's step) a row over a cluster of up to 8 blocks. mode < 0: no change.
+ * Returns the previous mode. */
+enum { LUNAR_ATTNRES_AUTO = 0, LUNAR_ATTNRES_ONEPASS = 1, LUNAR_ATTNRES_CLUSTER = 2 };
+int lunar_cuda_attnres_mode(int mode);
 
 /* op_rmsnorm / op_rmsnorm_gated / op_l2norm. x, gate fp32; w bf16 [dim] (NULL: no weight, rmsnorm
  * only). Sum of squares in fp32 (tree order). y may alias x when ydt is F32. */
@@ -490,6 +496,11 @@ void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
  * its weights; the side stream's SiLU and down projection disappear). */
 void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
                               int topk_group, int renorm, float scale, int shared, lunar_cuda_stream s);
+/* The router kernels' choice (tests; LUNAR_ROUTER sets it at start): 0 the warp router, grouped, its
+ * sigmoid and permutation loops rolled from 16 candidates a lane (E > 256; default); 1 the block router
+ * (=block); 2 the warp router, flat (=flat); 3 the warp router, grouped, unrolled (=unrolled). mode < 0:
+ * no change. Returns the previous. */
+int lunar_cuda_router_mode(int mode);
 
 /* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as
  * lunar_mxfp4): w1q/w3q [E, I, D/2], w1s/w3s [E, I, D/32], w2q [E, D, I/2], w2s [E, D, I/32];

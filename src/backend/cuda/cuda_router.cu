@@ -196,7 +196,8 @@ __device__ __forceinline__ unsigned long long span_best(const uint32_t (&key)[C]
 // rounds back to back with nothing to hide their latency, and the rescan was most of a round:
 // K3.1's 896 experts (C = 28), top-16, took 19.8 us a route (ncu, session 11) against 5.8 us for
 // Kimi-Linear's 256 (C = 8), top-8; grouped, 17.0 us (the step inside its noise). The same pairs are
-// compared, so the same choices. Most of the 17 us is still unexplained (tools/device/ncu_src.sh).
+// compared, so the same choices. Of the rest, ~4 us a route was run-once code unrolled (ROLL below,
+// session 12); what remains of the ~13 us is not yet profiled (tools/device/k3lat.sh).
 template <int C, int W, int G, int I = 0>
 __device__ __forceinline__ void groups_init(const uint32_t (&key)[C], unsigned long long (&gb)[G]) {
     if constexpr (I < G) {
@@ -225,27 +226,33 @@ __device__ __forceinline__ unsigned long long groups_best(const unsigned long lo
     return b;
 }
 
-template <bool ROUTE, int C, int G>
+template <bool ROUTE, int C, int G, bool ROLL>
 __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *experts, float *weights,
                                                                       const float *logits, const float *bias,
                                                                       int n, int E, int k, int n_group,
                                                                       int topk_group, int renorm, float scale,
                                                                       int shared, lunar_cuda_moe_route r) {
-    extern __shared__ float wsm[];  // per warp: s [E], then (groups only) the choices [E]
+    // per warp: s [E]; ROLL: the bias, then the keys [E]; groups only: the choices [E]
+    extern __shared__ float wsm[];
     __shared__ float gscore[ROUTER_WPB][64];
     __shared__ int gok[ROUTER_WPB][64];
     const unsigned FULL = 0xffffffffu;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int t = blockIdx.x * (blockDim.x >> 5) + wid;
-    float bv[C];  // the selection bias: a weight, which no kernel of the step writes (before the wait)
+    constexpr int NS = ROLL ? 2 : 1;  // per-warp arrays of E before the choices
+    float *sw = wsm + (size_t)wid * (n_group > 1 ? NS + 1 : NS) * E, *aux = sw + E, *ch = sw + NS * E;
+    float bv[ROLL ? 1 : C];  // the selection bias: a weight, which no kernel of the step writes (before the wait)
 #pragma unroll
     for (int j = 0; j < C; j++) {
         const int e = lane + 32 * j;
-        bv[j] = bias && e < E ? bias[e] : 0.0f;
+        if (ROLL) {
+            if (e < E) aux[e] = bias ? bias[e] : 0.0f;
+        } else {
+            bv[ROLL ? 0 : j] = bias && e < E ? bias[e] : 0.0f;
+        }
     }
     pdl_enter();
     if (t >= n) return;
-    float *sw = wsm + (size_t)wid * (n_group > 1 ? 2 * E : E), *ch = sw + E;
     const float *lg = logits + (size_t)t * E;
     float lv[C];  // every logit load in flight before the first use (one L2 round trip, not C)
 #pragma unroll
@@ -254,17 +261,48 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
         lv[j] = e < E ? lg[e] : 0.0f;
     }
     uint32_t key[C];
+    if constexpr (ROLL) {
+        // The sigmoids and keys in a loop over shared memory (each lane its own e: no sync), not C
+        // unrolled copies: fully unrolled (ROLL = false) they were ~2 K of K3's 5.8 K SASS instructions
+        // (E = 896, C = 28), straight-line code that one warp runs once, each 128-byte line of it fetched
+        // as it is reached (the step streams GBs through L2 between two routes). The same operations on
+        // the same values: the same keys and weights, bit for bit.
+        uint32_t *ka = reinterpret_cast<uint32_t *>(aux);
 #pragma unroll
-    for (int j = 0; j < C; j++) {
-        const int e = lane + 32 * j;
-        key[j] = 0;
-        if (e < E) {
-            const float s = 1.0f / (1.0f + expf(-lv[j]));
-            float v = s + (bias ? bv[j] : 0.0f);
-            if (isnan(v)) v = -INFINITY;  // a NaN logit ranks last but stays a valid choice (as the CPU op)
-            sw[e] = s;
-            if (n_group > 1) ch[e] = v;
-            key[j] = choice_key(v);
+        for (int j = 0; j < C; j++) {
+            const int e = lane + 32 * j;
+            if (e < E) sw[e] = lv[j];
+        }
+#pragma unroll 4
+        for (int j = 0; j < C; j++) {
+            const int e = lane + 32 * j;
+            if (e < E) {
+                const float s = 1.0f / (1.0f + expf(-sw[e]));
+                float v = s + aux[e];  // + 0.0f without a bias, as below
+                if (isnan(v)) v = -INFINITY;
+                sw[e] = s;
+                if (n_group > 1) ch[e] = v;
+                ka[e] = choice_key(v);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+            const int e = lane + 32 * j;
+            key[j] = e < E ? ka[e] : 0u;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < C; j++) {
+            const int e = lane + 32 * j;
+            key[j] = 0;
+            if (e < E) {
+                const float s = 1.0f / (1.0f + expf(-lv[j]));
+                float v = s + (bias ? bv[ROLL ? 0 : j] : 0.0f);
+                if (isnan(v)) v = -INFINITY;  // a NaN logit ranks last but stays a valid choice (as the CPU op)
+                sw[e] = s;
+                if (n_group > 1) ch[e] = v;
+                key[j] = choice_key(v);
+            }
         }
     }
     if (n_group > 1) {
@@ -329,7 +367,7 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
     // the permutation: column j's ballot of chosen lanes (lane j keeps it and the count before it)
     uint32_t colb = 0;
     int colpre = 0, pre = 0;
-#pragma unroll
+#pragma unroll(ROLL ? 4 : C)  // ROLL: a loop here too (the same stores)
     for (int j = 0; j < C; j++) {
         const uint32_t bal = __ballot_sync(FULL, (taken >> j) & 1u);
         const int e = lane + 32 * j, chosen = (taken >> j) & 1u;
@@ -367,15 +405,25 @@ static int warp_cols(int E) {
     return 0;
 }
 // LUNAR_ROUTER=block: the block router (the A/B of session 7); =flat: the warp router rescanning all
-// of the winner's candidates each round (session 7-10's, for A/B); anything else: the warp router with
-// groups of candidates from 16 a lane
-static int router_mode(void) { // 0 warp, grouped; 1 block; 2 warp, flat
-    static int v = -1;
-    if (v < 0) {
+// of the winner's candidates each round (session 7-10's, for A/B); =unrolled: the grouped warp router
+// with its sigmoids and permutation columns unrolled (session 11's); anything else: the warp router
+// with groups of candidates from 16 a lane and, from 16 a lane too, those two loops rolled (ROLL),
+// where its shared memory fits (the batched router with groups at E > 816 does not: unrolled there)
+static int g_router_mode = -1;
+static int router_mode(void) { // 0 warp, grouped, rolled; 1 block; 2 warp, flat; 3 warp, grouped, unrolled
+    if (g_router_mode < 0) {
         const char *e = getenv("LUNAR_ROUTER");
-        v = e && strcmp(e, "block") == 0 ? 1 : e && strcmp(e, "flat") == 0 ? 2 : 0;
+        g_router_mode = e && strcmp(e, "block") == 0      ? 1
+                        : e && strcmp(e, "flat") == 0     ? 2
+                        : e && strcmp(e, "unrolled") == 0 ? 3
+                                                          : 0;
     }
-    return v;
+    return g_router_mode;
+}
+extern "C" int lunar_cuda_router_mode(int mode) {
+    const int prev = router_mode();
+    if (mode >= 0) g_router_mode = mode;
+    return prev;
 }
 static int router_block(void) { return router_mode() == 1; }
 
@@ -388,15 +436,19 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
                         const lunar_cuda_moe_route &r, cudaStream_t st) {
     const int wpb = ROUTE ? 1 : ROUTER_WPB;
     const dim3 grid((n + wpb - 1) / wpb), block(32 * wpb);
-    const size_t smem = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1);
-    const bool flat = router_mode() == 2;
-#define RW_LAUNCH(CC, GG)                                                                                          \
-    launch_pdl(router_warp_kernel<ROUTE, CC, GG>, grid, block, smem, st, experts, weights, logits, bias, n, E, k, \
-               n_group, topk_group, renorm, scale, shared, r)
+    const size_t smem1 = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1), smem_roll = smem1 + wpb * E * 4;
+    // rolled from 16 candidates a lane (E > 256), where it was measured (K3.1's 896: -1.9 / -2.6 % TPOT, session
+    // 12); Kimi-Linear's 256 (C = 8, 2.1 K against 2.5 K instructions) keeps the unrolled kernel, not measured
+    const bool flat = router_mode() == 2, roll = router_mode() == 0 && C >= 16 && smem_roll <= 40 * 1024;
+    const size_t smem = roll ? smem_roll : smem1;
+#define RW_LAUNCH(CC, GG, RR)                                                                                     \
+    launch_pdl(router_warp_kernel<ROUTE, CC, GG, RR>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
+               k, n_group, topk_group, renorm, scale, shared, r)
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
-        if (flat) RW_LAUNCH(CC, 1);                                                                             \
-        else RW_LAUNCH(CC, router_groups(CC));                                                                  \
+        if (flat) RW_LAUNCH(CC, 1, false);                                                                      \
+        else if (roll) RW_LAUNCH(CC, router_groups(CC), CC >= 16);                                              \
+        else RW_LAUNCH(CC, router_groups(CC), false);                                                           \
         break;
     switch (C) {
         RW_CASE(2) RW_CASE(4) RW_CASE(8) RW_CASE(16) RW_CASE(28) RW_CASE(32)
