@@ -277,7 +277,8 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * run on every tile whose maximum grows, which random scores past the first tile never do at 8). Round 8:
      * stlp with q's rows loaded at once ("s8q"), launched as a dependent launch ("s8d"), the V^T fragments by
      * cvt.rn.f16x2.e4m3x2 (exact V instead of V x 2^-8, the 2^8 out of the output factor: "s8c"), all three
-     * ("s8"; also at threshold 0): each stlp's bits (the same products scaled by a power of two). */
+     * ("s8"; also at threshold 0), and s8 with the partial O stored as whole sectors ("s8s"): each stlp's bits (the
+     * same products scaled by a power of two, the same values stored). */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
@@ -295,10 +296,14 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         {NULL, NULL, "s8c", " wgmma fp8 S^T round 8 V^T by cvt", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s8", " wgmma fp8 S^T round 8", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s8", " wgmma fp8 S^T round 8 lazy 0", 1.5e-2, "stlp", "0"},
+        {NULL, NULL, "s8s", " wgmma fp8 S^T round 8 whole-sector stores", 1.5e-2, "stlp", NULL},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL, NULL},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL, NULL}};
+    /* LUNAR_TEST_MLA_FP8=<name>: only the runs of that FP8 variant (a device call that checks one new kernel) */
+    const char *only = getenv("LUNAR_TEST_MLA_FP8");
     for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
+        if (only && *only && (!runs[r].fp8 || strcmp(only, runs[r].fp8))) continue;
         setenv_or_unset("LUNAR_MLA_WGMMA_SW", runs[r].sw);
         setenv_or_unset("LUNAR_MLA_WGMMA_TMA", runs[r].tma);
         setenv_or_unset("LUNAR_MLA_WGMMA_FP8", runs[r].fp8);

@@ -13,10 +13,11 @@
 #include "backend/cuda/cuda_ops.h"
 
 /* Bench hook of cuda_mla_wgmma.cu (declared here, not in cuda_ops.h: every CUDA object depends on that header): with
- * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8) runs its traced instance, whose thread 0 of each block
- * (linear index < max_blocks) stamps 16 u64 into buf: (%globaltimer ns, clock64) at the block's start, after its
- * set-up (the PDL wait, q quantised), after tile 0's S, after the tile loop, after the sums' exchange, after the
- * output stores; then its tile count | SM id << 32. NULL: off. */
+ * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8, s8s) runs its traced instance, whose thread 0 of
+ * each block (linear index < max_blocks) stamps 32 u64 into buf: (%globaltimer ns, clock64) pairs 0 at the block's
+ * start, 1 after its set-up (the PDL wait, q quantised), 2 after tile 0's S, 3 after the tile loop, 4 after the sums'
+ * exchange, 5 after the output stores, 6 after the mbarrier init's barrier, 7 after the first copies' issue, 8 after
+ * its q rows; word 30 its tile count | SM id << 32. NULL: off. */
 void lunar_cuda_mla_wgmma_trace(void *buf, int max_blocks);
 
 #define BW 4.3e12
@@ -586,22 +587,33 @@ static void bench_prefill(void) {
 }
 
 /* Session 12: where the fixed cost of a launch goes. The FP8 S^T kernel's traced instance (LUNAR_MLA_WGMMA_TRACE=1,
- * lunar_cuda_mla_wgmma_trace) stamps each block's phases; per call (L2 flushed, events around it as time_us) the
- * table gives, in us: the call (events: launch, decode kernel, merge), the decode kernel's span (first block start to
- * last block's stores issued), the spread of the blocks' starts, and each block's phases (medians over blocks, clock64
- * converted by the block's own globaltimer / clock ratio): set-up (the PDL wait, barriers, q loaded and quantised),
- * tile 0 (its copy's wait and S), the tile loop (and per tile), the sums' exchange, the stores. Medians over 7 calls.
- * Variants: BENCH_MLA_AB (default "stlp s8": only those two have a traced instance); cases as fp8ab's BENCH_MLA_CASES
+ * lunar_cuda_mla_wgmma_trace) stamps each block's phases; per call (events around it as time_us) the table gives, in
+ * us: the call (events: launch, decode kernel, merge), the decode kernel's span (first block start to the last
+ * block's stores issued), the spread of the blocks' starts, and each block's phases (medians over blocks, clock64
+ * converted by the block's own globaltimer / clock ratio), as thread 0 (warp 0) sees them: set-up = init (the PDL
+ * wait, lens, the barrier after the mbarrier init) + copies (warp 0 issues the first 3 tiles' copies: the block
+ * table) + q (its 4 rows loaded and quantised) + barrier (the other warps' q); tile 0 (its copy's wait and S), the
+ * tile loop (and per tile), the sums' exchange, the stores. Medians over 7 calls. L2 before each call
+ * (BENCH_MLA_L2MODES, default "flush data warm"): flush = flushed as time_us (everything cold: code, q, lens, the
+ * block table, the latent); data = flushed, then q, lens and the block table copied (so in L2) but the kernel's code
+ * and the latent cold; warm = no flush (the previous call's code, data and, where it fits, latent in L2).
+ * Variants: BENCH_MLA_AB (default "stlp s8 s8s": those have a traced instance); cases as fp8ab's BENCH_MLA_CASES
  * (default H = 32: B = 8 at 8K / 32K, B = 64 at 8K / 32K). */
 static void bench_decode_fp8_trace(void) {
-    enum { NB = 4096, REPS = 7, NS = 9 };
-    unsigned long long *dtr = dalloc((size_t)NB * 16 * 8), *htr = malloc((size_t)NB * 16 * 8);
-    static char list[256];
+    enum { NB = 4096, REPS = 7, NS = 13, W = 32 };
+    unsigned long long *dtr = dalloc((size_t)NB * W * 8), *htr = malloc((size_t)NB * W * 8);
+    static char list[256], modes[64];
     const char *e = getenv("BENCH_MLA_AB");
-    snprintf(list, sizeof list, "%s", e && *e ? e : "stlp s8");
+    snprintf(list, sizeof list, "%s", e && *e ? e : "stlp s8 s8s");
     const char *ab[6];
     int NV = 0;
     for (char *tok = strtok(list, " "); tok && NV < 6; tok = strtok(NULL, " ")) ab[NV++] = tok;
+    e = getenv("BENCH_MLA_L2MODES");
+    snprintf(modes, sizeof modes, "%s", e && *e ? e : "flush data warm");
+    int md_list[3], NM = 0;
+    for (char *tok = strtok(modes, " "); tok && NM < 3; tok = strtok(NULL, " "))
+        md_list[NM++] = !strcmp(tok, "warm") ? 2 : !strcmp(tok, "data") ? 1 : 0;
+    static const char *mname[] = {"flush", "data", "warm"};
     int cases[16][3] = {{32, 8, 8192}, {32, 8, 32768}, {32, 64, 8192}, {32, 64, 32768}}, NC = 4;
     const char *ce = getenv("BENCH_MLA_CASES");
     if (ce && *ce) {
@@ -615,65 +627,83 @@ static void bench_decode_fp8_trace(void) {
         }
     }
     printf("\n### MLA decode, FP8 pages: where a launch's time goes (traced instance; us, medians over blocks, then over %d "
-           "calls)\n\n| variant | H | B | context | blocks | tiles a block | call (events) | decode span | starts spread | "
-           "set-up | tile 0 | tile loop | per tile | sums | stores | call - span |\n|---|---|---|---|---|---|---|---|---|---|"
-           "---|---|---|---|---|---|\n", REPS);
+           "calls)\n\n| L2 | variant | H | B | context | blocks | tiles a block | call (events) | decode span | starts spread | "
+           "set-up | init | copies | q | barrier | tile 0 | tile loop | per tile | sums | stores | call - span |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", REPS);
     lunar_cuda_mla_wgmma_trace(dtr, NB);
     setenv("LUNAR_MLA_WGMMA_TRACE", "1", 1);
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+    void *scratch = dalloc((size_t)MAXB * 32 * 576 * 4 + (size_t)MAXB * max_blocks * 4 + 4096);
     for (int ci = 0; ci < NC; ci++)
-        for (int v = 0; v < NV; v++) {
-            const int H = cases[ci][0], B = cases[ci][1], L = cases[ci][2];
-            size_t mark = lunar_cuda_mark();
-            mla_case m;
-            setup_case(&m, B, H, L, 1);
-            size_t wsb = lunar_cuda_mla_ws(B, H, L);
-            m.ws = wsb ? dalloc(wsb) : NULL;
-            setenv("LUNAR_MLA_WGMMA_FP8", ab[v], 1);
-            call_decode(&m), call_decode(&m), call_decode(&m);
-            float st[NS][REPS];
-            int nblk = 0, tiles = 0;
-            for (int r = 0; r < REPS; r++) {
-                lunar_cuda_fill_u32(dtr, 0, (size_t)NB * 32);
-                lunar_cuda_fill_u32(flush_buf, (uint32_t)r, FLUSH_WORDS);
-                lunar_cuda_event_record(e0, NULL);
-                call_decode(&m);
-                lunar_cuda_event_record(e1, NULL);
-                st[0][r] = lunar_cuda_event_ms(e0, e1) * 1000.0f;
-                lunar_cuda_download(htr, dtr, (size_t)NB * 16 * 8);
-                /* the blocks that stamped (a block of no tiles stamps too) */
-                unsigned long long g0 = ~0ull, g5 = 0, s0 = 0;
-                static float ph[6][NB];
-                int n = 0;
-                for (int b = 0; b < NB; b++) {
-                    const unsigned long long *t = htr + (size_t)b * 16;
-                    if (!t[0] || !t[10]) continue;
-                    const double rate = (double)(t[10] - t[0]) / (double)(t[11] - t[1]); /* ns per clock */
-                    g0 = t[0] < g0 ? t[0] : g0;
-                    g5 = t[10] > g5 ? t[10] : g5;
-                    s0 = t[0] > s0 ? t[0] : s0; /* the last block's start */
-                    for (int k = 0; k < 5; k++) ph[1 + k][n] = (float)((double)(t[2 * k + 3] - t[2 * k + 1]) * rate / 1000.0);
-                    tiles = (int)(t[14] & 0xffffffffu);
-                    n++;
+        for (int mi = 0; mi < NM; mi++)
+            for (int v = 0; v < NV; v++) {
+                const int H = cases[ci][0], B = cases[ci][1], L = cases[ci][2], mode = md_list[mi];
+                size_t mark = lunar_cuda_mark();
+                mla_case m;
+                setup_case(&m, B, H, L, 1);
+                size_t wsb = lunar_cuda_mla_ws(B, H, L);
+                m.ws = wsb ? dalloc(wsb) : NULL;
+                setenv("LUNAR_MLA_WGMMA_FP8", ab[v], 1);
+                call_decode(&m), call_decode(&m), call_decode(&m);
+                float st[NS][REPS];
+                int nblk = 0, tiles = 0;
+                for (int r = 0; r < REPS; r++) {
+                    lunar_cuda_fill_u32(dtr, 0, (size_t)NB * W * 2);
+                    if (mode < 2) lunar_cuda_fill_u32(flush_buf, (uint32_t)r, FLUSH_WORDS);
+                    if (mode == 1) { /* q, lens, the block table's rows back into L2 (copies read them through it) */
+                        unsigned char *sp = scratch;
+                        lunar_cuda_copy_2d(sp, (size_t)B * H * 512 * 4, m.ql, (size_t)B * H * 512 * 4, (size_t)B * H * 512 * 4, 1);
+                        sp += (size_t)B * H * 512 * 4;
+                        lunar_cuda_copy_2d(sp, (size_t)B * H * 64 * 4, m.qp, (size_t)B * H * 64 * 4, (size_t)B * H * 64 * 4, 1);
+                        sp += (size_t)B * H * 64 * 4;
+                        lunar_cuda_copy_2d(sp, (size_t)B * 4, m.lens, (size_t)B * 4, (size_t)B * 4, 1);
+                        sp += 256;
+                        lunar_cuda_copy_2d(sp, (size_t)B * max_blocks * 4, d_bt, (size_t)B * max_blocks * 4, (size_t)B * max_blocks * 4, 1);
+                    }
+                    lunar_cuda_event_record(e0, NULL);
+                    call_decode(&m);
+                    lunar_cuda_event_record(e1, NULL);
+                    st[0][r] = lunar_cuda_event_ms(e0, e1) * 1000.0f;
+                    lunar_cuda_download(htr, dtr, (size_t)NB * W * 8);
+                    /* the blocks that stamped (a block of no tiles stamps too); pairs: 0 start, 6 init done, 7
+                     * copies issued, 8 q done, 1 set-up done, 2 tile 0, 3 loop, 4 sums, 5 stores */
+                    static const int seq[] = {0, 6, 7, 8, 1, 2, 3, 4, 5};
+                    unsigned long long g0 = ~0ull, g5 = 0, s0 = 0;
+                    static float ph[9][NB];
+                    int n = 0;
+                    for (int b = 0; b < NB; b++) {
+                        const unsigned long long *t = htr + (size_t)b * W;
+                        if (!t[0] || !t[10]) continue;
+                        const double rate = (double)(t[10] - t[0]) / (double)(t[11] - t[1]); /* ns per clock */
+                        g0 = t[0] < g0 ? t[0] : g0;
+                        g5 = t[10] > g5 ? t[10] : g5;
+                        s0 = t[0] > s0 ? t[0] : s0; /* the last block's start */
+                        ph[0][n] = (float)((double)(t[3] - t[1]) * rate / 1000.0); /* set-up */
+                        for (int k = 0; k < 8; k++)
+                            ph[1 + k][n] = (float)((double)(t[2 * seq[k + 1] + 1] - t[2 * seq[k] + 1]) * rate / 1000.0);
+                        tiles = (int)(t[30] & 0xffffffffu);
+                        n++;
+                    }
+                    nblk = n;
+                    if (!n) {
+                        for (int k = 1; k < NS; k++) st[k][r] = 0;
+                        continue;
+                    }
+                    st[1][r] = (float)(g5 - g0) / 1000.0f;
+                    st[2][r] = (float)(s0 - g0) / 1000.0f;
+                    for (int k = 0; k < 9; k++) st[3 + k][r] = median(ph[k], n);
+                    st[12][r] = st[0][r] - st[1][r];
                 }
-                nblk = n;
-                if (!n) {
-                    for (int k = 1; k < NS; k++) st[k][r] = 0;
-                    continue;
-                }
-                st[1][r] = (float)(g5 - g0) / 1000.0f;
-                st[2][r] = (float)(s0 - g0) / 1000.0f;
-                for (int k = 0; k < 5; k++) st[3 + k][r] = median(ph[1 + k], n);
-                st[8][r] = st[0][r] - st[1][r];
+                float md[NS];
+                for (int k = 0; k < NS; k++) md[k] = median(st[k], REPS);
+                /* md: 3 set-up, 4 init, 5 copies, 6 q, 7 barrier, 8 tile 0, 9 loop, 10 sums, 11 stores */
+                printf("| %s | %s | %d | %d | %dK | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+                       "%.1f | %.2f | %.1f | %.1f | %.1f |\n",
+                       mname[mode], ab[v], H, B, L / 1024, nblk, tiles, md[0], md[1], md[2], md[3], md[4], md[5], md[6],
+                       md[7], md[8], md[9], tiles ? md[9] / tiles : 0.0f, md[10], md[11], md[12]);
+                fflush(stdout);
+                lunar_cuda_release(mark);
             }
-            float md[NS];
-            for (int k = 0; k < NS; k++) md[k] = median(st[k], REPS);
-            printf("| %s | %d | %d | %dK | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f |\n",
-                   ab[v], H, B, L / 1024, nblk, tiles, md[0], md[1], md[2], md[3], md[4], md[5],
-                   tiles ? md[5] / tiles : 0.0f, md[6], md[7], md[8]);
-            fflush(stdout);
-            lunar_cuda_release(mark);
-        }
     unsetenv("LUNAR_MLA_WGMMA_TRACE");
     unsetenv("LUNAR_MLA_WGMMA_FP8");
     unsetenv("LUNAR_MLA_DECODE");

@@ -773,12 +773,29 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 //    rows: the factors go through shared memory, read only when a maximum of the block moved (the
 //    barrier that publishes P reports that).
 //  - Shared memory: Q hi 32 KB + lo 32 + rope 8 + three e4m3 stages 120 + P 8 = 200 KB.
+// The trace buffer of lunar_cuda_mla_wgmma_trace (a device symbol, not an Args field: that would change every
+// kernel's PTX) and the stamp: thread 0 of the block writes (%globaltimer, clock64) pair i < 15 of its 32 words, or
+// (i = 15) a word of its own
+__device__ unsigned long long *g_trace;
+__device__ int g_trace_blocks;
+__device__ __forceinline__ void trace_stamp(int i, unsigned long long extra = 0ull) {
+    if (threadIdx.x != 0 || !g_trace) return;
+    const int blk = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (blk >= g_trace_blocks) return;
+    unsigned long long gt;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(gt)::"memory");
+    unsigned long long *d = g_trace + (size_t)blk * 32 + 2 * i;
+    if (i < 15) d[0] = gt, d[1] = (unsigned long long)clock64();
+    else d[0] = extra, d[1] = 0ull;
+}
+
 namespace rs {
 // Round 8's switches of the st kernel (template parameter X; LUNAR_MLA_WGMMA_FP8=s8q / s8d / s8c / s8 = all three):
 // kXQ q's rows loaded all at once (q8_quantise_q's All), kXPdl launched by launch_pdl (the tensor-map prefetch
 // before the wait, the merge's blocks placed early), kXCvt the V^T fragments by cvt.rn.f16x2.e4m3x2
-// (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default)
-constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8;
+// (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default); kXSect: the partial
+// O's stores as whole 32-byte sectors (store_ot's Sect: =s8s)
+constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXSect = 16;
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
@@ -873,10 +890,13 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads();
+        if constexpr ((X & kXTrace) != 0) trace_stamp(6);
         if (tid < 32)
             for (int i = 0; i < kStages; i++) issue_tma(i);
+        if constexpr ((X & kXTrace) != 0) trace_stamp(7);
 
         q8_quantise_q<ST, (X & kXQ) != 0>(a, smem, sqs, row, h0, nh, warp, lane);
+        if constexpr ((X & kXTrace) != 0) trace_stamp(8);
         fence_async_smem();
         __syncthreads();
         f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
@@ -1018,7 +1038,12 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][N / 2], uint32_t (&av)[4]
 }
 
 // O^T (dims D0.., heads 8i + 2t + e) times the output factor per head (linv, published) into o or the split's part
-template <int N, class B> __device__ __forceinline__ void store_ot(const Args &a, const B &b, const float (&o)[4][N / 2]) {
+// Sect (round 8, rs::kXSect): a thread's 8 dims of a head are one 32-byte sector, which its two 16-byte stores
+// fill half each per instruction; here the lanes g and g ^ 1 (the same heads, adjacent sectors) swap one half
+// (4 shuffles), so each store instruction writes 16 whole sectors: lane g even its own first half then the
+// partner's, lane g odd the partner's second half then its own. The same values in the same places.
+template <int N, class B, bool Sect = false>
+__device__ __forceinline__ void store_ot(const Args &a, const B &b, const float (&o)[4][N / 2]) {
     const int t = b.t, nh = b.nh, row = b.row;
     const float *linv = b.linv;
     float *base = a.splits == 1 ? a.o : a.o_part + (size_t)b.split * a.rows * a.H * kR;
@@ -1027,11 +1052,27 @@ template <int N, class B> __device__ __forceinline__ void store_ot(const Args &a
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int h = 8 * i + 2 * t + e;
-            if (h >= nh) continue;
+            if (!Sect && h >= nh) continue;
             const float f = linv[h];
             float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + b.h0 + h) * kR + b.D0);
-            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
-            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
+            const float4 v0 = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
+            const float4 v1 = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
+            if constexpr (Sect) {
+                const bool odd = b.g & 1;
+                const float4 x = odd ? v0 : v1; // what the partner needs
+                float4 y;
+                y.x = __shfl_xor_sync(0xffffffffu, x.x, 4), y.y = __shfl_xor_sync(0xffffffffu, x.y, 4);
+                y.z = __shfl_xor_sync(0xffffffffu, x.z, 4), y.w = __shfl_xor_sync(0xffffffffu, x.w, 4);
+                if (h < nh) {
+                    // even: d[0] = v0, then the partner's first half at d[2]; odd: the partner's second half at
+                    // d[-1], then d[1] = v1
+                    *(odd ? d - 1 : d) = odd ? y : v0;
+                    *(odd ? d + 1 : d + 2) = odd ? v1 : y;
+                }
+            } else {
+                d[0] = v0;
+                d[1] = v1;
+            }
         }
 }
 
@@ -1274,21 +1315,6 @@ __device__ __forceinline__ void wg_max(float (&mx)[2][2], float *red, int wg, in
 }
 } // namespace st
 
-// The trace buffer of lunar_cuda_mla_wgmma_trace (a device symbol, not an Args field: that would change every
-// kernel's PTX) and the stamp: thread 0 of the block writes (%globaltimer, clock64) pair i of its 16 words
-__device__ unsigned long long *g_trace;
-__device__ int g_trace_blocks;
-__device__ __forceinline__ void trace_stamp(int i, unsigned long long extra = 0ull) {
-    if (threadIdx.x != 0 || !g_trace) return;
-    const int blk = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-    if (blk >= g_trace_blocks) return;
-    unsigned long long gt;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(gt)::"memory");
-    unsigned long long *d = g_trace + (size_t)blk * 16 + 2 * i;
-    if (i < 7) d[0] = gt, d[1] = (unsigned long long)clock64();
-    else d[0] = extra, d[1] = 0ull;
-}
-
 // Round 7 (the default since session 11: Lazy and Pipe; =st / =st4 keep round 6, =stl / =stp one of the two):
 //  - Lazy: P is computed against each head's running maximum m as it stands, with no exchange of the tile's
 //    maxima and no warpgroup barrier; a thread whose score passes m + lazy (log2 domain, 8 by default: P <=
@@ -1528,12 +1554,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     }
     __syncthreads();
     if constexpr (Trace) trace_stamp(4);
-    rs::store_ot<N>(a, b, o);
+    rs::store_ot<N, decltype(b), (X & rs::kXSect) != 0>(a, b, o);
     if constexpr (Trace) {
         trace_stamp(5);
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
-        trace_stamp(7, (unsigned long long)b.ntiles | (unsigned long long)smid << 32);
+        trace_stamp(15, (unsigned long long)b.ntiles | (unsigned long long)smid << 32);
     }
 }
 
@@ -1729,9 +1755,11 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
     // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
     // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
-    // round 8: =s8q / =s8d / =s8c (stlp with one of rs::kXQ / kXPdl / kXCvt), =s8 (all three)
+    // round 8: =s8q / =s8d / =s8c (stlp with one of rs::kXQ / kXPdl / kXCvt), =s8 (all three), =s8s (s8 with the
+    // partial O's stores as whole sectors, rs::kXSect)
     const bool s8 = forced && !strncmp(f8, "s8", 2);
-    const int x8 = !s8 ? 0 : !f8[2] ? rs::kXQ | rs::kXPdl | rs::kXCvt : !strcmp(f8 + 2, "q") ? rs::kXQ
+    constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt, kS8s = kS8 | rs::kXSect;
+    const int x8 = !s8 ? 0 : !f8[2] ? kS8 : !strcmp(f8 + 2, "s") ? kS8s : !strcmp(f8 + 2, "q") ? rs::kXQ
                  : !strcmp(f8 + 2, "d") ? rs::kXPdl : !strcmp(f8 + 2, "c") ? rs::kXCvt : -1;
     if (x8 < 0) fprintf(stderr, "LUNAR_MLA_WGMMA_FP8=%s: unknown round-8 variant, stlp runs\n", f8);
     const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 : true;
@@ -1743,14 +1771,15 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
-            const int v = st ? (st4 ? 3 : x8 > 0 ? 8 + x8 : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
+            const int v = st ? (st4 ? 3 : x8 > 0 ? 8 + (x8 & 15) + (x8 >> 4) : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
             if (!(seen & (1 << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s\n",
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
                         st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
                         st && x8 > 0 && (x8 & rs::kXQ) ? ", q rows at once" : "",
                         st && x8 > 0 && (x8 & rs::kXPdl) ? ", dependent launch" : "",
-                        st && x8 > 0 && (x8 & rs::kXCvt) ? ", V^T by cvt" : ""),
+                        st && x8 > 0 && (x8 & rs::kXCvt) ? ", V^T by cvt" : "",
+                        st && x8 > 0 && (x8 & rs::kXSect) ? ", whole-sector stores" : ""),
                     seen |= 1 << v;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
@@ -1760,11 +1789,11 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         const float lazy = lz && *lz ? fminf(fmaxf((float)atof(lz), 0.0f), 15.0f) : 8.0f;
         // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp and s8 only
         const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
-        if (trace && st && stl && stp && x8 == (rs::kXQ | rs::kXPdl | rs::kXCvt))
-            launch_st<3, true, true, rs::kXQ | rs::kXPdl | rs::kXCvt | rs::kXTrace>(a, tm, p, s, lazy);
+        if (trace && st && stl && stp && x8 == kS8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
+        else if (trace && st && stl && stp && x8 == kS8s) launch_st<3, true, true, kS8s | rs::kXTrace>(a, tm, p, s, lazy);
         else if (trace && st && stl && stp && x8 == 0) launch_st<3, true, true, rs::kXTrace>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8 == (rs::kXQ | rs::kXPdl | rs::kXCvt))
-            launch_st<3, true, true, rs::kXQ | rs::kXPdl | rs::kXCvt>(a, tm, p, s, lazy);
+        else if (st && stl && stp && x8 == kS8) launch_st<3, true, true, kS8>(a, tm, p, s, lazy);
+        else if (st && stl && stp && x8 == kS8s) launch_st<3, true, true, kS8s>(a, tm, p, s, lazy);
         else if (st && stl && stp && x8 == rs::kXQ) launch_st<3, true, true, rs::kXQ>(a, tm, p, s, lazy);
         else if (st && stl && stp && x8 == rs::kXPdl) launch_st<3, true, true, rs::kXPdl>(a, tm, p, s, lazy);
         else if (st && stl && stp && x8 == rs::kXCvt) launch_st<3, true, true, rs::kXCvt>(a, tm, p, s, lazy);
