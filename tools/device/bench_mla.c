@@ -13,7 +13,7 @@
 #include "backend/cuda/cuda_ops.h"
 
 /* Bench hook of cuda_mla_wgmma.cu (declared here, not in cuda_ops.h: every CUDA object depends on that header): with
- * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8, s8s) runs its traced instance, whose thread 0 of
+ * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8) runs its traced instance, whose thread 0 of
  * each block (linear index < max_blocks) stamps 32 u64 into buf: (%globaltimer ns, clock64) pairs 0 at the block's
  * start, 1 after its set-up (the PDL wait, q quantised), 2 after tile 0's S, 3 after the tile loop, 4 after the sums'
  * exchange, 5 after the output stores, 6 after the mbarrier init's barrier, 7 after the first copies' issue, 8 after
@@ -597,14 +597,14 @@ static void bench_prefill(void) {
  * (BENCH_MLA_L2MODES, default "flush data warm"): flush = flushed as time_us (everything cold: code, q, lens, the
  * block table, the latent); data = flushed, then q, lens and the block table copied (so in L2) but the kernel's code
  * and the latent cold; warm = no flush (the previous call's code, data and, where it fits, latent in L2).
- * Variants: BENCH_MLA_AB (default "stlp s8 s8s": those have a traced instance); cases as fp8ab's BENCH_MLA_CASES
+ * Variants: BENCH_MLA_AB (default "stlp s8": those have a traced instance); cases as fp8ab's BENCH_MLA_CASES
  * (default H = 32: B = 8 at 8K / 32K, B = 64 at 8K / 32K). */
 static void bench_decode_fp8_trace(void) {
     enum { NB = 4096, REPS = 7, NS = 13, W = 32 };
     unsigned long long *dtr = dalloc((size_t)NB * W * 8), *htr = malloc((size_t)NB * W * 8);
     static char list[256], modes[64];
     const char *e = getenv("BENCH_MLA_AB");
-    snprintf(list, sizeof list, "%s", e && *e ? e : "stlp s8 s8s");
+    snprintf(list, sizeof list, "%s", e && *e ? e : "stlp s8");
     const char *ab[6];
     int NV = 0;
     for (char *tok = strtok(list, " "); tok && NV < 6; tok = strtok(NULL, " ")) ab[NV++] = tok;

@@ -7,6 +7,7 @@
 # rescale's worst case: stlp at threshold 0 redoes every tile), then Kimi-Linear's FP8 TPOT (B = 8 / 64, 8K / 32K)
 # alternating default / =s8 while time is left.
 #   P=<dir with bin/ (lunar, lunar_cuda_tests, bench_mla) and lib/> OUT=... tools/device/mla8.sh
+# (Run at a992e71. Since then only =s8 is in the tree: =s8q / =s8d / =s8c / =s8s are in git show 8507b5e.)
 set -u
 P=${P:-.xfer-mla8}
 OUT=${OUT:-/tmp/o}

@@ -6,6 +6,7 @@
 # and the block table back in L2; not flushed) to tell cold code from cold data, fp8ab stlp / s8 / s8s, then
 # Kimi-Linear's FP8 TPOT (B = 8 / 64, 8K / 32K) in alternating rounds: default / =s8 / =s8s.
 #   P=<dir with bin/ (lunar, lunar_cuda_tests, bench_mla) and lib/> OUT=... tools/device/mla8b.sh
+# (Run at 8507b5e. Since then only =s8 is in the tree: =s8q / =s8d / =s8c / =s8s are in git show 8507b5e.)
 set -u
 P=${P:-.xfer-mla8}
 OUT=${OUT:-/tmp/o}

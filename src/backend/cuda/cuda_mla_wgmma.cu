@@ -607,7 +607,7 @@ __device__ __forceinline__ void q8_store_row(unsigned char *smem, float *sqs, co
         }
     }
 }
-// All (ST only; round 8, LUNAR_MLA_WGMMA_FP8=s8q / s8): a warp's 4 rows loaded before any is quantised, so the
+// All (ST only; round 8, LUNAR_MLA_WGMMA_FP8=s8): a warp's 4 rows loaded before any is quantised, so the
 // block waits for one round trip of q from memory instead of four in a row (q is cold in every split's block:
 // the step's other kernels evict it); the same values in the same places (memcmp-equal)
 template <bool ST = false, bool All = false>
@@ -790,12 +790,14 @@ __device__ __forceinline__ void trace_stamp(int i, unsigned long long extra = 0u
 }
 
 namespace rs {
-// Round 8's switches of the st kernel (template parameter X; LUNAR_MLA_WGMMA_FP8=s8q / s8d / s8c / s8 = all three):
+// Round 8's switches of the st kernel (template parameter X; LUNAR_MLA_WGMMA_FP8=s8 = the three; each alone measured
+// 0.96-1.05x stlp, the three together 1.02-1.03x from 512K rows x context and Kimi-Linear's TPOT unmoved, so opt-in:
+// docs/benchmarks.md, "MLA decode, FP8 pages, round 8"; s8q / s8d / s8c alone and kXSect's whole-sector stores
+// (slower) are in git show 8507b5e):
 // kXQ q's rows loaded all at once (q8_quantise_q's All), kXPdl launched by launch_pdl (the tensor-map prefetch
 // before the wait, the merge's blocks placed early), kXCvt the V^T fragments by cvt.rn.f16x2.e4m3x2
-// (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default); kXSect: the partial
-// O's stores as whole 32-byte sectors (store_ot's Sect: =s8s)
-constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXSect = 16;
+// (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default)
+constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8;
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
@@ -1038,12 +1040,7 @@ __device__ __forceinline__ void issue_pv(float (&o)[4][N / 2], uint32_t (&av)[4]
 }
 
 // O^T (dims D0.., heads 8i + 2t + e) times the output factor per head (linv, published) into o or the split's part
-// Sect (round 8, rs::kXSect): a thread's 8 dims of a head are one 32-byte sector, which its two 16-byte stores
-// fill half each per instruction; here the lanes g and g ^ 1 (the same heads, adjacent sectors) swap one half
-// (4 shuffles), so each store instruction writes 16 whole sectors: lane g even its own first half then the
-// partner's, lane g odd the partner's second half then its own. The same values in the same places.
-template <int N, class B, bool Sect = false>
-__device__ __forceinline__ void store_ot(const Args &a, const B &b, const float (&o)[4][N / 2]) {
+template <int N, class B> __device__ __forceinline__ void store_ot(const Args &a, const B &b, const float (&o)[4][N / 2]) {
     const int t = b.t, nh = b.nh, row = b.row;
     const float *linv = b.linv;
     float *base = a.splits == 1 ? a.o : a.o_part + (size_t)b.split * a.rows * a.H * kR;
@@ -1052,27 +1049,11 @@ __device__ __forceinline__ void store_ot(const Args &a, const B &b, const float 
 #pragma unroll
         for (int e = 0; e < 2; e++) {
             const int h = 8 * i + 2 * t + e;
-            if (!Sect && h >= nh) continue;
+            if (h >= nh) continue;
             const float f = linv[h];
             float4 *d = reinterpret_cast<float4 *>(base + ((size_t)row * a.H + b.h0 + h) * kR + b.D0);
-            const float4 v0 = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
-            const float4 v1 = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
-            if constexpr (Sect) {
-                const bool odd = b.g & 1;
-                const float4 x = odd ? v0 : v1; // what the partner needs
-                float4 y;
-                y.x = __shfl_xor_sync(0xffffffffu, x.x, 4), y.y = __shfl_xor_sync(0xffffffffu, x.y, 4);
-                y.z = __shfl_xor_sync(0xffffffffu, x.z, 4), y.w = __shfl_xor_sync(0xffffffffu, x.w, 4);
-                if (h < nh) {
-                    // even: d[0] = v0, then the partner's first half at d[2]; odd: the partner's second half at
-                    // d[-1], then d[1] = v1
-                    *(odd ? d - 1 : d) = odd ? y : v0;
-                    *(odd ? d + 1 : d + 2) = odd ? v1 : y;
-                }
-            } else {
-                d[0] = v0;
-                d[1] = v1;
-            }
+            d[0] = make_float4(o[0][4 * i + e] * f, o[0][4 * i + e + 2] * f, o[1][4 * i + e] * f, o[1][4 * i + e + 2] * f);
+            d[1] = make_float4(o[2][4 * i + e] * f, o[2][4 * i + e + 2] * f, o[3][4 * i + e] * f, o[3][4 * i + e + 2] * f);
         }
 }
 
@@ -1554,7 +1535,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     }
     __syncthreads();
     if constexpr (Trace) trace_stamp(4);
-    rs::store_ot<N, decltype(b), (X & rs::kXSect) != 0>(a, b, o);
+    rs::store_ot<N>(a, b, o);
     if constexpr (Trace) {
         trace_stamp(5);
         unsigned smid;
@@ -1755,13 +1736,10 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
     // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
     // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
-    // round 8: =s8q / =s8d / =s8c (stlp with one of rs::kXQ / kXPdl / kXCvt), =s8 (all three), =s8s (s8 with the
-    // partial O's stores as whole sectors, rs::kXSect)
-    const bool s8 = forced && !strncmp(f8, "s8", 2);
-    constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt, kS8s = kS8 | rs::kXSect;
-    const int x8 = !s8 ? 0 : !f8[2] ? kS8 : !strcmp(f8 + 2, "s") ? kS8s : !strcmp(f8 + 2, "q") ? rs::kXQ
-                 : !strcmp(f8 + 2, "d") ? rs::kXPdl : !strcmp(f8 + 2, "c") ? rs::kXCvt : -1;
-    if (x8 < 0) fprintf(stderr, "LUNAR_MLA_WGMMA_FP8=%s: unknown round-8 variant, stlp runs\n", f8);
+    // round 8: =s8 (stlp with rs::kXQ, kXPdl and kXCvt; opt-in)
+    const bool s8 = forced && !strcmp(f8, "s8");
+    constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt;
+    const int x8 = s8 ? kS8 : 0;
     const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 : true;
     const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") || s8 : true;
     const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
@@ -1771,15 +1749,12 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
-            const int v = st ? (st4 ? 3 : x8 > 0 ? 8 + (x8 & 15) + (x8 >> 4) : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
+            const int v = st ? (st4 ? 3 : x8 ? 8 : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
             if (!(seen & (1 << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s\n",
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
                         st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
-                        st && x8 > 0 && (x8 & rs::kXQ) ? ", q rows at once" : "",
-                        st && x8 > 0 && (x8 & rs::kXPdl) ? ", dependent launch" : "",
-                        st && x8 > 0 && (x8 & rs::kXCvt) ? ", V^T by cvt" : "",
-                        st && x8 > 0 && (x8 & rs::kXSect) ? ", whole-sector stores" : ""),
+                        st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : ""),
                     seen |= 1 << v;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
@@ -1789,14 +1764,9 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         const float lazy = lz && *lz ? fminf(fmaxf((float)atof(lz), 0.0f), 15.0f) : 8.0f;
         // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp and s8 only
         const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
-        if (trace && st && stl && stp && x8 == kS8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
-        else if (trace && st && stl && stp && x8 == kS8s) launch_st<3, true, true, kS8s | rs::kXTrace>(a, tm, p, s, lazy);
-        else if (trace && st && stl && stp && x8 == 0) launch_st<3, true, true, rs::kXTrace>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8 == kS8) launch_st<3, true, true, kS8>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8 == kS8s) launch_st<3, true, true, kS8s>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8 == rs::kXQ) launch_st<3, true, true, rs::kXQ>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8 == rs::kXPdl) launch_st<3, true, true, rs::kXPdl>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8 == rs::kXCvt) launch_st<3, true, true, rs::kXCvt>(a, tm, p, s, lazy);
+        if (trace && st && stl && stp && x8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
+        else if (trace && st && stl && stp) launch_st<3, true, true, rs::kXTrace>(a, tm, p, s, lazy);
+        else if (st && stl && stp && x8) launch_st<3, true, true, kS8>(a, tm, p, s, lazy);
         else if (st && stl && stp) launch_st<3, true, true>(a, tm, p, s, lazy);
         else if (st && stl) launch_st<3, true, false>(a, tm, p, s, lazy);
         else if (st && stp) launch_st<3, false, true>(a, tm, p, s);
