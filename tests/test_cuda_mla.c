@@ -274,7 +274,11 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * the lazy rescale (P against a head's running maximum until a score passes it by 2^8: other P values,
      * the st bound); "stp", st with the tile's wgmma wait moved to its top (st's bits); "stlp" both (stl's
      * bits); and both again with the threshold 0 (LUNAR_MLA_WGMMA_LAZY=0: the redo, exchange and rescale
-     * run on every tile whose maximum grows, which random scores past the first tile never do at 8). */
+     * run on every tile whose maximum grows, which random scores past the first tile never do at 8). Round 8,
+     * "s8": stlp with q's rows loaded at once, launched as a dependent launch and the V^T fragments by
+     * cvt.rn.f16x2.e4m3x2 (exact V instead of V x 2^-8, the 2^8 out of the output factor; the bytes of positions
+     * past the end zeroed, the pool's unowned rows being e4m3 NaN), also at threshold 0: stlp's bits (the same
+     * products scaled by a power of two). */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
@@ -287,10 +291,15 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         {NULL, NULL, "stp", " wgmma fp8 S^T wait at top", 1.5e-2, "st", NULL},
         {NULL, NULL, "stlp", " wgmma fp8 S^T lazy, wait at top", 1.5e-2, "stl", NULL},
         {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, wait at top", 1.5e-2, "stl", "0"},
+        {NULL, NULL, "s8", " wgmma fp8 S^T round 8", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s8", " wgmma fp8 S^T round 8 lazy 0", 1.5e-2, "stlp", "0"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL, NULL},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL, NULL}};
+    /* LUNAR_TEST_MLA_FP8=<name>: only the runs of that FP8 variant (a device call that checks one new kernel) */
+    const char *only = getenv("LUNAR_TEST_MLA_FP8");
     for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
+        if (only && *only && (!runs[r].fp8 || strcmp(only, runs[r].fp8))) continue;
         setenv_or_unset("LUNAR_MLA_WGMMA_SW", runs[r].sw);
         setenv_or_unset("LUNAR_MLA_WGMMA_TMA", runs[r].tma);
         setenv_or_unset("LUNAR_MLA_WGMMA_FP8", runs[r].fp8);

@@ -3,7 +3,7 @@
  * Device events around each call, warm-up first, L2 flushed before each timed call, median of the
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
- * Usage: bench_mla [decode|wgmma|fp8|fp8ab|fp8one|indexer|sparse|prefill|all] */
+ * Usage: bench_mla [decode|wgmma|fp8|fp8ab|fp8one|fp8trace|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,14 @@
 
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
+
+/* Bench hook of cuda_mla_wgmma.cu (declared here, not in cuda_ops.h: every CUDA object depends on that header): with
+ * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8) runs its traced instance, whose thread 0 of
+ * each block (linear index < max_blocks) stamps 32 u64 into buf: (%globaltimer ns, clock64) pairs 0 at the block's
+ * start, 1 after its set-up (the PDL wait, q quantised), 2 after tile 0's S, 3 after the tile loop, 4 after the sums'
+ * exchange, 5 after the output stores, 6 after the mbarrier init's barrier, 7 after the first copies' issue, 8 after
+ * its q rows; word 30 its tile count | SM id << 32. NULL: off. */
+void lunar_cuda_mla_wgmma_trace(void *buf, int max_blocks);
 
 #define BW 4.3e12
 #define MMA 790e12 /* bf16 matrix flop per second (cuBLAS, measured on these H200s) */
@@ -52,6 +60,24 @@ static void make_pool(void) {
     d_bt = dalloc((size_t)MAXB * max_blocks * 4);
     lunar_cuda_upload(d_bt, bt, (size_t)MAXB * max_blocks * 4);
     free(bt);
+}
+
+/* Session 12 (the lazy rescale's worst case, BENCH_MLA_GROW=1): the FP8 pool's first `seqs` sequences up to
+ * position `len` rewritten so that every position of tile t (64 positions) holds the one e4m3 value 0x20 + (t & 63)
+ * (0.125 .. 30, rising every tile and falling back every 64 tiles), with q positive (setup_case), so each head's
+ * scores rise on every tile of a split of <= 64 tiles (on 63 of 64 past that): at LUNAR_MLA_WGMMA_LAZY=0 the lazy
+ * kernels redo every tile (the exchange, the P rewrite, the second barrier, the rescale), which bounds its cost. */
+static int grow_pool;
+static void make_grow_pool(int seqs, int len) {
+    const size_t blk = (size_t)BS * 576; /* one page of e4m3 rows */
+    unsigned char *h = malloc(blk * seqs);
+    for (int i = 0; i < (len + BS - 1) / BS; i++) {
+        for (int r = 0; r < BS; r++) memset(h + (size_t)r * 576, 0x20 + (((i * BS + r) >> 6) & 63), 576);
+        for (int b = 1; b < seqs; b++) memcpy(h + b * blk, h, blk);
+        /* sequence b's block i is page i * MAXB + b: pages i * MAXB .. + seqs - 1 are contiguous */
+        lunar_cuda_upload((unsigned char *)pool_fp8 + (size_t)i * MAXB * blk, h, blk * seqs);
+    }
+    free(h);
 }
 
 /* L2 (60 MB) is flushed before every timed call by writing this 256 MB buffer, so a small case
@@ -98,8 +124,8 @@ static void setup_case(mla_case *m, int B, int H, int L, int fp8) {
     m->o = dalloc((size_t)B * H * 512 * 4);
     m->ql = dalloc((size_t)B * H * 512 * 4);
     m->qp = dalloc((size_t)B * H * 64 * 4);
-    lunar_cuda_fill_uniform(m->ql, (size_t)B * H * 512, 1, -1, 1);
-    lunar_cuda_fill_uniform(m->qp, (size_t)B * H * 64, 2, -1, 1);
+    lunar_cuda_fill_uniform(m->ql, (size_t)B * H * 512, 1, grow_pool ? 0 : -1, 1); /* grow: q > 0, scores rise */
+    lunar_cuda_fill_uniform(m->qp, (size_t)B * H * 64, 2, grow_pool ? 0 : -1, 1);
     m->c.latent = fp8 ? pool_fp8 : pool_bf16;
     m->c.dtype = fp8 ? LUNAR_CUDA_KV_FP8 : LUNAR_CUDA_KV_BF16;
     m->c.scale = 1.0f / 64;
@@ -212,7 +238,9 @@ static void bench_decode_fp8(void) {
  * same process; ratios against the first. Floor: the e4m3 latent bytes at 4.3 TB/s. Session 9 ran rs (round
  * 4) against rs2 (round 5: S one tile ahead); session 10 runs rs2 against st (round 6: S^T with heads as N,
  * blocks of <= 32 heads) and st4 (st with 4 e4m3 stages); session 11 st against stl (the lazy rescale), stp
- * (the tile's wgmma wait at its top) and stlp (both), or the list in BENCH_MLA_AB. */
+ * (the tile's wgmma wait at its top) and stlp (both), or the list in BENCH_MLA_AB. Session 12: a variant "name:N"
+ * also sets LUNAR_MLA_WGMMA_LAZY=N (the lazy threshold); BENCH_MLA_CASES="H B L;H B L" replaces the 12 cases;
+ * BENCH_MLA_GROW=1 times them on the rising pool (make_grow_pool). */
 static void bench_decode_fp8_ab(void) {
     enum { MAXV = 6, ROUNDS = 4 };
     /* the variants: BENCH_MLA_AB (space-separated, at most 6), else session 11's st / stl / stp / stlp */
@@ -234,36 +262,62 @@ static void bench_decode_fp8_ab(void) {
     printf("\n");
     static const int Hs[] = {12, 32};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
-    for (int hi = 0; hi < 2; hi++)
-        for (int ci = 0; ci < 6; ci++) {
-            const int H = Hs[hi], B = BL[ci][0], L = BL[ci][1];
-            size_t mark = lunar_cuda_mark();
-            mla_case m;
-            setup_case(&m, B, H, L, 1);
-            size_t wsb = lunar_cuda_mla_ws(B, H, L);
-            m.ws = wsb ? dalloc(wsb) : NULL;
-            setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-            float t[MAXV][ROUNDS];
-            double mean[MAXV] = {0};
-            for (int r = 0; r < ROUNDS; r++)
-                for (int k = 0; k < NV; k++) {
-                    const int v = (r + k) % NV;
-                    setenv("LUNAR_MLA_WGMMA_FP8", ab[v], 1);
-                    t[v][r] = time_us(call_decode, &m, 9);
-                    mean[v] += t[v][r] / ROUNDS;
-                }
-            unsetenv("LUNAR_MLA_WGMMA_FP8");
-            unsetenv("LUNAR_MLA_DECODE");
-            const double floor = (double)B * L * 576 / BW * 1e6;
-            printf("| %d | %d | %dK | %.1f us |", H, B, L / 1024, floor);
-            for (int v = 0; v < NV; v++)
-                for (int r = 0; r < ROUNDS; r++) printf("%s%.1f%s", r ? ", " : " ", t[v][r], r == ROUNDS - 1 ? " |" : "");
-            for (int v = 0; v < NV; v++) printf(" %.1f us | %.0f%% |", mean[v], 100.0 * floor / mean[v]);
-            for (int v = 1; v < NV; v++) printf(" %.2fx |", mean[0] / mean[v]);
-            printf("\n");
-            fflush(stdout);
-            lunar_cuda_release(mark);
+    int cases[16][3], NC = 0;
+    const char *ce = getenv("BENCH_MLA_CASES");
+    for (const char *c = ce; c && *c && NC < 16;) {
+        if (sscanf(c, "%d %d %d", &cases[NC][0], &cases[NC][1], &cases[NC][2]) == 3 && cases[NC][1] <= MAXB &&
+            cases[NC][2] <= MAXL)
+            NC++;
+        c = strchr(c, ';');
+        c = c ? c + 1 : NULL;
+    }
+    if (!NC)
+        for (int hi = 0; hi < 2; hi++)
+            for (int ci = 0; ci < 6; ci++) cases[NC][0] = Hs[hi], cases[NC][1] = BL[ci][0], cases[NC][2] = BL[ci][1], NC++;
+    grow_pool = getenv("BENCH_MLA_GROW") && !strcmp(getenv("BENCH_MLA_GROW"), "1");
+    if (grow_pool) {
+        int most_b = 1, most_l = 1;
+        for (int c = 0; c < NC; c++) {
+            most_b = cases[c][1] > most_b ? cases[c][1] : most_b;
+            most_l = cases[c][2] > most_l ? cases[c][2] : most_l;
         }
+        make_grow_pool(most_b, most_l);
+        printf("(rising pool: tile t's positions all e4m3 0x20 + (t & 63); q uniform in [0, 1))\n");
+    }
+    for (int ci = 0; ci < NC; ci++) {
+        const int H = cases[ci][0], B = cases[ci][1], L = cases[ci][2];
+        size_t mark = lunar_cuda_mark();
+        mla_case m;
+        setup_case(&m, B, H, L, 1);
+        size_t wsb = lunar_cuda_mla_ws(B, H, L);
+        m.ws = wsb ? dalloc(wsb) : NULL;
+        setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+        float t[MAXV][ROUNDS];
+        double mean[MAXV] = {0};
+        for (int r = 0; r < ROUNDS; r++)
+            for (int k = 0; k < NV; k++) {
+                const int v = (r + k) % NV;
+                char name[64];
+                snprintf(name, sizeof name, "%s", ab[v]);
+                char *lz = strchr(name, ':');
+                if (lz) *lz++ = 0, setenv("LUNAR_MLA_WGMMA_LAZY", lz, 1);
+                setenv("LUNAR_MLA_WGMMA_FP8", name, 1);
+                t[v][r] = time_us(call_decode, &m, 9);
+                unsetenv("LUNAR_MLA_WGMMA_LAZY");
+                mean[v] += t[v][r] / ROUNDS;
+            }
+        unsetenv("LUNAR_MLA_WGMMA_FP8");
+        unsetenv("LUNAR_MLA_DECODE");
+        const double floor = (double)B * L * 576 / BW * 1e6;
+        printf("| %d | %d | %dK | %.1f us |", H, B, L / 1024, floor);
+        for (int v = 0; v < NV; v++)
+            for (int r = 0; r < ROUNDS; r++) printf("%s%.1f%s", r ? ", " : " ", t[v][r], r == ROUNDS - 1 ? " |" : "");
+        for (int v = 0; v < NV; v++) printf(" %.1f us | %.0f%% |", mean[v], 100.0 * floor / mean[v]);
+        for (int v = 1; v < NV; v++) printf(" %.2fx |", mean[0] / mean[v]);
+        printf("\n");
+        fflush(stdout);
+        lunar_cuda_release(mark);
+    }
 }
 
 /* The wgmma decode kernel (LUNAR_MLA_DECODE=wgmma) beside the mma.sync one (=new, 16 heads per
@@ -532,6 +586,131 @@ static void bench_prefill(void) {
     }
 }
 
+/* Session 12: where the fixed cost of a launch goes. The FP8 S^T kernel's traced instance (LUNAR_MLA_WGMMA_TRACE=1,
+ * lunar_cuda_mla_wgmma_trace) stamps each block's phases; per call (events around it as time_us) the table gives, in
+ * us: the call (events: launch, decode kernel, merge), the decode kernel's span (first block start to the last
+ * block's stores issued), the spread of the blocks' starts, and each block's phases (medians over blocks, clock64
+ * converted by the block's own globaltimer / clock ratio), as thread 0 (warp 0) sees them: set-up = init (the PDL
+ * wait, lens, the barrier after the mbarrier init) + copies (warp 0 issues the first 3 tiles' copies: the block
+ * table) + q (its 4 rows loaded and quantised) + barrier (the other warps' q); tile 0 (its copy's wait and S), the
+ * tile loop (and per tile), the sums' exchange, the stores. Medians over 7 calls. L2 before each call
+ * (BENCH_MLA_L2MODES, default "flush data warm"): flush = flushed as time_us (everything cold: code, q, lens, the
+ * block table, the latent); data = flushed, then q, lens and the block table copied (so in L2) but the kernel's code
+ * and the latent cold; warm = no flush (the previous call's code, data and, where it fits, latent in L2).
+ * Variants: BENCH_MLA_AB (default "stlp s8": those have a traced instance); cases as fp8ab's BENCH_MLA_CASES
+ * (default H = 32: B = 8 at 8K / 32K, B = 64 at 8K / 32K). */
+static void bench_decode_fp8_trace(void) {
+    enum { NB = 4096, REPS = 7, NS = 13, W = 32 };
+    unsigned long long *dtr = dalloc((size_t)NB * W * 8), *htr = malloc((size_t)NB * W * 8);
+    static char list[256], modes[64];
+    const char *e = getenv("BENCH_MLA_AB");
+    snprintf(list, sizeof list, "%s", e && *e ? e : "stlp s8");
+    const char *ab[6];
+    int NV = 0;
+    for (char *tok = strtok(list, " "); tok && NV < 6; tok = strtok(NULL, " ")) ab[NV++] = tok;
+    e = getenv("BENCH_MLA_L2MODES");
+    snprintf(modes, sizeof modes, "%s", e && *e ? e : "flush data warm");
+    int md_list[3], NM = 0;
+    for (char *tok = strtok(modes, " "); tok && NM < 3; tok = strtok(NULL, " "))
+        md_list[NM++] = !strcmp(tok, "warm") ? 2 : !strcmp(tok, "data") ? 1 : 0;
+    static const char *mname[] = {"flush", "data", "warm"};
+    int cases[16][3] = {{32, 8, 8192}, {32, 8, 32768}, {32, 64, 8192}, {32, 64, 32768}}, NC = 4;
+    const char *ce = getenv("BENCH_MLA_CASES");
+    if (ce && *ce) {
+        NC = 0;
+        for (const char *c = ce; c && *c && NC < 16;) {
+            if (sscanf(c, "%d %d %d", &cases[NC][0], &cases[NC][1], &cases[NC][2]) == 3 && cases[NC][1] <= MAXB &&
+                cases[NC][2] <= MAXL)
+                NC++;
+            c = strchr(c, ';');
+            c = c ? c + 1 : NULL;
+        }
+    }
+    printf("\n### MLA decode, FP8 pages: where a launch's time goes (traced instance; us, medians over blocks, then over %d "
+           "calls)\n\n| L2 | variant | H | B | context | blocks | tiles a block | call (events) | decode span | starts spread | "
+           "set-up | init | copies | q | barrier | tile 0 | tile loop | per tile | sums | stores | call - span |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", REPS);
+    lunar_cuda_mla_wgmma_trace(dtr, NB);
+    setenv("LUNAR_MLA_WGMMA_TRACE", "1", 1);
+    setenv("LUNAR_MLA_DECODE", "wgmma", 1);
+    void *scratch = dalloc((size_t)MAXB * 32 * 576 * 4 + (size_t)MAXB * max_blocks * 4 + 4096);
+    for (int ci = 0; ci < NC; ci++)
+        for (int mi = 0; mi < NM; mi++)
+            for (int v = 0; v < NV; v++) {
+                const int H = cases[ci][0], B = cases[ci][1], L = cases[ci][2], mode = md_list[mi];
+                size_t mark = lunar_cuda_mark();
+                mla_case m;
+                setup_case(&m, B, H, L, 1);
+                size_t wsb = lunar_cuda_mla_ws(B, H, L);
+                m.ws = wsb ? dalloc(wsb) : NULL;
+                setenv("LUNAR_MLA_WGMMA_FP8", ab[v], 1);
+                call_decode(&m), call_decode(&m), call_decode(&m);
+                float st[NS][REPS];
+                int nblk = 0, tiles = 0;
+                for (int r = 0; r < REPS; r++) {
+                    lunar_cuda_fill_u32(dtr, 0, (size_t)NB * W * 2);
+                    if (mode < 2) lunar_cuda_fill_u32(flush_buf, (uint32_t)r, FLUSH_WORDS);
+                    if (mode == 1) { /* q, lens, the block table's rows back into L2 (copies read them through it) */
+                        unsigned char *sp = scratch;
+                        lunar_cuda_copy_2d(sp, (size_t)B * H * 512 * 4, m.ql, (size_t)B * H * 512 * 4, (size_t)B * H * 512 * 4, 1);
+                        sp += (size_t)B * H * 512 * 4;
+                        lunar_cuda_copy_2d(sp, (size_t)B * H * 64 * 4, m.qp, (size_t)B * H * 64 * 4, (size_t)B * H * 64 * 4, 1);
+                        sp += (size_t)B * H * 64 * 4;
+                        lunar_cuda_copy_2d(sp, (size_t)B * 4, m.lens, (size_t)B * 4, (size_t)B * 4, 1);
+                        sp += 256;
+                        lunar_cuda_copy_2d(sp, (size_t)B * max_blocks * 4, d_bt, (size_t)B * max_blocks * 4, (size_t)B * max_blocks * 4, 1);
+                    }
+                    lunar_cuda_event_record(e0, NULL);
+                    call_decode(&m);
+                    lunar_cuda_event_record(e1, NULL);
+                    st[0][r] = lunar_cuda_event_ms(e0, e1) * 1000.0f;
+                    lunar_cuda_download(htr, dtr, (size_t)NB * W * 8);
+                    /* the blocks that stamped (a block of no tiles stamps too); pairs: 0 start, 6 init done, 7
+                     * copies issued, 8 q done, 1 set-up done, 2 tile 0, 3 loop, 4 sums, 5 stores */
+                    static const int seq[] = {0, 6, 7, 8, 1, 2, 3, 4, 5};
+                    unsigned long long g0 = ~0ull, g5 = 0, s0 = 0;
+                    static float ph[9][NB];
+                    int n = 0;
+                    for (int b = 0; b < NB; b++) {
+                        const unsigned long long *t = htr + (size_t)b * W;
+                        if (!t[0] || !t[10]) continue;
+                        const double rate = (double)(t[10] - t[0]) / (double)(t[11] - t[1]); /* ns per clock */
+                        g0 = t[0] < g0 ? t[0] : g0;
+                        g5 = t[10] > g5 ? t[10] : g5;
+                        s0 = t[0] > s0 ? t[0] : s0; /* the last block's start */
+                        ph[0][n] = (float)((double)(t[3] - t[1]) * rate / 1000.0); /* set-up */
+                        for (int k = 0; k < 8; k++)
+                            ph[1 + k][n] = (float)((double)(t[2 * seq[k + 1] + 1] - t[2 * seq[k] + 1]) * rate / 1000.0);
+                        tiles = (int)(t[30] & 0xffffffffu);
+                        n++;
+                    }
+                    nblk = n;
+                    if (!n) {
+                        for (int k = 1; k < NS; k++) st[k][r] = 0;
+                        continue;
+                    }
+                    st[1][r] = (float)(g5 - g0) / 1000.0f;
+                    st[2][r] = (float)(s0 - g0) / 1000.0f;
+                    for (int k = 0; k < 9; k++) st[3 + k][r] = median(ph[k], n);
+                    st[12][r] = st[0][r] - st[1][r];
+                }
+                float md[NS];
+                for (int k = 0; k < NS; k++) md[k] = median(st[k], REPS);
+                /* md: 3 set-up, 4 init, 5 copies, 6 q, 7 barrier, 8 tile 0, 9 loop, 10 sums, 11 stores */
+                printf("| %s | %s | %d | %d | %dK | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
+                       "%.1f | %.2f | %.1f | %.1f | %.1f |\n",
+                       mname[mode], ab[v], H, B, L / 1024, nblk, tiles, md[0], md[1], md[2], md[3], md[4], md[5], md[6],
+                       md[7], md[8], md[9], tiles ? md[9] / tiles : 0.0f, md[10], md[11], md[12]);
+                fflush(stdout);
+                lunar_cuda_release(mark);
+            }
+    unsetenv("LUNAR_MLA_WGMMA_TRACE");
+    unsetenv("LUNAR_MLA_WGMMA_FP8");
+    unsetenv("LUNAR_MLA_DECODE");
+    lunar_cuda_mla_wgmma_trace(NULL, 0);
+    free(htr);
+}
+
 /* One FP8 case (BENCH_MLA_CASE="H B L", default "32 64 32768") under the current LUNAR_MLA_* switches: two
  * untimed calls then the median of 9, for a profiler pointed at one launch (ncu --launch-skip 1 -c 1 -k ...) */
 static void bench_decode_fp8_one(void) {
@@ -566,6 +745,7 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "all") || !strcmp(what, "fp8")) bench_decode_fp8();
     if (!strcmp(what, "all") || !strcmp(what, "fp8ab")) bench_decode_fp8_ab();
     if (!strcmp(what, "fp8one")) bench_decode_fp8_one();
+    if (!strcmp(what, "fp8trace")) bench_decode_fp8_trace();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
     if (!strcmp(what, "all") || !strcmp(what, "prefill")) bench_prefill();

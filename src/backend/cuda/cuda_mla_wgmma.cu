@@ -558,50 +558,75 @@ __device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16],
 // two rows of the B operand, warpgroup w's 16 heads 16 w .. as rows 32 w + (r & 15) (hi) and 32 w + 16 + (r & 15)
 // (lo), 64 rows x 5 boxes from offset 0: dims 0..511 in boxes 0..3, the rope in box 4's first 64 bytes of
 // each row (so a k-step sits at the same offset in Q as in the tile); only heads 0..31 are quantised.
-template <bool ST = false>
+// one head row r of q (576 dims; zeros past nh): lane l's 4-dim words l + 32k
+__device__ __forceinline__ void q8_load_row(const Args &a, float4 (&x)[5], int row, int h0, int nh, int r, int lane) {
+    const size_t qr = (size_t)row * a.H + h0 + r;
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        const int w = lane + 32 * k;
+        x[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < nh && w < kRow / 4)
+            x[k] = w < kR / 4 ? reinterpret_cast<const float4 *>(a.q_lat + qr * kR)[w]
+                              : reinterpret_cast<const float4 *>(a.q_pe + qr * kP)[w - kR / 4];
+    }
+}
+// row r's scale (its maximum over the warp's lanes) into sqs, its e4m3 hi / lo terms into Q's boxes
+template <bool ST>
+__device__ __forceinline__ void q8_store_row(unsigned char *smem, float *sqs, const float4 (&x)[5], int r, int lane) {
+    using namespace q8;
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 5; k++)
+        amax = fmaxf(amax, fmaxf(fmaxf(fabsf(x[k].x), fabsf(x[k].y)), fmaxf(fabsf(x[k].z), fabsf(x[k].w))));
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    if (lane == 0) sqs[r] = amax / 448.0f;
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+        const int w = lane + 32 * k;
+        if (w >= kRow / 4) continue;
+        const float4 v = make_float4(x[k].x * inv, x[k].y * inv, x[k].z * inv, x[k].w * inv);
+        const uint32_t h01 = e4m3x2(v.x, v.y), h23 = e4m3x2(v.z, v.w);
+        const float2 b01 = e4m3x2_f2(h01), b23 = e4m3x2_f2(h23);
+        const uint32_t hi = h01 | h23 << 16;
+        const uint32_t lo = e4m3x2((v.x - b01.x) * 16.0f, (v.y - b01.y) * 16.0f) |
+                            e4m3x2((v.z - b23.x) * 16.0f, (v.w - b23.y) * 16.0f) << 16;
+        const int d = 4 * w; // dims d .. d + 3: one 4-byte word of a line (never across a chunk)
+        if constexpr (ST) {
+            const int rh = 32 * (r >> 4) + (r & 15), rl = rh + 16;
+            const int box = d < kR ? (d >> 7) * kBox : 4 * kBox, b = d < kR ? d & 127 : d - kR;
+            *reinterpret_cast<uint32_t *>(smem + box + sw_byte(rh, b)) = hi;
+            *reinterpret_cast<uint32_t *>(smem + box + sw_byte(rl, b)) = lo;
+        } else if (d < kR) {
+            *reinterpret_cast<uint32_t *>(smem + q_hi + (d >> 7) * kBox + sw_byte(r, d & 127)) = hi;
+            *reinterpret_cast<uint32_t *>(smem + q_lo + (d >> 7) * kBox + sw_byte(r, d & 127)) = lo;
+        } else {
+            *reinterpret_cast<uint32_t *>(smem + q_pe + sw_byte(r, d - kR)) = hi;
+            *reinterpret_cast<uint32_t *>(smem + q_pe + sw_byte(r, d - kR + 64)) = lo;
+        }
+    }
+}
+// All (ST only; round 8, LUNAR_MLA_WGMMA_FP8=s8): a warp's 4 rows loaded before any is quantised, so the
+// block waits for one round trip of q from memory instead of four in a row (q is cold in every split's block:
+// the step's other kernels evict it); the same values in the same places (memcmp-equal)
+template <bool ST = false, bool All = false>
 __device__ __forceinline__ void q8_quantise_q(const Args &a, unsigned char *smem, float *sqs, int row, int h0, int nh, int warp,
                                               int lane) {
     using namespace q8;
-    for (int r = warp; r < (ST ? 32 : kM); r += kThreads / 32) {
-        float4 x[5];
-        float amax = 0.0f;
-        const size_t qr = (size_t)row * a.H + h0 + r;
+    if constexpr (All) {
+        static_assert(ST, "the 32 rows of the ST layout: 4 a warp");
+        constexpr int NR = 32 / (kThreads / 32);
+        float4 x[NR][5];
 #pragma unroll
-        for (int k = 0; k < 5; k++) {
-            const int w = lane + 32 * k;
-            x[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (r < nh && w < kRow / 4)
-                x[k] = w < kR / 4 ? reinterpret_cast<const float4 *>(a.q_lat + qr * kR)[w]
-                                  : reinterpret_cast<const float4 *>(a.q_pe + qr * kP)[w - kR / 4];
-            amax = fmaxf(amax, fmaxf(fmaxf(fabsf(x[k].x), fabsf(x[k].y)), fmaxf(fabsf(x[k].z), fabsf(x[k].w))));
-        }
+        for (int k = 0; k < NR; k++) q8_load_row(a, x[k], row, h0, nh, warp + k * (kThreads / 32), lane);
 #pragma unroll
-        for (int m = 16; m >= 1; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
-        const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
-        if (lane == 0) sqs[r] = amax / 448.0f;
-#pragma unroll
-        for (int k = 0; k < 5; k++) {
-            const int w = lane + 32 * k;
-            if (w >= kRow / 4) continue;
-            const float4 v = make_float4(x[k].x * inv, x[k].y * inv, x[k].z * inv, x[k].w * inv);
-            const uint32_t h01 = e4m3x2(v.x, v.y), h23 = e4m3x2(v.z, v.w);
-            const float2 b01 = e4m3x2_f2(h01), b23 = e4m3x2_f2(h23);
-            const uint32_t hi = h01 | h23 << 16;
-            const uint32_t lo = e4m3x2((v.x - b01.x) * 16.0f, (v.y - b01.y) * 16.0f) |
-                                e4m3x2((v.z - b23.x) * 16.0f, (v.w - b23.y) * 16.0f) << 16;
-            const int d = 4 * w; // dims d .. d + 3: one 4-byte word of a line (never across a chunk)
-            if constexpr (ST) {
-                const int rh = 32 * (r >> 4) + (r & 15), rl = rh + 16;
-                const int box = d < kR ? (d >> 7) * kBox : 4 * kBox, b = d < kR ? d & 127 : d - kR;
-                *reinterpret_cast<uint32_t *>(smem + box + sw_byte(rh, b)) = hi;
-                *reinterpret_cast<uint32_t *>(smem + box + sw_byte(rl, b)) = lo;
-            } else if (d < kR) {
-                *reinterpret_cast<uint32_t *>(smem + q_hi + (d >> 7) * kBox + sw_byte(r, d & 127)) = hi;
-                *reinterpret_cast<uint32_t *>(smem + q_lo + (d >> 7) * kBox + sw_byte(r, d & 127)) = lo;
-            } else {
-                *reinterpret_cast<uint32_t *>(smem + q_pe + sw_byte(r, d - kR)) = hi;
-                *reinterpret_cast<uint32_t *>(smem + q_pe + sw_byte(r, d - kR + 64)) = lo;
-            }
+        for (int k = 0; k < NR; k++) q8_store_row<ST>(smem, sqs, x[k], warp + k * (kThreads / 32), lane);
+    } else {
+        for (int r = warp; r < (ST ? 32 : kM); r += kThreads / 32) {
+            float4 x[5];
+            q8_load_row(a, x, row, h0, nh, r, lane);
+            q8_store_row<ST>(smem, sqs, x, r, lane);
         }
     }
 }
@@ -748,7 +773,31 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_q8_kernel(Args a, co
 //    rows: the factors go through shared memory, read only when a maximum of the block moved (the
 //    barrier that publishes P reports that).
 //  - Shared memory: Q hi 32 KB + lo 32 + rope 8 + three e4m3 stages 120 + P 8 = 200 KB.
+// The trace buffer of lunar_cuda_mla_wgmma_trace (a device symbol, not an Args field: that would change every
+// kernel's PTX) and the stamp: thread 0 of the block writes (%globaltimer, clock64) pair i < 15 of its 32 words, or
+// (i = 15) a word of its own
+__device__ unsigned long long *g_trace;
+__device__ int g_trace_blocks;
+__device__ __forceinline__ void trace_stamp(int i, unsigned long long extra = 0ull) {
+    if (threadIdx.x != 0 || !g_trace) return;
+    const int blk = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    if (blk >= g_trace_blocks) return;
+    unsigned long long gt;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(gt)::"memory");
+    unsigned long long *d = g_trace + (size_t)blk * 32 + 2 * i;
+    if (i < 15) d[0] = gt, d[1] = (unsigned long long)clock64();
+    else d[0] = extra, d[1] = 0ull;
+}
+
 namespace rs {
+// Round 8's switches of the st kernel (template parameter X; LUNAR_MLA_WGMMA_FP8=s8 = the three; each alone measured
+// 0.96-1.05x stlp, the three together 1.02-1.03x from 512K rows x context and Kimi-Linear's TPOT unmoved, so opt-in:
+// docs/benchmarks.md, "MLA decode, FP8 pages, round 8"; s8q / s8d / s8c alone and kXSect's whole-sector stores
+// (slower) are in git show 8507b5e):
+// kXQ q's rows loaded all at once (q8_quantise_q's All), kXPdl launched by launch_pdl (the tensor-map prefetch
+// before the wait, the merge's blocks placed early), kXCvt the V^T fragments by cvt.rn.f16x2.e4m3x2
+// (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default)
+constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8;
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
@@ -783,8 +832,9 @@ static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
 // round 5 promises round 4's bits). The constructor is their set-up: the block's heads, split and row,
 // this thread's S rows (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages
 // tiles' copies issued, Q quantised into shared memory. NP: the P buffers of the layout.
-// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages.
-template <int NP, bool ST = false, int S = kStages> struct Block {
+// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages. X: round 8's switches (kXQ, kXPdl; the
+// st kernel's own kXCvt).
+template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
     using L = Lay<NP, S, ST ? 5 : 9>;
     static constexpr int kStages = S;
     unsigned char *smem;
@@ -822,6 +872,13 @@ template <int NP, bool ST = false, int S = kStages> struct Block {
         const int hb = blockIdx.x;
         split = blockIdx.y, row = blockIdx.z;
         tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        if constexpr ((X & kXPdl) != 0) {
+            // launched by launch_pdl: the tensor map (a kernel argument, no kernel writes it) fetched while the
+            // predecessor finishes; then the wait before the first read of anything of the step (lens, the block
+            // table's row, q, the cache), and the merge may take its places
+            if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmap)) : "memory");
+            pdl_enter();
+        }
         r0 = (warp & 3) * 16 + g, r1 = r0 + 8;
         h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
         const int seq = a.row_seq ? a.row_seq[row] : row;
@@ -835,10 +892,13 @@ template <int NP, bool ST = false, int S = kStages> struct Block {
             asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         }
         __syncthreads();
+        if constexpr ((X & kXTrace) != 0) trace_stamp(6);
         if (tid < 32)
             for (int i = 0; i < kStages; i++) issue_tma(i);
+        if constexpr ((X & kXTrace) != 0) trace_stamp(7);
 
-        q8_quantise_q<ST>(a, smem, sqs, row, h0, nh, warp, lane);
+        q8_quantise_q<ST, (X & kXQ) != 0>(a, smem, sqs, row, h0, nh, warp, lane);
+        if constexpr ((X & kXTrace) != 0) trace_stamp(8);
         fence_async_smem();
         __syncthreads();
         f0 = sqs[r0] * a.scale2, f1 = sqs[r1] * a.scale2;
@@ -921,6 +981,37 @@ __device__ __forceinline__ void v_fragments(uint32_t (&av)[4][4][4], const uint3
             av[ks][j][2] = e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], sel(b));
             av[ks][j][3] = e4m3_pair_f16(vx[ks][2][w], vx[ks][3][w], sel(b + 1));
         }
+}
+
+// Round 8 (kXCvt): the same fragments by the hardware conversion, exact V (not x 2^-8: the output factor drops its
+// 2^8): one prmt pairs byte b and b + 1 of the two positions' words ({x_b, y_b, x_b+1, y_b+1}), and each 16-bit half
+// is one cvt.rn.f16x2.e4m3x2 (the upper byte to the upper half): 3 instructions for two registers instead of 6.
+// The conversion keeps e4m3 NaN (0x7f / 0xff) a NaN, which P = 0 would not cancel: the caller zeroes the bytes of
+// positions past the end (mask_v) where the old route turned them into finite values.
+__device__ __forceinline__ void v_fragments_cvt(uint32_t (&av)[4][4][4], const uint32_t (&vx)[4][4][2]) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int w = j >> 1, b = 2 * (j & 1);
+            const uint32_t sl = (uint32_t)(b | (4 + b) << 4 | (b + 1) << 8 | (5 + b) << 12);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                uint32_t pr;
+                asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(pr) : "r"(vx[ks][2 * h][w]), "r"(vx[ks][2 * h + 1][w]), "r"(sl));
+                asm("{\n .reg .b16 l, u;\n mov.b32 {l, u}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, u;\n}\n"
+                    : "=r"(av[ks][j][2 * h]), "=r"(av[ks][j][2 * h + 1])
+                    : "r"(pr));
+            }
+        }
+}
+// the V bytes of positions at or past nvalid (of the thread's 16 in load_v's order) zeroed
+__device__ __forceinline__ void mask_v(uint32_t (&vx)[4][4][2], int nvalid, int t) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ks++)
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            if (16 * ks + 2 * t + (q & 1) + 8 * (q >> 1) >= nvalid) vx[ks][q][0] = 0u, vx[ks][q][1] = 0u;
 }
 
 // PV of tile it issued and committed (not waited): O^T += V^T P^T, the 16 products of a tile, P^T from
@@ -1220,12 +1311,16 @@ __device__ __forceinline__ void wg_max(float (&mx)[2][2], float *red, int wg, in
 //    context, 1.12-1.15x from 512K (H = 32, B = 64, 32K: 400 us, 70 % of the latent-bytes floor); Lazy alone
 //    1.03-1.14x, Pipe alone 1.00-1.02x; ncu: 15 % fewer instructions; 226 registers, no spills.
 // (lazy: the Lazy kernels' threshold, a parameter of its own: a field of Args changes the other kernels' PTX)
-template <int kS, bool Lazy = false, bool Pipe = false>
+// (X: round 8's switches, rs::kXQ / kXPdl / kXCvt; 0 = round 7)
+template <int kS, bool Lazy = false, bool Pipe = false, int X = 0>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm, float lazy) {
     using namespace q8;
     constexpr int N = 32;
+    constexpr bool Cvt = (X & rs::kXCvt) != 0, Trace = (X & rs::kXTrace) != 0;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    const rs::Block<2, true, kS> b(a, tm, smem_raw);
+    if constexpr (Trace) trace_stamp(0);
+    const rs::Block<2, true, kS, X> b(a, tm, smem_raw);
+    if constexpr (Trace) trace_stamp(1);
     using L = typename decltype(b)::L;
     const int w4 = b.warp & 3, wg = b.wg, t = b.t, g = b.g;
     float *red = b.red; // [2 warpgroups][4 warps][16 heads]: the maxima, at the end the sums
@@ -1256,6 +1351,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
         st::issue_s(sn, b.sb + L::raw_off, dq);
     }
     wgmma_wait<0>();
+    if constexpr (Trace) trace_stamp(2);
 
     for (int it = 0; it < b.ntiles; it++) {
         const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
@@ -1344,7 +1440,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
             for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
         }
         uint32_t av[4][4][4];
-        rs::v_fragments(av, vx);
+        if constexpr (Cvt) {
+            const int nvalid = b.end - (b.begin + it * kTile);
+            if (nvalid < kTile) rs::mask_v(vx, nvalid, t); // the last tile of a split only
+            rs::v_fragments_cvt(av, vx);
+        } else {
+            rs::v_fragments(av, vx);
+        }
         fence_async_smem();
         // P and the factors published (and every read of tile it's stage done); O^T's columns rescaled
         // where a maximum of the block moved
@@ -1399,6 +1501,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     wgmma_wait<0>();
 #pragma unroll
     for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+    if constexpr (Trace) trace_stamp(3);
 
     // each head's sum over the threads of its warpgroup (g by shuffles, the 4 warps through red); the output
     // factor (x 2^8: V was x 2^-8) and the split's log2-sum-exp per head
@@ -1416,7 +1519,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     __syncthreads();
     const bool direct = a.splits == 1;
     if (w4 == 0 && g == 0) {
-        const float os = (direct ? a.out_scale : 1.0f) * 256.0f;
+        const float os = (direct ? a.out_scale : 1.0f) * (Cvt ? 1.0f : 256.0f); // (Cvt: V exact, not x 2^-8)
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -1431,7 +1534,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
             }
     }
     __syncthreads();
+    if constexpr (Trace) trace_stamp(4);
     rs::store_ot<N>(a, b, o);
+    if constexpr (Trace) {
+        trace_stamp(5);
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
+        trace_stamp(15, (unsigned long long)b.ntiles | (unsigned long long)smid << 32);
+    }
 }
 
 struct Plan {
@@ -1528,16 +1638,22 @@ void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_
 }
 // Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); S e4m3 stages (3 or 4)
 // Round 7: Lazy (=stl: the lazy rescale), Pipe (=stp: the tile's wait at its top), both (=stlp, the default)
-template <int S, bool Lazy = false, bool Pipe = false>
+// Round 8: X (rs::kXQ / kXPdl / kXCvt); kXPdl launches by launch_pdl (the kernel waits in Block's constructor)
+template <int S, bool Lazy = false, bool Pipe = false, int X = 0>
 void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s, float lazy = 8.0f) {
     using L = rs::Lay<2, S, 5>;
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)L::smem));
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe, X>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
         attr = true;
     }
-    wgmma_decode_st_kernel<S, Lazy, Pipe><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm, lazy);
+    if constexpr ((X & rs::kXPdl) != 0) {
+        launch_pdl(wgmma_decode_st_kernel<S, Lazy, Pipe, X>, dim3(p.hb, p.splits, a.rows), dim3(kThreads), L::smem, s, a,
+                   tm, lazy);
+    } else {
+        wgmma_decode_st_kernel<S, Lazy, Pipe, X><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm, lazy);
+    }
     CUDA_CHECK_LAUNCH();
 }
 // The e4m3 latent for the FP8-score kernels: bytes, boxes of 128 x 64 slots with the 128-byte
@@ -1558,7 +1674,18 @@ bool env_is(const char *name, const char *v) {
     return e && !strcmp(e, v);
 }
 
+bool trace_on; // lunar_cuda_mla_wgmma_trace set a buffer
+
 } // namespace
+
+// the bench's trace buffer (tools/device/bench_mla.c declares it: fp8trace)
+extern "C" void lunar_cuda_mla_wgmma_trace(void *buf, int max_blocks);
+extern "C" void lunar_cuda_mla_wgmma_trace(void *buf, int max_blocks) {
+    unsigned long long *p = (unsigned long long *)buf;
+    CUDA_CHECK(cudaMemcpyToSymbol(g_trace, &p, sizeof p));
+    CUDA_CHECK(cudaMemcpyToSymbol(g_trace_blocks, &max_blocks, sizeof max_blocks));
+    trace_on = buf != NULL;
+}
 
 size_t lunar_mla_wgmma_ws(int rows, int H, int max_n) {
     const Plan p = plan(rows, H, max_n);
@@ -1609,20 +1736,25 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
     // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
     // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
-    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") : true;
-    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") : true;
+    // round 8: =s8 (stlp with rs::kXQ, kXPdl and kXCvt; opt-in)
+    const bool s8 = forced && !strcmp(f8, "s8");
+    constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt;
+    const int x8 = s8 ? kS8 : 0;
+    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 : true;
+    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") || s8 : true;
     const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
     const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
-    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp
+    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp || s8
                                   : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static int seen = 0;
-            const int v = st ? (st4 ? 3 : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
+            const int v = st ? (st4 ? 3 : x8 ? 8 : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
             if (!(seen & (1 << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s\n",
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
-                        st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : ""),
+                        st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
+                        st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : ""),
                     seen |= 1 << v;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
@@ -1630,7 +1762,12 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         const char *lz = getenv("LUNAR_MLA_WGMMA_LAZY");
         // (at most 15: P <= 2^15 stays inside f16's 65504)
         const float lazy = lz && *lz ? fminf(fmaxf((float)atof(lz), 0.0f), 15.0f) : 8.0f;
-        if (st && stl && stp) launch_st<3, true, true>(a, tm, p, s, lazy);
+        // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp and s8 only
+        const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
+        if (trace && st && stl && stp && x8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
+        else if (trace && st && stl && stp) launch_st<3, true, true, rs::kXTrace>(a, tm, p, s, lazy);
+        else if (st && stl && stp && x8) launch_st<3, true, true, kS8>(a, tm, p, s, lazy);
+        else if (st && stl && stp) launch_st<3, true, true>(a, tm, p, s, lazy);
         else if (st && stl) launch_st<3, true, false>(a, tm, p, s, lazy);
         else if (st && stp) launch_st<3, false, true>(a, tm, p, s);
         else if (st) st4 ? launch_st<4>(a, tm, p, s) : launch_st<3>(a, tm, p, s);
