@@ -4,12 +4,13 @@
 #     issue 7's and 8's verification table (needs build-device/{lunar_cuda_tests,bench_cuda,bench_mla} carried)
 #  2. lunar_tests for $TESTS
 #  3. A/B rounds, main's defaults against each variant (space-separated; a variant's assignments comma-separated),
-#     $ROUNDS rounds alternating: K3AB on the K3.1 TP8 slice's B = 1 step (10 layers, 8K context), KLAB on
+#     $ROUNDS rounds alternating: K3AB on the K3.1 TP8 slice's B = 1 step (10 layers, 8K context; K3B other
+#     batch sizes, K3IN an input length whose prefill is timed too), KLAB on
 #     Kimi-Linear-48B's B = 1 step (1K context), PFAB on Kimi-Linear-48B's 8K prefill
 #  4. issue 9's tables (MFU against the peak measured in the same call; sheet% = against the 989.4 TF data sheet):
 #     Kimi-Linear-48B (prefill 1K/8K/32K, decode B = 1/8/32/64) and the K3.1 slice projected to 93 layers, decode
 #     over TSTEPS (64) steps: session 11's tables ran 8 and read B = 1 0.1-0.2 ms above the 64-step A/B rounds
-#   P=<prebuilt dir> OUT=<dir> [CHECK=1] [TESTS=...] [K3AB=...] [KLAB=...] [PFAB=...] [ROUNDS=3] [TABLES=1]
+#   P=<prebuilt dir> OUT=<dir> [CHECK=1] [TESTS=...] [K3AB=...] [K3B=1] [K3IN=16] [KLAB=...] [PFAB=...] [ROUNDS=3] [TABLES=1]
 #     tools/device/session12_final.sh
 set -u
 P=${P:?prebuilt dir}
@@ -36,9 +37,9 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
   for v in ${K3AB:+LUNAR_NONE=0 $K3AB}; do
     i=$((i + 1))
     step "K3.1 slice B=1 ctx 8K $v round $r"
-    env ${v//,/ } timeout 60 $P/bin/lunar bench $S --load-format dummy --backend cuda --input-lens 16 --batch-sizes 1 \
-      --contexts 8192 --steps 64 > $OUT/k3ab_${i}_$r.log 2>&1
-    echo "rc=$? $(tpot $OUT/k3ab_${i}_$r.log)" >> $T
+    env ${v//,/ } timeout 60 $P/bin/lunar bench $S --load-format dummy --backend cuda --input-lens ${K3IN:-16} \
+      --batch-sizes ${K3B:-1} --contexts 8192 --steps 64 > $OUT/k3ab_${i}_$r.log 2>&1
+    echo "rc=$? $(tpot $OUT/k3ab_${i}_$r.log) $([ "${K3IN:-16}" = 16 ] || pre $OUT/k3ab_${i}_$r.log)" >> $T
   done
   i=0
   for v in ${KLAB:+LUNAR_NONE=0 $KLAB}; do
