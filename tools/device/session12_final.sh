@@ -19,7 +19,7 @@ SUMMARY=final.txt . tools/device/env.sh
 K=configs/kimi-linear-48b-a3b.json
 S="configs/kimi-k3.1-pro.json --tp-slice 8 --num-layers 10"
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
-pre() { grep -A4 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {print $1, $2 " s", $6, $7}' | tr '\n' ' '; echo; }
+pre() { awk '/^prefill/ {f = 1; next} /^$/ {f = 0} f && $1 ~ /^[0-9]+$/ {print $1, $2 " s", $6, $7}' "$1" | tr '\n' ' '; echo; }
 timeout 20 nvidia-smi -q -d POWER,CLOCK > $OUT/power.txt 2>&1
 if [ "${CHECK:-1}" = 1 ]; then
   step "check.sh tests"

@@ -38,56 +38,28 @@ __device__ __forceinline__ void block_sum2(double &a, double &b, double *red) {
     for (int i = 0; i < kThreads / 32; i++) a += red[i], b += red[8 + i];
 }
 
-// PF (LUNAR_ATTNRES=prefetch, opt-in): candidate i + 1's row is loaded into registers before
-// candidate i's sums and block reduction, so its DRAM round trip runs under them instead of after
-// them (at batch 1 the S candidates were S round trips in series, each followed by two barriers).
-// The same arithmetic in the same order: the same bits as PF = false.
-template <int EPT, bool PF>
+template <int EPT>
 __global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, const float *const *src, int S,
                                                            const float *u, const float *on, int D, float eps) {
     __shared__ double red[16];
     pdl_enter();
     const size_t t = blockIdx.x;
-    float uu[EPT], m[EPT], xn[PF ? EPT : 1];
+    float uu[EPT], m[EPT];
 #pragma unroll
     for (int j = 0; j < EPT; j++) {
         const int d = threadIdx.x + j * kThreads;
         uu[j] = d < D ? u[d] : 0.0f;
         m[j] = 0.0f;
     }
-    if (PF) {
-        const float *v = src[0] + t * D;
-#pragma unroll
-        for (int j = 0; j < EPT; j++) {
-            const int d = threadIdx.x + j * kThreads;
-            xn[PF ? j : 0] = d < D ? v[d] : 0.0f;
-        }
-    }
     float mx = -INFINITY, sum = 0.0f;
     for (int i = 0; i < S; i++) {
+        const float *v = src[i] + t * D;
         float x[EPT];
-        if (PF) {
-#pragma unroll
-            for (int j = 0; j < EPT; j++) x[j] = xn[PF ? j : 0];
-            if (i + 1 < S) {
-                const float *vn = src[i + 1] + t * D;
-#pragma unroll
-                for (int j = 0; j < EPT; j++) {
-                    const int d = threadIdx.x + j * kThreads;
-                    xn[PF ? j : 0] = d < D ? vn[d] : 0.0f;
-                }
-            }
-        } else {
-            const float *v = src[i] + t * D;
-#pragma unroll
-            for (int j = 0; j < EPT; j++) {
-                const int d = threadIdx.x + j * kThreads;
-                x[j] = d < D ? v[d] : 0.0f;
-            }
-        }
         double dot = 0, ss = 0;
 #pragma unroll
         for (int j = 0; j < EPT; j++) {
+            const int d = threadIdx.x + j * kThreads;
+            x[j] = d < D ? v[d] : 0.0f;
             dot += (double)x[j] * uu[j];
             ss += (double)x[j] * x[j];
         }
@@ -269,17 +241,14 @@ extern "C" int lunar_cuda_attnres_supported(int D) { return D >= 1 && D <= 32 * 
 // one-block kernel. The cluster kernel stays opt-in: faster alone at one row (op bench, session 12:
 // 9.5 against 12.8 us a mix at n = 1, S = 9, D = 7168) but not in the K3.1 slice's B = 1 step (1.639
 // against 1.634 ms, 3 rounds alternating) and slower at 64 rows (23.1 against 13.4 us) and 8192
-// (2091 against 999 us). LUNAR_ATTNRES=prefetch: the one-block kernel with the next candidate's row
-// loaded ahead (PF; session 12, not yet measured in the step). lunar_cuda_attnres_mode (tests)
-// overrides the environment.
+// (2091 against 999 us). lunar_cuda_attnres_mode (tests) overrides the environment.
 static int g_attnres_mode = -1;
 extern "C" int lunar_cuda_attnres_mode(int mode) {
     if (g_attnres_mode < 0) {
         const char *e = getenv("LUNAR_ATTNRES");
-        g_attnres_mode = e && !strcmp(e, "onepass")    ? LUNAR_ATTNRES_ONEPASS
-                         : e && !strcmp(e, "cluster")  ? LUNAR_ATTNRES_CLUSTER
-                         : e && !strcmp(e, "prefetch") ? LUNAR_ATTNRES_PREFETCH
-                                                       : LUNAR_ATTNRES_AUTO;
+        g_attnres_mode = e && !strcmp(e, "onepass") ? LUNAR_ATTNRES_ONEPASS
+                         : e && !strcmp(e, "cluster") ? LUNAR_ATTNRES_CLUSTER
+                                                      : LUNAR_ATTNRES_AUTO;
     }
     const int prev = g_attnres_mode;
     if (mode >= 0) g_attnres_mode = mode;
@@ -303,15 +272,6 @@ static void launch_cl(float *out, const float *const *src, int S, const float *u
     CUDA_CHECK(cudaLaunchKernelEx(&cfg, attnres_cl_kernel<EPT>, out, src, S, u, on, D, eps));
 }
 
-template <bool PF>
-static void launch_onepass(int ept, float *out, const float *const *src, int S, const float *u, const float *on,
-                           int n, int D, float eps, cudaStream_t st) {
-    if (ept <= 4) launch_pdl(attnres_kernel<4, PF>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-    else if (ept <= 8) launch_pdl(attnres_kernel<8, PF>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-    else if (ept <= 16) launch_pdl(attnres_kernel<16, PF>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-    else launch_pdl(attnres_kernel<32, PF>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-}
-
 extern "C" void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on,
                                        int n, int D, float eps, lunar_cuda_stream s) {
     CUDA_REQUIRE(S >= 1 && lunar_cuda_attnres_supported(D));
@@ -326,7 +286,9 @@ extern "C" void lunar_cuda_attnres_mix(float *out, const float *const *src, int 
         return;
     }
     const int ept = (D + kThreads - 1) / kThreads;
-    if (mode == LUNAR_ATTNRES_PREFETCH) launch_onepass<true>(ept, out, src, S, u, on, n, D, eps, st);
-    else launch_onepass<false>(ept, out, src, S, u, on, n, D, eps, st);
+    if (ept <= 4) launch_pdl(attnres_kernel<4>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    else if (ept <= 8) launch_pdl(attnres_kernel<8>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    else if (ept <= 16) launch_pdl(attnres_kernel<16>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    else launch_pdl(attnres_kernel<32>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
     CUDA_CHECK_LAUNCH();
 }

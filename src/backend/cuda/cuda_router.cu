@@ -410,15 +410,12 @@ static int warp_cols(int E) {
 // with groups of candidates from 16 a lane and, from 16 a lane too, those two loops rolled (ROLL),
 // where its shared memory fits (the batched router with groups at E > 816 does not: unrolled there)
 static int g_router_mode = -1;
-// =rolled: the rolled loops at every candidate count (Kimi-Linear's 256 included; opt-in, for its A/B)
-static int router_mode(void) { // 0 warp, grouped, rolled from 16 a lane; 1 block; 2 warp, flat; 3 warp, grouped,
-                               // unrolled; 4 warp, grouped, rolled at every C
+static int router_mode(void) { // 0 warp, grouped, rolled; 1 block; 2 warp, flat; 3 warp, grouped, unrolled
     if (g_router_mode < 0) {
         const char *e = getenv("LUNAR_ROUTER");
         g_router_mode = e && strcmp(e, "block") == 0      ? 1
                         : e && strcmp(e, "flat") == 0     ? 2
                         : e && strcmp(e, "unrolled") == 0 ? 3
-                        : e && strcmp(e, "rolled") == 0   ? 4
                                                           : 0;
     }
     return g_router_mode;
@@ -442,8 +439,7 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
     const size_t smem1 = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1), smem_roll = smem1 + wpb * E * 4;
     // rolled from 16 candidates a lane (E > 256), where it was measured (K3.1's 896: -1.9 / -2.6 % TPOT, session
     // 12); Kimi-Linear's 256 (C = 8, 2.1 K against 2.5 K instructions) keeps the unrolled kernel, not measured
-    const bool flat = router_mode() == 2, all = router_mode() == 4,
-               roll = (all || (router_mode() == 0 && C >= 16)) && smem_roll <= 40 * 1024;
+    const bool flat = router_mode() == 2, roll = router_mode() == 0 && C >= 16 && smem_roll <= 40 * 1024;
     const size_t smem = roll ? smem_roll : smem1;
 #define RW_LAUNCH(CC, GG, RR)                                                                                     \
     launch_pdl(router_warp_kernel<ROUTE, CC, GG, RR>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
@@ -451,7 +447,7 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
         if (flat) RW_LAUNCH(CC, 1, false);                                                                      \
-        else if (roll) RW_LAUNCH(CC, router_groups(CC), true);                                                  \
+        else if (roll) RW_LAUNCH(CC, router_groups(CC), CC >= 16);                                              \
         else RW_LAUNCH(CC, router_groups(CC), false);                                                           \
         break;
     switch (C) {
