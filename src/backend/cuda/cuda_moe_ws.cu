@@ -546,6 +546,20 @@ struct wy_cfg {
 
 // 8 nibbles of one 32-weight block (word w of its 4) widened by the block's scale into the 16
 // bytes of row nr, columns 32 half + 8 w .. of a bf16 B tile (128-byte swizzle)
+// The producer's packed MXFP4 pieces of chunk j (paths 22 / 24 and 25): each thread copies its 2 blocks (wq: their
+// rows' packed bytes, wsw: their E8M0 scale bytes) into the stage's raw tile dR and scale words dS, the scale as
+// the aligned 4-byte word holding it (never past the allocation)
+__device__ __forceinline__ void wy_copy_raw(uint32_t dR, uint32_t dS, const uint8_t *const (&wq)[2],
+                                            const uint8_t *const (&wsw)[2], int j, int tid) {
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int u = tid + 128 * i;
+        cp_async16(dR + u * 16, wq[i] + j * 32, true);
+        const uintptr_t sp = (uintptr_t)(wsw[i] + 2 * j);
+        cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
+    }
+}
+
 template <bool TWO>
 __device__ __forceinline__ void wy_put(uint32_t row, int nr, int half, int w, uint32_t word, const mxscale &sc) {
     uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
@@ -733,14 +747,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                     cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
                                a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
                 }
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int u = tid + 128 * i;
-                    cp_async16(dR + u * 16, wq[i] + j * 32, true);
-                    // the aligned word holding this block's scale byte (never past the allocation)
-                    const uintptr_t sp = (uintptr_t)(wsw[i] + 2 * j);
-                    cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
-                }
+                wy_copy_raw(dR, dS, wq, wsw, j, tid);
                 ws_arrive_cp(full + 8 * s);
             }
         }
@@ -989,13 +996,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__
                         cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
                                    a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
                 }
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    const int u = tid + 128 * i;
-                    cp_async16(dR + u * 16, wq[i] + j * 32, true);
-                    const uintptr_t sp = (uintptr_t)(wsw[i] + 2 * j);
-                    cp_async4(dS + u * 4, (const void *)(sp & ~(uintptr_t)3));
-                }
+                wy_copy_raw(dR, dS, wq, wsw, j, tid);
                 ws_arrive_cp(full + 8 * s);
             }
         }
