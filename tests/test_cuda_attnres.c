@@ -3,10 +3,7 @@
  * odd D, one candidate, the 64 of the largest stack), with and without the out-norm. The output
  * sits between guard words and is poisoned first (NaN), so an unwritten element or a write out of
  * bounds fails. Tolerance 1e-5 of max |ref|: the dot and the sum of squares are accumulated in
- * double as the CPU's; only the running mix m is fp32 (online-softmax rescaling, ~S ulp). Both
- * kernels on every shape (lunar_cuda_attnres_mode: the one-block kernel, the default, and the
- * opt-in cluster kernel), including candidate counts past the cluster kernel's chunk of 8 and D that
- * leaves its last block partly empty.
+ * double as the CPU's; only the running mix m is fp32 (online-softmax rescaling, ~S ulp).
  *
  * With LUNAR_NORM_BENCH=1, cuda_attnres_bench times the fused kernel, the generic glue kernel it
  * replaces and RMSNorm against the bandwidth floor (bytes / a device copy's rate, measured in the
@@ -78,10 +75,7 @@ TEST(cuda_attnres_fused_vs_cpu) {
     if (!attnres_cuda_on()) return;
     static const int shapes[][3] = {/* n, S, D */
                                     {1, 9, 7168}, {64, 9, 7168}, {37, 3, 2304}, {300, 13, 1000},
-                                    {5, 1, 45},   {2, 64, 8192}, {3, 2, 257},
-                                    {1, 10, 7168}, {1, 17, 4097}, {4, 8, 2304}, {1, 9, 1023}};
-    static const int modes[] = {LUNAR_ATTNRES_ONEPASS, LUNAR_ATTNRES_CLUSTER};
-    const int mode0 = lunar_cuda_attnres_mode(-1);
+                                    {5, 1, 45},   {2, 64, 8192}, {3, 2, 257}};
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int n = shapes[s][0], S = shapes[s][1], D = shapes[s][2];
         const long N = (long)n * D;
@@ -90,9 +84,7 @@ TEST(cuda_attnres_fused_vs_cpu) {
         cands_make(&c, S, n, D, 500 + 10 * s);
         lunar_tensor P = test_tensor1(LUNAR_DTYPE_F32, D, c.proj), R = test_tensor1(LUNAR_DTYPE_F32, D, c.norm);
         lunar_tensor O = test_tensor1(LUNAR_DTYPE_F32, D, c.on);
-        for (int mw = 0; mw < 4; mw++) {
-            const int with_norm = mw & 1, mode = modes[mw >> 1];
-            lunar_cuda_attnres_mode(mode);
+        for (int with_norm = 0; with_norm < 2; with_norm++) {
             float *ref = test_poisoned(N);
             op_attnres_mix(ref, (const float *const *)c.h, S, &P, &R, with_norm ? &O : NULL, n, D, 1e-6f);
             uint32_t *buf = lunar_cuda_alloc(((size_t)N + 2 * GUARD) * 4);
@@ -110,18 +102,16 @@ TEST(cuda_attnres_fused_vs_cpu) {
             for (int i = 0; i < 2 * GUARD; i++) guards &= g[i] == SENT;
             const double e = lunar_max_rel_err(y, ref, N);
             if (getenv("LUNAR_TEST_VERBOSE"))
-                fprintf(stderr, "\n    attnres %s n=%d S=%d D=%d%s max rel err %.3g (tol 1e-05)",
-                        mode == LUNAR_ATTNRES_CLUSTER ? "cluster" : "onepass", n, S, D, with_norm ? " +norm" : "", e);
-            CHECK_MSG(e <= 1e-5, "attnres mode %d n=%d S=%d D=%d norm %d: max rel err %.3g", mode, n, S, D, with_norm,
-                      e);
-            CHECK_MSG(guards, "attnres mode %d n=%d S=%d D=%d: a guard word was overwritten", mode, n, S, D);
+                fprintf(stderr, "\n    attnres n=%d S=%d D=%d%s max rel err %.3g (tol 1e-05)", n, S, D,
+                        with_norm ? " +norm" : "", e);
+            CHECK_MSG(e <= 1e-5, "attnres n=%d S=%d D=%d norm %d: max rel err %.3g", n, S, D, with_norm, e);
+            CHECK_MSG(guards, "attnres n=%d S=%d D=%d: a guard word was overwritten", n, S, D);
             free(ref), free(y);
         }
         test_tensor_free(&P), test_tensor_free(&R), test_tensor_free(&O);
         cands_free(&c, S);
         lunar_cuda_release(mark);
     }
-    lunar_cuda_attnres_mode(mode0);
 }
 
 /* ---------------------------------------------------------------- benchmark (LUNAR_NORM_BENCH=1) */
@@ -155,24 +145,20 @@ TEST(cuda_attnres_bench) {
         uint16_t *wb = lunar_cuda_alloc((size_t)D * 2), *yb = lunar_cuda_alloc((size_t)n * D * 2);
         lunar_cuda_fill_u32(wb, 0x3f803f80u, (size_t)D / 2); /* bf16 1.0 */
         const double mix_bytes = (double)(S + 1) * n * D * 4, norm_bytes = (double)n * D * (4 + 2);
-        const int mode0 = lunar_cuda_attnres_mode(-1);
-        for (int which = 0; which < 4; which++) {
-            lunar_cuda_attnres_mode(which == 0 ? LUNAR_ATTNRES_CLUSTER : LUNAR_ATTNRES_ONEPASS);
+        for (int which = 0; which < 3; which++) {
             for (int r = 0; r < 2 + reps; r++) {
                 if (r == 2) lunar_cuda_event_record(e0, NULL);
-                if (which <= 1) lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
-                else if (which == 2) lunar_glue_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
+                if (which == 0) lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
+                else if (which == 1) lunar_glue_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
                 else lunar_cuda_rmsnorm(yb, LUNAR_CUDA_BF16, c.d[0], wb, n, D, 1e-6f, NULL);
             }
             lunar_cuda_event_record(e1, NULL);
-            const double us = time_ms(e0, e1) * 1e3 / reps, by = which < 3 ? mix_bytes : norm_bytes;
-            static const char *names[] = {"AttnRes mix + norm, cluster (S=9)",
-                                          "AttnRes mix + norm, one block a row (S=9)",
-                                          "AttnRes mix + norm, glue (S=9)", "RMSNorm fp32 -> bf16"};
+            const double us = time_ms(e0, e1) * 1e3 / reps, by = which < 2 ? mix_bytes : norm_bytes;
+            static const char *names[] = {"AttnRes mix + norm, fused (S=9)", "AttnRes mix + norm, glue (S=9)",
+                                          "RMSNorm fp32 -> bf16"};
             printf("| %s | %d | %.1f | %.0f | %.1f | %.0f%% |\n", names[which], n, us, by / (us * 1e-6) / 1e9,
                    by / bw * 1e6, 100.0 * (by / bw * 1e6) / us);
         }
-        lunar_cuda_attnres_mode(mode0);
         cands_free(&c, S);
         lunar_cuda_release(mark);
     }

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Session 12, s12-k3lat (issues 8/9), one call on one H200: the K3.1 slice's B = 1 latency kernels.
-#  1. op tests: the AttnRes mix (both kernels vs the CPU), the router (the rolled / unrolled / flat warp router the
+#  1. op tests: the AttnRes mix vs the CPU, the router (the rolled / unrolled / flat warp router the
 #     same bytes; route-one == top-k + permute; vs the CPU)
-#  2. the AttnRes op bench (LUNAR_NORM_BENCH=1: cluster kernel, one-block kernel, glue, at 1 / 64 / 8192 rows)
+#  2. the AttnRes op bench (LUNAR_NORM_BENCH=1: the fused kernel, glue, at 1 / 64 / 8192 rows; session 12's run also
+#     had the cluster kernel, since left out of the tree: git show 0fb83a1)
 #  3. Nsight Compute on one launch inside an op test (kernel replay, caches flushed), SASS-level stall samples:
-#     route-one rolled (default) and unrolled (LUNAR_ROUTER=unrolled), the AttnRes mix one-block and cluster at
+#     route-one rolled (default) and unrolled (LUNAR_ROUTER=unrolled), the AttnRes mix at
 #     K3's n = 1, S = 9, D = 7168 with the out-norm, the DSA top-k
 #  4. the K3.1 TP8 slice's B = 1 step, $ROUNDS rounds alternating: the default against each variant of $K3AB
-# (--warp-sampling-interval: SI = 0 samples every 32 cycles; call 2 of session 12 passed --sampling-interval, which
-# the device's ncu rejects; this spelling is not yet run there.)
+# (--warp-sampling-interval: SI = 0 samples every 32 cycles; run in the lead's call 1 of session 12.)
 #   P=<prebuilt dir> OUT=<dir> [TESTS=...] [BENCH=0] [SPECS=...] [SI=<ncu sampling interval>] [ROUNDS=3]
 #   [K3AB="A=1,B=2 C=3"] tools/device/k3lat.sh
 set -u
@@ -25,14 +25,13 @@ done
 if [ "${BENCH:-1}" = 1 ]; then
   step "AttnRes op bench"
   LUNAR_NORM_BENCH=1 timeout 40 $P/bin/lunar_tests cuda_attnres_bench > $OUT/attnres_bench.log 2>&1
-  echo "rc=$?" >> $T; grep -E '^\|.*(cluster|one block)|^floor' $OUT/attnres_bench.log >> $T
+  echo "rc=$?" >> $T; grep -E '^\||^floor' $OUT/attnres_bench.log >> $T
 fi
 # name|environment|test|kernel regex|launches to skip; ncu's demangled names read
 # "router_warp_kernel<(bool)1, (int)28, (int)4, (bool)1>", so '.' stands for '(', ')' and ' '
 SPECS=${SPECS:-"route_rolled|LUNAR_NONE=0|cuda_moe_route_one|router_warp_kernel<.bool.1,..int.28,..int.4,..bool.1>|0;\
 route_unrolled|LUNAR_ROUTER=unrolled|cuda_moe_route_one|router_warp_kernel<.bool.1,..int.28,..int.4,..bool.0>|0;\
 attnres_onepass|LUNAR_NONE=0|cuda_attnres_fused|attnres_kernel<.int.32>|1;\
-attnres_cluster|LUNAR_NONE=0|cuda_attnres_fused|attnres_cl_kernel<.int.8>|1;\
 dsa_topk|LUNAR_NONE=0|cuda_dsa_indexer_vs_cpu|topk_kernel|0"}
 IFS=';' read -r -a specs <<< "$SPECS"
 for spec in "${specs[@]}"; do

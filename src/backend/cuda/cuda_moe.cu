@@ -1137,6 +1137,10 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
 static cudaEvent_t g_split_event;
 extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event = (cudaEvent_t)e; }
 
+// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24, 25, 26: the wy / wm kernels, which
+// widen MXFP4 in the kernel); every other prefill path from 10 on is BF16-only.
+static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26); }
+
 // yb: the down outputs in bf16 instead of ybuf where path is a wgmma grouped GEMM (their shared
 // epilogue, cuda_moe.cuh), else -1 before any launch
 static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
@@ -1223,22 +1227,22 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
                                            : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmc | wsmc2");
         }
-        const bool mxp = pre == 14 || pre == 22 || pre == 24 || pre == 25 || pre == 26;  // the MXFP4-only paths; the others BF16-only from 10 on
+        const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 24) : mxp ? 12 : pre) : pre;
         path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 24 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    if ((path == 14 || path == 22 || path >= 24) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
+    if (wy_path(path) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
     // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
     // of 14, removed) are no paths.
-    const bool mc = path == 17 || path == 18, wy = path == 14 || path == 22 || path == 24 || path == 25 || path == 26;
+    const bool mc = path == 17 || path == 18, wy = wy_path(path);
     const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || path == 14 || (path >= 16 && path <= 18) || path == 22 || (path >= 24 && path <= 26)) &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || wy_path(path)) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E

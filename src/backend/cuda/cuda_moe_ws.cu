@@ -546,6 +546,21 @@ struct wy_cfg {
 
 // 8 nibbles of one 32-weight block (word w of its 4) widened by the block's scale into the 16
 // bytes of row nr, columns 32 half + 8 w .. of a bf16 B tile (128-byte swizzle)
+// The producer's token rows of an item (paths 22 / 24 and 25): rows r0 + a_row0 + 16 i, i < NP, of the
+// permutation as row indices (GATEUP: the row's token, whose latent row is read; DOWN: the row of h; 0
+// past rend), not pointers (16 pointers spilled at 88 registers); returns the mask of the rows before rend
+template <bool GATEUP, int NP>
+__device__ __forceinline__ uint32_t wy_a_rows(const xargs &a, int r0, int rend, int a_row0, int (&src)[NP]) {
+    uint32_t ok_mask = 0;
+#pragma unroll
+    for (int i = 0; i < NP; i++) {
+        const int r = r0 + a_row0 + 16 * i;
+        const bool ok = r < rend;
+        ok_mask |= (uint32_t)ok << i;
+        src[i] = ok ? (GATEUP ? a.row_token[r] : r) : 0;
+    }
+    return ok_mask;
+}
 // The producer's packed MXFP4 pieces of chunk j (paths 22 / 24 and 25): each thread copies its 2 blocks (wq: their
 // rows' packed bytes, wsw: their E8M0 scale bytes) into the stage's raw tile dR and scale words dS, the scale as
 // the aligned 4-byte word holding it (never past the allocation)
@@ -717,14 +732,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             int e, r0, rend, n0;
             item(li, e, r0, rend, n0);
             int src[16];
-            uint32_t xok = 0;
-#pragma unroll
-            for (int i = 0; i < 16; i++) {
-                const int r = r0 + a_row0 + 16 * i;
-                const bool ok = r < rend;
-                xok |= (uint32_t)ok << i;
-                src[i] = ok ? (GATEUP ? a.row_token[r] : r) : 0;
-            }
+            const uint32_t xok = wy_a_rows<GATEUP>(a, r0, rend, a_row0, src);
             // this thread's 2 blocks: row nr = u / 2 of the tile (GATEUP: < 64 w1, else w3), half u % 2
             const uint8_t *wq[2], *wsw[2];
 #pragma unroll
@@ -964,15 +972,10 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__
             item(li, e, r0, rend, n0);
             const int nt = n_of(r0, rend);
             int src[NP];
-            uint32_t xok = 0, xon = 0;  // live rows; rows the products read (< nt)
+            const uint32_t xok = wy_a_rows<GATEUP>(a, r0, rend, a_row0, src);  // live rows
+            uint32_t xon = 0;  // rows the products read (< nt)
 #pragma unroll
-            for (int i = 0; i < NP; i++) {
-                const int r = r0 + a_row0 + 16 * i;
-                const bool ok = r < rend;
-                xok |= (uint32_t)ok << i;
-                xon |= (uint32_t)(a_row0 + 16 * i < nt) << i;
-                src[i] = ok ? (GATEUP ? a.row_token[r] : r) : 0;
-            }
+            for (int i = 0; i < NP; i++) xon |= (uint32_t)(a_row0 + 16 * i < nt) << i;
             // this thread's 2 blocks: row nr = u / 2 of the raw tile, half u % 2. GATEUP: row nr of
             // warpgroup nr / 64's 64 interleaves w1 / w3 by 8 rows (the consumers' note above)
             const uint8_t *wq[2], *wsw[2];

@@ -175,12 +175,6 @@ void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids,
 int lunar_cuda_attnres_supported(int D);
 void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on, int n,
                             int D, float eps, lunar_cuda_stream s);
-/* Which kernel lunar_cuda_attnres_mix runs (both within the op test's CPU tolerance): AUTO (the
- * default; LUNAR_ATTNRES unset) and ONEPASS (=onepass) one block a row; CLUSTER (=cluster; opt-in,
- * not faster in the K3.1 slice's step) a row over a cluster of up to 8 blocks. mode < 0: no change.
- * Returns the previous mode. */
-enum { LUNAR_ATTNRES_AUTO = 0, LUNAR_ATTNRES_ONEPASS = 1, LUNAR_ATTNRES_CLUSTER = 2 };
-int lunar_cuda_attnres_mode(int mode);
 
 /* op_rmsnorm / op_rmsnorm_gated / op_l2norm. x, gate fp32; w bf16 [dim] (NULL: no weight, rmsnorm
  * only). Sum of squares in fp32 (tree order). y may alias x when ydt is F32. */

@@ -197,7 +197,8 @@ __device__ __forceinline__ unsigned long long span_best(const uint32_t (&key)[C]
 // K3.1's 896 experts (C = 28), top-16, took 19.8 us a route (ncu, session 11) against 5.8 us for
 // Kimi-Linear's 256 (C = 8), top-8; grouped, 17.0 us (the step inside its noise). The same pairs are
 // compared, so the same choices. Of the rest, ~4 us a route was run-once code unrolled (ROLL below,
-// session 12); what remains of the ~13 us is not yet profiled (tools/device/k3lat.sh).
+// session 12); the ~13 us left has no hot instruction: its stall samples are spread (wait 35 %, long
+// scoreboard 20 %, short scoreboard 16 %; docs/benchmarks.md "Session 12, lead's calls").
 template <int C, int W, int G, int I = 0>
 __device__ __forceinline__ void groups_init(const uint32_t (&key)[C], unsigned long long (&gb)[G]) {
     if constexpr (I < G) {
