@@ -241,6 +241,20 @@ static void bench_decode_fp8(void) {
  * (the tile's wgmma wait at its top) and stlp (both), or the list in BENCH_MLA_AB. Session 12: a variant "name:N"
  * also sets LUNAR_MLA_WGMMA_LAZY=N (the lazy threshold); BENCH_MLA_CASES="H B L;H B L" replaces the 12 cases;
  * BENCH_MLA_GROW=1 times them on the rising pool (make_grow_pool). */
+/* BENCH_MLA_CASES="H B L;H B L;...": up to 16 (heads, batch, context) cases within the pools (MAXB rows,
+ * MAXL positions) into cases; returns their count, 0 (cases untouched) when unset or none is valid */
+static int env_cases(int cases[16][3]) {
+    int got[16][3], n = 0;
+    for (const char *c = getenv("BENCH_MLA_CASES"); c && *c && n < 16;) {
+        if (sscanf(c, "%d %d %d", &got[n][0], &got[n][1], &got[n][2]) == 3 && got[n][1] <= MAXB && got[n][2] <= MAXL)
+            n++;
+        c = strchr(c, ';');
+        c = c ? c + 1 : NULL;
+    }
+    memcpy(cases, got, sizeof(int) * 3 * (size_t)n);
+    return n;
+}
+
 static void bench_decode_fp8_ab(void) {
     enum { MAXV = 6, ROUNDS = 4 };
     /* the variants: BENCH_MLA_AB (space-separated, at most 6), else session 11's st / stl / stp / stlp */
@@ -262,15 +276,7 @@ static void bench_decode_fp8_ab(void) {
     printf("\n");
     static const int Hs[] = {12, 32};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
-    int cases[16][3], NC = 0;
-    const char *ce = getenv("BENCH_MLA_CASES");
-    for (const char *c = ce; c && *c && NC < 16;) {
-        if (sscanf(c, "%d %d %d", &cases[NC][0], &cases[NC][1], &cases[NC][2]) == 3 && cases[NC][1] <= MAXB &&
-            cases[NC][2] <= MAXL)
-            NC++;
-        c = strchr(c, ';');
-        c = c ? c + 1 : NULL;
-    }
+    int cases[16][3], NC = env_cases(cases);
     if (!NC)
         for (int hi = 0; hi < 2; hi++)
             for (int ci = 0; ci < 6; ci++) cases[NC][0] = Hs[hi], cases[NC][1] = BL[ci][0], cases[NC][2] = BL[ci][1], NC++;
@@ -614,18 +620,8 @@ static void bench_decode_fp8_trace(void) {
     for (char *tok = strtok(modes, " "); tok && NM < 3; tok = strtok(NULL, " "))
         md_list[NM++] = !strcmp(tok, "warm") ? 2 : !strcmp(tok, "data") ? 1 : 0;
     static const char *mname[] = {"flush", "data", "warm"};
-    int cases[16][3] = {{32, 8, 8192}, {32, 8, 32768}, {32, 64, 8192}, {32, 64, 32768}}, NC = 4;
-    const char *ce = getenv("BENCH_MLA_CASES");
-    if (ce && *ce) {
-        NC = 0;
-        for (const char *c = ce; c && *c && NC < 16;) {
-            if (sscanf(c, "%d %d %d", &cases[NC][0], &cases[NC][1], &cases[NC][2]) == 3 && cases[NC][1] <= MAXB &&
-                cases[NC][2] <= MAXL)
-                NC++;
-            c = strchr(c, ';');
-            c = c ? c + 1 : NULL;
-        }
-    }
+    int cases[16][3] = {{32, 8, 8192}, {32, 8, 32768}, {32, 64, 8192}, {32, 64, 32768}}, NC = env_cases(cases);
+    if (!NC) NC = 4;
     printf("\n### MLA decode, FP8 pages: where a launch's time goes (traced instance; us, medians over blocks, then over %d "
            "calls)\n\n| L2 | variant | H | B | context | blocks | tiles a block | call (events) | decode span | starts spread | "
            "set-up | init | copies | q | barrier | tile 0 | tile loop | per tile | sums | stores | call - span |\n"
