@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Session 13, issue 9 (branch s13-klb1): the BF16 MoE decode pair with the shorter block start-up
-# (LUNAR_MOE_BF16_EARLY, cuda_moe_bf16e.cu) and the side stream below the main stream's priority
-# (LUNAR_SIDE_PRIO=1, cuda_rt.cu); docs/benchmarks.md "Decode B = 1: the BF16 pair's start-up (session 13, H200)".
+# (LUNAR_MOE_BF16_EARLY, cuda_moe_bf16e.cu); docs/benchmarks.md "Decode B = 1: the BF16 pair's start-up
+# (session 13, H200)". Call 1 ran it at deac98f (binaries of that commit: bit 1 = the down kernel's weights
+# staged before the PDL wait, and LUNAR_SIDE_PRIO=1, both since out of the tree) with
+# AB="LUNAR_MOE_BF16_EARLY=7 LUNAR_SIDE_PRIO=1 LUNAR_MOE_BF16_EARLY=7,LUNAR_SIDE_PRIO=1"; the tree's default AB
+# is the variant left to time, =6 (bits 2 and 4).
 # In order, each step only while time is left:
 #  1. lunar_tests cuda_moe_bf16_early, cuda_moe_shared_row, cuda_moe_experts_bf16 (every EARLY value bit-equal
-#     to the pair, within 1e-2 of the CPU op), then cuda_forward under each variant of $AB (graphs == eager,
-#     goldens); a failing test drops that variant from the timing
+#     to the pair, within 1e-2 of the CPU op), then cuda_forward by default and under each variant of $AB
+#     (graphs == eager, goldens); a failing op test drops the EARLY variants from the timing, a failing
+#     cuda_forward its variant
 #  2. Kimi-Linear-48B decode B = 1 (1K context, 64 steps), the default against each of $AB (space-separated;
 #     a variant's assignments comma-separated), $ROUNDS rounds alternating
 #  3. Nsight Compute on the op test's Kimi-Linear case (one token, 8 experts, D 2304, I 1024; each kernel
-#     alone): the pair (launches 0-3) and the EARLY kernels (=1, 2, 4, 3, 5, 7: launches 4-15), time and DRAM bytes
+#     alone, no PDL overlap): 16 launches of the pair / EARLY kernels in the test's order, time and DRAM bytes
 #   P=<prebuilt dir> OUT=<dir> [AB=...] [ROUNDS=4] [NCU=1] [BUDGET=110] tools/device/bf16early.sh
 set -u
 P=${P:?prebuilt dir}
@@ -17,7 +21,7 @@ OUT=${OUT:-/tmp/o}
 SUMMARY=bf16early.txt . tools/device/env.sh
 left() { [ $(( $(date +%s) - t0 )) -lt "$1" ]; }
 K=configs/kimi-linear-48b-a3b.json
-AB=${AB:-LUNAR_MOE_BF16_EARLY=7 LUNAR_SIDE_PRIO=1 LUNAR_MOE_BF16_EARLY=7,LUNAR_SIDE_PRIO=1}
+AB=${AB:-LUNAR_MOE_BF16_EARLY=6}
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms (floor %s ms)  ", $1, $2, $3, $6}'; echo; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv,noheader >> $T 2>&1
 for f in cuda_moe_bf16_early cuda_moe_shared_row cuda_moe_experts_bf16; do

@@ -1,7 +1,6 @@
 // CUDA runtime: device selection, the one arena allocated at start-up, streams, events, graphs,
 // and the cuBLASLt handle with its workspace.
 #include <cublasLt.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -253,33 +252,14 @@ extern "C" lunar_cuda_graph lunar_cuda_graph_end(lunar_cuda_stream s) {
     CUDA_CHECK(cudaGraphDestroy(g));
     return (lunar_cuda_graph)x;
 }
-/* LUNAR_SIDE_PRIO=1 (issue 9, session 13; opt-in): the captured decode step's main-stream kernels at the
- * device's greatest stream priority, the side stream's (the shared expert's GLU and down projection at
- * batch 1; created at the default priority, the least) below them. Why: at batch 1 the side stream forks
- * after the fused shared-gate / up / router GEMM and its 576-block gemv can take SM slots that the route and
- * the routed gate/up kernel (the critical path) need while they ramp; with priorities the block scheduler
- * serves the main stream's pending blocks first (session 11's candidate for why its merged side-stream
- * kernel was slower in the step). Captured kernel nodes copy their stream's priority; the graph uses them
- * only when instantiated with cudaGraphInstantiateFlagUseNodePriority. Read once. */
-static int side_prio(void) {
-    static int v = -1;
-    if (v < 0) v = getenv("LUNAR_SIDE_PRIO") && atoi(getenv("LUNAR_SIDE_PRIO")) == 1;
-    return v;
-}
-
 /* Decode-step capture: the NULL stream of every op becomes the capture stream until the end; the
  * side stream joins through its events (fork/join inside the capture). Errors are values here:
  * a capture the driver refused leaves *out NULL and the caller runs the step eagerly. */
 extern "C" int lunar_cuda_capture_begin(lunar_err *err) {
     CUDA_REQUIRE(rt.ready && !lunar_cuda_cur_stream);
     cudaError_t e;
-    if (!capture_stream) {
-        int least = 0, greatest = 0;
-        if (side_prio() && (e = cudaDeviceGetStreamPriorityRange(&least, &greatest)) != cudaSuccess)
-            return lunar_fail(err, "cudaDeviceGetStreamPriorityRange: %s", cudaGetErrorString(e));
-        if ((e = cudaStreamCreateWithPriority(&capture_stream, cudaStreamDefault, greatest)) != cudaSuccess)
-            return lunar_fail(err, "cudaStreamCreateWithPriority: %s", cudaGetErrorString(e));
-    }
+    if (!capture_stream && (e = cudaStreamCreate(&capture_stream)) != cudaSuccess)
+        return lunar_fail(err, "cudaStreamCreate: %s", cudaGetErrorString(e));
     if ((e = cudaStreamBeginCapture(capture_stream, cudaStreamCaptureModeThreadLocal)) != cudaSuccess)
         return lunar_fail(err, "cudaStreamBeginCapture: %s", cudaGetErrorString(e));
     lunar_cuda_cur_stream = capture_stream;
@@ -298,7 +278,7 @@ extern "C" int lunar_cuda_capture_end(lunar_cuda_graph *out, size_t *nodes, luna
     size_t n = 0;
     if (nodes && cudaGraphGetNodes(g, NULL, &n) == cudaSuccess) *nodes = n;
     cudaGraphExec_t x;
-    e = cudaGraphInstantiate(&x, g, side_prio() ? cudaGraphInstantiateFlagUseNodePriority : 0);
+    e = cudaGraphInstantiate(&x, g, 0);
     cudaGraphDestroy(g);
     if (e != cudaSuccess) return lunar_fail(err, "cudaGraphInstantiate: %s", cudaGetErrorString(e));
     *out = (lunar_cuda_graph)x;
