@@ -593,6 +593,54 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
     f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
+/* LUNAR_MOE_BF16_EARLY (the BF16 pair with the shorter block start-up, cuda_moe_bf16e.cu): bit 2 the
+ * route's count and expert id loaded together, bit 4 at one token no offsets / row_token loads (the
+ * slot is the row; the host masks it off for n > 1); bit 1 is ignored (session 13's staging, out of the
+ * tree). Neither changes a sum: under each value path 1's h rows, expert rows and combined output must
+ * equal the switch unset (the pair of cuda_moe.cu) bit for bit, and the CPU op as every path. Each run
+ * into NaN-poisoned outputs; =6 runs twice. The caller's value of the switch is restored after. */
+static void bf16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref,
+                            int n, int k, int D, int I) {
+    static const char *ev[] = {NULL, "2", "4", "6", "6", "1", "7"};
+    const char *was = getenv("LUNAR_MOE_BF16_EARLY");
+    char *keep = was ? strdup(was) : NULL;
+    const size_t nkd = (size_t)n * k * D, nki = (size_t)n * k * I;
+    float *y0 = NULL, *r0 = NULL;
+    uint16_t *h0 = malloc(nki * 2), *h1 = malloc(nki * 2);
+    for (unsigned t = 0; t < sizeof ev / sizeof ev[0]; t++) {
+        if (ev[t]) setenv("LUNAR_MOE_BF16_EARLY", ev[t], 1);
+        else unsetenv("LUNAR_MOE_BF16_EARLY");
+        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
+        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, nki / 2);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 1, NULL);
+        lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
+        float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+        lunar_cuda_download(t ? h1 : h0, hbuf, nki * 2);
+        char w2[192];
+        snprintf(w2, sizeof w2, "%s BF16_EARLY=%s", what, ev[t] ? ev[t] : "unset");
+        moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
+        long nan = 0;
+        for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
+        CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
+        if (!t) {
+            y0 = y, r0 = rows;
+            continue;
+        }
+        long bad = 0, badh = 0;
+        for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+        for (size_t i = 0; i < nki; i++) badh += h1[i] != h0[i];
+        CHECK_MSG(bad == 0 && badh == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
+                  "%s: %ld expert-row values, %ld h values (or the combined output) differ from the pair", w2, bad,
+                  badh);
+        free(y), free(rows);
+    }
+    if (keep) setenv("LUNAR_MOE_BF16_EARLY", keep, 1);
+    else unsetenv("LUNAR_MOE_BF16_EARLY");
+    free(keep), free(y0), free(r0), free(h0), free(h1);
+}
+
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
     size_t mark = lunar_cuda_mark();
     host_experts h;
@@ -641,6 +689,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
         moe_report(what, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
         bf16_rows_case(what, path, ybuf, yb, ybw, acc, acc_b, hbuf, dz, &dw, &r, n, D, nkd);
+        if (path == 1 && !mxfp4) bf16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_xs_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
@@ -749,6 +798,22 @@ TEST(cuda_moe_experts_bf16_vs_cpu) {
     experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC);  /* 300 rows on 2 experts: 3 tiles each */
 }
 
+/* The BF16 pair's start-up bits (LUNAR_MOE_BF16_EARLY; bf16_early_case runs inside experts_case for
+ * path 1) on more shapes: Kimi-Linear's (D 2304, I 1024: gate/up 18 chunks at S = 4, down 8 at S = 4)
+ * at one token over 8 experts (bit 4) and at 3 tokens; down K = 256 and 512 (S = 1 and 2: 4 and 2 row
+ * tiles a block); K = 640 (S = 2, 5 chunks: an uneven split); 40 rows on each of 4 experts (5 passes
+ * of 8 tokens); skewed routing at K = 1152 (9 chunks). */
+TEST(cuda_moe_bf16_early_vs_pair) {
+    if (!moe_cuda_on()) return;
+    experts_case(1, 8, 9, 2304, 1024, 0, 0, 0, 1);
+    experts_case(3, 8, 9, 2304, 1024, 0, 1, 0, 1);
+    experts_case(5, 4, 16, 256, 256, 0, 0, 0, 1);
+    experts_case(2, 4, 16, 384, 512, 0, 1, 0, 1);
+    experts_case(7, 4, 16, 512, 640, 0, 1, 0, 1);
+    experts_case(40, 4, 8, 128, 256, 0, 1, 1, 1);
+    experts_case(64, 8, 32, 1024, 1152, 0, 0, 2, 1);
+}
+
 /* Issue 9: the shared expert as one more routed row (route_one with shared = 1, BF16 experts):
  * the decode kernels (pair, v2, v2 on 3 blocks) against the CPU's routed sum plus the shared
  * expert with weight 1. The experts are uploaded as a stack of E + 1 whose last slice (the shared
@@ -808,6 +873,7 @@ TEST(cuda_moe_shared_row_vs_cpu) {
             char what[128];
             snprintf(what, sizeof what, "shared row %s %s E=%d k=%d+1 D=%d I=%d", pn[p], act ? "situ" : "swiglu", E, k, D, I);
             moe_report(what, lunar_max_rel_err(y, ref, D), 1e-2);
+            if (p == 0) bf16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, 1, k + 1, D, I);
             free(y);
         }
         host_experts_free(&h);

@@ -1141,6 +1141,10 @@ extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event =
 // widen MXFP4 in the kernel); every other prefill path from 10 on is BF16-only.
 static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26); }
 
+// cuda_moe_bf16e.cu: the BF16 pair with the shorter block start-up where LUNAR_MOE_BF16_EARLY is set (1 if it
+// launched both kernels, 0 if the caller runs the pair)
+int moe_bf16_early_pair(const xargs &g, const xargs &d, int n, int slots, cudaStream_t st);
+
 // yb: the down outputs in bf16 instead of ybuf where path is a wgmma grouped GEMM (their shared
 // epilogue, cuda_moe.cuh), else -1 before any launch
 static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
@@ -1278,7 +1282,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         if (w->mxfp4) {
             decode_nt<true, true>(g, n, slots, st);
             decode_nt<true, false>(d, n, slots, st);
-        } else {
+        } else if (!moe_bf16_early_pair(g, d, n, slots, st)) {  // LUNAR_MOE_BF16_EARLY (cuda_moe_bf16e.cu)
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
