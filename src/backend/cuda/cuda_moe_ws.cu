@@ -533,6 +533,27 @@ __global__ void __launch_bounds__(WS_T, 1)
 // rows left there, unlike zeros, may cost the tensor cores power, hence clock).
 #define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + 3 x 16 KB bf16 B buffers
 #define WY_MAX_E 1024  // the prefix array's experts
+#define WX_REM 192     // MIX (paths 27, 28): an expert's last rows % 256 go to path 25 when 1..WX_REM of them
+
+// ---------------------------------------------------------------- paths 27 / 28: path 24 or 25 per item
+// Path 24's items hold 256 token rows of one expert (two warpgroups x two 64-row halves, products per
+// live half), path 25's up to WM_TM = 192 as N in multiples of 32. At the balanced 8K prefill of K3.1
+// (~146 rows an expert) path 24 issues 192 rows for 146 and path 25 160, and path 25's gate/up measured
+// 5-9 % faster; with large experts (585 or 2340 rows) path 24's 256-row tiles measured 8 % faster (more
+// products per widened weight chunk; docs/benchmarks.md "MoE prefill, MXFP4 with the weights as M").
+// MIX splits each expert's rows between the two: its full 256-row tiles to path 24's kernel, the rest
+// (rows % 256) to path 25's as one tile when 1..WX_REM rows (N = the rest rounded up to 32), else to
+// path 24 as one more (partial) tile (a rest of 193..255 rows: 256 issued, where path 25 would take
+// two items). Two launches on one stream: path 24's kernel first (its blocks signal
+// griddepcontrol.launch_dependents at entry), then path 25's with the programmatic-serialization
+// attribute (launch_pdl's, off with LUNAR_CUDA_PDL=0), so its blocks take the SMs that path 24's
+// blocks leave in the first kernel's tail instead of waiting for the last one. The two write
+// disjoint rows (h for gate/up, y for down) and read only what kernels before the first one wrote,
+// so path 25's blocks need no wait before their work; every thread of theirs waits
+// (griddepcontrol.wait) before it exits, so the second kernel completes only after the first and
+// the kernel after it (normal stream order) sees both (cuda_common.cuh's rule of the chain).
+__device__ __forceinline__ void mix_signal_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void mix_wait_primary() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 struct wy_cfg {
     static constexpr uint32_t A_BYTES = 256 * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
@@ -687,10 +708,13 @@ __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, 
     }
 }
 
-// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies
-template <bool GATEUP, bool EPI, bool BS = false>
+// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies; MIX (EPI):
+// path 27 / 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows)
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     static_assert(!BS || (EPI && !GATEUP), "path 24 is path 22's down kernel");
+    static_assert(!MIX || EPI, "paths 27 / 28 take path 22 / 24's kernels");
+    if (MIX) mix_signal_dependents();  // path 25's kernel (the rest of the rows) may take SMs as blocks leave
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
@@ -704,7 +728,10 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
-    for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + 255) / 256;
+    for (int e = tid; e < a.E; e += WS_T) {
+        const int rows = a.offsets[e + 1] - a.offsets[e];
+        pfx[e + 1] = MIX ? rows / 256 + (rows % 256 > WX_REM) : (rows + 255) / 256;
+    }
     __syncthreads();
     if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
     __syncthreads();
@@ -930,8 +957,11 @@ __device__ __forceinline__ void wm_frag(const uint4 &nib, uint32_t bsel, const m
     o[2] = prmt(p[3], p[2], 0x7632), o[3] = prmt(p[1], p[0], 0x7632);
 }
 
-template <bool GATEUP>
+// MIX: paths 27 / 28's share (an expert's rest of 1..WX_REM rows after its full 256-row tiles, one
+// item list), every thread waiting for the kernel before it (path 24's share) before it leaves
+template <bool GATEUP, bool MIX = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__ xargs a) {
+    static_assert(WX_REM <= WM_TM, "MIX: the rest is one tile");
     typedef wm_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the token tiles 1024-byte aligned");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
@@ -943,18 +973,25 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
-    for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + WM_TM - 1) / WM_TM;
+    for (int e = tid; e < a.E; e += WS_T) {
+        const int rows = a.offsets[e + 1] - a.offsets[e], rest = rows % 256;
+        pfx[e + 1] = MIX ? (rest > 0 && rest <= WX_REM) : (rows + WM_TM - 1) / WM_TM;
+    }
     __syncthreads();
     if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
     __syncthreads();
     const int total = pfx[a.E] * NN, G = gridDim.x, b = blockIdx.x;
-    if (b >= total) return;  // block-uniform, before any barrier
+    if (b >= total) {  // block-uniform, before any barrier
+        if (MIX) mix_wait_primary();
+        return;
+    }
     const int items = (total - 1 - b) / G + 1;
     // item li: expert e, token rows r0 .. min(r0 + WM_TM, rend) of the permutation, weight rows from n0
+    // (MIX: the rows after the expert's full 256-row tiles)
     auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
         const int w = b + li * G, pr = w / NN;
         e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
-        r0 = a.offsets[e] + (pr - pfx[e]) * WM_TM;
+        r0 = MIX ? rend - (rend - a.offsets[e]) % 256 : a.offsets[e] + (pr - pfx[e]) * WM_TM;
         n0 = (w - pr * NN) * NH;
     };
     // the tokens issued as N: the live rows rounded up to 32
@@ -1117,6 +1154,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__
             }
         }
     }
+    if (MIX) mix_wait_primary();  // this kernel completes only after path 24's share (the note at WX_REM)
 }
 
 // ---------------------------------------------------------------- launchers
@@ -1190,8 +1228,10 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
 
 // Path 14: a persistent grid, at most one block an SM walking `items` work items (an upper
 // bound: blocks without one leave), the kernel's dynamic shared memory raised once per device
+// PDL: launched with the programmatic-serialization attribute (paths 27 / 28's second kernel; not
+// where LUNAR_CUDA_PDL=0), so its blocks may start as the stream predecessor's blocks leave
 template <void (*KERNEL)(xargs)>
-static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st) {
+static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st, bool pdl = false) {
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];
     int dev = 0;
@@ -1204,20 +1244,24 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     }
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
-    KERNEL<<<grid, WS_T, smem, st>>>(a);
+    if (pdl) launch_pdl(KERNEL, dim3(grid), dim3(WS_T), smem, st, a);
+    else KERNEL<<<grid, WS_T, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP, bool EPI, bool BS = false> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
+static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
-                                                         wy_cfg::smem(BS), st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS, MIX>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
+                                                              wy_cfg::smem(BS), st);
 }
 
-// path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128)
-template <bool GATEUP> static bool wm_launch(const xargs &a, int tiles, cudaStream_t st) {
-    return ws_persistent<moe_wm_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wm_cfg::smem(), st);
+// path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128); MIX: the second
+// kernel of paths 27 / 28, launched with PDL's attribute
+template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, int tiles, cudaStream_t st) {
+    return ws_persistent<moe_wm_kernel<GATEUP, MIX>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wm_cfg::smem(),
+                                                     st, MIX);
 }
 
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
@@ -1231,6 +1275,16 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
     // paths 25, 26 (modes 17, 18): the weights as M, 64 output columns a gate/up item, 128 a down item;
     // 26 runs path 24's down kernel (22's with fp32 rows)
+    // paths 27, 28 (modes 19, 20): each expert's full 256-row tiles by path 24's kernels, its rest of
+    // 1..WX_REM rows by path 25's (the note at WX_REM); 28's down is path 24's alone
+    if (mx && (mode == 19 || mode == 20)) {
+        if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
+        bool ok = wy_launch<true, true, false, true>(g, tiles, st) && wm_launch<true, true>(g, tiles, st);
+        if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
+        ok = ok && (mode == 19 ? wy_launch<false, true, true, true>(d, tiles, st) && wm_launch<false, true>(d, tiles, st)
+                               : wy_launch<false, true, true>(d, tiles, st));
+        return ok;
+    }
     if (mx && (mode == 17 || mode == 18)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         bool ok = wm_launch<true>(g, tiles, st);
