@@ -533,26 +533,34 @@ __global__ void __launch_bounds__(WS_T, 1)
 // rows left there, unlike zeros, may cost the tensor cores power, hence clock).
 #define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + 3 x 16 KB bf16 B buffers
 #define WY_MAX_E 1024  // the prefix array's experts
-#define WX_REM 192     // MIX (paths 27, 28): an expert's last rows % 256 go to path 25 when 1..WX_REM of them
+#define WX_REM 192     // MIX (path 28): an expert's last rows % 256 go to path 25 when 1..WX_REM of them
 
-// ---------------------------------------------------------------- paths 27 / 28: path 24 or 25 per item
+// ---------------------------------------------------------------- path 28: path 24 or 25 per item (gate/up)
 // Path 24's items hold 256 token rows of one expert (two warpgroups x two 64-row halves, products per
 // live half), path 25's up to WM_TM = 192 as N in multiples of 32. At the balanced 8K prefill of K3.1
 // (~146 rows an expert) path 24 issues 192 rows for 146 and path 25 160, and path 25's gate/up measured
 // 5-9 % faster; with large experts (585 or 2340 rows) path 24's 256-row tiles measured 8 % faster (more
 // products per widened weight chunk; docs/benchmarks.md "MoE prefill, MXFP4 with the weights as M").
-// MIX splits each expert's rows between the two: its full 256-row tiles to path 24's kernel, the rest
-// (rows % 256) to path 25's as one tile when 1..WX_REM rows (N = the rest rounded up to 32), else to
-// path 24 as one more (partial) tile (a rest of 193..255 rows: 256 issued, where path 25 would take
-// two items). Two launches on one stream: path 24's kernel first (its blocks signal
+// Path 28 (the MXFP4 prefill default since session 13) splits each expert's rows of the gate/up GEMM
+// between the two: its full 256-row tiles to path 24's kernel, the rest (rows % 256) to path 25's as
+// one tile when 1..WX_REM rows (N = the rest rounded up to 32), else to path 24 as one more (partial)
+// tile (a rest of 193..255 rows: 256 issued, where path 25 would take two items); its down GEMM is
+// path 24's. Two launches on one stream: path 24's kernel first (its blocks signal
 // griddepcontrol.launch_dependents at entry), then path 25's with the programmatic-serialization
 // attribute (launch_pdl's, off with LUNAR_CUDA_PDL=0), so its blocks take the SMs that path 24's
 // blocks leave in the first kernel's tail instead of waiting for the last one. The two write
-// disjoint rows (h for gate/up, y for down) and read only what kernels before the first one wrote,
+// disjoint rows of h and read only what kernels before the first one wrote,
 // so path 25's blocks need no wait before their work; every thread of theirs waits
 // (griddepcontrol.wait) before it exits, so the second kernel completes only after the first and
 // the kernel after it (normal stream order) sees both (cuda_common.cuh's rule of the chain).
-__device__ __forceinline__ void mix_signal_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+// Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"): both
+// GEMMs 4-5 % faster than path 24 at the bench's balanced routing and 0.5-1 % with ~585-row experts;
+// the K3.1 TP8 slice's 8K prefill 1.1 % faster (every round). Path 27 (the same split in the down
+// GEMM too: path 25's down kernel on the rests) measured slower than 28 at the TP8 slice (down 1.48
+// against 1.44 ms; the 8K prefill 0.1230 against 0.1214 s) and was removed (commit 9dbda0d has it).
+__device__ __forceinline__ void mix_signal_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 __device__ __forceinline__ void mix_wait_primary() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 struct wy_cfg {
@@ -708,12 +716,12 @@ __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, 
     }
 }
 
-// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies; MIX (EPI):
-// path 27 / 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows)
+// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies; MIX (gate/up,
+// EPI): path 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows)
 template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     static_assert(!BS || (EPI && !GATEUP), "path 24 is path 22's down kernel");
-    static_assert(!MIX || EPI, "paths 27 / 28 take path 22 / 24's kernels");
+    static_assert(!MIX || (EPI && GATEUP), "path 28 takes path 22 / 24's gate/up kernel");
     if (MIX) mix_signal_dependents();  // path 25's kernel (the rest of the rows) may take SMs as blocks leave
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
@@ -957,11 +965,12 @@ __device__ __forceinline__ void wm_frag(const uint4 &nib, uint32_t bsel, const m
     o[2] = prmt(p[3], p[2], 0x7632), o[3] = prmt(p[1], p[0], 0x7632);
 }
 
-// MIX: paths 27 / 28's share (an expert's rest of 1..WX_REM rows after its full 256-row tiles, one
+// MIX (gate/up): path 28's share (an expert's rest of 1..WX_REM rows after its full 256-row tiles, one
 // item list), every thread waiting for the kernel before it (path 24's share) before it leaves
 template <bool GATEUP, bool MIX = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__ xargs a) {
     static_assert(WX_REM <= WM_TM, "MIX: the rest is one tile");
+    static_assert(!MIX || GATEUP, "path 28 takes path 25's gate/up kernel");
     typedef wm_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the token tiles 1024-byte aligned");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
@@ -1228,7 +1237,7 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
 
 // Path 14: a persistent grid, at most one block an SM walking `items` work items (an upper
 // bound: blocks without one leave), the kernel's dynamic shared memory raised once per device
-// PDL: launched with the programmatic-serialization attribute (paths 27 / 28's second kernel; not
+// PDL: launched with the programmatic-serialization attribute (path 28's second kernel; not
 // where LUNAR_CUDA_PDL=0), so its blocks may start as the stream predecessor's blocks leave
 template <void (*KERNEL)(xargs)>
 static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st, bool pdl = false) {
@@ -1258,7 +1267,7 @@ static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
 }
 
 // path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128); MIX: the second
-// kernel of paths 27 / 28, launched with PDL's attribute
+// kernel of path 28's gate/up, launched with PDL's attribute
 template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, int tiles, cudaStream_t st) {
     return ws_persistent<moe_wm_kernel<GATEUP, MIX>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wm_cfg::smem(),
                                                      st, MIX);
@@ -1267,7 +1276,8 @@ template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, i
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
 // rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
 // weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
-// bf16 down rows staged in shared memory and written by bulk copies); false where the shapes do not
+// bf16 down rows staged in shared memory and written by bulk copies); modes 17, 18: paths 25, 26;
+// mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
 // benchmark's per-kernel times)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
@@ -1275,15 +1285,13 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
     // paths 25, 26 (modes 17, 18): the weights as M, 64 output columns a gate/up item, 128 a down item;
     // 26 runs path 24's down kernel (22's with fp32 rows)
-    // paths 27, 28 (modes 19, 20): each expert's full 256-row tiles by path 24's kernels, its rest of
-    // 1..WX_REM rows by path 25's (the note at WX_REM); 28's down is path 24's alone
-    if (mx && (mode == 19 || mode == 20)) {
+    // path 28 (mode 20): the gate/up's full 256-row tiles of each expert by path 24's kernel, its rest
+    // of 1..WX_REM rows by path 25's (the note at WX_REM); the down GEMM path 24's
+    if (mx && mode == 20) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         bool ok = wy_launch<true, true, false, true>(g, tiles, st) && wm_launch<true, true>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
-        ok = ok && (mode == 19 ? wy_launch<false, true, true, true>(d, tiles, st) && wm_launch<false, true>(d, tiles, st)
-                               : wy_launch<false, true, true>(d, tiles, st));
-        return ok;
+        return ok && wy_launch<false, true, true>(d, tiles, st);
     }
     if (mx && (mode == 17 || mode == 18)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
