@@ -1245,7 +1245,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
         // prefill, MXFP4 with the weights as M"). Path 28 (=wsmxhb), MXFP4's default since session
         // 13: the gate/up GEMM's full 256-row tiles of each expert by path 24's kernel, its rest of
-        // <= 192 rows by path 25's (cuda_moe_ws.cu, WX_REM), path 24's down: both GEMMs 4-5 % faster
+        // <= 192 rows by path 25's (cuda_moe_ws.cu, WX_REM), path 24's down: both GEMMs 4-6 % faster
         // than 24 at the bench's balanced routing, 0.5-1 % with ~585-row experts, the K3.1 TP8 slice's
         // 8K prefill 1.1 % (docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"); =wsmxb
         // keeps path 24. Path 27 (=wsmxh then: the split in the down GEMM too) measured slower than

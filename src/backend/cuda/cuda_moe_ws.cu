@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(WS_T, 1)
 // (griddepcontrol.wait) before it exits, so the second kernel completes only after the first and
 // the kernel after it (normal stream order) sees both (cuda_common.cuh's rule of the chain).
 // Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"): both
-// GEMMs 4-5 % faster than path 24 at the bench's balanced routing and 0.5-1 % with ~585-row experts;
+// GEMMs 4-6 % faster than path 24 at the bench's balanced routing and 0.5-1 % with ~585-row experts;
 // the K3.1 TP8 slice's 8K prefill 1.1 % faster (every round). Path 27 (the same split in the down
 // GEMM too: path 25's down kernel on the rests) measured slower than 28 at the TP8 slice (down 1.48
 // against 1.44 ms; the 8K prefill 0.1230 against 0.1214 s) and was removed (commit 9dbda0d has it).
