@@ -448,14 +448,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24-26, 28) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
-                        path == 18 || path == 22 || path == 24 || path == 25 || path == 26;
+                        path == 18 || path == 22 || (path >= 24 && path <= 26) || path == 28;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -671,7 +671,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 26; path++) {
+    for (int path = 1; path <= 28; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -683,7 +683,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg"};
+                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -763,8 +763,14 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * M, the tokens as N in multiples of 32 up to 192 a tile, A widened into registers) and 26 (25's
  * gate/up, 24's down) on the same cases: N = 32 (n = 1, 5, 13) to 192 (n = 400, ~200 rows: a full
  * tile + a short one), empty and overloaded experts, w1 / w3 interleaved in gate/up, D = 128 .. 1024
- * (1 to 8 down items of 128 columns), K of 2..18 chunks, fp32 and bf16 rows. */
-#define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25)
+ * (1 to 8 down items of 128 columns), K of 2..18 chunks, fp32 and bf16 rows. Path 28 (the MXFP4 default:
+ * the gate/up by 24's kernel on each expert's full 256-row tiles and 25's on the rest of 1..192 rows, the
+ * second launch with PDL; 24's down) on the same cases, where every expert's rows are a rest (< 256:
+ * path 24's kernel has no items), and on the last three: 600 rows on 2 experts (2 full tiles + a rest of
+ * 88 rows: both kernels, items of both on one expert), 450 on 3 (256 + a rest of 194 > 192: path 24's
+ * alone, a partial tile), ~350 on each of 8 (skewed: 256 + ~94, rests of several N sizes). (Path 27, 28
+ * with the split in the down GEMM too, passed them all before its removal.) */
+#define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25 | 1 << 27)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -782,6 +788,9 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX14); /* 130 rows on 4 experts: tiles of 128 + 2 */
     experts_case(400, 8, 16, 256, 768, 1, 1, 0, 2 | WG | MX14); /* ~200 rows per expert, 192 gate/up items */
     experts_case(131, 4, 16, 512, 256, 1, 0, 1, 2 | WG | MX14); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(600, 2, 8, 256, 384, 1, 1, 1, 2 | MX14);  /* 600 rows on 2 experts: 256 + 256 + 88 */
+    experts_case(450, 3, 8, 384, 256, 1, 1, 1, 2 | MX14);  /* 450 rows on 3 experts: 256 + 194 */
+    experts_case(700, 4, 8, 256, 128, 1, 0, 2, 2 | MX14);  /* skewed: ~350 rows on each of 8 experts */
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
@@ -1166,16 +1175,17 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     lunar_cuda_f32_to_bf16(z, zf, (size_t)n * D);
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
-    /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds), then with bf16 rows
-     * (LUNAR_MOE_YBUF=bf16's form; -22, -24: the path's run_b) 22 and 24 twice, in opposite orders */
+    /* MXFP4: path 2 (the reference), then with bf16 rows (LUNAR_MOE_YBUF=bf16's form; -24 ..: the
+     * path's run_b) 24, 25, 26 and 28 (the default) twice, in opposite orders (alternating rounds),
+     * then 28 with fp32 rows */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18},
-                     mpaths[] = {2, 22, -24, -25, -26, -24, -25, -26, 25, -24};
+                     mpaths[] = {2, -24, -25, -26, -28, -28, -26, -25, -24, 28};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again"},
-                      *mpn[] = {"mma.sync (old)", "path 22",        "24, bf16 (default)", "25, bf16 rows",
-                                "26, bf16 rows", "24, bf16 again", "25, bf16 again",     "26, bf16 again",
-                                "25, fp32 rows",  "24, bf16 third"};
+                      *mpn[] = {"mma.sync (old)", "24, bf16 rows", "25, bf16 rows", "26, bf16 rows",
+                                "28, bf16 (default)", "28, bf16 again", "26, bf16 again", "25, bf16 again",
+                                "24, bf16 again", "28, fp32 rows"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;

@@ -1137,9 +1137,49 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
 static cudaEvent_t g_split_event;
 extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event = (cudaEvent_t)e; }
 
-// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24, 25, 26: the wy / wm kernels, which
+// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24-26, 28: the wy / wm kernels, which
 // widen MXFP4 in the kernel); every other prefill path from 10 on is BF16-only.
-static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26); }
+static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) || p == 28; }
+
+// LUNAR_MOE_ROWSTATS=N (measurement only): the first N grouped-GEMM calls of MXFP4 experts print
+// their per-expert row counts (synchronizing the stream; none while it is captured) and the token
+// rows each item form issues against the live ones: path 24 (256-row items, products per 64-row
+// half), 25 (192-row items, N in multiples of 32) and 28's gate/up (24's full tiles, 25's rest of <= 192)
+static int rows_cmp(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
+static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
+    static int left = -1;
+    if (left < 0) left = getenv("LUNAR_MOE_ROWSTATS") ? atoi(getenv("LUNAR_MOE_ROWSTATS")) : 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
+    if (left <= 0 || cs != cudaStreamCaptureStatusNone) return;
+    left--;
+    const int E = r->E;
+    int *off = (int *)malloc((size_t)(E + 1) * 4), *rows = (int *)malloc((size_t)E * 4);
+    CUDA_REQUIRE(off && rows);
+    CUDA_CHECK(cudaMemcpyAsync(off, r->offsets, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    long live = 0, i24 = 0, i25 = 0, imix = 0, n24 = 0, n25 = 0, nmix24 = 0, nmix25 = 0;
+    int active = 0, big = 0;
+    const auto halves = [](int x) { return 64L * ((x + 63) / 64); };
+    for (int e = 0; e < E; e++) {
+        const int x = rows[e] = off[e + 1] - off[e], rest = x % 256;
+        live += x, active += x > 0, big += x > 256;
+        n24 += (x + 255) / 256, n25 += (x + 191) / 192;
+        for (int t = 0; t < x; t += 256) i24 += halves(x - t < 256 ? x - t : 256);
+        for (int t = 0; t < x; t += 192) i25 += ((x - t < 192 ? x - t : 192) + 31) & ~31;
+        imix += 256L * (x / 256) + (rest > 192 ? 256 : (rest + 31) & ~31);
+        nmix24 += x / 256 + (rest > 192), nmix25 += rest > 0 && rest <= 192;
+    }
+    qsort(rows, (size_t)E, sizeof(int), rows_cmp);
+    fprintf(stderr,
+            "lunar: moe rows: %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / max "
+            "%d / %d / %d / %d / %d; issued rows / live: path 24 %.3f (%ld items), 25 %.3f (%ld), "
+            "28 %.3f (%ld + %ld)\n",
+            live, E, active, big, rows[0], rows[E / 10], rows[E / 2], rows[E - 1 - E / 10], rows[E - 1],
+            (double)i24 / (double)(live ? live : 1), n24, (double)i25 / (double)(live ? live : 1), n25,
+            (double)imix / (double)(live ? live : 1), nmix24, nmix25);
+    free(off), free(rows);
+}
 
 // cuda_moe_bf16e.cu: the BF16 pair with the shorter block start-up where LUNAR_MOE_BF16_EARLY is set (1 if it
 // launched both kernels, 0 if the caller runs the pair)
@@ -1196,9 +1236,9 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // wsmc2. Path 22 (path 14 with the down epilogue's row weights loaded once per item and the
         // next item looked up before the drain: the TP8 slice's down kernel 30 % faster, its 8K
         // prefill 4.5 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
-        // session 10 (24 since session 11: 22 with fp32 rows); =wsmx2 forces path 14, =wsmxe path 22
-        // (BF16 experts keep 12 under both). Any
-        // other value (wsmx, path 13's, and session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes
+        // session 10 (24 since session 11: 22 with fp32 rows; 28 since session 13); =wsmx2 forces
+        // path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any other value (wsmx, path
+        // 13's, session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes and session 13's wsmxh, path 27,
         // among them) runs the defaults, with a note on stderr once. Path 24 (=wsmxb), MXFP4's
         // default since session 11: path 22 whose down kernel writes the bf16 rows (the forward's
         // default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk copies, with fp32
@@ -1207,7 +1247,13 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
         // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
-        // prefill, MXFP4 with the weights as M").
+        // prefill, MXFP4 with the weights as M"). Path 28 (=wsmxhb), MXFP4's default since session
+        // 13: the gate/up GEMM's full 256-row tiles of each expert by path 24's kernel, its rest of
+        // <= 192 rows by path 25's (cuda_moe_ws.cu, WX_REM), path 24's down: both GEMMs 4-6 % faster
+        // than 24 at the bench's balanced routing, 0.5-1 % with ~585-row experts, the K3.1 TP8 slice's
+        // 8K prefill 1.1 % (docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"); =wsmxb
+        // keeps path 24. Path 27 (=wsmxh then: the split in the down GEMM too) measured slower than
+        // 28 and was removed.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1224,23 +1270,26 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxb") ? 24
                   : !strcmp(e, "wsmxm") ? 25
                   : !strcmp(e, "wsmxg") ? 26
+                  : !strcmp(e, "wsmxhb") ? 28
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 24) : mxp ? 12 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 24 : 12) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 12 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 28 : 12) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (wy_path(path) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
-    // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies.
+    // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies;
+    // 25, 26: the weights as wgmma's M; 28: 24 and 25 per gate/up item (an expert's full tiles, its
+    // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
     // of 14, removed) are no paths.
     const bool mc = path == 17 || path == 18, wy = wy_path(path);
@@ -1252,6 +1301,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
+    if (wy) rows_stats(r, st);
     xargs a;
     memset(&a, 0, sizeof a);
     a.offsets = r->offsets, a.active = r->active, a.counts = r->counts, a.tiles = r->tiles;

@@ -533,6 +533,35 @@ __global__ void __launch_bounds__(WS_T, 1)
 // rows left there, unlike zeros, may cost the tensor cores power, hence clock).
 #define WY_ST 4  // ring stages of 37 KB (A 32 + nibbles 4 + scale words 1) + 3 x 16 KB bf16 B buffers
 #define WY_MAX_E 1024  // the prefix array's experts
+#define WX_REM 192     // MIX (path 28): an expert's last rows % 256 go to path 25 when 1..WX_REM of them
+
+// ---------------------------------------------------------------- path 28: path 24 or 25 per item (gate/up)
+// Path 24's items hold 256 token rows of one expert (two warpgroups x two 64-row halves, products per
+// live half), path 25's up to WM_TM = 192 as N in multiples of 32. At the balanced 8K prefill of K3.1
+// (~146 rows an expert) path 24 issues 192 rows for 146 and path 25 160, and path 25's gate/up measured
+// 5-9 % faster; with large experts (585 or 2340 rows) path 24's 256-row tiles measured 8 % faster (more
+// products per widened weight chunk; docs/benchmarks.md "MoE prefill, MXFP4 with the weights as M").
+// Path 28 (the MXFP4 prefill default since session 13) splits each expert's rows of the gate/up GEMM
+// between the two: its full 256-row tiles to path 24's kernel, the rest (rows % 256) to path 25's as
+// one tile when 1..WX_REM rows (N = the rest rounded up to 32), else to path 24 as one more (partial)
+// tile (a rest of 193..255 rows: 256 issued, where path 25 would take two items); its down GEMM is
+// path 24's. Two launches on one stream: path 24's kernel first (its blocks signal
+// griddepcontrol.launch_dependents at entry), then path 25's with the programmatic-serialization
+// attribute (launch_pdl's, off with LUNAR_CUDA_PDL=0), so its blocks take the SMs that path 24's
+// blocks leave in the first kernel's tail instead of waiting for the last one. The two write
+// disjoint rows of h and read only what kernels before the first one wrote,
+// so path 25's blocks need no wait before their work; every thread of theirs waits
+// (griddepcontrol.wait) before it exits, so the second kernel completes only after the first and
+// the kernel after it (normal stream order) sees both (cuda_common.cuh's rule of the chain).
+// Measured (H200, 8192 tokens, docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"): both
+// GEMMs 4-6 % faster than path 24 at the bench's balanced routing and 0.5-1 % with ~585-row experts;
+// the K3.1 TP8 slice's 8K prefill 1.1 % faster (every round). Path 27 (the same split in the down
+// GEMM too: path 25's down kernel on the rests) measured slower than 28 at the TP8 slice (down 1.48
+// against 1.44 ms; the 8K prefill 0.1230 against 0.1214 s) and was removed (commit 9dbda0d has it).
+__device__ __forceinline__ void mix_signal_dependents() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+__device__ __forceinline__ void mix_wait_primary() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 struct wy_cfg {
     static constexpr uint32_t A_BYTES = 256 * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
@@ -687,10 +716,13 @@ __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, 
     }
 }
 
-// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies
-template <bool GATEUP, bool EPI, bool BS = false>
+// EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies; MIX (gate/up,
+// EPI): path 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows)
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     static_assert(!BS || (EPI && !GATEUP), "path 24 is path 22's down kernel");
+    static_assert(!MIX || (EPI && GATEUP), "path 28 takes path 22 / 24's gate/up kernel");
+    if (MIX) mix_signal_dependents();  // path 25's kernel (the rest of the rows) may take SMs as blocks leave
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
@@ -704,7 +736,10 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
-    for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + 255) / 256;
+    for (int e = tid; e < a.E; e += WS_T) {
+        const int rows = a.offsets[e + 1] - a.offsets[e];
+        pfx[e + 1] = MIX ? rows / 256 + (rows % 256 > WX_REM) : (rows + 255) / 256;
+    }
     __syncthreads();
     if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
     __syncthreads();
@@ -930,8 +965,12 @@ __device__ __forceinline__ void wm_frag(const uint4 &nib, uint32_t bsel, const m
     o[2] = prmt(p[3], p[2], 0x7632), o[3] = prmt(p[1], p[0], 0x7632);
 }
 
-template <bool GATEUP>
+// MIX (gate/up): path 28's share (an expert's rest of 1..WX_REM rows after its full 256-row tiles, one
+// item list), every thread waiting for the kernel before it (path 24's share) before it leaves
+template <bool GATEUP, bool MIX = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__ xargs a) {
+    static_assert(WX_REM <= WM_TM, "MIX: the rest is one tile");
+    static_assert(!MIX || GATEUP, "path 28 takes path 25's gate/up kernel");
     typedef wm_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the token tiles 1024-byte aligned");
     constexpr int NH = GATEUP ? 64 : 128;  // output columns per item
@@ -943,18 +982,25 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
-    for (int e = tid; e < a.E; e += WS_T) pfx[e + 1] = (a.offsets[e + 1] - a.offsets[e] + WM_TM - 1) / WM_TM;
+    for (int e = tid; e < a.E; e += WS_T) {
+        const int rows = a.offsets[e + 1] - a.offsets[e], rest = rows % 256;
+        pfx[e + 1] = MIX ? (rest > 0 && rest <= WX_REM) : (rows + WM_TM - 1) / WM_TM;
+    }
     __syncthreads();
     if (tid < 32) pairs_scan_warp(pfx, a.E, tid);
     __syncthreads();
     const int total = pfx[a.E] * NN, G = gridDim.x, b = blockIdx.x;
-    if (b >= total) return;  // block-uniform, before any barrier
+    if (b >= total) {  // block-uniform, before any barrier
+        if (MIX) mix_wait_primary();
+        return;
+    }
     const int items = (total - 1 - b) / G + 1;
     // item li: expert e, token rows r0 .. min(r0 + WM_TM, rend) of the permutation, weight rows from n0
+    // (MIX: the rows after the expert's full 256-row tiles)
     auto item = [&](int li, int &e, int &r0, int &rend, int &n0) {
         const int w = b + li * G, pr = w / NN;
         e = pairs_expert(pfx, a.E, pr), rend = a.offsets[e + 1];
-        r0 = a.offsets[e] + (pr - pfx[e]) * WM_TM;
+        r0 = MIX ? rend - (rend - a.offsets[e]) % 256 : a.offsets[e] + (pr - pfx[e]) * WM_TM;
         n0 = (w - pr * NN) * NH;
     };
     // the tokens issued as N: the live rows rounded up to 32
@@ -1117,6 +1163,7 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wm_kernel(const __grid_constant__
             }
         }
     }
+    if (MIX) mix_wait_primary();  // this kernel completes only after path 24's share (the note at WX_REM)
 }
 
 // ---------------------------------------------------------------- launchers
@@ -1190,8 +1237,10 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
 
 // Path 14: a persistent grid, at most one block an SM walking `items` work items (an upper
 // bound: blocks without one leave), the kernel's dynamic shared memory raised once per device
+// PDL: launched with the programmatic-serialization attribute (path 28's second kernel; not
+// where LUNAR_CUDA_PDL=0), so its blocks may start as the stream predecessor's blocks leave
 template <void (*KERNEL)(xargs)>
-static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st) {
+static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t st, bool pdl = false) {
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];
     int dev = 0;
@@ -1204,26 +1253,31 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     }
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
-    KERNEL<<<grid, WS_T, smem, st>>>(a);
+    if (pdl) launch_pdl(KERNEL, dim3(grid), dim3(WS_T), smem, st, a);
+    else KERNEL<<<grid, WS_T, smem, st>>>(a);
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP, bool EPI, bool BS = false> static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
+static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
-                                                         wy_cfg::smem(BS), st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS, MIX>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
+                                                              wy_cfg::smem(BS), st);
 }
 
-// path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128)
-template <bool GATEUP> static bool wm_launch(const xargs &a, int tiles, cudaStream_t st) {
-    return ws_persistent<moe_wm_kernel<GATEUP>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wm_cfg::smem(), st);
+// path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128); MIX: the second
+// kernel of path 28's gate/up, launched with PDL's attribute
+template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, int tiles, cudaStream_t st) {
+    return ws_persistent<moe_wm_kernel<GATEUP, MIX>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wm_cfg::smem(),
+                                                     st, MIX);
 }
 
 // (cuda_moe.cuh) mode 6: path 14, MXFP4 only (moe_wy_kernel: items of 256 token rows x 128 weight
 // rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
 // weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
-// bf16 down rows staged in shared memory and written by bulk copies); false where the shapes do not
+// bf16 down rows staged in shared memory and written by bulk copies); modes 17, 18: paths 25, 26;
+// mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
 // benchmark's per-kernel times)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
@@ -1231,6 +1285,14 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
     // paths 25, 26 (modes 17, 18): the weights as M, 64 output columns a gate/up item, 128 a down item;
     // 26 runs path 24's down kernel (22's with fp32 rows)
+    // path 28 (mode 20): the gate/up's full 256-row tiles of each expert by path 24's kernel, its rest
+    // of 1..WX_REM rows by path 25's (the note at WX_REM); the down GEMM path 24's
+    if (mx && mode == 20) {
+        if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
+        bool ok = wy_launch<true, true, false, true>(g, tiles, st) && wm_launch<true, true>(g, tiles, st);
+        if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
+        return ok && wy_launch<false, true, true>(d, tiles, st);
+    }
     if (mx && (mode == 17 || mode == 18)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         bool ok = wm_launch<true>(g, tiles, st);
