@@ -1203,7 +1203,10 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
         // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
-        // prefill, MXFP4 with the weights as M").
+        // prefill, MXFP4 with the weights as M"). =wsdyn: path 27 (session 13: path 12's kernels
+        // taking their items from a global counter, so that an expert's M tiles read each weight tile
+        // within a few us of each other, from L2; docs/benchmarks.md "MoE prefill BF16, items by a
+        // counter").
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1220,12 +1223,13 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxb") ? 24
                   : !strcmp(e, "wsmxm") ? 25
                   : !strcmp(e, "wsmxg") ? 26
+                  : !strcmp(e, "wsdyn") ? 27
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 24) : mxp ? 12 : pre) : pre;
@@ -1238,11 +1242,11 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
     // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
-    // of 14, removed) are no paths.
+    // of 14, removed) are no paths. 27: path 12 with its items taken from a counter.
     const bool mc = path == 17 || path == 18, wy = wy_path(path);
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || wy || mc,
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 27 || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || wy_path(path)) &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || path == 27 || wy_path(path)) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
