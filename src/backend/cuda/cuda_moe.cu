@@ -1208,7 +1208,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // path 12's kernels taking their items from a global counter, so that an expert's M tiles
         // read each weight tile within a few us of each other, from L2: Kimi-Linear-48B's 8K
         // prefill, gate/up 1307 -> 1170 us a layer (DRAM read 4080 -> 2735 MB), down 737 -> 678
-        // us, the prefill 4.2 % faster (docs/benchmarks.md "MoE prefill BF16, items by a counter");
+        // us, the prefill 4.2-5.5 % faster (docs/benchmarks.md "MoE prefill BF16, items by a counter");
         // =wsfast keeps path 12.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {

@@ -12,7 +12,8 @@
 // Work: items = (128-row M tile of one expert, from the permutation's tile list) x (256 weight rows:
 // GATEUP 128 rows of w1 + the same 128 of w3, SiTU/SwiGLU in the epilogue; DOWN 256 rows of w2, the
 // router weight in the epilogue), walked by a persistent grid of one 384-thread block per SM (block
-// b takes items b, b + grid, ...); K in 64-column chunks (one 128-byte swizzle atom per row).
+// b takes items b, b + grid, ...; path 27, BF16's default, takes them from a counter: DYN below); K in
+// 64-column chunks (one 128-byte swizzle atom per row).
 //
 // Warpgroup 0, the producer (setmaxnreg down to 72 registers, the consumers up to 216: 128 x 72 +
 // 256 x 216 = the 384 x 168 the block starts with; ptxas still compiles every role within the 168 of
@@ -257,9 +258,9 @@ __device__ __forceinline__ void ws_dyn_leave(int k) {
 // of b, b + grid, ... At Kimi-Linear's 8K prefill an expert has ~256 rows (2-3 M tiles), and the
 // items (tile t, N tile n) and (t + 1, n) read the same 1.18 MB weight tile; under the static walk
 // they run on blocks whose starts drift apart by up to an item (~32 us: short last tiles finish
-// early, and the drift adds up over ~39 items a block), while the L2 turns over its 50 MB in ~15 us
+// early, and the drift adds up over ~39 items a block), while the L2 turns over its 60 MB in ~20 us
 // at the kernel's DRAM rate, so the second tile re-reads most of the weights from DRAM: Nsight
-// Compute, 3904 MB read a layer for 2420 MB of weights (docs/benchmarks.md "Prefill 8K, round 5").
+// Compute, 3904 MB read a layer for 2416 MB of weights (docs/benchmarks.md "Prefill 8K, round 5").
 // Taken in counter order, item w + NN (the next tile's same N tile) starts ~NN items' worth of
 // grabs later (~2 us at 132 blocks), well inside the L2's lifetime; the grid's last items also
 // spread over the blocks that finish first. The producer's thread 0 takes the next item two chunks
@@ -270,6 +271,10 @@ __device__ __forceinline__ void ws_dyn_leave(int k) {
 // arrivals and item word -1, and the consumers leave. A launch's counter is back at 0 when it
 // ends: every block's thread 0 counts itself done after its last take, and the last one resets both.
 // One launch of a kernel (gate/up or down) at a time per device: the counters are per kernel.
+// Measured (H200, Kimi-Linear-48B's 8K prefill, docs/benchmarks.md "MoE prefill BF16, items by a
+// counter"): gate/up 1307 -> 1170 us a layer, DRAM read 4080 -> 2735 MB; down 737 -> 678 us, read
+// 1778 -> 1345 MB (its bytes' floor: the weights and h once); the prefill 4.2-5.5 % faster. BF16's
+// prefill default since session 13.
 template <bool MX, bool GATEUP, int CL, int PF, bool DYN = false>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
