@@ -448,14 +448,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24-27) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24-26, 29) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
-                        path == 18 || path == 22 || path == 24 || path == 25 || path == 26 || path == 27;
+                        path == 18 || path == 22 || path == 24 || path == 25 || path == 26 || path == 29;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -623,7 +623,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 27; path++) {
+    for (int path = 1; path <= 29; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -694,13 +694,13 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * block 1 of the last unit has no rows) and K of 2..16 chunks (the ring wrapping within and across
  * items). */
 #define WSMC (1 << 16 | 1 << 17) /* paths 17 and 18 (17 with CTA-scope remote releases) */
-/* Path 27 (path 12's kernels taking their items from a global counter) on every BF16 wgmma case:
+/* Path 29 (path 12's kernels taking their items from a global counter) on every BF16 wgmma case:
  * fewer items than blocks (n = 3, 33: blocks without an item leave and count themselves done),
  * many items a block (n = 600: 288 gate/up items), 1-3 tiles an expert, empty experts, K of 2..16
  * chunks (J = 2: the next item taken at the first chunk). Each case launches both kernels twice
  * (fp32 rows, then bf16 rows) and the cases follow each other, so a counter not put back to 0 at
  * the end of a launch skips the next launch's first items: rows left NaN, the case fails. */
-#define WSDYN (1 << 26)
+#define WSDYN (1 << 28)
 /* Path 14 (MXFP4 widened by the consumer warpgroups, items of 2 M tiles x 128 weight rows, each
  * weight chunk widened once for both) on every MXFP4 case: items of 1..256 rows (n = 400: ~200
  * rows, warpgroup 1's half 1 idle; n = 131 overloaded: 3 tiles = a pair + a pair of 3 rows whose
@@ -1109,13 +1109,13 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
     /* MXFP4: paths 14 and 22 twice, in opposite orders (alternating rounds), then with bf16 rows
      * (LUNAR_MOE_YBUF=bf16's form; -22, -24: the path's run_b) 22 and 24 twice, in opposite orders */
-    /* BF16: path 27 (12 taking its items from a counter) against 12, alternating, last */
-    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18, 27, 12, 27},
+    /* BF16: path 29 (12 taking its items from a counter) against 12, alternating, last */
+    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18, 29, 12, 29},
                      mpaths[] = {2, 22, -24, -25, -26, -24, -25, -26, 25, -24};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again",
-                                "12, items by counter (27)", "ws fast epi (12) third", "27 again"},
+                                "12, items by counter (29)", "ws fast epi (12) third", "29 again"},
                       *mpn[] = {"mma.sync (old)", "path 22",        "24, bf16 (default)", "25, bf16 rows",
                                 "26, bf16 rows", "24, bf16 again", "25, bf16 again",     "26, bf16 again",
                                 "25, fp32 rows",  "24, bf16 third"};

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Session 13, issue 9 (branch s13-klgu): path 27 (path 12's BF16 expert GEMMs taking their items from a
+# Session 13, issue 9 (branch s13-klgu): path 29 (path 12's BF16 expert GEMMs taking their items from a
 # counter, LUNAR_MOE_PREFILL=wsdyn) against path 12 on Kimi-Linear-48B's 8K prefill, in one call:
-#  1. the op tests (cuda_moe_experts_bf16 runs path 27 on every BF16 wgmma case; cuda_moe_layer and
-#     cuda_forward with the defaults, then with wsdyn: path 27 through the layer and the forward, graphs == eager)
-#  2. LUNAR_MOE_BENCH=prefill-bf16 cuda_moe_bench (both GEMMs, 8192 tokens: 12, 27, 12, 27 among the others)
+#  1. the op tests (cuda_moe_experts_bf16 runs path 29 on every BF16 wgmma case; cuda_moe_layer and
+#     cuda_forward with the defaults, then with wsdyn: path 29 through the layer and the forward, graphs == eager)
+#  2. LUNAR_MOE_BENCH=prefill-bf16 cuda_moe_bench (both GEMMs, 8192 tokens: 12, 29, 12, 29 among the others)
 #  3. Nsight Compute of the two expert kernels in one 8K prefill, default then wsdyn (time, DRAM read / written)
 #  4. ROUNDS alternating rounds of the 8K prefill, default vs wsdyn (no round started after AB_S seconds)
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=4] [AB_S=150] [NCU=1] tools/device/klgu.sh
@@ -21,8 +21,8 @@ tst() {  # name [env]
   grep -E 'FAILED|passed, ' $OUT/t_$1${2:+_dyn}.log | cut -c1-200 | tail -4 >> $T
 }
 tst cuda_moe_experts_bf16
-# path 27's cases: the largest error against the CPU op and against the first path of each case
-grep -E 'wsdyn' $OUT/t_cuda_moe_experts_bf16.log | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+e[-+][0-9]+$/) {v = $i + 0; if (/ vs /) {if (v > mv) mv = v} else if (v > mc) mc = v}} END {printf "path 27: %d lines, max rel err vs CPU %.3g, vs the case'"'"'s first path %.3g\n", NR, mc, mv}' >> $T
+# path 29's cases: the largest error against the CPU op and against the first path of each case
+grep -E 'wsdyn' $OUT/t_cuda_moe_experts_bf16.log | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+e[-+][0-9]+$/) {v = $i + 0; if (/ vs /) {if (v > mv) mv = v} else if (v > mc) mc = v}} END {printf "path 29: %d lines, max rel err vs CPU %.3g, vs the case'"'"'s first path %.3g\n", NR, mc, mv}' >> $T
 grep -E 'wsdyn' $OUT/t_cuda_moe_experts_bf16.log | head -3 | cut -c1-160 >> $T
 tst cuda_moe_layer
 tst cuda_moe_layer LUNAR_MOE_PREFILL=wsdyn

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Session 13, s13-klgu's second call: path 27 as BF16's prefill default. The op tests on the default
-# (cuda_moe_layer and cuda_forward now run path 27), then ROUNDS alternating rounds of Kimi-Linear-48B's
-# 8K prefill: the default (27), LUNAR_MOE_PREFILL=wsfast (path 12, the old default) and
-# LUNAR_MOE_YBUF=bf16 (27 writing the down GEMM's rows in bf16, the combine reading bf16: a numerics
+# Session 13, s13-klgu's second call: path 29 as BF16's prefill default. The op tests on the default
+# (cuda_moe_layer and cuda_forward now run path 29), then ROUNDS alternating rounds of Kimi-Linear-48B's
+# 8K prefill: the default (29), LUNAR_MOE_PREFILL=wsfast (path 12, the old default) and
+# LUNAR_MOE_YBUF=bf16 (29 writing the down GEMM's rows in bf16, the combine reading bf16: a numerics
 # choice), no round started after AB_S seconds.
 # NCU=1: Nsight Compute of the expert kernels and the combine in one 8K prefill, the default vs bf16 rows.
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=3] [AB_S=45] [NCU=1] tools/device/klgu2.sh

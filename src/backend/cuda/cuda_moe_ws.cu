@@ -12,7 +12,7 @@
 // Work: items = (128-row M tile of one expert, from the permutation's tile list) x (256 weight rows:
 // GATEUP 128 rows of w1 + the same 128 of w3, SiTU/SwiGLU in the epilogue; DOWN 256 rows of w2, the
 // router weight in the epilogue), walked by a persistent grid of one 384-thread block per SM (block
-// b takes items b, b + grid, ...; path 27, BF16's default, takes them from a counter: DYN below); K in
+// b takes items b, b + grid, ...; path 29, BF16's default, takes them from a counter: DYN below); K in
 // 64-column chunks (one 128-byte swizzle atom per row).
 //
 // Warpgroup 0, the producer (setmaxnreg down to 72 registers, the consumers up to 216: 128 x 72 +
@@ -197,7 +197,7 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
     return lo;
 }
 
-// Path 27's item counters, [GATEUP] (see DYN below): the next item past each block's first, and
+// Path 29's item counters, [GATEUP] (see DYN below): the next item past each block's first, and
 // the blocks that took their last
 __device__ int ws_dyn_next[2], ws_dyn_done[2];
 // the last block of a launch to count itself done puts both counters back to 0 for the next launch
@@ -254,7 +254,7 @@ __device__ __forceinline__ void ws_dyn_leave(int k) {
 // issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
 // PF = 3 (path 12, BF16's prefill default): path 6 with glu_act_fast in the gate/up epilogue.
 //
-// DYN (path 27: path 12's two kernels, BF16 only): the items handed out by a global counter instead
+// DYN (path 29: path 12's two kernels, BF16 only): the items handed out by a global counter instead
 // of b, b + grid, ... At Kimi-Linear's 8K prefill an expert has ~256 rows (2-3 M tiles), and the
 // items (tile t, N tile n) and (t + 1, n) read the same 1.18 MB weight tile; under the static walk
 // they run on blocks whose starts drift apart by up to an item (~32 us: short last tiles finish
@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
-    static_assert(!DYN || (!MX && !CL && (PF == 0 || PF == 3)), "path 27: path 12's kernels");
+    static_assert(!DYN || (!MX && !CL && (PF == 0 || PF == 3)), "path 29: path 12's kernels");
     static_assert(!(PF && (MX || (CL && PF != 3))), "paths 10-12 are variants of path 6's BF16 kernel");
     static_assert(CL >= 0 && CL <= 3,
                   "0: one block, 1: path 7's pairs, 2: path 17's pairs + paired single tiles, 3: path 18 (17, "
@@ -1305,7 +1305,7 @@ template <bool GATEUP> static bool wm_launch(const xargs &a, int tiles, cudaStre
 // weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
 // bf16 down rows staged in shared memory and written by bulk copies); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
-// benchmark's per-kernel times). Mode 19 (not in cuda_moe.cuh's list): path 27, BF16 only, path 12's
+// benchmark's per-kernel times). Mode 19 (not in cuda_moe.cuh's list): path 29, BF16 only, path 12's
 // two kernels taking their items from a global counter (MXFP4: path 6)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
@@ -1343,7 +1343,7 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
         return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
         return ws_launch<false, true, 0, 1>(g, tiles, st) && ws_launch<false, false, 0, 1>(d, tiles, st);
-    if (mode == 19)  // path 27: path 12's kernels taking their items from a counter
+    if (mode == 19)  // path 29: path 12's kernels taking their items from a counter
         return ws_launch<false, true, 0, 3, true>(g, tiles, st) && ws_launch<false, false, 0, 0, true>(d, tiles, st);
     if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
         return ws_launch<false, true, 0, 3>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
