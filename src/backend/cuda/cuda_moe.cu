@@ -878,7 +878,7 @@ static void fused_launch(const xargs &g, const xargs &d, const lunar_cuda_moe_ro
 
 // ---------------------------------------------------------------- grouped GEMM (prefill)
 // The mma.sync grouped GEMM: path 2, prefill's kernel with LUNAR_MOE_PREFILL=old (the defaults are
-// the wgmma kernels of cuda_moe_ws.cu: path 12 for BF16 experts, path 14 for MXFP4).
+// the wgmma kernels of cuda_moe_ws.cu: path 29 for BF16 experts, path 24 for MXFP4).
 // CTA tile: 128 permuted rows (one expert's M tile, from the tile list) x 128 weight rows
 // (GATEUP: 64 columns of I from w1 and the same 64 from w3; DOWN: 128 rows of w2), K in chunks of
 // 128 columns. 8 warps = 2 (M, 64 rows each) x 4 (N, 32 weight rows each). Activations: global ->
@@ -1212,7 +1212,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // tokens (docs/benchmarks.md "MoE decode, MXFP4 instruction count (session 7, H200)")
         const int auto_dec = f16_ok ? 16 : w->mxfp4 && w->I >= 1024 && n >= 32 ? 8 : 1;
         // Prefill (n > 64): BF16 experts run the warp-specialised wgmma kernel with the SFU's
-        // exp / tanh / division in its gate/up epilogue (path 12, cuda_moe_ws.cu), MXFP4 experts
+        // exp / tanh / division in its gate/up epilogue, its items taken from a global counter
+        // (path 29, cuda_moe_ws.cu; path 12 with the static walk b, b + grid, ...), MXFP4 experts
         // the warp-specialised wgmma kernel that widens each weight chunk in its consumer
         // warpgroups once for two M tiles of an expert (path 22, cuda_moe_ws.cu: path 14 with a
         // shorter switch between items): measured on the
@@ -1229,8 +1230,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // kinds, =wsc path 7 (path 6 in clusters of 2 sharing the BF16 weight tiles; measured 30 %
         // slower than 6, kept opt-in), =wsf path 10 for BF16 experts (path 6 with the consumers'
         // per-chunk proxy fence moved to the producer; measured 0-6 % slower than 6, kept opt-in),
-        // =wsfast path 12 for BF16 experts (the default), =wsmx2 path 14 for MXFP4 experts, =wsmc
-        // path 17 for BF16 experts (path 12's kernel in clusters of 2 sharing the weight tiles by
+        // =wsfast path 12 for BF16 experts (the default until session 13: path 29 below), =wsmx2
+        // path 14 for MXFP4 experts, =wsmc path 17 for BF16 experts (path 12's kernel in clusters of 2 sharing the weight tiles by
         // TMA multicast, the odd tiles paired without; opt-in), =wsmc2 path 18 (17 with CTA-scope
         // remote releases); the other kind keeps its default under wsf / wsfast / wsmx2 / wsmc /
         // wsmc2. Path 22 (path 14 with the down epilogue's row weights loaded once per item and the
@@ -1254,6 +1255,12 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // 8K prefill 1.1 % (docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"); =wsmxb
         // keeps path 24. Path 27 (=wsmxh then: the split in the down GEMM too) measured slower than
         // 28 and was removed.
+        // Path 29 (=wsdyn), BF16's default since session 13:
+        // path 12's kernels taking their items from a global counter, so that an expert's M tiles
+        // read each weight tile within a few us of each other, from L2: Kimi-Linear-48B's 8K
+        // prefill, gate/up 1307 -> 1170 us a layer (DRAM read 4080 -> 2735 MB), down 737 -> 678
+        // us, the prefill 4.2-5.5 % faster (docs/benchmarks.md "MoE prefill BF16, items by a counter");
+        // =wsfast keeps path 12.
         static int pre = -1;  // 0: by weight kind
         if (pre < 0) {
             const char *e = getenv("LUNAR_MOE_PREFILL");
@@ -1271,19 +1278,20 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxm") ? 25
                   : !strcmp(e, "wsmxg") ? 26
                   : !strcmp(e, "wsmxhb") ? 28
+                  : !strcmp(e, "wsdyn") ? 29
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 12 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 28 : 12) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 29 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 28 : 29) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
-    if (wy_path(path) && !w->mxfp4) path = 12;  // MXFP4 widened in the kernel
+    if (wy_path(path) && !w->mxfp4) path = 29;  // MXFP4 widened in the kernel: BF16's default
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
@@ -1291,11 +1299,11 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // 25, 26: the weights as wgmma's M; 28: 24 and 25 per gate/up item (an expert's full tiles, its
     // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
-    // of 14, removed) are no paths.
+    // of 14, removed) are no paths. 29: path 12 with its items taken from a counter.
     const bool mc = path == 17 || path == 18, wy = wy_path(path);
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || wy || mc,
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 29 || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || wy_path(path)) &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || path == 29 || wy_path(path)) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E

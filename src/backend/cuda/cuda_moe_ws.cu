@@ -12,7 +12,8 @@
 // Work: items = (128-row M tile of one expert, from the permutation's tile list) x (256 weight rows:
 // GATEUP 128 rows of w1 + the same 128 of w3, SiTU/SwiGLU in the epilogue; DOWN 256 rows of w2, the
 // router weight in the epilogue), walked by a persistent grid of one 384-thread block per SM (block
-// b takes items b, b + grid, ...); K in 64-column chunks (one 128-byte swizzle atom per row).
+// b takes items b, b + grid, ...; path 29, BF16's default, takes them from a counter: DYN below); K in
+// 64-column chunks (one 128-byte swizzle atom per row).
 //
 // Warpgroup 0, the producer (setmaxnreg down to 72 registers, the consumers up to 216: 128 x 72 +
 // 256 x 216 = the 384 x 168 the block starts with; ptxas still compiles every role within the 168 of
@@ -196,6 +197,19 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
     return lo;
 }
 
+// Path 29's item counters, [GATEUP] (see DYN below): the next item past each block's first, and
+// the blocks that took their last
+__device__ int ws_dyn_next[2], ws_dyn_done[2];
+// the last block of a launch to count itself done puts both counters back to 0 for the next launch
+// (stream-ordered after this one): every block counts once, after its last take
+__device__ __forceinline__ void ws_dyn_leave(int k) {
+    __threadfence();  // this thread's takes before its count
+    if (atomicAdd(&ws_dyn_done[k], 1) == (int)gridDim.x - 1) {
+        atomicExch(&ws_dyn_next[k], 0);
+        atomicExch(&ws_dyn_done[k], 0);
+    }
+}
+
 // CL (path 7, BF16 only): blocks run in clusters of 2 that take the two M tiles 2k, 2k + 1 of one
 // expert (an item = pair of tiles x N tile) and share the B tile: block rank r copies half r (w1 /
 // w3 rows for GATEUP, rows 128 r .. of the 256 for DOWN) by TMA multicast into both blocks' stage,
@@ -239,11 +253,34 @@ __device__ __forceinline__ int pairs_expert(const int *pfx, int E, int pr) {
 // either way, but with P = 2 the arrival for chunk q waits for the release of q - 2 (the producer
 // issues q + 2 first), with P = 1 for that of q - 3, at the cost of fewer copy groups in flight.
 // PF = 3 (path 12, BF16's prefill default): path 6 with glu_act_fast in the gate/up epilogue.
-template <bool MX, bool GATEUP, int CL, int PF>
+//
+// DYN (path 29: path 12's two kernels, BF16 only): the items handed out by a global counter instead
+// of b, b + grid, ... At Kimi-Linear's 8K prefill an expert has ~256 rows (2-3 M tiles), and the
+// items (tile t, N tile n) and (t + 1, n) read the same 1.18 MB weight tile; under the static walk
+// they run on blocks whose starts drift apart by up to an item (~32 us: short last tiles finish
+// early, and the drift adds up over ~39 items a block), while the L2 turns over its 60 MB in ~20 us
+// at the kernel's DRAM rate, so the second tile re-reads most of the weights from DRAM: Nsight
+// Compute, 3904 MB read a layer for 2416 MB of weights (docs/benchmarks.md "Prefill 8K, round 5").
+// Taken in counter order, item w + NN (the next tile's same N tile) starts ~NN items' worth of
+// grabs later (~2 us at 132 blocks), well inside the L2's lifetime; the grid's last items also
+// spread over the blocks that finish first. The producer's thread 0 takes the next item two chunks
+// before the current one's last (the atomic's latency under those chunks' copies), hands it to the
+// other producer threads by shared memory and a named barrier, and to the consumers in the
+// stage's item word, written before its arrival on the first chunk's `full` (the barrier's release
+// / acquire publishes it). No item left: the producer fills the next stage's `full` with 129 plain
+// arrivals and item word -1, and the consumers leave. A launch's counter is back at 0 when it
+// ends: every block's thread 0 counts itself done after its last take, and the last one resets both.
+// One launch of a kernel (gate/up or down) at a time per device: the counters are per kernel.
+// Measured (H200, Kimi-Linear-48B's 8K prefill, docs/benchmarks.md "MoE prefill BF16, items by a
+// counter"): gate/up 1307 -> 1170 us a layer, DRAM read 4080 -> 2735 MB; down 737 -> 678 us, read
+// 1778 -> 1345 MB (its bytes' floor: the weights and h once); the prefill 4.2-5.5 % faster. BF16's
+// prefill default since session 13.
+template <bool MX, bool GATEUP, int CL, int PF, bool DYN = false>
 __global__ void __launch_bounds__(WS_T, 1)
     moe_ws_kernel(const __grid_constant__ xargs a, const __grid_constant__ CUtensorMap tm0,
                   const __grid_constant__ CUtensorMap tm1) {
     static_assert(!(MX && CL), "the cluster variant copies bf16 weights");
+    static_assert(!DYN || (!MX && !CL && (PF == 0 || PF == 3)), "path 29: path 12's kernels");
     static_assert(!(PF && (MX || (CL && PF != 3))), "paths 10-12 are variants of path 6's BF16 kernel");
     static_assert(CL >= 0 && CL <= 3,
                   "0: one block, 1: path 7's pairs, 2: path 17's pairs + paired single tiles, 3: path 18 (17, "
@@ -260,6 +297,9 @@ __global__ void __launch_bounds__(WS_T, 1)
     const uint32_t sB = sA + WS_ST * C::A_BYTES, sR = sB + WS_ST * C::B_BYTES, sS = sR + WS_RS * C::RAW_BYTES;
     const uint32_t full = (MX ? sS + WS_RS * C::SCW_BYTES : sR), empty = full + WS_ST * 8;
     int *pfx = (int *)(ws_smem + (empty + WS_ST * 8 - smem_u32(ws_smem)));  // CL: [E + 1] pairs (+ singles) before expert e
+    // DYN: [s] the item of the chunk in stage s (written for an item's first chunk; -1: none left),
+    // [ST + (li & 1)] the producers' next item after their li-th
+    volatile int *itm = pfx;
 
     const int NN = a.R / NH, J = a.K / WS_BK;
     const int tid = threadIdx.x;
@@ -278,12 +318,14 @@ __global__ void __launch_bounds__(WS_T, 1)
     const int PT = CL2 ? (pfx[a.E] & 0xffff) * NN : 0, SG = CL2 ? (pfx[a.E] >> 16) * NN : 0;
     const int total = CL2 ? PT + (SG + 1) / 2 : (CL ? pfx[a.E] : a.counts[a.E + 1]) * NN;
     const int G = CL ? gridDim.x / 2 : gridDim.x, b = CL ? blockIdx.x / 2 : blockIdx.x;
-    if (b >= total) return;  // block- (CL: cluster-) uniform, before any barrier
+    if (b >= total) {  // block- (CL: cluster-) uniform, before any barrier
+        if (DYN && tid == 0) ws_dyn_leave(GATEUP);
+        return;
+    }
     const int items = (total - 1 - b) / G + 1, Q = items * J;
     // item li of this block: expert e, rows r0 .. rend - 1 of the permutation, weight rows n0 ..;
     // mc: the cluster shares the item's B tile (CL = 1 always, CL = 2 on the pairs' units)
-    auto item = [&](int li, int &e, int &r0, int &rend, int &n0, bool &mc) {
-        const int w = b + li * G;
+    auto item_at = [&](int w, int &e, int &r0, int &rend, int &n0, bool &mc) {
         mc = CL == 1 || (CL2 && w < PT);
         if (CL2 && !mc) {
             const int si0 = 2 * (w - PT) + (int)rank, si = min(si0, SG - 1), sp = si / NN;
@@ -307,6 +349,7 @@ __global__ void __launch_bounds__(WS_T, 1)
             n0 = (w - ti * NN) * NH;
         }
     };
+    auto item = [&](int li, int &e, int &r0, int &rend, int &n0, bool &mc) { item_at(b + li * G, e, r0, rend, n0, mc); };
     if (tid == 0) ws_ring_init(full, empty, WS_ST, MX ? 128 : 129, CL ? 16 : 8);
     if (CL) cluster_sync_all();  // both blocks' barriers exist before either copies or arrives
     else __syncthreads();
@@ -320,14 +363,19 @@ __global__ void __launch_bounds__(WS_T, 1)
         uint32_t xok = 0;
         int e = 0, n0 = 0;
         bool mc = false;
-        auto issue = [&](int q) {
-            const int li = q / J, j = q - li * J, s = q % WS_ST;
-            if (j == 0) {
-                int r0, rend;
-                item(li, e, r0, rend, n0, mc);
-                xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
-            }
+        int cur_w = 0;
+        auto start = [&](int w) {  // item w's expert, weight rows and A sources
+            int r0, rend;
+            item_at(w, e, r0, rend, n0, mc);
+            xok = ws_a_sources<GATEUP>(a, r0, rend, a_row0, a_ch, xsrc);
+            cur_w = w;
+        };
+        // chunk q, column chunk j of its item
+        auto issue = [&](int q, int j) {
+            const int s = q % WS_ST;
+            if (!DYN && j == 0) start(b + (q / J) * G);
             if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
+            if (DYN && j == 0 && tid == 0) itm[s] = cur_w;  // before this thread's arrival on `full`
             if (CL && mc && tid == 0) {  // this block's half of B, into both blocks
                 mbar_expect_tx(full + 8 * s, C::B_BYTES);
                 const int row = e * a.R + n0 + (GATEUP ? 0 : 128 * (int)rank);
@@ -397,7 +445,7 @@ __global__ void __launch_bounds__(WS_T, 1)
         };
         if (DEFER) {
             for (int q = 0; q < Q + P; q++) {
-                if (q < Q) issue(q);
+                if (q < Q) issue(q, q % J);
                 else cp_commit();  // empty groups keep the wait_group count fixed
                 if (q >= P) {
                     cp_wait<P>();
@@ -409,8 +457,31 @@ __global__ void __launch_bounds__(WS_T, 1)
                     }
                 }
             }
+        } else if (DYN) {
+            int q = 0;
+            for (int w = b, li = 0;; li++) {
+                start(w);
+                int next = 0;
+                for (int j = 0; j < J; j++, q++) {
+                    if (tid == 0 && j == (J > 2 ? J - 2 : 0)) next = G + atomicAdd(&ws_dyn_next[GATEUP], 1);
+                    issue(q, j);
+                }
+                if (tid == 0) itm[WS_ST + (li & 1)] = next;
+                asm volatile("bar.sync 1, 128;\n" ::: "memory");  // the producer warpgroup
+                w = itm[WS_ST + (li & 1)];
+                if (w >= total) break;
+            }
+            // none left: stage q % ST's next `full` phase completes with item word -1 (129 arrivals)
+            const int s = q % WS_ST;
+            if (q >= WS_ST) mbar_wait(empty + 8 * s, ((q / WS_ST) - 1) & 1);
+            if (tid == 0) {
+                itm[s] = -1;
+                mbar_arrive(full + 8 * s);
+                ws_dyn_leave(GATEUP);
+            }
+            mbar_arrive(full + 8 * s);
         } else {
-            for (int q = 0; q < Q; q++) issue(q);
+            for (int q = 0; q < Q; q++) issue(q, q % J);
         }
         cp_commit();
         cp_wait<0>();  // nothing of this thread's is left in flight when it leaves
@@ -423,10 +494,18 @@ __global__ void __launch_bounds__(WS_T, 1)
 #pragma unroll
         for (int i = 0; i < NACC; i++) acc[i] = 0.0f;
         int pend = -1;  // the chunk whose stage this warp has not released yet
-        for (int li = 0, q = 0; li < items; li++) {
+        for (int li = 0, q = 0; DYN || li < items; li++) {
             int e_, c_r0, c_rend, c_n0;
             bool mc_;
-            item(li, e_, c_r0, c_rend, c_n0, mc_);
+            if (DYN) {  // the item of the next chunk's stage, published by its `full` phase
+                const int s0 = q % WS_ST;
+                mbar_wait(full + 8 * s0, (q / WS_ST) & 1);
+                const int w = itm[s0];
+                if (w < 0) break;  // no chunk pending: the last item was drained and released
+                item_at(w, e_, c_r0, c_rend, c_n0, mc_);
+            } else {
+                item(li, e_, c_r0, c_rend, c_n0, mc_);
+            }
             c_r0 += wg * 64;
             const bool c_on = c_r0 < c_rend;  // warpgroup-uniform
             for (int j = 0; j < J; j++, q++) {
@@ -1181,7 +1260,7 @@ static bool ws_tmap(CUtensorMap *m, const uint16_t *w, long rows, int K) {
 }
 
 #define WS_MAX_DEV 64
-template <bool MX, bool GATEUP, int CL, int PF>
+template <bool MX, bool GATEUP, int CL, int PF, bool DYN = false>
 static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUtensorMap t0, t1;
     memset(&t0, 0, sizeof t0), memset(&t1, 0, sizeof t1);
@@ -1195,7 +1274,8 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     // CL = 2 packs the pair and single-tile counts into 16 bits each (tiles <= n k / 128 + E)
     CUDA_REQUIRE(!CL || a.E <= 1024);
     CUDA_REQUIRE(CL < 2 || tiles < 65536);
-    const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0);
+    // DYN: the stages' item words and the producers' two next-item words
+    const size_t smem = ws_cfg::smem(MX) + (CL ? 1025 * 4 : 0) + (DYN ? (WS_ST + 2) * 4 : 0);
     static bool attr[WS_MAX_DEV];
     static int sms[WS_MAX_DEV];  // blocks that run at once: SMs, or CL: 2 x the clusters that fit
     int dev = 0;
@@ -1208,13 +1288,13 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     cfg.blockDim = dim3(WS_T), cfg.dynamicSmemBytes = smem, cfg.stream = st;
     cfg.attrs = cl, cfg.numAttrs = CL ? 1 : 0;
     if (!attr[dev]) {  // per device: the dynamic shared-memory limit is raised on the current one
-        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP, CL, PF>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CUDA_CHECK(cudaFuncSetAttribute(moe_ws_kernel<MX, GATEUP, CL, PF, DYN>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         (int)smem));
         CUDA_CHECK(cudaDeviceGetAttribute(&sms[dev], cudaDevAttrMultiProcessorCount, dev));
         if (CL) {
             int nc = 0;
             cfg.gridDim = dim3(2 * sms[dev]);
-            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL, PF>, &cfg));
+            CUDA_CHECK(cudaOccupancyMaxActiveClusters(&nc, moe_ws_kernel<MX, GATEUP, CL, PF, DYN>, &cfg));
             if (nc <= 0) return false;  // (attr stays unset: asked again, refused again)
             // LUNAR_MOE_WSMC_CLUSTERS=c (path 17, opt-in, measurement only): c clusters instead of the
             // occupancy query's count, to test whether the query leaves SMs idle (path 7 and 17 measured
@@ -1231,7 +1311,7 @@ static bool ws_launch(const xargs &a, int tiles, cudaStream_t st) {
     const int grid = items < sms[dev] ? (int)items : sms[dev];
     if (grid <= 0) return true;
     cfg.gridDim = dim3(grid);
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL, PF>, a, t0, t1));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, moe_ws_kernel<MX, GATEUP, CL, PF, DYN>, a, t0, t1));
     return true;
 }
 
@@ -1279,7 +1359,8 @@ template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, i
 // bf16 down rows staged in shared memory and written by bulk copies); modes 17, 18: paths 25, 26;
 // mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
-// benchmark's per-kernel times)
+// benchmark's per-kernel times). Mode 19 (not in cuda_moe.cuh's list): path 29, BF16 only, path 12's
+// two kernels taking their items from a global counter (MXFP4: path 6)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
     // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
@@ -1324,6 +1405,8 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
         return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
         return ws_launch<false, true, 0, 1>(g, tiles, st) && ws_launch<false, false, 0, 1>(d, tiles, st);
+    if (mode == 19)  // path 29: path 12's kernels taking their items from a counter
+        return ws_launch<false, true, 0, 3, true>(g, tiles, st) && ws_launch<false, false, 0, 0, true>(d, tiles, st);
     if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
         return ws_launch<false, true, 0, 3>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
     return ws_launch<false, true, 0, 0>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
