@@ -831,14 +831,15 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
      * of each row (relative 2^-9, as the bf16 h the down GEMM multiplies) before the fp32 sum. The
      * default for MXFP4 experts since session 11 (path 24 writes them by bulk copies: the K3.1 TP8
      * slice's 8K prefill 2.2 % faster than fp32 rows, the K3-shaped model's median row error vs
-     * the CPU unchanged; docs/benchmarks.md "MoE prefill, MXFP4 round 4"); BF16 experts keep fp32
-     * rows (no gain measured on Kimi-Linear). LUNAR_MOE_YBUF=bf16 | fp32: either form for both. */
-    static int ybf = -1; /* 1 bf16, 0 fp32, 2 by weight kind */
-    if (ybf < 0) {
+     * the CPU unchanged; docs/benchmarks.md "MoE prefill, MXFP4 round 4"), for BF16 experts since
+     * session 13 (path 29: Kimi-Linear-48B's 8K prefill 1.0 % faster, the combine 180 -> 111 us a
+     * layer; "MoE prefill BF16, items by a counter"). vLLM's fused MoE also keeps each expert's
+     * output row in the activation dtype before the sum. LUNAR_MOE_YBUF=fp32 the fp32 rows. */
+    static int yrows_b = -1;
+    if (yrows_b < 0) {
         const char *e = getenv("LUNAR_MOE_YBUF");
-        ybf = e && !strcmp(e, "bf16") ? 1 : e && !strcmp(e, "fp32") ? 0 : 2;
+        yrows_b = !(e && !strcmp(e, "fp32"));
     }
-    const int yrows_b = ybf == 1 || (ybf == 2 && w->mx.mxfp4);
     uint16_t *yb16 = yrows_b && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
     if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, 0, NULL)) yb16 = NULL;
     if (!yb16) {
