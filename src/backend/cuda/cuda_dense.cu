@@ -1115,10 +1115,11 @@ __global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_loop_kernel(float *__re
 
 /* LUNAR_KDA_GATE=exact: kda_gate_gemm_kernel with kda_gate_value's libm gate (the default before session
  * 13, bit-equal to cuBLAS + lunar_cuda_kda_gate); =sfu: the same kernel with the SFU gate; =loop: the
- * SFU gate in kda_gate_gemm_loop_kernel; unset: kGateFormDefault. Read once; lunar_cuda_kda_gate_form
- * (the op test's and bench_cuda's hook, declared where they call it) sets it (0 exact, 1 sfu, 2 loop)
- * and returns the form before. */
-constexpr int kGateFormDefault = 0;
+ * SFU gate in kda_gate_gemm_loop_kernel, the default (session 13, H200, 8K: 125.4 -> 81.1 us, sfu 82.3;
+ * 32K: 486 -> 310 us, sfu 332; docs/benchmarks.md "KDA gate GEMM on the SFU"). Read once;
+ * lunar_cuda_kda_gate_form (the op test's and bench_cuda's hook, declared where they call it) sets it
+ * (0 exact, 1 sfu, 2 loop) and returns the form before. */
+constexpr int kGateFormDefault = 2;
 static int gate_form = -1;
 static int kda_gate_form(void) {
     if (gate_form < 0) {
