@@ -8,9 +8,11 @@
 #     SASS stall samples (SourceCounters), per form
 #  4. the 8K prefill: LUNAR_NONE=0 (the defaults) and each variant of $PFAB, $ROUNDS rounds alternating
 #  5. (while the command is under $LATE_S s) ncu on the 8K prefill's gate kernels, the default and $NCU_FORM
-#  6. (likewise) ncu SourceCounters on one flash_pp_kernel launch (bench_mla prefill: H = 32, n = 8192)
+#  6. (FLASH=1, likewise) ncu SourceCounters on one flash_pp_kernel launch (bench_mla prefill: H = 32, n = 8192);
+#     in session 13's call kernel replay stayed at 'Profiling flash_pp_kernel: 0%' for the whole 60 s
+# The call runs in the session's checkout, not this worktree: carry this script in the pack (cp it into P).
 #   P=<prebuilt dir, with bench_cuda and bench_mla in bin/> OUT=<dir> [PFAB="A=1 B=2,C=3"] [ROUNDS=3]
-#   [FWD_FORM=loop] [NCU_FORM=loop] [LATE_S=100] tools/device/kdag.sh
+#   [FWD_FORM=loop] [NCU_FORM=loop] [LATE_S=100] [FLASH=1] bash P/kdag.sh
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
@@ -78,7 +80,7 @@ for n, ds in by.items():  # the 8K prefill's launches: the larger half (the benc
     print("%-44s %3d launches (top %d): %.1f us, read %.1f MB, write %.1f MB" % (n[:44], len(by[n]), len(ds), t, rd, wr))
 PY
 done
-if late; then
+if [ "${FLASH:-0}" = 1 ] && late; then
   step "ncu: flash_pp_kernel (bench_mla prefill, H = 32, n = 8192), SourceCounters"
   timeout 60 ncu --replay-mode kernel --clock-control none -k regex:flash_pp --launch-count 1 --import-source no \
     --warp-sampling-interval 0 --section SpeedOfLight --section WarpStateStats --section SourceCounters --section LaunchStats \
@@ -90,7 +92,7 @@ if late; then
   grep -E 'Duration|SM Frequency|Executed Ipc A|Warp Cycles Per Issued|Achieved Occupancy|Grid Size|Registers Per' \
     "$OUT/det_fl.txt" | head -8 >> $T
   python3 tools/device/ncu_sass_top.py "$OUT/sass_fl.csv" "$OUT/raw_fl.csv" 12 >> $T 2>&1
-else
+elif [ "${FLASH:-0}" = 1 ]; then
   echo "(skipped: flash ncu, time)" >> $T
 fi
 step done
