@@ -823,14 +823,25 @@ TEST(cuda_kda_gate_vs_cpu) {
  * (bf16 operands, products summed in double, then op_kda_gate: 1e-5) and against the launches it
  * replaces (cuBLAS / the generic GEMM into pre, then lunar_cuda_kda_gate: 1e-5, the sums in another
  * order); n odd and past a 64-token tile (a partial one, rows 8 apart straddling the end), H odd, in
- * 128 (the model's) and 48, both gate forms; the guards catch a write past g. */
+ * 128 (the model's) and 48, both gate forms; the guards catch a write past g (and g is poisoned:
+ * a NaN left in it fails). The three forms: the libm gate (exact), the SFU gate (sfu) and the SFU
+ * gate in the tile-loop kernel (loop: the same bits as sfu). The wide case (f_b 5x larger: f +
+ * dt_bias over about +-40) takes the softplus past both of its ends; it is also the model's H = 32,
+ * whose 64 column blocks give the loop kernel 4 x 132 / 64 = 8 blocks a column block on an H200,
+ * so n = 1100 (8 full tiles and a partial one) has block 0 of each walk two tiles. The SFU gate is also held against the exact kernel
+ * element by element (the same GEMM sums, so only the gate's form differs): softplus: |dg| / (a
+ * max(1, |x|)), x = f + dt_bias, a = exp(A_log) (g is a log decay: absolute in log space, relative
+ * where the softplus is linear), bounded: |dg| / |lb|; 1e-6 (the scale-relative error above is
+ * loose where |g| is small). */
+int lunar_cuda_kda_gate_form(int form); /* cuda_dense.cu's test hook (not in cuda_ops.h: every CUDA object depends on it) */
 TEST(cuda_kda_gate_gemm_vs_cpu) {
     if (!cuda_on()) return;
-    static const int shapes[][3] = {{77, 3, 128}, {133, 2, 48}, {5, 1, 128}}; /* n, H, in */
+    static const int shapes[][4] = {{77, 3, 128, 1}, {133, 2, 48, 1}, {5, 1, 128, 1}, {1100, 32, 128, 5}}; /* n, H, in, f_b x */
     for (unsigned si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const int n = shapes[si][0], H = shapes[si][1], in = shapes[si][2], dk = 128, HD = H * dk;
+        const float wr = 0.3f * (float)shapes[si][3];
         size_t mark = lunar_cuda_mark();
-        float *x = test_rand((long)n * in, 600 + si, -2, 2), *wf = test_rand((long)HD * in, 610 + si, -0.3f, 0.3f);
+        float *x = test_rand((long)n * in, 600 + si, -2, 2), *wf = test_rand((long)HD * in, 610 + si, -wr, wr);
         float *al = test_rand(H, 620 + si, -2, 1), *db = test_rand(HD, 630 + si, -1, 1);
         uint16_t *xb = malloc((size_t)n * in * 2), *wb = malloc((size_t)HD * in * 2);
         for (long i = 0; i < (long)n * in; i++) xb[i] = lunar_f32_to_bf16(x[i]);
@@ -851,19 +862,39 @@ TEST(cuda_kda_gate_gemm_vs_cpu) {
             const float lb = m ? -5.0f : 0.0f;
             float *ref = test_poisoned((long)n * HD);
             op_kda_gate(ref, f, &A, &Bt, n, H, dk, lb);
-            guarded o;
-            float *dg = guarded_new(&o, (size_t)n * HD * 4);
-            CHECK(lunar_cuda_kda_gate_gemm(dg, dx, dw, n, H, dk, in, dal, ddb, lb, NULL) == 0);
             lunar_cuda_matmul(pre, LUNAR_CUDA_F32, dx, dw, n, HD, in, NULL);
             lunar_cuda_kda_gate(g2, pre, dal, ddb, n, H, dk, lb, NULL);
-            float *g = down_f32(dg, (long)n * HD), *gr = down_f32(g2, (long)n * HD);
-            char what[96];
-            snprintf(what, sizeof what, "kda_gate_gemm n=%d H=%d in=%d lb=%g vs CPU", n, H, in, lb);
-            report(what, lunar_max_rel_err(g, ref, (long)n * HD), 1e-5);
-            snprintf(what, sizeof what, "kda_gate_gemm n=%d H=%d in=%d lb=%g vs GEMM + gate", n, H, in, lb);
-            report(what, lunar_max_rel_err(g, gr, (long)n * HD), 1e-5);
-            CHECK(guards_ok(&o));
-            free(ref), free(g), free(gr);
+            float *gr = down_f32(g2, (long)n * HD), *gk[3];
+            for (int form = 0; form < 3; form++) {
+                guarded o;
+                float *dg = guarded_new(&o, (size_t)n * HD * 4);
+                const int prev = lunar_cuda_kda_gate_form(form);
+                CHECK(lunar_cuda_kda_gate_gemm(dg, dx, dw, n, H, dk, in, dal, ddb, lb, NULL) == 0);
+                lunar_cuda_kda_gate_form(prev);
+                gk[form] = down_f32(dg, (long)n * HD);
+                char what[112];
+                const char *fn = form == 2 ? "loop" : form ? "sfu" : "exact";
+                snprintf(what, sizeof what, "kda_gate_gemm %s n=%d H=%d in=%d lb=%g vs CPU", fn, n, H, in, lb);
+                report(what, lunar_max_rel_err(gk[form], ref, (long)n * HD), 1e-5);
+                snprintf(what, sizeof what, "kda_gate_gemm %s n=%d H=%d in=%d lb=%g vs GEMM + gate", fn, n, H, in, lb);
+                report(what, lunar_max_rel_err(gk[form], gr, (long)n * HD), 1e-5);
+                CHECK(guards_ok(&o));
+            }
+            double worst = 0;
+            for (long i = 0; i < (long)n * HD; i++) {
+                const int col = (int)(i % HD);
+                const double xv = fabs((double)f[i] + db[col]), a = exp((double)al[col / dk]);
+                const double e = fabs((double)gk[1][i] - gk[0][i]) / (m ? 5.0 : a * (xv > 1 ? xv : 1));
+                if (isnan(gk[0][i]) || isnan(gk[1][i]))
+                    worst = INFINITY;
+                else if (e > worst)
+                    worst = e;
+            }
+            char what[112];
+            snprintf(what, sizeof what, "kda_gate_gemm sfu n=%d H=%d lb=%g vs exact, per element", n, H, lb);
+            report(what, worst, 1e-6);
+            CHECK(memcmp(gk[1], gk[2], (size_t)n * HD * 4) == 0); /* loop == sfu, bit for bit */
+            free(ref), free(gk[0]), free(gk[1]), free(gk[2]), free(gr);
         }
         CHECK(lunar_cuda_kda_gate_gemm(g2, dx, dw, n, H, 64, in, dal, ddb, 0.0f, NULL) == -1); /* dk != 128 */
         CHECK(lunar_cuda_kda_gate_gemm(g2, dx, dw, n, H, dk, 40, dal, ddb, 0.0f, NULL) == -1); /* in % 16 */

@@ -4,7 +4,9 @@
  * (bf16 8192^3 product measured on them). Prints one table row per case.
  * Usage: bench_cuda [prefill|decode|gemm|all|profile|profile32|kdastate|ptpc]
  *   (profile: one KDA prefill call per bf16 mode, for ncu, H = 96; profile32: H = 32 and the
- *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16) */
+ *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16;
+ *   kdagate: the prefill's f_b GEMM + gate (lunar_cuda_kda_gate_gemm) in its three forms, three rounds alternating;
+ *   kdagate1: one call of each form at 8K, for ncu) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +192,74 @@ static void bench_decode(int B, int T, int H) {
     lunar_cuda_release(mark);
 }
 
+/* ---------------------------------------------------------------- KDA gate GEMM
+ * lunar_cuda_kda_gate_gemm at Kimi-Linear-48B's shape (H = 32, in = 128), forms 0 exact (libm gate), 1 sfu,
+ * 2 loop (cuda_dense.cu). Floor: the bytes (g written fp32, xa and f_b read) at 4.2 TB/s (session 13's
+ * reference) beside the products' FLOPs at TC. */
+int lunar_cuda_kda_gate_form(int form); /* cuda_dense.cu's hook (not in cuda_ops.h: every CUDA object depends on it) */
+static const char *const gate_forms[] = {"exact", "sfu", "loop"};
+typedef struct {
+    float *g, *al, *db;
+    uint16_t *xa, *W;
+    int n;
+} gate_case;
+static gate_case gate_setup(int n) {
+    const int H = 32, HD = H * 128, in = 128;
+    gate_case c = {.n = n};
+    float *tmp = dalloc((size_t)n * in * 4);
+    c.xa = dalloc((size_t)n * in * 2), c.W = dalloc((size_t)HD * in * 2), c.g = dalloc((size_t)n * HD * 4);
+    c.al = dalloc(H * 4), c.db = dalloc(HD * 4);
+    lunar_cuda_fill_uniform(tmp, (size_t)n * in, 31, -1, 1);
+    lunar_cuda_f32_to_bf16(c.xa, tmp, (size_t)n * in);
+    lunar_cuda_fill_uniform(tmp, (size_t)HD * in, 32, -0.3f, 0.3f); /* f = xa . f_b^T of about unit spread */
+    lunar_cuda_f32_to_bf16(c.W, tmp, (size_t)HD * in);
+    lunar_cuda_fill_uniform(c.al, H, 33, -2, 1);
+    lunar_cuda_fill_uniform(c.db, HD, 34, -1, 1);
+    return c;
+}
+static void gate_call(const gate_case *c) {
+    if (lunar_cuda_kda_gate_gemm(c->g, c->xa, c->W, c->n, 32, 128, 128, c->al, c->db, 0.0f, NULL) != 0) {
+        fprintf(stderr, "kda_gate_gemm refused the shape\n");
+        exit(1);
+    }
+}
+static void bench_kda_gate(void) {
+    static const int ns[] = {8192, 32768};
+    printf("\n| kda gate GEMM | n | round | exact | sfu | loop | floor (bytes at 4.2 TB/s; flops at %.0f TF) |\n"
+           "|---|---|---|---|---|---|---|\n",
+           TC / 1e12);
+    for (int ni = 0; ni < 2; ni++) {
+        const size_t mark = lunar_cuda_mark();
+        gate_case c = gate_setup(ns[ni]);
+        const int n = c.n, HD = 32 * 128;
+        lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+        const double bytes = (double)n * HD * 4 + (double)n * 128 * 2 + (double)HD * 128 * 2;
+        const double flops = 2.0 * n * HD * 128;
+        for (int round = 0; round < 3; round++) {
+            float us[3];
+            for (int form = 0; form < 3; form++) {
+                const int prev = lunar_cuda_kda_gate_form(form);
+                gate_call(&c); /* warm-up: the attribute, the code */
+                const int reps = 15, inner = 5;
+                float ts[15];
+                for (int i = 0; i < reps; i++) {
+                    lunar_cuda_event_record(e0, NULL);
+                    for (int j = 0; j < inner; j++) gate_call(&c);
+                    lunar_cuda_event_record(e1, NULL);
+                    ts[i] = lunar_cuda_event_ms(e0, e1) / inner;
+                }
+                us[form] = median(ts, reps) * 1e3f;
+                lunar_cuda_kda_gate_form(prev);
+            }
+            printf("| | %d | %d | %.1f us | %.1f us | %.1f us | %.1f us (%.1f MB); %.1f us |\n", n, round + 1, us[0], us[1],
+                   us[2], bytes / 4.2e12 * 1e6, bytes / 1e6, flops / TC * 1e6);
+            fflush(stdout);
+        }
+        lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+        lunar_cuda_release(mark);
+    }
+}
+
 /* ---------------------------------------------------------------- GEMM */
 static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtype ydt) {
     const size_t mark = lunar_cuda_mark();
@@ -351,6 +421,16 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 4; i++)
                 bench_gemm(sh[s].name, ns[i], sh[s].out, sh[s].in, s == 5 ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16);
         bench_gemm("peak", 8192, 8192, 8192, LUNAR_CUDA_BF16);
+    }
+    if (strcmp(what, "kdagate") == 0) bench_kda_gate();
+    if (strcmp(what, "kdagate1") == 0) { /* one 8K call of each form, for ncu */
+        gate_case c = gate_setup(8192);
+        for (int form = 0; form < 3; form++) {
+            const int prev = lunar_cuda_kda_gate_form(form);
+            gate_call(&c);
+            lunar_cuda_kda_gate_form(prev);
+        }
+        lunar_cuda_sync();
     }
     if (strcmp(what, "ptpc") == 0) { /* Kimi-Linear-48B's PTPC linears (not in "all") */
         static const struct { const char *name; int out, in; } sh[] = {

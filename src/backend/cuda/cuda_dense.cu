@@ -954,7 +954,30 @@ extern "C" void lunar_cuda_kda_gate(float *g, const float *f, const float *A_log
 // too few warps to overlap them; this one keeps 32 warps an SM (52 KB, 64 registers) and 32 gates
 // a thread: 127 us (docs/benchmarks.md session 8), against 193 us of the gate pass alone before; still
 // ~4x the write's floor (the gates' exp and log1p, and each block's phases in sequence).
+// kSfu (session 13): the gate on the SFU (kda_gate_value_sfu below) instead of kda_gate_value's libm expf and
+// log1pf; kSfu = false is the kernel above unchanged (LUNAR_KDA_GATE=exact).
 constexpr int GG_M = 128, GG_N = 64, GG_T = GG_M / 16 * 32;
+
+// op_kda_gate of one element on the special-function unit, a = exp(A_log) of the head. The libm form
+// (kda_gate_value: expf, log1pf) is ~45 instructions an element, so at 8K (33.5 M gates a layer) the
+// epilogue's issue alone, ~50 us, outweighed the 108 MB store (~26 us) of the kernel it sits in.
+// softplus(x) = max(x, 0) + log1p(exp(-|x|)): exp(-|x|) in (0, 1] by ex2.approx and log2(1 + it), 1 + it
+// in (1, 2], by lg2.approx, each on the range where its error is smallest: 6 ALU instructions, 2 MUFU.
+// The error is absolute, <= ~4e-7 in softplus (lg2.approx's 2^-22 on [1, 2], the rounding of 1 + t,
+// ex2.approx's 2 ulp of t <= 1), so <= ~4e-7 a in g; g is a log decay (alpha = exp(g)), so that is a
+// relative error of alpha, below one rounding step of the chunk kernels' fp32 cumulative sums of g (at
+// |g| ~ 1 and 64 tokens an ulp is 7.6e-6). Above x = 20 both forms give -a x exactly (1 + exp(-20)
+// rounds to 1). The bounded form (lb < 0, K3's) with __expf and __fdividef: ~1e-6 relative.
+__device__ __forceinline__ float kda_gate_value_sfu(float f, float a, float dtb, float lb) {
+    const float x = f + dtb;
+    if (lb < 0.0f) return __fdividef(lb, 1.0f + __expf(-a * x));
+    float t, l2;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(t) : "f"(-1.44269504f * fabsf(x)));
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(l2) : "f"(1.0f + t));
+    return -a * fmaf(0.693147181f, l2, fmaxf(x, 0.0f));
+}
+
+template <bool kSfu>
 __global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_kernel(float *__restrict__ g, const __nv_bfloat16 *__restrict__ xa,
                                                             const __nv_bfloat16 *__restrict__ W, int n, int H, int in,
                                                             const float *__restrict__ A_log,
@@ -996,18 +1019,132 @@ __global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_kernel(float *__restric
     const float al = A_log[h];
     const size_t HD = (size_t)H * 128;
     const int r0 = t0 + 16 * warp + gq;
+    /* the SFU form takes exp(A_log) itself (libm expf, once a thread) */
+    const float ga = kSfu ? expf(al) : al;
+    auto gate = [&](float f, float dtb) {
+        if constexpr (kSfu)
+            return kda_gate_value_sfu(f, ga, dtb, lb);
+        else
+            return kda_gate_value(f, ga, dtb, lb);
+    };
 #pragma unroll
     for (int j = 0; j < GG_N / 8; j++) {
         const int col = n0 + 8 * j + 2 * t4;
         const float d0 = dt_bias[col], d1 = dt_bias[col + 1];
         float *o = g + (size_t)r0 * HD + col;
-        if (r0 < n)
-            *reinterpret_cast<float2 *>(o) =
-                make_float2(kda_gate_value(acc[j][0], al, d0, lb), kda_gate_value(acc[j][1], al, d1, lb));
+        if (r0 < n) *reinterpret_cast<float2 *>(o) = make_float2(gate(acc[j][0], d0), gate(acc[j][1], d1));
         if (r0 + 8 < n)
-            *reinterpret_cast<float2 *>(o + 8 * HD) =
-                make_float2(kda_gate_value(acc[j][2], al, d0, lb), kda_gate_value(acc[j][3], al, d1, lb));
+            *reinterpret_cast<float2 *>(o + 8 * HD) = make_float2(gate(acc[j][2], d0), gate(acc[j][3], d1));
     }
+}
+
+// The same product and SFU gate with each block's phases overlapped (LUNAR_KDA_GATE=loop): a block keeps
+// one 64-column block of f_b (loaded once) and walks token tiles blockIdx.x, + gridDim.x, ..; the grid is
+// one wave (4 blocks an SM, as the kernel above: 52 KB, 64 registers). Once every warp has its
+// accumulators of tile i (the barrier after the products), the next tile's cp.async is issued into the
+// one A buffer and flies under tile i's gates and stores, which the kernel above ran in sequence with its
+// loads (and f_b's 64 rows were loaded again by each of its 64 token tiles). Warp w, rows 16 w .. + 15,
+// the same mma.sync sequence and gate: the same bits as kda_gate_gemm_kernel<true>.
+__device__ __forceinline__ void gg_load_rows(uint32_t *dst, const __nv_bfloat16 *__restrict__ src, int rows,
+                                             int valid, int in, int ldw) {
+    const int c16 = in / 8;
+    for (int i = threadIdx.x; i < rows * c16; i += GG_T) {
+        const int row = i / c16, j = i % c16;
+        uint32_t *d = dst + row * ldw + 4 * j;
+        if (row >= valid)
+            *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
+        else
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(d)),
+                         "l"(src + (size_t)row * in + 8 * j) : "memory");
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_loop_kernel(float *__restrict__ g,
+                                                                 const __nv_bfloat16 *__restrict__ xa,
+                                                                 const __nv_bfloat16 *__restrict__ W, int n, int H,
+                                                                 int in, const float *__restrict__ A_log,
+                                                                 const float *__restrict__ dt_bias, float lb) {
+    extern __shared__ __align__(16) uint32_t gg_sm[];
+    const int ldw = in / 2 + 4; /* words a row */
+    uint32_t *As = gg_sm, *Bs = gg_sm + GG_M * ldw;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
+    const int n0 = blockIdx.y * GG_N, tiles = (n + GG_M - 1) / GG_M;
+    int tile = blockIdx.x;
+    if (tile >= tiles) return;
+    gg_load_rows(Bs, W + (size_t)n0 * in, GG_N, GG_N, in, ldw);
+    gg_load_rows(As, xa + (size_t)tile * GG_M * in, GG_M, n - tile * GG_M, in, ldw);
+    const float a = expf(A_log[n0 / 128]);
+    const size_t HD = (size_t)H * 128;
+    for (; tile < tiles; tile += gridDim.x) {
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncthreads();
+        /* (set here, not live across the gates: 64 registers) */
+        const uint32_t *a_lo = As + (16 * warp + gq) * ldw + t4, *a_hi = a_lo + 8 * ldw, *b_r = Bs + gq * ldw + t4;
+        float acc[GG_N / 8][4];
+#pragma unroll
+        for (int j = 0; j < GG_N / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        for (int kw = 0; kw < in / 2; kw += 8) {
+            const uint32_t a0 = a_lo[kw], a1 = a_hi[kw], a2 = a_lo[kw + 4], a3 = a_hi[kw + 4];
+#pragma unroll
+            for (int j = 0; j < GG_N / 8; j++) {
+                const uint32_t *b = b_r + 8 * j * ldw + kw;
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};\n"
+                             : "+f"(acc[j][0]), "+f"(acc[j][1]), "+f"(acc[j][2]), "+f"(acc[j][3])
+                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b[0]), "r"(b[4]));
+            }
+        }
+        __syncthreads(); /* every warp's A fragments read: the buffer takes the next tile */
+        const int next = tile + gridDim.x;
+        if (next < tiles) gg_load_rows(As, xa + (size_t)next * GG_M * in, GG_M, n - next * GG_M, in, ldw);
+        const int r0 = tile * GG_M + 16 * warp + gq;
+#pragma unroll
+        for (int j = 0; j < GG_N / 8; j++) {
+            const int col = n0 + 8 * j + 2 * t4;
+            const float d0 = dt_bias[col], d1 = dt_bias[col + 1]; /* L1 hits after the first tile */
+            float *o = g + (size_t)r0 * HD + col;
+            if (r0 < n)
+                *reinterpret_cast<float2 *>(o) =
+                    make_float2(kda_gate_value_sfu(acc[j][0], a, d0, lb), kda_gate_value_sfu(acc[j][1], a, d1, lb));
+            if (r0 + 8 < n)
+                *reinterpret_cast<float2 *>(o + 8 * HD) =
+                    make_float2(kda_gate_value_sfu(acc[j][2], a, d0, lb), kda_gate_value_sfu(acc[j][3], a, d1, lb));
+        }
+    }
+}
+
+/* LUNAR_KDA_GATE=exact: kda_gate_gemm_kernel with kda_gate_value's libm gate (the default before session
+ * 13, bit-equal to cuBLAS + lunar_cuda_kda_gate); =sfu: the same kernel with the SFU gate; =loop: the
+ * SFU gate in kda_gate_gemm_loop_kernel, the default (session 13, H200, 8K: 125.4 -> 81.1 us, sfu 82.3;
+ * 32K: 486 -> 310 us, sfu 332; docs/benchmarks.md "KDA gate GEMM on the SFU"). Read once;
+ * lunar_cuda_kda_gate_form (the op test's and bench_cuda's hook, declared where they call it) sets it
+ * (0 exact, 1 sfu, 2 loop) and returns the form before. */
+constexpr int kGateFormDefault = 2;
+static int gate_form = -1;
+static int kda_gate_form(void) {
+    if (gate_form < 0) {
+        const char *e = getenv("LUNAR_KDA_GATE");
+        gate_form = !e ? kGateFormDefault
+                       : strcmp(e, "exact") == 0 ? 0
+                       : strcmp(e, "sfu") == 0   ? 1
+                       : strcmp(e, "loop") == 0  ? 2
+                                                 : kGateFormDefault;
+    }
+    return gate_form;
+}
+extern "C" int lunar_cuda_kda_gate_form(int form) {
+    const int prev = kda_gate_form();
+    gate_form = form >= 0 && form <= 2 ? form : kGateFormDefault;
+    return prev;
+}
+static int dense_sm_count(void) {
+    static int v = 0;
+    if (!v) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    }
+    return v;
 }
 extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint16_t *W, int n, int H, int dk, int in,
                                         const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s) {
@@ -1018,10 +1155,18 @@ extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint
     const size_t smem = (size_t)(GG_M + GG_N) * (in / 2 + 4) * 4;
     /* the opt-in above 48 KB, set at each call (per device: a process may drive several; a host call
      * per KDA layer of a prefill) */
+    const int form = kda_gate_form(), tiles = (int)ceil_div_u(n, GG_M), cols = H * (128 / GG_N);
+    auto kernel = form == 2 ? kda_gate_gemm_loop_kernel : form == 1 ? kda_gate_gemm_kernel<true> : kda_gate_gemm_kernel<false>;
     if (smem > 48 * 1024)
-        CUDA_CHECK(cudaFuncSetAttribute(kda_gate_gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    kda_gate_gemm_kernel<<<dim3(ceil_div_u(n, GG_M), H * (128 / GG_N)), GG_T, smem, to_stream(s)>>>(
-        g, (const __nv_bfloat16 *)xa, (const __nv_bfloat16 *)W, n, H, in, A_log, dt_bias, lb);
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    /* the loop kernel: one wave of 4 blocks an SM, token tiles shared out over each column block's blocks */
+    int x = tiles;
+    if (form == 2) {
+        const int per_col = 4 * dense_sm_count() / cols;
+        x = per_col < 1 ? 1 : per_col < tiles ? per_col : tiles;
+    }
+    kernel<<<dim3(x, cols), GG_T, smem, to_stream(s)>>>(g, (const __nv_bfloat16 *)xa, (const __nv_bfloat16 *)W, n, H,
+                                                        in, A_log, dt_bias, lb);
     CUDA_CHECK_LAUNCH();
     return 0;
 }
