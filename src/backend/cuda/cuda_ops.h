@@ -232,8 +232,9 @@ void lunar_cuda_kda_conv_qkv_prefill(float *q, float *k, float *v, float *beta, 
 
 /* KDA prefill: g [n, H dk] = op_kda_gate(xa [n, in] . W^T), xa bf16 (16-byte aligned), W = f_b [H dk, in]
  * bf16 (16-byte aligned), g 8-byte aligned; bf16 products, fp32 sums (a GEMM's; another order than
- * cuBLAS's). Replaces lunar_cuda_matmul into pre + lunar_cuda_kda_gate. Returns -1 (nothing launched)
- * unless dk = 128 and in % 16 == 0, 16 <= in <= 256. */
+ * cuBLAS's). Replaces lunar_cuda_matmul into pre + lunar_cuda_kda_gate. The gate by default on the
+ * SFU (ex2 / lg2.approx: within ~4e-7 exp(A_log) of op_kda_gate's, absolute in g; LUNAR_KDA_GATE=exact
+ * libm's, cuda_dense.cu). Returns -1 (nothing launched) unless dk = 128 and in % 16 == 0, 16 <= in <= 256. */
 int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint16_t *W, int n, int H, int dk, int in,
                              const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s);
 
@@ -550,9 +551,10 @@ void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
 void lunar_cuda_moe_split_event(lunar_cuda_event e);
 /* The same with ybuf [n*k, D] in bf16, each weighted expert row rounded once (round to nearest
  * even) from the fp32 value the other form stores (the forward's prefill default for MXFP4 experts
- * since session 11, LUNAR_MOE_YBUF=bf16 | fp32 for either: the combine reads half the bytes, the
- * down GEMM writes half). Only the prefill grouped GEMMs' shared epilogue writes bf16 rows (paths
- * 4-7, 10-12, 14, 17, 18, 22, 24 at n > 64, as path resolves there; 24 by bulk copies):
+ * since session 11, for BF16 experts since session 13; LUNAR_MOE_YBUF=fp32 keeps fp32 rows: the
+ * combine reads half the bytes, the down GEMM writes half). Only the prefill grouped GEMMs' shared
+ * epilogue writes bf16 rows (paths 4-7, 10-12, 14, 17, 18, 22, 24-26, 28, 29 at n > 64, as path
+ * resolves there; 24, 26 and 28 by bulk copies):
  * returns -1, launching nothing, where the path would be another (the caller runs the fp32 form). */
 int lunar_cuda_moe_experts_run_b(uint16_t *ybuf, uint16_t *hbuf, const uint16_t *x, const lunar_cuda_moe_experts *w,
                                  const lunar_cuda_moe_route *r, int path, lunar_cuda_stream s);
