@@ -13,7 +13,7 @@ P=${P:-.xfer-mla8}
 OUT=${OUT:-/tmp/o}
 . tools/device/env.sh
 step "lunar_cuda_tests cuda_mla_wgmma, round 9's runs (memcmp-equal to stlp)"
-LUNAR_TEST_MLA_FP8="s9q s9m s9c s9" LUNAR_TEST_VERBOSE=1 LUNAR_MLA_WGMMA_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 \
+LUNAR_TEST_MLA_FP8="s9q s9m s9c s9" LUNAR_TEST_VERBOSE=1 LUNAR_MLA_WGMMA_VERBOSE=1 OMP_NUM_THREADS=16 timeout 45 \
   $P/bin/lunar_cuda_tests cuda_mla_wgmma > $OUT/t_mla.log 2>&1
 echo "rc=$?" >> $T
 grep -E "passed|failed|FAIL|CHECK|bitwise" $OUT/t_mla.log | sort | uniq -c | cut -c1-170 >> $T
@@ -32,7 +32,7 @@ K=configs/kimi-linear-48b-a3b.json
 step "TPOT: default (stlp) vs =s9"
 for round in 1 2 3; do
   for v in def s9; do
-    [ $(( $(date +%s) - t0 )) -gt ${TPOT_BEFORE:-100} ] && { echo "skip TPOT $round $v (time)" >> $T; continue; }
+    [ $(( $(date +%s) - t0 )) -gt ${TPOT_BEFORE:-50} ] && { echo "skip TPOT $round $v (time)" >> $T; continue; }
     case $v in def) e=LUNAR_NONE=0 ;; *) e=LUNAR_MLA_WGMMA_FP8=$v ;; esac
     env $e LUNAR_MLA_WGMMA_VERBOSE=1 timeout 40 $P/bin/lunar bench $K --load-format dummy --backend cuda --input-lens 1024 \
       --batch-sizes 8,64 --contexts 32768 --kv-cache-dtype fp8 > $OUT/b.log 2>&1; rc=$?
