@@ -8,6 +8,8 @@
 # four shapes and B = 8, 8K, then Kimi-Linear's FP8 TPOT (B = 8 / 64 at 32K) alternating default / =s9 while time
 # is left.
 #   P=<dir with bin/ (lunar, lunar_cuda_tests, bench_mla) and lib/> OUT=... tools/device/mla9.sh
+# (Run at e86d66e, copied into the pack: tar xJf .xfer-mla8z/pack.tar.xz && P=.xfer-mla8 TPOT_BEFORE=30 AB_TIMEOUT=40
+# bash .xfer-mla8/mla9.sh. Since then s9 / s9c are the defaults: =stlp is round 7.)
 set -u
 P=${P:-.xfer-mla8}
 OUT=${OUT:-/tmp/o}

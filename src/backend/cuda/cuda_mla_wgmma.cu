@@ -803,7 +803,11 @@ namespace rs {
 // before the wait, the merge's blocks placed early), kXCvt the V^T fragments by cvt.rn.f16x2.e4m3x2
 // (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default)
 // Round 9 (session 13; LUNAR_MLA_WGMMA_FP8=s9q / s9m / s9c, s9 = the three; round 8 traced the fixed cost of a small
-// launch: ~9 us of set-up, ~14 us outside the blocks, 1.40-1.45 us a tile):
+// launch: ~9 us of set-up, ~14 us outside the blocks, 1.40-1.45 us a tile). Measured (docs/benchmarks.md, "MLA decode,
+// FP8 pages, round 9"): s9q 1.10x stlp at H = 32, B = 8, 8K (set-up 8.8 -> 4.1 us) but 0.98x at B = 64, 32K; s9m
+// 0.98-0.99x alone (the tail's 4-7 us: the partial O's drain, the wait, two L2 round trips); s9c 1.02-1.03x from
+// 256K rows x context; s9 1.12x / 1.06x at B = 8, 8K / 32K. The default: s9 below 512K rows x context where the merge
+// goes into the kernel, s9c elsewhere:
 // kXQF q's rows loaded into registers before the mbarriers' init and the first tiles' copies (so their requests
 // are not queued behind 3 x 40 KB of copies a block), the tensor map prefetched at the top; kXMrg the split-K merge
 // in the kernel's tail (the blocks of a row meet at a ticket counter, each merges some of its row's heads: no
@@ -1853,9 +1857,11 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
     // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
     // from 64K rows x context, "... round 6") with round 7's lazy rescale and early wait (1.12-1.15x round 6,
-    // "... round 7"); below it the tile widened to bf16.
+    // "... round 7") and round 9's switches (q first and the merge in the kernel below 512K rows x context, V^T by
+    // cvt and exp2 ftz: 1.02-1.12x round 7, "... round 9"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
-    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts, stlp the default) / widen force one;
+    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
+    // / widen force one;
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
@@ -1867,11 +1873,15 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt;
     const int x8 = s8 ? kS8 : 0;
     // round 9: =s9q (q first), =s9m (the merge in the kernel where merge_in_kernel allows, else stlp and the merge
-    // kernel), =s9c (kXCvt and kXFtz), =s9 (the three)
+    // kernel), =s9c (kXCvt and kXFtz), =s9 (the three). The default since session 13 (stlp's bits; docs/benchmarks.md,
+    // "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into the kernel (H = 32:
+    // 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps round 7
     const bool s9q = forced && !strcmp(f8, "s9q"), s9m = forced && !strcmp(f8, "s9m"), s9c = forced && !strcmp(f8, "s9c");
     const bool s9 = forced && !strcmp(f8, "s9");
-    const bool mrg = (s9m || s9) && merge_in_kernel(p, rows);
-    const int x9 = (s9q || s9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) | (s9c || s9 ? rs::kXCvt | rs::kXFtz : 0);
+    const bool d9 = !forced && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = !forced && !d9;
+    const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
+    const int x9 = (s9q || s9 || d9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) |
+                   (s9c || s9 || d9 || d9c ? rs::kXCvt | rs::kXFtz : 0);
     const bool any9 = s9q || s9m || s9c || s9;
     bool merged = false; // the launched kernel merged the splits itself (s9m / s9 where merge_in_kernel allows)
     const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 || any9 : true;
