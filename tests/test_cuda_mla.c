@@ -252,11 +252,25 @@ static void setenv_or_unset(const char *name, const char *v) {
     if (v) setenv(name, v, 1);
     else unsetenv(name);
 }
+/* is `name` one of the space-separated words of `list`? */
+static int name_listed(const char *list, const char *name) {
+    const size_t n = strlen(name);
+    for (const char *w = list; *w;) {
+        while (*w == ' ') w++;
+        const size_t len = strcspn(w, " ");
+        if (len == n && !strncmp(w, name, n)) return 1;
+        w += len;
+    }
+    return 0;
+}
 TEST(cuda_mla_wgmma_decode_vs_cpu) {
     if (!cuda_on()) return;
     static const decode_case cases[] = {{3, 32, {1, 65, 1000}},  {2, 64, {129, 4100}}, {1, 96, {2500}},
                                         {2, 40, {777, 64}},      {1, 96, {9000}},      {3, 12, {8192, 128, 63}},
-                                        {2, 128, {4096, 1}},     {4, 96, {191, 256, 1, 3000}}};
+                                        {2, 128, {4096, 1}},     {4, 96, {191, 256, 1, 3000}},
+                                        /* round 9's merge in the kernel: 24 splits (not a power of two) over rows
+                                         * of unequal lengths; 32 splits (its limit) with fewer heads than splits */
+                                        {4, 32, {3000, 64, 129, 2000}}, {2, 12, {2000, 700}}};
     static const char *const names[] = {"LUNAR_MLA_DECODE", "LUNAR_MLA_WGMMA_TMA", "LUNAR_MLA_WGMMA_SW",
                                         "LUNAR_MLA_WGMMA_FP8", "LUNAR_MLA_WGMMA_LAZY"};
     char *saved[5];
@@ -278,7 +292,10 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * "s8": stlp with q's rows loaded at once, launched as a dependent launch and the V^T fragments by
      * cvt.rn.f16x2.e4m3x2 (exact V instead of V x 2^-8, the 2^8 out of the output factor; the bytes of positions
      * past the end zeroed, the pool's unowned rows being e4m3 NaN), also at threshold 0: stlp's bits (the same
-     * products scaled by a power of two). */
+     * products scaled by a power of two). Round 9 (session 13), each stlp's bits: "s9q" (q's rows loaded before the
+     * first copies), "s9m" (the split-K merge in the kernel's tail, the merge kernel's arithmetic; 16, 24 and 32
+     * splits here, the 43 of H = 12 at 8192 left to the merge kernel), "s9c" (s8's V^T by cvt and the tile's exp2
+     * flushing below 2^-126, which f16 P rounds to 0 anyway), "s9" (the three), also at threshold 0. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
@@ -293,13 +310,19 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, wait at top", 1.5e-2, "stl", "0"},
         {NULL, NULL, "s8", " wgmma fp8 S^T round 8", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s8", " wgmma fp8 S^T round 8 lazy 0", 1.5e-2, "stlp", "0"},
+        {NULL, NULL, "s9q", " wgmma fp8 S^T round 9 q first", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s9m", " wgmma fp8 S^T round 9 merge in the kernel", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s9c", " wgmma fp8 S^T round 9 cvt, ftz", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s9", " wgmma fp8 S^T round 9", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s9", " wgmma fp8 S^T round 9 lazy 0", 1.5e-2, "stlp", "0"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL, NULL},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL, NULL}};
-    /* LUNAR_TEST_MLA_FP8=<name>: only the runs of that FP8 variant (a device call that checks one new kernel) */
+    /* LUNAR_TEST_MLA_FP8=<name> [<name> ..]: only the runs of those FP8 variants (a device call that checks new
+     * kernels) */
     const char *only = getenv("LUNAR_TEST_MLA_FP8");
     for (int r = 0; r < (int)(sizeof runs / sizeof runs[0]); r++) {
-        if (only && *only && (!runs[r].fp8 || strcmp(only, runs[r].fp8))) continue;
+        if (only && *only && (!runs[r].fp8 || !name_listed(only, runs[r].fp8))) continue;
         setenv_or_unset("LUNAR_MLA_WGMMA_SW", runs[r].sw);
         setenv_or_unset("LUNAR_MLA_WGMMA_TMA", runs[r].tma);
         setenv_or_unset("LUNAR_MLA_WGMMA_FP8", runs[r].fp8);

@@ -603,10 +603,11 @@ static void bench_prefill(void) {
  * (BENCH_MLA_L2MODES, default "flush data warm"): flush = flushed as time_us (everything cold: code, q, lens, the
  * block table, the latent); data = flushed, then q, lens and the block table copied (so in L2) but the kernel's code
  * and the latent cold; warm = no flush (the previous call's code, data and, where it fits, latent in L2).
+ * Session 13: s9 (merging in the kernel) has a traced instance too: the merge column is its tail after the stores.
  * Variants: BENCH_MLA_AB (default "stlp s8": those have a traced instance); cases as fp8ab's BENCH_MLA_CASES
  * (default H = 32: B = 8 at 8K / 32K, B = 64 at 8K / 32K). */
 static void bench_decode_fp8_trace(void) {
-    enum { NB = 4096, REPS = 7, NS = 13, W = 32 };
+    enum { NB = 4096, REPS = 7, NS = 14, W = 32 };
     unsigned long long *dtr = dalloc((size_t)NB * W * 8), *htr = malloc((size_t)NB * W * 8);
     static char list[256], modes[64];
     const char *e = getenv("BENCH_MLA_AB");
@@ -624,8 +625,8 @@ static void bench_decode_fp8_trace(void) {
     if (!NC) NC = 4;
     printf("\n### MLA decode, FP8 pages: where a launch's time goes (traced instance; us, medians over blocks, then over %d "
            "calls)\n\n| L2 | variant | H | B | context | blocks | tiles a block | call (events) | decode span | starts spread | "
-           "set-up | init | copies | q | barrier | tile 0 | tile loop | per tile | sums | stores | call - span |\n"
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", REPS);
+           "set-up | init | copies | q | barrier | tile 0 | tile loop | per tile | sums | stores | merge | call - span |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", REPS);
     lunar_cuda_mla_wgmma_trace(dtr, NB);
     setenv("LUNAR_MLA_WGMMA_TRACE", "1", 1);
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
@@ -665,7 +666,7 @@ static void bench_decode_fp8_trace(void) {
                      * copies issued, 8 q done, 1 set-up done, 2 tile 0, 3 loop, 4 sums, 5 stores */
                     static const int seq[] = {0, 6, 7, 8, 1, 2, 3, 4, 5};
                     unsigned long long g0 = ~0ull, g5 = 0, s0 = 0;
-                    static float ph[9][NB];
+                    static float ph[10][NB];
                     int n = 0;
                     for (int b = 0; b < NB; b++) {
                         const unsigned long long *t = htr + (size_t)b * W;
@@ -677,6 +678,12 @@ static void bench_decode_fp8_trace(void) {
                         ph[0][n] = (float)((double)(t[3] - t[1]) * rate / 1000.0); /* set-up */
                         for (int k = 0; k < 8; k++)
                             ph[1 + k][n] = (float)((double)(t[2 * seq[k + 1] + 1] - t[2 * seq[k] + 1]) * rate / 1000.0);
+                        /* round 9's merge in the kernel (s9): pair 9 after the stores, pair 5 after the merge */
+                        ph[9][n] = 0.0f;
+                        if (t[19]) {
+                            ph[8][n] = (float)((double)(t[19] - t[9]) * rate / 1000.0);
+                            ph[9][n] = (float)((double)(t[11] - t[19]) * rate / 1000.0);
+                        }
                         tiles = (int)(t[30] & 0xffffffffu);
                         n++;
                     }
@@ -689,14 +696,15 @@ static void bench_decode_fp8_trace(void) {
                     st[2][r] = (float)(s0 - g0) / 1000.0f;
                     for (int k = 0; k < 9; k++) st[3 + k][r] = median(ph[k], n);
                     st[12][r] = st[0][r] - st[1][r];
+                    st[13][r] = median(ph[9], n);
                 }
                 float md[NS];
                 for (int k = 0; k < NS; k++) md[k] = median(st[k], REPS);
-                /* md: 3 set-up, 4 init, 5 copies, 6 q, 7 barrier, 8 tile 0, 9 loop, 10 sums, 11 stores */
+                /* md: 3 set-up, 4 init, 5 copies, 6 q, 7 barrier, 8 tile 0, 9 loop, 10 sums, 11 stores, 13 merge */
                 printf("| %s | %s | %d | %d | %dK | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | "
-                       "%.1f | %.2f | %.1f | %.1f | %.1f |\n",
+                       "%.1f | %.2f | %.1f | %.1f | %.1f | %.1f |\n",
                        mname[mode], ab[v], H, B, L / 1024, nblk, tiles, md[0], md[1], md[2], md[3], md[4], md[5], md[6],
-                       md[7], md[8], md[9], tiles ? md[9] / tiles : 0.0f, md[10], md[11], md[12]);
+                       md[7], md[8], md[9], tiles ? md[9] / tiles : 0.0f, md[10], md[11], md[13], md[12]);
                 fflush(stdout);
                 lunar_cuda_release(mark);
             }

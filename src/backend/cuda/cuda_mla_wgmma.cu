@@ -789,6 +789,11 @@ __device__ __forceinline__ void trace_stamp(int i, unsigned long long extra = 0u
     else d[0] = extra, d[1] = 0ull;
 }
 
+// Round 9's merge in the kernel (rs::kXMrg): a ticket counter per (row, head block), zero between launches (the
+// last block of a launch to leave rearms its counter); the launcher keeps rows x head blocks within it
+constexpr int kTickets = 1024;
+__device__ unsigned g_mla_tickets[kTickets];
+
 namespace rs {
 // Round 8's switches of the st kernel (template parameter X; LUNAR_MLA_WGMMA_FP8=s8 = the three; each alone measured
 // 0.96-1.05x stlp, the three together 1.02-1.03x from 512K rows x context and Kimi-Linear's TPOT unmoved, so opt-in:
@@ -797,7 +802,18 @@ namespace rs {
 // kXQ q's rows loaded all at once (q8_quantise_q's All), kXPdl launched by launch_pdl (the tensor-map prefetch
 // before the wait, the merge's blocks placed early), kXCvt the V^T fragments by cvt.rn.f16x2.e4m3x2
 // (kXTrace: the bench's phase stamps, trace_stamp; LUNAR_MLA_WGMMA_TRACE=1, never a default)
-constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8;
+// Round 9 (session 13; LUNAR_MLA_WGMMA_FP8=s9q / s9m / s9c, s9 = the three; round 8 traced the fixed cost of a small
+// launch: ~9 us of set-up, ~14 us outside the blocks, 1.40-1.45 us a tile). Measured (docs/benchmarks.md, "MLA decode,
+// FP8 pages, round 9"): s9q 1.10x stlp at H = 32, B = 8, 8K (set-up 8.8 -> 4.1 us) but 0.98x at B = 64, 32K; s9m
+// 0.98-0.99x alone (the tail's 4-7 us: the partial O's drain, the wait, two L2 round trips); s9c 1.02-1.03x from
+// 256K rows x context; s9 1.12x / 1.06x at B = 8, 8K / 32K. The default: s9 below 512K rows x context where the merge
+// goes into the kernel, s9c elsewhere:
+// kXQF q's rows loaded into registers before the mbarriers' init and the first tiles' copies (so their requests
+// are not queued behind 3 x 40 KB of copies a block), the tensor map prefetched at the top; kXMrg the split-K merge
+// in the kernel's tail (the blocks of a row meet at a ticket counter, each merges some of its row's heads: no
+// second launch); kXFtz the tile's exp2 as ex2.approx.ftz (the non-ftz form wraps each in a range check; only
+// results below 2^-126 differ, which f16 P rounds to 0 anyway and a sum >= 1 absorbs), with kXCvt for s9c.
+constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64;
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
@@ -860,6 +876,19 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
         if (lane < 5) tma_2d(dst + lane * kBox, tm, lane * 128, slot0, bar);
     }
 
+    // the stage barriers initialised (thread 0), then warp 0 issues the first kStages tiles' copies
+    __device__ __forceinline__ void start_copies() const {
+        if (tid == 0) {
+            for (int i = 0; i < kStages; i++) mbar_init(bars + 8 * i, 1);
+            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        }
+        __syncthreads();
+        if constexpr ((X & kXTrace) != 0) trace_stamp(6);
+        if (tid < 32)
+            for (int i = 0; i < kStages; i++) issue_tma(i);
+        if constexpr ((X & kXTrace) != 0) trace_stamp(7);
+    }
+
     __device__ __forceinline__ Block(const Args &a, const CUtensorMap &tmap, unsigned char *smem_raw) {
         using namespace q8;
         smem = smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -872,6 +901,9 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
         const int hb = blockIdx.x;
         split = blockIdx.y, row = blockIdx.z;
         tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+        constexpr bool QF = (X & kXQF) != 0;
+        if constexpr (QF)
+            if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmap)) : "memory");
         if constexpr ((X & kXPdl) != 0) {
             // launched by launch_pdl: the tensor map (a kernel argument, no kernel writes it) fetched while the
             // predecessor finishes; then the wait before the first read of anything of the step (lens, the block
@@ -887,17 +919,21 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
         ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
 
         bars = sb + L::bar_off;
-        if (tid == 0) {
-            for (int i = 0; i < kStages; i++) mbar_init(bars + 8 * i, 1);
-            asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        if constexpr (QF) {
+            // this warp's 4 q rows (ST: 32 rows, 4 a warp) requested before anything else, quantised after the
+            // copies' issue
+            static_assert(ST, "the 32 rows of the ST layout");
+            constexpr int NQ = 32 / (kThreads / 32);
+            float4 xq[NQ][5];
+#pragma unroll
+            for (int k = 0; k < NQ; k++) q8_load_row(a, xq[k], row, h0, nh, warp + k * (kThreads / 32), lane);
+            start_copies();
+#pragma unroll
+            for (int k = 0; k < NQ; k++) q8_store_row<ST>(smem, sqs, xq[k], warp + k * (kThreads / 32), lane);
+        } else {
+            start_copies();
+            q8_quantise_q<ST, (X & kXQ) != 0>(a, smem, sqs, row, h0, nh, warp, lane);
         }
-        __syncthreads();
-        if constexpr ((X & kXTrace) != 0) trace_stamp(6);
-        if (tid < 32)
-            for (int i = 0; i < kStages; i++) issue_tma(i);
-        if constexpr ((X & kXTrace) != 0) trace_stamp(7);
-
-        q8_quantise_q<ST, (X & kXQ) != 0>(a, smem, sqs, row, h0, nh, warp, lane);
         if constexpr ((X & kXTrace) != 0) trace_stamp(8);
         fence_async_smem();
         __syncthreads();
@@ -1269,6 +1305,17 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t d
     }
     wgmma_commit();
 }
+// 2^x of a score against its head's maximum (round 9's kXFtz: one ex2.approx.ftz instead of exp2f's ex2.approx.f32,
+// whose range check keeps results below 2^-126: those become 0, as f16 P makes them anyway)
+template <bool Ftz> __device__ __forceinline__ float exp2_tile(float x) {
+    if constexpr (Ftz) {
+        float y;
+        asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+        return y;
+    } else {
+        return exp2f(x);
+    }
+}
 // the 128 threads of warpgroup wg (named barrier 1 + wg; 0 is __syncthreads)
 __device__ __forceinline__ void wg_sync(int wg) { asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory"); }
 // the heads' maxima over the warpgroup's 64 positions: the 8 lanes of a column (g) by shuffles, then the
@@ -1294,6 +1341,62 @@ __device__ __forceinline__ void wg_max(float (&mx)[2][2], float *red, int wg, in
             mx[i][0] = fmaxf(mx[i][0], r.x), mx[i][1] = fmaxf(mx[i][1], r.y);
         }
 }
+// Round 9 (kXMrg): the split-K merge in the kernel's tail instead of a second launch (lunar_mla_merge_splits), with
+// the merge kernel's arithmetic per head, so its bits (memcmp-equal in the op test). One block merging a whole row
+// would read all of its splits' partial O (16 splits x 32 heads x 2 KB = 1 MB at B = 8) through one SM (~100 GB/s:
+// ~10 us), so the row's blocks meet at a ticket counter and each merges the row's heads split, split + splits, ..:
+// 64 KB a block. The wait needs every block of the row resident: the launcher runs this instance as a cooperative
+// launch (the whole grid co-resident, or the launch fails), splits <= 32 (one warp's lanes hold a head's weights,
+// as the merge kernel's first warp: its other warps hold zeros then, so the same sum).
+template <class B> __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scratch) {
+    const int splits = a.splits, tid = b.tid, lane = b.lane, warp = b.warp;
+    __threadfence(); // this block's partial O and log2-sum-exp visible device-wide before it arrives
+    __syncthreads();
+    unsigned *cnt = g_mla_tickets + (size_t)b.row * gridDim.x + blockIdx.x;
+    if (tid == 0) {
+        atomicAdd(cnt, 1u);
+        unsigned seen;
+        for (;;) {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(seen) : "l"(cnt) : "memory");
+            if (seen >= (unsigned)splits) break;
+            __nanosleep(32);
+        }
+        // every block of the row has passed the wait once the count reaches 2 x splits: that block rearms it
+        if (atomicAdd(cnt, 1u) == 2u * (unsigned)splits - 1u) atomicExch(cnt, 0u);
+    }
+    __syncthreads();
+    const size_t RH = (size_t)a.rows * a.H;
+    const size_t rh0 = (size_t)b.row * a.H + b.h0 + b.split; // this block's heads: rh0 + k splits
+    const int nk = b.nh > b.split ? (b.nh - b.split + splits - 1) / splits : 0;
+    float *wts = scratch, *fac = scratch + 32 * 32; // [k][32] the splits' weights, [k] the output factor
+    for (int k = warp; k < nk; k += kThreads / 32) {
+        const size_t rh = rh0 + (size_t)k * splits;
+        const float l = lane < splits ? __ldcg(a.lse_part + (size_t)lane * RH + rh) : -INFINITY;
+        float M = l;
+#pragma unroll
+        for (int x = 16; x; x >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
+        const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
+        float sum = w;
+#pragma unroll
+        for (int x = 16; x; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+        wts[k * 32 + lane] = w;
+        if (lane == 0) fac[k] = sum > 0.0f ? a.out_scale / sum : 0.0f;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < nk * (kR / 4); idx += kThreads) {
+        const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
+        const size_t rh = rh0 + (size_t)k * splits;
+        float4 acc = make_float4(0, 0, 0, 0);
+#pragma unroll 8
+        for (int sp = 0; sp < splits; sp++) {
+            const float w = wts[k * 32 + sp];
+            const float4 v = __ldcg(reinterpret_cast<const float4 *>(a.o_part + ((size_t)sp * RH + rh) * kR + d));
+            acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+        }
+        const float f = fac[k];
+        *reinterpret_cast<float4 *>(a.o + rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+    }
+}
 } // namespace st
 
 // Round 7 (the default since session 11: Lazy and Pipe; =st / =st4 keep round 6, =stl / =stp one of the two):
@@ -1316,7 +1419,7 @@ template <int kS, bool Lazy = false, bool Pipe = false, int X = 0>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm, float lazy) {
     using namespace q8;
     constexpr int N = 32;
-    constexpr bool Cvt = (X & rs::kXCvt) != 0, Trace = (X & rs::kXTrace) != 0;
+    constexpr bool Cvt = (X & rs::kXCvt) != 0, Trace = (X & rs::kXTrace) != 0, Ftz = (X & rs::kXFtz) != 0;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if constexpr (Trace) trace_stamp(0);
     const rs::Block<2, true, kS, X> b(a, tm, smem_raw);
@@ -1404,7 +1507,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
                     moved |= mx[i][c] > m[i][c] + lazy;
-                    const float e0 = exp2f(s[i][c] - m[i][c]), e1 = exp2f(s[i][2 + c] - m[i][c]);
+                    const float e0 = st::exp2_tile<Ftz>(s[i][c] - m[i][c]), e1 = st::exp2_tile<Ftz>(s[i][2 + c] - m[i][c]);
                     ps[i][c] = e0 + e1;
                     *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
                     *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
@@ -1536,6 +1639,12 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     __syncthreads();
     if constexpr (Trace) trace_stamp(4);
     rs::store_ot<N>(a, b, o);
+    if constexpr ((X & rs::kXMrg) != 0) {
+        if (a.splits > 1) {
+            if constexpr (Trace) trace_stamp(9);
+            st::merge_tail(a, b, reinterpret_cast<float *>(b.smem + L::raw_off)); // (the stages are free now)
+        }
+    }
     if constexpr (Trace) {
         trace_stamp(5);
         unsigned smid;
@@ -1651,6 +1760,19 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
     if constexpr ((X & rs::kXPdl) != 0) {
         launch_pdl(wgmma_decode_st_kernel<S, Lazy, Pipe, X>, dim3(p.hb, p.splits, a.rows), dim3(kThreads), L::smem, s, a,
                    tm, lazy);
+    } else if constexpr ((X & rs::kXMrg) != 0) {
+        // round 9's merge in the tail: the blocks of a row wait for each other, so the grid must be co-resident
+        // (merge_in_kernel checked that it fits one wave; the cooperative launch guarantees it or fails)
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(p.hb, p.splits, a.rows);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = L::smem;
+        cfg.stream = s;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeCooperative;
+        at[0].val.cooperative = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<S, Lazy, Pipe, X>, a, tm, lazy));
     } else {
         wgmma_decode_st_kernel<S, Lazy, Pipe, X><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm, lazy);
     }
@@ -1667,6 +1789,14 @@ bool make_tmap_q8(CUtensorMap *m, const void *latent) {
     return fn(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void *>(latent), dims, strides, box, es,
               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// Round 9's merge in the kernel (rs::kXMrg) applies: a split context, at most 32 splits (merge_tail's one warp per
+// head), every block resident at once (one block per SM: the st kernel's ~180 KB of shared memory), and the
+// ticket counters cover the rows x head blocks
+bool merge_in_kernel(const Plan &p, int rows) {
+    return p.splits > 1 && p.splits <= 32 && (long)p.hb * p.splits * rows <= lunar_mla_sm_count() &&
+           (long)p.hb * rows <= kTickets;
 }
 
 bool env_is(const char *name, const char *v) {
@@ -1727,9 +1857,11 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
     // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
     // from 64K rows x context, "... round 6") with round 7's lazy rescale and early wait (1.12-1.15x round 6,
-    // "... round 7"); below it the tile widened to bf16.
+    // "... round 7") and round 9's switches (q first and the merge in the kernel below 512K rows x context, V^T by
+    // cvt and exp2 ftz: 1.02-1.12x round 7, "... round 9"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
-    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts, stlp the default) / widen force one;
+    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
+    // / widen force one;
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
@@ -1740,31 +1872,55 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     const bool s8 = forced && !strcmp(f8, "s8");
     constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt;
     const int x8 = s8 ? kS8 : 0;
-    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 : true;
-    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") || s8 : true;
+    // round 9: =s9q (q first), =s9m (the merge in the kernel where merge_in_kernel allows, else stlp and the merge
+    // kernel), =s9c (kXCvt and kXFtz), =s9 (the three). The default since session 13 (stlp's bits; docs/benchmarks.md,
+    // "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into the kernel (H = 32:
+    // 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps round 7
+    const bool s9q = forced && !strcmp(f8, "s9q"), s9m = forced && !strcmp(f8, "s9m"), s9c = forced && !strcmp(f8, "s9c");
+    const bool s9 = forced && !strcmp(f8, "s9");
+    const bool d9 = !forced && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = !forced && !d9;
+    const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
+    const int x9 = (s9q || s9 || d9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) |
+                   (s9c || s9 || d9 || d9c ? rs::kXCvt | rs::kXFtz : 0);
+    const bool any9 = s9q || s9m || s9c || s9;
+    bool merged = false; // the launched kernel merged the splits itself (s9m / s9 where merge_in_kernel allows)
+    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 || any9 : true;
+    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") || s8 || any9 : true;
     const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
     const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
-    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp || s8
+    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp || s8 ||
+                                        any9
                                   : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
-            static int seen = 0;
-            const int v = st ? (st4 ? 3 : x8 ? 8 : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
-            if (!(seen & (1 << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s\n",
+            static unsigned long long seen = 0;
+            const int v = st ? (st4 ? 3 : x8 ? 8 : x9 ? 9 + x9 / rs::kXQF : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
+            if (!(seen & (1ull << v)))
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
                         st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
-                        st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : ""),
-                    seen |= 1 << v;
+                        st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : "",
+                        st && (x9 & rs::kXQF) ? ", q before the copies" : "", st && (x9 & rs::kXMrg) ? ", merge in the kernel" : "",
+                        st && (x9 & rs::kXFtz) ? ", V^T by cvt, exp2 ftz" : ""),
+                    seen |= 1ull << v;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
         // a maximum moves whenever it grows, as in the exact kernel; the op test runs it to exercise the redo)
         const char *lz = getenv("LUNAR_MLA_WGMMA_LAZY");
         // (at most 15: P <= 2^15 stays inside f16's 65504)
         const float lazy = lz && *lz ? fminf(fmaxf((float)atof(lz), 0.0f), 15.0f) : 8.0f;
-        // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp and s8 only
+        // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp, s8 and s9 (where it merges)
         const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
-        if (trace && st && stl && stp && x8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
+        constexpr int kQ = rs::kXQF, kM9 = rs::kXMrg, kC = rs::kXCvt | rs::kXFtz, kAll = kQ | kM9 | kC;
+        if (st && x9) {
+            if (trace && x9 == kAll) launch_st<3, true, true, kAll | rs::kXTrace>(a, tm, p, s, lazy);
+            else if (x9 == kAll) launch_st<3, true, true, kAll>(a, tm, p, s, lazy);
+            else if (x9 == (kQ | kC)) launch_st<3, true, true, kQ | kC>(a, tm, p, s, lazy); // s9 without the merge
+            else if (x9 == kQ) launch_st<3, true, true, kQ>(a, tm, p, s, lazy);
+            else if (x9 == kM9) launch_st<3, true, true, kM9>(a, tm, p, s, lazy);
+            else launch_st<3, true, true, kC>(a, tm, p, s, lazy);
+            merged = (x9 & kM9) != 0;
+        } else if (trace && st && stl && stp && x8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
         else if (trace && st && stl && stp) launch_st<3, true, true, rs::kXTrace>(a, tm, p, s, lazy);
         else if (st && stl && stp && x8) launch_st<3, true, true, kS8>(a, tm, p, s, lazy);
         else if (st && stl && stp) launch_st<3, true, true>(a, tm, p, s, lazy);
@@ -1791,5 +1947,6 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         if (tma) launch<false, true, false>(a, tm, p, s);
         else launch<false, false, false>(a, tm, p, s);
     }
-    if (p.splits > 1) lunar_mla_merge_splits(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale, s);
+    // (round 9's kXMrg instance merged in its tail)
+    if (p.splits > 1 && !merged) lunar_mla_merge_splits(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale, s);
 }
