@@ -10,7 +10,7 @@
 #     instructions, pipes, DRAM bytes
 # The call runs in the session's checkout, not this worktree: carry this script in the pack (cp it into P).
 #   P=<prebuilt dir, bench_cuda in bin/> OUT=<dir> [PFAB="LUNAR_KDA_INTRA=old LUNAR_KDA_INTRA=fast"]
-#   [ROUNDS=3] [LATE_S=80] [NCU_S=95] bash P/kdai.sh
+#   [ROUNDS=3] [LATE_S=62] [NCU_S=72] bash P/kdai.sh
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
@@ -45,7 +45,7 @@ pre() { grep -A4 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "%s: %s s %s  ",
   awk '/^profile of one prefill/ {p = 1} p && NF >= 2 && $2 ~ /^[0-9.]+$/ && $1 ~ /^[a-z_]+$/ {printf "%s %s; ", $1, $2}' "$1"; }
 late() { [ $(( $(date +%s) - t0 )) -lt $1 ]; }
 for r in $(seq 1 "${ROUNDS:-3}"); do
-  [ "$r" -ge 3 ] && ! late ${LATE_S:-80} && { echo "(skipped: prefill round $r, time)" >> $T; break; }
+  [ "$r" -ge 3 ] && ! late ${LATE_S:-62} && { echo "(skipped: prefill round $r, time)" >> $T; break; }
   i=0
   for v in ${PFAB:-LUNAR_KDA_INTRA=old LUNAR_KDA_INTRA=fast}; do
     i=$((i + 1))
@@ -54,11 +54,11 @@ for r in $(seq 1 "${ROUNDS:-3}"); do
     echo "rc=$? $(pre $OUT/pf_${i}_$r.log)" >> $T
   done
 done
-if late ${NCU_S:-95}; then
+if late ${NCU_S:-72}; then
   for s in 0 23; do  # kdaintra1: old's 23 launches (2 warm-up + 21), then fast's
     step "ncu bench_cuda kdaintra1, intra launch $s"
-    timeout 25 ncu --replay-mode kernel --clock-control none -k regex:kda_intra2 --launch-skip $s --launch-count 1 \
-      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__inst_executed_pipe_xu.sum,smsp__inst_executed_pipe_fma.sum,smsp__inst_executed_pipe_alu.sum,smsp__inst_executed_pipe_lsu.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum \
+    timeout 14 ncu --replay-mode kernel --clock-control none -k regex:kda_intra2 --launch-skip $s --launch-count 1 \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active,dram__bytes_read.sum,dram__bytes_write.sum \
       $P/bin/bench_cuda kdaintra1 > $OUT/ncu_i$s.log 2>&1
     echo "rc=$?" >> $T
     grep -E 'kda_intra2|gpu__time|inst_executed|warps_active|issue_active|dram__bytes' $OUT/ncu_i$s.log | sed 's/  */ /g' | head -12 >> $T
