@@ -1065,6 +1065,75 @@ TEST(cuda_kda_chunked_state_ws) {
     check_state_variant(2000, 32, -5.0f, 4, 25);
 }
 
+/* Mode 2's intra kernel forms (cuda_kda_chunk.cu; declared here, not in cuda_ops.h, to leave that
+ * header's many dependants unbuilt): 1 fast, 0 old, -1 LUNAR_KDA_INTRA. */
+int lunar_cuda_kda_intra_variant(int v);
+
+/* kda_intra2_kernel<1> (LUNAR_KDA_INTRA=fast) against <0> on the same inputs, both scratches
+ * poisoned alike: the scratch (bf16 W, U, Qg, Kg, Aqk; fp32 exp(Gamma_C); the poison between them)
+ * bit for bit but where the old form leaves a value below 2^-126 that the fast one flushes (the
+ * bound: |difference| <= 1e-30 per element, read as bf16, far below any value that counts); o and S
+ * scale-relative <= 1e-6; then the fast form against the CPU op (check_chunked, tolerance 1e-2). */
+static void check_intra_fast(int T, int H, float lb, unsigned seed) {
+    const int dk = 128;
+    size_t mark = lunar_cuda_mark();
+    kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
+    const float scale = 1.0f / sqrtf((float)dk);
+    const long no = (long)T * H * dk, ns = (long)H * dk * dk;
+    const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
+    const float *dq = dev_in(in.q, no * 4), *dk_ = dev_in(in.k, no * 4), *dvv = dev_in(in.v, no * 4);
+    const float *dg = dev_in(in.g, no * 4), *db = dev_in(in.beta, (long)T * H * 4);
+    void *ws = lunar_cuda_alloc(wsb);
+    LUNAR_ASSERT(ws);
+    float *res[2][2];
+    uint16_t *sc[2];
+    for (int pass = 0; pass < 2; pass++) {
+        float *dS = dev_in(in.S0, ns * 4);
+        guarded o;
+        float *dO = guarded_new(&o, no * 4);
+        lunar_cuda_fill_u32(ws, SENT, wsb / 4);
+        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass);
+        lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
+        lunar_cuda_kda_intra_variant(pv), lunar_cuda_kda_chunk_precision(pm);
+        res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
+        sc[pass] = malloc(wsb);
+        lunar_cuda_download(sc[pass], ws, wsb);
+        CHECK(guards_ok(&o));
+    }
+    long ndiff = 0;
+    double dmax = 0;
+    for (size_t i = 0; i < wsb / 2; i++)
+        if (sc[0][i] != sc[1][i]) {
+            const double d = fabs((double)lunar_bf16_to_f32(sc[0][i]) - lunar_bf16_to_f32(sc[1][i]));
+            ndiff++;
+            if (!(d <= dmax)) dmax = d; /* NaN (a poison left in one only) propagates */
+        }
+    char what[160];
+    snprintf(what, sizeof what, "kda intra fast vs old T=%d H=%d lb=%g: scratch (%ld of %zu bf16 differ)", T, H,
+             lb, ndiff, wsb / 2);
+    report(what, dmax, 1e-30);
+    snprintf(what, sizeof what, "kda intra fast vs old T=%d H=%d lb=%g: o", T, H, lb);
+    report(what, lunar_max_rel_err(res[1][0], res[0][0], no), 1e-6);
+    snprintf(what, sizeof what, "kda intra fast vs old T=%d H=%d lb=%g: S", T, H, lb);
+    report(what, lunar_max_rel_err(res[1][1], res[0][1], ns), 1e-6);
+    for (int i = 0; i < 2; i++) free(res[i][0]), free(res[i][1]), free(sc[i]);
+    kda_free(&in);
+    lunar_cuda_release(mark);
+    const int pv = lunar_cuda_kda_intra_variant(1);
+    check_chunked(T, H, lb, 2, seed + 1);
+    lunar_cuda_kda_intra_variant(pv);
+}
+
+TEST(cuda_kda_chunked_intra_fast) {
+    if (!cuda_on()) return;
+    static const int Ts[] = {1, 63, 64, 65, 129, 200, 333};
+    unsigned seed = 1170;
+    for (unsigned a = 0; a < 7; a++) check_intra_fast(Ts[a], a % 3 + 1, a & 1 ? 0.0f : -5.0f, seed += 10);
+    check_intra_fast(1000, 32, 0.0f, 31);
+    check_intra_fast(2000, 32, -5.0f, 32);
+    check_intra_fast(333, 70, -5.0f, 33); /* H >= 66: the 64-column state tiles */
+}
+
 /* Batch of B sequences of T tokens with permuted state slots, in place and in the verify form
  * (one state per position, slot untouched), against op_kda_recurrent per sequence. */
 static void check_recurrent(int B, int T, int H, int dv, unsigned seed) {

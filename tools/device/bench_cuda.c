@@ -6,7 +6,9 @@
  *   (profile: one KDA prefill call per bf16 mode, for ncu, H = 96; profile32: H = 32 and the
  *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16;
  *   kdagate: the prefill's f_b GEMM + gate (lunar_cuda_kda_gate_gemm) in its four forms, three rounds alternating;
- *   kdagate1: one call of each form at 8K, for ncu) */
+ *   kdagate1: one call of each form at 8K, for ncu;
+ *   kdaintra: mode 2's intra kernel old / fast (LUNAR_KDA_INTRA), T = 8K / 64K, H = 32 / 96, three rounds
+ *   alternating, and the two forms' outputs compared at 8K; kdaintra1: one round at 8K, H = 32, for ncu) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,6 +140,86 @@ static void crosscheck_prefill(int T, int H) {
            T, H, max_rel(ho[1], ho[0], nq), max_rel(ho[2], ho[0], nq), max_rel(hs[1], hs[0], ns),
            max_rel(hs[2], hs[0], ns));
     for (int i = 0; i < 3; i++) free(ho[i]), free(hs[i]);
+    lunar_cuda_release(mark);
+}
+
+/* Mode 2's intra kernel forms, old (LUNAR_KDA_INTRA=old) and fast, on one set of inputs, ROUNDS
+ * rounds alternating: the median over the repeats of the intra kernel and of the state pass (the
+ * chunk profile's events around each), and, in round 1, o, S and the scratch of the two forms from
+ * the same initial state compared (fast vs old: o and S scale-relative, count of differing bf16). */
+int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 1 fast, 0 old, -1 env */
+static void bench_intra(int T, int H, int rounds, int compare) {
+    const int d = 128;
+    const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
+    float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
+    float *f = dalloc(nq * 4), *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4);
+    float *S = dalloc(ns * 4), *al = dalloc(H * 4), *db = dalloc((size_t)H * d * 4);
+    const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
+    void *ws = dalloc(wsb);
+    lunar_cuda_fill_uniform(q, nq, 1, -1, 1);
+    lunar_cuda_fill_uniform(k, nq, 2, -1, 1);
+    lunar_cuda_l2norm(q, q, T * H, d, 1e-6f, NULL);
+    lunar_cuda_l2norm(k, k, T * H, d, 1e-6f, NULL);
+    lunar_cuda_fill_uniform(v, nq, 3, -1, 1);
+    lunar_cuda_fill_uniform(f, nq, 4, -4, 2);
+    lunar_cuda_fill_uniform(al, H, 5, -2, 1);
+    lunar_cuda_fill_uniform(db, (size_t)H * d, 6, -1, 1);
+    lunar_cuda_kda_gate(g, f, al, db, T, H, d, 0.0f, NULL);
+    lunar_cuda_fill_uniform(beta, (size_t)T * H, 7, -3, 3);
+    lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
+    const int prev = lunar_cuda_kda_chunk_precision(2), prev_iv = lunar_cuda_kda_intra_variant(0);
+    const float sc = 1.0f / sqrtf(d);
+    const int reps = T >= 32768 ? 7 : 21;
+    /* the intra kernel's floor: q, k, v, g read (fp32), W, U, Qg, Kg (bf16), Aqk (bf16) written */
+    const double ibytes = 4.0 * nq * 4 + (double)T * H * 4 + 4.0 * nq * 2 + (double)T * H * 64 * 2;
+    float *ho[2] = {0, 0}, *hs[2] = {0, 0};
+    uint16_t *hw[2] = {0, 0};
+    for (int r = 0; r < rounds; r++)
+        for (int iv = 0; iv < 2; iv++) {
+            lunar_cuda_kda_intra_variant(iv);
+            lunar_cuda_fill_uniform(S, ns, 8, -0.5f, 0.5f);
+            if (r == 0 && compare) {
+                lunar_cuda_fill_u32(ws, 0x7fc17fc1u, wsb / 4);
+                lunar_cuda_fill_u32(o, 0x7fc00000u, nq);
+                lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
+                lunar_cuda_sync();
+                ho[iv] = malloc(nq * 4), hs[iv] = malloc(ns * 4), hw[iv] = malloc(wsb);
+                lunar_cuda_download(ho[iv], o, nq * 4);
+                lunar_cuda_download(hs[iv], S, ns * 4);
+                lunar_cuda_download(hw[iv], ws, wsb);
+            }
+            for (int i = 0; i < 2; i++) lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
+            float ti[32], tst[32], tt[32];
+            lunar_cuda_kda_chunk_profile(1);
+            for (int i = 0; i < reps; i++) {
+                lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
+                lunar_cuda_kda_chunk_profile_ms(&ti[i], &tst[i]);
+                tt[i] = ti[i] + tst[i];
+            }
+            lunar_cuda_kda_chunk_profile(0);
+            const float mi = median(ti, reps), ms = median(tst, reps), mt = median(tt, reps);
+            printf("| kda intra %s round %d | T=%d H=%d | intra %.1f us (state %.1f; total %.3f ms) | %.1f us (%.0f MB) | "
+                   "%.2fx | |\n", iv ? "fast" : "old ", r + 1, T, H, mi * 1e3, ms * 1e3, mt, ibytes / BW * 1e6,
+                   ibytes / 1e6, mi * 1e-3 / (ibytes / BW));
+            fflush(stdout);
+        }
+    if (compare && ho[0] && ho[1]) {
+        long nd = 0;
+        double dmax = 0;
+        for (size_t i = 0; i < wsb / 2; i++)
+            if (hw[0][i] != hw[1][i]) {
+                union { uint32_t u; float f; } a = {(uint32_t)hw[0][i] << 16}, b = {(uint32_t)hw[1][i] << 16};
+                const double dd = fabs((double)a.f - b.f);
+                nd++;
+                if (!(dd <= dmax)) dmax = dd;
+            }
+        printf("| kda intra check | T=%d H=%d | fast vs old: o %.2e, S %.2e (scale-relative); scratch: %ld of %zu bf16 "
+               "differ, max |d| %.2e | | | |\n", T, H, max_rel(ho[1], ho[0], nq), max_rel(hs[1], hs[0], ns), nd,
+               wsb / 2, dmax);
+    }
+    for (int i = 0; i < 2; i++) free(ho[i]), free(hs[i]), free(hw[i]);
+    lunar_cuda_kda_intra_variant(prev_iv);
+    lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_release(mark);
 }
 
@@ -376,6 +458,14 @@ int main(int argc, char **argv) {
                 for (int mode = 0; mode < 3; mode++) bench_prefill(Ts[a], Hs[b], mode == 0 ? 2 : mode == 1 ? 3 : 1);
         crosscheck_prefill(8192, 96);
         crosscheck_prefill(65536, 32);
+    }
+    if (strcmp(what, "kdaintra") == 0) { /* mode 2's intra kernel: old / fast, three rounds alternating */
+        static const int Ts[] = {8192, 65536}, Hs[] = {32, 96};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], 3, a == 0); /* compared at 8K */
+    }
+    if (strcmp(what, "kdaintra1") == 0) { /* one call of each form at 8K, H = 32, for ncu */
+        bench_intra(8192, 32, 1, 0);
     }
     if (strcmp(what, "kdastate") == 0) /* mode 2's state pass: old / ws, two rounds alternating */
         for (int round = 0; round < 2; round++)

@@ -402,6 +402,36 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
 #define LDK2 136
 #define I2_SMEM_BYTES (3 * BT * LDK2 * 4 + BT * 4)
 
+// FAST (LUNAR_KDA_INTRA=fast): the same arithmetic in fewer issued instructions. __expf in this
+// (non-ftz) build is five instructions (FMUL by log2 e, a range test, two predicated FMULs for a
+// denormal result, MUFU.EX2); ex2.approx.ftz of the same product is two, and gives the same value
+// except that a result below 2^-126 is flushed to zero (every exponent here is <= 0, so those
+// values are < 1.2e-38 and fall out of sums of O(1) terms). cvt.rna.tf32.f32 is emulated on sm_90
+// (an inf/NaN test and a predicated add of half a tf32 ulp, the low 13 bits left for mma to
+// ignore); for the finite operands here the add alone is the same bits.
+template <int FAST> __device__ __forceinline__ float exp_i2(float x) {
+    if (!FAST) return __expf(x);
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x * 1.44269504088896341f));
+    return y;
+}
+template <int FAST> __device__ __forceinline__ unsigned tf32_i2(float x) {
+    return FAST ? __float_as_uint(x) + 0x1000u : to_tf32(x);
+}
+// s + sum_kk a[kk] b[kk * ldb], kk < 16, in that order; for FAST: reads a (a 16-byte aligned row, the
+// same address across each half-warp) four at a time: 4 shared loads instead of 16, the same sums
+__device__ __forceinline__ float dot16_a4(float s, const float *a, const float *b, int ldb) {
+#pragma unroll
+    for (int q4 = 0; q4 < 4; q4++) {
+        const float4 x = *reinterpret_cast<const float4 *>(a + 4 * q4);
+        s += x.x * b[(4 * q4) * ldb];
+        s += x.y * b[(4 * q4 + 1) * ldb];
+        s += x.z * b[(4 * q4 + 2) * ldb];
+        s += x.w * b[(4 * q4 + 3) * ldb];
+    }
+    return s;
+}
+
 // Mode 2's intra kernel: the same outputs as kda_intra_kernel<0, 1> (bf16 W, U, Qg, Kg, Aqk, fp32
 // exp(Gamma_C)), with the work rearranged:
 //  - the 8x8 triangles on the diagonal of L and Aqk without one exp per pair: along a column i
@@ -415,6 +445,7 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
 //    barrier per sub-chunk);
 //  - L is held in registers until q is consumed, then the inverse lives where q was; V lands
 //    where Gamma was.
+template <int FAST>
 __global__ void __launch_bounds__(256, 2)
     kda_intra2_kernel(const float *__restrict__ q, const float *__restrict__ k,
                       const float *__restrict__ v, const float *__restrict__ g,
@@ -455,7 +486,7 @@ __global__ void __launch_bounds__(256, 2)
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
         const float4 x = *p;
-        *p = make_float4(__expf(x.x), __expf(x.y), __expf(x.z), __expf(x.w));
+        *p = make_float4(exp_i2<FAST>(x.x), exp_i2<FAST>(x.y), exp_i2<FAST>(x.z), exp_i2<FAST>(x.w));
     }
     // Aqk is zero where the 8-column group is past the 8-row group (8 bf16 per store)
     for (int idx = tid; idx < BT * BT / 8; idx += 256) {
@@ -516,8 +547,15 @@ __global__ void __launch_bounds__(256, 2)
     // 3. Gamma: inclusive cumsum of g down each key column (token order), g re-read (L2)
     if (tid < DK) {
         float x[BT];
+        if (FAST && c == BT) {  // full chunk: one running offset, no per-row bound test
+            const float *gp = g + ((size_t)t0 * H + h) * DK + tid;
+            const int st = H * DK;
 #pragma unroll
-        for (int r = 0; r < BT; r++) x[r] = r < c ? g[((size_t)(t0 + r) * H + h) * DK + tid] : 0.0f;
+            for (int r = 0; r < BT; r++) x[r] = __ldg(gp + r * st);
+        } else {
+#pragma unroll
+            for (int r = 0; r < BT; r++) x[r] = r < c ? g[((size_t)(t0 + r) * H + h) * DK + tid] : 0.0f;
+        }
         float acc = 0.0f;
 #pragma unroll
         for (int r = 0; r < BT; r++) {
@@ -545,18 +583,18 @@ __global__ void __launch_bounds__(256, 2)
         for (int kk = 0; kk < DK; kk += 8) {
             const int j = kk + 2 * t4;
             const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-            const float e00 = __expf(G0.x - ga.x), e01 = __expf(G0.y - ga.y);
-            const float e10 = __expf(G1.x - ga.x), e11 = __expf(G1.y - ga.y);
+            const float e00 = exp_i2<FAST>(G0.x - ga.x), e01 = exp_i2<FAST>(G0.y - ga.y);
+            const float e10 = exp_i2<FAST>(G1.x - ga.x), e11 = exp_i2<FAST>(G1.y - ga.y);
             const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
             const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
-            const unsigned ak[4] = {to_tf32(K0.x * e00), to_tf32(K1.x * e10), to_tf32(K0.y * e01), to_tf32(K1.y * e11)};
-            const unsigned aq[4] = {to_tf32(Q0.x * e00), to_tf32(Q1.x * e10), to_tf32(Q0.y * e01), to_tf32(Q1.y * e11)};
+            const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
+            const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int i = 16 * on + 8 * hf + gq;
                 const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
-                const unsigned b0 = to_tf32(Ki.x * __expf(ga.x - Gi.x));
-                const unsigned b1 = to_tf32(Ki.y * __expf(ga.y - Gi.y));
+                const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
+                const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
                 mma_tf32(ck[hf], ak, b0, b1);
                 mma_tf32(cq[hf], aq, b0, b1);
             }
@@ -581,12 +619,12 @@ __global__ void __launch_bounds__(256, 2)
             for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in the warps above
                 const int j = kk + 2 * t4;
                 const float2 ga = ld2(Gs + a * LDK2 + j), Gr = ld2(Gs + r * LDK2 + j), Gi = ld2(Gs + ic * LDK2 + j);
-                const float e0 = __expf(Gr.x - ga.x), e1 = __expf(Gr.y - ga.y);
+                const float e0 = exp_i2<FAST>(Gr.x - ga.x), e1 = exp_i2<FAST>(Gr.y - ga.y);
                 const float2 Kr = ld2(Ks + r * LDK2 + j), Qr = ld2(Qs + r * LDK2 + j), Ki = ld2(Ks + ic * LDK2 + j);
-                const unsigned ak[4] = {to_tf32(Kr.x * e0), 0u, to_tf32(Kr.y * e1), 0u};
-                const unsigned aq[4] = {to_tf32(Qr.x * e0), 0u, to_tf32(Qr.y * e1), 0u};
-                const unsigned b0 = to_tf32(Ki.x * __expf(ga.x - Gi.x));
-                const unsigned b1 = to_tf32(Ki.y * __expf(ga.y - Gi.y));
+                const unsigned ak[4] = {tf32_i2<FAST>(Kr.x * e0), 0u, tf32_i2<FAST>(Kr.y * e1), 0u};
+                const unsigned aq[4] = {tf32_i2<FAST>(Qr.x * e0), 0u, tf32_i2<FAST>(Qr.y * e1), 0u};
+                const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
+                const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
                 mma_tf32(ck, ak, b0, b1);
                 mma_tf32(cq, aq, b0, b1);
             }
@@ -606,10 +644,10 @@ __global__ void __launch_bounds__(256, 2)
             const float4 Q = *reinterpret_cast<const float4 *>(Qs + r * LDK2 + j);
             const float4 K = *reinterpret_cast<const float4 *>(Ks + r * LDK2 + j);
             uint2 qv, kv;
-            qv.x = pack_bf16(Q.x * scale * __expf(G.x), Q.y * scale * __expf(G.y));
-            qv.y = pack_bf16(Q.z * scale * __expf(G.z), Q.w * scale * __expf(G.w));
-            kv.x = pack_bf16(K.x * __expf(C.x - G.x), K.y * __expf(C.y - G.y));
-            kv.y = pack_bf16(K.z * __expf(C.z - G.z), K.w * __expf(C.w - G.w));
+            qv.x = pack_bf16(Q.x * scale * exp_i2<FAST>(G.x), Q.y * scale * exp_i2<FAST>(G.y));
+            qv.y = pack_bf16(Q.z * scale * exp_i2<FAST>(G.z), Q.w * scale * exp_i2<FAST>(G.w));
+            kv.x = pack_bf16(K.x * exp_i2<FAST>(C.x - G.x), K.y * exp_i2<FAST>(C.y - G.y));
+            kv.y = pack_bf16(K.z * exp_i2<FAST>(C.z - G.z), K.w * exp_i2<FAST>(C.w - G.w));
             *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
             *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
         }
@@ -641,7 +679,7 @@ __global__ void __launch_bounds__(256, 2)
         const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
         float4 *kp = reinterpret_cast<float4 *>(Ks + r * LDK2 + j);
         float4 kv = *kp;
-        kv.x *= __expf(G.x), kv.y *= __expf(G.y), kv.z *= __expf(G.z), kv.w *= __expf(G.w);
+        kv.x *= exp_i2<FAST>(G.x), kv.y *= exp_i2<FAST>(G.y), kv.z *= exp_i2<FAST>(G.z), kv.w *= exp_i2<FAST>(G.w);
         *kp = kv;
     }
     __syncthreads();  // Gamma consumed
@@ -679,8 +717,12 @@ __global__ void __launch_bounds__(256, 2)
             for (int kb = nn; kb < m; kb++) {
                 const float *L = Lo + (m * (m - 1) / 2 + kb) * 256 + r * 16;
                 const float *X = Xs + 16 * kb * LDA + 16 * nn + cc;
+                if (FAST) {
+                    s = dot16_a4(s, L, X, LDA);
+                } else {
 #pragma unroll
-                for (int kk = 0; kk < 16; kk++) s += L[kk] * X[kk * LDA];
+                    for (int kk = 0; kk < 16; kk++) s += L[kk] * X[kk * LDA];
+                }
             }
             Ps[idx] = s;
         }
@@ -689,8 +731,12 @@ __global__ void __launch_bounds__(256, 2)
             const int m = d + idx / 256, nn = m - d, e = idx % 256, r = e >> 4, cc = e & 15;
             const float *P = Ps + (idx / 256) * 256;
             float s = 0.0f;  // X_mm is stored with zeros above its diagonal
+            if (FAST) {
+                s = dot16_a4(s, Xs + (16 * m + r) * LDA + 16 * m, P + cc, 16);
+            } else {
 #pragma unroll
-            for (int kk = 0; kk < 16; kk++) s += Xs[(16 * m + r) * LDA + 16 * m + kk] * P[kk * 16 + cc];
+                for (int kk = 0; kk < 16; kk++) s += Xs[(16 * m + r) * LDA + 16 * m + kk] * P[kk * 16 + cc];
+            }
             Xs[(16 * m + r) * LDA + 16 * nn + cc] = -s;
         }
         __syncthreads();
@@ -716,10 +762,10 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
             for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {  // k slots permuted: tokens kk + 2t, +1
                 const float2 x0 = ld2(Xs + r0 * LDA + kk + 2 * t4), x1 = ld2(Xs + (r0 + 8) * LDA + kk + 2 * t4);
-                const unsigned a[4] = {to_tf32(x0.x), to_tf32(x1.x), to_tf32(x0.y), to_tf32(x1.y)};
+                const unsigned a[4] = {tf32_i2<FAST>(x0.x), tf32_i2<FAST>(x1.x), tf32_i2<FAST>(x0.y), tf32_i2<FAST>(x1.y)};
                 const float *b = B + (kk + 2 * t4) * LDK2 + cs + gq;
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_tf32(acc[nt], a, to_tf32(b[8 * nt]), to_tf32(b[LDK2 + 8 * nt]));
+                for (int nt = 0; nt < 4; nt++) mma_tf32(acc[nt], a, tf32_i2<FAST>(b[8 * nt]), tf32_i2<FAST>(b[LDK2 + 8 * nt]));
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
@@ -1372,18 +1418,44 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
 
+// Mode 2's intra kernel form. kda_intra2_kernel<1> by default since session 13 (the exponentials on
+// ex2.approx.ftz, tf32 operands by one add, the Gamma column reads by a running offset: the same
+// values but for results below 2^-126; docs/benchmarks.md "KDA intra kernel: the same arithmetic in
+// fewer instructions"); LUNAR_KDA_INTRA=old (read once) the session-12 kernel, <0>.
+// lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 1 fast, 0 old, -1 env.
+static int g_intra = -1;
+extern "C" int lunar_cuda_kda_intra_variant(int v) {
+    const int prev = g_intra;
+    g_intra = v;
+    return prev;
+}
+static int intra_variant(void) {
+    static int env = -1;
+    if (env < 0) {
+        const char *e = getenv("LUNAR_KDA_INTRA");
+        env = e && strcmp(e, "old") == 0 ? 0 : 1;
+    }
+    return g_intra >= 0 ? g_intra : env;
+}
+template <int FAST>
+static void launch_intra2(const float *q, const float *k, const float *v, const float *g, const float *beta,
+                          kda_ws w, int T, int H, int NC, float scale, cudaStream_t st) {
+    CUDA_CHECK(cudaFuncSetAttribute(kda_intra2_kernel<FAST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    I2_SMEM_BYTES));
+    CUDA_CHECK(cudaFuncSetAttribute(kda_intra2_kernel<FAST>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    kda_intra2_kernel<FAST><<<dim3(NC, H), 256, I2_SMEM_BYTES, st>>>(q, k, v, g, beta, w, T, H, scale);
+    CUDA_CHECK_LAUNCH();
+}
+
 // Mode 2: kda_intra2_kernel (two blocks per SM), then the bf16 state pass.
 static void launch_fast(float *o, const float *q, const float *k, const float *v, const float *g,
                         const float *beta, float *S, int T, int H, float scale, kda_ws w,
                         cudaStream_t st) {
     const int NC = (T + BT - 1) / BT;
-    CUDA_CHECK(cudaFuncSetAttribute(kda_intra2_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    I2_SMEM_BYTES));
-    CUDA_CHECK(cudaFuncSetAttribute(kda_intra2_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared));
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
-    kda_intra2_kernel<<<dim3(NC, H), 256, I2_SMEM_BYTES, st>>>(q, k, v, g, beta, w, T, H, scale);
-    CUDA_CHECK_LAUNCH();
+    if (intra_variant() == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     const int sv = state_variant();
     if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
