@@ -596,13 +596,14 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
 /* LUNAR_MOE_BF16_EARLY (the BF16 pair with the shorter block start-up, cuda_moe_bf16e.cu): bit 2 the
  * route's count and expert id loaded together, bit 4 at one token no offsets / row_token loads (the
  * slot is the row; the host masks it off for n > 1); bit 1 is ignored (session 13's staging, out of the
- * tree). Neither changes a sum: under each value path 1's h rows, expert rows and combined output must
- * equal the switch unset (the pair of cuda_moe.cu) bit for bit, and the CPU op as every path. Each run
- * into NaN-poisoned outputs; =6 runs twice. The caller's value of the switch is restored after. */
+ * tree). Neither changes a sum: under each value (and unset: 6 at one token, the default) path 1's h
+ * rows, expert rows and combined output must equal the switch at 0 (the pair of cuda_moe.cu) bit for
+ * bit, and the CPU op as every path. Each run into NaN-poisoned outputs; =6 runs twice. The caller's
+ * value of the switch is restored after. */
 static void bf16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                             const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref,
                             int n, int k, int D, int I) {
-    static const char *ev[] = {NULL, "2", "4", "6", "6", "1", "7"};
+    static const char *ev[] = {"0", "2", "4", "6", "6", "1", "7", NULL};
     const char *was = getenv("LUNAR_MOE_BF16_EARLY");
     char *keep = was ? strdup(was) : NULL;
     const size_t nkd = (size_t)n * k * D, nki = (size_t)n * k * I;

@@ -1,5 +1,5 @@
 // The BF16 MoE decode pair (path 1, cuda_moe.cu's moe_decode_kernel at NT = 1 with its opt bits
-// compiled out) with a shorter block start-up: LUNAR_MOE_BF16_EARLY (issue 9, session 13; opt-in).
+// compiled out) with a shorter block start-up: LUNAR_MOE_BF16_EARLY (issue 9, session 13; at one token the default).
 //
 // Why (docs/benchmarks.md "Decode B = 1: the BF16 MoE pair (session 12, H200)"): on Kimi-Linear at
 // batch 1 both kernels are bound by their warps' load latency, and every block starts with a chain
@@ -16,7 +16,7 @@
 //     neither is loaded: two round trips less in gate/up, one in down.
 // Measured (H200, docs/benchmarks.md "Decode B = 1: the BF16 pair's start-up (session 13, H200)"):
 // each kernel alone on Kimi-Linear's one-token case, down 14.05-14.34 us (the pair) -> 13.98 (bit 2),
-// 13.31 (bit 4); `=6` not yet timed in the step. Path 16's bit 1 (the down kernel's weights fetched
+// 13.31 (bit 4); `=6` in the step: B = 1 TPOT -1.6 / -1.8 % in two rounds (lead's call). Path 16's bit 1 (the down kernel's weights fetched
 // before griddepcontrol.wait, here staged by 16-byte cp.async into shared memory) made the down
 // kernel 23.6-24.5 us alone and the step 8 % slower: left out of the tree (`git show deac98f`).
 // The arithmetic is the replaced kernel's (the same fragments, mma order and split-K order): h and the
@@ -142,10 +142,12 @@ void early_split(const xargs &a, int slots, uint32_t eb, cudaStream_t st) {
 // LUNAR_MOE_BF16_EARLY (bits, read at every launch so that the op test can sweep them; graphs
 // capture the value): 2 the count and expert id together, 4 at one token no offsets / row_token loads
 // (masked off here for n > 1); bit 1 (session 13's staging before the wait) is no more and is ignored.
-// Unset or 0: the pair of cuda_moe.cu (this returns 0 and launches nothing).
+// 0: the pair of cuda_moe.cu (this returns 0 and launches nothing). Unset: 6 at one token (the default
+// since session 13: Kimi-Linear-48B B = 1 TPOT 2.609 / 2.578 -> 2.568 / 2.531 ms in two alternating
+// rounds, "Session 13, lead's call"), the pair above one token (bit 2 alone not timed in a step).
 int moe_bf16_early_pair(const xargs &g, const xargs &d, int n, int slots, cudaStream_t st) {
     const char *v = getenv("LUNAR_MOE_BF16_EARLY");
-    uint32_t eb = v ? (uint32_t)atoi(v) & 6u : 0u;
+    uint32_t eb = v ? (uint32_t)atoi(v) & 6u : n == 1 ? 6u : 0u;
     if (n != 1) eb &= ~4u;
     if (!eb) return 0;
     early_split<true>(g, slots, eb, st);
