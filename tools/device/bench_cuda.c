@@ -5,7 +5,7 @@
  * Usage: bench_cuda [prefill|decode|gemm|all|profile|profile32|kdastate|ptpc]
  *   (profile: one KDA prefill call per bf16 mode, for ncu, H = 96; profile32: H = 32 and the
  *   warp-specialised state pass too; kdastate: mode 2's state pass old / ws, H = 32, two rounds; ptpc: the PTPC-FP8 linears, fp8 peak = 2x bf16;
- *   kdagate: the prefill's f_b GEMM + gate (lunar_cuda_kda_gate_gemm) in its four forms, three rounds alternating;
+ *   kdagate: the prefill's f_b GEMM + gate (lunar_cuda_kda_gate_gemm) in its three forms, three rounds alternating;
  *   kdagate1: one call of each form at 8K, for ncu;
  *   kdaintra: mode 2's intra kernel old / fast (LUNAR_KDA_INTRA), T = 8K / 64K, H = 32 / 96, three rounds
  *   alternating, and the two forms' outputs compared at 8K; kdaintra1: one round at 8K, H = 32, for ncu) */
@@ -276,9 +276,10 @@ static void bench_decode(int B, int T, int H) {
 
 /* ---------------------------------------------------------------- KDA gate GEMM
  * lunar_cuda_kda_gate_gemm at Kimi-Linear-48B's shape (H = 32, in = 128), forms 0 exact (libm gate), 1 sfu,
- * 2 loop, 3 cols (cuda_dense.cu). Floor: the bytes (g written fp32, xa and f_b read) at 4.2 TB/s (session 13's
+ * 2 loop (cuda_dense.cu). Floor: the bytes (g written fp32, xa and f_b read) at 4.2 TB/s (session 13's
  * reference) beside the products' FLOPs at TC. */
 int lunar_cuda_kda_gate_form(int form); /* cuda_dense.cu's hook (not in cuda_ops.h: every CUDA object depends on it) */
+static const char *const gate_forms[] = {"exact", "sfu", "loop"};
 typedef struct {
     float *g, *al, *db;
     uint16_t *xa, *W;
@@ -306,8 +307,8 @@ static void gate_call(const gate_case *c) {
 }
 static void bench_kda_gate(void) {
     static const int ns[] = {8192, 32768};
-    printf("\n| kda gate GEMM | n | round | exact | sfu | loop | cols | floor (bytes at 4.2 TB/s; flops at %.0f TF) |\n"
-           "|---|---|---|---|---|---|---|---|\n",
+    printf("\n| kda gate GEMM | n | round | exact | sfu | loop | floor (bytes at 4.2 TB/s; flops at %.0f TF) |\n"
+           "|---|---|---|---|---|---|---|\n",
            TC / 1e12);
     for (int ni = 0; ni < 2; ni++) {
         const size_t mark = lunar_cuda_mark();
@@ -317,8 +318,8 @@ static void bench_kda_gate(void) {
         const double bytes = (double)n * HD * 4 + (double)n * 128 * 2 + (double)HD * 128 * 2;
         const double flops = 2.0 * n * HD * 128;
         for (int round = 0; round < 3; round++) {
-            float us[4];
-            for (int form = 0; form < 4; form++) {
+            float us[3];
+            for (int form = 0; form < 3; form++) {
                 const int prev = lunar_cuda_kda_gate_form(form);
                 gate_call(&c); /* warm-up: the attribute, the code */
                 const int reps = 15, inner = 5;
@@ -332,8 +333,8 @@ static void bench_kda_gate(void) {
                 us[form] = median(ts, reps) * 1e3f;
                 lunar_cuda_kda_gate_form(prev);
             }
-            printf("| | %d | %d | %.1f us | %.1f us | %.1f us | %.1f us | %.1f us (%.1f MB); %.1f us |\n", n, round + 1, us[0],
-                   us[1], us[2], us[3], bytes / 4.2e12 * 1e6, bytes / 1e6, flops / TC * 1e6);
+            printf("| | %d | %d | %.1f us | %.1f us | %.1f us | %.1f us (%.1f MB); %.1f us |\n", n, round + 1, us[0], us[1],
+                   us[2], bytes / 4.2e12 * 1e6, bytes / 1e6, flops / TC * 1e6);
             fflush(stdout);
         }
         lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
@@ -514,7 +515,7 @@ int main(int argc, char **argv) {
     if (strcmp(what, "kdagate") == 0) bench_kda_gate();
     if (strcmp(what, "kdagate1") == 0) { /* one 8K call of each form, for ncu */
         gate_case c = gate_setup(8192);
-        for (int form = 0; form < 4; form++) {
+        for (int form = 0; form < 3; form++) {
             const int prev = lunar_cuda_kda_gate_form(form);
             gate_call(&c);
             lunar_cuda_kda_gate_form(prev);

@@ -1113,119 +1113,12 @@ __global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_loop_kernel(float *__re
     }
 }
 
-// The A-stationary form (LUNAR_KDA_GATE=cols, in = 128 only). Nsight Compute on the loop kernel (session 13):
-// L2 throughput 75 % (sfu kernel 83 %) at 30 % of DRAM, 37 instructions a gate (44 sfu) of which 2 are the
-// gate's MUFU: the L2 carries the A tiles again for each of the 64 column blocks (134 MB at 8K, a read per
-// byte written) beside the 137 MB of g, and the instructions are the load loop's run-time divisions, 20
-// 32-bit shared loads a k step and the epilogue's addresses and bounds. Here a block keeps one 128-token
-// A tile and walks column blocks blockIdx.y, + gridDim.y, .. (f_b's 16 KB tiles, a read per 2 bytes
-// written: at 8K 80 MB in all against 142), the next f_b tile's cp.async under the current tile's gates
-// (one buffer: issued after the barrier that follows the products); fragments by ldmatrix (A: one x4 a
-// k step; f_b: one x4 per two 8-column tiles; 5 loads a k step for 20; rows padded to 272 bytes: the 8
-// row addresses of a matrix hit 8 distinct 16-byte bank groups); in a compile-time 128 (shifts, not
-// divisions); a full tile's stores unguarded. The fragments hold the same values as the loads of the
-// kernels above, so the products and the gates are the same bits as kda_gate_gemm_kernel<true>.
-constexpr int GC_IN = 128, GC_LDW = GC_IN / 2 + 4, GC_C16 = GC_IN / 8;
-__device__ __forceinline__ void gc_load_rows(uint32_t *dst, const __nv_bfloat16 *__restrict__ src, int rows, int valid) {
-    for (int i = threadIdx.x; i < rows * GC_C16; i += GG_T) {
-        const int row = i / GC_C16, j = i % GC_C16;
-        uint32_t *d = dst + row * GC_LDW + 4 * j;
-        if (row >= valid)
-            *reinterpret_cast<uint4 *>(d) = make_uint4(0, 0, 0, 0);
-        else
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((uint32_t)__cvta_generic_to_shared(d)),
-                         "l"(src + (size_t)row * GC_IN + 8 * j) : "memory");
-    }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void ldsm_x4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr));
-}
-__global__ void __launch_bounds__(GG_T, 4) kda_gate_gemm_cols_kernel(float *__restrict__ g,
-                                                                 const __nv_bfloat16 *__restrict__ xa,
-                                                                 const __nv_bfloat16 *__restrict__ W, int n, int H,
-                                                                 const float *__restrict__ A_log,
-                                                                 const float *__restrict__ dt_bias, float lb) {
-    extern __shared__ __align__(16) uint32_t gg_sm[];
-    uint32_t *As = gg_sm, *Bs = gg_sm + GG_M * GC_LDW;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gq = lane >> 2, t4 = lane & 3;
-    const int t0 = blockIdx.x * GG_M, cols = H * (128 / GG_N);
-    int cb = blockIdx.y;
-    if (cb >= cols) return;
-    gc_load_rows(As, xa + (size_t)t0 * GC_IN, GG_M, n - t0);
-    gc_load_rows(Bs, W + (size_t)cb * GG_N * GC_IN, GG_N, GG_N);
-    /* ldmatrix row addresses: lane l gives row l % 8 of matrix l / 8. A (16 x 16 of warp w's rows at k
-     * step s): matrices (rows +0, k +0), (+8, +0), (+0, +8), (+8, +8) = the mma's a0..a3; f_b (two 8-column
-     * tiles 2 p, 2 p + 1): (tile 2 p, k +0), (2 p, +8), (2 p + 1, +0), (2 p + 1, +8) = b of both */
-    const int mi = lane >> 3, mr = lane & 7;
-    const uint32_t a_addr = (uint32_t)__cvta_generic_to_shared(As + (16 * warp + mr + 8 * (mi & 1)) * GC_LDW + 4 * (mi >> 1));
-    const uint32_t b_addr = (uint32_t)__cvta_generic_to_shared(Bs + (8 * (mi >> 1) + mr) * GC_LDW + 4 * (mi & 1));
-    const size_t HD = (size_t)H * 128;
-    const int r0 = t0 + 16 * warp + gq;
-    const bool full = t0 + GG_M <= n;
-    for (; cb < cols; cb += gridDim.y) {
-        asm volatile("cp.async.wait_all;\n" ::: "memory");
-        __syncthreads();
-        float acc[GG_N / 8][4];
-#pragma unroll
-        for (int j = 0; j < GG_N / 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < GC_IN / 16; ks++) { /* 16 k a step: 32 bytes of a row */
-            uint32_t a0, a1, a2, a3;
-            ldsm_x4(a0, a1, a2, a3, a_addr + 32 * ks);
-#pragma unroll
-            for (int p = 0; p < GG_N / 16; p++) {
-                uint32_t b00, b01, b10, b11;
-                ldsm_x4(b00, b01, b10, b11, b_addr + (16 * GC_LDW * 4) * p + 32 * ks);
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                             "{%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+f"(acc[2 * p][0]), "+f"(acc[2 * p][1]), "+f"(acc[2 * p][2]), "+f"(acc[2 * p][3])
-                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b00), "r"(b01));
-                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                             "{%8,%9}, {%0,%1,%2,%3};\n"
-                             : "+f"(acc[2 * p + 1][0]), "+f"(acc[2 * p + 1][1]), "+f"(acc[2 * p + 1][2]),
-                               "+f"(acc[2 * p + 1][3])
-                             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b10), "r"(b11));
-            }
-        }
-        __syncthreads(); /* every warp's f_b fragments read: the buffer takes the next column block */
-        const int n0 = cb * GG_N;
-        if (cb + (int)gridDim.y < cols) gc_load_rows(Bs, W + (size_t)(cb + gridDim.y) * GG_N * GC_IN, GG_N, GG_N);
-        const float a = expf(A_log[n0 / 128]);
-        float *o = g + (size_t)r0 * HD + n0 + 2 * t4;
-        const float *db = dt_bias + n0 + 2 * t4;
-        if (full) {
-#pragma unroll
-            for (int j = 0; j < GG_N / 8; j++) {
-                const float d0 = db[8 * j], d1 = db[8 * j + 1];
-                *reinterpret_cast<float2 *>(o + 8 * j) =
-                    make_float2(kda_gate_value_sfu(acc[j][0], a, d0, lb), kda_gate_value_sfu(acc[j][1], a, d1, lb));
-                *reinterpret_cast<float2 *>(o + 8 * HD + 8 * j) =
-                    make_float2(kda_gate_value_sfu(acc[j][2], a, d0, lb), kda_gate_value_sfu(acc[j][3], a, d1, lb));
-            }
-        } else {
-#pragma unroll
-            for (int j = 0; j < GG_N / 8; j++) {
-                const float d0 = db[8 * j], d1 = db[8 * j + 1];
-                if (r0 < n)
-                    *reinterpret_cast<float2 *>(o + 8 * j) = make_float2(kda_gate_value_sfu(acc[j][0], a, d0, lb),
-                                                                         kda_gate_value_sfu(acc[j][1], a, d1, lb));
-                if (r0 + 8 < n)
-                    *reinterpret_cast<float2 *>(o + 8 * HD + 8 * j) = make_float2(
-                        kda_gate_value_sfu(acc[j][2], a, d0, lb), kda_gate_value_sfu(acc[j][3], a, d1, lb));
-            }
-        }
-    }
-}
-
 /* LUNAR_KDA_GATE=exact: kda_gate_gemm_kernel with kda_gate_value's libm gate (the default before session
  * 13, bit-equal to cuBLAS + lunar_cuda_kda_gate); =sfu: the same kernel with the SFU gate; =loop: the
  * SFU gate in kda_gate_gemm_loop_kernel, the default (session 13, H200, 8K: 125.4 -> 81.1 us, sfu 82.3;
  * 32K: 486 -> 310 us, sfu 332; docs/benchmarks.md "KDA gate GEMM on the SFU"). Read once;
  * lunar_cuda_kda_gate_form (the op test's and bench_cuda's hook, declared where they call it) sets it
- * (0 exact, 1 sfu, 2 loop, 3 cols: kda_gate_gemm_cols_kernel where in = 128, else loop) and returns the form
- * before. */
+ * (0 exact, 1 sfu, 2 loop) and returns the form before. */
 constexpr int kGateFormDefault = 2;
 static int gate_form = -1;
 static int kda_gate_form(void) {
@@ -1235,14 +1128,13 @@ static int kda_gate_form(void) {
                        : strcmp(e, "exact") == 0 ? 0
                        : strcmp(e, "sfu") == 0   ? 1
                        : strcmp(e, "loop") == 0  ? 2
-                       : strcmp(e, "cols") == 0  ? 3
                                                  : kGateFormDefault;
     }
     return gate_form;
 }
 extern "C" int lunar_cuda_kda_gate_form(int form) {
     const int prev = kda_gate_form();
-    gate_form = form >= 0 && form <= 3 ? form : kGateFormDefault;
+    gate_form = form >= 0 && form <= 2 ? form : kGateFormDefault;
     return prev;
 }
 static int dense_sm_count(void) {
@@ -1263,19 +1155,7 @@ extern "C" int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint
     const size_t smem = (size_t)(GG_M + GG_N) * (in / 2 + 4) * 4;
     /* the opt-in above 48 KB, set at each call (per device: a process may drive several; a host call
      * per KDA layer of a prefill) */
-    const int tiles = (int)ceil_div_u(n, GG_M), cols = H * (128 / GG_N);
-    int form = kda_gate_form();
-    if (form == 3 && in != GC_IN) form = 2;
-    if (form == 3) { /* one wave of 4 blocks an SM: column blocks shared out over each token tile's blocks */
-        const int per_tile = 4 * dense_sm_count() / tiles, y = per_tile < 1 ? 1 : per_tile < cols ? per_tile : cols;
-        if (smem > 48 * 1024)
-            CUDA_CHECK(cudaFuncSetAttribute(kda_gate_gemm_cols_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            (int)smem));
-        kda_gate_gemm_cols_kernel<<<dim3(tiles, y), GG_T, smem, to_stream(s)>>>(
-            g, (const __nv_bfloat16 *)xa, (const __nv_bfloat16 *)W, n, H, A_log, dt_bias, lb);
-        CUDA_CHECK_LAUNCH();
-        return 0;
-    }
+    const int form = kda_gate_form(), tiles = (int)ceil_div_u(n, GG_M), cols = H * (128 / GG_N);
     auto kernel = form == 2 ? kda_gate_gemm_loop_kernel : form == 1 ? kda_gate_gemm_kernel<true> : kda_gate_gemm_kernel<false>;
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
