@@ -279,7 +279,6 @@ static void bench_decode(int B, int T, int H) {
  * 2 loop (cuda_dense.cu). Floor: the bytes (g written fp32, xa and f_b read) at 4.2 TB/s (session 13's
  * reference) beside the products' FLOPs at TC. */
 int lunar_cuda_kda_gate_form(int form); /* cuda_dense.cu's hook (not in cuda_ops.h: every CUDA object depends on it) */
-static const char *const gate_forms[] = {"exact", "sfu", "loop"};
 typedef struct {
     float *g, *al, *db;
     uint16_t *xa, *W;
