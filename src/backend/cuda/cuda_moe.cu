@@ -504,56 +504,10 @@ __global__ void __launch_bounds__(128, 4) moe_decode_kernel(xargs a, uint32_t pf
                     }
                 }
             } else {
-                for (int j = j0; j < j1; j++) {
-                    const int blk = 4 * j + c;
-#pragma unroll
-                    for (int w = 0; w < 4; w++) {
-                        uint32_t pa[NM][4], pb[NM][4];
-#pragma unroll
-                        for (int i = 0; i < NM; i++) {
-                            const uint16_t *base = e == a.E ? a.sb[i] : a.wb[i] + e * estr;
-                            pairs_bf16(__ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)), pa[i]);
-                            pairs_bf16(__ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)), pb[i]);
-                        }
-#pragma unroll
-                        for (int t = 0; t < NT; t++) {
-                            uint32_t px[4];
-                            uint4 xv = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + blk * 32 + w * 8))
-                                                 : make_uint4(0, 0, 0, 0);
-                            pairs_bf16(xv, px);
-#pragma unroll
-                            for (int h = 0; h < 2; h++)
-#pragma unroll
-                                for (int i = 0; i < NM; i++)
-                                    mma_bf16(acc[i][t], pa[i][2 * h], pb[i][2 * h], pa[i][2 * h + 1],
-                                             pb[i][2 * h + 1], px[2 * h], px[2 * h + 1]);
-                        }
-                    }
-                }
+                dec_bf16_chunks<NM, NT>(acc, a, e, estr, ra, rb, c, j0, j1, xr, tok_ok);
             }
         }
-        if (S > 1) {
-            float *mine = red + (size_t)warp * NACC * 32;
-#pragma unroll
-            for (int i = 0; i < NM; i++)
-#pragma unroll
-                for (int t = 0; t < NT; t++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++) mine[((i * NT + t) * 4 + v) * 32 + lane] = acc[i][t][v];
-            __syncthreads();
-            if (ks == 0) {
-                for (int s2 = 1; s2 < S; s2++) {
-                    const float *o = red + (size_t)(warp + s2) * NACC * 32;
-#pragma unroll
-                    for (int i = 0; i < NM; i++)
-#pragma unroll
-                        for (int t = 0; t < NT; t++)
-#pragma unroll
-                            for (int v = 0; v < 4; v++) acc[i][t][v] += o[((i * NT + t) * 4 + v) * 32 + lane];
-                }
-            }
-            __syncthreads();
-        }
+        if (S > 1) dec_splitk_sum<NACC, S>(&acc[0][0][0], red, warp, ks, lane);
         if (ks == 0 && tile_ok) {
             // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1)
 #pragma unroll

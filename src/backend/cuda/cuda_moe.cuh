@@ -129,6 +129,59 @@ struct xargs {
     float beta, beta_l;
 };
 
+// The BF16 decode pair's pieces (cuda_moe.cu moe_decode_kernel, cuda_moe_bf16e.cu's start-up variant):
+// one pass of NT groups of 8 tokens. dec_bf16_chunks: a warp's products of chunks j0 .. j1 - 1 (128
+// columns each; lane column group c) of rows ra / rb of expert e's NM matrices (e = E: the shared
+// expert's sb), against the tokens' rows xr (tok_ok false: zeros).
+template <int NM, int NT>
+__device__ __forceinline__ void dec_bf16_chunks(float (&acc)[NM][NT][4], const xargs &a, int e, size_t estr, int ra,
+                                                int rb, int c, int j0, int j1, const uint16_t *const (&xr)[NT],
+                                                const bool (&tok_ok)[NT]) {
+    for (int j = j0; j < j1; j++) {
+        const int blk = 4 * j + c;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t pa[NM][4], pb[NM][4];
+#pragma unroll
+            for (int i = 0; i < NM; i++) {
+                const uint16_t *base = e == a.E ? a.sb[i] : a.wb[i] + e * estr;
+                pairs_bf16(__ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)), pa[i]);
+                pairs_bf16(__ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)), pb[i]);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                uint32_t px[4];
+                uint4 xv = tok_ok[t] ? __ldg((const uint4 *)(xr[t] + blk * 32 + w * 8)) : make_uint4(0, 0, 0, 0);
+                pairs_bf16(xv, px);
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+#pragma unroll
+                    for (int i = 0; i < NM; i++)
+                        mma_bf16(acc[i][t], pa[i][2 * h], pb[i][2 * h], pa[i][2 * h + 1], pb[i][2 * h + 1],
+                                 px[2 * h], px[2 * h + 1]);
+            }
+        }
+    }
+}
+// The S k-split warps of a row tile meet in shared memory red ([4 warps][NACC][32]): warp ks = 0 adds
+// the others' NACC partials (acc, flattened) in a fixed order (deterministic). Every thread of the
+// block calls it.
+template <int NACC, int S>
+__device__ __forceinline__ void dec_splitk_sum(float *acc, float *red, int warp, int ks, int lane) {
+    float *mine = red + (size_t)warp * NACC * 32;
+#pragma unroll
+    for (int k = 0; k < NACC; k++) mine[k * 32 + lane] = acc[k];
+    __syncthreads();
+    if (ks == 0) {
+        for (int s2 = 1; s2 < S; s2++) {
+            const float *o = red + (size_t)(warp + s2) * NACC * 32;
+#pragma unroll
+            for (int k = 0; k < NACC; k++) acc[k] += o[k * 32 + lane];
+        }
+    }
+    __syncthreads();
+}
+
 // The MXFP4 decode rings (the pair's MX kernels, cuda_moe.cu, and path 16, cuda_moe_f16.cu): a
 // thread's 16-byte column group c of packed weight rows ra and rb of expert e's NM matrices, and the
 // rows' scale words. issue(j) copies chunk j (128 columns; nothing past j1) into ring stage

@@ -29,8 +29,8 @@ namespace {
 
 template <bool GATEUP, int S>
 __global__ void __launch_bounds__(128, 4) moe_bf16_early_kernel(xargs a, uint32_t eb) {
-    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
-    extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S;
+    extern __shared__ __align__(16) float red[];  // [4 warps][NM 4][32] when S > 1 (dec_splitk_sum)
     const bool together = (eb & 2u) != 0, one = (eb & 4u) != 0;
     pdl_wait();
     const int slot = blockIdx.y;
@@ -53,55 +53,15 @@ __global__ void __launch_bounds__(128, 4) moe_bf16_early_kernel(xargs a, uint32_
     const size_t estr = (size_t)a.R * a.K;  // elements per expert matrix
     const int off = one ? slot : a.offsets[e], m = one ? 1 : a.offsets[e + 1] - off;
     for (int t0 = 0; t0 < m; t0 += 8) {
-        float acc[NM][4];
+        float acc[NM][1][4];
 #pragma unroll
-        for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+        for (int i = 0; i < NM; i++) acc[i][0][0] = acc[i][0][1] = acc[i][0][2] = acc[i][0][3] = 0.0f;
         const int tk = t0 + g;
-        const bool tok_ok = tk < m;
-        const int row = tok_ok ? (GATEUP ? (one ? 0 : a.row_token[off + tk]) : off + tk) : 0;
-        const uint16_t *xr = a.x + (size_t)row * a.K;
-        if (tile_ok && j0 < j1) {
-            for (int j = j0; j < j1; j++) {
-                const int blk = 4 * j + c;
-#pragma unroll
-                for (int w = 0; w < 4; w++) {
-                    uint32_t pa[NM][4], pb[NM][4];
-#pragma unroll
-                    for (int i = 0; i < NM; i++) {
-                        const uint16_t *base = e == a.E ? a.sb[i] : a.wb[i] + e * estr;
-                        pairs_bf16(__ldg((const uint4 *)(base + (size_t)ra * a.K + blk * 32 + w * 8)), pa[i]);
-                        pairs_bf16(__ldg((const uint4 *)(base + (size_t)rb * a.K + blk * 32 + w * 8)), pb[i]);
-                    }
-                    uint32_t px[4];
-                    const uint4 xv = tok_ok ? __ldg((const uint4 *)(xr + blk * 32 + w * 8)) : make_uint4(0, 0, 0, 0);
-                    pairs_bf16(xv, px);
-#pragma unroll
-                    for (int h = 0; h < 2; h++)
-#pragma unroll
-                        for (int i = 0; i < NM; i++)
-                            mma_bf16(acc[i], pa[i][2 * h], pb[i][2 * h], pa[i][2 * h + 1], pb[i][2 * h + 1],
-                                     px[2 * h], px[2 * h + 1]);
-                }
-            }
-        }
-        if (S > 1) {
-            float *mine = red + (size_t)warp * NACC * 32;
-#pragma unroll
-            for (int i = 0; i < NM; i++)
-#pragma unroll
-                for (int v = 0; v < 4; v++) mine[(i * 4 + v) * 32 + lane] = acc[i][v];
-            __syncthreads();
-            if (ks == 0) {
-                for (int s2 = 1; s2 < S; s2++) {
-                    const float *o = red + (size_t)(warp + s2) * NACC * 32;
-#pragma unroll
-                    for (int i = 0; i < NM; i++)
-#pragma unroll
-                        for (int v = 0; v < 4; v++) acc[i][v] += o[(i * 4 + v) * 32 + lane];
-                }
-            }
-            __syncthreads();
-        }
+        const bool tok_ok[1] = {tk < m};
+        const int row = tok_ok[0] ? (GATEUP ? (one ? 0 : a.row_token[off + tk]) : off + tk) : 0;
+        const uint16_t *const xr[1] = {a.x + (size_t)row * a.K};
+        if (tile_ok && j0 < j1) dec_bf16_chunks<NM, 1>(acc, a, e, estr, ra, rb, c, j0, j1, xr, tok_ok);
+        if (S > 1) dec_splitk_sum<NM * 4, S>(&acc[0][0][0], red, warp, ks, lane);
         if (ks == 0 && tile_ok) {
             // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1)
 #pragma unroll
@@ -110,10 +70,10 @@ __global__ void __launch_bounds__(128, 4) moe_bf16_early_kernel(xargs a, uint32_
                 if (t >= m) continue;
                 const size_t pr = (size_t)(off + t);
                 if (GATEUP) {
-                    const __nv_bfloat16 hb = __float2bfloat16_rn(glu_act(acc[0][v], acc[NM - 1][v], a.act, a.beta, a.beta_l));
+                    const __nv_bfloat16 hb = __float2bfloat16_rn(glu_act(acc[0][0][v], acc[NM - 1][0][v], a.act, a.beta, a.beta_l));
                     a.h[pr * a.R + r] = *reinterpret_cast<const uint16_t *>(&hb);
                 } else {
-                    a.y[pr * a.R + r] = acc[0][v] * a.row_weight[pr];
+                    a.y[pr * a.R + r] = acc[0][0][v] * a.row_weight[pr];
                 }
             }
         }

@@ -315,24 +315,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                 }
                 if (!MT) cp_async_wait<0>();  // MT: the ring runs on into the next row group
             }
-            if (S > 1) {
-                float *mine = red + (size_t)warp * NACC * 32;
-#pragma unroll
-                for (int i = 0; i < NM; i++)
-#pragma unroll
-                    for (int v = 0; v < 4; v++) mine[(i * 4 + v) * 32 + lane] = acc[i][v];
-                __syncthreads();
-                if (ks == 0) {
-                    for (int s2 = 1; s2 < S; s2++) {
-                        const float *o = red + (size_t)(warp + s2) * NACC * 32;
-#pragma unroll
-                        for (int i = 0; i < NM; i++)
-#pragma unroll
-                            for (int v = 0; v < 4; v++) acc[i][v] += o[(i * 4 + v) * 32 + lane];
-                    }
-                }
-                __syncthreads();
-            }
+            if (S > 1) dec_splitk_sum<NACC, S>(&acc[0][0], red, warp, ks, lane);
             if (ks == 0 && live) {
                 // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
 #pragma unroll
