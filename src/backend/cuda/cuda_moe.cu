@@ -1103,9 +1103,10 @@ static int rows_cmp(const void *x, const void *y) { return *(const int *)x - *(c
 static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
     static int left = -1;
     if (left < 0) left = getenv("LUNAR_MOE_ROWSTATS") ? atoi(getenv("LUNAR_MOE_ROWSTATS")) : 0;
+    if (left <= 0) return;  // off (the default): no runtime call on the prefill's path
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK(cudaStreamIsCapturing(st, &cs));
-    if (left <= 0 || cs != cudaStreamCaptureStatusNone) return;
+    if (cs != cudaStreamCaptureStatusNone) return;
     left--;
     const int E = r->E;
     int *off = (int *)malloc((size_t)(E + 1) * 4), *rows = (int *)malloc((size_t)E * 4);
