@@ -37,13 +37,22 @@ static void *dalloc(size_t bytes) {
 }
 
 /* ---------------------------------------------------------------- KDA prefill */
-static void bench_prefill_v(int T, int H, int mode, int sv) {
+/* One sequence's inputs of the KDA prefill benchmarks (T tokens, H heads, d = 128), the same values
+ * wherever they are used: q, k random and L2-normalised per head row, v random, g = the gate of random
+ * f, beta = sigmoid of random; o, S and the chunk scratch allocated (S not filled). */
+typedef struct {
+    float *q, *k, *v, *g, *beta, *o, *S;
+    void *ws;
+} kda_in;
+static kda_in kda_inputs(int T, int H) {
     const int d = 128;
-    const size_t nq = (size_t)T * H * d, mark = lunar_cuda_mark();
-    float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
-    float *f = dalloc(nq * 4), *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4);
-    float *S = dalloc((size_t)H * d * d * 4), *al = dalloc(H * 4), *db = dalloc((size_t)H * d * 4);
-    void *ws = dalloc(lunar_cuda_kda_chunk_ws(T, H));
+    const size_t nq = (size_t)T * H * d;
+    kda_in in;
+    float *q = in.q = dalloc(nq * 4), *k = in.k = dalloc(nq * 4), *v = in.v = dalloc(nq * 4), *g = in.g = dalloc(nq * 4);
+    float *f = dalloc(nq * 4), *beta = in.beta = dalloc((size_t)T * H * 4);
+    in.o = dalloc(nq * 4), in.S = dalloc((size_t)H * d * d * 4);
+    float *al = dalloc(H * 4), *db = dalloc((size_t)H * d * 4);
+    in.ws = dalloc(lunar_cuda_kda_chunk_ws(T, H));
     lunar_cuda_fill_uniform(q, nq, 1, -1, 1);
     lunar_cuda_fill_uniform(k, nq, 2, -1, 1);
     lunar_cuda_l2norm(q, q, T * H, d, 1e-6f, NULL);
@@ -55,6 +64,14 @@ static void bench_prefill_v(int T, int H, int mode, int sv) {
     lunar_cuda_kda_gate(g, f, al, db, T, H, d, 0.0f, NULL);
     lunar_cuda_fill_uniform(beta, (size_t)T * H, 7, -3, 3);
     lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
+    return in;
+}
+static void bench_prefill_v(int T, int H, int mode, int sv) {
+    const int d = 128;
+    const size_t nq = (size_t)T * H * d, mark = lunar_cuda_mark();
+    const kda_in in = kda_inputs(T, H);
+    float *q = in.q, *k = in.k, *v = in.v, *g = in.g, *beta = in.beta, *o = in.o, *S = in.S;
+    void *ws = in.ws;
     lunar_cuda_fill_uniform(S, (size_t)H * d * d, 8, -0.5f, 0.5f);
     const int prev = lunar_cuda_kda_chunk_precision(mode), prev_sv = lunar_cuda_kda_state_variant(sv);
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
@@ -151,22 +168,10 @@ int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 1 fast, 0 old, -1
 static void bench_intra(int T, int H, int rounds, int compare) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
-    float *q = dalloc(nq * 4), *k = dalloc(nq * 4), *v = dalloc(nq * 4), *g = dalloc(nq * 4);
-    float *f = dalloc(nq * 4), *beta = dalloc((size_t)T * H * 4), *o = dalloc(nq * 4);
-    float *S = dalloc(ns * 4), *al = dalloc(H * 4), *db = dalloc((size_t)H * d * 4);
+    const kda_in in = kda_inputs(T, H);
+    float *q = in.q, *k = in.k, *v = in.v, *g = in.g, *beta = in.beta, *o = in.o, *S = in.S;
     const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
-    void *ws = dalloc(wsb);
-    lunar_cuda_fill_uniform(q, nq, 1, -1, 1);
-    lunar_cuda_fill_uniform(k, nq, 2, -1, 1);
-    lunar_cuda_l2norm(q, q, T * H, d, 1e-6f, NULL);
-    lunar_cuda_l2norm(k, k, T * H, d, 1e-6f, NULL);
-    lunar_cuda_fill_uniform(v, nq, 3, -1, 1);
-    lunar_cuda_fill_uniform(f, nq, 4, -4, 2);
-    lunar_cuda_fill_uniform(al, H, 5, -2, 1);
-    lunar_cuda_fill_uniform(db, (size_t)H * d, 6, -1, 1);
-    lunar_cuda_kda_gate(g, f, al, db, T, H, d, 0.0f, NULL);
-    lunar_cuda_fill_uniform(beta, (size_t)T * H, 7, -3, 3);
-    lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
+    void *ws = in.ws;
     const int prev = lunar_cuda_kda_chunk_precision(2), prev_iv = lunar_cuda_kda_intra_variant(0);
     const float sc = 1.0f / sqrtf(d);
     const int reps = T >= 32768 ? 7 : 21;
