@@ -777,11 +777,11 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * path 24's kernel has no items), and on the last three: 600 rows on 2 experts (2 full tiles + a rest of
  * 88 rows: both kernels, items of both on one expert), 450 on 3 (256 + a rest of 194 > 192: path 24's
  * alone, a partial tile), ~350 on each of 8 (skewed: 256 + ~94, rests of several N sizes). (Path 27, 28
- * with the split in the down GEMM too, passed them all before its removal.) Path 32 (28 with path 24's
- * down kernel copying no A rows of dead 64-row halves, widening the next item's first chunk before the
- * drain, staging elsewhere and loading the row weights early; LUNAR_MOE_MXD picks 1, 6 or 7 of those bits)
- * on the same cases: 1..4 live halves (rows past the end in each), K of 2..18 chunks (K = 128: the
- * pre-widened chunk is the next item's last but one), several items a block, fp32 and bf16 rows. */
+ * with the split in the down GEMM too, passed them all before its removal.) Path 32 (the MXFP4 default
+ * since session 14: 28 whose down kernel copies no A rows of its dead 64-row halves) on the same cases:
+ * items of 1..4 live halves (n = 1, 5, 13: one; ~200 rows: 4 then 1), rows past the end in each, several
+ * items a block (a half dead in one item, live in the next: its rows in the ring are stale, never read),
+ * fp32 and bf16 rows. */
 #define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25 | 1 << 27 | 1ull << 31)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
@@ -1188,7 +1188,7 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
     /* MXFP4: path 2 (the reference), then with bf16 rows (LUNAR_MOE_YBUF=bf16's form; -24 ..: the
-     * path's run_b) 24, 28 (the default) and 32 in alternating orders (28 and 32 three times),
+     * path's run_b) 24, 28 (session 13's default) and 32 (the default) in alternating orders (28 and 32 three times),
      * then 32 with fp32 rows (session 13's list ran 25 and 26 where 32 is) */
     /* BF16: path 29 (12 taking its items from a counter) against 12, alternating, last */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18, 29, 12, 29},
@@ -1197,7 +1197,7 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again",
                                 "12, items by counter (29)", "ws fast epi (12) third", "29 again"},
-                      *mpn[] = {"mma.sync (old)", "24, bf16 rows", "28, bf16 (default)", "32, bf16 rows",
+                      *mpn[] = {"mma.sync (old)", "24, bf16 rows", "28, bf16 (s13 default)", "32, bf16 (default)",
                                 "32, bf16 again", "28, bf16 again", "24, bf16 again", "28, bf16 third",
                                 "32, bf16 third", "32, fp32 rows"};
     const int *paths = mx ? mpaths : bpaths;

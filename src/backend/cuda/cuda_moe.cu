@@ -1209,8 +1209,10 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // than 24 at the bench's balanced routing, 0.5-1 % with ~585-row experts, the K3.1 TP8 slice's
         // 8K prefill 1.1 % (docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"); =wsmxb
         // keeps path 24. Path 27 (=wsmxh then: the split in the down GEMM too) measured slower than
-        // 28 and was removed. =wsmxd: path 32 (session 14: 28 with path 24's down kernel taking its
-        // per-item costs off the critical path, cuda_moe_ws.cu MXD_PRE).
+        // 28 and was removed. Path 32 (=wsmxd), MXFP4's default since session 14: path 28 whose down
+        // kernel copies no A rows of the 64-row halves no product reads (cuda_moe_ws.cu, HALF): the
+        // down kernel 1.4 % (TP8 slice) / 2.8 % (K3.1) faster (docs/benchmarks.md "MoE prefill, MXFP4
+        // down GEMM: dead halves"); =wsmxhb keeps path 28.
         // Path 29 (=wsdyn), BF16's default since session 13:
         // path 12's kernels taking their items from a global counter, so that an expert's M tiles
         // read each weight tile within a few us of each other, from L2: Kimi-Linear-48B's 8K
@@ -1244,8 +1246,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                                            : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmxd | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 29 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 28 : 29) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 32) : mxp ? 29 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 32 : 29) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (wy_path(path) && !w->mxfp4) path = 29;  // MXFP4 widened in the kernel: BF16's default
@@ -1255,7 +1257,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies;
     // 25, 26: the weights as wgmma's M; 28: 24 and 25 per gate/up item (an expert's full tiles, its
     // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13. 32: 28
-    // with 24's down kernel's per-item costs moved (cuda_moe_ws.cu MXD_PRE).
+    // with no A copies for the down kernel's dead 64-row halves.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
     // of 14, removed) are no paths. 29: path 12 with its items taken from a counter.
     const bool mc = path == 17 || path == 18, wy = wy_path(path);

@@ -646,10 +646,9 @@ struct wy_cfg {
     static constexpr uint32_t A_BYTES = 256 * 128, RAW_BYTES = 128 * 32, SCW_BYTES = 128 * 2 * 4;
     static constexpr uint32_t STAGE = A_BYTES + RAW_BYTES + SCW_BYTES;  // 37 x 1024
     static constexpr uint32_t B_BYTES = 128 * 128;                    // the shared bf16 B tile
-    // BS: warps 6-7's staging (WB_WARP each); path 32's PRE (bs_warps 5): warps 3-7's (the note at MXD_PRE)
-    static constexpr size_t smem(bool bs = false, int bs_warps = 2) {
+    static constexpr size_t smem(bool bs = false) {
         return 1024 + (size_t)WY_ST * STAGE + 3 * B_BYTES + 2 * WY_ST * 8 + (WY_MAX_E + 1) * 4 +
-               (bs ? 16 + bs_warps * (size_t)(2 * 8 * 272) : 0);
+               (bs ? 16 + 2 * (size_t)(2 * 8 * 272) : 0);  // BS: warps 6-7's staging (WB_WARP each)
     }
 };
 
@@ -758,11 +757,12 @@ __device__ __forceinline__ uint32_t bf2_bits(float lo, float hi) {
     return *reinterpret_cast<uint32_t *>(&b);
 }
 // the same rows and values as wy_down_epilogue into a.yb (v * w rounded once to bf16); stg: this
-// warp's WB_WARP bytes of staging; rw: the 4 row weights (wy_row_weights). Row set s = (half s / 2, rows g + 8 (s % 2)) goes to buffer s % 2;
+// warp's WB_WARP bytes of staging. Row set s = (half s / 2, rows g + 8 (s % 2)) goes to buffer s % 2;
 // set s >= 2 first waits until set s - 2's copies have read it
 __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, const float *acc1, int nw, int m0,
-                                             int rend, int n0, int wwarp, int g, int lane, uint32_t stg,
-                                             const float (&rw)[2][2]) {
+                                             int rend, int n0, int wwarp, int g, int lane, uint32_t stg) {
+    float rw[2][2];
+    wy_row_weights(a, nw, m0, rend, wwarp, g, rw);
 #pragma unroll
     for (int s = 0; s < 4; s++) {
         const int h = s >> 1, hh = s & 1;
@@ -795,39 +795,26 @@ __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, 
     }
 }
 
-// ---------------------------------------------------------------- path 32: path 24's down kernel, per-item costs
-// At the TP8 slice's down GEMM (K = 384: 6 chunks an item) path 24 ran at 32 % of the peak against its
-// gate/up's 43-47 %: each item's costs outside the chunk stream (the drain, the row weights' loads, the
-// staging, the next item's first widening with no product in flight) weigh as much as 2 of its 6 chunks.
-// Path 32 (LUNAR_MOE_PREFILL=wsmxd: path 28's gate/up, this down kernel) takes three of them off the
-// critical path, each a bit of OPT (all three by default; LUNAR_MOE_MXD=1|6|7, measurement only):
-//  MXD_HALF (1): the producer copies no A rows of a dead 64-row half (r0 + 64 h >= rend: no wgmma reads
-//    them), where path 24 zero-fills them (a ~146-row expert: 64 of 256 rows a chunk, 8 KB of the ~125 KB
-//    of shared-memory traffic a chunk: the products read 72 KB, the copies write 32, the widening 16).
-//    (Path 22's measured slowdown from uncopied rows was for rows the products read: stale data there.)
-//  MXD_PRE (2): the next item's first chunk is widened (and its `full` waited) right after the last
-//    chunk's products are issued, before the drain, into B buffer q % 3 (q: that chunk), free since
-//    chunk q - 3's products (waited for by both warpgroups before chunk q - 1's barrier). The staging
-//    then must avoid B buffers q % 3 and (q + 1) % 3 (written after chunk q's barrier): warps 0-2 stage
-//    in buffer (q + 2) % 3 (written after chunk q + 1's barrier), warps 3-7 in 21 KB after the prefix
-//    array (5 WB_WARP). The copies' read wait moves: none before a pre-widened chunk's barrier (its
-//    own staging is not written there), one before every other barrier (buffer (q + 2) % 3 is widened
-//    only after chunk q + 1's barrier) and one at each epilogue's start (its staging reused: free of
-//    cost where chunk 1's wait ran, needed were an item one chunk long).
-//  MXD_RWE (4): the row weights loaded before the drain (their L2 latency under the last products).
-#define MXD_HALF 1
-#define MXD_PRE 2
-#define MXD_RWE 4
+// ---------------------------------------------------------------- path 32: no copies for dead halves
+// Path 24's producer fills all 256 A rows of every chunk, zero-filling those past the expert's end, also
+// in the 64-row halves no wgmma reads (r0 + 64 h >= rend: the consumers issue products per live half).
+// A ~146-row expert (K3.1's balanced 8K prefill) leaves half 3 dead: 8 KB of the ~125 KB of shared-memory
+// traffic a down chunk moves (the products read 72, the copies write 32, the widening 16 + 5), where the
+// TP8 slice's down kernel (6 chunks an item) looks bound by that traffic, not by the tensor cores.
+// Path 32 (LUNAR_MOE_PREFILL=wsmxd; HALF) copies no A row of a dead half: the TP8 down kernel 1.43 ->
+// 1.41 ms, K3.1's 8.15 -> 7.92 ms (docs/benchmarks.md "MoE prefill, MXFP4 down GEMM: dead halves").
+// (Path 22's measured slowdown from uncopied rows, above, was for rows the products read.) Measured
+// slower and removed (commit 1b998f6 of branch s14-mx4d): the next item's first chunk widened before the
+// drain with the staging moved off its B buffer, and the row weights loaded before the drain (TP8 down
+// 1.47 ms, K3.1 8.5 ms).
 
 // EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies; MIX (gate/up,
 // EPI): path 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows);
-// OPT (BS): path 32's bits (above)
-template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false, int OPT = 0>
+// HALF: path 32 (above)
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false, bool HALF = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     static_assert(!BS || (EPI && !GATEUP), "path 24 is path 22's down kernel");
     static_assert(!MIX || (EPI && GATEUP), "path 28 takes path 22 / 24's gate/up kernel");
-    static_assert(!OPT || BS, "path 32 is path 24's down kernel");
-    constexpr bool PRE = OPT & MXD_PRE;
     if (MIX) mix_signal_dependents();  // path 25's kernel (the rest of the rows) may take SMs as blocks leave
     typedef wy_cfg C;
     static_assert(C::STAGE % 1024 == 0, "stages keep the A tiles 1024-byte aligned");
@@ -874,8 +861,8 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             item(li, e, r0, rend, n0);
             int src[16];
             const uint32_t xok = wy_a_rows<GATEUP>(a, r0, rend, a_row0, src);
-            // MXD_HALF: the item's live 64-row halves (piece i lies in half i / 4: a_row0 < 16)
-            const int live_h = (OPT & MXD_HALF) ? (rend - r0 + 63) >> 6 : 4;
+            // HALF: the item's live 64-row halves (piece i lies in half i / 4: a_row0 < 16)
+            const int live_h = HALF ? (rend - r0 + 63) >> 6 : 4;
             // this thread's 2 blocks: row nr = u / 2 of the tile (GATEUP: < 64 w1, else w3), half u % 2
             const uint8_t *wq[2], *wsw[2];
 #pragma unroll
@@ -924,28 +911,6 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             if (lane == 0) mbar_arrive(empty + 8 * (rel % WY_ST));
             rel++;
         };
-        // chunk q (column chunk j) widened into B buffer q % 3 once its stage is full
-        auto widen = [&](int q, int j) {
-            const int s = q % WY_ST;
-            const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
-            const uint32_t bT = sB + (q % 3) * C::B_BYTES;
-            mbar_wait(full + 8 * s, (q / WY_ST) & 1);
-            fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
-            const uint32_t sw = lds32(dS + ct * 4);
-            const mxscale sc = mx_scale((sw >> (8 * ((sel0 + 2 * j) & 3))) & 0xffu);
-            const uint32_t row = bT + nr * 128;
-            const uint4 nib = lds128(dR + ct * 16);
-            auto put = [&](auto two_c) {
-                constexpr bool TWO = decltype(two_c)::value;
-                wy_put<TWO>(row, nr, half, 0, nib.x, sc);
-                wy_put<TWO>(row, nr, half, 1, nib.y, sc);
-                wy_put<TWO>(row, nr, half, 2, nib.z, sc);
-                wy_put<TWO>(row, nr, half, 3, nib.w, sc);
-            };
-            if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
-            else put(std::false_type());
-            fence_async_smem();  // this thread's widened row piece -> the wgmma
-        };
         int e_, r0, rend, n0;  // EPI: the next item's, looked up before the previous one's drain
         for (int li = 0, q = 0; li < items; li++) {
             if (!EPI || li == 0) item(li, e_, r0, rend, n0);
@@ -958,14 +923,27 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
                 constexpr int NW = decltype(nw_c)::value;
                 for (int j = 0; j < J; j++, q++) {
                     const int s = q % WY_ST;
-                    const uint32_t dA = sT + s * C::STAGE;
+                    const uint32_t dA = sT + s * C::STAGE, dR = dA + C::A_BYTES, dS = dR + C::RAW_BYTES;
                     const uint32_t bT = sB + (q % 3) * C::B_BYTES;
-                    const bool pre = PRE && j == 0 && li > 0;  // widened before the previous item's drain
-                    if (!pre) widen(q, j);
+                    mbar_wait(full + 8 * s, (q / WY_ST) & 1);
+                    fence_async_smem();  // the producer's cp.async A pieces, published by the barrier
+                    const uint32_t sw = lds32(dS + ct * 4);
+                    const mxscale sc = mx_scale((sw >> (8 * ((sel0 + 2 * j) & 3))) & 0xffu);
+                    const uint32_t row = bT + nr * 128;
+                    const uint4 nib = lds128(dR + ct * 16);
+                    auto put = [&](auto two_c) {
+                        constexpr bool TWO = decltype(two_c)::value;
+                        wy_put<TWO>(row, nr, half, 0, nib.x, sc);
+                        wy_put<TWO>(row, nr, half, 1, nib.y, sc);
+                        wy_put<TWO>(row, nr, half, 2, nib.z, sc);
+                        wy_put<TWO>(row, nr, half, 3, nib.w, sc);
+                    };
+                    if (__any_sync(0xffffffffu, sc.two)) put(std::true_type());
+                    else put(std::false_type());
+                    fence_async_smem();  // this thread's widened row piece -> the wgmma
                     // BS: the previous item's staging in B buffers q + 1, q + 2 read by its bulk copies
-                    // before this barrier lets chunk q + 1 widen (returns at once where none is pending);
-                    // PRE: (q + 2) % 3 only, from the next chunk on (the note at MXD_PRE)
-                    if (BS && !pre) bulk_wait<0, true>();
+                    // before this barrier lets chunk q + 1 widen (returns at once where none is pending)
+                    if (BS) bulk_wait<0, true>();
                     asm volatile("bar.sync 1, 256;\n" ::: "memory");  // the whole B tile written
                     if (NW > 0) {
                         wgmma_fence();
@@ -993,9 +971,6 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             else if (nw == 1) chunks(std::integral_constant<int, 1>());
             else chunks(std::integral_constant<int, 0>());
             if (EPI && li + 1 < items) item(li + 1, e_, r0, rend, n0);  // its shared loads under the drain
-            float rw[2][2];  // BS: the row weights, MXD_RWE: loaded under the last chunk's products
-            if ((OPT & MXD_RWE) && a.yb) wy_row_weights(a, nw, m0, c_rend, wwarp, g, rw);
-            if (PRE && li + 1 < items) widen(q, 0);  // the next item's first chunk, under the drain
             wgmma_wait<0>();
             fence_acc<64>(acc0);
             fence_acc<64>(acc1);
@@ -1003,19 +978,11 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             if (BS && a.yb) {
                 // both warpgroups drained: no product reads the B buffers staged in below
                 asm volatile("bar.sync 1, 256;\n" ::: "memory");
-                if (!(OPT & MXD_RWE)) wy_row_weights(a, nw, m0, c_rend, wwarp, g, rw);
                 const int cw = ct >> 5;  // consumer warp 0..7
-                uint32_t stg;
-                if (PRE) {  // B buffer (q + 2) % 3 and 5 WB_WARP after the prefix array (the note at MXD_PRE)
-                    stg = cw < 3 ? sB + ((q + 2) % 3) * C::B_BYTES + cw * WB_WARP : stgE + (cw - 3) * WB_WARP;
-                    bulk_wait<0, true>();  // the previous epilogue's copies have read this warp's staging
-                    __syncwarp();
-                } else {
-                    stg = cw < 3   ? sB + ((q + 1) % 3) * C::B_BYTES + cw * WB_WARP
-                          : cw < 6 ? sB + ((q + 2) % 3) * C::B_BYTES + (cw - 3) * WB_WARP
-                                   : stgE + (cw - 6) * WB_WARP;
-                }
-                wy_down_bulk(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, lane, stg, rw);
+                const uint32_t stg = cw < 3   ? sB + ((q + 1) % 3) * C::B_BYTES + cw * WB_WARP
+                                     : cw < 6 ? sB + ((q + 2) % 3) * C::B_BYTES + (cw - 3) * WB_WARP
+                                              : stgE + (cw - 6) * WB_WARP;
+                wy_down_bulk(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, lane, stg);
             } else if (!GATEUP && EPI) {
                 wy_down_epilogue(a, acc0, acc1, nw, m0, c_rend, c_n0, wwarp, g, c);
             } else {
@@ -1388,28 +1355,12 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false, int OPT = 0>
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false, bool HALF = false>
 static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS, MIX, OPT>>(
-        a, (long)tiles * (a.R / (GATEUP ? 64 : 128)), wy_cfg::smem(BS, (OPT & MXD_PRE) ? 5 : 2), st);
-}
-
-// path 32's down kernel: OPT = LUNAR_MOE_MXD (measurement only: 1, 6 or 7, the bits at MXD_PRE; 7 unset)
-static bool mxd_launch(const xargs &d, int tiles, cudaStream_t st) {
-    static int opt = -1;
-    if (opt < 0) {
-        const char *e = getenv("LUNAR_MOE_MXD");
-        opt = e ? atoi(e) : 7;
-        if (opt != 1 && opt != 6 && opt != 7) {
-            fprintf(stderr, "lunar: LUNAR_MOE_MXD=%s is not built (1 | 6 | 7): 7 runs\n", e);
-            opt = 7;
-        }
-    }
-    return opt == 1   ? wy_launch<false, true, true, false, MXD_HALF>(d, tiles, st)
-           : opt == 6 ? wy_launch<false, true, true, false, MXD_PRE | MXD_RWE>(d, tiles, st)
-                      : wy_launch<false, true, true, false, MXD_HALF | MXD_PRE | MXD_RWE>(d, tiles, st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS, MIX, HALF>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
+                                                                    wy_cfg::smem(BS), st);
 }
 
 // path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128); MIX: the second
@@ -1423,8 +1374,8 @@ template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, i
 // rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
 // weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
 // bf16 down rows staged in shared memory and written by bulk copies); modes 17, 18: paths 25, 26;
-// mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); mode 24: path 32 (28 with the
-// down kernel's bits at MXD_PRE); false where the shapes do not
+// mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); mode 24: path 32 (28 whose down
+// kernel copies no A rows of dead halves); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
 // benchmark's per-kernel times). Mode 19 (not in cuda_moe.cuh's list): path 29, BF16 only, path 12's
 // two kernels taking their items from a global counter (MXFP4: path 6)
@@ -1435,12 +1386,13 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     // 26 runs path 24's down kernel (22's with fp32 rows)
     // path 28 (mode 20): the gate/up's full 256-row tiles of each expert by path 24's kernel, its rest
     // of 1..WX_REM rows by path 25's (the note at WX_REM); the down GEMM path 24's
-    // path 32 (mode 24): path 28's gate/up, path 24's down kernel with the bits at MXD_PRE
+    // path 32 (mode 24): path 28 whose down kernel copies no A rows of dead 64-row halves
     if (mx && (mode == 20 || mode == 24)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         bool ok = wy_launch<true, true, false, true>(g, tiles, st) && wm_launch<true, true>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
-        return ok && (mode == 24 ? mxd_launch(d, tiles, st) : wy_launch<false, true, true>(d, tiles, st));
+        return ok && (mode == 24 ? wy_launch<false, true, true, false, true>(d, tiles, st)
+                                 : wy_launch<false, true, true>(d, tiles, st));
     }
     if (mx && (mode == 17 || mode == 18)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
