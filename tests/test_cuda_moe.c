@@ -684,7 +684,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb", "wsdyn", "", "", "wsmxd"};
+                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb", "wsdyn", "", "", "wsmxdh"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");

@@ -9,9 +9,9 @@ P=${P:?P = the prebuilt directory}
 OUT=${OUT:-/tmp/o}
 . tools/device/env.sh
 late() { [ $(( $(date +%s) - t0 )) -gt $1 ]; }
-step "op tests: cuda_moe_experts_mxfp4 (path 32 = wsmxd, the default)"
+step "op tests: cuda_moe_experts_mxfp4 (path 32 = wsmxdh, the default)"
 LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 $P/bin/lunar_tests cuda_moe_experts_mxfp4 > $OUT/t_moe.log 2>&1; echo "rc=$?" >> $T
-for p in wsmxb wsmxhb wsmxd; do
+for p in wsmxb wsmxhb wsmxdh; do
   grep -E "experts mxfp4 [a-z]+ $p n=" $OUT/t_moe.log | grep -oE 'err[ =:]*[0-9.e+-]+' | awk -v p=$p '{sub(/err[ =:]*/, ""); if ($1 + 0 > m) m = $1 + 0; n++} END {printf "%s: %d cases vs the CPU op, max rel err %.3g\n", p, n, m}' >> $T
 done
 grep -E 'FAILED|passed, |CHECK|differ' $OUT/t_moe.log | cut -c1-200 | tail -8 >> $T

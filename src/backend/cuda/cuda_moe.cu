@@ -1209,7 +1209,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // than 24 at the bench's balanced routing, 0.5-1 % with ~585-row experts, the K3.1 TP8 slice's
         // 8K prefill 1.1 % (docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"); =wsmxb
         // keeps path 24. Path 27 (=wsmxh then: the split in the down GEMM too) measured slower than
-        // 28 and was removed. Path 32 (=wsmxd), MXFP4's default since session 14: path 28 whose down
+        // 28 and was removed. Path 32 (=wsmxdh), MXFP4's default since session 14: path 28 whose down
         // kernel copies no A rows of the 64-row halves no product reads (cuda_moe_ws.cu, HALF): the
         // down kernel 1.4 % (TP8 slice) / 2.8 % (K3.1) faster (docs/benchmarks.md "MoE prefill, MXFP4
         // down GEMM: dead halves"); =wsmxhb keeps path 28.
@@ -1236,14 +1236,14 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxm") ? 25
                   : !strcmp(e, "wsmxg") ? 26
                   : !strcmp(e, "wsmxhb") ? 28
-                  : !strcmp(e, "wsmxd") ? 32
+                  : !strcmp(e, "wsmxdh") ? 32
                   : !strcmp(e, "wsdyn") ? 29
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmxd | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmxdh | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 32) : mxp ? 29 : pre) : pre;

@@ -801,7 +801,7 @@ __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, 
 // A ~146-row expert (K3.1's balanced 8K prefill) leaves half 3 dead: 8 KB of the ~125 KB of shared-memory
 // traffic a down chunk moves (the products read 72, the copies write 32, the widening 16 + 5), where the
 // TP8 slice's down kernel (6 chunks an item) looks bound by that traffic, not by the tensor cores.
-// Path 32 (LUNAR_MOE_PREFILL=wsmxd; HALF) copies no A row of a dead half: the TP8 down kernel 1.43 ->
+// Path 32 (LUNAR_MOE_PREFILL=wsmxdh; HALF) copies no A row of a dead half: the TP8 down kernel 1.43 ->
 // 1.41 ms, K3.1's 8.15 -> 7.92 ms (docs/benchmarks.md "MoE prefill, MXFP4 down GEMM: dead halves").
 // (Path 22's measured slowdown from uncopied rows, above, was for rows the products read.) Measured
 // slower and removed (commit 1b998f6 of branch s14-mx4d): the next item's first chunk widened before the
