@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 14, issue 8 (branch s14-mx4d), second call: path 32 (HALF only: the down kernel copies no A rows
 # of dead 64-row halves) as the MXFP4 default: the MXFP4 experts op tests, the prefill kernel table
-# (24, 28, 32 alternating; ACTIVE=0), the TP8 slice's 8K prefill A/B (def = 32 vs LUNAR_MOE_PREFILL=wsmxhb
+# (24, 28, 32 alternating; ACTIVE=224: the first call ran ACTIVE=0 with LUNAR_MOE_MXD=1, this code), the TP8 slice's 8K prefill A/B (def = 32 vs LUNAR_MOE_PREFILL=wsmxhb
 # = 28, alternating), cuda_forward_k3 under the default if time is left. First call: tools/device/mx4d.sh.
 #   P=<prebuilt dir> OUT=<dir> bash mx4d2.sh
 set -u
@@ -26,8 +26,8 @@ for r in 1 2 3 4; do
   for v in $W; do bench ${v%%:*}_$r "${v#*:}"; done
 done
 if ! late ${BENCH_S:-70}; then
-  step "prefill kernel table (LUNAR_MOE_BENCH=prefill-mxfp4)"
-  LUNAR_MOE_BENCH=prefill-mxfp4 timeout 20 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
+  step "prefill kernel table (LUNAR_MOE_BENCH=prefill-mxfp4, ACTIVE=224)"
+  LUNAR_MOE_BENCH_ACTIVE=224 LUNAR_MOE_BENCH=prefill-mxfp4 timeout 20 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
   grep -E '^\| prefill|Measured' $OUT/bench.log | cut -c1-200 | sed 's/| router.*//' >> $T
 fi
 step "table: 8K prefill of the TP8 slice, 10 layers (s)"
