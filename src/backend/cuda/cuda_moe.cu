@@ -1091,7 +1091,7 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
 static cudaEvent_t g_split_event;
 extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event = (cudaEvent_t)e; }
 
-// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24-26, 28: the wy / wm kernels, which
+// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24-26, 28, 32: the wy / wm kernels, which
 // widen MXFP4 in the kernel); every other prefill path from 10 on is BF16-only.
 static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) || p == 28 || p == 32; }
 
@@ -1203,7 +1203,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
         // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
-        // prefill, MXFP4 with the weights as M"). Path 28 (=wsmxhb), MXFP4's default since session
+        // prefill, MXFP4 with the weights as M"). Path 28 (=wsmxhb), MXFP4's default in session
         // 13: the gate/up GEMM's full 256-row tiles of each expert by path 24's kernel, its rest of
         // <= 192 rows by path 25's (cuda_moe_ws.cu, WX_REM), path 24's down: both GEMMs 4-6 % faster
         // than 24 at the bench's balanced routing, 0.5-1 % with ~585-row experts, the K3.1 TP8 slice's
