@@ -448,14 +448,14 @@ static void cpu_experts(float *acc, const float *z, const host_experts *h, const
 }
 
 /* LUNAR_MOE_YBUF=bf16's form (lunar_cuda_moe_experts_run_b) after the fp32 form ran `path`: the
- * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24-26, 28, 29) store each row of ybuf rounded to bf16, bit for bit; their
+ * grouped wgmma GEMMs (paths 4-7, 10-12, 14, 17, 18, 22, 24-26, 28, 29, 32) store each row of ybuf rounded to bf16, bit for bit; their
  * combine (lunar_cuda_moe_combine_add_b) equals the fp32 combine over those rows widened, bit for
  * bit; every other path returns -1 and writes nothing. acc holds the fp32 form's combine (clobbered). */
 static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16_t *yb, float *ybw, float *acc,
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
-                        path == 18 || path == 22 || (path >= 24 && path <= 26) || path == 28 || path == 29;
+                        path == 18 || path == 22 || (path >= 24 && path <= 26) || path == 28 || path == 29 || path == 32;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -642,7 +642,7 @@ static void bf16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float
     free(keep), free(y0), free(r0), free(h0), free(h1);
 }
 
-static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, int paths) {
+static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, unsigned long long paths) {
     size_t mark = lunar_cuda_mark();
     host_experts h;
     host_experts_make(&h, E, D, I, mxfp4, 1000u + (uint32_t)(n * 7 + E + mode));
@@ -672,8 +672,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 29; path++) {
-        if (!(paths & (1 << (path - 1)))) continue;
+    for (int path = 1; path <= 32; path++) {
+        if (!(paths & (1ull << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
@@ -684,7 +684,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb", "wsdyn"};
+                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb", "wsdyn", "", "", "wsmxdh"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -777,8 +777,12 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * path 24's kernel has no items), and on the last three: 600 rows on 2 experts (2 full tiles + a rest of
  * 88 rows: both kernels, items of both on one expert), 450 on 3 (256 + a rest of 194 > 192: path 24's
  * alone, a partial tile), ~350 on each of 8 (skewed: 256 + ~94, rests of several N sizes). (Path 27, 28
- * with the split in the down GEMM too, passed them all before its removal.) */
-#define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25 | 1 << 27)
+ * with the split in the down GEMM too, passed them all before its removal.) Path 32 (the MXFP4 default
+ * since session 14: 28 whose down kernel copies no A rows of its dead 64-row halves) on the same cases:
+ * items of 1..4 live halves (n = 1, 5, 13: one; ~200 rows: 4 then 1), rows past the end in each, several
+ * items a block (a half dead in one item, live in the next: its rows in the ring are stale, never read),
+ * fp32 and bf16 rows. */
+#define MX14 (8192 | 1 << 21 | 1 << 23 | 1 << 24 | 1 << 25 | 1 << 27 | 1ull << 31)
 TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     if (!moe_cuda_on()) return;
     experts_case(1, 4, 16, 256, 384, 1, 1, 0, ALL_DECODE | WG | MX14);
@@ -1184,18 +1188,18 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     const double flops = 2.0 * n * k * 3.0 * D * I;
     /* paths 10-12, 7, 17 and 18 differ from 6 for BF16 weights only; 14 exists for MXFP4 only */
     /* MXFP4: path 2 (the reference), then with bf16 rows (LUNAR_MOE_YBUF=bf16's form; -24 ..: the
-     * path's run_b) 24, 25, 26 and 28 (the default) twice, in opposite orders (alternating rounds),
-     * then 28 with fp32 rows */
+     * path's run_b) 24, 28 (session 13's default) and 32 (the default) in alternating orders (28 and 32 three times),
+     * then 32 with fp32 rows (session 13's list ran 25 and 26 where 32 is) */
     /* BF16: path 29 (12 taking its items from a counter) against 12, alternating, last */
     static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18, 29, 12, 29},
-                     mpaths[] = {2, -24, -25, -26, -28, -28, -26, -25, -24, 28};
+                     mpaths[] = {2, -24, -28, -32, -32, -28, -24, -28, -32, 32};
     static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
                                 "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
                                 "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again",
                                 "12, items by counter (29)", "ws fast epi (12) third", "29 again"},
-                      *mpn[] = {"mma.sync (old)", "24, bf16 rows", "25, bf16 rows", "26, bf16 rows",
-                                "28, bf16 (default)", "28, bf16 again", "26, bf16 again", "25, bf16 again",
-                                "24, bf16 again", "28, fp32 rows"};
+                      *mpn[] = {"mma.sync (old)", "24, bf16 rows", "28, bf16 (s13 default)", "32, bf16 (default)",
+                                "32, bf16 again", "28, bf16 again", "24, bf16 again", "28, bf16 third",
+                                "32, bf16 third", "32, fp32 rows"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;

@@ -1091,9 +1091,9 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
 static cudaEvent_t g_split_event;
 extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event = (cudaEvent_t)e; }
 
-// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24-26, 28: the wy / wm kernels, which
+// The MXFP4-only grouped GEMMs of cuda_moe_ws.cu (paths 14, 22, 24-26, 28, 32: the wy / wm kernels, which
 // widen MXFP4 in the kernel); every other prefill path from 10 on is BF16-only.
-static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) || p == 28; }
+static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) || p == 28 || p == 32; }
 
 // LUNAR_MOE_ROWSTATS=N (measurement only): the first N grouped-GEMM calls of MXFP4 experts print
 // their per-expert row counts (synchronizing the stream; none while it is captured) and the token
@@ -1203,13 +1203,16 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
         // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
-        // prefill, MXFP4 with the weights as M"). Path 28 (=wsmxhb), MXFP4's default since session
+        // prefill, MXFP4 with the weights as M"). Path 28 (=wsmxhb), MXFP4's default in session
         // 13: the gate/up GEMM's full 256-row tiles of each expert by path 24's kernel, its rest of
         // <= 192 rows by path 25's (cuda_moe_ws.cu, WX_REM), path 24's down: both GEMMs 4-6 % faster
         // than 24 at the bench's balanced routing, 0.5-1 % with ~585-row experts, the K3.1 TP8 slice's
         // 8K prefill 1.1 % (docs/benchmarks.md "MoE prefill, MXFP4: path 24 or 25 per item"); =wsmxb
         // keeps path 24. Path 27 (=wsmxh then: the split in the down GEMM too) measured slower than
-        // 28 and was removed.
+        // 28 and was removed. Path 32 (=wsmxdh), MXFP4's default since session 14: path 28 whose down
+        // kernel copies no A rows of the 64-row halves no product reads (cuda_moe_ws.cu, HALF): the
+        // down kernel 1.4 % (TP8 slice) / 2.8 % (K3.1) faster (docs/benchmarks.md "MoE prefill, MXFP4
+        // down GEMM: dead halves"); =wsmxhb keeps path 28.
         // Path 29 (=wsdyn), BF16's default since session 13:
         // path 12's kernels taking their items from a global counter, so that an expert's M tiles
         // read each weight tile within a few us of each other, from L2: Kimi-Linear-48B's 8K
@@ -1233,17 +1236,18 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxm") ? 25
                   : !strcmp(e, "wsmxg") ? 26
                   : !strcmp(e, "wsmxhb") ? 28
+                  : !strcmp(e, "wsmxdh") ? 32
                   : !strcmp(e, "wsdyn") ? 29
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmxdh | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
-        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 29 : pre) : pre;
-        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 28 : 29) : dec ? dec : auto_dec;
+        const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 32) : mxp ? 29 : pre) : pre;
+        path = n > 64 ? (pre_k ? pre_k : w->mxfp4 ? 32 : 29) : dec ? dec : auto_dec;
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (wy_path(path) && !w->mxfp4) path = 29;  // MXFP4 widened in the kernel: BF16's default
@@ -1252,7 +1256,8 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
     // the BF16 weight tiles (MXFP4: path 6, as 7); 24: path 22 with the bf16 down rows by bulk copies;
     // 25, 26: the weights as wgmma's M; 28: 24 and 25 per gate/up item (an expert's full tiles, its
-    // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13.
+    // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13. 32: 28
+    // with no A copies for the down kernel's dead 64-row halves.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
     // of 14, removed) are no paths. 29: path 12 with its items taken from a counter.
     const bool mc = path == 17 || path == 18, wy = wy_path(path);

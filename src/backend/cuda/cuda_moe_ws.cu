@@ -795,9 +795,23 @@ __device__ __forceinline__ void wy_down_bulk(const xargs &a, const float *acc0, 
     }
 }
 
+// ---------------------------------------------------------------- path 32: no copies for dead halves
+// Path 24's producer fills all 256 A rows of every chunk, zero-filling those past the expert's end, also
+// in the 64-row halves no wgmma reads (r0 + 64 h >= rend: the consumers issue products per live half).
+// A ~146-row expert (K3.1's balanced 8K prefill) leaves half 3 dead: 8 KB of the ~125 KB of shared-memory
+// traffic a down chunk moves (the products read 72, the copies write 32, the widening 16 + 5), where the
+// TP8 slice's down kernel (6 chunks an item) looks bound by that traffic, not by the tensor cores.
+// Path 32 (LUNAR_MOE_PREFILL=wsmxdh; HALF) copies no A row of a dead half: the TP8 down kernel 1.43 ->
+// 1.41 ms, K3.1's 8.15 -> 7.92 ms (docs/benchmarks.md "MoE prefill, MXFP4 down GEMM: dead halves").
+// (Path 22's measured slowdown from uncopied rows, above, was for rows the products read.) Measured
+// slower and removed (commit 1b998f6 of branch s14-mx4d): the next item's first chunk widened before the
+// drain with the staging moved off its B buffer, and the row weights loaded before the drain (TP8 down
+// 1.47 ms, K3.1 8.5 ms).
+
 // EPI: path 22 (false: path 14); BS (down, EPI): path 24, bf16 rows (a.yb) by bulk copies; MIX (gate/up,
-// EPI): path 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows)
-template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
+// EPI): path 28's share of the items (an expert's full 256-row tiles, and its rest of > WX_REM rows);
+// HALF: path 32 (above)
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false, bool HALF = false>
 __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__ xargs a) {
     static_assert(!BS || (EPI && !GATEUP), "path 24 is path 22's down kernel");
     static_assert(!MIX || (EPI && GATEUP), "path 28 takes path 22 / 24's gate/up kernel");
@@ -847,6 +861,8 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
             item(li, e, r0, rend, n0);
             int src[16];
             const uint32_t xok = wy_a_rows<GATEUP>(a, r0, rend, a_row0, src);
+            // HALF: the item's live 64-row halves (piece i lies in half i / 4: a_row0 < 16)
+            const int live_h = HALF ? (rend - r0 + 63) >> 6 : 4;
             // this thread's 2 blocks: row nr = u / 2 of the tile (GATEUP: < 64 w1, else w3), half u % 2
             const uint8_t *wq[2], *wsw[2];
 #pragma unroll
@@ -866,8 +882,9 @@ __global__ void __launch_bounds__(WS_T, 1) moe_wy_kernel(const __grid_constant__
 #pragma unroll
                 for (int i = 0; i < 16; i++) {
                     const int row = a_row0 + 16 * i;
-                    cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
-                               a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
+                    if ((i >> 2) < live_h)
+                        cp_async16(dA + row * 128 + ((a_ch ^ (row & 7)) << 4),
+                                   a.x + (size_t)src[i] * a.K + a_ch * 8 + j * WS_BK, (xok >> i) & 1);
                 }
                 wy_copy_raw(dR, dS, wq, wsw, j, tid);
                 ws_arrive_cp(full + 8 * s);
@@ -1338,12 +1355,12 @@ static bool ws_persistent(const xargs &a, long items, size_t smem, cudaStream_t 
     CUDA_CHECK_LAUNCH();
     return true;
 }
-template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false>
+template <bool GATEUP, bool EPI, bool BS = false, bool MIX = false, bool HALF = false>
 static bool wy_launch(const xargs &a, int tiles, cudaStream_t st) {
     if (a.E > WY_MAX_E) return false;  // the caller runs path 4
     // an upper bound of the items (pairs of M tiles <= tiles)
-    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS, MIX>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
-                                                              wy_cfg::smem(BS), st);
+    return ws_persistent<moe_wy_kernel<GATEUP, EPI, BS, MIX, HALF>>(a, (long)tiles * (a.R / (GATEUP ? 64 : 128)),
+                                                                    wy_cfg::smem(BS), st);
 }
 
 // path 25: an upper bound of the items (token tiles of WM_TM <= tiles of 128); MIX: the second
@@ -1357,7 +1374,8 @@ template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, i
 // rows, gate/up R % 64, down R % 128); mode 14: path 22 (its variant with the down epilogue's row
 // weights loaded once and the next item looked up before the drain); mode 16: path 24 (22 with the
 // bf16 down rows staged in shared memory and written by bulk copies); modes 17, 18: paths 25, 26;
-// mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); false where the shapes do not
+// mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); mode 24: path 32 (28 whose down
+// kernel copies no A rows of dead halves); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
 // benchmark's per-kernel times). Mode 19 (not in cuda_moe.cuh's list): path 29, BF16 only, path 12's
 // two kernels taking their items from a global counter (MXFP4: path 6)
@@ -1368,11 +1386,13 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
     // 26 runs path 24's down kernel (22's with fp32 rows)
     // path 28 (mode 20): the gate/up's full 256-row tiles of each expert by path 24's kernel, its rest
     // of 1..WX_REM rows by path 25's (the note at WX_REM); the down GEMM path 24's
-    if (mx && mode == 20) {
+    // path 32 (mode 24): path 28 whose down kernel copies no A rows of dead 64-row halves
+    if (mx && (mode == 20 || mode == 24)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
         bool ok = wy_launch<true, true, false, true>(g, tiles, st) && wm_launch<true, true>(g, tiles, st);
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
-        return ok && wy_launch<false, true, true>(d, tiles, st);
+        return ok && (mode == 24 ? wy_launch<false, true, true, false, true>(d, tiles, st)
+                                 : wy_launch<false, true, true>(d, tiles, st));
     }
     if (mx && (mode == 17 || mode == 18)) {
         if (g.R % 64 || g.K % WS_BK || d.R % 128 || d.K % WS_BK || g.E > WY_MAX_E) return false;
