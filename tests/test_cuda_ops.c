@@ -1072,8 +1072,11 @@ TEST(cuda_kda_chunked_state_wide) {
     static const int Ts[] = {1, 65, 200, 333, 130, 64}, Hs[] = {66, 67, 96, 97, 132, 133};
     unsigned seed = 2270;
     for (int v = 5; v <= 9; v++)
-        for (unsigned a = 0; a < 6; a++)
+        for (unsigned a = 0; a < 6; a++) {
+            if (getenv("LUNAR_TEST_VERBOSE")) fprintf(stderr, "\n    [state variant %d]", v);
             check_state_variant(Ts[(a + v) % 6], Hs[a], (a + v) & 1 ? 0.0f : -5.0f, v, seed += 10);
+        }
+    if (getenv("LUNAR_TEST_VERBOSE")) fprintf(stderr, "\n    [state variant -]");
 }
 
 /* Mode 2's intra kernel forms (cuda_kda_chunk.cu; declared here, not in cuda_ops.h, to leave that
