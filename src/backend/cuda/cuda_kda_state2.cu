@@ -109,3 +109,92 @@ void kda_state_grp_launch(float *o, float *S, kda_ws w, int T, int H, int NC, cu
     kda_state_grp_kernel<BV, NG><<<dim3(DK / (BV * NG), H), 256 * NG, bytes, st>>>(o, S, w, T, H, NC);
     CUDA_CHECK_LAUNCH();
 }
+
+// LUNAR_KDA_STATE=grp2: kda_state_grp_kernel with two barriers a chunk instead of three and the
+// steps (b) and (c) of a chunk in one phase. The bf16 state copy is double-buffered per group
+// ((c) of chunk n writes copy (n + 1) % 2 while (b) of n reads copy n % 2) and Qg, Kg, Aqk,
+// exp(Gamma_C) are double-buffered (the stage of n + 1 loads at the top of chunk n), so per chunk:
+//   wait W, U, Qg, Kg, Aqk, dec (n); sync A; load Qg, Kg, Aqk, dec (n + 1);
+//   (a) V_new; sync B; load W, U (n + 1); (c) S update -> copy (n + 1) % 2; (b) O from copy n % 2
+// Sync A(n + 1) orders (c)(n)'s copy before (a)(n + 1) and (b)(n)'s reads before the stage and copy
+// are reused. The same operations per column in the same order: bit-equal to the other passes.
+template <int BV, int NG> struct g2state_smem {
+    static const int LDV = BV + 8;
+    static const int group = 2 * DK * LDV + 2 * BT * LDV;       // S copies [2][128], U, V_new [64]
+    static const int stage = 2 * BT * LDB + BT * LDB64 + 2 * DK;  // Qg, Kg; Aqk; dec (fp32)
+    static const int halves = NG * group + BT * LDB + 2 * stage;  // + W
+    static const size_t bytes = sizeof(__nv_bfloat16) * halves;
+};
+
+template <int BV, int NG>
+__global__ void __launch_bounds__(256 * NG, 1)
+    kda_state_grp2_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
+    typedef g2state_smem<BV, NG> L;
+    constexpr int LDV = BV + 8, NT = BV / 16, NS = BV / 8;
+    extern __shared__ __align__(128) __nv_bfloat16 smb[];
+    const int tid = threadIdx.x & 255, grp = threadIdx.x >> 8, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, t4 = lane & 3, loader = grp == 0;
+    __nv_bfloat16 *Sb0 = smb + grp * L::group;  // [2][128][LDV] bf16 state copies (this group's columns)
+    __nv_bfloat16 *Ub = Sb0 + 2 * DK * LDV;      // [64][LDV]
+    __nv_bfloat16 *Vb = Ub + BT * LDV;           // [64][LDV] V_new
+    __nv_bfloat16 *Wb = smb + NG * L::group;     // [64][LDB]
+    __nv_bfloat16 *stg = Wb + BT * LDB;          // [2] x {Qg, Kg [64][LDB]; Aqk [64][LDB64]; dec [128] fp32}
+    const int h = blockIdx.y, v0 = (blockIdx.x * NG + grp) * BV;
+    const ws_bf16 wg(ws);
+    float *Sh = S + (size_t)h * DK * DK;
+
+    auto load_wu = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        if (loader) load_tiles_dk(cb, tid, Wb, wg.W);
+        load_u<BV>(Ub, wg.U, cb, v0, tid);
+    };
+    auto load_stage = [&](int n) {
+        __nv_bfloat16 *Qb = stg + (n & 1) * L::stage, *Kb = Qb + BT * LDB, *Ab = Kb + BT * LDB;
+        float *dec = reinterpret_cast<float *>(Ab + BT * LDB64);
+        const size_t cb = (size_t)h * NC + n;
+        if (loader) {
+            load_tiles_dk(cb, tid, Qb, wg.Qg, Kb, wg.Kg);
+            load_aqk(Ab, wg.Aq, cb, tid);
+            load_dec(dec, ws.Dc, cb, tid);
+        }
+    };
+
+    load_wu(0);
+    load_stage(0);
+    cp_commit();
+    float s[NS][4];
+    const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
+    state_in<BV>(s, Sb0, Sh, sr0, sr1, v0, t4);
+    const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);  // (a), (b): rows 16mt.., columns c0..
+    const int lr = lane & 15, lc = 8 * (lane >> 4);           // ldmatrix row / column of this lane
+    for (int n = 0; n < NC; n++) {
+        const int t0 = n * BT, c = min(BT, T - t0), r0 = 16 * mt + g;
+        const __nv_bfloat16 *Qb = stg + (n & 1) * L::stage, *Kb = Qb + BT * LDB, *Ab = Kb + BT * LDB;
+        const float *dec = reinterpret_cast<const float *>(Ab + BT * LDB64);
+        const __nv_bfloat16 *Sb = Sb0 + (n & 1) * DK * LDV;
+        __nv_bfloat16 *Sn = Sb0 + ((n + 1) & 1) * DK * LDV;
+        cp_wait_all();    // this thread's copies of chunk n landed
+        __syncthreads();  // A: everyone's, and (c)(n - 1)'s copy; (b)(n - 1) done with the other stage
+        if (n + 1 < NC) load_stage(n + 1);
+        cp_commit();
+        step_vnew<BV>(Wb, Sb, Ub, Vb, mt, c0, lr, lc, r0, t4);
+        __syncthreads();  // B: V_new complete, W and U consumed
+        if (n + 1 < NC) load_wu(n + 1);
+        cp_commit();
+        step_state<BV>(s, dec, Kb, Vb, Sn, warp, lane, sr0, sr1, lr, lc, t4);
+        float acc[NT][4];
+        step_out<BV>(acc, Qb, Ab, Sb, Vb, mt, c0, lr, lc);
+        store_out<BV>(o, acc, t0, c, H, h, v0, c0, r0, t4);
+    }
+    state_out<BV>(s, Sh, sr0, sr1, v0, t4);
+    cp_wait_all();
+}
+
+void kda_state_grp2_launch(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st) {
+    constexpr int BV = 64, NG = 2;
+    const size_t bytes = g2state_smem<BV, NG>::bytes;
+    CUDA_CHECK(cudaFuncSetAttribute(kda_state_grp2_kernel<BV, NG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)bytes));
+    kda_state_grp2_kernel<BV, NG><<<dim3(DK / (BV * NG), H), 256 * NG, bytes, st>>>(o, S, w, T, H, NC);
+    CUDA_CHECK_LAUNCH();
+}
