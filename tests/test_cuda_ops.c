@@ -1063,7 +1063,7 @@ TEST(cuda_kda_chunked_state_ws) {
 }
 
 /* From 66 heads, LUNAR_KDA_STATE's other tilings of the state pass (cuda_kda_chunk.cu: 5 wide, 6 ws64,
- * 7 b32, 8 ws32, 9 grp, 10 grp2) against the default 64-column bf16 pass, memcmp-equal (each output column
+ * 7 b32, 8 ws32, 9 grp) against the default 64-column bf16 pass, memcmp-equal (each output column
  * sees the same mma steps in the same order), and against the CPU op: H = 66 (the threshold), odd
  * 67 and 97, 96 (Kimi-K3), 132 (one block per SM for wide / grp) and 133 (past it: the fallback);
  * T of one token, a partial chunk, several chunks with a partial last one. */
@@ -1071,7 +1071,7 @@ TEST(cuda_kda_chunked_state_wide) {
     if (!cuda_on()) return;
     static const int Ts[] = {1, 65, 200, 333, 130, 64}, Hs[] = {66, 67, 96, 97, 132, 133};
     unsigned seed = 2270;
-    for (int v = 5; v <= 10; v++)
+    for (int v = 5; v <= 9; v++)
         for (unsigned a = 0; a < 6; a++) {
             if (getenv("LUNAR_TEST_VERBOSE")) fprintf(stderr, "\n    [state variant %d]", v);
             check_state_variant(Ts[(a + v) % 6], Hs[a], (a + v) & 1 ? 0.0f : -5.0f, v, seed += 10);

@@ -10,7 +10,7 @@
  *   kdaintra: mode 2's intra kernel old / fast (LUNAR_KDA_INTRA), T = 8K / 64K, H = 32 / 96, three rounds
  *   alternating, and the two forms' outputs compared at 8K; kdaintra1: one round at 8K, H = 32, for ncu;
  *   kdastate96: mode 2's state pass tilings from 66 heads (LUNAR_KDA_STATE), T = 8K / 64K, H = 96, three
- *   rounds alternating, each variant's o and S compared with the default's; kdastate96b: old / grp / grp2 only) */
+ *   rounds alternating, each variant's o and S compared with the default's) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -236,9 +236,10 @@ static void bench_intra(int T, int H, int rounds, int compare) {
  * events); in round 1 o and S of each variant from the same initial state against variant 0's
  * (memcmp, and the scale-relative difference if any). Floor of the state pass: its reads of the
  * scratch (W, U, Qg, Kg, Aqk bf16, exp(Gamma_C)) once and o written, fp32, at 4.3 TB/s. */
-static void bench_state(int T, int H, int rounds, int nv, const int *vs) {
-    static const char *vname[] = {"old (default)", "", "", "", "ws", "wide", "ws64", "b32", "ws32", "grp", "grp2"};
-    const int d = 128;
+static void bench_state(int T, int H, int rounds) {
+    static const int vs[] = {0, 5, 6, 7, 8, 9};
+    static const char *names[] = {"old (default)", "wide", "ws64", "b32", "ws32", "grp"};
+    const int nv = 6, d = 128;
     const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
     const kda_in in = kda_inputs(T, H);
     float *q = in.q, *k = in.k, *v = in.v, *g = in.g, *beta = in.beta, *o = in.o, *S = in.S;
@@ -259,7 +260,7 @@ static void bench_state(int T, int H, int rounds, int nv, const int *vs) {
                 lunar_cuda_download(i ? ho : ho0, o, nq * 4);
                 lunar_cuda_download(i ? hs : hs0, S, ns * 4);
                 if (i)
-                    printf("| kda state check %s | T=%d H=%d | o %s (%.2e), S %s (%.2e) vs old | | | |\n", vname[vs[i]], T, H,
+                    printf("| kda state check %s | T=%d H=%d | o %s (%.2e), S %s (%.2e) vs old | | | |\n", names[i], T, H,
                            memcmp(ho, ho0, nq * 4) ? "DIFFERS" : "equal", max_rel(ho, ho0, nq),
                            memcmp(hs, hs0, ns * 4) ? "DIFFERS" : "equal", max_rel(hs, hs0, ns));
             }
@@ -275,7 +276,7 @@ static void bench_state(int T, int H, int rounds, int nv, const int *vs) {
             lunar_cuda_kda_chunk_profile(0);
             const float mi = median(ti, reps), ms = median(tst, reps), mt = median(tt, reps);
             printf("| kda state %-13s round %d | T=%d H=%d | state %.1f us (intra %.1f; total %.3f ms) | %.1f us | "
-                   "%.2fx | |\n", vname[vs[i]], r + 1, T, H, ms * 1e3, mi * 1e3, mt, sbytes / BW * 1e6,
+                   "%.2fx | |\n", names[i], r + 1, T, H, ms * 1e3, mi * 1e3, mt, sbytes / BW * 1e6,
                    ms * 1e-3 / (sbytes / BW));
             fflush(stdout);
         }
@@ -526,12 +527,9 @@ int main(int argc, char **argv) {
         for (int a = 0; a < 2; a++)
             for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], 3, a == 0); /* compared at 8K */
     }
-    if (strcmp(what, "kdastate96") == 0 || strcmp(what, "kdastate96b") == 0) { /* the state pass's tilings from 66
-                                                                                    heads, three rounds alternating */
-        static const int all[] = {0, 5, 6, 7, 8, 9, 10}, grp[] = {0, 9, 10}; /* kdastate96b: old, grp, grp2 */
-        const int b = what[10] == 'b';
-        bench_state(8192, 96, 3, b ? 3 : 7, b ? grp : all);
-        bench_state(65536, 96, 3, b ? 3 : 7, b ? grp : all);
+    if (strcmp(what, "kdastate96") == 0) { /* the state pass's tilings from 66 heads, three rounds alternating */
+        bench_state(8192, 96, 3);
+        bench_state(65536, 96, 3);
     }
     if (strcmp(what, "kdaintra1") == 0) { /* one call of each form at 8K, H = 32, for ncu */
         bench_intra(8192, 32, 1, 0);

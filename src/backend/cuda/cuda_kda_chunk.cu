@@ -1125,9 +1125,9 @@ static void launch_state_ws(float *o, float *S, kda_ws w, int T, int H, int NC, 
 // Kg tile loaded twice; one block per SM, up to 132 heads); ws64 = the warp-specialised pass on
 // 64 columns; b32 = the bf16 pass on 32 columns; ws32 = the warp-specialised pass on 32 columns;
 // grp = two 64-column groups of 8 warps sharing a head's tiles, a block per head (cuda_kda_state2.cu,
-// up to 132 heads); grp2 = grp with two barriers a chunk (the same file). old = kda_state_bf16_kernel
-// at every H; ws or anything else = the default. Read once. lunar_cuda_kda_state_variant overrides
-// it (tests, benchmarks): 4 ws, 5 wide, 6 ws64, 7 b32, 8 ws32, 9 grp, 10 grp2, -1 env, else old.
+// up to 132 heads). old = kda_state_bf16_kernel at every H; ws or anything else = the default.
+// Read once. lunar_cuda_kda_state_variant overrides it (tests, benchmarks): 4 ws, 5 wide, 6 ws64,
+// 7 b32, 8 ws32, 9 grp, -1 env, any other value old.
 static int g_state = -1;
 extern "C" int lunar_cuda_kda_state_variant(int v) {
     const int prev = g_state;
@@ -1137,10 +1137,10 @@ extern "C" int lunar_cuda_kda_state_variant(int v) {
 static int state_variant(void) {
     static int env = -1;
     if (env < 0) {
-        static const char *names[] = {"old", "", "", "", "ws", "wide", "ws64", "b32", "ws32", "grp", "grp2"};
+        static const char *names[] = {"old", "", "", "", "ws", "wide", "ws64", "b32", "ws32", "grp"};
         const char *e = getenv("LUNAR_KDA_STATE");
         env = 4;
-        for (int i = 0; e && i < 11; i++)
+        for (int i = 0; e && i < 10; i++)
             if (names[i][0] && strcmp(e, names[i]) == 0) env = i;
     }
     return g_state >= 0 ? g_state : env;
@@ -1229,10 +1229,9 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     const int sv = state_variant();
-    if (H * 2 >= 132 && sv >= 5 && sv <= 10) {  // the measured alternatives from 66 heads (above)
+    if (H * 2 >= 132 && sv >= 5 && sv <= 9) {  // the measured alternatives from 66 heads (above)
         if (sv == 5 && H <= 132) launch_state_bf16<128>(o, S, w, T, H, NC, st);
         else if (sv == 9 && H <= 132) kda_state_grp_launch(o, S, w, T, H, NC, st);
-        else if (sv == 10 && H <= 132) kda_state_grp2_launch(o, S, w, T, H, NC, st);
         else if (sv == 6) launch_state_ws<64>(o, S, w, T, H, NC, st);
         else if (sv == 7) launch_state_bf16<32>(o, S, w, T, H, NC, st);
         else if (sv == 8) launch_state_ws<32>(o, S, w, T, H, NC, st);

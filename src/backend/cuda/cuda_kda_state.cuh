@@ -250,5 +250,3 @@ __device__ __forceinline__ void step_state(float (&s)[BV / 8][4], const float *d
 // cuda_kda_state2.cu: the state pass with two 64-column groups of 8 warps sharing a head's tiles,
 // one block per head (LUNAR_KDA_STATE=grp)
 void kda_state_grp_launch(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st);
-// ... with (b) and (c) of a chunk in one phase, two barriers a chunk (LUNAR_KDA_STATE=grp2)
-void kda_state_grp2_launch(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st);
