@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Session 14, s14-kdai2 (issue 7), one call on one H200: mode 2's KDA state pass tilings from 66 heads
 # (LUNAR_KDA_STATE old = the default there / wide / ws64 / b32 / ws32 / grp), correctness first, then timings.
+# (Run at commit 07f72ce, whose bench_cuda kdastate96 timed the six tilings; since, the tree keeps old and grp only.)
 #  1. op tests: lunar_tests cuda_kda_chunked (chunked vs the CPU op in every mode; the ws pass; the intra
 #     kernel's fast form; cuda_kda_chunked_state_wide: each new tiling memcmp-equal to the default and
 #     within the bf16 tolerance of the CPU op, H = 66, 67, 96, 97, 132, 133)

@@ -20,7 +20,8 @@
 // Mode 2 (default, fast): kda_intra2_kernel (the same quantities, rearranged for two blocks per
 // SM; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass is kda_state_bf16_kernel
 // (mma.sync bf16, state in fp32 registers), as fla rounds them; up to 33 heads its warp-specialised
-// form kda_state_ws_kernel (bit-equal). Mode 3: kda_intra_kernel in tf32 writing the same bf16
+// form kda_state_ws_kernel, from 67 to 132 heads kda_state_grp_kernel (cuda_kda_state2.cu), both
+// bit-equal to it. Mode 3: kda_intra_kernel in tf32 writing the same bf16
 // scratch, then the same state pass (kept to measure against).
 #include <mma.h>
 #include <string.h>
@@ -933,10 +934,8 @@ static void launch_state(float *o, float *S, kda_ws w, int T, int H, int NC, cud
 //   (c) S = exp(Gamma_C) S + Kg^T V_new                        -> registers, bf16 copy
 // Loads are cp.async groups issued as soon as their buffer is consumed: Kg/decay for chunk n at
 // the top of step n, W/U for n+1 after (a), Qg/Aqk for n+1 after (b).
-// BV = 128 (a whole head a block, LUNAR_KDA_STATE=wide): one block per SM, so up to 255 registers
-// (its state slice alone is 64 floats a thread).
 template <int BV>
-__global__ void __launch_bounds__(256, BV >= 128 ? 1 : 2)
+__global__ void __launch_bounds__(256, 2)
     kda_state_bf16_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
     constexpr int LDV = BV + 8, NT = BV / 16, NS = BV / 8;
     extern __shared__ __align__(128) __nv_bfloat16 smb[];
@@ -1119,15 +1118,14 @@ static void launch_state_ws(float *o, float *S, kda_ws w, int T, int H, int NC, 
 
 // Where the 32-column blocks fit the SMs one each (H <= 33; Kimi-Linear's H = 32), the state pass
 // is kda_state_ws_kernel by default (session 9, H200, T = 8K / 64K at H = 32: 0.27 -> 0.24 ms and
-// 2.10 -> 1.84 ms; the 8K prefill's kda_core 17.8-18.0 -> 17.1 ms). From 66 heads (bf16 pass of
-// 64-column tiles by default) LUNAR_KDA_STATE picks the tiling, every one bit-equal (the same mma
-// steps in the same order per column): wide = 128-column tiles, a whole head a block (no W / Qg /
-// Kg tile loaded twice; one block per SM, up to 132 heads); ws64 = the warp-specialised pass on
-// 64 columns; b32 = the bf16 pass on 32 columns; ws32 = the warp-specialised pass on 32 columns;
-// grp = two 64-column groups of 8 warps sharing a head's tiles, a block per head (cuda_kda_state2.cu,
-// up to 132 heads). old = kda_state_bf16_kernel at every H; ws or anything else = the default.
-// Read once. lunar_cuda_kda_state_variant overrides it (tests, benchmarks): 4 ws, 5 wide, 6 ws64,
-// 7 b32, 8 ws32, 9 grp, -1 env, any other value old.
+// 2.10 -> 1.84 ms; the 8K prefill's kda_core 17.8-18.0 -> 17.1 ms). From 67 to 132 heads, where the
+// 64-column blocks would put two on some SMs, it is kda_state_grp_kernel (cuda_kda_state2.cu: a head
+// a block, two 64-column groups sharing its tiles; bit-equal; session 14, H200, H = 96: 0.67 ->
+// 0.56 ms at T = 8K, 5.3-5.4 -> 4.5 ms at 64K; the bf16 pass on 128 / 32 columns and the
+// warp-specialised one on 64 / 32, measured beside it, were slower: docs/benchmarks.md "KDA state
+// pass from 66 heads"). LUNAR_KDA_STATE (read once): old = kda_state_bf16_kernel at every H;
+// ws or anything else = the default. lunar_cuda_kda_state_variant overrides it (tests, benchmarks):
+// 4 the default, -1 env, any other value old.
 static int g_state = -1;
 extern "C" int lunar_cuda_kda_state_variant(int v) {
     const int prev = g_state;
@@ -1137,11 +1135,8 @@ extern "C" int lunar_cuda_kda_state_variant(int v) {
 static int state_variant(void) {
     static int env = -1;
     if (env < 0) {
-        static const char *names[] = {"old", "", "", "", "ws", "wide", "ws64", "b32", "ws32", "grp"};
         const char *e = getenv("LUNAR_KDA_STATE");
-        env = 4;
-        for (int i = 0; e && i < 10; i++)
-            if (names[i][0] && strcmp(e, names[i]) == 0) env = i;
+        env = e && strcmp(e, "old") == 0 ? 0 : 4;
     }
     return g_state >= 0 ? g_state : env;
 }
@@ -1229,14 +1224,8 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     const int sv = state_variant();
-    if (H * 2 >= 132 && sv >= 5 && sv <= 9) {  // the measured alternatives from 66 heads (above)
-        if (sv == 5 && H <= 132) launch_state_bf16<128>(o, S, w, T, H, NC, st);
-        else if (sv == 9 && H <= 132) kda_state_grp_launch(o, S, w, T, H, NC, st);
-        else if (sv == 6) launch_state_ws<64>(o, S, w, T, H, NC, st);
-        else if (sv == 7) launch_state_bf16<32>(o, S, w, T, H, NC, st);
-        else if (sv == 8) launch_state_ws<32>(o, S, w, T, H, NC, st);
-        else launch_state_bf16<64>(o, S, w, T, H, NC, st);
-    } else if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
+    if (sv == 4 && H * 2 > 132 && H <= 132) kda_state_grp_launch(o, S, w, T, H, NC, st);
+    else if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
     else if (sv == 4 && H * (DK / 32) <= 132) launch_state_ws<32>(o, S, w, T, H, NC, st);
     else launch_state_bf16<32>(o, S, w, T, H, NC, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));

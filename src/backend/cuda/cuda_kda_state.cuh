@@ -248,5 +248,5 @@ __device__ __forceinline__ void step_state(float (&s)[BV / 8][4], const float *d
 }
 
 // cuda_kda_state2.cu: the state pass with two 64-column groups of 8 warps sharing a head's tiles,
-// one block per head (LUNAR_KDA_STATE=grp)
+// one block per head (the default from 67 to 132 heads)
 void kda_state_grp_launch(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st);

@@ -1,5 +1,5 @@
-// KDA chunked prefill, mode 2's state pass with column groups sharing their tiles
-// (LUNAR_KDA_STATE=grp, from 66 heads): one block per head of NG x 8 warps; group gi (256
+// KDA chunked prefill, mode 2's state pass with column groups sharing their tiles (the default
+// from 67 to 132 heads; LUNAR_KDA_STATE=old the 64-column kda_state_bf16_kernel): one block per head of NG x 8 warps; group gi (256
 // threads) owns value columns gi BV .. gi BV + BV - 1 and runs kda_state_bf16_kernel's chunk loop
 // on them, (a) V_new = U - W S, (b) O = Qg S + Aqk V_new, (c) S = exp(Gamma_C) S + Kg^T V_new, with
 // the steps of cuda_kda_state.cuh, while the column-independent tiles (W, Qg, Kg [64][128], Aqk
