@@ -1020,7 +1020,8 @@ TEST(cuda_kda_chunked_vs_cpu) {
 /* Mode 2's warp-specialised state pass (lunar_cuda_kda_state_variant 4: chain warps / output warps,
  * named-barrier hand-off) against kda_state_bf16_kernel (variant 0) on the same inputs: the same
  * operations in the same order, so o and S bit-equal; and against the CPU op. H <= 33 (32-column
- * tiles, one block per SM); T past one and two stages, partial last chunks. */
+ * tiles, one block per SM); T past one and two stages, partial last chunks. (Also the other
+ * variants from 66 heads, below.) */
 static void check_state_variant(int T, int H, float lb, int variant, unsigned seed) {
     const int dk = 128;
     size_t mark = lunar_cuda_mark();
@@ -1059,6 +1060,21 @@ TEST(cuda_kda_chunked_state_ws) {
     for (unsigned a = 0; a < 7; a++) check_state_variant(Ts[a], a & 1 ? 2 : 1, a & 1 ? 0.0f : -5.0f, 4, seed += 10);
     check_state_variant(1000, 33, 0.0f, 4, 24);
     check_state_variant(2000, 32, -5.0f, 4, 25);
+}
+
+/* From 67 to 132 heads the default state pass is kda_state_grp_kernel (cuda_kda_state2.cu: a head a
+ * block, two 64-column groups sharing the head's tiles): against the 64-column bf16 pass (variant 0,
+ * LUNAR_KDA_STATE=old), memcmp-equal (each output column sees the same mma steps in the same order),
+ * and against the CPU op: H = 66 (the threshold, still the 64-column pass), odd 67 and 97, 96
+ * (Kimi-K3), 132 (the last of one block per SM) and 133 (past it: the 64-column pass); T of one
+ * token, a partial chunk, one and several chunks with a partial last one. */
+TEST(cuda_kda_chunked_state_grp) {
+    if (!cuda_on()) return;
+    static const int Ts[] = {1, 65, 200, 333, 130, 64}, Hs[] = {66, 67, 96, 97, 132, 133};
+    unsigned seed = 2270;
+    for (int rep = 0; rep < 2; rep++)
+        for (unsigned a = 0; a < 6; a++)
+            check_state_variant(Ts[(a + 3 * rep) % 6], Hs[a], (a + rep) & 1 ? 0.0f : -5.0f, 4, seed += 10);
 }
 
 /* Mode 2's intra kernel forms (cuda_kda_chunk.cu; declared here, not in cuda_ops.h, to leave that

@@ -8,7 +8,9 @@
  *   kdagate: the prefill's f_b GEMM + gate (lunar_cuda_kda_gate_gemm) in its three forms, three rounds alternating;
  *   kdagate1: one call of each form at 8K, for ncu;
  *   kdaintra: mode 2's intra kernel old / fast (LUNAR_KDA_INTRA), T = 8K / 64K, H = 32 / 96, three rounds
- *   alternating, and the two forms' outputs compared at 8K; kdaintra1: one round at 8K, H = 32, for ncu) */
+ *   alternating, and the two forms' outputs compared at 8K; kdaintra1: one round at 8K, H = 32, for ncu;
+ *   kdastate96: mode 2's state pass from 67 heads, LUNAR_KDA_STATE=old / the default (grp), T = 8K / 64K,
+ *   H = 96, three rounds alternating, the two passes' o and S compared) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,6 +226,62 @@ static void bench_intra(int T, int H, int rounds, int compare) {
     }
     for (int i = 0; i < 2; i++) free(ho[i]), free(hs[i]), free(hw[i]);
     lunar_cuda_kda_intra_variant(prev_iv);
+    lunar_cuda_kda_chunk_precision(prev);
+    lunar_cuda_release(mark);
+}
+
+/* Mode 2's state pass from 67 heads, old (LUNAR_KDA_STATE=old: kda_state_bf16_kernel<64>) and the
+ * default (kda_state_grp_kernel), on one set of inputs, ROUNDS rounds alternating, the intra kernel the
+ * default (session 14 measured four more tilings here, commit fa81442: slower than grp, removed): median over the repeats of the intra kernel and of the state pass (the chunk profile's
+ * events); in round 1 o and S of each variant from the same initial state against variant 0's
+ * (memcmp, and the scale-relative difference if any). Floor of the state pass: its reads of the
+ * scratch (W, U, Qg, Kg, Aqk bf16, exp(Gamma_C)) once and o written, fp32, at 4.3 TB/s. */
+static void bench_state(int T, int H, int rounds) {
+    static const int vs[] = {0, 4};
+    static const char *names[] = {"old", "grp (default)"};
+    const int nv = 2, d = 128;
+    const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
+    const kda_in in = kda_inputs(T, H);
+    float *q = in.q, *k = in.k, *v = in.v, *g = in.g, *beta = in.beta, *o = in.o, *S = in.S;
+    void *ws = in.ws;
+    const int prev = lunar_cuda_kda_chunk_precision(2), prev_sv = lunar_cuda_kda_state_variant(0);
+    const float sc = 1.0f / sqrtf(d);
+    const int reps = T >= 32768 ? 7 : 21;
+    const double sbytes = 4.0 * nq * 2 + (double)T * H * 64 * 2 + (double)T / 64 * H * d * 4 + nq * 4.0;
+    float *ho0 = malloc(nq * 4), *hs0 = malloc(ns * 4), *ho = malloc(nq * 4), *hs = malloc(ns * 4);
+    for (int r = 0; r < rounds; r++)
+        for (int i = 0; i < nv; i++) {
+            lunar_cuda_kda_state_variant(vs[i]);
+            if (r == 0) {
+                lunar_cuda_fill_uniform(S, ns, 8, -0.5f, 0.5f);
+                lunar_cuda_fill_u32(o, 0x7fc00000u, nq);
+                lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
+                lunar_cuda_sync();
+                lunar_cuda_download(i ? ho : ho0, o, nq * 4);
+                lunar_cuda_download(i ? hs : hs0, S, ns * 4);
+                if (i)
+                    printf("| kda state check %s | T=%d H=%d | o %s (%.2e), S %s (%.2e) vs old | | | |\n", names[i], T, H,
+                           memcmp(ho, ho0, nq * 4) ? "DIFFERS" : "equal", max_rel(ho, ho0, nq),
+                           memcmp(hs, hs0, ns * 4) ? "DIFFERS" : "equal", max_rel(hs, hs0, ns));
+            }
+            lunar_cuda_fill_uniform(S, ns, 8, -0.5f, 0.5f);
+            for (int j = 0; j < 2; j++) lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
+            float ti[32], tst[32], tt[32];
+            lunar_cuda_kda_chunk_profile(1);
+            for (int j = 0; j < reps; j++) {
+                lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
+                lunar_cuda_kda_chunk_profile_ms(&ti[j], &tst[j]);
+                tt[j] = ti[j] + tst[j];
+            }
+            lunar_cuda_kda_chunk_profile(0);
+            const float mi = median(ti, reps), ms = median(tst, reps), mt = median(tt, reps);
+            printf("| kda state %-13s round %d | T=%d H=%d | state %.1f us (intra %.1f; total %.3f ms) | %.1f us | "
+                   "%.2fx | |\n", names[i], r + 1, T, H, ms * 1e3, mi * 1e3, mt, sbytes / BW * 1e6,
+                   ms * 1e-3 / (sbytes / BW));
+            fflush(stdout);
+        }
+    free(ho0), free(hs0), free(ho), free(hs);
+    lunar_cuda_kda_state_variant(prev_sv);
     lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_release(mark);
 }
@@ -468,6 +526,10 @@ int main(int argc, char **argv) {
         static const int Ts[] = {8192, 65536}, Hs[] = {32, 96};
         for (int a = 0; a < 2; a++)
             for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], 3, a == 0); /* compared at 8K */
+    }
+    if (strcmp(what, "kdastate96") == 0) { /* the state pass from 67 heads, old / grp, three rounds alternating */
+        bench_state(8192, 96, 3);
+        bench_state(65536, 96, 3);
     }
     if (strcmp(what, "kdaintra1") == 0) { /* one call of each form at 8K, H = 32, for ncu */
         bench_intra(8192, 32, 1, 0);
