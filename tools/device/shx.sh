@@ -29,7 +29,7 @@ for v in 0 def all; do
   env $e timeout 60 $P/bin/lunar bench $K --load-format dummy --backend cuda --max-len 9000 --input-lens 8192 \
     --batch-sizes 8,64 --contexts 1024 --steps 16 --profile > $OUT/r1_$v.log 2>&1
   echo "rc=$? [$v] $(pre $OUT/r1_$v.log) | $(dec $OUT/r1_$v.log)" >> $T
-  grep -A14 '^profile of one prefill' $OUT/r1_$v.log | grep -E 'moe|shared|router|expert|sum' | tr -s ' ' | tr '\n' ';' | cut -c1-400 >> $T
+  grep -A24 '^profile of one prefill' $OUT/r1_$v.log | grep -E 'moe|shared|router|expert|sum' | tr -s ' ' | tr '\n' ';' | cut -c1-400 >> $T
   echo >> $T
 done
 for r in 2 3 4 5 6 7 8; do
