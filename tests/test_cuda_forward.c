@@ -460,8 +460,8 @@ TEST(cuda_forward_combine_norm_bit_equal) {
 }
 
 /* The shared expert as a routed row (issue 9: the wide model's shared expert has the routed experts'
- * shape [128, 256], so its stacks hold it as slot E): the same prompt and decode steps with the side
- * stream (LUNAR_MOE_SHROW=0), the default (the row in prefills: the 150-token prompt, the chunked
+ * shape [128, 256], so its stacks can hold it as slot E): the same prompt and decode steps with the
+ * side stream (the default), LUNAR_MOE_SHROW=1 (the row in prefills: the 150-token prompt, the chunked
  * prompt's 99-token chunk; its 50- and 1-token chunks and the decode steps keep the side stream) and
  * =all (every n > 1: the 50-token chunk through the decode kernels with row E). The math is the same
  * up to roundings: the shared expert's down output is rounded to bf16 as a routed row's (relative
@@ -484,7 +484,7 @@ TEST(cuda_forward_shared_row_vs_side_stream) {
         return;
     }
     const int V = m->cfg.vocab_size, R = 2 * T + ND; /* rows: prompt, chunked prompt, decode steps */
-    static const char *const modes[3] = {"0", NULL, "all"};
+    static const char *const modes[3] = {NULL, "1", "all"};
     float *out[3] = {NULL, NULL, NULL};
     long rows[3] = {-1, -1, -1};
     char *saved = getenv("LUNAR_MOE_SHROW") ? strdup(getenv("LUNAR_MOE_SHROW")) : NULL;
@@ -520,7 +520,7 @@ TEST(cuda_forward_shared_row_vs_side_stream) {
     if (saved) setenv("LUNAR_MOE_SHROW", saved, 1), free(saved);
     else unsetenv("LUNAR_MOE_SHROW");
     if (ran == 3) {
-        /* 2 MoE layers: =0 never; the default the prompt and the 99-token chunk; =all the 50-token chunk too */
+        /* 2 MoE layers: the default never; =1 the prompt and the 99-token chunk; =all the 50-token chunk too */
         CHECK_MSG(rows[0] == 0 && rows[1] == 2 * 2 && rows[2] == 3 * 2, "shared rows: %ld %ld %ld", rows[0],
                   rows[1], rows[2]);
         for (int md = 1; md < 3; md++) {
@@ -528,9 +528,9 @@ TEST(cuda_forward_shared_row_vs_side_stream) {
             double worst = 0;
             const double med = cmp_rows(out[md], out[0], R, V, &agree, &worst);
             fprintf(stderr, "[shared row %s vs side stream: median row %.2e, worst %.2e, argmax %d/%d] ",
-                    modes[md] ? modes[md] : "default", med, worst, agree, R);
+                    modes[md], med, worst, agree, R);
             CHECK_MSG(med <= 1e-2 && worst <= 3e-2 && agree >= 0.95 * R, "%s: median %.3e worst %.3e argmax %d/%d",
-                      modes[md] ? modes[md] : "default", med, worst, agree, R);
+                      modes[md], med, worst, agree, R);
         }
     }
     for (int md = 0; md < 3; md++) free(out[md]);
@@ -548,11 +548,11 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
     if (m) {
         run_model("wide, generic MoE", m, ids, T, ND, NULL, NULL, 3e-2, 0, 0);
         run_model("wide, fused MoE", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
-        /* the shared expert on the side stream (the prefill default is its routed row, issue 9) and
-         * as a routed row at every n > 1 (decode kernels with row E: the batched step, the 50-token chunk) */
+        /* the shared expert as a routed row (issue 9, opt-in) in prefills, and at every n > 1 (decode
+         * kernels with row E: the batched step, the 50-token chunk) */
         char *sv = getenv("LUNAR_MOE_SHROW") ? strdup(getenv("LUNAR_MOE_SHROW")) : NULL;
-        setenv("LUNAR_MOE_SHROW", "0", 1);
-        run_model("wide, fused MoE, shared expert on the side stream", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
+        setenv("LUNAR_MOE_SHROW", "1", 1);
+        run_model("wide, fused MoE, shared row in prefills", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         setenv("LUNAR_MOE_SHROW", "all", 1);
         run_model("wide, fused MoE, shared row at every n > 1", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         if (sv) setenv("LUNAR_MOE_SHROW", sv, 1), free(sv);

@@ -777,10 +777,12 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     /* batch 1 with the shared expert as a routed row (w->mx.s1, issue 9): the router GEMM alone,
      * no side stream; the decode kernels read the shared weights as expert E */
     const int shrow = n == 1 && w->mx.s1 && !g->fuse_off && k < 64;
-    /* n > 1 with the shared expert as slot E of the stacks (w->mxs, issue 9): the grouped GEMM runs it
-     * as row k of every token (weight 1), no side stream, its rows summed by the combine (prefill:
-     * the persistent grouped GEMM no longer waits for the SMs the side stream's GEMMs hold). Decode
-     * batches (2..64 tokens) keep the side stream unless LUNAR_MOE_SHROW=all. */
+    /* n > 1 with the shared expert as slot E of the stacks (w->mxs, issue 9; opt-in, LUNAR_MOE_SHROW=1
+     * at upload): the grouped GEMM runs it as row k of every token (weight 1), no side stream, its
+     * rows summed by the combine, so the persistent grouped GEMM no longer shares the SMs with the side
+     * stream's GEMMs. Level with the side stream at 8K / 32K, 1 % slower at 1K (upload's shared_slot).
+     * Decode batches (2..64 tokens) keep the side stream unless LUNAR_MOE_SHROW=all (slower: B = 64
+     * +8.7 %). */
     const int shpre = n > 1 && w->mxs.E && !g->fuse_off && (n > 64 || g->shrow_all) && k < 64;
     const lunar_cuda_moe_experts *mx = shpre ? &w->mxs : &w->mx;
     /* batch 1 with the fused matrix (up_cat): the shared gate, up and the router in one GEMM on the

@@ -66,9 +66,9 @@ typedef struct dlayer {
      * scales as stored, beside the widened copies of the generic path) */
     int fused_ok;
     lunar_cuda_moe_experts mx;
-    /* mx with E + 1 experts where the BF16 stacks hold the shared expert as slot E (issue 9: the
-     * prefill runs it as a routed row; sd, and the slot's copies of sg / su, live there), else
-     * mxs.E == 0 */
+    /* mx with E + 1 experts where the BF16 stacks hold the shared expert as slot E (issue 9,
+     * LUNAR_MOE_SHROW=1 or =all: the prefill runs it as a routed row; sd, and the slot's copies of
+     * sg / su, live there), else mxs.E == 0 */
     lunar_cuda_moe_experts mxs;
 } dlayer;
 

@@ -218,14 +218,19 @@ int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
     return lunar_cuda_init(0, want, err);
 }
 
-/* Issue 9, prefill: can the BF16 stacks hold the shared expert as slot E (1) so that the grouped GEMM
- * runs it as a ninth row of each token (forward_cuda.c moe_fused)? Where it has the routed experts'
- * shape (gate / up [I, De], down [De, I]), bf16 (no PTPC), no latent, one rank; LUNAR_MOE_SHROW=0
- * keeps the side stream (and the stacks at E slots). Costs the slot's copy of the shared gate and up
- * (their first copy is in sin, the batch-1 GEMM's fused matrix): Kimi-Linear-48B 9.4 MB a layer. */
-static int shared_slot(const lunar_config *c, const lunar_model *m, const lunar_ffn_weights *f, int I, int De) {
+/* Issue 9, opt-in (LUNAR_MOE_SHROW=1 or =all): do the BF16 stacks hold the shared expert as slot E (1),
+ * so that the grouped GEMM runs it as a ninth row of each token (forward_cuda.c moe_fused)? Where it has
+ * the routed experts' shape (gate / up [I, De], down [De, I]), bf16 (no PTPC), no latent, one rank. Not
+ * the default: Kimi-Linear-48B's prefill measured level at 8K and 32K and 1.0 % slower at 1K against the
+ * side stream (docs/benchmarks.md "MoE prefill: the shared expert as a routed row (session 14, H200)"),
+ * and the slot costs a copy of the shared gate and up (their first copy is in sin, the batch-1 GEMM's
+ * fused matrix): 9.4 MB a layer there. Unset or =0: the side stream, the stacks at E slots. */
+static int shrow_on(void) {
     const char *v = getenv("LUNAR_MOE_SHROW");
-    if ((v && !strcmp(v, "0")) || c->routed_expert_hidden_size || m->tp || ptpc || c->experts_mxfp4) return 0;
+    return v && (!strcmp(v, "1") || !strcmp(v, "all"));
+}
+static int shared_slot(const lunar_config *c, const lunar_model *m, const lunar_ffn_weights *f, int I, int De) {
+    if (!shrow_on() || c->routed_expert_hidden_size || m->tp || ptpc || c->experts_mxfp4) return 0;
     const lunar_tensor *g = f->shared_gate, *u = f->shared_up, *dn = f->shared_down;
     if (!g || !u || !dn || g->ndim != 2 || u->ndim != 2 || dn->ndim != 2) return 0;
     return g->shape[0] == I && g->shape[1] == De && u->shape[0] == I && u->shape[1] == De && dn->shape[0] == De &&
@@ -555,9 +560,10 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     /* the generic MoE's gathers and GLU, or the fused path's bf16 copies, shared-expert buffers,
      * permuted rows (k per token) and route tables */
     size_t ffn = 4 * (T * E + 2 * T * k + 4 * T * De + 2 * T * D + 4 * T * I) + 16 * 256;
-    /* the shared expert as a routed row (issue 9, moe_fused): k + 1 rows a token over E + 1 experts */
-    const size_t kr = k + (c->num_shared_experts > 0), Er = E + (c->num_shared_experts > 0);
-    if (E) ffn += 4 * T * kr * (De + I) + 4 * T * 2 * k + lunar_cuda_moe_route_bytes(max_tokens, (int)kr, (int)Er);
+    /* the shared expert as a routed row (issue 9, LUNAR_MOE_SHROW=1, moe_fused): k + 1 rows a token over
+     * E + 1 experts, and the router's own [T, k] experts and weights */
+    const size_t sr = c->num_shared_experts > 0 && shrow_on(), kr = k + sr, Er = E + sr;
+    if (E) ffn += 4 * T * kr * (De + I) + 4 * T * 2 * k * sr + lunar_cuda_moe_route_bytes(max_tokens, (int)kr, (int)Er);
     size_t layer = kda > mla ? kda : mla;
     if (ffn > layer) layer = ffn;
     return step + layer + T * widest * 2 + ((size_t)16 << 20);

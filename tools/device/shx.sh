@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Session 14, issue 9 (branch s14-shx): the shared expert as routed row E of the BF16 grouped GEMM in prefills
-# (default; LUNAR_MOE_SHROW=0 the side stream, =all the row at every n > 1), in one call:
+# Session 14, issue 9 (branch s14-shx): the shared expert as routed row E of the BF16 grouped GEMM in prefills,
+# run at f6775ca, where unset meant the row (LUNAR_MOE_SHROW=0 the side stream, =all the row at every n > 1);
+# since the next commits unset is the side stream and =1 the row (the "def" runs below need =1 there):
 #  1. lunar_tests cuda_forward (the new shared_row_vs_side_stream, kernel shapes vs CPU with =0 / =all runs,
 #     goldens, graphs == eager), cuda_moe_layer, cuda_moe_permute
 #  2. Kimi-Linear-48B: round 1 = 8K prefill (profiled) + decode B = 8 / 64 at 1K for =0, default, =all;
