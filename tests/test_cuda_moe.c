@@ -314,44 +314,25 @@ static int check_permutation(const lunar_cuda_moe_route *r, const int32_t *ex, c
  * (offsets, active list, decode groups and their zeroed counters, every pair's row, token and weight
  * inside its expert's run) and the prefill tile list, the workspace poisoned first; random, overloaded
  * (every token on experts 0..k-1) and skewed routes, sizes that leave partial blocks of 4096 pairs */
-/* shared = 1: the router's k experts widened by lunar_cuda_moe_shared_rows to k + 1 rows a token, row
- * k = expert E (the shared expert as slot E of the stacks, issue 9) with weight 1, permuted over E + 1
- * experts: Kimi-Linear's 8K prefill (257 experts, the shared one holding n rows), a partial block, E + 1
- * = 1025 past the shared-memory kernels' 1024 (the single-atomic kernels), a tiny E */
 TEST(cuda_moe_permute_prefill) {
     if (!moe_cuda_on()) return;
-    static const int cases[][5] = {/* n, k, E, mode, shared */
-                                   {8192, 8, 256, 0, 0}, {8192, 8, 256, 1, 0}, {8192, 8, 256, 2, 0}, {65, 8, 256, 0, 0},
-                                   {300, 9, 896, 0, 0},  {4097, 16, 896, 2, 0}, {1000, 1, 1024, 0, 0}, {777, 5, 1024, 1, 0},
-                                   {513, 8, 1500, 0, 0}, {2000, 3, 7, 0, 0},    {8192, 8, 256, 0, 1}, {8192, 8, 256, 2, 1},
-                                   {65, 8, 256, 0, 1},   {4097, 7, 1024, 0, 1}, {2000, 3, 7, 1, 1}};
+    static const int cases[][4] = {/* n, k, E, mode */
+                                   {8192, 8, 256, 0}, {8192, 8, 256, 1}, {8192, 8, 256, 2}, {65, 8, 256, 0},
+                                   {300, 9, 896, 0},  {4097, 16, 896, 2}, {1000, 1, 1024, 0}, {777, 5, 1024, 1},
+                                   {513, 8, 1500, 0}, {2000, 3, 7, 0}};
     for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        const int n = cases[c][0], k0 = cases[c][1], E0 = cases[c][2], mode = cases[c][3], sh = cases[c][4];
-        const int k = k0 + sh, E = E0 + sh, np = n * k, np0 = n * k0;
+        const int n = cases[c][0], k = cases[c][1], E = cases[c][2], mode = cases[c][3], np = n * k;
         size_t mark = lunar_cuda_mark();
         int32_t *ex = malloc((size_t)np * 4);
         float *w = test_alloc(np);
-        make_routing(ex, w, n, k0, E0, mode, 9000u + c);
+        make_routing(ex, w, n, k, E, mode, 9000u + c);
         const size_t bytes = lunar_cuda_moe_route_bytes(n, k, E);
         void *ws = dalloc(bytes);
         lunar_cuda_fill_u32(ws, 0xdeadbeefu, bytes / 4);
         lunar_cuda_moe_route r;
         lunar_cuda_moe_route_init(&r, ws, n, k, E);
-        if (sh) { /* the router's [n, k0] on the device, widened there; the host's copy widened alike */
-            int32_t *dex = dalloc((size_t)np0 * 4);
-            float *dw = dalloc((size_t)np0 * 4);
-            lunar_cuda_upload(dex, ex, (size_t)np0 * 4);
-            lunar_cuda_upload(dw, w, (size_t)np0 * 4);
-            lunar_cuda_moe_shared_rows(r.experts, r.weights, dex, dw, n, k0, E0, NULL);
-            for (int i = np - 1; i >= 0; i--) { /* back to front: [t, j] of k0 moves to [t, j] of k */
-                const int t = i / k, j = i % k;
-                ex[i] = j < k0 ? ex[t * k0 + j] : E0;
-                w[i] = j < k0 ? w[t * k0 + j] : 1.0f;
-            }
-        } else {
-            lunar_cuda_upload(r.experts, ex, (size_t)np * 4);
-            lunar_cuda_upload(r.weights, w, (size_t)np * 4);
-        }
+        lunar_cuda_upload(r.experts, ex, (size_t)np * 4);
+        lunar_cuda_upload(r.weights, w, (size_t)np * 4);
         lunar_cuda_moe_permute(&r, NULL);
         int ok = check_permutation(&r, ex, w);
         /* the tile list: every expert's rows in runs of LUNAR_CUDA_MOE_BM, in expert order */
@@ -369,7 +350,7 @@ TEST(cuda_moe_permute_prefill) {
                     ok &= tl[2 * ti] == e && tl[2 * ti + 1] == s0;
             free(tl);
         }
-        CHECK_MSG(ok, "prefill permutation n=%d k=%d E=%d mode %d%s", n, k, E, mode, sh ? " (shared rows)" : "");
+        CHECK_MSG(ok, "prefill permutation n=%d k=%d E=%d mode %d", n, k, E, mode);
         free(ex), free(w), free(off);
         lunar_cuda_release(mark);
     }

@@ -26,10 +26,6 @@ long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) {
     (void)g;
     return 0;
 }
-long lunar_cuda_model_shared_rows(const lunar_cuda_model *g) {
-    (void)g;
-    return 0;
-}
 void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
                                   double *capture_s) {
     (void)g;
@@ -777,19 +773,11 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     /* batch 1 with the shared expert as a routed row (w->mx.s1, issue 9): the router GEMM alone,
      * no side stream; the decode kernels read the shared weights as expert E */
     const int shrow = n == 1 && w->mx.s1 && !g->fuse_off && k < 64;
-    /* n > 1 with the shared expert as slot E of the stacks (w->mxs, issue 9; opt-in, LUNAR_MOE_SHROW=1
-     * at upload): the grouped GEMM runs it as row k of every token (weight 1), no side stream, its
-     * rows summed by the combine, so the persistent grouped GEMM no longer shares the SMs with the side
-     * stream's GEMMs. Level with the side stream at 8K / 32K, 1 % slower at 1K (upload's shared_slot).
-     * Decode batches (2..64 tokens) keep the side stream unless LUNAR_MOE_SHROW=all (slower: B = 64
-     * +8.7 %). */
-    const int shpre = n > 1 && w->mxs.E && !g->fuse_off && (n > 64 || g->shrow_all) && k < 64;
-    const lunar_cuda_moe_experts *mx = shpre ? &w->mxs : &w->mx;
     /* batch 1 with the fused matrix (up_cat): the shared gate, up and the router in one GEMM on the
      * main stream, the side stream starting from its output */
     float *y1 = n == 1 && w->sin.p && !shrow ? fd((size_t)w->sin.out) : NULL;
     if (y1) mm_b(y1, hb, &w->sin, 1, NULL);
-    if (w->sg.p && !shrow && !shpre) {
+    if (w->sg.p && !shrow) {
         const int Is = w->sg.out;
         sh = fd((size_t)n * D);
         float *sa = y1 ? cat_out(y1, &w->sin, &w->sg) : fd((size_t)n * Is);
@@ -814,19 +802,11 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     float *logits = y1 ? cat_out(y1, &w->sin, &w->router) : fd((size_t)n * E);
     if (!y1) mm_b(logits, hb, &w->router, n, NULL);
     lunar_cuda_moe_route r;
-    const int kr = k + shrow + shpre, Er = E + shpre; /* permuted rows per token, experts of the route */
-    lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, Er)), n, kr, Er);
+    const int kr = k + shrow; /* permuted rows per token */
+    lunar_cuda_moe_route_init(&r, lunar_cuda_fwd_alloc(lunar_cuda_moe_route_bytes(n, kr, E)), n, kr, E);
     if (n == 1 && kr <= 64 && !g->fuse_off) { /* one launch for the top-k and the permutation */
         lunar_cuda_moe_route_one(&r, logits, w->rbias, c->num_expert_group, c->topk_group, c->moe_renormalize,
                                  c->routed_scaling_factor, shrow, NULL);
-    } else if (shpre) { /* the router's k rows, then row k = expert E */
-        int32_t *ek = lunar_cuda_fwd_alloc((size_t)n * k * 4);
-        float *wk = fd((size_t)n * k);
-        lunar_cuda_router_topk(ek, wk, logits, w->rbias, n, E, k, c->num_expert_group, c->topk_group,
-                               c->moe_renormalize, c->routed_scaling_factor, NULL);
-        lunar_cuda_moe_shared_rows(r.experts, r.weights, ek, wk, n, k, E, NULL);
-        lunar_cuda_moe_permute(&r, NULL);
-        ((lunar_cuda_model *)g)->shared_rows++;
     } else {
         lunar_cuda_router_topk(r.experts, r.weights, logits, w->rbias, n, E, k, c->num_expert_group,
                                c->topk_group, c->moe_renormalize, c->routed_scaling_factor, NULL);
@@ -861,10 +841,10 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
         yrows_b = !(e && !strcmp(e, "fp32"));
     }
     uint16_t *yb16 = yrows_b && n > 64 ? lunar_cuda_fwd_alloc((size_t)n * kr * De * 2) : NULL;
-    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, mx, &r, 0, NULL)) yb16 = NULL;
+    if (yb16 && lunar_cuda_moe_experts_run_b(yb16, hbuf, zb, &w->mx, &r, 0, NULL)) yb16 = NULL;
     if (!yb16) {
         ybuf = fd((size_t)n * kr * De);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, mx, &r, 0, NULL);
+        lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;

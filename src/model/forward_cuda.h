@@ -44,10 +44,6 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
 int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on);
 /* MoE layers enqueued with that fold so far (captured steps once, replays not at all) */
 long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g);
-/* MoE layers enqueued with the shared expert as a routed row of more than one token (issue 9, opt-in:
- * BF16 experts of its shape, prefills (n > 64) with LUNAR_MOE_SHROW=1, every n > 1 with =all; unset
- * or =0 never; read at upload) */
-long lunar_cuda_model_shared_rows(const lunar_cuda_model *g);
 /* Decode steps (one token per sequence) as CUDA graphs, captured per batch size and context bucket
  * on a key's second step and replayed after (forward_cuda.c, "decode graphs"); on by default,
  * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host

@@ -66,10 +66,6 @@ typedef struct dlayer {
      * scales as stored, beside the widened copies of the generic path) */
     int fused_ok;
     lunar_cuda_moe_experts mx;
-    /* mx with E + 1 experts where the BF16 stacks hold the shared expert as slot E (issue 9,
-     * LUNAR_MOE_SHROW=1 or =all: the prefill runs it as a routed row; sd, and the slot's copies of
-     * sg / su, live there), else mxs.E == 0 */
-    lunar_cuda_moe_experts mxs;
 } dlayer;
 
 struct lunar_cuda_model {
@@ -87,8 +83,6 @@ struct lunar_cuda_model {
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
     int combine_norm;       /* LUNAR_COMBINE_NORM=1 at upload (lunar_cuda_model_combine_norm): run_residual */
     long combine_norm_folds; /* layers enqueued with the fold (graph replays not counted) */
-    long shared_rows;        /* MoE layers enqueued with the shared expert as a routed row at n > 1 */
-    int shrow_all;           /* LUNAR_MOE_SHROW=all at upload: that row at every n > 1, not only n > 64 */
     /* the batch-1 KDA decode (kda_layer): the launches of session 4 (default: conv, recurrence,
      * gated norm apart), the fused core with the gate projections (LUNAR_KDA_DECODE=fused), or the
      * fused core after the gate-projection launch (=nogate). Opt-in: no faster on the H200

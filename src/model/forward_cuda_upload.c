@@ -61,11 +61,10 @@ static uint16_t *up_bf16(const lunar_tensor *t) {
 }
 
 /* E tensors of one shape (the experts' w1, say) stacked: bf16, or raw bytes (MXFP4 codes/scales) */
-/* slots >= E: room for slots matrices, the first E filled */
-static uint16_t *up_stack_bf16(const lunar_expert_weights *x, int E, int slots, size_t off) {
+static uint16_t *up_stack_bf16(const lunar_expert_weights *x, int E, size_t off) {
     const lunar_tensor *t0 = *(const lunar_tensor *const *)((const char *)&x[0] + off);
     const size_t n = (size_t)lunar_tensor_numel(t0);
-    uint16_t *d = lunar_cuda_fwd_alloc((size_t)slots * n * 2);
+    uint16_t *d = lunar_cuda_fwd_alloc((size_t)E * n * 2);
     for (int e = 0; e < E; e++) {
         const lunar_tensor *t = *(const lunar_tensor *const *)((const char *)&x[e] + off);
         LUNAR_ASSERT((size_t)lunar_tensor_numel(t) == n);
@@ -218,25 +217,6 @@ int lunar_cuda_backend_init(double gpu_memory_utilization, lunar_err *err) {
     return lunar_cuda_init(0, want, err);
 }
 
-/* Issue 9, opt-in (LUNAR_MOE_SHROW=1 or =all): do the BF16 stacks hold the shared expert as slot E (1),
- * so that the grouped GEMM runs it as a ninth row of each token (forward_cuda.c moe_fused)? Where it has
- * the routed experts' shape (gate / up [I, De], down [De, I]), bf16 (no PTPC), no latent, one rank. Not
- * the default: Kimi-Linear-48B's prefill measured level at 8K and 32K and 1.0 % slower at 1K against the
- * side stream (docs/benchmarks.md "MoE prefill: the shared expert as a routed row (session 14, H200)"),
- * and the slot costs a copy of the shared gate and up (their first copy is in sin, the batch-1 GEMM's
- * fused matrix): 9.4 MB a layer there. Unset or =0: the side stream, the stacks at E slots. */
-static int shrow_on(void) {
-    const char *v = getenv("LUNAR_MOE_SHROW");
-    return v && (!strcmp(v, "1") || !strcmp(v, "all"));
-}
-static int shared_slot(const lunar_config *c, const lunar_model *m, const lunar_ffn_weights *f, int I, int De) {
-    if (!shrow_on() || c->routed_expert_hidden_size || m->tp || ptpc || c->experts_mxfp4) return 0;
-    const lunar_tensor *g = f->shared_gate, *u = f->shared_up, *dn = f->shared_down;
-    if (!g || !u || !dn || g->ndim != 2 || u->ndim != 2 || dn->ndim != 2) return 0;
-    return g->shape[0] == I && g->shape[1] == De && u->shape[0] == I && u->shape[1] == De && dn->shape[0] == De &&
-           dn->shape[1] == I;
-}
-
 /* Every weight the forward reads, in one place (the dummy-weights loader of the benchmarks may
  * hook here). In counting mode only the sizes are summed. */
 static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
@@ -250,7 +230,6 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     fuse_moe_off = fuse_off || (fz && strcmp(fz, "noshared") == 0);
     g->fuse_off = fuse_off; /* the step's fused launches follow the upload's choice */
     g->combine_norm = getenv("LUNAR_COMBINE_NORM") && atoi(getenv("LUNAR_COMBINE_NORM")) > 0;
-    g->shrow_all = getenv("LUNAR_MOE_SHROW") && !strcmp(getenv("LUNAR_MOE_SHROW"), "all");
     const char *kd = getenv("LUNAR_KDA_DECODE");
     g->kda_decode = fuse_off || !kd                 ? KDA_DECODE_SPLIT
                     : strcmp(kd, "fused") == 0  ? KDA_DECODE_FUSED
@@ -348,6 +327,7 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                 d->router = up_mat(f->router);
                 d->sg = up_lin(f->shared_gate), d->su = up_lin(f->shared_up);
             }
+            d->sd = up_lin(f->shared_down);
             d->ldown = up_lin(f->latent_down), d->lup = up_lin(f->latent_up);
             d->lnorm = up_bf16(f->latent_norm);
             const int E = c->num_experts;
@@ -377,25 +357,15 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                 X->w2q = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q2.packed));
                 X->w2s = up_stack_raw(xs, E, offsetof(lunar_expert_weights, q2.scale));
             } else if (d->fused_ok) {
-                const int shs = shared_slot(c, m, f, I, De);
-                uint16_t *s1 = up_stack_bf16(xs, E, E + shs, offsetof(lunar_expert_weights, w1));
-                uint16_t *s3 = up_stack_bf16(xs, E, E + shs, offsetof(lunar_expert_weights, w3));
-                uint16_t *s2 = up_stack_bf16(xs, E, E + shs, offsetof(lunar_expert_weights, w2));
+                uint16_t *s1 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w1));
+                uint16_t *s3 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w3));
+                uint16_t *s2 = up_stack_bf16(xs, E, offsetof(lunar_expert_weights, w2));
                 X->w1 = s1, X->w3 = s3, X->w2 = s2;
                 for (int e = 0; e < E; e++) {
                     d->w1[e] = (dmat){s1 + (size_t)e * I * De, I, De, NULL};
                     d->w3[e] = (dmat){s3 + (size_t)e * I * De, I, De, NULL};
                     d->w2[e] = (dmat){s2 + (size_t)e * De * I, De, I, NULL};
                 }
-                if (shs) { /* slot E: the shared expert; sd read from there, sg / su (in sin) copied */
-                    up_bf16_into(s1 + (size_t)E * I * De, f->shared_gate);
-                    up_bf16_into(s3 + (size_t)E * I * De, f->shared_up);
-                    up_bf16_into(s2 + (size_t)E * De * I, f->shared_down);
-                    d->sd = (dmat){s2 + (size_t)E * De * I, De, I, NULL};
-                    d->mxs = *X;
-                    d->mxs.E = E + 1;
-                } else
-                    d->sd = up_lin(f->shared_down);
                 /* issue 9, opt-in (LUNAR_MOE_SHARED_ROW=1): at batch 1 the shared expert runs as
                  * one more routed row of the decode kernels (virtual expert E, weight 1) where it
                  * has the routed experts' shape, bf16, no latent, one rank: two side-stream
@@ -410,7 +380,6 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                     su->in == De && sd->out == De && sd->in == I)
                     X->s1 = sg->p, X->s3 = su->p, X->s2 = sd->p;
             }
-            if (!d->sd.p) d->sd = up_lin(f->shared_down);
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];
                 if (c->experts_mxfp4 && x->q1.packed) {
@@ -479,7 +448,6 @@ int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
     return was;
 }
 long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) { return g->combine_norm_folds; }
-long lunar_cuda_model_shared_rows(const lunar_cuda_model *g) { return g->shared_rows; }
 
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;
@@ -560,10 +528,7 @@ size_t lunar_cuda_step_bytes(const lunar_model *m, int max_tokens, int max_rows,
     /* the generic MoE's gathers and GLU, or the fused path's bf16 copies, shared-expert buffers,
      * permuted rows (k per token) and route tables */
     size_t ffn = 4 * (T * E + 2 * T * k + 4 * T * De + 2 * T * D + 4 * T * I) + 16 * 256;
-    /* the shared expert as a routed row (issue 9, LUNAR_MOE_SHROW=1, moe_fused): k + 1 rows a token over
-     * E + 1 experts, and the router's own [T, k] experts and weights */
-    const size_t sr = c->num_shared_experts > 0 && shrow_on(), kr = k + sr, Er = E + sr;
-    if (E) ffn += 4 * T * kr * (De + I) + 4 * T * 2 * k * sr + lunar_cuda_moe_route_bytes(max_tokens, (int)kr, (int)Er);
+    if (E) ffn += 4 * T * k * (De + I) + lunar_cuda_moe_route_bytes(max_tokens, (int)k, (int)E);
     size_t layer = kda > mla ? kda : mla;
     if (ffn > layer) layer = ffn;
     return step + layer + T * widest * 2 + ((size_t)16 << 20);

@@ -491,12 +491,6 @@ void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
  * its weights; the side stream's SiLU and down projection disappear). */
 void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
                               int topk_group, int renorm, float scale, int shared, lunar_cuda_stream s);
-/* The shared expert as one more routed row of each token (issue 9, LUNAR_MOE_SHROW=1: prefill with BF16
- * experts whose stacks hold the shared expert as slot E): experts / weights [n, k + 1] from the router's ek / wk
- * [n, k], row j < k as routed, row k = expert e_shared with weight 1 (after the routed scaling, so
- * the combine's sum is the routed rows' plus the shared expert's, the side stream's sum). */
-void lunar_cuda_moe_shared_rows(int32_t *experts, float *weights, const int32_t *ek, const float *wk, int n, int k,
-                                int e_shared, lunar_cuda_stream s);
 /* The router kernels' choice (tests; LUNAR_ROUTER sets it at start): 0 the warp router, grouped, its
  * sigmoid and permutation loops rolled from 16 candidates a lane (E > 256; default); 1 the block router
  * (=block); 2 the warp router, flat (=flat); 3 the warp router, grouped, unrolled (=unrolled). mode < 0:

@@ -499,24 +499,3 @@ extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *l
         r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale, shared != 0, *r);
     CUDA_CHECK_LAUNCH();
 }
-
-// The shared expert as row k of every token (issue 9, prefill): [n, k] -> [n, k + 1], one thread per
-// output pair. Weight 1 after the routed scaling: the sum is routed * scale + shared, as the side
-// stream's output added in the combine.
-__global__ void moe_shared_rows_kernel(int32_t *experts, float *weights, const int32_t *ek, const float *wk, int n,
-                                       int k, int e_shared) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x, k1 = k + 1;
-    if (i >= n * k1) return;
-    const int t = i / k1, j = i - t * k1;
-    experts[i] = j < k ? ek[(size_t)t * k + j] : e_shared;
-    weights[i] = j < k ? wk[(size_t)t * k + j] : 1.0f;
-}
-
-extern "C" void lunar_cuda_moe_shared_rows(int32_t *experts, float *weights, const int32_t *ek, const float *wk,
-                                           int n, int k, int e_shared, lunar_cuda_stream s) {
-    CUDA_REQUIRE(n >= 0 && k >= 1 && (long)n * (k + 1) < (1L << 31));
-    if (n == 0) return;
-    const unsigned np = (unsigned)(n * (k + 1));
-    moe_shared_rows_kernel<<<(np + 255) / 256, 256, 0, to_stream(s)>>>(experts, weights, ek, wk, n, k, e_shared);
-    CUDA_CHECK_LAUNCH();
-}
