@@ -1098,9 +1098,11 @@ static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) |
 // LUNAR_MOE_ROWSTATS=N (measurement only): the first N grouped-GEMM calls of MXFP4 experts print
 // their per-expert row counts (synchronizing the stream; none while it is captured) and the token
 // rows each item form issues against the live ones: path 24 (256-row items, products per 64-row
-// half), 25 (192-row items, N in multiples of 32) and 28's gate/up (24's full tiles, 25's rest of <= 192)
+// half), 25 (192-row items, N in multiples of 32) and 28's gate/up (24's full tiles, 25's rest of <= 192); of
+// BF16 experts (paths 29, 30): path 29's (128-row tiles, products per 64-row half) and path 30's (29's,
+// but a tile of <= 64 live rows as N = 16, 32 or 64 tokens)
 static int rows_cmp(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
-static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
+static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) {
     static int left = -1;
     if (left < 0) left = getenv("LUNAR_MOE_ROWSTATS") ? atoi(getenv("LUNAR_MOE_ROWSTATS")) : 0;
     if (left <= 0) return;  // off (the default): no runtime call on the prefill's path
@@ -1125,7 +1127,25 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
         imix += 256L * (x / 256) + (rest > 192 ? 256 : (rest + 31) & ~31);
         nmix24 += x / 256 + (rest > 192), nmix25 += rest > 0 && rest <= 192;
     }
+    long i29 = 0, i30 = 0, tl = 0, rest = 0;  // BF16: token rows issued by paths 29 / 30, tiles, tiles <= 64 rows
+    for (int e = 0; e < E && !mx; e++) {
+        const int x = rows[e];
+        for (int t = 0; t < x; t += 128) {
+            const int v = x - t < 128 ? x - t : 128;
+            i29 += halves(v), i30 += v > 64 ? halves(v) : v <= 16 ? 16 : v <= 32 ? 32 : 64;
+            tl++, rest += v <= 64;
+        }
+    }
     qsort(rows, (size_t)E, sizeof(int), rows_cmp);
+    if (!mx) {
+        fprintf(stderr,
+                "lunar: moe rows (bf16): %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / "
+                "max %d / %d / %d / %d / %d; %ld tiles, %ld of <= 64 rows; issued rows / live: path 29 %.3f, 30 %.3f\n",
+                live, E, active, big, rows[0], rows[E / 10], rows[E / 2], rows[E - 1 - E / 10], rows[E - 1], tl, rest,
+                (double)i29 / (double)(live ? live : 1), (double)i30 / (double)(live ? live : 1));
+        free(off), free(rows);
+        return;
+    }
     fprintf(stderr,
             "lunar: moe rows: %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / max "
             "%d / %d / %d / %d / %d; issued rows / live: path 24 %.3f (%ld items), 25 %.3f (%ld), "
@@ -1139,6 +1159,9 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
 // cuda_moe_bf16e.cu: the BF16 pair with the shorter block start-up where LUNAR_MOE_BF16_EARLY is set (1 if it
 // launched both kernels, 0 if the caller runs the pair)
 int moe_bf16_early_pair(const xargs &g, const xargs &d, int n, int slots, cudaStream_t st);
+// cuda_moe_bfr.cu: path 30 (path 29 with an expert's tiles of <= 64 live rows multiplied with the weights
+// as wgmma's M); false where the shapes do not fit it (the caller runs path 29)
+bool moe_bfr_experts(const xargs &g, const xargs &d, int tiles, cudaStream_t st, cudaEvent_t mid);
 
 // yb: the down outputs in bf16 instead of ybuf where path is a wgmma grouped GEMM (their shared
 // epilogue, cuda_moe.cuh), else -1 before any launch
@@ -1234,12 +1257,13 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxg") ? 26
                   : !strcmp(e, "wsmxhb") ? 28
                   : !strcmp(e, "wsdyn") ? 29
+                  : !strcmp(e, "wsbfr") ? 30
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
                         !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
+                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsbfr | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 29 : pre) : pre;
@@ -1247,6 +1271,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (wy_path(path) && !w->mxfp4) path = 29;  // MXFP4 widened in the kernel: BF16's default
+    if (path == 30 && w->mxfp4) path = 28;      // path 30 copies BF16 weight tiles: MXFP4's default
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
@@ -1256,15 +1281,15 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
     // of 14, removed) are no paths. 29: path 12 with its items taken from a counter.
     const bool mc = path == 17 || path == 18, wy = wy_path(path);
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 29 || wy || mc,
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 29 || path == 30 || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || path == 29 || wy_path(path)) &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || path == 29 || path == 30 || wy_path(path)) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
-    if (wy) rows_stats(r, st);
+    if (wy || path == 29 || path == 30) rows_stats(r, st, w->mxfp4 != 0);
     xargs a;
     memset(&a, 0, sizeof a);
     a.offsets = r->offsets, a.active = r->active, a.counts = r->counts, a.tiles = r->tiles;
@@ -1299,8 +1324,10 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
+    } else if (path == 30 && moe_bfr_experts(g, d, max_tiles(n, r->k, w->E), st, g_split_event)) {
+        // path 30 (cuda_moe_bfr.cu); shapes it does not take: path 29 below
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st,
+                                    path == 7 ? 1 : path == 30 ? 19 : path >= 10 ? path - 8 : 0, st,
                                     g_split_event)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if ((path >= 4 && path <= 7) || ws) {
