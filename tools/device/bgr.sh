@@ -8,7 +8,8 @@
 #  3. the model's routing: LUNAR_MOE_ROWSTATS on one 8K prefill (rows issued per live row, paths 29 and 30)
 #  4. [NCU=1] Nsight Compute of the expert kernels in one 8K prefill, wsdyn then wsbfr
 #  5. ROUNDS alternating rounds of the 8K prefill, default (29) vs wsbfr (no round started after AB_S seconds)
-#   P=<prebuilt dir> OUT=<dir> [ROUNDS=5] [AB_S=170] [END_S=200] [NCU=1] tools/device/bgr.sh
+#   P=<prebuilt dir> OUT=<dir> [ROUNDS=5] [AB_S=170] [END_S=200] [NCU=1] [TESTS=1] [ROWS=1] [V="env ..."] [NCUV="env ..."] [NCU_S=120] tools/device/bgr.sh
+# (call 2: TESTS=2 runs cuda_moe_experts_bf16 alone; V: the variants of each round, rotated one place a round)
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
@@ -29,22 +30,24 @@ for p in wsdyn wsbfr; do
   grep -E " $p " $OUT/t_cuda_moe_experts_bf16.log | awk -v p=$p '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+e[-+][0-9]+$/) {v = $i + 0; if (/ vs /) {if (v > mv) mv = v} else if (v > mc) mc = v}} END {printf "%s: %d lines, max rel err vs CPU %.3g, vs the case'"'"'s first path %.3g\n", p, NR, mc, mv}' >> $T
 done
 grep -E 'wsbfr' $OUT/t_cuda_moe_experts_bf16.log | grep -E 'n=(1|31|129|255|300) k=(2|3) E=8' | cut -c1-160 >> $T
-tst cuda_moe_layer LUNAR_MOE_PREFILL=wsbfr
-tst cuda_forward LUNAR_MOE_PREFILL=wsbfr
+if [ "${TESTS:-1}" = 1 ]; then
+  tst cuda_moe_layer LUNAR_MOE_PREFILL=wsbfr
+  tst cuda_forward LUNAR_MOE_PREFILL=wsbfr
+fi
 if left; then
   step "cuda_moe_bench prefill-bf16"
   LUNAR_MOE_BENCH=prefill-bf16 timeout 45 $P/bin/lunar_tests cuda_moe_bench > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
   grep -E '^\| prefill|Measured here' $OUT/bench.log | grep -vE 'mma.sync' | cut -c1-200 >> $T
 fi
-if left; then
+if [ "${ROWS:-1}" = 1 ] && left; then
   step "rowstats (wsbfr, one 8K prefill)"
   LUNAR_MOE_ROWSTATS=4 LUNAR_MOE_PREFILL=wsbfr timeout 40 $P/bin/lunar bench $K --load-format dummy --backend cuda $PF > $OUT/rows.log 2>&1
   echo "rc=$?" >> $T
   grep -E 'moe rows' $OUT/rows.log | tail -2 | cut -c1-260 >> $T
 fi
 if [ "${NCU:-1}" = 1 ]; then
-  for v in LUNAR_MOE_PREFILL=wsdyn LUNAR_MOE_PREFILL=wsbfr; do
-    left 120 || break
+  for v in ${NCUV:-LUNAR_MOE_PREFILL=wsdyn LUNAR_MOE_PREFILL=wsbfr}; do
+    left "${NCU_S:-120}" || break
     step "ncu expert kernels [$v]"
     env $v timeout 45 ncu --replay-mode application --clock-control none \
       --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv -k regex:'moe_ws_kernel|moe_bfr_kernel' \
@@ -67,16 +70,16 @@ for n, ds in by.items():  # the 8K prefill's launches: the larger half (the benc
 PY
   done
 fi
+set -- ${V:-LUNAR_NONE=0 LUNAR_MOE_PREFILL=wsbfr}
 for r in $(seq 1 "${ROUNDS:-5}"); do
   left "${AB_S:-170}" || break
   i=0
-  vs="LUNAR_NONE=0 LUNAR_MOE_PREFILL=wsbfr"
-  [ $((r % 2)) = 0 ] && vs="LUNAR_MOE_PREFILL=wsbfr LUNAR_NONE=0"  # alternating order
-  for v in $vs; do
+  for v in "$@"; do
     i=$((i + 1))
     env $v timeout 30 $P/bin/lunar bench $K --load-format dummy --backend cuda $PF > $OUT/pf_${i}_$r.log 2>&1
     echo "rc=$? round $r [$v]: $(awk '/^prefill/ {f = 1; next} /^$/ {f = 0} f && $1 ~ /^[0-9]+$/ {print $1, $2 " s", $6, $7}' $OUT/pf_${i}_$r.log | tr '\n' ' ')" >> $T
   done
+  set -- "$@" "$1"; shift  # the next round starts with the next variant
 done
 step done
 (cd "$OUT" && tar czf logs.tgz --exclude=logs.tgz --exclude=summary.txt -- * && rm -rf t_* pf_* ncu_* rows.log bench.log)

@@ -1326,8 +1326,12 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         }
     } else if (path == 30 && moe_bfr_experts(g, d, max_tiles(n, r->k, w->E), st, g_split_event)) {
         // path 30 (cuda_moe_bfr.cu); shapes it does not take: path 29 below
+        // (path 29 is moe_ws_experts' mode 19, not path - 8: it was path 27 on its branch, and the merge's
+        // renumbering left path - 8 = 21 here, which ran path 6's kernels (no fast epilogue, no counter)
+        // as BF16's prefill default from session 13's merge to session 14: Nsight Compute's kernel names
+        // in docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M")
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path == 30 ? 19 : path >= 10 ? path - 8 : 0, st,
+                                    path == 7 ? 1 : path == 29 || path == 30 ? 19 : path >= 10 ? path - 8 : 0, st,
                                     g_split_event)) {
         // done (shapes it does not take, or a refused tensor map: path 4 below)
     } else if ((path >= 4 && path <= 7) || ws) {
