@@ -455,7 +455,7 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
                            float *acc_b, uint16_t *hbuf, const uint16_t *dz, const lunar_cuda_moe_experts *dw,
                            const lunar_cuda_moe_route *r, int n, int D, size_t nkd) {
     const int grouped = (path >= 4 && path <= 7) || (path >= 10 && path <= 12) || path == 14 || path == 17 ||
-                        path == 18 || path == 22 || (path >= 24 && path <= 26) || path == 28 || path == 29 || path == 30;
+                        path == 18 || path == 22 || (path >= 24 && path <= 26) || path == 28 || path == 29;
     lunar_cuda_fill_u32(yb, 0x7fc07fc0u, nkd / 2);
     const int rc = lunar_cuda_moe_experts_run_b(yb, hbuf, dz, dw, r, path, NULL);
     CHECK_MSG(rc == (grouped ? 0 : -1), "%s: experts_run_b returned %d", what, rc);
@@ -672,7 +672,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     float *ybw = dalloc(nkd * 4), *acc_b = dalloc((size_t)n * D * 4);
     float *first = NULL;
     int first_path = 0;
-    for (int path = 1; path <= 30; path++) {
+    for (int path = 1; path <= 29; path++) {
         if (!(paths & (1 << (path - 1)))) continue;
         /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
         lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
@@ -684,7 +684,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
-                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb", "wsdyn", "wsbfr"};
+                                      "",     "",       "wsmxe", "", "wsmxb", "wsmxm", "wsmxg", "", "wsmxhb", "wsdyn"};
         snprintf(what, sizeof what, "experts %s %s %s n=%d k=%d E=%d D=%d I=%d%s", mxfp4 ? "mxfp4" : "bf16",
                  act ? "situ" : "swiglu", pname[path], n, k, E, D, I,
                  mode == 1 ? " overloaded" : mode == 2 ? " skewed" : "");
@@ -751,12 +751,6 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
  * (fp32 rows, then bf16 rows) and the cases follow each other, so a counter not put back to 0 at
  * the end of a launch skips the next launch's first items: rows left NaN, the case fails. */
 #define WSDYN (1 << 28)
-/* Path 30 (path 29 with an expert's tiles of <= 64 live rows multiplied with the weights as wgmma's M,
- * the tokens as N = 16, 32 or 64) on every case path 29 runs, and on experts of exactly 1, 31, 129,
- * 255 and 300 rows (BFR_ROWS: a lone tile of N = 16 and 32, 128 + a rest of 1 (N = 16), 128 + 127 (a
- * partial tile of path 29's form), 2 x 128 + 44 (N = 64)); rests and full tiles interleave in one
- * launch's counter order (n = 600: ~300 rows an expert, every rest size). */
-#define BFR (1 << 29)
 /* Path 14 (MXFP4 widened by the consumer warpgroups, items of 2 M tiles x 128 weight rows, each
  * weight chunk widened once for both) on every MXFP4 case: items of 1..256 rows (n = 400: ~200
  * rows, warpgroup 1's half 1 idle; n = 131 overloaded: 3 tiles = a pair + a pair of 3 rows whose
@@ -811,20 +805,21 @@ TEST(cuda_moe_experts_bf16_vs_cpu) {
     if (!moe_cuda_on()) return;
     /* paths 10, 11 (WSF) on every wgmma case; path 7's pairs: 1-2 tiles per expert (the second block of a 1-tile expert has no rows), 3
      * tiles (n = 131 overloaded: a full pair + a pair of 3 rows and none), empty experts (mode 1) */
-    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64 | WSF | WSMC | WSDYN | BFR); /* 3 falls back to the pair */
-    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | WSF | WSMC | 128 | 256 | WSDYN | BFR);
+    experts_case(3, 4, 16, 256, 384, 0, 1, 0, ALL_DECODE | WG | 64 | WSF | WSMC | WSDYN); /* 3 falls back to the pair */
+    experts_case(33, 4, 16, 128, 256, 0, 0, 2, 3 | WG | 64 | WSF | WSMC | 128 | 256 | WSDYN);
     experts_case(64, 8, 32, 1024, 1152, 0, 1, 2, 1 | 128 | 256); /* BF16 v2: 64 groups x 72 tiles, S = 1..4 */
-    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN | BFR);
-    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64 | WSF | WSMC | WSDYN | BFR); /* ~300 rows per expert, 288 gate/up items */
-    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN | BFR); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
-    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64 | WSF | WSMC | WSDYN | BFR);  /* 16 chunks of K per gate/up item, 3 N tiles */
-    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN | BFR);  /* 300 rows on 2 experts: 3 tiles each */
-    /* BFR_ROWS: every routed expert gets exactly n rows (mode 1) */
-    experts_case(1, 2, 8, 256, 256, 0, 0, 1, 2 | WSDYN | BFR);
-    experts_case(31, 3, 8, 512, 384, 0, 1, 1, 2 | WSDYN | BFR);
-    experts_case(129, 2, 8, 256, 256, 0, 0, 1, 2 | WSDYN | BFR);
-    experts_case(255, 2, 8, 256, 128, 0, 1, 1, 2 | WSDYN | BFR);
-    experts_case(300, 3, 8, 768, 256, 0, 0, 1, 2 | WSDYN | BFR);
+    experts_case(150, 4, 8, 256, 128, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN);
+    experts_case(600, 8, 16, 256, 768, 0, 0, 0, 2 | WG | 64 | WSF | WSMC | WSDYN); /* ~300 rows per expert, 288 gate/up items */
+    experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
+    experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64 | WSF | WSMC | WSDYN);  /* 16 chunks of K per gate/up item, 3 N tiles */
+    experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN);  /* 300 rows on 2 experts: 3 tiles each */
+    /* path 29 on experts of exactly 1, 31, 129, 255 and 300 rows (mode 1: every routed expert gets n
+     * rows): a lone tile of 1 and of 31 rows, 128 + a rest of 1, 128 + 127, 2 x 128 + 44 */
+    experts_case(1, 2, 8, 256, 256, 0, 0, 1, 2 | WSDYN);
+    experts_case(31, 3, 8, 512, 384, 0, 1, 1, 2 | WSDYN);
+    experts_case(129, 2, 8, 256, 256, 0, 0, 1, 2 | WSDYN);
+    experts_case(255, 2, 8, 256, 128, 0, 1, 1, 2 | WSDYN);
+    experts_case(300, 3, 8, 768, 256, 0, 0, 1, 2 | WSDYN);
 }
 
 /* The BF16 pair's start-up bits (LUNAR_MOE_BF16_EARLY; bf16_early_case runs inside experts_case for
@@ -1198,13 +1193,12 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     /* MXFP4: path 2 (the reference), then with bf16 rows (LUNAR_MOE_YBUF=bf16's form; -24 ..: the
      * path's run_b) 24, 25, 26 and 28 (the default) twice, in opposite orders (alternating rounds),
      * then 28 with fp32 rows */
-    /* BF16: path 12, then 29 (12 taking its items from a counter) and 30 (29 with the short tiles' weights
-     * as M) with fp32 and bf16 rows (-p), in alternating orders; 29 and 30 timed per GEMM */
-    static const int bpaths[] = {2, 12, 29, 30, -29, -30, -30, -29, 30, 29},
+    /* BF16: path 12, then 29 (12 taking its items from a counter; the default) with fp32 and bf16 rows
+     * (-29), in alternating orders, then 12 again; 29 timed per GEMM */
+    static const int bpaths[] = {2, 12, 29, -29, -29, 29, 12},
                      mpaths[] = {2, -24, -25, -26, -28, -28, -26, -25, -24, 28};
-    static const char *bpn[] = {"mma.sync (old)", "ws fast epi (12)", "29, fp32 rows", "30, fp32 rows",
-                                "29, bf16 rows", "30, bf16 rows", "30, bf16 again", "29, bf16 again",
-                                "30, fp32 again", "29, fp32 again"},
+    static const char *bpn[] = {"mma.sync (old)", "ws fast epi (12)", "29, fp32 rows", "29, bf16 rows",
+                                "29, bf16 again", "29, fp32 again", "12 again"},
                       *mpn[] = {"mma.sync (old)", "24, bf16 rows", "25, bf16 rows", "26, bf16 rows",
                                 "28, bf16 (default)", "28, bf16 again", "26, bf16 again", "25, bf16 again",
                                 "24, bf16 again", "28, fp32 rows"};
@@ -1217,7 +1211,7 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
         const int path = paths[i] < 0 ? -paths[i] : paths[i], brows = paths[i] < 0;
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         if (brows) lunar_cuda_fill_u32(yb, 0x7fc07fc0u, (size_t)n * k * D / 2);
-        const int wy = (mx && (path == 14 || path == 22 || path >= 24)) || (!mx && (path == 29 || path == 30));
+        const int wy = (mx && (path == 14 || path == 22 || path >= 24)) || (!mx && path == 29);
         float gu = 0.0f, dn = 0.0f;
         float ms = wy ? time_experts_split(ybuf, brows ? yb : NULL, hbuf, z, &w, &r, path, 7, &gu, &dn)
                       : time_experts(ybuf, hbuf, z, &w, &r, path, 5, NULL, 0);

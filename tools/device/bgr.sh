@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Session 14, issue 9 (branch s14-bgr): path 30 (path 29 with an expert's tiles of <= 64 live rows multiplied
-# with the weights as wgmma's M, LUNAR_MOE_PREFILL=wsbfr) against path 29 (the BF16 default) on Kimi-Linear-48B's
-# 8K prefill, in one call, every step under a timeout and no step started after END_S seconds:
-#  1. the op tests: cuda_moe_experts_bf16 (path 30 on every BF16 wgmma case and on experts of 1, 31, 129, 255,
-#     300 rows), cuda_moe_layer and cuda_forward with wsbfr (path 30 through the layer and the forward)
-#  2. LUNAR_MOE_BENCH=prefill-bf16 cuda_moe_bench (both GEMMs, 8192 tokens: 29 / 30 alternating, fp32 and bf16 rows)
-#  3. the model's routing: LUNAR_MOE_ROWSTATS on one 8K prefill (rows issued per live row, paths 29 and 30)
-#  4. [NCU=1] Nsight Compute of the expert kernels in one 8K prefill, wsdyn then wsbfr
-#  5. ROUNDS alternating rounds of the 8K prefill, default (29) vs wsbfr (no round started after AB_S seconds)
+# Session 14, issue 9 (branch s14-bgr): BF16 experts on Kimi-Linear-48B's 8K prefill, path 29 (the default,
+# running as itself since 42ca40b) against path 6 (LUNAR_MOE_PREFILL=ws, what the default ran before the fix),
+# in one call, every step under a timeout and no step started after END_S seconds. The short-tile variant that
+# docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M" measured with this script was
+# taken out of the tree after that measurement: its version of the script is `git show 42ca40b:tools/device/bgr.sh`.
+#  1. the op tests: cuda_moe_experts_bf16 (path 29 on every BF16 wgmma case and on experts of 1, 31, 129, 255,
+#     300 rows), cuda_moe_layer and cuda_forward with wsdyn (path 29 through the layer and the forward)
+#  2. LUNAR_MOE_BENCH=prefill-bf16 cuda_moe_bench (both GEMMs, 8192 tokens: 12, 29 with fp32 and bf16 rows)
+#  3. the model's routing: LUNAR_MOE_ROWSTATS on one 8K prefill (rows issued per live row, path 29)
+#  4. [NCU=1] Nsight Compute of the expert kernels in one 8K prefill, default (29) then ws (6)
+#  5. ROUNDS alternating rounds of the 8K prefill, default (29) vs ws (no round started after AB_S seconds)
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=5] [AB_S=170] [END_S=200] [NCU=1] [TESTS=1] [ROWS=1] [V="env ..."] [NCUV="env ..."] [NCU_S=120] tools/device/bgr.sh
 # (call 2: TESTS=2 runs cuda_moe_experts_bf16 alone; V: the variants of each round, rotated one place a round)
 set -u
@@ -21,18 +23,18 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu 
 tst() {  # name [env]
   left || return
   step "lunar_tests $1 ${2:-}"
-  env ${2:-LUNAR_NONE=0} LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 $P/bin/lunar_tests $1 > $OUT/t_$1${2:+_bfr}.log 2>&1
+  env ${2:-LUNAR_NONE=0} LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 60 $P/bin/lunar_tests $1 > $OUT/t_$1${2:+_env}.log 2>&1
   echo "rc=$?" >> $T
-  grep -E 'FAILED|passed, ' $OUT/t_$1${2:+_bfr}.log | cut -c1-200 | tail -4 >> $T
+  grep -E 'FAILED|passed, ' $OUT/t_$1${2:+_env}.log | cut -c1-200 | tail -4 >> $T
 }
 tst cuda_moe_experts_bf16
-for p in wsdyn wsbfr; do
+for p in wsdyn; do
   grep -E " $p " $OUT/t_cuda_moe_experts_bf16.log | awk -v p=$p '{for (i = 1; i <= NF; i++) if ($i ~ /^[0-9.]+e[-+][0-9]+$/) {v = $i + 0; if (/ vs /) {if (v > mv) mv = v} else if (v > mc) mc = v}} END {printf "%s: %d lines, max rel err vs CPU %.3g, vs the case'"'"'s first path %.3g\n", p, NR, mc, mv}' >> $T
 done
-grep -E 'wsbfr' $OUT/t_cuda_moe_experts_bf16.log | grep -E 'n=(1|31|129|255|300) k=(2|3) E=8' | cut -c1-160 >> $T
+grep -E ' wsdyn ' $OUT/t_cuda_moe_experts_bf16.log | grep -E 'n=(1|31|129|255|300) k=(2|3) E=8' | cut -c1-160 >> $T
 if [ "${TESTS:-1}" = 1 ]; then
-  tst cuda_moe_layer LUNAR_MOE_PREFILL=wsbfr
-  tst cuda_forward LUNAR_MOE_PREFILL=wsbfr
+  tst cuda_moe_layer LUNAR_MOE_PREFILL=wsdyn
+  tst cuda_forward LUNAR_MOE_PREFILL=wsdyn
 fi
 if left; then
   step "cuda_moe_bench prefill-bf16"
@@ -40,17 +42,17 @@ if left; then
   grep -E '^\| prefill|Measured here' $OUT/bench.log | grep -vE 'mma.sync' | cut -c1-200 >> $T
 fi
 if [ "${ROWS:-1}" = 1 ] && left; then
-  step "rowstats (wsbfr, one 8K prefill)"
-  LUNAR_MOE_ROWSTATS=4 LUNAR_MOE_PREFILL=wsbfr timeout 40 $P/bin/lunar bench $K --load-format dummy --backend cuda $PF > $OUT/rows.log 2>&1
+  step "rowstats (default, one 8K prefill)"
+  LUNAR_MOE_ROWSTATS=4 timeout 40 $P/bin/lunar bench $K --load-format dummy --backend cuda $PF > $OUT/rows.log 2>&1
   echo "rc=$?" >> $T
   grep -E 'moe rows' $OUT/rows.log | tail -2 | cut -c1-260 >> $T
 fi
 if [ "${NCU:-1}" = 1 ]; then
-  for v in ${NCUV:-LUNAR_MOE_PREFILL=wsdyn LUNAR_MOE_PREFILL=wsbfr}; do
+  for v in ${NCUV:-LUNAR_NONE=0 LUNAR_MOE_PREFILL=ws}; do
     left "${NCU_S:-120}" || break
     step "ncu expert kernels [$v]"
     env $v timeout 45 ncu --replay-mode application --clock-control none \
-      --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv -k regex:'moe_ws_kernel|moe_bfr_kernel' \
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum --csv -k regex:'moe_ws_kernel' \
       --launch-count 104 $P/bin/lunar bench $K --load-format dummy --backend cuda $PF > $OUT/ncu_$v.csv 2> $OUT/ncu_$v.err
     echo "ncu rc=$?" >> $T
     python3 - $OUT/ncu_$v.csv >> $T <<'PY'
@@ -70,7 +72,7 @@ for n, ds in by.items():  # the 8K prefill's launches: the larger half (the benc
 PY
   done
 fi
-set -- ${V:-LUNAR_NONE=0 LUNAR_MOE_PREFILL=wsbfr}
+set -- ${V:-LUNAR_NONE=0 LUNAR_MOE_PREFILL=ws}
 for r in $(seq 1 "${ROUNDS:-5}"); do
   left "${AB_S:-170}" || break
   i=0

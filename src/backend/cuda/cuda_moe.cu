@@ -1099,8 +1099,7 @@ static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) |
 // their per-expert row counts (synchronizing the stream; none while it is captured) and the token
 // rows each item form issues against the live ones: path 24 (256-row items, products per 64-row
 // half), 25 (192-row items, N in multiples of 32) and 28's gate/up (24's full tiles, 25's rest of <= 192); of
-// BF16 experts (paths 29, 30): path 29's (128-row tiles, products per 64-row half) and path 30's (29's,
-// but a tile of <= 64 live rows as N = 16, 32 or 64 tokens)
+// BF16 experts (path 29): its 128-row tiles, products per 64-row half
 static int rows_cmp(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
 static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) {
     static int left = -1;
@@ -1127,22 +1126,21 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) 
         imix += 256L * (x / 256) + (rest > 192 ? 256 : (rest + 31) & ~31);
         nmix24 += x / 256 + (rest > 192), nmix25 += rest > 0 && rest <= 192;
     }
-    long i29 = 0, i30 = 0, tl = 0, rest = 0;  // BF16: token rows issued by paths 29 / 30, tiles, tiles <= 64 rows
+    long i29 = 0, tl = 0, rest = 0;  // BF16: token rows issued by path 29, tiles, tiles <= 64 rows
     for (int e = 0; e < E && !mx; e++) {
         const int x = rows[e];
         for (int t = 0; t < x; t += 128) {
             const int v = x - t < 128 ? x - t : 128;
-            i29 += halves(v), i30 += v > 64 ? halves(v) : v <= 16 ? 16 : v <= 32 ? 32 : 64;
-            tl++, rest += v <= 64;
+            i29 += halves(v), tl++, rest += v <= 64;
         }
     }
     qsort(rows, (size_t)E, sizeof(int), rows_cmp);
     if (!mx) {
         fprintf(stderr,
                 "lunar: moe rows (bf16): %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / "
-                "max %d / %d / %d / %d / %d; %ld tiles, %ld of <= 64 rows; issued rows / live: path 29 %.3f, 30 %.3f\n",
+                "max %d / %d / %d / %d / %d; %ld tiles, %ld of <= 64 rows; issued rows / live: path 29 %.3f\n",
                 live, E, active, big, rows[0], rows[E / 10], rows[E / 2], rows[E - 1 - E / 10], rows[E - 1], tl, rest,
-                (double)i29 / (double)(live ? live : 1), (double)i30 / (double)(live ? live : 1));
+                (double)i29 / (double)(live ? live : 1));
         free(off), free(rows);
         return;
     }
@@ -1159,9 +1157,6 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) 
 // cuda_moe_bf16e.cu: the BF16 pair with the shorter block start-up where LUNAR_MOE_BF16_EARLY is set (1 if it
 // launched both kernels, 0 if the caller runs the pair)
 int moe_bf16_early_pair(const xargs &g, const xargs &d, int n, int slots, cudaStream_t st);
-// cuda_moe_bfr.cu: path 30 (path 29 with an expert's tiles of <= 64 live rows multiplied with the weights
-// as wgmma's M); false where the shapes do not fit it (the caller runs path 29)
-bool moe_bfr_experts(const xargs &g, const xargs &d, int tiles, cudaStream_t st, cudaEvent_t mid);
 
 // yb: the down outputs in bf16 instead of ybuf where path is a wgmma grouped GEMM (their shared
 // epilogue, cuda_moe.cuh), else -1 before any launch
@@ -1217,12 +1212,12 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // prefill 4.5 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
         // session 10 (24 since session 11: 22 with fp32 rows; 28 since session 13); =wsmx2 forces
         // path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any other value (wsmx, path
-        // 13's, session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes and session 13's wsmxh, path 27,
-        // among them) runs the defaults, with a note on stderr once. Path 24 (=wsmxb), MXFP4's
-        // default since session 11: path 22 whose down kernel writes the bf16 rows (the forward's
-        // default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk copies, with fp32
-        // rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 -> 1.44 ms
-        // against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
+        // 13's, session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes, session 13's wsmxh, path 27,
+        // and session 14's wsbfr, path 30, among them) runs the defaults, with a note on stderr once.
+        // Path 24 (=wsmxb), MXFP4's default since session 11: path 22 whose down kernel writes the
+        // bf16 rows (the forward's default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk
+        // copies, with fp32 rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 ->
+        // 1.44 ms against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
         // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
@@ -1257,13 +1252,13 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                   : !strcmp(e, "wsmxg") ? 26
                   : !strcmp(e, "wsmxhb") ? 28
                   : !strcmp(e, "wsdyn") ? 29
-                  : !strcmp(e, "wsbfr") ? 30
                   : !strcmp(e, "wg")  ? 4
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
-                        !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsbfr | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
+                        !strcmp(e, "wsmx")    ? "path 13, removed in session 9; wsmx2 is path 14"
+                        : !strcmp(e, "wsbfr") ? "path 30, removed in session 14: git show b3593ac"
+                                              : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 28) : mxp ? 29 : pre) : pre;
@@ -1271,7 +1266,6 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     }
     if (path == 3 && !w->mxfp4) path = 1;  // the fused kernel widens MXFP4 only
     if (wy_path(path) && !w->mxfp4) path = 29;  // MXFP4 widened in the kernel: BF16's default
-    if (path == 30 && w->mxfp4) path = 28;      // path 30 copies BF16 weight tiles: MXFP4's default
     if (path == 16 && !f16_ok) path = 1;     // MXFP4 with a bounded h only (above)
     // paths 1, 3, 8, 9, 16: decode kernels (n <= 64); 2, 4-7, 10-12, 14 and 22 (path 14 with
     // the faster item switch): the grouped GEMMs (any n); 17, 18: path 12 in clusters of 2 sharing
@@ -1279,17 +1273,19 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // 25, 26: the weights as wgmma's M; 28: 24 and 25 per gate/up item (an expert's full tiles, its
     // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
-    // of 14, removed) are no paths. 29: path 12 with its items taken from a counter.
+    // of 14, removed) are no paths. 29: path 12 with its items taken from a counter. 30 (29 with an
+    // expert's short tiles multiplied with the weights as wgmma's M; measured level with 29) was
+    // removed in session 14 (git show b3593ac).
     const bool mc = path == 17 || path == 18, wy = wy_path(path);
-    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 29 || path == 30 || wy || mc,
+    const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 29 || wy || mc,
                dec2 = path == 8 || path == 9;
-    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || path == 29 || path == 30 || wy_path(path)) &&
+    CUDA_REQUIRE(((path >= 1 && path <= 12) || (path >= 16 && path <= 18) || path == 29 || wy_path(path)) &&
                  (path == 2 || (path >= 4 && path <= 7) || ws || n <= 64));
     if (yb && !(ws || path == 4 || path == 5)) return -1;
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
-    if (wy || path == 29 || path == 30) rows_stats(r, st, w->mxfp4 != 0);
+    if (wy || path == 29) rows_stats(r, st, w->mxfp4 != 0);
     xargs a;
     memset(&a, 0, sizeof a);
     a.offsets = r->offsets, a.active = r->active, a.counts = r->counts, a.tiles = r->tiles;
@@ -1324,16 +1320,14 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, true>(g, n, slots, st);
             decode_nt<false, false>(d, n, slots, st);
         }
-    } else if (path == 30 && moe_bfr_experts(g, d, max_tiles(n, r->k, w->E), st, g_split_event)) {
-        // path 30 (cuda_moe_bfr.cu); shapes it does not take: path 29 below
-        // (path 29 is moe_ws_experts' mode 19, not path - 8: it was path 27 on its branch, and the merge's
-        // renumbering left path - 8 = 21 here, which ran path 6's kernels (no fast epilogue, no counter)
-        // as BF16's prefill default from session 13's merge to session 14: Nsight Compute's kernel names
-        // in docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M")
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path == 29 || path == 30 ? 19 : path >= 10 ? path - 8 : 0, st,
+                                    path == 7 ? 1 : path == 29 ? 19 : path >= 10 ? path - 8 : 0, st,
                                     g_split_event)) {
-        // done (shapes it does not take, or a refused tensor map: path 4 below)
+        // done (shapes it does not take, or a refused tensor map: path 4 below). Path 29 is
+        // moe_ws_experts' mode 19, not path - 8: it was path 27 on its branch, and session 13's merge
+        // renumbered it but left path - 8 = 21 here, which ran path 6's kernels (no fast epilogue, no
+        // counter) as BF16's prefill default until session 14 (Nsight Compute's kernel names in
+        // docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M")
     } else if ((path >= 4 && path <= 7) || ws) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {
