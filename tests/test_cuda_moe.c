@@ -817,6 +817,13 @@ TEST(cuda_moe_experts_bf16_vs_cpu) {
     experts_case(131, 4, 16, 512, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN); /* overloaded, odd: tiles of 128 + 3 on D = 512 */
     experts_case(77, 4, 8, 1024, 384, 0, 0, 0, 2 | WG | 64 | WSF | WSMC | WSDYN);  /* 16 chunks of K per gate/up item, 3 N tiles */
     experts_case(300, 2, 4, 256, 256, 0, 1, 1, 2 | WG | 64 | WSF | WSMC | WSDYN);  /* 300 rows on 2 experts: 3 tiles each */
+    /* path 29 on experts of exactly 1, 31, 129, 255 and 300 rows (mode 1: every routed expert gets n
+     * rows): a lone tile of 1 and of 31 rows, 128 + a rest of 1, 128 + 127, 2 x 128 + 44 */
+    experts_case(1, 2, 8, 256, 256, 0, 0, 1, 2 | WSDYN);
+    experts_case(31, 3, 8, 512, 384, 0, 1, 1, 2 | WSDYN);
+    experts_case(129, 2, 8, 256, 256, 0, 0, 1, 2 | WSDYN);
+    experts_case(255, 2, 8, 256, 128, 0, 1, 1, 2 | WSDYN);
+    experts_case(300, 3, 8, 768, 256, 0, 0, 1, 2 | WSDYN);
 }
 
 /* The BF16 pair's start-up bits (LUNAR_MOE_BF16_EARLY; bf16_early_case runs inside experts_case for
@@ -1190,26 +1197,25 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     /* MXFP4: path 2 (the reference), then with bf16 rows (LUNAR_MOE_YBUF=bf16's form; -24 ..: the
      * path's run_b) 24, 28 (session 13's default) and 32 (the default) in alternating orders (28 and 32 three times),
      * then 32 with fp32 rows (session 13's list ran 25 and 26 where 32 is) */
-    /* BF16: path 29 (12 taking its items from a counter) against 12, alternating, last */
-    static const int bpaths[] = {2, 4, 6, 10, 11, 12, 7, 17, 18, 12, 17, 18, 29, 12, 29},
+    /* BF16: path 12, then 29 (12 taking its items from a counter; the default) with fp32 and bf16 rows
+     * (-29), in alternating orders, then 12 again; 29 timed per GEMM */
+    static const int bpaths[] = {2, 12, 29, -29, -29, 29, 12},
                      mpaths[] = {2, -24, -28, -32, -32, -28, -24, -28, -32, 32};
-    static const char *bpn[] = {"mma.sync (old)", "wgmma (4)", "ws wgmma (6)", "ws pfence (10)", "ws pfence1 (11)",
-                                "ws fast epi (12)", "ws cluster (7)", "ws cluster fast epi (17)", "17, cta release (18)",
-                                "ws fast epi (12) again", "ws cluster fast epi (17) again", "17, cta release (18) again",
-                                "12, items by counter (29)", "ws fast epi (12) third", "29 again"},
+    static const char *bpn[] = {"mma.sync (old)", "ws fast epi (12)", "29, fp32 rows", "29, bf16 rows",
+                                "29, bf16 again", "29, fp32 again", "12 again"},
                       *mpn[] = {"mma.sync (old)", "24, bf16 rows", "28, bf16 (s13 default)", "32, bf16 (default)",
                                 "32, bf16 again", "28, bf16 again", "24, bf16 again", "28, bf16 third",
                                 "32, bf16 third", "32, fp32 rows"};
     const int *paths = mx ? mpaths : bpaths;
     const char *const *pn = mx ? mpn : bpn;
     float *ref = NULL;
-    uint16_t *yb = mx ? dalloc((size_t)n * k * D * 2) : NULL;
+    uint16_t *yb = dalloc((size_t)n * k * D * 2);
     const int npaths = mx ? (int)(sizeof mpaths / sizeof mpaths[0]) : (int)(sizeof bpaths / sizeof bpaths[0]);
     for (int i = 0; i < npaths; i++) {
         const int path = paths[i] < 0 ? -paths[i] : paths[i], brows = paths[i] < 0;
         lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
         if (brows) lunar_cuda_fill_u32(yb, 0x7fc07fc0u, (size_t)n * k * D / 2);
-        const int wy = mx && (path == 14 || path == 22 || path >= 24);
+        const int wy = (mx && (path == 14 || path == 22 || path >= 24)) || (!mx && path == 29);
         float gu = 0.0f, dn = 0.0f;
         float ms = wy ? time_experts_split(ybuf, brows ? yb : NULL, hbuf, z, &w, &r, path, 7, &gu, &dn)
                       : time_experts(ybuf, hbuf, z, &w, &r, path, 5, NULL, 0);

@@ -1098,9 +1098,10 @@ static bool wy_path(int p) { return p == 14 || p == 22 || (p >= 24 && p <= 26) |
 // LUNAR_MOE_ROWSTATS=N (measurement only): the first N grouped-GEMM calls of MXFP4 experts print
 // their per-expert row counts (synchronizing the stream; none while it is captured) and the token
 // rows each item form issues against the live ones: path 24 (256-row items, products per 64-row
-// half), 25 (192-row items, N in multiples of 32) and 28's gate/up (24's full tiles, 25's rest of <= 192)
+// half), 25 (192-row items, N in multiples of 32) and 28's gate/up (24's full tiles, 25's rest of <= 192); of
+// BF16 experts (path 29): its 128-row tiles, products per 64-row half
 static int rows_cmp(const void *x, const void *y) { return *(const int *)x - *(const int *)y; }
-static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
+static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) {
     static int left = -1;
     if (left < 0) left = getenv("LUNAR_MOE_ROWSTATS") ? atoi(getenv("LUNAR_MOE_ROWSTATS")) : 0;
     if (left <= 0) return;  // off (the default): no runtime call on the prefill's path
@@ -1125,7 +1126,24 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st) {
         imix += 256L * (x / 256) + (rest > 192 ? 256 : (rest + 31) & ~31);
         nmix24 += x / 256 + (rest > 192), nmix25 += rest > 0 && rest <= 192;
     }
+    long i29 = 0, tl = 0, rest = 0;  // BF16: token rows issued by path 29, tiles, tiles <= 64 rows
+    for (int e = 0; e < E && !mx; e++) {
+        const int x = rows[e];
+        for (int t = 0; t < x; t += 128) {
+            const int v = x - t < 128 ? x - t : 128;
+            i29 += halves(v), tl++, rest += v <= 64;
+        }
+    }
     qsort(rows, (size_t)E, sizeof(int), rows_cmp);
+    if (!mx) {
+        fprintf(stderr,
+                "lunar: moe rows (bf16): %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / "
+                "max %d / %d / %d / %d / %d; %ld tiles, %ld of <= 64 rows; issued rows / live: path 29 %.3f\n",
+                live, E, active, big, rows[0], rows[E / 10], rows[E / 2], rows[E - 1 - E / 10], rows[E - 1], tl, rest,
+                (double)i29 / (double)(live ? live : 1));
+        free(off), free(rows);
+        return;
+    }
     fprintf(stderr,
             "lunar: moe rows: %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / max "
             "%d / %d / %d / %d / %d; issued rows / live: path 24 %.3f (%ld items), 25 %.3f (%ld), "
@@ -1194,12 +1212,12 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         // prefill 4.5 %; docs/benchmarks.md "MoE prefill, MXFP4 round 3") is MXFP4's default since
         // session 10 (24 since session 11: 22 with fp32 rows; 28 since session 13); =wsmx2 forces
         // path 14, =wsmxe path 22 (BF16 experts keep 12 under both). Any other value (wsmx, path
-        // 13's, session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes and session 13's wsmxh, path 27,
-        // among them) runs the defaults, with a note on stderr once. Path 24 (=wsmxb), MXFP4's
-        // default since session 11: path 22 whose down kernel writes the bf16 rows (the forward's
-        // default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk copies, with fp32
-        // rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 -> 1.44 ms
-        // against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
+        // 13's, session 10's removed wsmxd / wsmxp / wsmxdp / wsmxes, session 13's wsmxh, path 27,
+        // and session 14's wsbfr, path 30, among them) runs the defaults, with a note on stderr once.
+        // Path 24 (=wsmxb), MXFP4's default since session 11: path 22 whose down kernel writes the
+        // bf16 rows (the forward's default for MXFP4 experts, LUNAR_MOE_YBUF) from shared memory by bulk
+        // copies, with fp32 rows path 22 itself: with bf16 rows the K3.1 TP8 slice's down kernel 1.50 ->
+        // 1.44 ms against 22's fp32 rows (1.59 with 22's own bf16 stores), its 8K prefill 2.2 % faster
         // (docs/benchmarks.md "MoE prefill, MXFP4 round 4"). =wsmxm: path 25 (session 12: the weights
         // as wgmma's M, cuda_moe_ws.cu moe_wm_kernel), =wsmxg: path 26 (25's gate/up, 24's down); both
         // opt-in: the model's 8K prefill measured +1.5 % / +0.1 % against 24 (docs/benchmarks.md "MoE
@@ -1242,8 +1260,9 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
                                       : 0;
             if (e && !pre)
                 fprintf(stderr, "lunar: LUNAR_MOE_PREFILL=%s is not a prefill path (%s): the defaults run\n", e,
-                        !strcmp(e, "wsmx") ? "path 13, removed in session 9; wsmx2 is path 14"
-                                           : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmxdh | wsmc | wsmc2");
+                        !strcmp(e, "wsmx")    ? "path 13, removed in session 9; wsmx2 is path 14"
+                        : !strcmp(e, "wsbfr") ? "path 30, removed in session 14: git show b3593ac"
+                                              : "old | wg | ws | wsc | wsf | wsfast | wsdyn | wsmx2 | wsmxe | wsmxb | wsmxm | wsmxg | wsmxhb | wsmxdh | wsmc | wsmc2");
         }
         const bool mxp = wy_path(pre);  // the MXFP4-only paths; the others BF16-only from 10 on
         const int pre_k = pre >= 10 ? (w->mxfp4 ? (mxp ? pre : 32) : mxp ? 29 : pre) : pre;
@@ -1259,7 +1278,9 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // rest), 24's down. 27 (28 with the split in the down GEMM too) was removed in session 13. 32: 28
     // with no A copies for the down kernel's dead 64-row halves.
     // 13 (session 7's MXFP4 kernel, superseded by 14), 15, 19-21 and 23 (session 10's slower variants
-    // of 14, removed) are no paths. 29: path 12 with its items taken from a counter.
+    // of 14, removed) are no paths. 29: path 12 with its items taken from a counter. 30 (29 with an
+    // expert's short tiles multiplied with the weights as wgmma's M; measured level with 29) was
+    // removed in session 14 (git show b3593ac).
     const bool mc = path == 17 || path == 18, wy = wy_path(path);
     const bool ws = path == 6 || path == 7 || (path >= 10 && path <= 12) || path == 29 || wy || mc,
                dec2 = path == 8 || path == 9;
@@ -1269,7 +1290,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
     // the shared expert as routed row E (BF16, one token): only the decode kernels know row E
     CUDA_REQUIRE(!w->s1 || (!w->mxfp4 && (n > 1 || path == 1 || dec2)));
     cudaStream_t st = to_stream(s);
-    if (wy) rows_stats(r, st);
+    if (wy || path == 29) rows_stats(r, st, w->mxfp4 != 0);
     xargs a;
     memset(&a, 0, sizeof a);
     a.offsets = r->offsets, a.active = r->active, a.counts = r->counts, a.tiles = r->tiles;
@@ -1305,9 +1326,13 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st,
+                                    path == 7 ? 1 : path == 29 ? 19 : path >= 10 ? path - 8 : 0, st,
                                     g_split_event)) {
-        // done (shapes it does not take, or a refused tensor map: path 4 below)
+        // done (shapes it does not take, or a refused tensor map: path 4 below). Path 29 is
+        // moe_ws_experts' mode 19, not path - 8: it was path 27 on its branch, and session 13's merge
+        // renumbered it but left path - 8 = 21 here, which ran path 6's kernels (no fast epilogue, no
+        // counter) as BF16's prefill default until session 14 (Nsight Compute's kernel names in
+        // docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M")
     } else if ((path >= 4 && path <= 7) || ws) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {

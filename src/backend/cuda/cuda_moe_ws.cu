@@ -1425,9 +1425,15 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
         return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
         return ws_launch<false, true, 0, 1>(g, tiles, st) && ws_launch<false, false, 0, 1>(d, tiles, st);
-    if (mode == 19)  // path 29: path 12's kernels taking their items from a counter
-        return ws_launch<false, true, 0, 3, true>(g, tiles, st) && ws_launch<false, false, 0, 0, true>(d, tiles, st);
+    if (mode == 19) {  // path 29: path 12's kernels taking their items from a counter (mid: the bench's split)
+        if (!ws_launch<false, true, 0, 3, true>(g, tiles, st)) return false;
+        if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
+        return ws_launch<false, false, 0, 0, true>(d, tiles, st);
+    }
     if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
         return ws_launch<false, true, 0, 3>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
+    // path 6 only: a mode no branch above knows is the caller's mistake (session 13's merge passed path 29
+    // as mode 21, and BF16's default silently ran path 6 until session 14)
+    CUDA_REQUIRE(mode == 0);
     return ws_launch<false, true, 0, 0>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
 }
