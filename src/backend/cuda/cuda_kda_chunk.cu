@@ -932,12 +932,11 @@ static void launch_state(float *o, float *S, kda_ws w, int T, int H, int NC, cud
 //   (a) V_new = U - W S       (warp: 16 rows x BV/2 columns)  -> bf16 Vb
 //   (b) O = Qg S + Aqk V_new  (same tiling)                   -> fp32 o
 //   (c) S = exp(Gamma_C) S + Kg^T V_new                        -> registers, bf16 copy
-// Loads are cp.async groups issued as soon as their buffer is consumed: Kg/decay for chunk n at
-// the top of step n, W/U for n+1 after (a), Qg/Aqk for n+1 after (b).
+// The loop is cuda_kda_state.cuh's state_chunks (shared with kda_state_grp_kernel, cuda_kda_state2.cu).
 template <int BV>
 __global__ void __launch_bounds__(256, 2)
     kda_state_bf16_kernel(float *__restrict__ o, float *__restrict__ S, kda_ws ws, int T, int H, int NC) {
-    constexpr int LDV = BV + 8, NT = BV / 16, NS = BV / 8;
+    constexpr int LDV = BV + 8;
     extern __shared__ __align__(128) __nv_bfloat16 smb[];
     __nv_bfloat16 *Sb = smb;              // [128][LDV] bf16 state
     __nv_bfloat16 *Wb = Sb + DK * LDV;    // [64][LDB]
@@ -947,59 +946,10 @@ __global__ void __launch_bounds__(256, 2)
     __nv_bfloat16 *Ub = Ab + BT * LDB64;  // [64][LDV]
     __nv_bfloat16 *Vb = Ub + BT * LDV;    // [64][LDV] V_new
     float *dec = reinterpret_cast<float *>(Vb + BT * LDV);  // [128]
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int v0 = blockIdx.x * BV, h = blockIdx.y;
     const ws_bf16 wg(ws);
-    float *Sh = S + (size_t)h * DK * DK;
-
-    auto load_wu = [&](int n) {
-        const size_t cb = (size_t)h * NC + n;
-        load_tiles_dk(cb, tid, Wb, wg.W);
-        load_u<BV>(Ub, wg.U, cb, v0, tid);
-    };
-    auto load_qa = [&](int n) {
-        const size_t cb = (size_t)h * NC + n;
-        load_tiles_dk(cb, tid, Qb, wg.Qg);
-        load_aqk(Ab, wg.Aq, cb, tid);
-    };
-    auto load_kd = [&](int n) {
-        const size_t cb = (size_t)h * NC + n;
-        load_tiles_dk(cb, tid, Kb, wg.Kg);
-        load_dec(dec, ws.Dc, cb, tid);
-    };
-
-    load_wu(0);
-    cp_commit();
-    load_qa(0);
-    cp_commit();
-    float s[NS][4];
-    const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
-    state_in<BV>(s, Sb, Sh, sr0, sr1, v0, t4);
-    const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);  // (a), (b): rows 16mt.., columns c0..
-    const int lr = lane & 15, lc = 8 * (lane >> 4);           // ldmatrix row / column of this lane
-    for (int n = 0; n < NC; n++) {
-        const int t0 = n * BT, c = min(BT, T - t0);
-        cp_wait1();  // W/U(n) landed (Qg/Aqk(n) may be in flight)
-        __syncthreads();
-        load_kd(n);
-        cp_commit();
-        const int r0 = 16 * mt + g;
-        step_vnew<BV>(Wb, Sb, Ub, Vb, mt, c0, lr, lc, r0, t4);
-        cp_wait1();  // Qg/Aqk(n) landed (Kg(n) may be in flight)
-        __syncthreads();
-        if (n + 1 < NC) load_wu(n + 1);
-        cp_commit();
-        float acc[NT][4];
-        step_out<BV>(acc, Qb, Ab, Sb, Vb, mt, c0, lr, lc);
-        store_out<BV>(o, acc, t0, c, H, h, v0, c0, r0, t4);
-        cp_wait1();  // Kg/decay(n) landed (W/U(n+1) may be in flight)
-        __syncthreads();  // also: every warp is done reading Sb, Qb, Ab
-        if (n + 1 < NC) load_qa(n + 1);
-        cp_commit();
-        step_state<BV>(s, dec, Kb, Vb, Sb, warp, lane, sr0, sr1, lr, lc, t4);
-    }
-    state_out<BV>(s, Sh, sr0, sr1, v0, t4);
-    cp_wait_all();
+    state_chunks<BV>(o, S + (size_t)h * DK * DK, ws, wg, Sb, Ub, Vb, Wb, Qb, Kb, Ab, dec, T, H, NC, h, v0, threadIdx.x,
+                     true);
 }
 
 // all but the newest N of this thread's cp.async groups landed

@@ -250,3 +250,73 @@ __device__ __forceinline__ void step_state(float (&s)[BV / 8][4], const float *d
 // cuda_kda_state2.cu: the state pass with two 64-column groups of 8 warps sharing a head's tiles,
 // one block per head (the default from 67 to 132 heads)
 void kda_state_grp_launch(float *o, float *S, kda_ws w, int T, int H, int NC, cudaStream_t st);
+
+// The state pass's chunk loop over BV value columns from v0 of head h, shared by kda_state_bf16_kernel
+// (a block per (head, BV columns), loader = 1) and kda_state_grp_kernel (groups of 256 threads sharing
+// the column-independent tiles: only group 0 loads W, Qg, Kg, Aqk and exp(Gamma_C), loader = 0 in
+// the others). tid: the thread within its 256. Loads are cp.async groups issued as soon as their
+// buffer is consumed: Kg/decay for chunk n at the top of step n, W/U for n+1 after (a), Qg/Aqk for
+// n+1 after (b). Every thread commits the same groups in the same order (a non-loader's may be
+// empty) and every wait is followed by a block-wide barrier, so a tile any thread loaded is
+// visible to all after the wait + barrier of its phase.
+template <int BV>
+__device__ __forceinline__ void state_chunks(float *__restrict__ o, float *Sh, const kda_ws &ws, const ws_bf16 &wg,
+                                             __nv_bfloat16 *Sb, __nv_bfloat16 *Ub, __nv_bfloat16 *Vb,
+                                             __nv_bfloat16 *Wb, __nv_bfloat16 *Qb, __nv_bfloat16 *Kb,
+                                             __nv_bfloat16 *Ab, float *dec, int T, int H, int NC, int h, int v0,
+                                             int tid, bool loader) {
+    constexpr int NT = BV / 16, NS = BV / 8;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    auto load_wu = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        if (loader) load_tiles_dk(cb, tid, Wb, wg.W);
+        load_u<BV>(Ub, wg.U, cb, v0, tid);
+    };
+    auto load_qa = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        if (loader) {
+            load_tiles_dk(cb, tid, Qb, wg.Qg);
+            load_aqk(Ab, wg.Aq, cb, tid);
+        }
+    };
+    auto load_kd = [&](int n) {
+        const size_t cb = (size_t)h * NC + n;
+        if (loader) {
+            load_tiles_dk(cb, tid, Kb, wg.Kg);
+            load_dec(dec, ws.Dc, cb, tid);
+        }
+    };
+
+    load_wu(0);
+    cp_commit();
+    load_qa(0);
+    cp_commit();
+    float s[NS][4];
+    const int sr0 = 16 * warp + g, sr1 = sr0 + 8;
+    state_in<BV>(s, Sb, Sh, sr0, sr1, v0, t4);
+    const int mt = warp & 3, c0 = (warp >> 2) * (BV / 2);  // (a), (b): rows 16mt.., columns c0..
+    const int lr = lane & 15, lc = 8 * (lane >> 4);           // ldmatrix row / column of this lane
+    for (int n = 0; n < NC; n++) {
+        const int t0 = n * BT, c = min(BT, T - t0);
+        cp_wait1();  // W/U(n) landed (Qg/Aqk(n) may be in flight)
+        __syncthreads();
+        load_kd(n);
+        cp_commit();
+        const int r0 = 16 * mt + g;
+        step_vnew<BV>(Wb, Sb, Ub, Vb, mt, c0, lr, lc, r0, t4);
+        cp_wait1();  // Qg/Aqk(n) landed (Kg(n) may be in flight)
+        __syncthreads();
+        if (n + 1 < NC) load_wu(n + 1);
+        cp_commit();
+        float acc[NT][4];
+        step_out<BV>(acc, Qb, Ab, Sb, Vb, mt, c0, lr, lc);
+        store_out<BV>(o, acc, t0, c, H, h, v0, c0, r0, t4);
+        cp_wait1();  // Kg/decay(n) landed (W/U(n+1) may be in flight)
+        __syncthreads();  // also: every warp is done reading Sb, Qb, Ab
+        if (n + 1 < NC) load_qa(n + 1);
+        cp_commit();
+        step_state<BV>(s, dec, Kb, Vb, Sb, warp, lane, sr0, sr1, lr, lc, t4);
+    }
+    state_out<BV>(s, Sh, sr0, sr1, v0, t4);
+    cp_wait_all();
+}
