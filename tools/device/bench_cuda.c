@@ -68,6 +68,21 @@ static kda_in kda_inputs(int T, int H) {
     lunar_cuda_sigmoid_inplace(beta, (size_t)T * H);
     return in;
 }
+
+/* Two warm-up calls of lunar_cuda_kda_chunked on in (state S refilled by the caller), then reps more under
+ * the chunk profile's events: the medians of the intra kernel, the state pass and their sum (ms). */
+static void profile_medians(const kda_in *in, int T, int H, float sc, int reps, float *mi, float *ms, float *mt) {
+    float ti[32], tst[32], tt[32];
+    for (int j = 0; j < 2; j++) lunar_cuda_kda_chunked(in->o, in->q, in->k, in->v, in->g, in->beta, in->S, T, H, sc, in->ws, NULL);
+    lunar_cuda_kda_chunk_profile(1);
+    for (int j = 0; j < reps; j++) {
+        lunar_cuda_kda_chunked(in->o, in->q, in->k, in->v, in->g, in->beta, in->S, T, H, sc, in->ws, NULL);
+        lunar_cuda_kda_chunk_profile_ms(&ti[j], &tst[j]);
+        tt[j] = ti[j] + tst[j];
+    }
+    lunar_cuda_kda_chunk_profile(0);
+    *mi = median(ti, reps), *ms = median(tst, reps), *mt = median(tt, reps);
+}
 static void bench_prefill_v(int T, int H, int mode, int sv) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, mark = lunar_cuda_mark();
@@ -195,16 +210,8 @@ static void bench_intra(int T, int H, int rounds, int compare) {
                 lunar_cuda_download(hs[iv], S, ns * 4);
                 lunar_cuda_download(hw[iv], ws, wsb);
             }
-            for (int i = 0; i < 2; i++) lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
-            float ti[32], tst[32], tt[32];
-            lunar_cuda_kda_chunk_profile(1);
-            for (int i = 0; i < reps; i++) {
-                lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
-                lunar_cuda_kda_chunk_profile_ms(&ti[i], &tst[i]);
-                tt[i] = ti[i] + tst[i];
-            }
-            lunar_cuda_kda_chunk_profile(0);
-            const float mi = median(ti, reps), ms = median(tst, reps), mt = median(tt, reps);
+            float mi, ms, mt;
+            profile_medians(&in, T, H, sc, reps, &mi, &ms, &mt);
             printf("| kda intra %s round %d | T=%d H=%d | intra %.1f us (state %.1f; total %.3f ms) | %.1f us (%.0f MB) | "
                    "%.2fx | |\n", iv ? "fast" : "old ", r + 1, T, H, mi * 1e3, ms * 1e3, mt, ibytes / BW * 1e6,
                    ibytes / 1e6, mi * 1e-3 / (ibytes / BW));
@@ -265,16 +272,8 @@ static void bench_state(int T, int H, int rounds) {
                            memcmp(hs, hs0, ns * 4) ? "DIFFERS" : "equal", max_rel(hs, hs0, ns));
             }
             lunar_cuda_fill_uniform(S, ns, 8, -0.5f, 0.5f);
-            for (int j = 0; j < 2; j++) lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
-            float ti[32], tst[32], tt[32];
-            lunar_cuda_kda_chunk_profile(1);
-            for (int j = 0; j < reps; j++) {
-                lunar_cuda_kda_chunked(o, q, k, v, g, beta, S, T, H, sc, ws, NULL);
-                lunar_cuda_kda_chunk_profile_ms(&ti[j], &tst[j]);
-                tt[j] = ti[j] + tst[j];
-            }
-            lunar_cuda_kda_chunk_profile(0);
-            const float mi = median(ti, reps), ms = median(tst, reps), mt = median(tt, reps);
+            float mi, ms, mt;
+            profile_medians(&in, T, H, sc, reps, &mi, &ms, &mt);
             printf("| kda state %-13s round %d | T=%d H=%d | state %.1f us (intra %.1f; total %.3f ms) | %.1f us | "
                    "%.2fx | |\n", names[i], r + 1, T, H, ms * 1e3, mi * 1e3, mt, sbytes / BW * 1e6,
                    ms * 1e-3 / (sbytes / BW));
