@@ -1125,8 +1125,9 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     kda_intra_kernel<SPLIT, BF><<<dim3(NC, H), 256, b1, st>>>(q, k, v, g, beta, w, T, H, scale);
     CUDA_CHECK_LAUNCH();
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
-    // enough blocks for the SMs: 64-column tiles from 66 heads up, else 32
-    if (BF) {  // 2 blocks per SM: 64-column tiles once they fill 264 slots' worth... from 66 heads
+    // enough blocks for the SMs: 64-column tiles (2 H blocks) from 66 heads up, where they give each of
+    // the 132 SMs one at least; below, 32-column tiles (4 H blocks)
+    if (BF) {
         if (H * 2 >= 132) launch_state_bf16<64>(o, S, w, T, H, NC, st);
         else launch_state_bf16<32>(o, S, w, T, H, NC, st);
     } else if (H * 2 >= 132) launch_state<64, SPLIT>(o, S, w, T, H, NC, st);
