@@ -33,6 +33,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_moe.cuh"
+#include "backend/cuda/cuda_moe_widen.cuh"
 #include "backend/cuda/cuda_wgmma.cuh"
 
 #define WG_BM 128
@@ -146,26 +147,8 @@ __global__ void __launch_bounds__(WG_T, 1) moe_wg_kernel(const __grid_constant__
         const int stage = q % ST;
         const uint32_t dB = sB + (q % 3) * C::B_BYTES;
 #pragma unroll
-        for (int i = 0; i < UPT; i++) {
-            const int u = tid + WG_T * i, nr = u >> 1, half = u & 1;
-            const bool m3 = GATEUP && nr >= NH;
-            const uint4 nib = lds128(sR + stage * C::RAW_BYTES + u * 16);
-            const uint32_t sw = lds32(sS + stage * C::SCW_BYTES + u * 4);
-            // the byte's place in its word: the scale offsets of a row and an expert are multiples of 4
-            const uint32_t sel = ((uint32_t)(uintptr_t)(m3 ? a.ws[1] : a.ws[0]) + 2 * j + half) & 3;
-            const mxscale sc = mx_scale((sw >> (8 * sel)) & 0xffu);
-            const bool two = __any_sync(0xffffffffu, sc.two);
-            const uint32_t row = dB + nr * 128;
-            const uint32_t words[4] = {nib.x, nib.y, nib.z, nib.w};
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                uint32_t p[4];  // (x3, x7), (x2, x6), (x1, x5), (x0, x4) -> natural order below
-                if (two) pairs_mx<true>(words[w], sc, p);
-                else pairs_mx<false>(words[w], sc, p);
-                sts128(row + (((4 * half + w) ^ (nr & 7)) << 4), prmt(p[3], p[2], 0x5410), prmt(p[1], p[0], 0x5410),
-                       prmt(p[3], p[2], 0x7632), prmt(p[1], p[0], 0x7632));
-            }
-        }
+        for (int i = 0; i < UPT; i++)
+            widen_unit<GATEUP, NH>(tid + WG_T * i, sR + stage * C::RAW_BYTES, sS + stage * C::SCW_BYTES, dB, a, j);
     };
 
     float acc[NACC];
