@@ -1115,6 +1115,7 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) 
     CUDA_CHECK(cudaMemcpyAsync(off, r->offsets, (size_t)(E + 1) * 4, cudaMemcpyDeviceToHost, st));
     CUDA_CHECK(cudaStreamSynchronize(st));
     long live = 0, i24 = 0, i25 = 0, imix = 0, n24 = 0, n25 = 0, nmix24 = 0, nmix25 = 0;
+    long i29 = 0, tl = 0, rest64 = 0;  // BF16: token rows issued by path 29, its tiles, tiles of <= 64 rows
     int active = 0, big = 0;
     const auto halves = [](int x) { return 64L * ((x + 63) / 64); };
     for (int e = 0; e < E; e++) {
@@ -1125,13 +1126,9 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) 
         for (int t = 0; t < x; t += 192) i25 += ((x - t < 192 ? x - t : 192) + 31) & ~31;
         imix += 256L * (x / 256) + (rest > 192 ? 256 : (rest + 31) & ~31);
         nmix24 += x / 256 + (rest > 192), nmix25 += rest > 0 && rest <= 192;
-    }
-    long i29 = 0, tl = 0, rest = 0;  // BF16: token rows issued by path 29, tiles, tiles <= 64 rows
-    for (int e = 0; e < E && !mx; e++) {
-        const int x = rows[e];
-        for (int t = 0; t < x; t += 128) {
+        for (int t = 0; t < x && !mx; t += 128) {
             const int v = x - t < 128 ? x - t : 128;
-            i29 += halves(v), tl++, rest += v <= 64;
+            i29 += halves(v), tl++, rest64 += v <= 64;
         }
     }
     qsort(rows, (size_t)E, sizeof(int), rows_cmp);
@@ -1139,7 +1136,7 @@ static void rows_stats(const lunar_cuda_moe_route *r, cudaStream_t st, bool mx) 
         fprintf(stderr,
                 "lunar: moe rows (bf16): %ld over %d experts (%d active, %d over 256), rows min / p10 / median / p90 / "
                 "max %d / %d / %d / %d / %d; %ld tiles, %ld of <= 64 rows; issued rows / live: path 29 %.3f\n",
-                live, E, active, big, rows[0], rows[E / 10], rows[E / 2], rows[E - 1 - E / 10], rows[E - 1], tl, rest,
+                live, E, active, big, rows[0], rows[E / 10], rows[E / 2], rows[E - 1 - E / 10], rows[E - 1], tl, rest64,
                 (double)i29 / (double)(live ? live : 1));
         free(off), free(rows);
         return;
@@ -1326,13 +1323,11 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
             decode_nt<false, false>(d, n, slots, st);
         }
     } else if (ws && moe_ws_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E),
-                                    path == 7 ? 1 : path == 29 ? 19 : path >= 10 ? path - 8 : 0, st,
-                                    g_split_event)) {
-        // done (shapes it does not take, or a refused tensor map: path 4 below). Path 29 is
-        // moe_ws_experts' mode 19, not path - 8: it was path 27 on its branch, and session 13's merge
-        // renumbered it but left path - 8 = 21 here, which ran path 6's kernels (no fast epilogue, no
-        // counter) as BF16's prefill default until session 14 (Nsight Compute's kernel names in
-        // docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M")
+                                    path == 7 ? 1 : path >= 10 ? path - 8 : 0, st, g_split_event)) {
+        // done (shapes it does not take, or a refused tensor map: path 4 below). Every path from 10 is
+        // moe_ws_experts' mode path - 8 (cuda_moe.cuh); session 13's merge renumbered path 27 to 29 but
+        // left its mode at 19, so BF16's prefill default ran path 6's kernels until session 14
+        // (docs/benchmarks.md "BF16 grouped GEMMs: the short tiles with the weights as M")
     } else if ((path >= 4 && path <= 7) || ws) {
         moe_wg_experts(g, d, w->mxfp4 != 0, max_tiles(n, r->k, w->E), path == 5, st);
     } else {

@@ -308,9 +308,10 @@ void moe_wg_experts(const xargs &g, const xargs &d, bool mx, int tiles, bool nar
 // down R % 128, K % 64), a weight tensor map was refused or no cluster fits; the caller runs path 4.
 // Mode 14: path 22 (path 14 with the down epilogue's row weights loaded once per item and the next
 // item looked up before the drain); mode 16: path 24 (22 whose down kernel writes bf16 rows from
-// shared memory by bulk copies; MXFP4's default since session 11). mid (or NULL): an event
-// recorded between the gate/up and the down launch of modes 6, 14 and 16 (the prefill benchmark's
-// per-kernel times).
+// shared memory by bulk copies; MXFP4's default since session 11); modes 17, 18, 20, 24: paths 25, 26,
+// 28, 32 (MXFP4); mode 21: path 29 (BF16). From path 10 on the mode is always path - 8 (the caller's
+// rule; an unknown BF16 mode aborts). mid (or NULL): an event recorded between the gate/up and the
+// down launch of modes 6, 14, 16-18, 20, 21 and 24 (the prefill benchmark's per-kernel times).
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st,
                     cudaEvent_t mid = nullptr);
 // The warp-team decode kernels (cuda_moe_dec.cu): both expert GEMMs over r's decode groups

@@ -1360,8 +1360,8 @@ template <bool GATEUP, bool MIX = false> static bool wm_launch(const xargs &a, i
 // mode 20: path 28 (24 or 25 per item in the gate/up, 24's down); mode 24: path 32 (28 whose down
 // kernel copies no A rows of dead halves); false where the shapes do not
 // fit it. mid (or NULL): recorded on st between the gate/up and the down launch of these modes (the
-// benchmark's per-kernel times). Mode 19 (not in cuda_moe.cuh's list): path 29, BF16 only, path 12's
-// two kernels taking their items from a global counter (MXFP4: path 6)
+// benchmark's per-kernel times). Mode 21: path 29, BF16 only, path 12's two kernels taking their items
+// from a global counter (MXFP4: path 6)
 bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode, cudaStream_t st, cudaEvent_t mid) {
     // paths 14, 22: 64 columns of w1 and of w3 per gate/up item, 128 rows of w2 per down item
     // path 24 (mode 16): path 22's gate/up, its down kernel writing bf16 rows by bulk copies
@@ -1408,15 +1408,15 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
         return ws_launch<false, true, 0, 2>(g, tiles, st) && ws_launch<false, false, 0, 2>(d, tiles, st);
     if (mode == 3)
         return ws_launch<false, true, 0, 1>(g, tiles, st) && ws_launch<false, false, 0, 1>(d, tiles, st);
-    if (mode == 19) {  // path 29: path 12's kernels taking their items from a counter (mid: the bench's split)
+    if (mode == 21) {  // path 29: path 12's kernels taking their items from a counter (mid: the bench's split)
         if (!ws_launch<false, true, 0, 3, true>(g, tiles, st)) return false;
         if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
         return ws_launch<false, false, 0, 0, true>(d, tiles, st);
     }
     if (mode == 4)  // the down epilogue has no activation: path 6's down kernel
         return ws_launch<false, true, 0, 3>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
-    // path 6 only: a mode no branch above knows is the caller's mistake (session 13's merge passed path 29
-    // as mode 21, and BF16's default silently ran path 6 until session 14)
+    // path 6 only: a mode no branch above knows is the caller's mistake (session 13's merge renumbered
+    // path 29 without its mode, and BF16's default silently ran path 6 until session 14)
     CUDA_REQUIRE(mode == 0);
     return ws_launch<false, true, 0, 0>(g, tiles, st) && ws_launch<false, false, 0, 0>(d, tiles, st);
 }
