@@ -73,7 +73,8 @@ static kda_in kda_inputs(int T, int H) {
  * the chunk profile's events: the medians of the intra kernel, the state pass and their sum (ms). */
 static void profile_medians(const kda_in *in, int T, int H, float sc, int reps, float *mi, float *ms, float *mt) {
     float ti[32], tst[32], tt[32];
-    for (int j = 0; j < 2; j++) lunar_cuda_kda_chunked(in->o, in->q, in->k, in->v, in->g, in->beta, in->S, T, H, sc, in->ws, NULL);
+    for (int j = 0; j < 2; j++)
+        lunar_cuda_kda_chunked(in->o, in->q, in->k, in->v, in->g, in->beta, in->S, T, H, sc, in->ws, NULL);
     lunar_cuda_kda_chunk_profile(1);
     for (int j = 0; j < reps; j++) {
         lunar_cuda_kda_chunked(in->o, in->q, in->k, in->v, in->g, in->beta, in->S, T, H, sc, in->ws, NULL);
@@ -239,9 +240,10 @@ static void bench_intra(int T, int H, int rounds, int compare) {
 
 /* Mode 2's state pass from 67 heads, old (LUNAR_KDA_STATE=old: kda_state_bf16_kernel<64>) and the
  * default (kda_state_grp_kernel), on one set of inputs, ROUNDS rounds alternating, the intra kernel the
- * default (session 14 measured four more tilings here, commit fa81442: slower than grp, removed): median over the repeats of the intra kernel and of the state pass (the chunk profile's
- * events); in round 1 o and S of each variant from the same initial state against variant 0's
- * (memcmp, and the scale-relative difference if any). Floor of the state pass: its reads of the
+ * default (session 14 measured four more tilings here, commit fa81442: slower than grp, removed):
+ * median over the repeats of the intra kernel and of the state pass (the chunk profile's events); in
+ * round 1 o and S of each variant from the same initial state against variant 0's (memcmp, and the
+ * scale-relative difference if any). Floor of the state pass: its reads of the
  * scratch (W, U, Qg, Kg, Aqk bf16, exp(Gamma_C)) once and o written, fp32, at 4.3 TB/s. */
 static void bench_state(int T, int H, int rounds) {
     static const int vs[] = {0, 4};
