@@ -252,6 +252,93 @@ TEST(cuda_copy_2d_vs_host) {
     lunar_cuda_release(mark);
 }
 
+/* lunar_cuda_l2_prefetch (issue 9) is a hint: it must fault nowhere and change nothing, over ranges
+ * that are whole, unaligned at both ends, shorter than their aligned interior (dropped), empty,
+ * NULL, ending at the allocation's last byte, with chunks of 16 B .. 64 KB over 1 .. 64 blocks (one
+ * thread a chunk and many chunks a thread), each request kind (bulk, line, load). The buffer is compared byte for byte after each launch
+ * and the device synchronised (a fault would surface there). */
+TEST(cuda_l2_prefetch_changes_nothing) {
+    if (!cuda_on()) return;
+    const size_t bytes = 3 * 1048576 + 4100;
+    size_t mark = lunar_cuda_mark();
+    float *h = test_rand((long)(bytes / 4), 21, -1, 1);
+    char *d = lunar_cuda_alloc(bytes);
+    CHECK(d != NULL);
+    lunar_cuda_upload(d, h, bytes);
+    const lunar_cuda_range r[6] = {{d, bytes},       {d + 3, 1000},     {d + 17, 10},
+                                   {NULL, 0},        {d + 5, bytes - 5}, {d + bytes - 4096, 4096}};
+    const unsigned chunks[4] = {16, 4096, 16384, 65536};
+    const int blocks[3] = {1, 3, 64};
+    float *y = malloc(bytes);
+    for (int op = 0; op < 3; op++)
+        for (int c = 0; c < 4; c++)
+            for (int b = 0; b < 3; b++) {
+                /* bulk requests of 16 bytes: ~20 us each on the H200 (session 15), 400 K of them here */
+                if (op == 0 && chunks[c] < 4096) continue;
+                lunar_cuda_l2_prefetch_op(r, 6, chunks[c], blocks[b], op, NULL);
+                lunar_cuda_l2_prefetch_op(r + 1, 2, chunks[c], blocks[b], op, NULL);
+                lunar_cuda_sync();
+                lunar_cuda_download(y, d, bytes);
+                CHECK_MSG(memcmp(y, h, bytes) == 0, "op %d, chunk %u, %d blocks: the prefetched buffer changed", op,
+                          chunks[c], blocks[b]);
+            }
+    free(h), free(y);
+    lunar_cuda_release(mark);
+}
+
+/* Not a test: LUNAR_L2PF_BENCH=1 lunar_tests cuda_l2_prefetch_bench (H200, issue 9) times the L2
+ * prefetch of one output projection's weights (4096 -> 2304 bf16, 18.9 MB) with each request kind,
+ * and the one-token gemv over them cold (L2 flushed by a 256 MB write) against right after each
+ * prefetch: whether the consumer then reads L2, and what the prefetch itself costs. Medians of 7. */
+static float l2pf_median(float *v, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            const float t = v[j];
+            v[j] = v[j - 1], v[j - 1] = t;
+        }
+    return v[n / 2];
+}
+TEST(cuda_l2_prefetch_bench) {
+    if (!getenv("LUNAR_L2PF_BENCH") || !cuda_on()) return;
+    enum { OUTR = 2304, IN = 4096, REP = 7 };
+    size_t mark = lunar_cuda_mark();
+    const size_t flush_n = (size_t)64 << 20; /* u32: 256 MB */
+    uint32_t *flush = lunar_cuda_alloc(flush_n * 4);
+    uint16_t *W = lunar_cuda_alloc((size_t)OUTR * IN * 2);
+    float *x = lunar_cuda_alloc(IN * 4), *y = lunar_cuda_alloc(OUTR * 4);
+    lunar_cuda_fill_u32(W, 0x3c003c00u, (size_t)OUTR * IN / 2);
+    lunar_cuda_fill_u32(x, 0x3f800000u, IN);
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create(), e2 = lunar_cuda_event_create();
+    const lunar_cuda_range r = {W, (size_t)OUTR * IN * 2};
+    const struct { int op; unsigned chunk; int blocks; } v[] = {
+        {-1, 0, 0}, {1, 16384, 64}, {1, 4096, 132}, {1, 16384, 132}, {1, 65536, 32}, {2, 16384, 132},
+        {2, 4096, 264}, {2, 65536, 64}, {0, 65536, 16}, {0, 16384, 64}};
+    printf("\n  L2 prefetch of %.1f MB, then the gemv (us, medians of %d):\n", r.bytes / 1e6, REP);
+    printf("  %-22s %10s %10s\n", "prefetch", "prefetch", "gemv");
+    for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
+        float tp[REP], tg[REP];
+        for (int i = 0; i < REP; i++) {
+            lunar_cuda_fill_u32(flush, (uint32_t)i, flush_n); /* evicts W (it synchronises) */
+            lunar_cuda_event_record(e0, NULL);
+            if (v[k].op >= 0) lunar_cuda_l2_prefetch_op(&r, 1, v[k].chunk, v[k].blocks, v[k].op, NULL);
+            lunar_cuda_event_record(e1, NULL);
+            CHECK(lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, W, 1, OUTR, IN, NULL) == 0);
+            lunar_cuda_event_record(e2, NULL);
+            tp[i] = lunar_cuda_event_ms(e0, e1) * 1e3f, tg[i] = lunar_cuda_event_ms(e1, e2) * 1e3f;
+        }
+        char name[64];
+        if (v[k].op < 0)
+            snprintf(name, sizeof name, "none (cold)");
+        else
+            snprintf(name, sizeof name, "%s %uK x %d", v[k].op == 0 ? "bulk" : v[k].op == 1 ? "line" : "load",
+                     v[k].chunk / 1024, v[k].blocks);
+        printf("  %-22s %10.2f %10.2f\n", name, l2pf_median(tp, REP), l2pf_median(tg, REP));
+        fflush(stdout);
+    }
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1), lunar_cuda_event_destroy(e2);
+    lunar_cuda_release(mark);
+}
+
 /* lunar_cuda_f32_to_bf16 bit for bit against the CPU's rounding (round to nearest even), through
  * the vector kernel (16-byte aligned ends, n >= 8: its n % 8 tail included) and the scalar one
  * (an end off by one float, n < 8); the inputs include ties, halfway-plus-one patterns, subnormals,
