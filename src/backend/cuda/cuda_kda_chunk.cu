@@ -393,6 +393,9 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
 // values are < 1.2e-38 and fall out of sums of O(1) terms). cvt.rna.tf32.f32 is emulated on sm_90
 // (an inf/NaN test and a predicated add of half a tf32 ulp, the low 13 bits left for mma to
 // ignore); for the finite operands here the add alone is the same bits.
+// DIAG's bound on -g (step 4a'): 8 gates of it sum to 64, exp(64) = 6e27, so the anchored factors
+// stay normal with 1e10 of headroom for |q|, |k| (K3's gates are >= -5)
+#define KDA_DIAG_GMIN 8.0f
 template <int FAST> __device__ __forceinline__ float exp_i2(float x) {
     if (!FAST) return __expf(x);
     float y;
@@ -467,16 +470,33 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
     cp_wait_all();
-    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
-        float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
-        const float4 x = *p;
-        *p = make_float4(exp_i2<FAST>(x.x), exp_i2<FAST>(x.y), exp_i2<FAST>(x.z), exp_i2<FAST>(x.w));
+    // DIAG (FAST == 2): the diagonal blocks go to the tensor cores when every g of the tile is >=
+    // -KDA_DIAG_GMIN (see step 4a'); the test reads this thread's own copies, the barrier ORs them
+    int bounded = 0;
+    if (FAST == 2) {
+        bool ok = true;
+        for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+            const float4 x = *reinterpret_cast<const float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
+            ok = ok & (x.x >= -KDA_DIAG_GMIN) & (x.y >= -KDA_DIAG_GMIN) & (x.z >= -KDA_DIAG_GMIN) &
+                 (x.w >= -KDA_DIAG_GMIN);  // NaN fails: the fallback keeps its semantics
+        }
+        bounded = __syncthreads_and(ok);
     }
+    if (!bounded)
+        for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+            float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
+            const float4 x = *p;
+            *p = make_float4(exp_i2<FAST>(x.x), exp_i2<FAST>(x.y), exp_i2<FAST>(x.z), exp_i2<FAST>(x.w));
+        }
     // Aqk is zero where the 8-column group is past the 8-row group (8 bf16 per store)
     for (int idx = tid; idx < BT * BT / 8; idx += 256) {
         const int r = idx >> 3;
         if ((idx & 7) > (r >> 3)) *reinterpret_cast<uint4 *>(Aq + idx * 8) = make_uint4(0, 0, 0, 0);
     }
+    float lo[3][4];  // this warp's L tiles (beta_r applied), C-fragment order, held until q is consumed
+    float *const dkk = lo[2];  // step 2: this lane's L entries, rows rb + ds + 4v, column rb + dil
+    const int dil = lane & 7, ds = lane >> 3, rb = 16 * (warp >> 1) + 8 * (warp & 1);
+    if (!bounded) {
     __syncthreads();
 
     // 2. diagonal blocks, as eight 8x8 triangles (the lower-left 8x8 of each 16x16 block is an
@@ -484,8 +504,6 @@ __global__ void __launch_bounds__(256, 2)
     //    rb .. rb + 7, rb = 16m + 8ch; lane: column i = rb + (lane % 8), dims {16u + 4s .. +3 :
     //    u < 8}, s = lane / 8; the four s lanes of a column are summed by shuffles. p starts as k_i
     //    and is multiplied by exp(g_r) from row i + 1 on; rows above i are computed and dropped.
-    const int dil = lane & 7, ds = lane >> 3, rb = 16 * (warp >> 1) + 8 * (warp & 1);
-    float dkk[2];  // this lane's L entries: rows rb + ds + 4v, column rb + dil
     {
         float p[32], sk[8], sq[8];
 #pragma unroll
@@ -526,12 +544,16 @@ __global__ void __launch_bounds__(256, 2)
                 dkk[rr >> 2] = dil < rr ? bs[rb + rr] * sk[rr] : 0.0f;
             }
     }
-    __syncthreads();  // exp(g) consumed
+    }  // !bounded
+    __syncthreads();  // exp(g) consumed (bounded: g landed)
 
     // 3. Gamma: inclusive cumsum of g down each key column (token order), g re-read (L2)
     if (tid < DK) {
         float x[BT];
-        if (FAST && c == BT) {  // full chunk: one running offset, no per-row bound test
+        if (bounded) {  // g is still in the tile (rows past the end zero)
+#pragma unroll
+            for (int r = 0; r < BT; r++) x[r] = Gs[r * LDK2 + tid];
+        } else if (FAST && c == BT) {  // full chunk: one running offset, no per-row bound test
             const float *gp = g + ((size_t)t0 * H + h) * DK + tid;
             const int st = H * DK;
 #pragma unroll
@@ -551,9 +573,60 @@ __global__ void __launch_bounds__(256, 2)
 
     // 4a. off-diagonal blocks (m, n), n < m, one per warp 0..5, anchor Gamma* = Gamma at row
     //     16m: (x_r exp(Gamma_r - Gamma*)) . (k_i exp(Gamma* - Gamma_i)), both exponents <= 0.
-    float lo[2][4];  // this warp's L block (beta_r applied), C-fragment order per n8 half
     const int om = warp < 1 ? 1 : warp < 3 ? 2 : 3, on = warp - om * (om - 1) / 2;
-    if (warp < 6) {
+    // 4a'. DIAG, bounded: every L / Aqk entry by tensor cores, diagonal blocks included. Row block
+    //     mr's 2 mr + 2 column tiles of 8 (tiles 2 mr, 2 mr + 1: its diagonal block) anchored at
+    //     its middle row a = 16 mr + 8: (x_r exp(Gamma_r - Gamma_a)) . (k_i exp(Gamma_a - Gamma_i)).
+    //     Exponents of either sign now, each a sum of <= 8 gates >= -KDA_DIAG_GMIN, so each factor
+    //     is within exp(+-64) of |x|, |k| (fp32 and tf32 share the 8-bit exponent; the kept entries'
+    //     terms keep tf32's relative rounding; entries above the diagonal are dropped by a select,
+    //     never scaled, so an overflow there cannot leak). Warps: the A operand built once per warp
+    //     for 2-3 tiles (mr 0: tiles 0-1; 1: 0-1, 2-3; 2: 0-2, 3-5; 3: 0-2, 3-5, 6-7), replacing
+    //     step 2's triangles (computed row by row, half above the diagonal) and the half-idle mmas.
+    const int mr = (0x33322110u >> (4 * warp)) & 15, tb = (0x63030200u >> (4 * warp)) & 15,
+              nt = (0x23333222u >> (4 * warp)) & 15;
+    if (bounded) {
+        float ck[3][4], cq[3][4];
+#pragma unroll
+        for (int u = 0; u < 3; u++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) ck[u][e] = cq[u][e] = 0.0f;
+        const float *Ga = Gs + (16 * mr + 8) * LDK2;
+        const int r0 = 16 * mr + gq, r1 = r0 + 8;
+#pragma unroll 2
+        for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in 4a
+            const int j = kk + 2 * t4;
+            const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+            const float e00 = exp_i2<FAST>(G0.x - ga.x), e01 = exp_i2<FAST>(G0.y - ga.y);
+            const float e10 = exp_i2<FAST>(G1.x - ga.x), e11 = exp_i2<FAST>(G1.y - ga.y);
+            const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+            const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+            const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
+            const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
+#pragma unroll
+            for (int u = 0; u < 3; u++)
+                if (u < nt) {
+                    const int i = 8 * (tb + u) + gq;
+                    const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
+                    const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
+                    const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
+                    mma_tf32(ck[u], ak, b0, b1);
+                    mma_tf32(cq[u], aq, b0, b1);
+                }
+        }
+        const float br0 = bs[r0], br1 = bs[r1];
+#pragma unroll
+        for (int u = 0; u < 3; u++)
+            if (u < nt) {  // Aqk where i <= r, L where i < r (the tiles left of the diagonal block: all)
+                const int col = 8 * (tb + u) + 2 * t4;
+                *reinterpret_cast<__nv_bfloat162 *>(Aq + r0 * BT + col) = __floats2bfloat162_rn(
+                    col <= r0 ? cq[u][0] * scale : 0.0f, col + 1 <= r0 ? cq[u][1] * scale : 0.0f);
+                *reinterpret_cast<__nv_bfloat162 *>(Aq + r1 * BT + col) = __floats2bfloat162_rn(
+                    col <= r1 ? cq[u][2] * scale : 0.0f, col + 1 <= r1 ? cq[u][3] * scale : 0.0f);
+                lo[u][0] = col < r0 ? ck[u][0] * br0 : 0.0f, lo[u][1] = col + 1 < r0 ? ck[u][1] * br0 : 0.0f;
+                lo[u][2] = col < r1 ? ck[u][2] * br1 : 0.0f, lo[u][3] = col + 1 < r1 ? ck[u][3] * br1 : 0.0f;
+            }
+    } else if (warp < 6) {
         float ck[2][4], cq[2][4];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++)
@@ -640,6 +713,19 @@ __global__ void __launch_bounds__(256, 2)
     __syncthreads();  // q and raw k consumed
 
     // 5. L into the freed q tile: diagonal blocks into Xs, off-diagonal ones into Lo; exp(Gamma) k
+    if (bounded) {
+        const int r0 = 16 * mr + gq;
+#pragma unroll
+        for (int u = 0; u < 3; u++)
+            if (u < nt) {
+                const int tt = tb + u;
+                float *dst = tt >= 2 * mr ? Xs + r0 * LDA + 8 * tt + 2 * t4
+                                          : Lo + (mr * (mr - 1) / 2 + (tt >> 1)) * 256 + gq * 16 + 8 * (tt & 1) + 2 * t4;
+                const int ld = tt >= 2 * mr ? LDA : 16;
+                *reinterpret_cast<float2 *>(dst) = make_float2(lo[u][0], lo[u][1]);
+                *reinterpret_cast<float2 *>(dst + 8 * ld) = make_float2(lo[u][2], lo[u][3]);
+            }
+    } else {
     Xs[(rb + ds) * LDA + rb + dil] = dkk[0];
     Xs[(rb + ds + 4) * LDA + rb + dil] = dkk[1];
     if (warp >= 6)
@@ -658,6 +744,7 @@ __global__ void __launch_bounds__(256, 2)
             L[(gq + 8) * 16 + cc] = lo[hf][2], L[(gq + 8) * 16 + cc + 1] = lo[hf][3];
         }
     }
+    }  // !bounded
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
         const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
@@ -1138,8 +1225,10 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
 // Mode 2's intra kernel form. kda_intra2_kernel<1> by default since session 13 (the exponentials on
 // ex2.approx.ftz, tf32 operands by one add, the Gamma column reads by a running offset: the same
 // values but for results below 2^-126; docs/benchmarks.md "KDA intra kernel: the same arithmetic in
-// fewer instructions"); LUNAR_KDA_INTRA=old (read once) the session-12 kernel, <0>.
-// lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 1 fast, 0 old, -1 env.
+// fewer instructions"); LUNAR_KDA_INTRA=old (read once) the session-12 kernel, <0>; =diag <2>, the
+// fast form with every diagonal block on tensor cores where the tile's gates are bounded (step 4a';
+// opt-in until measured). lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 2 diag, 1
+// fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
     const int prev = g_intra;
@@ -1150,7 +1239,7 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = e && strcmp(e, "old") == 0 ? 0 : 1;
+        env = e && strcmp(e, "old") == 0 ? 0 : e && strcmp(e, "diag") == 0 ? 2 : 1;
     }
     return g_intra >= 0 ? g_intra : env;
 }
@@ -1171,7 +1260,9 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
                         cudaStream_t st) {
     const int NC = (T + BT - 1) / BT;
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
-    if (intra_variant() == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    const int iv = intra_variant();
+    if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     const int sv = state_variant();
