@@ -1137,14 +1137,15 @@ static void check_intra_fast(int T, int H, float lb, unsigned seed) {
 }
 
 /* kda_intra2_kernel<2> (LUNAR_KDA_INTRA=diag: the diagonal blocks on tensor cores, anchored mid-block,
- * where every gate of the (chunk, head) tile is >= -8; the fast form's path elsewhere) against <1> on
+ * where every gate of the (chunk, head) tile is >= -8; the fast form's path elsewhere), <3> (diaginv:
+ * diag and the block inverse's level products on tf32 mma) and <4> (diaginv3: those in 3xTF32) against <1> on
  * the same inputs, both scratches poisoned alike: the bf16 scratch scale-relative (max |d| over max
  * |fast|: the diagonal entries' tf32 operands and the moved anchor flip bf16 roundings; a poison left
  * in one only is NaN and fails), o and S scale-relative, all within the bf16 path's 1e-2 (the bound
  * check_chunked explains); then diag against the CPU op (check_chunked). gmul scales g after kda_make:
  * lb -5 keeps every tile bounded, lb 0 gives g down to ~-8.3 (the bench's inputs: a few tiles fall
  * back), gmul 4 makes most tiles fall back, so one launch mixes both paths. */
-static void check_intra_diag(int T, int H, float lb, float gmul, unsigned seed) {
+static void check_intra_diag(int T, int H, float lb, float gmul, int variant, unsigned seed) {
     const int dk = 128;
     size_t mark = lunar_cuda_mark();
     kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
@@ -1163,7 +1164,7 @@ static void check_intra_diag(int T, int H, float lb, float gmul, unsigned seed) 
         guarded o;
         float *dO = guarded_new(&o, no * 4);
         lunar_cuda_fill_u32(ws, SENT, wsb / 4);
-        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass ? 2 : 1);
+        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass ? variant : 1);
         lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
         lunar_cuda_kda_intra_variant(pv), lunar_cuda_kda_chunk_precision(pm);
         res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
@@ -1183,18 +1184,18 @@ static void check_intra_diag(int T, int H, float lb, float gmul, unsigned seed) 
         }
     }
     char what[160];
-    snprintf(what, sizeof what, "kda intra diag vs fast T=%d H=%d lb=%g g*%g: scratch (%ld of %zu bf16 differ)", T,
-             H, lb, gmul, ndiff, wsb / 2);
+    snprintf(what, sizeof what, "kda intra %d vs fast T=%d H=%d lb=%g g*%g: scratch (%ld of %zu bf16 differ)",
+             variant, T, H, lb, gmul, ndiff, wsb / 2);
     report(what, amax > 0 ? dmax / amax : dmax, 1e-2);
-    snprintf(what, sizeof what, "kda intra diag vs fast T=%d H=%d lb=%g g*%g: o", T, H, lb, gmul);
+    snprintf(what, sizeof what, "kda intra %d vs fast T=%d H=%d lb=%g g*%g: o", variant, T, H, lb, gmul);
     report(what, lunar_max_rel_err(res[1][0], res[0][0], no), 1e-2);
-    snprintf(what, sizeof what, "kda intra diag vs fast T=%d H=%d lb=%g g*%g: S", T, H, lb, gmul);
+    snprintf(what, sizeof what, "kda intra %d vs fast T=%d H=%d lb=%g g*%g: S", variant, T, H, lb, gmul);
     report(what, lunar_max_rel_err(res[1][1], res[0][1], ns), 1e-2);
     for (int i = 0; i < 2; i++) free(res[i][0]), free(res[i][1]), free(sc[i]);
     kda_free(&in);
     lunar_cuda_release(mark);
     if (gmul == 1.0f) { /* check_chunked makes its own inputs (unscaled g) */
-        const int pv = lunar_cuda_kda_intra_variant(2);
+        const int pv = lunar_cuda_kda_intra_variant(variant);
         check_chunked(T, H, lb, 2, seed + 1);
         lunar_cuda_kda_intra_variant(pv);
     }
@@ -1204,12 +1205,14 @@ TEST(cuda_kda_chunked_intra_diag) {
     if (!cuda_on()) return;
     static const int Ts[] = {1, 63, 64, 65, 129, 200, 333};
     unsigned seed = 3170;
-    for (unsigned a = 0; a < 7; a++) check_intra_diag(Ts[a], a % 3 + 1, a & 1 ? 0.0f : -5.0f, 1.0f, seed += 10);
-    check_intra_diag(1000, 32, 0.0f, 1.0f, 41);
-    check_intra_diag(2000, 32, -5.0f, 1.0f, 42);
-    check_intra_diag(333, 96, -5.0f, 1.0f, 43);
-    check_intra_diag(777, 7, 0.0f, 4.0f, 44); /* most tiles past the bound: the fallback beside DIAG */
-    check_intra_diag(200, 3, 0.0f, 2.0f, 45);
+    for (int v = 2; v <= 4; v++) {
+        for (unsigned a = 0; a < 7; a++) check_intra_diag(Ts[a], a % 3 + 1, a & 1 ? 0.0f : -5.0f, 1.0f, v, seed += 10);
+        check_intra_diag(1000, 32, 0.0f, 1.0f, v, seed += 10);
+        check_intra_diag(333, 96, -5.0f, 1.0f, v, seed += 10);
+        check_intra_diag(777, 7, 0.0f, 4.0f, v, seed += 10); /* most tiles past the bound: the fallback beside DIAG */
+        check_intra_diag(200, 3, 0.0f, 2.0f, v, seed += 10);
+    }
+    check_intra_diag(2000, 32, -5.0f, 1.0f, 2, 42);
 }
 
 TEST(cuda_kda_chunked_intra_fast) {

@@ -419,6 +419,125 @@ __device__ __forceinline__ float dot16_a4(float s, const float *a, const float *
     return s;
 }
 
+// c += a . b (m16n8k8) for fp32 fragments: SPL 0 tf32 operands (one add each, as tf32_i2<1>);
+// SPL 1 3xTF32 (a = hi + lo, a.b ~ hi.hi + hi.lo + lo.hi: fp32-accurate, three mmas)
+template <int SPL>
+__device__ __forceinline__ void mma_f(float (&c)[4], const float (&a)[4], float b0, float b1) {
+    if (!SPL) {
+        const unsigned ua[4] = {tf32_i2<1>(a[0]), tf32_i2<1>(a[1]), tf32_i2<1>(a[2]), tf32_i2<1>(a[3])};
+        mma_tf32(c, ua, tf32_i2<1>(b0), tf32_i2<1>(b1));
+    } else {
+        unsigned ah[4], al[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {  // hi: round to nearest tf32 (ties away), exactly representable
+            ah[e] = (__float_as_uint(a[e]) + 0x1000u) & 0xffffe000u;
+            al[e] = tf32_i2<1>(a[e] - __uint_as_float(ah[e]));
+        }
+        const unsigned bh0 = (__float_as_uint(b0) + 0x1000u) & 0xffffe000u, bh1 = (__float_as_uint(b1) + 0x1000u) & 0xffffe000u;
+        const unsigned bl0 = tf32_i2<1>(b0 - __uint_as_float(bh0)), bl1 = tf32_i2<1>(b1 - __uint_as_float(bh1));
+        mma_tf32(c, al, bh0, bh1);
+        mma_tf32(c, ah, bl0, bl1);
+        mma_tf32(c, ah, bh0, bh1);
+    }
+}
+
+// The block inverse's off-diagonal blocks (INV, FAST >= 3), level d = 1..3: X_mn = -X_mm P,
+// P = sum_{k=n}^{m-1} L_mk X_kn, n = m - d, on tensor cores. Warp w < 2 (4 - d) owns block
+// m = d + w / 2 and its 8 columns 16 n + 8 (w % 2): P's 16 x 8 half by m16n8k8 steps, staged in the
+// warp's 128 floats of Ps (only this warp reads it: __syncwarp), then -X_mm P into Xs. A level reads
+// blocks of distance < d and writes blocks of distance d, so one barrier a level (the scalar form
+// had two, and every thread ran 16-48-term dot products: ~700 instructions a thread).
+template <int SPL>
+__device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps, int warp, int gq, int t4) {
+    for (int d = 1; d < 4; d++) {
+        if (warp < 2 * (4 - d)) {
+            const int m = d + (warp >> 1), nn = m - d, hc = 16 * nn + 8 * (warp & 1);
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int kb = nn; kb < m; kb++) {
+                const float *L = Lo + (m * (m - 1) / 2 + kb) * 256, *X = Xs + 16 * kb * LDA + hc;
+#pragma unroll
+                for (int k0 = 0; k0 < 16; k0 += 8) {
+                    const float a[4] = {L[gq * 16 + k0 + t4], L[(gq + 8) * 16 + k0 + t4], L[gq * 16 + k0 + t4 + 4],
+                                        L[(gq + 8) * 16 + k0 + t4 + 4]};
+                    mma_f<SPL>(p, a, X[(k0 + t4) * LDA + gq], X[(k0 + t4 + 4) * LDA + gq]);
+                }
+            }
+            float *ps = Ps + warp * 128;  // [16][8]
+            *reinterpret_cast<float2 *>(ps + gq * 8 + 2 * t4) = make_float2(p[0], p[1]);
+            *reinterpret_cast<float2 *>(ps + (gq + 8) * 8 + 2 * t4) = make_float2(p[2], p[3]);
+            __syncwarp();
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float *Xm = Xs + 16 * m * LDA + 16 * m;  // zeros above its diagonal
+#pragma unroll
+            for (int k0 = 0; k0 < 16; k0 += 8) {
+                const float a[4] = {Xm[gq * LDA + k0 + t4], Xm[(gq + 8) * LDA + k0 + t4], Xm[gq * LDA + k0 + t4 + 4],
+                                    Xm[(gq + 8) * LDA + k0 + t4 + 4]};
+                mma_f<SPL>(x, a, ps[(k0 + t4) * 8 + gq], ps[(k0 + t4 + 4) * 8 + gq]);
+            }
+            float *dst = Xs + (16 * m + gq) * LDA + hc + 2 * t4;
+            *reinterpret_cast<float2 *>(dst) = make_float2(-x[0], -x[1]);
+            *reinterpret_cast<float2 *>(dst + 8 * LDA) = make_float2(-x[2], -x[3]);
+        }
+        __syncthreads();
+    }
+}
+
+// exp of a difference of entries of the Gamma tile: FAST >= 2 keeps Gamma there in log2 units
+// (Gamma log2 e, scaled once at the cumsum), so this is ex2 alone; below, the natural exp_i2
+template <int FAST> __device__ __forceinline__ float expg(float x) {
+    if (FAST < 2) return exp_i2<FAST>(x);
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Step 4a' of kda_intra2_kernel (DIAG, the tile's gates bounded): this warp's NT column tiles of 8
+// (tiles tb .. tb + NT - 1) of row block mr, anchored at its middle row a = 16 mr + 8: Aqk (scale,
+// i <= r) to the scratch, L (beta_r, i < r) into lo[u] in C-fragment order. Gs holds Gamma log2 e.
+template <int NT, int FAST>
+__device__ __forceinline__ void diag_tiles(const float *Gs, const float *Ks, const float *Qs, const float *bs,
+                                           __nv_bfloat16 *Aq, float (&lo)[3][4], int mr, int tb, int gq, int t4,
+                                           float scale) {
+    float ck[NT][4], cq[NT][4];
+#pragma unroll
+    for (int u = 0; u < NT; u++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ck[u][e] = cq[u][e] = 0.0f;
+    const float *Ga = Gs + (16 * mr + 8) * LDK2;
+    const int r0 = 16 * mr + gq, r1 = r0 + 8;
+#pragma unroll 2
+    for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in step 4a
+        const int j = kk + 2 * t4;
+        const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+        const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+        const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
+        const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+        const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+        const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
+        const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+            const int i = 8 * (tb + u) + gq;
+            const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
+            const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
+            const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
+            mma_tf32(ck[u], ak, b0, b1);
+            mma_tf32(cq[u], aq, b0, b1);
+        }
+    }
+    const float br0 = bs[r0], br1 = bs[r1];
+#pragma unroll
+    for (int u = 0; u < NT; u++) {  // Aqk where i <= r, L where i < r (the tiles left of the diagonal block: all)
+        const int col = 8 * (tb + u) + 2 * t4;
+        *reinterpret_cast<__nv_bfloat162 *>(Aq + r0 * BT + col) = __floats2bfloat162_rn(
+            col <= r0 ? cq[u][0] * scale : 0.0f, col + 1 <= r0 ? cq[u][1] * scale : 0.0f);
+        *reinterpret_cast<__nv_bfloat162 *>(Aq + r1 * BT + col) = __floats2bfloat162_rn(
+            col <= r1 ? cq[u][2] * scale : 0.0f, col + 1 <= r1 ? cq[u][3] * scale : 0.0f);
+        lo[u][0] = col < r0 ? ck[u][0] * br0 : 0.0f, lo[u][1] = col + 1 < r0 ? ck[u][1] * br0 : 0.0f;
+        lo[u][2] = col < r1 ? ck[u][2] * br1 : 0.0f, lo[u][3] = col + 1 < r1 ? ck[u][3] * br1 : 0.0f;
+    }
+}
+
 // Mode 2's intra kernel: the same outputs as kda_intra_kernel<0, 1> (bf16 W, U, Qg, Kg, Aqk, fp32
 // exp(Gamma_C)), with the work rearranged:
 //  - the 8x8 triangles on the diagonal of L and Aqk without one exp per pair: along a column i
@@ -438,7 +557,7 @@ __global__ void __launch_bounds__(256, 2)
                       const float *__restrict__ v, const float *__restrict__ g,
                       const float *__restrict__ beta, kda_ws ws, int T, int H, float scale) {
     extern __shared__ __align__(128) float sm[];
-    float *Gs = sm;             // [64][LDK2] exp(g), then Gamma, then V
+    float *Gs = sm;             // [64][LDK2] exp(g) (DIAG: g), then Gamma (FAST >= 2: Gamma log2 e), then V
     float *Ks = Gs + BT * LDK2;  // [64][LDK2] k, then exp(Gamma) k
     float *Qs = Ks + BT * LDK2;  // [64][LDK2] q; then Xs [64][LDA], Lo [6][16][16], Ps [3][256]
     float *bs = Qs + BT * LDK2;  // [64] beta
@@ -470,10 +589,10 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
     cp_wait_all();
-    // DIAG (FAST == 2): the diagonal blocks go to the tensor cores when every g of the tile is >=
+    // DIAG (FAST >= 2): the diagonal blocks go to the tensor cores when every g of the tile is >=
     // -KDA_DIAG_GMIN (see step 4a'); the test reads this thread's own copies, the barrier ORs them
     int bounded = 0;
-    if (FAST == 2) {
+    if (FAST >= 2) {
         bool ok = true;
         for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
             const float4 x = *reinterpret_cast<const float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
@@ -566,8 +685,9 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int r = 0; r < BT; r++) {
             acc += x[r];
-            Gs[r * LDK2 + tid] = acc;
+            Gs[r * LDK2 + tid] = FAST >= 2 ? acc * 1.44269504088896341f : acc;  // expg's units
         }
+        if (FAST >= 2) ws.Dc[cb * DK + tid] = expf(acc);  // exp(Gamma_C) from the unscaled sum
     }
     __syncthreads();
 
@@ -585,47 +705,9 @@ __global__ void __launch_bounds__(256, 2)
     //     step 2's triangles (computed row by row, half above the diagonal) and the half-idle mmas.
     const int mr = (0x33322110u >> (4 * warp)) & 15, tb = (0x63030200u >> (4 * warp)) & 15,
               nt = (0x23333222u >> (4 * warp)) & 15;
-    if (bounded) {
-        float ck[3][4], cq[3][4];
-#pragma unroll
-        for (int u = 0; u < 3; u++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) ck[u][e] = cq[u][e] = 0.0f;
-        const float *Ga = Gs + (16 * mr + 8) * LDK2;
-        const int r0 = 16 * mr + gq, r1 = r0 + 8;
-#pragma unroll 2
-        for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in 4a
-            const int j = kk + 2 * t4;
-            const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-            const float e00 = exp_i2<FAST>(G0.x - ga.x), e01 = exp_i2<FAST>(G0.y - ga.y);
-            const float e10 = exp_i2<FAST>(G1.x - ga.x), e11 = exp_i2<FAST>(G1.y - ga.y);
-            const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
-            const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
-            const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
-            const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
-#pragma unroll
-            for (int u = 0; u < 3; u++)
-                if (u < nt) {
-                    const int i = 8 * (tb + u) + gq;
-                    const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
-                    const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
-                    const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
-                    mma_tf32(ck[u], ak, b0, b1);
-                    mma_tf32(cq[u], aq, b0, b1);
-                }
-        }
-        const float br0 = bs[r0], br1 = bs[r1];
-#pragma unroll
-        for (int u = 0; u < 3; u++)
-            if (u < nt) {  // Aqk where i <= r, L where i < r (the tiles left of the diagonal block: all)
-                const int col = 8 * (tb + u) + 2 * t4;
-                *reinterpret_cast<__nv_bfloat162 *>(Aq + r0 * BT + col) = __floats2bfloat162_rn(
-                    col <= r0 ? cq[u][0] * scale : 0.0f, col + 1 <= r0 ? cq[u][1] * scale : 0.0f);
-                *reinterpret_cast<__nv_bfloat162 *>(Aq + r1 * BT + col) = __floats2bfloat162_rn(
-                    col <= r1 ? cq[u][2] * scale : 0.0f, col + 1 <= r1 ? cq[u][3] * scale : 0.0f);
-                lo[u][0] = col < r0 ? ck[u][0] * br0 : 0.0f, lo[u][1] = col + 1 < r0 ? ck[u][1] * br0 : 0.0f;
-                lo[u][2] = col < r1 ? ck[u][2] * br1 : 0.0f, lo[u][3] = col + 1 < r1 ? ck[u][3] * br1 : 0.0f;
-            }
+    if (bounded) {  // the tile count a template argument: no per-tile branch in the k loop
+        if (nt == 3) diag_tiles<3, FAST>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+        else diag_tiles<2, FAST>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
     } else if (warp < 6) {
         float ck[2][4], cq[2][4];
 #pragma unroll
@@ -640,8 +722,8 @@ __global__ void __launch_bounds__(256, 2)
         for (int kk = 0; kk < DK; kk += 8) {
             const int j = kk + 2 * t4;
             const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-            const float e00 = exp_i2<FAST>(G0.x - ga.x), e01 = exp_i2<FAST>(G0.y - ga.y);
-            const float e10 = exp_i2<FAST>(G1.x - ga.x), e11 = exp_i2<FAST>(G1.y - ga.y);
+            const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+            const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
             const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
             const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
             const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
@@ -650,8 +732,8 @@ __global__ void __launch_bounds__(256, 2)
             for (int hf = 0; hf < 2; hf++) {
                 const int i = 16 * on + 8 * hf + gq;
                 const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
-                const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
-                const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
+                const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
+                const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
                 mma_tf32(ck[hf], ak, b0, b1);
                 mma_tf32(cq[hf], aq, b0, b1);
             }
@@ -676,12 +758,12 @@ __global__ void __launch_bounds__(256, 2)
             for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in the warps above
                 const int j = kk + 2 * t4;
                 const float2 ga = ld2(Gs + a * LDK2 + j), Gr = ld2(Gs + r * LDK2 + j), Gi = ld2(Gs + ic * LDK2 + j);
-                const float e0 = exp_i2<FAST>(Gr.x - ga.x), e1 = exp_i2<FAST>(Gr.y - ga.y);
+                const float e0 = expg<FAST>(Gr.x - ga.x), e1 = expg<FAST>(Gr.y - ga.y);
                 const float2 Kr = ld2(Ks + r * LDK2 + j), Qr = ld2(Qs + r * LDK2 + j), Ki = ld2(Ks + ic * LDK2 + j);
                 const unsigned ak[4] = {tf32_i2<FAST>(Kr.x * e0), 0u, tf32_i2<FAST>(Kr.y * e1), 0u};
                 const unsigned aq[4] = {tf32_i2<FAST>(Qr.x * e0), 0u, tf32_i2<FAST>(Qr.y * e1), 0u};
-                const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
-                const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
+                const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
+                const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
                 mma_tf32(ck, ak, b0, b1);
                 mma_tf32(cq, aq, b0, b1);
             }
@@ -690,25 +772,46 @@ __global__ void __launch_bounds__(256, 2)
             lo[mj][0] = ck[0] * br, lo[mj][1] = ck[1] * br;
         }
     }
-    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16, 4 per store), exp(Gamma_C)
+    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16, 4 per store), exp(Gamma_C).
+    //     FAST >= 2: exp(Gamma) k of step 5 (the same rows and columns of this thread) kept in
+    //     registers from here, so step 5 neither rereads Gamma and k nor recomputes exp(Gamma)
+    float4 kx[FAST >= 2 ? 8 : 1];
     {
         __nv_bfloat16 *Qg = reinterpret_cast<__nv_bfloat16 *>(ws.Qg) + cb * BT * DK;
         __nv_bfloat16 *Kg = reinterpret_cast<__nv_bfloat16 *>(ws.Kg) + cb * BT * DK;
         const int j = (tid & 31) * 4;  // the same 4 columns on every iteration
         const float4 C = *reinterpret_cast<const float4 *>(Gs + (BT - 1) * LDK2 + j);
+        if (FAST >= 2) {
+#pragma unroll
+            for (int it = 0; it < 8; it++) {
+                const int r = (tid >> 5) + 8 * it;
+                const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
+                const float4 Q = *reinterpret_cast<const float4 *>(Qs + r * LDK2 + j);
+                const float4 K = *reinterpret_cast<const float4 *>(Ks + r * LDK2 + j);
+                const float e0 = expg<FAST>(G.x), e1 = expg<FAST>(G.y), e2 = expg<FAST>(G.z), e3 = expg<FAST>(G.w);
+                uint2 qv, kv;
+                qv.x = pack_bf16(Q.x * scale * e0, Q.y * scale * e1);
+                qv.y = pack_bf16(Q.z * scale * e2, Q.w * scale * e3);
+                kv.x = pack_bf16(K.x * expg<FAST>(C.x - G.x), K.y * expg<FAST>(C.y - G.y));
+                kv.y = pack_bf16(K.z * expg<FAST>(C.z - G.z), K.w * expg<FAST>(C.w - G.w));
+                *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
+                *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
+                kx[FAST >= 2 ? it : 0] = make_float4(K.x * e0, K.y * e1, K.z * e2, K.w * e3);
+            }
+        } else
         for (int r = tid >> 5; r < BT; r += 8) {
             const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
             const float4 Q = *reinterpret_cast<const float4 *>(Qs + r * LDK2 + j);
             const float4 K = *reinterpret_cast<const float4 *>(Ks + r * LDK2 + j);
             uint2 qv, kv;
-            qv.x = pack_bf16(Q.x * scale * exp_i2<FAST>(G.x), Q.y * scale * exp_i2<FAST>(G.y));
-            qv.y = pack_bf16(Q.z * scale * exp_i2<FAST>(G.z), Q.w * scale * exp_i2<FAST>(G.w));
-            kv.x = pack_bf16(K.x * exp_i2<FAST>(C.x - G.x), K.y * exp_i2<FAST>(C.y - G.y));
-            kv.y = pack_bf16(K.z * exp_i2<FAST>(C.z - G.z), K.w * exp_i2<FAST>(C.w - G.w));
+            qv.x = pack_bf16(Q.x * scale * expg<FAST>(G.x), Q.y * scale * expg<FAST>(G.y));
+            qv.y = pack_bf16(Q.z * scale * expg<FAST>(G.z), Q.w * scale * expg<FAST>(G.w));
+            kv.x = pack_bf16(K.x * expg<FAST>(C.x - G.x), K.y * expg<FAST>(C.y - G.y));
+            kv.y = pack_bf16(K.z * expg<FAST>(C.z - G.z), K.w * expg<FAST>(C.w - G.w));
             *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
             *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
         }
-        if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK2 + tid]);
+        if (FAST < 2 && tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK2 + tid]);
     }
     __syncthreads();  // q and raw k consumed
 
@@ -745,12 +848,17 @@ __global__ void __launch_bounds__(256, 2)
         }
     }
     }  // !bounded
+    if (FAST >= 2) {
+#pragma unroll
+        for (int it = 0; it < 8; it++)
+            *reinterpret_cast<float4 *>(Ks + ((tid >> 5) + 8 * it) * LDK2 + (tid & 31) * 4) = kx[FAST >= 2 ? it : 0];
+    } else
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
         const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
         float4 *kp = reinterpret_cast<float4 *>(Ks + r * LDK2 + j);
         float4 kv = *kp;
-        kv.x *= exp_i2<FAST>(G.x), kv.y *= exp_i2<FAST>(G.y), kv.z *= exp_i2<FAST>(G.z), kv.w *= exp_i2<FAST>(G.w);
+        kv.x *= expg<FAST>(G.x), kv.y *= expg<FAST>(G.y), kv.z *= expg<FAST>(G.z), kv.w *= expg<FAST>(G.w);
         *kp = kv;
     }
     __syncthreads();  // Gamma consumed
@@ -780,6 +888,9 @@ __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();
     // X_mn, n = m - d, level by level: P = sum_{k=n}^{m-1} L_mk X_kn, X_mn = -X_mm P
+    if (FAST >= 3)  // INV: on tensor cores (inv_levels), one barrier a level
+        inv_levels<FAST == 4>(Xs, Lo, Ps, warp, gq, t4);
+    else
     for (int d = 1; d < 4; d++) {
         const int nb = 4 - d;
         for (int idx = tid; idx < nb * 256; idx += 256) {
@@ -1226,9 +1337,10 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
 // ex2.approx.ftz, tf32 operands by one add, the Gamma column reads by a running offset: the same
 // values but for results below 2^-126; docs/benchmarks.md "KDA intra kernel: the same arithmetic in
 // fewer instructions"); LUNAR_KDA_INTRA=old (read once) the session-12 kernel, <0>; =diag <2>, the
-// fast form with every diagonal block on tensor cores where the tile's gates are bounded (step 4a';
-// opt-in until measured). lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 2 diag, 1
-// fast, 0 old, -1 env.
+// fast form with every diagonal block on tensor cores where the tile's gates are bounded (step 4a');
+// =diaginv <3>: diag with the block inverse's level products on tf32 mma (inv_levels), =diaginv3
+// <4>: the same in 3xTF32 (opt-in until measured). lunar_cuda_kda_intra_variant overrides it
+// (tests, benchmarks): 4 diaginv3, 3 diaginv, 2 diag, 1 fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
     const int prev = g_intra;
@@ -1239,7 +1351,7 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = e && strcmp(e, "old") == 0 ? 0 : e && strcmp(e, "diag") == 0 ? 2 : 1;
+        env = !e ? 1 : !strcmp(e, "old") ? 0 : !strcmp(e, "diag") ? 2 : !strcmp(e, "diaginv") ? 3 : !strcmp(e, "diaginv3") ? 4 : 1;
     }
     return g_intra >= 0 ? g_intra : env;
 }
@@ -1261,7 +1373,9 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
     const int NC = (T + BT - 1) / BT;
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
     const int iv = intra_variant();
-    if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    if (iv == 4) launch_intra2<4>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 3) launch_intra2<3>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else if (iv == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
