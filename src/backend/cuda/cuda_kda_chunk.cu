@@ -538,6 +538,38 @@ __device__ __forceinline__ void diag_tiles(const float *Gs, const float *Ks, con
     }
 }
 
+// Step 8 of kda_intra2_kernel: this warp's 32 columns (cs ..) of W or U = X B, all 64 rows, bf16 out.
+// RA / RB: X / B already hold tf32_i2's bits (FAST >= 2 rounds exp(Gamma) k where it is stored), so
+// the operands pass as they are; else the add here. (RA: X pre-rounded measured nothing here: the A
+// fragment's four registers then need MOVs into order, where the adds wrote them in place.)
+template <int RA, int RB, int FAST>
+__device__ __forceinline__ void wu_rows(const float *Xs, const float *B, __nv_bfloat16 *dst, int cs, int gq, int t4) {
+#pragma unroll
+    for (int rt = 0; rt < 4; rt++) {
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        const int r0 = 16 * rt + gq;
+#pragma unroll
+        for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {  // k slots permuted: tokens kk + 2t, +1
+            const float2 x0 = ld2(Xs + r0 * LDA + kk + 2 * t4), x1 = ld2(Xs + (r0 + 8) * LDA + kk + 2 * t4);
+            const unsigned a[4] = {RA ? __float_as_uint(x0.x) : tf32_i2<FAST>(x0.x), RA ? __float_as_uint(x1.x) : tf32_i2<FAST>(x1.x),
+                                   RA ? __float_as_uint(x0.y) : tf32_i2<FAST>(x0.y), RA ? __float_as_uint(x1.y) : tf32_i2<FAST>(x1.y)};
+            const float *b = B + (kk + 2 * t4) * LDK2 + cs + gq;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+                mma_tf32(acc[nt], a, RB ? __float_as_uint(b[8 * nt]) : tf32_i2<FAST>(b[8 * nt]),
+                         RB ? __float_as_uint(b[LDK2 + 8 * nt]) : tf32_i2<FAST>(b[LDK2 + 8 * nt]));
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int col = cs + 8 * nt + 2 * t4;
+            *reinterpret_cast<__nv_bfloat162 *>(dst + r0 * DK + col) = __floats2bfloat162_rn(acc[nt][0], acc[nt][1]);
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (r0 + 8) * DK + col) = __floats2bfloat162_rn(acc[nt][2], acc[nt][3]);
+        }
+    }
+}
+
 // Mode 2's intra kernel: the same outputs as kda_intra_kernel<0, 1> (bf16 W, U, Qg, Kg, Aqk, fp32
 // exp(Gamma_C)), with the work rearranged:
 //  - the 8x8 triangles on the diagonal of L and Aqk without one exp per pair: along a column i
@@ -796,7 +828,9 @@ __global__ void __launch_bounds__(256, 2)
                 kv.y = pack_bf16(K.z * expg<FAST>(C.z - G.z), K.w * expg<FAST>(C.w - G.w));
                 *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
                 *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
-                kx[FAST >= 2 ? it : 0] = make_float4(K.x * e0, K.y * e1, K.z * e2, K.w * e3);
+                // rounded as step 8's B operand (tf32_i2's bits: W's operands unchanged)
+                kx[FAST >= 2 ? it : 0] = make_float4(__uint_as_float(tf32_i2<FAST>(K.x * e0)), __uint_as_float(tf32_i2<FAST>(K.y * e1)),
+                                                     __uint_as_float(tf32_i2<FAST>(K.z * e2)), __uint_as_float(tf32_i2<FAST>(K.w * e3)));
             }
         } else
         for (int r = tid >> 5; r < BT; r += 8) {
@@ -935,27 +969,8 @@ __global__ void __launch_bounds__(256, 2)
         const int which = warp >> 2, cs = (warp & 3) * 32;
         const float *B = which ? Gs : Ks;
         __nv_bfloat16 *dst = reinterpret_cast<__nv_bfloat16 *>(which ? ws.U : ws.W) + cb * BT * DK;
-#pragma unroll
-        for (int rt = 0; rt < 4; rt++) {
-            float acc[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-            const int r0 = 16 * rt + gq;
-#pragma unroll
-            for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {  // k slots permuted: tokens kk + 2t, +1
-                const float2 x0 = ld2(Xs + r0 * LDA + kk + 2 * t4), x1 = ld2(Xs + (r0 + 8) * LDA + kk + 2 * t4);
-                const unsigned a[4] = {tf32_i2<FAST>(x0.x), tf32_i2<FAST>(x1.x), tf32_i2<FAST>(x0.y), tf32_i2<FAST>(x1.y)};
-                const float *b = B + (kk + 2 * t4) * LDK2 + cs + gq;
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_tf32(acc[nt], a, tf32_i2<FAST>(b[8 * nt]), tf32_i2<FAST>(b[LDK2 + 8 * nt]));
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int col = cs + 8 * nt + 2 * t4;
-                *reinterpret_cast<__nv_bfloat162 *>(dst + r0 * DK + col) = __floats2bfloat162_rn(acc[nt][0], acc[nt][1]);
-                *reinterpret_cast<__nv_bfloat162 *>(dst + (r0 + 8) * DK + col) = __floats2bfloat162_rn(acc[nt][2], acc[nt][3]);
-            }
-        }
+        if (FAST < 2 || which) wu_rows<0, 0, FAST>(Xs, B, dst, cs, gq, t4);  // V as loaded
+        else wu_rows<0, 1, FAST>(Xs, B, dst, cs, gq, t4);                    // exp(Gamma) k stored rounded
     }
 }
 
