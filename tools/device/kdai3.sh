@@ -10,14 +10,15 @@
 #  4. (while under $NCU_S s) ncu of one 8K H = 96 intra launch of fast and of diaginv
 # The call runs in the session's checkout, not this worktree: carry this script in the pack (cp it into P).
 #   P=<prebuilt dir: bin/lunar_tests, bd/bench_cuda, lib/> OUT=<dir> [ROUNDS=3 PF_S=150 NCU_S=170] bash P/kdai3.sh
+# (knobs for a short call: TESTS=filter TEST_S BENCH_S PF_ROUNDS NCU_V='1 3' NCU_T)
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
 SUMMARY=summary.txt . tools/device/env.sh
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv,noheader >> $T
 late() { [ $(( $(date +%s) - t0 )) -lt $1 ]; }
-step "lunar_tests cuda_kda_chunked"
-LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout 150 $P/bin/lunar_tests cuda_kda_chunked > $OUT/t_kda.log 2>&1
+step "lunar_tests ${TESTS:-cuda_kda_chunked}"
+LUNAR_TEST_VERBOSE=1 OMP_NUM_THREADS=16 timeout ${TEST_S:-150} $P/bin/lunar_tests ${TESTS:-cuda_kda_chunked} > $OUT/t_kda.log 2>&1
 echo "rc=$?" >> $T
 # the worst error of each kind: the intra forms vs fast, vs the CPU op
 python3 - $OUT/t_kda.log >> $T <<'PY'
@@ -36,11 +37,11 @@ for k, (e, w, t) in sorted(worst.items()): print("worst %-26s %.3g (tol %s)  [%s
 PY
 grep -E 'FAILED|failed|passed, ' $OUT/t_kda.log | cut -c1-200 | tail -8 >> $T
 step "bench_cuda kdadiag"
-ROUNDS=${ROUNDS:-3} timeout 120 $P/bd/bench_cuda kdadiag > $OUT/bench_diag.md 2>&1; echo "rc=$?" >> $T
+ROUNDS=${ROUNDS:-3} timeout ${BENCH_S:-120} $P/bd/bench_cuda kdadiag > $OUT/bench_diag.md 2>&1; echo "rc=$?" >> $T
 grep '^| kda intra' $OUT/bench_diag.md >> $T
 if late ${PF_S:-150}; then
   step "bench_cuda prefill2, fast / diag / diaginv / diaginv3 alternating"
-  for r in 1 2; do
+  for r in $(seq ${PF_ROUNDS:-2}); do
     for v in fast diag diaginv diaginv3; do
       late ${PF_S:-150} || break
       echo "-- round $r LUNAR_KDA_INTRA=$v" >> $OUT/bench_pf.md
@@ -53,14 +54,14 @@ else
   echo "(skipped: prefill2, time)" >> $T
 fi
 if late ${NCU_S:-170} && command -v ncu > /dev/null; then
-  for v in 1 3; do
+  for v in ${NCU_V:-1 3}; do
     late ${NCU_S:-170} || break
     step "ncu intra 8K H=96 kda_intra2_kernel<$v>"
-    timeout 25 ncu --replay-mode kernel --clock-control none -k regex:"kda_intra2_kernelILi${v}E" --launch-skip 0 --launch-count 1 \
+    timeout ${NCU_T:-25} ncu --replay-mode kernel --clock-control none -k regex:"kda_intra2_kernelILi${v}E" --launch-skip 0 --launch-count 1 \
       --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,launch__registers_per_thread \
       $P/bd/bench_cuda kdadiag1 > $OUT/ncu_$v.log 2>&1
     echo "rc=$?" >> $T
-    grep -E 'kda_intra2|gpu__time|inst_executed|issue_active|warps_active|eligible|wavefronts|stalled|registers' $OUT/ncu_$v.log | sed 's/  */ /g' | head -16 >> $T
+    grep -E 'kda_intra2|gpu__time|inst_executed|issue_active|warps_active|eligible|wavefronts|stalled|registers' $OUT/ncu_$v.log | sed 's/  */ /g' | head -24 >> $T
   done
 else
   echo "(skipped: ncu, time or no ncu)" >> $T
