@@ -622,7 +622,7 @@ __global__ void __launch_bounds__(256, 2)
     if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
     cp_wait_all();
     // DIAG (FAST >= 2): the diagonal blocks go to the tensor cores when every g of the tile is >=
-    // -KDA_DIAG_GMIN (see step 4a'); the test reads this thread's own copies, the barrier ORs them
+    // -KDA_DIAG_GMIN (see step 4a'); the test reads this thread's own copies, the barrier ANDs them
     int bounded = 0;
     if (FAST >= 2) {
         bool ok = true;
