@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# Session 15, s15-kdai3 (issue 7), one call on one H200: the KDA intra kernel's new forms
-# (LUNAR_KDA_INTRA=diag / diaginv / diaginv3) against fast (the default), correctness first, then timings.
+# Session 15, s15-kdai3 (issue 7), one call on one H200: the KDA intra kernel's new form (tc, the default
+# since; LUNAR_KDA_INTRA=fast the session-13 one), correctness first, then timings.
+# (Run at commit 26fbea0, whose kernel had four forms: fast, diag, diaginv (= tc), diaginv3; the slower
+# diag / diaginv3 are out of the tree since, and the loops below name fast / tc.)
 #  1. op tests: lunar_tests cuda_kda_chunked (chunked vs the CPU op in every mode, the state passes, the
 #     intra fast form, cuda_kda_chunked_intra_diag: each new form vs fast and vs the CPU op, tiles past
 #     the gate bound falling back in the same launch)
-#  2. bench_cuda kdadiag: T = 8K / 64K, H = 96 / 32, fast / diag / diaginv / diaginv3 alternating, ROUNDS
+#  2. bench_cuda kdadiag: T = 8K / 64K, H = 96 / 32, fast / tc alternating, ROUNDS
 #     rounds (median of 21 / 7 repeats of the chunk profile's events; o, S, scratch vs fast at 8K)
 #  3. (while under $PF_S s) bench_cuda prefill2 (the whole op, mode 2) per form, alternating processes
-#  4. (while under $NCU_S s) ncu of one 8K H = 96 intra launch of fast and of diaginv
+#  4. (while under $NCU_S s) ncu of one 8K H = 96 intra launch of fast and of tc
 # The call runs in the session's checkout, not this worktree: carry this script in the pack (cp it into P).
 #   P=<prebuilt dir: bin/lunar_tests, bd/bench_cuda, lib/> OUT=<dir> [ROUNDS=3 PF_S=150 NCU_S=170] bash P/kdai3.sh
-# (knobs for a short call: TESTS=filter TEST_S BENCH_S PF_ROUNDS NCU_V='1 3' NCU_T)
+# (knobs for a short call: TESTS=filter TEST_S BENCH_S PF_ROUNDS NCU_V='1 2' NCU_T)
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
@@ -40,9 +42,9 @@ step "bench_cuda kdadiag"
 ROUNDS=${ROUNDS:-3} timeout ${BENCH_S:-120} $P/bd/bench_cuda kdadiag > $OUT/bench_diag.md 2>&1; echo "rc=$?" >> $T
 grep '^| kda intra' $OUT/bench_diag.md >> $T
 if late ${PF_S:-150}; then
-  step "bench_cuda prefill2, fast / diag / diaginv / diaginv3 alternating"
+  step "bench_cuda prefill2, fast / tc alternating"
   for r in $(seq ${PF_ROUNDS:-2}); do
-    for v in fast diag diaginv diaginv3; do
+    for v in fast tc; do
       late ${PF_S:-150} || break
       echo "-- round $r LUNAR_KDA_INTRA=$v" >> $OUT/bench_pf.md
       LUNAR_KDA_INTRA=$v timeout 30 $P/bd/bench_cuda prefill2 >> $OUT/bench_pf.md 2>&1
@@ -54,14 +56,14 @@ else
   echo "(skipped: prefill2, time)" >> $T
 fi
 if late ${NCU_S:-170} && command -v ncu > /dev/null; then
-  for v in ${NCU_V:-1 3}; do
+  for v in ${NCU_V:-1 2}; do
     late ${NCU_S:-170} || break
     step "ncu intra 8K H=96 kda_intra2_kernel<$v>"
-    timeout ${NCU_T:-25} ncu --replay-mode kernel --clock-control none -k regex:"kda_intra2_kernelILi${v}E" --launch-skip 0 --launch-count 1 \
-      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,launch__registers_per_thread \
+    timeout ${NCU_T:-25} ncu --replay-mode kernel --clock-control none --kernel-name-base mangled -k regex:"kda_intra2_kernelILi${v}E" --launch-skip 0 --launch-count 1 \
+      --metrics gpu__time_duration.sum,smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__warps_eligible.avg.per_cycle_active,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,dram__bytes_read.sum,dram__bytes_write.sum,smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio,smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio,smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_wait_per_issue_active.ratio,smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio,smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio,smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio \
       $P/bd/bench_cuda kdadiag1 > $OUT/ncu_$v.log 2>&1
     echo "rc=$?" >> $T
-    grep -E 'kda_intra2|gpu__time|inst_executed|issue_active|warps_active|eligible|wavefronts|stalled|registers' $OUT/ncu_$v.log | sed 's/  */ /g' | head -24 >> $T
+    grep -E 'kda_intra2|__' $OUT/ncu_$v.log | sed 's/  */ /g' | head -24 >> $T
   done
 else
   echo "(skipped: ncu, time or no ncu)" >> $T

@@ -18,10 +18,10 @@
 // Matmuls: wmma m16n16k8 tf32 with fp32 accumulation; with the 3xTF32 split (a = hi + lo,
 // a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (mode 1), plain tf32 (mode 0).
 // Mode 2 (default, fast): kda_intra2_kernel (the same quantities, rearranged for two blocks per
-// SM; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass is kda_state_bf16_kernel
-// (mma.sync bf16, state in fp32 registers), as fla rounds them; up to 33 heads its warp-specialised
-// form kda_state_ws_kernel, from 67 to 132 heads kda_state_grp_kernel (cuda_kda_state2.cu), both
-// bit-equal to it. Mode 3: kda_intra_kernel in tf32 writing the same bf16
+// SM, most of it on tensor cores; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass
+// is kda_state_bf16_kernel (mma.sync bf16, state in fp32 registers), as fla rounds them; up to
+// 33 heads its warp-specialised form kda_state_ws_kernel, from 67 to 132 heads
+// kda_state_grp_kernel (cuda_kda_state2.cu), both bit-equal to it. Mode 3: kda_intra_kernel in tf32 writing the same bf16
 // scratch, then the same state pass (kept to measure against).
 #include <mma.h>
 #include <string.h>
@@ -419,35 +419,19 @@ __device__ __forceinline__ float dot16_a4(float s, const float *a, const float *
     return s;
 }
 
-// c += a . b (m16n8k8) for fp32 fragments: SPL 0 tf32 operands (one add each, as tf32_i2<1>);
-// SPL 1 3xTF32 (a = hi + lo, a.b ~ hi.hi + hi.lo + lo.hi: fp32-accurate, three mmas)
-template <int SPL>
+// c += a . b (m16n8k8) for fp32 fragments, tf32 operands by one add each (tf32_i2<1>)
 __device__ __forceinline__ void mma_f(float (&c)[4], const float (&a)[4], float b0, float b1) {
-    if (!SPL) {
-        const unsigned ua[4] = {tf32_i2<1>(a[0]), tf32_i2<1>(a[1]), tf32_i2<1>(a[2]), tf32_i2<1>(a[3])};
-        mma_tf32(c, ua, tf32_i2<1>(b0), tf32_i2<1>(b1));
-    } else {
-        unsigned ah[4], al[4];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {  // hi: round to nearest tf32 (ties away), exactly representable
-            ah[e] = (__float_as_uint(a[e]) + 0x1000u) & 0xffffe000u;
-            al[e] = tf32_i2<1>(a[e] - __uint_as_float(ah[e]));
-        }
-        const unsigned bh0 = (__float_as_uint(b0) + 0x1000u) & 0xffffe000u, bh1 = (__float_as_uint(b1) + 0x1000u) & 0xffffe000u;
-        const unsigned bl0 = tf32_i2<1>(b0 - __uint_as_float(bh0)), bl1 = tf32_i2<1>(b1 - __uint_as_float(bh1));
-        mma_tf32(c, al, bh0, bh1);
-        mma_tf32(c, ah, bl0, bl1);
-        mma_tf32(c, ah, bh0, bh1);
-    }
+    const unsigned ua[4] = {tf32_i2<1>(a[0]), tf32_i2<1>(a[1]), tf32_i2<1>(a[2]), tf32_i2<1>(a[3])};
+    mma_tf32(c, ua, tf32_i2<1>(b0), tf32_i2<1>(b1));
 }
 
-// The block inverse's off-diagonal blocks (INV, FAST >= 3), level d = 1..3: X_mn = -X_mm P,
-// P = sum_{k=n}^{m-1} L_mk X_kn, n = m - d, on tensor cores. Warp w < 2 (4 - d) owns block
+// The block inverse's off-diagonal blocks (FAST >= 2), level d = 1..3: X_mn = -X_mm P,
+// P = sum_{k=n}^{m-1} L_mk X_kn, n = m - d, on tensor cores (tf32 operands, fp32 sums, as step 8's
+// X B; a 3xTF32 form measured 1-4 % slower at no visible accuracy gain: git show 26fbea0). Warp w < 2 (4 - d) owns block
 // m = d + w / 2 and its 8 columns 16 n + 8 (w % 2): P's 16 x 8 half by m16n8k8 steps, staged in the
 // warp's 128 floats of Ps (only this warp reads it: __syncwarp), then -X_mm P into Xs. A level reads
 // blocks of distance < d and writes blocks of distance d, so one barrier a level (the scalar form
 // had two, and every thread ran 16-48-term dot products: ~700 instructions a thread).
-template <int SPL>
 __device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps, int warp, int gq, int t4) {
     for (int d = 1; d < 4; d++) {
         if (warp < 2 * (4 - d)) {
@@ -459,7 +443,7 @@ __device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps
                 for (int k0 = 0; k0 < 16; k0 += 8) {
                     const float a[4] = {L[gq * 16 + k0 + t4], L[(gq + 8) * 16 + k0 + t4], L[gq * 16 + k0 + t4 + 4],
                                         L[(gq + 8) * 16 + k0 + t4 + 4]};
-                    mma_f<SPL>(p, a, X[(k0 + t4) * LDA + gq], X[(k0 + t4 + 4) * LDA + gq]);
+                    mma_f(p, a, X[(k0 + t4) * LDA + gq], X[(k0 + t4 + 4) * LDA + gq]);
                 }
             }
             float *ps = Ps + warp * 128;  // [16][8]
@@ -472,7 +456,7 @@ __device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps
             for (int k0 = 0; k0 < 16; k0 += 8) {
                 const float a[4] = {Xm[gq * LDA + k0 + t4], Xm[(gq + 8) * LDA + k0 + t4], Xm[gq * LDA + k0 + t4 + 4],
                                     Xm[(gq + 8) * LDA + k0 + t4 + 4]};
-                mma_f<SPL>(x, a, ps[(k0 + t4) * 8 + gq], ps[(k0 + t4 + 4) * 8 + gq]);
+                mma_f(x, a, ps[(k0 + t4) * 8 + gq], ps[(k0 + t4 + 4) * 8 + gq]);
             }
             float *dst = Xs + (16 * m + gq) * LDA + hc + 2 * t4;
             *reinterpret_cast<float2 *>(dst) = make_float2(-x[0], -x[1]);
@@ -583,6 +567,10 @@ __device__ __forceinline__ void wu_rows(const float *Xs, const float *B, __nv_bf
 //    barrier per sub-chunk);
 //  - L is held in registers until q is consumed, then the inverse lives where q was; V lands
 //    where Gamma was.
+// FAST: 0 the session-12 form, 1 its exponentials and tf32 operands cheaper (session 13), 2 (the
+// default, session 15) as 1 where a gate of the tile is below -8, else step 2's triangles and
+// step 4a's blocks replaced by step 4a' (all of L / Aqk as anchored tf32 mmas, the diagonal blocks
+// too), and with the inverse's level products on tf32 mma (inv_levels) in either case.
 template <int FAST>
 __global__ void __launch_bounds__(256, 2)
     kda_intra2_kernel(const float *__restrict__ q, const float *__restrict__ k,
@@ -922,8 +910,8 @@ __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();
     // X_mn, n = m - d, level by level: P = sum_{k=n}^{m-1} L_mk X_kn, X_mn = -X_mm P
-    if (FAST >= 3)  // INV: on tensor cores (inv_levels), one barrier a level
-        inv_levels<FAST == 4>(Xs, Lo, Ps, warp, gq, t4);
+    if (FAST >= 2)  // on tensor cores (inv_levels), one barrier a level
+        inv_levels(Xs, Lo, Ps, warp, gq, t4);
     else
     for (int d = 1; d < 4; d++) {
         const int nb = 4 - d;
@@ -1348,14 +1336,15 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
 
-// Mode 2's intra kernel form. kda_intra2_kernel<1> by default since session 13 (the exponentials on
-// ex2.approx.ftz, tf32 operands by one add, the Gamma column reads by a running offset: the same
-// values but for results below 2^-126; docs/benchmarks.md "KDA intra kernel: the same arithmetic in
-// fewer instructions"); LUNAR_KDA_INTRA=old (read once) the session-12 kernel, <0>; =diag <2>, the
-// fast form with every diagonal block on tensor cores where the tile's gates are bounded (step 4a');
-// =diaginv <3>: diag with the block inverse's level products on tf32 mma (inv_levels), =diaginv3
-// <4>: the same in 3xTF32 (opt-in until measured). lunar_cuda_kda_intra_variant overrides it
-// (tests, benchmarks): 4 diaginv3, 3 diaginv, 2 diag, 1 fast, 0 old, -1 env.
+// Mode 2's intra kernel form. kda_intra2_kernel<2> by default since session 15: the session-13 form
+// with every L / Aqk entry on tensor cores where the tile's gates are >= -8 (step 4a', the diagonal
+// blocks anchored mid-row-block; elsewhere the session-13 path), the block inverse's level products
+// on tf32 mma (inv_levels), Gamma in log2 units and exp(Gamma) k kept from 4b (docs/benchmarks.md
+// "KDA intra kernel on tensor cores"; H200: 8K H = 96 1.30 -> 0.89 ms, H = 32 0.45 -> 0.31 ms).
+// LUNAR_KDA_INTRA (read once): fast = <1>, the session-13 kernel (exponentials on ex2.approx.ftz, tf32
+// operands by one add, the Gamma column reads by a running offset; "KDA intra kernel: the same
+// arithmetic in fewer instructions"), old = <0>, the session-12 one. lunar_cuda_kda_intra_variant
+// overrides it (tests, benchmarks): 2 the default, 1 fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
     const int prev = g_intra;
@@ -1366,7 +1355,7 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = !e ? 1 : !strcmp(e, "old") ? 0 : !strcmp(e, "diag") ? 2 : !strcmp(e, "diaginv") ? 3 : !strcmp(e, "diaginv3") ? 4 : 1;
+        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "fast") ? 1 : 2;
     }
     return g_intra >= 0 ? g_intra : env;
 }
@@ -1388,9 +1377,7 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
     const int NC = (T + BT - 1) / BT;
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
     const int iv = intra_variant();
-    if (iv == 4) launch_intra2<4>(q, k, v, g, beta, w, T, H, NC, scale, st);
-    else if (iv == 3) launch_intra2<3>(q, k, v, g, beta, w, T, H, NC, scale, st);
-    else if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else if (iv == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
