@@ -1165,7 +1165,7 @@ TEST(cuda_kda_chunked_state_grp) {
 }
 
 /* Mode 2's intra kernel forms (cuda_kda_chunk.cu; declared here, not in cuda_ops.h, to leave that
- * header's many dependants unbuilt): 1 fast, 0 old, -1 LUNAR_KDA_INTRA. */
+ * header's many dependants unbuilt): 2 the default, 1 fast, 0 old, -1 LUNAR_KDA_INTRA. */
 int lunar_cuda_kda_intra_variant(int v);
 
 /* kda_intra2_kernel<1> (LUNAR_KDA_INTRA=fast) against <0> on the same inputs, both scratches
@@ -1221,6 +1221,88 @@ static void check_intra_fast(int T, int H, float lb, unsigned seed) {
     const int pv = lunar_cuda_kda_intra_variant(1);
     check_chunked(T, H, lb, 2, seed + 1);
     lunar_cuda_kda_intra_variant(pv);
+}
+
+/* kda_intra2_kernel<2> (the default since session 15: the diagonal blocks on tensor cores, anchored
+ * mid-block, where every gate of the (chunk, head) tile is >= -8, the session-13 path elsewhere; the
+ * block inverse's level products on tf32 mma) against <1> (LUNAR_KDA_INTRA=fast) on the same inputs,
+ * both scratches poisoned alike: the bf16 part of the scratch (W, U, Qg, Kg, Aqk) scale-relative (max
+ * |d| over max |fast|: the diagonal entries' tf32 operands, the moved anchor and the inverse's tf32
+ * products flip bf16 roundings; a poison left in one only is NaN and fails), exp(Gamma_C) (fp32, the
+ * same cumsum and expf) bit for bit, o and S scale-relative, all within the bf16 path's 1e-2 (the
+ * bound check_chunked explains); then <2> against the CPU op (check_chunked). gmul scales g after
+ * kda_make: lb -5 keeps every tile bounded, lb 0 gives g down to ~-8.3 (the bench's inputs: a few
+ * tiles fall back), gmul 4 makes most tiles fall back, so one launch mixes both paths. */
+static void check_intra_diag(int T, int H, float lb, float gmul, int variant, unsigned seed) {
+    const int dk = 128;
+    size_t mark = lunar_cuda_mark();
+    kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
+    for (long i = 0; i < (long)T * H * dk; i++) in.g[i] *= gmul;
+    const float scale = 1.0f / sqrtf((float)dk);
+    const long no = (long)T * H * dk, ns = (long)H * dk * dk;
+    const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
+    const float *dq = dev_in(in.q, no * 4), *dk_ = dev_in(in.k, no * 4), *dvv = dev_in(in.v, no * 4);
+    const float *dg = dev_in(in.g, no * 4), *db = dev_in(in.beta, (long)T * H * 4);
+    void *ws = lunar_cuda_alloc(wsb);
+    LUNAR_ASSERT(ws);
+    float *res[2][2];
+    uint16_t *sc[2];
+    for (int pass = 0; pass < 2; pass++) {
+        float *dS = dev_in(in.S0, ns * 4);
+        guarded o;
+        float *dO = guarded_new(&o, no * 4);
+        lunar_cuda_fill_u32(ws, SENT, wsb / 4);
+        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass ? variant : 1);
+        lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
+        lunar_cuda_kda_intra_variant(pv), lunar_cuda_kda_chunk_precision(pm);
+        res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
+        sc[pass] = malloc(wsb);
+        lunar_cuda_download(sc[pass], ws, wsb);
+        CHECK(guards_ok(&o));
+    }
+    /* the layout of lunar_cuda_kda_chunk_ws: W, U, Qg, Kg (fp32-sized slots, bf16 in their first
+     * halves, poison after), Aqk, then exp(Gamma_C) in fp32 */
+    const size_t NC = (size_t)(T + 63) / 64, nbf = 2 * (size_t)H * NC * (4 * 64 * dk + 64 * 64);
+    long ndiff = 0;
+    double dmax = 0, amax = 0;
+    for (size_t i = 0; i < nbf; i++) {
+        const double a = lunar_bf16_to_f32(sc[0][i]);
+        if (isfinite(a) && fabs(a) > amax) amax = fabs(a);
+        if (sc[0][i] != sc[1][i]) {
+            const double d = fabs(a - lunar_bf16_to_f32(sc[1][i]));
+            ndiff++;
+            if (!(d <= dmax)) dmax = d; /* NaN (a poison left in one only) propagates */
+        }
+    }
+    CHECK(memcmp(sc[0] + nbf, sc[1] + nbf, sizeof(float) * (size_t)H * NC * dk) == 0);
+    char what[160];
+    snprintf(what, sizeof what, "kda intra %d vs fast T=%d H=%d lb=%g g*%g: bf16 scratch (%ld of %zu differ)",
+             variant, T, H, lb, gmul, ndiff, nbf);
+    report(what, amax > 0 ? dmax / amax : dmax, 1e-2);
+    snprintf(what, sizeof what, "kda intra %d vs fast T=%d H=%d lb=%g g*%g: o", variant, T, H, lb, gmul);
+    report(what, lunar_max_rel_err(res[1][0], res[0][0], no), 1e-2);
+    snprintf(what, sizeof what, "kda intra %d vs fast T=%d H=%d lb=%g g*%g: S", variant, T, H, lb, gmul);
+    report(what, lunar_max_rel_err(res[1][1], res[0][1], ns), 1e-2);
+    for (int i = 0; i < 2; i++) free(res[i][0]), free(res[i][1]), free(sc[i]);
+    kda_free(&in);
+    lunar_cuda_release(mark);
+    if (gmul == 1.0f) { /* check_chunked makes its own inputs (unscaled g) */
+        const int pv = lunar_cuda_kda_intra_variant(variant);
+        check_chunked(T, H, lb, 2, seed + 1);
+        lunar_cuda_kda_intra_variant(pv);
+    }
+}
+
+TEST(cuda_kda_chunked_intra_diag) {
+    if (!cuda_on()) return;
+    static const int Ts[] = {1, 63, 64, 65, 129, 200, 333};
+    unsigned seed = 3170;
+    for (unsigned a = 0; a < 7; a++) check_intra_diag(Ts[a], a % 3 + 1, a & 1 ? 0.0f : -5.0f, 1.0f, 2, seed += 10);
+    check_intra_diag(1000, 32, 0.0f, 1.0f, 2, seed += 10);
+    check_intra_diag(333, 96, -5.0f, 1.0f, 2, seed += 10);
+    check_intra_diag(777, 7, 0.0f, 4.0f, 2, seed += 10); /* most tiles past the bound: the fallback beside it */
+    check_intra_diag(200, 3, 0.0f, 2.0f, 2, seed += 10);
+    check_intra_diag(2000, 32, -5.0f, 1.0f, 2, 42);
 }
 
 TEST(cuda_kda_chunked_intra_fast) {

@@ -10,7 +10,10 @@
  *   kdaintra: mode 2's intra kernel old / fast (LUNAR_KDA_INTRA), T = 8K / 64K, H = 32 / 96, three rounds
  *   alternating, and the two forms' outputs compared at 8K; kdaintra1: one round at 8K, H = 32, for ncu;
  *   kdastate96: mode 2's state pass from 67 heads, LUNAR_KDA_STATE=old / the default (grp), T = 8K / 64K,
- *   H = 96, three rounds alternating, the two passes' o and S compared) */
+ *   H = 96, three rounds alternating, the two passes' o and S compared;
+ *   prefill2: the prefill table's mode 2 rows alone (the default path), T = 8K / 64K, H = 96 / 32;
+ *   kdadiag: the intra kernel fast (LUNAR_KDA_INTRA=fast) / tc (the default since session 15), T = 8K / 64K,
+ *   H = 96 / 32, ROUNDS (3) rounds alternating, compared with fast at 8K; kdadiag1: one round at 8K, H = 96, for ncu) */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,12 +181,13 @@ static void crosscheck_prefill(int T, int H) {
     lunar_cuda_release(mark);
 }
 
-/* Mode 2's intra kernel forms, old (LUNAR_KDA_INTRA=old) and fast, on one set of inputs, ROUNDS
- * rounds alternating: the median over the repeats of the intra kernel and of the state pass (the
- * chunk profile's events around each), and, in round 1, o, S and the scratch of the two forms from
- * the same initial state compared (fast vs old: o and S scale-relative, count of differing bf16). */
-int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 1 fast, 0 old, -1 env */
-static void bench_intra(int T, int H, int rounds, int compare) {
+/* Mode 2's intra kernel forms (LUNAR_KDA_INTRA: old, fast, unset = tc, the default) on one set of inputs,
+ * ROUNDS rounds alternating in the order given (vs[0] first in each round): the median over the repeats of
+ * the intra kernel and of the state pass (the chunk profile's events around each), and, in round 1, o, S
+ * and the scratch of each form from the same initial state compared with vs[0]'s (o and S scale-relative,
+ * count of differing bf16 and their largest difference). */
+int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 2 tc (the default), 1 fast, 0 old */
+static void bench_intra(int T, int H, int rounds, int compare, const int *vs, int nv) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
     const kda_in in = kda_inputs(T, H);
@@ -195,11 +199,13 @@ static void bench_intra(int T, int H, int rounds, int compare) {
     const int reps = T >= 32768 ? 7 : 21;
     /* the intra kernel's floor: q, k, v, g read (fp32), W, U, Qg, Kg (bf16), Aqk (bf16) written */
     const double ibytes = 4.0 * nq * 4 + (double)T * H * 4 + 4.0 * nq * 2 + (double)T * H * 64 * 2;
-    float *ho[2] = {0, 0}, *hs[2] = {0, 0};
-    uint16_t *hw[2] = {0, 0};
+    float *ho[3] = {0, 0, 0}, *hs[3] = {0, 0, 0};
+    uint16_t *hw[3] = {0, 0, 0};
+    static const char *const nm[3] = {"old ", "fast", "tc  "};
+    if (nv > 3) nv = 3;
     for (int r = 0; r < rounds; r++)
-        for (int iv = 0; iv < 2; iv++) {
-            lunar_cuda_kda_intra_variant(iv);
+        for (int iv = 0; iv < nv; iv++) {
+            lunar_cuda_kda_intra_variant(vs[iv]);
             lunar_cuda_fill_uniform(S, ns, 8, -0.5f, 0.5f);
             if (r == 0 && compare) {
                 lunar_cuda_fill_u32(ws, 0x7fc17fc1u, wsb / 4);
@@ -214,25 +220,26 @@ static void bench_intra(int T, int H, int rounds, int compare) {
             float mi, ms, mt;
             profile_medians(&in, T, H, sc, reps, &mi, &ms, &mt);
             printf("| kda intra %s round %d | T=%d H=%d | intra %.1f us (state %.1f; total %.3f ms) | %.1f us (%.0f MB) | "
-                   "%.2fx | |\n", iv ? "fast" : "old ", r + 1, T, H, mi * 1e3, ms * 1e3, mt, ibytes / BW * 1e6,
+                   "%.2fx | |\n", nm[vs[iv]], r + 1, T, H, mi * 1e3, ms * 1e3, mt, ibytes / BW * 1e6,
                    ibytes / 1e6, mi * 1e-3 / (ibytes / BW));
             fflush(stdout);
         }
-    if (compare && ho[0] && ho[1]) {
+    for (int iv = 1; compare && iv < nv; iv++) {
+        if (!ho[0] || !ho[iv]) continue;
         long nd = 0;
         double dmax = 0;
         for (size_t i = 0; i < wsb / 2; i++)
-            if (hw[0][i] != hw[1][i]) {
-                union { uint32_t u; float f; } a = {(uint32_t)hw[0][i] << 16}, b = {(uint32_t)hw[1][i] << 16};
+            if (hw[0][i] != hw[iv][i]) {
+                union { uint32_t u; float f; } a = {(uint32_t)hw[0][i] << 16}, b = {(uint32_t)hw[iv][i] << 16};
                 const double dd = fabs((double)a.f - b.f);
                 nd++;
                 if (!(dd <= dmax)) dmax = dd;
             }
-        printf("| kda intra check | T=%d H=%d | fast vs old: o %.2e, S %.2e (scale-relative); scratch: %ld of %zu bf16 "
-               "differ, max |d| %.2e | | | |\n", T, H, max_rel(ho[1], ho[0], nq), max_rel(hs[1], hs[0], ns), nd,
-               wsb / 2, dmax);
+        printf("| kda intra check | T=%d H=%d | %s vs %s: o %.2e, S %.2e (scale-relative); scratch: %ld of %zu bf16 "
+               "differ, max |d| %.2e | | | |\n", T, H, nm[vs[iv]], nm[vs[0]], max_rel(ho[iv], ho[0], nq),
+               max_rel(hs[iv], hs[0], ns), nd, wsb / 2, dmax);
     }
-    for (int i = 0; i < 2; i++) free(ho[i]), free(hs[i]), free(hw[i]);
+    for (int i = 0; i < 3; i++) free(ho[i]), free(hs[i]), free(hw[i]);
     lunar_cuda_kda_intra_variant(prev_iv);
     lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_release(mark);
@@ -523,17 +530,32 @@ int main(int argc, char **argv) {
         crosscheck_prefill(8192, 96);
         crosscheck_prefill(65536, 32);
     }
+    if (strcmp(what, "prefill2") == 0) { /* mode 2 alone (the default path; LUNAR_KDA_INTRA picks the intra form) */
+        static const int Ts[] = {8192, 65536}, Hs[] = {96, 32};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) bench_prefill(Ts[a], Hs[b], 2);
+    }
     if (strcmp(what, "kdaintra") == 0) { /* mode 2's intra kernel: old / fast, three rounds alternating */
         static const int Ts[] = {8192, 65536}, Hs[] = {32, 96};
         for (int a = 0; a < 2; a++)
-            for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], 3, a == 0); /* compared at 8K */
+            for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], 3, a == 0, (const int[]){0, 1}, 2); /* compared at 8K */
     }
     if (strcmp(what, "kdastate96") == 0) { /* the state pass from 67 heads, old / grp, three rounds alternating */
         bench_state(8192, 96, 3);
         bench_state(65536, 96, 3);
     }
     if (strcmp(what, "kdaintra1") == 0) { /* one call of each form at 8K, H = 32, for ncu */
-        bench_intra(8192, 32, 1, 0);
+        bench_intra(8192, 32, 1, 0, (const int[]){0, 1}, 2);
+    }
+    if (strcmp(what, "kdadiag") == 0) { /* fast / tc (the default), ROUNDS (3) rounds alternating */
+        const int rounds = getenv("ROUNDS") ? atoi(getenv("ROUNDS")) : 3;
+        static const int Ts[] = {8192, 65536}, Hs[] = {96, 32}, vs[] = {1, 2};
+        for (int a = 0; a < 2; a++)
+            for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], rounds, a == 0, vs, 2); /* compared at 8K */
+    }
+    if (strcmp(what, "kdadiag1") == 0) { /* one call of each form at 8K, H = 96, for ncu */
+        static const int vs[] = {1, 2};
+        bench_intra(8192, 96, 1, 0, vs, 2);
     }
     if (strcmp(what, "kdastate") == 0) /* mode 2's state pass: old / ws, two rounds alternating */
         for (int round = 0; round < 2; round++)

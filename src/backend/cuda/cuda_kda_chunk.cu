@@ -18,10 +18,10 @@
 // Matmuls: wmma m16n16k8 tf32 with fp32 accumulation; with the 3xTF32 split (a = hi + lo,
 // a.b ~ hi.hi + hi.lo + lo.hi) they are fp32-accurate (mode 1), plain tf32 (mode 0).
 // Mode 2 (default, fast): kda_intra2_kernel (the same quantities, rearranged for two blocks per
-// SM; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass is kda_state_bf16_kernel
-// (mma.sync bf16, state in fp32 registers), as fla rounds them; up to 33 heads its warp-specialised
-// form kda_state_ws_kernel, from 67 to 132 heads kda_state_grp_kernel (cuda_kda_state2.cu), both
-// bit-equal to it. Mode 3: kda_intra_kernel in tf32 writing the same bf16
+// SM, most of it on tensor cores; see there) writes W, U, Qg, Kg, Aqk as bf16, and the state pass
+// is kda_state_bf16_kernel (mma.sync bf16, state in fp32 registers), as fla rounds them; up to
+// 33 heads its warp-specialised form kda_state_ws_kernel, from 67 to 132 heads
+// kda_state_grp_kernel (cuda_kda_state2.cu), both bit-equal to it. Mode 3: kda_intra_kernel in tf32 writing the same bf16
 // scratch, then the same state pass (kept to measure against).
 #include <mma.h>
 #include <string.h>
@@ -393,6 +393,9 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], const unsigned (&a)[4], 
 // values are < 1.2e-38 and fall out of sums of O(1) terms). cvt.rna.tf32.f32 is emulated on sm_90
 // (an inf/NaN test and a predicated add of half a tf32 ulp, the low 13 bits left for mma to
 // ignore); for the finite operands here the add alone is the same bits.
+// DIAG's bound on -g (step 4a'): 8 gates of it sum to 64, exp(64) = 6e27, so the anchored factors
+// stay normal with 1e10 of headroom for |q|, |k| (K3's gates are >= -5)
+#define KDA_DIAG_GMIN 8.0f
 template <int FAST> __device__ __forceinline__ float exp_i2(float x) {
     if (!FAST) return __expf(x);
     float y;
@@ -416,6 +419,141 @@ __device__ __forceinline__ float dot16_a4(float s, const float *a, const float *
     return s;
 }
 
+// c += a . b (m16n8k8) for fp32 fragments, tf32 operands by one add each (tf32_i2<1>)
+__device__ __forceinline__ void mma_f(float (&c)[4], const float (&a)[4], float b0, float b1) {
+    const unsigned ua[4] = {tf32_i2<1>(a[0]), tf32_i2<1>(a[1]), tf32_i2<1>(a[2]), tf32_i2<1>(a[3])};
+    mma_tf32(c, ua, tf32_i2<1>(b0), tf32_i2<1>(b1));
+}
+
+// The block inverse's off-diagonal blocks (FAST >= 2), level d = 1..3: X_mn = -X_mm P,
+// P = sum_{k=n}^{m-1} L_mk X_kn, n = m - d, on tensor cores (tf32 operands, fp32 sums, as step 8's
+// X B; a 3xTF32 form measured 1-4 % slower at no visible accuracy gain: git show 26fbea0). Warp w < 2 (4 - d) owns block
+// m = d + w / 2 and its 8 columns 16 n + 8 (w % 2): P's 16 x 8 half by m16n8k8 steps, staged in the
+// warp's 128 floats of Ps (only this warp reads it: __syncwarp), then -X_mm P into Xs. A level reads
+// blocks of distance < d and writes blocks of distance d, so one barrier a level (the scalar form
+// had two, and every thread ran 16-48-term dot products: ~700 instructions a thread).
+__device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps, int warp, int gq, int t4) {
+    for (int d = 1; d < 4; d++) {
+        if (warp < 2 * (4 - d)) {
+            const int m = d + (warp >> 1), nn = m - d, hc = 16 * nn + 8 * (warp & 1);
+            float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int kb = nn; kb < m; kb++) {
+                const float *L = Lo + (m * (m - 1) / 2 + kb) * 256, *X = Xs + 16 * kb * LDA + hc;
+#pragma unroll
+                for (int k0 = 0; k0 < 16; k0 += 8) {
+                    const float a[4] = {L[gq * 16 + k0 + t4], L[(gq + 8) * 16 + k0 + t4], L[gq * 16 + k0 + t4 + 4],
+                                        L[(gq + 8) * 16 + k0 + t4 + 4]};
+                    mma_f(p, a, X[(k0 + t4) * LDA + gq], X[(k0 + t4 + 4) * LDA + gq]);
+                }
+            }
+            float *ps = Ps + warp * 128;  // [16][8]
+            *reinterpret_cast<float2 *>(ps + gq * 8 + 2 * t4) = make_float2(p[0], p[1]);
+            *reinterpret_cast<float2 *>(ps + (gq + 8) * 8 + 2 * t4) = make_float2(p[2], p[3]);
+            __syncwarp();
+            float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float *Xm = Xs + 16 * m * LDA + 16 * m;  // zeros above its diagonal
+#pragma unroll
+            for (int k0 = 0; k0 < 16; k0 += 8) {
+                const float a[4] = {Xm[gq * LDA + k0 + t4], Xm[(gq + 8) * LDA + k0 + t4], Xm[gq * LDA + k0 + t4 + 4],
+                                    Xm[(gq + 8) * LDA + k0 + t4 + 4]};
+                mma_f(x, a, ps[(k0 + t4) * 8 + gq], ps[(k0 + t4 + 4) * 8 + gq]);
+            }
+            float *dst = Xs + (16 * m + gq) * LDA + hc + 2 * t4;
+            *reinterpret_cast<float2 *>(dst) = make_float2(-x[0], -x[1]);
+            *reinterpret_cast<float2 *>(dst + 8 * LDA) = make_float2(-x[2], -x[3]);
+        }
+        __syncthreads();
+    }
+}
+
+// exp of a difference of entries of the Gamma tile: FAST >= 2 keeps Gamma there in log2 units
+// (Gamma log2 e, scaled once at the cumsum), so this is ex2 alone; below, the natural exp_i2
+template <int FAST> __device__ __forceinline__ float expg(float x) {
+    if (FAST < 2) return exp_i2<FAST>(x);
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Step 4a' of kda_intra2_kernel (DIAG, the tile's gates bounded): this warp's NT column tiles of 8
+// (tiles tb .. tb + NT - 1) of row block mr, anchored at its middle row a = 16 mr + 8: Aqk (scale,
+// i <= r) to the scratch, L (beta_r, i < r) into lo[u] in C-fragment order. Gs holds Gamma log2 e.
+template <int NT, int FAST>
+__device__ __forceinline__ void diag_tiles(const float *Gs, const float *Ks, const float *Qs, const float *bs,
+                                           __nv_bfloat16 *Aq, float (&lo)[3][4], int mr, int tb, int gq, int t4,
+                                           float scale) {
+    float ck[NT][4], cq[NT][4];
+#pragma unroll
+    for (int u = 0; u < NT; u++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) ck[u][e] = cq[u][e] = 0.0f;
+    const float *Ga = Gs + (16 * mr + 8) * LDK2;
+    const int r0 = 16 * mr + gq, r1 = r0 + 8;
+#pragma unroll 2
+    for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in step 4a
+        const int j = kk + 2 * t4;
+        const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+        const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+        const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
+        const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+        const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+        const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
+        const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
+#pragma unroll
+        for (int u = 0; u < NT; u++) {
+            const int i = 8 * (tb + u) + gq;
+            const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
+            const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
+            const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
+            mma_tf32(ck[u], ak, b0, b1);
+            mma_tf32(cq[u], aq, b0, b1);
+        }
+    }
+    const float br0 = bs[r0], br1 = bs[r1];
+#pragma unroll
+    for (int u = 0; u < NT; u++) {  // Aqk where i <= r, L where i < r (the tiles left of the diagonal block: all)
+        const int col = 8 * (tb + u) + 2 * t4;
+        *reinterpret_cast<__nv_bfloat162 *>(Aq + r0 * BT + col) = __floats2bfloat162_rn(
+            col <= r0 ? cq[u][0] * scale : 0.0f, col + 1 <= r0 ? cq[u][1] * scale : 0.0f);
+        *reinterpret_cast<__nv_bfloat162 *>(Aq + r1 * BT + col) = __floats2bfloat162_rn(
+            col <= r1 ? cq[u][2] * scale : 0.0f, col + 1 <= r1 ? cq[u][3] * scale : 0.0f);
+        lo[u][0] = col < r0 ? ck[u][0] * br0 : 0.0f, lo[u][1] = col + 1 < r0 ? ck[u][1] * br0 : 0.0f;
+        lo[u][2] = col < r1 ? ck[u][2] * br1 : 0.0f, lo[u][3] = col + 1 < r1 ? ck[u][3] * br1 : 0.0f;
+    }
+}
+
+// Step 8 of kda_intra2_kernel: this warp's 32 columns (cs ..) of W or U = X B, all 64 rows, bf16 out.
+// RA / RB: X / B already hold tf32_i2's bits (FAST >= 2 rounds exp(Gamma) k where it is stored), so
+// the operands pass as they are; else the add here. (RA: X pre-rounded measured nothing here: the A
+// fragment's four registers then need MOVs into order, where the adds wrote them in place.)
+template <int RA, int RB, int FAST>
+__device__ __forceinline__ void wu_rows(const float *Xs, const float *B, __nv_bfloat16 *dst, int cs, int gq, int t4) {
+#pragma unroll
+    for (int rt = 0; rt < 4; rt++) {
+        float acc[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+        const int r0 = 16 * rt + gq;
+#pragma unroll
+        for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {  // k slots permuted: tokens kk + 2t, +1
+            const float2 x0 = ld2(Xs + r0 * LDA + kk + 2 * t4), x1 = ld2(Xs + (r0 + 8) * LDA + kk + 2 * t4);
+            const unsigned a[4] = {RA ? __float_as_uint(x0.x) : tf32_i2<FAST>(x0.x), RA ? __float_as_uint(x1.x) : tf32_i2<FAST>(x1.x),
+                                   RA ? __float_as_uint(x0.y) : tf32_i2<FAST>(x0.y), RA ? __float_as_uint(x1.y) : tf32_i2<FAST>(x1.y)};
+            const float *b = B + (kk + 2 * t4) * LDK2 + cs + gq;
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+                mma_tf32(acc[nt], a, RB ? __float_as_uint(b[8 * nt]) : tf32_i2<FAST>(b[8 * nt]),
+                         RB ? __float_as_uint(b[LDK2 + 8 * nt]) : tf32_i2<FAST>(b[LDK2 + 8 * nt]));
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int col = cs + 8 * nt + 2 * t4;
+            *reinterpret_cast<__nv_bfloat162 *>(dst + r0 * DK + col) = __floats2bfloat162_rn(acc[nt][0], acc[nt][1]);
+            *reinterpret_cast<__nv_bfloat162 *>(dst + (r0 + 8) * DK + col) = __floats2bfloat162_rn(acc[nt][2], acc[nt][3]);
+        }
+    }
+}
+
 // Mode 2's intra kernel: the same outputs as kda_intra_kernel<0, 1> (bf16 W, U, Qg, Kg, Aqk, fp32
 // exp(Gamma_C)), with the work rearranged:
 //  - the 8x8 triangles on the diagonal of L and Aqk without one exp per pair: along a column i
@@ -429,13 +567,17 @@ __device__ __forceinline__ float dot16_a4(float s, const float *a, const float *
 //    barrier per sub-chunk);
 //  - L is held in registers until q is consumed, then the inverse lives where q was; V lands
 //    where Gamma was.
+// FAST: 0 the session-12 form, 1 its exponentials and tf32 operands cheaper (session 13), 2 (the
+// default, session 15) as 1 where a gate of the tile is below -8, else step 2's triangles and
+// step 4a's blocks replaced by step 4a' (all of L / Aqk as anchored tf32 mmas, the diagonal blocks
+// too), and with the inverse's level products on tf32 mma (inv_levels) in either case.
 template <int FAST>
 __global__ void __launch_bounds__(256, 2)
     kda_intra2_kernel(const float *__restrict__ q, const float *__restrict__ k,
                       const float *__restrict__ v, const float *__restrict__ g,
                       const float *__restrict__ beta, kda_ws ws, int T, int H, float scale) {
     extern __shared__ __align__(128) float sm[];
-    float *Gs = sm;             // [64][LDK2] exp(g), then Gamma, then V
+    float *Gs = sm;             // [64][LDK2] exp(g) (DIAG: g), then Gamma (FAST >= 2: Gamma log2 e), then V
     float *Ks = Gs + BT * LDK2;  // [64][LDK2] k, then exp(Gamma) k
     float *Qs = Ks + BT * LDK2;  // [64][LDK2] q; then Xs [64][LDA], Lo [6][16][16], Ps [3][256]
     float *bs = Qs + BT * LDK2;  // [64] beta
@@ -467,16 +609,33 @@ __global__ void __launch_bounds__(256, 2)
     }
     if (tid < BT) bs[tid] = tid < c ? beta[(size_t)(t0 + tid) * H + h] : 0.0f;
     cp_wait_all();
-    for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
-        float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
-        const float4 x = *p;
-        *p = make_float4(exp_i2<FAST>(x.x), exp_i2<FAST>(x.y), exp_i2<FAST>(x.z), exp_i2<FAST>(x.w));
+    // DIAG (FAST >= 2): the diagonal blocks go to the tensor cores when every g of the tile is >=
+    // -KDA_DIAG_GMIN (see step 4a'); the test reads this thread's own copies, the barrier ANDs them
+    int bounded = 0;
+    if (FAST >= 2) {
+        bool ok = true;
+        for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+            const float4 x = *reinterpret_cast<const float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
+            ok = ok & (x.x >= -KDA_DIAG_GMIN) & (x.y >= -KDA_DIAG_GMIN) & (x.z >= -KDA_DIAG_GMIN) &
+                 (x.w >= -KDA_DIAG_GMIN);  // NaN fails: the fallback keeps its semantics
+        }
+        bounded = __syncthreads_and(ok);
     }
+    if (!bounded)
+        for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
+            float4 *p = reinterpret_cast<float4 *>(Gs + (idx >> 5) * LDK2 + (idx & 31) * 4);
+            const float4 x = *p;
+            *p = make_float4(exp_i2<FAST>(x.x), exp_i2<FAST>(x.y), exp_i2<FAST>(x.z), exp_i2<FAST>(x.w));
+        }
     // Aqk is zero where the 8-column group is past the 8-row group (8 bf16 per store)
     for (int idx = tid; idx < BT * BT / 8; idx += 256) {
         const int r = idx >> 3;
         if ((idx & 7) > (r >> 3)) *reinterpret_cast<uint4 *>(Aq + idx * 8) = make_uint4(0, 0, 0, 0);
     }
+    float lo[3][4];  // this warp's L tiles (beta_r applied), C-fragment order, held until q is consumed
+    float *const dkk = lo[2];  // step 2: this lane's L entries, rows rb + ds + 4v, column rb + dil
+    const int dil = lane & 7, ds = lane >> 3, rb = 16 * (warp >> 1) + 8 * (warp & 1);
+    if (!bounded) {
     __syncthreads();
 
     // 2. diagonal blocks, as eight 8x8 triangles (the lower-left 8x8 of each 16x16 block is an
@@ -484,8 +643,6 @@ __global__ void __launch_bounds__(256, 2)
     //    rb .. rb + 7, rb = 16m + 8ch; lane: column i = rb + (lane % 8), dims {16u + 4s .. +3 :
     //    u < 8}, s = lane / 8; the four s lanes of a column are summed by shuffles. p starts as k_i
     //    and is multiplied by exp(g_r) from row i + 1 on; rows above i are computed and dropped.
-    const int dil = lane & 7, ds = lane >> 3, rb = 16 * (warp >> 1) + 8 * (warp & 1);
-    float dkk[2];  // this lane's L entries: rows rb + ds + 4v, column rb + dil
     {
         float p[32], sk[8], sq[8];
 #pragma unroll
@@ -526,12 +683,16 @@ __global__ void __launch_bounds__(256, 2)
                 dkk[rr >> 2] = dil < rr ? bs[rb + rr] * sk[rr] : 0.0f;
             }
     }
-    __syncthreads();  // exp(g) consumed
+    }  // !bounded
+    __syncthreads();  // exp(g) consumed (bounded: g landed)
 
     // 3. Gamma: inclusive cumsum of g down each key column (token order), g re-read (L2)
     if (tid < DK) {
         float x[BT];
-        if (FAST && c == BT) {  // full chunk: one running offset, no per-row bound test
+        if (bounded) {  // g is still in the tile (rows past the end zero)
+#pragma unroll
+            for (int r = 0; r < BT; r++) x[r] = Gs[r * LDK2 + tid];
+        } else if (FAST && c == BT) {  // full chunk: one running offset, no per-row bound test
             const float *gp = g + ((size_t)t0 * H + h) * DK + tid;
             const int st = H * DK;
 #pragma unroll
@@ -544,16 +705,30 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int r = 0; r < BT; r++) {
             acc += x[r];
-            Gs[r * LDK2 + tid] = acc;
+            Gs[r * LDK2 + tid] = FAST >= 2 ? acc * 1.44269504088896341f : acc;  // expg's units
         }
+        if (FAST >= 2) ws.Dc[cb * DK + tid] = expf(acc);  // exp(Gamma_C) from the unscaled sum
     }
     __syncthreads();
 
     // 4a. off-diagonal blocks (m, n), n < m, one per warp 0..5, anchor Gamma* = Gamma at row
     //     16m: (x_r exp(Gamma_r - Gamma*)) . (k_i exp(Gamma* - Gamma_i)), both exponents <= 0.
-    float lo[2][4];  // this warp's L block (beta_r applied), C-fragment order per n8 half
     const int om = warp < 1 ? 1 : warp < 3 ? 2 : 3, on = warp - om * (om - 1) / 2;
-    if (warp < 6) {
+    // 4a'. DIAG, bounded: every L / Aqk entry by tensor cores, diagonal blocks included. Row block
+    //     mr's 2 mr + 2 column tiles of 8 (tiles 2 mr, 2 mr + 1: its diagonal block) anchored at
+    //     its middle row a = 16 mr + 8: (x_r exp(Gamma_r - Gamma_a)) . (k_i exp(Gamma_a - Gamma_i)).
+    //     Exponents of either sign now, each a sum of <= 8 gates >= -KDA_DIAG_GMIN, so each factor
+    //     is within exp(+-64) of |x|, |k| (fp32 and tf32 share the 8-bit exponent; the kept entries'
+    //     terms keep tf32's relative rounding; entries above the diagonal are dropped by a select,
+    //     never scaled, so an overflow there cannot leak). Warps: the A operand built once per warp
+    //     for 2-3 tiles (mr 0: tiles 0-1; 1: 0-1, 2-3; 2: 0-2, 3-5; 3: 0-2, 3-5, 6-7), replacing
+    //     step 2's triangles (computed row by row, half above the diagonal) and the half-idle mmas.
+    const int mr = (0x33322110u >> (4 * warp)) & 15, tb = (0x63030200u >> (4 * warp)) & 15,
+              nt = (0x23333222u >> (4 * warp)) & 15;
+    if (bounded) {  // the tile count a template argument: no per-tile branch in the k loop
+        if (nt == 3) diag_tiles<3, FAST>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+        else diag_tiles<2, FAST>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+    } else if (warp < 6) {
         float ck[2][4], cq[2][4];
 #pragma unroll
         for (int hf = 0; hf < 2; hf++)
@@ -567,8 +742,8 @@ __global__ void __launch_bounds__(256, 2)
         for (int kk = 0; kk < DK; kk += 8) {
             const int j = kk + 2 * t4;
             const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-            const float e00 = exp_i2<FAST>(G0.x - ga.x), e01 = exp_i2<FAST>(G0.y - ga.y);
-            const float e10 = exp_i2<FAST>(G1.x - ga.x), e11 = exp_i2<FAST>(G1.y - ga.y);
+            const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+            const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
             const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
             const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
             const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
@@ -577,8 +752,8 @@ __global__ void __launch_bounds__(256, 2)
             for (int hf = 0; hf < 2; hf++) {
                 const int i = 16 * on + 8 * hf + gq;
                 const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
-                const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
-                const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
+                const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
+                const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
                 mma_tf32(ck[hf], ak, b0, b1);
                 mma_tf32(cq[hf], aq, b0, b1);
             }
@@ -603,12 +778,12 @@ __global__ void __launch_bounds__(256, 2)
             for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in the warps above
                 const int j = kk + 2 * t4;
                 const float2 ga = ld2(Gs + a * LDK2 + j), Gr = ld2(Gs + r * LDK2 + j), Gi = ld2(Gs + ic * LDK2 + j);
-                const float e0 = exp_i2<FAST>(Gr.x - ga.x), e1 = exp_i2<FAST>(Gr.y - ga.y);
+                const float e0 = expg<FAST>(Gr.x - ga.x), e1 = expg<FAST>(Gr.y - ga.y);
                 const float2 Kr = ld2(Ks + r * LDK2 + j), Qr = ld2(Qs + r * LDK2 + j), Ki = ld2(Ks + ic * LDK2 + j);
                 const unsigned ak[4] = {tf32_i2<FAST>(Kr.x * e0), 0u, tf32_i2<FAST>(Kr.y * e1), 0u};
                 const unsigned aq[4] = {tf32_i2<FAST>(Qr.x * e0), 0u, tf32_i2<FAST>(Qr.y * e1), 0u};
-                const unsigned b0 = tf32_i2<FAST>(Ki.x * exp_i2<FAST>(ga.x - Gi.x));
-                const unsigned b1 = tf32_i2<FAST>(Ki.y * exp_i2<FAST>(ga.y - Gi.y));
+                const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
+                const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
                 mma_tf32(ck, ak, b0, b1);
                 mma_tf32(cq, aq, b0, b1);
             }
@@ -617,29 +792,65 @@ __global__ void __launch_bounds__(256, 2)
             lo[mj][0] = ck[0] * br, lo[mj][1] = ck[1] * br;
         }
     }
-    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16, 4 per store), exp(Gamma_C)
+    // 4b. Qg = q scale exp(Gamma), Kg = k exp(Gamma_C - Gamma) (bf16, 4 per store), exp(Gamma_C).
+    //     FAST >= 2: exp(Gamma) k of step 5 (the same rows and columns of this thread) kept in
+    //     registers from here, so step 5 neither rereads Gamma and k nor recomputes exp(Gamma)
+    float4 kx[FAST >= 2 ? 8 : 1];
     {
         __nv_bfloat16 *Qg = reinterpret_cast<__nv_bfloat16 *>(ws.Qg) + cb * BT * DK;
         __nv_bfloat16 *Kg = reinterpret_cast<__nv_bfloat16 *>(ws.Kg) + cb * BT * DK;
         const int j = (tid & 31) * 4;  // the same 4 columns on every iteration
         const float4 C = *reinterpret_cast<const float4 *>(Gs + (BT - 1) * LDK2 + j);
+        if (FAST >= 2) {
+#pragma unroll
+            for (int it = 0; it < 8; it++) {
+                const int r = (tid >> 5) + 8 * it;
+                const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
+                const float4 Q = *reinterpret_cast<const float4 *>(Qs + r * LDK2 + j);
+                const float4 K = *reinterpret_cast<const float4 *>(Ks + r * LDK2 + j);
+                const float e0 = expg<FAST>(G.x), e1 = expg<FAST>(G.y), e2 = expg<FAST>(G.z), e3 = expg<FAST>(G.w);
+                uint2 qv, kv;
+                qv.x = pack_bf16(Q.x * scale * e0, Q.y * scale * e1);
+                qv.y = pack_bf16(Q.z * scale * e2, Q.w * scale * e3);
+                kv.x = pack_bf16(K.x * expg<FAST>(C.x - G.x), K.y * expg<FAST>(C.y - G.y));
+                kv.y = pack_bf16(K.z * expg<FAST>(C.z - G.z), K.w * expg<FAST>(C.w - G.w));
+                *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
+                *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
+                // rounded as step 8's B operand (tf32_i2's bits: W's operands unchanged)
+                kx[FAST >= 2 ? it : 0] = make_float4(__uint_as_float(tf32_i2<FAST>(K.x * e0)), __uint_as_float(tf32_i2<FAST>(K.y * e1)),
+                                                     __uint_as_float(tf32_i2<FAST>(K.z * e2)), __uint_as_float(tf32_i2<FAST>(K.w * e3)));
+            }
+        } else
         for (int r = tid >> 5; r < BT; r += 8) {
             const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
             const float4 Q = *reinterpret_cast<const float4 *>(Qs + r * LDK2 + j);
             const float4 K = *reinterpret_cast<const float4 *>(Ks + r * LDK2 + j);
             uint2 qv, kv;
-            qv.x = pack_bf16(Q.x * scale * exp_i2<FAST>(G.x), Q.y * scale * exp_i2<FAST>(G.y));
-            qv.y = pack_bf16(Q.z * scale * exp_i2<FAST>(G.z), Q.w * scale * exp_i2<FAST>(G.w));
-            kv.x = pack_bf16(K.x * exp_i2<FAST>(C.x - G.x), K.y * exp_i2<FAST>(C.y - G.y));
-            kv.y = pack_bf16(K.z * exp_i2<FAST>(C.z - G.z), K.w * exp_i2<FAST>(C.w - G.w));
+            qv.x = pack_bf16(Q.x * scale * expg<FAST>(G.x), Q.y * scale * expg<FAST>(G.y));
+            qv.y = pack_bf16(Q.z * scale * expg<FAST>(G.z), Q.w * scale * expg<FAST>(G.w));
+            kv.x = pack_bf16(K.x * expg<FAST>(C.x - G.x), K.y * expg<FAST>(C.y - G.y));
+            kv.y = pack_bf16(K.z * expg<FAST>(C.z - G.z), K.w * expg<FAST>(C.w - G.w));
             *reinterpret_cast<uint2 *>(Qg + r * DK + j) = qv;
             *reinterpret_cast<uint2 *>(Kg + r * DK + j) = kv;
         }
-        if (tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK2 + tid]);
+        if (FAST < 2 && tid < DK) ws.Dc[cb * DK + tid] = expf(Gs[(BT - 1) * LDK2 + tid]);
     }
     __syncthreads();  // q and raw k consumed
 
     // 5. L into the freed q tile: diagonal blocks into Xs, off-diagonal ones into Lo; exp(Gamma) k
+    if (bounded) {
+        const int r0 = 16 * mr + gq;
+#pragma unroll
+        for (int u = 0; u < 3; u++)
+            if (u < nt) {
+                const int tt = tb + u;
+                float *dst = tt >= 2 * mr ? Xs + r0 * LDA + 8 * tt + 2 * t4
+                                          : Lo + (mr * (mr - 1) / 2 + (tt >> 1)) * 256 + gq * 16 + 8 * (tt & 1) + 2 * t4;
+                const int ld = tt >= 2 * mr ? LDA : 16;
+                *reinterpret_cast<float2 *>(dst) = make_float2(lo[u][0], lo[u][1]);
+                *reinterpret_cast<float2 *>(dst + 8 * ld) = make_float2(lo[u][2], lo[u][3]);
+            }
+    } else {
     Xs[(rb + ds) * LDA + rb + dil] = dkk[0];
     Xs[(rb + ds + 4) * LDA + rb + dil] = dkk[1];
     if (warp >= 6)
@@ -658,12 +869,18 @@ __global__ void __launch_bounds__(256, 2)
             L[(gq + 8) * 16 + cc] = lo[hf][2], L[(gq + 8) * 16 + cc + 1] = lo[hf][3];
         }
     }
+    }  // !bounded
+    if (FAST >= 2) {
+#pragma unroll
+        for (int it = 0; it < 8; it++)
+            *reinterpret_cast<float4 *>(Ks + ((tid >> 5) + 8 * it) * LDK2 + (tid & 31) * 4) = kx[FAST >= 2 ? it : 0];
+    } else
     for (int idx = tid; idx < BT * (DK / 4); idx += 256) {
         const int r = idx >> 5, j = (idx & 31) * 4;
         const float4 G = *reinterpret_cast<const float4 *>(Gs + r * LDK2 + j);
         float4 *kp = reinterpret_cast<float4 *>(Ks + r * LDK2 + j);
         float4 kv = *kp;
-        kv.x *= exp_i2<FAST>(G.x), kv.y *= exp_i2<FAST>(G.y), kv.z *= exp_i2<FAST>(G.z), kv.w *= exp_i2<FAST>(G.w);
+        kv.x *= expg<FAST>(G.x), kv.y *= expg<FAST>(G.y), kv.z *= expg<FAST>(G.z), kv.w *= expg<FAST>(G.w);
         *kp = kv;
     }
     __syncthreads();  // Gamma consumed
@@ -693,6 +910,9 @@ __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();
     // X_mn, n = m - d, level by level: P = sum_{k=n}^{m-1} L_mk X_kn, X_mn = -X_mm P
+    if (FAST >= 2)  // on tensor cores (inv_levels), one barrier a level
+        inv_levels(Xs, Lo, Ps, warp, gq, t4);
+    else
     for (int d = 1; d < 4; d++) {
         const int nb = 4 - d;
         for (int idx = tid; idx < nb * 256; idx += 256) {
@@ -737,27 +957,8 @@ __global__ void __launch_bounds__(256, 2)
         const int which = warp >> 2, cs = (warp & 3) * 32;
         const float *B = which ? Gs : Ks;
         __nv_bfloat16 *dst = reinterpret_cast<__nv_bfloat16 *>(which ? ws.U : ws.W) + cb * BT * DK;
-#pragma unroll
-        for (int rt = 0; rt < 4; rt++) {
-            float acc[4][4];
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
-            const int r0 = 16 * rt + gq;
-#pragma unroll
-            for (int kk = 0; kk < 16 * (rt + 1); kk += 8) {  // k slots permuted: tokens kk + 2t, +1
-                const float2 x0 = ld2(Xs + r0 * LDA + kk + 2 * t4), x1 = ld2(Xs + (r0 + 8) * LDA + kk + 2 * t4);
-                const unsigned a[4] = {tf32_i2<FAST>(x0.x), tf32_i2<FAST>(x1.x), tf32_i2<FAST>(x0.y), tf32_i2<FAST>(x1.y)};
-                const float *b = B + (kk + 2 * t4) * LDK2 + cs + gq;
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) mma_tf32(acc[nt], a, tf32_i2<FAST>(b[8 * nt]), tf32_i2<FAST>(b[LDK2 + 8 * nt]));
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int col = cs + 8 * nt + 2 * t4;
-                *reinterpret_cast<__nv_bfloat162 *>(dst + r0 * DK + col) = __floats2bfloat162_rn(acc[nt][0], acc[nt][1]);
-                *reinterpret_cast<__nv_bfloat162 *>(dst + (r0 + 8) * DK + col) = __floats2bfloat162_rn(acc[nt][2], acc[nt][3]);
-            }
-        }
+        if (FAST < 2 || which) wu_rows<0, 0, FAST>(Xs, B, dst, cs, gq, t4);  // V as loaded
+        else wu_rows<0, 1, FAST>(Xs, B, dst, cs, gq, t4);                    // exp(Gamma) k stored rounded
     }
 }
 
@@ -1135,11 +1336,15 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
 
-// Mode 2's intra kernel form. kda_intra2_kernel<1> by default since session 13 (the exponentials on
-// ex2.approx.ftz, tf32 operands by one add, the Gamma column reads by a running offset: the same
-// values but for results below 2^-126; docs/benchmarks.md "KDA intra kernel: the same arithmetic in
-// fewer instructions"); LUNAR_KDA_INTRA=old (read once) the session-12 kernel, <0>.
-// lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 1 fast, 0 old, -1 env.
+// Mode 2's intra kernel form. kda_intra2_kernel<2> by default since session 15: the session-13 form
+// with every L / Aqk entry on tensor cores where the tile's gates are >= -8 (step 4a', the diagonal
+// blocks anchored mid-row-block; elsewhere the session-13 path), the block inverse's level products
+// on tf32 mma (inv_levels), Gamma in log2 units and exp(Gamma) k kept from 4b (docs/benchmarks.md
+// "KDA intra kernel on tensor cores"; H200: 8K H = 96 1.30 -> 0.89 ms, H = 32 0.45 -> 0.31 ms).
+// LUNAR_KDA_INTRA (read once): fast = <1>, the session-13 kernel (exponentials on ex2.approx.ftz, tf32
+// operands by one add, the Gamma column reads by a running offset; "KDA intra kernel: the same
+// arithmetic in fewer instructions"), old = <0>, the session-12 one. lunar_cuda_kda_intra_variant
+// overrides it (tests, benchmarks): 2 the default, 1 fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
     const int prev = g_intra;
@@ -1150,7 +1355,7 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = e && strcmp(e, "old") == 0 ? 0 : 1;
+        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "fast") ? 1 : 2;
     }
     return g_intra >= 0 ? g_intra : env;
 }
@@ -1171,7 +1376,9 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
                         cudaStream_t st) {
     const int NC = (T + BT - 1) / BT;
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
-    if (intra_variant() == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    const int iv = intra_variant();
+    if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
     const int sv = state_variant();
