@@ -10,6 +10,8 @@
 # ncu (application replay, one launch at H = 32, B = 64, 8K) of the default and =s10, and the whole wgmma op test
 # (every kernel on the new 64-row case) while time is left.
 #   P=<dir with bin/ (lunar), bd/ (lunar_cuda_tests, bench_mla of build-device) and lib/> OUT=... tools/device/mla10.sh
+# (Run at ac4787f, copied into the pack: tar xJf .xfer-mla10z/pack.tar.xz && P=.xfer-mla10 OUT=$OUT bash .xfer-mla10/mla10.sh;
+# 110 s of command; the last step, the whole wgmma op test, ran out of its 45 s.)
 set -u
 P=${P:-.xfer-mla10}
 OUT=${OUT:-/tmp/o}

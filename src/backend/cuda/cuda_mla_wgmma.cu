@@ -818,12 +818,19 @@ namespace rs {
 // Round 10 (session 15; LUNAR_MLA_WGMMA_FP8=s10, opt-in): kXPv PV(it - 1) left in flight past the tile's top wait.
 // Round 7's ncu (B = 64, 32K) found the loop bound by its instruction stream's dependencies (2 warps a scheduler,
 // tensor pipe 39 % active), and its one wait a tile retires S(it) and PV(it - 1) together, so PV, issued last, was
-// never overlapped with anything. Here the top wait (wait_group 1) retires S(it) only: S(it + 1) is committed after
-// it (an empty group on the last tile, so the count holds), and a second wait_group 1 before the V^T fragments
-// (PV's register operand) retires PV(it - 1) and leaves S(it + 1) running. PV(it - 1) then runs under the stage
-// wait, S(it + 1)'s issue, the V loads, the scores and P; nothing but wgmma touches O or the fragments while it
-// runs. The same products in the same order: the bits of the instance without it.
-// kXMt (=s10m, with kXMrg): merge_tail's partial O loads batched (merge_cols).
+// never overlapped with anything. Here the tiles run in pairs (the st kernel's `tile` lambda, Ph 1 / 2): in the
+// second, the top wait (wait_group 1) retires S(it) only (S(it) was committed before PV(it - 1)), PV(it - 1) runs on
+// under S(it + 1)'s issue, the scores and P, and a second wait_group 1 before the V loads and fragments (PV's
+// register operand) retires it, leaving S(it + 1) running; the pair ends with wait_group 0 (ptxas follows the groups
+// only through straight-line code: see `tile`). The same products in the same order: the bits of the instance
+// without it. Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 10"): 1.33-1.41 us a tile against
+// 1.46-1.48 from 32 tiles a block; =s10 1.03-1.07x the default and =s10a 1.07-1.09x from 256K rows x context (H = 32,
+// B = 64, 32K: 359 us, 78 % of 4.3 TB/s), level at B = 8, 8K; Kimi-Linear's TPOT with =s10 read +0.9 % / +1.3 %
+// (B = 8 / 64, 32K, three rounds): opt-in until the model agrees. 252-255 registers (PV(it - 1)'s 64 fragment
+// registers stay held under the next tile's softmax).
+// kXMt (=s10m, with kXMrg): merge_tail's partial O loads batched (merge_cols); measured: the tail 8.1 -> 5.7 us at
+// 2 splits (s10m 1.03x s10a at B = 64, 8K), unchanged at 16 (one column a thread: its 16 loads were in flight
+// already); 255 registers, 4 bytes spilled.
 constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256;
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
@@ -1953,7 +1960,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // cvt and exp2 ftz: 1.02-1.12x round 7, "... round 9"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
     // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
-    // / widen force one;
+    // / widen force one; =s10 / s10a / s10m round 10 (rs::kXPv, kXMt; opt-in);
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
