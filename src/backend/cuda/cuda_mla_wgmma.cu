@@ -41,6 +41,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_mla_wgmma.h"
 #include "backend/cuda/cuda_mbarrier.cuh"
@@ -813,7 +815,23 @@ namespace rs {
 // in the kernel's tail (the blocks of a row meet at a ticket counter, each merges some of its row's heads: no
 // second launch); kXFtz the tile's exp2 as ex2.approx.ftz (the non-ftz form wraps each in a range check; only
 // results below 2^-126 differ, which f16 P rounds to 0 anyway and a sum >= 1 absorbs), with kXCvt for s9c.
-constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64;
+// Round 10 (session 15; LUNAR_MLA_WGMMA_FP8=s10, opt-in): kXPv PV(it - 1) left in flight past the tile's top wait.
+// Round 7's ncu (B = 64, 32K) found the loop bound by its instruction stream's dependencies (2 warps a scheduler,
+// tensor pipe 39 % active), and its one wait a tile retires S(it) and PV(it - 1) together, so PV, issued last, was
+// never overlapped with anything. Here the tiles run in pairs (the st kernel's `tile` lambda, Ph 1 / 2): in the
+// second, the top wait (wait_group 1) retires S(it) only (S(it) was committed before PV(it - 1)), PV(it - 1) runs on
+// under S(it + 1)'s issue, the scores and P, and a second wait_group 1 before the V loads and fragments (PV's
+// register operand) retires it, leaving S(it + 1) running; the pair ends with wait_group 0 (ptxas follows the groups
+// only through straight-line code: see `tile`). The same products in the same order: the bits of the instance
+// without it. Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 10"): 1.33-1.41 us a tile against
+// 1.46-1.48 from 32 tiles a block; =s10 1.03-1.07x the default and =s10a 1.07-1.09x from 256K rows x context (H = 32,
+// B = 64, 32K: 359 us, 78 % of 4.3 TB/s), level at B = 8, 8K; Kimi-Linear's TPOT with =s10 read +0.9 % / +1.3 %
+// (B = 8 / 64, 32K, three rounds): opt-in until the model agrees. 252-255 registers (PV(it - 1)'s 64 fragment
+// registers stay held under the next tile's softmax).
+// kXMt (=s10m, with kXMrg): merge_tail's partial O loads batched (merge_cols); measured: the tail 8.1 -> 5.7 us at
+// 2 splits (s10m 1.03x s10a at B = 64, 8K), unchanged at 16 (one column a thread: its 16 loads were in flight
+// already); 255 registers, 4 bytes spilled.
+constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256;
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
@@ -1293,7 +1311,7 @@ namespace st {
 // S^T of the tile in stage `raw` for one warpgroup: 18 m64n32k32 steps (k-step ks < 16 in box ks / 4 at
 // 32 (ks & 3) bytes, the rope in box 4: the same offset in the tile and in Q), issued and committed, not
 // waited; not zeroed (the first step's scale-d 0 ignores the old values: see the round-5 kernel)
-__device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t dq) {
+template <bool Commit = true> __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t dq) {
     using namespace q8;
     fence_acc<16>(s);
     wgmma_fence();
@@ -1303,7 +1321,7 @@ __device__ __forceinline__ void issue_s(float (&s)[16], uint32_t raw, uint64_t d
         const uint64_t off = (uint64_t)(((ks >> 2) * kBox + (ks & 3) * 32) >> 4);
         wgmma_m64n32_e4m3(s, dt + off, dq + off, ks > 0);
     }
-    wgmma_commit();
+    if constexpr (Commit) wgmma_commit();
 }
 // 2^x of a score against its head's maximum (round 9's kXFtz: one ex2.approx.ftz instead of exp2f's ex2.approx.f32,
 // whose range check keeps results below 2^-126: those become 0, as f16 P makes them anyway)
@@ -1348,7 +1366,44 @@ __device__ __forceinline__ void wg_max(float (&mx)[2][2], float *red, int wg, in
 // 64 KB a block. The wait needs every block of the row resident: the launcher runs this instance as a cooperative
 // launch (the whole grid co-resident, or the launch fails), splits <= 32 (one warp's lanes hold a head's weights,
 // as the merge kernel's first warp: its other warps hold zeros then, so the same sum).
-template <class B> __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scratch) {
+// Round 10's kXMt: a thread's partial O loads of merge_tail all issued before the first sum (round 9 measured its tail
+// at 4.3 us with 16 splits and 7.2 us with 2, where a thread merged 8 float4 columns one after another, each an L2 round
+// trip): NS splits (a power of two dividing 32), so at most 32 / NS heads a block and 16 / NS columns a thread, 16
+// loads in flight; the same sums in the same order as the loop below (its bits)
+template <int NS>
+__device__ __forceinline__ void merge_cols(const Args &a, int tid, size_t rh0, int nk, const float *wts, const float *fac) {
+    constexpr int IT = 16 / NS;
+    const size_t RH = (size_t)a.rows * a.H;
+    float4 v[IT][NS];
+#pragma unroll
+    for (int j = 0; j < IT; j++) {
+        const int idx = tid + j * kThreads;
+        if (idx < nk * (kR / 4)) {
+            const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
+            const size_t rh = rh0 + (size_t)k * NS;
+#pragma unroll
+            for (int sp = 0; sp < NS; sp++)
+                v[j][sp] = __ldcg(reinterpret_cast<const float4 *>(a.o_part + ((size_t)sp * RH + rh) * kR + d));
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < IT; j++) {
+        const int idx = tid + j * kThreads;
+        if (idx < nk * (kR / 4)) {
+            const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
+            const size_t rh = rh0 + (size_t)k * NS;
+            float4 acc = make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int sp = 0; sp < NS; sp++) {
+                const float w = wts[k * 32 + sp];
+                acc.x += w * v[j][sp].x, acc.y += w * v[j][sp].y, acc.z += w * v[j][sp].z, acc.w += w * v[j][sp].w;
+            }
+            const float f = fac[k];
+            *reinterpret_cast<float4 *>(a.o + rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+        }
+    }
+}
+template <class B, bool Mt = false> __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scratch) {
     const int splits = a.splits, tid = b.tid, lane = b.lane, warp = b.warp;
     __threadfence(); // this block's partial O and log2-sum-exp visible device-wide before it arrives
     __syncthreads();
@@ -1383,6 +1438,12 @@ template <class B> __device__ __forceinline__ void merge_tail(const Args &a, con
         if (lane == 0) fac[k] = sum > 0.0f ? a.out_scale / sum : 0.0f;
     }
     __syncthreads();
+    if constexpr (Mt) {
+        if (splits == 2) return merge_cols<2>(a, tid, rh0, nk, wts, fac);
+        if (splits == 4) return merge_cols<4>(a, tid, rh0, nk, wts, fac);
+        if (splits == 8) return merge_cols<8>(a, tid, rh0, nk, wts, fac);
+        if (splits == 16) return merge_cols<16>(a, tid, rh0, nk, wts, fac);
+    }
     for (int idx = tid; idx < nk * (kR / 4); idx += kThreads) {
         const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
         const size_t rh = rh0 + (size_t)k * splits;
@@ -1420,6 +1481,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     using namespace q8;
     constexpr int N = 32;
     constexpr bool Cvt = (X & rs::kXCvt) != 0, Trace = (X & rs::kXTrace) != 0, Ftz = (X & rs::kXFtz) != 0;
+    constexpr bool Pv = (X & rs::kXPv) != 0; // round 10: PV(it - 1) in flight past the top wait
+    static_assert(!Pv || (Lazy && Pipe && Cvt), "round 10 builds on round 7's pipeline; its pad tile on mask_v");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if constexpr (Trace) trace_stamp(0);
     const rs::Block<2, true, kS, X> b(a, tm, smem_raw);
@@ -1456,150 +1519,185 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     wgmma_wait<0>();
     if constexpr (Trace) trace_stamp(2);
 
-    for (int it = 0; it < b.ntiles; it++) {
-        const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
-        // Pipe: the tile's one wait is here (S(it) and PV(it - 1) done), not after the softmax: S(it + 1)
-        // then runs on under the softmax, the V^T fragments, the block barrier, the rescale and the PV issue
-        if constexpr (Pipe) {
-            wgmma_wait<0>();
+    // One tile: Ph = 0 every tile of the instances before round 10 (the loop's body as it was); round 10 (Pv) runs
+    // the tiles in pairs, Ph = 1 the first (everything retired at its start) and Ph = 2 the second, whose PV(it - 1)
+    // stays in flight from its top wait to the wait before its V^T fragments; the pair ends with wait_group 0.
+    // ptxas follows the wgmma groups only through straight-line code: PV(it - 1) pending across the loop's back
+    // edge, or a branch around the second tile, drew C7514 (every wgmma serialised). So an odd tile count runs a pad
+    // tile it = ntiles: every position past the end (scores -inf, P 0, its V bytes zeroed by mask_v), which adds
+    // exact zeros to O and l and moves no maximum.
+    auto tile = [&](int it, auto ph) {
+        constexpr int Ph = decltype(ph)::value;
+            const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
+            // Pipe: the tile's one wait is here (S(it) and PV(it - 1) done), not after the softmax: S(it + 1)
+            // then runs on under the softmax, the V^T fragments, the block barrier, the rescale and the PV issue
+            if constexpr (Ph == 2) {
+                wgmma_wait<1>(); // S(it) done; PV(it - 1) runs on (O and the fragments untouched until the second wait)
+            } else if constexpr (Pipe && Ph == 0) {
+                wgmma_wait<0>();
 #pragma unroll
-            for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
-        }
-        fence_acc<16>(sn);
-        // s[i][e]: head (i, e & 1), position 16 w4 + g + 8 (e >> 1): the two terms summed
-        float s[2][4];
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[i][e] = sn[4 * i + e] + sn[4 * i + 8 + e] * 0.0625f;
-        if (it + 1 < b.ntiles) { // S(it + 1) runs under this tile's softmax
-            const int nx = it + 1;
-            mbar_wait(b.bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
-            st::issue_s(sn, b.sb + L::raw_off + (nx % kS) * kStage, dq);
-        }
-
-        uint32_t vx[4][4][2];
-        b.load_v(vx, raw);
-
-        // scores (positions at or past the end -inf) and each head's maximum over the thread's positions
-        const int pos = b.begin + it * kTile + 16 * w4 + g;
-        const bool ok0 = pos < b.end, ok1 = pos + 8 < b.end;
-        float mx[2][2];
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                s[i][c] = ok0 ? s[i][c] * f[i][c] : -INFINITY;
-                s[i][2 + c] = ok1 ? s[i][2 + c] * f[i][c] : -INFINITY;
-                mx[i][c] = fmaxf(s[i][c], s[i][2 + c]);
+                for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
             }
-        unsigned char *P = b.smem + L::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
-        float *alpha = b.alpha + (it & 1) * 32;
-        bool moved = false; // Lazy: some maximum of this thread passed its head's m + lazy
-        float ps[2][2];     // Lazy: the tile's sums per head, added to l after the block barrier
-        if constexpr (Lazy) {
-            // P with the running maxima as they are (no exchange, no warpgroup barrier): exact as long as
-            // every score of a head stays <= m + lazy (P <= 2^lazy, f16 keeps its 11 bits there); the block
-            // barrier below reports whether some score did not, and then the tile is redone with the maxima
-            // exchanged (the first tile always: m = -inf)
+            fence_acc<16>(sn);
+            // s[i][e]: head (i, e & 1), position 16 w4 + g + 8 (e >> 1): the two terms summed
+            float s[2][4];
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    moved |= mx[i][c] > m[i][c] + lazy;
-                    const float e0 = st::exp2_tile<Ftz>(s[i][c] - m[i][c]), e1 = st::exp2_tile<Ftz>(s[i][2 + c] - m[i][c]);
-                    ps[i][c] = e0 + e1;
-                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
-                }
-        } else {
-            st::wg_max(mx, red, wg, w4, g, t); // the warpgroup's maxima in
+                for (int e = 0; e < 4; e++) s[i][e] = sn[4 * i + e] + sn[4 * i + 8 + e] * 0.0625f;
+            if constexpr (Ph != 0) {
+                // S(it + 1) committed after PV(it - 1); on the last tile (and the pad tile) S of the last tile
+                // again (its stage is never refilled; the result is never read), so every tile commits the same
+                // groups and the second wait of a pair's second tile always retires PV(it - 1)
+                const int nx = min(it + 1, b.ntiles - 1);
+                if (nx > it) mbar_wait(b.bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
+                st::issue_s(sn, b.sb + L::raw_off + (nx % kS) * kStage, dq);
+            } else if (it + 1 < b.ntiles) { // S(it + 1) runs under this tile's softmax
+                const int nx = it + 1;
+                mbar_wait(b.bars + (nx % kS) * 8, (uint32_t)(nx / kS) & 1);
+                st::issue_s(sn, b.sb + L::raw_off + (nx % kS) * kStage, dq);
+            }
 
-            // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
-            // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
-            float al[2][2];
+            uint32_t vx[4][4][2];
+            // (Ph 2: after the second wait, when PV(it - 1)'s fragments are free: loaded here, the V bytes, O, the
+            // fragments in flight and S(it + 1) would need 255 registers and spill)
+            if constexpr (Ph != 2) b.load_v(vx, raw);
+
+            // scores (positions at or past the end -inf) and each head's maximum over the thread's positions
+            const int pos = b.begin + it * kTile + 16 * w4 + g;
+            const bool ok0 = pos < b.end, ok1 = pos + 8 < b.end;
+            float mx[2][2];
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    const float mn = fmaxf(m[i][c], mx[i][c]);
-                    al[i][c] = exp2f(m[i][c] - mn);
-                    m[i][c] = mn;
-                    moved |= al[i][c] != 1.0f;
-                    const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
-                    l[i][c] = l[i][c] * al[i][c] + (e0 + e1);
-                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                    s[i][c] = ok0 ? s[i][c] * f[i][c] : -INFINITY;
+                    s[i][2 + c] = ok1 ? s[i][2 + c] * f[i][c] : -INFINITY;
+                    mx[i][c] = fmaxf(s[i][c], s[i][2 + c]);
                 }
-            if (w4 == 0 && g == 0)
+            unsigned char *P = b.smem + L::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
+            float *alpha = b.alpha + (it & 1) * 32;
+            bool moved = false; // Lazy: some maximum of this thread passed its head's m + lazy
+            [[maybe_unused]] float ps[2][2]; // Lazy: the tile's sums per head, added to l after the block barrier
+            if constexpr (Lazy) {
+                // P with the running maxima as they are (no exchange, no warpgroup barrier): exact as long as
+                // every score of a head stays <= m + lazy (P <= 2^lazy, f16 keeps its 11 bits there); the block
+                // barrier below reports whether some score did not, and then the tile is redone with the maxima
+                // exchanged (the first tile always: m = -inf)
 #pragma unroll
                 for (int i = 0; i < 2; i++)
-                    *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
-        }
-
-        if constexpr (!Pipe) {
-            wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
 #pragma unroll
-            for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
-        }
-        uint32_t av[4][4][4];
-        if constexpr (Cvt) {
-            const int nvalid = b.end - (b.begin + it * kTile);
-            if (nvalid < kTile) rs::mask_v(vx, nvalid, t); // the last tile of a split only
-            rs::v_fragments_cvt(av, vx);
-        } else {
-            rs::v_fragments(av, vx);
-        }
-        fence_async_smem();
-        // P and the factors published (and every read of tile it's stage done); O^T's columns rescaled
-        // where a maximum of the block moved
-        if (__syncthreads_or(moved)) {
-            if constexpr (Lazy) {
-                // rare (the first tile; then a score past its head's m + lazy): the maxima over the
-                // warpgroup's 64 positions exchanged as in the exact kernel; heads whose maximum passed
-                // m + lazy take it as m (the rest keep theirs and their P), their P rewritten, then O's
-                // columns rescaled after a second barrier
-                st::wg_max(mx, red, wg, w4, g, t);
+                    for (int c = 0; c < 2; c++) {
+                        moved |= mx[i][c] > m[i][c] + lazy;
+                        const float e0 = st::exp2_tile<Ftz>(s[i][c] - m[i][c]), e1 = st::exp2_tile<Ftz>(s[i][2 + c] - m[i][c]);
+                        ps[i][c] = e0 + e1;
+                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                    }
+            } else {
+                st::wg_max(mx, red, wg, w4, g, t); // the warpgroup's maxima in
+
+                // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
+                // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
                 float al[2][2];
 #pragma unroll
                 for (int i = 0; i < 2; i++)
 #pragma unroll
                     for (int c = 0; c < 2; c++) {
-                        al[i][c] = 1.0f;
-                        if (mx[i][c] > m[i][c] + lazy) { // the same decision in every thread of the head
-                            const float mn = mx[i][c];
-                            al[i][c] = exp2f(m[i][c] - mn);
-                            m[i][c] = mn;
-                            const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
-                            ps[i][c] = e0 + e1;
-                            *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                            *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
-                        }
-                        l[i][c] *= al[i][c];
+                        const float mn = fmaxf(m[i][c], mx[i][c]);
+                        al[i][c] = exp2f(m[i][c] - mn);
+                        m[i][c] = mn;
+                        moved |= al[i][c] != 1.0f;
+                        const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
+                        l[i][c] = l[i][c] * al[i][c] + (e0 + e1);
+                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
                     }
                 if (w4 == 0 && g == 0)
 #pragma unroll
                     for (int i = 0; i < 2; i++)
                         *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
-                fence_async_smem();
-                __syncthreads(); // the new P and the factors published
             }
+
+            if constexpr (Ph != 0) {
+                if constexpr (Ph == 2) {
+                    wgmma_wait<1>(); // PV(it - 1) done (S(it + 1) runs on): the fragments and O are free
+                    b.load_v(vx, raw);
+                }
 #pragma unroll
-            for (int i = 0; i < N / 8; i++) {
-                const float2 fa = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
+                for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
+            } else if constexpr (!Pipe) {
+                wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    o[j][4 * i] *= fa.x, o[j][4 * i + 1] *= fa.y, o[j][4 * i + 2] *= fa.x, o[j][4 * i + 3] *= fa.y;
+                for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
             }
-        }
-        if constexpr (Lazy) {
+            uint32_t av[4][4][4];
+            if constexpr (Cvt) {
+                const int nvalid = b.end - (b.begin + it * kTile);
+                if (nvalid < kTile) rs::mask_v(vx, nvalid, t); // the last tile of a split only
+                rs::v_fragments_cvt(av, vx);
+            } else {
+                rs::v_fragments(av, vx);
+            }
+            fence_async_smem();
+            // P and the factors published (and every read of tile it's stage done); O^T's columns rescaled
+            // where a maximum of the block moved
+            if (__syncthreads_or(moved)) {
+                if constexpr (Lazy) {
+                    // rare (the first tile; then a score past its head's m + lazy): the maxima over the
+                    // warpgroup's 64 positions exchanged as in the exact kernel; heads whose maximum passed
+                    // m + lazy take it as m (the rest keep theirs and their P), their P rewritten, then O's
+                    // columns rescaled after a second barrier
+                    st::wg_max(mx, red, wg, w4, g, t);
+                    float al[2][2];
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+                    for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int c = 0; c < 2; c++) l[i][c] += ps[i][c];
+                        for (int c = 0; c < 2; c++) {
+                            al[i][c] = 1.0f;
+                            if (mx[i][c] > m[i][c] + lazy) { // the same decision in every thread of the head
+                                const float mn = mx[i][c];
+                                al[i][c] = exp2f(m[i][c] - mn);
+                                m[i][c] = mn;
+                                const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
+                                ps[i][c] = e0 + e1;
+                                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                            }
+                            l[i][c] *= al[i][c];
+                        }
+                    if (w4 == 0 && g == 0)
+#pragma unroll
+                        for (int i = 0; i < 2; i++)
+                            *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
+                    fence_async_smem();
+                    __syncthreads(); // the new P and the factors published
+                }
+#pragma unroll
+                for (int i = 0; i < N / 8; i++) {
+                    const float2 fa = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        o[j][4 * i] *= fa.x, o[j][4 * i + 1] *= fa.y, o[j][4 * i + 2] *= fa.x, o[j][4 * i + 3] *= fa.y;
+                }
+            }
+            if constexpr (Lazy) {
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) l[i][c] += ps[i][c];
+            }
+            if (b.tid < 32) b.issue_tma(it + kS);
+            rs::issue_pv<N, 2>(o, av, dp0, it);
+    };
+    if constexpr (Pv) {
+        for (int it = 0; it < b.ntiles; it += 2) {
+            tile(it, std::integral_constant<int, 1>());
+            tile(it + 1, std::integral_constant<int, 2>());
+            wgmma_wait<0>();
         }
-        if (b.tid < 32) b.issue_tma(it + kS);
-        rs::issue_pv<N, 2>(o, av, dp0, it);
+    } else {
+        for (int it = 0; it < b.ntiles; it++) tile(it, std::integral_constant<int, 0>());
     }
     wgmma_wait<0>();
 #pragma unroll
@@ -1642,7 +1740,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     if constexpr ((X & rs::kXMrg) != 0) {
         if (a.splits > 1) {
             if constexpr (Trace) trace_stamp(9);
-            st::merge_tail(a, b, reinterpret_cast<float *>(b.smem + L::raw_off)); // (the stages are free now)
+            // (the stages are free now)
+            st::merge_tail<decltype(b), (X & rs::kXMt) != 0>(a, b, reinterpret_cast<float *>(b.smem + L::raw_off));
         }
     }
     if constexpr (Trace) {
@@ -1861,11 +1960,13 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // cvt and exp2 ftz: 1.02-1.12x round 7, "... round 9"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
     // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
-    // / widen force one;
+    // / widen force one; =s10 / s10a / s10m round 10 (rs::kXPv, kXMt; opt-in);
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    const bool forced = f8 && *f8, st4 = forced && !strcmp(f8, "st4");
+    // (=default: as unset, a name for the bench's A/B; =s10: the default's choice plus round 10's kXPv)
+    const bool s10 = f8 && !strcmp(f8, "s10");
+    const bool forced = f8 && *f8 && strcmp(f8, "default") && !s10, st4 = forced && !strcmp(f8, "st4");
     // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
     // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
     // round 8: =s8 (stlp with rs::kXQ, kXPdl and kXCvt; opt-in)
@@ -1877,11 +1978,15 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into the kernel (H = 32:
     // 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps round 7
     const bool s9q = forced && !strcmp(f8, "s9q"), s9m = forced && !strcmp(f8, "s9m"), s9c = forced && !strcmp(f8, "s9c");
-    const bool s9 = forced && !strcmp(f8, "s9");
+    // (=s10a: s9 with round 10's kXPv, the bench's traced pair of s9; =s10m: s10a with kXMt where it merges)
+    const bool s10m = forced && !strcmp(f8, "s10m"), s10a = forced && (!strcmp(f8, "s10a") || s10m);
+    const bool s9 = forced && (!strcmp(f8, "s9") || s10a);
     const bool d9 = !forced && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = !forced && !d9;
     const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
-    const int x9 = (s9q || s9 || d9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) |
-                   (s9c || s9 || d9 || d9c ? rs::kXCvt | rs::kXFtz : 0);
+    int x9 = (s9q || s9 || d9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) | (s9c || s9 || d9 || d9c ? rs::kXCvt | rs::kXFtz : 0);
+    // round 10's instances: q first, the merge and kXMt only where the merge goes into the kernel
+    if (s10 || s10a)
+        x9 = mrg ? rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | (s10m ? rs::kXMt : 0) : rs::kXCvt | rs::kXFtz | rs::kXPv;
     const bool any9 = s9q || s9m || s9c || s9;
     bool merged = false; // the launched kernel merged the splits itself (s9m / s9 where merge_in_kernel allows)
     const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 || any9 : true;
@@ -1895,13 +2000,16 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
             static unsigned long long seen = 0;
             const int v = st ? (st4 ? 3 : x8 ? 8 : x9 ? 9 + x9 / rs::kXQF : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
+            static_assert(9 + (rs::kXMt * 2 - 1) / rs::kXQF < 64, "the seen bits");
             if (!(seen & (1ull << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s\n",
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
                         st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
                         st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : "",
                         st && (x9 & rs::kXQF) ? ", q before the copies" : "", st && (x9 & rs::kXMrg) ? ", merge in the kernel" : "",
-                        st && (x9 & rs::kXFtz) ? ", V^T by cvt, exp2 ftz" : ""),
+                        st && (x9 & rs::kXFtz) ? ", V^T by cvt, exp2 ftz" : "",
+                        st && (x9 & rs::kXPv) ? ", PV in flight past the top wait" : "",
+                        st && (x9 & rs::kXMt) ? ", merge loads batched" : ""),
                     seen |= 1ull << v;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
@@ -1912,7 +2020,16 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp, s8 and s9 (where it merges)
         const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
         constexpr int kQ = rs::kXQF, kM9 = rs::kXMrg, kC = rs::kXCvt | rs::kXFtz, kAll = kQ | kM9 | kC;
-        if (st && x9) {
+        constexpr int kPv = rs::kXPv;
+        if (st && (x9 & kPv)) { // round 10 (=s10): the default's two instances with PV in flight past the top wait
+            constexpr int kMt = rs::kXMt;
+            if (trace && x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv | rs::kXTrace>(a, tm, p, s, lazy);
+            else if (trace && x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt | rs::kXTrace>(a, tm, p, s, lazy);
+            else if (x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv>(a, tm, p, s, lazy);
+            else if (x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt>(a, tm, p, s, lazy);
+            else launch_st<3, true, true, kC | kPv>(a, tm, p, s, lazy);
+            merged = (x9 & kM9) != 0;
+        } else if (st && x9) {
             if (trace && x9 == kAll) launch_st<3, true, true, kAll | rs::kXTrace>(a, tm, p, s, lazy);
             else if (x9 == kAll) launch_st<3, true, true, kAll>(a, tm, p, s, lazy);
             else if (x9 == (kQ | kC)) launch_st<3, true, true, kQ | kC>(a, tm, p, s, lazy); // s9 without the merge
