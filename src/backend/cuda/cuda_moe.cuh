@@ -198,16 +198,21 @@ template <int NM> struct mx_ring_src {
             sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
         }
     }
-    template <int ST>
-    __device__ __forceinline__ void issue(uint4 *rw, uint32_t *rs, int j, int j0, int j1, int wslot, int tid) const {
+    // SW: scale words a stage and row set (128: every lane its own copy at slot tid; path 16's deep
+    // rings, cuda_moe_f16.cu: 32, one copy a quad at sslot = 8 warp + g, copied by the lanes with sc)
+    template <int ST, int SW = 128>
+    __device__ __forceinline__ void issue(uint4 *rw, uint32_t *rs, int j, int j0, int j1, int wslot, int tid,
+                                          bool sc = true) const {
         if (j1 > j) {
             const int st = (j - j0) % ST;
 #pragma unroll
             for (int i = 0; i < NM; i++) {
                 cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
                 cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
-                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
-                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
+                if (SW == 128 || sc) {
+                    cp_async4(rs + (st * 2 * NM + 2 * i) * SW + tid, sa[i] + 4 * j);
+                    cp_async4(rs + (st * 2 * NM + 2 * i + 1) * SW + tid, sb[i] + 4 * j);
+                }
             }
         }
         cp_async_commit();
@@ -216,16 +221,18 @@ template <int NM> struct mx_ring_src {
     // ra / rb's packed weights (chunk j of the rows roff rows below: woff = roff K / 2 + 64 j) and the
     // 4 scale bytes at woff / 16 (roff K / 32 + 4 j) into stage st; live = false only commits (an
     // empty group keeps the wait counts). The issue above is left as it is (its users stay bit-identical).
-    template <int ST>
+    template <int ST, int SW = 128>
     __device__ __forceinline__ void issue_at(uint4 *rw, uint32_t *rs, uint32_t woff, int st, bool live, int wslot,
-                                             int tid) const {
+                                             int tid, bool sc = true) const {
         if (live) {
 #pragma unroll
             for (int i = 0; i < NM; i++) {
                 cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + woff);
                 cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + woff);
-                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + woff / 16);
-                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + woff / 16);
+                if (SW == 128 || sc) {
+                    cp_async4(rs + (st * 2 * NM + 2 * i) * SW + tid, sa[i] + woff / 16);
+                    cp_async4(rs + (st * 2 * NM + 2 * i + 1) * SW + tid, sb[i] + woff / 16);
+                }
             }
         }
         cp_async_commit();
@@ -318,7 +325,8 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
 // (groups, counts[E + 2]); blocks: 0 = the resident capacity, else that many (tests).
 void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);
 // The MXFP4 decode pair on f16 tensor cores (cuda_moe_f16.cu, path 16): the pair's grid over
-// slots active-expert slots, gate/up then down; n tokens (sizes LUNAR_MOE_F16_XS's shared rows).
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st);
+// slots active-expert slots, gate/up then down; n tokens (sizes LUNAR_MOE_F16_XS's shared rows); mid (or
+// NULL): an event recorded between the two launches (the benchmark's per-kernel times).
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st, cudaEvent_t mid = nullptr);
 
 #endif
