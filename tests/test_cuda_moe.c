@@ -593,21 +593,24 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
     f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
-/* LUNAR_MOE_F16_LA / LUNAR_MOE_F16_DEEP (path 16's variants of session 15, cuda_moe_f16.cu's V note;
- * both with the activations in shared memory only): LA, the split-K warps of a row tile meeting without
- * block barriers (the last to count itself in sums the partials in the barrier version's order), and
- * the deep rings (5 / 8 stages, one scale copy a quad) change no sum: under each (and both) the expert
- * rows and the combined output must equal both off bit for bit, at one row group a block (TILES=0) and
+/* LUNAR_MOE_F16_LA / _DEEP / _ONE (path 16's variants of session 15, cuda_moe_f16.cu's V note; all
+ * with the activations in shared memory only): LA, the split-K warps of a row tile meeting without
+ * block barriers (the last to count itself in sums the partials in the barrier version's order), the
+ * deep rings (5 / 8 stages, one scale copy a quad) and ONE (one token: the odd token columns' FMAs
+ * left out; the host ignores it above one token) change no stored value: under each and every
+ * combination the expert rows and the combined output must equal all off bit for bit, at one row
+ * group a block (TILES=0) and
  * at 3 (TILES=3: LA's counters and the rings running across groups; a warp a group ahead waits for the
  * previous group's partials to be read), with XS unset (1 where it fits) and 2 (several-row passes: the
  * counters across passes). The caller's values of the switches are restored after. */
 static void f16_v15_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                          const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I) {
-    static const char *vv[4] = {"0", "1", "2", "3"}, *xsv[2] = {NULL, "2"}, *tv[2] = {"0", "3"};
-    const char *names[4] = {"LUNAR_MOE_F16_LA", "LUNAR_MOE_F16_DEEP", "LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS"};
-    char *keep[4];
-    for (int i = 0; i < 4; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
-    /* vv: LA = bit 1, DEEP = bit 2 */
+    static const char *xsv[2] = {NULL, "2"}, *tv[2] = {"0", "3"};
+    const char *names[5] = {"LUNAR_MOE_F16_LA", "LUNAR_MOE_F16_DEEP", "LUNAR_MOE_F16_ONE", "LUNAR_MOE_F16_TILES",
+                            "LUNAR_MOE_F16_XS"};
+    char *keep[5];
+    for (int i = 0; i < 5; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    /* v: LA = bit 1, DEEP = bit 2, ONE = bit 4 */
     for (int t = 0; t < 2; t++) {
         setenv("LUNAR_MOE_F16_TILES", tv[t], 1);
         const size_t nkd = (size_t)n * k * D;
@@ -615,9 +618,10 @@ static void f16_v15_case(const char *what, float *ybuf, uint16_t *hbuf, float *a
         for (int x = 0; x < 2; x++) {
             if (xsv[x]) setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
             else unsetenv("LUNAR_MOE_F16_XS");
-            for (int v = 0; v < 4; v++) {
-                setenv("LUNAR_MOE_F16_LA", atoi(vv[v]) & 1 ? "1" : "0", 1);
-                setenv("LUNAR_MOE_F16_DEEP", atoi(vv[v]) & 2 ? "1" : "0", 1);
+            for (int v = 0; v < 8; v++) {
+                setenv("LUNAR_MOE_F16_LA", v & 1 ? "1" : "0", 1);
+                setenv("LUNAR_MOE_F16_DEEP", v & 2 ? "1" : "0", 1);
+                setenv("LUNAR_MOE_F16_ONE", v & 4 ? "1" : "0", 1);
                 lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
                 lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
                 lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
@@ -631,15 +635,15 @@ static void f16_v15_case(const char *what, float *ybuf, uint16_t *hbuf, float *a
                 long bad = 0;
                 for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
                 CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
-                          "%s LA=%d DEEP=%d TILES=%s XS=%s: %ld expert-row values (or the combined output) differ "
-                          "from both off",
-                          what, atoi(vv[v]) & 1, atoi(vv[v]) >> 1, tv[t], xsv[x] ? xsv[x] : "unset", bad);
+                          "%s LA=%d DEEP=%d ONE=%d TILES=%s XS=%s: %ld expert-row values (or the combined output) "
+                          "differ from all off",
+                          what, v & 1, (v >> 1) & 1, v >> 2, tv[t], xsv[x] ? xsv[x] : "unset", bad);
                 free(y), free(rows);
             }
         }
         free(y0), free(r0);
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (keep[i]) setenv(names[i], keep[i], 1);
         else unsetenv(names[i]);
         free(keep[i]);

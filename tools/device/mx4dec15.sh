@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Session 15, issue 8 (branch s15-mx4dec): path 16's MXFP4 decode pair at batch 1, one device call:
-# the MXFP4 experts op tests (LUNAR_MOE_F16_LA / _DEEP bit-equal to both off, every path-16 case), the
-# pair at one token on K3.1's layer and its TP8 slice under def / LA / DEEP / both in alternating
-# rounds (LUNAR_MOE_BENCH=f16ab: each kernel's own time too), Nsight Compute on K3.1's gate/up and down
-# kernels (default, then both variants: warp states, issue, DRAM, occupancy), the K3.1 TP8 slice's B = 1
-# step default vs the variant fastest on the TP8 pair, alternating, and cuda_forward_k3 under it.
+# the MXFP4 experts op tests (LUNAR_MOE_F16_LA / _DEEP / _ONE bit-equal to all off, every path-16 case),
+# the pair at one token on K3.1's layer and its TP8 slice under def / LA / DEEP / ONE / all three /
+# TDN=3 in alternating rounds (LUNAR_MOE_BENCH=f16ab: each kernel's own time too), Nsight Compute on
+# K3.1's gate/up and down kernels (default, then all three: warp states, issue, DRAM, occupancy), the
+# K3.1 TP8 slice's B = 1 step default vs the variant fastest on the TP8 pair, alternating, and
+# cuda_forward_k3 under it.
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=3] [MROUNDS=3] [NCU=1] bash tools/device/mx4dec15.sh
 set -u
 P=${P:?P = the prebuilt directory}
@@ -18,7 +19,8 @@ echo "rc=$?" >> $T
 grep -E " f16 n=" $OUT/t_moe.log | grep -oE 'err[ =:]*[0-9.e+-]+' | awk '{sub(/err[ =:]*/, ""); if ($1 + 0 > m) m = $1 + 0; n++}
   END {printf "path 16: %d cases vs the CPU op, max rel err %.3g\n", n, m}' >> $T
 grep -E 'FAILED|passed, |CHECK|differ' $OUT/t_moe.log | cut -c1-200 | tail -8 >> $T
-V="def:LUNAR_MOE_F16_LA=0,LUNAR_MOE_F16_DEEP=0 la:LUNAR_MOE_F16_LA=1 deep:LUNAR_MOE_F16_DEEP=1 both:LUNAR_MOE_F16_LA=1,LUNAR_MOE_F16_DEEP=1"
+A="LUNAR_MOE_F16_LA=1,LUNAR_MOE_F16_DEEP=1,LUNAR_MOE_F16_ONE=1"
+V=${V:-"def:LUNAR_MOE_F16_LA=0,LUNAR_MOE_F16_DEEP=0,LUNAR_MOE_F16_ONE=0,LUNAR_MOE_F16_TDN=0 la:LUNAR_MOE_F16_LA=1 deep:LUNAR_MOE_F16_DEEP=1 one:LUNAR_MOE_F16_ONE=1 all:$A tdn3:LUNAR_MOE_F16_TDN=3"}
 step "decode pair at one token, path 16: $V (${ROUNDS:-3} rounds, alternating)"
 LUNAR_MOE_BENCH=f16ab LUNAR_MOE_BENCH_V="$V" LUNAR_MOE_BENCH_ROUNDS=${ROUNDS:-3} timeout 60 $P/bin/lunar_tests cuda_moe_bench \
   > $OUT/bench.log 2>&1; echo "rc=$?" >> $T
@@ -28,22 +30,18 @@ best=$(grep -E '^K3.1 TP8 .* mean ' $OUT/bench.log | grep -v ' mean def:' | sort
   awk -F' mean ' '{split($2, a, ":"); print a[1]; exit}')
 bspec=$(echo "$V" | tr ' ' '\n' | grep "^$best:" | cut -d: -f2)
 echo "fastest variant on the TP8 pair: ${best:-none} ($bspec)" >> $T
-NCUM="gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum"
-NCUM="$NCUM,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread"
-NCUM="$NCUM,launch__grid_size,launch__occupancy_limit_shared_mem,launch__occupancy_limit_registers,smsp__warps_eligible.avg.per_cycle_active"
-NCUM="$NCUM,l1tex__t_sectors_pipe_lsu_mem_global_op_ldgsts.sum,l1tex__t_requests_pipe_lsu_mem_global_op_ldgsts.sum,lts__t_sectors_srcunit_tex_op_read.sum"
-for s in long_scoreboard short_scoreboard barrier wait math_pipe_throttle mio_throttle not_selected selected dispatch_stall lg_throttle no_instruction branch_resolving membar sleeping misc drain; do
-  NCUM="$NCUM,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio"
-done
+NCUS="--section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats --section MemoryWorkloadAnalysis"
+NCUG='moe_decode_f16_kernel|gpu__time_duration.sum|dram__bytes_read.sum|dram__throughput.avg.pct_of_peak_sustained_elapsed|smsp__inst_executed.sum |smsp__issue_active.avg.pct|sm__warps_active.avg.pct|launch__registers_per_thread|launch__grid_size|launch__occupancy_limit|smsp__warps_eligible.avg.per_cycle|stalled_[a-z_]+_per_issue_active.ratio|ldgsts.*sum '
 if [ "${NCU:-1}" = 1 ]; then
-  for nv in "def:LUNAR_MOE_F16_LA=0" "both:LUNAR_MOE_F16_LA=1,LUNAR_MOE_F16_DEEP=1"; do
+  for nv in "def:LUNAR_MOE_F16_LA=0" "all:$A"; do
     late 150 && break
     step "ncu: K3.1 one token, gate/up + down (${nv%%:*})"
     LUNAR_MOE_BENCH=f16ab LUNAR_MOE_BENCH_SHAPES=k3 LUNAR_MOE_BENCH_V="$nv" LUNAR_MOE_BENCH_ROUNDS=1 timeout 70 \
-      ncu --clock-control none --metrics "$NCUM" -k regex:moe_decode_f16 --launch-skip 2 --launch-count 2 \
+      ncu --clock-control none $NCUS --metrics dram__bytes_read.sum,smsp__inst_executed.sum --page raw \
+      -k regex:moe_decode_f16 --launch-skip 2 --launch-count 2 \
       $P/bin/lunar_tests cuda_moe_bench > $OUT/ncu_${nv%%:*}.txt 2>&1; echo "rc=$?" >> $T
-    grep -E 'moe_decode_f16_kernel|gpu__time|dram__|inst_executed|issue_active|warps_active|registers|grid_size|occupancy_limit|eligible|ldgsts|lts__t|stalled' \
-      $OUT/ncu_${nv%%:*}.txt | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' | cut -c1-120 >> $T
+    grep -E "$NCUG" $OUT/ncu_${nv%%:*}.txt | sed -E 's/ +/ /g; s/smsp__average_warps_issue_stalled_//; s/_per_issue_active.ratio//' |
+      awk '/^ ?[a-z_]+ ratio / && $NF + 0 < 0.1 {next} {print}' | cut -c1-140 >> $T
   done
 fi
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }

@@ -163,6 +163,9 @@ __device__ __forceinline__ bool la_meet(float *acc, float *red, int *la, int war
 // stages in gate/up, 8 in down, each scale word copied once a quad (DD: slot 8 warp + g, by lane c
 // = 0, read by the quad's four lanes as a broadcast) instead of once a lane, a quarter of the scale
 // bytes, so that the stages fit beside the activation rows in the 56 KB of 4 blocks per SM.
+// Bit 4 (LUNAR_MOE_F16_ONE, one token only), ONE: the odd token columns' scale FMAs left out (a lane's
+// C fragment holds tokens 2c and 2c + 1; with one token only column 0 is stored): 16 of the gate/up
+// chunk loop's 330 SASS instructions, 8 of the down kernel's ~180.
 // Bit 1 (LUNAR_MOE_F16_LA), LA: the split-K warps of a row tile meet without a block barrier: each
 // warp stores its partial sums (red, as dec_splitk_sum) and counts itself in on a shared counter; the
 // warp counted last sums the S partials in dec_splitk_sum's order (bit-identical) and runs the
@@ -175,7 +178,7 @@ template <bool GATEUP, int S, bool XS, bool MT, int V>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     constexpr int ST = V & 2 ? (GATEUP ? 5 : 8) : ST4;
-    constexpr bool DD = ST != ST4, LA = S > 1 && (V & 1);
+    constexpr bool DD = ST != ST4, LA = S > 1 && (V & 1), ONE = V & 4;
     constexpr int SW = DD ? 32 : 128;  // scale words a stage and row set
     const int T = MT ? tpb : 1;  // row groups of this block
     // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
@@ -365,9 +368,9 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                             mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
                             const float fa = scale_f(swa[i], b), fb = scale_f(swb[i], b);
                             acc[i][0] = fmaf(fa, blk[0], acc[i][0]);
-                            acc[i][1] = fmaf(fa, blk[1], acc[i][1]);
+                            if (!ONE) acc[i][1] = fmaf(fa, blk[1], acc[i][1]);  // ONE: token 1 is none
                             acc[i][2] = fmaf(fb, blk[2], acc[i][2]);
-                            acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
+                            if (!ONE) acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
                         }
                     }
                     if (!XS) {
@@ -493,6 +496,20 @@ static bool deep_mode() {
     const char *v = getenv("LUNAR_MOE_F16_DEEP");
     return v && atoi(v) == 1;
 }
+// LUNAR_MOE_F16_ONE (read at every launch): 1: at one token (and XS) the kernel without the odd token
+// columns' scale FMAs (the kernel's V bit 4; the same stored values); unset or 0: off.
+static bool one_mode() {
+    const char *v = getenv("LUNAR_MOE_F16_ONE");
+    return v && atoi(v) == 1;
+}
+// LUNAR_MOE_F16_TDN=N (read at every launch; 1..64): the down kernel's row groups a block at one token
+// instead of the TILES rule's (for measuring: the down kernel's blocks are the shorter, 6 chunks a warp
+// at K3.1's K = 3072 against gate/up's 7 of twice the bytes); unset or 0: the rule.
+static int tdn_mode() {
+    const char *v = getenv("LUNAR_MOE_F16_TDN");
+    const int t = v ? atoi(v) : 0;
+    return t >= 1 && t <= 64 ? t : 0;
+}
 
 template <bool GATEUP, int S, bool MT, int V>
 void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt, cudaStream_t st) {
@@ -518,7 +535,11 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
 template <bool GATEUP, int S, bool MT>
 void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt,
               cudaStream_t st) {
-    if (v == 3) launch_k<GATEUP, S, MT, 3>(a, grid, smem, sx, xs, T, opt, st);
+    if (v == 7) launch_k<GATEUP, S, MT, 7>(a, grid, smem, sx, xs, T, opt, st);
+    else if (v == 6) launch_k<GATEUP, S, MT, 6>(a, grid, smem, sx, xs, T, opt, st);
+    else if (v == 5) launch_k<GATEUP, S, MT, 5>(a, grid, smem, sx, xs, T, opt, st);
+    else if (v == 4) launch_k<GATEUP, S, MT, 4>(a, grid, smem, sx, xs, T, opt, st);
+    else if (v == 3) launch_k<GATEUP, S, MT, 3>(a, grid, smem, sx, xs, T, opt, st);
     else if (v == 2) launch_k<GATEUP, S, MT, 2>(a, grid, smem, sx, xs, T, opt, st);
     else if (v == 1) launch_k<GATEUP, S, MT, 1>(a, grid, smem, sx, xs, T, opt, st);
     else launch_k<GATEUP, S, MT, 0>(a, grid, smem, sx, xs, T, opt, st);
@@ -545,7 +566,7 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
     // LUNAR_MOE_F16_LA / _DEEP (with XS): the variant's bits; a deep ring only where it keeps the
     // block within 56 KB (4 blocks per SM)
-    int v = xs && la_mode() && S > 1 ? 1 : 0;
+    int v = (xs && la_mode() && S > 1 ? 1 : 0) | (xs && one_mode() && n == 1 ? 4 : 0);
     if (xs && deep_mode() && f16_smem(GATEUP, S, v | 2) + rows <= 56u * 1024u) v |= 2;
     sx = f16_smem(GATEUP, S, v) + rows;
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
@@ -560,6 +581,7 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     } else if (tm > 1) {
         T = min(tm, nb);
     }
+    if (!GATEUP && n == 1 && tdn_mode()) T = min(tdn_mode(), nb);
     const uint32_t opt = dec_opt() | early_mode(n);
     const dim3 grid(T > 1 ? ceil_div_u(nb, T) : nb, slots);
     if (T > 1) launch_v<GATEUP, S, true>(v, a, grid, smem, sx, xs, T, opt, st);
