@@ -34,7 +34,7 @@ NCUS="--section SpeedOfLight --section WarpStateStats --section Occupancy --sect
 NCUG='moe_decode_f16_kernel|gpu__time_duration.sum|dram__bytes_read.sum|dram__throughput.avg.pct_of_peak_sustained_elapsed|smsp__inst_executed.sum |smsp__issue_active.avg.pct|sm__warps_active.avg.pct|launch__registers_per_thread|launch__grid_size|launch__occupancy_limit|smsp__warps_eligible.avg.per_cycle|stalled_[a-z_]+_per_issue_active.ratio|ldgsts.*sum '
 if [ "${NCU:-1}" = 1 ]; then
   for nv in "def:LUNAR_MOE_F16_LA=0" "all:$A"; do
-    late 150 && break
+    late 100 && break
     step "ncu: K3.1 one token, gate/up + down (${nv%%:*})"
     LUNAR_MOE_BENCH=f16ab LUNAR_MOE_BENCH_SHAPES=k3 LUNAR_MOE_BENCH_V="$nv" LUNAR_MOE_BENCH_ROUNDS=1 timeout 70 \
       ncu --clock-control none $NCUS --metrics dram__bytes_read.sum,smsp__inst_executed.sum --page raw \
@@ -48,7 +48,7 @@ tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  
 M="$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64"
 if [ -n "$bspec" ]; then
   for r in $(seq 1 "${MROUNDS:-3}"); do
-    late 200 && break
+    late 175 && break
     W="def:LUNAR_NONE=0 $best:$bspec"; [ $((r % 2)) = 0 ] && W="$best:$bspec def:LUNAR_NONE=0"
     for v in $W; do
       step "K3.1 TP8 slice B=1 ${v%%:*} round $r"
@@ -56,7 +56,7 @@ if [ -n "$bspec" ]; then
       echo "rc=$? ${v%%:*}_$r $(tpot $OUT/m_${v%%:*}_$r.log)" >> $T
     done
   done
-  if ! late 215; then
+  if ! late 180; then
     step "cuda_forward_k3 under $best"
     env $(echo "$bspec" | tr ',' ' ') OMP_NUM_THREADS=16 timeout 30 $P/bin/lunar_tests cuda_forward_k3 > $OUT/t_fwd.log 2>&1; echo "rc=$?" >> $T
     grep -E 'FAILED|passed, |k3, |CHECK' $OUT/t_fwd.log | sed 's/, argmax.*//' | cut -c1-200 | tail -5 >> $T
