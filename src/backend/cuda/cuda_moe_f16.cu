@@ -166,6 +166,10 @@ __device__ __forceinline__ bool la_meet(float *acc, float *red, int *la, int war
 // Bit 4 (LUNAR_MOE_F16_ONE, one token only), ONE: the odd token columns' scale FMAs left out (a lane's
 // C fragment holds tokens 2c and 2c + 1; with one token only column 0 is stored): 16 of the gate/up
 // chunk loop's 330 SASS instructions, 8 of the down kernel's ~180.
+// Bits 8 and 16 (LUNAR_MOE_F16_SKIP=1 / 2; WRONG results, for the benchmark only): NW, the raw packed
+// words fed to the mma without the widening; CO, the copy ring alone (each chunk waited for and its
+// stage refilled, nothing read or computed). What time the ring's copies, and the rest without the
+// widening, take on their own.
 // Bit 1 (LUNAR_MOE_F16_LA), LA: the split-K warps of a row tile meet without a block barrier: each
 // warp stores its partial sums (red, as dec_splitk_sum) and counts itself in on a shared counter; the
 // warp counted last sums the S partials in dec_splitk_sum's order (bit-identical) and runs the
@@ -178,7 +182,7 @@ template <bool GATEUP, int S, bool XS, bool MT, int V>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     constexpr int ST = V & 2 ? (GATEUP ? 5 : 8) : ST4;
-    constexpr bool DD = ST != ST4, LA = S > 1 && (V & 1), ONE = V & 4;
+    constexpr bool DD = ST != ST4, LA = S > 1 && (V & 1), ONE = V & 4, NW = V & 8, CO = V & 16;
     constexpr int SW = DD ? 32 : 128;  // scale words a stage and row set
     const int T = MT ? tpb : 1;  // row groups of this block
     // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
@@ -334,6 +338,10 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                     const int st = MT ? ist : (j - j0) % ST;
                     cp_async_wait<ST - 1>();
                     __syncwarp();  // the ldmatrix reads the other lanes' copies
+                    if constexpr (CO) {  // the copies alone
+                        if (MT) issue_next();
+                        else issue(j + ST);
+                    } else {
                     uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
 #pragma unroll
                     for (int i = 0; i < NM; i++) {
@@ -361,8 +369,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
                         for (int i = 0; i < NM; i++) {
                             uint32_t pa[4], pb[4];
-                            widen_f16(wa[i][b], pa);
-                            widen_f16(wb[i][b], pb);
+                            if constexpr (NW) {  // the raw words (wrong values, the same mma count)
+                                pa[0] = pa[1] = pa[2] = pa[3] = wa[i][b];
+                                pb[0] = pb[1] = pb[2] = pb[3] = wb[i][b];
+                            } else {
+                                widen_f16(wa[i][b], pa);
+                                widen_f16(wb[i][b], pb);
+                            }
                             float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                             mma_f16(blk, pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
                             mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
@@ -377,6 +390,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
                         for (int b = 0; b < 4; b++) xv[b] = nx[b];
                     }
+                    }  // !CO
                 }
                 if (!MT) cp_async_wait<0>();  // MT: the ring runs on into the next row group
             }
@@ -498,6 +512,13 @@ static bool deep_mode() {
 }
 // LUNAR_MOE_F16_ONE (read at every launch): 1: at one token (and XS) the kernel without the odd token
 // columns' scale FMAs (the kernel's V bit 4; the same stored values); unset or 0: off.
+// LUNAR_MOE_F16_SKIP (read at every launch; WRONG results, benchmark only): 1 no widening, 2 the copy
+// ring alone (the kernel's V bits 8 / 16; with XS only); unset or 0: off.
+static int skip_mode() {
+    const char *v = getenv("LUNAR_MOE_F16_SKIP");
+    const int t = v ? atoi(v) : 0;
+    return t == 1 ? 8 : t == 2 ? 16 : 0;
+}
 static bool one_mode() {
     const char *v = getenv("LUNAR_MOE_F16_ONE");
     return v && atoi(v) == 1;
@@ -535,7 +556,9 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
 template <bool GATEUP, int S, bool MT>
 void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt,
               cudaStream_t st) {
-    if (v == 7) launch_k<GATEUP, S, MT, 7>(a, grid, smem, sx, xs, T, opt, st);
+    if (v == 16) launch_k<GATEUP, S, MT, 16>(a, grid, smem, sx, xs, T, opt, st);
+    else if (v == 8) launch_k<GATEUP, S, MT, 8>(a, grid, smem, sx, xs, T, opt, st);
+    else if (v == 7) launch_k<GATEUP, S, MT, 7>(a, grid, smem, sx, xs, T, opt, st);
     else if (v == 6) launch_k<GATEUP, S, MT, 6>(a, grid, smem, sx, xs, T, opt, st);
     else if (v == 5) launch_k<GATEUP, S, MT, 5>(a, grid, smem, sx, xs, T, opt, st);
     else if (v == 4) launch_k<GATEUP, S, MT, 4>(a, grid, smem, sx, xs, T, opt, st);
@@ -568,6 +591,7 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     // block within 56 KB (4 blocks per SM)
     int v = (xs && la_mode() && S > 1 ? 1 : 0) | (xs && one_mode() && n == 1 ? 4 : 0);
     if (xs && deep_mode() && f16_smem(GATEUP, S, v | 2) + rows <= 56u * 1024u) v |= 2;
+    if (xs && skip_mode()) v = skip_mode();  // alone (the 4-stage ring)
     sx = f16_smem(GATEUP, S, v) + rows;
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
     // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
