@@ -6,6 +6,8 @@
 # K3.1's gate/up and down kernels (default, then all three: warp states, issue, DRAM, occupancy), the
 # K3.1 TP8 slice's B = 1 step default vs the variant fastest on the TP8 pair, alternating, and
 # cuda_forward_k3 under it.
+# Run (session 15) with the binaries of cfad2a9 (the variants' code, not in the tree since: measured
+# slower, docs/benchmarks.md "MoE decode, MXFP4, at one token: where the time goes (session 15)").
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=3] [MROUNDS=3] [NCU=1] bash tools/device/mx4dec15.sh
 set -u
 P=${P:?P = the prebuilt directory}

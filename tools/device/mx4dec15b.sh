@@ -4,6 +4,8 @@
 # 2 = the copy ring alone (each chunk waited for and its stage refilled), the latter also at one row
 # group a block (TILES=0) and at 6 (one wave at K3.1's gate/up); LUNAR_MOE_BENCH=f16ab, alternating
 # rounds; then Nsight Compute on the copy ring alone (K3.1's gate/up and down).
+# Not run in session 15 (the session's device budget); needs the binaries of 167f51f (LUNAR_MOE_F16_SKIP,
+# not in the tree since).
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=3] bash tools/device/mx4dec15b.sh
 set -u
 P=${P:?P = the prebuilt directory}

@@ -198,21 +198,16 @@ template <int NM> struct mx_ring_src {
             sb[i] = a.ws[i] + e * estr / 32 + (size_t)rb * (a.K / 32);
         }
     }
-    // SW: scale words a stage and row set (128: every lane its own copy at slot tid; path 16's deep
-    // rings, cuda_moe_f16.cu: 32, one copy a quad at sslot = 8 warp + g, copied by the lanes with sc)
-    template <int ST, int SW = 128>
-    __device__ __forceinline__ void issue(uint4 *rw, uint32_t *rs, int j, int j0, int j1, int wslot, int tid,
-                                          bool sc = true) const {
+    template <int ST>
+    __device__ __forceinline__ void issue(uint4 *rw, uint32_t *rs, int j, int j0, int j1, int wslot, int tid) const {
         if (j1 > j) {
             const int st = (j - j0) % ST;
 #pragma unroll
             for (int i = 0; i < NM; i++) {
                 cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + (size_t)j * 64);
                 cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + (size_t)j * 64);
-                if (SW == 128 || sc) {
-                    cp_async4(rs + (st * 2 * NM + 2 * i) * SW + tid, sa[i] + 4 * j);
-                    cp_async4(rs + (st * 2 * NM + 2 * i + 1) * SW + tid, sb[i] + 4 * j);
-                }
+                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + 4 * j);
+                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + 4 * j);
             }
         }
         cp_async_commit();
@@ -221,18 +216,16 @@ template <int NM> struct mx_ring_src {
     // ra / rb's packed weights (chunk j of the rows roff rows below: woff = roff K / 2 + 64 j) and the
     // 4 scale bytes at woff / 16 (roff K / 32 + 4 j) into stage st; live = false only commits (an
     // empty group keeps the wait counts). The issue above is left as it is (its users stay bit-identical).
-    template <int ST, int SW = 128>
+    template <int ST>
     __device__ __forceinline__ void issue_at(uint4 *rw, uint32_t *rs, uint32_t woff, int st, bool live, int wslot,
-                                             int tid, bool sc = true) const {
+                                             int tid) const {
         if (live) {
 #pragma unroll
             for (int i = 0; i < NM; i++) {
                 cp_async16(rw + (st * 2 * NM + 2 * i) * 128 + wslot, qa[i] + woff);
                 cp_async16(rw + (st * 2 * NM + 2 * i + 1) * 128 + wslot, qb[i] + woff);
-                if (SW == 128 || sc) {
-                    cp_async4(rs + (st * 2 * NM + 2 * i) * SW + tid, sa[i] + woff / 16);
-                    cp_async4(rs + (st * 2 * NM + 2 * i + 1) * SW + tid, sb[i] + woff / 16);
-                }
+                cp_async4(rs + (st * 2 * NM + 2 * i) * 128 + tid, sa[i] + woff / 16);
+                cp_async4(rs + (st * 2 * NM + 2 * i + 1) * 128 + tid, sb[i] + woff / 16);
             }
         }
         cp_async_commit();

@@ -43,7 +43,7 @@
 
 namespace {
 
-constexpr int ST4 = 4;  // ring stages, as the pair (the deep rings: launch_s below)
+constexpr int ST = 4;  // ring stages, as the pair
 
 __device__ __forceinline__ void mma_f16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                         uint32_t b1) {
@@ -95,44 +95,6 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
     p[3] = prmt(u.z, u.w, 0x7632);
 }
 
-// LA (the kernel's note): warp `warp` of row tile rt, at the tile's live row group gi, meets the tile's
-// other S - 1 warps through red and the counters la[rt] (arrivals, gi S + s for the s-th of group gi)
-// and la[4 + rt] (groups whose partials were read). Returns true in the warp counted last, with acc the
-// sum of the S partials in dec_splitk_sum's order. Warp-uniform; called by live warps only.
-template <int NACC, int S>
-__device__ __forceinline__ bool la_meet(float *acc, float *red, int *la, int warp, int rt, int lane, int gi) {
-    volatile int *done = la + 4 + rt;
-    while (*done < gi) {
-    }  // group gi - 1's partials read (this warp's slot is free)
-    float *mine = red + (size_t)warp * NACC * 32;
-#pragma unroll
-    for (int k = 0; k < NACC; k++) mine[k * 32 + lane] = acc[k];
-    __syncwarp();
-    int last = 0;
-    if (lane == 0) {
-        __threadfence_block();  // the warp's partials before its count
-        last = atomicAdd(la + rt, 1) == gi * S + S - 1;
-    }
-    last = __shfl_sync(0xffffffffu, last, 0);
-    if (!last) return false;
-    __threadfence_block();  // the others' partials after their counts
-    __syncwarp();
-    const float *b0 = red + (size_t)rt * S * NACC * 32;  // warp ks = 0 of the tile
-#pragma unroll
-    for (int k = 0; k < NACC; k++) {
-        float v = b0[k * 32 + lane];
-#pragma unroll
-        for (int s2 = 1; s2 < S; s2++) v += b0[(s2 * NACC + k) * 32 + lane];
-        acc[k] = v;
-    }
-    __syncwarp();  // every lane's reads before the release
-    if (lane == 0) {
-        __threadfence_block();
-        *done = gi + 1;
-    }
-    return true;
-}
-
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
 // opt: LUNAR_MOE_DEC_OPT's bits (cuda_moe.cu; unset: all). Bit 1: the down kernel's row weights
@@ -158,32 +120,9 @@ __device__ __forceinline__ bool la_meet(float *acc, float *red, int *la, int war
 // and the reduction's barriers. Two groups a block halve those (K3.1 -5 %); more lose again (one
 // wave of 6-7 groups a block: +0.5 %), and a grid under one wave loses its warps (launch below).
 // The sums of each tile are the same operations in the same order (bit-identical to MT = false).
-// V (issue 8, session 15; launch_s below): variant bits, 0 = the kernel before (its instances, the
-// default, compile to the same instructions). Bit 2 (LUNAR_MOE_F16_DEEP), the deep rings: ST = 5
-// stages in gate/up, 8 in down, each scale word copied once a quad (DD: slot 8 warp + g, by lane c
-// = 0, read by the quad's four lanes as a broadcast) instead of once a lane, a quarter of the scale
-// bytes, so that the stages fit beside the activation rows in the 56 KB of 4 blocks per SM.
-// Bit 4 (LUNAR_MOE_F16_ONE, one token only), ONE: the odd token columns' scale FMAs left out (a lane's
-// C fragment holds tokens 2c and 2c + 1; with one token only column 0 is stored): 16 of the gate/up
-// chunk loop's 330 SASS instructions, 8 of the down kernel's ~180.
-// Bits 8 and 16 (LUNAR_MOE_F16_SKIP=1 / 2; WRONG results, for the benchmark only): NW, the raw packed
-// words fed to the mma without the widening; CO, the copy ring alone (each chunk waited for and its
-// stage refilled, nothing read or computed). What time the ring's copies, and the rest without the
-// widening, take on their own.
-// Bit 1 (LUNAR_MOE_F16_LA), LA: the split-K warps of a row tile meet without a block barrier: each
-// warp stores its partial sums (red, as dec_splitk_sum) and counts itself in on a shared counter; the
-// warp counted last sums the S partials in dec_splitk_sum's order (bit-identical) and runs the
-// epilogue, the others go on into their next row group (MT) or pass. Why: two block barriers per row
-// group stall every warp of the block at the slowest one's last chunk; the ring of a warp that waits
-// there idles too. A warp stores a group's partial only once the previous group's were read (the
-// counter `done`: the one buffer red serves every group; never waited on at T <= 2 unless a warp ran
-// a whole group ahead).
-template <bool GATEUP, int S, bool XS, bool MT, int V>
+template <bool GATEUP, int S, bool XS, bool MT>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
-    constexpr int ST = V & 2 ? (GATEUP ? 5 : 8) : ST4;
-    constexpr bool DD = ST != ST4, LA = S > 1 && (V & 1), ONE = V & 4, NW = V & 8, CO = V & 16;
-    constexpr int SW = DD ? 32 : 128;  // scale words a stage and row set
     const int T = MT ? tpb : 1;  // row groups of this block
     // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
     // of dependent loads (count, expert id, ring fill, offsets, row_token, activations), paid once
@@ -201,11 +140,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // expert's slot (offsets are the exclusive scan of counts, the active list the experts in
     // order) and row_token = 0, so neither is loaded (two round trips less in gate/up, one in down).
     const bool pre = !GATEUP && (opt & 8u) && (opt & 4u), one = (opt & 32u) != 0;
-    // [4 warps][NACC][32] when S > 1 (LA: + 32 ints, its counters: arrivals [4 row tiles], groups read
-    // [4]), then the ring
-    extern __shared__ __align__(16) float red[];
-    int *la = (int *)(red + 4 * NACC * 32);
-    float *ring = red + (S > 1 ? 4 * NACC * 32 + (LA ? 32 : 0) : 0);
+    extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
+    float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
     if (pf && threadIdx.x == 0 && !GATEUP && (int)blockIdx.y < a.counts[a.E]) {
         const int e = a.active[blockIdx.y];
@@ -244,16 +180,16 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const size_t estr = (size_t)a.R * a.K;
     // ring slots: uint4 [ST][2 NM][128]; lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4)) of its warp
     uint4 *rw = (uint4 *)ring;
-    uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // scale words [ST][2 NM][SW], own slots (DD: the quad's)
+    uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // scale words [ST][2 NM][128], own slots
     const int tid = threadIdx.x;
-    const int wslot = warp * 32 + 4 * g + (c ^ ((g >> 1) & 3)), sslot = DD ? warp * 8 + g : tid;
+    const int wslot = warp * 32 + 4 * g + (c ^ ((g >> 1) & 3));
     // ldmatrix: lane L gives row L % 8 of matrix L / 8 = the slot of lane (L % 8, L / 8)
     const int lr = lane & 7, lm = lane >> 3;
     const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
-    uint4 *xs = (uint4 *)(rs + ST * 2 * NM * SW);  // XS: the pass's activation rows (top of the kernel)
+    uint4 *xs = (uint4 *)(rs + ST * 2 * NM * 128);  // XS: the pass's activation rows (top of the kernel)
     const int K8 = a.K / 8, xpitch = K8 + 4;
     const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
-    auto issue = [&](int j) { src.template issue<ST, SW>(rw, rs, j, j0, j1, wslot, sslot, c == 0); };
+    auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid); };
     // MT: the issue cursor over the flat sequence: the next chunk's byte offset in the rows (ioff,
     // issue_at), chunks left in its row group (irem) and in all live groups (ileft), its stage (ist:
     // also the stage the consumer reads next, the ring being ST chunks ahead of it)
@@ -262,7 +198,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     uint32_t ioff = 64u * j0;
     const uint32_t gjump = (uint32_t)(RT * 16) * (uint32_t)(a.K / 2) - 64u * nj;  // to the next group's j0
     auto issue_next = [&]() {
-        src.template issue_at<ST, SW>(rw, rs, ioff, ist, ileft > 0, wslot, sslot, c == 0);
+        src.template issue_at<ST>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
         ioff += 64u, ileft--;
         if (--irem == 0) irem = nj, ioff += gjump;
         if (++ist == ST) ist = 0;
@@ -282,11 +218,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const bool early = (opt & 4u) && tile_ok && j0 < j1;
     if (early) fill();
     const int off = one ? slot : a.offsets[e], m = one ? 1 : a.offsets[e + 1] - off;
-    if (LA) {  // LA's counters from 0 before any warp counts itself in (block-uniform: no return below)
-        if (tid < 32) la[tid] = 0;
-        __syncthreads();
-    }
-    int gi = 0;  // LA: live row groups of this warp's tile so far (the same count in its S warps)
     if (!waited) pdl_wait();  // EARLY bit 1: the wait after the first fill and the offsets (pre)
     for (int t0 = 0; t0 < m; t0 += 8) {
         float acc[NM][4];  // zeroed per row group below
@@ -338,17 +269,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                     const int st = MT ? ist : (j - j0) % ST;
                     cp_async_wait<ST - 1>();
                     __syncwarp();  // the ldmatrix reads the other lanes' copies
-                    if constexpr (CO) {  // the copies alone
-                        if (MT) issue_next();
-                        else issue(j + ST);
-                    } else {
                     uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
 #pragma unroll
                     for (int i = 0; i < NM; i++) {
                         ldsm_x4(wa[i], rbase + (uint32_t)((st * 2 * NM + 2 * i) * 128 * 16));
                         ldsm_x4(wb[i], rbase + (uint32_t)((st * 2 * NM + 2 * i + 1) * 128 * 16));
-                        swa[i] = rs[(st * 2 * NM + 2 * i) * SW + sslot];
-                        swb[i] = rs[(st * 2 * NM + 2 * i + 1) * SW + sslot];
+                        swa[i] = rs[(st * 2 * NM + 2 * i) * 128 + tid];
+                        swb[i] = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
                     }
                     uint4 nx[4];
                     if (XS) {
@@ -369,39 +296,27 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
                         for (int i = 0; i < NM; i++) {
                             uint32_t pa[4], pb[4];
-                            if constexpr (NW) {  // the raw words (wrong values, the same mma count)
-                                pa[0] = pa[1] = pa[2] = pa[3] = wa[i][b];
-                                pb[0] = pb[1] = pb[2] = pb[3] = wb[i][b];
-                            } else {
-                                widen_f16(wa[i][b], pa);
-                                widen_f16(wb[i][b], pb);
-                            }
+                            widen_f16(wa[i][b], pa);
+                            widen_f16(wb[i][b], pb);
                             float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                             mma_f16(blk, pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
                             mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
                             const float fa = scale_f(swa[i], b), fb = scale_f(swb[i], b);
                             acc[i][0] = fmaf(fa, blk[0], acc[i][0]);
-                            if (!ONE) acc[i][1] = fmaf(fa, blk[1], acc[i][1]);  // ONE: token 1 is none
+                            acc[i][1] = fmaf(fa, blk[1], acc[i][1]);
                             acc[i][2] = fmaf(fb, blk[2], acc[i][2]);
-                            if (!ONE) acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
+                            acc[i][3] = fmaf(fb, blk[3], acc[i][3]);
                         }
                     }
                     if (!XS) {
 #pragma unroll
                         for (int b = 0; b < 4; b++) xv[b] = nx[b];
                     }
-                    }  // !CO
                 }
                 if (!MT) cp_async_wait<0>();  // MT: the ring runs on into the next row group
             }
-            bool la_store = false;  // LA: this warp was counted last (it sums and stores)
-            if constexpr (LA) {
-                la_store = live && la_meet<NACC, S>(&acc[0][0], red, la, warp, rt, lane, gi);
-                gi += live;
-            } else if (S > 1) {
-                dec_splitk_sum<NACC, S>(&acc[0][0], red, warp, ks, lane);
-            }
-            if (LA ? la_store : ks == 0 && live) {
+            if (S > 1) dec_splitk_sum<NACC, S>(&acc[0][0], red, warp, ks, lane);
+            if (ks == 0 && live) {
                 // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
@@ -494,45 +409,7 @@ static int sm_count() {
     return n;
 }
 
-// LUNAR_MOE_F16_LA (read at every launch, as LUNAR_MOE_F16_XS): 1: where the activations sit in
-// shared memory (XS), the split-K warps of a row tile meet without block barriers (the kernel's V bit
-// 1; bit-identical); unset or 0: off.
-static bool la_mode() {
-    const char *v = getenv("LUNAR_MOE_F16_LA");
-    return v && atoi(v) == 1;
-}
-// LUNAR_MOE_F16_DEEP (read at every launch): 1: the deep rings where the activations sit in shared
-// memory (XS) and the block stays within the 56 KB of 4 blocks per SM: gate/up 5 stages, down 8, one
-// scale copy a quad (the kernel's ST note; bit-identical); unset or 0: 4 stages. At K3.1's shapes
-// (batch 1) the gate/up block is 54.9 KB (4.2 of red and counters, 43.5 of ring, 7.2 of rows), the
-// down block 42.4 KB; the TP8 slice's down kernel (S = 1) 40.8 KB.
-static bool deep_mode() {
-    const char *v = getenv("LUNAR_MOE_F16_DEEP");
-    return v && atoi(v) == 1;
-}
-// LUNAR_MOE_F16_ONE (read at every launch): 1: at one token (and XS) the kernel without the odd token
-// columns' scale FMAs (the kernel's V bit 4; the same stored values); unset or 0: off.
-// LUNAR_MOE_F16_SKIP (read at every launch; WRONG results, benchmark only): 1 no widening, 2 the copy
-// ring alone (the kernel's V bits 8 / 16; with XS only); unset or 0: off.
-static int skip_mode() {
-    const char *v = getenv("LUNAR_MOE_F16_SKIP");
-    const int t = v ? atoi(v) : 0;
-    return t == 1 ? 8 : t == 2 ? 16 : 0;
-}
-static bool one_mode() {
-    const char *v = getenv("LUNAR_MOE_F16_ONE");
-    return v && atoi(v) == 1;
-}
-// LUNAR_MOE_F16_TDN=N (read at every launch; 1..64): the down kernel's row groups a block at one token
-// instead of the TILES rule's (for measuring: the down kernel's blocks are the shorter, 6 chunks a warp
-// at K3.1's K = 3072 against gate/up's 7 of twice the bytes); unset or 0: the rule.
-static int tdn_mode() {
-    const char *v = getenv("LUNAR_MOE_F16_TDN");
-    const int t = v ? atoi(v) : 0;
-    return t >= 1 && t <= 64 ? t : 0;
-}
-
-template <bool GATEUP, int S, bool MT, int V>
+template <bool GATEUP, int S, bool MT>
 void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt, cudaStream_t st) {
     if (xs) {
         // the opt-in above 48 KB: raised per device whenever a call needs more than that device has
@@ -541,58 +418,28 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
         int dev = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         if (sx > 48 * 1024 && (dev < 0 || dev >= 8 || sx > opted[dev])) {
-            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT, V>,
+            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
             if (dev >= 0 && dev < 8) opted[dev] = sx;
         }
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT, V>, grid, dim3(128), sx, st, a,
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT>, grid, dim3(128), sx, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
-    } else if constexpr (V == 0) {  // the variants run with XS only (launch_s)
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT, 0>, grid, dim3(128), smem, st, a,
+    } else {
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     }
 }
 
-template <bool GATEUP, int S, bool MT>
-void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt,
-              cudaStream_t st) {
-    if (v == 16) launch_k<GATEUP, S, MT, 16>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 8) launch_k<GATEUP, S, MT, 8>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 7) launch_k<GATEUP, S, MT, 7>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 6) launch_k<GATEUP, S, MT, 6>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 5) launch_k<GATEUP, S, MT, 5>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 4) launch_k<GATEUP, S, MT, 4>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 3) launch_k<GATEUP, S, MT, 3>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 2) launch_k<GATEUP, S, MT, 2>(a, grid, smem, sx, xs, T, opt, st);
-    else if (v == 1) launch_k<GATEUP, S, MT, 1>(a, grid, smem, sx, xs, T, opt, st);
-    else launch_k<GATEUP, S, MT, 0>(a, grid, smem, sx, xs, T, opt, st);
-}
-
-// the kernel's shared memory for variant v without the activation rows: red (S > 1; LA's counters too)
-// and the ring (weights, then the scale words: one copy a lane at 4 stages, a quad's in the deep rings)
-static size_t f16_smem(bool gateup, int S, int v) {
-    const size_t nm = gateup ? 2 : 1, st = v & 2 ? (gateup ? 5 : 8) : ST4;
-    return (S > 1 ? 4 * nm * 4 * 32 * 4 + (v & 1 ? 128 : 0) : 0) + st * 2 * nm * 128 * 16 +
-           st * 2 * nm * (v & 2 ? 32 : 128) * 4;
-}
-
 template <bool GATEUP, int S>
 void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
-    const int RT = 4 / S;
-    const size_t smem = f16_smem(GATEUP, S, 0);
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
     const int nb = ceil_div_u(a.R / 16, RT);  // row groups of RT tiles per expert
     // xs holds min(8, n) rows: a pass has min(8, m - t0) <= min(8, n) tokens (m <= n)
-    const size_t rows = (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
-    size_t sx = smem + rows;
+    const size_t sx = smem + (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
     // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
     const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
-    // LUNAR_MOE_F16_LA / _DEEP (with XS): the variant's bits; a deep ring only where it keeps the
-    // block within 56 KB (4 blocks per SM)
-    int v = (xs && la_mode() && S > 1 ? 1 : 0) | (xs && one_mode() && n == 1 ? 4 : 0);
-    if (xs && deep_mode() && f16_smem(GATEUP, S, v | 2) + rows <= 56u * 1024u) v |= 2;
-    if (xs && skip_mode()) v = skip_mode();  // alone (the 4-stage ring)
-    sx = f16_smem(GATEUP, S, v) + rows;
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
     // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
     // memory allows fewer (228 KB per SM, 1 KB reserved a block)
@@ -605,11 +452,9 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     } else if (tm > 1) {
         T = min(tm, nb);
     }
-    if (!GATEUP && n == 1 && tdn_mode()) T = min(tdn_mode(), nb);
     const uint32_t opt = dec_opt() | early_mode(n);
-    const dim3 grid(T > 1 ? ceil_div_u(nb, T) : nb, slots);
-    if (T > 1) launch_v<GATEUP, S, true>(v, a, grid, smem, sx, xs, T, opt, st);
-    else launch_v<GATEUP, S, false>(v, a, grid, smem, sx, xs, 1, opt, st);
+    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
+    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
