@@ -1129,6 +1129,116 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
     lunar_cuda_release(mark);
 }
 
+/* LUNAR_MOE_BENCH=f16ab: path 16 at one token on one shape under each variant of LUNAR_MOE_BENCH_V
+ * ("name:VAR=val,VAR=val name2:..."; every variable any variant names is unset before each variant sets
+ * its own), LUNAR_MOE_BENCH_ROUNDS rounds (default 3) in alternating order: per variant the median of 21
+ * (clean L2 before each) of both kernels, then of 21 more with an event between the two launches (the
+ * gate/up and down kernels' own times: the event ends the PDL overlap of the pair, so their sum exceeds
+ * the pair's), and its expert rows against the first variant's (memcmp: the variants change no sum). */
+static void f16ab_apply(const char *spec, const char *all) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", all);
+    for (char *t = strtok(buf, " "); t; t = strtok(NULL, " ")) {
+        char *c = strchr(t, ':');
+        for (char *v = c ? c + 1 : t; v && *v;) {
+            char *comma = strchr(v, ','), *eq = strchr(v, '=');
+            if (comma) *comma = 0;
+            if (eq) *eq = 0, unsetenv(v);
+            v = comma ? comma + 1 : NULL;
+        }
+    }
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *c = strchr(buf, ':');
+    for (char *v = c ? c + 1 : NULL; v && *v;) {
+        char *comma = strchr(v, ','), *eq = strchr(v, '=');
+        if (comma) *comma = 0;
+        if (eq) *eq = 0, setenv(v, eq + 1, 1);
+        v = comma ? comma + 1 : NULL;
+    }
+}
+static void bench_f16ab(int E, int k, int D, int I, const char *label, void *flush, size_t fw) {
+    const char *vs = getenv("LUNAR_MOE_BENCH_V") ? getenv("LUNAR_MOE_BENCH_V") : "def:LUNAR_NONE=0";
+    const int rounds = getenv("LUNAR_MOE_BENCH_ROUNDS") ? atoi(getenv("LUNAR_MOE_BENCH_ROUNDS")) : 3;
+    char specs[8][128];
+    int nv = 0;
+    {
+        char buf[1024];
+        snprintf(buf, sizeof buf, "%s", vs);
+        for (char *t = strtok(buf, " "); t && nv < 8; t = strtok(NULL, " ")) snprintf(specs[nv++], 128, "%s", t);
+    }
+    size_t mark = lunar_cuda_mark();
+    lunar_cuda_moe_experts w;
+    memset(&w, 0, sizeof w);
+    w.E = E, w.D = D, w.I = I, w.mxfp4 = 1, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
+    const size_t nw = (size_t)E * I * D;
+    uint8_t *q[3], *sc[3];
+    for (int m = 0; m < 3; m++) {
+        q[m] = dalloc(nw / 2), sc[m] = dalloc(nw / 32);
+        lunar_cuda_fill_uniform((float *)q[m], nw / 8, 900u + (uint32_t)m, -1, 1);
+        lunar_cuda_fill_u32(sc[m], 0x7a7a7a7au, nw / 128);
+    }
+    w.w1q = q[0], w.w1s = sc[0], w.w3q = q[1], w.w3s = sc[1], w.w2q = q[2], w.w2s = sc[2];
+    const int n = 1;
+    lunar_cuda_moe_route r;
+    lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
+    float *lg = dalloc((size_t)E * 4);
+    lunar_cuda_fill_uniform(lg, (size_t)E, 32u, -4, 4);
+    lunar_cuda_router_topk(r.experts, r.weights, lg, NULL, n, E, k, 1, 1, 1, 1.0f, NULL);
+    lunar_cuda_moe_permute(&r, NULL);
+    uint16_t *z = dalloc((size_t)D * 2), *hbuf = dalloc((size_t)k * I * 2);
+    float *zf = dalloc((size_t)D * 4), *ybuf = dalloc((size_t)k * D * 4);
+    lunar_cuda_fill_uniform(zf, (size_t)D, 5, -1, 1);
+    lunar_cuda_f32_to_bf16(z, zf, (size_t)D);
+    const double bytes = (double)k * (3.0 * I * D / 2 + 3.0 * I * D / 32), mfloor = bytes / g_read_bw * 1e6;
+    printf("\n%s, one token, %.1f MB, floor(m) %.1f us (path 16; us, median of 21, clean L2)\n", label, bytes / 1e6,
+           mfloor);
+    printf("| round | variant | pair us | of floor(m) | gate/up us | down us | expert rows |\n|---|---|---|---|---|---|---|\n");
+    lunar_cuda_event e0 = lunar_cuda_event_create(), em = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    float *rows0 = NULL;
+    double sum[8] = {0};
+    for (int rd = 0; rd < rounds; rd++) {
+        for (int vi = 0; vi < nv; vi++) {
+            const int v = rd % 2 ? nv - 1 - vi : vi;
+            f16ab_apply(specs[v], vs);
+            float ts[21], tg[21], td[21];
+            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)k * D);
+            for (int i = 0; i < 2; i++) lunar_cuda_moe_experts_run(ybuf, hbuf, z, &w, &r, 16, NULL);
+            float *rows = dl_f32(ybuf, (long)k * D);
+            for (int i = 0; i < 21; i++) {
+                l2_flush(flush, fw, (uint32_t)i);
+                lunar_cuda_event_record(e0, NULL);
+                lunar_cuda_moe_experts_run(ybuf, hbuf, z, &w, &r, 16, NULL);
+                lunar_cuda_event_record(e1, NULL);
+                ts[i] = lunar_cuda_event_ms(e0, e1);
+            }
+            lunar_cuda_moe_split_event(em);
+            for (int i = 0; i < 21; i++) {
+                l2_flush(flush, fw, (uint32_t)i);
+                lunar_cuda_event_record(e0, NULL);
+                lunar_cuda_moe_experts_run(ybuf, hbuf, z, &w, &r, 16, NULL);
+                lunar_cuda_event_record(e1, NULL);
+                tg[i] = lunar_cuda_event_ms(e0, em), td[i] = lunar_cuda_event_ms(em, e1);
+            }
+            lunar_cuda_moe_split_event(NULL);
+            qsort(ts, 21, sizeof ts[0], cmpf), qsort(tg, 21, sizeof tg[0], cmpf), qsort(td, 21, sizeof td[0], cmpf);
+            const char *same = "first";
+            if (!rows0) rows0 = rows, rows = NULL;
+            else same = memcmp(rows, rows0, (size_t)k * D * 4) ? "DIFFER" : "equal";
+            if (!strcmp(same, "DIFFER")) CHECK_MSG(0, "%s: variant %s's expert rows differ from the first's", label, specs[v]);
+            free(rows);
+            sum[v] += ts[10] * 1e3;
+            printf("| %d | %s | %.1f | %.2f | %.1f | %.1f | %s |\n", rd + 1, specs[v], ts[10] * 1e3, ts[10] * 1e3 / mfloor,
+                   tg[10] * 1e3, td[10] * 1e3, same);
+        }
+    }
+    for (int v = 0; v < nv; v++)
+        printf("%s mean %s: %.2f us (%.3f of floor(m))\n", label, specs[v], sum[v] / rounds, sum[v] / rounds / mfloor);
+    f16ab_apply("none:", vs);
+    free(rows0);
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(em), lunar_cuda_event_destroy(e1);
+    lunar_cuda_release(mark);
+}
+
 /* One prefill shape: the router and permutation once, then both expert GEMMs by each prefill path
  * (2 mma.sync, 4 wgmma, 6 warp-specialised wgmma, its BF16 variants 10-12 (12: BF16's default) and
  * 7; MXFP4: 2, 4, then 14 and 22 (the default) in alternating order, each with its gate/up and down
@@ -1423,7 +1533,8 @@ TEST(cuda_moe_bench) {
      * BF16 prefill shape (Kimi-Linear: short Nsight Compute runs); =prefill-mxfp4: only K3.1's */
     const int bf16_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-bf16");
     const int mx_only = !strcmp(getenv("LUNAR_MOE_BENCH"), "prefill-mxfp4");
-    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0 && !bf16_only && !mx_only;
+    const int f16ab = !strcmp(getenv("LUNAR_MOE_BENCH"), "f16ab");
+    const int decode = strcmp(getenv("LUNAR_MOE_BENCH"), "prefill") != 0 && !bf16_only && !mx_only && !f16ab;
     g_bench_one = !strcmp(getenv("LUNAR_MOE_BENCH"), "decode1");
     if (decode) printf("Decode (both expert GEMMs, clean L2 flush before each repeat, median of 21). floor = bytes of\n"
            "the distinct touched experts (packed + scales, or bf16) / %.1f TB/s; ratio = time / floor (target <= 1.3);\n"
@@ -1434,6 +1545,12 @@ TEST(cuda_moe_bench) {
     g_flush_x = dalloc(4096 * 2), g_flush_y = dalloc((fw * 2 / 4096) * 4);
     lunar_cuda_fill_u32(g_flush_x, 0, 4096 / 2);
     g_flush_clean = 1;
+    if (f16ab) { /* K3.1's layer and its TP8 slice (LUNAR_MOE_BENCH_SHAPES=k3 | tp8 for one) */
+        const char *sh = getenv("LUNAR_MOE_BENCH_SHAPES") ? getenv("LUNAR_MOE_BENCH_SHAPES") : "k3 tp8";
+        if (strstr(sh, "k3")) bench_f16ab(896, 16, 3584, 3072, "K3.1 (3584, 3072)", flush, fw);
+        if (strstr(sh, "tp8")) bench_f16ab(896, 16, 3584, 384, "K3.1 TP8 (3584, 384)", flush, fw);
+        return;
+    }
     if (decode) {
         printf("| shape | n | exp | MB | floor us | floor(m) us | pair us | pair/floor(m) | v2 us | v2/floor(m) | pair GB/s | "
                "v2 GB/s | fused us | v2 vs pair | f16 us | f16/floor(m) | f16 GB/s | f16 vs pair |\n");

@@ -1087,7 +1087,7 @@ static void gemm_launch(const xargs &a, int tiles, cudaStream_t st) {
     CUDA_CHECK_LAUNCH();
 }
 
-// lunar_cuda_moe_split_event's event (the prefill benchmark's per-kernel times), or NULL
+// lunar_cuda_moe_split_event's event (the prefill and f16ab benchmarks' per-kernel times), or NULL
 static cudaEvent_t g_split_event;
 extern "C" void lunar_cuda_moe_split_event(lunar_cuda_event e) { g_split_event = (cudaEvent_t)e; }
 
@@ -1310,7 +1310,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         fused_launch<256, 3>(g, d, r, st);
     } else if (path == 16) {
         const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
-        moe_f16_decode(g, d, slots, n, st);
+        moe_f16_decode(g, d, slots, n, st, g_split_event);
     } else if (path == 1) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)

@@ -479,7 +479,8 @@ void launch(const xargs &a, int slots, int n, cudaStream_t st) {
 
 }  // namespace
 
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st) {
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st, cudaEvent_t mid) {
     launch<true>(g, slots, n, st);
+    if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
     launch<false>(d, slots, n, st);
 }

@@ -563,7 +563,7 @@ void lunar_cuda_moe_experts_run(float *ybuf, uint16_t *hbuf, const uint16_t *x,
                                 const lunar_cuda_moe_experts *w, const lunar_cuda_moe_route *r,
                                 int path, lunar_cuda_stream s);
 /* Benchmarks: e (or NULL to stop) recorded on the stream between the gate/up and the down kernel
- * of paths 14 and 22, so that events around lunar_cuda_moe_experts_run time each kernel. */
+ * of paths 14, 16 and 22, so that events around lunar_cuda_moe_experts_run time each kernel. */
 void lunar_cuda_moe_split_event(lunar_cuda_event e);
 /* The same with ybuf [n*k, D] in bf16, each weighted expert row rounded once (round to nearest
  * even) from the fp32 value the other form stores (the forward's prefill default for MXFP4 experts
