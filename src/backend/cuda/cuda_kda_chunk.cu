@@ -1341,10 +1341,13 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
 // blocks anchored mid-row-block; elsewhere the session-13 path), the block inverse's level products
 // on tf32 mma (inv_levels), Gamma in log2 units and exp(Gamma) k kept from 4b (docs/benchmarks.md
 // "KDA intra kernel on tensor cores"; H200: 8K H = 96 1.30 -> 0.89 ms, H = 32 0.45 -> 0.31 ms).
-// LUNAR_KDA_INTRA (read once): fast = <1>, the session-13 kernel (exponentials on ex2.approx.ftz, tf32
-// operands by one add, the Gamma column reads by a running offset; "KDA intra kernel: the same
-// arithmetic in fewer instructions"), old = <0>, the session-12 one. lunar_cuda_kda_intra_variant
-// overrides it (tests, benchmarks): 2 the default, 1 fast, 0 old, -1 env.
+// LUNAR_KDA_INTRA (read once): unset or fast = <1>, the session-13 kernel (exponentials on ex2.approx.ftz,
+// tf32 operands by one add, the Gamma column reads by a running offset; "KDA intra kernel: the same
+// arithmetic in fewer instructions"), tc = 2 (kda_intra2_kernel: L / Aqk and the inverse on tf32 mma,
+// 1.3 -> 0.89 ms at 8K, H = 96), old = <0>, the session-12 one. tc is opt-in: the K3-shaped model's
+// FP8-latent run of cuda_forward_k3_shapes_vs_cpu fell to 142/150 argmax agreement with it (fast
+// 145/150; median row error 1.4e-2 against 1.3e-2; docs/benchmarks.md "Session 15, lead's calls").
+// lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 2 tc, 1 fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
     const int prev = g_intra;
@@ -1355,7 +1358,7 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "fast") ? 1 : 2;
+        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "tc") ? 2 : 1;
     }
     return g_intra >= 0 ? g_intra : env;
 }
