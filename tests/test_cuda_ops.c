@@ -311,8 +311,8 @@ TEST(cuda_l2_prefetch_bench) {
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create(), e2 = lunar_cuda_event_create();
     const lunar_cuda_range r = {W, (size_t)OUTR * IN * 2};
     const struct { int op; unsigned chunk; int blocks; } v[] = {
-        {-1, 0, 0}, {1, 16384, 64}, {1, 4096, 132}, {1, 16384, 132}, {1, 65536, 32}, {2, 16384, 132},
-        {2, 4096, 264}, {2, 65536, 64}, {0, 65536, 16}, {0, 16384, 64}};
+        {-1, 0, 0},      {1, 16384, 64}, {1, 4096, 132}, {1, 16384, 132}, {1, 4096, 264}, {2, 4096, 264},
+        {0, 65536, 32},  {0, 16384, 64}, {0, 16384, 132}, {0, 4096, 132}, {0, 4096, 264}};
     printf("\n  L2 prefetch of %.1f MB, then the gemv (us, medians of %d):\n", r.bytes / 1e6, REP);
     printf("  %-22s %10s %10s\n", "prefetch", "prefetch", "gemv");
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
