@@ -26,11 +26,6 @@ long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) {
     (void)g;
     return 0;
 }
-int lunar_cuda_model_l2pf(lunar_cuda_model *g, int bits, int rows, long *forks) {
-    (void)g, (void)bits, (void)rows;
-    if (forks) *forks = 0;
-    return 0;
-}
 void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
                                   double *capture_s) {
     (void)g;
@@ -266,59 +261,6 @@ static void mm(float *y, const float *x, const dmat *W, int n) {
     lunar_cuda_release(mk); /* stream-ordered: later allocations are used after this launch */
 }
 
-/* L2 prefetch where DRAM idles (issue 9, lunar_cuda_model.l2pf; cuda_l2pf.cu has the why). A fork
- * makes the prefetch stream wait for the main stream's work so far (so its requests start as the
- * stream before them, an input projection, ends), then runs one prefetch launch there; the step
- * joins that stream back before lm_head (l2pf_join). Weights only: nothing a step writes. */
-static int l2pf_on(const lunar_cuda_model *g, int bit, int n) { return (g->l2pf & bit) && n <= g->l2pf_rows; }
-/* the device bytes of W: bf16 rows, or the PTPC-FP8 codes and their per-row scales; at most `cap`
- * bytes of it from the start (0: all); returns the ranges added to r */
-static int dmat_ranges(lunar_cuda_range *r, const dmat *W, size_t cap) {
-    if (!W->p) return 0;
-    const size_t bytes = (size_t)W->out * W->in * (W->s8 ? 1 : 2);
-    r[0] = (lunar_cuda_range){W->p, cap && cap < bytes ? cap : bytes};
-    if (!W->s8 || (cap && cap < bytes)) return 1;
-    r[1] = (lunar_cuda_range){W->s8, (size_t)W->out * sizeof(float)};
-    return 2;
-}
-static void l2pf_fork(const lunar_cuda_model *g, const lunar_cuda_range *r, int n) {
-    if (n <= 0) return;
-    lunar_cuda_model *m = (lunar_cuda_model *)g; /* the step's bookkeeping: the model is the upload's heap object */
-    lunar_cuda_event_record(g->ev_pf, NULL);
-    lunar_cuda_stream_wait(g->pfs, g->ev_pf);
-    lunar_cuda_l2_prefetch(r, n, g->l2pf_chunk, g->l2pf_blocks, g->pfs);
-    m->l2pf_pending = 1, m->l2pf_forks++;
-}
-static void l2pf_join(const lunar_cuda_model *g) {
-    if (!g->l2pf_pending) return;
-    lunar_cuda_event_record(g->ev_pfj, g->pfs);
-    lunar_cuda_stream_wait(NULL, g->ev_pfj);
-    ((lunar_cuda_model *)g)->l2pf_pending = 0;
-}
-/* the attention's chain starts (its input projection enqueued): bits 1 (the output projection), 2
- * (MLA's kv_b, read by the absorption and the unabsorption), 4 (the FFN's first weights: at one
- * token the fused router + shared gate / up matrix, else the router and the shared gate / up; the
- * shared down) of layer w */
-static void l2pf_attention(const lunar_cuda_model *g, const dlayer *w, int mla, int n) {
-    if (!l2pf_on(g, 1 | 2 | 4, n)) return;
-    lunar_cuda_range r[LUNAR_CUDA_L2PF_MAX];
-    int k = 0;
-    if (g->l2pf & 1) k += dmat_ranges(r + k, mla ? &w->mo : &w->o, 0);
-    if ((g->l2pf & 2) && mla && w->kvb.p)
-        r[k++] = (lunar_cuda_range){w->kvb.p, (size_t)w->kvb.out * w->kvb.in * 2};
-    if ((g->l2pf & 4) && k + 2 <= LUNAR_CUDA_L2PF_MAX) {
-        if (n == 1 && w->sin.p) {
-            k += dmat_ranges(r + k, &w->sin, 0);
-        } else {
-            k += dmat_ranges(r + k, &w->router, 0);
-            if (k + 4 <= LUNAR_CUDA_L2PF_MAX) k += dmat_ranges(r + k, &w->sg, 0);
-            if (k + 4 <= LUNAR_CUDA_L2PF_MAX) k += dmat_ranges(r + k, &w->su, 0);
-        }
-        if (k + 2 <= LUNAR_CUDA_L2PF_MAX) k += dmat_ranges(r + k, &w->sd, 0);
-    }
-    l2pf_fork(g, r, k);
-}
-
 /* a bf16 copy of x [n] in a new arena buffer */
 static const uint16_t *bf16_copy(const float *x, size_t n) {
     uint16_t *b = lunar_cuda_fwd_alloc(n * 2);
@@ -348,8 +290,8 @@ static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, t
     return v;
 }
 
-static void kda_layer(const lunar_cuda_model *gm, const lunar_config *c, const dlayer *w, const dstep *b, int ki,
-                      const float *h, const uint16_t *hb_in, float *out, int mode, int prefill_mode) {
+static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
+                      const uint16_t *hb_in, float *out, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -398,7 +340,6 @@ static void kda_layer(const lunar_cuda_model *gm, const lunar_config *c, const d
         y = fd((size_t)w->kin.out);
         beta_in = y + 3 * HD + w->fa.out + gout;
         mm(y, h, &w->kin, 1);
-        l2pf_attention(gm, w, 0, n);
         if (!fused)
             lunar_cuda_kda_conv_qkv_decode(q, beta, y, beta_in, w->kin.out, w->qc, b->c->conv + ki * b->c->conv_len,
                                            b->kda_state_idx, 1, H, dk, K, KDA_L2_EPS, NULL);
@@ -467,7 +408,6 @@ static void kda_layer(const lunar_cuda_model *gm, const lunar_config *c, const d
         mm_b(beta, hb, &w->b, n, NULL);
         lunar_cuda_sigmoid_inplace(beta, (size_t)n * H);
     }
-    if (!one && dec) l2pf_attention(gm, w, 0, n);
     cp_end(LUNAR_PROF_KDA_PROJ, t0);
     t0 = cp_begin();
     const float scale = 1.0f / sqrtf((float)dk);
@@ -572,10 +512,9 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
      * outputs read in place (cat_out) */
     float *y1 = n == 1 && w->min.p ? fd((size_t)w->min.out) : NULL;
     const uint16_t *hb = NULL;
-    if (y1) {
+    if (y1)
         mm(y1, h, &w->min, 1);
-        l2pf_attention(gm, w, 1, n);
-    } else /* h's bf16 copy for every projection of h: from the norm (run_residual), or made here */
+    else /* h's bf16 copy for every projection of h: from the norm (run_residual), or made here */
         hb = hb_in ? hb_in : bf16_copy(h, (size_t)n * c->hidden_size);
     if (w->mq.p && y1) {
         q = cat_out(y1, &w->min, &w->mq);
@@ -599,7 +538,6 @@ static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *
 
     const int ni = c->index_n_heads, di = c->index_head_dim, topk = c->index_topk;
     int32_t *idx = NULL;
-    if (!y1 && b->T == b->n_seqs) l2pf_attention(gm, w, 1, n); /* a decode step */
     cp_end(LUNAR_PROF_MLA_PROJ, t0);
     if (topk > 0) {
         t0 = cp_begin(); /* K3.1 DSA indexer: projections, rotation, FP8 key write, scores, top-k */
@@ -908,14 +846,6 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
         ybuf = fd((size_t)n * kr * De);
         lunar_cuda_moe_experts_run(ybuf, hbuf, zb, &w->mx, &r, 0, NULL);
     }
-    /* the next layer's input projection (its first l2pf_next bytes) while the combine, the norm and
-     * (with a latent) the up projection's chain runs (l2pf bit 8) */
-    const int li = (int)(w - g->L);
-    if (l2pf_on(g, 8, n) && li + 1 < c->num_hidden_layers) {
-        const dlayer *nx = w + 1;
-        lunar_cuda_range pr[2];
-        l2pf_fork(g, pr, dmat_ranges(pr, nx->kin.p ? &nx->kin : &nx->min, g->l2pf_next));
-    }
     /* no latent: the shared experts' output joins in the combine (one launch fewer) */
     const int join = sh && !Lat && !g->fuse_off;
     if (join) lunar_cuda_stream_wait(NULL, g->ev_shared);
@@ -965,7 +895,7 @@ static void attention(const lunar_cuda_model *g, const dstep *b, int l, const fl
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(g, c, &g->L[l], b, g->m->kind_index[l], h, hb, y, g->kda_decode, g->kda_prefill);
+        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, hb, y, g->kda_decode, g->kda_prefill);
     else
         mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, hb, y);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
@@ -1214,7 +1144,6 @@ static void step_enqueue(const lunar_cuda_model *g, const dstep *b, const int32_
         run_attn_res(g, b, T, h);
     else
         run_residual(g, b, x, T, h);
-    l2pf_join(g);
     *lg_out = NULL, *did_out = NULL;
     if (!rows) return;
     const int64_t Vl = g->m->tp ? g->m->tp->vocab_chunk : V; /* TP hook: this rank's padded slice */

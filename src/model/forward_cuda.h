@@ -44,11 +44,6 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
 int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on);
 /* MoE layers enqueued with that fold so far (captured steps once, replays not at all) */
 long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g);
-/* The decode step's L2 prefetch of weights where DRAM idles (forward_cuda_upload.c l2pf_config has
- * the bits; LUNAR_L2PF at upload, off by default until measured): bits, and the largest step (rows)
- * it runs in. Set it before the first step (captured graphs keep theirs). Returns the previous bits;
- * *forks (if not NULL) gets the forks enqueued so far (captured steps once, replays not at all). */
-int lunar_cuda_model_l2pf(lunar_cuda_model *g, int bits, int rows, long *forks);
 /* Decode steps (one token per sequence) as CUDA graphs, captured per batch size and context bucket
  * on a key's second step and replayed after (forward_cuda.c, "decode graphs"); on by default,
  * LUNAR_CUDA_GRAPHS=0 turns them off at upload. Returns the previous setting. Steps with a host

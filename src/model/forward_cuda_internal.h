@@ -80,17 +80,6 @@ struct lunar_cuda_model {
     int fused_moe;          /* use the fused routed-expert path where fused_ok (lunar_cuda_model_fused_moe) */
     lunar_cuda_stream side; /* the shared experts' stream on that path, with its two events */
     lunar_cuda_event ev_x, ev_shared;
-    /* L2 prefetch of weights where DRAM idles (issue 9; forward_cuda.c l2pf_fork, cuda_l2pf.cu), on a
-     * stream of its own: l2pf = LUNAR_L2PF's bits (0: off), in steps of at most l2pf_rows rows
-     * (LUNAR_L2PF_ROWS, default 1), chunks of l2pf_chunk bytes (LUNAR_L2PF_KB) over l2pf_blocks
-     * blocks (LUNAR_L2PF_BLOCKS), l2pf_next bytes of the next layer's input projection (bit 8,
-     * LUNAR_L2PF_NEXT_MB); pending: a fork since the last join (the step joins before lm_head) */
-    lunar_cuda_stream pfs;
-    lunar_cuda_event ev_pf, ev_pfj;
-    int l2pf, l2pf_rows, l2pf_blocks, l2pf_pending;
-    long l2pf_forks; /* forks enqueued (graph replays not counted): for the tests */
-    unsigned l2pf_chunk;
-    size_t l2pf_next;
     int fuse_off;           /* LUNAR_CUDA_FUSE=0 at upload: main's launch sequence (A/B runs) */
     int combine_norm;       /* LUNAR_COMBINE_NORM=1 at upload (lunar_cuda_model_combine_norm): run_residual */
     long combine_norm_folds; /* layers enqueued with the fold (graph replays not counted) */

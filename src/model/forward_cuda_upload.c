@@ -392,26 +392,6 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
     }
 }
 
-/* LUNAR_L2PF (bits, default 0 = off): where the decode step (at most LUNAR_L2PF_ROWS rows, default 1)
- * prefetches weights into L2 on a stream of its own while a chain of small kernels leaves DRAM idle
- * (forward_cuda.c l2pf_fork). At the attention's chain (after its input projection): 1 the output
- * projection, 2 MLA's absorption weights (kv_b), 4 the FFN's first weights (the router with the
- * shared expert's gate / up, and its down); 8 at the MoE's tail (after the experts, before the
- * combine) the first LUNAR_L2PF_NEXT_MB (default 16) MB of the next layer's input projection.
- * LUNAR_L2PF_KB (default 16): bytes per bulk request; LUNAR_L2PF_BLOCKS (default 64): the grid. */
-static int env_int(const char *name, int dflt, int lo, int hi) {
-    const char *e = getenv(name);
-    const int v = e && *e ? atoi(e) : dflt;
-    return v < lo ? lo : v > hi ? hi : v;
-}
-static void l2pf_config(lunar_cuda_model *g) {
-    g->l2pf = env_int("LUNAR_L2PF", 0, 0, 15);
-    g->l2pf_rows = env_int("LUNAR_L2PF_ROWS", 1, 1, 1 << 20);
-    g->l2pf_chunk = (unsigned)env_int("LUNAR_L2PF_KB", 16, 1, 1024) * 1024u;
-    g->l2pf_blocks = env_int("LUNAR_L2PF_BLOCKS", 64, 1, 4096);
-    g->l2pf_next = (size_t)env_int("LUNAR_L2PF_NEXT_MB", 16, 0, 1024) << 20;
-}
-
 static void free_host_side(lunar_cuda_model *g) {
     if (g->L)
         for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) free(g->L[l].w1), free(g->L[l].w2), free(g->L[l].w3);
@@ -441,9 +421,6 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     upload_weights(g, m);
     g->side = lunar_cuda_stream_create();
     g->ev_x = lunar_cuda_event_create(), g->ev_shared = lunar_cuda_event_create();
-    g->pfs = lunar_cuda_stream_create();
-    g->ev_pf = lunar_cuda_event_create(), g->ev_pfj = lunar_cuda_event_create();
-    l2pf_config(g);
     /* the fused routed experts by default (no host round trip, one launch per step for all the
      * experts instead of ~10 per active expert, 11x the decode speed of Kimi-Linear at batch 1 on
      * the H200); LUNAR_CUDA_MOE=generic keeps the per-expert path reachable for comparison */
@@ -471,13 +448,6 @@ int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
     return was;
 }
 long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) { return g->combine_norm_folds; }
-int lunar_cuda_model_l2pf(lunar_cuda_model *g, int bits, int rows, long *forks) {
-    const int was = g->l2pf;
-    g->l2pf = bits < 0 ? 0 : bits & 15;
-    if (rows > 0) g->l2pf_rows = rows;
-    if (forks) *forks = g->l2pf_forks;
-    return was;
-}
 
 void lunar_cuda_model_free(lunar_cuda_model *g) {
     if (!g) return;
@@ -485,8 +455,6 @@ void lunar_cuda_model_free(lunar_cuda_model *g) {
     lunar_cuda_fwd_graphs_free(g->graphs);
     lunar_cuda_event_destroy(g->ev_x), lunar_cuda_event_destroy(g->ev_shared);
     lunar_cuda_stream_destroy(g->side);
-    lunar_cuda_event_destroy(g->ev_pf), lunar_cuda_event_destroy(g->ev_pfj);
-    lunar_cuda_stream_destroy(g->pfs);
     lunar_cuda_release(g->mark);
     free_host_side(g);
 }

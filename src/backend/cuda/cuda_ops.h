@@ -81,22 +81,6 @@ void lunar_cuda_sigmoid_inplace(float *p, size_t n);
 void lunar_cuda_f32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void lunar_cuda_f32_to_bf16_on(uint16_t *dst, const float *src, size_t n, lunar_cuda_stream s);
 
-/* L2 prefetch of up to LUNAR_CUDA_L2PF_MAX device ranges (cuda_l2pf.cu): one launch of `blocks` blocks
- * that asks for each range in bulk requests of `chunk` bytes (a multiple of 16) and exits; no value
- * is written. For weights a later kernel reads, forked onto a stream of their own where DRAM idles
- * (model/forward_cuda.c l2pf_fork). Unaligned head / tail bytes of a range are not asked for. */
-#define LUNAR_CUDA_L2PF_MAX 8
-typedef struct {
-    const void *p;
-    size_t bytes;
-} lunar_cuda_range;
-void lunar_cuda_l2_prefetch(const lunar_cuda_range *r, int n, unsigned chunk, int blocks, lunar_cuda_stream st);
-/* the same with the request kind given: 0 bulk (cp.async.bulk.prefetch.L2 per chunk), 1 line
- * (prefetch.global.L2::evict_last per 128 bytes), 2 load (16-byte loads, L2 evict_last, values
- * dropped); lunar_cuda_l2_prefetch takes LUNAR_L2PF_OP = bulk | line | load (default line) */
-void lunar_cuda_l2_prefetch_op(const lunar_cuda_range *r, int n, unsigned chunk, int blocks, int op,
-                               lunar_cuda_stream st);
-
 lunar_cuda_stream lunar_cuda_stream_create(void);
 void lunar_cuda_stream_destroy(lunar_cuda_stream s);
 void lunar_cuda_stream_sync(lunar_cuda_stream s);
