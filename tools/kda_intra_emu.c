@@ -10,7 +10,8 @@
  * Forms: fast (off-diagonal blocks and the lower-left 8x8 of each diagonal block anchored tf32, the
  * 8x8 triangles fp32, level products fp32); tc (every tile anchored mid-row-block tf32, level
  * products tf32); diag (tc's L, fp32 level products); inv3 (tc's L, 3xTF32 level products); dg3 (the
- * diagonal blocks' tiles in 3xTF32, tf32 level products); tc3 (dg3 + inv3).
+ * diagonal blocks' tiles in 3xTF32, tf32 level products); tc3 (dg3 + inv3); exact (L, X, W, U, Aqk in
+ * double, then bf16: what an error-free kernel would write).
  * Errors: ||Y - Y_ref||_F / ||Y_ref||_F over all chunks, for X, W, U and Aqk (bf16, unscaled), and the
  * share of the bf16 outputs W, U, Aqk whose bits differ from fast's.
  *   cc -O2 -o /tmp/kda_intra_emu tools/kda_intra_emu.c -lm && /tmp/kda_intra_emu [chunks] */
@@ -20,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { B = 64, D = 128, NF = 6 };
-static const char *const fname[NF] = {"fast", "tc", "diag", "inv3", "dg3", "tc3"};
+enum { B = 64, D = 128, NF = 7 };
+static const char *const fname[NF] = {"fast", "tc", "diag", "inv3", "dg3", "tc3", "exact"};
 
 static uint64_t rs = 88172645463325252ull;
 static double urand(double lo, double hi) {
@@ -178,6 +179,21 @@ int main(int argc, char **argv) {
                 }
                 for (int f = 0; f < NF; f++) {
                     static float L[B][B], X[B][B];
+                    if (f == NF - 1) { /* exact */
+                        for (int r = 0; r < B; r++) {
+                            for (int d = 0; d < D; d++) {
+                                const float w = bf16((float)Wr[r][d]), u = bf16((float)Ur[r][d]);
+                                ew[f] += (w - Wr[r][d]) * (w - Wr[r][d]), eu[f] += (u - Ur[r][d]) * (u - Ur[r][d]);
+                                flips[f] += (w != Wf[r][d]) + (u != Uf[r][d]);
+                            }
+                            for (int i = 0; i <= r; i++) {
+                                const float aq = bf16((float)Ar[r][i]);
+                                ea[f] += (aq - Ar[r][i]) * (aq - Ar[r][i]);
+                                flips[f] += aq != Af[r][i];
+                            }
+                        }
+                        continue;
+                    }
                     form_L(f, L);
                     form_X(f, L, X);
                     for (int r = 0; r < B; r++) {
