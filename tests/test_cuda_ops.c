@@ -1078,8 +1078,34 @@ TEST(cuda_kda_chunked_state_grp) {
 }
 
 /* Mode 2's intra kernel forms (cuda_kda_chunk.cu; declared here, not in cuda_ops.h, to leave that
- * header's many dependants unbuilt): 2 the default, 1 fast, 0 old, -1 LUNAR_KDA_INTRA. */
+ * header's many dependants unbuilt): 2 tc, 1 fast (the default), 0 old, -1 LUNAR_KDA_INTRA. */
 int lunar_cuda_kda_intra_variant(int v);
+
+/* The chunked op (mode 2) on the same inputs under intra variants va then vb into scratches poisoned
+ * alike: o and S (res[pass][0 / 1], host copies) and the whole scratch (sc[pass]), the guards checked */
+static void intra_two_passes(const kda_inputs *in, int T, int H, int va, int vb, float *res[2][2], uint16_t *sc[2]) {
+    const int dk = 128;
+    const float scale = 1.0f / sqrtf((float)dk);
+    const long no = (long)T * H * dk, ns = (long)H * dk * dk;
+    const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
+    const float *dq = dev_in(in->q, no * 4), *dk_ = dev_in(in->k, no * 4), *dvv = dev_in(in->v, no * 4);
+    const float *dg = dev_in(in->g, no * 4), *db = dev_in(in->beta, (long)T * H * 4);
+    void *ws = lunar_cuda_alloc(wsb);
+    LUNAR_ASSERT(ws);
+    for (int pass = 0; pass < 2; pass++) {
+        float *dS = dev_in(in->S0, ns * 4);
+        guarded o;
+        float *dO = guarded_new(&o, no * 4);
+        lunar_cuda_fill_u32(ws, SENT, wsb / 4);
+        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass ? vb : va);
+        lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
+        lunar_cuda_kda_intra_variant(pv), lunar_cuda_kda_chunk_precision(pm);
+        res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
+        sc[pass] = malloc(wsb);
+        lunar_cuda_download(sc[pass], ws, wsb);
+        CHECK(guards_ok(&o));
+    }
+}
 
 /* kda_intra2_kernel<1> (LUNAR_KDA_INTRA=fast) against <0> on the same inputs, both scratches
  * poisoned alike: the scratch (bf16 W, U, Qg, Kg, Aqk; fp32 exp(Gamma_C); the poison between them)
@@ -1090,28 +1116,11 @@ static void check_intra_fast(int T, int H, float lb, unsigned seed) {
     const int dk = 128;
     size_t mark = lunar_cuda_mark();
     kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
-    const float scale = 1.0f / sqrtf((float)dk);
     const long no = (long)T * H * dk, ns = (long)H * dk * dk;
     const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
-    const float *dq = dev_in(in.q, no * 4), *dk_ = dev_in(in.k, no * 4), *dvv = dev_in(in.v, no * 4);
-    const float *dg = dev_in(in.g, no * 4), *db = dev_in(in.beta, (long)T * H * 4);
-    void *ws = lunar_cuda_alloc(wsb);
-    LUNAR_ASSERT(ws);
     float *res[2][2];
     uint16_t *sc[2];
-    for (int pass = 0; pass < 2; pass++) {
-        float *dS = dev_in(in.S0, ns * 4);
-        guarded o;
-        float *dO = guarded_new(&o, no * 4);
-        lunar_cuda_fill_u32(ws, SENT, wsb / 4);
-        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass);
-        lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
-        lunar_cuda_kda_intra_variant(pv), lunar_cuda_kda_chunk_precision(pm);
-        res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
-        sc[pass] = malloc(wsb);
-        lunar_cuda_download(sc[pass], ws, wsb);
-        CHECK(guards_ok(&o));
-    }
+    intra_two_passes(&in, T, H, 0, 1, res, sc);
     long ndiff = 0;
     double dmax = 0;
     for (size_t i = 0; i < wsb / 2; i++)
@@ -1136,7 +1145,7 @@ static void check_intra_fast(int T, int H, float lb, unsigned seed) {
     lunar_cuda_kda_intra_variant(pv);
 }
 
-/* kda_intra2_kernel<2> (the default since session 15: the diagonal blocks on tensor cores, anchored
+/* kda_intra2_kernel<2> (LUNAR_KDA_INTRA=tc, opt-in since session 15: the diagonal blocks on tensor cores, anchored
  * mid-block, where every gate of the (chunk, head) tile is >= -8, the session-13 path elsewhere; the
  * block inverse's level products on tf32 mma) against <1> (LUNAR_KDA_INTRA=fast) on the same inputs,
  * both scratches poisoned alike: the bf16 part of the scratch (W, U, Qg, Kg, Aqk) scale-relative (max
@@ -1151,28 +1160,10 @@ static void check_intra_diag(int T, int H, float lb, float gmul, int variant, un
     size_t mark = lunar_cuda_mark();
     kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
     for (long i = 0; i < (long)T * H * dk; i++) in.g[i] *= gmul;
-    const float scale = 1.0f / sqrtf((float)dk);
     const long no = (long)T * H * dk, ns = (long)H * dk * dk;
-    const size_t wsb = lunar_cuda_kda_chunk_ws(T, H);
-    const float *dq = dev_in(in.q, no * 4), *dk_ = dev_in(in.k, no * 4), *dvv = dev_in(in.v, no * 4);
-    const float *dg = dev_in(in.g, no * 4), *db = dev_in(in.beta, (long)T * H * 4);
-    void *ws = lunar_cuda_alloc(wsb);
-    LUNAR_ASSERT(ws);
     float *res[2][2];
     uint16_t *sc[2];
-    for (int pass = 0; pass < 2; pass++) {
-        float *dS = dev_in(in.S0, ns * 4);
-        guarded o;
-        float *dO = guarded_new(&o, no * 4);
-        lunar_cuda_fill_u32(ws, SENT, wsb / 4);
-        const int pm = lunar_cuda_kda_chunk_precision(2), pv = lunar_cuda_kda_intra_variant(pass ? variant : 1);
-        lunar_cuda_kda_chunked(dO, dq, dk_, dvv, dg, db, dS, T, H, scale, ws, NULL);
-        lunar_cuda_kda_intra_variant(pv), lunar_cuda_kda_chunk_precision(pm);
-        res[pass][0] = down_f32(dO, no), res[pass][1] = down_f32(dS, ns);
-        sc[pass] = malloc(wsb);
-        lunar_cuda_download(sc[pass], ws, wsb);
-        CHECK(guards_ok(&o));
-    }
+    intra_two_passes(&in, T, H, 1, variant, res, sc);
     /* the layout of lunar_cuda_kda_chunk_ws: W, U, Qg, Kg (fp32-sized slots, bf16 in their first
      * halves, poison after), Aqk, then exp(Gamma_C) in fp32 */
     const size_t NC = (size_t)(T + 63) / 64, nbf = 2 * (size_t)H * NC * (4 * 64 * dk + 64 * 64);
