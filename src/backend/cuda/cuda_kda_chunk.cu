@@ -475,6 +475,22 @@ template <int FAST> __device__ __forceinline__ float expg(float x) {
     return y;
 }
 
+// The A fragments (rows r0, r1 = r0 + 8; k slots j, j + 1) of an anchored product: k_r exp(Gamma_r - Gamma_a)
+// and q_r exp(Gamma_r - Gamma_a) as tf32, ga = Gamma_a's entries j, j + 1 (steps 4a and 4a')
+template <int FAST>
+__device__ __forceinline__ void anchored_a(const float *Gs, const float *Ks, const float *Qs, float2 ga, int r0, int r1,
+                                           int j, unsigned (&ak)[4], unsigned (&aq)[4]) {
+    const float2 G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+    const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+    const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
+    const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+    const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+    ak[0] = tf32_i2<FAST>(K0.x * e00), ak[1] = tf32_i2<FAST>(K1.x * e10);
+    ak[2] = tf32_i2<FAST>(K0.y * e01), ak[3] = tf32_i2<FAST>(K1.y * e11);
+    aq[0] = tf32_i2<FAST>(Q0.x * e00), aq[1] = tf32_i2<FAST>(Q1.x * e10);
+    aq[2] = tf32_i2<FAST>(Q0.y * e01), aq[3] = tf32_i2<FAST>(Q1.y * e11);
+}
+
 // Step 4a' of kda_intra2_kernel (DIAG, the tile's gates bounded): this warp's NT column tiles of 8
 // (tiles tb .. tb + NT - 1) of row block mr, anchored at its middle row a = 16 mr + 8: Aqk (scale,
 // i <= r) to the scratch, L (beta_r, i < r) into lo[u] in C-fragment order. Gs holds Gamma log2 e.
@@ -492,13 +508,9 @@ __device__ __forceinline__ void diag_tiles(const float *Gs, const float *Ks, con
 #pragma unroll 2
     for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in step 4a
         const int j = kk + 2 * t4;
-        const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-        const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
-        const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
-        const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
-        const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
-        const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
-        const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
+        const float2 ga = ld2(Ga + j);
+        unsigned ak[4], aq[4];
+        anchored_a<FAST>(Gs, Ks, Qs, ga, r0, r1, j, ak, aq);
 #pragma unroll
         for (int u = 0; u < NT; u++) {
             const int i = 8 * (tb + u) + gq;
@@ -741,13 +753,9 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll 4
         for (int kk = 0; kk < DK; kk += 8) {
             const int j = kk + 2 * t4;
-            const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-            const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
-            const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
-            const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
-            const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
-            const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
-            const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
+            const float2 ga = ld2(Ga + j);
+            unsigned ak[4], aq[4];
+            anchored_a<FAST>(Gs, Ks, Qs, ga, r0, r1, j, ak, aq);
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int i = 16 * on + 8 * hf + gq;
