@@ -1042,17 +1042,32 @@ static float time_experts_split(float *ybuf, uint16_t *yb, uint16_t *hbuf, const
     return ts[reps / 2];
 }
 
-/* random bf16 weights [n] (constant data would flatter the tensor cores), converted in pieces */
+/* random bf16 weights [n] (constant data would flatter the tensor cores), converted in pieces through a
+ * 256 MB fp32 buffer given back before the return (the arena is a stack: it lies above the weights) */
 static uint16_t *bench_bf16(size_t nw, uint32_t seed) {
     const size_t piece = (size_t)64 << 20;
-    float *tmp = dalloc(piece * 4);
     uint16_t *b = dalloc(nw * 2);
+    const size_t mark = lunar_cuda_mark();
+    float *tmp = dalloc(piece * 4);
     for (size_t o = 0; o < nw; o += piece) {
         const size_t cnt = nw - o < piece ? nw - o : piece;
         lunar_cuda_fill_uniform(tmp, cnt, seed + (uint32_t)(o / piece), -0.05f, 0.05f);
         lunar_cuda_f32_to_bf16(b + o, tmp, cnt);
     }
+    lunar_cuda_release(mark); /* stream-ordered: later allocations are used after these launches */
     return b;
+}
+
+/* MXFP4 expert weights for E I D = nw values per matrix: arbitrary nibbles (seed + m for matrix m), every scale
+ * E8M0 122 (2^-5); w's w1q / w1s, w3q / w3s, w2q / w2s */
+static void bench_mxfp4(lunar_cuda_moe_experts *w, size_t nw, uint32_t seed) {
+    uint8_t *q[3], *s[3];
+    for (int m = 0; m < 3; m++) {
+        q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
+        lunar_cuda_fill_uniform((float *)q[m], nw / 8, seed + (uint32_t)m, -1, 1);
+        lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
+    }
+    w->w1q = q[0], w->w1s = s[0], w->w3q = q[1], w->w3s = s[1], w->w2q = q[2], w->w2s = s[2];
 }
 
 static void bench_shape(int E, int k, int D, int I, int mx, const char *label, void *flush, size_t fw) {
@@ -1062,13 +1077,7 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
     w.E = E, w.D = D, w.I = I, w.mxfp4 = mx, w.act = mx, w.beta = 4.0f, w.beta_l = 25.0f;
     const size_t nw = (size_t)E * I * D;
     if (mx) {
-        uint8_t *q[3], *s[3];
-        for (int m = 0; m < 3; m++) {
-            q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
-            lunar_cuda_fill_uniform((float *)q[m], nw / 8, 900u + (uint32_t)m, -1, 1); /* arbitrary nibbles */
-            lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
-        }
-        w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
+        bench_mxfp4(&w, nw, 900u);
     } else {
         w.w1 = bench_bf16(nw, 900u), w.w3 = bench_bf16(nw, 1900u), w.w2 = bench_bf16(nw, 2900u);
     }
@@ -1171,13 +1180,7 @@ static void bench_f16ab(int E, int k, int D, int I, const char *label, void *flu
     memset(&w, 0, sizeof w);
     w.E = E, w.D = D, w.I = I, w.mxfp4 = 1, w.act = 1, w.beta = 4.0f, w.beta_l = 25.0f;
     const size_t nw = (size_t)E * I * D;
-    uint8_t *q[3], *sc[3];
-    for (int m = 0; m < 3; m++) {
-        q[m] = dalloc(nw / 2), sc[m] = dalloc(nw / 32);
-        lunar_cuda_fill_uniform((float *)q[m], nw / 8, 900u + (uint32_t)m, -1, 1);
-        lunar_cuda_fill_u32(sc[m], 0x7a7a7a7au, nw / 128);
-    }
-    w.w1q = q[0], w.w1s = sc[0], w.w3q = q[1], w.w3s = sc[1], w.w2q = q[2], w.w2s = sc[2];
+    bench_mxfp4(&w, nw, 900u);
     const int n = 1;
     lunar_cuda_moe_route r;
     lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
@@ -1250,29 +1253,10 @@ static void bench_prefill(int n, int E, int k, int D, int I, int mx, int act, co
     memset(&w, 0, sizeof w);
     w.E = E, w.D = D, w.I = I, w.mxfp4 = mx, w.act = act, w.beta = 4.0f, w.beta_l = 25.0f;
     const size_t nw = (size_t)E * I * D;
-    if (mx) {
-        uint8_t *q[3], *s[3];
-        for (int m = 0; m < 3; m++) {
-            q[m] = dalloc(nw / 2), s[m] = dalloc(nw / 32);
-            lunar_cuda_fill_uniform((float *)q[m], nw / 8, 700u + (uint32_t)m, -1, 1);
-            lunar_cuda_fill_u32(s[m], 0x7a7a7a7au, nw / 128);
-        }
-        w.w1q = q[0], w.w1s = s[0], w.w3q = q[1], w.w3s = s[1], w.w2q = q[2], w.w2s = s[2];
-    } else {
-        /* random bf16 weights (constant data would flatter the tensor cores), converted in pieces */
-        const size_t piece = (size_t)64 << 20;
-        float *tmp = dalloc(piece * 4);
-        uint16_t *b3[3];
-        for (int m = 0; m < 3; m++) {
-            b3[m] = dalloc(nw * 2);
-            for (size_t o = 0; o < nw; o += piece) {
-                const size_t cnt = nw - o < piece ? nw - o : piece;
-                lunar_cuda_fill_uniform(tmp, cnt, 700u + (uint32_t)(m * 1000 + o / piece), -0.05f, 0.05f);
-                lunar_cuda_f32_to_bf16(b3[m] + o, tmp, cnt);
-            }
-        }
-        w.w1 = b3[0], w.w3 = b3[1], w.w2 = b3[2];
-    }
+    if (mx)
+        bench_mxfp4(&w, nw, 700u);
+    else /* the same seeds as before: 700 + 1000 m + piece */
+        w.w1 = bench_bf16(nw, 700u), w.w3 = bench_bf16(nw, 1700u), w.w2 = bench_bf16(nw, 2700u);
     lunar_cuda_moe_route r;
     lunar_cuda_moe_route_init(&r, dalloc(lunar_cuda_moe_route_bytes(n, k, E)), n, k, E);
     float *lg = dalloc((size_t)n * E * 4);
