@@ -19,9 +19,19 @@
  * prompt; the rows after it stay up to 1.45e-2 off through the KDA state, decode included), argmax
  * agreement 100 % in every phase of every model. So the criterion per phase is on the typical row
  * and on the decisions, not on the worst row: the median row error <= 3e-2 (2x what a flip left
- * behind) and argmax agreement >= 95 % of rows (near-ties may flip). A wrong op moves most rows by
- * O(max |logit|) and their argmax; not modelling bf16 at all already costs 2-23 % of the argmaxes
- * on these models. The worst row is printed. */
+ * behind) and argmax agreement >= 95 % of rows. A wrong op moves most rows by O(max |logit|) and
+ * their argmax; not modelling bf16 at all already costs 2-23 % of the argmaxes on these models. The
+ * worst row is printed.
+ *
+ * Agreement counts near ties as agreeing (ARGMAX_TIE): a row agrees when the device's pick is the
+ * reference's argmax or scores within 0.5 % of max |logit| of it in the reference. Why: the
+ * K3-shaped random model has 7 of its 150 prompt rows with a top-2 margin under 2.5e-3 of max
+ * |logit|, below the per-logit differences that summation order alone leaves (median row 1.1e-2),
+ * so which of the two wins is a coin toss for any kernel that is not bit-equal to the reference;
+ * counted strictly, every bit-different KDA intra kernel measured in session 16 landed at
+ * 142-147 / 150 around the 143 line (docs/benchmarks.md "KDA intra forms in the model (session 16)").
+ * A wrong op's pick lies O(max |logit|) below the reference's maximum, far outside 0.5 %. The
+ * strict counts are printed beside the counted ones. */
 #include "test.h"
 #include "cuda_test.h"
 
@@ -49,6 +59,8 @@ TEST(cuda_forward_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 #define CUDA_REF_TOL 3e-2 /* median row error, see above */
 #define CUDA_ARGMAX_MIN 0.95
 static double argmax_min = CUDA_ARGMAX_MIN; /* the share run_model requires (one test lowers it) */
+#define ARGMAX_TIE 5e-3 /* of max |logit|: a near tie counts as agreeing, see above */
+static int argmax_strict; /* rows whose picks are equal, summed over a model's phases (printed) */
 #define PTPC_GOLDEN_TOL 1e-2 /* median row, cuda_ptpc_forward_goldens_vs_cpu: see there */
 
 static int argmax(const float *x, int n) {
@@ -59,7 +71,8 @@ static int argmax(const float *x, int n) {
 }
 
 /* per-row e = max |got - want| / max |want| (over all rows' want); returns the median row e, sets
- * *worst to the largest, adds the agreeing argmax rows to *agree */
+ * *worst to the largest, adds the agreeing argmax rows to *agree (near ties included: ARGMAX_TIE)
+ * and the equal picks to argmax_strict */
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -74,7 +87,10 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
             md = isnan(got[i]) ? INFINITY : fmax(md, fabs((double)got[i] - want[i]));
         e[r] = mx > 0 ? md / mx : md;
         *worst = fmax(*worst, e[r]);
-        *agree += argmax(got + (size_t)r * V, V) == argmax(want + (size_t)r * V, V);
+        const float *w = want + (size_t)r * V;
+        const int a = argmax(got + (size_t)r * V, V), b = argmax(w, V);
+        argmax_strict += a == b;
+        *agree += a == b || (double)w[b] - w[a] <= ARGMAX_TIE * mx;
     }
     qsort(e, (size_t)rows, sizeof *e, cmp_double);
     const double med = rows ? e[rows / 2] : 0;
@@ -153,16 +169,21 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     CHECK_MSG(gm && lunar_cuda_seq_init(&s, m, N, flags, &err) == 0, "%s", err.msg);
     if (!gm) goto out;
     CHECK(lunar_cuda_model_fused_moe(gm, fused_moe) || !fused_moe); /* the path exists where asked for */
-    int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0;
+    int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0, strict_gold = 0;
+    argmax_strict = 0;
     double w_pre = 0, w_dec = 0, w_full = 0, w_bat = 0, g_pre = NAN, g_dec = NAN, g_worst = 0;
     CHECK(lunar_forward_cuda(gm, &s, ids, T, logits, 1, &err) == 0);
     const double e_pre = cmp_rows(logits, ref_pre, T, V, &a_pre, &w_pre);
+    strict_gold -= argmax_strict;
     if (gold_pre) g_pre = cmp_rows(logits, gold_pre, T, V, &a_gold, &g_worst);
+    strict_gold += argmax_strict; /* the goldens' equal picks are not the CPU's */
     /* decode rows: gathered, then compared as one set */
     float *dec = lunar_xmalloc((size_t)(nd ? nd : 1) * V * sizeof(float));
     for (int i = 0; i < nd; i++) CHECK(lunar_forward_cuda(gm, &s, ids + T + i, 1, dec + (size_t)i * V, 0, &err) == 0);
     const double e_dec = cmp_rows(dec, ref_dec, nd, V, &a_dec, &w_dec);
+    strict_gold -= argmax_strict;
     if (gold_dec) g_dec = cmp_rows(dec, gold_dec, nd, V, &a_gold, &g_worst);
+    strict_gold += argmax_strict; /* the goldens' equal picks are not the CPU's */
     free(dec);
     /* chunked prefill (as the engine cuts prompts): uneven chunks continuing at pos0 > 0 */
     int a_chk = 0;
@@ -202,6 +223,8 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
                     "chunked %.1e/%.1e full %.1e/%.1e batch %.1e/%.1e, argmax %d/%d %d/%d %d/%d %d/%d %d/%d",
             name, m->cfg.ptpc_fp8 ? "ptpc fp8" : "bf16", e_pre, w_pre, e_dec, w_dec, e_chk, w_chk, e_full, w_full,
             e_bat, w_bat, a_pre, T, a_dec, nd, a_chk, T, a_full, N, a_bat, N + 1);
+    fprintf(stderr, " (near ties counted; equal picks %d of %d rows)", argmax_strict - strict_gold,
+            2 * T + nd + 2 * N + 1);
     if (gold_pre || gold_dec)
         fprintf(stderr, " | vs golden: median %.1e %.1e worst %.1e, argmax %d/%d", g_pre, g_dec, g_worst, a_gold, N);
     CHECK_MSG(e_pre <= tol && e_dec <= tol && e_chk <= tol && e_full <= tol && e_bat <= tol,

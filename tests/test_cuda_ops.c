@@ -1078,7 +1078,7 @@ TEST(cuda_kda_chunked_state_grp) {
 }
 
 /* Mode 2's intra kernel forms (cuda_kda_chunk.cu; declared here, not in cuda_ops.h, to leave that
- * header's many dependants unbuilt): 2 tc, 1 fast (the default), 0 old, -1 LUNAR_KDA_INTRA. */
+ * header's many dependants unbuilt): 2 tc (the default), 1 fast, 0 old, -1 LUNAR_KDA_INTRA. */
 int lunar_cuda_kda_intra_variant(int v);
 
 /* The chunked op (mode 2) on the same inputs under intra variants va then vb into scratches poisoned
@@ -1145,7 +1145,7 @@ static void check_intra_fast(int T, int H, float lb, unsigned seed) {
     lunar_cuda_kda_intra_variant(pv);
 }
 
-/* kda_intra2_kernel<2> (LUNAR_KDA_INTRA=tc, opt-in since session 15: the diagonal blocks on tensor cores, anchored
+/* kda_intra2_kernel<2> (LUNAR_KDA_INTRA=tc, the default since session 16: the diagonal blocks on tensor cores, anchored
  * mid-block, where every gate of the (chunk, head) tile is >= -8, the session-13 path elsewhere; the
  * block inverse's level products on tf32 mma) against <1> (LUNAR_KDA_INTRA=fast) on the same inputs,
  * both scratches poisoned alike: the bf16 part of the scratch (W, U, Qg, Kg, Aqk) scale-relative (max

@@ -1344,17 +1344,17 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[2], st));
 }
 
-// Mode 2's intra kernel form. kda_intra2_kernel<2> by default since session 15: the session-13 form
+// Mode 2's intra kernel form. kda_intra2_kernel<2> (tc) by default since session 16: the session-13 form
 // with every L / Aqk entry on tensor cores where the tile's gates are >= -8 (step 4a', the diagonal
 // blocks anchored mid-row-block; elsewhere the session-13 path), the block inverse's level products
 // on tf32 mma (inv_levels), Gamma in log2 units and exp(Gamma) k kept from 4b (docs/benchmarks.md
-// "KDA intra kernel on tensor cores"; H200: 8K H = 96 1.30 -> 0.89 ms, H = 32 0.45 -> 0.31 ms).
-// LUNAR_KDA_INTRA (read once): unset or fast = <1>, the session-13 kernel (exponentials on ex2.approx.ftz,
-// tf32 operands by one add, the Gamma column reads by a running offset; "KDA intra kernel: the same
-// arithmetic in fewer instructions"), tc = 2 (kda_intra2_kernel: L / Aqk and the inverse on tf32 mma,
-// 1.3 -> 0.89 ms at 8K, H = 96), old = <0>, the session-12 one. tc is opt-in: the K3-shaped model's
-// FP8-latent run of cuda_forward_k3_shapes_vs_cpu fell to 142/150 argmax agreement with it (fast
-// 145/150; median row error 1.4e-2 against 1.3e-2; docs/benchmarks.md "Session 15, lead's calls").
+// "KDA intra kernel on tensor cores"; H200: 8K H = 96 1.31 -> 0.89 ms, H = 32 0.45 -> 0.31 ms).
+// LUNAR_KDA_INTRA (read once): unset or tc = <2>; fast = <1>, the session-13 kernel (exponentials on
+// ex2.approx.ftz, tf32 operands by one add, the Gamma column reads by a running offset; "KDA intra
+// kernel: the same arithmetic in fewer instructions"); old = <0>, the session-12 one. tc was opt-in in
+// session 15 because one run of cuda_forward_k3_shapes_vs_cpu fell to 142/150 strict argmax
+// agreement; session 16 measured every bit-different form (fast included) at 142-147 there, near ties
+// decided by rounding, and the test now counts those as agreeing ("KDA intra forms in the model").
 // lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 2 tc, 1 fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
@@ -1366,7 +1366,7 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "tc") ? 2 : 1;
+        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "fast") ? 1 : 2;
     }
     return g_intra >= 0 ? g_intra : env;
 }
