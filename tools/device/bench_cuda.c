@@ -12,7 +12,7 @@
  *   kdastate96: mode 2's state pass from 67 heads, LUNAR_KDA_STATE=old / the default (grp), T = 8K / 64K,
  *   H = 96, three rounds alternating, the two passes' o and S compared;
  *   prefill2: the prefill table's mode 2 rows alone (the default path), T = 8K / 64K, H = 96 / 32;
- *   kdadiag: the intra kernel fast (LUNAR_KDA_INTRA=fast) / tc (the default since session 15), T = 8K / 64K,
+ *   kdadiag: the intra kernel fast (LUNAR_KDA_INTRA=fast) / tc (or the forms FORMS names), T = 8K / 64K,
  *   H = 96 / 32, ROUNDS (3) rounds alternating, compared with fast at 8K; kdadiag1: one round at 8K, H = 96, for ncu) */
 #include <math.h>
 #include <stdio.h>
@@ -186,7 +186,7 @@ static void crosscheck_prefill(int T, int H) {
  * the intra kernel and of the state pass (the chunk profile's events around each), and, in round 1, o, S
  * and the scratch of each form from the same initial state compared with vs[0]'s (o and S scale-relative,
  * count of differing bf16 and their largest difference). */
-int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 2 tc, 1 fast (the default), 0 old */
+int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 6 tc3, 5 dg3, 4 inv3, 3 diag, 2 tc, 1 fast, 0 old */
 static void bench_intra(int T, int H, int rounds, int compare, const int *vs, int nv) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();
@@ -199,10 +199,10 @@ static void bench_intra(int T, int H, int rounds, int compare, const int *vs, in
     const int reps = T >= 32768 ? 7 : 21;
     /* the intra kernel's floor: q, k, v, g read (fp32), W, U, Qg, Kg (bf16), Aqk (bf16) written */
     const double ibytes = 4.0 * nq * 4 + (double)T * H * 4 + 4.0 * nq * 2 + (double)T * H * 64 * 2;
-    float *ho[3] = {0, 0, 0}, *hs[3] = {0, 0, 0};
-    uint16_t *hw[3] = {0, 0, 0};
-    static const char *const nm[3] = {"old ", "fast", "tc  "};
-    if (nv > 3) nv = 3;
+    float *ho[7] = {0}, *hs[7] = {0};
+    uint16_t *hw[7] = {0};
+    static const char *const nm[7] = {"old ", "fast", "tc  ", "diag", "inv3", "dg3 ", "tc3 "};
+    if (nv > 7) nv = 7;
     for (int r = 0; r < rounds; r++)
         for (int iv = 0; iv < nv; iv++) {
             lunar_cuda_kda_intra_variant(vs[iv]);
@@ -239,7 +239,7 @@ static void bench_intra(int T, int H, int rounds, int compare, const int *vs, in
                "differ, max |d| %.2e | | | |\n", T, H, nm[vs[iv]], nm[vs[0]], max_rel(ho[iv], ho[0], nq),
                max_rel(hs[iv], hs[0], ns), nd, wsb / 2, dmax);
     }
-    for (int i = 0; i < 3; i++) free(ho[i]), free(hs[i]), free(hw[i]);
+    for (int i = 0; i < 7; i++) free(ho[i]), free(hs[i]), free(hw[i]);
     lunar_cuda_kda_intra_variant(prev_iv);
     lunar_cuda_kda_chunk_precision(prev);
     lunar_cuda_release(mark);
@@ -547,11 +547,17 @@ int main(int argc, char **argv) {
     if (strcmp(what, "kdaintra1") == 0) { /* one call of each form at 8K, H = 32, for ncu */
         bench_intra(8192, 32, 1, 0, (const int[]){0, 1}, 2);
     }
-    if (strcmp(what, "kdadiag") == 0) { /* fast / tc (the default), ROUNDS (3) rounds alternating */
+    if (strcmp(what, "kdadiag") == 0) { /* fast / tc, ROUNDS (3) rounds alternating; FORMS="1 2 4" picks the forms */
         const int rounds = getenv("ROUNDS") ? atoi(getenv("ROUNDS")) : 3;
-        static const int Ts[] = {8192, 65536}, Hs[] = {96, 32}, vs[] = {1, 2};
+        static const int Ts[] = {8192, 65536}, Hs[] = {96, 32};
+        int vs[7] = {1, 2}, nv = 2;
+        if (getenv("FORMS")) {
+            const char *f = getenv("FORMS");
+            for (nv = 0; *f && nv < 7; f++)
+                if (*f >= '0' && *f <= '6') vs[nv++] = *f - '0';
+        }
         for (int a = 0; a < 2; a++)
-            for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], rounds, a == 0, vs, 2); /* compared at 8K */
+            for (int b = 0; b < 2; b++) bench_intra(Ts[a], Hs[b], rounds, a == 0, vs, nv); /* compared at 8K */
     }
     if (strcmp(what, "kdadiag1") == 0) { /* one call of each form at 8K, H = 96, for ncu */
         static const int vs[] = {1, 2};

@@ -419,10 +419,27 @@ __device__ __forceinline__ float dot16_a4(float s, const float *a, const float *
     return s;
 }
 
-// c += a . b (m16n8k8) for fp32 fragments, tf32 operands by one add each (tf32_i2<1>)
+// tf32 "hi" part of x: rounded to nearest (ties away), the low 13 bits cleared, so x - hi is exact
+// in fp32 and hi is the value the mma reads from tf32_i2<1>(x)
+__device__ __forceinline__ unsigned tf32_hi(float x) { return (__float_as_uint(x) + 0x1000u) & 0xffffe000u; }
+// c += a . b (m16n8k8) for fp32 fragments: SPL 0 tf32 operands (one add each, as tf32_i2<1>);
+// SPL 1 3xTF32 (a = hi + lo, a.b ~ lo.hi + hi.lo + hi.hi, the small terms first: fp32-accurate
+// products, three mmas)
+template <int SPL>
 __device__ __forceinline__ void mma_f(float (&c)[4], const float (&a)[4], float b0, float b1) {
-    const unsigned ua[4] = {tf32_i2<1>(a[0]), tf32_i2<1>(a[1]), tf32_i2<1>(a[2]), tf32_i2<1>(a[3])};
-    mma_tf32(c, ua, tf32_i2<1>(b0), tf32_i2<1>(b1));
+    if (!SPL) {
+        const unsigned ua[4] = {tf32_i2<1>(a[0]), tf32_i2<1>(a[1]), tf32_i2<1>(a[2]), tf32_i2<1>(a[3])};
+        mma_tf32(c, ua, tf32_i2<1>(b0), tf32_i2<1>(b1));
+    } else {
+        unsigned ah[4], al[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) ah[e] = tf32_hi(a[e]), al[e] = tf32_i2<1>(a[e] - __uint_as_float(ah[e]));
+        const unsigned bh0 = tf32_hi(b0), bh1 = tf32_hi(b1);
+        const unsigned bl0 = tf32_i2<1>(b0 - __uint_as_float(bh0)), bl1 = tf32_i2<1>(b1 - __uint_as_float(bh1));
+        mma_tf32(c, al, bh0, bh1);
+        mma_tf32(c, ah, bl0, bl1);
+        mma_tf32(c, ah, bh0, bh1);
+    }
 }
 
 // The block inverse's off-diagonal blocks (FAST >= 2), level d = 1..3: X_mn = -X_mm P,
@@ -432,6 +449,7 @@ __device__ __forceinline__ void mma_f(float (&c)[4], const float (&a)[4], float 
 // warp's 128 floats of Ps (only this warp reads it: __syncwarp), then -X_mm P into Xs. A level reads
 // blocks of distance < d and writes blocks of distance d, so one barrier a level (the scalar form
 // had two, and every thread ran 16-48-term dot products: ~700 instructions a thread).
+template <int SPL>
 __device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps, int warp, int gq, int t4) {
     for (int d = 1; d < 4; d++) {
         if (warp < 2 * (4 - d)) {
@@ -443,7 +461,7 @@ __device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps
                 for (int k0 = 0; k0 < 16; k0 += 8) {
                     const float a[4] = {L[gq * 16 + k0 + t4], L[(gq + 8) * 16 + k0 + t4], L[gq * 16 + k0 + t4 + 4],
                                         L[(gq + 8) * 16 + k0 + t4 + 4]};
-                    mma_f(p, a, X[(k0 + t4) * LDA + gq], X[(k0 + t4 + 4) * LDA + gq]);
+                    mma_f<SPL>(p, a, X[(k0 + t4) * LDA + gq], X[(k0 + t4 + 4) * LDA + gq]);
                 }
             }
             float *ps = Ps + warp * 128;  // [16][8]
@@ -456,7 +474,7 @@ __device__ __forceinline__ void inv_levels(float *Xs, const float *Lo, float *Ps
             for (int k0 = 0; k0 < 16; k0 += 8) {
                 const float a[4] = {Xm[gq * LDA + k0 + t4], Xm[(gq + 8) * LDA + k0 + t4], Xm[gq * LDA + k0 + t4 + 4],
                                     Xm[(gq + 8) * LDA + k0 + t4 + 4]};
-                mma_f(x, a, ps[(k0 + t4) * 8 + gq], ps[(k0 + t4 + 4) * 8 + gq]);
+                mma_f<SPL>(x, a, ps[(k0 + t4) * 8 + gq], ps[(k0 + t4 + 4) * 8 + gq]);
             }
             float *dst = Xs + (16 * m + gq) * LDA + hc + 2 * t4;
             *reinterpret_cast<float2 *>(dst) = make_float2(-x[0], -x[1]);
@@ -475,26 +493,14 @@ template <int FAST> __device__ __forceinline__ float expg(float x) {
     return y;
 }
 
-// The A fragments (rows r0, r1 = r0 + 8; k slots j, j + 1) of an anchored product: k_r exp(Gamma_r - Gamma_a)
-// and q_r exp(Gamma_r - Gamma_a) as tf32, ga = Gamma_a's entries j, j + 1 (steps 4a and 4a')
-template <int FAST>
-__device__ __forceinline__ void anchored_a(const float *Gs, const float *Ks, const float *Qs, float2 ga, int r0, int r1,
-                                           int j, unsigned (&ak)[4], unsigned (&aq)[4]) {
-    const float2 G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
-    const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
-    const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
-    const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
-    const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
-    ak[0] = tf32_i2<FAST>(K0.x * e00), ak[1] = tf32_i2<FAST>(K1.x * e10);
-    ak[2] = tf32_i2<FAST>(K0.y * e01), ak[3] = tf32_i2<FAST>(K1.y * e11);
-    aq[0] = tf32_i2<FAST>(Q0.x * e00), aq[1] = tf32_i2<FAST>(Q1.x * e10);
-    aq[2] = tf32_i2<FAST>(Q0.y * e01), aq[3] = tf32_i2<FAST>(Q1.y * e11);
-}
-
 // Step 4a' of kda_intra2_kernel (DIAG, the tile's gates bounded): this warp's NT column tiles of 8
 // (tiles tb .. tb + NT - 1) of row block mr, anchored at its middle row a = 16 mr + 8: Aqk (scale,
 // i <= r) to the scratch, L (beta_r, i < r) into lo[u] in C-fragment order. Gs holds Gamma log2 e.
-template <int NT, int FAST>
+// Tiles u >= U0 (the diagonal block's two, where the form asks for it: FAST 5, 6) in 3xTF32 (the
+// session-13 kernel computes its 8x8 triangles in fp32; the largest entries of L, the least decayed);
+// the A operand is then split once for all tiles, the tiles left of U0 read its hi part (the same
+// value as tf32_i2<1>'s for the mma).
+template <int NT, int FAST, int U0>
 __device__ __forceinline__ void diag_tiles(const float *Gs, const float *Ks, const float *Qs, const float *bs,
                                            __nv_bfloat16 *Aq, float (&lo)[3][4], int mr, int tb, int gq, int t4,
                                            float scale) {
@@ -508,17 +514,42 @@ __device__ __forceinline__ void diag_tiles(const float *Gs, const float *Ks, con
 #pragma unroll 2
     for (int kk = 0; kk < DK; kk += 8) {  // k slots permuted as in step 4a
         const int j = kk + 2 * t4;
-        const float2 ga = ld2(Ga + j);
-        unsigned ak[4], aq[4];
-        anchored_a<FAST>(Gs, Ks, Qs, ga, r0, r1, j, ak, aq);
+        const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+        const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+        const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
+        const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+        const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+        const float fk[4] = {K0.x * e00, K1.x * e10, K0.y * e01, K1.y * e11};
+        const float fq[4] = {Q0.x * e00, Q1.x * e10, Q0.y * e01, Q1.y * e11};
+        unsigned ak[4], aq[4], akl[4], aql[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if constexpr (U0 < NT) {
+                ak[e] = tf32_hi(fk[e]), akl[e] = tf32_i2<1>(fk[e] - __uint_as_float(ak[e]));
+                aq[e] = tf32_hi(fq[e]), aql[e] = tf32_i2<1>(fq[e] - __uint_as_float(aq[e]));
+            } else {
+                ak[e] = tf32_i2<FAST>(fk[e]), aq[e] = tf32_i2<FAST>(fq[e]), akl[e] = aql[e] = 0u;
+            }
+        }
 #pragma unroll
         for (int u = 0; u < NT; u++) {
             const int i = 8 * (tb + u) + gq;
             const float2 Gi = ld2(Gs + i * LDK2 + j), Ki = ld2(Ks + i * LDK2 + j);
-            const unsigned b0 = tf32_i2<FAST>(Ki.x * expg<FAST>(ga.x - Gi.x));
-            const unsigned b1 = tf32_i2<FAST>(Ki.y * expg<FAST>(ga.y - Gi.y));
-            mma_tf32(ck[u], ak, b0, b1);
-            mma_tf32(cq[u], aq, b0, b1);
+            const float f0 = Ki.x * expg<FAST>(ga.x - Gi.x), f1 = Ki.y * expg<FAST>(ga.y - Gi.y);
+            if (u >= U0) {  // 3xTF32: lo.hi, hi.lo, hi.hi
+                const unsigned bh0 = tf32_hi(f0), bh1 = tf32_hi(f1);
+                const unsigned bl0 = tf32_i2<1>(f0 - __uint_as_float(bh0)), bl1 = tf32_i2<1>(f1 - __uint_as_float(bh1));
+                mma_tf32(ck[u], akl, bh0, bh1);
+                mma_tf32(cq[u], aql, bh0, bh1);
+                mma_tf32(ck[u], ak, bl0, bl1);
+                mma_tf32(cq[u], aq, bl0, bl1);
+                mma_tf32(ck[u], ak, bh0, bh1);
+                mma_tf32(cq[u], aq, bh0, bh1);
+            } else {
+                const unsigned b0 = tf32_i2<FAST>(f0), b1 = tf32_i2<FAST>(f1);
+                mma_tf32(ck[u], ak, b0, b1);
+                mma_tf32(cq[u], aq, b0, b1);
+            }
         }
     }
     const float br0 = bs[r0], br1 = bs[r1];
@@ -582,7 +613,10 @@ __device__ __forceinline__ void wu_rows(const float *Xs, const float *B, __nv_bf
 // FAST: 0 the session-12 form, 1 its exponentials and tf32 operands cheaper (session 13), 2 (the
 // default, session 15) as 1 where a gate of the tile is below -8, else step 2's triangles and
 // step 4a's blocks replaced by step 4a' (all of L / Aqk as anchored tf32 mmas, the diagonal blocks
-// too), and with the inverse's level products on tf32 mma (inv_levels) in either case.
+// too), and with the inverse's level products on tf32 mma (inv_levels) in either case. Accuracy
+// forms of 2 (session 15, issue 7: tc cost the K3-shaped model's FP8-latent forward test 3 argmax
+// rows): 3 the inverse's level products in fp32 as in 1 (diag), 4 in 3xTF32 (inv3), 5 the diagonal
+// blocks' tiles of step 4a' in 3xTF32 (dg3), 6 both 3xTF32 (tc3).
 template <int FAST>
 __global__ void __launch_bounds__(256, 2)
     kda_intra2_kernel(const float *__restrict__ q, const float *__restrict__ k,
@@ -738,8 +772,14 @@ __global__ void __launch_bounds__(256, 2)
     const int mr = (0x33322110u >> (4 * warp)) & 15, tb = (0x63030200u >> (4 * warp)) & 15,
               nt = (0x23333222u >> (4 * warp)) & 15;
     if (bounded) {  // the tile count a template argument: no per-tile branch in the k loop
-        if (nt == 3) diag_tiles<3, FAST>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
-        else diag_tiles<2, FAST>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+        // (FAST 5, 6: the warps holding a diagonal block's tiles, 0, 2, 4 (from its 2nd tile), 7, in 3xTF32)
+        if (nt == 3) {
+            if (FAST >= 5 && tb + 2 >= 2 * mr) diag_tiles<3, FAST, FAST >= 5 ? 1 : 3>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+            else diag_tiles<3, FAST, 3>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+        } else {
+            if (FAST >= 5 && tb >= 2 * mr) diag_tiles<2, FAST, FAST >= 5 ? 0 : 2>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+            else diag_tiles<2, FAST, 2>(Gs, Ks, Qs, bs, Aq, lo, mr, tb, gq, t4, scale);
+        }
     } else if (warp < 6) {
         float ck[2][4], cq[2][4];
 #pragma unroll
@@ -753,9 +793,13 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll 4
         for (int kk = 0; kk < DK; kk += 8) {
             const int j = kk + 2 * t4;
-            const float2 ga = ld2(Ga + j);
-            unsigned ak[4], aq[4];
-            anchored_a<FAST>(Gs, Ks, Qs, ga, r0, r1, j, ak, aq);
+            const float2 ga = ld2(Ga + j), G0 = ld2(Gs + r0 * LDK2 + j), G1 = ld2(Gs + r1 * LDK2 + j);
+            const float e00 = expg<FAST>(G0.x - ga.x), e01 = expg<FAST>(G0.y - ga.y);
+            const float e10 = expg<FAST>(G1.x - ga.x), e11 = expg<FAST>(G1.y - ga.y);
+            const float2 K0 = ld2(Ks + r0 * LDK2 + j), K1 = ld2(Ks + r1 * LDK2 + j);
+            const float2 Q0 = ld2(Qs + r0 * LDK2 + j), Q1 = ld2(Qs + r1 * LDK2 + j);
+            const unsigned ak[4] = {tf32_i2<FAST>(K0.x * e00), tf32_i2<FAST>(K1.x * e10), tf32_i2<FAST>(K0.y * e01), tf32_i2<FAST>(K1.y * e11)};
+            const unsigned aq[4] = {tf32_i2<FAST>(Q0.x * e00), tf32_i2<FAST>(Q1.x * e10), tf32_i2<FAST>(Q0.y * e01), tf32_i2<FAST>(Q1.y * e11)};
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
                 const int i = 16 * on + 8 * hf + gq;
@@ -918,8 +962,8 @@ __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();
     // X_mn, n = m - d, level by level: P = sum_{k=n}^{m-1} L_mk X_kn, X_mn = -X_mm P
-    if (FAST >= 2)  // on tensor cores (inv_levels), one barrier a level
-        inv_levels(Xs, Lo, Ps, warp, gq, t4);
+    if (FAST >= 2 && FAST != 3)  // on tensor cores (inv_levels), one barrier a level; FAST 4, 6 in 3xTF32
+        inv_levels<FAST == 4 || FAST == 6>(Xs, Lo, Ps, warp, gq, t4);
     else
     for (int d = 1; d < 4; d++) {
         const int nb = 4 - d;
@@ -1355,7 +1399,10 @@ static void launch_all(float *o, const float *q, const float *k, const float *v,
 // 1.3 -> 0.89 ms at 8K, H = 96), old = <0>, the session-12 one. tc is opt-in: the K3-shaped model's
 // FP8-latent run of cuda_forward_k3_shapes_vs_cpu fell to 142/150 argmax agreement with it (fast
 // 145/150; median row error 1.4e-2 against 1.3e-2; docs/benchmarks.md "Session 15, lead's calls").
-// lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 2 tc, 1 fast, 0 old, -1 env.
+// diag = 3, inv3 = 4, dg3 = 5, tc3 = 6: tc with the parts that the session-13 kernel computes in fp32
+// (the block inverse's level products; step 2's 8x8 triangles) in fp32 or 3xTF32 (kda_intra2_kernel).
+// lunar_cuda_kda_intra_variant overrides it (tests, benchmarks): 6 tc3, 5 dg3, 4 inv3, 3 diag, 2 tc,
+// 1 fast, 0 old, -1 env.
 static int g_intra = -1;
 extern "C" int lunar_cuda_kda_intra_variant(int v) {
     const int prev = g_intra;
@@ -1366,7 +1413,10 @@ static int intra_variant(void) {
     static int env = -1;
     if (env < 0) {
         const char *e = getenv("LUNAR_KDA_INTRA");
-        env = e && !strcmp(e, "old") ? 0 : e && !strcmp(e, "tc") ? 2 : 1;
+        static const char *const nm[7] = {"old", "fast", "tc", "diag", "inv3", "dg3", "tc3"};
+        env = 1;
+        for (int i = 0; e && i < 7; i++)
+            if (!strcmp(e, nm[i])) env = i;
     }
     return g_intra >= 0 ? g_intra : env;
 }
@@ -1388,7 +1438,11 @@ static void launch_fast(float *o, const float *q, const float *k, const float *v
     const int NC = (T + BT - 1) / BT;
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[0], st));
     const int iv = intra_variant();
-    if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    if (iv == 6) launch_intra2<6>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 5) launch_intra2<5>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 4) launch_intra2<4>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 3) launch_intra2<3>(q, k, v, g, beta, w, T, H, NC, scale, st);
+    else if (iv == 2) launch_intra2<2>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else if (iv == 1) launch_intra2<1>(q, k, v, g, beta, w, T, H, NC, scale, st);
     else launch_intra2<0>(q, k, v, g, beta, w, T, H, NC, scale, st);
     if (g_prof) CUDA_CHECK(cudaEventRecord(g_ev[1], st));
