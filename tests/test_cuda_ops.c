@@ -561,6 +561,47 @@ TEST(cuda_kda_conv_qkv_decode_matches_ops) {
     lunar_cuda_release(mark);
 }
 
+/* lunar_cuda_kda_conv_qkv_decode_pf (issue 9, opt-in LUNAR_KDA_CONV_PF): the extra prefetch blocks change
+ * nothing: q / k / v, beta and the state pool memcmp-equal to lunar_cuda_kda_conv_qkv_decode at B = 1, with
+ * 0, 1, 7 and 64 prefetch blocks over ranges of 4 MB (chunks of 16 B, 4 KB and 64 KB), an unaligned one and
+ * an empty one; at B = 2 the blocks are not added (the same outputs). */
+TEST(cuda_kda_conv_qkv_decode_pf_bit_equal) {
+    if (!cuda_on()) return;
+    const int H = 5, dk = 128, HD = H * dk, C = 3 * HD, K = 4, S = K - 1, NS = 3, xs = C + H + 40;
+    const int32_t slots[2] = {2, 0};
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand(2L * xs, 21, -2, 2), *w = test_rand((long)C * K, 22, -1, 1);
+    float *pool = test_rand((long)NS * C * S, 23, -1, 1), *big = test_rand(1L << 20, 24, -1, 1);
+    const float *dx = dev_in(x, (size_t)2 * xs * 4), *dw = dev_in(w, (size_t)C * K * 4), *dbig = dev_in(big, 4u << 20);
+    const int32_t *dsl = dev_in(slots, sizeof slots);
+    const struct { const void *p; size_t bytes; unsigned chunk; int blocks; } v[] = {
+        {dbig, 4u << 20, 16384, 0}, {dbig, 4u << 20, 16384, 1}, {dbig, 4u << 20, 4096, 7},
+        {dbig, 4u << 20, 65536, 64}, {(const char *)dbig + 3, 100000, 16, 7}, {dbig, 0, 16384, 7}, {NULL, 0, 16, 3}};
+    for (int B = 1; B <= 2; B++) {
+        float *dp0 = dev_in(pool, (size_t)NS * C * S * 4);
+        guarded o0, b0;
+        float *dy0 = guarded_new(&o0, (size_t)B * C * 4), *db0 = guarded_new(&b0, (size_t)B * H * 4);
+        lunar_cuda_kda_conv_qkv_decode(dy0, db0, dx, dx + C, xs, dw, dp0, dsl, B, H, dk, K, 1e-6f, NULL);
+        float *y0 = down_f32(dy0, (long)B * C), *be0 = down_f32(db0, (long)B * H), *p0 = down_f32(dp0, (long)NS * C * S);
+        for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+            float *dp = dev_in(pool, (size_t)NS * C * S * 4);
+            guarded o, ob;
+            float *dy = guarded_new(&o, (size_t)B * C * 4), *db = guarded_new(&ob, (size_t)B * H * 4);
+            lunar_cuda_kda_conv_qkv_decode_pf(dy, db, dx, dx + C, xs, dw, dp, dsl, B, H, dk, K, 1e-6f, v[i].p,
+                                              v[i].bytes, v[i].chunk, v[i].blocks, NULL);
+            float *y = down_f32(dy, (long)B * C), *be = down_f32(db, (long)B * H), *p = down_f32(dp, (long)NS * C * S);
+            CHECK_MSG(memcmp(y, y0, sizeof(float) * B * C) == 0 && memcmp(be, be0, sizeof(float) * B * H) == 0 &&
+                          memcmp(p, p0, sizeof(float) * NS * C * S) == 0,
+                      "B=%d case %zu: the prefetching launch's outputs differ", B, i);
+            CHECK(guards_ok(&o) && guards_ok(&ob));
+            free(y), free(be), free(p);
+        }
+        free(y0), free(be0), free(p0);
+    }
+    free(x), free(w), free(pool), free(big);
+    lunar_cuda_release(mark);
+}
+
 /* the fused prefill pass after the KDA input projection (lunar_cuda_kda_conv_qkv_prefill) vs the
  * CPU ops it replaces, on the projection's strided rows: op_short_conv of q, k, v with the state
  * (read, then advanced: compared bit for bit), op_l2norm of the q and k head rows (1e-5: the conv

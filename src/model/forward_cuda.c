@@ -340,7 +340,22 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         y = fd((size_t)w->kin.out);
         beta_in = y + 3 * HD + w->fa.out + gout;
         mm(y, h, &w->kin, 1);
-        if (!fused)
+        /* LUNAR_KDA_CONV_PF=<blocks> (opt-in, issue 9, not yet run on a device): the conv launch's extra
+         * blocks ask for the output projection's weights into L2 while the chain (conv, gate, recurrence,
+         * gated norm) leaves DRAM idle; LUNAR_KDA_CONV_PF_KB the request size (16) */
+        static int pf_blocks = -1;
+        static unsigned pf_chunk;
+        if (pf_blocks < 0) {
+            const char *e = getenv("LUNAR_KDA_CONV_PF"), *kb = getenv("LUNAR_KDA_CONV_PF_KB");
+            pf_blocks = e && atoi(e) > 0 ? atoi(e) : 0;
+            pf_chunk = (kb && atoi(kb) > 0 && atoi(kb) <= 1024 ? (unsigned)atoi(kb) : 16u) * 1024u;
+        }
+        if (!fused && pf_blocks > 0)
+            lunar_cuda_kda_conv_qkv_decode_pf(q, beta, y, beta_in, w->kin.out, w->qc,
+                                              b->c->conv + ki * b->c->conv_len, b->kda_state_idx, 1, H, dk, K,
+                                              KDA_L2_EPS, w->o.p, (size_t)w->o.out * w->o.in * (w->o.s8 ? 1 : 2),
+                                              pf_chunk, pf_blocks, NULL);
+        else if (!fused)
             lunar_cuda_kda_conv_qkv_decode(q, beta, y, beta_in, w->kin.out, w->qc, b->c->conv + ki * b->c->conv_len,
                                            b->kda_state_idx, 1, H, dk, K, KDA_L2_EPS, NULL);
         gin = y + 3 * HD + w->fa.out;

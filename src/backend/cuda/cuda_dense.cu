@@ -622,10 +622,34 @@ extern "C" void lunar_cuda_short_conv_decode(float *y, const float *x, const flo
 // L2-normalises the q and k rows as norm_kernel<float, 2>; block 3H of each sequence applies the
 // sigmoid to its H beta logits (sigmoid_kernel's expression). Outputs: q, k, v [B, H dk] at qkv,
 // qkv + B H dk, qkv + 2 B H dk; beta [B, H]. Inputs of sequence b at x + b xs, beta_in + b xs.
+// PF (lunar_cuda_kda_conv_qkv_decode_pf, issue 9, session 15): pf.blocks more blocks in x, each asking for
+// its share of [pf.p, pf.p + pf.bytes) into L2 (chunks of pf.chunk bytes dealt to the blocks round robin, a
+// bulk request a thread) BEFORE its PDL wait, then waiting (every block waits: cuda_common.cuh's rule) and
+// leaving. For the weights of the kernel after the chain this kernel starts (the output projection): a
+// forked prefetch kernel on a stream of its own measured slower in the step ("Decode B = 1: weights
+// prefetched into L2 on a stream of their own (session 15)"), the fork's graph edges being the suspect;
+// these blocks add no node and no edge.
+struct conv_pf {
+    const char *p;
+    unsigned long long bytes;
+    unsigned chunk;
+    int blocks;
+};
+template <bool PF>
 __global__ void kda_conv_qkv_kernel(float *qkv, float *beta, const float *x, const float *beta_in,
                                     int64_t xs, const float *w, float *state_pool,
-                                    const int32_t *slots, int H, int dk, int K, float eps) {
+                                    const int32_t *slots, int H, int dk, int K, float eps, conv_pf pf) {
     __shared__ float red[32];
+    if (PF && (int)blockIdx.x > 3 * H) { /* weights only: allowed before the wait */
+        const unsigned long long j = blockIdx.x - 3 * H - 1, nc = (pf.bytes + pf.chunk - 1) / pf.chunk;
+        for (unsigned long long c = j + (unsigned long long)threadIdx.x * pf.blocks; c < nc;
+             c += (unsigned long long)pf.blocks * blockDim.x) {
+            const unsigned long long off = c * pf.chunk, left = pf.bytes - off;
+            pdl_prefetch_l2(pf.p + off, (uint32_t)((left < pf.chunk ? left : pf.chunk) & ~15ull));
+        }
+        pdl_enter();
+        return;
+    }
     pdl_enter();
     const int r = blockIdx.x, b = blockIdx.y, t = threadIdx.x, HD = H * dk, B = gridDim.y;
     if (r == 3 * H) {
@@ -661,8 +685,25 @@ extern "C" void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const fl
                                                lunar_cuda_stream s) {
     CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && dk >= 1 && dk <= 1024 && H >= 1 && (dk & (dk - 1)) == 0);
     if (B <= 0) return;
-    launch_pdl(kda_conv_qkv_kernel, dim3(3 * H + 1, B), dim3(dk < 32 ? 32 : dk), 0, to_stream(s),
-        qkv, beta, x, beta_in, x_stride, w, state_pool, slots, H, dk, K, eps);
+    launch_pdl(kda_conv_qkv_kernel<false>, dim3(3 * H + 1, B), dim3(dk < 32 ? 32 : dk), 0, to_stream(s),
+        qkv, beta, x, beta_in, x_stride, w, state_pool, slots, H, dk, K, eps, conv_pf{});
+    CUDA_CHECK_LAUNCH();
+}
+extern "C" void lunar_cuda_kda_conv_qkv_decode_pf(float *qkv, float *beta, const float *x, const float *beta_in,
+                                                  int64_t x_stride, const float *w, float *state_pool,
+                                                  const int32_t *slots, int B, int H, int dk, int K, float eps,
+                                                  const void *pf, size_t pf_bytes, unsigned pf_chunk, int pf_blocks,
+                                                  lunar_cuda_stream s) {
+    CUDA_REQUIRE(K >= 1 && K <= CONV_MAX_K && dk >= 1 && dk <= 1024 && H >= 1 && (dk & (dk - 1)) == 0);
+    CUDA_REQUIRE(pf_blocks >= 0 && pf_chunk >= 16 && pf_chunk % 16 == 0);
+    if (B <= 0) return;
+    /* the range's 16-byte aligned interior (the bulk request's rule); B = 1 only: the extra blocks are
+     * in x, so every sequence's row of the grid would repeat them */
+    const uintptr_t p0 = ((uintptr_t)pf + 15) & ~(uintptr_t)15, p1 = ((uintptr_t)pf + pf_bytes) & ~(uintptr_t)15;
+    const int nb = pf && p1 > p0 && B == 1 ? pf_blocks : 0;
+    const conv_pf a = {(const char *)p0, nb ? (unsigned long long)(p1 - p0) : 0ull, pf_chunk, nb};
+    launch_pdl(kda_conv_qkv_kernel<true>, dim3(3 * H + 1 + nb, B), dim3(dk < 32 ? 32 : dk), 0, to_stream(s),
+        qkv, beta, x, beta_in, x_stride, w, state_pool, slots, H, dk, K, eps, a);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -218,6 +218,13 @@ void lunar_cuda_short_conv_decode(float *y, const float *x, const float *w, floa
 void lunar_cuda_kda_conv_qkv_decode(float *qkv, float *beta, const float *x, const float *beta_in,
                                     int64_t x_stride, const float *w, float *state_pool, const int32_t *slots,
                                     int B, int H, int dk, int K, float eps, lunar_cuda_stream s);
+/* The same (the same outputs bit for bit) with pf_blocks more blocks at B = 1 that ask for
+ * [pf, pf + pf_bytes) into L2 (bulk requests of pf_chunk bytes, a multiple of 16) before their PDL wait:
+ * weights a later kernel of the step reads (issue 9: the output projection after the KDA chain). */
+void lunar_cuda_kda_conv_qkv_decode_pf(float *qkv, float *beta, const float *x, const float *beta_in,
+                                       int64_t x_stride, const float *w, float *state_pool, const int32_t *slots,
+                                       int B, int H, int dk, int K, float eps, const void *pf, size_t pf_bytes,
+                                       unsigned pf_chunk, int pf_blocks, lunar_cuda_stream s);
 
 /* KDA prefill of one sequence after the fused input projection, one pass: x [T, x_stride] fp32
  * (16-byte aligned, x_stride % 4 == 0) holds the 3 H dk pre-conv channels q|k|v in columns 0 ..
