@@ -483,13 +483,15 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
  * the same f16 bits reach the same mma in the same order, so with the switch at 1 (where 4 blocks
  * per SM stay: here every gate/up of D = 256 and the smaller passes of D = 512, 1024) and at 2
  * (wherever it fits: passes of up to 8 rows) the expert rows and the combined output must equal
- * path 16 without it (=0) bit for bit, and the CPU op as every path. The caller's value of the
- * switch (the device script runs the tests under =1) is restored after. */
+ * path 16 without it (=0) bit for bit, and the CPU op as every path. LUNAR_MOE_F16_IL=0 throughout (IL,
+ * the default at one token, runs with XS only: f16_v16_case). The caller's values of both switches (the
+ * device script runs the tests under XS=1) are restored after. */
 static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
-    const char *was = getenv("LUNAR_MOE_F16_XS");
-    char *keep = was ? strdup(was) : NULL;
+    const char *was = getenv("LUNAR_MOE_F16_XS"), *was_il = getenv("LUNAR_MOE_F16_IL");
+    char *keep = was ? strdup(was) : NULL, *keep_il = was_il ? strdup(was_il) : NULL;
+    setenv("LUNAR_MOE_F16_IL", "0", 1);
     const size_t nkd = (size_t)n * k * D;
     float *y0 = NULL, *r0 = NULL;
     for (int xm = 0; xm <= 2; xm++) {
@@ -515,19 +517,23 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
     }
     if (keep) setenv("LUNAR_MOE_F16_XS", keep, 1);
     else unsetenv("LUNAR_MOE_F16_XS");
-    free(keep), free(y0), free(r0);
+    if (keep_il) setenv("LUNAR_MOE_F16_IL", keep_il, 1);
+    else unsetenv("LUNAR_MOE_F16_IL");
+    free(keep), free(keep_il), free(y0), free(r0);
 }
 
 /* The switches of path 16 that change no sum (TILES, EARLY): path 16 under each value of var, with the
  * activations per chunk and in shared memory (LUNAR_MOE_F16_XS at each of xs; NULL: unset), every run's
  * expert rows and combined output bit for bit the first run's (var = vals[0], XS = xs[0]; f16_xs_case
- * holds XS itself to those bits). The caller's values of both switches are restored after. */
+ * holds XS itself to those bits), LUNAR_MOE_F16_IL=0 throughout (as f16_xs_case). The caller's values of
+ * the three switches are restored after. */
 static void f16_sweep(const char *what, const char *var, const char *const *vals, int nv, const char *const *xs,
                       int nx, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                       const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I) {
-    const char *names[2] = {var, "LUNAR_MOE_F16_XS"};
-    char *keep[2];
-    for (int i = 0; i < 2; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    const char *names[3] = {var, "LUNAR_MOE_F16_XS", "LUNAR_MOE_F16_IL"};
+    char *keep[3];
+    for (int i = 0; i < 3; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    setenv("LUNAR_MOE_F16_IL", "0", 1);
     const size_t nkd = (size_t)n * k * D;
     float *y0 = NULL, *r0 = NULL;
     for (int x = 0; x < nx; x++) {
@@ -553,7 +559,7 @@ static void f16_sweep(const char *what, const char *var, const char *const *vals
             free(y), free(rows);
         }
     }
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         if (keep[i]) setenv(names[i], keep[i], 1);
         else unsetenv(names[i]);
         free(keep[i]);
@@ -593,22 +599,25 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
     f16_sweep(what, "LUNAR_MOE_F16_EARLY", ev, 6, xsv, 2, ybuf, hbuf, acc, dz, dw, r, n, k, D, I);
 }
 
-/* LUNAR_MOE_F16_IL / LUNAR_MOE_F16_W (path 16's variants of session 16, cuda_moe_f16.cu's V note; each runs
- * with the activations in shared memory and the flat ring only, the launch falling back to the default
- * where XS does not fit). W (the gate/up kernel in 8-warp blocks, gate and up in separate warps meeting in
- * shared memory; 80 registers in both kernels) changes no stored value: its expert rows and combined output
- * must equal the default's bit for bit, and IL + W must equal IL's. IL (each row tile's k-splits take
- * interleaved chunks) sums other partials: against the CPU op (tol 1e-2, as every path) and no row left
- * unwritten (NaN-poisoned outputs). At one row group a block (TILES=0: the flat ring at T = 1) and three
- * (TILES=3: the rings across groups, a block's last groups past R), XS unset (1 where it fits) and 2
- * (passes of up to 8 rows). The caller's values of the switches are restored after. */
+/* LUNAR_MOE_F16_IL / _W / _S8 (path 16's variants of session 16, cuda_moe_f16.cu's V note; each runs with
+ * the activations in shared memory and the flat ring only, the launch falling back to the default where XS
+ * does not fit). W (the gate/up kernel in 8-warp blocks, gate and up in separate warps meeting in shared
+ * memory; 80 registers in both kernels) changes no stored value: its expert rows and combined output must
+ * equal the default's bit for bit, and IL + W must equal IL's (that one where XS=2: at XS=1 W's fewer
+ * blocks per SM fit XS where IL falls back). IL (each row tile's k-splits take interleaved chunks) and S8
+ * (=2: 8 interleaved k-splits wherever K has >= 8 chunks, here D = 1024..2304 and I = 1152) sum other
+ * partials: against the CPU op (tol 1e-2, as every path) and no row left unwritten (NaN-poisoned
+ * outputs). At one row group a block (TILES=0: the flat ring at T = 1) and three (TILES=3: the rings
+ * across groups, a block's last groups past R), XS unset (1 where it fits) and 2 (passes of up to 8
+ * rows). The caller's values of the switches are restored after. */
 static void f16_v16_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                          const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                          int k, int D, int I) {
     static const char *xsv[2] = {NULL, "2"}, *tv[2] = {"0", "3"};
-    const char *names[4] = {"LUNAR_MOE_F16_IL", "LUNAR_MOE_F16_W", "LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS"};
-    char *keep[4];
-    for (int i = 0; i < 4; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    const char *names[5] = {"LUNAR_MOE_F16_IL", "LUNAR_MOE_F16_W", "LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS",
+                            "LUNAR_MOE_F16_S8"};
+    char *keep[5];
+    for (int i = 0; i < 5; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     const size_t nkd = (size_t)n * k * D;
     for (int t = 0; t < 2; t++) {
         setenv("LUNAR_MOE_F16_TILES", tv[t], 1);
@@ -616,9 +625,10 @@ static void f16_v16_case(const char *what, float *ybuf, uint16_t *hbuf, float *a
             if (xsv[x]) setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
             else unsetenv("LUNAR_MOE_F16_XS");
             float *yb[2] = {NULL, NULL}, *rb[2] = {NULL, NULL}; /* v = 0 (default), v = 1 (IL) */
-            for (int v = 0; v < 4; v++) {
+            for (int v = 0; v < 5; v++) { /* bit 1 IL, bit 2 W; 4: S8=2 */
                 setenv("LUNAR_MOE_F16_IL", v & 1 ? "1" : "0", 1);
                 setenv("LUNAR_MOE_F16_W", v & 2 ? "1" : "0", 1);
+                setenv("LUNAR_MOE_F16_S8", v == 4 ? "2" : "0", 1);
                 lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
                 lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
                 lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
@@ -626,14 +636,18 @@ static void f16_v16_case(const char *what, float *ybuf, uint16_t *hbuf, float *a
                 lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
                 float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
                 char w2[192];
-                snprintf(w2, sizeof w2, "%s IL=%d W=%d TILES=%s XS=%s", what, v & 1, v >> 1, tv[t],
-                         xsv[x] ? xsv[x] : "unset");
+                snprintf(w2, sizeof w2, "%s IL=%d W=%d S8=%d TILES=%s XS=%s", what, v & 1, (v >> 1) & 1, v >> 2,
+                         tv[t], xsv[x] ? xsv[x] : "unset");
                 moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
                 long nan = 0;
                 for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
                 CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
                 if (v < 2) {
                     yb[v] = y, rb[v] = rows;
+                    continue;
+                }
+                if (v == 4 || (v == 3 && !xsv[x])) {
+                    free(y), free(rows);
                     continue;
                 }
                 long bad = 0;
@@ -645,7 +659,7 @@ static void f16_v16_case(const char *what, float *ybuf, uint16_t *hbuf, float *a
             for (int v = 0; v < 2; v++) free(yb[v]), free(rb[v]);
         }
     }
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 5; i++) {
         if (keep[i]) setenv(names[i], keep[i], 1);
         else unsetenv(names[i]);
         free(keep[i]);
@@ -1284,8 +1298,9 @@ static void bench_f16ab(int E, int k, int D, int I, const char *label, void *flu
             }
             lunar_cuda_moe_split_event(NULL);
             qsort(ts, 21, sizeof ts[0], cmpf), qsort(tg, 21, sizeof tg[0], cmpf), qsort(td, 21, sizeof td[0], cmpf);
-            /* a variant that sums other partials (LUNAR_MOE_F16_IL) gets the CPU tolerance against the
-             * first's rows; LUNAR_MOE_F16_SKIP computes wrong values on purpose (no check) */
+            /* a variant that sums other partials (LUNAR_MOE_F16_IL, _S8, against the first's chunk order)
+             * gets the CPU tolerance against the first's rows; LUNAR_MOE_F16_SKIP computes wrong values on
+             * purpose (no check) */
             char same[48] = "first";
             if (!rows0) {
                 rows0 = rows, rows = NULL;
@@ -1296,7 +1311,7 @@ static void bench_f16ab(int E, int k, int D, int I, const char *label, void *flu
             } else {
                 const double e = lunar_max_rel_err(rows, rows0, (long)k * D);
                 snprintf(same, sizeof same, "rel %.2g", e);
-                if (!strstr(specs[v], "IL=1") || e > 1e-2)
+                if (!(strstr(specs[v], "IL=") || strstr(specs[v], "S8=")) || e > 1e-2)
                     CHECK_MSG(0, "%s: variant %s's expert rows differ from the first's (%s)", label, specs[v], same);
             }
             free(rows);

@@ -115,9 +115,16 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 //  V_NW, V_CO (LUNAR_MOE_F16_SKIP; WRONG results, benchmark only): the raw packed words into the mma
 //    without the widening; the copy ring alone (each chunk waited for and its stage refilled, nothing
 //    read or computed). Session 15's deciding split (git show 167f51f), here on the variants' ring.
-constexpr int V_IL = 1, V_W = 2, V_NW = 8, V_CO = 16;
-template <bool GATEUP, int V> __host__ __device__ constexpr int f16_threads() { return GATEUP && (V & V_W) ? 256 : 128; }
-template <bool GATEUP, int V> __host__ __device__ constexpr int f16_min_blocks() { return V & V_W ? (GATEUP ? 3 : 6) : 4; }
+//  V_S8 (with V_IL; S = 8): the block is 8 warps, 8 interleaved k-splits of one row tile, so the warps of a
+//    tile ask for 512 neighbouring bytes of each row at a time (V_IL: 256); __launch_bounds__(256, 2), the
+//    registers (128) and the warps per SM (16) of V = 0. The partials are summed over 8 warps instead of 4.
+constexpr int V_IL = 1, V_W = 2, V_S8 = 4, V_NW = 8, V_CO = 16;
+template <bool GATEUP, int V> __host__ __device__ constexpr int f16_threads() {
+    return (GATEUP && (V & V_W)) || (V & V_S8) ? 256 : 128;
+}
+template <bool GATEUP, int V> __host__ __device__ constexpr int f16_min_blocks() {
+    return V & V_S8 ? 2 : V & V_W ? (GATEUP ? 3 : 6) : 4;
+}
 
 // The variants' copy source: mx_ring_src's issue_at (cuda_moe.cuh) over NTH threads' slots per stage and
 // row set, for the warp's NMW matrices from m0 (V_W's gate/up warp: its one matrix)
@@ -188,13 +195,16 @@ __device__ __forceinline__ auto ring_source(const xargs &a, int m0, int e, size_
 template <bool GATEUP, int S, bool XS, bool MT, int V = 0>
 __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEUP, V>())
     moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
-    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
-    // V (note above): NTH threads, a warp's NMW matrices (V_W's gate/up warps: one), JS its chunk stride
+    // V (note above): NTH threads, a warp's NMW matrices (V_W's gate/up warps: one), JS its chunk stride;
+    // RT row tiles a block: 4 / S, V_S8's 8 warps / S (= 1)
     constexpr bool IL = V & V_IL, GS = GATEUP && (V & V_W), NW = V & V_NW, CO = V & V_CO;
-    constexpr int NTH = f16_threads<GATEUP, V>(), NMW = GS ? 1 : NM, JS = IL ? S : 1;
-    // red: [4 warps][NACC][32] when S > 1 (V_W gate/up: [8 warps][4][32] always, gate and up meet there)
-    constexpr int RED = GS ? NTH * 4 : S > 1 ? 4 * NACC * 32 : 0;
+    constexpr int NTH = f16_threads<GATEUP, V>(), NMW = GS ? 1 : GATEUP ? 2 : 1, JS = IL ? S : 1;
+    constexpr int NM = GATEUP ? 2 : 1, RT = (GS ? 4 : NTH / 32) / S, NACC = NM * 4;
+    // red: [4 warps][NACC][32] when S > 1 (V_W gate/up: [8 warps][4][32] always, gate and up meet there;
+    // V_S8: [8 warps][NACC][32])
+    constexpr int RED = GS ? NTH * 4 : S > 1 ? NTH / 32 * NACC * 32 : 0;
     static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
+    static_assert(RT >= 1 && (S <= 4 || ((V & V_S8) && IL)), "S = 8: V_S8 with V_IL only");
     const int T = MT ? tpb : 1;  // row groups of this block
     // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
     // of dependent loads (count, expert id, ring fill, offsets, row_token, activations), paid once
@@ -507,14 +517,22 @@ static uint32_t early_mode(int n) {
 }
 
 // The kernel's variants V (its V note; read at every launch, as LUNAR_MOE_F16_XS: the op tests switch
-// them): LUNAR_MOE_F16_IL=1 V_IL, LUNAR_MOE_F16_W=1 V_W, LUNAR_MOE_F16_SKIP=1 | 2 V_NW | V_CO (WRONG
-// results: the benchmark only). Each needs the activations in shared memory (the launch falls back to
-// V = 0 where XS does not fit); unset or 0: off.
-static int v_mode() {
+// them), each only with the activations in shared memory (the launch falls back to V = 0 where XS does
+// not fit). LUNAR_MOE_F16_IL: V_IL; unset: at one token (batch-1 decode), 1: at every token count, 0: off.
+// LUNAR_MOE_F16_W=1: V_W (opt-in). LUNAR_MOE_F16_S8: V_S8 | V_IL where K has >= 8 chunks (opt-in); 1:
+// where the one-group grid is >= 1.5 waves of its 2 blocks per SM (K3.1's layer, not its TP8 slice), 2:
+// wherever (the tests' small grids); V_W takes precedence. LUNAR_MOE_F16_SKIP=1 | 2: V_NW | V_CO (WRONG
+// results: the benchmark only). Measured (H200, docs/benchmarks.md "MoE decode, MXFP4, at one token: the
+// copy ring (session 16)"): the pair at one token, K3.1 111.7 -> 105.6 us under IL (every round of
+// three faster), the TP8 slice 23.4 -> 22.0; W level on K3.1 (111.8), +4 % on the slice.
+static int v_mode(int n) {
     const char *il = getenv("LUNAR_MOE_F16_IL"), *w = getenv("LUNAR_MOE_F16_W"), *sk = getenv("LUNAR_MOE_F16_SKIP");
-    const int skip = sk ? atoi(sk) : 0;
-    return (il && atoi(il) == 1 ? V_IL : 0) | (w && atoi(w) == 1 ? V_W : 0) |
-           (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
+    const char *s8 = getenv("LUNAR_MOE_F16_S8");
+    const int skip = sk ? atoi(sk) : 0, s8m = s8 ? atoi(s8) : 0;
+    const bool ilv = il ? atoi(il) == 1 : n == 1;
+    int v = (ilv ? V_IL : 0) | (w && atoi(w) == 1 ? V_W : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
+    if (!(v & V_W) && (s8m == 1 || s8m == 2)) v |= V_S8 | V_IL | (s8m == 2 ? 32 : 0);  // 32: forced (host only)
+    return v;
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -544,39 +562,47 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
         }
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT, V>, grid, dim3(f16_threads<GATEUP, V>()), sx, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
-    } else {
+    } else if constexpr (V == 0) {  // the variants run with XS only (launch_s)
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     }
 }
 
-// the variants' kernels (always XS and the flat ring, MT, also at T = 1)
+// the variants' kernels (always XS and the flat ring, MT, also at T = 1): v is one of v_mode's
+// combinations (W with IL or SKIP=2 only, S8 with IL and SKIP=2 only: launch_s)
 template <bool GATEUP, int S>
 void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, uint32_t opt, cudaStream_t st) {
-    switch (v) {
-    case V_IL: launch_k<GATEUP, S, true, V_IL>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_W: launch_k<GATEUP, S, true, V_W>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_W: launch_k<GATEUP, S, true, V_IL | V_W>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_NW: launch_k<GATEUP, S, true, V_NW>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_CO: launch_k<GATEUP, S, true, V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_CO: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-    default: launch_k<GATEUP, S, true, V_W | V_CO>(a, grid, smem, sx, true, T, opt, st); break;  // W | SKIP=2
+    if constexpr (S == 8) {
+        if (v & V_CO) launch_k<GATEUP, 8, true, V_S8 | V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st);
+        else launch_k<GATEUP, 8, true, V_S8 | V_IL>(a, grid, smem, sx, true, T, opt, st);
+    } else {
+        switch (v) {
+        case V_IL: launch_k<GATEUP, S, true, V_IL>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_W: launch_k<GATEUP, S, true, V_W>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_IL | V_W: launch_k<GATEUP, S, true, V_IL | V_W>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_NW: launch_k<GATEUP, S, true, V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_CO: launch_k<GATEUP, S, true, V_CO>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_IL | V_CO: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
+        case V_W | V_CO: launch_k<GATEUP, S, true, V_W | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
+        default: launch_k<GATEUP, S, true, V_IL | V_W | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
+        }
     }
 }
 
+// v: the variant asked for (v_mode; S = 8 only with V_S8)
 template <bool GATEUP, int S>
-void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
-    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
-    // the variant asked for (v_mode; W | SKIP=1 runs as W | SKIP=2 is not built: it falls back to W), its
-    // blocks per SM (f16_min_blocks)
-    int v = v_mode();
+void launch_s(int v, const xargs &a, int slots, int n, cudaStream_t st) {
+    // the combinations built: W | SKIP=1 runs as W, W | IL | SKIP=1 as W | IL; S8 and SKIP=1: S8
     if ((v & V_W) && (v & V_NW)) v &= ~V_NW;
-    if ((v & V_W) && (v & V_CO)) v = V_W | V_CO;
-    const int gs = GATEUP && (v & V_W), vbps = v & V_W ? (GATEUP ? 3 : 6) : 4;
-    // V_W's gate/up block: 8 warps of one matrix, red [8][4][32] at every S (its gate and up meet there)
-    const size_t smem = (gs ? (size_t)256 * 4 * 4 : S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) +
-                        (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
+    if ((v & V_S8) && (v & V_NW)) v &= ~V_NW;
+    const int nw = S == 8 ? 8 : 4, RT = nw / S, nacc = (GATEUP ? 2 : 1) * 4;  // warps a block (V_W's: below)
+    // its blocks per SM (f16_min_blocks)
+    const int gs = GATEUP && (v & V_W), vbps = v & V_S8 ? 2 : v & V_W ? (GATEUP ? 3 : 6) : 4;
+    // V_W's gate/up block: 8 warps of one matrix, red [8][4][32] at every S (its gate and up meet there);
+    // V_S8's: 8 warps of both, red [8][NACC][32], ring [ST][2 NM][256]
+    const size_t smem = (gs ? (size_t)256 * 4 * 4 : S > 1 ? (size_t)nw * nacc * 32 * 4 : 0) +
+                        (size_t)ST * 2 * (GATEUP ? 2 : 1) * 32 * nw * 20;
     const int nb = ceil_div_u(a.R / 16, RT);  // row groups of RT tiles per expert
     // xs holds min(8, n) rows: a pass has min(8, m - t0) <= min(8, n) tokens (m <= n)
     const size_t sx = smem + (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
@@ -585,6 +611,9 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     const int xm = xs_mode();
     const size_t xcap = xm == 1 ? (v ? (size_t)228 * 1024 / vbps - 1024 : 56u * 1024u) : 227u * 1024u;
     const bool xs = xm && n >= 1 && sx <= xcap;
+    if constexpr (S == 8) {
+        if (!xs) return launch_s<GATEUP, 4>(v & ~(V_S8 | 32), a, slots, n, st);  // S8 needs XS too
+    }
     if (!xs) v = 0;  // the variants run with XS only
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
     // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
@@ -600,9 +629,13 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
         T = min(tm, nb);
     }
     const uint32_t opt = dec_opt() | early_mode(n);
-    if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
-    else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
-    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
+    if constexpr (S == 8) {
+        launch_v<GATEUP, 8>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
+    } else {
+        if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
+        else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
+        else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
+    }
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
@@ -620,9 +653,18 @@ static int split_cap() {
 template <bool GATEUP>
 void launch(const xargs &a, int slots, int n, cudaStream_t st) {
     const int J = a.K / 128, S = min(split_cap(), J >= 8 ? 4 : J >= 4 ? 2 : 1);  // the pair's split-K choice
-    if (S == 4) launch_s<GATEUP, 4>(a, slots, n, st);
-    else if (S == 2) launch_s<GATEUP, 2>(a, slots, n, st);
-    else launch_s<GATEUP, 1>(a, slots, n, st);
+    int v = v_mode(n);
+    if (v & V_S8) {
+        // S8 (v_mode): K of >= 8 chunks (a chunk a warp at least), and (unless forced) a one-group grid of
+        // >= 1.5 waves at 2 blocks per SM (below it the 8-warp blocks leave SMs short of warps)
+        const bool ok = J >= 8 && split_cap() == 4 && ((v & 32) || 2LL * (a.R / 16) * slots >= 3LL * 2 * sm_count());
+        v &= ~32;
+        if (ok) return launch_s<GATEUP, 8>(v, a, slots, n, st);
+        v &= ~V_S8;
+    }
+    if (S == 4) launch_s<GATEUP, 4>(v, a, slots, n, st);
+    else if (S == 2) launch_s<GATEUP, 2>(v, a, slots, n, st);
+    else launch_s<GATEUP, 1>(v, a, slots, n, st);
 }
 
 }  // namespace
