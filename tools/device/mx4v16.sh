@@ -6,6 +6,8 @@
 # (LUNAR_MOE_F16_SKIP=1 no widening, =2 the copy ring alone; the ring alone also with IL and with W); Nsight
 # Compute on K3.1's two kernels under the variant fastest on K3.1's pair; the K3.1 TP8 slice's B = 1 step,
 # default vs the variant fastest on the TP8 pair, alternating; cuda_forward_k3 under that variant.
+# Run (session 16, call 1) with the binaries of d24ce7f: LUNAR_MOE_F16_W is not in the tree since (measured level /
+# slower: docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)"; git show 1d05510).
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=3] [MROUNDS=3] [NCU=1] [BUDGET=200] bash tools/device/mx4v16.sh
 set -u
 P=${P:?P = the prebuilt directory}

@@ -5,6 +5,8 @@
 # (LUNAR_MOE_BENCH=f16ab, 5 rounds alternating) under the default (IL), IL=0, S8 (8 interleaved k-splits),
 # IL at TILES=3, and the copy ring alone (SKIP=2) under IL=0 / IL / IL + W / S8; Nsight Compute on K3.1's
 # kernels under S8; the K3.1 TP8 slice's B = 1 step, default (IL) vs IL=0, alternating.
+# Run (session 16, call 2) with the binaries of 1d05510: LUNAR_MOE_F16_W and _S8 are not in the tree since (measured
+# slower; git show 1d05510), nor f16_v16_case (now f16_il_case, IL alone).
 #   P=<prebuilt dir> OUT=<dir> [ROUNDS=5] [MROUNDS=4] [BUDGET=150] bash tools/device/mx4v16b.sh
 set -u
 P=${P:?P = the prebuilt directory}

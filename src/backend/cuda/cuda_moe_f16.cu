@@ -96,76 +96,23 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 }
 
 // V, the kernel's variants of issue 8, session 16 (host switches at the launch below; V = 0 is the kernel
-// as it was, the same PTX instructions: tools/ptx_same.py). Each variant runs with the activations in
-// shared memory (XS) and the flat ring (MT, also at one row group a block) only. Why each: the session-15
-// Nsight Compute run of K3.1's pair at one token (docs/benchmarks.md "MoE decode, MXFP4, at one token:
-// where the time goes") has every warp at ~6.6 cycles per instruction with 14-15 warps resident per SM
-// (4 blocks of 4 warps, capped by the 128 registers), DRAM at 51-55 % of its peak.
-//  V_IL, interleaved k-splits: warp ks of a row tile takes chunks ks, ks + S, ks + 2 S, ... instead of
-//    the contiguous range j0 .. j1 - 1, so the S warps of a tile ask at about the same time for S
-//    neighbouring 64-byte pieces of each row (S = 4: 256 bytes, two whole 128-byte lines) instead of 4
-//    pieces 448 bytes apart: fewer DRAM pages and L2 lines open at a time. The partial sums hold other
-//    chunks, so the stored values differ from V = 0 in the last bits (tested against the CPU op).
-//  V_W, more warps per SM: the gate/up kernel's block is 8 warps, gate and up in separate warps (warp
-//    mat * 4 + RT-tile / k-split as before), so a warp holds one matrix's state (the down kernel's) and
-//    __launch_bounds__(256, 3) caps it at 80 registers: 24 resident warps per SM instead of 16, the
-//    ring per warp unchanged (the same shared memory a block). The down kernel keeps its 4-warp blocks
-//    at __launch_bounds__(128, 6): 24 warps. The sums are the same operations in the same order (the
-//    gate warp ks = 0 adds the up partials in dec_splitk_sum's order too): bit-identical to V = 0.
+// as it was, the same PTX instructions but two comparisons written mirrored: tools/ptx_same.py). Each
+// runs with the activations in shared memory (XS) and the flat ring (MT, also at one row group a block)
+// only (docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)").
+//  V_IL, interleaved k-splits (the default at one token): warp ks of a row tile takes chunks ks, ks + S,
+//    ks + 2 S, ... instead of the contiguous range j0 .. j1 - 1, so the S warps of a tile ask at about the
+//    same time for S neighbouring 64-byte pieces of each row (S = 4: 256 bytes, two whole 128-byte lines)
+//    instead of 4 pieces 448 bytes apart. Why: the copy ring alone (V_CO) streams K3.1's layer at one
+//    token in 94 us of the pair's 111 (V = 0), and in 84 us with V_IL; the widening is hidden (V_NW: no
+//    faster). The partial sums hold other chunks, so the stored values differ from V = 0 in the last bits
+//    (tested against the CPU op; the same bits at every TILES).
 //  V_NW, V_CO (LUNAR_MOE_F16_SKIP; WRONG results, benchmark only): the raw packed words into the mma
 //    without the widening; the copy ring alone (each chunk waited for and its stage refilled, nothing
-//    read or computed). Session 15's deciding split (git show 167f51f), here on the variants' ring.
-//  V_S8 (with V_IL; S = 8): the block is 8 warps, 8 interleaved k-splits of one row tile, so the warps of a
-//    tile ask for 512 neighbouring bytes of each row at a time (V_IL: 256); __launch_bounds__(256, 2), the
-//    registers (128) and the warps per SM (16) of V = 0. The partials are summed over 8 warps instead of 4.
-constexpr int V_IL = 1, V_W = 2, V_S8 = 4, V_NW = 8, V_CO = 16;
-template <bool GATEUP, int V> __host__ __device__ constexpr int f16_threads() {
-    return (GATEUP && (V & V_W)) || (V & V_S8) ? 256 : 128;
-}
-template <bool GATEUP, int V> __host__ __device__ constexpr int f16_min_blocks() {
-    return V & V_S8 ? 2 : V & V_W ? (GATEUP ? 3 : 6) : 4;
-}
-
-// The variants' copy source: mx_ring_src's issue_at (cuda_moe.cuh) over NTH threads' slots per stage and
-// row set, for the warp's NMW matrices from m0 (V_W's gate/up warp: its one matrix)
-template <int NMW, int NTH> struct ring_v {
-    const uint8_t *qa[NMW], *qb[NMW], *sa[NMW], *sb[NMW];
-    __device__ __forceinline__ ring_v(const xargs &a, int m0, int e, size_t estr, int ra, int rb, int c) {
-#pragma unroll
-        for (int i = 0; i < NMW; i++) {
-            // a select, not a.wq[m0 + i]: a kernel parameter indexed at run time is copied to local memory
-            const uint8_t *wq = m0 + i ? a.wq[1] : a.wq[0], *ws = m0 + i ? a.ws[1] : a.ws[0];
-            qa[i] = wq + e * estr / 2 + (size_t)ra * (a.K / 2) + c * 16;
-            qb[i] = wq + e * estr / 2 + (size_t)rb * (a.K / 2) + c * 16;
-            sa[i] = ws + e * estr / 32 + (size_t)ra * (a.K / 32);
-            sb[i] = ws + e * estr / 32 + (size_t)rb * (a.K / 32);
-        }
-    }
-    template <int ST>
-    __device__ __forceinline__ void issue_at(uint4 *rw, uint32_t *rs, uint32_t woff, int st, bool live, int wslot,
-                                             int tid) const {
-        if (live) {
-#pragma unroll
-            for (int i = 0; i < NMW; i++) {
-                cp_async16(rw + (st * 2 * NMW + 2 * i) * NTH + wslot, qa[i] + woff);
-                cp_async16(rw + (st * 2 * NMW + 2 * i + 1) * NTH + wslot, qb[i] + woff);
-                cp_async4(rs + (st * 2 * NMW + 2 * i) * NTH + tid, sa[i] + woff / 16);
-                cp_async4(rs + (st * 2 * NMW + 2 * i + 1) * NTH + tid, sb[i] + woff / 16);
-            }
-        }
-        cp_async_commit();
-    }
-    // the per-chunk form (unused: the variants run the flat ring only; here so the kernel compiles)
-    template <int ST>
-    __device__ __forceinline__ void issue(uint4 *rw, uint32_t *rs, int j, int j0, int j1, int wslot, int tid) const {
-        issue_at<ST>(rw, rs, 64u * (uint32_t)j, (j - j0) % ST, j1 > j, wslot, tid);
-    }
-};
-template <int V, int NM, int NMW, int NTH>
-__device__ __forceinline__ auto ring_source(const xargs &a, int m0, int e, size_t estr, int ra, int rb, int c) {
-    if constexpr (V == 0) return mx_ring_src<NM>(a, e, estr, ra, rb, c);
-    else return ring_v<NMW, NTH>(a, m0, e, estr, ra, rb, c);
-}
+//    read or computed). Session 15's deciding split (git show 167f51f), on the flat ring.
+// Measured and left out (git show 1d05510): V_W (gate and up in separate warps of 8-warp gate/up blocks at
+// 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
+// interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
+constexpr int V_IL = 1, V_NW = 8, V_CO = 16;
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
@@ -193,18 +140,12 @@ __device__ __forceinline__ auto ring_source(const xargs &a, int m0, int e, size_
 // wave of 6-7 groups a block: +0.5 %), and a grid under one wave loses its warps (launch below).
 // The sums of each tile are the same operations in the same order (bit-identical to MT = false).
 template <bool GATEUP, int S, bool XS, bool MT, int V = 0>
-__global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEUP, V>())
-    moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
-    // V (note above): NTH threads, a warp's NMW matrices (V_W's gate/up warps: one), JS its chunk stride;
-    // RT row tiles a block: 4 / S, V_S8's 8 warps / S (= 1)
-    constexpr bool IL = V & V_IL, GS = GATEUP && (V & V_W), NW = V & V_NW, CO = V & V_CO;
-    constexpr int NTH = f16_threads<GATEUP, V>(), NMW = GS ? 1 : GATEUP ? 2 : 1, JS = IL ? S : 1;
-    constexpr int NM = GATEUP ? 2 : 1, RT = (GS ? 4 : NTH / 32) / S, NACC = NM * 4;
-    // red: [4 warps][NACC][32] when S > 1 (V_W gate/up: [8 warps][4][32] always, gate and up meet there;
-    // V_S8: [8 warps][NACC][32])
-    constexpr int RED = GS ? NTH * 4 : S > 1 ? NTH / 32 * NACC * 32 : 0;
+__global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
+    constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
+    // V (note above); JS: a warp's chunk stride
+    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO;
+    constexpr int JS = IL ? S : 1;
     static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
-    static_assert(RT >= 1 && (S <= 4 || ((V & V_S8) && IL)), "S = 8: V_S8 with V_IL only");
     const int T = MT ? tpb : 1;  // row groups of this block
     // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
     // of dependent loads (count, expert id, ring fill, offsets, row_token, activations), paid once
@@ -223,7 +164,7 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
     // order) and row_token = 0, so neither is loaded (two round trips less in gate/up, one in down).
     const bool pre = !GATEUP && (opt & 8u) && (opt & 4u), one = (opt & 32u) != 0;
     extern __shared__ __align__(16) float red[];  // [4 warps][NACC][32] when S > 1, then the ring
-    float *ring = red + RED;
+    float *ring = red + (S > 1 ? 4 * NACC * 32 : 0);
     // before the wait only L2 prefetches of this block's expert rows (the pair's rule, cuda_moe.cu)
     if (pf && threadIdx.x == 0 && !GATEUP && (int)blockIdx.y < a.counts[a.E]) {
         const int e = a.active[blockIdx.y];
@@ -252,8 +193,7 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
     if (!waited && (!slot_live || e < 0 || e >= a.E)) pdl_wait(), waited = true;
     if (!slot_live) return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const int mat = GS ? warp >> 2 : 0, wi = GS ? warp & 3 : warp;  // V_W: gate (0) or up (1) warps
-    const int rt = wi / S, ks = wi % S;
+    const int rt = warp / S, ks = warp % S;
     const int tile = blockIdx.x * RT * T + rt;
     const bool tile_ok = tile * 16 < a.R;
     const int J = a.K / 128, j0 = ks * J / S, j1 = (ks + 1) * J / S;
@@ -261,18 +201,17 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
     const int nt = MT && tile_ok ? min(T, ((a.R - 1) / 16 - tile) / RT + 1) : (int)tile_ok;
     const int ra = tile * 16 + g, rb = ra + 8;
     const size_t estr = (size_t)a.R * a.K;
-    // ring slots: uint4 [ST][2 NM][128] (V: [ST][2 NMW][NTH]); lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4))
-    // of its warp
+    // ring slots: uint4 [ST][2 NM][128]; lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4)) of its warp
     uint4 *rw = (uint4 *)ring;
-    uint32_t *rs = (uint32_t *)(rw + ST * 2 * NMW * NTH);  // scale words [ST][2 NMW][NTH], own slots
+    uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // scale words [ST][2 NM][128], own slots
     const int tid = threadIdx.x;
     const int wslot = warp * 32 + 4 * g + (c ^ ((g >> 1) & 3));
     // ldmatrix: lane L gives row L % 8 of matrix L / 8 = the slot of lane (L % 8, L / 8)
     const int lr = lane & 7, lm = lane >> 3;
     const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
-    uint4 *xs = (uint4 *)(rs + ST * 2 * NMW * NTH);  // XS: the pass's activation rows (top of the kernel)
+    uint4 *xs = (uint4 *)(rs + ST * 2 * NM * 128);  // XS: the pass's activation rows (top of the kernel)
     const int K8 = a.K / 8, xpitch = K8 + 4;
-    const auto src = ring_source<V, NM, NMW, NTH>(a, mat, e, estr, ra, rb, c);
+    const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
     auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid); };
     // MT: the issue cursor over the flat sequence: the next chunk's byte offset in the rows (ioff,
     // issue_at), chunks left in its row group (irem) and in all live groups (ileft), its stage (ist:
@@ -306,7 +245,7 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
     const int off = one ? slot : a.offsets[e], m = one ? 1 : a.offsets[e + 1] - off;
     if (!waited) pdl_wait();  // EARLY bit 1: the wait after the first fill and the offsets (pre)
     for (int t0 = 0; t0 < m; t0 += 8) {
-        float acc[NMW][4];  // zeroed per row group below
+        float acc[NM][4];  // zeroed per row group below
         // a lane past the group's last token reads token t0's activations: its mma column is
         // another token's and is never stored (no zero fill, no select per load)
         const int tk = t0 + g < m ? t0 + g : t0;
@@ -318,7 +257,7 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
             const int nr = min(8, m - t0);
             // one flat loop over the rows' 8-column groups (a loop per row kept more values live
             // across the chunk loop: 16 bytes of spill at S = 4, none this way)
-            for (int i = tid; i < nr * K8; i += NTH) {
+            for (int i = tid; i < nr * K8; i += 128) {
                 const int r = i / K8, q = i - r * K8;
                 const size_t row = GATEUP ? (one ? 0 : (size_t)a.row_token[off + t0 + r]) : (size_t)(off + t0 + r);
                 const uint4 u = __ldg((const uint4 *)(a.x + row * a.K + 8 * q));
@@ -341,7 +280,7 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
             const bool live = MT ? u < nt : tile_ok;
             const int rau = ra + u * RT * 16, rbu = rau + 8;
 #pragma unroll
-            for (int i = 0; i < NMW; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+            for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
             if (live && has) {
                 if (!MT && (!early || t0 > 0)) fill();
                 uint4 xv[4];  // block b: this lane's 8 columns 32 b + 8 c .. + 7 of the chunk
@@ -358,13 +297,13 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
                     if constexpr (CO) {  // the copies alone
                         issue_next();
                     } else {
-                    uint32_t wa[NMW][4], wb[NMW][4], swa[NMW], swb[NMW];
+                    uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
 #pragma unroll
-                    for (int i = 0; i < NMW; i++) {
-                        ldsm_x4(wa[i], rbase + (uint32_t)((st * 2 * NMW + 2 * i) * NTH * 16));
-                        ldsm_x4(wb[i], rbase + (uint32_t)((st * 2 * NMW + 2 * i + 1) * NTH * 16));
-                        swa[i] = rs[(st * 2 * NMW + 2 * i) * NTH + tid];
-                        swb[i] = rs[(st * 2 * NMW + 2 * i + 1) * NTH + tid];
+                    for (int i = 0; i < NM; i++) {
+                        ldsm_x4(wa[i], rbase + (uint32_t)((st * 2 * NM + 2 * i) * 128 * 16));
+                        ldsm_x4(wb[i], rbase + (uint32_t)((st * 2 * NM + 2 * i + 1) * 128 * 16));
+                        swa[i] = rs[(st * 2 * NM + 2 * i) * 128 + tid];
+                        swb[i] = rs[(st * 2 * NM + 2 * i + 1) * 128 + tid];
                     }
                     uint4 nx[4];
                     if (XS) {
@@ -383,7 +322,7 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
                         else if (GATEUP) x_f16(xv[b], px);
                         else x_pairs(xv[b], px);
 #pragma unroll
-                        for (int i = 0; i < NMW; i++) {
+                        for (int i = 0; i < NM; i++) {
                             uint32_t pa[4], pb[4];
                             if constexpr (NW) {  // the raw words (wrong values, the same mma count)
                                 pa[0] = pa[1] = pa[2] = pa[3] = wa[i][b];
@@ -410,32 +349,8 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
                 }
                 if (!MT) cp_async_wait<0>();  // MT: the ring runs on into the next row group
             }
-            float up[4];  // V_W: the up sums, for the gate warp ks = 0 of each row tile
-            if constexpr (GS) {
-                // every warp's partials into red; the gate warp ks = 0 adds the other gate partials to its
-                // own and sums the up partials from up's ks = 0, each in dec_splitk_sum's order (the
-                // values V = 0's warp ks = 0 holds for both matrices, bit for bit)
-                float *mine = red + warp * 4 * 32;
-#pragma unroll
-                for (int k = 0; k < 4; k++) mine[k * 32 + lane] = acc[0][k];
-                __syncthreads();
-                if (mat == 0 && ks == 0) {
-                    const float *uo = red + (4 + rt * S) * 4 * 32;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) up[k] = uo[k * 32 + lane];
-                    for (int s2 = 1; s2 < S; s2++) {
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            acc[0][k] += red[(warp + s2) * 4 * 32 + k * 32 + lane];
-                            up[k] += uo[s2 * 4 * 32 + k * 32 + lane];
-                        }
-                    }
-                }
-                __syncthreads();
-            } else if (S > 1) {
-                dec_splitk_sum<NACC, S>(&acc[0][0], red, warp, ks, lane);
-            }
-            if (ks == 0 && live && mat == 0) {
+            if (S > 1) dec_splitk_sum<NACC, S>(&acc[0][0], red, warp, ks, lane);
+            if (ks == 0 && live) {
                 // C fragment: (row g, tokens 2c, 2c+1), (row g+8, tokens 2c, 2c+1); x 2^13 (top note)
 #pragma unroll
                 for (int v = 0; v < 4; v++) {
@@ -443,8 +358,8 @@ __global__ void __launch_bounds__(f16_threads<GATEUP, V>(), f16_min_blocks<GATEU
                     if (tv >= m) continue;
                     const size_t pr = (size_t)(off + tv);
                     if (GATEUP) {
-                        const float hv = glu_act(acc[0][v] * 8192.0f, (GS ? up[v] : acc[NMW - 1][v]) * 8192.0f, a.act,
-                                                 a.beta, a.beta_l);
+                        const float hv =
+                            glu_act(acc[0][v] * 8192.0f, acc[NM - 1][v] * 8192.0f, a.act, a.beta, a.beta_l);
                         __half hh = __float2half_rn(hv);  // f16: this path's down kernel reads it as is
                         a.h[pr * a.R + row] = *reinterpret_cast<uint16_t *>(&hh);
                     } else {
@@ -519,20 +434,15 @@ static uint32_t early_mode(int n) {
 // The kernel's variants V (its V note; read at every launch, as LUNAR_MOE_F16_XS: the op tests switch
 // them), each only with the activations in shared memory (the launch falls back to V = 0 where XS does
 // not fit). LUNAR_MOE_F16_IL: V_IL; unset: at one token (batch-1 decode), 1: at every token count, 0: off.
-// LUNAR_MOE_F16_W=1: V_W (opt-in). LUNAR_MOE_F16_S8: V_S8 | V_IL where K has >= 8 chunks (opt-in); 1:
-// where the one-group grid is >= 1.5 waves of its 2 blocks per SM (K3.1's layer, not its TP8 slice), 2:
-// wherever (the tests' small grids); V_W takes precedence. LUNAR_MOE_F16_SKIP=1 | 2: V_NW | V_CO (WRONG
-// results: the benchmark only). Measured (H200, docs/benchmarks.md "MoE decode, MXFP4, at one token: the
-// copy ring (session 16)"): the pair at one token, K3.1 111.7 -> 105.6 us under IL (every round of
-// three faster), the TP8 slice 23.4 -> 22.0; W level on K3.1 (111.8), +4 % on the slice.
+// LUNAR_MOE_F16_SKIP=1 | 2: V_NW | V_CO (WRONG results: the benchmark only). Measured (H200, two calls,
+// docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)"): the pair at one
+// token, K3.1 110.8 -> 104.2 us (every round of 5 faster), the TP8 slice 23.3 -> 22.3; the K3.1 TP8
+// slice's B = 1 step 1.649 -> 1.635 ms (4 rounds alternating; 1.650 -> 1.639 in the first call).
 static int v_mode(int n) {
-    const char *il = getenv("LUNAR_MOE_F16_IL"), *w = getenv("LUNAR_MOE_F16_W"), *sk = getenv("LUNAR_MOE_F16_SKIP");
-    const char *s8 = getenv("LUNAR_MOE_F16_S8");
-    const int skip = sk ? atoi(sk) : 0, s8m = s8 ? atoi(s8) : 0;
+    const char *il = getenv("LUNAR_MOE_F16_IL"), *sk = getenv("LUNAR_MOE_F16_SKIP");
+    const int skip = sk ? atoi(sk) : 0;
     const bool ilv = il ? atoi(il) == 1 : n == 1;
-    int v = (ilv ? V_IL : 0) | (w && atoi(w) == 1 ? V_W : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
-    if (!(v & V_W) && (s8m == 1 || s8m == 2)) v |= V_S8 | V_IL | (s8m == 2 ? 32 : 0);  // 32: forced (host only)
-    return v;
+    return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -560,7 +470,7 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
             if (dev >= 0 && dev < 8) opted[dev] = sx;
         }
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT, V>, grid, dim3(f16_threads<GATEUP, V>()), sx, st, a,
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT, V>, grid, dim3(128), sx, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
     } else if constexpr (V == 0) {  // the variants run with XS only (launch_s)
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
@@ -568,53 +478,29 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
     }
 }
 
-// the variants' kernels (always XS and the flat ring, MT, also at T = 1): v is one of v_mode's
-// combinations (W with IL or SKIP=2 only, S8 with IL and SKIP=2 only: launch_s)
+// the variants' kernels (always XS and the flat ring, MT, also at T = 1)
 template <bool GATEUP, int S>
 void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, uint32_t opt, cudaStream_t st) {
-    if constexpr (S == 8) {
-        if (v & V_CO) launch_k<GATEUP, 8, true, V_S8 | V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st);
-        else launch_k<GATEUP, 8, true, V_S8 | V_IL>(a, grid, smem, sx, true, T, opt, st);
-    } else {
-        switch (v) {
-        case V_IL: launch_k<GATEUP, S, true, V_IL>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_W: launch_k<GATEUP, S, true, V_W>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_IL | V_W: launch_k<GATEUP, S, true, V_IL | V_W>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_NW: launch_k<GATEUP, S, true, V_NW>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_CO: launch_k<GATEUP, S, true, V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_IL | V_CO: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-        case V_W | V_CO: launch_k<GATEUP, S, true, V_W | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-        default: launch_k<GATEUP, S, true, V_IL | V_W | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-        }
+    switch (v) {
+    case V_IL: launch_k<GATEUP, S, true, V_IL>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_NW: launch_k<GATEUP, S, true, V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_CO: launch_k<GATEUP, S, true, V_CO>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+    default: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     }
 }
 
-// v: the variant asked for (v_mode; S = 8 only with V_S8)
 template <bool GATEUP, int S>
-void launch_s(int v, const xargs &a, int slots, int n, cudaStream_t st) {
-    // the combinations built: W | SKIP=1 runs as W, W | IL | SKIP=1 as W | IL; S8 and SKIP=1: S8
-    if ((v & V_W) && (v & V_NW)) v &= ~V_NW;
-    if ((v & V_S8) && (v & V_NW)) v &= ~V_NW;
-    const int nw = S == 8 ? 8 : 4, RT = nw / S, nacc = (GATEUP ? 2 : 1) * 4;  // warps a block (V_W's: below)
-    // its blocks per SM (f16_min_blocks)
-    const int gs = GATEUP && (v & V_W), vbps = v & V_S8 ? 2 : v & V_W ? (GATEUP ? 3 : 6) : 4;
-    // V_W's gate/up block: 8 warps of one matrix, red [8][4][32] at every S (its gate and up meet there);
-    // V_S8's: 8 warps of both, red [8][NACC][32], ring [ST][2 NM][256]
-    const size_t smem = (gs ? (size_t)256 * 4 * 4 : S > 1 ? (size_t)nw * nacc * 32 * 4 : 0) +
-                        (size_t)ST * 2 * (GATEUP ? 2 : 1) * 32 * nw * 20;
+void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
+    const int RT = 4 / S, nacc = (GATEUP ? 2 : 1) * 4;
+    const size_t smem = (S > 1 ? (size_t)4 * nacc * 32 * 4 : 0) + (size_t)ST * 2 * (GATEUP ? 2 : 1) * 128 * 20;
     const int nb = ceil_div_u(a.R / 16, RT);  // row groups of RT tiles per expert
     // xs holds min(8, n) rows: a pass has min(8, m - t0) <= min(8, n) tokens (m <= n)
     const size_t sx = smem + (size_t)(n < 8 ? n : 8) * (a.K / 8 + 4) * 16;
-    // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM (the variants: vbps blocks);
-    // 227 KB: one block's most
+    // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
-    const size_t xcap = xm == 1 ? (v ? (size_t)228 * 1024 / vbps - 1024 : 56u * 1024u) : 227u * 1024u;
-    const bool xs = xm && n >= 1 && sx <= xcap;
-    if constexpr (S == 8) {
-        if (!xs) return launch_s<GATEUP, 4>(v & ~(V_S8 | 32), a, slots, n, st);  // S8 needs XS too
-    }
-    if (!xs) v = 0;  // the variants run with XS only
+    const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
+    const int v = xs ? v_mode(n) : 0;  // the variants run with XS only
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
     // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
     // memory allows fewer (228 KB per SM, 1 KB reserved a block)
@@ -622,20 +508,15 @@ void launch_s(int v, const xargs &a, int slots, int n, cudaStream_t st) {
     int T = 1;
     if (tm == 1) {
         const size_t per = (xs ? sx : smem) + 1024;
-        const int bw = v ? vbps : 4;  // blocks the registers allow
-        const int bps = per * bw <= (size_t)228 * 1024 ? bw : (int)((size_t)228 * 1024 / per);
+        const int bps = per * 4 <= (size_t)228 * 1024 ? 4 : (int)((size_t)228 * 1024 / per);
         if (nb >= 2 && 2LL * nb * slots >= 3LL * bps * sm_count()) T = 2;
     } else if (tm > 1) {
         T = min(tm, nb);
     }
     const uint32_t opt = dec_opt() | early_mode(n);
-    if constexpr (S == 8) {
-        launch_v<GATEUP, 8>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
-    } else {
-        if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
-        else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
-        else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
-    }
+    if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
+    else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
+    else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
 }
 
 // LUNAR_MOE_F16_SPLIT=1|2: at most that many k-splits (fewer, longer warps: RT = 4 / S row tiles
@@ -653,18 +534,9 @@ static int split_cap() {
 template <bool GATEUP>
 void launch(const xargs &a, int slots, int n, cudaStream_t st) {
     const int J = a.K / 128, S = min(split_cap(), J >= 8 ? 4 : J >= 4 ? 2 : 1);  // the pair's split-K choice
-    int v = v_mode(n);
-    if (v & V_S8) {
-        // S8 (v_mode): K of >= 8 chunks (a chunk a warp at least), and (unless forced) a one-group grid of
-        // >= 1.5 waves at 2 blocks per SM (below it the 8-warp blocks leave SMs short of warps)
-        const bool ok = J >= 8 && split_cap() == 4 && ((v & 32) || 2LL * (a.R / 16) * slots >= 3LL * 2 * sm_count());
-        v &= ~32;
-        if (ok) return launch_s<GATEUP, 8>(v, a, slots, n, st);
-        v &= ~V_S8;
-    }
-    if (S == 4) launch_s<GATEUP, 4>(v, a, slots, n, st);
-    else if (S == 2) launch_s<GATEUP, 2>(v, a, slots, n, st);
-    else launch_s<GATEUP, 1>(v, a, slots, n, st);
+    if (S == 4) launch_s<GATEUP, 4>(a, slots, n, st);
+    else if (S == 2) launch_s<GATEUP, 2>(a, slots, n, st);
+    else launch_s<GATEUP, 1>(a, slots, n, st);
 }
 
 }  // namespace
