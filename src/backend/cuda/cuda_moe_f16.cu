@@ -95,6 +95,25 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
     p[3] = prmt(u.z, u.w, 0x7632);
 }
 
+// V, the kernel's variants of issue 8, session 16 (host switches at the launch below; V = 0 is the kernel
+// as it was, the same PTX instructions but two comparisons written mirrored: tools/ptx_same.py). Each
+// runs with the activations in shared memory (XS) and the flat ring (MT, also at one row group a block)
+// only (docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)").
+//  V_IL, interleaved k-splits (the default at one token): warp ks of a row tile takes chunks ks, ks + S,
+//    ks + 2 S, ... instead of the contiguous range j0 .. j1 - 1, so the S warps of a tile ask at about the
+//    same time for S neighbouring 64-byte pieces of each row (S = 4: 256 bytes, two whole 128-byte lines)
+//    instead of 4 pieces 448 bytes apart. Why: the copy ring alone (V_CO) streams K3.1's layer at one
+//    token in 94 us of the pair's 111 (V = 0), and in 84 us with V_IL; the widening is hidden (V_NW: no
+//    faster). The partial sums hold other chunks, so the stored values differ from V = 0 in the last bits
+//    (tested against the CPU op; the same bits at every TILES).
+//  V_NW, V_CO (LUNAR_MOE_F16_SKIP; WRONG results, benchmark only): the raw packed words into the mma
+//    without the widening; the copy ring alone (each chunk waited for and its stage refilled, nothing
+//    read or computed). Session 15's deciding split (git show 167f51f), on the flat ring.
+// Measured and left out (git show 1d05510): V_W (gate and up in separate warps of 8-warp gate/up blocks at
+// 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
+// interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
+constexpr int V_IL = 1, V_NW = 8, V_CO = 16;
+
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
 // opt: LUNAR_MOE_DEC_OPT's bits (cuda_moe.cu; unset: all). Bit 1: the down kernel's row weights
@@ -120,9 +139,13 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // and the reduction's barriers. Two groups a block halve those (K3.1 -5 %); more lose again (one
 // wave of 6-7 groups a block: +0.5 %), and a grid under one wave loses its warps (launch below).
 // The sums of each tile are the same operations in the same order (bit-identical to MT = false).
-template <bool GATEUP, int S, bool XS, bool MT>
+template <bool GATEUP, int S, bool XS, bool MT, int V = 0>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
+    // V (note above); JS: a warp's chunk stride
+    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO;
+    constexpr int JS = IL ? S : 1;
+    static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
     const int T = MT ? tpb : 1;  // row groups of this block
     // EARLY (LUNAR_MOE_F16_EARLY, launch below; issue 8, session 10): a block's start-up is a chain
     // of dependent loads (count, expert id, ring fill, offsets, row_token, activations), paid once
@@ -193,19 +216,21 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // MT: the issue cursor over the flat sequence: the next chunk's byte offset in the rows (ioff,
     // issue_at), chunks left in its row group (irem) and in all live groups (ileft), its stage (ist:
     // also the stage the consumer reads next, the ring being ST chunks ahead of it)
-    const int nj = j1 - j0;
+    // V_IL: chunks jf, jf + S, ... < je (nj of them), else j0 .. j1 - 1
+    const int nj = IL ? (J - ks + S - 1) / S : j1 - j0, jf = IL ? ks : j0, je = IL ? J : j1;
+    const bool has = jf < je;  // the warp has chunks
     int irem = nj, ileft = nt * nj, ist = 0;
-    uint32_t ioff = 64u * j0;
-    const uint32_t gjump = (uint32_t)(RT * 16) * (uint32_t)(a.K / 2) - 64u * nj;  // to the next group's j0
+    uint32_t ioff = 64u * jf;
+    const uint32_t gjump = (uint32_t)(RT * 16) * (uint32_t)(a.K / 2) - 64u * JS * nj;  // to the next group's jf
     auto issue_next = [&]() {
         src.template issue_at<ST>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
-        ioff += 64u, ileft--;
+        ioff += 64u * JS, ileft--;
         if (--irem == 0) irem = nj, ioff += gjump;
         if (++ist == ST) ist = 0;
     };
     auto fill = [&]() {
         if (MT) {
-            irem = nj, ileft = nt * nj, ist = 0, ioff = 64u * j0;
+            irem = nj, ileft = nt * nj, ist = 0, ioff = 64u * jf;
 #pragma unroll
             for (int p = 0; p < ST; p++) issue_next();
         } else {
@@ -215,7 +240,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     };
     // opt bit 2: the first pass's ring fill before the route's offsets are read (every active slot
     // has at least one token, so the first pass always runs)
-    const bool early = (opt & 4u) && tile_ok && j0 < j1;
+    const bool early = (opt & 4u) && tile_ok && has;
     if (early) fill();
     const int off = one ? slot : a.offsets[e], m = one ? 1 : a.offsets[e + 1] - off;
     if (!waited) pdl_wait();  // EARLY bit 1: the wait after the first fill and the offsets (pre)
@@ -250,13 +275,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
             for (int v = 0; v < 2; v++) rwt[v] = t0 + 2 * c + v < m ? a.row_weight[off + t0 + 2 * c + v] : 0.0f;
         }
-        if (MT && tile_ok && j0 < j1 && (!early || t0 > 0)) fill();
+        if (MT && tile_ok && has && (!early || t0 > 0)) fill();
         for (int u = 0; u < T; u++) {
             const bool live = MT ? u < nt : tile_ok;
             const int rau = ra + u * RT * 16, rbu = rau + 8;
 #pragma unroll
             for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-            if (live && j0 < j1) {
+            if (live && has) {
                 if (!MT && (!early || t0 > 0)) fill();
                 uint4 xv[4];  // block b: this lane's 8 columns 32 b + 8 c .. + 7 of the chunk
                 auto load_x = [&](int j, uint4 *dst) {
@@ -265,10 +290,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                         dst[b] = __ldg((const uint4 *)(xr + (size_t)(4 * j + b) * 32));
                 };
                 if (!XS) load_x(j0, xv);
-                for (int j = j0; j < j1; j++) {
+                for (int j = jf; j < je; j += JS) {
                     const int st = MT ? ist : (j - j0) % ST;
                     cp_async_wait<ST - 1>();
                     __syncwarp();  // the ldmatrix reads the other lanes' copies
+                    if constexpr (CO) {  // the copies alone
+                        issue_next();
+                    } else {
                     uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
 #pragma unroll
                     for (int i = 0; i < NM; i++) {
@@ -296,8 +324,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
                         for (int i = 0; i < NM; i++) {
                             uint32_t pa[4], pb[4];
-                            widen_f16(wa[i][b], pa);
-                            widen_f16(wb[i][b], pb);
+                            if constexpr (NW) {  // the raw words (wrong values, the same mma count)
+                                pa[0] = pa[1] = pa[2] = pa[3] = wa[i][b];
+                                pb[0] = pb[1] = pb[2] = pb[3] = wb[i][b];
+                            } else {
+                                widen_f16(wa[i][b], pa);
+                                widen_f16(wb[i][b], pb);
+                            }
                             float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                             mma_f16(blk, pa[0], pb[0], pa[1], pb[1], px[0], px[1]);
                             mma_f16(blk, pa[2], pb[2], pa[3], pb[3], px[2], px[3]);
@@ -312,6 +345,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
 #pragma unroll
                         for (int b = 0; b < 4; b++) xv[b] = nx[b];
                     }
+                    }  // !CO
                 }
                 if (!MT) cp_async_wait<0>();  // MT: the ring runs on into the next row group
             }
@@ -397,6 +431,20 @@ static uint32_t early_mode(int n) {
     return (b & 1 ? 8u : 0u) | (b & 2 ? 16u : 0u) | (b & 4 && n == 1 ? 32u : 0u);
 }
 
+// The kernel's variants V (its V note; read at every launch, as LUNAR_MOE_F16_XS: the op tests switch
+// them), each only with the activations in shared memory (the launch falls back to V = 0 where XS does
+// not fit). LUNAR_MOE_F16_IL: V_IL; unset: at one token (batch-1 decode), 1: at every token count, 0: off.
+// LUNAR_MOE_F16_SKIP=1 | 2: V_NW | V_CO (WRONG results: the benchmark only). Measured (H200, two calls,
+// docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)"): the pair at one
+// token, K3.1 110.8 -> 104.2 us (every round of 5 faster), the TP8 slice 23.3 -> 22.3; the K3.1 TP8
+// slice's B = 1 step 1.649 -> 1.635 ms (4 rounds alternating; 1.650 -> 1.639 in the first call).
+static int v_mode(int n) {
+    const char *il = getenv("LUNAR_MOE_F16_IL"), *sk = getenv("LUNAR_MOE_F16_SKIP");
+    const int skip = sk ? atoi(sk) : 0;
+    const bool ilv = il ? atoi(il) == 1 : n == 1;
+    return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
+}
+
 // the SM count of the current device (cached per device: a driver query)
 static int sm_count() {
     static int sms[8];
@@ -409,7 +457,7 @@ static int sm_count() {
     return n;
 }
 
-template <bool GATEUP, int S, bool MT>
+template <bool GATEUP, int S, bool MT, int V = 0>
 void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T, uint32_t opt, cudaStream_t st) {
     if (xs) {
         // the opt-in above 48 KB: raised per device whenever a call needs more than that device has
@@ -418,15 +466,27 @@ void launch_k(const xargs &a, dim3 grid, size_t smem, size_t sx, bool xs, int T,
         int dev = 0;
         CUDA_CHECK(cudaGetDevice(&dev));
         if (sx > 48 * 1024 && (dev < 0 || dev >= 8 || sx > opted[dev])) {
-            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT>,
+            CUDA_CHECK(cudaFuncSetAttribute(moe_decode_f16_kernel<GATEUP, S, true, MT, V>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sx));
             if (dev >= 0 && dev < 8) opted[dev] = sx;
         }
-        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT>, grid, dim3(128), sx, st, a,
+        launch_pdl(moe_decode_f16_kernel<GATEUP, S, true, MT, V>, grid, dim3(128), sx, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
-    } else {
+    } else if constexpr (V == 0) {  // the variants run with XS only (launch_s)
         launch_pdl(moe_decode_f16_kernel<GATEUP, S, false, MT>, grid, dim3(128), smem, st, a,
                    lunar_cuda_pdl_prefetch_bytes(2), opt, T);
+    }
+}
+
+// the variants' kernels (always XS and the flat ring, MT, also at T = 1)
+template <bool GATEUP, int S>
+void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, uint32_t opt, cudaStream_t st) {
+    switch (v) {
+    case V_IL: launch_k<GATEUP, S, true, V_IL>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_NW: launch_k<GATEUP, S, true, V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_CO: launch_k<GATEUP, S, true, V_CO>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+    default: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     }
 }
 
@@ -440,6 +500,7 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
     const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
+    const int v = xs ? v_mode(n) : 0;  // the variants run with XS only
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
     // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
     // memory allows fewer (228 KB per SM, 1 KB reserved a block)
@@ -453,7 +514,8 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
         T = min(tm, nb);
     }
     const uint32_t opt = dec_opt() | early_mode(n);
-    if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
+    if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
+    else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
     else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
 }
 
