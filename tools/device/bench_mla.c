@@ -12,7 +12,7 @@
 #include "backend/cuda/cuda_glue.h"
 #include "backend/cuda/cuda_ops.h"
 
-/* Bench hook of cuda_mla_wgmma.cu (declared here, not in cuda_ops.h: every CUDA object depends on that header): with
+/* Bench hook of cuda_mla_wgmma_st.cu (declared here, not in cuda_ops.h: every CUDA object depends on that header): with
  * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8) runs its traced instance, whose thread 0 of
  * each block (linear index < max_blocks) stamps 32 u64 into buf: (%globaltimer ns, clock64) pairs 0 at the block's
  * start, 1 after its set-up (the PDL wait, q quantised), 2 after tile 0's S, 3 after the tile loop, 4 after the sums'
