@@ -477,7 +477,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // cvt and exp2 ftz: 1.02-1.12x round 7, "... round 9"); below it the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
     // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
-    // / widen force one; =s10 / s10a / s10m round 10 (rs::kXPv, kXMt; opt-in);
+    // / widen force one; =s10 / s10a / s10m round 10 (rs::kXPv, kXMt; opt-in); =s10p round 11 (rs::kXPw; opt-in);
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
@@ -495,8 +495,10 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into the kernel (H = 32:
     // 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps round 7
     const bool s9q = forced && !strcmp(f8, "s9q"), s9m = forced && !strcmp(f8, "s9m"), s9c = forced && !strcmp(f8, "s9c");
-    // (=s10a: s9 with round 10's kXPv, the bench's traced pair of s9; =s10m: s10a with kXMt where it merges)
-    const bool s10m = forced && !strcmp(f8, "s10m"), s10a = forced && (!strcmp(f8, "s10a") || s10m);
+    // (=s10a: s9 with round 10's kXPv, the bench's traced pair of s9; =s10m: s10a with kXMt where it merges; =s10p:
+    // s10m with round 11's kXPw, a dependent launch whose set-up but q runs before its wait)
+    const bool s10p = forced && !strcmp(f8, "s10p");
+    const bool s10m = forced && (!strcmp(f8, "s10m") || s10p), s10a = forced && (!strcmp(f8, "s10a") || s10m);
     const bool s9 = forced && (!strcmp(f8, "s9") || s10a);
     const bool d9 = !forced && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = !forced && !d9;
     const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
@@ -504,6 +506,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // round 10's instances: q first, the merge and kXMt only where the merge goes into the kernel
     if (s10 || s10a)
         x9 = mrg ? rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | (s10m ? rs::kXMt : 0) : rs::kXCvt | rs::kXFtz | rs::kXPv;
+    if (s10p) x9 |= rs::kXPw;
     const bool any9 = s9q || s9m || s9c || s9;
     bool merged = false; // the launched kernel merged the splits itself (s9m / s9 where merge_in_kernel allows)
     const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 || any9 : true;
@@ -515,19 +518,19 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                                   : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
-            static unsigned long long seen = 0;
+            static unsigned char seen[9 + (rs::kXPw * 2 - 1) / rs::kXQF + 1];
             const int v = st ? (st4 ? 3 : x8 ? 8 : x9 ? 9 + x9 / rs::kXQF : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
-            static_assert(9 + (rs::kXMt * 2 - 1) / rs::kXQF < 64, "the seen bits");
-            if (!(seen & (1ull << v)))
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s%s\n",
+            if (!seen[v])
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
                         st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
                         st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : "",
                         st && (x9 & rs::kXQF) ? ", q before the copies" : "", st && (x9 & rs::kXMrg) ? ", merge in the kernel" : "",
                         st && (x9 & rs::kXFtz) ? ", V^T by cvt, exp2 ftz" : "",
                         st && (x9 & rs::kXPv) ? ", PV in flight past the top wait" : "",
-                        st && (x9 & rs::kXMt) ? ", merge loads batched" : ""),
-                    seen |= 1ull << v;
+                        st && (x9 & rs::kXMt) ? ", merge loads batched" : "",
+                        st && (x9 & rs::kXPw) ? ", dependent launch, set-up before its wait" : ""),
+                    seen[v] = 1;
         }
         // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
         // a maximum moves whenever it grows, as in the exact kernel; the op test runs it to exercise the redo)
@@ -538,9 +541,12 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
         constexpr int kQ = rs::kXQF, kM9 = rs::kXMrg, kC = rs::kXCvt | rs::kXFtz, kAll = kQ | kM9 | kC;
         constexpr int kPv = rs::kXPv;
+        constexpr int kPw = rs::kXPw;
         if (st && (x9 & kPv)) { // round 10 (=s10): the default's two instances with PV in flight past the top wait
             constexpr int kMt = rs::kXMt;
-            if (trace && x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv | rs::kXTrace>(a, tm, p, s, lazy);
+            if (x9 == (kAll | kPv | kMt | kPw)) launch_st<3, true, true, kAll | kPv | kMt | kPw>(a, tm, p, s, lazy); // =s10p
+            else if (x9 == (kC | kPv | kPw)) launch_st<3, true, true, kC | kPv | kPw>(a, tm, p, s, lazy);
+            else if (trace && x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv | rs::kXTrace>(a, tm, p, s, lazy);
             else if (trace && x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt | rs::kXTrace>(a, tm, p, s, lazy);
             else if (x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv>(a, tm, p, s, lazy);
             else if (x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt>(a, tm, p, s, lazy);

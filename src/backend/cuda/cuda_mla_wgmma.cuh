@@ -52,9 +52,11 @@ struct Plan {
 // beside the kernel in cuda_mla_wgmma_st.cu): round 8 kXQ (q's rows loaded at once), kXPdl (a dependent launch),
 // kXCvt (V^T by cvt.rn.f16x2.e4m3x2); kXTrace the bench's phase stamps; round 9 kXQF (q before the copies), kXMrg
 // (the split-K merge in the kernel's tail), kXFtz (the tile's exp2 ftz); round 10 kXPv (PV(it - 1) in flight past
-// the tile's top wait), kXMt (the in-kernel merge's loads batched)
+// the tile's top wait), kXMt (the in-kernel merge's loads batched); round 11 kXPw (a dependent launch whose set-up,
+// all but q, runs before its wait)
 namespace rs {
-constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256;
+constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256,
+              kXPw = 512;
 } // namespace rs
 // Round 9's merge in the kernel (rs::kXMrg): a ticket counter per (row, head block) (g_mla_tickets, in
 // cuda_mla_wgmma_st.cu); the launcher keeps rows x head blocks within it

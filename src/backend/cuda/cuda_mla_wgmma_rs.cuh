@@ -143,8 +143,9 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
         const int hb = blockIdx.x;
         split = blockIdx.y, row = blockIdx.z;
         tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-        constexpr bool QF = (X & kXQF) != 0;
-        if constexpr (QF)
+        constexpr bool QF = (X & kXQF) != 0, Pw = (X & kXPw) != 0;
+        static_assert(!Pw || ((X & (kXPdl | kXQ)) == 0 && ST), "kXPw: its own wait; q's rows as the ST layout's");
+        if constexpr (QF || Pw)
             if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmap)) : "memory");
         if constexpr ((X & kXPdl) != 0) {
             // launched by launch_pdl: the tensor map (a kernel argument, no kernel writes it) fetched while the
@@ -161,7 +162,18 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
         ntiles = end > begin ? (end - begin + kTile - 1) / kTile : 0;
 
         bars = sb + L::bar_off;
-        if constexpr (QF) {
+        if constexpr (Pw) {
+            // round 11 (kXPw, launched by launch_pdl): all but q before the wait, while the predecessor (the
+            // absorption, whose output q is) still runs. THE RULE of cuda_common.cuh allows it: row_seq, lens and the
+            // block table are the step's inputs, which no kernel writes; the latent pages' newest rows were stored two
+            // launches back (lunar_glue_latent_store, then the absorption), complete once this kernel can start (every
+            // block of its predecessor has passed its own wait). So the mbarriers' init and the first kStages tiles'
+            // copies overlap the predecessor's tail and this kernel's launch; q's rows, 4 a warp, are loaded at once
+            // after the wait (kXQ's order: the copies were issued long before). Nothing is written before the wait.
+            start_copies();
+            pdl_enter();
+            q8_quantise_q<ST, true>(a, smem, sqs, row, h0, nh, warp, lane);
+        } else if constexpr (QF) {
             // this warp's 4 q rows (ST: 32 rows, 4 a warp) requested before anything else, quantised after the
             // copies' issue
             static_assert(ST, "the 32 rows of the ST layout");

@@ -243,6 +243,12 @@ template <class B, bool Mt = false> __device__ __forceinline__ void merge_tail(c
 // kXMt (=s10m, with kXMrg): merge_tail's partial O loads batched (merge_cols); measured: the tail 8.1 -> 5.7 us at
 // 2 splits (s10m 1.03x s10a at B = 64, 8K), unchanged at 16 (one column a thread: its 16 loads were in flight
 // already); 255 registers, 4 bytes spilled.
+// Round 11 (session 16; LUNAR_MLA_WGMMA_FP8=s10p: s10m's instances plus kXPw; opt-in): in the
+// decode step every kernel around this one is a dependent launch (launch_pdl) and this one was not, so its launch
+// and set-up (the mbarriers, the block table, the first tiles' copies: ~4 us of round 10's trace) started only once
+// the absorption had finished. kXPw launches it by launch_pdl and runs all of that before griddepcontrol.wait (only
+// q, the absorption's output, after it; Block's constructor says why that is safe). Nothing moves in the bench's
+// isolated calls; the step is the measure.
 // (lazy: the Lazy kernels' threshold, a parameter of its own: a field of Args changes the other kernels' PTX)
 // (X: round 8's switches, rs::kXQ / kXPdl / kXCvt; 0 = round 7)
 template <int kS, bool Lazy = false, bool Pipe = false, int X = 0>
@@ -535,7 +541,14 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
         attr = true;
     }
-    if constexpr ((X & rs::kXPdl) != 0) {
+    if constexpr ((X & rs::kXPw) != 0) {
+        // round 11: a dependent launch, without the cooperative attribute where the merge is in the tail (kXMrg):
+        // its blocks still all reside at once (merge_in_kernel: one wave of one block per SM; the predecessor's
+        // blocks leave without waiting for this kernel, and the successor is placed only once every block of this
+        // one has passed its wait)
+        launch_pdl(wgmma_decode_st_kernel<S, Lazy, Pipe, X>, dim3(p.hb, p.splits, a.rows), dim3(kThreads), L::smem, s, a,
+                   tm, lazy);
+    } else if constexpr ((X & rs::kXPdl) != 0) {
         launch_pdl(wgmma_decode_st_kernel<S, Lazy, Pipe, X>, dim3(p.hb, p.splits, a.rows), dim3(kThreads), L::smem, s, a,
                    tm, lazy);
     } else if constexpr ((X & rs::kXMrg) != 0) {
@@ -579,6 +592,8 @@ ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kX
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXTrace);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXTrace);
+ST_INSTANCE(3, true, true, rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXPw);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXPw);
 #undef ST_INSTANCE
 
 bool trace_on;
