@@ -473,17 +473,22 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // 0.96-0.97x at B = 1, 32K; docs/benchmarks.md, "MLA decode, FP8 pages, round 4"), as its
     // round-6 form where a block has <= 32 heads (S^T with heads as N: 1.16-1.34x the round-5 kernel
     // from 64K rows x context, "... round 6") with round 7's lazy rescale and early wait (1.12-1.15x round 6,
-    // "... round 7") and round 9's switches (q first and the merge in the kernel below 512K rows x context, V^T by
-    // cvt and exp2 ftz: 1.02-1.12x round 7, "... round 9"); below it the tile widened to bf16.
+    // "... round 7"), round 9's switches (q first and the merge in the kernel, V^T by cvt and exp2 ftz: 1.02-1.12x
+    // round 7, "... round 9") and, since session 16, round 10's (PV in flight past the tile's top wait, the merge's
+    // loads batched: =s10m, 1.05-1.11x round 9's default at H = 32 from 256K rows x context, Kimi-Linear's FP8 TPOT
+    // -0.8 / -1.2 % at B = 8 / 64, 32K, "... round 11"); below 64K the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
     // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
-    // / widen force one; =s10 / s10a / s10m round 10 (rs::kXPv, kXMt; opt-in); =s10p round 11 (rs::kXPw; opt-in);
+    // / widen force one; =s10 / s10a round 10 (rs::kXPv; opt-in), =s10m round 10 with kXMt (the default's choice
+    // forced); =r9 round 9's default (sessions 13-15); =s10p round 11 (rs::kXPw; opt-in);
     // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
     // pages (session 6)").
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    // (=default: as unset, a name for the bench's A/B; =s10: the default's choice plus round 10's kXPv)
-    const bool s10 = f8 && !strcmp(f8, "s10");
-    const bool forced = f8 && *f8 && strcmp(f8, "default") && !s10, st4 = forced && !strcmp(f8, "st4");
+    // (=default: as unset, a name for the bench's A/B; =r9: round 9's choice, the default of sessions 13-15 (below);
+    // =s10: r9's choice plus round 10's kXPv)
+    const bool s10 = f8 && !strcmp(f8, "s10"), r9 = f8 && !strcmp(f8, "r9");
+    const bool dflt = !f8 || !*f8 || !strcmp(f8, "default");
+    const bool forced = !dflt && !s10 && !r9, st4 = forced && !strcmp(f8, "st4");
     // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
     // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
     // round 8: =s8 (stlp with rs::kXQ, kXPdl and kXCvt; opt-in)
@@ -491,16 +496,19 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt;
     const int x8 = s8 ? kS8 : 0;
     // round 9: =s9q (q first), =s9m (the merge in the kernel where merge_in_kernel allows, else stlp and the merge
-    // kernel), =s9c (kXCvt and kXFtz), =s9 (the three). The default since session 13 (stlp's bits; docs/benchmarks.md,
-    // "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into the kernel (H = 32:
-    // 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps round 7
+    // kernel), =s9c (kXCvt and kXFtz), =s9 (the three). The default of sessions 13-15, now =r9 (stlp's bits;
+    // docs/benchmarks.md, "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into
+    // the kernel (H = 32: 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps
+    // round 7
     const bool s9q = forced && !strcmp(f8, "s9q"), s9m = forced && !strcmp(f8, "s9m"), s9c = forced && !strcmp(f8, "s9c");
-    // (=s10a: s9 with round 10's kXPv, the bench's traced pair of s9; =s10m: s10a with kXMt where it merges; =s10p:
-    // s10m with round 11's kXPw, a dependent launch whose set-up but q runs before its wait)
+    // (=s10a: s9 with round 10's kXPv, the bench's traced pair of s9; =s10m: s10a with kXMt where it merges, the
+    // default since session 16 (stlp's bits): q first, the merge in the kernel and its loads batched wherever the
+    // merge fits (merge_in_kernel), PV in flight everywhere; =s10p: s10m with round 11's kXPw, a dependent launch
+    // whose set-up but q runs before its wait)
     const bool s10p = forced && !strcmp(f8, "s10p");
-    const bool s10m = forced && (!strcmp(f8, "s10m") || s10p), s10a = forced && (!strcmp(f8, "s10a") || s10m);
-    const bool s9 = forced && (!strcmp(f8, "s9") || s10a);
-    const bool d9 = !forced && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = !forced && !d9;
+    const bool s10m = dflt || (forced && (!strcmp(f8, "s10m") || s10p)), s10a = s10m || (forced && !strcmp(f8, "s10a"));
+    const bool s9 = s10a || (forced && !strcmp(f8, "s9"));
+    const bool d9 = (r9 || s10) && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = (r9 || s10) && !d9;
     const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
     int x9 = (s9q || s9 || d9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) | (s9c || s9 || d9 || d9c ? rs::kXCvt | rs::kXFtz : 0);
     // round 10's instances: q first, the merge and kXMt only where the merge goes into the kernel
