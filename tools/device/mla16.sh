@@ -13,6 +13,8 @@
 #  6. lunar_tests cuda_forward under LUNAR_MLA_WGMMA_FP8=s10p (the st kernel forced at every size, graphs with PDL).
 #   P=<dir with bin/ (lunar, lunar_tests), bd/ (lunar_cuda_tests, bench_mla of build-device) and lib/> OUT=... \
 #     tools/device/mla16.sh
+# (Run at d547343, copied into the pack: tar xJf .xfer-mlaz/pack.tar.xz && P=.xfer-mla OUT=$OUT bash .xfer-mla/mla16.sh;
+# one cold call, 75 s of command: every step ran.)
 set -u
 P=${P:-.xfer-mla}
 OUT=${OUT:-/tmp/o}

@@ -4,6 +4,11 @@
 # B = 64, 32K 463.6 us in the step against 382.9 us in bench_mla fp8ab): clock, cycles or bytes? ncu of the step's st
 # launches (eager, caches and clocks untouched) and of bench_mla fp8one at the step's context (32769: 513 tiles) with
 # the same metrics.
+# Run at 9ba137d (call 2, warm, 59.6 s): the TPOT rounds ran; the ncu steps did not: ncu needs device memory to replay
+# a kernel for metrics that take several passes (lts__t_sector_hit_rate, dram__bytes_*), and lunar's arena takes all
+# but 1 GiB (cuda_rt.cu), so the step's profile failed and hung into its timeout, and the killed process still held
+# the memory when the two fp8one profiles started ("cudaSetDevice(0): out of memory"). gpu__time_duration alone (one
+# pass, mla16.sh) works; for more, --replay-mode application or a smaller arena.
 #   P=<dir with bin/, bd/ (bench_mla), lib/> OUT=... tools/device/mla16b.sh
 set -u
 P=${P:-.xfer-mla}

@@ -476,7 +476,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // "... round 7"), round 9's switches (q first and the merge in the kernel, V^T by cvt and exp2 ftz: 1.02-1.12x
     // round 7, "... round 9") and, since session 16, round 10's (PV in flight past the tile's top wait, the merge's
     // loads batched: =s10m, 1.05-1.11x round 9's default at H = 32 from 256K rows x context, Kimi-Linear's FP8 TPOT
-    // -0.8 / -1.2 % at B = 8 / 64, 32K, "... round 11"); below 64K the tile widened to bf16.
+    // -0.8 to -1.7 % / -1.2 to -2.9 % at B = 8 / 64, 32K, "... round 11"); below 64K the tile widened to bf16.
     // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
     // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
     // / widen force one; =s10 / s10a round 10 (rs::kXPv; opt-in), =s10m round 10 with kXMt (the default's choice
