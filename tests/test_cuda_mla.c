@@ -304,7 +304,9 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * flushing below 2^-126, which f16 P rounds to 0 anyway), "s9" (the three), also at threshold 0. Round 10 (session
      * 15), stlp's bits: "s10a" (s9 with PV(it - 1) in flight past the tile's top wait, the tiles in pairs: odd tile
      * counts run a pad tile of zeros; single-split cases take its instance without the merge), also at threshold 0, and
-     * "s10m" (s10a with the merge's loads batched: 2, 16, 24 and 32 splits here, 24 by the loop as before). */
+     * "s10m" (s10a with the merge's loads batched: 2, 16, 24 and 32 splits here, 24 by the loop as before). Round 11
+     * (session 16), stlp's bits: "s10p" (s10m as a dependent launch whose set-up, all but q, runs before its wait; the
+     * merge in the tail without the cooperative attribute), also at threshold 0. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
@@ -327,6 +329,8 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         {NULL, NULL, "s10a", " wgmma fp8 S^T round 10 PV in flight", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s10a", " wgmma fp8 S^T round 10 PV in flight lazy 0", 1.5e-2, "stlp", "0"},
         {NULL, NULL, "s10m", " wgmma fp8 S^T round 10 merge loads batched", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s10p", " wgmma fp8 S^T round 11 set-up before the PDL wait", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s10p", " wgmma fp8 S^T round 11 set-up before the PDL wait lazy 0", 1.5e-2, "stlp", "0"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
         {"0", NULL, NULL, " wgmma unswizzled", 1.5e-2, NULL, NULL},
         {"0", "0", NULL, " wgmma unswizzled cp.async", 1.5e-2, NULL, NULL}};

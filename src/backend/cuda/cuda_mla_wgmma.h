@@ -1,4 +1,4 @@
-// Internal to the CUDA backend: the wgmma MLA decode kernel (cuda_mla_wgmma.cu) and what it shares
+// Internal to the CUDA backend: the wgmma MLA decode kernels (cuda_mla_wgmma*.cu) and what it shares
 // with cuda_mla.cu (the split merge, the SM count). Shapes as lunar_cuda_mla_absorbed's.
 #ifndef LUNAR_BACKEND_CUDA_MLA_WGMMA_H
 #define LUNAR_BACKEND_CUDA_MLA_WGMMA_H
