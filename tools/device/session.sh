@@ -26,7 +26,7 @@ OUT=${OUT:-/tmp/lunar-session}
 SUMMARY=session.txt . tools/device/env.sh
 
 step "check.sh tests"
-SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=${OPS_TIMEOUT:-120} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-45} OUT=$OUT/check \
+SKIP_BUILD=1 PREBUILT=$P OPS_TIMEOUT=${OPS_TIMEOUT:-300} ENGINE_TIMEOUT=${ENGINE_TIMEOUT:-45} OUT=$OUT/check \
   timeout ${CHECK_TIMEOUT:-300} tools/device/check.sh tests > "$OUT/check.log" 2>&1
 echo "check.sh rc=$?" >> "$T"
 sed -n '/^| check/,$p' "$OUT/check.log" >> "$T"
