@@ -306,17 +306,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_kernel(Args a, const
         const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
         const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
         m0 = mn0, m1 = mn1;
-        float ps0 = 0.0f, ps1 = 0.0f;
-        unsigned char *P = smem + L::p_off + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
-            const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
-            ps0 += e0 + e1, ps1 += e2 + e3;
-            // chunk 4 wg + k of rows r0 and r1 = r0 + 8 (the next 8-row group)
-            *reinterpret_cast<uint32_t *>(P + (4 * wg + k) * 128) = pack_bf16(e0, e1);
-            *reinterpret_cast<uint32_t *>(P + kPGroup + (4 * wg + k) * 128) = pack_bf16(e2, e3);
-        }
+        float ps0, ps1;
+        p_tile_bf16(s, smem + L::p_off, wg, t, r0, mn0, mn1, ps0, ps1);
         l0 = l0 * al0 + ps0, l1 = l1 * al1 + ps1;
         // SW: no rescale where no row maximum of the warp moved (exp2(0) = 1 exactly): most tiles
         // of a long row

@@ -107,9 +107,9 @@ __device__ __forceinline__ uint32_t e4m3x2_bf16x2(uint32_t w, uint32_t sel) {
 // normalised (and scaled when the split is the whole context) into o, or the split's partial O and
 // log2-sum-exp into the workspace for the merge. Thread: heads r0 / r1 (< nh stored), columns 256 wg
 // + 8k + 2t of the accumulator o.
-__device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], float *red, int row, int split,
-                                          int h0, int nh, int wg, int t, int r0, int r1, float m0, float m1,
-                                          float l0, float l1) {
+// The row sums' halves into red: a quad's four lanes hold a row's columns (summed by shuffles), each
+// warpgroup's sum in slot wg * 64 + r; both halves are readable by every thread when it returns.
+__device__ __forceinline__ void l_halves_to_red(float *red, int wg, int t, int r0, int r1, float l0, float l1) {
 #pragma unroll
     for (int x = 1; x <= 2; x <<= 1) {
         l0 += __shfl_xor_sync(0xffffffffu, l0, x);
@@ -118,6 +118,29 @@ __device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], 
     __syncthreads(); // nobody reads red any more
     if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
     __syncthreads();
+}
+
+// A tile's P (exp2 of the scores s less the rows' new maxima mn0 / mn1) in bf16 into the shared P tile
+// at p_tile: chunk 4 wg + k of rows r0 and r1 = r0 + 8 (the next 8-row group); ps0 / ps1 get this
+// thread's sums of the exponentials of rows r0 / r1.
+__device__ __forceinline__ void p_tile_bf16(const float (&s)[16], unsigned char *p_tile, int wg, int t, int r0,
+                                            float mn0, float mn1, float &ps0, float &ps1) {
+    ps0 = 0.0f, ps1 = 0.0f;
+    unsigned char *P = p_tile + (r0 >> 3) * kPGroup + (r0 & 7) * 16 + 4 * t;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float e0 = exp2f(s[4 * k] - mn0), e1 = exp2f(s[4 * k + 1] - mn0);
+        const float e2 = exp2f(s[4 * k + 2] - mn1), e3 = exp2f(s[4 * k + 3] - mn1);
+        ps0 += e0 + e1, ps1 += e2 + e3;
+        *reinterpret_cast<uint32_t *>(P + (4 * wg + k) * 128) = pack_bf16(e0, e1);
+        *reinterpret_cast<uint32_t *>(P + kPGroup + (4 * wg + k) * 128) = pack_bf16(e2, e3);
+    }
+}
+
+__device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], float *red, int row, int split,
+                                          int h0, int nh, int wg, int t, int r0, int r1, float m0, float m1,
+                                          float l0, float l1) {
+    l_halves_to_red(red, wg, t, r0, r1, l0, l1);
     l0 = red[r0] + red[64 + r0], l1 = red[r1] + red[64 + r1];
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
     const bool direct = a.splits == 1;

@@ -354,14 +354,7 @@ __device__ __forceinline__ void write_out(const Args &a, const Block<NP> &b, con
                                           float l0, float l1) {
     const int wg = b.wg, t = b.t, r0 = b.r0, r1 = b.r1, nh = b.nh, row = b.row, split = b.split;
     float *red = b.red, *linv = b.linv;
-#pragma unroll
-    for (int x = 1; x <= 2; x <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, x);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, x);
-    }
-    __syncthreads(); // nobody reads red any more
-    if (t == 0) red[wg * 64 + r0] = l0, red[wg * 64 + r1] = l1;
-    __syncthreads();
+    l_halves_to_red(red, wg, t, r0, r1, l0, l1);
     const bool direct = a.splits == 1;
     if (wg == 0 && t == 0) {
         const float os = (direct ? a.out_scale : 1.0f) * 256.0f;
