@@ -612,18 +612,16 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
  * run the same run under SS=1 (into poisoned outputs again) must give its expert rows and combined output
  * bit for bit (and so the CPU op's tolerance); the shapes here cover the last block's rows past R (its
  * scale copies cut at R), odd J (the odd row pitch = J) and several passes of 8 tokens (the scales loaded
- * once, in the first). The same with LUNAR_MOE_F16_D8=1 beside it (the down kernel's ring of 8 stages, V_D8:
- * the same chunks in the same order; here rings longer than a warp's chunks and crossing row groups). */
+ * once, in the first). (Session 16's LUNAR_MOE_F16_D8, measured and left out, is in git show 3fa5525.) */
 static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
     static const char *xsv[2] = {NULL, "2"}, *tv[3] = {"0", "3", "1"};
-    const char *names[5] = {"LUNAR_MOE_F16_IL", "LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS", "LUNAR_MOE_F16_SS",
-                            "LUNAR_MOE_F16_D8"};
-    char *keep[5];
-    for (int i = 0; i < 5; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    const char *names[4] = {"LUNAR_MOE_F16_IL", "LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS", "LUNAR_MOE_F16_SS"};
+    char *keep[4];
+    for (int i = 0; i < 4; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     setenv("LUNAR_MOE_F16_IL", "1", 1);
-    unsetenv("LUNAR_MOE_F16_SS"), unsetenv("LUNAR_MOE_F16_D8");
+    unsetenv("LUNAR_MOE_F16_SS");
     const size_t nkd = (size_t)n * k * D;
     for (int x = 0; x < 2; x++) {
         if (xsv[x]) setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
@@ -643,23 +641,21 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
             long nan = 0, bad = 0;
             for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
             CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
-            for (int d8 = 0; d8 < 2; d8++) { /* the same run under SS=1 (and D8=1): bit for bit this one */
+            { /* the same run under SS=1: bit for bit this one */
                 setenv("LUNAR_MOE_F16_SS", "1", 1);
-                if (d8) setenv("LUNAR_MOE_F16_D8", "1", 1);
                 lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
                 lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
                 lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
                 lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
                 lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
-                unsetenv("LUNAR_MOE_F16_SS"), unsetenv("LUNAR_MOE_F16_D8");
+                unsetenv("LUNAR_MOE_F16_SS");
                 float *ys = dl_f32(acc, (long)n * D), *rs = dl_f32(ybuf, (long)nkd);
                 long sbad = 0;
                 for (size_t i = 0; i < nkd; i++) sbad += memcmp(rs + i, rows + i, 4) != 0;
                 CHECK_MSG(sbad == 0 && memcmp(ys, y, (size_t)n * D * 4) == 0,
-                          "%s SS=1%s: %ld expert-row values (or the combined output) differ from SS unset", w2,
-                          d8 ? " D8=1" : "", sbad);
+                          "%s SS=1: %ld expert-row values (or the combined output) differ from SS unset", w2, sbad);
                 if (getenv("LUNAR_TEST_VERBOSE") && sbad == 0)
-                    fprintf(stderr, "\n    %s SS=1%s: bit-equal (%zu row values)", w2, d8 ? " D8=1" : "", nkd);
+                    fprintf(stderr, "\n    %s SS=1: bit-equal (%zu row values)", w2, nkd);
                 free(ys), free(rs);
             }
             if (!y0) {
@@ -673,7 +669,7 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
         }
         free(y0), free(r0);
     }
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 4; i++) {
         if (keep[i]) setenv(names[i], keep[i], 1);
         else unsetenv(names[i]);
         free(keep[i]);

@@ -112,29 +112,28 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // Measured and left out (git show 1d05510): V_W (gate and up in separate warps of 8-warp gate/up blocks at
 // 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
 // interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
-//  V_SS (LUNAR_MOE_F16_SS, with V_IL only; issue 8, session 16 helper mx4b): the E8M0 scales out of the copy
-//    ring. The ring copied each row's 4 scale bytes of a chunk with one 4-byte cp.async per lane and matrix
-//    half (the 4 lanes of a row copying the same word): per chunk 2 NM such copies beside the 2 NM 16-byte
-//    weight copies, a third of the ring's L2 sector requests for 1/16 of its bytes. Here the block copies
-//    all its rows' scales once (NR = 16 RT T rows x K / 32 bytes a matrix, contiguous: coalesced 4-byte
-//    cp.async, one group committed before the ring's first fill and waited for in the first pass's
-//    activation conversion) into the ring's scale slots' place (ss below), and the ring carries the
-//    weights only. The same words reach
-//    the same FFMA in the same order: bit-equal to V_IL (the op test's f16_il_case).
-//  V_D8 (LUNAR_MOE_F16_D8, with V_SS only; the down kernel only): a ring of 8 stages, not 4. Why: a warp's
-//    ring refills a stage only after consuming it, so it keeps at most ST chunks in flight; the down
-//    kernel's chunk is one matrix (16 rows x 64 bytes a warp, half of gate/up's two), so 16 warps an SM
-//    hold ~64 KB in flight, and the down kernel streams K3.1 at 2.33 TB/s (gate/up 2.77; its ring alone
-//    31.6 us of the kernel's 40.3, floor 23.7). 8 stages double that within the 4 blocks an SM (the down
-//    block at K3.1: ~50 KB with the scale store). The same chunks in the same order: bit-equal to V_IL.
-constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_SS = 32, V_D8 = 64;
+//  V_SS (LUNAR_MOE_F16_SS=1, with V_IL only; opt-in; issue 8, session 16 helper mx4b): the E8M0 scales out
+//    of the copy ring. The ring copies each row's 4 scale bytes of a chunk with one 4-byte cp.async per lane
+//    and matrix half (the 4 lanes of a row copying the same word): per chunk 2 NM such copies beside the
+//    2 NM 16-byte weight copies, a third of the ring's L2 sector requests for 1/16 of its bytes. Here the
+//    block copies all its rows' scales once (NR = 16 RT T rows x K / 32 bytes a matrix, contiguous:
+//    coalesced 4-byte cp.async, one group committed before the ring's first fill, waited for behind the
+//    first pass's activation loads) into the ring's scale slots' place (ss below), and the ring carries
+//    the weights only. The same words reach the same FFMA in the same order: bit-equal to V_IL (the op
+//    test's f16_il_case). Measured (H200, docs/benchmarks.md "MoE decode, MXFP4, at one token: the scales
+//    out of the ring (session 16)") with the wait before the activation loads (one round trip more at
+//    each block's start): the ring alone K3.1 82.9 -> 81.4 us, the pair level (103.5 / 103.4), the TP8
+//    slice +0.7 us; the wait behind the activation loads (as here) is not measured yet.
+// Also measured there and left out (git show 3fa5525): V_D8, the down kernel's ring at 8 stages (with
+// V_SS): its ring alone level (30.4 vs 29.9 us at 4 stages), the down kernel 40.3 -> 45.2 us.
+constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_SS = 32;
 // V_SS's scale store: NR rows of J words a matrix at an odd row pitch (the 8 rows g of a lane quad's reads
 // fall in 8 banks), in the place of the ring's scale slots (ST 2 NM 128 words) or more where they do not
 // fit; the activation rows (xs) follow it (the host sizes the block's shared memory with the same function)
 __host__ __device__ constexpr int ss_pitch(int J) { return J | 1; }
-__host__ __device__ constexpr int ss_region_words(int NM, int NR, int J, int RS) {
-    return ((NM * NR * ss_pitch(J) + 3) & ~3) > RS * 2 * NM * 128 ? ((NM * NR * ss_pitch(J) + 3) & ~3)
-                                                                   : RS * 2 * NM * 128;
+__host__ __device__ constexpr int ss_region_words(int NM, int NR, int J) {
+    return ((NM * NR * ss_pitch(J) + 3) & ~3) > ST * 2 * NM * 128 ? ((NM * NR * ss_pitch(J) + 3) & ~3)
+                                                                   : ST * 2 * NM * 128;
 }
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
@@ -167,8 +166,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     // V (note above); JS: a warp's chunk stride
     constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO, SS = V & V_SS;
-    constexpr int RS = (V & V_D8) && !GATEUP ? 8 : ST;  // the ring's stages (V_D8 note)
-    static_assert(!(V & V_D8) || SS, "V_D8 runs with V_SS only (no scale slots in the deeper ring)");
     constexpr int JS = IL ? S : 1;
     static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
     const int T = MT ? tpb : 1;  // row groups of this block
@@ -179,7 +176,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     // and the expert's offsets before griddepcontrol.wait. The weights are no kernel's output, and
     // the expert id and offsets come from the route, written two launches back (cuda_common.cuh's
     // rule, as the L2 prefetch below): under PDL the down blocks that become resident beside the
-    // gate/up kernel's tail (its grid is < 1 wave at the TP8 slice) have their first RS chunks (at K
+    // gate/up kernel's tail (its grid is < 1 wave at the TP8 slice) have their first ST chunks (at K
     // = 384 all 3 of a warp) in flight while it finishes. Bit 2 (opt bit 16): counts[E] and
     // active[slot] loaded together (active has E entries >= the grid's slots; the value is used
     // only for a live slot), not behind the branch on the count: one dependent round trip less
@@ -226,9 +223,9 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const int nt = MT && tile_ok ? min(T, ((a.R - 1) / 16 - tile) / RT + 1) : (int)tile_ok;
     const int ra = tile * 16 + g, rb = ra + 8;
     const size_t estr = (size_t)a.R * a.K;
-    // ring slots: uint4 [RS][2 NM][128]; lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4)) of its warp
+    // ring slots: uint4 [ST][2 NM][128]; lane (g, c) writes slot 4 g + (c ^ (g / 2 % 4)) of its warp
     uint4 *rw = (uint4 *)ring;
-    uint32_t *rs = (uint32_t *)(rw + RS * 2 * NM * 128);  // scale words [RS][2 NM][128], own slots
+    uint32_t *rs = (uint32_t *)(rw + ST * 2 * NM * 128);  // scale words [ST][2 NM][128], own slots
     const int tid = threadIdx.x;
     const int wslot = warp * 32 + 4 * g + (c ^ ((g >> 1) & 3));
     // ldmatrix: lane L gives row L % 8 of matrix L / 8 = the slot of lane (L % 8, L / 8)
@@ -236,13 +233,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const uint32_t rbase = (uint32_t)__cvta_generic_to_shared(rw + warp * 32 + 4 * lr + (lm ^ ((lr >> 1) & 3)));
     // SS: the block's NR rows' scales (V_SS note) at rs, the row pitch P words
     const int NR = RT * T * 16, P = ss_pitch(J);
-    uint4 *xs = (uint4 *)(rs + (SS ? ss_region_words(NM, NR, J, RS) : RS * 2 * NM * 128));  // XS: the pass's rows
+    uint4 *xs = (uint4 *)(rs + (SS ? ss_region_words(NM, NR, J) : ST * 2 * NM * 128));  // XS: the pass's rows
     const int K8 = a.K / 8, xpitch = K8 + 4;
     const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
-    auto issue = [&](int j) { src.template issue<RS>(rw, rs, j, j0, j1, wslot, tid); };
+    auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid); };
     // MT: the issue cursor over the flat sequence: the next chunk's byte offset in the rows (ioff,
     // issue_at), chunks left in its row group (irem) and in all live groups (ileft), its stage (ist:
-    // also the stage the consumer reads next, the ring being RS chunks ahead of it)
+    // also the stage the consumer reads next, the ring being ST chunks ahead of it)
     // V_IL: chunks jf, jf + S, ... < je (nj of them), else j0 .. j1 - 1
     const int nj = IL ? (J - ks + S - 1) / S : j1 - j0, jf = IL ? ks : j0, je = IL ? J : j1;
     const bool has = jf < je;  // the warp has chunks
@@ -260,20 +257,20 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
             }
             cp_async_commit();
         } else {
-            src.template issue_at<RS>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
+            src.template issue_at<ST>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
         }
         ioff += 64u * JS, ileft--;
         if (--irem == 0) irem = nj, ioff += gjump;
-        if (++ist == RS) ist = 0;
+        if (++ist == ST) ist = 0;
     };
     auto fill = [&]() {
         if (MT) {
             irem = nj, ileft = nt * nj, ist = 0, ioff = 64u * jf;
 #pragma unroll
-            for (int p = 0; p < RS; p++) issue_next();
+            for (int p = 0; p < ST; p++) issue_next();
         } else {
 #pragma unroll
-            for (int p = 0; p < RS; p++) issue(j0 + p);
+            for (int p = 0; p < ST; p++) issue(j0 + p);
         }
     };
     // opt bit 2: the first pass's ring fill before the route's offsets are read (every active slot
@@ -281,7 +278,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     const bool early = (opt & 4u) && tile_ok && has;
     // SS: the block's NR rows' scale words of each matrix (contiguous in the expert's scales: the block's rows
     // are consecutive) into ss, one 4-byte cp.async each, all in flight at once, committed as one group
-    // before the ring's first (the wait in the first pass's XS section), no registers held
+    // before the ring's first (waited for in the first pass's XS section), no registers held
     if constexpr (SS) {
         const int nrow = min(NR, a.R - (int)blockIdx.x * NR);
 #pragma unroll
@@ -307,12 +304,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
             // the pass's rows (the host sized xs for min(8, tokens) >= min(8, m - t0) rows); the
             // previous pass's readers are done first (S = 1 has no other barrier between passes)
             if (t0 > 0) __syncthreads();
-            // SS: the scales' copies (issued at the start, the oldest group) are done for this thread
-            // (with the early fill: its RS groups may still be in flight), visible to all after the barrier below
-            if (SS && t0 == 0) {
-                if (early) cp_async_wait<RS>();
-                else cp_async_wait<0>();
-            }
             const int nr = min(8, m - t0);
             // one flat loop over the rows' 8-column groups (a loop per row kept more values live
             // across the chunk loop: 16 bytes of spill at S = 4, none this way)
@@ -324,6 +315,13 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                 if (GATEUP) x_f16(u, px);
                 else x_pairs(u, px);
                 xs[r * xpitch + q] = make_uint4(px[0], px[1], px[2], px[3]);
+            }
+            // SS: the scales' copies (the oldest group: with the early fill its ST groups may still be in
+            // flight) are done for this thread, visible to all after the barrier; behind the activation
+            // loads above, not before them (measured first before them: one round trip more a block)
+            if (SS && t0 == 0) {
+                if (early) cp_async_wait<ST>();
+                else cp_async_wait<0>();
             }
             __syncthreads();
         }
@@ -350,8 +348,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                 };
                 if (!XS) load_x(j0, xv);
                 for (int j = jf; j < je; j += JS) {
-                    const int st = MT ? ist : (j - j0) % RS;
-                    cp_async_wait<RS - 1>();
+                    const int st = MT ? ist : (j - j0) % ST;
+                    cp_async_wait<ST - 1>();
                     __syncwarp();  // the ldmatrix reads the other lanes' copies
                     if constexpr (CO) {  // the copies alone
                         issue_next();
@@ -378,7 +376,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                     }
                     __syncwarp();  // every lane's reads of this stage are done before any lane refills it
                     if (MT) issue_next();  // into stage st (= ist before the call)
-                    else issue(j + RS);
+                    else issue(j + ST);
 #pragma unroll
                     for (int b = 0; b < 4; b++) {
                         uint32_t px[4];
@@ -510,10 +508,7 @@ static int v_mode(int n) {
     // shared memory would not fit (launch_s)
     const char *ss = getenv("LUNAR_MOE_F16_SS");
     const bool ssv = ilv && skip != 1 && ss && atoi(ss) == 1;
-    // LUNAR_MOE_F16_D8=1 (with SS): V_D8, the down kernel's 8-stage ring (launch_s masks it off in gate/up)
-    const char *d8 = getenv("LUNAR_MOE_F16_D8");
-    const bool d8v = ssv && d8 && atoi(d8) == 1;
-    return (ilv ? V_IL : 0) | (ssv ? V_SS : 0) | (d8v ? V_D8 : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
+    return (ilv ? V_IL : 0) | (ssv ? V_SS : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -559,12 +554,6 @@ void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, u
     case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
     case V_IL | V_SS: launch_k<GATEUP, S, true, V_IL | V_SS>(a, grid, smem, sx, true, T, opt, st); break;
     case V_IL | V_SS | V_CO: launch_k<GATEUP, S, true, V_IL | V_SS | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_SS | V_D8:  // the down kernel only (launch_s)
-        if constexpr (!GATEUP) launch_k<GATEUP, S, true, V_IL | V_SS | V_D8>(a, grid, smem, sx, true, T, opt, st);
-        break;
-    case V_IL | V_SS | V_D8 | V_CO:
-        if constexpr (!GATEUP) launch_k<GATEUP, S, true, V_IL | V_SS | V_D8 | V_CO>(a, grid, smem, sx, true, T, opt, st);
-        break;
     default: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     }
 }
@@ -579,8 +568,7 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     // 56 KB: 4 blocks x (56 + 1 reserved) KB <= the H200's 228 KB per SM; 227 KB: one block's most
     const int xm = xs_mode();
     const bool xs = xm && n >= 1 && sx <= (xm == 1 ? 56u : 227u) * 1024u;
-    int v = xs ? v_mode(n) : 0;  // the variants run with XS only
-    if (GATEUP) v &= ~V_D8;      // V_D8: the down kernel only
+    const int v = xs ? v_mode(n) : 0;  // the variants run with XS only
     // LUNAR_MOE_F16_TILES: T row groups a block. The rule (1; unset at one token): 2 where nb x
     // slots blocks are >= 1.5 waves; resident blocks = 4 per SM (128 registers, __launch_bounds__) or fewer where shared
     // memory allows fewer (228 KB per SM, 1 KB reserved a block)
@@ -594,17 +582,10 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
         T = min(tm, nb);
     }
     const uint32_t opt = dec_opt() | early_mode(n);
-    if (v & V_SS) {
-        // the ring of RS stages (V_D8: 8) and the scale store in its scale slots' place, or more (the kernel's
-        // ss_region_words); where that does not fit: without V_D8, then without V_SS
-        const int nm = GATEUP ? 2 : 1, J = a.K / 128, cap = (xm == 1 ? 56 : 227) * 1024;
-        auto size_of = [&](int rs) {
-            return sx - (size_t)ST * 2 * nm * 128 * 20 + (size_t)rs * 2 * nm * 128 * 16 +
-                   4 * (size_t)ss_region_words(nm, RT * T * 16, J, rs);
-        };
-        if ((v & V_D8) && size_of(8) > (size_t)cap) v &= ~V_D8;
-        const size_t sxs = size_of(v & V_D8 ? 8 : ST);
-        if (sxs <= (size_t)cap) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sxs, T, opt, st);
+    if (v & V_SS) {  // the scale store in the ring's scale slots' place, or more (the kernel's ss_region_words)
+        const int nm = GATEUP ? 2 : 1, J = a.K / 128;
+        const size_t sxs = sx + 4 * ((size_t)ss_region_words(nm, RT * T * 16, J) - (size_t)ST * 2 * nm * 128);
+        if (sxs <= (xm == 1 ? 56u : 227u) * 1024u) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sxs, T, opt, st);
         else launch_v<GATEUP, S>(v & ~V_SS, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
     } else if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
     else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
