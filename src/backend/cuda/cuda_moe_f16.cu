@@ -121,7 +121,7 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 //    first pass's activation loads) into the ring's scale slots' place (ss below), and the ring carries
 //    the weights only. The same words reach the same FFMA in the same order: bit-equal to V_IL (the op
 //    test's f16_il_case). Measured (H200, docs/benchmarks.md "MoE decode, MXFP4, at one token: the scales
-//    out of the ring (session 16)") with the wait before the activation loads (one round trip more at
+//    out of the ring, a deeper ring (session 16)") with the wait before the activation loads (one round trip more at
 //    each block's start): the ring alone K3.1 82.9 -> 81.4 us, the pair level (103.5 / 103.4), the TP8
 //    slice +0.7 us; the wait behind the activation loads (as here) is not measured yet.
 // Also measured there and left out (git show 3fa5525): V_D8, the down kernel's ring at 8 stages (with
