@@ -121,9 +121,9 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 //    first pass's activation loads) into the ring's scale slots' place (ss below), and the ring carries
 //    the weights only. The same words reach the same FFMA in the same order: bit-equal to V_IL (the op
 //    test's f16_il_case). Measured (H200, docs/benchmarks.md "MoE decode, MXFP4, at one token: the scales
-//    out of the ring, a deeper ring (session 16)") with the wait before the activation loads (one round trip more at
-//    each block's start): the ring alone K3.1 82.9 -> 81.4 us, the pair level (103.5 / 103.4), the TP8
-//    slice +0.7 us; the wait behind the activation loads (as here) is not measured yet.
+//    out of the ring, a deeper ring (session 16)") with the wait before the activation loads (one round
+//    trip more at each block's start): the ring alone K3.1 82.9 -> 81.4 us, the pair level (103.5 /
+//    103.4), the TP8 slice +0.7 us; the wait behind the activation loads (as here) is not measured yet.
 // Also measured there and left out (git show 3fa5525): V_D8, the down kernel's ring at 8 stages (with
 // V_SS): its ring alone level (30.4 vs 29.9 us at 4 stages), the down kernel 40.3 -> 45.2 us.
 constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_SS = 32;
@@ -585,8 +585,8 @@ void launch_s(const xargs &a, int slots, int n, cudaStream_t st) {
     if (v & V_SS) {  // the scale store in the ring's scale slots' place, or more (the kernel's ss_region_words)
         const int nm = GATEUP ? 2 : 1, J = a.K / 128;
         const size_t sxs = sx + 4 * ((size_t)ss_region_words(nm, RT * T * 16, J) - (size_t)ST * 2 * nm * 128);
-        if (sxs <= (xm == 1 ? 56u : 227u) * 1024u) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sxs, T, opt, st);
-        else launch_v<GATEUP, S>(v & ~V_SS, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
+        const bool fits = sxs <= (xm == 1 ? 56u : 227u) * 1024u;  // else IL without SS
+        launch_v<GATEUP, S>(fits ? v : v & ~V_SS, a, dim3(ceil_div_u(nb, T), slots), smem, fits ? sxs : sx, T, opt, st);
     } else if (v) launch_v<GATEUP, S>(v, a, dim3(ceil_div_u(nb, T), slots), smem, sx, T, opt, st);
     else if (T > 1) launch_k<GATEUP, S, true>(a, dim3(ceil_div_u(nb, T), slots), smem, sx, xs, T, opt, st);
     else launch_k<GATEUP, S, false>(a, dim3(nb, slots), smem, sx, xs, 1, opt, st);
