@@ -52,7 +52,7 @@ for f in src/backend/cuda/*.cu; do
   pids+=($!)
 done
 for f in src/backend/cpu/*.c src/base/err.c src/base/tensor.c src/engine/sampler.c tests/test_main.c tests/test_cuda_ops.c \
-         tests/test_cuda_mla.c tests/test_cuda_moe.c tests/test_cuda_sample.c tests/test_cuda_attnres.c \
+         tests/test_cuda_mla.c tests/test_cuda_moe.c tests/test_cuda_moe_bench.c tests/test_cuda_sample.c tests/test_cuda_attnres.c \
          tools/device/bench_cuda.c tools/device/bench_mla.c; do
   o="$B/$(echo "$f" | tr / _).o"
   stale "$o" || continue
@@ -68,7 +68,7 @@ LIBS="-L$CUDA_HOME/lib64 -Wl,-rpath,$CUDA_HOME/lib64 -lcublasLt -lcublas -lcudar
 COMMON="$(for f in src/backend/cuda/*.cu; do printf '%s ' "$B/$(basename "$f" .cu).cu.o"; done)"
 COMMON="$COMMON $(for f in src/backend/cpu/*.c; do printf '%s ' "$B/$(echo "$f" | tr / _).o"; done) $B/src_base_err.c.o $B/src_base_tensor.c.o"
 $CC -o $B/lunar_cuda_tests $COMMON $B/src_engine_sampler.c.o $B/tests_test_main.c.o $B/tests_test_cuda_ops.c.o \
-    $B/tests_test_cuda_mla.c.o $B/tests_test_cuda_moe.c.o $B/tests_test_cuda_sample.c.o $B/tests_test_cuda_attnres.c.o \
+    $B/tests_test_cuda_mla.c.o $B/tests_test_cuda_moe.c.o $B/tests_test_cuda_moe_bench.c.o $B/tests_test_cuda_sample.c.o $B/tests_test_cuda_attnres.c.o \
     $LIBS || exit 1
 $CC -o $B/bench_cuda $COMMON $B/tools_device_bench_cuda.c.o $LIBS || exit 1
 $CC -o $B/bench_mla $COMMON $B/tools_device_bench_mla.c.o $LIBS || exit 1
