@@ -60,7 +60,6 @@ TEST(cuda_forward_skipped) { fprintf(stderr, "[skipped: no CUDA device: lunar wa
 #define CUDA_ARGMAX_MIN 0.95
 static double argmax_min = CUDA_ARGMAX_MIN; /* the share run_model requires (one test lowers it) */
 #define ARGMAX_TIE 5e-3 /* of max |logit|: a near tie counts as agreeing, see above */
-static int argmax_strict; /* rows whose picks are equal, summed over a model's phases (printed) */
 #define PTPC_GOLDEN_TOL 1e-2 /* median row, cuda_ptpc_forward_goldens_vs_cpu: see there */
 
 static int argmax(const float *x, int n) {
@@ -72,12 +71,12 @@ static int argmax(const float *x, int n) {
 
 /* per-row e = max |got - want| / max |want| (over all rows' want); returns the median row e, sets
  * *worst to the largest, adds the agreeing argmax rows to *agree (near ties included: ARGMAX_TIE)
- * and the equal picks to argmax_strict */
+ * and, where strict is given, the equal picks to *strict */
 static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
-static double cmp_rows(const float *got, const float *want, int rows, int V, int *agree, double *worst) {
+static double cmp_rows(const float *got, const float *want, int rows, int V, int *agree, int *strict, double *worst) {
     double mx = 0;
     for (long i = 0; i < (long)rows * V; i++) mx = fmax(mx, fabs(want[i]));
     double *e = lunar_xmalloc((size_t)rows * sizeof *e);
@@ -89,7 +88,7 @@ static double cmp_rows(const float *got, const float *want, int rows, int V, int
         *worst = fmax(*worst, e[r]);
         const float *w = want + (size_t)r * V;
         const int a = argmax(got + (size_t)r * V, V), b = argmax(w, V);
-        argmax_strict += a == b;
+        if (strict) *strict += a == b;
         *agree += a == b || (double)w[b] - w[a] <= ARGMAX_TIE * mx;
     }
     qsort(e, (size_t)rows, sizeof *e, cmp_double);
@@ -169,21 +168,16 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     CHECK_MSG(gm && lunar_cuda_seq_init(&s, m, N, flags, &err) == 0, "%s", err.msg);
     if (!gm) goto out;
     CHECK(lunar_cuda_model_fused_moe(gm, fused_moe) || !fused_moe); /* the path exists where asked for */
-    int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0, strict_gold = 0;
-    argmax_strict = 0;
+    int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0, strict = 0; /* strict: equal picks vs the CPU */
     double w_pre = 0, w_dec = 0, w_full = 0, w_bat = 0, g_pre = NAN, g_dec = NAN, g_worst = 0;
     CHECK(lunar_forward_cuda(gm, &s, ids, T, logits, 1, &err) == 0);
-    const double e_pre = cmp_rows(logits, ref_pre, T, V, &a_pre, &w_pre);
-    strict_gold -= argmax_strict;
-    if (gold_pre) g_pre = cmp_rows(logits, gold_pre, T, V, &a_gold, &g_worst);
-    strict_gold += argmax_strict; /* the goldens' equal picks are not the CPU's */
+    const double e_pre = cmp_rows(logits, ref_pre, T, V, &a_pre, &strict, &w_pre);
+    if (gold_pre) g_pre = cmp_rows(logits, gold_pre, T, V, &a_gold, NULL, &g_worst);
     /* decode rows: gathered, then compared as one set */
     float *dec = lunar_xmalloc((size_t)(nd ? nd : 1) * V * sizeof(float));
     for (int i = 0; i < nd; i++) CHECK(lunar_forward_cuda(gm, &s, ids + T + i, 1, dec + (size_t)i * V, 0, &err) == 0);
-    const double e_dec = cmp_rows(dec, ref_dec, nd, V, &a_dec, &w_dec);
-    strict_gold -= argmax_strict;
-    if (gold_dec) g_dec = cmp_rows(dec, gold_dec, nd, V, &a_gold, &g_worst);
-    strict_gold += argmax_strict; /* the goldens' equal picks are not the CPU's */
+    const double e_dec = cmp_rows(dec, ref_dec, nd, V, &a_dec, &strict, &w_dec);
+    if (gold_dec) g_dec = cmp_rows(dec, gold_dec, nd, V, &a_gold, NULL, &g_worst);
     free(dec);
     /* chunked prefill (as the engine cuts prompts): uneven chunks continuing at pos0 > 0 */
     int a_chk = 0;
@@ -195,11 +189,11 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     if (c2) CHECK(lunar_forward_cuda(gm, &s, ids + c1, c2, logits + (size_t)c1 * V, 1, &err) == 0);
     if (T - c1 - c2 > 0)
         CHECK(lunar_forward_cuda(gm, &s, ids + c1 + c2, T - c1 - c2, logits + (size_t)(c1 + c2) * V, 1, &err) == 0);
-    const double e_chk = cmp_rows(logits, ref_chk, T, V, &a_chk, &w_chk);
+    const double e_chk = cmp_rows(logits, ref_chk, T, V, &a_chk, &strict, &w_chk);
 
     lunar_cuda_seq_reset(&s);
     CHECK(lunar_forward_cuda(gm, &s, ids, N, logits, 1, &err) == 0);
-    const double e_full = cmp_rows(logits, ref_full, N, V, &a_full, &w_full);
+    const double e_full = cmp_rows(logits, ref_full, N, V, &a_full, &strict, &w_full);
 
     /* one step of two sequences: the whole sequence on slot 0 (pages nb..2nb-1, reversed so the
      * block table is not the identity) and the prompt alone on slot 1 (pages 0..nb-1) */
@@ -210,8 +204,8 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
         for (int i = 0; i < nb; i++) bt[i] = 2 * nb - 1 - i, bt[nb + i] = i;
         lunar_batch_seq sq[2] = {{ids, N, 0, 0, bt, LUNAR_LOGITS_ALL}, {ids, T, 0, 1, bt + nb, LUNAR_LOGITS_LAST}};
         CHECK(lunar_forward_batch_cuda(gm, &two, sq, 2, logits, &err) == 0);
-        e_bat = fmax(cmp_rows(logits, ref_full, N, V, &a_bat, &w_bat),
-                     cmp_rows(logits + (size_t)N * V, ref_pre + (size_t)(T - 1) * V, 1, V, &a_bat, &w_bat));
+        e_bat = fmax(cmp_rows(logits, ref_full, N, V, &a_bat, &strict, &w_bat),
+                     cmp_rows(logits + (size_t)N * V, ref_pre + (size_t)(T - 1) * V, 1, V, &a_bat, &strict, &w_bat));
         free(bt);
         lunar_cuda_caches_free(&two);
     } else {
@@ -223,8 +217,7 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
                     "chunked %.1e/%.1e full %.1e/%.1e batch %.1e/%.1e, argmax %d/%d %d/%d %d/%d %d/%d %d/%d",
             name, m->cfg.ptpc_fp8 ? "ptpc fp8" : "bf16", e_pre, w_pre, e_dec, w_dec, e_chk, w_chk, e_full, w_full,
             e_bat, w_bat, a_pre, T, a_dec, nd, a_chk, T, a_full, N, a_bat, N + 1);
-    fprintf(stderr, " (near ties counted; equal picks %d of %d rows)", argmax_strict - strict_gold,
-            2 * T + nd + 2 * N + 1);
+    fprintf(stderr, " (near ties counted; equal picks %d of %d rows)", strict, 2 * T + nd + 2 * N + 1);
     if (gold_pre || gold_dec)
         fprintf(stderr, " | vs golden: median %.1e %.1e worst %.1e, argmax %d/%d", g_pre, g_dec, g_worst, a_gold, N);
     CHECK_MSG(e_pre <= tol && e_dec <= tol && e_chk <= tol && e_full <= tol && e_bat <= tol,
