@@ -458,6 +458,45 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
     free(hb), free(hy);
 }
 
+/* The switch sweeps below set environment switches and put the caller's values back after */
+typedef struct {
+    const char *name;
+    char *val; /* the caller's value (a copy), NULL where it was unset */
+} env_kept;
+static void env_keep(env_kept *k, int n) {
+    for (int i = 0; i < n; i++) k[i].val = getenv(k[i].name) ? strdup(getenv(k[i].name)) : NULL;
+}
+static void env_set(const char *name, const char *v) { /* v NULL: unset */
+    if (v) setenv(name, v, 1);
+    else unsetenv(name);
+}
+static void env_put_back(env_kept *k, int n) {
+    for (int i = 0; i < n; i++) env_set(k[i].name, k[i].val), free(k[i].val);
+}
+
+/* One run of the experts' path into NaN-poisoned outputs (acc, ybuf, hbuf: rows a path leaves unwritten
+ * fail, not the previous run's values), then the combine: *y the combined output [n, D] and, where rows
+ * is given, *rows the expert rows [n k, D], host copies */
+static void run_poisoned(int path, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I,
+                         float **y, float **rows) {
+    const size_t nkd = (size_t)n * k * D;
+    lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
+    lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
+    lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
+    lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, path, NULL);
+    lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
+    *y = dl_f32(acc, (long)n * D);
+    if (rows) *rows = dl_f32(ybuf, (long)nkd);
+}
+
+/* values of a and b (n floats) whose bits differ */
+static long bits_differ(const float *a, const float *b, size_t n) {
+    long bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(a + i, b + i, 4) != 0;
+    return bad;
+}
+
 /* LUNAR_MOE_F16_XS (path 16 with each pass's activations converted once into shared memory):
  * the same f16 bits reach the same mma in the same order, so with the switch at 1 (where 4 blocks
  * per SM stay: here every gate/up of D = 256 and the smaller passes of D = 512, 1024) and at 2
@@ -468,19 +507,15 @@ static void bf16_rows_case(const char *what, int path, const float *ybuf, uint16
 static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
-    const char *was = getenv("LUNAR_MOE_F16_XS"), *was_il = getenv("LUNAR_MOE_F16_IL");
-    char *keep = was ? strdup(was) : NULL, *keep_il = was_il ? strdup(was_il) : NULL;
+    env_kept keep[2] = {{"LUNAR_MOE_F16_XS", NULL}, {"LUNAR_MOE_F16_IL", NULL}};
+    env_keep(keep, 2);
     setenv("LUNAR_MOE_F16_IL", "0", 1);
     const size_t nkd = (size_t)n * k * D;
     float *y0 = NULL, *r0 = NULL;
     for (int xm = 0; xm <= 2; xm++) {
         setenv("LUNAR_MOE_F16_XS", xm == 0 ? "0" : xm == 1 ? "1" : "2", 1);
-        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
-        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
-        lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
-        float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+        float *y, *rows;
+        run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
         if (xm == 0) {
             y0 = y, r0 = rows;
             continue;
@@ -488,17 +523,13 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
         char w2[160];
         snprintf(w2, sizeof w2, "%s XS=%d", what, xm);
         moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
-        long bad = 0;
-        for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+        const long bad = bits_differ(rows, r0, nkd);
         CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
                   "%s: %ld expert-row values (or the combined output) differ from LUNAR_MOE_F16_XS=0", w2, bad);
         free(y), free(rows);
     }
-    if (keep) setenv("LUNAR_MOE_F16_XS", keep, 1);
-    else unsetenv("LUNAR_MOE_F16_XS");
-    if (keep_il) setenv("LUNAR_MOE_F16_IL", keep_il, 1);
-    else unsetenv("LUNAR_MOE_F16_IL");
-    free(keep), free(keep_il), free(y0), free(r0);
+    env_put_back(keep, 2);
+    free(y0), free(r0);
 }
 
 /* The switches of path 16 that change no sum (TILES, EARLY): path 16 under each value of var, with the
@@ -509,40 +540,29 @@ static void f16_xs_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
 static void f16_sweep(const char *what, const char *var, const char *const *vals, int nv, const char *const *xs,
                       int nx, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                       const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, int n, int k, int D, int I) {
-    const char *names[3] = {var, "LUNAR_MOE_F16_XS", "LUNAR_MOE_F16_IL"};
-    char *keep[3];
-    for (int i = 0; i < 3; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    env_kept keep[3] = {{var, NULL}, {"LUNAR_MOE_F16_XS", NULL}, {"LUNAR_MOE_F16_IL", NULL}};
+    env_keep(keep, 3);
     setenv("LUNAR_MOE_F16_IL", "0", 1);
     const size_t nkd = (size_t)n * k * D;
     float *y0 = NULL, *r0 = NULL;
     for (int x = 0; x < nx; x++) {
-        if (xs[x]) setenv("LUNAR_MOE_F16_XS", xs[x], 1);
-        else unsetenv("LUNAR_MOE_F16_XS");
+        env_set("LUNAR_MOE_F16_XS", xs[x]);
         for (int t = 0; t < nv; t++) {
             setenv(var, vals[t], 1);
-            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
-            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
-            lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
-            float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+            float *y, *rows;
+            run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
             if (!y0) {
                 y0 = y, r0 = rows;
                 continue;
             }
-            long bad = 0;
-            for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+            const long bad = bits_differ(rows, r0, nkd);
             CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
                       "%s %s=%s XS=%s: %ld expert-row values (or the combined output) differ from %s=%s XS=%s", what,
                       var, vals[t], xs[x] ? xs[x] : "unset", bad, var, vals[0], xs[0] ? xs[0] : "unset");
             free(y), free(rows);
         }
     }
-    for (int i = 0; i < 3; i++) {
-        if (keep[i]) setenv(names[i], keep[i], 1);
-        else unsetenv(names[i]);
-        free(keep[i]);
-    }
+    env_put_back(keep, 3);
     free(y0), free(r0);
 }
 
@@ -590,45 +610,35 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
     static const char *xsv[2] = {NULL, "2"}, *tv[3] = {"0", "3", "1"};
-    const char *names[3] = {"LUNAR_MOE_F16_IL", "LUNAR_MOE_F16_TILES", "LUNAR_MOE_F16_XS"};
-    char *keep[3];
-    for (int i = 0; i < 3; i++) keep[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
+    env_kept keep[3] = {{"LUNAR_MOE_F16_IL", NULL}, {"LUNAR_MOE_F16_TILES", NULL}, {"LUNAR_MOE_F16_XS", NULL}};
+    env_keep(keep, 3);
     setenv("LUNAR_MOE_F16_IL", "1", 1);
     const size_t nkd = (size_t)n * k * D;
     for (int x = 0; x < 2; x++) {
-        if (xsv[x]) setenv("LUNAR_MOE_F16_XS", xsv[x], 1);
-        else unsetenv("LUNAR_MOE_F16_XS");
+        env_set("LUNAR_MOE_F16_XS", xsv[x]);
         float *y0 = NULL, *r0 = NULL;
         for (int t = 0; t < 3; t++) {
             setenv("LUNAR_MOE_F16_TILES", tv[t], 1);
-            lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-            lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
-            lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-            lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
-            lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
-            float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+            float *y, *rows;
+            run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
             char w2[192];
             snprintf(w2, sizeof w2, "%s IL=1 TILES=%s XS=%s", what, tv[t], xsv[x] ? xsv[x] : "unset");
             moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
-            long nan = 0, bad = 0;
+            long nan = 0;
             for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
             CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
             if (!y0) {
                 y0 = y, r0 = rows;
                 continue;
             }
-            for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+            const long bad = bits_differ(rows, r0, nkd);
             CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
                       "%s: %ld expert-row values (or the combined output) differ from TILES=0", w2, bad);
             free(y), free(rows);
         }
         free(y0), free(r0);
     }
-    for (int i = 0; i < 3; i++) {
-        if (keep[i]) setenv(names[i], keep[i], 1);
-        else unsetenv(names[i]);
-        free(keep[i]);
-    }
+    env_put_back(keep, 3);
 }
 
 /* LUNAR_MOE_BF16_EARLY (the BF16 pair with the shorter block start-up, cuda_moe_bf16e.cu): bit 2 the
@@ -642,20 +652,15 @@ static void bf16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float
                             const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref,
                             int n, int k, int D, int I) {
     static const char *ev[] = {"0", "2", "4", "6", "6", "1", "7", NULL};
-    const char *was = getenv("LUNAR_MOE_BF16_EARLY");
-    char *keep = was ? strdup(was) : NULL;
+    env_kept keep[1] = {{"LUNAR_MOE_BF16_EARLY", NULL}};
+    env_keep(keep, 1);
     const size_t nkd = (size_t)n * k * D, nki = (size_t)n * k * I;
     float *y0 = NULL, *r0 = NULL;
     uint16_t *h0 = malloc(nki * 2), *h1 = malloc(nki * 2);
     for (unsigned t = 0; t < sizeof ev / sizeof ev[0]; t++) {
-        if (ev[t]) setenv("LUNAR_MOE_BF16_EARLY", ev[t], 1);
-        else unsetenv("LUNAR_MOE_BF16_EARLY");
-        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
-        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, nki / 2);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 1, NULL);
-        lunar_cuda_moe_combine(acc, ybuf, r, D, NULL);
-        float *y = dl_f32(acc, (long)n * D), *rows = dl_f32(ybuf, (long)nkd);
+        env_set("LUNAR_MOE_BF16_EARLY", ev[t]);
+        float *y, *rows;
+        run_poisoned(1, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
         lunar_cuda_download(t ? h1 : h0, hbuf, nki * 2);
         char w2[192];
         snprintf(w2, sizeof w2, "%s BF16_EARLY=%s", what, ev[t] ? ev[t] : "unset");
@@ -667,17 +672,16 @@ static void bf16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float
             y0 = y, r0 = rows;
             continue;
         }
-        long bad = 0, badh = 0;
-        for (size_t i = 0; i < nkd; i++) bad += memcmp(rows + i, r0 + i, 4) != 0;
+        long badh = 0;
+        const long bad = bits_differ(rows, r0, nkd);
         for (size_t i = 0; i < nki; i++) badh += h1[i] != h0[i];
         CHECK_MSG(bad == 0 && badh == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
                   "%s: %ld expert-row values, %ld h values (or the combined output) differ from the pair", w2, bad,
                   badh);
         free(y), free(rows);
     }
-    if (keep) setenv("LUNAR_MOE_BF16_EARLY", keep, 1);
-    else unsetenv("LUNAR_MOE_BF16_EARLY");
-    free(keep), free(y0), free(r0), free(h0), free(h1);
+    env_put_back(keep, 1);
+    free(y0), free(r0), free(h0), free(h1);
 }
 
 static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, int mode, unsigned long long paths) {
@@ -712,13 +716,8 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
     int first_path = 0;
     for (int path = 1; path <= 32; path++) {
         if (!(paths & (1ull << (path - 1)))) continue;
-        /* NaN: rows a path leaves unwritten fail (not the previous path's values) */
-        lunar_cuda_fill_u32(acc, 0x7fc00000u, (size_t)n * D);
-        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, (size_t)n * k * D);
-        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
-        lunar_cuda_moe_experts_run(ybuf, hbuf, dz, &dw, &r, path, NULL);
-        lunar_cuda_moe_combine(acc, ybuf, &r, D, NULL);
-        float *y = dl_f32(acc, (long)n * D);
+        float *y;
+        run_poisoned(path, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I, &y, NULL);
         char what[128];
         static const char *pname[] = {"", "decode", "gemm", "fused", "wgmma", "wgmma128", "ws", "wsc", "v2",
                                       "v2 3 blocks", "wsf", "wsf1", "wsfast", "", "wsmx2", "", "f16", "wsmc", "wsmc2", "",
