@@ -1155,7 +1155,8 @@ static void check_intra_fast(int T, int H, float lb, unsigned seed) {
  * bound check_chunked explains); then <2> against the CPU op (check_chunked). gmul scales g after
  * kda_make: lb -5 keeps every tile bounded, lb 0 gives g down to ~-8.3 (the bench's inputs: a few
  * tiles fall back), gmul 4 makes most tiles fall back, so one launch mixes both paths. */
-static void check_intra_diag(int T, int H, float lb, float gmul, int variant, unsigned seed) {
+static void check_intra_diag(int T, int H, float lb, float gmul, unsigned seed) {
+    const int variant = 2; /* tc */
     const int dk = 128;
     size_t mark = lunar_cuda_mark();
     kda_inputs in = kda_make(T, H, dk, dk, lb, seed);
@@ -1201,12 +1202,12 @@ TEST(cuda_kda_chunked_intra_diag) {
     if (!cuda_on()) return;
     static const int Ts[] = {1, 63, 64, 65, 129, 200, 333};
     unsigned seed = 3170;
-    for (unsigned a = 0; a < 7; a++) check_intra_diag(Ts[a], a % 3 + 1, a & 1 ? 0.0f : -5.0f, 1.0f, 2, seed += 10);
-    check_intra_diag(1000, 32, 0.0f, 1.0f, 2, seed += 10);
-    check_intra_diag(333, 96, -5.0f, 1.0f, 2, seed += 10);
-    check_intra_diag(777, 7, 0.0f, 4.0f, 2, seed += 10); /* most tiles past the bound: the fallback beside it */
-    check_intra_diag(200, 3, 0.0f, 2.0f, 2, seed += 10);
-    check_intra_diag(2000, 32, -5.0f, 1.0f, 2, 42);
+    for (unsigned a = 0; a < 7; a++) check_intra_diag(Ts[a], a % 3 + 1, a & 1 ? 0.0f : -5.0f, 1.0f, seed += 10);
+    check_intra_diag(1000, 32, 0.0f, 1.0f, seed += 10);
+    check_intra_diag(333, 96, -5.0f, 1.0f, seed += 10);
+    check_intra_diag(777, 7, 0.0f, 4.0f, seed += 10); /* most tiles past the bound: the fallback beside it */
+    check_intra_diag(200, 3, 0.0f, 2.0f, seed += 10);
+    check_intra_diag(2000, 32, -5.0f, 1.0f, 42);
 }
 
 TEST(cuda_kda_chunked_intra_fast) {
