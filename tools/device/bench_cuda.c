@@ -12,7 +12,7 @@
  *   kdastate96: mode 2's state pass from 67 heads, LUNAR_KDA_STATE=old / the default (grp), T = 8K / 64K,
  *   H = 96, three rounds alternating, the two passes' o and S compared;
  *   prefill2: the prefill table's mode 2 rows alone (the default path), T = 8K / 64K, H = 96 / 32;
- *   kdadiag: the intra kernel fast (LUNAR_KDA_INTRA=fast) / tc (the default since session 15), T = 8K / 64K,
+ *   kdadiag: the intra kernel fast (LUNAR_KDA_INTRA=fast) / tc (the default since session 16), T = 8K / 64K,
  *   H = 96 / 32, ROUNDS (3) rounds alternating, compared with fast at 8K; kdadiag1: one round at 8K, H = 96, for ncu) */
 #include <math.h>
 #include <stdio.h>
@@ -186,7 +186,7 @@ static void crosscheck_prefill(int T, int H) {
  * the intra kernel and of the state pass (the chunk profile's events around each), and, in round 1, o, S
  * and the scratch of each form from the same initial state compared with vs[0]'s (o and S scale-relative,
  * count of differing bf16 and their largest difference). */
-int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 2 tc, 1 fast (the default), 0 old */
+int lunar_cuda_kda_intra_variant(int v); /* cuda_kda_chunk.cu: 2 tc (the default), 1 fast, 0 old */
 static void bench_intra(int T, int H, int rounds, int compare, const int *vs, int nv) {
     const int d = 128;
     const size_t nq = (size_t)T * H * d, ns = (size_t)H * d * d, mark = lunar_cuda_mark();

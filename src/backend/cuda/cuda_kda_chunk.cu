@@ -580,7 +580,7 @@ __device__ __forceinline__ void wu_rows(const float *Xs, const float *B, __nv_bf
 //  - L is held in registers until q is consumed, then the inverse lives where q was; V lands
 //    where Gamma was.
 // FAST: 0 the session-12 form, 1 its exponentials and tf32 operands cheaper (session 13), 2 (the
-// default, session 15) as 1 where a gate of the tile is below -8, else step 2's triangles and
+// default since session 16; written in 15) as 1 where a gate of the tile is below -8, else step 2's triangles and
 // step 4a's blocks replaced by step 4a' (all of L / Aqk as anchored tf32 mmas, the diagonal blocks
 // too), and with the inverse's level products on tf32 mma (inv_levels) in either case.
 template <int FAST>
