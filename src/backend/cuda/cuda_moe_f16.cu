@@ -113,7 +113,11 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 //    every chunk's ldmatrix, widening and mma on whatever the ring holds. Against V_CO it splits the pair's
 //    time: if the consumers alone take about the pair's time, their own chain is the bound and a producer
 //    warp cannot help; if well under the ring alone, it is the overlap (session 16's s16-mx4b: the pair 104,
-//    the ring alone 84 us on K3.1).
+//    the ring alone 84 us on K3.1). Measured (H200, session 17, docs/benchmarks.md "MoE decode, MXFP4, at one
+//    token: the consumers alone (session 17)"): K3.1 the consumers alone 83.2 us = the ring alone 82.7, the pair
+//    103.7; ncu has them ALU-bound (the down kernel 2.4 math-pipe-throttle stalls an instruction). So copies
+//    that do not wait on the consumers cannot by themselves bring K3.1 below ~83 us: fewer consumer
+//    instructions first.
 // Measured and left out (git show 1d05510): V_W (gate and up in separate warps of 8-warp gate/up blocks at
 // 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
 // interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
