@@ -109,10 +109,15 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 //  V_NW, V_CO (LUNAR_MOE_F16_SKIP; WRONG results, benchmark only): the raw packed words into the mma
 //    without the widening; the copy ring alone (each chunk waited for and its stage refilled, nothing
 //    read or computed). Session 15's deciding split (git show 167f51f), on the flat ring.
+//  V_CS (LUNAR_MOE_F16_SKIP=3; WRONG results, benchmark only): the consumers alone, no weight copies at all:
+//    every chunk's ldmatrix, widening and mma on whatever the ring holds. Against V_CO it splits the pair's
+//    time: if the consumers alone take about the pair's time, their own chain is the bound and a producer
+//    warp cannot help; if well under the ring alone, it is the overlap (session 16's s16-mx4b: the pair 104,
+//    the ring alone 84 us on K3.1).
 // Measured and left out (git show 1d05510): V_W (gate and up in separate warps of 8-warp gate/up blocks at
 // 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
 // interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
-constexpr int V_IL = 1, V_NW = 8, V_CO = 16;
+constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_CS = 32;
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
@@ -143,7 +148,7 @@ template <bool GATEUP, int S, bool XS, bool MT, int V = 0>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     // V (note above); JS: a warp's chunk stride
-    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO;
+    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO, CS = V & V_CS;
     constexpr int JS = IL ? S : 1;
     static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
     const int T = MT ? tpb : 1;  // row groups of this block
@@ -212,7 +217,9 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     uint4 *xs = (uint4 *)(rs + ST * 2 * NM * 128);  // XS: the pass's activation rows (top of the kernel)
     const int K8 = a.K / 8, xpitch = K8 + 4;
     const mx_ring_src<NM> src(a, e, estr, ra, rb, c);
-    auto issue = [&](int j) { src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid); };
+    auto issue = [&](int j) {
+        if constexpr (!CS) src.template issue<ST>(rw, rs, j, j0, j1, wslot, tid);
+    };
     // MT: the issue cursor over the flat sequence: the next chunk's byte offset in the rows (ioff,
     // issue_at), chunks left in its row group (irem) and in all live groups (ileft), its stage (ist:
     // also the stage the consumer reads next, the ring being ST chunks ahead of it)
@@ -223,7 +230,7 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
     uint32_t ioff = 64u * jf;
     const uint32_t gjump = (uint32_t)(RT * 16) * (uint32_t)(a.K / 2) - 64u * JS * nj;  // to the next group's jf
     auto issue_next = [&]() {
-        src.template issue_at<ST>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
+        if constexpr (!CS) src.template issue_at<ST>(rw, rs, ioff, ist, ileft > 0, wslot, tid);
         ioff += 64u * JS, ileft--;
         if (--irem == 0) irem = nj, ioff += gjump;
         if (++ist == ST) ist = 0;
@@ -434,7 +441,7 @@ static uint32_t early_mode(int n) {
 // The kernel's variants V (its V note; read at every launch, as LUNAR_MOE_F16_XS: the op tests switch
 // them), each only with the activations in shared memory (the launch falls back to V = 0 where XS does
 // not fit). LUNAR_MOE_F16_IL: V_IL; unset: at one token (batch-1 decode), 1: at every token count, 0: off.
-// LUNAR_MOE_F16_SKIP=1 | 2: V_NW | V_CO (WRONG results: the benchmark only). Measured (H200, two calls,
+// LUNAR_MOE_F16_SKIP=1 | 2 | 3: V_NW | V_CO | V_CS (WRONG results: the benchmark only). Measured (H200, two calls,
 // docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)"): the pair at one
 // token, K3.1 110.8 -> 104.2 us (every round of 5 faster), the TP8 slice 23.3 -> 22.3; the K3.1 TP8
 // slice's B = 1 step 1.649 -> 1.635 ms (4 rounds alternating; 1.650 -> 1.639 in the first call).
@@ -442,7 +449,7 @@ static int v_mode(int n) {
     const char *il = getenv("LUNAR_MOE_F16_IL"), *sk = getenv("LUNAR_MOE_F16_SKIP");
     const int skip = sk ? atoi(sk) : 0;
     const bool ilv = il ? atoi(il) == 1 : n == 1;
-    return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : 0);
+    return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : skip == 3 ? V_CS : 0);
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -486,6 +493,8 @@ void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, u
     case V_NW: launch_k<GATEUP, S, true, V_NW>(a, grid, smem, sx, true, T, opt, st); break;
     case V_CO: launch_k<GATEUP, S, true, V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_CS: launch_k<GATEUP, S, true, V_CS>(a, grid, smem, sx, true, T, opt, st); break;
+    case V_IL | V_CS: launch_k<GATEUP, S, true, V_IL | V_CS>(a, grid, smem, sx, true, T, opt, st); break;
     default: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     }
 }
