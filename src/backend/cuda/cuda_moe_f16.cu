@@ -83,14 +83,8 @@ __device__ __forceinline__ uint32_t f16x2_e5m2x2(uint32_t w, bool hi) {
     else asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, l;}\n" : "=r"(d) : "r"(w));
     return d;
 }
-// HI (V_HI, LUNAR_MOE_F16_CV=2): h's right shift as the high word of a multiply by 2^29 (IMAD.HI, the FMA
-// pipe; ptxas keeps it) instead of SHF (the ALU pipe): one ALU instruction less per word, the same bits
-template <bool HI>
 __device__ __forceinline__ void widen_f16_cv(uint32_t q, uint32_t *p) {
-    uint32_t hs;
-    if constexpr (HI) asm("mul.hi.u32 %0, %1, 0x20000000;" : "=r"(hs) : "r"(q & 0x70707070u));
-    else hs = (q >> 3) & 0x0e0e0e0eu;
-    const uint32_t h = (q & 0x80808080u) | hs;
+    const uint32_t h = (q & 0x80808080u) | ((q >> 3) & 0x0e0e0e0eu);
     const uint32_t l = ((q << 4) & 0x80808080u) | ((q << 1) & 0x0e0e0e0eu);
     p[0] = f16x2_e5m2x2(l, false);
     p[1] = f16x2_e5m2x2(l, true);
@@ -145,9 +139,11 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
 // interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
 //  V_CV (LUNAR_MOE_F16_CV=1, session 17): the widening's 4 prmt per word as 4 cvt.rn.f16x2.e5m2x2
-//    (widen_f16_cv: the same bits, so the same sums as without it); V_HI (with V_CV: LUNAR_MOE_F16_CV=2)
-//    also h's shift on the FMA pipe (widen_f16_cv's HI).
-constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_CS = 32, V_CV = 64, V_HI = 128;
+//    (widen_f16_cv: the same bits, so the same sums as without it). Measured (H200, docs/benchmarks.md "MoE
+//    decode, MXFP4, at one token: fewer ALU instructions (session 17)"): level on K3.1 (the consumers alone
+//    too), the TP8 slice's pair -1 %: the conversion takes the prmt's issue slot. Left out (git show ede4ded):
+//    V_HI, also h's right shift as IMAD.HI (mul.hi by 2^29, the FMA pipe): +2.5 % on K3.1, +4 % alone.
+constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_CS = 32, V_CV = 64;
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
@@ -178,7 +174,7 @@ template <bool GATEUP, int S, bool XS, bool MT, int V = 0>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     // V (note above); JS: a warp's chunk stride
-    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO, CS = V & V_CS, CV = V & V_CV, HI = V & V_HI;
+    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO, CS = V & V_CS, CV = V & V_CV;
     constexpr int JS = IL ? S : 1;
     static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
     const int T = MT ? tpb : 1;  // row groups of this block
@@ -365,8 +361,8 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                                 pa[0] = pa[1] = pa[2] = pa[3] = wa[i][b];
                                 pb[0] = pb[1] = pb[2] = pb[3] = wb[i][b];
                             } else if constexpr (CV) {
-                                widen_f16_cv<HI>(wa[i][b], pa);
-                                widen_f16_cv<HI>(wb[i][b], pb);
+                                widen_f16_cv(wa[i][b], pa);
+                                widen_f16_cv(wb[i][b], pb);
                             } else {
                                 widen_f16(wa[i][b], pa);
                                 widen_f16(wb[i][b], pb);
@@ -475,7 +471,7 @@ static uint32_t early_mode(int n) {
 // them), each only with the activations in shared memory (the launch falls back to V = 0 where XS does
 // not fit). LUNAR_MOE_F16_IL: V_IL; unset: at one token (batch-1 decode), 1: at every token count, 0: off.
 // LUNAR_MOE_F16_SKIP=1 | 2 | 3: V_NW | V_CO | V_CS (WRONG results: the benchmark only). LUNAR_MOE_F16_CV=1:
-// V_CV, =2: V_CV | V_HI with IL (session 17, opt-in; the same bits). Measured (H200, two calls,
+// V_CV (session 17, opt-in; the same bits; level on K3.1, the TP8 slice's pair -1 %). Measured (H200, two calls,
 // docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)"): the pair at one
 // token, K3.1 110.8 -> 104.2 us (every round of 5 faster), the TP8 slice 23.3 -> 22.3; the K3.1 TP8
 // slice's B = 1 step 1.649 -> 1.635 ms (4 rounds alternating; 1.650 -> 1.639 in the first call).
@@ -483,11 +479,8 @@ static int v_mode(int n) {
     const char *il = getenv("LUNAR_MOE_F16_IL"), *sk = getenv("LUNAR_MOE_F16_SKIP"), *cv = getenv("LUNAR_MOE_F16_CV");
     const int skip = sk ? atoi(sk) : 0;
     const bool ilv = il ? atoi(il) == 1 : n == 1;
-    // CV's instances (launch_v): alone (=1 only), with IL, with IL and SKIP=3; elsewhere ignored
-    const int cvn = cv ? atoi(cv) : 0;
-    const int cvv = (cvn == 1 || (cvn == 2 && ilv)) && (skip == 0 || (skip == 3 && ilv))
-                        ? (cvn == 2 ? V_CV | V_HI : V_CV)
-                        : 0;
+    // CV's instances (launch_v): alone, with IL, with IL and SKIP=3; elsewhere ignored
+    const int cvv = cv && atoi(cv) == 1 && (skip == 0 || (skip == 3 && ilv)) ? V_CV : 0;
     return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : skip == 3 ? V_CS : 0) | cvv;
 }
 
@@ -537,10 +530,6 @@ void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, u
     case V_CV: launch_k<GATEUP, S, true, V_CV>(a, grid, smem, sx, true, T, opt, st); break;
     case V_IL | V_CV: launch_k<GATEUP, S, true, V_IL | V_CV>(a, grid, smem, sx, true, T, opt, st); break;
     case V_IL | V_CS | V_CV: launch_k<GATEUP, S, true, V_IL | V_CS | V_CV>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_CV | V_HI: launch_k<GATEUP, S, true, V_IL | V_CV | V_HI>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_CS | V_CV | V_HI:
-        launch_k<GATEUP, S, true, V_IL | V_CS | V_CV | V_HI>(a, grid, smem, sx, true, T, opt, st);
-        break;
     default: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     }
 }
