@@ -641,6 +641,69 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
     env_put_back(keep, 3);
 }
 
+/* LUNAR_MOE_F16_FUSED (cuda_moe_f16p.cu: path 16 at one token as one persistent kernel, a block per SM, its
+ * gate/up and down items in one grid fed by bulk copies, per-slot counters between the phases that the last
+ * block puts back to 0): with 8, 4 and 16 consumer warps (=1, 4, 16), each twice in a row (a counter left
+ * non-zero by the first launch would let the second's down items read h before it is written, or a block
+ * wait forever), against the CPU op (tol 1e-2, as every path), no expert row left NaN (NaN-poisoned outputs),
+ * the second run's rows and output bit-equal to the first's; then (=1) captured in a CUDA graph and replayed
+ * 3 times into poisoned rows and h, each bit-equal to the eager run. The caller's value of the switch is
+ * restored after. */
+static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                           const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
+                           int k, int D, int I) {
+    static const char *fv[3] = {"1", "4", "16"};
+    env_kept keep[1] = {{"LUNAR_MOE_F16_FUSED", NULL}};
+    env_keep(keep, 1);
+    const size_t nkd = (size_t)n * k * D;
+    float *r8 = NULL;
+    for (int f = 0; f < 3; f++) {
+        setenv("LUNAR_MOE_F16_FUSED", fv[f], 1);
+        float *y0 = NULL, *r0 = NULL;
+        for (int t = 0; t < 2; t++) {
+            float *y, *rows;
+            run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
+            char w2[192];
+            snprintf(w2, sizeof w2, "%s FUSED=%s run %d", what, fv[f], t + 1);
+            moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
+            long nan = 0;
+            for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
+            CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
+            if (!t) {
+                y0 = y, r0 = rows;
+                continue;
+            }
+            const long bad = bits_differ(rows, r0, nkd);
+            CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
+                      "%s: %ld expert-row values (or the combined output) differ from the first run", w2, bad);
+            free(y), free(rows);
+        }
+        free(y0);
+        if (f == 0) r8 = r0;
+        else free(r0);
+    }
+    setenv("LUNAR_MOE_F16_FUSED", "1", 1);
+    lunar_err err;
+    lunar_cuda_graph gr = NULL;
+    CHECK_MSG(lunar_cuda_capture_begin(&err) == 0, "%s FUSED=1: capture_begin failed", what);
+    lunar_cuda_moe_experts_run(ybuf, hbuf, dz, dw, r, 16, NULL);
+    const int rc = lunar_cuda_capture_end(&gr, NULL, &err);
+    CHECK_MSG(rc == 0 && gr, "%s FUSED=1: the capture failed", what);
+    for (int rep = 0; rc == 0 && gr && rep < 3; rep++) {
+        lunar_cuda_fill_u32(ybuf, 0x7fc00000u, nkd);
+        lunar_cuda_fill_u32(hbuf, 0x7fc07fc0u, (size_t)n * k * I / 2);
+        lunar_cuda_graph_launch(gr, NULL);
+        float *rows = dl_f32(ybuf, (long)nkd);
+        const long bad = bits_differ(rows, r8, nkd);
+        CHECK_MSG(bad == 0, "%s FUSED=1 graph replay %d: %ld expert-row values differ from the eager run", what,
+                  rep + 1, bad);
+        free(rows);
+    }
+    if (gr) lunar_cuda_graph_destroy(gr);
+    env_put_back(keep, 1);
+    free(r8);
+}
+
 /* LUNAR_MOE_BF16_EARLY (the BF16 pair with the shorter block start-up, cuda_moe_bf16e.cu): bit 2 the
  * route's count and expert id loaded together, bit 4 at one token no offsets / row_token loads (the
  * slot is the row; the host masks it off for n > 1); bit 1 is ignored (session 13's staging, out of the
@@ -732,6 +795,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         if (path == 16 && mxfp4 && act) f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_il_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
+        if (path == 16 && mxfp4 && act && n == 1) f16_fused_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);
             moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);
@@ -833,6 +897,13 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(7, 4, 16, 512, 640, 1, 1, 0, 1 | F16); /* split-K 2 in both GEMMs (J = 4, 5: uneven) */
     experts_case(1, 8, 16, 2048, 384, 1, 1, 0, 1 | F16); /* one token, 8 experts (EARLY bit 4: slot = row) */
     experts_case(6, 6, 16, 2304, 256, 1, 1, 2, 1 | F16); /* skewed: up to 6 rows an expert in one pass */
+    /* one token (LUNAR_MOE_F16_FUSED, f16_fused_case): K3.1's shape (K = 3584 / 3072: padded pitches, a down
+     * stage of one tile), its TP8 slice (down K = 384: 8 tiles a stage; 384 gate/up items > SMs), one slot
+     * (fewer items than SMs, k = 1), a 384-wide latent (24 down tiles of K = 256, skewed routing) */
+    experts_case(1, 16, 20, 3584, 3072, 1, 1, 0, F16);
+    experts_case(1, 16, 20, 3584, 384, 1, 1, 0, F16);
+    experts_case(1, 1, 8, 256, 128, 1, 1, 0, 1 | F16);
+    experts_case(1, 3, 8, 384, 256, 1, 1, 2, 1 | F16);
     experts_case(300, 6, 32, 256, 384, 1, 1, 2, 2 | WG | MX14);
     experts_case(200, 4, 64, 512, 256, 1, 0, 0, 2 | WG | MX14);
     experts_case(130, 4, 16, 384, 256, 1, 1, 1, 2 | WG | MX14); /* 130 rows on 4 experts: tiles of 128 + 2 */
