@@ -649,6 +649,7 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
  * the second run's rows and output bit-equal to the first's; then (=1) captured in a CUDA graph and replayed
  * 3 times into poisoned rows and h, each bit-equal to the eager run. The caller's value of the switch is
  * restored after. */
+extern long lunar_moe_f16_fused_launches; /* cuda_moe_f16p.cu: the kernel's launches (not in cuda_ops.h: test-only) */
 static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                            int k, int D, int I) {
@@ -656,6 +657,7 @@ static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float 
     env_kept keep[1] = {{"LUNAR_MOE_F16_FUSED", NULL}};
     env_keep(keep, 1);
     const size_t nkd = (size_t)n * k * D;
+    const long l0 = lunar_moe_f16_fused_launches;
     float *r8 = NULL;
     for (int f = 0; f < 3; f++) {
         setenv("LUNAR_MOE_F16_FUSED", fv[f], 1);
@@ -700,6 +702,9 @@ static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float 
         free(rows);
     }
     if (gr) lunar_cuda_graph_destroy(gr);
+    /* 6 eager runs and the capture: the kernel ran, not the pair it falls back to */
+    CHECK_MSG(lunar_moe_f16_fused_launches - l0 == 7, "%s: %ld launches of the fused kernel (want 7)", what,
+              lunar_moe_f16_fused_launches - l0);
     env_put_back(keep, 1);
     free(r8);
 }

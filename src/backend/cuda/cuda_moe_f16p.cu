@@ -21,8 +21,9 @@
 // odd (K / 2 or K / 2 + 16), which puts the 8 rows of each 8x8 matrix in 8 distinct bank groups.
 //
 // Between the phases: the down items of slot s read all of h[s]. Per-slot counters (g_fu_sync, a module
-// global: zero at load, put back to zero by the last block of every launch): each gate/up item adds 1 after
-// its h stores (the storing warp's __syncwarp, then __threadfence and a release add), the down items of slot s
+// global: zero at load, put back to zero by the last block of every launch): each block adds its run of slot s's
+// gate/up items after their h stores (the storing warp's __syncwarp, then __threadfence and a release add, once
+// after the run's last item), the down items of slot s
 // wait (one thread, ld.acquire.gpu, then the consumers' named barrier) until the count is the slot's gate/up
 // item count, and read h with coherent loads (ld.global.cg). A block's items are all of its phase-1 items before any
 // of its phase-2 items, so the waits form no cycle as long as every block is resident at once: the grid is the
@@ -214,8 +215,12 @@ __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g,
                     g.h[(size_t)s * g.R + r0 + lane] = *reinterpret_cast<uint16_t *>(&hh);
                 }
             }
-            __syncwarp();
-            if (lane == 0) __threadfence(), red_release_gpu(&g_fu_sync[s], 1u);
+            // the slot's count, once per run of its items in this block (a fence per item would cost warp 0
+            // ~1 us each): after the block's last item of slot s
+            if (i + 1 == e1 || (i + 1) / q.T1 != s) {
+                __syncwarp();
+                if (lane == 0) __threadfence(), red_release_gpu(&g_fu_sync[s], (uint32_t)(i + 1 - max(a1, s * q.T1)));
+            }
         }
         par ^= 1u;
     }
@@ -310,6 +315,11 @@ bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 }  // namespace
 
+// launches of this kernel in the process (host side; the op test checks that its cases ran it, not the pair)
+extern "C" {
+long lunar_moe_f16_fused_launches = 0;
+}
+
 bool moe_f16_fused_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st) {
     const int C = fused_mode();
     if (!C || slots < 1 || slots > FU_SLOTS) return false;
@@ -352,5 +362,8 @@ bool moe_f16_fused_decode(const xargs &g, const xargs &d, int slots, cudaStream_
     if (C == 4) launch_c<4>(g, d, slots, q, smem, st);
     else if (C == 16) launch_c<16>(g, d, slots, q, smem, st);
     else launch_c<8>(g, d, slots, q, smem, st);
+    if (!lunar_moe_f16_fused_launches++)  // once a process: what ran (the device logs show it)
+        fprintf(stderr, "lunar: LUNAR_MOE_F16_FUSED: one-token persistent kernel, %d consumer warps, %u stages of %u B, "
+                "%d down tiles a stage, %zu B of shared memory a block\n", C, q.ns, q.sb, q.MT2, smem);
     return true;
 }
