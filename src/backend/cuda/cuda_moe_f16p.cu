@@ -73,9 +73,25 @@ struct fu_geom {
     uint32_t P1, P2;   // row pitches (bytes) of the gate/up and down stages
     uint32_t sb, ns;   // stage bytes, stages
     uint32_t off_x, off_h, off_red, off_bar;
+    uint32_t red_n;  // floats of the partial sums (RD x C x RW), then 2 RD counters
 };
 
-template <int C>
+// one 32-column scale block of rows g and g + 8 (this lane's words wa, wb: 8 E2M1 nibbles each) against the
+// activations' pairs xv: the rows' block sums before the scale (the mma's token column: blk[0], blk[2]). The
+// place where another widening (FP8 mma of E5M2 weights, say) would drop in.
+__device__ __forceinline__ float2 mx_block_f16(uint32_t wa, uint32_t wb, uint4 xv) {
+    uint32_t pa[4], pb[4];
+    widen_f16(wa, pa);
+    widen_f16(wb, pb);
+    float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_f16(blk, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+    mma_f16(blk, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+    return make_float2(blk[0], blk[2]);
+}
+
+// C consumer warps + 1 producer warp; LW: an item's partials summed by the last warp to finish it (else warp 0
+// after a barrier of the consumers at every item)
+template <int C, bool LW>
 __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g, xargs d, int slots, fu_geom q) {
     extern __shared__ __align__(128) uint8_t sm[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -87,6 +103,7 @@ __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g,
         // the barriers' initialisation visible to the bulk copies (the async proxy)
         asm volatile("fence.mbarrier_init.release.cluster;\nfence.proxy.async.shared::cta;" ::: "memory");
     }
+    if (threadIdx.x < 8) ((uint32_t *)(sm + q.off_red))[q.red_n + threadIdx.x] = 0u;  // rcnt, rgen (consumers)
     pdl_wait();  // the route and the activations: the predecessors' output
     const int L = min(g.counts[g.E], slots);
     for (int s = threadIdx.x; s < L; s += blockDim.x) {
@@ -141,23 +158,25 @@ __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g,
     }
 
     // the consumers
-    constexpr int NT = 32 * C;
+    constexpr int NT = 32 * C, RD = 4;  // RD: the items whose partial sums can be in shared memory at once
     const int gq = lane >> 2, c = lane & 3, lr = lane & 7, lm = lane >> 3;
-    const int red_w = q.MT2 > 2 ? q.MT2 : 2;  // partial slots a warp: 2 matrices (gate/up) or MT2 tiles (down)
-    float *red = (float *)(sm + q.off_red);   // [2 item parities][C][red_w][16]
-    uint4 *hs = (uint4 *)(sm + q.off_h);      // the down activations (h of one slot) as f16 pairs
-    uint32_t qi = 0, par = 0;
-    int cur = -1;  // the slot whose h is in hs
-    // warp `warp`'s partial sums of rows (row0 + g, row0 + g + 8) of tile t of the NM stages st[] (K columns,
-    // pitch P; the scale bytes of rows 0.. after srow rows), its chunks j = w', w' + C, ... with w' the warp's
-    // turn within the tile (interleaved across the tiles of a stage: (t J + j) % C == warp)
+    const int RW = (q.MT2 > 2 ? q.MT2 : 2) * 16;   // a warp's partials: 2 matrices (gate/up) or MT2 tiles (down)
+    float *red = (float *)(sm + q.off_red);          // [RD][C][RW]
+    uint32_t *rcnt = (uint32_t *)(red + RD * C * RW);  // [RD] the warps' arrivals (LW), [RD] epilogues done
+    volatile uint32_t *rgen = rcnt + RD;
+    uint4 *hs = (uint4 *)(sm + q.off_h);  // the down activations (h of one slot) as f16 pairs
+    uint32_t qi = 0;                      // the tile sequence (the producer's)
+    int n = 0, ub = 0, cur = -1;          // this block's items so far; the chunk turn; the slot whose h is in hs
+    // warp `warp`'s partial sums of rows (g, g + 8) of tile t of the NM stages st[] (K columns, pitch P; the scale
+    // bytes of rows 0.. after srow rows): the chunks j whose turn (ub + t J + j) % C is the warp's (interleaved
+    // k-splits; the turn runs on across tiles and items, so no warp is always the one with a chunk more)
     auto tile_sum = [&](auto nm, const uint32_t *st, int t, int srow, int K, uint32_t P, const uint4 *xsrc,
                         float (&acc)[2][2]) {
         constexpr int NM = decltype(nm)::value;
         const int J = K / 128, KW = K / 128;  // chunks a row; scale words a row
 #pragma unroll
         for (int i = 0; i < NM; i++) acc[i][0] = acc[i][1] = 0.0f;
-        const int jf = ((warp - t * J) % C + C) % C;
+        const int jf = ((warp - ub - t * J) % C + C) % C;
         for (int j = jf; j < J; j += C) {
             uint32_t wa[NM][4], wb[NM][4], swa[NM], swb[NM];
 #pragma unroll
@@ -175,23 +194,43 @@ __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g,
                 const uint4 xv = xsrc[16 * j + 4 * bb + c];
 #pragma unroll
                 for (int i = 0; i < NM; i++) {
-                    uint32_t pa[4], pb[4];
-                    widen_f16(wa[i][bb], pa);
-                    widen_f16(wb[i][bb], pb);
-                    float blk[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                    mma_f16(blk, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-                    mma_f16(blk, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
-                    // the token's column 0: blk[0] row g, blk[2] row g + 8 (lanes c = 0)
-                    acc[i][0] = fmaf(scale_f(swa[i], bb), blk[0], acc[i][0]);
-                    acc[i][1] = fmaf(scale_f(swb[i], bb), blk[2], acc[i][1]);
+                    const float2 v = mx_block_f16(wa[i][bb], wb[i][bb], xv);
+                    acc[i][0] = fmaf(scale_f(swa[i], bb), v.x, acc[i][0]);
+                    acc[i][1] = fmaf(scale_f(swb[i], bb), v.y, acc[i][1]);
                 }
             }
         }
     };
     using one_t = std::integral_constant<int, 1>;
     using two_t = std::integral_constant<int, 2>;
+    // after the warp's partials of item n are in red[n % RD]: whether this warp sums the item. LW: the last warp
+    // to arrive (a shared-memory count; the others go on to their next item), else warp 0 after a barrier
+    auto sums_item = [&]() -> bool {
+        if constexpr (LW) {
+            __syncwarp();
+            uint32_t old = 0;
+            if (lane == 0) __threadfence_block(), old = atomicAdd(&rcnt[n % RD], 1u);
+            old = __shfl_sync(0xffffffffu, old, 0);
+            const bool last = old % C == C - 1;  // the count only grows: C arrivals an item
+            if (last) __threadfence_block(), __syncwarp();  // lane 0 saw the count: every lane then reads
+            return last;
+        } else {
+            cons_sync(NT);
+            return warp == 0;
+        }
+    };
+    // before writing item n's partials: the epilogue of item n - RD (the slot's previous user) has read them
+    auto red_free = [&]() {
+        if (n >= RD)
+            while (rgen[n % RD] < (uint32_t)(n / RD)) {
+            }
+    };
+    auto red_done = [&]() {
+        __syncwarp();
+        if (lane == 0) __threadfence_block(), rgen[n % RD] = (uint32_t)(n / RD + 1);
+    };
 
-    for (int i = a1; i < e1; i++) {
+    for (int i = a1; i < e1; i++, n++) {
         const int s = i / q.T1, r0 = (i - s * q.T1) * 16;
         const uint32_t st[2] = {qi % q.ns, (qi + 1) % q.ns};
         mbar_wait(full0 + 8 * st[0], (qi / q.ns) & 1u);
@@ -200,34 +239,36 @@ __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g,
         tile_sum(two_t{}, st, 0, 16, K1, q.P1, xs, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st[0]), mbar_arrive(empty0 + 8 * st[1]);
-        qi += 2;
-        float *rp = red + (size_t)par * C * red_w * 16 + (size_t)warp * red_w * 16;
-        if (c == 0) rp[gq] = acc[0][0], rp[gq + 8] = acc[0][1], rp[16 + gq] = acc[1][0], rp[16 + gq + 8] = acc[1][1];
-        cons_sync(NT);
-        if (warp == 0) {
-            if (lane < 16) {
-                const float *r = red + (size_t)par * C * red_w * 16;
-                float sg = 0.0f, su = 0.0f;
-                for (int w = 0; w < C; w++) sg += r[w * red_w * 16 + lane], su += r[w * red_w * 16 + 16 + lane];
-                if (ex[s] >= 0) {
-                    const float hv = glu_act(sg * 8192.0f, su * 8192.0f, g.act, g.beta, g.beta_l);
-                    __half hh = __float2half_rn(hv);  // f16: the down phase reads it as is
-                    g.h[(size_t)s * g.R + r0 + lane] = *reinterpret_cast<uint16_t *>(&hh);
-                }
-            }
-            // the slot's count, once per run of its items in this block (a fence per item would cost warp 0
-            // ~1 us each): after the block's last item of slot s
-            if (i + 1 == e1 || (i + 1) / q.T1 != s) {
-                __syncwarp();
-                if (lane == 0) __threadfence(), red_release_gpu(&g_fu_sync[s], (uint32_t)(i + 1 - max(a1, s * q.T1)));
+        qi += 2, ub = (ub + K1 / 128) % C;
+        red_free();
+        float *rb = red + (size_t)(n % RD) * C * RW;
+        if (c == 0) {
+            float *rp = rb + warp * RW;
+            rp[gq] = acc[0][0], rp[gq + 8] = acc[0][1], rp[16 + gq] = acc[1][0], rp[16 + gq + 8] = acc[1][1];
+        }
+        if (sums_item()) {
+            float sg = 0.0f, su = 0.0f;
+            if (lane < 16)
+                for (int w = 0; w < C; w++) sg += rb[w * RW + lane], su += rb[w * RW + 16 + lane];
+            red_done();
+            if (lane < 16 && ex[s] >= 0) {
+                const float hv = glu_act(sg * 8192.0f, su * 8192.0f, g.act, g.beta, g.beta_l);
+                __half hh = __float2half_rn(hv);  // f16: the down phase reads it as is
+                g.h[(size_t)s * g.R + r0 + lane] = *reinterpret_cast<uint16_t *>(&hh);
             }
         }
-        par ^= 1u;
+        // the slot's count, once per run of its items in this block (a fence per item would cost ~1 us each):
+        // after the run's last item, every consumer warp (the items' h stores, by whichever warp summed each)
+        if (i + 1 == e1 || (i + 1) / q.T1 != s) {
+            cons_sync(NT);
+            if (threadIdx.x == 0) __threadfence(), red_release_gpu(&g_fu_sync[s], (uint32_t)(i + 1 - max(a1, s * q.T1)));
+        }
     }
-    for (int i = a2; i < e2; i++) {
+    for (int i = a2; i < e2; i++, n++) {
         const int s = i / q.T2g, r0 = (i - s * q.T2g) * 16 * q.MT2, mt = min(q.MT2, (d.R - r0) / 16);
         if (s != cur) {
-            // all of h[s]: every gate/up item of slot s has added its 1
+            // all of h[s]: every gate/up item of slot s has been counted (and hs's readers are done)
+            cons_sync(NT);
             if (threadIdx.x == 0) {
                 while (ld_acquire_gpu(&g_fu_sync[s]) < (uint32_t)q.T1) __nanosleep(64);
                 __threadfence();
@@ -245,23 +286,32 @@ __global__ void __launch_bounds__(32 * (C + 1), 1) moe_f16_fused_kernel(xargs g,
         }
         const uint32_t st[1] = {qi % q.ns};
         mbar_wait(full0 + 8 * st[0], (qi / q.ns) & 1u);
-        float *rp = red + (size_t)par * C * red_w * 16 + (size_t)warp * red_w * 16;
+        red_free();  // before the tiles: each tile's partials go to red as they are done
+        float *rb = red + (size_t)(n % RD) * C * RW;
         for (int t = 0; t < mt; t++) {
             float acc[2][2];
             tile_sum(one_t{}, st, t, 16 * q.MT2, K2, q.P2, hs, acc);
-            if (c == 0) rp[16 * t + gq] = acc[0][0], rp[16 * t + gq + 8] = acc[0][1];
+            if (c == 0) rb[warp * RW + 16 * t + gq] = acc[0][0], rb[warp * RW + 16 * t + gq + 8] = acc[0][1];
         }
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + 8 * st[0]);
-        qi++;
-        cons_sync(NT);
-        if (threadIdx.x < 16 * mt && ex[s] >= 0) {
-            const float *r = red + (size_t)par * C * red_w * 16;
-            float sy = 0.0f;
-            for (int w = 0; w < C; w++) sy += r[w * red_w * 16 + threadIdx.x];
-            d.y[(size_t)s * d.R + r0 + threadIdx.x] = sy * 8192.0f * d.row_weight[s];
+        qi++, ub = (ub + mt * (K2 / 128)) % C;
+        if (sums_item()) {
+            float sy[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                sy[u] = 0.0f;
+                if (lane + 32 * u < 16 * mt)
+                    for (int w = 0; w < C; w++) sy[u] += rb[w * RW + lane + 32 * u];
+            }
+            red_done();
+            if (ex[s] >= 0) {
+                const float rw = d.row_weight[s] * 8192.0f;
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (lane + 32 * u < 16 * mt) d.y[(size_t)s * d.R + r0 + lane + 32 * u] = sy[u] * rw;
+            }
         }
-        par ^= 1u;
     }
     // the last block to finish puts the counters back (no block reads them any more in this launch)
     cons_sync(NT);
@@ -283,6 +333,13 @@ int fused_mode() {
     return m == 1 || m == 8 ? 8 : m == 4 || m == 16 ? m : 0;
 }
 
+// LUNAR_MOE_F16_FUSED_LW (read at every launch): 0: the items' partials summed by warp 0 after a barrier of
+// the consumer warps at every item; unset or 1: by the last warp to finish the item (the kernel's LW)
+bool lw_mode() {
+    const char *v = getenv("LUNAR_MOE_F16_FUSED_LW");
+    return !v || atoi(v) != 0;
+}
+
 int dev_attr(cudaDeviceAttr at) {
     static int cache[2][8];
     const int k = at == cudaDevAttrMultiProcessorCount ? 0 : 1;
@@ -298,16 +355,16 @@ int dev_attr(cudaDeviceAttr at) {
 // a row pitch whose 16-byte units are odd: the 8 rows of an ldmatrix in 8 distinct bank groups
 uint32_t pitch_of(int K) { return (uint32_t)(K / 32 % 2 ? K / 2 : K / 2 + 16); }
 
-template <int C>
+template <int C, bool LW>
 void launch_c(const xargs &g, const xargs &d, int slots, const fu_geom &q, size_t smem, cudaStream_t st) {
     static size_t opted[8];
     int dev = 0;
     CUDA_CHECK(cudaGetDevice(&dev));
     if (smem > 48 * 1024 && (dev < 0 || dev >= 8 || smem > opted[dev])) {
-        CUDA_CHECK(cudaFuncSetAttribute(moe_f16_fused_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        CUDA_CHECK(cudaFuncSetAttribute(moe_f16_fused_kernel<C, LW>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         if (dev >= 0 && dev < 8) opted[dev] = smem;
     }
-    launch_pdl(moe_f16_fused_kernel<C>, dim3(dev_attr(cudaDevAttrMultiProcessorCount)), dim3(32 * (C + 1)), smem, st, g,
+    launch_pdl(moe_f16_fused_kernel<C, LW>, dim3(dev_attr(cudaDevAttrMultiProcessorCount)), dim3(32 * (C + 1)), smem, st, g,
                d, slots, q);
 }
 
@@ -345,10 +402,11 @@ bool moe_f16_fused_decode(const xargs &g, const xargs &d, int slots, cudaStream_
     q.MT2 = mt2;
     q.T2g = (d.R / 16 + mt2 - 1) / mt2;
     const int red_w = mt2 > 2 ? mt2 : 2;
+    q.red_n = (uint32_t)(4 * C * red_w * 16);     // the kernel's RD = 4 items of partials
     q.off_x = 0;                                   // the latent in f16 pairs: K1 x 2 bytes
     q.off_h = q.off_x + (uint32_t)K1 * 2;           // h of one slot: K2 x 2 bytes
-    q.off_red = q.off_h + (uint32_t)K2 * 2;        // [2][C][red_w][16] floats
-    q.off_bar = q.off_red + (uint32_t)(2 * C * red_w * 16 * 4);
+    q.off_red = q.off_h + (uint32_t)K2 * 2;        // [4][C][red_w x 16] floats, 8 counters
+    q.off_bar = q.off_red + (q.red_n + 8) * 4;
     const uint32_t fixed = ((q.off_bar + 2 * 8 * 16 + FU_SLOTS * 4) + 127) & ~127u;  // <= 16 stages of barriers
     const int maxsm = dev_attr(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     if ((int)fixed + 2 * (int)q.sb > maxsm) return false;
@@ -359,11 +417,12 @@ bool moe_f16_fused_decode(const xargs &g, const xargs &d, int slots, cudaStream_
     const uint32_t ring = ns * q.sb;
     q.off_x += ring, q.off_h += ring, q.off_red += ring, q.off_bar += ring;
     const size_t smem = ring + fixed;
-    if (C == 4) launch_c<4>(g, d, slots, q, smem, st);
-    else if (C == 16) launch_c<16>(g, d, slots, q, smem, st);
-    else launch_c<8>(g, d, slots, q, smem, st);
+    const bool lw = lw_mode();
+    if (C == 4) lw ? launch_c<4, true>(g, d, slots, q, smem, st) : launch_c<4, false>(g, d, slots, q, smem, st);
+    else if (C == 16) lw ? launch_c<16, true>(g, d, slots, q, smem, st) : launch_c<16, false>(g, d, slots, q, smem, st);
+    else lw ? launch_c<8, true>(g, d, slots, q, smem, st) : launch_c<8, false>(g, d, slots, q, smem, st);
     if (!lunar_moe_f16_fused_launches++)  // once a process: what ran (the device logs show it)
-        fprintf(stderr, "lunar: LUNAR_MOE_F16_FUSED: one-token persistent kernel, %d consumer warps, %u stages of %u B, "
-                "%d down tiles a stage, %zu B of shared memory a block\n", C, q.ns, q.sb, q.MT2, smem);
+        fprintf(stderr, "lunar: LUNAR_MOE_F16_FUSED: one-token persistent kernel, %d consumer warps, LW %d, %u stages of "
+                "%u B, %d down tiles a stage, %zu B of shared memory a block\n", C, (int)lw, q.ns, q.sb, q.MT2, smem);
     return true;
 }
