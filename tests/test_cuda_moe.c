@@ -643,7 +643,8 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
 
 /* LUNAR_MOE_F16_FUSED (cuda_moe_f16p.cu: path 16 at one token as one persistent kernel, a block per SM, its
  * gate/up and down items in one grid fed by bulk copies, per-slot counters between the phases that the last
- * block puts back to 0): with 8, 4 and 16 consumer warps (=1, 4, 16), each twice in a row (a counter left
+ * block puts back to 0): with 8, 4 and 16 consumer warps (=1, 4, 16) and with 8 under LUNAR_MOE_F16_FUSED_LW=0
+ * (the per-item barrier: the same sums, bit-equal to =1), each twice in a row (a counter left
  * non-zero by the first launch would let the second's down items read h before it is written, or a block
  * wait forever), against the CPU op (tol 1e-2, as every path), no expert row left NaN (NaN-poisoned outputs),
  * the second run's rows and output bit-equal to the first's; then (=1) captured in a CUDA graph and replayed
@@ -653,24 +654,28 @@ extern long lunar_moe_f16_fused_launches; /* cuda_moe_f16p.cu: the kernel's laun
 static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                            const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                            int k, int D, int I) {
-    static const char *fv[3] = {"1", "4", "16"};
-    env_kept keep[1] = {{"LUNAR_MOE_F16_FUSED", NULL}};
-    env_keep(keep, 1);
+    static const char *fv[4] = {"1", "4", "16", "1"};
+    env_kept keep[2] = {{"LUNAR_MOE_F16_FUSED", NULL}, {"LUNAR_MOE_F16_FUSED_LW", NULL}};
+    env_keep(keep, 2);
     const size_t nkd = (size_t)n * k * D;
     const long l0 = lunar_moe_f16_fused_launches;
     float *r8 = NULL;
-    for (int f = 0; f < 3; f++) {
+    for (int f = 0; f < 4; f++) {
         setenv("LUNAR_MOE_F16_FUSED", fv[f], 1);
+        env_set("LUNAR_MOE_F16_FUSED_LW", f == 3 ? "0" : NULL);
         float *y0 = NULL, *r0 = NULL;
         for (int t = 0; t < 2; t++) {
             float *y, *rows;
             run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
             char w2[192];
-            snprintf(w2, sizeof w2, "%s FUSED=%s run %d", what, fv[f], t + 1);
+            snprintf(w2, sizeof w2, "%s FUSED=%s%s run %d", what, fv[f], f == 3 ? " LW=0" : "", t + 1);
             moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
             long nan = 0;
             for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
             CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
+            /* LW=0 (warp 0 sums each item after a barrier) adds the same partials in the same order as LW */
+            const long bad8 = f == 3 ? bits_differ(rows, r8, nkd) : 0;
+            CHECK_MSG(bad8 == 0, "%s: %ld expert-row values differ from LW's (FUSED=1)", w2, bad8);
             if (!t) {
                 y0 = y, r0 = rows;
                 continue;
@@ -684,6 +689,7 @@ static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float 
         if (f == 0) r8 = r0;
         else free(r0);
     }
+    env_set("LUNAR_MOE_F16_FUSED_LW", NULL);
     setenv("LUNAR_MOE_F16_FUSED", "1", 1);
     lunar_err err;
     lunar_cuda_graph gr = NULL;
@@ -702,10 +708,10 @@ static void f16_fused_case(const char *what, float *ybuf, uint16_t *hbuf, float 
         free(rows);
     }
     if (gr) lunar_cuda_graph_destroy(gr);
-    /* 6 eager runs and the capture: the kernel ran, not the pair it falls back to */
-    CHECK_MSG(lunar_moe_f16_fused_launches - l0 == 7, "%s: %ld launches of the fused kernel (want 7)", what,
+    /* 8 eager runs and the capture: the kernel ran, not the pair it falls back to */
+    CHECK_MSG(lunar_moe_f16_fused_launches - l0 == 9, "%s: %ld launches of the fused kernel (want 9)", what,
               lunar_moe_f16_fused_launches - l0);
-    env_put_back(keep, 1);
+    env_put_back(keep, 2);
     free(r8);
 }
 
