@@ -2,6 +2,7 @@
 // <= 32 heads): FP8 scores as S^T with heads as N, V^T from the e4m3 tile in registers, and its rounds' switches.
 #include <type_traits>
 
+#include "backend/cuda/cuda_mla_wgmma_cl.cuh"
 #include "backend/cuda/cuda_mla_wgmma_lm.cuh"
 #include "backend/cuda/cuda_mla_wgmma_rs.cuh"
 
@@ -556,8 +557,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     __syncthreads(); // nobody reads red any more (nor alpha: kXLm's own log2-sum-exps and its flag go there)
     // session 17 (kXLm): the block's ticket taken as soon as its loop is done (cuda_mla_wgmma_lm.cuh); the row's last
     // block merges from its registers and stores no partial
-    constexpr bool Lm = (X & rs::kXLm) != 0;
-    static_assert(!Lm || (X & rs::kXMrg) == 0, "one merge in the tail");
+    constexpr bool Lm = (X & rs::kXLm) != 0, Cl = (X & rs::kXCl) != 0; // (Cl: cuda_mla_wgmma_cl.cuh)
+    static_assert((X & rs::kXMrg ? 1 : 0) + Lm + Cl <= 1, "one merge in the tail");
     [[maybe_unused]] unsigned *lm_cnt = g_mla_tickets + (size_t)b.row * gridDim.x + blockIdx.x;
     if constexpr (Lm)
         if (a.splits > 1 && b.tid == 0) b.alpha[32] = lm::arrive(lm_cnt, a.splits) ? 1.0f : 0.0f;
@@ -580,8 +581,8 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 b.linv[h] = ls > 0.0f ? os / ls : 0.0f;
                 if (!direct && h < b.nh) {
                     const float lse = ls > 0.0f ? m[i][c] + log2f(ls) : -INFINITY;
-                    if constexpr (Lm) b.alpha[h] = lse; // (h < 32: the flag's word untouched)
-                    if (!lm_last) a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] = lse;
+                    if constexpr (Lm || Cl) b.alpha[h] = lse; // (h < 32: the flag's word untouched)
+                    if (!lm_last && !Cl) a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] = lse;
                 }
             }
     }
@@ -597,6 +598,23 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
             if (!direct) {
                 if constexpr (Trace) trace_stamp(9);
                 lm::publish(lm_cnt, b.tid);
+            }
+        }
+    } else if constexpr (Cl) {
+        if (direct) {
+            rs::store_ot<N>(a, b, o);
+        } else {
+            // the partial in stage memory (free now: 64 KB of the three 40 KB stages), the weights' scratch after it
+            float *part = reinterpret_cast<float *>(b.smem + L::raw_off), *scratch = part + 32 * kR;
+            const uint32_t part_sb = b.sb + L::raw_off, lse_sb = smem_u32(b.alpha);
+            if constexpr (Trace) trace_stamp(9);
+            switch (a.splits) { // (the cluster's size: 2 .. 16)
+#define CL_MERGE(n) \
+    case n: cl::merge<N, n>(a, b, o, part, part_sb, lse_sb, scratch); break
+                CL_MERGE(2); CL_MERGE(3); CL_MERGE(4); CL_MERGE(5); CL_MERGE(6); CL_MERGE(7); CL_MERGE(8); CL_MERGE(9);
+                CL_MERGE(10); CL_MERGE(11); CL_MERGE(12); CL_MERGE(13); CL_MERGE(14); CL_MERGE(15);
+                default: cl::merge<N, 16>(a, b, o, part, part_sb, lse_sb, scratch);
+#undef CL_MERGE
             }
         }
     } else {
@@ -632,7 +650,28 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
         attr = true;
     }
-    if constexpr ((X & rs::kXPw) != 0) {
+    if constexpr ((X & rs::kXCl) != 0) {
+        // session 17: a row's splits as one cluster (1 x splits x 1), the merge through distributed shared memory;
+        // the dispatcher checked that clusters of 16 (non-portable) can be placed
+        if (p.splits > 8) {
+            static bool np = false;
+            if (!np) {
+                CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe, X>,
+                                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+                np = true;
+            }
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(p.hb, p.splits, a.rows);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = L::smem;
+        cfg.stream = s;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)p.splits, at[0].val.clusterDim.z = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<S, Lazy, Pipe, X>, a, tm, lazy));
+    } else if constexpr ((X & rs::kXPw) != 0) {
         // round 11: a dependent launch, without the cooperative attribute where the merge is in the tail (kXMrg):
         // its blocks still all reside at once (merge_in_kernel: one wave of one block per SM; the predecessor's
         // blocks leave without waiting for this kernel, and the successor is placed only once every block of this
@@ -688,10 +727,39 @@ ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kX
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm | rs::kXTrace);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXMe);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl | rs::kXTrace);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXMe | rs::kXTrace);
 #undef ST_INSTANCE
 
 bool trace_on;
+
+int cl_max_clusters(int splits) {
+    // how many clusters of `splits` blocks of the kXCl instance the device places at once (0: none, or the query
+    // failed); asked once per size
+    constexpr int X = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
+    using L = rs::Lay<2, 3, 5>;
+    static int known[17];
+    if (splits < 2 || splits > 16) return 0;
+    if (known[splits]) return known[splits] - 1;
+    auto k = wgmma_decode_st_kernel<3, true, true, X>;
+    int n = 0;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem) == cudaSuccess &&
+        (splits <= 8 || cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1, (unsigned)splits, 132);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = L::smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)splits, at[0].val.clusterDim.z = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) n = 0;
+    }
+    (void)cudaGetLastError(); // (a refused query leaves no error behind)
+    known[splits] = n + 1;
+    return n;
+}
 
 // the bench's trace buffer (tools/device/bench_mla.c declares it: fp8trace), into this file's g_trace: the one the
 // traced st instances read
