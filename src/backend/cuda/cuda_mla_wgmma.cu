@@ -499,10 +499,12 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     const bool s10p = forced && !strcmp(f8, "s10p");
     // (=s17l: s10m with session 17's merge by the row's last-arriving block, rs::kXLm, wherever a row has 2 to
     // lm::kMaxSplits splits (cuda_mla_wgmma_lm.cuh; no co-residency needed, so not bound by merge_in_kernel); s10m's
-    // choice elsewhere, its in-kernel merge with the partial O loads before the weights' (rs::kXMe))
+    // choice elsewhere, its in-kernel merge with the partial O loads before the weights' (rs::kXMe); measured 0.98-0.99x
+    // the default at H = 32: opt-in, docs/benchmarks.md, "MLA decode, FP8 pages, round 12")
     // (=s17c: s17l with session 17's merge through distributed shared memory, a row's splits as one cluster (rs::kXCl,
     // cuda_mla_wgmma_cl.cuh), at 2 to 16 splits where the device places all of the call's clusters at once; s17l's
-    // choice elsewhere)
+    // choice elsewhere; measured 1.02x at H = 32, B = 64, 8K, 0.98-0.99x at the other shapes (the tile loop's schedule
+    // moves with the tail), Kimi-Linear's B = 64, 8K TPOT -1.7 %: opt-in, "... round 12")
     const bool s17c = forced && !strcmp(f8, "s17c");
     const bool cl = s17c && p.hpb <= 32 && p.splits >= 2 && p.splits <= 16 && (long)p.hb * rows <= cl_max_clusters(p.splits);
     const bool s17l = forced && (!strcmp(f8, "s17l") || s17c);
