@@ -53,10 +53,12 @@ struct Plan {
 // kXCvt (V^T by cvt.rn.f16x2.e4m3x2); kXTrace the bench's phase stamps; round 9 kXQF (q before the copies), kXMrg
 // (the split-K merge in the kernel's tail), kXFtz (the tile's exp2 ftz); round 10 kXPv (PV(it - 1) in flight past
 // the tile's top wait), kXMt (the in-kernel merge's loads batched); round 11 kXPw (a dependent launch whose set-up,
-// all but q, runs before its wait)
+// all but q, runs before its wait); session 17 kXLm (the split-K merge by the row's last-arriving block, from its
+// registers: cuda_mla_wgmma_lm.cuh), kXMe (kXMt's partial O loads issued before the weights'), kXCl (a row's splits as
+// one cluster, the merge through distributed shared memory: cuda_mla_wgmma_cl.cuh)
 namespace rs {
 constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256,
-              kXPw = 512;
+              kXPw = 512, kXLm = 1024, kXMe = 2048, kXCl = 4096;
 } // namespace rs
 // Round 9's merge in the kernel (rs::kXMrg): a ticket counter per (row, head block) (g_mla_tickets, in
 // cuda_mla_wgmma_st.cu); the launcher keeps rows x head blocks within it
@@ -175,6 +177,8 @@ template <int S, bool Lazy = false, bool Pipe = false, int X = 0>
 void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s, float lazy = 8.0f);
 // lunar_cuda_mla_wgmma_trace (cuda_mla_wgmma_st.cu) set a buffer: the dispatcher may launch the traced instances
 extern bool trace_on;
+// cuda_mla_wgmma_st.cu: how many clusters of `splits` blocks of the st kernel's kXCl instance fit the device at once
+int cl_max_clusters(int splits);
 
 } // namespace mla_wg
 

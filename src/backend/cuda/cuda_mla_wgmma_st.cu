@@ -2,6 +2,8 @@
 // <= 32 heads): FP8 scores as S^T with heads as N, V^T from the e4m3 tile in registers, and its rounds' switches.
 #include <type_traits>
 
+#include "backend/cuda/cuda_mla_wgmma_cl.cuh"
+#include "backend/cuda/cuda_mla_wgmma_lm.cuh"
 #include "backend/cuda/cuda_mla_wgmma_rs.cuh"
 
 namespace mla_wg {
@@ -137,7 +139,66 @@ __device__ __forceinline__ void merge_cols(const Args &a, int tid, size_t rh0, i
         }
     }
 }
-template <class B, bool Mt = false> __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scratch) {
+// the splits' weights and the output factor of this block's heads (one warp a head, the merge kernel's first warp):
+// merge_tail's loop, for merge_early
+__device__ __forceinline__ void merge_weights(const Args &a, int lane, int warp, size_t rh0, int nk, float *wts, float *fac) {
+    const int splits = a.splits;
+    const size_t RH = (size_t)a.rows * a.H;
+    for (int k = warp; k < nk; k += kThreads / 32) {
+        const size_t rh = rh0 + (size_t)k * splits;
+        const float l = lane < splits ? __ldcg(a.lse_part + (size_t)lane * RH + rh) : -INFINITY;
+        float M = l;
+#pragma unroll
+        for (int x = 16; x; x >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
+        const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
+        float sum = w;
+#pragma unroll
+        for (int x = 16; x; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
+        wts[k * 32 + lane] = w;
+        if (lane == 0) fac[k] = sum > 0.0f ? a.out_scale / sum : 0.0f;
+    }
+}
+// Session 17 (rs::kXMe, with kXMrg and kXMt; =s17l where a row has more than lm::kMaxSplits splits): merge_cols with
+// its partial O loads issued before the weights' log2-sum-exp loads instead of after them (the loads do not depend on
+// the weights): one dependent L2 round trip less after the ticket wait; the same sums in the same order (its bits)
+template <int NS>
+__device__ __forceinline__ void merge_early(const Args &a, int tid, int lane, int warp, size_t rh0, int nk, float *wts,
+                                            float *fac) {
+    constexpr int IT = 16 / NS;
+    const size_t RH = (size_t)a.rows * a.H;
+    float4 v[IT][NS];
+#pragma unroll
+    for (int j = 0; j < IT; j++) {
+        const int idx = tid + j * kThreads;
+        if (idx < nk * (kR / 4)) {
+            const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
+            const size_t rh = rh0 + (size_t)k * NS;
+#pragma unroll
+            for (int sp = 0; sp < NS; sp++)
+                v[j][sp] = __ldcg(reinterpret_cast<const float4 *>(a.o_part + ((size_t)sp * RH + rh) * kR + d));
+        }
+    }
+    merge_weights(a, lane, warp, rh0, nk, wts, fac);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < IT; j++) {
+        const int idx = tid + j * kThreads;
+        if (idx < nk * (kR / 4)) {
+            const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
+            const size_t rh = rh0 + (size_t)k * NS;
+            float4 acc = make_float4(0, 0, 0, 0);
+#pragma unroll
+            for (int sp = 0; sp < NS; sp++) {
+                const float w = wts[k * 32 + sp];
+                acc.x += w * v[j][sp].x, acc.y += w * v[j][sp].y, acc.z += w * v[j][sp].z, acc.w += w * v[j][sp].w;
+            }
+            const float f = fac[k];
+            *reinterpret_cast<float4 *>(a.o + rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+        }
+    }
+}
+template <class B, bool Mt = false, bool Me = false>
+__device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scratch) {
     const int splits = a.splits, tid = b.tid, lane = b.lane, warp = b.warp;
     __threadfence(); // this block's partial O and log2-sum-exp visible device-wide before it arrives
     __syncthreads();
@@ -158,6 +219,12 @@ template <class B, bool Mt = false> __device__ __forceinline__ void merge_tail(c
     const size_t rh0 = (size_t)b.row * a.H + b.h0 + b.split; // this block's heads: rh0 + k splits
     const int nk = b.nh > b.split ? (b.nh - b.split + splits - 1) / splits : 0;
     float *wts = scratch, *fac = scratch + 32 * 32; // [k][32] the splits' weights, [k] the output factor
+    if constexpr (Me) {
+        if (splits == 2) return merge_early<2>(a, tid, lane, warp, rh0, nk, wts, fac);
+        if (splits == 4) return merge_early<4>(a, tid, lane, warp, rh0, nk, wts, fac);
+        if (splits == 8) return merge_early<8>(a, tid, lane, warp, rh0, nk, wts, fac);
+        if (splits == 16) return merge_early<16>(a, tid, lane, warp, rh0, nk, wts, fac);
+    }
     for (int k = warp; k < nk; k += kThreads / 32) {
         const size_t rh = rh0 + (size_t)k * splits;
         const float l = lane < splits ? __ldcg(a.lse_part + (size_t)lane * RH + rh) : -INFINITY;
@@ -487,13 +554,21 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int c = 0; c < 2; c++) l[i][c] += __shfl_xor_sync(0xffffffffu, l[i][c], x);
-    __syncthreads(); // nobody reads red any more
+    __syncthreads(); // nobody reads red any more (nor alpha: kXLm's own log2-sum-exps and its flag go there)
+    // session 17 (kXLm): the block's ticket taken as soon as its loop is done (cuda_mla_wgmma_lm.cuh); the row's last
+    // block merges from its registers and stores no partial
+    constexpr bool Lm = (X & rs::kXLm) != 0, Cl = (X & rs::kXCl) != 0; // (Cl: cuda_mla_wgmma_cl.cuh)
+    static_assert((X & rs::kXMrg ? 1 : 0) + Lm + Cl <= 1, "one merge in the tail");
+    [[maybe_unused]] unsigned *lm_cnt = g_mla_tickets + (size_t)b.row * gridDim.x + blockIdx.x;
+    if constexpr (Lm)
+        if (a.splits > 1 && b.tid == 0) b.alpha[32] = lm::arrive(lm_cnt, a.splits) ? 1.0f : 0.0f;
     if (g == 0)
 #pragma unroll
         for (int i = 0; i < 2; i++)
             *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(l[i][0], l[i][1]);
     __syncthreads();
     const bool direct = a.splits == 1;
+    [[maybe_unused]] const bool lm_last = Lm && !direct && b.alpha[32] != 0.0f;
     if (w4 == 0 && g == 0) {
         const float os = (direct ? a.out_scale : 1.0f) * (Cvt ? 1.0f : 256.0f); // (Cvt: V exact, not x 2^-8)
 #pragma unroll
@@ -504,19 +579,53 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 const float ls = red[(wg * 4) * 16 + hl] + red[(wg * 4 + 1) * 16 + hl] + red[(wg * 4 + 2) * 16 + hl] +
                                  red[(wg * 4 + 3) * 16 + hl];
                 b.linv[h] = ls > 0.0f ? os / ls : 0.0f;
-                if (!direct && h < b.nh)
-                    a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] =
-                        ls > 0.0f ? m[i][c] + log2f(ls) : -INFINITY;
+                if (!direct && h < b.nh) {
+                    const float lse = ls > 0.0f ? m[i][c] + log2f(ls) : -INFINITY;
+                    if constexpr (Lm || Cl) b.alpha[h] = lse; // (h < 32: the flag's word untouched)
+                    if (!lm_last && !Cl) a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] = lse;
+                }
             }
     }
     __syncthreads();
     if constexpr (Trace) trace_stamp(4);
-    rs::store_ot<N>(a, b, o);
+    if constexpr (Lm) {
+        if (lm_last) {
+            if constexpr (Trace) trace_stamp(9); // (the last block: no stores; its merge from here)
+            if (a.splits == 2) lm::merge_last<N, 2>(a, b, o, lm_cnt, b.alpha);
+            else lm::merge_last<N, lm::kMaxSplits>(a, b, o, lm_cnt, b.alpha);
+        } else {
+            rs::store_ot<N>(a, b, o);
+            if (!direct) {
+                if constexpr (Trace) trace_stamp(9);
+                lm::publish(lm_cnt, b.tid);
+            }
+        }
+    } else if constexpr (Cl) {
+        if (direct) {
+            rs::store_ot<N>(a, b, o);
+        } else {
+            // the partial in stage memory (free now: 64 KB of the three 40 KB stages), the weights' scratch after it
+            float *part = reinterpret_cast<float *>(b.smem + L::raw_off), *scratch = part + 32 * kR;
+            const uint32_t part_sb = b.sb + L::raw_off, lse_sb = smem_u32(b.alpha);
+            if constexpr (Trace) trace_stamp(9);
+            switch (a.splits) { // (the cluster's size: 2 .. 16)
+#define CL_MERGE(n) \
+    case n: cl::merge<N, n>(a, b, o, part, part_sb, lse_sb, scratch); break
+                CL_MERGE(2); CL_MERGE(3); CL_MERGE(4); CL_MERGE(5); CL_MERGE(6); CL_MERGE(7); CL_MERGE(8); CL_MERGE(9);
+                CL_MERGE(10); CL_MERGE(11); CL_MERGE(12); CL_MERGE(13); CL_MERGE(14); CL_MERGE(15);
+                default: cl::merge<N, 16>(a, b, o, part, part_sb, lse_sb, scratch);
+#undef CL_MERGE
+            }
+        }
+    } else {
+        rs::store_ot<N>(a, b, o);
+    }
     if constexpr ((X & rs::kXMrg) != 0) {
         if (a.splits > 1) {
             if constexpr (Trace) trace_stamp(9);
             // (the stages are free now)
-            st::merge_tail<decltype(b), (X & rs::kXMt) != 0>(a, b, reinterpret_cast<float *>(b.smem + L::raw_off));
+            st::merge_tail<decltype(b), (X & rs::kXMt) != 0, (X & rs::kXMe) != 0>(
+                a, b, reinterpret_cast<float *>(b.smem + L::raw_off));
         }
     }
     if constexpr (Trace) {
@@ -541,7 +650,28 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
         attr = true;
     }
-    if constexpr ((X & rs::kXPw) != 0) {
+    if constexpr ((X & rs::kXCl) != 0) {
+        // session 17: a row's splits as one cluster (1 x splits x 1), the merge through distributed shared memory;
+        // the dispatcher checked that clusters of 16 (non-portable) can be placed
+        if (p.splits > 8) {
+            static bool np = false;
+            if (!np) {
+                CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe, X>,
+                                                cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+                np = true;
+            }
+        }
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(p.hb, p.splits, a.rows);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = L::smem;
+        cfg.stream = s;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)p.splits, at[0].val.clusterDim.z = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<S, Lazy, Pipe, X>, a, tm, lazy));
+    } else if constexpr ((X & rs::kXPw) != 0) {
         // round 11: a dependent launch, without the cooperative attribute where the merge is in the tail (kXMrg):
         // its blocks still all reside at once (merge_in_kernel: one wave of one block per SM; the predecessor's
         // blocks leave without waiting for this kernel, and the successor is placed only once every block of this
@@ -594,9 +724,42 @@ ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kX
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXTrace);
 ST_INSTANCE(3, true, true, rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXPw);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXPw);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm | rs::kXTrace);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXMe);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl | rs::kXTrace);
+ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXMe | rs::kXTrace);
 #undef ST_INSTANCE
 
 bool trace_on;
+
+int cl_max_clusters(int splits) {
+    // how many clusters of `splits` blocks of the kXCl instance the device places at once (0: none, or the query
+    // failed); asked once per size
+    constexpr int X = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
+    using L = rs::Lay<2, 3, 5>;
+    static int known[17];
+    if (splits < 2 || splits > 16) return 0;
+    if (known[splits]) return known[splits] - 1;
+    auto k = wgmma_decode_st_kernel<3, true, true, X>;
+    int n = 0;
+    if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem) == cudaSuccess &&
+        (splits <= 8 || cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(1, (unsigned)splits, 132);
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = L::smem;
+        cudaLaunchAttribute at[1];
+        at[0].id = cudaLaunchAttributeClusterDimension;
+        at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)splits, at[0].val.clusterDim.z = 1;
+        cfg.attrs = at, cfg.numAttrs = 1;
+        if (cudaOccupancyMaxActiveClusters(&n, k, &cfg) != cudaSuccess) n = 0;
+    }
+    (void)cudaGetLastError(); // (a refused query leaves no error behind)
+    known[splits] = n + 1;
+    return n;
+}
 
 // the bench's trace buffer (tools/device/bench_mla.c declares it: fp8trace), into this file's g_trace: the one the
 // traced st instances read
