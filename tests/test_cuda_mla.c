@@ -518,59 +518,82 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
     free(saved);
 }
 
-TEST(cuda_mla_sparse_vs_cpu) {
-    if (!cuda_on()) return;
-    const int B = 4, H = 16, topk = 2048, lens[4] = {5000, 300, 2100, 3000};
+/* One sparse case: B rows over contexts lens[] (at most 5000), topk selected entries each. Row 2 (when
+ * B > 2) selects nothing (o = 0), row 1 every position then -1 padding (topk > its context when
+ * lens[1] < topk), the others a shuffle with holes. */
+static void sparse_case(int B, int H, int topk, const int *lens, int fp8, const char *split) {
     const float scale = 0.3f;
-    for (int fp8 = 0; fp8 < 2; fp8++) {
-        size_t mark = lunar_cuda_mark();
-        pool p;
-        pool_make(&p, lens, B, fp8, 300 + fp8);
-        float *W = test_rand((long)H * (N_NOPE + VD) * R, 70, -0.1f, 0.1f);
-        lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
-        float *q = test_rand((long)B * H * (N_NOPE + P), 71, -1, 1);
-        float *ql = test_alloc((long)B * H * R), *qp = test_alloc((long)B * H * P);
-        float *ref = test_poisoned((long)B * H * VD), *got = test_poisoned((long)B * H * VD);
-        int32_t *idx = malloc((size_t)B * topk * 4), *perm = malloc(5000 * 4);
-        rng_state = 99;
-        for (int b = 0; b < B; b++) {
-            int32_t *ib = idx + (size_t)b * topk;
-            for (int i = 0; i < lens[b]; i++) perm[i] = i;
-            shuffle_i32(perm, lens[b]);
-            for (int i = 0; i < topk; i++) {
-                if (b == 2) ib[i] = -1;                         /* nothing valid: o = 0 */
-                else if (b == 1) ib[i] = i < lens[b] ? i : -1;  /* short: all positions, padded */
-                else ib[i] = (i % 7 == 3) ? -1 : perm[i];       /* shuffled, with holes */
-            }
-            if (b == 3) ib[5] = lens[b] - 1;
-            absorb(ql + (size_t)b * H * R, qp + (size_t)b * H * P, q + (size_t)b * H * (N_NOPE + P), W, H);
-            float *rows = pool_rows(&p, b, lens[b]);
-            op_mla_attention_sparse(ref + (size_t)b * H * VD, q + (size_t)b * H * (N_NOPE + P), rows, &Wt, ib, topk,
-                                    1, lens[b], H, N_NOPE, P, VD, R, scale);
-            free(rows);
+    size_t mark = lunar_cuda_mark();
+    pool p;
+    pool_make(&p, lens, B, fp8, 300 + fp8);
+    float *W = test_rand((long)H * (N_NOPE + VD) * R, 70, -0.1f, 0.1f);
+    lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
+    float *q = test_rand((long)B * H * (N_NOPE + P), 71, -1, 1);
+    float *ql = test_alloc((long)B * H * R), *qp = test_alloc((long)B * H * P);
+    float *ref = test_poisoned((long)B * H * VD), *got = test_poisoned((long)B * H * VD);
+    int32_t *idx = malloc((size_t)B * topk * 4), *perm = malloc(5000 * 4);
+    rng_state = 99;
+    for (int b = 0; b < B; b++) {
+        int32_t *ib = idx + (size_t)b * topk;
+        for (int i = 0; i < lens[b]; i++) perm[i] = i;
+        shuffle_i32(perm, lens[b]);
+        for (int i = 0; i < topk; i++) {
+            if (b == 2) ib[i] = -1;                                        /* nothing valid: o = 0 */
+            else if (b == 1) ib[i] = i < lens[b] ? i : -1;                 /* short: all positions, padded */
+            else ib[i] = (i % 7 == 3 || i >= lens[b]) ? -1 : perm[i];      /* shuffled, with holes */
         }
-        lunar_cuda_mla_cache c = pool_upload(&p);
-        const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
-        const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
-        size_t wsb = lunar_cuda_mla_ws(B, H, topk);
-        void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
-        guarded od;
-        float *d_o = guarded_new(&od, (size_t)B * H * R * 4);
-        lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
-        float *olat = down(d_o, (size_t)B * H * R * 4);
-        for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
+        if (b == 3) ib[5] = lens[b] - 1;
+        absorb(ql + (size_t)b * H * R, qp + (size_t)b * H * P, q + (size_t)b * H * (N_NOPE + P), W, H);
+        float *rows = pool_rows(&p, b, lens[b]);
+        op_mla_attention_sparse(ref + (size_t)b * H * VD, q + (size_t)b * H * (N_NOPE + P), rows, &Wt, ib, topk, 1,
+                                lens[b], H, N_NOPE, P, VD, R, scale);
+        free(rows);
+    }
+    lunar_cuda_mla_cache c = pool_upload(&p);
+    const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
+    const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
+    size_t wsb = lunar_cuda_mla_ws(B, H, topk);
+    void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
+    guarded od;
+    float *d_o = guarded_new(&od, (size_t)B * H * R * 4);
+    lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
+    float *olat = down(d_o, (size_t)B * H * R * 4);
+    for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
+    if (B > 2) {
         int zero = 1;
         for (int i = 0; i < H * R; i++) zero &= olat[(size_t)2 * H * R + i] == 0.0f;
         CHECK_MSG(zero, "sparse row with no valid index must give o = 0");
-        char what[96];
-        snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s", B, H, topk, fp8 ? "fp8" : "bf16");
-        report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
-        CHECK(guards_ok(&od));
-        free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
-        test_tensor_free(&Wt);
-        pool_free(&p);
-        lunar_cuda_release(mark);
     }
+    char what[128];
+    snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s split=%s", B, H, topk, fp8 ? "fp8" : "bf16",
+             split ? split : "default");
+    report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
+    CHECK(guards_ok(&od));
+    free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
+    test_tensor_free(&Wt);
+    pool_free(&p);
+    lunar_cuda_release(mark);
+}
+
+/* The default plan and LUNAR_MLA_SPARSE_SPLIT (shorter splits, the shared-memory merge; 100 rounds up
+ * to 128, 5000 is one split); 4 rows x 16 heads, the K3.1 rank (1 row, 12 heads), odd top-k and
+ * top-k past the context. */
+TEST(cuda_mla_sparse_vs_cpu) {
+    if (!cuda_on()) return;
+    static const char *splits[] = {NULL, "32", "64", "100", "5000"};
+    const int l4[4] = {5000, 300, 2100, 3000}, l1[1] = {4999}, l2[3] = {1733, 611, 900};
+    char *saved = getenv("LUNAR_MLA_SPARSE_SPLIT") ? strdup(getenv("LUNAR_MLA_SPARSE_SPLIT")) : NULL;
+    for (int si = 0; si < 5; si++) {
+        setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", splits[si]);
+        for (int fp8 = 0; fp8 < 2; fp8++) {
+            sparse_case(4, 16, 2048, l4, fp8, splits[si]);
+            sparse_case(1, 12, 2048, l1, fp8, splits[si]);
+            sparse_case(3, 12, 999, l2, fp8, splits[si]); /* row 1: topk > context */
+            sparse_case(1, 40, 333, l2, fp8, splits[si]);  /* 3 head groups, one block */
+        }
+    }
+    setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", saved);
+    free(saved);
 }
 
 /* ---------------------------------------------------------------- DSA */
