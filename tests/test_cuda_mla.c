@@ -883,41 +883,60 @@ static int i32_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-TEST(cuda_dsa_topk_1m_vs_sort) {
-    if (!cuda_on()) return;
-    const int rows = 4, topk = 2048, ld = 1 << 20;
-    const int lens[4] = {1 << 20, 777777, 100000, topk + 1};
+/* Top-k of rows against a sort, under the default kernel and LUNAR_DSA_TOPK=agg (the same positions). gen 0: the
+ * 1M rows (ties, signs, zeros, all equal, a few values); gen 1: the indexer's kind of row, every score in one or
+ * two exponents (most keys of the first digit in one bin), 8K .. 128K and odd lengths. */
+static void topk_vs_sort(int rows, const int *lens, int ld, int gen) {
+    const int topk = 2048;
+    static const char *modes[2] = {NULL, "agg"};
+    char *saved = getenv("LUNAR_DSA_TOPK") ? strdup(getenv("LUNAR_DSA_TOPK")) : NULL;
     size_t mark = lunar_cuda_mark();
     float *sc = malloc((size_t)rows * ld * 4);
-    rng_state = 1234;
+    rng_state = 1234 + gen;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < ld; j++) {
             float v;
-            if (r == 0) v = (float)((int)(rng() % 20001) - 10000) / 7.0f; /* many ties, signs, zeros */
+            if (gen == 1) v = r == 2 ? 1.0f + (float)(rng() % 64) / 64.0f : 0.75f + (float)(rng() % 100000) * 1e-5f;
+            else if (r == 0) v = (float)((int)(rng() % 20001) - 10000) / 7.0f; /* many ties, signs, zeros */
             else if (r == 1) v = (rng() & 1) ? -0.0f : ((float)(rng() % 1000) * 1e-3f - 0.5f);
             else if (r == 2) v = 1.5f; /* all equal: the lowest positions */
             else v = (float)(rng() % 3);
             sc[(size_t)r * ld + j] = v;
         }
     const float *dsc = dev_in(sc, (size_t)rows * ld * 4);
-    const int32_t *dlens = dev_in(lens, sizeof lens);
-    guarded oidx;
-    int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4);
-    lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
-    int32_t *got = down(didx, (size_t)rows * topk * 4);
+    const int32_t *dlens = dev_in(lens, (size_t)rows * 4);
     sp_pair *v = malloc((size_t)ld * sizeof *v);
-    int32_t *ref = malloc((size_t)topk * 4);
+    int32_t *ref = malloc((size_t)rows * topk * 4);
     for (int r = 0; r < rows; r++) {
         for (int j = 0; j < lens[r]; j++) v[j].s = sc[(size_t)r * ld + j], v[j].p = j;
         qsort(v, (size_t)lens[r], sizeof *v, sp_cmp);
-        for (int i = 0; i < topk; i++) ref[i] = v[i].p;
-        qsort(ref, (size_t)topk, 4, i32_cmp);
-        CHECK_MSG(memcmp(ref, got + (size_t)r * topk, (size_t)topk * 4) == 0, "top-k row %d (n=%d) differs", r,
-                  lens[r]);
+        for (int i = 0; i < topk; i++) ref[(size_t)r * topk + i] = v[i].p;
+        qsort(ref + (size_t)r * topk, (size_t)topk, 4, i32_cmp);
     }
-    CHECK(guards_ok(&oidx));
-    free(sc), free(got), free(v), free(ref);
+    for (int m = 0; m < 2; m++) {
+        setenv_or_unset("LUNAR_DSA_TOPK", modes[m]);
+        guarded oidx;
+        int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4);
+        lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
+        int32_t *got = down(didx, (size_t)rows * topk * 4);
+        for (int r = 0; r < rows; r++)
+            CHECK_MSG(memcmp(ref + (size_t)r * topk, got + (size_t)r * topk, (size_t)topk * 4) == 0,
+                      "top-k %s gen %d row %d (n=%d) differs", modes[m] ? modes[m] : "default", gen, r, lens[r]);
+        CHECK(guards_ok(&oidx));
+        free(got);
+    }
+    setenv_or_unset("LUNAR_DSA_TOPK", saved);
+    free(saved), free(sc), free(v), free(ref);
     lunar_cuda_release(mark);
+}
+
+TEST(cuda_dsa_topk_1m_vs_sort) {
+    if (!cuda_on()) return;
+    const int lens[4] = {1 << 20, 777777, 100000, 2048 + 1};
+    topk_vs_sort(4, lens, 1 << 20, 0);
+    const int lens1[5] = {8192, 131072, 32768, 8191, 12345};
+    topk_vs_sort(1, lens1, 131072, 1);
+    topk_vs_sort(5, lens1, 131072, 1);
 }
 
 #endif
