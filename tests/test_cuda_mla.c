@@ -521,7 +521,8 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
 /* One sparse case: B rows over contexts lens[] (at most 5000), topk selected entries each. Row 2 (when
  * B > 2) selects nothing (o = 0), row 1 every position then -1 padding (topk > its context when
  * lens[1] < topk), the others a shuffle with holes. */
-static void sparse_case(int B, int H, int topk, const int *lens, int fp8, const char *split) {
+static const char *const sparse_splits[5] = {NULL, "32", "64", "100", "5000"};
+static void sparse_case(int B, int H, int topk, const int *lens, int fp8) {
     const float scale = 0.3f;
     size_t mark = lunar_cuda_mark();
     pool p;
@@ -552,24 +553,29 @@ static void sparse_case(int B, int H, int topk, const int *lens, int fp8, const 
     lunar_cuda_mla_cache c = pool_upload(&p);
     const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
     const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
-    size_t wsb = lunar_cuda_mla_ws(B, H, topk);
-    void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
-    guarded od;
-    float *d_o = guarded_new(&od, (size_t)B * H * R * 4);
-    lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
-    float *olat = down(d_o, (size_t)B * H * R * 4);
-    for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
-    if (B > 2) {
-        int zero = 1;
-        for (int i = 0; i < H * R; i++) zero &= olat[(size_t)2 * H * R + i] == 0.0f;
-        CHECK_MSG(zero, "sparse row with no valid index must give o = 0");
+    for (int si = 0; si < 5; si++) { /* the CPU reference once, each plan against it */
+        const char *split = sparse_splits[si];
+        setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", split);
+        size_t wsb = lunar_cuda_mla_ws(B, H, topk);
+        void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
+        guarded od;
+        float *d_o = guarded_new(&od, (size_t)B * H * R * 4);
+        lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
+        float *olat = down(d_o, (size_t)B * H * R * 4);
+        for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
+        if (B > 2) {
+            int zero = 1;
+            for (int i = 0; i < H * R; i++) zero &= olat[(size_t)2 * H * R + i] == 0.0f;
+            CHECK_MSG(zero, "sparse row with no valid index must give o = 0");
+        }
+        char what[128];
+        snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s split=%s", B, H, topk, fp8 ? "fp8" : "bf16",
+                 split ? split : "default");
+        report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
+        CHECK(guards_ok(&od));
+        free(olat);
     }
-    char what[128];
-    snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s split=%s", B, H, topk, fp8 ? "fp8" : "bf16",
-             split ? split : "default");
-    report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
-    CHECK(guards_ok(&od));
-    free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
+    free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
     test_tensor_free(&Wt);
     pool_free(&p);
     lunar_cuda_release(mark);
@@ -580,17 +586,13 @@ static void sparse_case(int B, int H, int topk, const int *lens, int fp8, const 
  * top-k past the context. */
 TEST(cuda_mla_sparse_vs_cpu) {
     if (!cuda_on()) return;
-    static const char *splits[] = {NULL, "32", "64", "100", "5000"};
     const int l4[4] = {5000, 300, 2100, 3000}, l1[1] = {4999}, l2[3] = {1733, 611, 900};
     char *saved = getenv("LUNAR_MLA_SPARSE_SPLIT") ? strdup(getenv("LUNAR_MLA_SPARSE_SPLIT")) : NULL;
-    for (int si = 0; si < 5; si++) {
-        setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", splits[si]);
-        for (int fp8 = 0; fp8 < 2; fp8++) {
-            sparse_case(4, 16, 2048, l4, fp8, splits[si]);
-            sparse_case(1, 12, 2048, l1, fp8, splits[si]);
-            sparse_case(3, 12, 999, l2, fp8, splits[si]); /* row 1: topk > context */
-            sparse_case(1, 40, 333, l2, fp8, splits[si]);  /* 3 head groups, one block */
-        }
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        sparse_case(4, 16, 2048, l4, fp8);
+        sparse_case(1, 12, 2048, l1, fp8);
+        sparse_case(3, 12, 999, l2, fp8); /* row 1: topk > context */
+        sparse_case(1, 40, 333, l2, fp8); /* 3 head groups, one block */
     }
     setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", saved);
     free(saved);
