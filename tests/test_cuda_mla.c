@@ -521,7 +521,8 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
 /* One sparse case: B rows over contexts lens[] (at most 5000), topk selected entries each. Row 2 (when
  * B > 2) selects nothing (o = 0), row 1 every position then -1 padding (topk > its context when
  * lens[1] < topk), the others a shuffle with holes. */
-static const char *const sparse_splits[5] = {NULL, "32", "64", "100", "5000"};
+/* unset: 32 positions a split at <= 16 heads, 256 above; 256: the old plan (the per-pair merge) */
+static const char *const sparse_splits[6] = {NULL, "32", "64", "100", "256", "5000"};
 static void sparse_case(int B, int H, int topk, const int *lens, int fp8) {
     const float scale = 0.3f;
     size_t mark = lunar_cuda_mark();
@@ -553,7 +554,7 @@ static void sparse_case(int B, int H, int topk, const int *lens, int fp8) {
     lunar_cuda_mla_cache c = pool_upload(&p);
     const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
     const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
-    for (int si = 0; si < 5; si++) { /* the CPU reference once, each plan against it */
+    for (int si = 0; si < 6; si++) { /* the CPU reference once, each plan against it */
         const char *split = sparse_splits[si];
         setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", split);
         size_t wsb = lunar_cuda_mla_ws(B, H, topk);
@@ -582,8 +583,8 @@ static void sparse_case(int B, int H, int topk, const int *lens, int fp8) {
 }
 
 /* The default plan and LUNAR_MLA_SPARSE_SPLIT (shorter splits, the shared-memory merge; 100 rounds up
- * to 128, 5000 is one split); 4 rows x 16 heads, the K3.1 rank (1 row, 12 heads), odd top-k and
- * top-k past the context. */
+ * to 128, 256 the plan before session 17, 5000 one split); 4 rows x 16 heads, the K3.1 rank (1 row,
+ * 12 heads), odd top-k and top-k past the context, 40 heads (3 head groups, 256 by default). */
 TEST(cuda_mla_sparse_vs_cpu) {
     if (!cuda_on()) return;
     const int l4[4] = {5000, 300, 2100, 3000}, l1[1] = {4999}, l2[3] = {1733, 611, 900};
@@ -885,13 +886,11 @@ static int i32_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Top-k of rows against a sort, under the default kernel and LUNAR_DSA_TOPK=agg (the same positions). gen 0: the
+/* Top-k of rows against a sort. gen 0: the
  * 1M rows (ties, signs, zeros, all equal, a few values); gen 1: the indexer's kind of row, every score in one or
  * two exponents (most keys of the first digit in one bin), 8K .. 128K and odd lengths. */
 static void topk_vs_sort(int rows, const int *lens, int ld, int gen) {
     const int topk = 2048;
-    static const char *modes[2] = {NULL, "agg"};
-    char *saved = getenv("LUNAR_DSA_TOPK") ? strdup(getenv("LUNAR_DSA_TOPK")) : NULL;
     size_t mark = lunar_cuda_mark();
     float *sc = malloc((size_t)rows * ld * 4);
     rng_state = 1234 + gen;
@@ -915,20 +914,15 @@ static void topk_vs_sort(int rows, const int *lens, int ld, int gen) {
         for (int i = 0; i < topk; i++) ref[(size_t)r * topk + i] = v[i].p;
         qsort(ref + (size_t)r * topk, (size_t)topk, 4, i32_cmp);
     }
-    for (int m = 0; m < 2; m++) {
-        setenv_or_unset("LUNAR_DSA_TOPK", modes[m]);
-        guarded oidx;
-        int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4);
-        lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
-        int32_t *got = down(didx, (size_t)rows * topk * 4);
-        for (int r = 0; r < rows; r++)
-            CHECK_MSG(memcmp(ref + (size_t)r * topk, got + (size_t)r * topk, (size_t)topk * 4) == 0,
-                      "top-k %s gen %d row %d (n=%d) differs", modes[m] ? modes[m] : "default", gen, r, lens[r]);
-        CHECK(guards_ok(&oidx));
-        free(got);
-    }
-    setenv_or_unset("LUNAR_DSA_TOPK", saved);
-    free(saved), free(sc), free(v), free(ref);
+    guarded oidx;
+    int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4);
+    lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
+    int32_t *got = down(didx, (size_t)rows * topk * 4);
+    for (int r = 0; r < rows; r++)
+        CHECK_MSG(memcmp(ref + (size_t)r * topk, got + (size_t)r * topk, (size_t)topk * 4) == 0,
+                  "top-k gen %d row %d (n=%d) differs", gen, r, lens[r]);
+    CHECK(guards_ok(&oidx));
+    free(got), free(sc), free(v), free(ref);
     lunar_cuda_release(mark);
 }
 

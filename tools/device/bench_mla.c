@@ -4,7 +4,7 @@
  * repeats. Floors: bytes / 4.3 TB/s
  * (copy bandwidth measured on these H200s); the indexer also against the int8 tensor-core rate.
  * BENCH_MLA_TIMING=dev: the flush by an asynchronous copy (flush_l2), so the events time the device alone.
- * Usage: bench_mla [decode|wgmma|fp8|fp8ab|fp8one|fp8trace|indexer|topkab|sparse|prefill|all] */
+ * Usage: bench_mla [decode|wgmma|fp8|fp8ab|fp8one|fp8trace|indexer|sparse|prefill|all] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -552,52 +552,6 @@ static void bench_indexer(void) {
     lunar_cuda_release(mark0);
 }
 
-/* Top-2048 A/B: the default kernel against LUNAR_DSA_TOPK=agg (warp-aggregated histogram atomics), each
- * case timed alternately, 3 times each (the median of 9 calls each time), and the two selections compared.
- * Scores: uniform in [-1, 1) (many exponents) and in [0.75, 1.75) (the indexer's kind: one or two). */
-static void bench_topk_ab(void) {
-    printf("\n### DSA top-2048: default vs LUNAR_DSA_TOPK=agg\n\n| scores | rows | keys per row | default | agg | "
-           "agg vs default | same selection |\n|---|---|---|---|---|---|---|\n");
-    static const int Ls[] = {8192, 32768, 131072}, Rs[] = {1, 8};
-    for (int dist = 0; dist < 2; dist++)
-        for (int li = 0; li < 3; li++)
-            for (int ri = 0; ri < 2; ri++) {
-                const int L = Ls[li], rows = Rs[ri];
-                size_t mark = lunar_cuda_mark();
-                idx_case c = {0};
-                c.rows = rows, c.L = L, c.topk = 2048;
-                c.scores = dalloc((size_t)rows * L * 4);
-                c.idx = dalloc((size_t)rows * 2048 * 4);
-                if (dist) lunar_cuda_fill_uniform(c.scores, (size_t)rows * L, 11, 0.75f, 1.75f);
-                else lunar_cuda_fill_uniform(c.scores, (size_t)rows * L, 11, -1.0f, 1.0f);
-                int32_t *hl = malloc((size_t)rows * 4);
-                for (int r = 0; r < rows; r++) hl[r] = L;
-                c.lens = dalloc((size_t)rows * 4);
-                lunar_cuda_upload(c.lens, hl, (size_t)rows * 4);
-                float t[2][3];
-                int32_t *sel[2];
-                for (int rep = 0; rep < 3; rep++)
-                    for (int v = 0; v < 2; v++) {
-                        if (v) setenv("LUNAR_DSA_TOPK", "agg", 1);
-                        else unsetenv("LUNAR_DSA_TOPK");
-                        t[v][rep] = time_us(call_topk, &c, 9);
-                        if (rep == 0) {
-                            sel[v] = malloc((size_t)rows * 2048 * 4);
-                            lunar_cuda_download(sel[v], c.idx, (size_t)rows * 2048 * 4);
-                        }
-                    }
-                unsetenv("LUNAR_DSA_TOPK");
-                const float d = median(t[0], 3), a = median(t[1], 3);
-                const int same = !memcmp(sel[0], sel[1], (size_t)rows * 2048 * 4);
-                printf("| %s | %d | %dK | %.1f us (%.1f %.1f %.1f) | %.1f us (%.1f %.1f %.1f) | %.2fx | %s |\n",
-                       dist ? "[0.75,1.75)" : "[-1,1)", rows, L / 1024, d, t[0][0], t[0][1], t[0][2], a, t[1][0], t[1][1],
-                       t[1][2], d / a, same ? "yes" : "NO");
-                fflush(stdout);
-                free(hl), free(sel[0]), free(sel[1]);
-                lunar_cuda_release(mark);
-            }
-}
-
 /* MLA prefill of one sequence, the whole attention op from q [n, H, 192] to o [n, H, 128]:
  * old = the absorbed form (absorption GEMM + cuda_mla_prefill.cu's GEMMs + un-absorption GEMM),
  * new = the decompressed flash form (cuda_mla_flash.cu: gather, lift GEMM, flash kernel: the
@@ -847,7 +801,6 @@ int main(int argc, char **argv) {
     if (!strcmp(what, "fp8trace")) bench_decode_fp8_trace();
     if (!strcmp(what, "all") || !strcmp(what, "sparse")) bench_sparse();
     if (!strcmp(what, "all") || !strcmp(what, "indexer")) bench_indexer();
-    if (!strcmp(what, "all") || !strcmp(what, "topkab")) bench_topk_ab();
     if (!strcmp(what, "all") || !strcmp(what, "prefill")) bench_prefill();
     lunar_cuda_shutdown();
     return 0;

@@ -7,7 +7,11 @@
 #  3. the K3.1 TP8 slice's B = 1 TPOT, ROUNDS rounds alternating: default / split S / split S + top-k agg, S the
 #     fastest split of step 2 at H = 12, B = 1, 8K, bf16 (the slice's shape);
 #  4. while time is left: lunar_tests cuda_forward_k3 under both switches.
-#   P=<prebuilt dir: bin/ lib/ bd/> OUT=<dir> [ROUNDS=3] [TPOT_BEFORE=140] tools/device/dsa17.sh
+#   P=<prebuilt dir: bin/ lib/ bd/> OUT=<dir> [ROUNDS=3] [TPOT_BEFORE=125] tools/device/dsa17.sh
+# (Run once at 50f487c, copied into the pack: tar xJf .xfer-dsaz/pack.tar.xz && P=.xfer-dsa OUT=$OUT bash
+# .xfer-dsa/dsa17.sh; one cold call on an H200, 64 s of command, every step ran. LUNAR_DSA_TOPK=agg and bench_mla
+# topkab were dropped after it (0.50-0.80x): git show ac06c0b. Since then "default" is 32 positions a split at
+# <= 16 heads, so its old plan is LUNAR_MLA_SPARSE_SPLIT=256.)
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}

@@ -570,32 +570,6 @@ __device__ __forceinline__ unsigned block_scan(unsigned v, unsigned *wsum) {
     return v;
 }
 
-// Histogram count of one key (AGG: warp-aggregated). Scores of one row sit in a few exponents, so the
-// first 12-bit digit (sign, exponent, 3 mantissa bits) puts most keys of a warp into one or two bins,
-// and the plain shared atomics on one address serialise; AGG adds each group of equal bins once.
-// Every lane of the warp calls it (take: whether this lane counts its key).
-template <bool AGG> __device__ __forceinline__ void hist_add(unsigned *hist, unsigned bin, bool take) {
-    if (!AGG) {
-        if (take) atomicAdd(&hist[bin], 1u);
-        return;
-    }
-    const unsigned act = __ballot_sync(0xffffffffu, take);
-    if (!take) return;
-    const unsigned peers = __match_any_sync(act, bin);
-    if ((threadIdx.x & 31) == (unsigned)(__ffs(peers) - 1)) atomicAdd(&hist[bin], (unsigned)__popc(peers));
-}
-// Slot in cand of this lane's key (AGG: one atomic per warp on the shared counter, not one per key).
-template <bool AGG> __device__ __forceinline__ unsigned cand_slot(unsigned *ncand, bool take) {
-    if (!AGG) return take ? atomicAdd(ncand, 1u) : 0u;
-    const unsigned act = __ballot_sync(0xffffffffu, take), lane = threadIdx.x & 31;
-    unsigned base = 0;
-    if (lane == 0 && act) base = atomicAdd(ncand, (unsigned)__popc(act));
-    base = __shfl_sync(0xffffffffu, base, 0);
-    return base + (unsigned)__popc(act & ((1u << lane) - 1u));
-}
-
-// AGG (LUNAR_DSA_TOPK=agg): warp-aggregated shared atomics; the same counts, so the same selection.
-template <bool AGG>
 __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *count, const float *scores,
                                                       int ld, const int32_t *lens, int topk) {
     __shared__ unsigned hist[kBins];
@@ -632,15 +606,13 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
                 for (int j = 0; j < kUnroll; j++) {
                     const int p = p0 + j * kTK + tid;
                     const unsigned long long key = sel_key(v[j], p);
-                    hist_add<AGG>(hist, (unsigned)(key >> shift) & dm, p < n && (key & mask) == prefix);
+                    if (p < n && (key & mask) == prefix) atomicAdd(&hist[(unsigned)(key >> shift) & dm], 1u);
                 }
             }
         } else {
-            // warp-uniform trip count (hist_add's ballot): lanes past ncand count nothing
-            for (unsigned i0 = tid & ~31u; i0 < ncand; i0 += kTK) {
-                const unsigned i = i0 + (tid & 31);
-                const unsigned long long key = i < ncand ? cand[i] : 0ull;
-                hist_add<AGG>(hist, (unsigned)(key >> shift) & dm, i < ncand && (key & mask) == prefix);
+            for (unsigned i = tid; i < ncand; i += kTK) {
+                const unsigned long long key = cand[i];
+                if ((key & mask) == prefix) atomicAdd(&hist[(unsigned)(key >> shift) & dm], 1u);
             }
         }
         __syncthreads();
@@ -686,9 +658,7 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
                 for (int j = 0; j < kUnroll; j++) {
                     const int p = p0 + j * kTK + tid;
                     const unsigned long long key = sel_key(v[j], p);
-                    const bool take = p < n && (key & mask) == prefix;
-                    const unsigned slot = cand_slot<AGG>(&s_ncand, take);
-                    if (take) cand[slot] = key;
+                    if (p < n && (key & mask) == prefix) cand[atomicAdd(&s_ncand, 1u)] = key;
                 }
             }
             __syncthreads();
@@ -826,11 +796,6 @@ extern "C" void lunar_cuda_dsa_topk(int32_t *idx, int32_t *count, const float *s
                                     const int32_t *lens, int rows, int topk, lunar_cuda_stream s) {
     CUDA_REQUIRE(topk >= 1);
     if (rows <= 0) return;
-    // LUNAR_DSA_TOPK=agg: the warp-aggregated histogram (read at every call, so one process can time both)
-    const char *e = getenv("LUNAR_DSA_TOPK");
-    if (e && !strcmp(e, "agg"))
-        launch_pdl(topk_kernel<true>, dim3(rows), dim3(kTK), 0, to_stream(s), idx, count, scores, ld, lens, topk);
-    else
-        launch_pdl(topk_kernel<false>, dim3(rows), dim3(kTK), 0, to_stream(s), idx, count, scores, ld, lens, topk);
+    launch_pdl(topk_kernel, dim3(rows), dim3(kTK), 0, to_stream(s), idx, count, scores, ld, lens, topk);
     CUDA_CHECK_LAUNCH();
 }

@@ -738,7 +738,7 @@ struct Plan {
     int groups, head_blocks, splits, chunk;
 };
 // min_per: the fewest positions a split takes (a multiple of kTN). 256 for dense rows; the sparse
-// rows take sparse_min_per().
+// rows take sparse_min_per(H).
 Plan plan(int rows, int H, int max_n, int min_per = 256) {
     Plan p;
     const int hg = (H + 15) / 16;
@@ -755,23 +755,22 @@ Plan plan(int rows, int H, int max_n, int min_per = 256) {
     return p;
 }
 
-// LUNAR_MLA_SPARSE_SPLIT=<positions>: the fewest positions a split of the sparse kernel takes,
-// rounded up to the 32-position tile (unset: 256, as the dense rows). At batch 1 the 2048 selected
-// positions of one 12-head rank make 8 splits of 256: 8 blocks on 132 SMs, each walking 8
-// dependent tiles of index load -> block-table load -> latent gather, so the kernel is latency, not
-// bytes (docs/benchmarks.md, session 11: ~35 us). Shorter splits put more blocks on the SMs, each
-// with fewer dependent tiles; the split-weight merge (dec::merge_kernel) then combines them.
-// Read at every call (so one process can time both); lunar_cuda_mla_ws reads it too.
-int sparse_min_per() {
+// The fewest positions a split of the sparse kernel takes. At batch 1 the 2048 selected positions of
+// one 12-head rank made 8 splits of 256 (the dense rows' minimum): 8 blocks on 132 SMs, each walking
+// 8 dependent tiles of index load -> block-table load -> latent gather, latency rather than bytes
+// (docs/benchmarks.md, session 11: ~35 us in the step). One head group (H <= 16) takes 32 positions
+// a split (one tile: 64 blocks at B = 1) and the split-weight merge (dec::merge_kernel): B = 1 / 8
+// 40 / 41 -> 19 / 25 us, B = 64 level, the K3.1 slice's B = 1 TPOT -2.2 % ("DSA chain at batch 1",
+// session 17). More head groups keep 256: at H = 96, B = 8 shorter splits make a second wave of
+// 384-thread blocks (52 -> 60 us). LUNAR_MLA_SPARSE_SPLIT=<positions> sets it for every H (rounded up
+// to the 32-position tile; 256 = the old plan). Read at every call (one process can time both);
+// lunar_cuda_mla_ws reads it too.
+int sparse_min_per(int H) {
     const char *e = getenv("LUNAR_MLA_SPARSE_SPLIT");
     int v = e && *e ? atoi(e) : 0;
-    if (v <= 0) return 256;
+    if (v <= 0) return H <= 16 ? kTN : 256;
     v = v > 4096 ? 4096 : v;
     return (v + kTN - 1) / kTN * kTN;
-}
-bool sparse_split_set() {
-    const char *e = getenv("LUNAR_MLA_SPARSE_SPLIT");
-    return e && atoi(e) > 0;
 }
 
 size_t smem_bytes(bool fp8, int groups) {
@@ -941,7 +940,8 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
         return;
     }
     const bool sparse = idx != NULL;
-    const Plan p = plan(rows, H, max_n, sparse ? sparse_min_per() : 256);
+    const int min_per = sparse ? sparse_min_per(H) : 256;
+    const Plan p = plan(rows, H, max_n, min_per);
     MlaArgs a;
     a.o = o;
     a.q_lat = q_lat, a.q_pe = q_pe, a.cache = c->latent, a.bt = c->block_tables;
@@ -958,7 +958,7 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     else if (fp8) launch<true, false>(a, p, s);
     else if (sparse) launch<false, true>(a, p, s);
     else launch<false, false>(a, p, s);
-    if (p.splits > 1 && sparse && sparse_split_set()) {
+    if (p.splits > 1 && min_per < 256) {
         // many short splits: the merge that computes the split weights once per (row, head) in
         // shared memory, not once per output dim pair and split twice
         launch_pdl(dec::merge_kernel, dim3(rows * H), dim3(kR / 4), p.splits * sizeof(float), s, o, a.o_part,
@@ -977,7 +977,7 @@ extern "C" size_t lunar_cuda_mla_ws(int rows, int H, int max_n) {
     // the sparse path and LUNAR_MLA_DECODE=old plan with the old kernel, =wgmma with its own: room
     // for any
     // (the sparse plan with LUNAR_MLA_SPARSE_SPLIT takes at least as many splits as the dense one)
-    const Plan p = plan(rows, H, max_n, sparse_min_per() < 256 ? sparse_min_per() : 256);
+    const Plan p = plan(rows, H, max_n, sparse_min_per(H) < 256 ? sparse_min_per(H) : 256);
     const size_t old_b = p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
     const size_t new_b = dec::ws_bytes(rows, H, max_n), wg_b = lunar_mla_wgmma_ws(rows, H, max_n);
     const size_t most = old_b > new_b ? old_b : new_b;
