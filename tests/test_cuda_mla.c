@@ -533,40 +533,45 @@ TEST(cuda_mla_flash_prefill_vs_naive) {
     free(saved);
 }
 
-TEST(cuda_mla_sparse_vs_cpu) {
-    if (!cuda_on()) return;
-    const int B = 4, H = 16, topk = 2048, lens[4] = {5000, 300, 2100, 3000};
+/* One sparse case: B rows over contexts lens[] (at most 5000), topk selected entries each. Row 2 (when
+ * B > 2) selects nothing (o = 0), row 1 every position then -1 padding (topk > its context when
+ * lens[1] < topk), the others a shuffle with holes. */
+/* unset: 32 positions a split at <= 16 heads, 256 above; 256: the old plan (the per-pair merge) */
+static const char *const sparse_splits[6] = {NULL, "32", "64", "100", "256", "5000"};
+static void sparse_case(int B, int H, int topk, const int *lens, int fp8) {
     const float scale = 0.3f;
-    for (int fp8 = 0; fp8 < 2; fp8++) {
-        size_t mark = lunar_cuda_mark();
-        pool p;
-        pool_make(&p, lens, B, fp8, 300 + fp8);
-        float *W = test_rand((long)H * (N_NOPE + VD) * R, 70, -0.1f, 0.1f);
-        lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
-        float *q = test_rand((long)B * H * (N_NOPE + P), 71, -1, 1);
-        float *ql = test_alloc((long)B * H * R), *qp = test_alloc((long)B * H * P);
-        float *ref = test_poisoned((long)B * H * VD), *got = test_poisoned((long)B * H * VD);
-        int32_t *idx = malloc((size_t)B * topk * 4), *perm = malloc(5000 * 4);
-        rng_state = 99;
-        for (int b = 0; b < B; b++) {
-            int32_t *ib = idx + (size_t)b * topk;
-            for (int i = 0; i < lens[b]; i++) perm[i] = i;
-            shuffle_i32(perm, lens[b]);
-            for (int i = 0; i < topk; i++) {
-                if (b == 2) ib[i] = -1;                         /* nothing valid: o = 0 */
-                else if (b == 1) ib[i] = i < lens[b] ? i : -1;  /* short: all positions, padded */
-                else ib[i] = (i % 7 == 3) ? -1 : perm[i];       /* shuffled, with holes */
-            }
-            if (b == 3) ib[5] = lens[b] - 1;
-            absorb(ql + (size_t)b * H * R, qp + (size_t)b * H * P, q + (size_t)b * H * (N_NOPE + P), W, H);
-            float *rows = pool_rows(&p, b, lens[b]);
-            op_mla_attention_sparse(ref + (size_t)b * H * VD, q + (size_t)b * H * (N_NOPE + P), rows, &Wt, ib, topk,
-                                    1, lens[b], H, N_NOPE, P, VD, R, scale);
-            free(rows);
+    size_t mark = lunar_cuda_mark();
+    pool p;
+    pool_make(&p, lens, B, fp8, 300 + fp8);
+    float *W = test_rand((long)H * (N_NOPE + VD) * R, 70, -0.1f, 0.1f);
+    lunar_tensor Wt = test_tensor2(LUNAR_DTYPE_F32, (int64_t)H * (N_NOPE + VD), R, W);
+    float *q = test_rand((long)B * H * (N_NOPE + P), 71, -1, 1);
+    float *ql = test_alloc((long)B * H * R), *qp = test_alloc((long)B * H * P);
+    float *ref = test_poisoned((long)B * H * VD), *got = test_poisoned((long)B * H * VD);
+    int32_t *idx = malloc((size_t)B * topk * 4), *perm = malloc(5000 * 4);
+    rng_state = 99;
+    for (int b = 0; b < B; b++) {
+        int32_t *ib = idx + (size_t)b * topk;
+        for (int i = 0; i < lens[b]; i++) perm[i] = i;
+        shuffle_i32(perm, lens[b]);
+        for (int i = 0; i < topk; i++) {
+            if (b == 2) ib[i] = -1;                                        /* nothing valid: o = 0 */
+            else if (b == 1) ib[i] = i < lens[b] ? i : -1;                 /* short: all positions, padded */
+            else ib[i] = (i % 7 == 3 || i >= lens[b]) ? -1 : perm[i];      /* shuffled, with holes */
         }
-        lunar_cuda_mla_cache c = pool_upload(&p);
-        const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
-        const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
+        if (b == 3) ib[5] = lens[b] - 1;
+        absorb(ql + (size_t)b * H * R, qp + (size_t)b * H * P, q + (size_t)b * H * (N_NOPE + P), W, H);
+        float *rows = pool_rows(&p, b, lens[b]);
+        op_mla_attention_sparse(ref + (size_t)b * H * VD, q + (size_t)b * H * (N_NOPE + P), rows, &Wt, ib, topk, 1,
+                                lens[b], H, N_NOPE, P, VD, R, scale);
+        free(rows);
+    }
+    lunar_cuda_mla_cache c = pool_upload(&p);
+    const float *dql = dev_in(ql, (size_t)B * H * R * 4), *dqp = dev_in(qp, (size_t)B * H * P * 4);
+    const int32_t *didx = dev_in(idx, (size_t)B * topk * 4);
+    for (int si = 0; si < 6; si++) { /* the CPU reference once, each plan against it */
+        const char *split = sparse_splits[si];
+        setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", split);
         size_t wsb = lunar_cuda_mla_ws(B, H, topk);
         void *ws = wsb ? lunar_cuda_alloc(wsb) : NULL;
         guarded od;
@@ -574,18 +579,39 @@ TEST(cuda_mla_sparse_vs_cpu) {
         lunar_cuda_mla_sparse(d_o, dql, dqp, &c, NULL, didx, topk, B, H, scale, ws, NULL);
         float *olat = down(d_o, (size_t)B * H * R * 4);
         for (int b = 0; b < B; b++) unabsorb(got + (size_t)b * H * VD, olat + (size_t)b * H * R, W, H);
-        int zero = 1;
-        for (int i = 0; i < H * R; i++) zero &= olat[(size_t)2 * H * R + i] == 0.0f;
-        CHECK_MSG(zero, "sparse row with no valid index must give o = 0");
-        char what[96];
-        snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s", B, H, topk, fp8 ? "fp8" : "bf16");
+        if (B > 2) {
+            int zero = 1;
+            for (int i = 0; i < H * R; i++) zero &= olat[(size_t)2 * H * R + i] == 0.0f;
+            CHECK_MSG(zero, "sparse row with no valid index must give o = 0");
+        }
+        char what[128];
+        snprintf(what, sizeof what, "mla sparse B=%d H=%d topk=%d %s split=%s", B, H, topk, fp8 ? "fp8" : "bf16",
+                 split ? split : "default");
         report(what, lunar_max_rel_err(got, ref, (long)B * H * VD), 1.5e-2);
         CHECK(guards_ok(&od));
-        free(olat), free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
-        test_tensor_free(&Wt);
-        pool_free(&p);
-        lunar_cuda_release(mark);
+        free(olat);
     }
+    free(ref), free(got), free(ql), free(qp), free(q), free(W), free(idx), free(perm);
+    test_tensor_free(&Wt);
+    pool_free(&p);
+    lunar_cuda_release(mark);
+}
+
+/* The default plan and LUNAR_MLA_SPARSE_SPLIT (shorter splits, the shared-memory merge; 100 rounds up
+ * to 128, 256 the plan before session 17, 5000 one split); 4 rows x 16 heads, the K3.1 rank (1 row,
+ * 12 heads), odd top-k and top-k past the context, 40 heads (3 head groups, 256 by default). */
+TEST(cuda_mla_sparse_vs_cpu) {
+    if (!cuda_on()) return;
+    const int l4[4] = {5000, 300, 2100, 3000}, l1[1] = {4999}, l2[3] = {1733, 611, 900};
+    char *saved = getenv("LUNAR_MLA_SPARSE_SPLIT") ? strdup(getenv("LUNAR_MLA_SPARSE_SPLIT")) : NULL;
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        sparse_case(4, 16, 2048, l4, fp8);
+        sparse_case(1, 12, 2048, l1, fp8);
+        sparse_case(3, 12, 999, l2, fp8); /* row 1: topk > context */
+        sparse_case(1, 40, 333, l2, fp8); /* 3 head groups, one block */
+    }
+    setenv_or_unset("LUNAR_MLA_SPARSE_SPLIT", saved);
+    free(saved);
 }
 
 /* ---------------------------------------------------------------- DSA */
@@ -875,41 +901,53 @@ static int i32_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-TEST(cuda_dsa_topk_1m_vs_sort) {
-    if (!cuda_on()) return;
-    const int rows = 4, topk = 2048, ld = 1 << 20;
-    const int lens[4] = {1 << 20, 777777, 100000, topk + 1};
+/* Top-k of rows against a sort. gen 0: the
+ * 1M rows (ties, signs, zeros, all equal, a few values); gen 1: the indexer's kind of row, every score in one or
+ * two exponents (most keys of the first digit in one bin), 8K .. 128K and odd lengths. */
+static void topk_vs_sort(int rows, const int *lens, int ld, int gen) {
+    const int topk = 2048;
     size_t mark = lunar_cuda_mark();
     float *sc = malloc((size_t)rows * ld * 4);
-    rng_state = 1234;
+    rng_state = 1234 + gen;
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < ld; j++) {
             float v;
-            if (r == 0) v = (float)((int)(rng() % 20001) - 10000) / 7.0f; /* many ties, signs, zeros */
+            if (gen == 1) v = r == 2 ? 1.0f + (float)(rng() % 64) / 64.0f : 0.75f + (float)(rng() % 100000) * 1e-5f;
+            else if (r == 0) v = (float)((int)(rng() % 20001) - 10000) / 7.0f; /* many ties, signs, zeros */
             else if (r == 1) v = (rng() & 1) ? -0.0f : ((float)(rng() % 1000) * 1e-3f - 0.5f);
             else if (r == 2) v = 1.5f; /* all equal: the lowest positions */
             else v = (float)(rng() % 3);
             sc[(size_t)r * ld + j] = v;
         }
     const float *dsc = dev_in(sc, (size_t)rows * ld * 4);
-    const int32_t *dlens = dev_in(lens, sizeof lens);
+    const int32_t *dlens = dev_in(lens, (size_t)rows * 4);
+    sp_pair *v = malloc((size_t)ld * sizeof *v);
+    int32_t *ref = malloc((size_t)rows * topk * 4);
+    for (int r = 0; r < rows; r++) {
+        for (int j = 0; j < lens[r]; j++) v[j].s = sc[(size_t)r * ld + j], v[j].p = j;
+        qsort(v, (size_t)lens[r], sizeof *v, sp_cmp);
+        for (int i = 0; i < topk; i++) ref[(size_t)r * topk + i] = v[i].p;
+        qsort(ref + (size_t)r * topk, (size_t)topk, 4, i32_cmp);
+    }
     guarded oidx;
     int32_t *didx = guarded_new(&oidx, (size_t)rows * topk * 4);
     lunar_cuda_dsa_topk(didx, NULL, dsc, ld, dlens, rows, topk, NULL);
     int32_t *got = down(didx, (size_t)rows * topk * 4);
-    sp_pair *v = malloc((size_t)ld * sizeof *v);
-    int32_t *ref = malloc((size_t)topk * 4);
-    for (int r = 0; r < rows; r++) {
-        for (int j = 0; j < lens[r]; j++) v[j].s = sc[(size_t)r * ld + j], v[j].p = j;
-        qsort(v, (size_t)lens[r], sizeof *v, sp_cmp);
-        for (int i = 0; i < topk; i++) ref[i] = v[i].p;
-        qsort(ref, (size_t)topk, 4, i32_cmp);
-        CHECK_MSG(memcmp(ref, got + (size_t)r * topk, (size_t)topk * 4) == 0, "top-k row %d (n=%d) differs", r,
-                  lens[r]);
-    }
+    for (int r = 0; r < rows; r++)
+        CHECK_MSG(memcmp(ref + (size_t)r * topk, got + (size_t)r * topk, (size_t)topk * 4) == 0,
+                  "top-k gen %d row %d (n=%d) differs", gen, r, lens[r]);
     CHECK(guards_ok(&oidx));
-    free(sc), free(got), free(v), free(ref);
+    free(got), free(sc), free(v), free(ref);
     lunar_cuda_release(mark);
+}
+
+TEST(cuda_dsa_topk_1m_vs_sort) {
+    if (!cuda_on()) return;
+    const int lens[4] = {1 << 20, 777777, 100000, 2048 + 1};
+    topk_vs_sort(4, lens, 1 << 20, 0);
+    const int lens1[5] = {8192, 131072, 32768, 8191, 12345};
+    topk_vs_sort(1, lens1, 131072, 1);
+    topk_vs_sort(5, lens1, 131072, 1);
 }
 
 #endif

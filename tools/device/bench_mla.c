@@ -387,38 +387,66 @@ static void bench_decode_wgmma(void) {
         }
 }
 
+/* BENCH_MLA_SPARSE_SPLITS="default 64 32": one column per LUNAR_MLA_SPARSE_SPLIT value (positions per
+ * split; "default" = unset), alternating per case, so the columns are an A/B on the same pool. */
 static void bench_sparse(void) {
-    printf("\n### Sparse MLA decode (DSA, 2048 selected positions per row, bf16 latent)\n\n");
-    printf("| H | B | context | time | latent bytes read | floor | of floor |\n|---|---|---|---|---|---|---|\n");
-    static const int Ls[] = {4096, 32768, 131072}, Bs[] = {1, 8, 64};
+    const char *e = getenv("BENCH_MLA_SPARSE_SPLITS");
+    char list[256];
+    snprintf(list, sizeof list, "%s", e && *e ? e : "default");
+    const char *names[8];
+    int nv = 0;
+    for (char *t = strtok(list, " ,"); t && nv < 8; t = strtok(NULL, " ,")) names[nv++] = t;
+    char *saved = getenv("LUNAR_MLA_SPARSE_SPLIT") ? strdup(getenv("LUNAR_MLA_SPARSE_SPLIT")) : NULL;
+    printf("\n### Sparse MLA decode (DSA, 2048 selected positions per row; LUNAR_MLA_SPARSE_SPLIT columns)\n\n");
+    printf("| H | B | context | kv |");
+    for (int v = 0; v < nv; v++) printf(" split %s |", names[v]);
+    printf(" latent bytes read | floor |\n|---|---|---|---|");
+    for (int v = 0; v < nv; v++) printf("---|");
+    printf("---|---|\n");
+    static const int Ls[] = {8192, 32768, 131072}, Bs[] = {1, 8, 64}, Hs[] = {12, 96};
     const int topk = 2048;
     int32_t *idx = malloc((size_t)MAXB * topk * 4);
-    for (int li = 0; li < 3; li++)
-        for (int bi = 0; bi < 3; bi++) {
-            const int B = Bs[bi], L = Ls[li], H = 96;
-            size_t mark = lunar_cuda_mark();
-            mla_case m;
-            setup_case(&m, B, H, L, 0);
-            m.topk = topk;
-            /* spread over the context, ascending (the indexer's order) */
-            unsigned x = 7;
-            for (int b = 0; b < B; b++)
-                for (int i = 0; i < topk; i++) {
-                    x = x * 1664525u + 1013904223u;
-                    idx[b * topk + i] = (int)((long long)i * L / topk + (x >> 8) % (unsigned)(L / topk));
+    for (int hi = 0; hi < 2; hi++)
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            for (int li = 0; li < 3; li++)
+                for (int bi = 0; bi < 3; bi++) {
+                    const int B = Bs[bi], L = Ls[li], H = Hs[hi];
+                    if (fp8 && H != 12) continue; /* the K3.1 rank only */
+                    size_t mark = lunar_cuda_mark();
+                    mla_case m;
+                    setup_case(&m, B, H, L, fp8);
+                    m.topk = topk;
+                    /* spread over the context, ascending (the indexer's order) */
+                    unsigned x = 7;
+                    for (int b = 0; b < B; b++)
+                        for (int i = 0; i < topk; i++) {
+                            x = x * 1664525u + 1013904223u;
+                            idx[b * topk + i] = (int)((long long)i * L / topk + (x >> 8) % (unsigned)(L / topk));
+                        }
+                    m.idx = dalloc((size_t)B * topk * 4);
+                    lunar_cuda_upload(m.idx, idx, (size_t)B * topk * 4);
+                    /* the workspace for the most splits of any column */
+                    size_t wsb = 0;
+                    for (int v = 0; v < nv; v++) {
+                        setenv("LUNAR_MLA_SPARSE_SPLIT", strcmp(names[v], "default") ? names[v] : "0", 1);
+                        const size_t w = lunar_cuda_mla_ws(B, H, topk);
+                        wsb = w > wsb ? w : wsb;
+                    }
+                    m.ws = wsb ? dalloc(wsb) : NULL;
+                    printf("| %d | %d | %dK | %s |", H, B, L / 1024, fp8 ? "fp8" : "bf16");
+                    for (int v = 0; v < nv; v++) {
+                        setenv("LUNAR_MLA_SPARSE_SPLIT", strcmp(names[v], "default") ? names[v] : "0", 1);
+                        call_sparse(&m);
+                        printf(" %.1f us |", time_us(call_sparse, &m, 9));
+                    }
+                    const double bytes = (double)B * topk * (fp8 ? 576 : 1152);
+                    printf(" %.1f MB | %.1f us |\n", bytes / 1e6, bytes / BW * 1e6);
+                    fflush(stdout);
+                    lunar_cuda_release(mark);
                 }
-            m.idx = dalloc((size_t)B * topk * 4);
-            lunar_cuda_upload(m.idx, idx, (size_t)B * topk * 4);
-            size_t wsb = lunar_cuda_mla_ws(B, H, topk);
-            m.ws = wsb ? dalloc(wsb) : NULL;
-            float us = time_us(call_sparse, &m, 9);
-            double bytes = (double)B * topk * 1152, floor = bytes / BW * 1e6;
-            printf("| %d | %d | %dK | %.1f us | %.1f MB | %.1f us | %.0f%% |\n", H, B, L / 1024, us, bytes / 1e6, floor,
-                   100.0 * floor / us);
-            fflush(stdout);
-            lunar_cuda_release(mark);
-        }
     free(idx);
+    if (saved) setenv("LUNAR_MLA_SPARSE_SPLIT", saved, 1), free(saved);
+    else unsetenv("LUNAR_MLA_SPARSE_SPLIT");
 }
 
 typedef struct {

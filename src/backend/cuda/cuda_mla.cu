@@ -737,20 +737,40 @@ int sm_count() { return lunar_mla_sm_count(); }
 struct Plan {
     int groups, head_blocks, splits, chunk;
 };
-Plan plan(int rows, int H, int max_n) {
+// min_per: the fewest positions a split takes (a multiple of kTN). 256 for dense rows; the sparse
+// rows take sparse_min_per(H).
+Plan plan(int rows, int H, int max_n, int min_per = 256) {
     Plan p;
     const int hg = (H + 15) / 16;
     p.head_blocks = (hg + kGMax - 1) / kGMax;
     p.groups = (hg + p.head_blocks - 1) / p.head_blocks;
     const int base = rows * p.head_blocks;
     int want = (2 * sm_count() + base - 1) / base;
-    const int most = (max_n + 255) / 256; // at least 256 positions per split
+    const int most = (max_n + min_per - 1) / min_per;
     int s = want < most ? want : most;
     if (s < 1) s = 1;
     const int per = max_n > 0 ? (max_n + s - 1) / s : 1;
     p.chunk = (per + kTN - 1) / kTN * kTN;
     p.splits = max_n > 0 ? (max_n + p.chunk - 1) / p.chunk : 1;
     return p;
+}
+
+// The fewest positions a split of the sparse kernel takes. At batch 1 the 2048 selected positions of
+// one 12-head rank made 8 splits of 256 (the dense rows' minimum): 8 blocks on 132 SMs, each walking
+// 8 dependent tiles of index load -> block-table load -> latent gather, latency rather than bytes
+// (docs/benchmarks.md, session 11: ~35 us in the step). One head group (H <= 16) takes 32 positions
+// a split (one tile: 64 blocks at B = 1) and the split-weight merge (dec::merge_kernel): B = 1 / 8
+// 40 / 41 -> 19 / 25 us, B = 64 level, the K3.1 slice's B = 1 TPOT -2.2 % ("DSA chain at batch 1",
+// session 17). More head groups keep 256: at H = 96, B = 8 shorter splits make a second wave of
+// 384-thread blocks (52 -> 60 us). LUNAR_MLA_SPARSE_SPLIT=<positions> sets it for every H (rounded up
+// to the 32-position tile; 256 = the old plan). Read at every call (one process can time both);
+// lunar_cuda_mla_ws reads it too.
+int sparse_min_per(int H) {
+    const char *e = getenv("LUNAR_MLA_SPARSE_SPLIT");
+    int v = e && *e ? atoi(e) : 0;
+    if (v <= 0) return H <= 16 ? kTN : 256;
+    v = v > 4096 ? 4096 : v;
+    return (v + kTN - 1) / kTN * kTN;
 }
 
 size_t smem_bytes(bool fp8, int groups) {
@@ -919,7 +939,9 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
         dec::run(o, q_lat, q_pe, c, row_seq, lens, max_n, rows, H, scale, ws, s);
         return;
     }
-    const Plan p = plan(rows, H, max_n);
+    const bool sparse = idx != NULL;
+    const int min_per = sparse ? sparse_min_per(H) : 256;
+    const Plan p = plan(rows, H, max_n, min_per);
     MlaArgs a;
     a.o = o;
     a.q_lat = q_lat, a.q_pe = q_pe, a.cache = c->latent, a.bt = c->block_tables;
@@ -931,12 +953,18 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     a.o_part = (float *)ws;
     a.lse_part = (float *)ws + (size_t)p.splits * rows * H * kR;
     if (p.splits > 1) CUDA_REQUIRE(ws != NULL);
-    const bool fp8 = c->dtype == LUNAR_CUDA_KV_FP8, sparse = idx != NULL;
+    const bool fp8 = c->dtype == LUNAR_CUDA_KV_FP8;
     if (fp8 && sparse) launch<true, true>(a, p, s);
     else if (fp8) launch<true, false>(a, p, s);
     else if (sparse) launch<false, true>(a, p, s);
     else launch<false, false>(a, p, s);
-    if (p.splits > 1) {
+    if (p.splits > 1 && min_per < 256) {
+        // many short splits: the merge that computes the split weights once per (row, head) in
+        // shared memory, not once per output dim pair and split twice
+        launch_pdl(dec::merge_kernel, dim3(rows * H), dim3(kR / 4), p.splits * sizeof(float), s, o, a.o_part,
+                   a.lse_part, rows * H, p.splits, a.out_scale);
+        CUDA_CHECK_LAUNCH();
+    } else if (p.splits > 1) {
         launch_pdl(mla_merge_kernel, dim3(rows * H), dim3(kR / 4), 0, s, o, a.o_part, a.lse_part, rows * H, p.splits,
                    a.out_scale);
         CUDA_CHECK_LAUNCH();
@@ -948,7 +976,8 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
 extern "C" size_t lunar_cuda_mla_ws(int rows, int H, int max_n) {
     // the sparse path and LUNAR_MLA_DECODE=old plan with the old kernel, =wgmma with its own: room
     // for any
-    const Plan p = plan(rows, H, max_n);
+    // (the sparse plan with LUNAR_MLA_SPARSE_SPLIT takes at least as many splits as the dense one)
+    const Plan p = plan(rows, H, max_n, sparse_min_per(H) < 256 ? sparse_min_per(H) : 256);
     const size_t old_b = p.splits > 1 ? (size_t)p.splits * rows * H * (kR + 1) * sizeof(float) : 0;
     const size_t new_b = dec::ws_bytes(rows, H, max_n), wg_b = lunar_mla_wgmma_ws(rows, H, max_n);
     const size_t most = old_b > new_b ? old_b : new_b;
