@@ -652,6 +652,48 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
     env_put_back(keep, 4);
 }
 
+/* LUNAR_MOE_F16_WG (session 17, cuda_moe_f16wg.cu: path 16 at one token with the consumer on FP8 wgmma, the
+ * activations as e4m3 hi + lo, ~7 significant bits: bf16-level): at 1 (one warpgroup a block) and 2 (two
+ * splitting k), against the CPU op (tol 1e-2, the max rel err printed), no row left unwritten (NaN-poisoned
+ * outputs), each run twice in a row bit-equal (no race), with the one-token route (LUNAR_MOE_F16_EARLY unset)
+ * and with the route's offsets / row_token read (EARLY=3); the rows must differ from path 16's without it (the
+ * kernel ran, not the fallback). Only at one token (n = 1; the kernel's dispatch ignores the switch above).
+ * The caller's values of both switches are restored after. */
+static void f16_wg_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
+                        const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
+                        int k, int D, int I) {
+    static const char *wv[4] = {"1", "2", "1", "2"}, *ev[4] = {NULL, NULL, "3", "3"};
+    env_kept keep[2] = {{"LUNAR_MOE_F16_WG", NULL}, {"LUNAR_MOE_F16_EARLY", NULL}};
+    env_keep(keep, 2);
+    const size_t nkd = (size_t)n * k * D;
+    float *y0, *r0;
+    env_set("LUNAR_MOE_F16_WG", NULL);
+    run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y0, &r0);
+    for (int t = 0; t < 4; t++) {
+        env_set("LUNAR_MOE_F16_WG", wv[t]);
+        env_set("LUNAR_MOE_F16_EARLY", ev[t]);
+        float *y, *rows, *y2, *rows2;
+        run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
+        run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y2, &rows2);
+        char w2[192];
+        snprintf(w2, sizeof w2, "%s WG=%s EARLY=%s", what, wv[t], ev[t] ? ev[t] : "unset");
+        const double e = lunar_max_rel_err(y, ref, (long)n * D);
+        printf("  %s: max rel err vs the CPU op %.3g\n", w2, e);
+        moe_report(w2, e, 1e-2);
+        long nan = 0;
+        for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
+        CHECK_MSG(nan == 0, "%s: %ld expert-row values NaN (unwritten)", w2, nan);
+        const long bad = bits_differ(rows2, rows, nkd);
+        CHECK_MSG(bad == 0 && memcmp(y, y2, (size_t)n * D * 4) == 0, "%s: %ld expert-row values differ run to run", w2,
+                  bad);
+        CHECK_MSG(bits_differ(rows, r0, nkd) > 0, "%s: the rows equal path 16's without WG (the kernel did not run)",
+                  w2);
+        free(y), free(rows), free(y2), free(rows2);
+    }
+    free(y0), free(r0);
+    env_put_back(keep, 2);
+}
+
 /* LUNAR_MOE_BF16_EARLY (the BF16 pair with the shorter block start-up, cuda_moe_bf16e.cu): bit 2 the
  * route's count and expert id loaded together, bit 4 at one token no offsets / row_token loads (the
  * slot is the row; the host masks it off for n > 1); bit 1 is ignored (session 13's staging, out of the
@@ -743,6 +785,7 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         if (path == 16 && mxfp4 && act) f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
         if (path == 16 && mxfp4 && act) f16_il_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
+        if (path == 16 && mxfp4 && act && n == 1) f16_wg_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);
             moe_report(what, lunar_max_rel_err(y, first, (long)n * D), 1e-2);
@@ -852,6 +895,15 @@ TEST(cuda_moe_experts_mxfp4_vs_cpu) {
     experts_case(600, 2, 8, 256, 384, 1, 1, 1, 2 | MX14);  /* 600 rows on 2 experts: 256 + 256 + 88 */
     experts_case(450, 3, 8, 384, 256, 1, 1, 1, 2 | MX14);  /* 450 rows on 3 experts: 256 + 194 */
     experts_case(700, 4, 8, 256, 128, 1, 0, 2, 2 | MX14);  /* skewed: ~350 rows on each of 8 experts */
+}
+
+/* LUNAR_MOE_F16_WG (f16_wg_case, inside experts_case at one token) at K3.1's expert shape (D = 3584, I = 3072,
+ * top-16: 48 gate/up and 56 down row groups of 64, K of 28 and 24 chunks) and its TP8 slice (I = 384: 6 gate/up
+ * row groups, a down K of 3 chunks, odd for the two warpgroups of WG=2). */
+TEST(cuda_moe_experts_mxfp4_wg_k3_shapes) {
+    if (!moe_cuda_on()) return;
+    experts_case(1, 16, 16, 3584, 384, 1, 1, 0, F16);
+    experts_case(1, 16, 16, 3584, 3072, 1, 1, 0, F16);
 }
 
 TEST(cuda_moe_experts_bf16_vs_cpu) {
