@@ -103,7 +103,9 @@ __global__ void __launch_bounds__(128 * KS, 4 / KS) moe_f16wg_kernel(xargs a, ui
     const int cnt = a.counts[a.E], e = a.active[slot];
     if (slot >= cnt || e < 0 || e >= a.E) return;
     const bool one = (opt & 32u) != 0;
-    const int kw = threadIdx.x >> 7, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, c = lane & 3;
+    // kw: this thread's warpgroup (a constant 0 at KS = 1, so the chunk loop's count and the B descriptors are
+    // uniform values the compiler can keep in uniform registers)
+    const int kw = KS > 1 ? (int)(threadIdx.x >> 7) : 0, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, c = lane & 3;
     const int tile = blockIdx.x * 4 + warp;
     const bool live = tile * 16 < a.R;
     const int ra = tile * 16 + g, rb = ra + 8;
