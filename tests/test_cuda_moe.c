@@ -653,8 +653,8 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
 }
 
 /* LUNAR_MOE_F16_WG (session 17, cuda_moe_f16wg.cu: path 16 at one token with the consumer on FP8 wgmma, the
- * activations as e4m3 hi + lo, ~7 significant bits: bf16-level): at 1 (one warpgroup a block) and 2 (two
- * splitting k), against the CPU op (tol 1e-2, the max rel err printed), no row left unwritten (NaN-poisoned
+ * activations as e4m3 hi + lo, ~7 significant bits: bf16-level): at 1 (one warpgroup a block), 2 and 4 (two,
+ * four splitting k: at K = 256 / 384 some warpgroups have no chunk), against the CPU op (tol 1e-2, the max rel err printed), no row left unwritten (NaN-poisoned
  * outputs), each run twice in a row bit-equal (no race), with the one-token route (LUNAR_MOE_F16_EARLY unset)
  * and with the route's offsets / row_token read (EARLY=3); the rows must differ from path 16's without it (the
  * kernel ran, not the fallback). Only at one token (n = 1; the kernel's dispatch ignores the switch above).
@@ -662,14 +662,14 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
 static void f16_wg_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
-    static const char *wv[4] = {"1", "2", "1", "2"}, *ev[4] = {NULL, NULL, "3", "3"};
+    static const char *wv[5] = {"1", "2", "4", "1", "2"}, *ev[5] = {NULL, NULL, NULL, "3", "3"};
     env_kept keep[2] = {{"LUNAR_MOE_F16_WG", NULL}, {"LUNAR_MOE_F16_EARLY", NULL}};
     env_keep(keep, 2);
     const size_t nkd = (size_t)n * k * D;
     float *y0, *r0;
     env_set("LUNAR_MOE_F16_WG", NULL);
     run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y0, &r0);
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 5; t++) {
         env_set("LUNAR_MOE_F16_WG", wv[t]);
         env_set("LUNAR_MOE_F16_EARLY", ev[t]);
         float *y, *rows, *y2, *rows2;

@@ -28,7 +28,7 @@
 //
 // Structure: one warpgroup = 4 warps = 64 rows (4 tiles of 16, each warp streaming its own rows
 // through path 16's per-warp cp.async ring, mx_ring_src) over the k range; KS = LUNAR_MOE_F16_WG
-// (1 or 2) warpgroups a block take interleaved chunks of 128 columns and meet in shared memory.
+// (1, 2 or 4) warpgroups a block take interleaved chunks of 128 columns and meet in shared memory.
 // Every warp of a warpgroup runs the same chunk sequence (wgmma is collective): warps whose rows
 // lie past R copy nothing, compute on whatever the ring holds and store nothing. A chunk's 4 x NM
 // wgmma are one commit group, waited for before its scale FFMA.
@@ -105,7 +105,8 @@ __global__ void __launch_bounds__(128 * KS, 4 / KS) moe_f16wg_kernel(xargs a, ui
     const bool one = (opt & 32u) != 0;
     // kw: this thread's warpgroup (a constant 0 at KS = 1, so the chunk loop's count and the B descriptors are
     // uniform values the compiler can keep in uniform registers)
-    const int kw = KS > 1 ? (int)(threadIdx.x >> 7) : 0, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, c = lane & 3;
+    const int kw = KS > 1 ? (int)(threadIdx.x >> 7) : 0, t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+    const int g = lane >> 2, c = lane & 3;
     const int tile = blockIdx.x * 4 + warp;
     const bool live = tile * 16 < a.R;
     const int ra = tile * 16 + g, rb = ra + 8;
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(128 * KS, 4 / KS) moe_f16wg_kernel(xargs a, ui
     const int NB = a.K / 32;
     const uint32_t lbo = (uint32_t)(2 * NB + 8) * 16u;
     unsigned char *xb = (unsigned char *)(rings + (size_t)KS * ST * 2 * NM * 128 * 5 / 4);
-    __shared__ float wmax[8];
+    __shared__ float wmax[16];
     const int off = one ? slot : a.offsets[e];
     const uint16_t *xr = a.x + (size_t)(GATEUP ? (one ? 0 : a.row_token[off]) : off) * a.K;
     const int K8 = a.K / 8, nth = 128 * KS;
@@ -274,19 +275,25 @@ template <bool GATEUP, int KS, bool CS> void launch_wg(const xargs &a, int slots
     launch_pdl(moe_f16wg_kernel<GATEUP, KS, CS>, dim3(ceil_div_u(a.R, 64), slots), dim3(128 * KS), smem, st, a, opt);
 }
 
+template <bool GATEUP, int KS> void launch_c(bool cs, const xargs &a, int slots, uint32_t opt, cudaStream_t st) {
+    if (cs) launch_wg<GATEUP, KS, true>(a, slots, opt, st);
+    else launch_wg<GATEUP, KS, false>(a, slots, opt, st);
+}
 template <bool GATEUP> void launch_g(int ks, bool cs, const xargs &a, int slots, uint32_t opt, cudaStream_t st) {
-    if (ks == 2) cs ? launch_wg<GATEUP, 2, true>(a, slots, opt, st) : launch_wg<GATEUP, 2, false>(a, slots, opt, st);
-    else cs ? launch_wg<GATEUP, 1, true>(a, slots, opt, st) : launch_wg<GATEUP, 1, false>(a, slots, opt, st);
+    if (ks == 4) launch_c<GATEUP, 4>(cs, a, slots, opt, st);
+    else if (ks == 2) launch_c<GATEUP, 2>(cs, a, slots, opt, st);
+    else launch_c<GATEUP, 1>(cs, a, slots, opt, st);
 }
 
 }  // namespace
 
-// LUNAR_MOE_F16_WG (read at every launch: the op tests switch it): 1 one warpgroup a block, 2 two
-// splitting k; 0 / unset: off. Only at one token, with K a multiple of 128 (path 16's chunks).
+// LUNAR_MOE_F16_WG (read at every launch: the op tests switch it): 1 one warpgroup a block, 2 / 4 two /
+// four splitting k (the TP8 slice: 6 gate/up row groups of 64 an expert, 96 blocks at top-16, well under a
+// wave at 1); 0 / unset: off. Only at one token, with K a multiple of 128 (path 16's chunks).
 int moe_f16wg_mode(int n, int K) {
     const char *v = getenv("LUNAR_MOE_F16_WG");
     const int m = v ? atoi(v) : 0;
-    return n == 1 && K % 128 == 0 && (m == 1 || m == 2) ? m : 0;
+    return n == 1 && K % 128 == 0 && (m == 1 || m == 2 || m == 4) ? m : 0;
 }
 
 void moe_f16wg_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st, cudaEvent_t mid) {
