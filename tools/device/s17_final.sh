@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Session 17, the lead's last call (one H200): main after the session's merges.
+#  1. tools/device/session.sh: check.sh tests (every CUDA op vs its CPU op, the goldens end to end, engine /
+#     generate / serve on CUDA), the dummy loader and NCCL world-1 tests, the norm bench, issue 9's table
+#     (Kimi-Linear-48B prefill 1K / 8K / 32K and decode B = 1 / 8 / 32 / 64; the K3.1 TP8 slice)
+#  2. A / B rounds of the session's opt-in switches, each against the default in the same process or run
+#     alternating: TESTS (extra lunar_tests filters, each "filter[:ENV=v,ENV=v]"), F16AB_V (the one-token MXFP4 pair,
+#     LUNAR_MOE_BENCH_V), MLA_AB (bench_mla fp8ab variants, device timing), KLAB / K31AB (switch sets for the
+#     Kimi-Linear-48B B = 1 and the K3.1 slice B = 1 TPOT, ROUNDS rounds alternating with the default)
+#  3. Kimi-Linear-48B 8K prefill, PF_ROUNDS more rounds (the MFU line of issue 9)
+#   P=<prebuilt dir> OUT=<dir> bash tools/device/s17_final.sh   (build-device/ from the pack's bd/)
+set -u
+P=${P:?prebuilt dir}
+OUT=${OUT:-/tmp/o}
+mkdir -p build-device && cp -a "$P"/bd/. build-device/
+SERVE=0 CUDA_TP=0 INPUT_LENS=1024,8192,32768 BATCHES=1,8,32,64 CONTEXTS=1024 \
+  BENCH_FLAGS="--max-len 36864 --steps 64" K31_INPUT_LENS=8192 K31_BATCHES=1,8,64 K31_CONTEXTS=8192 \
+  OUT=$OUT/s bash tools/device/session.sh "$P" > /dev/null 2>&1
+SUMMARY=ab.txt . tools/device/env.sh
+for t in ${TESTS:-}; do
+  f=${t%%:*}; e=; [ "$f" != "$t" ] && e=${t#*:}
+  step "lunar_tests $f ${e:+($e)}"
+  env $(echo "$e" | tr ',' ' ') OMP_NUM_THREADS=16 timeout 150 $P/bin/lunar_tests $f > $OUT/t_$f.log 2>&1
+  echo "rc=$? $(grep -E '^[0-9]+ passed' $OUT/t_$f.log) $(grep -E 'FAILED|CHECK' $OUT/t_$f.log | head -3 | cut -c1-160 | tr '\n' ' ')" >> $T
+  grep -E 'max rel err|WG|wg' $OUT/t_$f.log | cut -c1-160 | tail -4 >> $T
+done
+[ -n "${F16AB_V:-}" ] && {
+  step "decode pair at one token, path 16: $F16AB_V"
+  LUNAR_MOE_BENCH=f16ab LUNAR_MOE_BENCH_V="$F16AB_V" LUNAR_MOE_BENCH_ROUNDS=${ROUNDS:-3} timeout 120 \
+    $P/bin/lunar_tests cuda_moe_bench > $OUT/f16ab.log 2>&1; echo "rc=$?" >> $T
+  grep -E '^\||mean|one token|FAILED|CHECK' $OUT/f16ab.log | grep -v '^|---' | sed -E 's/LUNAR_MOE_F16_//g' >> $T
+}
+[ -n "${MLA_AB:-}" ] && {
+  step "bench_mla fp8ab (dev timing): $MLA_AB"
+  BENCH_MLA_TIMING=dev BENCH_MLA_AB="$MLA_AB" timeout 120 build-device/bench_mla fp8ab > $OUT/mla_ab.log 2>&1
+  echo "rc=$?" >> $T; grep -E '^\||mean|floor' $OUT/mla_ab.log | grep -v '^|---' | tail -30 >> $T
+}
+tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
+ab() {  # ab NAME "command" "variants"
+  local name=$1 cmd=$2 vs="def:LUNAR_NONE=0 $3"
+  for r in $(seq 1 "${ROUNDS:-3}"); do
+    local order=$vs; [ $((r % 2)) = 0 ] && order=$(echo $vs | tr ' ' '\n' | tac | tr '\n' ' ')
+    for v in $order; do
+      env $(echo "${v#*:}" | tr ',' ' ') timeout 60 $cmd > $OUT/${name}_${v%%:*}_$r.log 2>&1
+      echo "rc=$? $name ${v%%:*} r$r $(tpot $OUT/${name}_${v%%:*}_$r.log)" >> $T
+    done
+  done
+}
+[ -n "${KLAB:-}" ] && { step "KL48 B = 1 TPOT A/B: $KLAB"
+  ab kl "$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 64" "$KLAB"; }
+[ -n "${K31AB:-}" ] && { step "K3.1 TP8 slice B = 1 TPOT A/B: $K31AB"
+  ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64" "$K31AB"; }
+pre() { grep -A3 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "%s: %s s (%s MFU)  ", $1, $2, $6}'; echo; }
+for r in $(seq 1 "${PF_ROUNDS:-2}"); do
+  step "KL48 prefill 8K round $r"
+  timeout 60 $P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda \
+    --max-len 9000 --input-lens 8192 --batch-sizes 1 --contexts 1024 --steps 4 > $OUT/pf_$r.log 2>&1
+  echo "rc=$? $(pre $OUT/pf_$r.log)" >> $T
+done
+step done
+(cd "$OUT" && tar czf ab.tgz --exclude=ab.txt --exclude=s -- * 2>/dev/null; find . -maxdepth 1 -type f ! -name ab.tgz ! -name ab.txt -delete)
+cat $OUT/s/session.txt $T
