@@ -653,30 +653,44 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
 }
 
 /* LUNAR_MOE_F16_WG (session 17, cuda_moe_f16wg.cu: path 16 at one token with the consumer on FP8 wgmma, the
- * activations as e4m3 hi + lo, ~7 significant bits: bf16-level): at 1 (one warpgroup a block), 2 and 4 (two,
- * four splitting k: at K = 256 / 384 some warpgroups have no chunk), against the CPU op (tol 1e-2, the max rel err printed), no row left unwritten (NaN-poisoned
- * outputs), each run twice in a row bit-equal (no race), with the one-token route (LUNAR_MOE_F16_EARLY unset)
- * and with the route's offsets / row_token read (EARLY=3); the rows must differ from path 16's without it (the
- * kernel ran, not the fallback). Only at one token (n = 1; the kernel's dispatch ignores the switch above).
- * The caller's values of both switches are restored after. */
+ * activations as e4m3 hi + lo, ~7 significant bits: bf16-level; unset: 2 where I >= 1024): at 1 (one warpgroup a
+ * block), 2 and 4 (two, four splitting k: at K = 256 / 384 some warpgroups have no chunk), against the CPU op
+ * (tol 1e-2, the max rel err printed), no row left unwritten (NaN-poisoned outputs), each run twice in a row
+ * bit-equal (no race), with the one-token route (LUNAR_MOE_F16_EARLY unset), with the route's offsets / row_token
+ * read (EARLY=3) and with the down kernel's ring fill after its PDL wait (EARLY=6, bit 1 off: session 19's
+ * early fill changes when the weights are copied, not the sums, so EARLY 3 and 6 must give unset's bits at the
+ * same WG); the rows must differ from path 16's (WG=0: the kernel ran, not the fallback). Unset must be WG=2
+ * where I >= 1024 and path 16 below (the same bits as those runs). Only at one token (n = 1; the kernel's
+ * dispatch ignores the switch above). The caller's values of both switches are restored after. */
 static void f16_wg_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
-    static const char *wv[5] = {"1", "2", "4", "1", "2"}, *ev[5] = {NULL, NULL, NULL, "3", "3"};
+    /* runs 7-10 with the route marked settled (lunar_cuda_moe_route.settled: this route was written long before):
+     * the gate/up kernel's early fill (EARLY bit 8) on, except at EARLY=7; at 14 the down kernel's off */
+    enum { NV = 11 };
+    static const char *wv[NV] = {"1", "2", "4", "1", "2", "2", "4", "2", "1", "4", "2"},
+                      *ev[NV] = {NULL, NULL, NULL, "3", "3", "6", "6", NULL, NULL, "7", "14"};
+    lunar_cuda_moe_route rset = *r;
+    rset.settled = 1;
     env_kept keep[2] = {{"LUNAR_MOE_F16_WG", NULL}, {"LUNAR_MOE_F16_EARLY", NULL}};
     env_keep(keep, 2);
     const size_t nkd = (size_t)n * k * D;
-    float *y0, *r0;
-    env_set("LUNAR_MOE_F16_WG", NULL);
+    float *y0, *r0, *yu, *ru, *yw[3] = {NULL, NULL, NULL}, *rw[3] = {NULL, NULL, NULL};
+    env_set("LUNAR_MOE_F16_EARLY", NULL);
+    env_set("LUNAR_MOE_F16_WG", "0");
     run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y0, &r0);
-    for (int t = 0; t < 5; t++) {
+    env_set("LUNAR_MOE_F16_WG", NULL);
+    run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &yu, &ru);
+    for (int t = 0; t < NV; t++) {
         env_set("LUNAR_MOE_F16_WG", wv[t]);
         env_set("LUNAR_MOE_F16_EARLY", ev[t]);
         float *y, *rows, *y2, *rows2;
-        run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
-        run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y2, &rows2);
+        const lunar_cuda_moe_route *rr = t >= 7 ? &rset : r;
+        run_poisoned(16, ybuf, hbuf, acc, dz, dw, rr, n, k, D, I, &y, &rows);
+        run_poisoned(16, ybuf, hbuf, acc, dz, dw, rr, n, k, D, I, &y2, &rows2);
         char w2[192];
-        snprintf(w2, sizeof w2, "%s WG=%s EARLY=%s", what, wv[t], ev[t] ? ev[t] : "unset");
+        snprintf(w2, sizeof w2, "%s WG=%s EARLY=%s%s", what, wv[t], ev[t] ? ev[t] : "unset",
+                 t >= 7 ? " settled" : "");
         const double e = lunar_max_rel_err(y, ref, (long)n * D);
         printf("  %s: max rel err vs the CPU op %.3g\n", w2, e);
         moe_report(w2, e, 1e-2);
@@ -686,11 +700,23 @@ static void f16_wg_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
         const long bad = bits_differ(rows2, rows, nkd);
         CHECK_MSG(bad == 0 && memcmp(y, y2, (size_t)n * D * 4) == 0, "%s: %ld expert-row values differ run to run", w2,
                   bad);
-        CHECK_MSG(bits_differ(rows, r0, nkd) > 0, "%s: the rows equal path 16's without WG (the kernel did not run)",
-                  w2);
-        free(y), free(rows), free(y2), free(rows2);
+        CHECK_MSG(bits_differ(rows, r0, nkd) > 0, "%s: the rows equal path 16's (WG=0; the kernel did not run)", w2);
+        const int m = wv[t][0] == '1' ? 0 : wv[t][0] == '2' ? 1 : 2;
+        if (!yw[m]) {
+            yw[m] = y, rw[m] = rows;
+        } else {
+            CHECK_MSG(bits_differ(rows, rw[m], nkd) == 0 && memcmp(y, yw[m], (size_t)n * D * 4) == 0,
+                      "%s: the rows differ from WG=%s EARLY=unset's", w2, wv[t]);
+            free(y), free(rows);
+        }
+        free(y2), free(rows2);
     }
-    free(y0), free(r0);
+    /* unset: WG=2's bits where I >= 1024, path 16's below */
+    const float *ye = I >= 1024 ? yw[1] : y0, *re = I >= 1024 ? rw[1] : r0;
+    CHECK_MSG(bits_differ(ru, re, nkd) == 0 && memcmp(yu, ye, (size_t)n * D * 4) == 0,
+              "%s WG unset (I = %d): the rows differ from %s's", what, I, I >= 1024 ? "WG=2" : "WG=0");
+    for (int m = 0; m < 3; m++) free(yw[m]), free(rw[m]);
+    free(y0), free(r0), free(yu), free(ru);
     env_put_back(keep, 2);
 }
 
@@ -781,10 +807,18 @@ static void experts_case(int n, int k, int E, int D, int I, int mxfp4, int act, 
         moe_report(what, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
         bf16_rows_case(what, path, ybuf, yb, ybw, acc, acc_b, hbuf, dz, &dw, &r, n, D, nkd);
         if (path == 1 && !mxfp4) bf16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
-        if (path == 16 && mxfp4 && act) f16_xs_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
-        if (path == 16 && mxfp4 && act) f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
-        if (path == 16 && mxfp4 && act) f16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
-        if (path == 16 && mxfp4 && act) f16_il_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
+        if (path == 16 && mxfp4 && act) {
+            /* path 16's own switches, with its FP8 wgmma form off (the default at one token where I >= 1024:
+             * f16_wg_case covers it) */
+            env_kept wg[1] = {{"LUNAR_MOE_F16_WG", NULL}};
+            env_keep(wg, 1);
+            env_set("LUNAR_MOE_F16_WG", "0");
+            f16_xs_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
+            f16_tiles_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
+            f16_early_case(what, ybuf, hbuf, acc, dz, &dw, &r, n, k, D, I);
+            f16_il_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
+            env_put_back(wg, 1);
+        }
         if (path == 16 && mxfp4 && act && n == 1) f16_wg_case(what, ybuf, hbuf, acc, dz, &dw, &r, ref, n, k, D, I);
         if (first) {
             snprintf(what, sizeof what, "  %s vs %s n=%d", pname[path], pname[first_path], n);

@@ -42,7 +42,7 @@ extern "C" void lunar_cuda_moe_route_init(lunar_cuda_moe_route *r, void *ws, int
     char *p = (char *)ws;
     size_t np = (size_t)n * k;
 #define TAKE(field, T, bytes) (r->field = (T *)p, p += al256(bytes))
-    r->n = n, r->k = k, r->E = E;
+    r->n = n, r->k = k, r->E = E, r->settled = 0;
     TAKE(experts, int32_t, np * 4);
     TAKE(weights, float, np * 4);
     TAKE(offsets, int32_t, (E + 2) * 4);
@@ -1310,7 +1310,7 @@ static int experts_run(float *ybuf, uint16_t *yb, uint16_t *hbuf, const uint16_t
         fused_launch<256, 3>(g, d, r, st);
     } else if (path == 16) {
         const int nE = w->E + (w->s1 != NULL), slots = np < nE ? np : nE;
-        moe_f16_decode(g, d, slots, n, st, g_split_event);
+        moe_f16_decode(g, d, slots, n, st, g_split_event, r->settled != 0);
     } else if (path == 1) {
         // active experts: at most E, plus the shared expert's row E where it exists (a route with
         // k + 1 > E rows: session 5's forward failure when this cap left it out)
@@ -1461,6 +1461,7 @@ extern "C" void lunar_cuda_moe_layer(void *y, lunar_cuda_dtype ydt, const uint16
                            renorm, scale, s);
     lunar_cuda_moe_permute(&r, s);
     lunar_cuda_matmul(z, LUNAR_CUDA_BF16, x, down, n, Lat, H, s);
+    r.settled = 1;  // the permutation ran a launch before the latent projection above
     lunar_cuda_moe_experts_run(ybuf, hbuf, z, w, &r, path, s);
     lunar_cuda_moe_combine(acc, ybuf, &r, Lat, s);
     if (norm) lunar_cuda_rmsnorm(zn, LUNAR_CUDA_BF16, acc, norm, n, Lat, eps, s);

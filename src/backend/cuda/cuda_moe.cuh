@@ -319,7 +319,9 @@ bool moe_ws_experts(const xargs &g, const xargs &d, bool mx, int tiles, int mode
 void moe_dec2_experts(const xargs &g, const xargs &d, bool mx, const int32_t *groups, int blocks, cudaStream_t st);
 // The MXFP4 decode pair on f16 tensor cores (cuda_moe_f16.cu, path 16): the pair's grid over
 // slots active-expert slots, gate/up then down; n tokens (sizes LUNAR_MOE_F16_XS's shared rows); mid (or
-// NULL): an event recorded between the two launches (the benchmark's per-kernel times).
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st, cudaEvent_t mid = nullptr);
+// NULL): an event recorded between the two launches (the benchmark's per-kernel times); settled: the
+// route's lunar_cuda_moe_route.settled.
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st, cudaEvent_t mid = nullptr,
+                    bool settled = false);
 
 #endif

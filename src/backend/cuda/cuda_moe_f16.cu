@@ -591,12 +591,13 @@ void launch(const xargs &a, int slots, int n, cudaStream_t st) {
 
 // its one-token variant on FP8 wgmma (cuda_moe_f16wg.cu, LUNAR_MOE_F16_WG): the mode (1, 2: warpgroups a
 // block; 0: off or not this shape) and the pair (declared here, not in cuda_moe.cuh: every .cu depends on it)
-int moe_f16wg_mode(int n, int K);
-void moe_f16wg_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st, cudaEvent_t mid);
+int moe_f16wg_mode(int n, int Kg, int Kd);
+void moe_f16wg_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st, cudaEvent_t mid, bool settled);
 
-void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st, cudaEvent_t mid) {
-    // LUNAR_MOE_F16_WG (one token, opt-in): the consumer on FP8 wgmma (cuda_moe_f16wg.cu)
-    if (moe_f16wg_mode(n, g.K) && moe_f16wg_mode(n, d.K)) return moe_f16wg_decode(g, d, slots, st, mid);
+void moe_f16_decode(const xargs &g, const xargs &d, int slots, int n, cudaStream_t st, cudaEvent_t mid, bool settled) {
+    // one token (LUNAR_MOE_F16_WG; unset: where the inter size is >= 1024): the consumer on FP8 wgmma
+    // (cuda_moe_f16wg.cu)
+    if (moe_f16wg_mode(n, g.K, d.K)) return moe_f16wg_decode(g, d, slots, st, mid, settled);
     launch<true>(g, slots, n, st);
     if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
     launch<false>(d, slots, n, st);

@@ -1,4 +1,5 @@
-// Path 16's one-token MXFP4 decode pair with the consumer on FP8 wgmma (LUNAR_MOE_F16_WG, opt-in;
+// Path 16's one-token MXFP4 decode pair with the consumer on FP8 wgmma (LUNAR_MOE_F16_WG, the default at
+// one token where the inter size is >= 1024 since session 19;
 // issue 8, session 17, docs/benchmarks.md "MoE decode, MXFP4, at one token: the consumer on FP8 wgmma").
 //
 // Why: at one token path 16 (cuda_moe_f16.cu) is bound by its consumers' instruction count (the
@@ -99,9 +100,20 @@ __global__ void __launch_bounds__(128 * KS, 4 / KS) moe_f16wg_kernel(xargs a, ui
     extern __shared__ __align__(16) float red[];  // [KS][2 NM][128] when KS > 1, then the rings, then XB
     uint4 *rings = (uint4 *)(red + (KS > 1 ? KS * 2 * NM * 128 : 0));
     const int slot = blockIdx.y;
-    pdl_wait();
+    // pre (down: opt bit 8, path 16's EARLY bit 1, cuda_moe_f16.cu's EARLY note; gate/up: opt bit 64, only
+    // for a settled route): the route's count and expert id and the ring's first ST chunks before
+    // griddepcontrol.wait. The weights are no kernel's output and the route was written at least two
+    // launches back (the down kernel's: before the gate/up kernel; the gate/up kernel's: the caller says
+    // so, lunar_cuda_moe_route.settled; cuda_common.cuh's rule), so the blocks that become resident beside
+    // the predecessor's last wave stream their first chunks while it finishes; the activations (x, h: the
+    // direct predecessor's output) are read after the wait.
+    const bool pre = (opt & (GATEUP ? 64u : 8u)) != 0;
+    if (!pre) pdl_wait();
     const int cnt = a.counts[a.E], e = a.active[slot];
-    if (slot >= cnt || e < 0 || e >= a.E) return;
+    if (slot >= cnt || e < 0 || e >= a.E) {
+        if (pre) pdl_wait();  // every block waits (the chain stays transitive)
+        return;
+    }
     const bool one = (opt & 32u) != 0;
     // kw: this thread's warpgroup (a constant 0 at KS = 1, so the chunk loop's count and the B descriptors are
     // uniform values the compiler can keep in uniform registers)
@@ -129,6 +141,7 @@ __global__ void __launch_bounds__(128 * KS, 4 / KS) moe_f16wg_kernel(xargs a, ui
     };
 #pragma unroll
     for (int p = 0; p < ST; p++) issue_next();
+    if (pre) pdl_wait();
     // XB: the token's activations as e4m3 hi / lo rows (top note), built by the whole block while the
     // ring fills
     const int NB = a.K / 32;
@@ -289,19 +302,27 @@ template <bool GATEUP> void launch_g(int ks, bool cs, const xargs &a, int slots,
 
 // LUNAR_MOE_F16_WG (read at every launch: the op tests switch it): 1 one warpgroup a block, 2 / 4 two /
 // four splitting k (the TP8 slice: 6 gate/up row groups of 64 an expert, 96 blocks at top-16, well under a
-// wave at 1); 0 / unset: off. Only at one token, with K a multiple of 128 (path 16's chunks).
-int moe_f16wg_mode(int n, int K) {
+// wave at 1); 0: off (path 16). Unset: 2 where the experts' inter size (the down K) is >= 1024 (K3 / K3.1's
+// 3072: the pair 104.0 -> 98.8 us in session 17's call, every round), else off (the TP8 slice's 384: 25.4
+// against path 16's 22.2 us). Only at one token, with both K multiples of 128 (path 16's chunks).
+int moe_f16wg_mode(int n, int Kg, int Kd) {
     const char *v = getenv("LUNAR_MOE_F16_WG");
-    const int m = v ? atoi(v) : 0;
-    return n == 1 && K % 128 == 0 && (m == 1 || m == 2 || m == 4) ? m : 0;
+    const int m = v ? atoi(v) : Kd >= 1024 ? 2 : 0;
+    return n == 1 && Kg % 128 == 0 && Kd % 128 == 0 && (m == 1 || m == 2 || m == 4) ? m : 0;
 }
 
-void moe_f16wg_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st, cudaEvent_t mid) {
+// LUNAR_MOE_F16_EARLY, as path 16's (bits; unset 15): 1 the down kernel's ring fill before its PDL wait
+// (opt bit 8, the kernel's pre note), 4 the one-token route (opt bit 32: offsets[e] = the slot, row_token
+// 0, neither loaded), 8 the gate/up kernel's ring fill before its wait where the route is settled (opt bit
+// 64); bit 2 (the count and id loaded together) is what this kernel always does.
+void moe_f16wg_decode(const xargs &g, const xargs &d, int slots, cudaStream_t st, cudaEvent_t mid, bool settled) {
     const char *sk = getenv("LUNAR_MOE_F16_SKIP"), *ev = getenv("LUNAR_MOE_F16_EARLY");
     const bool cs = sk && atoi(sk) == 3;
-    const uint32_t opt = !ev || (atoi(ev) & 4) ? 32u : 0u;  // path 16's EARLY bit 4 at one token
-    const int ks = moe_f16wg_mode(1, g.K);  // the caller checked both K
-    launch_g<true>(ks, cs, g, slots, opt, st);
+    const int eb = ev ? atoi(ev) : 15;
+    const uint32_t opt = (eb & 4 ? 32u : 0u) | (eb & 1 ? 8u : 0u);
+    const uint32_t gopt = opt | (settled && (eb & 8) ? 64u : 0u);
+    const int ks = moe_f16wg_mode(1, g.K, d.K);  // the caller checked the shapes
+    launch_g<true>(ks, cs, g, slots, gopt, st);
     if (mid) CUDA_CHECK(cudaEventRecord(mid, st));
     launch_g<false>(ks, cs, d, slots, opt, st);
 }

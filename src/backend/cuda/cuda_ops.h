@@ -477,6 +477,11 @@ typedef struct lunar_cuda_moe_route {
     int32_t *gdone;     /* [max groups + 1]: per group, then the fused kernel's exit count */
     int32_t *counts;    /* [E + 3] scratch; counts[E] = n_active, [E + 1] = n_tiles, [E + 2] = n_groups */
     int32_t *cursor;    /* [E] scratch */
+    /* set by the caller (init: 0) when the route's kernels ran at least two launches before the experts on
+     * their stream (K3's latent path: route, latent down-projection, bf16 copy, experts): the experts'
+     * gate/up kernel may then read the route and start its weight copies before its PDL wait
+     * (cuda_common.cuh's rule; cuda_moe_f16wg.cu's pre note) */
+    int settled;
 } lunar_cuda_moe_route;
 size_t lunar_cuda_moe_route_bytes(int n, int k, int E);
 /* Carves r's buffers out of ws (lunar_cuda_moe_route_bytes of device memory). */

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# Session 17, the lead's last call (one H200): main after the session's merges.
-#  1. tools/device/session.sh: check.sh tests (every CUDA op vs its CPU op, the goldens end to end, engine /
-#     generate / serve on CUDA), the dummy loader and NCCL world-1 tests, the norm bench, issue 9's table
-#     (Kimi-Linear-48B prefill 1K / 8K / 32K and decode B = 1 / 8 / 32 / 64; the K3.1 TP8 slice)
-#  2. A / B rounds of the session's opt-in switches, each against the default in the same process or run
-#     alternating: TESTS (extra lunar_tests filters, each "filter[:ENV=v,ENV=v]"), F16AB_V (the one-token MXFP4 pair,
-#     LUNAR_MOE_BENCH_V), MLA_AB (bench_mla fp8ab variants, device timing), KLAB / K31AB (switch sets for the
-#     Kimi-Linear-48B B = 1 and the K3.1 slice B = 1 TPOT, ROUNDS rounds alternating with the default)
-#  3. Kimi-Linear-48B 8K prefill, PF_ROUNDS more rounds (the MFU line of issue 9)
-#   P=<prebuilt dir> OUT=<dir> bash tools/device/s17_final.sh   (build-device/ from the pack's bd/)
+# The lead's call of a session (one H200; session 17's last call, generalised in session 19): main's prebuilt
+# binaries, each step optional.
+#  1. (SESSION=1, the default) tools/device/session.sh: check.sh tests (every CUDA op vs its CPU op, the goldens
+#     end to end, engine / generate / serve on CUDA), the dummy loader and NCCL world-1 tests, the norm bench,
+#     issue 9's table (Kimi-Linear-48B prefill 1K / 8K / 32K and decode B = 1 / 8 / 32 / 64; the K3.1 TP8 slice)
+#  2. A / B rounds of switches, each against the default in the same process or run alternating: TESTS (extra
+#     lunar_tests filters, each "filter[:ENV=v,ENV=v]"), F16AB_V (the one-token MXFP4 pair, LUNAR_MOE_BENCH_V),
+#     MLA_AB (bench_mla fp8ab variants, device timing), KLAB / K31AB / K31FAB (switch sets for the Kimi-Linear-48B
+#     B = 1, the K3.1 slice B = 1 and the full K3.1 layer shape B = 1 (K31F_LAYERS layers, default 4, projected to
+#     93: the only one-GPU config with K3.1's whole expert matrices) TPOT, ROUNDS (or AB_ROUNDS) rounds alternating with the default)
+#  3. (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py)
+#  4. Kimi-Linear-48B 8K prefill, PF_ROUNDS more rounds (the MFU line of issue 9)
+#   P=<prebuilt dir> OUT=<dir> [SESSION=0] [TESTS=...] [F16AB_V=...] ... bash tools/device/lead_call.sh
+#   (build-device/ from the pack's bd/)
 set -u
 P=${P:?prebuilt dir}
 OUT=${OUT:-/tmp/o}
 mkdir -p build-device && cp -a "$P"/bd/. build-device/
-SERVE=0 CUDA_TP=0 INPUT_LENS=1024,8192,32768 BATCHES=1,8,32,64 CONTEXTS=1024 \
+[ "${SESSION:-1}" = 1 ] && SERVE=0 CUDA_TP=0 INPUT_LENS=1024,8192,32768 BATCHES=1,8,32,64 CONTEXTS=1024 \
   BENCH_FLAGS="--max-len 36864 --steps 64" K31_INPUT_LENS=8192 K31_BATCHES=1,8,64 K31_CONTEXTS=8192 \
   OUT=$OUT/s bash tools/device/session.sh "$P" > /dev/null 2>&1
 SUMMARY=ab.txt . tools/device/env.sh
@@ -38,10 +42,10 @@ done
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
 ab() {  # ab NAME "command" "variants"
   local name=$1 cmd=$2 vs="def:LUNAR_NONE=0 $3"
-  for r in $(seq 1 "${ROUNDS:-3}"); do
+  for r in $(seq 1 "${AB_ROUNDS:-${ROUNDS:-3}}"); do
     local order=$vs; [ $((r % 2)) = 0 ] && order=$(echo $vs | tr ' ' '\n' | tac | tr '\n' ' ')
     for v in $order; do
-      env $(echo "${v#*:}" | tr ',' ' ') timeout 60 $cmd > $OUT/${name}_${v%%:*}_$r.log 2>&1
+      env $(echo "${v#*:}" | tr ',' ' ') timeout ${AB_T:-60} $cmd > $OUT/${name}_${v%%:*}_$r.log 2>&1
       echo "rc=$? $name ${v%%:*} r$r $(tpot $OUT/${name}_${v%%:*}_$r.log)" >> $T
     done
   done
@@ -50,6 +54,17 @@ ab() {  # ab NAME "command" "variants"
   ab kl "$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 64" "$KLAB"; }
 [ -n "${K31AB:-}" ] && { step "K3.1 TP8 slice B = 1 TPOT A/B: $K31AB"
   ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64" "$K31AB"; }
+[ -n "${K31FAB:-}" ] && { step "K3.1 full layer shape, ${K31F_LAYERS:=4} layers, B = 1 TPOT A/B: $K31FAB"
+  AB_T=120 ab k31f "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --num-layers $K31F_LAYERS --project-layers 93 --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 32" "$K31FAB"; }
+[ "${NCU_KL:-0}" = 1 ] && {  # one Kimi-Linear-48B B = 1 decode step under ncu, eager, each kernel alone (no PDL overlap)
+  step "ncu: one KL48 B = 1 decode step, per kernel"
+  timeout 150 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    --csv -k regex:'^(?!k_bf16|k_f32|k_mxfp4|k_packed|k_scale)' --launch-count 3000 \
+    $P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 16 \
+    --batch-sizes 1 --contexts 1024 --steps 1 > $OUT/ncu_kl.csv 2> $OUT/ncu_kl.err
+  echo "ncu rc=$?" >> $T; tail -2 $OUT/ncu_kl.err >> $T; gzip $OUT/ncu_kl.csv
+  python3 tools/device/ncu_step.py $OUT/ncu_kl.csv.gz -3 > $OUT/ncu_kl.md 2>&1; head -45 $OUT/ncu_kl.md >> $T
+}
 pre() { grep -A3 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "%s: %s s (%s MFU)  ", $1, $2, $6}'; echo; }
 for r in $(seq 1 "${PF_ROUNDS:-2}"); do
   step "KL48 prefill 8K round $r"
@@ -59,4 +74,5 @@ for r in $(seq 1 "${PF_ROUNDS:-2}"); do
 done
 step done
 (cd "$OUT" && tar czf ab.tgz --exclude=ab.txt --exclude=s -- * 2>/dev/null; find . -maxdepth 1 -type f ! -name ab.tgz ! -name ab.txt -delete)
-cat $OUT/s/session.txt $T
+[ -f $OUT/s/session.txt ] && cat $OUT/s/session.txt
+cat $T
