@@ -604,36 +604,29 @@ static void f16_early_case(const char *what, float *ybuf, uint16_t *hbuf, float 
  * hold other partials than IL=0's: against the CPU op (tol 1e-2, as every path), no row left unwritten
  * (NaN-poisoned outputs), and the same bits at every row-group count (TILES=0, the flat ring at one group
  * a block; 3, the rings across groups and a block's last groups past R; 1, the rule), with XS unset (1
- * where it fits) and 2 (passes of up to 8 rows). LUNAR_MOE_F16_CV=1 (session 17: the widening's prmt as
- * cvt.rn.f16x2.e5m2x2, the same f16 bits) at each of those: the same bits again, and with IL=0 the bits of
- * IL=0 without it (ran on an H200 with CV=2 too, git show ede4ded). The caller's values of the switches are
- * restored after.
- * (The session's other variants, W and S8, are in git show 1d05510 with their bit-equality cases.) */
+ * where it fits) and 2 (passes of up to 8 rows). The caller's values of the switches are restored after.
+ * (The session's other variants, W and S8, are in git show 1d05510 with their bit-equality cases; session
+ * 17's CV in git show 1ff0730.) */
 static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *acc, const uint16_t *dz,
                         const lunar_cuda_moe_experts *dw, const lunar_cuda_moe_route *r, const float *ref, int n,
                         int k, int D, int I) {
     static const char *xsv[2] = {NULL, "2"}, *tv[3] = {"0", "3", "1"};
-    env_kept keep[4] = {{"LUNAR_MOE_F16_IL", NULL},
-                        {"LUNAR_MOE_F16_TILES", NULL},
-                        {"LUNAR_MOE_F16_XS", NULL},
-                        {"LUNAR_MOE_F16_CV", NULL}};
-    env_keep(keep, 4);
+    env_kept keep[3] = {{"LUNAR_MOE_F16_IL", NULL}, {"LUNAR_MOE_F16_TILES", NULL}, {"LUNAR_MOE_F16_XS", NULL}};
+    env_keep(keep, 3);
     const size_t nkd = (size_t)n * k * D;
     for (int x = 0; x < 2; x++) {
         env_set("LUNAR_MOE_F16_XS", xsv[x]);
         float *y0 = NULL, *r0 = NULL;
-        /* runs 0-5: IL=1 at TILES 0 / 3 / 1, CV unset then 1; 6-7: IL=0, CV unset (its own first) then 1 */
-        for (int t = 0; t < 8; t++) {
-            const int il = t < 6, cv = t < 6 ? t >= 3 : t == 7;
+        /* runs 0-2: IL=1 at TILES 0 / 3 / 1; 3: IL=0 (its own first) */
+        for (int t = 0; t < 4; t++) {
+            const int il = t < 3;
             setenv("LUNAR_MOE_F16_IL", il ? "1" : "0", 1);
-            setenv("LUNAR_MOE_F16_TILES", tv[t < 6 ? t % 3 : 0], 1);
-            env_set("LUNAR_MOE_F16_CV", cv ? "1" : NULL);
-            if (t == 6) free(y0), free(r0), y0 = r0 = NULL;
+            setenv("LUNAR_MOE_F16_TILES", tv[il ? t : 0], 1);
+            if (t == 3) free(y0), free(r0), y0 = r0 = NULL;
             float *y, *rows;
             run_poisoned(16, ybuf, hbuf, acc, dz, dw, r, n, k, D, I, &y, &rows);
             char w2[192];
-            snprintf(w2, sizeof w2, "%s IL=%d CV=%d TILES=%s XS=%s", what, il, cv, tv[t < 6 ? t % 3 : 0],
-                     xsv[x] ? xsv[x] : "unset");
+            snprintf(w2, sizeof w2, "%s IL=%d TILES=%s XS=%s", what, il, tv[il ? t : 0], xsv[x] ? xsv[x] : "unset");
             moe_report(w2, lunar_max_rel_err(y, ref, (long)n * D), 1e-2);
             long nan = 0;
             for (size_t i = 0; i < nkd; i++) nan += rows[i] != rows[i];
@@ -644,12 +637,12 @@ static void f16_il_case(const char *what, float *ybuf, uint16_t *hbuf, float *ac
             }
             const long bad = bits_differ(rows, r0, nkd);
             CHECK_MSG(bad == 0 && memcmp(y, y0, (size_t)n * D * 4) == 0,
-                      "%s: %ld expert-row values (or the combined output) differ from IL=%d CV=0 TILES=0", w2, bad, il);
+                      "%s: %ld expert-row values (or the combined output) differ from IL=%d TILES=0", w2, bad, il);
             free(y), free(rows);
         }
         free(y0), free(r0);
     }
-    env_put_back(keep, 4);
+    env_put_back(keep, 3);
 }
 
 /* LUNAR_MOE_F16_WG (session 17, cuda_moe_f16wg.cu: path 16 at one token with the consumer on FP8 wgmma, the

@@ -193,8 +193,8 @@ static void bench_shape(int E, int k, int D, int I, int mx, const char *label, v
  * its own), LUNAR_MOE_BENCH_ROUNDS rounds (default 3) in alternating order: per variant the median of 21
  * (clean L2 before each) of both kernels, then of 21 more with an event between the two launches (the
  * gate/up and down kernels' own times: the event ends the PDL overlap of the pair, so their sum exceeds
- * the pair's), and its expert rows against the first variant's (memcmp: the variants change no sum;
- * LUNAR_MOE_F16_CV=1 neither: its rows must be equal). */
+ * the pair's), and its expert rows against the first variant's (memcmp where the variants change no
+ * sum; LUNAR_MOE_F16_IL / _WG within the CPU tolerance, below). */
 static void f16ab_apply(const char *spec, const char *all) {
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", all);

@@ -71,27 +71,6 @@ __device__ __forceinline__ void widen_f16(uint32_t q, uint32_t *p) {
     p[3] = prmt(h, 0u, 0x3424);
 }
 
-// V_CV (LUNAR_MOE_F16_CV, the V note): the same f16x2 as widen_f16 with the 4 prmt done by the sm_89+
-// conversion cvt.rn.f16x2.e5m2x2 (SASS F2FP.F16.E5M2.UNPACK_B, the word's low or high 16 bits, .H1): the low
-// byte into the low half, the high byte into the high half, each E5M2 byte exactly the f16's high byte (the
-// bytes here are never E5M2 inf / NaN: exponent field <= 3), so the bits are widen_f16's. Why: the consumer
-// is ALU-pipe bound (prmt, lop3, shf share that pipe; 80 prmt of ~330 instructions a chunk), and the
-// conversion may issue to another pipe; the same count of instructions.
-__device__ __forceinline__ uint32_t f16x2_e5m2x2(uint32_t w, bool hi) {
-    uint32_t d;
-    if (hi) asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, h;}\n" : "=r"(d) : "r"(w));
-    else asm("{.reg .b16 l, h;\n mov.b32 {l, h}, %1;\n cvt.rn.f16x2.e5m2x2 %0, l;}\n" : "=r"(d) : "r"(w));
-    return d;
-}
-__device__ __forceinline__ void widen_f16_cv(uint32_t q, uint32_t *p) {
-    const uint32_t h = (q & 0x80808080u) | ((q >> 3) & 0x0e0e0e0eu);
-    const uint32_t l = ((q << 4) & 0x80808080u) | ((q << 1) & 0x0e0e0e0eu);
-    p[0] = f16x2_e5m2x2(l, false);
-    p[1] = f16x2_e5m2x2(l, true);
-    p[2] = f16x2_e5m2x2(h, false);
-    p[3] = f16x2_e5m2x2(h, true);
-}
-
 __device__ __forceinline__ uint32_t f16x2_of(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
@@ -142,12 +121,12 @@ __device__ __forceinline__ void x_pairs(uint4 u, uint32_t *p) {
 // Measured and left out (git show 1d05510): V_W (gate and up in separate warps of 8-warp gate/up blocks at
 // 80 registers, 24 warps per SM in both kernels: level on K3.1, +4 % on the TP8 slice) and V_S8 (8
 // interleaved k-splits in 8-warp blocks, 512 bytes of each row at a time: +14 % on K3.1).
-//  V_CV (LUNAR_MOE_F16_CV=1, session 17): the widening's 4 prmt per word as 4 cvt.rn.f16x2.e5m2x2
-//    (widen_f16_cv: the same bits, so the same sums as without it). Measured (H200, docs/benchmarks.md "MoE
-//    decode, MXFP4, at one token: fewer ALU instructions (session 17)"): level on K3.1 (the consumers alone
-//    too), the TP8 slice's pair -1 %: the conversion takes the prmt's issue slot. Left out (git show ede4ded):
-//    V_HI, also h's right shift as IMAD.HI (mul.hi by 2^29, the FMA pipe): +2.5 % on K3.1, +4 % alone.
-constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_CS = 32, V_CV = 64;
+// Also left out: V_CV (session 17, opt-in LUNAR_MOE_F16_CV=1 until session 19, git show 1ff0730): the
+// widening's 4 prmt per word as 4 cvt.rn.f16x2.e5m2x2, the same bits; measured (H200, docs/benchmarks.md "MoE
+// decode, MXFP4, at one token: fewer ALU instructions (session 17)") level on K3.1, the TP8 slice's pair
+// -1 %: the conversion takes the prmt's issue slot. And (git show ede4ded) V_HI, h's right shift as IMAD.HI
+// (mul.hi by 2^29, the FMA pipe): +2.5 % on K3.1, +4 % alone.
+constexpr int V_IL = 1, V_NW = 8, V_CO = 16, V_CS = 32;
 
 // grid (row groups, active-expert slots), 128 threads = RT row tiles of 16 x S k-splits, as the pair
 // (cuda_moe.cu moe_decode_kernel, MXFP4, one group of 8 tokens per pass).
@@ -178,7 +157,7 @@ template <bool GATEUP, int S, bool XS, bool MT, int V = 0>
 __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_t pf, uint32_t opt, int tpb) {
     constexpr int NM = GATEUP ? 2 : 1, RT = 4 / S, NACC = NM * 4;
     // V (note above); JS: a warp's chunk stride
-    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO, CS = V & V_CS, CV = V & V_CV;
+    constexpr bool IL = V & V_IL, NW = V & V_NW, CO = V & V_CO, CS = V & V_CS;
     constexpr int JS = IL ? S : 1;
     static_assert(V == 0 || (XS && MT), "the variants run with XS and the flat ring only");
     const int T = MT ? tpb : 1;  // row groups of this block
@@ -364,9 +343,6 @@ __global__ void __launch_bounds__(128, 4) moe_decode_f16_kernel(xargs a, uint32_
                             if constexpr (NW) {  // the raw words (wrong values, the same mma count)
                                 pa[0] = pa[1] = pa[2] = pa[3] = wa[i][b];
                                 pb[0] = pb[1] = pb[2] = pb[3] = wb[i][b];
-                            } else if constexpr (CV) {
-                                widen_f16_cv(wa[i][b], pa);
-                                widen_f16_cv(wb[i][b], pb);
                             } else {
                                 widen_f16(wa[i][b], pa);
                                 widen_f16(wb[i][b], pb);
@@ -474,18 +450,15 @@ static uint32_t early_mode(int n) {
 // The kernel's variants V (its V note; read at every launch, as LUNAR_MOE_F16_XS: the op tests switch
 // them), each only with the activations in shared memory (the launch falls back to V = 0 where XS does
 // not fit). LUNAR_MOE_F16_IL: V_IL; unset: at one token (batch-1 decode), 1: at every token count, 0: off.
-// LUNAR_MOE_F16_SKIP=1 | 2 | 3: V_NW | V_CO | V_CS (WRONG results: the benchmark only). LUNAR_MOE_F16_CV=1:
-// V_CV (session 17, opt-in; the same bits; level on K3.1, the TP8 slice's pair -1 %). Measured (H200, two calls,
+// LUNAR_MOE_F16_SKIP=1 | 2 | 3: V_NW | V_CO | V_CS (WRONG results: the benchmark only). Measured (H200, two calls,
 // docs/benchmarks.md "MoE decode, MXFP4, at one token: the copy ring (session 16)"): the pair at one
 // token, K3.1 110.8 -> 104.2 us (every round of 5 faster), the TP8 slice 23.3 -> 22.3; the K3.1 TP8
 // slice's B = 1 step 1.649 -> 1.635 ms (4 rounds alternating; 1.650 -> 1.639 in the first call).
 static int v_mode(int n) {
-    const char *il = getenv("LUNAR_MOE_F16_IL"), *sk = getenv("LUNAR_MOE_F16_SKIP"), *cv = getenv("LUNAR_MOE_F16_CV");
+    const char *il = getenv("LUNAR_MOE_F16_IL"), *sk = getenv("LUNAR_MOE_F16_SKIP");
     const int skip = sk ? atoi(sk) : 0;
     const bool ilv = il ? atoi(il) == 1 : n == 1;
-    // CV's instances (launch_v): alone, with IL, with IL and SKIP=3; elsewhere ignored
-    const int cvv = cv && atoi(cv) == 1 && (skip == 0 || (skip == 3 && ilv)) ? V_CV : 0;
-    return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : skip == 3 ? V_CS : 0) | cvv;
+    return (ilv ? V_IL : 0) | (skip == 1 ? V_NW : skip == 2 ? V_CO : skip == 3 ? V_CS : 0);
 }
 
 // the SM count of the current device (cached per device: a driver query)
@@ -531,9 +504,6 @@ void launch_v(int v, const xargs &a, dim3 grid, size_t smem, size_t sx, int T, u
     case V_IL | V_NW: launch_k<GATEUP, S, true, V_IL | V_NW>(a, grid, smem, sx, true, T, opt, st); break;
     case V_CS: launch_k<GATEUP, S, true, V_CS>(a, grid, smem, sx, true, T, opt, st); break;
     case V_IL | V_CS: launch_k<GATEUP, S, true, V_IL | V_CS>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_CV: launch_k<GATEUP, S, true, V_CV>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_CV: launch_k<GATEUP, S, true, V_IL | V_CV>(a, grid, smem, sx, true, T, opt, st); break;
-    case V_IL | V_CS | V_CV: launch_k<GATEUP, S, true, V_IL | V_CS | V_CV>(a, grid, smem, sx, true, T, opt, st); break;
     default: launch_k<GATEUP, S, true, V_IL | V_CO>(a, grid, smem, sx, true, T, opt, st); break;
     }
 }
