@@ -20,4 +20,11 @@ void lunar_test_wide_model_rm(const char *dir);
 lunar_model *lunar_test_model_load(char *dir, int (*make)(char *), const lunar_load_options *lo);
 void lunar_test_model_done(lunar_model *m, const char *dir);
 
+/* m uploaded to the device with its MoE layers on the fused path (fused) or the generic per-expert one
+ * (LUNAR_CUDA_MOE=generic set around the upload, so that MXFP4 experts keep their widened copies); 0 on
+ * success, after a check that the path asked for exists (lunar_cuda_model_fused_moe). The model type is
+ * model/forward_cuda.h's lunar_cuda_model. */
+struct lunar_cuda_model;
+int lunar_test_cuda_upload(struct lunar_cuda_model **gm, const lunar_model *m, int fused, lunar_err *err);
+
 #endif

@@ -164,10 +164,9 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     lunar_cuda_seq s;
     lunar_cuda_caches two;
     memset(&two, 0, sizeof two);
-    CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
+    CHECK_MSG(lunar_test_cuda_upload(&gm, m, fused_moe, &err) == 0, "%s", err.msg);
     CHECK_MSG(gm && lunar_cuda_seq_init(&s, m, N, flags, &err) == 0, "%s", err.msg);
     if (!gm) goto out;
-    CHECK(lunar_cuda_model_fused_moe(gm, fused_moe) || !fused_moe); /* the path exists where asked for */
     int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0, strict = 0; /* strict: equal picks vs the CPU */
     double w_pre = 0, w_dec = 0, w_full = 0, w_bat = 0, g_pre = NAN, g_dec = NAN, g_worst = 0;
     CHECK(lunar_forward_cuda(gm, &s, ids, T, logits, 1, &err) == 0);
@@ -411,6 +410,20 @@ void lunar_test_wide_model_rm(const char *dir) {
     rmdir(dir);
 }
 
+int lunar_test_cuda_upload(lunar_cuda_model **gm, const lunar_model *m, int fused, lunar_err *err) {
+    const char *was = getenv("LUNAR_CUDA_MOE");
+    char *keep = was ? strdup(was) : NULL;
+    if (!fused) setenv("LUNAR_CUDA_MOE", "generic", 1);
+    const int rc = lunar_cuda_model_upload(gm, m, err);
+    if (keep) setenv("LUNAR_CUDA_MOE", keep, 1), free(keep);
+    else unsetenv("LUNAR_CUDA_MOE");
+    if (rc) return rc;
+    /* fused: some layer takes the fused path; generic: every MoE layer holds its per-expert weights */
+    CHECK_MSG(lunar_cuda_model_fused_moe(*gm, fused), "the %s MoE path does not exist for this model",
+              fused ? "fused" : "generic");
+    return 0;
+}
+
 lunar_model *lunar_test_model_load(char *dir, int (*make)(char *), const lunar_load_options *lo) {
     LUNAR_ASSERT(make(dir) == 0);
     lunar_err err;
@@ -452,9 +465,8 @@ TEST(cuda_forward_combine_norm_bit_equal) {
         memset(out[on], 0xff, (size_t)(T + ND) * V * sizeof(float));
         lunar_cuda_model *gm = NULL;
         lunar_cuda_seq s;
-        CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
+        CHECK_MSG(lunar_test_cuda_upload(&gm, m, 1, &err) == 0, "%s", err.msg);
         if (!gm) break;
-        CHECK(lunar_cuda_model_fused_moe(gm, 1));
         lunar_cuda_model_combine_norm(gm, on);
         CHECK_MSG(lunar_cuda_seq_init(&s, m, T + ND, 0, &err) == 0, "%s", err.msg);
         CHECK(lunar_forward_cuda(gm, &s, ids, T, out[on], 1, &err) == 0);

@@ -93,9 +93,8 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
                                 long *captures, long *replays, int pdl) {
     lunar_err err;
     lunar_cuda_model *gm = NULL;
-    CHECK_MSG(lunar_cuda_model_upload(&gm, m, &err) == 0, "%s", err.msg);
+    CHECK_MSG(lunar_test_cuda_upload(&gm, m, fused, &err) == 0, "%s", err.msg);
     if (!gm) return;
-    CHECK(lunar_cuda_model_fused_moe(gm, fused) || !fused);
     const int V = m->cfg.vocab_size;
     for (int bi = 0; bi < nB; bi++) {
         const int B = Bs[bi];

@@ -414,17 +414,16 @@ static double default_peak_tflops(const runner *r, char *src, size_t cap) {
 
 /* The whole device for the bench (the runtime's init is idempotent: the forward's own, smaller
  * arena request then finds it ready), and a clean error instead of an exhausted arena mid-upload:
- * the upload holds every weight as BF16 (MXFP4 experts widened) plus fp32 copies of the vectors;
- * 2 GiB are kept for the caches and activations of the smallest measurement. */
+ * the upload's own byte count (lunar_cuda_model_bytes: the same code in counting mode; BF16 weights,
+ * MXFP4 experts packed as stored) and 2 GiB kept for the caches and activations of the smallest
+ * measurement. */
 static int device_fits(const lunar_model *m, lunar_err *err) {
 #ifdef LUNAR_HAVE_CUDA
     if (lunar_cuda_init(0, 0, err)) return -1;
-    lunar_param_counts p;
-    lunar_config_count_params(&m->cfg, &p);
-    const double need = 2.0 * (double)p.total + 4.0 * (double)p.norms + (double)(2u << 30);
+    const double need = (double)lunar_cuda_model_bytes(m) + (double)(2u << 30);
     const double have = (double)(lunar_cuda_arena_size() - lunar_cuda_arena_used());
     if (need > have)
-        return lunar_fail(err, "the model needs about %.1f GiB on the device (BF16 weights + 2 GiB of caches), the "
+        return lunar_fail(err, "the model needs about %.1f GiB on the device (its weights + 2 GiB of caches), the "
                                "arena has %.1f GiB: lower --num-layers", need / 1073741824.0, have / 1073741824.0);
     return 0;
 #else

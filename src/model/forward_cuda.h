@@ -35,7 +35,9 @@ void lunar_cuda_model_free(lunar_cuda_model *g);
  * or grouped GEMM, combine; shared experts on a second stream) where a layer's widths allow it
  * (expert input and intermediate multiples of 128), else the generic per-expert GEMMs. Off by
  * default until tests/test_cuda_forward.c has passed with it on the device (it runs the
- * kernel-shaped model both ways). Returns whether any layer of the model can take the path. */
+ * kernel-shaped model both ways). Returns whether the path asked for exists: on, whether any layer can
+ * take the fused path; off, whether every MoE layer holds its per-expert weights (MXFP4 experts keep
+ * their widened copies only when LUNAR_CUDA_MOE=generic was set at upload; if not, nothing changes). */
 int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
 /* A MoE layer's combine folded into the residual add + RMSNorm after it (run_residual: no latent,
  * shared experts joined in the combine, no TP; bit-equal to the unfolded step). Off by default

@@ -63,8 +63,9 @@ typedef struct dlayer {
     dmat *w1, *w3, *w2; /* [E] */
     /* the fused routed-expert path (cuda_moe.cu) when the widths allow it (multiples of 128):
      * the experts stacked per matrix (BF16: w1[e].p points into the stack; MXFP4: packed codes and
-     * scales as stored, beside the widened copies of the generic path) */
-    int fused_ok;
+     * scales as stored; their widened copies for the generic path only with LUNAR_CUDA_MOE=generic
+     * at upload, else generic_off: w1 / w3 / w2 empty, the generic path unavailable) */
+    int fused_ok, generic_off;
     lunar_cuda_moe_experts mx;
 } dlayer;
 

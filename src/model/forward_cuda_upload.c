@@ -21,6 +21,12 @@ void *lunar_cuda_fwd_alloc(size_t bytes) {
     return p;
 }
 
+/* LUNAR_CUDA_MOE=generic at upload: the per-expert path runs the MoE layers (and keeps what it reads) */
+static int generic_at_upload(void) {
+    const char *moe = getenv("LUNAR_CUDA_MOE");
+    return moe && strcmp(moe, "generic") == 0;
+}
+
 static float *host_f32(const lunar_tensor *t, int64_t *n) {
     *n = lunar_tensor_numel(t);
     float *f = lunar_xmalloc((size_t)*n * sizeof(float));
@@ -380,10 +386,18 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
                     su->in == De && sd->out == De && sd->in == I)
                     X->s1 = sg->p, X->s3 = su->p, X->s2 = sd->p;
             }
+            /* MXFP4 experts widened to BF16 for the generic path: only where the fused path cannot
+             * take the layer or LUNAR_CUDA_MOE=generic asks for that path at upload (session 19: the
+             * widened copies are 3.8x the packed bytes, so with them a full K3.1 MoE layer took 75 GB
+             * of the device instead of 15.7, and the TP8 slice's bench fit 10 layers) */
+            const int widen = !d->fused_ok || generic_at_upload();
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];
                 if (c->experts_mxfp4 && x->q1.packed) {
-                    d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
+                    if (widen)
+                        d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
+                    else
+                        d->generic_off = 1;
                 } else if (!d->fused_ok) {
                     d->w1[e] = up_mat(x->w1), d->w3[e] = up_mat(x->w3), d->w2[e] = up_mat(x->w2);
                 }
@@ -424,8 +438,7 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
     /* the fused routed experts by default (no host round trip, one launch per step for all the
      * experts instead of ~10 per active expert, 11x the decode speed of Kimi-Linear at batch 1 on
      * the H200); LUNAR_CUDA_MOE=generic keeps the per-expert path reachable for comparison */
-    const char *moe = getenv("LUNAR_CUDA_MOE");
-    g->fused_moe = !(moe && strcmp(moe, "generic") == 0);
+    g->fused_moe = !generic_at_upload();
     /* decode steps as CUDA graphs by default; LUNAR_CUDA_GRAPHS=0 (or lunar_cuda_model_graphs, the
      * CLI's --enforce-eager) runs every step eagerly, for comparison */
     const char *gr = getenv("LUNAR_CUDA_GRAPHS");
@@ -436,10 +449,11 @@ int lunar_cuda_model_upload(lunar_cuda_model **out, const lunar_model *m, lunar_
 }
 
 int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on) {
-    int any = 0;
-    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) any |= g->L[l].fused_ok;
+    int any = 0, whole = 1;
+    for (int l = 0; l < g->m->cfg.num_hidden_layers; l++) any |= g->L[l].fused_ok, whole &= !g->L[l].generic_off;
+    if (!on && !whole) return 0; /* MXFP4 experts uploaded without their widened copies: the fused path stays */
     g->fused_moe = on != 0;
-    return any;
+    return on ? any : 1;
 }
 
 int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on) {
