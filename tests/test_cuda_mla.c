@@ -277,10 +277,9 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * of one position and second splits that see nothing (only there: with it in every run the whole test did not
      * finish in 45 s on the H200) */
     static const decode_case wide[] = {{64, 32, {200, 130, 1, 64}}};
-    /* session 17's merges (=s17l: by the last-arriving split at 2 to 4 splits; =s17c: in a cluster's shared memory at
-     * 2, 4, 8, 16 splits): also 4 splits (32 rows), 3 (44 rows) and 8 (16 rows), with rows whose later splits see
-     * nothing or one tile, and rows of one position */
-    static const decode_case lm_cases[] = {{32, 32, {1000, 63, 65, 777}}, {44, 32, {700, 1, 129, 500}},
+    /* session 17's merge (=s17c: in a cluster's shared memory at 2 to 16 splits): also 4 splits (32 rows), 3 (44 rows)
+     * and 8 (16 rows), with rows whose later splits see nothing or one tile, and rows of one position */
+    static const decode_case cl_cases[] = {{32, 32, {1000, 63, 65, 777}}, {44, 32, {700, 1, 129, 500}},
                                            {16, 32, {2000, 1, 500, 129}}};
     static const char *const names[] = {"LUNAR_MLA_DECODE", "LUNAR_MLA_WGMMA_TMA", "LUNAR_MLA_WGMMA_SW",
                                         "LUNAR_MLA_WGMMA_FP8", "LUNAR_MLA_WGMMA_LAZY"};
@@ -311,10 +310,9 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
      * counts run a pad tile of zeros; single-split cases take its instance without the merge), also at threshold 0, and
      * "s10m" (s10a with the merge's loads batched: 2, 16, 24 and 32 splits here, 24 by the loop as before). Round 11
      * (session 16), stlp's bits: "s10p" (s10m as a dependent launch whose set-up, all but q, runs before its wait; the
-     * merge in the tail without the cooperative attribute), also at threshold 0. Session 17, s10m's bits: "s17l" (the
-     * split-K merge by the row's last-arriving block from its registers, where a row has 2 to 4 splits: the wide case
-     * and lm_cases; s10m's instances elsewhere, their merge loads before the weights'), also at threshold 0, and "s17c"
-     * (the merge through a cluster's distributed shared memory at 2, 4, 8 and 16 splits; s17l's choice elsewhere). */
+     * merge in the tail without the cooperative attribute), also at threshold 0. Session 17, s10m's bits: "s17c"
+     * (the merge through a cluster's distributed shared memory at 2 to 16 splits: the wide case and cl_cases; s10m's
+     * choice elsewhere), also at threshold 0. */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
@@ -339,8 +337,6 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         {NULL, NULL, "s10m", " wgmma fp8 S^T round 10 merge loads batched", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s10p", " wgmma fp8 S^T round 11 set-up before the PDL wait", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s10p", " wgmma fp8 S^T round 11 set-up before the PDL wait lazy 0", 1.5e-2, "stlp", "0"},
-        {NULL, NULL, "s17l", " wgmma fp8 S^T session 17 merge by the last split", 1.5e-2, "s10m", NULL},
-        {NULL, NULL, "s17l", " wgmma fp8 S^T session 17 merge by the last split lazy 0", 1.5e-2, "s10m", "0"},
         {NULL, NULL, "s17c", " wgmma fp8 S^T session 17 merge in a cluster", 1.5e-2, "s10m", NULL},
         {NULL, NULL, "s17c", " wgmma fp8 S^T session 17 merge in a cluster lazy 0", 1.5e-2, "s10m", "0"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
@@ -360,7 +356,7 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         if (runs[r].fp8 && (!strncmp(runs[r].fp8, "s10", 3) || !strncmp(runs[r].fp8, "s17", 3)))
             decode_vs_cpu(wide, 1, runs[r].tag, runs[r].tol);
         if (runs[r].fp8 && !strncmp(runs[r].fp8, "s17", 3))
-            decode_vs_cpu(lm_cases, (int)(sizeof lm_cases / sizeof lm_cases[0]), runs[r].tag, runs[r].tol);
+            decode_vs_cpu(cl_cases, (int)(sizeof cl_cases / sizeof cl_cases[0]), runs[r].tag, runs[r].tol);
         fp8_bitwise_ref = NULL;
     }
     for (int i = 0; i < 5; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);

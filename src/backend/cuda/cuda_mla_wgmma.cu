@@ -497,19 +497,16 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // merge fits (merge_in_kernel), PV in flight everywhere; =s10p: s10m with round 11's kXPw, a dependent launch
     // whose set-up but q runs before its wait)
     const bool s10p = forced && !strcmp(f8, "s10p");
-    // (=s17l: s10m with session 17's merge by the row's last-arriving block, rs::kXLm, wherever a row has 2 to
-    // lm::kMaxSplits splits (cuda_mla_wgmma_lm.cuh; no co-residency needed, so not bound by merge_in_kernel); s10m's
-    // choice elsewhere, its in-kernel merge with the partial O loads before the weights' (rs::kXMe); measured 0.98-0.99x
-    // the default at H = 32: opt-in, docs/benchmarks.md, "MLA decode, FP8 pages, round 12")
-    // (=s17c: s17l with session 17's merge through distributed shared memory, a row's splits as one cluster (rs::kXCl,
-    // cuda_mla_wgmma_cl.cuh), at 2 to 16 splits where the device places all of the call's clusters at once; s17l's
-    // choice elsewhere; measured 1.02x at H = 32, B = 64, 8K, 0.98-0.99x at the other shapes (the tile loop's schedule
-    // moves with the tail), Kimi-Linear's B = 64, 8K TPOT -1.7 %: opt-in, "... round 12")
+    // (=s17c: s10m with session 17's merge through distributed shared memory, a row's splits as one cluster
+    // (rs::kXCl, cuda_mla_wgmma_cl.cuh), at 2 to 16 splits where the device places all of the call's clusters at once;
+    // s10m's choice elsewhere; measured 1.02x at H = 32, B = 64, 8K, 0.98-0.99x at the other shapes (the tile loop's
+    // schedule moves with the tail), Kimi-Linear's B = 64, 8K TPOT -1.7 %: opt-in, docs/benchmarks.md, "MLA decode,
+    // FP8 pages, round 12". Session 17's other variant, the merge by the row's last-arriving block (and s10m's merge
+    // with its loads reordered elsewhere), measured 0.98-0.99x the default: removed in session 19, `git show 1ff0730`
+    // has it; s17c fell back to its choice until then.)
     const bool s17c = forced && !strcmp(f8, "s17c");
     const bool cl = s17c && p.hpb <= 32 && p.splits >= 2 && p.splits <= 16 && (long)p.hb * rows <= cl_max_clusters(p.splits);
-    const bool s17l = forced && (!strcmp(f8, "s17l") || s17c);
-    const bool lm = s17l && !cl && p.splits > 1 && p.splits <= 4 && (long)p.hb * rows <= kTickets;
-    const bool s10m = dflt || (forced && (!strcmp(f8, "s10m") || s10p || s17l)), s10a = s10m || (forced && !strcmp(f8, "s10a"));
+    const bool s10m = dflt || (forced && (!strcmp(f8, "s10m") || s10p || s17c)), s10a = s10m || (forced && !strcmp(f8, "s10a"));
     const bool s9 = s10a || (forced && !strcmp(f8, "s9"));
     const bool d9 = (r9 || s10) && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = (r9 || s10) && !d9;
     const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
@@ -518,9 +515,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     if (s10 || s10a)
         x9 = mrg ? rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | (s10m ? rs::kXMt : 0) : rs::kXCvt | rs::kXFtz | rs::kXPv;
     if (s10p) x9 |= rs::kXPw;
-    if (lm) x9 = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm;
-    else if (cl) x9 = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
-    else if (s17l && (x9 & rs::kXMt)) x9 |= rs::kXMe;
+    if (cl) x9 = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
     const bool any9 = s9q || s9m || s9c || s9;
     bool merged = false; // the launched kernel merged the splits itself (s9m / s9 where merge_in_kernel allows)
     const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 || any9 : true;
@@ -535,7 +530,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
             static unsigned char seen[9 + (rs::kXCl * 2 - 1) / rs::kXQF + 1];
             const int v = st ? (st4 ? 3 : x8 ? 8 : x9 ? 9 + x9 / rs::kXQF : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
             if (!seen[v])
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s%s%s%s%s%s\n",
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s%s%s%s\n",
                         st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
                         st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
                         st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : "",
@@ -544,8 +539,6 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
                         st && (x9 & rs::kXPv) ? ", PV in flight past the top wait" : "",
                         st && (x9 & rs::kXMt) ? ", merge loads batched" : "",
                         st && (x9 & rs::kXPw) ? ", dependent launch, set-up before its wait" : "",
-                        st && (x9 & rs::kXLm) ? ", merge by the last split" : "",
-                        st && (x9 & rs::kXMe) ? ", merge loads before the weights" : "",
                         st && (x9 & rs::kXCl) ? ", splits as a cluster, merge in shared memory" : ""),
                     seen[v] = 1;
         }
@@ -560,15 +553,9 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         constexpr int kPv = rs::kXPv;
         constexpr int kPw = rs::kXPw;
         if (st && (x9 & kPv)) { // round 10 (=s10): the default's two instances with PV in flight past the top wait
-            constexpr int kMt = rs::kXMt, kLm = kQ | kC | kPv | rs::kXLm;
-            constexpr int kCl = kQ | kC | kPv | rs::kXCl;
+            constexpr int kMt = rs::kXMt, kCl = kQ | kC | kPv | rs::kXCl;
             if (trace && x9 == kCl) launch_st<3, true, true, kCl | rs::kXTrace>(a, tm, p, s, lazy); // =s17c
             else if (x9 == kCl) launch_st<3, true, true, kCl>(a, tm, p, s, lazy);
-            else if (trace && x9 == kLm) launch_st<3, true, true, kLm | rs::kXTrace>(a, tm, p, s, lazy); // =s17l
-            else if (x9 == kLm) launch_st<3, true, true, kLm>(a, tm, p, s, lazy);
-            else if (trace && x9 == (kAll | kPv | kMt | rs::kXMe))
-                launch_st<3, true, true, kAll | kPv | kMt | rs::kXMe | rs::kXTrace>(a, tm, p, s, lazy);
-            else if (x9 == (kAll | kPv | kMt | rs::kXMe)) launch_st<3, true, true, kAll | kPv | kMt | rs::kXMe>(a, tm, p, s, lazy);
             else if (x9 == (kAll | kPv | kMt | kPw)) launch_st<3, true, true, kAll | kPv | kMt | kPw>(a, tm, p, s, lazy); // =s10p
             else if (x9 == (kC | kPv | kPw)) launch_st<3, true, true, kC | kPv | kPw>(a, tm, p, s, lazy);
             else if (trace && x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv | rs::kXTrace>(a, tm, p, s, lazy);
@@ -576,7 +563,7 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
             else if (x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv>(a, tm, p, s, lazy);
             else if (x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt>(a, tm, p, s, lazy);
             else launch_st<3, true, true, kC | kPv>(a, tm, p, s, lazy);
-            merged = (x9 & (kM9 | rs::kXLm | rs::kXCl)) != 0;
+            merged = (x9 & (kM9 | rs::kXCl)) != 0;
         } else if (st && x9) {
             if (trace && x9 == kAll) launch_st<3, true, true, kAll | rs::kXTrace>(a, tm, p, s, lazy);
             else if (x9 == kAll) launch_st<3, true, true, kAll>(a, tm, p, s, lazy);

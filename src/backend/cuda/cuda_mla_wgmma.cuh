@@ -53,12 +53,13 @@ struct Plan {
 // kXCvt (V^T by cvt.rn.f16x2.e4m3x2); kXTrace the bench's phase stamps; round 9 kXQF (q before the copies), kXMrg
 // (the split-K merge in the kernel's tail), kXFtz (the tile's exp2 ftz); round 10 kXPv (PV(it - 1) in flight past
 // the tile's top wait), kXMt (the in-kernel merge's loads batched); round 11 kXPw (a dependent launch whose set-up,
-// all but q, runs before its wait); session 17 kXLm (the split-K merge by the row's last-arriving block, from its
-// registers: cuda_mla_wgmma_lm.cuh), kXMe (kXMt's partial O loads issued before the weights'), kXCl (a row's splits as
-// one cluster, the merge through distributed shared memory: cuda_mla_wgmma_cl.cuh)
+// all but q, runs before its wait); session 17 kXCl (a row's splits as one cluster, the merge through distributed
+// shared memory: cuda_mla_wgmma_cl.cuh). (1024 and 2048 were session 17's other two, the merge by the row's
+// last-arriving block and kXMt's loads before the weights': 0.98-0.99x, removed in session 19, `git show 1ff0730` has
+// them.)
 namespace rs {
 constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256,
-              kXPw = 512, kXLm = 1024, kXMe = 2048, kXCl = 4096;
+              kXPw = 512, kXCl = 4096;
 } // namespace rs
 // Round 9's merge in the kernel (rs::kXMrg): a ticket counter per (row, head block) (g_mla_tickets, in
 // cuda_mla_wgmma_st.cu); the launcher keeps rows x head blocks within it

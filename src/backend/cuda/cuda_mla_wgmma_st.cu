@@ -3,7 +3,6 @@
 #include <type_traits>
 
 #include "backend/cuda/cuda_mla_wgmma_cl.cuh"
-#include "backend/cuda/cuda_mla_wgmma_lm.cuh"
 #include "backend/cuda/cuda_mla_wgmma_rs.cuh"
 
 namespace mla_wg {
@@ -139,65 +138,7 @@ __device__ __forceinline__ void merge_cols(const Args &a, int tid, size_t rh0, i
         }
     }
 }
-// the splits' weights and the output factor of this block's heads (one warp a head, the merge kernel's first warp):
-// merge_tail's loop, for merge_early
-__device__ __forceinline__ void merge_weights(const Args &a, int lane, int warp, size_t rh0, int nk, float *wts, float *fac) {
-    const int splits = a.splits;
-    const size_t RH = (size_t)a.rows * a.H;
-    for (int k = warp; k < nk; k += kThreads / 32) {
-        const size_t rh = rh0 + (size_t)k * splits;
-        const float l = lane < splits ? __ldcg(a.lse_part + (size_t)lane * RH + rh) : -INFINITY;
-        float M = l;
-#pragma unroll
-        for (int x = 16; x; x >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, x));
-        const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
-        float sum = w;
-#pragma unroll
-        for (int x = 16; x; x >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, x);
-        wts[k * 32 + lane] = w;
-        if (lane == 0) fac[k] = sum > 0.0f ? a.out_scale / sum : 0.0f;
-    }
-}
-// Session 17 (rs::kXMe, with kXMrg and kXMt; =s17l where a row has more than lm::kMaxSplits splits): merge_cols with
-// its partial O loads issued before the weights' log2-sum-exp loads instead of after them (the loads do not depend on
-// the weights): one dependent L2 round trip less after the ticket wait; the same sums in the same order (its bits)
-template <int NS>
-__device__ __forceinline__ void merge_early(const Args &a, int tid, int lane, int warp, size_t rh0, int nk, float *wts,
-                                            float *fac) {
-    constexpr int IT = 16 / NS;
-    const size_t RH = (size_t)a.rows * a.H;
-    float4 v[IT][NS];
-#pragma unroll
-    for (int j = 0; j < IT; j++) {
-        const int idx = tid + j * kThreads;
-        if (idx < nk * (kR / 4)) {
-            const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
-            const size_t rh = rh0 + (size_t)k * NS;
-#pragma unroll
-            for (int sp = 0; sp < NS; sp++)
-                v[j][sp] = __ldcg(reinterpret_cast<const float4 *>(a.o_part + ((size_t)sp * RH + rh) * kR + d));
-        }
-    }
-    merge_weights(a, lane, warp, rh0, nk, wts, fac);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < IT; j++) {
-        const int idx = tid + j * kThreads;
-        if (idx < nk * (kR / 4)) {
-            const int k = idx / (kR / 4), d = (idx % (kR / 4)) * 4;
-            const size_t rh = rh0 + (size_t)k * NS;
-            float4 acc = make_float4(0, 0, 0, 0);
-#pragma unroll
-            for (int sp = 0; sp < NS; sp++) {
-                const float w = wts[k * 32 + sp];
-                acc.x += w * v[j][sp].x, acc.y += w * v[j][sp].y, acc.z += w * v[j][sp].z, acc.w += w * v[j][sp].w;
-            }
-            const float f = fac[k];
-            *reinterpret_cast<float4 *>(a.o + rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
-        }
-    }
-}
-template <class B, bool Mt = false, bool Me = false>
+template <class B, bool Mt = false>
 __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scratch) {
     const int splits = a.splits, tid = b.tid, lane = b.lane, warp = b.warp;
     __threadfence(); // this block's partial O and log2-sum-exp visible device-wide before it arrives
@@ -219,12 +160,6 @@ __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scr
     const size_t rh0 = (size_t)b.row * a.H + b.h0 + b.split; // this block's heads: rh0 + k splits
     const int nk = b.nh > b.split ? (b.nh - b.split + splits - 1) / splits : 0;
     float *wts = scratch, *fac = scratch + 32 * 32; // [k][32] the splits' weights, [k] the output factor
-    if constexpr (Me) {
-        if (splits == 2) return merge_early<2>(a, tid, lane, warp, rh0, nk, wts, fac);
-        if (splits == 4) return merge_early<4>(a, tid, lane, warp, rh0, nk, wts, fac);
-        if (splits == 8) return merge_early<8>(a, tid, lane, warp, rh0, nk, wts, fac);
-        if (splits == 16) return merge_early<16>(a, tid, lane, warp, rh0, nk, wts, fac);
-    }
     for (int k = warp; k < nk; k += kThreads / 32) {
         const size_t rh = rh0 + (size_t)k * splits;
         const float l = lane < splits ? __ldcg(a.lse_part + (size_t)lane * RH + rh) : -INFINITY;
@@ -554,21 +489,15 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int c = 0; c < 2; c++) l[i][c] += __shfl_xor_sync(0xffffffffu, l[i][c], x);
-    __syncthreads(); // nobody reads red any more (nor alpha: kXLm's own log2-sum-exps and its flag go there)
-    // session 17 (kXLm): the block's ticket taken as soon as its loop is done (cuda_mla_wgmma_lm.cuh); the row's last
-    // block merges from its registers and stores no partial
-    constexpr bool Lm = (X & rs::kXLm) != 0, Cl = (X & rs::kXCl) != 0; // (Cl: cuda_mla_wgmma_cl.cuh)
-    static_assert((X & rs::kXMrg ? 1 : 0) + Lm + Cl <= 1, "one merge in the tail");
-    [[maybe_unused]] unsigned *lm_cnt = g_mla_tickets + (size_t)b.row * gridDim.x + blockIdx.x;
-    if constexpr (Lm)
-        if (a.splits > 1 && b.tid == 0) b.alpha[32] = lm::arrive(lm_cnt, a.splits) ? 1.0f : 0.0f;
+    __syncthreads(); // nobody reads red any more (nor alpha: kXCl's own log2-sum-exps go there)
+    constexpr bool Cl = (X & rs::kXCl) != 0; // (cuda_mla_wgmma_cl.cuh)
+    static_assert((X & rs::kXMrg ? 1 : 0) + Cl <= 1, "one merge in the tail");
     if (g == 0)
 #pragma unroll
         for (int i = 0; i < 2; i++)
             *reinterpret_cast<float2 *>(red + (wg * 4 + w4) * 16 + 8 * i + 2 * t) = make_float2(l[i][0], l[i][1]);
     __syncthreads();
     const bool direct = a.splits == 1;
-    [[maybe_unused]] const bool lm_last = Lm && !direct && b.alpha[32] != 0.0f;
     if (w4 == 0 && g == 0) {
         const float os = (direct ? a.out_scale : 1.0f) * (Cvt ? 1.0f : 256.0f); // (Cvt: V exact, not x 2^-8)
 #pragma unroll
@@ -581,26 +510,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 b.linv[h] = ls > 0.0f ? os / ls : 0.0f;
                 if (!direct && h < b.nh) {
                     const float lse = ls > 0.0f ? m[i][c] + log2f(ls) : -INFINITY;
-                    if constexpr (Lm || Cl) b.alpha[h] = lse; // (h < 32: the flag's word untouched)
-                    if (!lm_last && !Cl) a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] = lse;
+                    if constexpr (Cl) b.alpha[h] = lse;
+                    else a.lse_part[(size_t)b.split * a.rows * a.H + (size_t)b.row * a.H + b.h0 + h] = lse;
                 }
             }
     }
     __syncthreads();
     if constexpr (Trace) trace_stamp(4);
-    if constexpr (Lm) {
-        if (lm_last) {
-            if constexpr (Trace) trace_stamp(9); // (the last block: no stores; its merge from here)
-            if (a.splits == 2) lm::merge_last<N, 2>(a, b, o, lm_cnt, b.alpha);
-            else lm::merge_last<N, lm::kMaxSplits>(a, b, o, lm_cnt, b.alpha);
-        } else {
-            rs::store_ot<N>(a, b, o);
-            if (!direct) {
-                if constexpr (Trace) trace_stamp(9);
-                lm::publish(lm_cnt, b.tid);
-            }
-        }
-    } else if constexpr (Cl) {
+    if constexpr (Cl) {
         if (direct) {
             rs::store_ot<N>(a, b, o);
         } else {
@@ -624,8 +541,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
         if (a.splits > 1) {
             if constexpr (Trace) trace_stamp(9);
             // (the stages are free now)
-            st::merge_tail<decltype(b), (X & rs::kXMt) != 0, (X & rs::kXMe) != 0>(
-                a, b, reinterpret_cast<float *>(b.smem + L::raw_off));
+            st::merge_tail<decltype(b), (X & rs::kXMt) != 0>(a, b, reinterpret_cast<float *>(b.smem + L::raw_off));
         }
     }
     if constexpr (Trace) {
@@ -724,12 +640,8 @@ ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kX
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXTrace);
 ST_INSTANCE(3, true, true, rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXPw);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXPw);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm | rs::kXTrace);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXMe);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl);
 ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl | rs::kXTrace);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXMe | rs::kXTrace);
 #undef ST_INSTANCE
 
 bool trace_on;
