@@ -17,11 +17,10 @@
  *    wgmma_default), the wgmma one, unless LUNAR_MLA_DECODE=old / new / cluster / wgmma picks one;
  *    tools/device/bench_mla_decode.sh runs these tests under each. The wgmma decode kernel rounds
  *    q and P to bf16; it widens FP8 pages to bf16 (exact) or scores them with e4m3 q (two terms,
- *    ~2^-8 per element: the bf16 bound; LUNAR_MLA_WGMMA_FP8=q8x2, and the round-4 kernel, =rs,
- *    the default from 64K rows x context (at blocks of <= 32 heads as its round-6 form, =st, S^T with
- *    heads as N, with round 7's lazy rescale and early wait, =stlp; =rs2, round 5, gives rs's bits), which
- *    multiplies f16 P by exact f16 V); its own test
- *    forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
+ *    ~2^-8 per element: the bf16 bound; the round-4 kernel, LUNAR_MLA_WGMMA_FP8=rs, the default from 64K
+ *    rows x context (at blocks of <= 32 heads as its round-6 form, S^T with heads as N, with round 7's lazy
+ *    rescale and early wait, =stlp, and the later rounds' switches, =s10m), which multiplies f16 P by exact
+ *    f16 V); its own test forces it (LUNAR_MLA_DECODE=wgmma) whatever the default.
  *  - DSA: index codes and scales, scores and the selected sets are compared bitwise / exactly. */
 #include "test.h"
 
@@ -273,74 +272,49 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
                                         /* round 9's merge in the kernel: 24 splits (not a power of two) over rows
                                          * of unequal lengths; 32 splits (its limit) with fewer heads than splits */
                                         {4, 32, {3000, 64, 129, 2000}}, {2, 12, {2000, 700}}};
-    /* round 10's runs also take 64 rows (one wave of 128 blocks at 2 splits: the batched merge's widest case), a row
-     * of one position and second splits that see nothing (only there: with it in every run the whole test did not
-     * finish in 45 s on the H200) */
+    /* the runs of round 10 on (s10m, s10p, s17c) also take 64 rows (one wave of 128 blocks at 2 splits: the batched
+     * merge's widest case), a row of one position and second splits that see nothing (only there: with it in every
+     * run the whole test did not finish in 45 s on the H200) */
     static const decode_case wide[] = {{64, 32, {200, 130, 1, 64}}};
-    /* session 17's merges (=s17l: by the last-arriving split at 2 to 4 splits; =s17c: in a cluster's shared memory at
-     * 2, 4, 8, 16 splits): also 4 splits (32 rows), 3 (44 rows) and 8 (16 rows), with rows whose later splits see
-     * nothing or one tile, and rows of one position */
-    static const decode_case lm_cases[] = {{32, 32, {1000, 63, 65, 777}}, {44, 32, {700, 1, 129, 500}},
+    /* session 17's merge (=s17c: in a cluster's shared memory at 2 to 16 splits): also 4 splits (32 rows), 3 (44 rows)
+     * and 8 (16 rows), with rows whose later splits see nothing or one tile, and rows of one position */
+    static const decode_case cl_cases[] = {{32, 32, {1000, 63, 65, 777}}, {44, 32, {700, 1, 129, 500}},
                                            {16, 32, {2000, 1, 500, 129}}};
     static const char *const names[] = {"LUNAR_MLA_DECODE", "LUNAR_MLA_WGMMA_TMA", "LUNAR_MLA_WGMMA_SW",
                                         "LUNAR_MLA_WGMMA_FP8", "LUNAR_MLA_WGMMA_LAZY"};
     char *saved[5];
     for (int i = 0; i < 5; i++) saved[i] = getenv(names[i]) ? strdup(getenv(names[i])) : NULL;
     setenv("LUNAR_MLA_DECODE", "wgmma", 1);
-    /* {SW, TMA, FP8, tag, FP8 tolerance}: NULL = unset (the default: FP8 pages widened to bf16,
-     * exact, below 64K rows x context as in all these cases; the round-4 kernel from there);
-     * "widen" forces the widening. "q8x2": FP8 scores, two e4m3 terms of q, ~2^-8 per element, the bf16 bound (measured
-     * 0.0026 worst, as the widened path). "rs": those scores, PV from f16 P and V^T converted in
-     * registers (f16 V exact, f16 P finer than bf16): the q8x2 bound. "rs2": the round-5 kernel, rs's
-     * work in another order (S one tile ahead; blocks of <= 32 heads, rs above): rs's bits too. "st": the
-     * round-6 kernel, S^T with heads as N (blocks of <= 32 heads, rs above; the default from 64K rows x
-     * context): rs2's scores, P and PV, the softmax sums in another order: the rs bound, not its bits.
-     * "st4": st with four e4m3 stages, the same work in the same order: st's bits. Round 7: "stl", st with
-     * the lazy rescale (P against a head's running maximum until a score passes it by 2^8: other P values,
-     * the st bound); "stp", st with the tile's wgmma wait moved to its top (st's bits); "stlp" both (stl's
-     * bits); and both again with the threshold 0 (LUNAR_MLA_WGMMA_LAZY=0: the redo, exchange and rescale
-     * run on every tile whose maximum grows, which random scores past the first tile never do at 8). Round 8,
-     * "s8": stlp with q's rows loaded at once, launched as a dependent launch and the V^T fragments by
-     * cvt.rn.f16x2.e4m3x2 (exact V instead of V x 2^-8, the 2^8 out of the output factor; the bytes of positions
-     * past the end zeroed, the pool's unowned rows being e4m3 NaN), also at threshold 0: stlp's bits (the same
-     * products scaled by a power of two). Round 9 (session 13), each stlp's bits: "s9q" (q's rows loaded before the
-     * first copies), "s9m" (the split-K merge in the kernel's tail, the merge kernel's arithmetic; 16, 24 and 32
-     * splits here, the 43 of H = 12 at 8192 left to the merge kernel), "s9c" (s8's V^T by cvt and the tile's exp2
-     * flushing below 2^-126, which f16 P rounds to 0 anyway), "s9" (the three), also at threshold 0. Round 10 (session
-     * 15), stlp's bits: "s10a" (s9 with PV(it - 1) in flight past the tile's top wait, the tiles in pairs: odd tile
-     * counts run a pad tile of zeros; single-split cases take its instance without the merge), also at threshold 0, and
-     * "s10m" (s10a with the merge's loads batched: 2, 16, 24 and 32 splits here, 24 by the loop as before). Round 11
-     * (session 16), stlp's bits: "s10p" (s10m as a dependent launch whose set-up, all but q, runs before its wait; the
-     * merge in the tail without the cooperative attribute), also at threshold 0. Session 17, s10m's bits: "s17l" (the
-     * split-K merge by the row's last-arriving block from its registers, where a row has 2 to 4 splits: the wide case
-     * and lm_cases; s10m's instances elsewhere, their merge loads before the weights'), also at threshold 0, and "s17c"
-     * (the merge through a cluster's distributed shared memory at 2, 4, 8 and 16 splits; s17l's choice elsewhere). */
+    /* {SW, TMA, FP8, tag, FP8 tolerance, bitwise reference, lazy threshold}: NULL = unset (the default: FP8 pages
+     * widened to bf16, exact, below 64K rows x context as in all these cases; the round-4 kernel from there);
+     * "widen" forces the widening. "rs": the round-4 kernel, FP8 scores (two e4m3 terms of q, ~2^-8 per element,
+     * the bf16 bound), PV from f16 P and V^T converted in registers (f16 V exact, f16 P finer than bf16), at every
+     * head count (the default runs it above 32 heads a block). "stlp": round 7, the round-6 kernel (S^T with heads as
+     * N; blocks of <= 32 heads, rs above) with the lazy rescale (P against a head's running maximum until a score
+     * passes it by 2^8) and the tile's wgmma wait at its top: rs's scores, other P and sums, the rs bound; also with
+     * the threshold 0 (LUNAR_MLA_WGMMA_LAZY=0: the redo, exchange and rescale run on every tile whose maximum grows,
+     * which random scores past the first tile never do at 8). Every later round keeps stlp's bits: "s10m" (the
+     * default's choice at every size: q's rows loaded before the first copies, the V^T fragments by cvt (the bytes of
+     * positions past the end zeroed, the pool's unowned rows being e4m3 NaN) and the tile's exp2 flushing below
+     * 2^-126, PV(it - 1) in flight past the tile's top wait (the tiles in pairs: odd tile counts run a pad tile of
+     * zeros), and where the merge fits the kernel the split-K merge in its tail with the merge kernel's arithmetic
+     * and its loads batched: 2, 16, 24 and 32 splits here, 24 by the loop, the 43 of H = 12 at 8192 left to the merge
+     * kernel; single-split cases take its instance without the merge), also at threshold 0; round 11 (session 16)
+     * "s10p" (s10m as a dependent launch whose set-up, all but q, runs before its wait; the merge in the tail without
+     * the cooperative attribute), also at threshold 0. Session 17, s10m's bits: "s17c" (the merge through a cluster's
+     * distributed shared memory at 2 to 16 splits: the wide case and cl_cases; s10m's choice elsewhere), also at
+     * threshold 0. (Session 19 removed the variants that measured slower than the default that followed them, and
+     * their runs: `git show 1ff0730`.) */
     static const struct { const char *sw, *tma, *fp8, *tag; double tol; const char *same, *lazy; } runs[] = {
         {NULL, NULL, NULL, " wgmma", 1.5e-2, NULL, NULL},
         {NULL, NULL, "widen", " wgmma widened", 1.5e-2, NULL, NULL},
-        {NULL, NULL, "q8x2", " wgmma fp8 scores", 1.5e-2, NULL, NULL},
         {NULL, NULL, "rs", " wgmma fp8 V^T in registers", 1.5e-2, NULL, NULL},
-        {NULL, NULL, "rs2", " wgmma fp8 S one tile ahead", 1.5e-2, "rs", NULL},
-        {NULL, NULL, "st", " wgmma fp8 S^T heads as N", 1.5e-2, NULL, NULL},
-        {NULL, NULL, "st4", " wgmma fp8 S^T 4 stages", 1.5e-2, "st", NULL},
-        {NULL, NULL, "stl", " wgmma fp8 S^T lazy rescale", 1.5e-2, NULL, NULL},
-        {NULL, NULL, "stp", " wgmma fp8 S^T wait at top", 1.5e-2, "st", NULL},
-        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy, wait at top", 1.5e-2, "stl", NULL},
-        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, wait at top", 1.5e-2, "stl", "0"},
-        {NULL, NULL, "s8", " wgmma fp8 S^T round 8", 1.5e-2, "stlp", NULL},
-        {NULL, NULL, "s8", " wgmma fp8 S^T round 8 lazy 0", 1.5e-2, "stlp", "0"},
-        {NULL, NULL, "s9q", " wgmma fp8 S^T round 9 q first", 1.5e-2, "stlp", NULL},
-        {NULL, NULL, "s9m", " wgmma fp8 S^T round 9 merge in the kernel", 1.5e-2, "stlp", NULL},
-        {NULL, NULL, "s9c", " wgmma fp8 S^T round 9 cvt, ftz", 1.5e-2, "stlp", NULL},
-        {NULL, NULL, "s9", " wgmma fp8 S^T round 9", 1.5e-2, "stlp", NULL},
-        {NULL, NULL, "s9", " wgmma fp8 S^T round 9 lazy 0", 1.5e-2, "stlp", "0"},
-        {NULL, NULL, "s10a", " wgmma fp8 S^T round 10 PV in flight", 1.5e-2, "stlp", NULL},
-        {NULL, NULL, "s10a", " wgmma fp8 S^T round 10 PV in flight lazy 0", 1.5e-2, "stlp", "0"},
+        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy, wait at top", 1.5e-2, NULL, NULL},
+        {NULL, NULL, "stlp", " wgmma fp8 S^T lazy 0, wait at top", 1.5e-2, NULL, "0"},
         {NULL, NULL, "s10m", " wgmma fp8 S^T round 10 merge loads batched", 1.5e-2, "stlp", NULL},
+        {NULL, NULL, "s10m", " wgmma fp8 S^T round 10 merge loads batched lazy 0", 1.5e-2, "stlp", "0"},
         {NULL, NULL, "s10p", " wgmma fp8 S^T round 11 set-up before the PDL wait", 1.5e-2, "stlp", NULL},
         {NULL, NULL, "s10p", " wgmma fp8 S^T round 11 set-up before the PDL wait lazy 0", 1.5e-2, "stlp", "0"},
-        {NULL, NULL, "s17l", " wgmma fp8 S^T session 17 merge by the last split", 1.5e-2, "s10m", NULL},
-        {NULL, NULL, "s17l", " wgmma fp8 S^T session 17 merge by the last split lazy 0", 1.5e-2, "s10m", "0"},
         {NULL, NULL, "s17c", " wgmma fp8 S^T session 17 merge in a cluster", 1.5e-2, "s10m", NULL},
         {NULL, NULL, "s17c", " wgmma fp8 S^T session 17 merge in a cluster lazy 0", 1.5e-2, "s10m", "0"},
         {NULL, "0", NULL, " wgmma cp.async", 1.5e-2, NULL, NULL},
@@ -357,10 +331,9 @@ TEST(cuda_mla_wgmma_decode_vs_cpu) {
         setenv_or_unset("LUNAR_MLA_WGMMA_LAZY", runs[r].lazy);
         fp8_bitwise_ref = runs[r].same;
         decode_vs_cpu(cases, (int)(sizeof cases / sizeof cases[0]), runs[r].tag, runs[r].tol);
-        if (runs[r].fp8 && (!strncmp(runs[r].fp8, "s10", 3) || !strncmp(runs[r].fp8, "s17", 3)))
-            decode_vs_cpu(wide, 1, runs[r].tag, runs[r].tol);
-        if (runs[r].fp8 && !strncmp(runs[r].fp8, "s17", 3))
-            decode_vs_cpu(lm_cases, (int)(sizeof lm_cases / sizeof lm_cases[0]), runs[r].tag, runs[r].tol);
+        if (runs[r].fp8 && name_listed("s10m s10p s17c", runs[r].fp8)) decode_vs_cpu(wide, 1, runs[r].tag, runs[r].tol);
+        if (runs[r].fp8 && !strcmp(runs[r].fp8, "s17c"))
+            decode_vs_cpu(cl_cases, (int)(sizeof cl_cases / sizeof cl_cases[0]), runs[r].tag, runs[r].tol);
         fp8_bitwise_ref = NULL;
     }
     for (int i = 0; i < 5; i++) setenv_or_unset(names[i], saved[i]), free(saved[i]);

@@ -15,7 +15,8 @@
 #include "backend/cuda/cuda_ops.h"
 
 /* Bench hook of cuda_mla_wgmma_st.cu (declared here, not in cuda_ops.h: every CUDA object depends on that header): with
- * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel (stlp, s8) runs its traced instance, whose thread 0 of
+ * LUNAR_MLA_WGMMA_TRACE=1 the FP8 S^T decode kernel runs its traced instance where it has one (the default's where
+ * the split-K merge goes into the kernel, s17c's where its clusters fit), whose thread 0 of
  * each block (linear index < max_blocks) stamps 32 u64 into buf: (%globaltimer ns, clock64) pairs 0 at the block's
  * start, 1 after its set-up (the PDL wait, q quantised), 2 after tile 0's S, 3 after the tile loop, 4 after the sums'
  * exchange, 5 after the output stores, 6 after the mbarrier init's barrier, 7 after the first copies' issue, 8 after
@@ -200,20 +201,19 @@ static void bench_decode(void) {
         }
 }
 
-/* FP8 pages (session 6): the wgmma kernel's FP8-score path (LUNAR_MLA_WGMMA_FP8=q8x2: two e4m3
- * terms of q; =rs: those scores with PV transposed, V^T from the e4m3 tile in registers, session 8;
- * =st: S^T with heads as N, session 10; "rs" and "st" run the round-4 kernel at blocks of > 32 heads)
- * beside its session-5 path (=widen: e4m3 widened to bf16 before the bf16
- * MMA), the mma.sync kernel (LUNAR_MLA_DECODE=new) and the default selection, same data, same
- * process. Floors: the e4m3 latent bytes at 4.3 TB/s; the MMA work of the widen / two-term path
- * (heads padded to 64 per block, 2 x (576 + 512) flop per head and position at 790 TFLOP/s: the
- * two e4m3 S terms cost one bf16 S). */
+/* FP8 pages (session 6): the wgmma kernel's FP8-score path as the round-4 kernel (LUNAR_MLA_WGMMA_FP8=rs: two e4m3
+ * terms of q, PV transposed with V^T from the e4m3 tile in registers, session 8; at every head count) beside its
+ * session-5 path (=widen: e4m3 widened to bf16 before the bf16 MMA), the mma.sync kernel (LUNAR_MLA_DECODE=new) and
+ * the default selection, same data, same process. Floors: the e4m3 latent bytes at 4.3 TB/s; the MMA work of the
+ * widen / two-term path (heads padded to 64 per block, 2 x (576 + 512) flop per head and position at 790 TFLOP/s:
+ * the two e4m3 S terms cost one bf16 S). (Sessions 6-10 also ran the two-term kernel with a widened V and round 6's
+ * S^T kernel as it was here; session 19 removed both: `git show 1ff0730`.) */
 static void bench_decode_fp8(void) {
     printf("\n### MLA decode, FP8 pages (new = LUNAR_MLA_DECODE=new; wgmma = LUNAR_MLA_DECODE=wgmma with "
-           "LUNAR_MLA_WGMMA_FP8=widen / q8x2 / rs / st; default = no variable)\n\n");
-    printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | wgmma widen | of floor | wgmma q8x2 | of floor | "
-           "wgmma rs | of floor | wgmma st | of floor | default | of floor | q8x2 vs widen | rs vs widen | st vs widen | "
-           "default vs new |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+           "LUNAR_MLA_WGMMA_FP8=widen / rs; default = no variable)\n\n");
+    printf("| H | B | context | floor (4.3 TB/s) | mma floor | new | wgmma widen | of floor | wgmma rs | of floor | default | "
+           "of floor | rs vs widen | default vs widen | default vs new |\n"
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     static const int Hs[] = {12, 32, 64, 96};
     static const int BL[][2] = {{1, 32768}, {8, 8192}, {8, 32768}, {8, 131072}, {64, 8192}, {64, 32768}};
     for (int hi = 0; hi < 4; hi++)
@@ -231,20 +231,15 @@ static void bench_decode_fp8(void) {
             const float us_w = time_us(call_decode, &m, 9);
             setenv("LUNAR_MLA_WGMMA_FP8", "rs", 1);
             const float us_1 = time_us(call_decode, &m, 9);
-            setenv("LUNAR_MLA_WGMMA_FP8", "q8x2", 1);
-            const float us_2 = time_us(call_decode, &m, 9);
-            setenv("LUNAR_MLA_WGMMA_FP8", "st", 1);
-            const float us_s = time_us(call_decode, &m, 9);
             unsetenv("LUNAR_MLA_WGMMA_FP8");
             unsetenv("LUNAR_MLA_DECODE");
             const float us_d = time_us(call_decode, &m, 9);
             const double floor = (double)B * L * 576 / BW * 1e6;
             const double mma = (double)B * L * ((H + 63) / 64 * 64) * 2.0 * (576 + 512) / MMA * 1e6;
             printf("| %d | %d | %dK | %.1f us | %.1f us | %.1f us | %.1f us | %.0f%% | %.1f us | %.0f%% | %.1f us | %.0f%% | "
-                   "%.1f us | %.0f%% | %.1f us | %.0f%% | %.2fx | %.2fx | %.2fx | %.2fx |\n",
-                   H, B, L / 1024, floor, mma, us_new, us_w, 100.0 * floor / us_w, us_2, 100.0 * floor / us_2, us_1,
-                   100.0 * floor / us_1, us_s, 100.0 * floor / us_s, us_d, 100.0 * floor / us_d, us_w / us_2, us_w / us_1,
-                   us_w / us_s, us_new / us_d);
+                   "%.2fx | %.2fx | %.2fx |\n",
+                   H, B, L / 1024, floor, mma, us_new, us_w, 100.0 * floor / us_w, us_1, 100.0 * floor / us_1, us_d,
+                   100.0 * floor / us_d, us_w / us_1, us_w / us_d, us_new / us_d);
             fflush(stdout);
             lunar_cuda_release(mark);
         }
@@ -252,10 +247,9 @@ static void bench_decode_fp8(void) {
 
 /* FP8 pages, A/B/C of wgmma FP8 kernels (LUNAR_MLA_DECODE=wgmma, LUNAR_MLA_WGMMA_FP8=<variant>), rotating
  * the order every round (round r starts with variant r mod NV), 4 rounds of a median of 9 each, same data,
- * same process; ratios against the first. Floor: the e4m3 latent bytes at 4.3 TB/s. Session 9 ran rs (round
- * 4) against rs2 (round 5: S one tile ahead); session 10 runs rs2 against st (round 6: S^T with heads as N,
- * blocks of <= 32 heads) and st4 (st with 4 e4m3 stages); session 11 st against stl (the lazy rescale), stp
- * (the tile's wgmma wait at its top) and stlp (both), or the list in BENCH_MLA_AB. Session 12: a variant "name:N"
+ * same process; ratios against the first. Floor: the e4m3 latent bytes at 4.3 TB/s. The variants: the list in
+ * BENCH_MLA_AB, else the default against the opt-in s17c (sessions 9-17 ran each round's variants: docs/benchmarks.md,
+ * "MLA decode, FP8 pages, round N"; session 19 pruned those that lost). Session 12: a variant "name:N"
  * also sets LUNAR_MLA_WGMMA_LAZY=N (the lazy threshold); BENCH_MLA_CASES="H B L;H B L" replaces the 12 cases;
  * BENCH_MLA_GROW=1 times them on the rising pool (make_grow_pool). */
 /* BENCH_MLA_CASES="H B L;H B L;...": up to 16 (heads, batch, context) cases within the pools (MAXB rows,
@@ -274,10 +268,10 @@ static int env_cases(int cases[16][3]) {
 
 static void bench_decode_fp8_ab(void) {
     enum { MAXV = 6, ROUNDS = 4 };
-    /* the variants: BENCH_MLA_AB (space-separated, at most 6), else session 11's st / stl / stp / stlp */
+    /* the variants: BENCH_MLA_AB (space-separated, at most 6), else the default and s17c */
     static char list[256];
     const char *e = getenv("BENCH_MLA_AB");
-    snprintf(list, sizeof list, "%s", e && *e ? e : "st stl stp stlp");
+    snprintf(list, sizeof list, "%s", e && *e ? e : "default s17c");
     const char *ab[MAXV];
     int NV = 0;
     for (char *tok = strtok(list, " "); tok && NV < MAXV; tok = strtok(NULL, " ")) ab[NV++] = tok;
@@ -648,15 +642,16 @@ static void bench_prefill(void) {
  * (BENCH_MLA_L2MODES, default "flush data warm"): flush = flushed as time_us (everything cold: code, q, lens, the
  * block table, the latent); data = flushed, then q, lens and the block table copied (so in L2) but the kernel's code
  * and the latent cold; warm = no flush (the previous call's code, data and, where it fits, latent in L2).
- * Session 13: s9 (merging in the kernel) has a traced instance too: the merge column is its tail after the stores.
- * Variants: BENCH_MLA_AB (default "stlp s8": those have a traced instance); cases as fp8ab's BENCH_MLA_CASES
- * (default H = 32: B = 8 at 8K / 32K, B = 64 at 8K / 32K). */
+ * Session 13: the instances merging in the kernel stamp after the stores too: the merge column is their tail after
+ * the stores. Variants: BENCH_MLA_AB (default "default s17c": the traced instances are the default's where the merge
+ * goes into the kernel and s17c's where its clusters fit; a call without one stamps nothing, its row zeros); cases as
+ * fp8ab's BENCH_MLA_CASES (default H = 32: B = 8 at 8K / 32K, B = 64 at 8K / 32K). */
 static void bench_decode_fp8_trace(void) {
     enum { NB = 4096, REPS = 7, NS = 15, W = 32 };
     unsigned long long *dtr = dalloc((size_t)NB * W * 8), *htr = malloc((size_t)NB * W * 8);
     static char list[256], modes[64];
     const char *e = getenv("BENCH_MLA_AB");
-    snprintf(list, sizeof list, "%s", e && *e ? e : "stlp s8");
+    snprintf(list, sizeof list, "%s", e && *e ? e : "default s17c");
     const char *ab[6];
     int NV = 0;
     for (char *tok = strtok(list, " "); tok && NV < 6; tok = strtok(NULL, " ")) ab[NV++] = tok;
@@ -726,7 +721,7 @@ static void bench_decode_fp8_trace(void) {
                         ph[0][n] = (float)((double)(t[3] - t[1]) * rate / 1000.0); /* set-up */
                         for (int k = 0; k < 8; k++)
                             ph[1 + k][n] = (float)((double)(t[2 * seq[k + 1] + 1] - t[2 * seq[k] + 1]) * rate / 1000.0);
-                        /* round 9's merge in the kernel (s9): pair 9 after the stores, pair 5 after the merge */
+                        /* round 9's merge in the kernel: pair 9 after the stores, pair 5 after the merge */
                         ph[9][n] = 0.0f;
                         if (t[19]) {
                             ph[8][n] = (float)((double)(t[19] - t[9]) * rate / 1000.0);

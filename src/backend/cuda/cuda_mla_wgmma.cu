@@ -33,8 +33,8 @@
 // + P 8 KB + 1 KB of alignment slack = 226 KB of the 227 KB a block may have: one block per SM,
 // 256 threads, no producer warp (the copies are issued by warp 0 between barriers it already
 // passes; there is no shared memory for a third stage).
-// This file: that kernel, the split plan and the dispatcher; the FP8-score kernels are in cuda_mla_wgmma_q8.cu,
-// _rs.cu and _st.cu (cuda_mla_wgmma.cuh says what each holds).
+// This file: that kernel, the split plan and the dispatcher; the FP8-score kernels are in cuda_mla_wgmma_rs.cu and
+// _st.cu (cuda_mla_wgmma.cuh says what each holds).
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -468,139 +468,78 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
     // round 7, "... round 9") and, since session 16, round 10's (PV in flight past the tile's top wait, the merge's
     // loads batched: =s10m, 1.05-1.11x round 9's default at H = 32 from 256K rows x context, Kimi-Linear's FP8 TPOT
     // -0.8 to -1.7 % / -1.2 to -2.9 % at B = 8 / 64, 32K, "... round 11"); below 64K the tile widened to bf16.
-    // LUNAR_MLA_WGMMA_FP8=rs (round 4 only) / rs2 (round 5: S one tile ahead, rs's bits) / st (round 6)
-    // / st4 (round 6 with 4 e4m3 stages) / stl, stp, stlp (round 7's parts; stlp round 7, the default until session 13)
-    // / widen force one; =s10 / s10a round 10 (rs::kXPv; opt-in), =s10m round 10 with kXMt (the default's choice
-    // forced); =r9 round 9's default (sessions 13-15); =s10p round 11 (rs::kXPw; opt-in);
-    // =q8x2 the FP8 scores with a widened V (as accurate, 0.93-1.06x the widening: "MLA decode, FP8
-    // pages (session 6)").
+    // LUNAR_MLA_WGMMA_FP8 forces one: =widen the widening, =rs the round-4 kernel (at every head count), =stlp round 7
+    // as it was (the default until session 13, whose bits every later round keeps: the op test's reference), =s10m the
+    // default's choice at every size; =s10p and =s17c are opt-in (below); =default names the unset choice (a name for
+    // the bench's A/B); another name runs the widening. Session 19 removed the variants that measured slower than the
+    // default that followed them (session 6's two-term kernel with a widened V, round 5, round 6 as it was and round
+    // 7's halves, rounds 8 and 9 and round 9's default, round 10 without kXMt: docs/benchmarks.md, "... the variants
+    // pruned"; `git show 1ff0730` has them).
     const char *f8 = getenv("LUNAR_MLA_WGMMA_FP8");
-    // (=default: as unset, a name for the bench's A/B; =r9: round 9's choice, the default of sessions 13-15 (below);
-    // =s10: r9's choice plus round 10's kXPv)
-    const bool s10 = f8 && !strcmp(f8, "s10"), r9 = f8 && !strcmp(f8, "r9");
-    const bool dflt = !f8 || !*f8 || !strcmp(f8, "default");
-    const bool forced = !dflt && !s10 && !r9, st4 = forced && !strcmp(f8, "st4");
-    // round 7: the st kernel runs with the lazy rescale and the tile's wait at its top (stlp) unless forced
-    // otherwise: =stl the lazy rescale alone, =stp the moved wait alone, =st / =st4 round 6 as it was
-    // round 8: =s8 (stlp with rs::kXQ, kXPdl and kXCvt; opt-in)
-    const bool s8 = forced && !strcmp(f8, "s8");
-    constexpr int kS8 = rs::kXQ | rs::kXPdl | rs::kXCvt;
-    const int x8 = s8 ? kS8 : 0;
-    // round 9: =s9q (q first), =s9m (the merge in the kernel where merge_in_kernel allows, else stlp and the merge
-    // kernel), =s9c (kXCvt and kXFtz), =s9 (the three). The default of sessions 13-15, now =r9 (stlp's bits;
-    // docs/benchmarks.md, "MLA decode, FP8 pages, round 9"): s9 below 512K rows x context where the merge goes into
-    // the kernel (H = 32: 1.12x stlp at B = 8, 8K, 1.06x at 32K), s9c elsewhere (1.02-1.03x from 256K); =stlp keeps
-    // round 7
-    const bool s9q = forced && !strcmp(f8, "s9q"), s9m = forced && !strcmp(f8, "s9m"), s9c = forced && !strcmp(f8, "s9c");
-    // (=s10a: s9 with round 10's kXPv, the bench's traced pair of s9; =s10m: s10a with kXMt where it merges, the
-    // default since session 16 (stlp's bits): q first, the merge in the kernel and its loads batched wherever the
-    // merge fits (merge_in_kernel), PV in flight everywhere; =s10p: s10m with round 11's kXPw, a dependent launch
-    // whose set-up but q runs before its wait)
+    const bool dflt = !f8 || !*f8 || !strcmp(f8, "default"), forced = !dflt;
+    // (=s10p: s10m with round 11's kXPw, a dependent launch whose set-up but q runs before its wait: level with s10m
+    // in Kimi-Linear's TPOT, 0.91-1.00x alone, "... round 11")
     const bool s10p = forced && !strcmp(f8, "s10p");
-    // (=s17l: s10m with session 17's merge by the row's last-arriving block, rs::kXLm, wherever a row has 2 to
-    // lm::kMaxSplits splits (cuda_mla_wgmma_lm.cuh; no co-residency needed, so not bound by merge_in_kernel); s10m's
-    // choice elsewhere, its in-kernel merge with the partial O loads before the weights' (rs::kXMe); measured 0.98-0.99x
-    // the default at H = 32: opt-in, docs/benchmarks.md, "MLA decode, FP8 pages, round 12")
-    // (=s17c: s17l with session 17's merge through distributed shared memory, a row's splits as one cluster (rs::kXCl,
-    // cuda_mla_wgmma_cl.cuh), at 2 to 16 splits where the device places all of the call's clusters at once; s17l's
-    // choice elsewhere; measured 1.02x at H = 32, B = 64, 8K, 0.98-0.99x at the other shapes (the tile loop's schedule
-    // moves with the tail), Kimi-Linear's B = 64, 8K TPOT -1.7 %: opt-in, "... round 12")
+    // (=s17c: s10m with session 17's merge through distributed shared memory, a row's splits as one cluster
+    // (rs::kXCl, cuda_mla_wgmma_cl.cuh), at 2 to 16 splits where the device places all of the call's clusters at once;
+    // s10m's choice elsewhere; measured 1.02x at H = 32, B = 64, 8K, 0.98-0.99x at the other shapes (the tile loop's
+    // schedule moves with the tail), Kimi-Linear's B = 64, 8K TPOT -1.7 %: opt-in, "... round 12". Session 17's other
+    // variant, the merge by the row's last-arriving block (and s10m's merge with its loads reordered elsewhere),
+    // measured 0.98-0.99x the default: removed in session 19; s17c fell back to its choice until then.)
     const bool s17c = forced && !strcmp(f8, "s17c");
     const bool cl = s17c && p.hpb <= 32 && p.splits >= 2 && p.splits <= 16 && (long)p.hb * rows <= cl_max_clusters(p.splits);
-    const bool s17l = forced && (!strcmp(f8, "s17l") || s17c);
-    const bool lm = s17l && !cl && p.splits > 1 && p.splits <= 4 && (long)p.hb * rows <= kTickets;
-    const bool s10m = dflt || (forced && (!strcmp(f8, "s10m") || s10p || s17l)), s10a = s10m || (forced && !strcmp(f8, "s10a"));
-    const bool s9 = s10a || (forced && !strcmp(f8, "s9"));
-    const bool d9 = (r9 || s10) && (double)rows * max_n < 524288.0 && merge_in_kernel(p, rows), d9c = (r9 || s10) && !d9;
-    const bool mrg = (s9m || s9 || d9) && merge_in_kernel(p, rows);
-    int x9 = (s9q || s9 || d9 ? rs::kXQF : 0) | (mrg ? rs::kXMrg : 0) | (s9c || s9 || d9 || d9c ? rs::kXCvt | rs::kXFtz : 0);
-    // round 10's instances: q first, the merge and kXMt only where the merge goes into the kernel
-    if (s10 || s10a)
-        x9 = mrg ? rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | (s10m ? rs::kXMt : 0) : rs::kXCvt | rs::kXFtz | rs::kXPv;
+    // s10m (the default since session 16, stlp's bits): q first, the merge in the kernel and its loads batched wherever
+    // the merge fits (merge_in_kernel), V^T by cvt and exp2 ftz, PV in flight past the tile's top wait everywhere
+    const bool s10m = dflt || (forced && (!strcmp(f8, "s10m") || s10p || s17c));
+    const bool stlp = forced && !strcmp(f8, "stlp");
+    const bool mrg = s10m && merge_in_kernel(p, rows);
+    constexpr int k10 = rs::kXCvt | rs::kXFtz | rs::kXPv; // (with q first, the merge and kXMt where it merges)
+    int x9 = !s10m ? 0 : mrg ? k10 | rs::kXQF | rs::kXMrg | rs::kXMt : k10;
     if (s10p) x9 |= rs::kXPw;
-    if (lm) x9 = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXLm;
-    else if (cl) x9 = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
-    else if (s17l && (x9 & rs::kXMt)) x9 |= rs::kXMe;
-    const bool any9 = s9q || s9m || s9c || s9;
-    bool merged = false; // the launched kernel merged the splits itself (s9m / s9 where merge_in_kernel allows)
-    const bool stl = forced ? !strcmp(f8, "stl") || !strcmp(f8, "stlp") || s8 || any9 : true;
-    const bool stp = forced ? !strcmp(f8, "stp") || !strcmp(f8, "stlp") || s8 || any9 : true;
-    const bool rs2 = p.hpb <= 32 && forced && !strcmp(f8, "rs2");
-    const bool st = p.hpb <= 32 && !(forced && (!strcmp(f8, "rs") || rs2));
-    const bool rs_wanted = forced ? !strcmp(f8, "rs") || !strcmp(f8, "rs2") || !strcmp(f8, "st") || st4 || stl || stp || s8 ||
-                                        any9
-                                  : (double)rows * max_n >= 65536.0;
+    if (cl) x9 = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
+    bool merged = false; // the launched kernel merged the splits itself (kXMrg where merge_in_kernel allows, kXCl)
+    const bool st = p.hpb <= 32 && !(forced && !strcmp(f8, "rs"));
+    const bool rs_wanted = forced ? !strcmp(f8, "rs") || stlp || s10m : (double)rows * max_n >= 65536.0;
     if (fp8 && sw && rs_wanted && !env_is("LUNAR_MLA_WGMMA_TMA", "0") && make_tmap_q8(&tm, c->latent)) {
         if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
-            static unsigned char seen[9 + (rs::kXCl * 2 - 1) / rs::kXQF + 1];
-            const int v = st ? (st4 ? 3 : x8 ? 8 : x9 ? 9 + x9 / rs::kXQF : stl || stp ? 4 + stl + 2 * stp : 2) : rs2;
+            static unsigned char seen[2 + (rs::kXCl * 2 - 1) / rs::kXQF + 1];
+            // (x9 always holds kXCvt, so x9 / kXQF tells the choices apart)
+            const int v = st ? (x9 ? 2 + x9 / rs::kXQF : 1) : 0;
             if (!seen[v])
-                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s%s%s%s%s%s\n",
-                        st ? (st4 ? ", S^T with heads as N, 4 stages" : ", S^T with heads as N") : rs2 ? ", S one tile ahead" : "",
-                        st && stl ? ", lazy rescale" : "", st && stp ? ", wait at the tile's top" : "",
-                        st && x8 ? ", q rows at once, dependent launch, V^T by cvt" : "",
+                fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, V^T from registers%s%s%s%s%s%s%s%s\n",
+                        st ? ", S^T with heads as N, lazy rescale, wait at the tile's top" : "",
                         st && (x9 & rs::kXQF) ? ", q before the copies" : "", st && (x9 & rs::kXMrg) ? ", merge in the kernel" : "",
                         st && (x9 & rs::kXFtz) ? ", V^T by cvt, exp2 ftz" : "",
                         st && (x9 & rs::kXPv) ? ", PV in flight past the top wait" : "",
                         st && (x9 & rs::kXMt) ? ", merge loads batched" : "",
                         st && (x9 & rs::kXPw) ? ", dependent launch, set-up before its wait" : "",
-                        st && (x9 & rs::kXLm) ? ", merge by the last split" : "",
-                        st && (x9 & rs::kXMe) ? ", merge loads before the weights" : "",
                         st && (x9 & rs::kXCl) ? ", splits as a cluster, merge in shared memory" : ""),
                     seen[v] = 1;
         }
-        // the lazy rescale's threshold (=stl / =stlp): 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0:
-        // a maximum moves whenever it grows, as in the exact kernel; the op test runs it to exercise the redo)
+        // the lazy rescale's threshold: 8 (P <= 256) unless LUNAR_MLA_WGMMA_LAZY says otherwise (0: a maximum moves
+        // whenever it grows, as in the exact kernel; the op test runs it to exercise the redo)
         const char *lz = getenv("LUNAR_MLA_WGMMA_LAZY");
         // (at most 15: P <= 2^15 stays inside f16's 65504)
         const float lazy = lz && *lz ? fminf(fmaxf((float)atof(lz), 0.0f), 15.0f) : 8.0f;
-        // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): stlp, s8 and s9 (where it merges)
+        // the bench's traced instances (LUNAR_MLA_WGMMA_TRACE=1 and a buffer set): the default's where it merges in the
+        // kernel, s17c's where its clusters fit
         const bool trace = env_is("LUNAR_MLA_WGMMA_TRACE", "1") && trace_on;
-        constexpr int kQ = rs::kXQF, kM9 = rs::kXMrg, kC = rs::kXCvt | rs::kXFtz, kAll = kQ | kM9 | kC;
-        constexpr int kPv = rs::kXPv;
-        constexpr int kPw = rs::kXPw;
-        if (st && (x9 & kPv)) { // round 10 (=s10): the default's two instances with PV in flight past the top wait
-            constexpr int kMt = rs::kXMt, kLm = kQ | kC | kPv | rs::kXLm;
-            constexpr int kCl = kQ | kC | kPv | rs::kXCl;
+        if (st && x9) { // round 10 on: PV in flight past the top wait
+            constexpr int kQ = rs::kXQF, kC = rs::kXCvt | rs::kXFtz | rs::kXPv, kM = kQ | rs::kXMrg | kC | rs::kXMt;
+            constexpr int kCl = kQ | kC | rs::kXCl, kPw = rs::kXPw;
             if (trace && x9 == kCl) launch_st<3, true, true, kCl | rs::kXTrace>(a, tm, p, s, lazy); // =s17c
             else if (x9 == kCl) launch_st<3, true, true, kCl>(a, tm, p, s, lazy);
-            else if (trace && x9 == kLm) launch_st<3, true, true, kLm | rs::kXTrace>(a, tm, p, s, lazy); // =s17l
-            else if (x9 == kLm) launch_st<3, true, true, kLm>(a, tm, p, s, lazy);
-            else if (trace && x9 == (kAll | kPv | kMt | rs::kXMe))
-                launch_st<3, true, true, kAll | kPv | kMt | rs::kXMe | rs::kXTrace>(a, tm, p, s, lazy);
-            else if (x9 == (kAll | kPv | kMt | rs::kXMe)) launch_st<3, true, true, kAll | kPv | kMt | rs::kXMe>(a, tm, p, s, lazy);
-            else if (x9 == (kAll | kPv | kMt | kPw)) launch_st<3, true, true, kAll | kPv | kMt | kPw>(a, tm, p, s, lazy); // =s10p
-            else if (x9 == (kC | kPv | kPw)) launch_st<3, true, true, kC | kPv | kPw>(a, tm, p, s, lazy);
-            else if (trace && x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv | rs::kXTrace>(a, tm, p, s, lazy);
-            else if (trace && x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt | rs::kXTrace>(a, tm, p, s, lazy);
-            else if (x9 == (kAll | kPv)) launch_st<3, true, true, kAll | kPv>(a, tm, p, s, lazy);
-            else if (x9 == (kAll | kPv | kMt)) launch_st<3, true, true, kAll | kPv | kMt>(a, tm, p, s, lazy);
-            else launch_st<3, true, true, kC | kPv>(a, tm, p, s, lazy);
-            merged = (x9 & (kM9 | rs::kXLm | rs::kXCl)) != 0;
-        } else if (st && x9) {
-            if (trace && x9 == kAll) launch_st<3, true, true, kAll | rs::kXTrace>(a, tm, p, s, lazy);
-            else if (x9 == kAll) launch_st<3, true, true, kAll>(a, tm, p, s, lazy);
-            else if (x9 == (kQ | kC)) launch_st<3, true, true, kQ | kC>(a, tm, p, s, lazy); // s9 without the merge
-            else if (x9 == kQ) launch_st<3, true, true, kQ>(a, tm, p, s, lazy);
-            else if (x9 == kM9) launch_st<3, true, true, kM9>(a, tm, p, s, lazy);
-            else launch_st<3, true, true, kC>(a, tm, p, s, lazy);
-            merged = (x9 & kM9) != 0;
-        } else if (trace && st && stl && stp && x8) launch_st<3, true, true, kS8 | rs::kXTrace>(a, tm, p, s, lazy);
-        else if (trace && st && stl && stp) launch_st<3, true, true, rs::kXTrace>(a, tm, p, s, lazy);
-        else if (st && stl && stp && x8) launch_st<3, true, true, kS8>(a, tm, p, s, lazy);
-        else if (st && stl && stp) launch_st<3, true, true>(a, tm, p, s, lazy);
-        else if (st && stl) launch_st<3, true, false>(a, tm, p, s, lazy);
-        else if (st && stp) launch_st<3, false, true>(a, tm, p, s);
-        else if (st) st4 ? launch_st<4>(a, tm, p, s) : launch_st<3>(a, tm, p, s);
-        else if (rs2) launch_rs2(a, tm, p, s);
-        else launch_rs(a, tm, p, s);
-    } else if (fp8 && sw && env_is("LUNAR_MLA_WGMMA_FP8", "q8x2") && !env_is("LUNAR_MLA_WGMMA_TMA", "0") &&
-        make_tmap_q8(&tm, c->latent)) {
-        if (env_is("LUNAR_MLA_WGMMA_VERBOSE", "1")) {
-            static bool seen = false;
-            if (!seen) fprintf(stderr, "mla wgmma decode: fp8 pages, fp8 scores, 2 q terms\n"), seen = true;
+            else if (x9 == (kM | kPw)) launch_st<3, true, true, kM | kPw>(a, tm, p, s, lazy); // =s10p
+            else if (x9 == (kC | kPw)) launch_st<3, true, true, kC | kPw>(a, tm, p, s, lazy);
+            else if (trace && x9 == kM) launch_st<3, true, true, kM | rs::kXTrace>(a, tm, p, s, lazy);
+            else if (x9 == kM) launch_st<3, true, true, kM>(a, tm, p, s, lazy); // the default where the merge fits
+            else launch_st<3, true, true, kC>(a, tm, p, s, lazy);                // the default elsewhere
+            merged = (x9 & (rs::kXMrg | rs::kXCl)) != 0;
+        } else if (st) {
+            launch_st<3, true, true>(a, tm, p, s, lazy); // =stlp
+        } else {
+            launch_rs(a, tm, p, s);
         }
-        launch_q8(a, tm, p, s);
     } else if (fp8) {
         if (!sw) launch<true, false, false>(a, tm, p, s);
         else if (tma) launch<true, true, true>(a, tm, p, s);
@@ -612,6 +551,6 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         if (tma) launch<false, true, false>(a, tm, p, s);
         else launch<false, false, false>(a, tm, p, s);
     }
-    // (round 9's kXMrg instance merged in its tail)
+    // (the kXMrg and kXCl instances merged in their tails)
     if (p.splits > 1 && !merged) lunar_mla_merge_splits(o, a.o_part, a.lse_part, rows * H, p.splits, a.out_scale, s);
 }

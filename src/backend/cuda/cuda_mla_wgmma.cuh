@@ -1,9 +1,10 @@
 // Internal to the wgmma MLA decode (cuda_mla_wgmma*.cu): the layout constants, the kernels' arguments and
 // split plan, the device helpers every kernel family uses, and each family's launcher. One file per family:
 //   cuda_mla_wgmma.cu     the bf16 / FP8-widening kernel (wgmma_decode_kernel), the plan, the dispatcher
-//   cuda_mla_wgmma_q8.cu  FP8 scores with a widened V (q8x2, opt-in)
-//   cuda_mla_wgmma_rs.cu  FP8 scores, V^T from the e4m3 tile in registers (rounds 4 and 5, opt-in)
-//   cuda_mla_wgmma_st.cu  the same with S^T, heads as N (round 6 on; the FP8 default from 64K rows x context)
+//   cuda_mla_wgmma_rs.cu  FP8 scores, V^T from the e4m3 tile in registers (round 4; the FP8 default from 64K rows x
+//                         context at blocks of > 32 heads)
+//   cuda_mla_wgmma_st.cu  the same with S^T, heads as N (round 6 on; the FP8 default from 64K rows x context at
+//                         blocks of <= 32 heads)
 // cuda_mla_wgmma_q8.cuh holds what the FP8-score kernels share (Q's two e4m3 terms, S over the e4m3 tile),
 // cuda_mla_wgmma_rs.cuh what the rs and st kernels share (the block's set-up, V^T fragments, O^T stores).
 #ifndef LUNAR_BACKEND_CUDA_MLA_WGMMA_CUH
@@ -49,16 +50,17 @@ struct Plan {
 };
 
 // The st kernel's switches (its template parameter X, picked by LUNAR_MLA_WGMMA_FP8; what each round measured is
-// beside the kernel in cuda_mla_wgmma_st.cu): round 8 kXQ (q's rows loaded at once), kXPdl (a dependent launch),
-// kXCvt (V^T by cvt.rn.f16x2.e4m3x2); kXTrace the bench's phase stamps; round 9 kXQF (q before the copies), kXMrg
-// (the split-K merge in the kernel's tail), kXFtz (the tile's exp2 ftz); round 10 kXPv (PV(it - 1) in flight past
-// the tile's top wait), kXMt (the in-kernel merge's loads batched); round 11 kXPw (a dependent launch whose set-up,
-// all but q, runs before its wait); session 17 kXLm (the split-K merge by the row's last-arriving block, from its
-// registers: cuda_mla_wgmma_lm.cuh), kXMe (kXMt's partial O loads issued before the weights'), kXCl (a row's splits as
-// one cluster, the merge through distributed shared memory: cuda_mla_wgmma_cl.cuh)
+// beside the kernel in cuda_mla_wgmma_st.cu): round 8 kXCvt (V^T by cvt.rn.f16x2.e4m3x2); kXTrace the bench's phase
+// stamps; round 9 kXQF (q before the copies), kXMrg (the split-K merge in the kernel's tail), kXFtz (the tile's exp2
+// ftz); round 10 kXPv (PV(it - 1) in flight past the tile's top wait), kXMt (the in-kernel merge's loads batched);
+// round 11 kXPw (a dependent launch whose set-up, all but q, runs before its wait); session 17 kXCl (a row's splits
+// as one cluster, the merge through distributed shared memory: cuda_mla_wgmma_cl.cuh). Removed in session 19 (`git
+// show 1ff0730` has them): 1 and 2, round 8's q rows loaded at once and dependent launch (superseded by kXQF and
+// kXPw), 1024 and 2048, session 17's merge by the row's last-arriving block and kXMt's loads before the weights'
+// (0.98-0.99x the default).
 namespace rs {
-constexpr int kXQ = 1, kXPdl = 2, kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256,
-              kXPw = 512, kXLm = 1024, kXMe = 2048, kXCl = 4096;
+constexpr int kXCvt = 4, kXTrace = 8, kXQF = 16, kXMrg = 32, kXFtz = 64, kXPv = 128, kXMt = 256, kXPw = 512,
+              kXCl = 4096;
 } // namespace rs
 // Round 9's merge in the kernel (rs::kXMrg): a ticket counter per (row, head block) (g_mla_tickets, in
 // cuda_mla_wgmma_st.cu); the launcher keeps rows x head blocks within it
@@ -166,11 +168,8 @@ __device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], 
 } // namespace
 
 // The families' launchers: grid (hb, splits, rows) of kThreads threads
-// cuda_mla_wgmma_q8.cu: FP8 scores, widened V (LUNAR_MLA_WGMMA_FP8=q8x2)
-void launch_q8(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s);
-// cuda_mla_wgmma_rs.cu: round 4 and round 5
+// cuda_mla_wgmma_rs.cu: round 4
 void launch_rs(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s);
-void launch_rs2(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s);
 // cuda_mla_wgmma_st.cu: the st kernel with S e4m3 stages, round 7's Lazy / Pipe and the switches X; only the
 // instances the dispatcher names are built there (another one fails the link)
 template <int S, bool Lazy = false, bool Pipe = false, int X = 0>

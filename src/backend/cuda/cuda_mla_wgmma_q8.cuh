@@ -1,5 +1,5 @@
-// Internal to the wgmma MLA decode: what the FP8-score kernels (cuda_mla_wgmma_q8.cu, _rs.cu, _st.cu) share:
-// the e4m3 stage layout, Q's two e4m3 terms per head, S over the e4m3 tile, the scores.
+// Internal to the wgmma MLA decode: what the FP8-score kernels (cuda_mla_wgmma_rs.cu, _st.cu) share: the e4m3
+// stage's boxes, Q's two e4m3 terms per head, S over the e4m3 tile, the scores.
 #ifndef LUNAR_BACKEND_CUDA_MLA_WGMMA_Q8_CUH
 #define LUNAR_BACKEND_CUDA_MLA_WGMMA_Q8_CUH
 
@@ -10,17 +10,13 @@
 namespace mla_wg {
 namespace {
 
-// FP8 pages with FP8 scores (opt-in: LUNAR_MLA_WGMMA_FP8=q8x2; the default below 64K rows x context
-// is the widening kernel of cuda_mla_wgmma.cu). The session-5 FP8 path spends ~1.1 us per tile widening all 576
-// dims to bf16 between the copies and the MMA (docs/benchmarks.md, "MLA decode,
-// producer/consumer"). Here S = Q C^T runs on the e4m3 tile as it lands (wgmma e4m3 x e4m3,
-// k32), so only the 512 V dims are widened (for PV, which stays bf16: FP8 wgmma takes B K-major
-// only and the tile is N-major for PV), and that widening runs while the S wgmma is in flight.
-// Measured (session 6): two terms 0.93-1.06x the widening kernel, one term 1.07-1.14x: not the
-// widening but shared-memory reads bound both. S at n32 per warpgroup reads all of Q (A, 64 x
-// 576) from shared memory for every 32 positions: 144 KB per tile for bf16 Q or two e4m3 terms,
-// 72 KB for one, against 36-72 KB of tile; only a one-term variant read less and gained 7-14 %, at a
-// logit error ~32x the bf16 one (2^-4 per q element): it was removed, no tolerance argued for it.
+// FP8 scores (session 6): the session-5 FP8 path spends ~1.1 us per tile widening all 576 dims to bf16 between
+// the copies and the MMA (docs/benchmarks.md, "MLA decode, producer/consumer"); S = Q C^T runs on the e4m3 tile as
+// it lands instead (wgmma e4m3 x e4m3, k32). Session 6's kernel widened the 512 V dims for a bf16 PV: two terms
+// 0.93-1.06x the widening kernel, one term 1.07-1.14x (at a logit error ~32x the bf16 one, no tolerance argued for
+// it), both bound by shared-memory reads (S at n32 a warpgroup reads all of Q for every 32 positions: 144 KB a tile
+// for two e4m3 terms); round 4 (cuda_mla_wgmma_rs.cu) took the V^T from the e4m3 tile in registers instead, and
+// session 19 removed session 6's kernel (`git show 1ff0730`).
 //  - Q per head: one scale sq = amax / 448 over its 576 values; q / sq rounded to e4m3 (hi) and,
 //    the remainder x 16 rounded to e4m3 (lo, |remainder| <= half an e4m3 step <= 16
 //    at 448): q = sq (hi + lo / 16) to ~2^-8 relative per element (e4m3 keeps 4 significant bits
@@ -31,19 +27,11 @@ namespace {
 //    32-byte k-step inside the line); the fifth box holds dims 512..575 in its first 64 bytes and
 //    the copy engine's zero fill past the row. Q's fifth box holds the rope hi bytes in 0..63 and
 //    the rope lo bytes in 64..127 (its k-steps start 64 B further than the tile's).
-//  - Shared memory: Q hi 32 KB + Q lo 32 + Q rope 8 + two e4m3 stages 80 + V bf16 64 + P 8.
+//  - The kernels' shared memory layouts: rs::Lay (cuda_mla_wgmma_rs.cuh).
 namespace q8 {
 constexpr int kBox = 8192;                         // 64 rows x 128 B
 constexpr int kStage = 5 * kBox;                   // one e4m3 tile: 40960
 constexpr int q_hi = 0, q_lo = 4 * kBox, q_pe = 8 * kBox;
-constexpr int raw_off = 9 * kBox;                  // two stages
-constexpr int v_off = raw_off + 2 * kStage;        // 8 boxes of 64 dims bf16
-constexpr int p_off = v_off + 8 * kBox;
-constexpr int red_off = p_off + kPBytes;           // [2][64] floats
-constexpr int sq_off = red_off + 2 * 64 * 4;       // [64] floats: the per-head q scale
-constexpr int bar_off = sq_off + 64 * 4;
-constexpr size_t smem = (size_t)bar_off + 2 * 8 + 1024;
-static_assert(smem <= 232448, "227 KB of shared memory per block");
 
 // byte b (0..127) of line r of a 128-byte swizzled box
 __device__ __forceinline__ int sw_byte(int r, int b) { return r * 128 + ((((b >> 4) ^ r) & 7) << 4) + (b & 15); }
@@ -57,20 +45,14 @@ __device__ __forceinline__ float2 e4m3x2_f2(uint32_t v) {
 }
 } // namespace q8
 
-// S of the FP8-score kernels for positions 32 wg .. + 31 over 576 dims, issued and committed (not
+// S of the round-4 kernel for positions 32 wg .. + 31 over 576 dims, zeroed, issued and committed (not
 // waited): k-step ks < 16 in box ks / 4 at 32 (ks & 3) bytes; the two rope k-steps in box 4 (Q: hi at
-// 0 / 32, lo at 64 / 96). Zero = false: the accumulators keep their old values as inputs, which the
-// first k-step (scale-d 0) ignores; the round-5 kernel issues S while another wgmma is in flight,
-// and zeroing there became copies of one zero register (an accumulator) that ptxas counts as reads
-// of in-flight accumulators and answers by serialising every wgmma (C7514).
-template <bool Zero = true>
+// 0 / 32, lo at 64 / 96)
 __device__ __forceinline__ void q8_issue_s(float (&s)[16], float (&sl)[16], uint32_t raw, int wg, uint64_t dqh,
                                            uint64_t dql, uint64_t dqe) {
     using namespace q8;
-    if (Zero) {
 #pragma unroll
-        for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
-    }
+    for (int i = 0; i < 16; i++) s[i] = 0.0f, sl[i] = 0.0f;
     fence_acc<16>(s);
     fence_acc<16>(sl);
     wgmma_fence();
@@ -96,9 +78,7 @@ __device__ __forceinline__ void q8_issue_s(float (&s)[16], float (&sl)[16], uint
 // line), the per-head scale into sqs.
 // The two-term scores s + sl / 16 of this thread's 16 accumulators (rows r0: i = 4k + c, r1: 4k + 2 + c;
 // position pbase + 8 k + c) scaled by the rows' factors f0 / f1, positions at or past `end` -inf, and each
-// row's maximum over the quad's four lanes. Two = false: s holds the sums already (the round-5 kernel), sl
-// is not read. (The sum stays inside the loop: hoisted out, it reorders the PTX of the other kernels.)
-template <bool Two = true>
+// row's maximum over the quad's four lanes
 __device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16], int pbase, int end, float f0, float f1,
                                           float &mx0, float &mx1) {
     mx0 = -INFINITY, mx1 = -INFINITY;
@@ -108,8 +88,7 @@ __device__ __forceinline__ void q8_scores(float (&s)[16], const float (&sl)[16],
         for (int c = 0; c < 2; c++) {
             const bool ok = pbase + 8 * k + c < end;
             const int i0 = 4 * k + c, i1 = 4 * k + 2 + c;
-            const float v0 = Two ? s[i0] + sl[i0] * 0.0625f : s[i0];
-            const float v1 = Two ? s[i1] + sl[i1] * 0.0625f : s[i1];
+            const float v0 = s[i0] + sl[i0] * 0.0625f, v1 = s[i1] + sl[i1] * 0.0625f;
             s[i0] = ok ? v0 * f0 : -INFINITY;
             s[i1] = ok ? v1 * f1 : -INFINITY;
             mx0 = fmaxf(mx0, s[i0]), mx1 = fmaxf(mx1, s[i1]);
@@ -173,7 +152,7 @@ __device__ __forceinline__ void q8_store_row(unsigned char *smem, float *sqs, co
         }
     }
 }
-// All (ST only; round 8, LUNAR_MLA_WGMMA_FP8=s8): a warp's 4 rows loaded before any is quantised, so the
+// All (ST only; round 8, now kXPw's q after its wait): a warp's 4 rows loaded before any is quantised, so the
 // block waits for one round trip of q from memory instead of four in a row (q is cold in every split's block:
 // the step's other kernels evict it); the same values in the same places (memcmp-equal)
 template <bool ST = false, bool All = false>

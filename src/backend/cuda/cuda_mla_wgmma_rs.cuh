@@ -1,6 +1,6 @@
-// Internal to the wgmma MLA decode: what the round-4 / round-5 kernels (cuda_mla_wgmma_rs.cu) share with the st
-// kernels (cuda_mla_wgmma_st.cu): the block's set-up (rs::Block), the V^T fragments from the e4m3 tile, PV
-// transposed, O^T's stores, and the bench's phase stamps.
+// Internal to the wgmma MLA decode: what the round-4 kernel (cuda_mla_wgmma_rs.cu) shares with the st kernel
+// (cuda_mla_wgmma_st.cu): the block's set-up (rs::Block), the V^T fragments from the e4m3 tile, PV transposed, O^T's
+// stores, and the bench's phase stamps.
 #ifndef LUNAR_BACKEND_CUDA_MLA_WGMMA_RS_CUH
 #define LUNAR_BACKEND_CUDA_MLA_WGMMA_RS_CUH
 
@@ -9,14 +9,14 @@
 namespace mla_wg {
 namespace {
 
-// FP8 pages, round 4 (opt-in: LUNAR_MLA_WGMMA_FP8=rs). Rounds 1-3 (docs/benchmarks.md, "MLA decode,
-// FP8 pages, round 3") found the widened bf16 tile itself to be the cost: its generic shared-memory
-// stores (72 KB per tile) compete with the S products for shared memory, ~1.1 us of a 3.3 us tile.
-// Here no widened tile exists. S is the two-term FP8-score product of wgmma_decode_q8_kernel on the
-// e4m3 tile as it lands; PV is computed transposed, O^T [512 dims x N heads] = V^T P^T, with V^T
-// as wgmma's register A operand (m64: 64 dims per instruction, k16: 16 positions) converted in
-// registers from the raw e4m3 tile and P^T as the B operand from shared memory (N = the block's
-// heads padded to 32 or 64, K-major: P's core-matrix layout read as B).
+// FP8 pages, round 4 (the FP8 default from 64K rows x context at blocks of > 32 heads; LUNAR_MLA_WGMMA_FP8=rs
+// forces it at every head count). Rounds 1-3 (docs/benchmarks.md, "MLA decode, FP8 pages, round 3") found the
+// widened bf16 tile itself to be the cost: its generic shared-memory stores (72 KB per tile) compete with the S
+// products for shared memory, ~1.1 us of a 3.3 us tile. Here no widened tile exists. S is the two-term FP8-score
+// product (q8_issue_s, cuda_mla_wgmma_q8.cuh) on the e4m3 tile as it lands; PV is computed transposed, O^T [512
+// dims x N heads] = V^T P^T, with V^T as wgmma's register A operand (m64: 64 dims per instruction, k16: 16
+// positions) converted in registers from the raw e4m3 tile and P^T as the B operand from shared memory (N = the
+// block's heads padded to 32 or 64, K-major: P's core-matrix layout read as B).
 //  - Dims per thread: M rows are free to be any permutation of the dims, so thread (warp w of
 //    warpgroup wg, g = lane / 4) takes the 8 consecutive dims D0 = 256 wg + 64 w + 8 g ..: its rows
 //    g and g + 8 of instruction j are dims D0 + 2j and D0 + 2j + 1 (j = 0..3). Per position that is
@@ -59,8 +59,8 @@ namespace {
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
-// The layout of a Block: Q (QB boxes), S e4m3 stages, NP P buffers (round 4: one, 200 KB; round 5: two,
-// 208 KB; round 6: Q in 5 boxes, 3 or 4 stages, two P buffers, 178 / 218 KB)
+// The layout of a Block: Q (QB boxes), S e4m3 stages, NP P buffers (round 4: one, 200 KB; round 6 on: Q in 5
+// boxes, 3 stages, two P buffers, 178 KB)
 template <int NP, int S = kStages, int QB = 9> struct Lay {
     static constexpr int raw_off = QB * q8::kBox;
     static constexpr int p_off = raw_off + S * q8::kStage;
@@ -86,12 +86,12 @@ __host__ __device__ constexpr uint32_t sel(int b) {
 }
 static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
 
-// What the round-4 and round-5 kernels share (one body for each step, so the two cannot drift apart:
-// round 5 promises round 4's bits). The constructor is their set-up: the block's heads, split and row,
-// this thread's S rows (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages
-// tiles' copies issued, Q quantised into shared memory. NP: the P buffers of the layout.
-// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages. X: round 8's switches (kXQ, kXPdl; the
-// st kernel's own kXCvt).
+// What the round-4 kernel and the st kernel share (round 5's kernel, which kept round 4's bits, shared the steps
+// too until session 19). The constructor is their set-up: the block's heads, split and row, this thread's S rows
+// (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages tiles' copies issued, Q quantised into
+// shared memory. NP: the P buffers of the layout.
+// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages. X: the st kernel's switches (rs::kX*;
+// kXQF, kXPw and kXTrace act here).
 template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
     using L = Lay<NP, S, ST ? 5 : 9>;
     static constexpr int kStages = S;
@@ -144,16 +144,9 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
         split = blockIdx.y, row = blockIdx.z;
         tid = threadIdx.x, wg = tid >> 7, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
         constexpr bool QF = (X & kXQF) != 0, Pw = (X & kXPw) != 0;
-        static_assert(!Pw || ((X & (kXPdl | kXQ)) == 0 && ST), "kXPw: its own wait; q's rows as the ST layout's");
+        static_assert(!Pw || ST, "kXPw: q's rows as the ST layout's");
         if constexpr (QF || Pw)
             if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmap)) : "memory");
-        if constexpr ((X & kXPdl) != 0) {
-            // launched by launch_pdl: the tensor map (a kernel argument, no kernel writes it) fetched while the
-            // predecessor finishes; then the wait before the first read of anything of the step (lens, the block
-            // table's row, q, the cache), and the merge may take its places
-            if (tid == 0) asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(&tmap)) : "memory");
-            pdl_enter();
-        }
         r0 = (warp & 3) * 16 + g, r1 = r0 + 8;
         h0 = hb * a.hpb, nh = min(a.hpb, a.H - h0);
         const int seq = a.row_seq ? a.row_seq[row] : row;
@@ -169,7 +162,7 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
             // launches back (lunar_glue_latent_store, then the absorption), complete once this kernel can start (every
             // block of its predecessor has passed its own wait). So the mbarriers' init and the first kStages tiles'
             // copies overlap the predecessor's tail and this kernel's launch; q's rows, 4 a warp, are loaded at once
-            // after the wait (kXQ's order: the copies were issued long before). Nothing is written before the wait.
+            // after the wait (round 8's order: the copies were issued long before). Nothing is written before the wait.
             start_copies();
             pdl_enter();
             q8_quantise_q<ST, true>(a, smem, sqs, row, h0, nh, warp, lane);
@@ -186,7 +179,7 @@ template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
             for (int k = 0; k < NQ; k++) q8_store_row<ST>(smem, sqs, xq[k], warp + k * (kThreads / 32), lane);
         } else {
             start_copies();
-            q8_quantise_q<ST, (X & kXQ) != 0>(a, smem, sqs, row, h0, nh, warp, lane);
+            q8_quantise_q<ST>(a, smem, sqs, row, h0, nh, warp, lane);
         }
         if constexpr ((X & kXTrace) != 0) trace_stamp(8);
         fence_async_smem();
