@@ -53,7 +53,7 @@ ab() {  # ab NAME "command" "variants"
 [ -n "${KLAB:-}" ] && { step "KL48 B = 1 TPOT A/B: $KLAB"
   ab kl "$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 64" "$KLAB"; }
 [ -n "${K31AB:-}" ] && { step "K3.1 TP8 slice B = 1 TPOT A/B: $K31AB"
-  ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64" "$K31AB"; }
+  ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers ${K31_LAYERS:-10} --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64" "$K31AB"; }
 [ -n "${K31FAB:-}" ] && { step "K3.1 full layer shape, ${K31F_LAYERS:=4} layers, B = 1 TPOT A/B: $K31FAB"
   AB_T=120 ab k31f "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --num-layers $K31F_LAYERS --project-layers 93 --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 32" "$K31FAB"; }
 [ "${NCU_KL:-0}" = 1 ] && {  # one Kimi-Linear-48B B = 1 decode step under ncu, eager, each kernel alone (no PDL overlap)
