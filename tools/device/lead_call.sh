@@ -9,7 +9,8 @@
 #     MLA_AB (bench_mla fp8ab variants, device timing), KLAB / K31AB / K31FAB (switch sets for the Kimi-Linear-48B
 #     B = 1, the K3.1 slice B = 1 and the full K3.1 layer shape B = 1 (K31F_LAYERS layers, default 4, projected to
 #     93: the only one-GPU config with K3.1's whole expert matrices) TPOT, ROUNDS (or AB_ROUNDS) rounds alternating with the default)
-#  3. (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py)
+#  3. (K31_TABLE=1) the K3.1 slice's rows of issue 9's table (K31_LAYERS layers) without the session;
+#     (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py)
 #  4. Kimi-Linear-48B 8K prefill, PF_ROUNDS more rounds (the MFU line of issue 9)
 #   P=<prebuilt dir> OUT=<dir> [SESSION=0] [TESTS=...] [F16AB_V=...] ... bash tools/device/lead_call.sh
 #   (build-device/ from the pack's bd/)
@@ -56,6 +57,13 @@ ab() {  # ab NAME "command" "variants"
   ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers ${K31_LAYERS:-10} --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64" "$K31AB"; }
 [ -n "${K31FAB:-}" ] && { step "K3.1 full layer shape, ${K31F_LAYERS:=4} layers, B = 1 TPOT A/B: $K31FAB"
   AB_T=120 ab k31f "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --num-layers $K31F_LAYERS --project-layers 93 --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 32" "$K31FAB"; }
+[ "${K31_TABLE:-0}" = 1 ] && {  # the K3.1 slice's rows of issue 9's table (session.sh's step 4) without the session
+  step "lunar bench: Kimi-K3.1 Pro TP8 rank slice, ${K31_LAYERS:=10} layers projected to 93"
+  timeout 150 $P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers $K31_LAYERS \
+    --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1,8,64 --contexts 8192 --json $OUT/k31.json \
+    > $OUT/k31_table.txt 2>&1
+  echo "rc=$?" >> $T; cat $OUT/k31_table.txt >> $T
+}
 [ "${NCU_KL:-0}" = 1 ] && {  # one Kimi-Linear-48B B = 1 decode step under ncu, eager, each kernel alone (no PDL overlap)
   step "ncu: one KL48 B = 1 decode step, per kernel"
   timeout 150 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
