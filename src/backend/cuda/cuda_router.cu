@@ -227,16 +227,7 @@ __device__ __forceinline__ unsigned long long groups_best(const unsigned long lo
     return b;
 }
 
-// TH (LUNAR_ROUTER=thresh, session 19): the k rounds replaced by the k-th largest key T found at once, by a
-// bitwise search: 32 steps of C comparisons and one redux.sync add each (T: the largest value with at
-// least k keys >= T; chosen and ineligible candidates hold key 0, and at least k keys are nonzero, so T
-// >= 1). Chosen: every key > T and, of the keys equal to T, the lowest indices up to k (the rounds' ties
-// to the lower index), listed in index order by one ballot per column; each one's place in the rounds'
-// order (key descending, index ascending: a total order) by counting the list's entries before it; then
-// the rounds' weight sum over that order. The same set, order and sum: the same bits. Why: the rounds
-// are k dependent chains of two warp reductions and the winner's rescan, one warp alone on its SM with
-// nothing to hide them behind (K3.1's 896 experts, top-16: 17 us a route, ~90 a token's step).
-template <bool ROUTE, int C, int G, bool ROLL, bool TH = false>
+template <bool ROUTE, int C, int G, bool ROLL>
 __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *experts, float *weights,
                                                                       const float *logits, const float *bias,
                                                                       int n, int E, int k, int n_group,
@@ -246,8 +237,6 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
     extern __shared__ float wsm[];
     __shared__ float gscore[ROUTER_WPB][64];
     __shared__ int gok[ROUTER_WPB][64];
-    __shared__ uint32_t th_key[TH ? ROUTER_WPB : 1][64];  // TH: the chosen in index order (key, index), then
-    __shared__ int th_idx[TH ? ROUTER_WPB : 1][64], th_ord[TH ? ROUTER_WPB : 1][64];  // the order
     const unsigned FULL = 0xffffffffu;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int t = blockIdx.x * (blockDim.x >> 5) + wid;
@@ -346,75 +335,28 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
         }
     }
     __syncwarp();  // sw
+    static_assert(C % G == 0, "groups of equal width");
+    constexpr int W = C / G;
+    unsigned long long gb[G];
+    groups_init<C, W, G>(key, gb);
+    unsigned long long b = groups_best<G>(gb);
     uint32_t taken = 0;      // bit j: candidate j of this lane chosen
     int ex0 = 0, ex1 = 0;    // this lane's slots: lane and lane + 32
     float w0 = 0.0f, w1 = 0.0f, wsum = 0.0f;
-    if constexpr (TH) {
-        uint32_t T = 0;
-        for (int bit = 31; bit >= 0; bit--) {
-            const uint32_t cand = T | (1u << bit);
-            uint32_t c = 0;
-#pragma unroll
-            for (int j = 0; j < C; j++) c += key[j] >= cand ? 1u : 0u;
-            if ((int)__reduce_add_sync(FULL, c) >= k) T = cand;
+    for (int sel = 0; sel < k; sel++) {
+        const uint32_t bk = (uint32_t)(b >> 32);
+        const int bj = C - 1 - (int)(uint32_t)b;
+        const uint32_t m = __reduce_max_sync(FULL, bk);
+        const int e = (int)__reduce_min_sync(FULL, bk == m ? (uint32_t)(lane + 32 * bj) : FULL);
+        if ((e & 31) == lane) {  // the winner: its candidate bj is taken
+            taken |= 1u << bj;
+            groups_take<C, W, G>(key, gb, bj);
+            b = groups_best<G>(gb);
         }
-        uint32_t cg = 0;
-#pragma unroll
-        for (int j = 0; j < C; j++) cg += key[j] > T ? 1u : 0u;
-        const int need = k - (int)__reduce_add_sync(FULL, cg);  // keys equal to T to take
-        const uint32_t lt = (1u << lane) - 1u;
-        int pre_eq = 0, pre_ch = 0;
-#pragma unroll
-        for (int j = 0; j < C; j++) {
-            const bool eq = key[j] == T;
-            const uint32_t beq = __ballot_sync(FULL, eq);
-            const bool ch = key[j] > T || (eq && pre_eq + __popc(beq & lt) < need);
-            pre_eq += __popc(beq);
-            const uint32_t bch = __ballot_sync(FULL, ch);
-            if (ch) {
-                const int s = pre_ch + __popc(bch & lt);
-                th_key[wid][s] = key[j], th_idx[wid][s] = lane + 32 * j;
-                taken |= 1u << j;
-            }
-            pre_ch += __popc(bch);
-        }
-        __syncwarp();
-        for (int i = lane; i < k; i += 32) {
-            const uint32_t ki = th_key[wid][i];
-            const int ei = th_idx[wid][i];
-            int pos = 0;
-            for (int m = 0; m < k; m++) pos += th_key[wid][m] > ki || (th_key[wid][m] == ki && th_idx[wid][m] < ei);
-            th_ord[wid][pos] = ei;
-        }
-        __syncwarp();
-        for (int sel = 0; sel < k; sel++) {
-            const int e = th_ord[wid][sel];
-            const float w = sw[e];
-            wsum += w;
-            if (sel == lane) ex0 = e, w0 = w;
-            if (sel == lane + 32) ex1 = e, w1 = w;
-        }
-    } else {
-        static_assert(C % G == 0, "groups of equal width");
-        constexpr int W = C / G;
-        unsigned long long gb[G];
-        groups_init<C, W, G>(key, gb);
-        unsigned long long b = groups_best<G>(gb);
-        for (int sel = 0; sel < k; sel++) {
-            const uint32_t bk = (uint32_t)(b >> 32);
-            const int bj = C - 1 - (int)(uint32_t)b;
-            const uint32_t m = __reduce_max_sync(FULL, bk);
-            const int e = (int)__reduce_min_sync(FULL, bk == m ? (uint32_t)(lane + 32 * bj) : FULL);
-            if ((e & 31) == lane) {  // the winner: its candidate bj is taken
-                taken |= 1u << bj;
-                groups_take<C, W, G>(key, gb, bj);
-                b = groups_best<G>(gb);
-            }
-            const float w = sw[e];
-            wsum += w;
-            if (sel == lane) ex0 = e, w0 = w;
-            if (sel == lane + 32) ex1 = e, w1 = w;
-        }
+        const float w = sw[e];
+        wsum += w;
+        if (sel == lane) ex0 = e, w0 = w;
+        if (sel == lane + 32) ex1 = e, w1 = w;
     }
     if (renorm) w0 /= wsum + 1e-20f, w1 /= wsum + 1e-20f;
     w0 *= scale, w1 *= scale;
@@ -465,18 +407,16 @@ static int warp_cols(int E) {
 }
 // LUNAR_ROUTER=block: the block router (the A/B of session 7); =flat: the warp router rescanning all
 // of the winner's candidates each round (session 7-10's, for A/B); =unrolled: the grouped warp router
-// with its sigmoids and permutation columns unrolled (session 11's); =thresh: the warp router choosing
-// by the k-th key (TH, session 19; rolled as the default); anything else: the warp router with groups of
-// candidates from 16 a lane and, from 16 a lane too, those two loops rolled (ROLL), where its shared
-// memory fits (the batched router with groups at E > 816 does not: unrolled there)
+// with its sigmoids and permutation columns unrolled (session 11's); anything else: the warp router
+// with groups of candidates from 16 a lane and, from 16 a lane too, those two loops rolled (ROLL),
+// where its shared memory fits (the batched router with groups at E > 816 does not: unrolled there)
 static int g_router_mode = -1;
-static int router_mode(void) { // 0 warp, grouped, rolled; 1 block; 2 warp, flat; 3 warp, grouped, unrolled; 4 thresh
+static int router_mode(void) { // 0 warp, grouped, rolled; 1 block; 2 warp, flat; 3 warp, grouped, unrolled
     if (g_router_mode < 0) {
         const char *e = getenv("LUNAR_ROUTER");
         g_router_mode = e && strcmp(e, "block") == 0      ? 1
                         : e && strcmp(e, "flat") == 0     ? 2
                         : e && strcmp(e, "unrolled") == 0 ? 3
-                        : e && strcmp(e, "thresh") == 0   ? 4
                                                           : 0;
     }
     return g_router_mode;
@@ -500,19 +440,16 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
     const size_t smem1 = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1), smem_roll = smem1 + wpb * E * 4;
     // rolled from 16 candidates a lane (E > 256), where it was measured (K3.1's 896: -1.9 / -2.6 % TPOT, session
     // 12); Kimi-Linear's 256 (C = 8, 2.1 K against 2.5 K instructions) keeps the unrolled kernel, not measured
-    const bool th = router_mode() == 4, flat = router_mode() == 2,
-               roll = (router_mode() == 0 || th) && C >= 16 && smem_roll <= 40 * 1024;
+    const bool flat = router_mode() == 2, roll = router_mode() == 0 && C >= 16 && smem_roll <= 40 * 1024;
     const size_t smem = roll ? smem_roll : smem1;
-#define RW_LAUNCH(CC, GG, RR, TT)                                                                             \
-    launch_pdl(router_warp_kernel<ROUTE, CC, GG, RR, TT>, grid, block, smem, st, experts, weights, logits, bias, \
-               n, E, k, n_group, topk_group, renorm, scale, shared, r)
+#define RW_LAUNCH(CC, GG, RR)                                                                                     \
+    launch_pdl(router_warp_kernel<ROUTE, CC, GG, RR>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
+               k, n_group, topk_group, renorm, scale, shared, r)
 #define RW_CASE(CC)                                                                                             \
     case CC:                                                                                                    \
-        if (th && roll) RW_LAUNCH(CC, 1, CC >= 16, true);                                                       \
-        else if (th) RW_LAUNCH(CC, 1, false, true);                                                             \
-        else if (flat) RW_LAUNCH(CC, 1, false, false);                                                          \
-        else if (roll) RW_LAUNCH(CC, router_groups(CC), CC >= 16, false);                                       \
-        else RW_LAUNCH(CC, router_groups(CC), false, false);                                                    \
+        if (flat) RW_LAUNCH(CC, 1, false);                                                                      \
+        else if (roll) RW_LAUNCH(CC, router_groups(CC), CC >= 16);                                              \
+        else RW_LAUNCH(CC, router_groups(CC), false);                                                           \
         break;
     switch (C) {
         RW_CASE(2) RW_CASE(4) RW_CASE(8) RW_CASE(16) RW_CASE(28) RW_CASE(32)
