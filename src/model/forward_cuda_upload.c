@@ -391,13 +391,12 @@ static void upload_weights(lunar_cuda_model *g, const lunar_model *m) {
              * widened copies are 3.8x the packed bytes, so with them a full K3.1 MoE layer took 75 GB
              * of the device instead of 15.7, and the TP8 slice's bench fit 10 layers) */
             const int widen = !d->fused_ok || generic_at_upload();
+            d->generic_off = c->experts_mxfp4 && !widen;
             for (int e = 0; e < E; e++) {
                 const lunar_expert_weights *x = &f->experts[e];
                 if (c->experts_mxfp4 && x->q1.packed) {
                     if (widen)
                         d->w1[e] = up_mxfp4(&x->q1), d->w3[e] = up_mxfp4(&x->q3), d->w2[e] = up_mxfp4(&x->q2);
-                    else
-                        d->generic_off = 1;
                 } else if (!d->fused_ok) {
                     d->w1[e] = up_mat(x->w1), d->w3[e] = up_mat(x->w3), d->w2[e] = up_mat(x->w2);
                 }

@@ -303,8 +303,9 @@ template <bool GATEUP> void launch_g(int ks, bool cs, const xargs &a, int slots,
 // LUNAR_MOE_F16_WG (read at every launch: the op tests switch it): 1 one warpgroup a block, 2 / 4 two /
 // four splitting k (the TP8 slice: 6 gate/up row groups of 64 an expert, 96 blocks at top-16, well under a
 // wave at 1); 0: off (path 16). Unset: 2 where the experts' inter size (the down K) is >= 1024 (K3 / K3.1's
-// 3072: the pair 104.0 -> 98.8 us in session 17's call, every round), else off (the TP8 slice's 384: 25.4
-// against path 16's 22.2 us). Only at one token, with both K multiples of 128 (path 16's chunks).
+// 3072: the pair with the early fill below 104.2 -> 97.1 us, every round of 4 in session 19's call), else off
+// (the TP8 slice's 384: 25.0 against path 16's 22.3 us; docs/benchmarks.md "MoE decode, MXFP4, at one token:
+// the FP8 wgmma pair the default"). Only at one token, with both K multiples of 128 (path 16's chunks).
 int moe_f16wg_mode(int n, int Kg, int Kd) {
     const char *v = getenv("LUNAR_MOE_F16_WG");
     const int m = v ? atoi(v) : Kd >= 1024 ? 2 : 0;
