@@ -163,17 +163,24 @@ TEST(cuda_moe_route_one_matches_topk_permute) {
     }
 }
 
-/* The warp router's variants (lunar_cuda_router_mode: 0 the default, rolled from E > 256; 3 unrolled,
- * session 11's; 2 flat) leave the same bytes: route_one's whole workspace (shared expert on and off)
- * and the batched router's experts and weights, bit for bit, on K3's 896/16 (plain, ties, NaN logits)
- * and 1000/40 (rolled against unrolled), Kimi-Linear's 256/8 (plain, grouped) and 100/64. */
+/* The router's variants (lunar_cuda_router_mode: 0 the warp router, rolled from E > 256; 3 unrolled,
+ * session 11's; 2 flat; 4 the sorting router, the default) leave the same
+ * bytes: route_one's whole workspace (shared expert on and off) and the batched router's experts and
+ * weights, bit for bit, on K3's 896/16 (plain, ties, NaN logits) and 1000/40 (rolled against unrolled;
+ * past the sort's k), Kimi-Linear's 256/8 (plain, grouped: the sort falls back) and 100/64, and the
+ * sort's edges: one warp (32/5), a partial last warp (33/32: k at its limit, 7 of 8 warps' lists
+ * padding), 1024/32 (32 warps), 200/1, and all ties (every logit and bias equal: the order is the
+ * index). */
 TEST(cuda_moe_route_variants_same_bits) {
     if (!moe_cuda_on()) return;
     static const int cases[][6] = {/* E, k, n_group, topk_group, renorm, logits (1 NaN, 2 ties) */
                                    {896, 16, 1, 1, 1, 0}, {896, 16, 1, 1, 1, 2}, {896, 16, 1, 1, 0, 1},
                                    {256, 8, 1, 1, 1, 0},  {256, 8, 8, 4, 1, 0},  {1000, 40, 1, 1, 1, 0},
-                                   {100, 64, 1, 1, 1, 0}, {64, 6, 8, 3, 0, 0}};
-    static const int modes[] = {3, 2};
+                                   {100, 64, 1, 1, 1, 0}, {64, 6, 8, 3, 0, 0},  {32, 5, 1, 1, 1, 0},
+                                   {33, 32, 1, 1, 1, 2},  {1024, 32, 1, 1, 1, 0}, {200, 1, 1, 1, 0, 0},
+                                   {896, 16, 1, 1, 1, 3}};
+    static const int modes[] = {3, 2, 4};
+    const int n_modes = (int)(sizeof modes / sizeof modes[0]);
     const int mode0 = lunar_cuda_router_mode(-1);
     for (unsigned c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const int E = cases[c][0], k = cases[c][1], ng = cases[c][2], tg = cases[c][3], renorm = cases[c][4];
@@ -187,10 +194,14 @@ TEST(cuda_moe_route_variants_same_bits) {
             for (long e = 0; e < (long)n * E; e++) lg[e] = roundf(lg[e]);
             for (int e = 0; e < E; e++) b[e] = roundf(b[e] * 4.0f) / 4.0f;
         }
+        if (cases[c][5] == 3) {
+            for (long e = 0; e < (long)n * E; e++) lg[e] = 0.5f;
+            for (int e = 0; e < E; e++) b[e] = 0.0f;
+        }
         const float *dlg = din(lg, (size_t)n * E * 4), *db = din(b, (size_t)E * 4);
         const size_t bytes = lunar_cuda_moe_route_bytes(1, k + shared, E), tb = (size_t)n * k * 4;
         unsigned char *h0 = NULL, *g0 = NULL; /* mode 0's */
-        for (int m = 0; m < 3; m++) {
+        for (int m = 0; m <= n_modes; m++) {
             lunar_cuda_router_mode(m == 0 ? 0 : modes[m - 1]);
             void *w = dalloc(bytes);
             lunar_cuda_fill_u32(w, 0xdeadbeefu, bytes / 4);

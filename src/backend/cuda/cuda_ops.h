@@ -497,9 +497,10 @@ void lunar_cuda_moe_permute(lunar_cuda_moe_route *r, lunar_cuda_stream s);
 void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *logits, const float *bias, int n_group,
                               int topk_group, int renorm, float scale, int shared, lunar_cuda_stream s);
 /* The router kernels' choice (tests; LUNAR_ROUTER sets it at start): 0 the warp router, grouped, its
- * sigmoid and permutation loops rolled from 16 candidates a lane (E > 256; default); 1 the block router
- * (=block); 2 the warp router, flat (=flat); 3 the warp router, grouped, unrolled (=unrolled). mode < 0:
- * no change. Returns the previous. */
+ * sigmoid and permutation loops rolled from 16 candidates a lane (E > 256; =warp); 1 the block router
+ * (=block); 2 the warp router, flat (=flat); 3 the warp router, grouped, unrolled (=unrolled); 4 the
+ * sorting router up to 256 tokens, E <= 1024, k <= 32, no groups, else mode 0 (unset: the default).
+ * mode < 0: no change. Returns the previous. */
 int lunar_cuda_router_mode(int mode);
 
 /* The routed experts, stacked per expert. MXFP4 (compressed-tensors layout per expert, as

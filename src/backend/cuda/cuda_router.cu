@@ -1,7 +1,9 @@
 // The sigmoid MoE router on the GPU (op_router_topk: sigmoid, selection bias, group-limited top-k,
 // renormalise, scale) and the batch-1 route (the top-k and the expert-contiguous permutation of
-// lunar_cuda_moe_permute in one launch). Two kernels: the warp router (default) and the block router
-// it replaced (LUNAR_ROUTER=block), which give the same experts and the same weight bits.
+// lunar_cuda_moe_permute in one launch). Three kernels, which give the same experts and the same weight
+// bits: the sorting router (default up to 256 tokens, session 20), the warp router (LUNAR_ROUTER=warp;
+// the default above 256 tokens and where the sort does not apply) and the block router before it
+// (LUNAR_ROUTER=block).
 #include <stdlib.h>
 #include <string.h>
 
@@ -398,6 +400,103 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
     if (lane == 0) route_one_tail(r, E, k, shared);
 }
 
+// ---------------------------------------------------------------- the sorting router
+//
+// The warp router's k rounds run back to back in one warp: at K3.1's 896 experts, top-16, about 15 us
+// a route on the decode step's serial path (ncu: ~5 K dependent instructions of one warp, stalls
+// spread over fixed-latency waits), ~17 us of each of the slice's 93 layers. Here one block per
+// token, thread e holding candidate e as the 64-bit pair (key(v) << 32 | ~e): the order (key desc,
+// index asc) of the warp router's rounds is the order of these unique pairs, so sorting them gives
+// the same choices in the same order. Each warp sorts its 32 pairs descending (a bitonic network in
+// registers: 15 compare-exchange steps over shuffles), then the warps' lists are merged pairwise
+// through shared memory, log2(warps) levels of one barrier each; a merge keeps the larger 32 of two
+// sorted lists (element-wise max of one list and the other reversed is a bitonic sequence holding
+// them, sorted by 5 more steps). Warp 0 then holds the top 32 in order: the weights are s[e] summed
+// in that order (the warp router's fp32 sum), renormalised and scaled by the same statements, so the
+// experts and weight bits are the warp router's (tested: cuda_moe_route_variants_same_bits). Limits:
+// E <= 1024 (one thread a candidate), k <= 32 (one list entry a lane), no expert groups (no shipped
+// config has them); elsewhere the warp router runs. ROUTE (one token): then the permutation as the
+// block router's, each thread its expert's count, rank and cursor from the k chosen indices.
+constexpr int kSortMaxE = 1024, kSortMaxK = 32;
+
+// one compare-exchange of a descending bitonic step: the lane whose partner is above it keeps the max
+__device__ __forceinline__ unsigned long long sort_step(unsigned long long x, int stride, bool keep_max) {
+    const unsigned long long y = __shfl_xor_sync(0xffffffffu, x, stride);
+    return keep_max ? (x > y ? x : y) : (x < y ? x : y);
+}
+
+template <bool ROUTE>
+__global__ void __launch_bounds__(kSortMaxE) router_sort_kernel(int32_t *experts, float *weights, const float *logits,
+                                                                const float *bias, int E, int k, int renorm,
+                                                                float scale, int shared, lunar_cuda_moe_route r) {
+    __shared__ unsigned long long lst[kSortMaxE / 32][32]; // each warp's sorted list, then the merges'
+    __shared__ float sg[kSortMaxE];                          // s[e], the sigmoid (the weight)
+    __shared__ float selw[kSortMaxK];                        // the chosen weights in selection order
+    __shared__ int sel[kSortMaxK];                           // the chosen experts in selection order
+    const int e = threadIdx.x, lane = e & 31, wid = e >> 5, nw = blockDim.x >> 5;
+    const size_t t = blockIdx.x;
+    const float b = bias && e < E ? bias[e] : 0.0f; // a weight, which no kernel of the step writes (before the wait)
+    pdl_enter();
+    unsigned long long x = 0; // padding past E: below every candidate (an eligible key is >= key(-inf) > 0)
+    if (e < E) {
+        const float s = 1.0f / (1.0f + expf(-logits[t * E + e]));
+        float v = s + b; // + 0.0f without a bias, as the warp router
+        if (isnan(v)) v = -INFINITY; // a NaN logit ranks last but stays a valid choice (as the CPU op)
+        sg[e] = s;
+        x = (unsigned long long)choice_key(v) << 32 | (0xffffffffu - (uint32_t)e);
+    }
+#pragma unroll
+    for (int size = 2; size <= 32; size <<= 1) // blocks of `size` alternate direction; the last is descending
+#pragma unroll
+        for (int stride = size >> 1; stride > 0; stride >>= 1)
+            x = sort_step(x, stride, ((lane & size) == 0) == ((lane & stride) == 0));
+    for (int step = 1; step < nw; step <<= 1) { // warp w takes w + step's list at level log2(step)
+        lst[wid][lane] = x;
+        __syncthreads();
+        if (wid % (2 * step) == 0 && wid + step < nw) {
+            const unsigned long long o = lst[wid + step][31 - lane];
+            x = x > o ? x : o;
+#pragma unroll
+            for (int stride = 16; stride > 0; stride >>= 1) x = sort_step(x, stride, (lane & stride) == 0);
+        }
+        __syncthreads(); // the list just read is not overwritten before every reader is done
+    }
+    int ei = 0;
+    float w = 0.0f;
+    if (wid == 0) {
+        ei = (int)(0xffffffffu - (uint32_t)x);
+        if (lane < k) selw[lane] = sg[ei], sel[lane] = ei;
+        __syncwarp();
+        float wsum = 0.0f;
+        for (int i = 0; i < k; i++) wsum += selw[i]; // selection order, as the warp router's rounds
+        w = lane < k ? selw[lane] : 0.0f;
+        if (renorm) w /= wsum + 1e-20f;
+        w *= scale;
+        if (lane < k) experts[t * k + lane] = ei, weights[t * k + lane] = w;
+    }
+    if (!ROUTE) return;
+    __syncthreads(); // sel
+    if (e < E) {
+        int rank = 0, chosen = 0;
+        for (int i = 0; i < k; i++) rank += sel[i] < e, chosen |= sel[i] == e;
+        r.counts[e] = chosen;
+        r.offsets[e] = rank;
+        r.cursor[e] = rank + chosen; // after the scatter's increments
+    }
+    if (wid == 0 && lane < k) { // pair `lane`: its expert's rank among the chosen is its permuted row
+        int pos = 0;
+        for (int i = 0; i < k; i++) pos += sel[i] < ei;
+        r.active[pos] = ei;
+        r.tiles[2 * pos] = ei, r.tiles[2 * pos + 1] = pos; // one row per expert: one tile, one group each
+        r.groups[2 * pos] = ei, r.groups[2 * pos + 1] = pos;
+        r.gdone[pos] = 0;
+        r.row_token[pos] = 0;
+        r.row_weight[pos] = w;
+        r.pair_row[lane] = pos;
+    }
+    if (e == 0) route_one_tail(r, E, k, shared);
+}
+
 // candidates per lane: the smallest instantiated C with 32 C >= E (256 experts: 8; 896: 28), 0 above 1024
 static int warp_cols(int E) {
     static const int cs[] = {2, 4, 8, 16, 28, 32};
@@ -405,7 +504,9 @@ static int warp_cols(int E) {
         if (32 * cs[i] >= E) return cs[i];
     return 0;
 }
-// LUNAR_ROUTER=block: the block router (the A/B of session 7); =flat: the warp router rescanning all
+// Unset: the sorting router where it applies (router_sort), else the warp router as =warp.
+// LUNAR_ROUTER=warp: the warp router (the default until session 20; grouped, rolled as below);
+// =block: the block router (the A/B of session 7); =flat: the warp router rescanning all
 // of the winner's candidates each round (session 7-10's, for A/B); =unrolled: the grouped warp router
 // with its sigmoids and permutation columns unrolled (session 11's); anything else: the warp router
 // with groups of candidates from 16 a lane and, from 16 a lane too, those two loops rolled (ROLL),
@@ -417,7 +518,8 @@ static int router_mode(void) { // 0 warp, grouped, rolled; 1 block; 2 warp, flat
         g_router_mode = e && strcmp(e, "block") == 0      ? 1
                         : e && strcmp(e, "flat") == 0     ? 2
                         : e && strcmp(e, "unrolled") == 0 ? 3
-                                                          : 0;
+                        : e && strcmp(e, "warp") == 0     ? 0
+                                                          : 4;
     }
     return g_router_mode;
 }
@@ -427,6 +529,20 @@ extern "C" int lunar_cuda_router_mode(int mode) {
     return prev;
 }
 static int router_block(void) { return router_mode() == 1; }
+// The sorting router where it applies (mode 4, the default): up to kSortMaxRows tokens. Above, the warp
+// router's one warp a token does less work in all (a prefill's 8K tokens: ~5 K instructions a token
+// against ~8 K for the sort's 28 warps at K3's 896 experts, by count; not measured).
+constexpr int kSortMaxRows = 256;
+static bool router_sort(int n, int E, int k, int n_group) {
+    return router_mode() == 4 && n <= kSortMaxRows && E <= kSortMaxE && k <= kSortMaxK && n_group <= 1;
+}
+template <bool ROUTE>
+static void sort_launch(int n, int32_t *experts, float *weights, const float *logits, const float *bias, int E,
+                        int k, int renorm, float scale, int shared, const lunar_cuda_moe_route &r, cudaStream_t st) {
+    launch_pdl(router_sort_kernel<ROUTE>, dim3(n), dim3(32 * ((E + 31) / 32)), 0, st, experts, weights, logits, bias,
+               E, k, renorm, scale, shared, r);
+    CUDA_CHECK_LAUNCH();
+}
 
 // groups of a lane's C candidates (groups_take): 4 from 16 candidates, else 1 (the full rescan)
 static constexpr int router_groups(int C) { return C >= 16 ? 4 : 1; }
@@ -440,7 +556,8 @@ static void warp_launch(int C, int n, int32_t *experts, float *weights, const fl
     const size_t smem1 = (size_t)wpb * E * sizeof(float) * (n_group > 1 ? 2 : 1), smem_roll = smem1 + wpb * E * 4;
     // rolled from 16 candidates a lane (E > 256), where it was measured (K3.1's 896: -1.9 / -2.6 % TPOT, session
     // 12); Kimi-Linear's 256 (C = 8, 2.1 K against 2.5 K instructions) keeps the unrolled kernel, not measured
-    const bool flat = router_mode() == 2, roll = router_mode() == 0 && C >= 16 && smem_roll <= 40 * 1024;
+    const bool flat = router_mode() == 2, roll = (router_mode() == 0 || router_mode() == 4) && C >= 16 &&
+                                                    smem_roll <= 40 * 1024;
     const size_t smem = roll ? smem_roll : smem1;
 #define RW_LAUNCH(CC, GG, RR)                                                                                     \
     launch_pdl(router_warp_kernel<ROUTE, CC, GG, RR>, grid, block, smem, st, experts, weights, logits, bias, n, E, \
@@ -470,6 +587,10 @@ extern "C" void lunar_cuda_router_topk(int32_t *experts, float *weights, const f
     if (n <= 0) return;
     lunar_cuda_moe_route none;
     memset(&none, 0, sizeof none);
+    if (router_sort(n, E, k, n_group)) {
+        sort_launch<false>(n, experts, weights, logits, bias, E, k, renorm, scale, 0, none, to_stream(s));
+        return;
+    }
     const int C = warp_cols(E);
     if (C && k <= 64 && !router_block()) {
         warp_launch<false>(C, n, experts, weights, logits, bias, E, k, n_group, topk_group, renorm, scale, 0, none,
@@ -489,6 +610,11 @@ extern "C" void lunar_cuda_moe_route_one(lunar_cuda_moe_route *r, const float *l
     CUDA_REQUIRE(r->n == 1 && E >= 1 && E <= 4096 && k >= 1 && k <= E && k <= 64 && E % n_group == 0 &&
                  n_group <= 64);
     if (n_group > 1) CUDA_REQUIRE(topk_group >= 1 && topk_group <= n_group && k <= topk_group * (E / n_group));
+    if (router_sort(1, E, k, n_group)) {
+        sort_launch<true>(1, r->experts, r->weights, logits, bias, E, k, renorm, scale, shared != 0, *r,
+                          to_stream(s));
+        return;
+    }
     const int C = warp_cols(E);
     if (C && !router_block()) {
         warp_launch<true>(C, 1, r->experts, r->weights, logits, bias, E, k, n_group, topk_group, renorm, scale,
