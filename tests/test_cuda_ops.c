@@ -76,7 +76,7 @@ TEST(cuda_matmul_bf16_vs_cpu) {
      * many; the rest cuBLASLt */
     static const int shapes[][3] = {{1, 4096, 2304}, {64, 2304, 4096}, {33, 1000, 64}, {7, 129, 200},
                                     {8, 300, 2304}, {3, 256, 9216}, {2, 9000, 512}, {4, 520, 1024},
-                                    {4, 3, 40}, {5, 3, 40}}; /* odd ones last */
+                                    {1, 1036, 512}, {2, 12, 4096}, {4, 3, 40}, {5, 3, 40}}; /* odd ones last */
     for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
         size_t mark = lunar_cuda_mark();
@@ -107,7 +107,39 @@ TEST(cuda_matmul_bf16_vs_cpu) {
                 float *y2 = dt ? down_bf16(dy2, (long)n * out) : down_f32(dy2, (long)n * out);
                 CHECK_MSG(memcmp(y2, y, (size_t)n * out * sizeof *y) == 0, "%s: fp32-x kernel differs from bf16-x", what);
                 CHECK(guards_ok(&o2));
+                if (!dt) /* the epilogue: P += (x W^T + A), the separate adds' bits (with A and without) */
+                    for (int with_add = 0; with_add < 2; with_add++) {
+                        float *p0 = test_rand((long)n * out, 30 + s, -2, 2), *a = test_rand((long)n * out, 40 + s, -1, 1);
+                        guarded o3;
+                        float *dp = guarded_new(&o3, (size_t)n * out * 4);
+                        lunar_cuda_upload(dp, p0, (size_t)n * out * 4);
+                        CHECK(lunar_cuda_matmul_f32x_into(dp, dxf, dw, n, out, in,
+                                                          with_add ? dev_in(a, (size_t)n * out * 4) : NULL, NULL) == 0);
+                        float *p = down_f32(dp, (long)n * out);
+                        long bad = 0;
+                        for (long i = 0; i < (long)n * out; i++) {
+                            float t = y2[i];
+                            if (with_add) t = t + a[i];
+                            const float want = p0[i] + t;
+                            bad += memcmp(&want, &p[i], sizeof want) != 0;
+                        }
+                        CHECK_MSG(bad == 0, "%s: into (add %d): %ld of %d outputs differ from the separate adds", what,
+                                  with_add, bad, n * out);
+                        CHECK(guards_ok(&o3));
+                        free(p0), free(a), free(p);
+                    }
                 free(y2);
+            }
+            /* bf16 x through the skinny kernel at any out: the same bits as lunar_cuda_matmul's */
+            guarded o4;
+            void *dy4 = guarded_new(&o4, (size_t)n * out * (dt ? 2 : 4));
+            const int took4 = lunar_cuda_matmul_bf16x(dy4, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
+            CHECK(took4 == took);
+            if (took4 == 0) {
+                float *y4 = dt ? down_bf16(dy4, (long)n * out) : down_f32(dy4, (long)n * out);
+                CHECK_MSG(memcmp(y4, y, (size_t)n * out * sizeof *y) == 0, "%s: bf16x entry differs", what);
+                CHECK(guards_ok(&o4));
+                free(y4);
             }
             free(xr), free(y);
         }

@@ -237,6 +237,11 @@ static void mm_b(float *y, const uint16_t *xb, const dmat *W, int n, lunar_cuda_
         mm_fp8(y, xb, LUNAR_CUDA_BF16, W, n, st);
         return;
     }
+    /* the skinny kernel takes any out (the K3.1 TP8 slice's KDA input projection has 12 beta rows at
+     * the end, so out % 8 == 4: it went through the generic glue kernel), cuBLASLt's path out % 8 == 0 */
+    if (!glue_gemm_only() && W->in % 8 == 0 &&
+        lunar_cuda_matmul_bf16x(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, st) == 0)
+        return;
     if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0)
         lunar_cuda_matmul(y, LUNAR_CUDA_F32, xb, W->p, n, W->out, W->in, st);
     else
@@ -250,8 +255,8 @@ static void mm(float *y, const float *x, const dmat *W, int n) {
         mm_fp8(y, x, LUNAR_CUDA_F32, W, n, NULL);
         return;
     }
-    /* decode rows: the skinny kernel rounds x itself (one launch instead of two) */
-    if (!glue_gemm_only() && W->in % 8 == 0 && W->out % 8 == 0 &&
+    /* decode rows: the skinny kernel rounds x itself (one launch instead of two), at any out */
+    if (!glue_gemm_only() && W->in % 8 == 0 &&
         lunar_cuda_matmul_f32x(y, LUNAR_CUDA_F32, x, W->p, n, W->out, W->in, NULL) == 0)
         return;
     size_t mk = lunar_cuda_mark();
@@ -261,6 +266,15 @@ static void mm(float *y, const float *x, const dmat *W, int n) {
     lunar_cuda_release(mk); /* stream-ordered: later allocations are used after this launch */
 }
 
+/* into[n, W.out] += x . W^T (+ add, or NULL) in the skinny kernel's epilogue, where it takes the shape
+ * (decode rows): the bits of mm into t, t += add, into += t (lunar_cuda_matmul_f32x_into), one launch
+ * instead of three. Returns 1 where it ran, else 0 with nothing launched (the caller runs mm and the
+ * adds). into = NULL: 0. */
+static int mm_into(float *into, const float *x, const dmat *W, int n, const float *add) {
+    if (!into || n <= 0 || W->s8 || glue_gemm_only() || W->in % 8) return 0;
+    return lunar_cuda_matmul_f32x_into(into, x, W->p, n, W->out, W->in, add, NULL) == 0;
+}
+
 /* a bf16 copy of x [n] in a new arena buffer */
 static const uint16_t *bf16_copy(const float *x, size_t n) {
     uint16_t *b = lunar_cuda_fwd_alloc(n * 2);
@@ -268,9 +282,10 @@ static const uint16_t *bf16_copy(const float *x, size_t n) {
     return b;
 }
 
-static void glu(const lunar_config *c, float *y, const float *x, const dmat *gate, const dmat *up,
-                const dmat *down, int n) {
-    if (n <= 0) return;
+/* into (or NULL): as mm_into for the down projection; returns 1 where it took the output (y unwritten) */
+static int glu(const lunar_config *c, float *y, const float *x, const dmat *gate, const dmat *up,
+               const dmat *down, int n, float *into) {
+    if (n <= 0) return 0;
     size_t mk = lunar_cuda_mark();
     const int I = gate->out;
     float *a = fd((size_t)n * I), *b = fd((size_t)n * I);
@@ -280,8 +295,10 @@ static void glu(const lunar_config *c, float *y, const float *x, const dmat *gat
         lunar_cuda_situ_mul(a, LUNAR_CUDA_F32, a, b, (int64_t)n * I, c->situ_beta, c->situ_linear_beta, NULL);
     else
         lunar_cuda_silu_mul(a, LUNAR_CUDA_F32, a, b, (int64_t)n * I, NULL);
-    mm(y, a, down, n);
+    const int done = mm_into(into, a, down, n, NULL);
+    if (!done) mm(y, a, down, n);
     lunar_cuda_release(mk);
+    return done;
 }
 
 static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, then the gate pass */
@@ -290,8 +307,9 @@ static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, t
     return v;
 }
 
-static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
-                      const uint16_t *hb_in, float *out, int mode, int prefill_mode) {
+/* into (or NULL): the output added into it where mm_into takes o_proj (returns 1, out unwritten) */
+static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
+                     const uint16_t *hb_in, float *out, float *into, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
@@ -474,6 +492,7 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(low, hb, &w->ga, n, NULL);
         mm(pre, low, &w->gb, n);
     }
+    int done = 0;
     if (!dec && n >= 64) {
         /* prefill rows: the norm writes o_proj's bf16 operand itself (the same rounding as mm's
          * conversion, one pass over [n, H dk] fp32 fewer) */
@@ -482,10 +501,12 @@ static void kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, in
         mm_b(out, ob, &w->o, n, NULL);
     } else {
         if (!fused) lunar_cuda_rmsnorm_gated(o, LUNAR_CUDA_F32, o, pre, w->o_norm, n * H, dk, c->rms_norm_eps, NULL);
-        mm(out, o, &w->o, n);
+        done = mm_into(into, o, &w->o, n, NULL);
+        if (!done) mm(out, o, &w->o, n);
     }
     cp_end(LUNAR_PROF_KDA_OUT, t0);
     lunar_cuda_release(mk);
+    return done;
 }
 
 /* a matrix fused into `whole` (up_cat): whether it is one of its slices, and its outputs within
@@ -498,8 +519,9 @@ static float *cat_out(float *y, const dmat *whole, const dmat *part) {
     return y + (part->p - whole->p) / whole->in;
 }
 
-static void mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *b, int ki,
-                      const float *h, const uint16_t *hb_in, float *out) {
+/* into: as kda_layer's */
+static int mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *b, int ki,
+                     const float *h, const uint16_t *hb_in, float *out, float *into) {
     const lunar_config *c = &gm->m->cfg;
     const int nh = c->num_attention_heads, N = c->qk_nope_head_dim, P = c->qk_rope_head_dim,
               Vd = c->v_head_dim, R = c->kv_lora_rank, qk = N + P, n = b->T, row = R + P;
@@ -655,9 +677,11 @@ out_proj:
         if (!y1) mm_b(gate, hb, &w->mg, n, NULL);
         lunar_glue_sigmoid_mul(o, gate, (size_t)n * nh * Vd, NULL);
     }
-    mm(out, o, &w->mo, n);
+    const int done = mm_into(into, o, &w->mo, n, NULL);
+    if (!done) mm(out, o, &w->mo, n);
     cp_end(LUNAR_PROF_MLA_OUT, t0);
     lunar_cuda_release(mk);
+    return done;
 }
 
 /* MoE: router + top-k on the device; the (token, slot) pairs are grouped per expert on the host
@@ -711,7 +735,7 @@ static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dla
         const int me = eoff[e + 1] - eoff[e];
         if (!me || !w->w1[e].p) continue; /* TP hook: under EP another rank holds the expert */
         lunar_glue_gather(xin, z, dtok + eoff[e], me, De, NULL);
-        glu(c, xout, xin, &w->w1[e], &w->w3[e], &w->w2[e], me);
+        glu(c, xout, xin, &w->w1[e], &w->w3[e], &w->w2[e], me, NULL);
         lunar_glue_scatter_add(acc, xout, dtok + eoff[e], dtw + eoff[e], me, De, NULL);
     }
     cp_end(LUNAR_PROF_EXPERTS, t0);
@@ -730,7 +754,7 @@ static void moe_generic(const lunar_model *mdl, const lunar_config *c, const dla
     if (w->sg.p) {
         t0 = cp_begin();
         float *sh = fd((size_t)n * D);
-        glu(c, sh, h, &w->sg, &w->su, &w->sd, n);
+        glu(c, sh, h, &w->sg, &w->su, &w->sd, n, NULL);
         lunar_glue_add(out, sh, (size_t)n * D, NULL);
         cp_end(LUNAR_PROF_SHARED, t0);
     }
@@ -756,9 +780,11 @@ typedef struct {
     const uint16_t *w;
 } moe_fold;
 
-/* returns 1 where `fold` ran (out unwritten), else 0 */
+/* returns 1 where `fold` ran (out unwritten); 2 where the layer's output was added into `into` (or
+ * NULL: not asked; AttnRes' partial sum, one rank) by the latent up-projection's epilogue, the shared
+ * experts' output with it (out unwritten); else 0 */
 static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
-                     const uint16_t *hb_in, int n, float *out, const moe_fold *fold) {
+                     const uint16_t *hb_in, int n, float *out, const moe_fold *fold, float *into) {
     const int D = c->hidden_size, E = c->num_experts, k = c->num_experts_per_token;
     const int Lat = c->routed_expert_hidden_size, De = Lat ? Lat : D, I = w->mx.I;
     size_t mk = lunar_cuda_mark();
@@ -769,6 +795,8 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
         hb = b;
     }
     float *sh = NULL;
+    int into_done = 0;
+    LUNAR_ASSERT(!into || (!fold && !g->m->tp));
     double t0 = cp_begin();
     /* batch 1 with the shared expert as a routed row (w->mx.s1, issue 9): the router GEMM alone,
      * no side stream; the decode kernels read the shared weights as expert E */
@@ -816,12 +844,19 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     const uint16_t *zb = hb;
     if (Lat) {
         t0 = cp_begin();
-        float *z = fd((size_t)n * Lat);
-        mm_b(z, hb, &w->ldown, n, NULL);
         uint16_t *z16 = lunar_cuda_fwd_alloc((size_t)n * Lat * 2);
-        lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
+        /* decode rows: the skinny kernel stores z in bf16 itself (the copy's round-to-nearest, the same
+         * bits, one launch fewer); else the fp32 product and the copy */
+        if (w->ldown.s8 || glue_gemm_only() || w->ldown.in % 8 ||
+            lunar_cuda_matmul_bf16x(z16, LUNAR_CUDA_BF16, hb, w->ldown.p, n, Lat, w->ldown.in, NULL) != 0) {
+            float *z = fd((size_t)n * Lat);
+            mm_b(z, hb, &w->ldown, n, NULL);
+            lunar_cuda_f32_to_bf16_on(z16, z, (size_t)n * Lat, NULL);
+        }
         zb = z16;
-        r.settled = 1; /* the route's kernels ran two launches before the experts (ldown, the bf16 copy) */
+        /* the route's kernels ran at least two launches before the experts (ldown, and the bf16 copy
+         * where there is one) */
+        r.settled = 1;
         cp_end(LUNAR_PROF_LATENT, t0);
     }
     t0 = cp_begin();
@@ -867,55 +902,66 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
             float *cols = fd((size_t)n * g->m->tp->lat_n + 1);
             lunar_cuda_tp_latent_cols(g->m, cols, acc, n, Lat);
             mm(out, cols, &w->lup, n);
-        } else
-            mm(out, acc, &w->lup, n);
+        } else {
+            /* into: the shared experts' output joins in the epilogue, so the join comes first */
+            if (into && sh && !join) lunar_cuda_stream_wait(NULL, g->ev_shared);
+            into_done = mm_into(into, acc, &w->lup, n, sh && !join ? sh : NULL);
+            if (!into_done) mm(out, acc, &w->lup, n);
+        }
         cp_end(LUNAR_PROF_LATENT, t0);
     }
-    if (sh && !join) {
+    if (sh && !join && !into_done) {
         lunar_cuda_stream_wait(NULL, g->ev_shared);
         lunar_glue_add(out, sh, (size_t)n * D, NULL);
     }
     lunar_cuda_release(mk); /* stream-ordered after the join above */
-    return folded;
+    return into_done ? 2 : folded;
 }
 
 /* the fused path, where it exists, reads h's bf16 copy hb (or makes one where hb is NULL) */
 static int moe_fused_on(const lunar_cuda_model *g, const dlayer *w) { return g->fused_moe && w->fused_ok; }
 static int moe_layer(const lunar_cuda_model *g, const lunar_config *c, const dlayer *w, const float *h,
-                     const uint16_t *hb, int n, float *out, const moe_fold *fold) {
-    if (moe_fused_on(g, w)) return moe_fused(g, c, w, h, hb, n, out, fold);
+                     const uint16_t *hb, int n, float *out, const moe_fold *fold, float *into) {
+    if (moe_fused_on(g, w)) return moe_fused(g, c, w, h, hb, n, out, fold, into);
     moe_generic(g->m, c, w, h, n, out);
     return 0;
 }
 
-/* hb: h's bf16 copy where the caller's norm made one (else NULL: the layer makes it if it needs it) */
-static void attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, const uint16_t *hb,
-                      float *y) {
+/* hb: h's bf16 copy where the caller's norm made one (else NULL: the layer makes it if it needs it).
+ * into (or NULL; one rank only): where the output projection's epilogue can add the output into it,
+ * it does and returns 1 (y unwritten); else 0 (y written). */
+static int attention(const lunar_cuda_model *g, const dstep *b, int l, const float *h, const uint16_t *hb,
+                     float *y, float *into) {
     const lunar_config *c = &g->m->cfg;
     const int heads = c->attn_kind[l] == LUNAR_ATTN_KDA ? c->kda_num_heads : c->num_attention_heads;
+    LUNAR_ASSERT(!into || !g->m->tp);
+    int done = 0;
     if (heads == 0) /* TP hook: a rank may hold no head of a small model; it adds zeros */
         lunar_cuda_fill_u32(y, 0, (size_t)b->T * c->hidden_size);
     else if (c->attn_kind[l] == LUNAR_ATTN_KDA)
-        kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, hb, y, g->kda_decode, g->kda_prefill);
+        done = kda_layer(c, &g->L[l], b, g->m->kind_index[l], h, hb, y, into, g->kda_decode, g->kda_prefill);
     else
-        mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, hb, y);
+        done = mla_layer(g, &g->L[l], b, g->m->kind_index[l], h, hb, y, into);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)b->T * c->hidden_size); /* TP hook: o_proj */
+    return done;
 }
 
 /* fold (or NULL): the norm after the residual add, for the MoE to fold its combine into (not under
  * TP: the sum across ranks comes between); returns 1 where it did (y unwritten, x and fold's h, hb
- * written) */
+ * written). into (or NULL; one rank only, no fold): as attention's; returns 2 where it took the
+ * output (y unwritten). */
 static int ffn(const lunar_cuda_model *g, int l, const float *h, const uint16_t *hb, int n, float *y,
-               const moe_fold *fold) {
+               const moe_fold *fold, float *into) {
     const lunar_config *c = &g->m->cfg;
     const dlayer *w = &g->L[l];
     int folded = 0;
+    LUNAR_ASSERT(!into || (!fold && !g->m->tp));
     if (c->ffn_kind[l] == LUNAR_FFN_DENSE) {
         const double t0 = cp_begin();
-        glu(c, y, h, &w->gate, &w->up, &w->down, n);
+        folded = glu(c, y, h, &w->gate, &w->up, &w->down, n, into) ? 2 : 0;
         cp_end(LUNAR_PROF_SHARED, t0);
     } else
-        folded = moe_layer(g, c, w, h, hb, n, y, g->m->tp ? NULL : fold);
+        folded = moe_layer(g, c, w, h, hb, n, y, g->m->tp ? NULL : fold, into);
     if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, y, (size_t)n * c->hidden_size); /* TP hook: down projections */
     return folded;
 }
@@ -960,7 +1006,7 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
             lunar_cuda_add_rmsnorm(h, LUNAR_CUDA_F32, x, y, w->attn_norm, n, D, c->rms_norm_eps, NULL);
         cp_end(LUNAR_PROF_NORM, t0);
         step_ev(l, 0);
-        attention(g, b, l, h, attn_b16 && l > 0 ? hb : NULL, y);
+        attention(g, b, l, h, attn_b16 && l > 0 ? hb : NULL, y, NULL);
         step_ev(l, 1);
         t0 = cp_begin();
         const int b16 = hb && !g->fuse_off && c->ffn_kind[l] != LUNAR_FFN_DENSE && moe_fused_on(g, w);
@@ -972,7 +1018,7 @@ static void run_residual(const lunar_cuda_model *g, const dstep *b, float *x, in
         const int last = l + 1 == c->num_hidden_layers;
         const moe_fold fold = {x, last ? hout : attn_b16 ? h_opt : h, last || !attn_b16 ? NULL : hb,
                                last ? g->final_norm : g->L[l + 1].attn_norm};
-        folded = ffn(g, l, h, b16 ? hb : NULL, n, y, cnorm ? &fold : NULL);
+        folded = ffn(g, l, h, b16 ? hb : NULL, n, y, cnorm ? &fold : NULL, NULL);
         /* a statistic for the tests (the model is the upload's heap object; the step only takes it const) */
         ((lunar_cuda_model *)g)->combine_norm_folds += folded;
     }
@@ -1016,18 +1062,20 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float
     const float *const *tab = b->ares_tab;
     float *h = fd(nD), *y = fd(nD);
     int nb = 0, live = 1; /* banked blocks; whether slot nb holds a partial sum (x at first) */
+    const int tp = g->m->tp != NULL; /* under TP the ranks' sum comes between the product and the add */
     for (int l = 0; l < L; l++) {
         const dlayer *w = &g->L[l];
         mix(h, tab, nb + 1, w->ares_u, w->attn_norm_f, n, D, eps);
         if (l % bs == 0) nb++, live = 0;
         LUNAR_ASSERT(nb < b->ares_n);
         float *P = b->ares_bank + (size_t)nb * nD;
-        attention(g, b, l, h, NULL, live ? y : P);
-        if (live) lunar_glue_add(P, y, nD, NULL);
+        /* P += the sub-layer's output in its last GEMM's epilogue where it can (decode rows, one rank:
+         * the add's launch fewer), else through y and an add */
+        if (!attention(g, b, l, h, NULL, live ? y : P, live && !tp ? P : NULL) && live)
+            lunar_glue_add(P, y, nD, NULL);
         live = 1;
         mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
-        ffn(g, l, h, NULL, n, y, NULL);
-        lunar_glue_add(P, y, nD, NULL);
+        if (ffn(g, l, h, NULL, n, y, NULL, tp ? NULL : P) != 2) lunar_glue_add(P, y, nD, NULL);
     }
     mix(hout, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);
 }

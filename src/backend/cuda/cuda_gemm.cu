@@ -92,10 +92,22 @@ constexpr int kGvRows = 4, kGvWarps = 8;
 /* matrices above this many elements stay on cuBLASLt (lm_head: 99 % of the bandwidth at n = 1) */
 constexpr long long kGvMaxElems = 64ll << 20;
 
-/* U: the loads of W a warp has in flight (the unroll of its stream) */
-template <int NR, int U, typename TY, typename TX>
-__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
-                                                            int in, int split, uint32_t pf) {
+/* The epilogue of output i (lunar_cuda_matmul_f32x_into): v = the product, plus add[i] where add is
+ * given, then added to y[i] where acc is set: the statements of the unfused sequence (the product
+ * stored, then glue adds y2 += add, y += y2, each one fp32 addition), so the same bits */
+template <typename TY> __device__ __forceinline__ void gv_epilogue(TY *y, size_t i, float v, const float *add, int acc) {
+    if (add) v += add[i];
+    if (acc) v += (float)y[i];
+    gv_store(y + i, v);
+}
+
+/* U: the loads of W a warp has in flight (the unroll of its stream). EP: the epilogue's add and accum
+ * (gv_epilogue) read: gemv_ep_kernel, a kernel of its own so that the plain instances keep their code
+ * (the fp32-x one went from 32 to 36 registers with the epilogue as run-time arguments, past the 8
+ * blocks a SM it is sized for; bounded to 8 blocks, the epilogue's instance fits 32 without spills) */
+template <int NR, int U, typename TY, typename TX, bool EP>
+__device__ __forceinline__ void gemv_body(TY *y, const TX *x, const uint16_t *W, int out, int in, int split,
+                                          uint32_t pf, const float *add, int accum) {
     __shared__ float red[kGvWarps][NR];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, per_block = kGvWarps / split;
     const int o = blockIdx.x * per_block + warp / split, part = warp % split, n8 = in / 8;
@@ -124,7 +136,10 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
     if (split == 1) {
         if (lane == 0 && o < out)
 #pragma unroll
-            for (int r = 0; r < NR; r++) gv_store(y + (size_t)r * out + o, acc[r]);
+            for (int r = 0; r < NR; r++) {
+                if (EP) gv_epilogue(y, (size_t)r * out + o, acc[r], add, accum);
+                else gv_store(y + (size_t)r * out + o, acc[r]);
+            }
         return;
     }
     if (lane == 0)
@@ -136,8 +151,20 @@ __global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x,
         const int oo = blockIdx.x * per_block + ob;
         float v = 0.f;
         for (int w = 0; w < split; w++) v += red[ob * split + w][r];
-        if (oo < out) gv_store(y + (size_t)r * out + oo, v);
+        if (oo < out && EP) gv_epilogue(y, (size_t)r * out + oo, v, add, accum);
+        else if (oo < out) gv_store(y + (size_t)r * out + oo, v);
     }
+}
+template <int NR, int U, typename TY, typename TX>
+__global__ void __launch_bounds__(kGvWarps * 32) gemv_kernel(TY *y, const TX *x, const uint16_t *W, int out,
+                                                            int in, int split, uint32_t pf) {
+    gemv_body<NR, U, TY, TX, false>(y, x, W, out, in, split, pf, NULL, 0);
+}
+template <int NR, int U, typename TY, typename TX>
+__global__ void __launch_bounds__(kGvWarps * 32, 8) gemv_ep_kernel(TY *y, const TX *x, const uint16_t *W, int out,
+                                                                  int in, int split, uint32_t pf, const float *add,
+                                                                  int accum) {
+    gemv_body<NR, U, TY, TX, true>(y, x, W, out, in, split, pf, add, accum);
 }
 
 /* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
@@ -161,7 +188,8 @@ template <typename K> static int gemv_wave_blocks(K k) {
 }
 
 template <typename TY, typename TX>
-static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st) {
+static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
+                        const float *add = NULL, int accum = 0) {
     /* split: warps sharing one output. Deep: as many as keep the grid within one wave of resident
      * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
      * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. */
@@ -187,15 +215,19 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     }
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
-    switch (n * 2 + deep) {
-#define GV_CASE(R)                                                                                              \
-    case 2 * R:                                                                                                 \
-        launch_pdl(gemv_kernel<R, 4, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
-        break;                                                                                                  \
-    case 2 * R + 1:                                                                                             \
-        launch_pdl(gemv_kernel<R, 8, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
+    const bool ep = add || accum;
+    switch (n * 4 + deep * 2 + ep) {
+#define GV_CASE(R, U)                                                                                              \
+    case 4 * R + (U == 8) * 2:                                                                                     \
+        launch_pdl(gemv_kernel<R, U, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, pf); \
+        break;                                                                                                     \
+    case 4 * R + (U == 8) * 2 + 1:                                                                                 \
+        launch_pdl(gemv_ep_kernel<R, U, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split, \
+                   pf, add, accum);                                                                                \
         break;
-        GV_CASE(1) GV_CASE(2) GV_CASE(3) GV_CASE(4)
+#define GV_CASES(R) GV_CASE(R, 4) GV_CASE(R, 8)
+        GV_CASES(1) GV_CASES(2) GV_CASES(3) GV_CASES(4)
+#undef GV_CASES
 #undef GV_CASE
     }
     CUDA_CHECK_LAUNCH();
@@ -211,6 +243,25 @@ static bool gemv_wanted(const void *x, const void *W, int n, int out, int in) {
 
 extern "C" int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n,
                                       int out, int in, lunar_cuda_stream s) {
+    CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
+    if (n == 0) return 0;
+    if (!gemv_wanted(x, W, n, out, in)) return -1;
+    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
+    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
+    return 0;
+}
+
+extern "C" int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint16_t *W, int n, int out, int in,
+                                           const float *add, lunar_cuda_stream s) {
+    CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
+    if (n == 0) return 0;
+    if (!gemv_wanted(x, W, n, out, in)) return -1;
+    gemv_launch(y, x, W, n, out, in, to_stream(s), add, 1);
+    return 0;
+}
+
+extern "C" int lunar_cuda_matmul_bf16x(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n,
+                                       int out, int in, lunar_cuda_stream s) {
     CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
     if (n == 0) return 0;
     if (!gemv_wanted(x, W, n, out, in)) return -1;

@@ -118,6 +118,15 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
  * not 0). Returns -1, launching nothing, elsewhere. */
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
+/* y[n, out] += (x . W^T + add) with add [n, out] or NULL, in the skinny kernel's epilogue (fp32 y): the
+ * bits of lunar_cuda_matmul_f32x into t, then add t += add and y += t as separate fp32 additions, in one
+ * launch. The same shapes as lunar_cuda_matmul_f32x; returns -1, launching nothing, elsewhere. */
+int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint16_t *W, int n, int out, int in,
+                                const float *add, lunar_cuda_stream s);
+/* lunar_cuda_matmul where the skinny kernel takes the shape (as lunar_cuda_matmul_f32x, bf16 x; any
+ * out, where cuBLASLt's path wants out % 8 == 0); returns -1, launching nothing, elsewhere. */
+int lunar_cuda_matmul_bf16x(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n, int out,
+                            int in, lunar_cuda_stream s);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
  * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
