@@ -1,13 +1,16 @@
 /* The fused AttnRes mix + out-norm (cuda_attnres.cu) against op_attnres_mix on random candidates,
- * several shapes (decode and prefill rows, K3's D = 7168 with the 9 candidates of a late layer,
- * odd D, one candidate, the 64 of the largest stack), with and without the out-norm. The output
- * sits between guard words and is poisoned first (NaN), so an unwritten element or a write out of
- * bounds fails. Tolerance 1e-5 of max |ref|: the dot and the sum of squares are accumulated in
- * double as the CPU's; only the running mix m is fp32 (online-softmax rescaling, ~S ulp).
+ * several shapes (decode and prefill rows, K3's D = 7168 with 2..13 candidates at the decode batches
+ * 1, 2, 8, 64, odd D, one candidate, the 64 of the largest stack, the cluster kernel's SMAX = 16
+ * candidates and 17, its fallback), with and without the out-norm, under each kernel choice
+ * (lunar_cuda_attnres_mode: the rule, the block kernel, the cluster kernel where it applies). The
+ * output sits between guard words and is poisoned first (NaN), so an unwritten element or a write out
+ * of bounds fails. Tolerance 1e-5 of max |ref|: the dot and the sum of squares are accumulated in
+ * double as the CPU's; only the scores' rounding to fp32, the softmax and the mix m are fp32 (~S ulp).
  *
  * With LUNAR_NORM_BENCH=1, cuda_attnres_bench times the fused kernel, the generic glue kernel it
  * replaces and RMSNorm against the bandwidth floor (bytes / a device copy's rate, measured in the
- * same run); a benchmark, not a test, skipped otherwise. */
+ * same run), then the block and the cluster kernels at decode rows; a benchmark, not a test, skipped
+ * otherwise. */
 #include "test.h"
 
 #ifndef LUNAR_HAVE_CUDA
@@ -71,47 +74,69 @@ static void cands_free(cands *c, int S) {
     free(c->h), free(c->d), free(c->proj), free(c->norm), free(c->on), free(c->u);
 }
 
+/* one shape under one kernel choice, with and without the out-norm */
+static void attnres_check(const cands *c, int S, int n, int D, int mode) {
+    static const char *mode_name[] = {"rule", "block", "cluster"};
+    const long N = (long)n * D;
+    lunar_tensor P = test_tensor1(LUNAR_DTYPE_F32, D, c->proj), R = test_tensor1(LUNAR_DTYPE_F32, D, c->norm);
+    lunar_tensor O = test_tensor1(LUNAR_DTYPE_F32, D, c->on);
+    const int prev = lunar_cuda_attnres_mode(mode);
+    for (int with_norm = 0; with_norm < 2; with_norm++) {
+        float *ref = test_poisoned(N);
+        op_attnres_mix(ref, (const float *const *)c->h, S, &P, &R, with_norm ? &O : NULL, n, D, 1e-6f);
+        uint32_t *buf = lunar_cuda_alloc(((size_t)N + 2 * GUARD) * 4);
+        LUNAR_ASSERT(buf);
+        lunar_cuda_fill_u32(buf, SENT, (size_t)N + 2 * GUARD);
+        float *dy = (float *)(buf + GUARD);
+        lunar_cuda_attnres_mix(dy, c->dtab, S, c->du, with_norm ? c->don : NULL, n, D, 1e-6f, NULL);
+        lunar_cuda_sync();
+        float *y = test_alloc(N);
+        uint32_t g[2 * GUARD];
+        lunar_cuda_download(y, dy, (size_t)N * 4);
+        lunar_cuda_download(g, buf, GUARD * 4);
+        lunar_cuda_download(g + GUARD, buf + GUARD + N, GUARD * 4);
+        int guards = 1;
+        for (int i = 0; i < 2 * GUARD; i++) guards &= g[i] == SENT;
+        const double e = lunar_max_rel_err(y, ref, N);
+        if (getenv("LUNAR_TEST_VERBOSE"))
+            fprintf(stderr, "\n    attnres %s n=%d S=%d D=%d%s max rel err %.3g (tol 1e-05)", mode_name[mode], n, S, D,
+                    with_norm ? " +norm" : "", e);
+        CHECK_MSG(e <= 1e-5, "attnres %s n=%d S=%d D=%d norm %d: max rel err %.3g", mode_name[mode], n, S, D,
+                  with_norm, e);
+        CHECK_MSG(guards, "attnres %s n=%d S=%d D=%d: a guard word was overwritten", mode_name[mode], n, S, D);
+        free(ref), free(y);
+    }
+    lunar_cuda_attnres_mode(prev);
+    test_tensor_free(&P), test_tensor_free(&R), test_tensor_free(&O);
+}
+
+static void attnres_shape(int n, int S, int D, unsigned seed) {
+    size_t mark = lunar_cuda_mark();
+    cands c;
+    cands_make(&c, S, n, D, seed);
+    for (int mode = LUNAR_ATTNRES_AUTO; mode <= LUNAR_ATTNRES_CLUSTER; mode++) attnres_check(&c, S, n, D, mode);
+    cands_free(&c, S);
+    lunar_cuda_release(mark);
+}
+
 TEST(cuda_attnres_fused_vs_cpu) {
     if (!attnres_cuda_on()) return;
-    static const int shapes[][3] = {/* n, S, D */
-                                    {1, 9, 7168}, {64, 9, 7168}, {37, 3, 2304}, {300, 13, 1000},
-                                    {5, 1, 45},   {2, 64, 8192}, {3, 2, 257}};
-    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int n = shapes[s][0], S = shapes[s][1], D = shapes[s][2];
-        const long N = (long)n * D;
-        size_t mark = lunar_cuda_mark();
-        cands c;
-        cands_make(&c, S, n, D, 500 + 10 * s);
-        lunar_tensor P = test_tensor1(LUNAR_DTYPE_F32, D, c.proj), R = test_tensor1(LUNAR_DTYPE_F32, D, c.norm);
-        lunar_tensor O = test_tensor1(LUNAR_DTYPE_F32, D, c.on);
-        for (int with_norm = 0; with_norm < 2; with_norm++) {
-            float *ref = test_poisoned(N);
-            op_attnres_mix(ref, (const float *const *)c.h, S, &P, &R, with_norm ? &O : NULL, n, D, 1e-6f);
-            uint32_t *buf = lunar_cuda_alloc(((size_t)N + 2 * GUARD) * 4);
-            LUNAR_ASSERT(buf);
-            lunar_cuda_fill_u32(buf, SENT, (size_t)N + 2 * GUARD);
-            float *dy = (float *)(buf + GUARD);
-            lunar_cuda_attnres_mix(dy, c.dtab, S, c.du, with_norm ? c.don : NULL, n, D, 1e-6f, NULL);
-            lunar_cuda_sync();
-            float *y = test_alloc(N);
-            uint32_t g[2 * GUARD];
-            lunar_cuda_download(y, dy, (size_t)N * 4);
-            lunar_cuda_download(g, buf, GUARD * 4);
-            lunar_cuda_download(g + GUARD, buf + GUARD + N, GUARD * 4);
-            int guards = 1;
-            for (int i = 0; i < 2 * GUARD; i++) guards &= g[i] == SENT;
-            const double e = lunar_max_rel_err(y, ref, N);
-            if (getenv("LUNAR_TEST_VERBOSE"))
-                fprintf(stderr, "\n    attnres n=%d S=%d D=%d%s max rel err %.3g (tol 1e-05)", n, S, D,
-                        with_norm ? " +norm" : "", e);
-            CHECK_MSG(e <= 1e-5, "attnres n=%d S=%d D=%d norm %d: max rel err %.3g", n, S, D, with_norm, e);
-            CHECK_MSG(guards, "attnres n=%d S=%d D=%d: a guard word was overwritten", n, S, D);
-            free(ref), free(y);
-        }
-        test_tensor_free(&P), test_tensor_free(&R), test_tensor_free(&O);
-        cands_free(&c, S);
-        lunar_cuda_release(mark);
-    }
+    /* n, S, D: decode and prefill rows; odd D (the cluster kernel's partial slices and lanes past D:
+     * 45 and 257 fewer CTAs than 8, 1000 and 2049 8 CTAs with a short last one, 1 one column);
+     * S = 16 the cluster kernel's SMAX at n = 3, 17 its fallback to the block kernel, 64 the largest stack */
+    static const int shapes[][3] = {{1, 9, 7168},  {64, 9, 7168},  {37, 3, 2304}, {300, 13, 1000}, {5, 1, 45},
+                                    {2, 64, 8192}, {3, 2, 257},    {3, 16, 7168}, {3, 17, 7168},   {4, 7, 2049},
+                                    {2, 13, 4097}, {1, 5, 1},      {8, 16, 8192}};
+    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        attnres_shape(shapes[s][0], shapes[s][1], shapes[s][2], 500 + 10 * s);
+}
+
+/* K3's decode shapes: D = 7168, 2..13 candidates (the stack grows through the layers), n = 1, 2, 8, 64 */
+TEST(cuda_attnres_decode_vs_cpu) {
+    if (!attnres_cuda_on()) return;
+    static const int rows[] = {1, 2, 8, 64};
+    for (unsigned r = 0; r < sizeof rows / sizeof rows[0]; r++)
+        for (int S = 2; S <= 13; S++) attnres_shape(rows[r], S, 7168, 700 + 20 * r + (unsigned)S);
 }
 
 /* ---------------------------------------------------------------- benchmark (LUNAR_NORM_BENCH=1) */
@@ -154,7 +179,7 @@ TEST(cuda_attnres_bench) {
             }
             lunar_cuda_event_record(e1, NULL);
             const double us = time_ms(e0, e1) * 1e3 / reps, by = which < 2 ? mix_bytes : norm_bytes;
-            static const char *names[] = {"AttnRes mix + norm, fused (S=9)", "AttnRes mix + norm, glue (S=9)",
+            static const char *names[] = {"AttnRes mix + norm, fused, the rule's kernel (S=9)", "AttnRes mix + norm, glue (S=9)",
                                           "RMSNorm fp32 -> bf16"};
             printf("| %s | %d | %.1f | %.0f | %.1f | %.0f%% |\n", names[which], n, us, by / (us * 1e-6) / 1e9,
                    by / bw * 1e6, 100.0 * (by / bw * 1e6) / us);
@@ -162,6 +187,33 @@ TEST(cuda_attnres_bench) {
         cands_free(&c, S);
         lunar_cuda_release(mark);
     }
+    /* the two kernels at decode rows (LUNAR_ATTNRES=block / =cluster's choices; the rule's threshold
+     * is read from this table) */
+    printf("\n| AttnRes mix + norm, D = 7168 | rows | S | block us | cluster us | floor_us |\n|---|---|---|---|---|---|\n");
+    static const int drows[] = {1, 8, 16, 32, 64}, dS[] = {9, 13};
+    for (unsigned k = 0; k < sizeof drows / sizeof drows[0]; k++)
+        for (unsigned q = 0; q < sizeof dS / sizeof dS[0]; q++) {
+            const int n = drows[k], D = 7168, S = dS[q];
+            mark = lunar_cuda_mark();
+            cands c;
+            cands_make(&c, S, n, D, 950 + 10 * k + q);
+            float *y = lunar_cuda_alloc((size_t)n * D * 4);
+            double us[2];
+            for (int which = 0; which < 2; which++) {
+                const int prev = lunar_cuda_attnres_mode(which ? LUNAR_ATTNRES_CLUSTER : LUNAR_ATTNRES_BLOCK);
+                for (int r = 0; r < 2 + reps; r++) {
+                    if (r == 2) lunar_cuda_event_record(e0, NULL);
+                    lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
+                }
+                lunar_cuda_event_record(e1, NULL);
+                us[which] = time_ms(e0, e1) * 1e3 / reps;
+                lunar_cuda_attnres_mode(prev);
+            }
+            const double by = (double)(S + 1) * n * D * 4;
+            printf("| | %d | %d | %.1f | %.1f | %.1f |\n", n, S, us[0], us[1], by / bw * 1e6);
+            cands_free(&c, S);
+            lunar_cuda_release(mark);
+        }
     printf("floor: bytes / %.0f GB/s (a 1 GiB device copy in the same run)\n", bw / 1e9);
     lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
 }

@@ -184,6 +184,11 @@ void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids,
 int lunar_cuda_attnres_supported(int D);
 void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on, int n,
                             int D, float eps, lunar_cuda_stream s);
+/* The AttnRes kernel's choice (tests, A/B; LUNAR_ATTNRES=block|cluster sets it at start): AUTO the
+ * rule (cuda_attnres.cu: the cluster kernel for decode rows), BLOCK the one-block kernel always,
+ * CLUSTER the cluster kernel wherever it applies (S <= 16). mode < 0: no change. Returns the previous. */
+enum { LUNAR_ATTNRES_AUTO = 0, LUNAR_ATTNRES_BLOCK = 1, LUNAR_ATTNRES_CLUSTER = 2 };
+int lunar_cuda_attnres_mode(int mode);
 
 /* op_rmsnorm / op_rmsnorm_gated / op_l2norm. x, gate fp32; w bf16 [dim] (NULL: no weight, rmsnorm
  * only). Sum of squares in fp32 (tree order). y may alias x when ydt is F32. */
