@@ -88,7 +88,12 @@ static void attnres_check(const cands *c, int S, int n, int D, int mode) {
         LUNAR_ASSERT(buf);
         lunar_cuda_fill_u32(buf, SENT, (size_t)N + 2 * GUARD);
         float *dy = (float *)(buf + GUARD);
-        lunar_cuda_attnres_mix(dy, c->dtab, S, c->du, with_norm ? c->don : NULL, n, D, 1e-6f, NULL);
+        /* the bf16 copy (with the norm only; without, none is asked for): guarded and poisoned too */
+        uint16_t *bbuf = lunar_cuda_alloc(((size_t)N + 2 * GUARD) * 2 + 4);
+        LUNAR_ASSERT(bbuf);
+        lunar_cuda_fill_u32(bbuf, SENT, ((size_t)N + 2 * GUARD) / 2 + 1);
+        uint16_t *db = with_norm ? bbuf + GUARD : NULL;
+        lunar_cuda_attnres_mix(dy, db, c->dtab, S, c->du, with_norm ? c->don : NULL, n, D, 1e-6f, NULL);
         lunar_cuda_sync();
         float *y = test_alloc(N);
         uint32_t g[2 * GUARD];
@@ -97,6 +102,16 @@ static void attnres_check(const cands *c, int S, int n, int D, int mode) {
         lunar_cuda_download(g + GUARD, buf + GUARD + N, GUARD * 4);
         int guards = 1;
         for (int i = 0; i < 2 * GUARD; i++) guards &= g[i] == SENT;
+        if (db) { /* exactly y's bf16 rounding, and nothing written around it */
+            uint16_t *hb = malloc(((size_t)N + 2 * GUARD) * 2);
+            lunar_cuda_download(hb, bbuf, ((size_t)N + 2 * GUARD) * 2);
+            long bad = 0;
+            for (long i = 0; i < N; i++) bad += hb[GUARD + i] != lunar_f32_to_bf16(y[i]);
+            for (int i = 0; i < GUARD; i++) bad += hb[i] != 0x7fc1 || hb[GUARD + N + i] != 0x7fc1;
+            CHECK_MSG(bad == 0, "attnres %s n=%d S=%d D=%d: %ld bf16 copy elements or guards wrong", mode_name[mode], n,
+                      S, D, bad);
+            free(hb);
+        }
         const double e = lunar_max_rel_err(y, ref, N);
         if (getenv("LUNAR_TEST_VERBOSE"))
             fprintf(stderr, "\n    attnres %s n=%d S=%d D=%d%s max rel err %.3g (tol 1e-05)", mode_name[mode], n, S, D,
@@ -173,7 +188,7 @@ TEST(cuda_attnres_bench) {
         for (int which = 0; which < 3; which++) {
             for (int r = 0; r < 2 + reps; r++) {
                 if (r == 2) lunar_cuda_event_record(e0, NULL);
-                if (which == 0) lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
+                if (which == 0) lunar_cuda_attnres_mix(y, NULL, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
                 else if (which == 1) lunar_glue_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
                 else lunar_cuda_rmsnorm(yb, LUNAR_CUDA_BF16, c.d[0], wb, n, D, 1e-6f, NULL);
             }
@@ -203,7 +218,7 @@ TEST(cuda_attnres_bench) {
                 const int prev = lunar_cuda_attnres_mode(which ? LUNAR_ATTNRES_CLUSTER : LUNAR_ATTNRES_BLOCK);
                 for (int r = 0; r < 2 + reps; r++) {
                     if (r == 2) lunar_cuda_event_record(e0, NULL);
-                    lunar_cuda_attnres_mix(y, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
+                    lunar_cuda_attnres_mix(y, NULL, c.dtab, S, c.du, c.don, n, D, 1e-6f, NULL);
                 }
                 lunar_cuda_event_record(e1, NULL);
                 us[which] = time_ms(e0, e1) * 1e3 / reps;

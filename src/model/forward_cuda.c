@@ -1042,13 +1042,16 @@ static int ares_slots(const lunar_config *c) {
     return bs > 0 ? (c->num_hidden_layers + bs - 1) / bs + 1 : 0;
 }
 
-static void mix(float *out, const float *const *tab, int S, const float *u, const float *on, int n, int D,
-                float eps) {
+/* outb: out's bf16 copy too (the layer's GEMM operand, which the layer would otherwise make) */
+static void mix(float *out, uint16_t *outb, const float *const *tab, int S, const float *u, const float *on, int n,
+                int D, float eps) {
     const double t0 = cp_begin();
-    if (lunar_cuda_attnres_supported(D)) /* one pass over the candidates (cuda_attnres.cu) */
-        lunar_cuda_attnres_mix(out, tab, S, u, on, n, D, eps, NULL);
-    else
+    if (lunar_cuda_attnres_supported(D)) { /* one pass over the candidates (cuda_attnres.cu) */
+        lunar_cuda_attnres_mix(out, outb, tab, S, u, on, n, D, eps, NULL);
+    } else {
         lunar_glue_attnres_mix(out, tab, S, u, on, n, D, eps, NULL);
+        if (outb) lunar_cuda_f32_to_bf16(outb, out, (size_t)n * D);
+    }
     cp_end(LUNAR_PROF_NORM, t0);
 }
 
@@ -1061,23 +1064,24 @@ static void run_attn_res(const lunar_cuda_model *g, const dstep *b, int n, float
     const float eps = c->rms_norm_eps;
     const float *const *tab = b->ares_tab;
     float *h = fd(nD), *y = fd(nD);
+    uint16_t *hb = lunar_cuda_fwd_alloc(nD * 2); /* h's bf16 copy, written by the mix */
     int nb = 0, live = 1; /* banked blocks; whether slot nb holds a partial sum (x at first) */
     const int tp = g->m->tp != NULL; /* under TP the ranks' sum comes between the product and the add */
     for (int l = 0; l < L; l++) {
         const dlayer *w = &g->L[l];
-        mix(h, tab, nb + 1, w->ares_u, w->attn_norm_f, n, D, eps);
+        mix(h, hb, tab, nb + 1, w->ares_u, w->attn_norm_f, n, D, eps);
         if (l % bs == 0) nb++, live = 0;
         LUNAR_ASSERT(nb < b->ares_n);
         float *P = b->ares_bank + (size_t)nb * nD;
         /* P += the sub-layer's output in its last GEMM's epilogue where it can (decode rows, one rank:
          * the add's launch fewer), else through y and an add */
-        if (!attention(g, b, l, h, NULL, live ? y : P, live && !tp ? P : NULL) && live)
+        if (!attention(g, b, l, h, hb, live ? y : P, live && !tp ? P : NULL) && live)
             lunar_glue_add(P, y, nD, NULL);
         live = 1;
-        mix(h, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
-        if (ffn(g, l, h, NULL, n, y, NULL, tp ? NULL : P) != 2) lunar_glue_add(P, y, nD, NULL);
+        mix(h, hb, tab, nb + 1, w->mres_u, w->ffn_norm_f, n, D, eps);
+        if (ffn(g, l, h, hb, n, y, NULL, tp ? NULL : P) != 2) lunar_glue_add(P, y, nD, NULL);
     }
-    mix(hout, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);
+    mix(hout, NULL, tab, nb + 1, g->out_u, g->final_norm_f, n, D, eps);
 }
 
 int lunar_forward_batch_cuda(const lunar_cuda_model *g, lunar_cuda_caches *c,

@@ -23,6 +23,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// the bits lunar_cuda_f32_to_bf16 stores for v (round to nearest even)
+__device__ __forceinline__ uint16_t bf16_bits_rn(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+
 // sum over the block of (a, b); every thread gets the totals. red: 2 x 8 doubles.
 __device__ __forceinline__ void block_sum2(double &a, double &b, double *red) {
     for (int o = 16; o; o >>= 1) {
@@ -39,8 +42,8 @@ __device__ __forceinline__ void block_sum2(double &a, double &b, double *red) {
 }
 
 template <int EPT>
-__global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, const float *const *src, int S,
-                                                           const float *u, const float *on, int D, float eps) {
+__global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, uint16_t *outb, const float *const *src,
+                                                           int S, const float *u, const float *on, int D, float eps) {
     __shared__ double red[16];
     pdl_enter();
     const size_t t = blockIdx.x;
@@ -98,7 +101,9 @@ __global__ void __launch_bounds__(kThreads) attnres_kernel(float *out, const flo
 #pragma unroll
     for (int j = 0; j < EPT; j++) {
         const int d = threadIdx.x + j * kThreads;
-        if (d < D) o[d] = on ? m[j] * scale * ov[j] : m[j];
+        const float v = on ? m[j] * scale * ov[j] : m[j];
+        if (d < D) o[d] = v;
+        if (d < D && outb) outb[t * D + d] = bf16_bits_rn(v);
     }
 }
 
@@ -213,8 +218,8 @@ __device__ __forceinline__ double warp_sum_scores(const float (&x)[SM][kClEpt], 
 // 64 for the slices, up to 32 for the doubles in flight); SM <= 8 under 128, two CTAs an SM.
 template <int SM>
 __global__ void __launch_bounds__(kThreads, SM <= 8 ? 2 : 1)
-    attnres_cl_kernel(float *out, const float *const *src, int S, const float *u, const float *on, int D, int C,
-                      int L, double inv_d, float eps) {
+    attnres_cl_kernel(float *out, uint16_t *outb, const float *const *src, int S, const float *u, const float *on,
+                      int D, int C, int L, double inv_d, float eps) {
     constexpr int P = 2 * SM, NW = kThreads / 32;
     // wred: each warp's P sums; part: this CTA's P sums (read by the whole cluster); wss: each warp's
     // out-norm sum of squares (read by the whole cluster); wsm: the softmax weights; scl: the norm
@@ -310,8 +315,11 @@ __global__ void __launch_bounds__(kThreads, SM <= 8 ? 2 : 1)
     cl_arrive(); // this CTA's remote reads are over (warp 0 used their values before the barrier above)
     float *o = out + t * D;
 #pragma unroll
-    for (int k = 0; k < kClEpt; k++)
-        if (CL_OK(k)) o[d0 + k * kThreads] = on ? m[k] * scale * ov[k] : m[k];
+    for (int k = 0; k < kClEpt; k++) {
+        const float v = on ? m[k] * scale * ov[k] : m[k];
+        if (CL_OK(k)) o[d0 + k * kThreads] = v;
+        if (CL_OK(k) && outb) outb[t * D + d0 + k * kThreads] = bf16_bits_rn(v);
+    }
     cl_wait(); // no CTA leaves while another may still read its shared memory
 #undef CL_OK
 }
@@ -347,8 +355,8 @@ extern "C" int lunar_cuda_attnres_mode(int mode) {
 
 // the cluster dimension and, PDL on, the programmatic serialization (launch_pdl sets only the latter)
 template <int SM>
-static void launch_cl(float *out, const float *const *src, int S, const float *u, const float *on, int n, int D,
-                      float eps, cudaStream_t st) {
+static void launch_cl(float *out, uint16_t *outb, const float *const *src, int S, const float *u, const float *on,
+                      int n, int D, float eps, cudaStream_t st) {
     const int C = D < kClMaxCtas * kThreads ? (D + kThreads - 1) / kThreads : kClMaxCtas;
     const int L = ((D + C - 1) / C + 31) / 32 * 32; // <= 1024 = kThreads x kClEpt since D <= 8192
     cudaLaunchConfig_t cfg = {};
@@ -361,11 +369,11 @@ static void launch_cl(float *out, const float *const *src, int S, const float *u
     at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     at[1].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = at, cfg.numAttrs = lunar_cuda_pdl_on() ? 2 : 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attnres_cl_kernel<SM>, out, src, S, u, on, D, C, L, 1.0 / D, eps));
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, attnres_cl_kernel<SM>, out, outb, src, S, u, on, D, C, L, 1.0 / D, eps));
 }
 
-extern "C" void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on,
-                                       int n, int D, float eps, lunar_cuda_stream s) {
+extern "C" void lunar_cuda_attnres_mix(float *out, uint16_t *outb, const float *const *src, int S, const float *u,
+                                       const float *on, int n, int D, float eps, lunar_cuda_stream s) {
     CUDA_REQUIRE(S >= 1 && lunar_cuda_attnres_supported(D));
     if (n <= 0) return;
     const cudaStream_t st = to_stream(s);
@@ -373,16 +381,16 @@ extern "C" void lunar_cuda_attnres_mix(float *out, const float *const *src, int 
     static_assert(kClMaxCtas * kThreads * kClEpt >= 32 * kThreads, "a cluster covers every supported D");
     if (S <= kClSmax && n <= 65535 &&
         (mode == LUNAR_ATTNRES_CLUSTER || (mode == LUNAR_ATTNRES_AUTO && n <= kClRows))) {
-        if (S <= 4) launch_cl<4>(out, src, S, u, on, n, D, eps, st);
-        else if (S <= 8) launch_cl<8>(out, src, S, u, on, n, D, eps, st);
-        else launch_cl<16>(out, src, S, u, on, n, D, eps, st);
+        if (S <= 4) launch_cl<4>(out, outb, src, S, u, on, n, D, eps, st);
+        else if (S <= 8) launch_cl<8>(out, outb, src, S, u, on, n, D, eps, st);
+        else launch_cl<16>(out, outb, src, S, u, on, n, D, eps, st);
         CUDA_CHECK_LAUNCH();
         return;
     }
     const int ept = (D + kThreads - 1) / kThreads;
-    if (ept <= 4) launch_pdl(attnres_kernel<4>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-    else if (ept <= 8) launch_pdl(attnres_kernel<8>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-    else if (ept <= 16) launch_pdl(attnres_kernel<16>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
-    else launch_pdl(attnres_kernel<32>, dim3(n), dim3(kThreads), 0, st, out, src, S, u, on, D, eps);
+    if (ept <= 4) launch_pdl(attnres_kernel<4>, dim3(n), dim3(kThreads), 0, st, out, outb, src, S, u, on, D, eps);
+    else if (ept <= 8) launch_pdl(attnres_kernel<8>, dim3(n), dim3(kThreads), 0, st, out, outb, src, S, u, on, D, eps);
+    else if (ept <= 16) launch_pdl(attnres_kernel<16>, dim3(n), dim3(kThreads), 0, st, out, outb, src, S, u, on, D, eps);
+    else launch_pdl(attnres_kernel<32>, dim3(n), dim3(kThreads), 0, st, out, outb, src, S, u, on, D, eps);
     CUDA_CHECK_LAUNCH();
 }

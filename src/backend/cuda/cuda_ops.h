@@ -179,11 +179,12 @@ void lunar_cuda_embedding_range(float *y, const uint16_t *E, const int32_t *ids,
 
 /* op_attnres_mix fused with its out-norm, one pass over the candidates (cuda_attnres.cu): src
  * device array of S device pointers, each [n, D] fp32; u = proj * norm folded, fp32 [D]; on fp32
- * [D] or NULL (no out-norm); out [n, D] fp32 (not aliasing a candidate). D <= 8192
- * (lunar_cuda_attnres_supported). */
+ * [D] or NULL (no out-norm); out [n, D] fp32 (not aliasing a candidate); outb [n, D] bf16 or NULL:
+ * out's values rounded to nearest, the copy lunar_cuda_f32_to_bf16 would make (the next layer's GEMM
+ * operand, one launch fewer). D <= 8192 (lunar_cuda_attnres_supported). */
 int lunar_cuda_attnres_supported(int D);
-void lunar_cuda_attnres_mix(float *out, const float *const *src, int S, const float *u, const float *on, int n,
-                            int D, float eps, lunar_cuda_stream s);
+void lunar_cuda_attnres_mix(float *out, uint16_t *outb, const float *const *src, int S, const float *u,
+                            const float *on, int n, int D, float eps, lunar_cuda_stream s);
 /* The AttnRes kernel's choice (tests, A/B; LUNAR_ATTNRES=block|cluster sets it at start): AUTO the
  * rule (cuda_attnres.cu: the cluster kernel for decode rows), BLOCK the one-block kernel always,
  * CLUSTER the cluster kernel wherever it applies (S <= 16). mode < 0: no change. Returns the previous. */
