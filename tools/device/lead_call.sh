@@ -8,7 +8,8 @@
 #     lunar_tests filters, each "filter[:ENV=v,ENV=v]"), F16AB_V (the one-token MXFP4 pair, LUNAR_MOE_BENCH_V),
 #     MLA_AB (bench_mla fp8ab variants, device timing), KLAB / K31AB / K31FAB (switch sets for the Kimi-Linear-48B
 #     B = 1, the K3.1 slice B = 1 (K31AB_LAYERS layers, default 10) and the full K3.1 layer shape B = 1 (K31F_LAYERS layers, default 4, projected to
-#     93: the only one-GPU config with K3.1's whole expert matrices) TPOT, ROUNDS (or AB_ROUNDS) rounds alternating with the default)
+#     93: the only one-GPU config with K3.1's whole expert matrices) TPOT, ROUNDS (or AB_ROUNDS) rounds alternating with the default;
+#     a variant's LUNAR_BIN=path runs that lunar binary: an older build against this one in the same rounds)
 #  3. (K31_TABLE=1) the K3.1 slice's rows of issue 9's table (K31_LAYERS layers) without the session;
 #     (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py),
 #     (NCU_K31=1) the same for one K3.1 TP8 slice B = 1 step (10 layers, 8K context)
@@ -48,7 +49,10 @@ ab() {  # ab NAME "command" "variants"
   for r in $(seq 1 "${AB_ROUNDS:-${ROUNDS:-3}}"); do
     local order=$vs; [ $((r % 2)) = 0 ] && order=$(echo $vs | tr ' ' '\n' | tac | tr '\n' ' ')
     for v in $order; do
-      env $(echo "${v#*:}" | tr ',' ' ') timeout ${AB_T:-60} $cmd > $OUT/${name}_${v%%:*}_$r.log 2>&1
+      # a variant's LUNAR_BIN=path runs that lunar binary instead of the pack's (an older build, same command)
+      local c=$cmd b=$(echo "${v#*:}" | tr ',' '\n' | sed -n 's/^LUNAR_BIN=//p')
+      [ -n "$b" ] && c=${cmd/$P\/bin\/lunar/$b}
+      env $(echo "${v#*:}" | tr ',' ' ') timeout ${AB_T:-60} $c > $OUT/${name}_${v%%:*}_$r.log 2>&1
       echo "rc=$? $name ${v%%:*} r$r $(tpot $OUT/${name}_${v%%:*}_$r.log)" >> $T
     done
   done
