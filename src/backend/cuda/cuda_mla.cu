@@ -689,45 +689,57 @@ template <bool FP8, bool CL> __global__ void __launch_bounds__(kThreads, 1) deco
 
 // o[row, h] = sum_s 2^(lse_s - M) O_s / sum_s 2^(lse_s - M) (0 when no split saw a position), like
 // mla_merge_kernel but with the split weights computed once per block into shared memory and the
-// partial loads unconditional and unrolled, so that batch 1 at long context (one block per head,
-// 100+ splits) is not a chain of dependent L2 round trips. Every split wrote finite O (0 when it
-// saw nothing), so a zero weight needs no branch.
-__global__ void __launch_bounds__(128) merge_kernel(float *o, const float *o_part, const float *lse, int RH,
-                                                    int splits, float out_scale) {
+// partial loads unconditional, so that batch 1 at long context (one block per head, 100+ splits) is
+// not a chain of dependent L2 round trips. Every split wrote finite O (0 when it saw nothing), so a
+// zero weight needs no branch. kMergeThreads threads, one output dim each: its kMergeBatch splits'
+// loads issued together, then summed in split order (the sparse rows' 64 splits at batch 1: 2 rounds
+// of L2 latency, not the 8 of 128 threads a float4 each, ~14 us a merge in the K3.1 step, ncu); the
+// weights and their sum by the first 128 threads as before. The same fp32 operations in the same
+// order for every output: the same bits as the 128-thread form (session 20).
+constexpr int kMergeThreads = kR, kMergeBatch = 32;
+__global__ void __launch_bounds__(kMergeThreads) merge_kernel(float *o, const float *o_part, const float *lse, int RH,
+                                                              int splits, float out_scale) {
     extern __shared__ float wsm[]; // [splits]
     __shared__ float red[4];
     pdl_enter();
     const int rh = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    float M = -INFINITY;
-    for (int s = threadIdx.x; s < splits; s += 128) M = fmaxf(M, lse[(size_t)s * RH + rh]);
+    float M = -INFINITY, sum = 0.0f;
+    if (warp < 4) {
+        for (int s = threadIdx.x; s < splits; s += 128) M = fmaxf(M, lse[(size_t)s * RH + rh]);
 #pragma unroll
-    for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
-    if (lane == 0) red[warp] = M;
+        for (int k = 16; k; k >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, k));
+        if (lane == 0) red[warp] = M;
+    }
     __syncthreads();
     M = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
     __syncthreads();
-    float sum = 0.0f;
-    for (int s = threadIdx.x; s < splits; s += 128) {
-        const float l = lse[(size_t)s * RH + rh];
-        const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
-        wsm[s] = w;
-        sum += w;
-    }
+    if (warp < 4) {
+        for (int s = threadIdx.x; s < splits; s += 128) {
+            const float l = lse[(size_t)s * RH + rh];
+            const float w = M == -INFINITY || l == -INFINITY ? 0.0f : exp2f(l - M);
+            wsm[s] = w;
+            sum += w;
+        }
 #pragma unroll
-    for (int k = 16; k; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
-    if (lane == 0) red[warp] = sum;
+        for (int k = 16; k; k >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, k);
+        if (lane == 0) red[warp] = sum;
+    }
     __syncthreads();
     sum = (red[0] + red[1]) + (red[2] + red[3]);
-    const int d = threadIdx.x * 4;
-    float4 acc = make_float4(0, 0, 0, 0);
-#pragma unroll 8
-    for (int s = 0; s < splits; s++) {
-        const float w = wsm[s];
-        const float4 v = *reinterpret_cast<const float4 *>(o_part + ((size_t)s * RH + rh) * kR + d);
-        acc.x += w * v.x, acc.y += w * v.y, acc.z += w * v.z, acc.w += w * v.w;
+    const int d = threadIdx.x;
+    const float *src = o_part + (size_t)rh * kR + d;
+    const size_t step = (size_t)RH * kR;
+    float acc = 0.0f;
+    for (int s0 = 0; s0 < splits; s0 += kMergeBatch) {
+        float v[kMergeBatch];
+#pragma unroll
+        for (int j = 0; j < kMergeBatch; j++) v[j] = s0 + j < splits ? src[(size_t)(s0 + j) * step] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < kMergeBatch; j++)
+            if (s0 + j < splits) acc += wsm[s0 + j] * v[j];
     }
     const float f = sum > 0.0f ? out_scale / sum : 0.0f;
-    *reinterpret_cast<float4 *>(o + (size_t)rh * kR + d) = make_float4(acc.x * f, acc.y * f, acc.z * f, acc.w * f);
+    o[(size_t)rh * kR + d] = acc * f;
 }
 
 } // namespace dec
@@ -920,7 +932,7 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
         else launch<false, false>(a, p, s);
     }
     if (p.splits > 1) {
-        launch_pdl(merge_kernel, dim3(rows * H), dim3(kR / 4), p.splits * sizeof(float), s, o, a.o_part, a.lse_part,
+        launch_pdl(merge_kernel, dim3(rows * H), dim3(kMergeThreads), p.splits * sizeof(float), s, o, a.o_part, a.lse_part,
                    rows * H, p.splits, a.out_scale);
         CUDA_CHECK_LAUNCH();
     }
@@ -961,7 +973,7 @@ void run(float *o, const float *q_lat, const float *q_pe, const lunar_cuda_mla_c
     if (p.splits > 1 && min_per < 256) {
         // many short splits: the merge that computes the split weights once per (row, head) in
         // shared memory, not once per output dim pair and split twice
-        launch_pdl(dec::merge_kernel, dim3(rows * H), dim3(kR / 4), p.splits * sizeof(float), s, o, a.o_part,
+        launch_pdl(dec::merge_kernel, dim3(rows * H), dim3(dec::kMergeThreads), p.splits * sizeof(float), s, o, a.o_part,
                    a.lse_part, rows * H, p.splits, a.out_scale);
         CUDA_CHECK_LAUNCH();
     } else if (p.splits > 1) {
@@ -1011,7 +1023,7 @@ int lunar_mla_sm_count(void) {
 
 void lunar_mla_merge_splits(float *o, const float *o_part, const float *lse, int RH, int splits, float out_scale,
                             cudaStream_t s) {
-    launch_pdl(dec::merge_kernel, dim3(RH), dim3(kR / 4), splits * sizeof(float), s, o, o_part, lse, RH, splits,
+    launch_pdl(dec::merge_kernel, dim3(RH), dim3(dec::kMergeThreads), splits * sizeof(float), s, o, o_part, lse, RH, splits,
                out_scale);
     CUDA_CHECK_LAUNCH();
 }
