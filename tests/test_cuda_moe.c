@@ -1185,6 +1185,21 @@ static void combine_norm_case(int n, int k, int D, int shared, int bf16_rows, in
             free(gx3h);
             free(b1), free(b2);
         }
+        /* x = NULL (K3's latent norm): the combine into a buffer, then lunar_cuda_rmsnorm of it in place */
+        {
+            float *a4 = dalloc((size_t)n * D * 4);
+            guarded g4;
+            float *h4 = guarded_new(&g4, (size_t)n * D * 4);
+            if (bf16_rows) lunar_cuda_moe_combine_add_b(a4, dyb, &r, D, dadd, NULL);
+            else lunar_cuda_moe_combine_add(a4, dy, &r, D, dadd, NULL);
+            lunar_cuda_rmsnorm(a4, LUNAR_CUDA_F32, a4, dw, n, D, eps, NULL);
+            const int rc4 = lunar_cuda_moe_combine_add_rmsnorm(h4, NULL, NULL, dy, dyb, &r, dadd, dw, D, eps, NULL);
+            CHECK_MSG(rc4 == 0, "%s (x NULL): returned %d", what, rc4);
+            float *ga4 = dl_f32(a4, (long)n * D), *gh4 = dl_f32(h4, (long)n * D);
+            CHECK_MSG(memcmp(ga4, gh4, (size_t)n * D * 4) == 0, "%s (x NULL): differs from combine + rmsnorm", what);
+            CHECK_MSG(guards_ok(&g4), "%s (x NULL): stores out of bounds", what);
+            free(ga4), free(gh4);
+        }
         /* the CPU: the combine's order, then x + sum, then the norm in double */
         float *cx = test_alloc((long)n * D), *ch = test_alloc((long)n * D);
         for (int t = 0; t < n; t++) {
@@ -1220,6 +1235,8 @@ TEST(cuda_moe_combine_add_rmsnorm_vs_cpu) {
                     combine_norm_case(ns[a], ks[b], Ds[d], m & 1, m >> 1, (a + m) & 1);
     combine_norm_case(1, 9, 2304, 0, 0, 1); /* batch 1's shared expert as a routed row: k + 1 rows */
     combine_norm_case(5, 3, 8192, 1, 0, 1); /* the widest vector norm (8 chunks a thread) */
+    combine_norm_case(1, 16, 3584, 0, 0, 0); /* K3's latent rows at batch 1 (the x = NULL form's use) */
+    combine_norm_case(4, 16, 3584, 0, 1, 0);
     /* where the pair's norm is not the vector kernel: -1, nothing launched */
     const size_t mark = lunar_cuda_mark();
     lunar_cuda_moe_route r;

@@ -889,15 +889,20 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     const int folded = fold && !Lat && !g->fuse_off && (!sh || join) &&
                        lunar_cuda_moe_combine_add_rmsnorm(fold->h, fold->hb, fold->x, ybuf, yb16, &r,
                                                           join ? sh : NULL, fold->w, D, c->rms_norm_eps, NULL) == 0;
-    if (!folded && yb16)
+    /* the latent path on one rank: the combine and routed_expert_norm in one launch (the same bits) */
+    const int lat_norm = !folded && Lat && !g->m->tp && w->lnorm && !g->fuse_off &&
+                         lunar_cuda_moe_combine_add_rmsnorm(acc, NULL, NULL, ybuf, yb16, &r, NULL, w->lnorm, Lat,
+                                                            c->rms_norm_eps, NULL) == 0;
+    if (!folded && !lat_norm && yb16)
         lunar_cuda_moe_combine_add_b(acc, yb16, &r, De, join ? sh : NULL, NULL);
-    else if (!folded)
+    else if (!folded && !lat_norm)
         lunar_cuda_moe_combine_add(acc, ybuf, &r, De, join ? sh : NULL, NULL);
     cp_end(LUNAR_PROF_EXPERTS, t0);
     if (Lat) {
         t0 = cp_begin();
         if (g->m->tp) lunar_cuda_tp_all_reduce(g->m, acc, (size_t)n * Lat); /* TP hook: before the norm */
-        if (w->lnorm) lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
+        if (w->lnorm && !lat_norm)
+            lunar_cuda_rmsnorm(acc, LUNAR_CUDA_F32, acc, w->lnorm, n, Lat, c->rms_norm_eps, NULL);
         if (g->m->tp) { /* TP hook: this rank's column slice of routed_expert_up_proj */
             float *cols = fd((size_t)n * g->m->tp->lat_n + 1);
             lunar_cuda_tp_latent_cols(g->m, cols, acc, n, Lat);

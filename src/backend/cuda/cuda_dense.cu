@@ -168,6 +168,8 @@ static void norm_vec_launch(int V, Y *y, __nv_bfloat16 *yb, float *x, const floa
 // and adds the rows j = 0..k-1, then add, as moe_combine_kernel does (the G-row load groups do
 // not change the order), then x + that sum and norm_vec_tail, as norm_vec_kernel<float, V, true>.
 // pair_row is read by every thread (the same k words: one broadcast load each, no barrier).
+// x = NULL (K3's latent path, session 20): no residual, the sum itself is normed, y = rmsnorm(sum) w:
+// the bits of lunar_cuda_moe_combine_add then lunar_cuda_rmsnorm (the same V, threads and tail).
 template <typename R>
 __device__ __forceinline__ float4 load_row4(const R *p, size_t i);
 template <>
@@ -193,7 +195,7 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS)
 #pragma unroll
     for (int v = 0; v < V; v++) {
         const int i = tid + v * T;
-        a[v] = i < nv ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        a[v] = x && i < nv ? xr[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         b[v] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         c[v] = add && i < nv ? reinterpret_cast<const float4 *>(add + row * dim)[i] : make_float4(0, 0, 0, 0);
     }
@@ -221,6 +223,10 @@ __global__ void __launch_bounds__(NORM_VEC_THREADS)
         const int i = tid + v * T;
         if (i >= nv) continue;
         if (add) b[v].x += c[v].x, b[v].y += c[v].y, b[v].z += c[v].z, b[v].w += c[v].w;
+        if (!x) {
+            a[v] = b[v];
+            continue;
+        }
         a[v].x += b[v].x, a[v].y += b[v].y, a[v].z += b[v].z, a[v].w += b[v].w;
         xr[i] = a[v];
     }

@@ -594,9 +594,10 @@ void lunar_cuda_moe_combine_add_b(float *acc, const uint16_t *ybuf, const lunar_
 /* The combine folded into the residual add + RMSNorm after it: x[t] += sum_j rows[pair_row[t, j]]
  * (+ add[t]), y = rmsnorm(x) w, yb (or NULL) y's bf16 copy (y may be NULL where yb is not, as in
  * lunar_cuda_add_rmsnorm_b); rows: ybuf (fp32) or ybuf_b (bf16), exactly one. Bit-equal to lunar_cuda_moe_combine_add[_b] into a buffer followed by
- * lunar_cuda_add_rmsnorm[_b] from it. Returns -1, launching nothing, where that pair's norm would
- * not be the vector kernel (LUNAR_NORM=block, dim % 4, dim > 8192, misaligned rows): the caller
- * runs the pair. */
+ * lunar_cuda_add_rmsnorm[_b] from it. x = NULL: no residual, y = rmsnorm(sum (+ add)) w, bit-equal to
+ * lunar_cuda_moe_combine_add[_b] into y followed by lunar_cuda_rmsnorm of y (K3's latent norm). Returns
+ * -1, launching nothing, where that pair's norm would not be the vector kernel (LUNAR_NORM=block,
+ * dim % 4, dim > 8192, misaligned rows): the caller runs the pair. */
 int lunar_cuda_moe_combine_add_rmsnorm(float *y, uint16_t *yb, float *x, const float *ybuf, const uint16_t *ybuf_b,
                                        const lunar_cuda_moe_route *r, const float *add, const uint16_t *w, int dim,
                                        float eps, lunar_cuda_stream s);
