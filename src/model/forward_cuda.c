@@ -889,8 +889,13 @@ static int moe_fused(const lunar_cuda_model *g, const lunar_config *c, const dla
     const int folded = fold && !Lat && !g->fuse_off && (!sh || join) &&
                        lunar_cuda_moe_combine_add_rmsnorm(fold->h, fold->hb, fold->x, ybuf, yb16, &r,
                                                           join ? sh : NULL, fold->w, D, c->rms_norm_eps, NULL) == 0;
-    /* the latent path on one rank: the combine and routed_expert_norm in one launch (the same bits) */
-    const int lat_norm = !folded && Lat && !g->m->tp && w->lnorm && !g->fuse_off &&
+    /* LUNAR_MOE_LATENT_NORM=1 (opt-in): on the latent path of one rank the combine and routed_expert_norm
+     * in one launch, the same bits (combine_norm_kernel with x = NULL). At one token one block a row then
+     * loads the k rows over the whole latent (ncu, session 20: 11.5 us a launch against 7.4 for the
+     * combine's many blocks and the norm), so not the default until a device A/B says otherwise */
+    static int lat_fold = -1;
+    if (lat_fold < 0) lat_fold = getenv("LUNAR_MOE_LATENT_NORM") && atoi(getenv("LUNAR_MOE_LATENT_NORM")) > 0;
+    const int lat_norm = lat_fold && !folded && Lat && !g->m->tp && w->lnorm && !g->fuse_off &&
                          lunar_cuda_moe_combine_add_rmsnorm(acc, NULL, NULL, ybuf, yb16, &r, NULL, w->lnorm, Lat,
                                                             c->rms_norm_eps, NULL) == 0;
     if (!folded && !lat_norm && yb16)

@@ -254,7 +254,12 @@ static void combine_norm_launch(int V, float *y, __nv_bfloat16 *yb, float *x, co
             CN_CASE(3, 9);
         }
         CN_CASE(3, 4);
-    case 4: CN_CASE(4, 4);
+    case 4: /* K3's latent rows (3584: V = 4) at decode, k = 16: 2 rounds of loads instead of 4 (ncu, session 20: 11.5
+             * us a launch at G = 4, the separate combine + norm 7.4) */
+        if (n <= 64) {
+            CN_CASE(4, 8);
+        }
+        CN_CASE(4, 4);
     default: CN_CASE(8, 2);
     }
 #undef CN_CASE
