@@ -9,7 +9,8 @@
 #     MLA_AB (bench_mla fp8ab variants, device timing), MLA_SPARSE=1 (bench_mla sparse, device timing), KLAB / K31AB / K31FAB (switch sets for the Kimi-Linear-48B
 #     B = 1, the K3.1 slice B = 1 (K31AB_LAYERS layers, default 10) and the full K3.1 layer shape B = 1 (K31F_LAYERS layers, default 4, projected to
 #     93: the only one-GPU config with K3.1's whole expert matrices) TPOT, ROUNDS (or AB_ROUNDS) rounds alternating with the default;
-#     a variant's LUNAR_BIN=path runs that lunar binary: an older build against this one in the same rounds)
+#     a variant's LUNAR_BIN=path runs that lunar binary: an older build against this one in the same rounds;
+#     KLAB_BATCHES / K31AB_BATCHES: the batch sizes of those A/Bs, default 1)
 #  3. (K31_TABLE=1) the K3.1 slice's rows of issue 9's table (K31_LAYERS layers) without the session;
 #     (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py),
 #     (NCU_K31=1) the same for one K3.1 TP8 slice B = 1 step (10 layers, 8K context)
@@ -63,9 +64,9 @@ ab() {  # ab NAME "command" "variants"
   done
 }
 [ -n "${KLAB:-}" ] && { step "KL48 B = 1 TPOT A/B: $KLAB"
-  ab kl "$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 64" "$KLAB"; }
+  ab kl "$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 --batch-sizes ${KLAB_BATCHES:-1} --contexts 1024 --steps 64" "$KLAB"; }
 [ -n "${K31AB:-}" ] && { step "K3.1 TP8 slice B = 1 TPOT A/B: $K31AB"
-  ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers ${K31AB_LAYERS:-10} --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes 1 --contexts 8192 --steps 64" "$K31AB"; }
+  ab k31 "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers ${K31AB_LAYERS:-10} --project-layers 93 --backend cuda --input-lens 8192 --batch-sizes ${K31AB_BATCHES:-1} --contexts 8192 --steps 64" "$K31AB"; }
 [ -n "${K31FAB:-}" ] && { step "K3.1 full layer shape, ${K31F_LAYERS:=4} layers, B = 1 TPOT A/B: $K31FAB"
   AB_T=120 ab k31f "$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --num-layers $K31F_LAYERS --project-layers 93 --backend cuda --input-lens 1024 --batch-sizes 1 --contexts 1024 --steps 32" "$K31FAB"; }
 [ "${K31_TABLE:-0}" = 1 ] && {  # the K3.1 slice's rows of issue 9's table (session.sh's step 4) without the session
