@@ -187,6 +187,15 @@ template <typename K> static int gemv_wave_blocks(K k) {
     return sms * (per_sm > 0 ? per_sm : 1);
 }
 
+/* LUNAR_GEMV_EP=1 (A/B): every skinny GEMM through gemv_ep_kernel with no epilogue work (the same bits):
+ * its 8-blocks-a-SM bound compiles the fp32-x instance to 32 registers without the plain one's 4-byte
+ * spill; whether that matters in the step is what the switch measures */
+static bool gemv_ep_all(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_GEMV_EP") && atoi(getenv("LUNAR_GEMV_EP")) > 0;
+    return v;
+}
+
 template <typename TY, typename TX>
 static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
                         const float *add = NULL, int accum = 0) {
@@ -215,7 +224,7 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     }
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
-    const bool ep = add || accum;
+    const bool ep = add || accum || gemv_ep_all();
     switch (n * 4 + deep * 2 + ep) {
 #define GV_CASE(R, U)                                                                                              \
     case 4 * R + (U == 8) * 2:                                                                                     \
