@@ -527,16 +527,16 @@ void lunar_mla_wgmma_decode(float *o, const float *q_lat, const float *q_pe, con
         if (st && x9) { // round 10 on: PV in flight past the top wait
             constexpr int kQ = rs::kXQF, kC = rs::kXCvt | rs::kXFtz | rs::kXPv, kM = kQ | rs::kXMrg | kC | rs::kXMt;
             constexpr int kCl = kQ | kC | rs::kXCl, kPw = rs::kXPw;
-            if (trace && x9 == kCl) launch_st<3, true, true, kCl | rs::kXTrace>(a, tm, p, s, lazy); // =s17c
-            else if (x9 == kCl) launch_st<3, true, true, kCl>(a, tm, p, s, lazy);
-            else if (x9 == (kM | kPw)) launch_st<3, true, true, kM | kPw>(a, tm, p, s, lazy); // =s10p
-            else if (x9 == (kC | kPw)) launch_st<3, true, true, kC | kPw>(a, tm, p, s, lazy);
-            else if (trace && x9 == kM) launch_st<3, true, true, kM | rs::kXTrace>(a, tm, p, s, lazy);
-            else if (x9 == kM) launch_st<3, true, true, kM>(a, tm, p, s, lazy); // the default where the merge fits
-            else launch_st<3, true, true, kC>(a, tm, p, s, lazy);                // the default elsewhere
+            if (trace && x9 == kCl) launch_st<kCl | rs::kXTrace>(a, tm, p, s, lazy); // =s17c
+            else if (x9 == kCl) launch_st<kCl>(a, tm, p, s, lazy);
+            else if (x9 == (kM | kPw)) launch_st<kM | kPw>(a, tm, p, s, lazy); // =s10p
+            else if (x9 == (kC | kPw)) launch_st<kC | kPw>(a, tm, p, s, lazy);
+            else if (trace && x9 == kM) launch_st<kM | rs::kXTrace>(a, tm, p, s, lazy);
+            else if (x9 == kM) launch_st<kM>(a, tm, p, s, lazy); // the default where the merge fits
+            else launch_st<kC>(a, tm, p, s, lazy);               // the default elsewhere
             merged = (x9 & (rs::kXMrg | rs::kXCl)) != 0;
         } else if (st) {
-            launch_st<3, true, true>(a, tm, p, s, lazy); // =stlp
+            launch_st<0>(a, tm, p, s, lazy); // =stlp
         } else {
             launch_rs(a, tm, p, s);
         }

@@ -170,9 +170,9 @@ __device__ __forceinline__ void write_out(const Args &a, const float (&o)[128], 
 // The families' launchers: grid (hb, splits, rows) of kThreads threads
 // cuda_mla_wgmma_rs.cu: round 4
 void launch_rs(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s);
-// cuda_mla_wgmma_st.cu: the st kernel with S e4m3 stages, round 7's Lazy / Pipe and the switches X; only the
-// instances the dispatcher names are built there (another one fails the link)
-template <int S, bool Lazy = false, bool Pipe = false, int X = 0>
+// cuda_mla_wgmma_st.cu: the st kernel (round 7's lazy rescale and early wait built in) with the switches X; only
+// the instances the dispatcher names are built there (another one fails the link)
+template <int X>
 void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s, float lazy = 8.0f);
 // lunar_cuda_mla_wgmma_trace (cuda_mla_wgmma_st.cu) set a buffer: the dispatcher may launch the traced instances
 extern bool trace_on;

@@ -59,17 +59,17 @@ namespace {
 constexpr int kStages = 3;
 constexpr int raw_off = 9 * q8::kBox;
 constexpr int p_off = raw_off + kStages * q8::kStage; // NP x [64 heads][64 positions] f16, core-matrix order
-// The layout of a Block: Q (QB boxes), S e4m3 stages, NP P buffers (round 4: one, 200 KB; round 6 on: Q in 5
-// boxes, 3 stages, two P buffers, 178 KB)
-template <int NP, int S = kStages, int QB = 9> struct Lay {
+// The layout of a Block: Q (QB boxes), kStages e4m3 stages, NP P buffers (round 4: one, 200 KB; round 6 on: Q in 5
+// boxes, two P buffers, 178 KB)
+template <int NP, int QB = 9> struct Lay {
     static constexpr int raw_off = QB * q8::kBox;
-    static constexpr int p_off = raw_off + S * q8::kStage;
+    static constexpr int p_off = raw_off + kStages * q8::kStage;
     static constexpr int red_off = p_off + NP * kPBytes; // [2][64] floats
     static constexpr int sq_off = red_off + 2 * 64 * 4;  // [64] the per-head q scale
     static constexpr int al_off = sq_off + 64 * 4;       // [64] the tile's rescale factor per head
     static constexpr int li_off = al_off + 64 * 4;       // [64] the output factor per head
     static constexpr int bar_off = li_off + 64 * 4;
-    static constexpr size_t smem = (size_t)bar_off + S * 8 + 1024;
+    static constexpr size_t smem = (size_t)bar_off + kStages * 8 + 1024;
     static_assert(smem <= 232448, "227 KB of shared memory per block");
     static_assert(raw_off % 1024 == 0 && q8::kStage % 1024 == 0, "stages on the 128-byte swizzle's 1 KB period");
 };
@@ -90,11 +90,10 @@ static_assert(sel(0) == 0xC480u && sel(3) == 0xF7B3u, "prmt selectors");
 // too until session 19). The constructor is their set-up: the block's heads, split and row, this thread's S rows
 // (heads r0, r1) and V dims (D0..), the stage barriers with the first kStages tiles' copies issued, Q quantised into
 // shared memory. NP: the P buffers of the layout.
-// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes, S stages. X: the st kernel's switches (rs::kX*;
+// ST: the round-6 kernel's Q rows (q8_quantise_q<true>) in 5 boxes. X: the st kernel's switches (rs::kX*;
 // kXQF, kXPw and kXTrace act here).
-template <int NP, bool ST = false, int S = kStages, int X = 0> struct Block {
-    using L = Lay<NP, S, ST ? 5 : 9>;
-    static constexpr int kStages = S;
+template <int NP, bool ST = false, int X = 0> struct Block {
+    using L = Lay<NP, ST ? 5 : 9>;
     unsigned char *smem;
     uint32_t sb, bars;
     float *red, *sqs, *alpha, *linv;

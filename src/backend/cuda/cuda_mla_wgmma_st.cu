@@ -40,10 +40,9 @@ __device__ unsigned g_mla_tickets[kTickets];
 //    run in another order (per thread, then across threads at the end), so not round 5's bits.
 //  - Measured (docs/benchmarks.md, "MLA decode, FP8 pages, round 6"): 1.15-1.35x round 5 from 64K rows x
 //    context (H = 32, B = 64, 32K: 463 us, 61 % of the latent-bytes floor, 1.79 us a tile against 2.40).
-//    kS = 4 (Q's 40 KB left room for a fourth e4m3 stage) measured 0.97-1.00x kS = 3: the copies are not
-//    what the tile waits for. (Round 6 as it was, kS = 4, and round 7's halves, Lazy or Pipe alone, were opt-in
-//    until session 19, which removed their instances: `git show 1ff0730`; the kernel keeps the template
-//    parameters.)
+//    4 stages (Q's 40 KB left room for a fourth) measured 0.97-1.00x rs::kStages = 3: the copies are not what
+//    the tile waits for. (Round 6 as it was, 4 stages, and round 7's halves were opt-in until session 19, which
+//    removed their instances (`git show 1ff0730`); session 20 folded the stages, Lazy and Pipe into the kernel.)
 namespace st {
 // S^T of the tile in stage `raw` for one warpgroup: 18 m64n32k32 steps (k-step ks < 16 in box ks / 4 at
 // 32 (ks & 3) bytes, the rope in box 4: the same offset in the tile and in Q), issued and committed, not
@@ -199,7 +198,7 @@ __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scr
 }
 } // namespace st
 
-// Round 7 (Lazy and Pipe, the default since session 11; the instance without switches, =stlp, is the op test's
+// Round 7 (session 11's Lazy and Pipe, in every instance; the instance without switches, =stlp, is the op test's
 // reference for the later rounds' bits):
 //  - Lazy: P is computed against each head's running maximum m as it stands, with no exchange of the tile's
 //    maxima and no warpgroup barrier; a thread whose score passes m + lazy (log2 domain, 8 by default: P <=
@@ -252,18 +251,18 @@ __device__ __forceinline__ void merge_tail(const Args &a, const B &b, float *scr
 // the absorption had finished. kXPw launches it by launch_pdl and runs all of that before griddepcontrol.wait (only
 // q, the absorption's output, after it; Block's constructor says why that is safe). Nothing moves in the bench's
 // isolated calls; the step is the measure.
-// (lazy: the Lazy kernels' threshold, a parameter of its own: a field of Args changes the other kernels' PTX)
+// (lazy: the lazy rescale's threshold, a parameter of its own: a field of Args changes the other kernels' PTX)
 // (X: the switches rs::kX*; 0 = round 7)
-template <int kS, bool Lazy = false, bool Pipe = false, int X = 0>
+template <int X>
 __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, const __grid_constant__ CUtensorMap tm, float lazy) {
     using namespace q8;
-    constexpr int N = 32;
+    constexpr int N = 32, kS = rs::kStages;
     constexpr bool Cvt = (X & rs::kXCvt) != 0, Trace = (X & rs::kXTrace) != 0, Ftz = (X & rs::kXFtz) != 0;
     constexpr bool Pv = (X & rs::kXPv) != 0; // round 10: PV(it - 1) in flight past the top wait
-    static_assert(!Pv || (Lazy && Pipe && Cvt), "round 10 builds on round 7's pipeline; its pad tile on mask_v");
+    static_assert(!Pv || Cvt, "round 10's pad tile relies on mask_v");
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     if constexpr (Trace) trace_stamp(0);
-    const rs::Block<2, true, kS, X> b(a, tm, smem_raw);
+    const rs::Block<2, true, X> b(a, tm, smem_raw);
     if constexpr (Trace) trace_stamp(1);
     using L = typename decltype(b)::L;
     const int w4 = b.warp & 3, wg = b.wg, t = b.t, g = b.g;
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     wgmma_wait<0>();
     if constexpr (Trace) trace_stamp(2);
 
-    // One tile: Ph = 0 every tile of the instances before round 10 (the loop's body as it was); round 10 (Pv) runs
+    // One tile: Ph = 0 every tile of the instances without Pv (the loop's body as it was); round 10 (Pv) runs
     // the tiles in pairs, Ph = 1 the first (everything retired at its start) and Ph = 2 the second, whose PV(it - 1)
     // stays in flight from its top wait to the wait before its V^T fragments; the pair ends with wait_group 0.
     // ptxas follows the wgmma groups only through straight-line code: PV(it - 1) pending across the loop's back
@@ -307,11 +306,11 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
     auto tile = [&](int it, auto ph) {
         constexpr int Ph = decltype(ph)::value;
             const uint32_t raw = b.sb + L::raw_off + (it % kS) * kStage;
-            // Pipe: the tile's one wait is here (S(it) and PV(it - 1) done), not after the softmax: S(it + 1)
+            // (round 7's Pipe) the tile's one wait is here (S(it) and PV(it - 1) done), not after the softmax: S(it + 1)
             // then runs on under the softmax, the V^T fragments, the block barrier, the rescale and the PV issue
             if constexpr (Ph == 2) {
                 wgmma_wait<1>(); // S(it) done; PV(it - 1) runs on (O and the fragments untouched until the second wait)
-            } else if constexpr (Pipe && Ph == 0) {
+            } else if constexpr (Ph == 0) {
                 wgmma_wait<0>();
 #pragma unroll
                 for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
@@ -355,57 +354,28 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                 }
             unsigned char *P = b.smem + L::p_off + (it & 1) * kPBytes + (2 * wg) * kPGroup + (2 * w4) * 128 + 2 * t * 16 + 2 * g;
             float *alpha = b.alpha + (it & 1) * 32;
-            bool moved = false; // Lazy: some maximum of this thread passed its head's m + lazy
-            [[maybe_unused]] float ps[2][2]; // Lazy: the tile's sums per head, added to l after the block barrier
-            if constexpr (Lazy) {
-                // P with the running maxima as they are (no exchange, no warpgroup barrier): exact as long as
-                // every score of a head stays <= m + lazy (P <= 2^lazy, f16 keeps its 11 bits there); the block
-                // barrier below reports whether some score did not, and then the tile is redone with the maxima
-                // exchanged (the first tile always: m = -inf)
+            bool moved = false; // some maximum of this thread passed its head's m + lazy
+            float ps[2][2];     // the tile's sums per head, added to l after the block barrier
+            // P with the running maxima as they are (no exchange, no warpgroup barrier): exact as long as
+            // every score of a head stays <= m + lazy (P <= 2^lazy, f16 keeps its 11 bits there); the block
+            // barrier below reports whether some score did not, and then the tile is redone with the maxima
+            // exchanged (the first tile always: m = -inf)
 #pragma unroll
-                for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        moved |= mx[i][c] > m[i][c] + lazy;
-                        const float e0 = st::exp2_tile<Ftz>(s[i][c] - m[i][c]), e1 = st::exp2_tile<Ftz>(s[i][2 + c] - m[i][c]);
-                        ps[i][c] = e0 + e1;
-                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
-                    }
-            } else {
-                st::wg_max(mx, red, wg, w4, g, t); // the warpgroup's maxima in
-
-                // P (f16) into buffer it & 1 at [head][position] (core-matrix order), the running maxima and sums,
-                // the rescale factors into alpha buffer it & 1 (heads 0..31) for the threads holding those heads' columns
-                float al[2][2];
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float mn = fmaxf(m[i][c], mx[i][c]);
-                        al[i][c] = exp2f(m[i][c] - mn);
-                        m[i][c] = mn;
-                        moved |= al[i][c] != 1.0f;
-                        const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
-                        l[i][c] = l[i][c] * al[i][c] + (e0 + e1);
-                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                        *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
-                    }
-                if (w4 == 0 && g == 0)
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-                        *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
-            }
+                for (int c = 0; c < 2; c++) {
+                    moved |= mx[i][c] > m[i][c] + lazy;
+                    const float e0 = st::exp2_tile<Ftz>(s[i][c] - m[i][c]), e1 = st::exp2_tile<Ftz>(s[i][2 + c] - m[i][c]);
+                    ps[i][c] = e0 + e1;
+                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                    *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                }
 
             if constexpr (Ph != 0) {
                 if constexpr (Ph == 2) {
                     wgmma_wait<1>(); // PV(it - 1) done (S(it + 1) runs on): the fragments and O are free
                     b.load_v(vx, raw);
                 }
-#pragma unroll
-                for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
-            } else if constexpr (!Pipe) {
-                wgmma_wait<0>(); // S(it + 1) and PV(it - 1) done: the fragments and accumulators are free
 #pragma unroll
                 for (int j = 0; j < 4; j++) fence_acc<N / 2>(o[j]);
             }
@@ -421,36 +391,34 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
             // P and the factors published (and every read of tile it's stage done); O^T's columns rescaled
             // where a maximum of the block moved
             if (__syncthreads_or(moved)) {
-                if constexpr (Lazy) {
-                    // rare (the first tile; then a score past its head's m + lazy): the maxima over the
-                    // warpgroup's 64 positions exchanged as in the exact kernel; heads whose maximum passed
-                    // m + lazy take it as m (the rest keep theirs and their P), their P rewritten, then O's
-                    // columns rescaled after a second barrier
-                    st::wg_max(mx, red, wg, w4, g, t);
-                    float al[2][2];
+                // rare (the first tile; then a score past its head's m + lazy): the maxima over the
+                // warpgroup's 64 positions exchanged as in round 6; heads whose maximum passed
+                // m + lazy take it as m (the rest keep theirs and their P), their P rewritten, then O's
+                // columns rescaled after a second barrier
+                st::wg_max(mx, red, wg, w4, g, t);
+                float al[2][2];
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        al[i][c] = 1.0f;
+                        if (mx[i][c] > m[i][c] + lazy) { // the same decision in every thread of the head
+                            const float mn = mx[i][c];
+                            al[i][c] = exp2f(m[i][c] - mn);
+                            m[i][c] = mn;
+                            const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
+                            ps[i][c] = e0 + e1;
+                            *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
+                            *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
+                        }
+                        l[i][c] *= al[i][c];
+                    }
+                if (w4 == 0 && g == 0)
 #pragma unroll
                     for (int i = 0; i < 2; i++)
-#pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            al[i][c] = 1.0f;
-                            if (mx[i][c] > m[i][c] + lazy) { // the same decision in every thread of the head
-                                const float mn = mx[i][c];
-                                al[i][c] = exp2f(m[i][c] - mn);
-                                m[i][c] = mn;
-                                const float e0 = exp2f(s[i][c] - mn), e1 = exp2f(s[i][2 + c] - mn);
-                                ps[i][c] = e0 + e1;
-                                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16) = __float2half_rn(e0);
-                                *reinterpret_cast<__half *>(P + i * kPGroup + c * 16 + 128) = __float2half_rn(e1);
-                            }
-                            l[i][c] *= al[i][c];
-                        }
-                    if (w4 == 0 && g == 0)
-#pragma unroll
-                        for (int i = 0; i < 2; i++)
-                            *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
-                    fence_async_smem();
-                    __syncthreads(); // the new P and the factors published
-                }
+                        *reinterpret_cast<float2 *>(alpha + 16 * wg + 8 * i + 2 * t) = make_float2(al[i][0], al[i][1]);
+                fence_async_smem();
+                __syncthreads(); // the new P and the factors published
 #pragma unroll
                 for (int i = 0; i < N / 8; i++) {
                     const float2 fa = *reinterpret_cast<const float2 *>(alpha + 8 * i + 2 * t);
@@ -459,12 +427,10 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
                         o[j][4 * i] *= fa.x, o[j][4 * i + 1] *= fa.y, o[j][4 * i + 2] *= fa.x, o[j][4 * i + 3] *= fa.y;
                 }
             }
-            if constexpr (Lazy) {
 #pragma unroll
-                for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-                    for (int c = 0; c < 2; c++) l[i][c] += ps[i][c];
-            }
+                for (int c = 0; c < 2; c++) l[i][c] += ps[i][c];
             if (b.tid < 32) b.issue_tma(it + kS);
             rs::issue_pv<N, 2>(o, av, dp0, it);
     };
@@ -555,14 +521,13 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_decode_st_kernel(Args a, co
 
 } // namespace
 
-// Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); S e4m3 stages
-// Round 7: Lazy (the lazy rescale), Pipe (the tile's wait at its top); X: the switches rs::kX*
-template <int S, bool Lazy, bool Pipe, int X>
+// Round 6: blocks of <= 32 heads only (the warpgroups take 16 heads each); X: the switches rs::kX*
+template <int X>
 void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t s, float lazy) {
-    using L = rs::Lay<2, S, 5>;
+    using L = rs::Lay<2, 5>;
     static bool attr = false;
     if (!attr) {
-        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe, X>,
+        CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<X>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem));
         attr = true;
     }
@@ -572,7 +537,7 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
         if (p.splits > 8) {
             static bool np = false;
             if (!np) {
-                CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<S, Lazy, Pipe, X>,
+                CUDA_CHECK(cudaFuncSetAttribute(wgmma_decode_st_kernel<X>,
                                                 cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
                 np = true;
             }
@@ -586,14 +551,13 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
         at[0].id = cudaLaunchAttributeClusterDimension;
         at[0].val.clusterDim.x = 1, at[0].val.clusterDim.y = (unsigned)p.splits, at[0].val.clusterDim.z = 1;
         cfg.attrs = at, cfg.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<S, Lazy, Pipe, X>, a, tm, lazy));
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<X>, a, tm, lazy));
     } else if constexpr ((X & rs::kXPw) != 0) {
         // round 11: a dependent launch, without the cooperative attribute where the merge is in the tail (kXMrg):
         // its blocks still all reside at once (merge_in_kernel: one wave of one block per SM; the predecessor's
         // blocks leave without waiting for this kernel, and the successor is placed only once every block of this
         // one has passed its wait)
-        launch_pdl(wgmma_decode_st_kernel<S, Lazy, Pipe, X>, dim3(p.hb, p.splits, a.rows), dim3(kThreads), L::smem, s, a,
-                   tm, lazy);
+        launch_pdl(wgmma_decode_st_kernel<X>, dim3(p.hb, p.splits, a.rows), dim3(kThreads), L::smem, s, a, tm, lazy);
     } else if constexpr ((X & rs::kXMrg) != 0) {
         // round 9's merge in the tail: the blocks of a row wait for each other, so the grid must be co-resident
         // (merge_in_kernel checked that it fits one wave; the cooperative launch guarantees it or fails)
@@ -606,25 +570,24 @@ void launch_st(const Args &a, const CUtensorMap &tm, const Plan &p, cudaStream_t
         at[0].id = cudaLaunchAttributeCooperative;
         at[0].val.cooperative = 1;
         cfg.attrs = at, cfg.numAttrs = 1;
-        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<S, Lazy, Pipe, X>, a, tm, lazy));
+        CUDA_CHECK(cudaLaunchKernelEx(&cfg, wgmma_decode_st_kernel<X>, a, tm, lazy));
     } else {
-        wgmma_decode_st_kernel<S, Lazy, Pipe, X><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm, lazy);
+        wgmma_decode_st_kernel<X><<<dim3(p.hb, p.splits, a.rows), kThreads, L::smem, s>>>(a, tm, lazy);
     }
     CUDA_CHECK_LAUNCH();
 }
 
 // The instances cuda_mla_wgmma.cu's dispatcher launches (its kQ / kC / kM / kCl / kPw spelled out): round 7 (=stlp,
 // the op test's reference), the default's two (s10m) and its traced one, s10p's two, s17c's and its traced one
-#define ST_INSTANCE(S, LAZY, PIPE, X) \
-    template void launch_st<S, LAZY, PIPE, X>(const Args &, const CUtensorMap &, const Plan &, cudaStream_t, float)
-ST_INSTANCE(3, true, true, 0);
-ST_INSTANCE(3, true, true, rs::kXCvt | rs::kXFtz | rs::kXPv);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXTrace);
-ST_INSTANCE(3, true, true, rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXPw);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXPw);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl);
-ST_INSTANCE(3, true, true, rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl | rs::kXTrace);
+#define ST_INSTANCE(X) template void launch_st<X>(const Args &, const CUtensorMap &, const Plan &, cudaStream_t, float)
+ST_INSTANCE(0);
+ST_INSTANCE(rs::kXCvt | rs::kXFtz | rs::kXPv);
+ST_INSTANCE(rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt);
+ST_INSTANCE(rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXTrace);
+ST_INSTANCE(rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXPw);
+ST_INSTANCE(rs::kXQF | rs::kXMrg | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXMt | rs::kXPw);
+ST_INSTANCE(rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl);
+ST_INSTANCE(rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl | rs::kXTrace);
 #undef ST_INSTANCE
 
 bool trace_on;
@@ -633,11 +596,11 @@ int cl_max_clusters(int splits) {
     // how many clusters of `splits` blocks of the kXCl instance the device places at once (0: none, or the query
     // failed); asked once per size
     constexpr int X = rs::kXQF | rs::kXCvt | rs::kXFtz | rs::kXPv | rs::kXCl;
-    using L = rs::Lay<2, 3, 5>;
+    using L = rs::Lay<2, 5>;
     static int known[17];
     if (splits < 2 || splits > 16) return 0;
     if (known[splits]) return known[splits] - 1;
-    auto k = wgmma_decode_st_kernel<3, true, true, X>;
+    auto k = wgmma_decode_st_kernel<X>;
     int n = 0;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::smem) == cudaSuccess &&
         (splits <= 8 || cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess)) {
