@@ -187,12 +187,14 @@ template <typename K> static int gemv_wave_blocks(K k) {
     return sms * (per_sm > 0 ? per_sm : 1);
 }
 
-/* LUNAR_GEMV_EP=1 (A/B): every skinny GEMM through gemv_ep_kernel with no epilogue work (the same bits):
- * its 8-blocks-a-SM bound compiles the fp32-x instance to 32 registers without the plain one's 4-byte
- * spill; whether that matters in the step is what the switch measures */
+/* Every skinny GEMM through gemv_ep_kernel, with no epilogue work where none is asked (the same bits as
+ * gemv_kernel): its 8-blocks-a-SM bound compiles the fp32-x instance to 32 registers without gemv_kernel's
+ * 4-byte spill. Measured (session 20, 2 rounds alternating, B = 1): the K3.1 slice 1.474 / 1.453 ->
+ * 1.451 / 1.450 ms, Kimi-Linear-48B 2.515 / 2.521 -> 2.513 / 2.511; small, but every round. LUNAR_GEMV_EP=0:
+ * gemv_kernel (A/B) */
 static bool gemv_ep_all(void) {
     static int v = -1;
-    if (v < 0) v = getenv("LUNAR_GEMV_EP") && atoi(getenv("LUNAR_GEMV_EP")) > 0;
+    if (v < 0) v = !(getenv("LUNAR_GEMV_EP") && atoi(getenv("LUNAR_GEMV_EP")) <= 0);
     return v;
 }
 
