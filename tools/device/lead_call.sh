@@ -13,7 +13,7 @@
 #     KLAB_BATCHES / K31AB_BATCHES: the batch sizes of those A/Bs, default 1)
 #  3. (K31_TABLE=1) the K3.1 slice's rows of issue 9's table (K31_LAYERS layers) without the session;
 #     (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py),
-#     (NCU_K31=1) the same for one K3.1 TP8 slice B = 1 step (10 layers, 8K context)
+#     (NCU_K31=1) the same for one K3.1 TP8 slice step (10 layers, 8K context; NCU_K31_BATCH rows, default 1)
 #  4. Kimi-Linear-48B 8K prefill, PF_ROUNDS more rounds (the MFU line of issue 9)
 #   P=<prebuilt dir> OUT=<dir> [SESSION=0] [TESTS=...] [F16AB_V=...] ... bash tools/device/lead_call.sh
 #   (build-device/ from the pack's bd/)
@@ -85,12 +85,12 @@ ab() {  # ab NAME "command" "variants"
   echo "ncu rc=$?" >> $T; tail -2 $OUT/ncu_kl.err >> $T; gzip $OUT/ncu_kl.csv
   python3 tools/device/ncu_step.py $OUT/ncu_kl.csv.gz -3 > $OUT/ncu_kl.md 2>&1; head -45 $OUT/ncu_kl.md >> $T
 }
-[ "${NCU_K31:-0}" = 1 ] && {  # the same for one K3.1 TP8 slice B = 1 decode step (10 layers, 8K context)
-  step "ncu: one K3.1 slice B = 1 decode step, per kernel"
+[ "${NCU_K31:-0}" = 1 ] && {  # the same for one K3.1 TP8 slice decode step (10 layers, 8K context; NCU_K31_BATCH, 1)
+  step "ncu: one K3.1 slice B = ${NCU_K31_BATCH:-1} decode step, per kernel"
   timeout 150 ncu --replay-mode application --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
     --csv -k regex:'^(?!k_bf16|k_f32|k_mxfp4|k_packed|k_scale)' --launch-count 3000 \
     $P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --backend cuda \
-    --input-lens 16 --batch-sizes 1 --contexts 8192 --steps 1 > $OUT/ncu_k31.csv 2> $OUT/ncu_k31.err
+    --input-lens 16 --batch-sizes ${NCU_K31_BATCH:-1} --contexts 8192 --steps 1 > $OUT/ncu_k31.csv 2> $OUT/ncu_k31.err
   echo "ncu rc=$?" >> $T; tail -2 $OUT/ncu_k31.err >> $T; gzip $OUT/ncu_k31.csv
   python3 tools/device/ncu_step.py $OUT/ncu_k31.csv.gz -3 > $OUT/ncu_k31.md 2>&1; head -45 $OUT/ncu_k31.md >> $T
 }
