@@ -154,6 +154,17 @@ __device__ __forceinline__ double cl_ld(const double *p, uint32_t rank) {
     return v;
 }
 
+// the sum over the cluster's C CTAs, in rank order, of the double at p (the same address in every CTA; read
+// where on is set, else 0), the C loads in flight together: every CTA that asks gets the same bits
+__device__ __forceinline__ double cl_sum_ranks(const double *p, bool on, int C) {
+    double pr[kClMaxCtas], a = 0;
+#pragma unroll
+    for (int c = 0; c < kClMaxCtas; c++) pr[c] = on && c < C ? cl_ld(p, (uint32_t)c) : 0.0;
+#pragma unroll
+    for (int c = 0; c < kClMaxCtas; c++) a += pr[c];
+    return a;
+}
+
 // The warp's sums of the 2 SM per-thread partials (dot_i, ss_i of candidates i < SM), transposed: at
 // the step of offset o a lane keeps the half of its k values that its lane bit o selects and adds
 // the partner's copy of that half, sending the other half (k / 2 shuffles), so the 2 SM values cost
@@ -261,11 +272,7 @@ __global__ void __launch_bounds__(kThreads, SM <= 8 ? 2 : 1)
     cl_sync(); // every CTA's part[] written
     // 3. the totals in rank order (the C loads in flight together), the scores, the softmax
     if (w == 0) {
-        double pr[kClMaxCtas], tot = 0;
-#pragma unroll
-        for (int c = 0; c < kClMaxCtas; c++) pr[c] = lane < P && c < C ? cl_ld(&part[lane], (uint32_t)c) : 0.0;
-#pragma unroll
-        for (int c = 0; c < kClMaxCtas; c++) tot += pr[c];
+        const double tot = cl_sum_ranks(&part[lane], lane < P, C);
         const double ssi = __shfl_sync(0xffffffffu, tot, (lane + SM) & 31);
         const bool live = lane < S;
         const double s = live ? (double)(float)(tot / sqrt(ssi * inv_d + (double)eps)) : -INFINITY;
@@ -300,11 +307,7 @@ __global__ void __launch_bounds__(kThreads, SM <= 8 ? 2 : 1)
         cl_sync(); // every CTA's wss[] written
         if (w == 0) {
             // lane j < 8: warp j's sums of the C CTAs in rank order, then the 8 lanes' by butterfly
-            double pr[kClMaxCtas], a = 0;
-#pragma unroll
-            for (int c = 0; c < kClMaxCtas; c++) pr[c] = lane < NW && c < C ? cl_ld(&wss[lane], (uint32_t)c) : 0.0;
-#pragma unroll
-            for (int c = 0; c < kClMaxCtas; c++) a += pr[c];
+            double a = cl_sum_ranks(&wss[lane], lane < NW, C);
 #pragma unroll
             for (int o = NW / 2; o; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
             if (lane == 0) scl = (float)(1.0 / sqrt(a * inv_d + (double)eps));

@@ -252,14 +252,21 @@ static bool gemv_wanted(const void *x, const void *W, int n, int out, int in) {
            ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
 }
 
-extern "C" int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n,
-                                      int out, int in, lunar_cuda_stream s) {
+/* the skinny kernel where it takes the shape (0), else -1 with nothing launched; x fp32 or bf16 */
+template <typename TX>
+static int gemv_try(void *y, lunar_cuda_dtype ydt, const TX *x, const uint16_t *W, int n, int out, int in,
+                    cudaStream_t st) {
     CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
     if (n == 0) return 0;
     if (!gemv_wanted(x, W, n, out, in)) return -1;
-    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
-    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
+    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, st);
+    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, st);
     return 0;
+}
+
+extern "C" int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n,
+                                      int out, int in, lunar_cuda_stream s) {
+    return gemv_try(y, ydt, x, W, n, out, in, to_stream(s));
 }
 
 extern "C" int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint16_t *W, int n, int out, int in,
@@ -273,23 +280,12 @@ extern "C" int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint1
 
 extern "C" int lunar_cuda_matmul_bf16x(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n,
                                        int out, int in, lunar_cuda_stream s) {
-    CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
-    if (n == 0) return 0;
-    if (!gemv_wanted(x, W, n, out, in)) return -1;
-    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
-    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
-    return 0;
+    return gemv_try(y, ydt, x, W, n, out, in, to_stream(s));
 }
 
 extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x,
                                   const uint16_t *W, int n, int out, int in, lunar_cuda_stream s) {
-    CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
-    if (n == 0) return;
-    if (gemv_wanted(x, W, n, out, in)) {
-        if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, to_stream(s));
-        else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, to_stream(s));
-        return;
-    }
+    if (gemv_try(y, ydt, x, W, n, out, in, to_stream(s)) == 0) return;
     gemm_plan *p = get_plan(n, out, in, ydt);
     const float alpha = 1.0f, beta = 0.0f;
     size_t ws_bytes;

@@ -16,6 +16,16 @@
 // route-one's last entries, written by one thread: the totals past the E experts' (offsets[E], the
 // count slots the permutation kernels leave), the group-done flag past the last group, and the shared
 // expert as virtual expert E (the last permuted row, weight 1) where there is one
+// one token's permuted row pos: pair `pair`'s expert e (its only row: one tile, one group each), weight w
+__device__ __forceinline__ void route_one_row(lunar_cuda_moe_route &r, int pair, int pos, int e, float w) {
+    r.active[pos] = e;
+    r.tiles[2 * pos] = e, r.tiles[2 * pos + 1] = pos;
+    r.groups[2 * pos] = e, r.groups[2 * pos + 1] = pos;
+    r.gdone[pos] = 0;
+    r.row_token[pos] = 0;
+    r.row_weight[pos] = w;
+    r.pair_row[pair] = pos;
+}
 __device__ __forceinline__ void route_one_tail(lunar_cuda_moe_route &r, int E, int k, int shared) {
     const int k1 = k + shared;
     r.offsets[E] = k;
@@ -23,13 +33,7 @@ __device__ __forceinline__ void route_one_tail(lunar_cuda_moe_route &r, int E, i
     r.gdone[max_groups(1, k1, E)] = 0;
     if (shared) {
         r.offsets[E + 1] = k + 1;
-        r.active[k] = E;
-        r.tiles[2 * k] = E, r.tiles[2 * k + 1] = k;
-        r.groups[2 * k] = E, r.groups[2 * k + 1] = k;
-        r.gdone[k] = 0;
-        r.row_token[k] = 0;
-        r.row_weight[k] = 1.0f;
-        r.pair_row[k] = k;
+        route_one_row(r, k, k, E, 1.0f);
     }
 }
 
@@ -387,15 +391,7 @@ __global__ void __launch_bounds__(32 * ROUTER_WPB) router_warp_kernel(int32_t *e
         const int i = lane + h, e = h ? ex1 : ex0;
         const float w = h ? w1 : w0;
         const int pos = __shfl_sync(FULL, colpre, e >> 5) + __popc(__shfl_sync(FULL, colb, e >> 5) & ((1u << (e & 31)) - 1u));
-        if (i < k) {
-            r.active[pos] = e;
-            r.tiles[2 * pos] = e, r.tiles[2 * pos + 1] = pos;  // one row per expert: one tile, one group each
-            r.groups[2 * pos] = e, r.groups[2 * pos + 1] = pos;
-            r.gdone[pos] = 0;
-            r.row_token[pos] = 0;
-            r.row_weight[pos] = w;
-            r.pair_row[i] = pos;
-        }
+        if (i < k) route_one_row(r, i, pos, e, w);
     }
     if (lane == 0) route_one_tail(r, E, k, shared);
 }
@@ -486,13 +482,7 @@ __global__ void __launch_bounds__(kSortMaxE) router_sort_kernel(int32_t *experts
     if (wid == 0 && lane < k) { // pair `lane`: its expert's rank among the chosen is its permuted row
         int pos = 0;
         for (int i = 0; i < k; i++) pos += sel[i] < ei;
-        r.active[pos] = ei;
-        r.tiles[2 * pos] = ei, r.tiles[2 * pos + 1] = pos; // one row per expert: one tile, one group each
-        r.groups[2 * pos] = ei, r.groups[2 * pos + 1] = pos;
-        r.gdone[pos] = 0;
-        r.row_token[pos] = 0;
-        r.row_weight[pos] = w;
-        r.pair_row[lane] = pos;
+        route_one_row(r, lane, pos, ei, w);
     }
     if (e == 0) route_one_tail(r, E, k, shared);
 }
