@@ -626,6 +626,61 @@ TEST(cuda_dsa_index_write_bitwise) {
     }
 }
 
+/* lunar_cuda_dsa_index_prep (one launch) against the four launches it replaces (layernorm, scale,
+ * Hadamard, index write): codes, scales, rotated queries and scaled weights memcmp-equal, with and
+ * without the norm's weight and bias, d = 16 / 32 / 128, 1 / 3 / 32 heads, 1 / 7 / 150 tokens */
+TEST(cuda_dsa_index_prep_same_bits) {
+    if (!cuda_on()) return;
+    static const int cfg[][3] = {{128, 32, 1}, {128, 32, 150}, {16, 3, 7}, {32, 1, 150}, {128, 1, 7}};
+    int runs = 0;
+    for (unsigned c = 0; c < sizeof cfg / sizeof cfg[0]; c++)
+        for (int affine = 0; affine < 2; affine++) {
+            const int di = cfg[c][0], ni = cfg[c][1], n = cfg[c][2], nslots = 2 * BS;
+            size_t mark = lunar_cuda_mark();
+            float *ik = test_rand((long)n * di, 90 + c, -3, 5), *iq = test_rand((long)n * ni * di, 91 + c, -2, 2);
+            float *wt = test_rand((long)n * ni, 92 + c, -1, 1), *lw = test_rand(di, 93 + c, 0.5f, 1.5f);
+            float *lb = test_rand(di, 94 + c, -0.2f, 0.2f);
+            int32_t *perm = malloc((size_t)nslots * 4);
+            for (int i = 0; i < nslots; i++) perm[i] = i;
+            rng_state = 7 + c;
+            shuffle_i32(perm, nslots);
+            const int32_t *dslots = dev_in(perm, (size_t)n * 4);
+            const float *dlw = affine ? dev_in(lw, (size_t)di * 4) : NULL, *dlb = affine ? dev_in(lb, (size_t)di * 4) : NULL;
+            const float wscale = 1.0f / sqrtf((float)ni) / sqrtf((float)di);
+            uint8_t *codes[2];
+            float *sc[2], *q[2], *w[2];
+            for (int v = 0; v < 2; v++) {
+                float *dik = (float *)dev_in(ik, (size_t)n * di * 4), *diq = (float *)dev_in(iq, (size_t)n * ni * di * 4);
+                float *dwt = (float *)dev_in(wt, (size_t)n * ni * 4);
+                uint8_t *dcodes = lunar_cuda_alloc((size_t)nslots * di);
+                float *dsc = lunar_cuda_alloc((size_t)nslots * 4);
+                lunar_cuda_fill_u32(dcodes, 0x5a5a5a5au, (size_t)nslots * di / 4);
+                lunar_cuda_fill_u32(dsc, 0x7fc00001u, (size_t)nslots);
+                if (v == 0) {
+                    lunar_glue_layernorm(dik, dik, dlw, dlb, n, di, 1e-6f, NULL);
+                    lunar_glue_scale(dwt, wscale, (size_t)n * ni, NULL);
+                    lunar_glue_hadamard(diq, n * ni, di, NULL);
+                    lunar_cuda_dsa_index_write(dcodes, dsc, dik, dslots, n, di, NULL);
+                } else {
+                    CHECK(lunar_cuda_dsa_index_prep(dcodes, dsc, dik, diq, dwt, dslots, n, ni, di, dlw, dlb, 1e-6f,
+                                                    wscale, NULL) == 0);
+                }
+                codes[v] = down(dcodes, (size_t)nslots * di), sc[v] = down(dsc, (size_t)nslots * 4);
+                q[v] = down(diq, (size_t)n * ni * di * 4), w[v] = down(dwt, (size_t)n * ni * 4);
+            }
+            CHECK_MSG(memcmp(codes[0], codes[1], (size_t)nslots * di) == 0 && memcmp(sc[0], sc[1], (size_t)nslots * 4) == 0,
+                      "index prep d=%d ni=%d n=%d affine=%d: the key's codes or scales differ", di, ni, n, affine);
+            CHECK_MSG(memcmp(q[0], q[1], (size_t)n * ni * di * 4) == 0 && memcmp(w[0], w[1], (size_t)n * ni * 4) == 0,
+                      "index prep d=%d ni=%d n=%d affine=%d: the queries or weights differ", di, ni, n, affine);
+            for (int v = 0; v < 2; v++) free(codes[v]), free(sc[v]), free(q[v]), free(w[v]);
+            free(ik), free(iq), free(wt), free(lw), free(lb), free(perm);
+            lunar_cuda_release(mark);
+            runs++;
+        }
+    CHECK(runs == 10);
+    CHECK(lunar_cuda_dsa_index_prep(NULL, NULL, NULL, NULL, NULL, NULL, 1, 4, 256, NULL, NULL, 1e-6f, 1.0f, NULL) == -1);
+}
+
 /* indexer.c's score for one query row, statement for statement (to check bitwise equality) */
 static void cpu_scores(float *out, const float *iq, const float *w, const lunar_index_cache *c, int n, int nh,
                        int d) {

@@ -70,83 +70,99 @@ static void report(const char *what, double e, double tol) {
 
 /* ---------------------------------------------------------------- GEMM */
 
+/* the GEMM entries at one shape against the CPU op; lo..hi the rows the tensor-core skinny kernel takes */
+static void matmul_case(int n, int out, int in, unsigned s, int lo, int hi) {
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand((long)n * in, 10 + s, -1, 1), *w = test_rand((long)out * in, 20 + s, -0.1f, 0.1f);
+    round_bf16(x, (long)n * in);
+    lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
+    float *ref = test_poisoned((long)n * out);
+    op_matmul(ref, x, &W, n);
+    uint16_t *xb = to_bf16(x, (long)n * in);
+    const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(W.data, W.nbytes);
+    for (int dt = 0; dt < 2; dt++) {
+        guarded o;
+        void *dy = guarded_new(&o, (size_t)n * out * (dt ? 2 : 4));
+        lunar_cuda_matmul(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
+        float *y = dt ? down_bf16(dy, (long)n * out) : down_f32(dy, (long)n * out);
+        char what[96];
+        snprintf(what, sizeof what, "matmul n=%d out=%d in=%d %s mma %d..%d", n, out, in, dt ? "bf16" : "f32", lo,
+                 hi);
+        report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
+        CHECK(guards_ok(&o));
+        /* fp32 x rounded inside the skinny kernel: the same bits as the bf16 copy's product */
+        float *xr = test_rand((long)n * in, 10 + s, -1, 1); /* x before its rounding */
+        const float *dxf = dev_in(xr, (size_t)n * in * 4);
+        guarded o2;
+        void *dy2 = guarded_new(&o2, (size_t)n * out * (dt ? 2 : 4));
+        const int took = lunar_cuda_matmul_f32x(dy2, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL);
+        CHECK(took == ((n <= 4 || (n >= lo && n <= hi)) && in % 8 == 0 ? 0 : -1));
+        if (took == 0) {
+            float *y2 = dt ? down_bf16(dy2, (long)n * out) : down_f32(dy2, (long)n * out);
+            CHECK_MSG(memcmp(y2, y, (size_t)n * out * sizeof *y) == 0, "%s: fp32-x kernel differs from bf16-x", what);
+            CHECK(guards_ok(&o2));
+            if (!dt) /* the epilogue: P += (x W^T + A), the separate adds' bits (with A and without) */
+                for (int with_add = 0; with_add < 2; with_add++) {
+                    float *p0 = test_rand((long)n * out, 30 + s, -2, 2), *a = test_rand((long)n * out, 40 + s, -1, 1);
+                    guarded o3;
+                    float *dp = guarded_new(&o3, (size_t)n * out * 4);
+                    lunar_cuda_upload(dp, p0, (size_t)n * out * 4);
+                    CHECK(lunar_cuda_matmul_f32x_into(dp, dxf, dw, n, out, in,
+                                                      with_add ? dev_in(a, (size_t)n * out * 4) : NULL, NULL) == 0);
+                    float *p = down_f32(dp, (long)n * out);
+                    long bad = 0;
+                    for (long i = 0; i < (long)n * out; i++) {
+                        float t = y2[i];
+                        if (with_add) t = t + a[i];
+                        const float want = p0[i] + t;
+                        bad += memcmp(&want, &p[i], sizeof want) != 0;
+                    }
+                    CHECK_MSG(bad == 0, "%s: into (add %d): %ld of %d outputs differ from the separate adds", what,
+                              with_add, bad, n * out);
+                    CHECK(guards_ok(&o3));
+                    free(p0), free(a), free(p);
+                }
+            free(y2);
+        }
+        /* bf16 x through the skinny kernel at any out: the same bits as lunar_cuda_matmul's */
+        guarded o4;
+        void *dy4 = guarded_new(&o4, (size_t)n * out * (dt ? 2 : 4));
+        const int took4 = lunar_cuda_matmul_bf16x(dy4, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
+        CHECK(took4 == took);
+        if (took4 == 0) {
+            float *y4 = dt ? down_bf16(dy4, (long)n * out) : down_f32(dy4, (long)n * out);
+            CHECK_MSG(memcmp(y4, y, (size_t)n * out * sizeof *y) == 0, "%s: bf16x entry differs", what);
+            CHECK(guards_ok(&o4));
+            free(y4);
+        }
+        free(xr), free(y);
+    }
+    test_tensor_free(&W);
+    free(x), free(w), free(ref), free(xb);
+    lunar_cuda_release(mark);
+}
+
 TEST(cuda_matmul_bf16_vs_cpu) {
     if (!cuda_on()) return;
-    /* n <= 4 takes the skinny kernel (cuda_gemm.cu): n = 1..4, few outputs (split over warps) and
-     * many; the rest cuBLASLt */
-    static const int shapes[][3] = {{1, 4096, 2304}, {64, 2304, 4096}, {33, 1000, 64}, {7, 129, 200},
-                                    {8, 300, 2304}, {3, 256, 9216}, {2, 9000, 512}, {4, 520, 1024},
-                                    {1, 1036, 512}, {2, 12, 4096}, {4, 3, 40}, {5, 3, 40}}; /* odd ones last */
-    for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-        const int n = shapes[s][0], out = shapes[s][1], in = shapes[s][2];
-        size_t mark = lunar_cuda_mark();
-        float *x = test_rand((long)n * in, 10 + s, -1, 1), *w = test_rand((long)out * in, 20 + s, -0.1f, 0.1f);
-        round_bf16(x, (long)n * in);
-        lunar_tensor W = test_tensor2(LUNAR_DTYPE_BF16, out, in, w);
-        float *ref = test_poisoned((long)n * out);
-        op_matmul(ref, x, &W, n);
-        uint16_t *xb = to_bf16(x, (long)n * in);
-        const uint16_t *dx = dev_in(xb, (size_t)n * in * 2), *dw = dev_in(W.data, W.nbytes);
-        for (int dt = 0; dt < 2; dt++) {
-            guarded o;
-            void *dy = guarded_new(&o, (size_t)n * out * (dt ? 2 : 4));
-            lunar_cuda_matmul(dy, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
-            float *y = dt ? down_bf16(dy, (long)n * out) : down_f32(dy, (long)n * out);
-            char what[96];
-            snprintf(what, sizeof what, "matmul n=%d out=%d in=%d %s", n, out, in, dt ? "bf16" : "f32");
-            report(what, lunar_max_rel_err(y, ref, (long)n * out), dt ? 5e-3 : 1e-4);
-            CHECK(guards_ok(&o));
-            /* fp32 x rounded inside the skinny kernel: the same bits as the bf16 copy's product */
-            float *xr = test_rand((long)n * in, 10 + s, -1, 1); /* x before its rounding */
-            const float *dxf = dev_in(xr, (size_t)n * in * 4);
-            guarded o2;
-            void *dy2 = guarded_new(&o2, (size_t)n * out * (dt ? 2 : 4));
-            const int took = lunar_cuda_matmul_f32x(dy2, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dxf, dw, n, out, in, NULL);
-            CHECK(took == (n <= 4 && in % 8 == 0 ? 0 : -1));
-            if (took == 0) {
-                float *y2 = dt ? down_bf16(dy2, (long)n * out) : down_f32(dy2, (long)n * out);
-                CHECK_MSG(memcmp(y2, y, (size_t)n * out * sizeof *y) == 0, "%s: fp32-x kernel differs from bf16-x", what);
-                CHECK(guards_ok(&o2));
-                if (!dt) /* the epilogue: P += (x W^T + A), the separate adds' bits (with A and without) */
-                    for (int with_add = 0; with_add < 2; with_add++) {
-                        float *p0 = test_rand((long)n * out, 30 + s, -2, 2), *a = test_rand((long)n * out, 40 + s, -1, 1);
-                        guarded o3;
-                        float *dp = guarded_new(&o3, (size_t)n * out * 4);
-                        lunar_cuda_upload(dp, p0, (size_t)n * out * 4);
-                        CHECK(lunar_cuda_matmul_f32x_into(dp, dxf, dw, n, out, in,
-                                                          with_add ? dev_in(a, (size_t)n * out * 4) : NULL, NULL) == 0);
-                        float *p = down_f32(dp, (long)n * out);
-                        long bad = 0;
-                        for (long i = 0; i < (long)n * out; i++) {
-                            float t = y2[i];
-                            if (with_add) t = t + a[i];
-                            const float want = p0[i] + t;
-                            bad += memcmp(&want, &p[i], sizeof want) != 0;
-                        }
-                        CHECK_MSG(bad == 0, "%s: into (add %d): %ld of %d outputs differ from the separate adds", what,
-                                  with_add, bad, n * out);
-                        CHECK(guards_ok(&o3));
-                        free(p0), free(a), free(p);
-                    }
-                free(y2);
-            }
-            /* bf16 x through the skinny kernel at any out: the same bits as lunar_cuda_matmul's */
-            guarded o4;
-            void *dy4 = guarded_new(&o4, (size_t)n * out * (dt ? 2 : 4));
-            const int took4 = lunar_cuda_matmul_bf16x(dy4, dt ? LUNAR_CUDA_BF16 : LUNAR_CUDA_F32, dx, dw, n, out, in, NULL);
-            CHECK(took4 == took);
-            if (took4 == 0) {
-                float *y4 = dt ? down_bf16(dy4, (long)n * out) : down_f32(dy4, (long)n * out);
-                CHECK_MSG(memcmp(y4, y, (size_t)n * out * sizeof *y) == 0, "%s: bf16x entry differs", what);
-                CHECK(guards_ok(&o4));
-                free(y4);
-            }
-            free(xr), free(y);
-        }
-        test_tensor_free(&W);
-        free(x), free(w), free(ref), free(xb);
-        lunar_cuda_release(mark);
+    /* n <= 4 takes the CUDA-core skinny kernel (cuda_gemm.cu): n = 1..4, few outputs (split over warps)
+     * and many; 5..16 (by default) the tensor-core one: rows past a 16-row group (out % 16), columns past
+     * a 64-column step (in % 64), token tiles past n, splits of 1..16 warps (few and many row groups,
+     * short and long rows); the rest cuBLASLt. Every shape with the default range, with the tensor-core
+     * kernel for every n <= 32 (n = 1..4 and 17..32 too), and with it off */
+    static const int shapes[][3] = {{1, 4096, 2304},  {64, 2304, 4096}, {33, 1000, 64},  {7, 129, 200},
+                                    {8, 300, 2304},   {3, 256, 9216},   {2, 9000, 512},  {4, 520, 1024},
+                                    {1, 1036, 512},   {2, 12, 4096},    {12, 4876, 7168}, {16, 520, 1024},
+                                    {9, 1664, 512},   {24, 200, 136},   {32, 100, 2304}, {13, 7, 72},
+                                    {4, 3, 40},       {5, 3, 40}}; /* odd ones last */
+    int lo0, hi0;
+    lunar_cuda_gemv_mma_range(5, 16, &lo0, &hi0);
+    static const int ranges[][2] = {{5, 16}, {1, 32}, {1, 0}};
+    for (int r = 0; r < 3; r++) {
+        lunar_cuda_gemv_mma_range(ranges[r][0], ranges[r][1], NULL, NULL);
+        for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+            matmul_case(shapes[s][0], shapes[s][1], shapes[s][2], s, ranges[r][0], ranges[r][1]);
     }
+    lunar_cuda_gemv_mma_range(lo0, hi0, NULL, NULL);
 }
 
 /* The forward's GEMM use in isolation: multi-token (n > 1) prefill shapes of the tiny goldens

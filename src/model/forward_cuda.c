@@ -571,16 +571,25 @@ static int mla_layer(const lunar_cuda_model *gm, const dlayer *w, const dstep *b
             mm_b(ik, hb, &w->iwk, n, NULL);
             mm_b(wt, hb, &w->iwp, n, NULL);
         }
-        lunar_glue_layernorm(ik, ik, w->ik_w, w->ik_b, n, di, INDEX_K_NORM_EPS, NULL);
-        lunar_glue_scale(wt, 1.0f / sqrtf((float)ni) / sqrtf((float)di), (size_t)n * ni, NULL);
-        if (c->index_rope) {
-            lunar_glue_rope_neox(iq, gm->rope_inv, b->pos, n, ni, di, c->qk_rope_head_dim, NULL);
-            lunar_glue_rope_neox(ik, gm->rope_inv, b->pos, n, 1, di, c->qk_rope_head_dim, NULL);
-        }
-        lunar_glue_hadamard(iq, n * ni, di, NULL);
+        const float wscale = 1.0f / sqrtf((float)ni) / sqrtf((float)di);
         uint8_t *codes = kv->idx_codes + (size_t)ki * layer_toks * di;
         float *scales = kv->idx_scales + (size_t)ki * layer_toks;
-        lunar_cuda_dsa_index_write(codes, scales, ik, b->slots, n, di, NULL); /* rotates ik itself */
+        /* without RoPE the key's norm, rotation and FP8 write, the weights' scale and the queries'
+         * rotation in one launch (the same bits as the four below); LUNAR_DSA_PREP=0 the four */
+        static int prep = -1;
+        if (prep < 0) prep = !(getenv("LUNAR_DSA_PREP") && atoi(getenv("LUNAR_DSA_PREP")) <= 0);
+        if (!prep || c->index_rope ||
+            lunar_cuda_dsa_index_prep(codes, scales, ik, iq, wt, b->slots, n, ni, di, w->ik_w, w->ik_b,
+                                      INDEX_K_NORM_EPS, wscale, NULL) != 0) {
+            lunar_glue_layernorm(ik, ik, w->ik_w, w->ik_b, n, di, INDEX_K_NORM_EPS, NULL);
+            lunar_glue_scale(wt, wscale, (size_t)n * ni, NULL);
+            if (c->index_rope) {
+                lunar_glue_rope_neox(iq, gm->rope_inv, b->pos, n, ni, di, c->qk_rope_head_dim, NULL);
+                lunar_glue_rope_neox(ik, gm->rope_inv, b->pos, n, 1, di, c->qk_rope_head_dim, NULL);
+            }
+            lunar_glue_hadamard(iq, n * ni, di, NULL);
+            lunar_cuda_dsa_index_write(codes, scales, ik, b->slots, n, di, NULL); /* rotates ik itself */
+        }
         idx = lunar_cuda_fwd_alloc((size_t)n * topk * sizeof(int32_t));
         float *scores = fd((size_t)n * b->max_len);
         lunar_cuda_dsa_index_score(scores, b->max_len, iq, wt, codes, scales, b->bt, b->max_blocks,

@@ -451,6 +451,61 @@ static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtyp
     lunar_cuda_release(mark);
 }
 
+/* ---------------------------------------------------------------- skinny GEMMs at decode rows
+ * The forward's mm_b at n rows (bf16 x, fp32 y): the default path (n <= 4 the CUDA-core skinny kernel,
+ * else cuBLASLt) against the tensor-core skinny kernel (cuda_gemm.cu gemv_mma_kernel, forced for every
+ * n by lunar_cuda_gemv_mma_range), ROUNDS rounds alternating, medians of 20 x 10 calls over weight copies
+ * that do not fit L2. Floor: W + x + y bytes at BW (4.3 TB/s). */
+static float time_mm(void *y, const uint16_t *x, uint16_t **W, int copies, int n, int out, int in) {
+    lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
+    const int reps = 20, inner = 10;
+    float ts[20];
+    for (int i = -1; i < reps; i++) { /* i = -1: warm-up (plans, attributes) */
+        lunar_cuda_event_record(e0, NULL);
+        for (int j = 0; j < inner; j++) {
+            const uint16_t *w = W[((i + 1) * inner + j) % copies];
+            if (lunar_cuda_matmul_bf16x(y, LUNAR_CUDA_F32, x, w, n, out, in, NULL) != 0)
+                lunar_cuda_matmul(y, LUNAR_CUDA_F32, x, w, n, out, in, NULL);
+        }
+        lunar_cuda_event_record(e1, NULL);
+        if (i >= 0) ts[i] = lunar_cuda_event_ms(e0, e1) / inner;
+    }
+    lunar_cuda_event_destroy(e0), lunar_cuda_event_destroy(e1);
+    return median(ts, reps) * 1e3f;
+}
+static void bench_gemv_mma(const char *name, int n, int out, int in, int rounds) {
+    const size_t mark = lunar_cuda_mark();
+    const size_t wbytes = (size_t)out * in * 2;
+    const int copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 1;
+    uint16_t **W = malloc(sizeof(uint16_t *) * copies);
+    float *tmp = dalloc((size_t)out * in * 4 > (size_t)n * in * 4 ? (size_t)out * in * 4 : (size_t)n * in * 4);
+    for (int c = 0; c < copies; c++) {
+        W[c] = dalloc(wbytes);
+        lunar_cuda_fill_uniform(tmp, (size_t)out * in, 20 + c, -0.05f, 0.05f);
+        lunar_cuda_f32_to_bf16(W[c], tmp, (size_t)out * in);
+    }
+    uint16_t *x = dalloc((size_t)n * in * 2);
+    lunar_cuda_fill_uniform(tmp, (size_t)n * in, 99, -1, 1);
+    lunar_cuda_f32_to_bf16(x, tmp, (size_t)n * in);
+    float *y = dalloc((size_t)n * out * 4);
+    const double floor_us = ((double)wbytes + (double)n * in * 2 + (double)n * out * 4) / BW * 1e6;
+    int lo, hi;
+    lunar_cuda_gemv_mma_range(1, 0, &lo, &hi);
+    printf("| %s | n=%d out=%d in=%d |", name, n, out, in);
+    for (int r = 0; r < rounds; r++) {
+        lunar_cuda_gemv_mma_range(1, 0, NULL, NULL);
+        const float a = time_mm(y, x, W, copies, n, out, in);
+        lunar_cuda_gemv_mma_range(1, 32, NULL, NULL);
+        const float b = time_mm(y, x, W, copies, n, out, in);
+        printf(" %.1f / %.1f |", a, b);
+    }
+    lunar_cuda_gemv_mma_range(lo, hi, NULL, NULL);
+    printf(" %.1f us (%.1f MB) |\n", floor_us, wbytes / 1e6);
+    fflush(stdout);
+    free(W);
+    lunar_cuda_release(mark);
+}
+
 /* ---------------------------------------------------------------- PTPC-FP8 linears
  * One model linear from its fp32 input as the forward's mm() runs it: bf16 weights (n <= 4: the
  * skinny kernel rounding x itself; else x -> bf16 + cuBLASLt) against PTPC-FP8 (n <= 4: the fused
@@ -600,6 +655,28 @@ int main(int argc, char **argv) {
             for (int i = 0; i < 4; i++)
                 bench_gemm(sh[s].name, ns[i], sh[s].out, sh[s].in, s == 5 ? LUNAR_CUDA_F32 : LUNAR_CUDA_BF16);
         bench_gemm("peak", 8192, 8192, 8192, LUNAR_CUDA_BF16);
+    }
+    if (strcmp(what, "gemvmma") == 0) { /* the forward's skinny GEMMs: default path / tensor-core kernel */
+        static const struct { const char *name; int out, in; } sh[] = {
+            {"k31 kda in", 4876, 7168}, {"k31 o_proj", 7168, 1536}, {"k31 latent down", 3584, 7168},
+            {"k31 latent up", 7168, 3584}, {"k31 shared+router", 1664, 7168}, {"k31 shared down", 7168, 384},
+            {"kl48 kda in", 12576, 2304}, {"kl48 o_proj", 2304, 4096}, {"kl48 shared+router", 2304, 2304},
+            {"kl48 shared down", 2304, 1024}};
+        const char *ne = getenv("GEMV_NS");
+        int ns[16], nn = 0;
+        for (const char *p = ne ? ne : "1,2,4,5,8,12,16,24,32"; *p && nn < 16;) {
+            ns[nn++] = atoi(p);
+            while (*p && *p != ',') p++;
+            if (*p == ',') p++;
+        }
+        const int rounds = getenv("ROUNDS") ? atoi(getenv("ROUNDS")) : 2;
+        printf("\n| skinny GEMM (us: default / tensor-core kernel, per round) | shape |");
+        for (int r = 0; r < rounds; r++) printf(" round %d |", r + 1);
+        printf(" floor |\n|---|---|");
+        for (int r = 0; r <= rounds; r++) printf("---|");
+        printf("\n");
+        for (unsigned s = 0; s < sizeof sh / sizeof sh[0]; s++)
+            for (int i = 0; i < nn; i++) bench_gemv_mma(sh[s].name, ns[i], sh[s].out, sh[s].in, rounds);
     }
     if (strcmp(what, "kdagate") == 0) bench_kda_gate();
     if (strcmp(what, "kdagate1") == 0) { /* one 8K call of each form, for ncu */

@@ -6,7 +6,7 @@
 #     issue 9's table (Kimi-Linear-48B prefill 1K / 8K / 32K and decode B = 1 / 8 / 32 / 64; the K3.1 TP8 slice)
 #  2. A / B rounds of switches, each against the default in the same process or run alternating: TESTS (extra
 #     lunar_tests filters, each "filter[:ENV=v,ENV=v]"), F16AB_V (the one-token MXFP4 pair, LUNAR_MOE_BENCH_V),
-#     MLA_AB (bench_mla fp8ab variants, device timing), MLA_SPARSE=1 (bench_mla sparse, device timing), KLAB / K31AB / K31FAB (switch sets for the Kimi-Linear-48B
+#     MLA_AB (bench_mla fp8ab variants, device timing), BENCH_CUDA (a bench_cuda mode), MLA_SPARSE=1 (bench_mla sparse, device timing), KLAB / K31AB / K31FAB (switch sets for the Kimi-Linear-48B
 #     B = 1, the K3.1 slice B = 1 (K31AB_LAYERS layers, default 10) and the full K3.1 layer shape B = 1 (K31F_LAYERS layers, default 4, projected to
 #     93: the only one-GPU config with K3.1's whole expert matrices) TPOT, ROUNDS (or AB_ROUNDS) rounds alternating with the default;
 #     a variant's LUNAR_BIN=path runs that lunar binary: an older build against this one in the same rounds;
@@ -48,6 +48,11 @@ done
   step "bench_mla sparse (dev timing)"
   BENCH_MLA_TIMING=dev timeout 120 build-device/bench_mla sparse > $OUT/mla_sparse.log 2>&1
   echo "rc=$?" >> $T; grep -E '^\|' $OUT/mla_sparse.log | grep -v '^|---' | tail -30 >> $T
+}
+[ -n "${BENCH_CUDA:-}" ] && {  # a bench_cuda mode (e.g. gemvmma, with GEMV_NS and ROUNDS)
+  step "bench_cuda $BENCH_CUDA"
+  timeout ${BENCH_CUDA_T:-150} build-device/bench_cuda $BENCH_CUDA > $OUT/bench_cuda.log 2>&1
+  echo "rc=$?" >> $T; grep -E '^\|' $OUT/bench_cuda.log | grep -v '^|---' >> $T
 }
 tpot() { grep -A8 '^decode ' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "B%s/%s %s ms  ", $1, $2, $3}'; echo; }
 ab() {  # ab NAME "command" "variants"

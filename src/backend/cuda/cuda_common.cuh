@@ -80,6 +80,20 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
     return __half2float(*reinterpret_cast<__half *>(&h));
 }
 
+// The double sum of the glue kernels (layernorm, AttnRes reference, cuda_glue.cu) and of the indexer's
+// key prep (cuda_dsa.cu), whose results must be the same bits: warp butterflies, then every warp's sum
+// added in warp order by every thread
+__device__ __forceinline__ double block_sum_f64(double v, double *red) {
+    for (int d = 16; d; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    double t = 0;
+    for (int i = 0; i < nw; i++) t += red[i];
+    __syncthreads();
+    return t;
+}
 // The sum of v over the block (every thread gets it; blockDim a multiple of 32, at most 1024):
 // warp butterflies, then the warps' sums in warp order through red[32]. A fixed tree, shared by
 // the norm kernels (cuda_dense.cu) and the fused KDA decode (cuda_kda_recurrent.cu), whose

@@ -43,16 +43,12 @@ __device__ __forceinline__ uint8_t quant1(float x, float scale) {
 }
 
 // ---------------------------------------------------------------- key write
-// blockDim.x = max(d, 32): a whole warp even for d = 16 (the shuffles name all 32 lanes); the
-// lanes past d hold nothing and write nothing
-__global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k, const int32_t *slots,
-                                   int d, float norm) {
-    extern __shared__ float v[];
-    __shared__ float wmax[32];
-    pdl_enter();
-    const int i = threadIdx.x, tok = blockIdx.x;
+// v[0, d): a key row in shared memory, rotated in place, then its codes and scale written to the slot;
+// blockDim.x >= max(d, 32): the lanes past d hold nothing and write nothing (the shuffles name all 32)
+__device__ __forceinline__ void index_write_row(uint8_t *codes, float *scales, float *v, float *wmax, size_t slot,
+                                                int d, float norm) {
+    const int i = threadIdx.x;
     const bool on = i < d;
-    if (on) v[i] = k[(size_t)tok * d + i];
     __syncthreads();
     for (int h = 1; h < d; h <<= 1) {
         const float x = !on ? 0.0f : (i & h) ? __fsub_rn(v[i - h], v[i]) : __fadd_rn(v[i], v[i + h]);
@@ -69,9 +65,67 @@ __global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k
     float amax = 1e-4f;
     for (int j = 0; j < (d + 31) / 32; j++) amax = fmaxf(amax, wmax[j]);
     const float scale = pow2_scale(amax);
-    const size_t slot = (size_t)slots[tok];
     if (on) codes[slot * d + i] = quant1(x, scale);
     if (i == 0) scales[slot] = scale;
+}
+
+// blockDim.x = max(d, 32)
+__global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k, const int32_t *slots,
+                                   int d, float norm) {
+    extern __shared__ float v[];
+    __shared__ float wmax[32];
+    pdl_enter();
+    const int i = threadIdx.x, tok = blockIdx.x;
+    if (i < d) v[i] = k[(size_t)tok * d + i];
+    index_write_row(codes, scales, v, wmax, (size_t)slots[tok], d, norm);
+}
+
+// The indexer's per-token prep in one launch (lunar_cuda_dsa_index_prep), 128 threads a block: block
+// (t, 0) the key: LayerNorm (lunar_glue_layernorm's statements at one element a thread, its 128-thread
+// double sums), then index_write_row; and the head weights' scale (lunar_glue_scale's multiply);
+// block (t, 1 + h) query head h's Hadamard (lunar_glue_hadamard's butterflies and norm), in place.
+__global__ void __launch_bounds__(128) index_prep_kernel(uint8_t *codes, float *scales, const float *ik, float *iq,
+                                                         float *wt, const int32_t *slots, int ni, int d,
+                                                         const float *lw, const float *lb, float eps,
+                                                         float wscale, float norm) {
+    __shared__ float v[128];
+    __shared__ float wmax[32];
+    __shared__ double red[32];
+    pdl_enter();
+    const int tok = blockIdx.x, i = threadIdx.x;
+    if (blockIdx.y > 0) {
+        float *r = iq + ((size_t)tok * ni + blockIdx.y - 1) * d;
+        for (int j = i; j < d; j += blockDim.x) v[j] = r[j];
+        __syncthreads();
+        for (int h = 1; h < d; h <<= 1) {
+            for (int p = i; p < d / 2; p += blockDim.x) {
+                const int a = (p / h) * 2 * h, j = a + (p % h);
+                const float x0 = v[j], x1 = v[j + h];
+                v[j] = x0 + x1;
+                v[j + h] = x0 - x1;
+            }
+            __syncthreads();
+        }
+        for (int j = i; j < d; j += blockDim.x) r[j] = v[j] * norm;
+        return;
+    }
+    for (int j = i; j < ni; j += blockDim.x) wt[(size_t)tok * ni + j] *= wscale;
+    const bool on = i < d;
+    const float xi = on ? ik[(size_t)tok * d + i] : 0.0f;
+    double s = 0;
+    if (on) s += xi;
+    const double mean = block_sum_f64(s, red) / d;
+    double q = 0;
+    if (on) q += (xi - mean) * (xi - mean);
+    const double var = block_sum_f64(q, red) / d;
+    const float inv = (float)(1.0 / sqrt(var + (double)eps));
+    if (on) {
+        float t = (float)(xi - mean) * inv;
+        if (lw) t *= lw[i];
+        if (lb) t += lb[i];
+        v[i] = t;
+    }
+    index_write_row(codes, scales, v, wmax, (size_t)slots[tok], d, norm);
 }
 
 // ---------------------------------------------------------------- scores
@@ -729,6 +783,18 @@ extern "C" void lunar_cuda_dsa_index_write(uint8_t *codes, float *scales, const 
     launch_pdl(index_write_kernel, dim3(n), dim3(th), th * sizeof(float), to_stream(s), codes, scales, k, slots, d,
                norm);
     CUDA_CHECK_LAUNCH();
+}
+
+extern "C" int lunar_cuda_dsa_index_prep(uint8_t *codes, float *scales, const float *ik, float *iq, float *wt,
+                                         const int32_t *slots, int n, int ni, int d, const float *ln_w,
+                                         const float *ln_b, float eps, float wscale, lunar_cuda_stream s) {
+    if (d < 16 || d > 128 || (d & (d - 1)) != 0 || ni < 1 || ni > 65535) return -1;
+    if (n <= 0) return 0;
+    const float norm = (float)(1.0 / sqrt((double)d));
+    launch_pdl(index_prep_kernel, dim3(n, 1 + ni), dim3(128), 0, to_stream(s), codes, scales, ik, iq, wt, slots, ni,
+               d, ln_w, ln_b, eps, wscale, norm);
+    CUDA_CHECK_LAUNCH();
+    return 0;
 }
 
 extern "C" void lunar_cuda_dsa_index_score(float *scores, int ld, const float *iq, const float *w,

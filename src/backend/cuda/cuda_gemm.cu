@@ -244,12 +244,167 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
     CUDA_CHECK_LAUNCH();
 }
 
+/* ---------------------------------------------------------------- skinny GEMM on the tensor cores
+ * y[n, out] = x[n, in] . W[out, in]^T for a few rows (decode batches of 5-16: LUNAR_GEMV_MMA_MIN / _MAX),
+ * where the CUDA-core kernel above would wait on n x loads and 8n FMAs per W load and cuBLASLt pays a
+ * split-K reduce launch (the K3.1 slice's B = 8 step, session 20: 193 of its 502 launches). Still one
+ * stream of W: a warp owns 16 output rows; per 64-column step each lane loads 16 contiguous bf16 of
+ * rows g and g + 8 (g = lane / 4, t = lane % 4; 4 lanes cover one 128-byte line of a row) and the same
+ * 16 columns of token rows g, g + 8, ... of x, and feeds them to mma.m16n8k16 as they lie: in the k
+ * dimension the fragment takes columns {2t, 2t+1, 2t+8, 2t+9}, and lane t's registers hold physical
+ * columns 16t + {0, 1, 2, 3} there (then {4..7}, {8..11}, {12..15} in three more mmas), the same
+ * permutation for W and x, so the 16-column sums are the dot products' (a permutation of k changes
+ * nothing but the tensor core's fp32 order). `split` warps share a row group over interleaved steps,
+ * their tiles summed in warp order in shared memory: fp32 accumulation, fixed order, deterministic.
+ * x fp32 is rounded to bf16 as it is loaded (gv_x8: the bits of the f32 -> bf16 copy). */
+constexpr int kGmMaxWarps = 16;
+__device__ __forceinline__ void gm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                       uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+/* rows ra (a) and rb (b) of W at this lane's 16 columns of step s; zeros past `in` or past `out` */
+__device__ __forceinline__ void gm_load_w(uint4 w[4], const uint16_t *W, int in, bool oka, bool okb, size_t ra,
+                                          size_t rb, int k) {
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const bool k0 = k < in, k1 = k + 8 < in; /* in % 8 == 0: a 16-byte chunk is wholly in or out */
+    w[0] = oka && k0 ? __ldcs((const uint4 *)(W + ra * in + k)) : z;
+    w[1] = oka && k1 ? __ldcs((const uint4 *)(W + ra * in + k + 8)) : z;
+    w[2] = okb && k0 ? __ldcs((const uint4 *)(W + rb * in + k)) : z;
+    w[3] = okb && k1 ? __ldcs((const uint4 *)(W + rb * in + k + 8)) : z;
+}
+template <int NT, typename TY, typename TX, bool EP>
+__global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, const TX *x, const uint16_t *W, int n,
+                                                                      int out, int in, int split, const float *add,
+                                                                      int accum) {
+    extern __shared__ float red[]; /* [warps][NT][4][32]: each warp's accumulators, lane-minor */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int groups = (int)(blockDim.x >> 5) / split, rg = blockIdx.x * groups + warp / split, part = warp % split;
+    const int ra = rg * 16 + g, rb = ra + 8, steps = (in + 63) / 64;
+    const bool oka = ra < out, okb = rb < out;
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    pdl_wait();
+    uint4 cur[4], nxt[4];
+    if (part < steps) gm_load_w(cur, W, in, oka, okb, (size_t)ra, (size_t)rb, part * 64 + 16 * t);
+    for (int s = part; s < steps; s += split) {
+        const int k = s * 64 + 16 * t;
+        /* the next step's W before this step's math: two steps of each lane in flight */
+        if (s + split < steps) gm_load_w(nxt, W, in, oka, okb, (size_t)ra, (size_t)rb, k + 64 * split);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const int tok = j * 8 + g;
+            const uint4 z = make_uint4(0, 0, 0, 0);
+            const uint4 x0 = tok < n && k < in ? gv_x8(x, (size_t)tok, k / 8, in) : z;
+            const uint4 x1 = tok < n && k + 8 < in ? gv_x8(x, (size_t)tok, k / 8 + 1, in) : z;
+            gm_mma(acc[j], cur[0].x, cur[2].x, cur[0].y, cur[2].y, x0.x, x0.y);
+            gm_mma(acc[j], cur[0].z, cur[2].z, cur[0].w, cur[2].w, x0.z, x0.w);
+            gm_mma(acc[j], cur[1].x, cur[3].x, cur[1].y, cur[3].y, x1.x, x1.y);
+            gm_mma(acc[j], cur[1].z, cur[3].z, cur[1].w, cur[3].w, x1.z, x1.w);
+        }
+#pragma unroll
+        for (int i = 0; i < 4; i++) cur[i] = nxt[i];
+    }
+    if (split > 1) {
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[((warp * NT + j) * 4 + e) * 32 + lane] = acc[j][e];
+        __syncthreads();
+        if (part) return;
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float v = acc[j][e];
+                for (int p = 1; p < split; p++) v += red[(((warp + p) * NT + j) * 4 + e) * 32 + lane];
+                acc[j][e] = v;
+            }
+    }
+    /* accumulator e: row g (e < 2) or g + 8, token 2t + (e & 1) of tile j */
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int row = e < 2 ? ra : rb, tok = j * 8 + 2 * t + (e & 1);
+            if (row < out && tok < n) {
+                if (EP) gv_epilogue(y, (size_t)tok * out + row, acc[j][e], add, accum);
+                else gv_store(y + (size_t)tok * out + row, acc[j][e]);
+            }
+        }
+}
+
+/* the row range the tensor-core kernel takes (LUNAR_GEMV_MMA_MIN, _MAX; unset 5 and 16; MAX 0: off;
+ * lunar_cuda_gemv_mma_range sets both for the bench and the tests) */
+static int gm_min = -1, gm_max = -1;
+static void gm_range_init(void) {
+    if (gm_min >= 0) return;
+    const char *lo = getenv("LUNAR_GEMV_MMA_MIN"), *hi = getenv("LUNAR_GEMV_MMA_MAX");
+    gm_min = lo ? atoi(lo) : kGvRows + 1;
+    gm_max = hi ? atoi(hi) : 16;
+    if (gm_max > 32) gm_max = 32;
+}
+extern "C" void lunar_cuda_gemv_mma_range(int lo, int hi, int *prev_lo, int *prev_hi) {
+    gm_range_init();
+    if (prev_lo) *prev_lo = gm_min;
+    if (prev_hi) *prev_hi = gm_max;
+    gm_min = lo, gm_max = hi > 32 ? 32 : hi;
+}
+static bool gm_takes(int n) {
+    gm_range_init();
+    return n >= gm_min && n <= gm_max && n >= 1 && n <= 32;
+}
+
+template <typename TY, typename TX>
+static void gemv_mma_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
+                            const float *add, int accum) {
+    /* split: warps sharing a row group, until the grid holds ~16 warps a SM (bytes in flight: two
+     * steps of 512 bytes a lane), each warp keeping at least two steps; 16 takes a block of its own */
+    static int sms = 0;
+    if (!sms) {
+        int dev = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const int rgroups = (out + 15) / 16, steps = (in + 63) / 64;
+    int split = 1;
+    while (split < kGmMaxWarps && (long long)rgroups * split < 16ll * sms && steps >= 4 * split) split *= 2;
+    const int groups = split >= 8 ? 1 : 8 / split, warps = groups * split;
+    const int blocks = (rgroups + groups - 1) / groups, nt = (n + 7) / 8;
+    const size_t smem = split > 1 ? (size_t)warps * nt * 4 * 32 * sizeof(float) : 0;
+    const bool ep = add || accum;
+    switch (nt * 2 + ep) {
+#define GM_CASE(NT)                                                                                                  \
+    case 2 * NT:                                                                                                     \
+        launch_pdl(gemv_mma_kernel<NT, TY, TX, false>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, \
+                   split, add, accum);                                                                               \
+        break;                                                                                                       \
+    case 2 * NT + 1:                                                                                                 \
+        launch_pdl(gemv_mma_kernel<NT, TY, TX, true>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in,  \
+                   split, add, accum);                                                                               \
+        break;
+        GM_CASE(1) GM_CASE(2) GM_CASE(3) GM_CASE(4)
+#undef GM_CASE
+    }
+    CUDA_CHECK_LAUNCH();
+}
+
 /* LUNAR_CUDA_GEMV=0 keeps every GEMM on cuBLASLt (A/B runs) */
 static bool gemv_wanted(const void *x, const void *W, int n, int out, int in) {
     static int on = -1;
     if (on < 0) on = !(getenv("LUNAR_CUDA_GEMV") && strcmp(getenv("LUNAR_CUDA_GEMV"), "0") == 0);
-    return on && n <= kGvRows && in % 8 == 0 && (long long)out * in <= kGvMaxElems &&
+    return on && (n <= kGvRows || gm_takes(n)) && in % 8 == 0 && (long long)out * in <= kGvMaxElems &&
            ((uintptr_t)x | (uintptr_t)W) % 16 == 0;
+}
+/* the tensor-core kernel for the rows it takes, else the CUDA-core one */
+template <typename TY, typename TX>
+static void skinny_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
+                          const float *add = NULL, int accum = 0) {
+    if (gm_takes(n)) gemv_mma_launch(y, x, W, n, out, in, st, add, accum);
+    else gemv_launch(y, x, W, n, out, in, st, add, accum);
 }
 
 /* the skinny kernel where it takes the shape (0), else -1 with nothing launched; x fp32 or bf16 */
@@ -259,8 +414,8 @@ static int gemv_try(void *y, lunar_cuda_dtype ydt, const TX *x, const uint16_t *
     CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
     if (n == 0) return 0;
     if (!gemv_wanted(x, W, n, out, in)) return -1;
-    if (ydt == LUNAR_CUDA_F32) gemv_launch((float *)y, x, W, n, out, in, st);
-    else gemv_launch((__nv_bfloat16 *)y, x, W, n, out, in, st);
+    if (ydt == LUNAR_CUDA_F32) skinny_launch((float *)y, x, W, n, out, in, st);
+    else skinny_launch((__nv_bfloat16 *)y, x, W, n, out, in, st);
     return 0;
 }
 
@@ -274,7 +429,7 @@ extern "C" int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint1
     CUDA_REQUIRE(n >= 0 && out > 0 && in > 0);
     if (n == 0) return 0;
     if (!gemv_wanted(x, W, n, out, in)) return -1;
-    gemv_launch(y, x, W, n, out, in, to_stream(s), add, 1);
+    skinny_launch(y, x, W, n, out, in, to_stream(s), add, 1);
     return 0;
 }
 

@@ -86,19 +86,6 @@ extern "C" void lunar_glue_scatter_add(float *acc, const float *y, const int32_t
     CUDA_CHECK_LAUNCH();
 }
 
-// block reduction of a double over blockDim.x <= 1024 threads; red: 32 doubles of shared memory
-__device__ double block_sum(double v, double *red) {
-    for (int d = 16; d; d >>= 1) v += __shfl_xor_sync(0xffffffffu, v, d);
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = (blockDim.x + 31) >> 5;
-    __syncthreads();
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    double t = 0;
-    for (int i = 0; i < nw; i++) t += red[i];
-    __syncthreads();
-    return t;
-}
-
 // one block per token; S <= 64 candidates
 __global__ void k_attnres(float *out, const float *const *src, int S, const float *u, const float *on,
                           int D, float eps) {
@@ -112,8 +99,8 @@ __global__ void k_attnres(float *out, const float *const *src, int S, const floa
             dot += (double)v[d] * u[d];
             ss += (double)v[d] * v[d];
         }
-        dot = block_sum(dot, red);
-        ss = block_sum(ss, red);
+        dot = block_sum_f64(dot, red);
+        ss = block_sum_f64(ss, red);
         if (threadIdx.x == 0) sc[i] = dot / sqrt(ss / D + (double)eps);
     }
     __syncthreads();
@@ -129,7 +116,7 @@ __global__ void k_attnres(float *out, const float *const *src, int S, const floa
         ss += m * m;
     }
     if (on) {
-        ss = block_sum(ss, red);
+        ss = block_sum_f64(ss, red);
         double inv = 1.0 / sqrt(ss / D + (double)eps);
         for (int d = threadIdx.x; d < D; d += blockDim.x) {
             double m = 0;
@@ -153,10 +140,10 @@ __global__ void k_layernorm(float *y, const float *x, const float *w, const floa
     float *yr = y + (size_t)blockIdx.x * dim;
     double s = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
-    double mean = block_sum(s, red) / dim;
+    double mean = block_sum_f64(s, red) / dim;
     double v = 0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
-    double var = block_sum(v, red) / dim;
+    double var = block_sum_f64(v, red) / dim;
     float inv = (float)(1.0 / sqrt(var + (double)eps));
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float t = (float)(xr[i] - mean) * inv;
@@ -272,7 +259,7 @@ __global__ void k_latent_store(void *latent, const float *kvr, const float *w, c
     const float *x = kvr + (size_t)i * row;
     double ss = 0;
     for (int d = threadIdx.x; d < R; d += blockDim.x) ss += (double)x[d] * x[d];
-    ss = block_sum(ss, red);
+    ss = block_sum_f64(ss, red);
     float inv = (float)(1.0 / sqrt(ss / R + (double)eps));
     for (int d = threadIdx.x; d < row; d += blockDim.x) {
         float val = d < R ? x[d] * inv * w[d] : x[d];

@@ -114,8 +114,8 @@ void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const u
                        int out, int in, lunar_cuda_stream s);
 /* The same product from fp32 x, rounded to bf16 inside the kernel (the values of an f32 -> bf16 copy
  * followed by lunar_cuda_matmul, with one launch and no copy): only where the skinny kernel takes
- * the shape (n <= 4, in % 8 == 0, 16-byte aligned x and W, W up to 64 M elements; LUNAR_CUDA_GEMV
- * not 0). Returns -1, launching nothing, elsewhere. */
+ * the shape (n <= 4, or the tensor-core kernel's rows: lunar_cuda_gemv_mma_range; in % 8 == 0, 16-byte
+ * aligned x and W, W up to 64 M elements; LUNAR_CUDA_GEMV not 0). Returns -1, launching nothing, elsewhere. */
 int lunar_cuda_matmul_f32x(void *y, lunar_cuda_dtype ydt, const float *x, const uint16_t *W, int n, int out,
                            int in, lunar_cuda_stream s);
 /* y[n, out] += (x . W^T + add) with add [n, out] or NULL, in the skinny kernel's epilogue (fp32 y): the
@@ -127,6 +127,9 @@ int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint16_t *W, int
  * out, where cuBLASLt's path wants out % 8 == 0); returns -1, launching nothing, elsewhere. */
 int lunar_cuda_matmul_bf16x(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n, int out,
                             int in, lunar_cuda_stream s);
+/* the row counts the skinny GEMM runs on the tensor cores (cuda_gemm.cu gemv_mma_kernel): lo..hi, at most
+ * 32 (unset: LUNAR_GEMV_MMA_MIN / _MAX, else 5 and 16; hi < lo: none); the previous range into prev_* */
+void lunar_cuda_gemv_mma_range(int lo, int hi, int *prev_lo, int *prev_hi);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
  * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
@@ -421,6 +424,14 @@ void lunar_cuda_dcp_pack_q(float *qsend, const float *q_lat, const float *q_pe, 
  * codes and scales. */
 void lunar_cuda_dsa_index_write(uint8_t *codes, float *scales, const float *k,
                                 const int32_t *slots, int n, int d, lunar_cuda_stream s);
+/* The indexer's per-token prep of n tokens in one launch, the bits of the four it replaces:
+ * lunar_glue_layernorm(ik, ik, ln_w, ln_b, n, d, eps), lunar_glue_scale(wt, wscale, n * ni),
+ * lunar_glue_hadamard(iq, n * ni, d) and lunar_cuda_dsa_index_write(codes, scales, ik, slots, n, d)
+ * (ik itself is left as it was). For 16 <= d <= 128 a power of two; returns -1, launching nothing,
+ * elsewhere. */
+int lunar_cuda_dsa_index_prep(uint8_t *codes, float *scales, const float *ik, float *iq, float *wt,
+                              const int32_t *slots, int n, int ni, int d, const float *ln_w, const float *ln_b,
+                              float eps, float wscale, lunar_cuda_stream s);
 
 /* op_dsa_indexer's FP8 scores: for row r (query of sequence row_seq[r], NULL = r) and every
  * position j < lens[r], scores[r * ld + j] = I(r, j) as op_dsa_indexer forms it (query heads
