@@ -288,25 +288,36 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     pdl_wait();
-    uint4 cur[4], nxt[4];
-    if (part < steps) gm_load_w(cur, W, in, oka, okb, (size_t)ra, (size_t)rb, part * 64 + 16 * t);
-    for (int s = part; s < steps; s += split) {
+    /* two steps in flight a lane: buffers A and B take turns (a register copy between them would wait
+     * for the loads it copies), each step's x loaded with its W */
+    uint4 wA[4], wB[4], xA[NT][2], xB[NT][2];
+    auto load = [&](uint4 w[4], uint4 xs[NT][2], int s) {
         const int k = s * 64 + 16 * t;
-        /* the next step's W before this step's math: two steps of each lane in flight */
-        if (s + split < steps) gm_load_w(nxt, W, in, oka, okb, (size_t)ra, (size_t)rb, k + 64 * split);
+        gm_load_w(w, W, in, oka, okb, (size_t)ra, (size_t)rb, k);
+        const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const int tok = j * 8 + g;
-            const uint4 z = make_uint4(0, 0, 0, 0);
-            const uint4 x0 = tok < n && k < in ? gv_x8(x, (size_t)tok, k / 8, in) : z;
-            const uint4 x1 = tok < n && k + 8 < in ? gv_x8(x, (size_t)tok, k / 8 + 1, in) : z;
-            gm_mma(acc[j], cur[0].x, cur[2].x, cur[0].y, cur[2].y, x0.x, x0.y);
-            gm_mma(acc[j], cur[0].z, cur[2].z, cur[0].w, cur[2].w, x0.z, x0.w);
-            gm_mma(acc[j], cur[1].x, cur[3].x, cur[1].y, cur[3].y, x1.x, x1.y);
-            gm_mma(acc[j], cur[1].z, cur[3].z, cur[1].w, cur[3].w, x1.z, x1.w);
+            xs[j][0] = tok < n && k < in ? gv_x8(x, (size_t)tok, k / 8, in) : z;
+            xs[j][1] = tok < n && k + 8 < in ? gv_x8(x, (size_t)tok, k / 8 + 1, in) : z;
         }
+    };
+    auto math = [&](const uint4 w[4], const uint4 xs[NT][2]) {
 #pragma unroll
-        for (int i = 0; i < 4; i++) cur[i] = nxt[i];
+        for (int j = 0; j < NT; j++) {
+            gm_mma(acc[j], w[0].x, w[2].x, w[0].y, w[2].y, xs[j][0].x, xs[j][0].y);
+            gm_mma(acc[j], w[0].z, w[2].z, w[0].w, w[2].w, xs[j][0].z, xs[j][0].w);
+            gm_mma(acc[j], w[1].x, w[3].x, w[1].y, w[3].y, xs[j][1].x, xs[j][1].y);
+            gm_mma(acc[j], w[1].z, w[3].z, w[1].w, w[3].w, xs[j][1].z, xs[j][1].w);
+        }
+    };
+    if (part < steps) load(wA, xA, part);
+    for (int s = part; s < steps; s += 2 * split) {
+        const bool b = s + split < steps;
+        if (b) load(wB, xB, s + split);
+        math(wA, xA);
+        if (s + 2 * split < steps) load(wA, xA, s + 2 * split);
+        if (b) math(wB, xB);
     }
     if (split > 1) {
 #pragma unroll
@@ -358,38 +369,51 @@ static bool gm_takes(int n) {
     return n >= gm_min && n <= gm_max && n >= 1 && n <= 32;
 }
 
+/* split: the warps sharing a row group. The largest that keeps the grid within one wave of resident
+ * blocks (the occupancy of this instance; a partial second wave was the first version's loss, session 21)
+ * and each warp at least two steps (its pipeline); 8 or 16 take a block of their own, smaller splits
+ * share a 256-thread block among 8 / split row groups */
+template <int NT, typename TY, typename TX, bool EP>
+static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st, const float *add,
+                   int accum) {
+    static int cap[2]; /* resident blocks on the device: 256 and 512 threads */
+    if (!cap[0]) {
+        int dev = 0, sms = 0;
+        CUDA_CHECK(cudaGetDevice(&dev));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        for (int i = 0; i < 2; i++) {
+            int per = 0;
+            const int th = 256 << i;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gemv_mma_kernel<NT, TY, TX, EP>, th,
+                                                                     (size_t)th / 32 * NT * 4 * 32 * sizeof(float)));
+            cap[i] = sms * (per > 0 ? per : 1);
+        }
+    }
+    const int rgroups = (out + 15) / 16, steps = (in + 63) / 64;
+    int split = kGmMaxWarps, groups = 1, blocks = rgroups;
+    for (; split > 1; split /= 2) {
+        groups = split >= 8 ? 1 : 8 / split;
+        blocks = (rgroups + groups - 1) / groups;
+        if (blocks <= cap[split == 16] && steps >= 2 * split) break;
+    }
+    if (split == 1) groups = 8, blocks = (rgroups + 7) / 8;
+    const int warps = groups * split;
+    const size_t smem = split > 1 ? (size_t)warps * NT * 4 * 32 * sizeof(float) : 0;
+    launch_pdl(gemv_mma_kernel<NT, TY, TX, EP>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, split,
+               add, accum);
+    CUDA_CHECK_LAUNCH();
+}
 template <typename TY, typename TX>
 static void gemv_mma_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
                             const float *add, int accum) {
-    /* split: warps sharing a row group, until the grid holds ~16 warps a SM (bytes in flight: two
-     * steps of 512 bytes a lane), each warp keeping at least two steps; 16 takes a block of its own */
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0;
-        CUDA_CHECK(cudaGetDevice(&dev));
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    const int rgroups = (out + 15) / 16, steps = (in + 63) / 64;
-    int split = 1;
-    while (split < kGmMaxWarps && (long long)rgroups * split < 16ll * sms && steps >= 4 * split) split *= 2;
-    const int groups = split >= 8 ? 1 : 8 / split, warps = groups * split;
-    const int blocks = (rgroups + groups - 1) / groups, nt = (n + 7) / 8;
-    const size_t smem = split > 1 ? (size_t)warps * nt * 4 * 32 * sizeof(float) : 0;
     const bool ep = add || accum;
-    switch (nt * 2 + ep) {
-#define GM_CASE(NT)                                                                                                  \
-    case 2 * NT:                                                                                                     \
-        launch_pdl(gemv_mma_kernel<NT, TY, TX, false>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, \
-                   split, add, accum);                                                                               \
-        break;                                                                                                       \
-    case 2 * NT + 1:                                                                                                 \
-        launch_pdl(gemv_mma_kernel<NT, TY, TX, true>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in,  \
-                   split, add, accum);                                                                               \
-        break;
+    switch ((n + 7) / 8 * 2 + ep) {
+#define GM_CASE(NT)                                                                                                \
+    case 2 * NT: gm_run<NT, TY, TX, false>(y, x, W, n, out, in, st, add, accum); break;                            \
+    case 2 * NT + 1: gm_run<NT, TY, TX, true>(y, x, W, n, out, in, st, add, accum); break;
         GM_CASE(1) GM_CASE(2) GM_CASE(3) GM_CASE(4)
 #undef GM_CASE
     }
-    CUDA_CHECK_LAUNCH();
 }
 
 /* LUNAR_CUDA_GEMV=0 keeps every GEMM on cuBLASLt (A/B runs) */
