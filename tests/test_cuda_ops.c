@@ -144,19 +144,19 @@ static void matmul_case(int n, int out, int in, unsigned s, int lo, int hi) {
 
 TEST(cuda_matmul_bf16_vs_cpu) {
     if (!cuda_on()) return;
-    /* n <= 4 takes the CUDA-core skinny kernel (cuda_gemm.cu): n = 1..4, few outputs (split over warps)
-     * and many; 5..16 (by default) the tensor-core one: rows past a 16-row group (out % 16), columns past
+    /* n <= 2 takes the CUDA-core skinny kernel (cuda_gemm.cu): few outputs (split over warps) and many;
+     * 3..16 (by default) the tensor-core one: rows past a 16-row group (out % 16), columns past
      * a 64-column step (in % 64), token tiles past n, splits of 1..16 warps (few and many row groups,
      * short and long rows); the rest cuBLASLt. Every shape with the default range, with the tensor-core
-     * kernel for every n <= 32 (n = 1..4 and 17..32 too), and with it off */
+     * kernel for every n <= 32 (n = 1, 2 and 17..32 too), and with it off (n <= 4 the CUDA-core kernel) */
     static const int shapes[][3] = {{1, 4096, 2304},  {64, 2304, 4096}, {33, 1000, 64},  {7, 129, 200},
                                     {8, 300, 2304},   {3, 256, 9216},   {2, 9000, 512},  {4, 520, 1024},
                                     {1, 1036, 512},   {2, 12, 4096},    {12, 4876, 7168}, {16, 520, 1024},
                                     {9, 1664, 512},   {24, 200, 136},   {32, 100, 2304}, {13, 7, 72},
                                     {4, 3, 40},       {5, 3, 40}}; /* odd ones last */
     int lo0, hi0;
-    lunar_cuda_gemv_mma_range(5, 16, &lo0, &hi0);
-    static const int ranges[][2] = {{5, 16}, {1, 32}, {1, 0}};
+    lunar_cuda_gemv_mma_range(3, 16, &lo0, &hi0);
+    static const int ranges[][2] = {{3, 16}, {1, 32}, {1, 0}};
     for (int r = 0; r < 3; r++) {
         lunar_cuda_gemv_mma_range(ranges[r][0], ranges[r][1], NULL, NULL);
         for (unsigned s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

@@ -245,16 +245,17 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
 }
 
 /* ---------------------------------------------------------------- skinny GEMM on the tensor cores
- * y[n, out] = x[n, in] . W[out, in]^T for a few rows (decode batches of 5-16: LUNAR_GEMV_MMA_MIN / _MAX),
- * where the CUDA-core kernel above would wait on n x loads and 8n FMAs per W load and cuBLASLt pays a
+ * y[n, out] = x[n, in] . W[out, in]^T for a few rows (decode batches of 3-16: LUNAR_GEMV_MMA_MIN / _MAX),
+ * where the CUDA-core kernel above waits on n x loads and 8n FMAs per W load and cuBLASLt pays a
  * split-K reduce launch (the K3.1 slice's B = 8 step, session 20: 193 of its 502 launches). Still one
- * stream of W: a warp owns 16 output rows; per 64-column step each lane loads 16 contiguous bf16 of
- * rows g and g + 8 (g = lane / 4, t = lane % 4; 4 lanes cover one 128-byte line of a row) and the same
- * 16 columns of token rows g, g + 8, ... of x, and feeds them to mma.m16n8k16 as they lie: in the k
- * dimension the fragment takes columns {2t, 2t+1, 2t+8, 2t+9}, and lane t's registers hold physical
- * columns 16t + {0, 1, 2, 3} there (then {4..7}, {8..11}, {12..15} in three more mmas), the same
- * permutation for W and x, so the 16-column sums are the dot products' (a permutation of k changes
- * nothing but the tensor core's fp32 order). `split` warps share a row group over interleaved steps,
+ * stream of W: a warp owns 16 output rows; per 64-column step each lane loads columns 8t .. 8t + 7 and
+ * 32 + 8t .. 32 + 8t + 7 of rows g and g + 8 (g = lane / 4, t = lane % 4; the 4 lanes of a row read 64
+ * contiguous bytes an instruction, one 128-byte line in two) and the same columns of token rows g,
+ * g + 8, ... of x, and feed them to mma.m16n8k16 as they lie: in the k dimension the fragment takes
+ * columns {2t, 2t+1, 2t+8, 2t+9}, and lane t's registers hold physical columns 8t + {0, 1, 2, 3} there
+ * (then 8t + {4..7}, 32 + 8t + {0..3}, 32 + 8t + {4..7} in three more mmas), the same permutation for W
+ * and x, so the 16-column sums are the dot products' (a permutation of k changes nothing but the tensor
+ * core's fp32 order). `split` warps share a row group over interleaved steps,
  * their tiles summed in warp order in shared memory: fp32 accumulation, fixed order, deterministic.
  * x fp32 is rounded to bf16 as it is loaded (gv_x8: the bits of the f32 -> bf16 copy). */
 constexpr int kGmMaxWarps = 16;
@@ -265,15 +266,17 @@ __device__ __forceinline__ void gm_mma(float *d, uint32_t a0, uint32_t a1, uint3
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-/* rows ra (a) and rb (b) of W at this lane's 16 columns of step s; zeros past `in` or past `out` */
+/* rows ra (a) and rb (b) of W at this lane's 16 columns of a step: k .. k + 7 and k + 32 .. k + 39 (k =
+ * step * 64 + 8t), so that each load instruction reads whole 32-byte sectors (the 4 lanes of a row: 64
+ * contiguous bytes); zeros past `in` or past `out` */
 __device__ __forceinline__ void gm_load_w(uint4 w[4], const uint16_t *W, int in, bool oka, bool okb, size_t ra,
                                           size_t rb, int k) {
     const uint4 z = make_uint4(0, 0, 0, 0);
-    const bool k0 = k < in, k1 = k + 8 < in; /* in % 8 == 0: a 16-byte chunk is wholly in or out */
+    const bool k0 = k < in, k1 = k + 32 < in; /* in % 8 == 0: a 16-byte chunk is wholly in or out */
     w[0] = oka && k0 ? __ldcs((const uint4 *)(W + ra * in + k)) : z;
-    w[1] = oka && k1 ? __ldcs((const uint4 *)(W + ra * in + k + 8)) : z;
+    w[1] = oka && k1 ? __ldcs((const uint4 *)(W + ra * in + k + 32)) : z;
     w[2] = okb && k0 ? __ldcs((const uint4 *)(W + rb * in + k)) : z;
-    w[3] = okb && k1 ? __ldcs((const uint4 *)(W + rb * in + k + 8)) : z;
+    w[3] = okb && k1 ? __ldcs((const uint4 *)(W + rb * in + k + 32)) : z;
 }
 template <int NT, typename TY, typename TX, bool EP>
 __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, const TX *x, const uint16_t *W, int n,
@@ -292,14 +295,14 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
      * for the loads it copies), each step's x loaded with its W */
     uint4 wA[4], wB[4], xA[NT][2], xB[NT][2];
     auto load = [&](uint4 w[4], uint4 xs[NT][2], int s) {
-        const int k = s * 64 + 16 * t;
+        const int k = s * 64 + 8 * t;
         gm_load_w(w, W, in, oka, okb, (size_t)ra, (size_t)rb, k);
         const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const int tok = j * 8 + g;
             xs[j][0] = tok < n && k < in ? gv_x8(x, (size_t)tok, k / 8, in) : z;
-            xs[j][1] = tok < n && k + 8 < in ? gv_x8(x, (size_t)tok, k / 8 + 1, in) : z;
+            xs[j][1] = tok < n && k + 32 < in ? gv_x8(x, (size_t)tok, k / 8 + 4, in) : z;
         }
     };
     auto math = [&](const uint4 w[4], const uint4 xs[NT][2]) {
@@ -348,13 +351,17 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
         }
 }
 
-/* the row range the tensor-core kernel takes (LUNAR_GEMV_MMA_MIN, _MAX; unset 5 and 16; MAX 0: off;
- * lunar_cuda_gemv_mma_range sets both for the bench and the tests) */
+/* the row range the tensor-core kernel takes (LUNAR_GEMV_MMA_MIN, _MAX; unset 3 and 16; MAX 0: off;
+ * lunar_cuda_gemv_mma_range sets both for the bench and the tests). Measured (session 21, H200,
+ * bench_cuda gemvmma and lunar bench, docs/benchmarks.md "Session 21"): at 3 and 4 rows it beats the
+ * CUDA-core kernel on every model shape (4 rows: 1.6-3.6x; the K3.1 slice's B = 4 step 4.62 -> 2.41 ms,
+ * Kimi-Linear's 7.94 -> 5.82), at 5-16 cuBLASLt on most (the slice's B = 8 step -4.5 %); at 1-2 rows
+ * the CUDA-core kernel wins on all but the KDA input projections, at 24-32 cuBLASLt on half the shapes */
 static int gm_min = -1, gm_max = -1;
 static void gm_range_init(void) {
     if (gm_min >= 0) return;
     const char *lo = getenv("LUNAR_GEMV_MMA_MIN"), *hi = getenv("LUNAR_GEMV_MMA_MAX");
-    gm_min = lo ? atoi(lo) : kGvRows + 1;
+    gm_min = lo ? atoi(lo) : 3;
     gm_max = hi ? atoi(hi) : 16;
     if (gm_max > 32) gm_max = 32;
 }

@@ -128,7 +128,7 @@ int lunar_cuda_matmul_f32x_into(float *y, const float *x, const uint16_t *W, int
 int lunar_cuda_matmul_bf16x(void *y, lunar_cuda_dtype ydt, const uint16_t *x, const uint16_t *W, int n, int out,
                             int in, lunar_cuda_stream s);
 /* the row counts the skinny GEMM runs on the tensor cores (cuda_gemm.cu gemv_mma_kernel): lo..hi, at most
- * 32 (unset: LUNAR_GEMV_MMA_MIN / _MAX, else 5 and 16; hi < lo: none); the previous range into prev_* */
+ * 32 (unset: LUNAR_GEMV_MMA_MIN / _MAX, else 3 and 16; hi < lo: none); the previous range into prev_* */
 void lunar_cuda_gemv_mma_range(int lo, int hi, int *prev_lo, int *prev_hi);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
