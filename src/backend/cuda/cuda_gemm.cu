@@ -248,14 +248,13 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
  * y[n, out] = x[n, in] . W[out, in]^T for a few rows (decode batches of 3-16: LUNAR_GEMV_MMA_MIN / _MAX),
  * where the CUDA-core kernel above waits on n x loads and 8n FMAs per W load and cuBLASLt pays a
  * split-K reduce launch (the K3.1 slice's B = 8 step, session 20: 193 of its 502 launches). Still one
- * stream of W: a warp owns 16 output rows; per 64-column step each lane loads columns 8t .. 8t + 7 and
- * 32 + 8t .. 32 + 8t + 7 of rows g and g + 8 (g = lane / 4, t = lane % 4; the 4 lanes of a row read 64
- * contiguous bytes an instruction, one 128-byte line in two) and the same columns of token rows g,
- * g + 8, ... of x, and feed them to mma.m16n8k16 as they lie: in the k dimension the fragment takes
- * columns {2t, 2t+1, 2t+8, 2t+9}, and lane t's registers hold physical columns 8t + {0, 1, 2, 3} there
- * (then 8t + {4..7}, 32 + 8t + {0..3}, 32 + 8t + {4..7} in three more mmas), the same permutation for W
- * and x, so the 16-column sums are the dot products' (a permutation of k changes nothing but the tensor
- * core's fp32 order). `split` warps share a row group over interleaved steps,
+ * stream of W: a warp owns 16 output rows; per 64-column step each lane loads 16 contiguous bf16 of
+ * rows g and g + 8 (g = lane / 4, t = lane % 4; 4 lanes cover one 128-byte line of a row) and the same
+ * 16 columns of token rows g, g + 8, ... of x, and feeds them to mma.m16n8k16 as they lie: in the k
+ * dimension the fragment takes columns {2t, 2t+1, 2t+8, 2t+9}, and lane t's registers hold physical
+ * columns 16t + {0, 1, 2, 3} there (then {4..7}, {8..11}, {12..15} in three more mmas), the same
+ * permutation for W and x, so the 16-column sums are the dot products' (a permutation of k changes
+ * nothing but the tensor core's fp32 order). `split` warps share a row group over interleaved steps,
  * their tiles summed in warp order in shared memory: fp32 accumulation, fixed order, deterministic.
  * x fp32 is rounded to bf16 as it is loaded (gv_x8: the bits of the f32 -> bf16 copy). */
 constexpr int kGmMaxWarps = 16;
@@ -266,19 +265,19 @@ __device__ __forceinline__ void gm_mma(float *d, uint32_t a0, uint32_t a1, uint3
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-/* rows ra (a) and rb (b) of W at this lane's 16 columns of a step: k .. k + 7 and k + 32 .. k + 39 (k =
- * step * 64 + 8t), so that each load instruction reads whole 32-byte sectors (the 4 lanes of a row: 64
- * contiguous bytes); zeros past `in` or past `out` */
+/* rows ra (a) and rb (b) of W at this lane's 16 columns k .. k + 15 of a step (k = step * 64 + 16t); zeros
+ * past `in` or past `out`. (Columns 8t and 32 + 8t instead, whole sectors an instruction, measured 0-10 %
+ * slower, session 21's call 3.) */
 __device__ __forceinline__ void gm_load_w(uint4 w[4], const uint16_t *W, int in, bool oka, bool okb, size_t ra,
                                           size_t rb, int k) {
     const uint4 z = make_uint4(0, 0, 0, 0);
-    const bool k0 = k < in, k1 = k + 32 < in; /* in % 8 == 0: a 16-byte chunk is wholly in or out */
+    const bool k0 = k < in, k1 = k + 8 < in; /* in % 8 == 0: a 16-byte chunk is wholly in or out */
     w[0] = oka && k0 ? __ldcs((const uint4 *)(W + ra * in + k)) : z;
-    w[1] = oka && k1 ? __ldcs((const uint4 *)(W + ra * in + k + 32)) : z;
+    w[1] = oka && k1 ? __ldcs((const uint4 *)(W + ra * in + k + 8)) : z;
     w[2] = okb && k0 ? __ldcs((const uint4 *)(W + rb * in + k)) : z;
-    w[3] = okb && k1 ? __ldcs((const uint4 *)(W + rb * in + k + 32)) : z;
+    w[3] = okb && k1 ? __ldcs((const uint4 *)(W + rb * in + k + 8)) : z;
 }
-template <int NT, typename TY, typename TX, bool EP>
+template <int NT, int D, typename TY, typename TX, bool EP>
 __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, const TX *x, const uint16_t *W, int n,
                                                                       int out, int in, int split, const float *add,
                                                                       int accum) {
@@ -291,18 +290,18 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     pdl_wait();
-    /* two steps in flight a lane: buffers A and B take turns (a register copy between them would wait
-     * for the loads it copies), each step's x loaded with its W */
+    /* D (2 or 3) steps in flight a lane: buffers A, B (and C) take turns (a register copy between them
+     * would wait for the loads it copies), each step's x loaded with its W */
     uint4 wA[4], wB[4], xA[NT][2], xB[NT][2];
     auto load = [&](uint4 w[4], uint4 xs[NT][2], int s) {
-        const int k = s * 64 + 8 * t;
+        const int k = s * 64 + 16 * t;
         gm_load_w(w, W, in, oka, okb, (size_t)ra, (size_t)rb, k);
         const uint4 z = make_uint4(0, 0, 0, 0);
 #pragma unroll
         for (int j = 0; j < NT; j++) {
             const int tok = j * 8 + g;
             xs[j][0] = tok < n && k < in ? gv_x8(x, (size_t)tok, k / 8, in) : z;
-            xs[j][1] = tok < n && k + 32 < in ? gv_x8(x, (size_t)tok, k / 8 + 4, in) : z;
+            xs[j][1] = tok < n && k + 8 < in ? gv_x8(x, (size_t)tok, k / 8 + 1, in) : z;
         }
     };
     auto math = [&](const uint4 w[4], const uint4 xs[NT][2]) {
@@ -315,12 +314,30 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
         }
     };
     if (part < steps) load(wA, xA, part);
-    for (int s = part; s < steps; s += 2 * split) {
-        const bool b = s + split < steps;
-        if (b) load(wB, xB, s + split);
-        math(wA, xA);
-        if (s + 2 * split < steps) load(wA, xA, s + 2 * split);
-        if (b) math(wB, xB);
+    if constexpr (D == 2) {
+        for (int s = part; s < steps; s += 2 * split) {
+            const bool b = s + split < steps;
+            if (b) load(wB, xB, s + split);
+            math(wA, xA);
+            if (s + 2 * split < steps) load(wA, xA, s + 2 * split);
+            if (b) math(wB, xB);
+        }
+    } else {
+        uint4 wC[4], xC[NT][2];
+        if (part + split < steps) load(wB, xB, part + split);
+        for (int s = part; s < steps; s += 3 * split) {
+            const bool b = s + split < steps, c = s + 2 * split < steps;
+            if (c) load(wC, xC, s + 2 * split);
+            math(wA, xA);
+            if (b) {
+                if (s + 3 * split < steps) load(wA, xA, s + 3 * split);
+                math(wB, xB);
+            }
+            if (c) {
+                if (s + 4 * split < steps) load(wB, xB, s + 4 * split);
+                math(wC, xC);
+            }
+        }
     }
     if (split > 1) {
 #pragma unroll
@@ -380,7 +397,7 @@ static bool gm_takes(int n) {
  * blocks (the occupancy of this instance; a partial second wave was the first version's loss, session 21)
  * and each warp at least two steps (its pipeline); 8 or 16 take a block of their own, smaller splits
  * share a 256-thread block among 8 / split row groups */
-template <int NT, typename TY, typename TX, bool EP>
+template <int NT, int D, typename TY, typename TX, bool EP>
 static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st, const float *add,
                    int accum) {
     static int cap[2]; /* resident blocks on the device: 256 and 512 threads */
@@ -391,7 +408,7 @@ static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in
         for (int i = 0; i < 2; i++) {
             int per = 0;
             const int th = 256 << i;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gemv_mma_kernel<NT, TY, TX, EP>, th,
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gemv_mma_kernel<NT, D, TY, TX, EP>, th,
                                                                      (size_t)th / 32 * NT * 4 * 32 * sizeof(float)));
             cap[i] = sms * (per > 0 ? per : 1);
         }
@@ -406,18 +423,29 @@ static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in
     if (split == 1) groups = 8, blocks = (rgroups + 7) / 8;
     const int warps = groups * split;
     const size_t smem = split > 1 ? (size_t)warps * NT * 4 * 32 * sizeof(float) : 0;
-    launch_pdl(gemv_mma_kernel<NT, TY, TX, EP>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, split,
+    launch_pdl(gemv_mma_kernel<NT, D, TY, TX, EP>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, split,
                add, accum);
     CUDA_CHECK_LAUNCH();
+}
+/* LUNAR_GEMV_MMA_DEPTH=3: three steps in flight a lane at up to 8 rows (A/B; unset 2) */
+static bool gm_depth3(void) {
+    static int v = -1;
+    if (v < 0) v = getenv("LUNAR_GEMV_MMA_DEPTH") && atoi(getenv("LUNAR_GEMV_MMA_DEPTH")) == 3;
+    return v;
 }
 template <typename TY, typename TX>
 static void gemv_mma_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
                             const float *add, int accum) {
     const bool ep = add || accum;
+    if (n <= 8 && gm_depth3()) {
+        if (ep) gm_run<1, 3, TY, TX, true>(y, x, W, n, out, in, st, add, accum);
+        else gm_run<1, 3, TY, TX, false>(y, x, W, n, out, in, st, add, accum);
+        return;
+    }
     switch ((n + 7) / 8 * 2 + ep) {
 #define GM_CASE(NT)                                                                                                \
-    case 2 * NT: gm_run<NT, TY, TX, false>(y, x, W, n, out, in, st, add, accum); break;                            \
-    case 2 * NT + 1: gm_run<NT, TY, TX, true>(y, x, W, n, out, in, st, add, accum); break;
+    case 2 * NT: gm_run<NT, 2, TY, TX, false>(y, x, W, n, out, in, st, add, accum); break;                         \
+    case 2 * NT + 1: gm_run<NT, 2, TY, TX, true>(y, x, W, n, out, in, st, add, accum); break;
         GM_CASE(1) GM_CASE(2) GM_CASE(3) GM_CASE(4)
 #undef GM_CASE
     }
