@@ -277,7 +277,7 @@ __device__ __forceinline__ void gm_load_w(uint4 w[4], const uint16_t *W, int in,
     w[2] = okb && k0 ? __ldcs((const uint4 *)(W + rb * in + k)) : z;
     w[3] = okb && k1 ? __ldcs((const uint4 *)(W + rb * in + k + 8)) : z;
 }
-template <int NT, int D, typename TY, typename TX, bool EP>
+template <int NT, typename TY, typename TX, bool EP>
 __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, const TX *x, const uint16_t *W, int n,
                                                                       int out, int in, int split, const float *add,
                                                                       int accum) {
@@ -290,8 +290,10 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
 #pragma unroll
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
     pdl_wait();
-    /* D (2 or 3) steps in flight a lane: buffers A, B (and C) take turns (a register copy between them
-     * would wait for the loads it copies), each step's x loaded with its W */
+    /* two steps in flight a lane: buffers A and B take turns (a register copy between them would wait
+     * for the loads it copies), each step's x loaded with its W. (Three, LUNAR_GEMV_MMA_DEPTH=3 in session
+     * 21's call 4: 108 registers, the split smaller where the grid then exceeds a wave; the K3.1 latent
+     * projections 15-18 % faster alone, the KDA input 10 % slower, the B = 4 / 8 steps level: removed) */
     uint4 wA[4], wB[4], xA[NT][2], xB[NT][2];
     auto load = [&](uint4 w[4], uint4 xs[NT][2], int s) {
         const int k = s * 64 + 16 * t;
@@ -314,30 +316,12 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
         }
     };
     if (part < steps) load(wA, xA, part);
-    if constexpr (D == 2) {
-        for (int s = part; s < steps; s += 2 * split) {
-            const bool b = s + split < steps;
-            if (b) load(wB, xB, s + split);
-            math(wA, xA);
-            if (s + 2 * split < steps) load(wA, xA, s + 2 * split);
-            if (b) math(wB, xB);
-        }
-    } else {
-        uint4 wC[4], xC[NT][2];
-        if (part + split < steps) load(wB, xB, part + split);
-        for (int s = part; s < steps; s += 3 * split) {
-            const bool b = s + split < steps, c = s + 2 * split < steps;
-            if (c) load(wC, xC, s + 2 * split);
-            math(wA, xA);
-            if (b) {
-                if (s + 3 * split < steps) load(wA, xA, s + 3 * split);
-                math(wB, xB);
-            }
-            if (c) {
-                if (s + 4 * split < steps) load(wB, xB, s + 4 * split);
-                math(wC, xC);
-            }
-        }
+    for (int s = part; s < steps; s += 2 * split) {
+        const bool b = s + split < steps;
+        if (b) load(wB, xB, s + split);
+        math(wA, xA);
+        if (s + 2 * split < steps) load(wA, xA, s + 2 * split);
+        if (b) math(wB, xB);
     }
     if (split > 1) {
 #pragma unroll
@@ -397,7 +381,7 @@ static bool gm_takes(int n) {
  * blocks (the occupancy of this instance; a partial second wave was the first version's loss, session 21)
  * and each warp at least two steps (its pipeline); 8 or 16 take a block of their own, smaller splits
  * share a 256-thread block among 8 / split row groups */
-template <int NT, int D, typename TY, typename TX, bool EP>
+template <int NT, typename TY, typename TX, bool EP>
 static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st, const float *add,
                    int accum) {
     static int cap[2]; /* resident blocks on the device: 256 and 512 threads */
@@ -408,7 +392,7 @@ static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in
         for (int i = 0; i < 2; i++) {
             int per = 0;
             const int th = 256 << i;
-            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gemv_mma_kernel<NT, D, TY, TX, EP>, th,
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, gemv_mma_kernel<NT, TY, TX, EP>, th,
                                                                      (size_t)th / 32 * NT * 4 * 32 * sizeof(float)));
             cap[i] = sms * (per > 0 ? per : 1);
         }
@@ -423,29 +407,18 @@ static void gm_run(TY *y, const TX *x, const uint16_t *W, int n, int out, int in
     if (split == 1) groups = 8, blocks = (rgroups + 7) / 8;
     const int warps = groups * split;
     const size_t smem = split > 1 ? (size_t)warps * NT * 4 * 32 * sizeof(float) : 0;
-    launch_pdl(gemv_mma_kernel<NT, D, TY, TX, EP>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, split,
+    launch_pdl(gemv_mma_kernel<NT, TY, TX, EP>, dim3(blocks), dim3(warps * 32), smem, st, y, x, W, n, out, in, split,
                add, accum);
     CUDA_CHECK_LAUNCH();
-}
-/* LUNAR_GEMV_MMA_DEPTH=3: three steps in flight a lane at up to 8 rows (A/B; unset 2) */
-static bool gm_depth3(void) {
-    static int v = -1;
-    if (v < 0) v = getenv("LUNAR_GEMV_MMA_DEPTH") && atoi(getenv("LUNAR_GEMV_MMA_DEPTH")) == 3;
-    return v;
 }
 template <typename TY, typename TX>
 static void gemv_mma_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, int in, cudaStream_t st,
                             const float *add, int accum) {
     const bool ep = add || accum;
-    if (n <= 8 && gm_depth3()) {
-        if (ep) gm_run<1, 3, TY, TX, true>(y, x, W, n, out, in, st, add, accum);
-        else gm_run<1, 3, TY, TX, false>(y, x, W, n, out, in, st, add, accum);
-        return;
-    }
     switch ((n + 7) / 8 * 2 + ep) {
 #define GM_CASE(NT)                                                                                                \
-    case 2 * NT: gm_run<NT, 2, TY, TX, false>(y, x, W, n, out, in, st, add, accum); break;                         \
-    case 2 * NT + 1: gm_run<NT, 2, TY, TX, true>(y, x, W, n, out, in, st, add, accum); break;
+    case 2 * NT: gm_run<NT, TY, TX, false>(y, x, W, n, out, in, st, add, accum); break;                            \
+    case 2 * NT + 1: gm_run<NT, TY, TX, true>(y, x, W, n, out, in, st, add, accum); break;
         GM_CASE(1) GM_CASE(2) GM_CASE(3) GM_CASE(4)
 #undef GM_CASE
     }
