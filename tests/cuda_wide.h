@@ -8,6 +8,8 @@
 /* writes config.json + model.safetensors into a new temporary directory (dir: room for 64 bytes);
  * 0 on success */
 int lunar_test_wide_model_dir(char *dir);
+/* the same with 4 KDA heads (its fused KDA projection 1796 wide: a multiple of 4) */
+int lunar_test_wide4_model_dir(char *dir);
 /* the same for the K3 / K3.1-shaped model (AttnRes, latent MXFP4 MoE, DSA indexer, output gate) */
 int lunar_test_k3_model_dir(char *dir);
 void lunar_test_wide_model_rm(const char *dir);

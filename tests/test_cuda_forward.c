@@ -398,7 +398,7 @@ static int test_model_dir(char *dir, const char *config) {
 }
 
 int lunar_test_wide_model_dir(char *dir) { return test_model_dir(dir, wide_config); }
-static int wide4_model_dir(char *dir) { return test_model_dir(dir, wide4_config); }
+int lunar_test_wide4_model_dir(char *dir) { return test_model_dir(dir, wide4_config); }
 int lunar_test_k3_model_dir(char *dir) { return test_model_dir(dir, k3_config); }
 
 void lunar_test_wide_model_rm(const char *dir) {
@@ -510,13 +510,13 @@ TEST(cuda_forward_kernel_shapes_vs_cpu) {
      * per-projection GEMMs and ops (LUNAR_KDA_PREFILL=split, read at upload), prompts of one and of
      * two sequences. (Until session 7 this ran on the 2-head model, whose 1,026-wide projection
      * never took the fused path: the default was covered by its op test only.) */
-    m = lunar_test_model_load(dir, wide4_model_dir, NULL);
+    m = lunar_test_model_load(dir, lunar_test_wide4_model_dir, NULL);
     if (m) {
         run_model("wide 4 KDA heads, fused KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         lunar_test_model_done(m, dir);
         char *saved = getenv("LUNAR_KDA_PREFILL") ? strdup(getenv("LUNAR_KDA_PREFILL")) : NULL;
         setenv("LUNAR_KDA_PREFILL", "split", 1);
-        m = lunar_test_model_load(dir, wide4_model_dir, NULL);
+        m = lunar_test_model_load(dir, lunar_test_wide4_model_dir, NULL);
         if (m) run_model("wide 4 KDA heads, split KDA prefill", m, ids, T, ND, NULL, NULL, 3e-2, 1, 0);
         if (saved) setenv("LUNAR_KDA_PREFILL", saved, 1), free(saved);
         else unsetenv("LUNAR_KDA_PREFILL");

@@ -180,6 +180,83 @@ TEST(cuda_forward_graphs_match_eager) {
     lunar_test_model_done(m, dir);
 }
 
+/* KDA decode of several rows through the fused input projection (lunar_cuda_kda_decode_rows, the
+ * default) against the per-projection split path it replaces: the 4-head wide model (its fused
+ * projection's width a multiple of 4), batches 3 and 5, 16 eager steps each from the same caches. The
+ * two compute the same math through other kernels (one GEMM of the fused matrix and the gate
+ * projections' kernel, against a GEMM per matrix, the gate and sigmoid launches): fp32 sums in other
+ * orders, so each logits row within 1e-3 of its largest magnitude and the argmax equal in >= 95 % of
+ * the rows; the multi-row path must have run. */
+TEST(cuda_forward_kda_rows_match_split) {
+    if (!lunar_test_cuda_device()) return;
+    char dir[64];
+    lunar_model *m = lunar_test_model_load(dir, lunar_test_wide4_model_dir, NULL);
+    lunar_err err;
+    lunar_cuda_model *gm = NULL;
+    if (m) CHECK_MSG(lunar_test_cuda_upload(&gm, m, 1, &err) == 0, "%s", err.msg);
+    if (gm) {
+        lunar_cuda_model_graphs(gm, 0);
+        const int V = m->cfg.vocab_size;
+        static const int Bs[] = {3, 5};
+        for (int bi = 0; bi < 2; bi++) {
+            const int B = Bs[bi];
+            int plen[6];
+            for (int b = 0; b < B; b++) plen[b] = 200 - 30 * b;
+            const int per = (200 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+            lunar_cuda_caches c;
+            if (lunar_cuda_caches_init(&c, m, per * B, B, 0, &err)) {
+                CHECK_MSG(0, "%s", err.msg);
+                break;
+            }
+            int32_t *blocks = lunar_xmalloc((size_t)per * B * sizeof *blocks);
+            for (int i = 0; i < per * B; i++) blocks[i] = i;
+            float *pl = lunar_xmalloc((size_t)V * sizeof *pl);
+            for (int b = 0; b < B; b++) {
+                int32_t *p = lunar_xmalloc((size_t)plen[b] * sizeof *p);
+                for (int i = 0; i < plen[b]; i++) p[i] = (int32_t)((i * 29 + b * 13 + 3) % V);
+                lunar_batch_seq sq = {p, plen[b], 0, b, blocks + (size_t)b * per, LUNAR_LOGITS_LAST};
+                CHECK(lunar_forward_batch_cuda(gm, &c, &sq, 1, pl, &err) == 0);
+                free(p);
+            }
+            saved_caches sv;
+            caches_save(&sv, &c);
+            const size_t nl = (size_t)STEPS * B * V;
+            float *lr = lunar_xcalloc(nl, sizeof *lr), *ls = lunar_xcalloc(nl, sizeof *ls);
+            int32_t *ir = lunar_xcalloc((size_t)STEPS * B, 4), *is = lunar_xcalloc((size_t)STEPS * B, 4);
+            const int prev = lunar_cuda_kda_decode_rows(1);
+            const long r0 = lunar_cuda_kda_decode_rows_runs();
+            decode_run(gm, &c, &sv, B, plen, per, blocks, V, lr, ir);
+            const long r1 = lunar_cuda_kda_decode_rows_runs();
+            lunar_cuda_kda_decode_rows(0);
+            decode_run(gm, &c, &sv, B, plen, per, blocks, V, ls, is);
+            CHECK_MSG(lunar_cuda_kda_decode_rows_runs() == r1, "the split path ran the multi-row path");
+            lunar_cuda_kda_decode_rows(prev);
+            CHECK_MSG(r1 - r0 == (long)STEPS * m->cfg.n_kda_layers, "multi-row KDA layers run: %ld (want %ld)",
+                      r1 - r0, (long)STEPS * m->cfg.n_kda_layers);
+            int rows = 0, same = 0;
+            double worst = 0;
+            for (int k = 0; k < STEPS; k++)
+                for (int b = 0; b < B; b++) {
+                    if (k >= SAMPLED_FROM && b % 2 == 0) continue; /* sampled rows: logits not returned */
+                    const float *a = lr + ((size_t)k * B + b) * V, *r = ls + ((size_t)k * B + b) * V;
+                    const double e = lunar_max_rel_err(a, r, V);
+                    if (e > worst) worst = e;
+                    int ia = 0, ib = 0;
+                    for (int v = 1; v < V; v++) ia = a[v] > a[ia] ? v : ia, ib = r[v] > r[ib] ? v : ib;
+                    rows++, same += ia == ib;
+                }
+            fprintf(stderr, "\n  kda rows vs split, B=%d: worst row %.2e, argmax %d/%d", B, worst, same, rows);
+            CHECK_MSG(worst <= 1e-3, "B=%d: a logits row %.3g from the split path's", B, worst);
+            CHECK_MSG(same * 100 >= rows * 95, "B=%d: argmax %d of %d rows", B, same, rows);
+            free(lr), free(ls), free(ir), free(is), free(pl), free(blocks);
+            free(sv.latent), free(sv.conv), free(sv.state), free(sv.codes), free(sv.scales);
+            lunar_cuda_caches_free(&c);
+        }
+        lunar_cuda_model_free(gm);
+    }
+    lunar_test_model_done(m, dir);
+}
+
 /* --quantization ptpc_fp8 (the wide model's linears as PTPC-FP8): batch 1 and 3 decode steps take the
  * fused decode kernel, batch 6 the per-token quantiser (its codes and scales in arena scratch) and
  * the scaled cuBLASLt FP8 GEMM, whose scale pointers are descriptor state read when the call is

@@ -1003,6 +1003,47 @@ TEST(cuda_kda_gate_proj_decode_matches_ops) {
     lunar_cuda_release(mark);
 }
 
+/* the gate projections of n token rows (strided, as the fused projection's output lies) against the
+ * one-row call on each row: memcmp-equal, with and without g_b, n = 1 / 3 / 16 */
+TEST(cuda_kda_gate_proj_rows_match_one_row) {
+    if (!cuda_on()) return;
+    const int H = 3, dk = 128, HD = H * dk, in = 128, xs = 2 * in + 36;
+    static const int ns[] = {1, 3, 16};
+    size_t mark = lunar_cuda_mark();
+    float *x = test_rand((long)16 * xs, 31, -2, 2), *wf = test_rand((long)2 * HD * in, 32, -0.2f, 0.2f);
+    float *al = test_rand(H, 33, -2, 1), *db = test_rand(HD, 34, -1, 1);
+    uint16_t *wb = malloc((size_t)2 * HD * in * 2);
+    for (long i = 0; i < (long)2 * HD * in; i++) wb[i] = lunar_f32_to_bf16(wf[i]);
+    const float *dx = dev_in(x, (size_t)16 * xs * 4), *dal = dev_in(al, H * 4), *ddb = dev_in(db, HD * 4);
+    const uint16_t *dw = dev_in(wb, (size_t)2 * HD * in * 2);
+    float *g1 = lunar_cuda_alloc((size_t)HD * 4), *og1 = lunar_cuda_alloc((size_t)HD * 4);
+    for (unsigned t = 0; t < sizeof ns / sizeof ns[0]; t++)
+        for (int with_og = 0; with_og < 2; with_og++) {
+            const int n = ns[t];
+            const float lb = with_og ? -5.0f : 0.0f;
+            guarded o1, o2;
+            float *g = guarded_new(&o1, (size_t)n * HD * 4), *og = guarded_new(&o2, (size_t)n * HD * 4);
+            lunar_cuda_kda_gate_proj_rows(g, with_og ? og : NULL, dx, xs, n, dw, H, dk, in, dal, ddb, lb, NULL);
+            float *a = down_f32(g, (long)n * HD), *b = down_f32(og, (long)n * HD);
+            long bad = 0;
+            for (int r = 0; r < n; r++) {
+                lunar_cuda_kda_gate_proj_decode(g1, with_og ? og1 : NULL, dx + (size_t)r * xs, dw, H, dk, in, dal, ddb,
+                                                lb, NULL);
+                float *a1 = down_f32(g1, HD), *b1 = down_f32(og1, HD);
+                bad += memcmp(a1, a + (size_t)r * HD, (size_t)HD * 4) != 0;
+                if (with_og) bad += memcmp(b1, b + (size_t)r * HD, (size_t)HD * 4) != 0;
+                free(a1), free(b1);
+            }
+            CHECK_MSG(bad == 0, "kda_gate_proj_rows n=%d og=%d: %ld rows differ from the one-row call", n, with_og,
+                      bad);
+            if (!with_og) CHECK_MSG(b[0] != b[0], "og written although NULL");
+            CHECK(guards_ok(&o1) && guards_ok(&o2));
+            free(a), free(b);
+        }
+    free(x), free(wf), free(al), free(db), free(wb);
+    lunar_cuda_release(mark);
+}
+
 /* ---------------------------------------------------------------- KDA */
 
 /* mode: 1 3xTF32 (fp32-accurate), 0 plain tf32, 2 bf16 scratch and bf16 state-pass operands

@@ -26,6 +26,8 @@ long lunar_cuda_model_combine_norm_folds(const lunar_cuda_model *g) {
     (void)g;
     return 0;
 }
+int lunar_cuda_kda_decode_rows(int on) { return (void)on, -1; }
+long lunar_cuda_kda_decode_rows_runs(void) { return 0; }
 void lunar_cuda_model_graph_stats(const lunar_cuda_model *g, long *captures, long *replays, size_t *nodes,
                                   double *capture_s) {
     (void)g;
@@ -308,24 +310,42 @@ static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, t
 }
 
 /* into (or NULL): the output added into it where mm_into takes o_proj (returns 1, out unwritten) */
+/* the multi-row decode path of kda_layer: -1 the environment's choice (LUNAR_KDA_DECODE_ROWS), else on / off */
+static int kda_rows = -1;
+static long kda_rows_runs;
+int lunar_cuda_kda_decode_rows(int on) {
+    const int prev = kda_rows;
+    kda_rows = on;
+    return prev;
+}
+long lunar_cuda_kda_decode_rows_runs(void) { return kda_rows_runs; }
+
 static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
                      const uint16_t *hb_in, float *out, float *into, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
     size_t mk = lunar_cuda_mark();
     const int dec = b->kda_conv_idx && dk == 128;
-    /* batch-1 decode with the fused matrix (up_cat): one GEMM for the six projections of h, one
-     * launch for the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank
-     * and gate inputs read in place: 10 launches fewer per layer */
-    const int one = dec && n == 1 && w->kin.p;
+    const int gout = w->g.p ? w->g.out : w->ga.out;
+    /* decode with the fused matrix (up_cat): one GEMM for the six projections of h, one launch for
+     * the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank and gate
+     * inputs read in place: 10 launches fewer per layer. Batch 1 always; 2-16 rows (session 21:
+     * the split path's ~17 launches a layer were most of a B = 8 step's) where the gate projections
+     * take strided rows (lunar_cuda_kda_gate_proj_rows: the low-rank output gate, f_a and g_a the
+     * widths of f_b's and g_b's inputs); LUNAR_KDA_DECODE_ROWS=0 the split path above one row */
+    if (kda_rows < 0) kda_rows = !(getenv("LUNAR_KDA_DECODE_ROWS") && atoi(getenv("LUNAR_KDA_DECODE_ROWS")) <= 0);
+    const int rows_ok = kda_rows && n <= 16 && !w->g.p && w->kfg.p && w->fa.out == w->fb.in && gout == w->fb.in &&
+                        w->fb.in % 8 == 0 && w->kin.out % 4 == 0;
+    const int one = dec && w->kin.p && (n == 1 || rows_ok);
+    if (one && n > 1) kda_rows_runs++; /* a statistic for the tests (relaxed: one stream enqueues) */
     /* opt-in (mode: lunar_cuda_model.kda_decode, LUNAR_KDA_DECODE=nogate|fused): the convolutions,
      * the recurrence and the gated norm in one launch (lunar_cuda_kda_decode_fused), =fused the
      * gate projections inside it too where their input width is 128. Correct (bit-equal) but not
      * faster on the H200 under PDL: 40 / 60 nodes fewer, same / +0.13 ms (docs/benchmarks.md) */
-    const int fused = one && mode != KDA_DECODE_SPLIT && dk == 128 && K <= 8;
+    const int fused = one && n == 1 && mode != KDA_DECODE_SPLIT && dk == 128 && K <= 8;
     lunar_cuda_kda_gate_rows gr = {0};
     /* q and k adjacent (k 256-byte aligned as an allocation would be): where nothing pads between
      * them, their L2 norms (per head row) are one launch over 2 n H rows */
-    const size_t qk_stride = one ? (size_t)HD : ((size_t)n * HD + 63) / 64 * 64;
+    const size_t qk_stride = one ? (size_t)n * HD : ((size_t)n * HD + 63) / 64 * 64;
     /* prefill through the fused projection (prefill_mode, lunar_cuda_model.kda_prefill): its output
      * y [n, kin.out] (q|k|v|f_a|g_a|b) goes through one pass (lunar_cuda_kda_conv_qkv_prefill) that
      * leaves q, k, v, beta and the bf16 f_a / g_a outputs; y is dead after it and holds pre, g and o
@@ -333,8 +353,8 @@ static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int
     const int pf = prefill_mode && !dec && dk == 128 && K <= 8 && w->kin.p && !w->g.p && w->kin.out % 4 == 0 &&
                    w->fa.out == w->fb.in && w->ga.out == w->gb.in;
     float *yp = pf ? fd((size_t)n * w->kin.out) : NULL;
-    float *pre = pf ? yp : fd((size_t)n * HD), *q = fd(2 * qk_stride + (one ? HD : 0)), *k = q + qk_stride;
-    float *v = one ? q + 2 * HD : fd((size_t)n * HD);
+    float *pre = pf ? yp : fd((size_t)n * HD), *q = fd(2 * qk_stride + (one ? (size_t)n * HD : 0)), *k = q + qk_stride;
+    float *v = one ? q + 2 * (size_t)n * HD : fd((size_t)n * HD);
     float *g = pf ? yp + (size_t)n * HD : fd((size_t)n * HD), *low = pf ? NULL : fd((size_t)n * dk);
     /* o at the end of y's spare room rather than right after g: with n H dk a power of two (8192 tokens
      * x 4096 = 128 MiB) g and o would otherwise lie exactly a power of two apart, and the chunk kernel,
@@ -354,13 +374,12 @@ static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int
     int gate_done = 0; /* one: pre already holds the output gate's pre-activation */
     float *y = NULL, *beta_in = NULL; /* one: the fused projection's outputs, beta's logits among them */
     if (one) {
-        const int gout = w->g.p ? w->g.out : w->ga.out;
-        y = fd((size_t)w->kin.out);
+        y = fd((size_t)n * w->kin.out);
         beta_in = y + 3 * HD + w->fa.out + gout;
-        mm(y, h, &w->kin, 1);
+        mm(y, h, &w->kin, n);
         if (!fused)
             lunar_cuda_kda_conv_qkv_decode(q, beta, y, beta_in, w->kin.out, w->qc, b->c->conv + ki * b->c->conv_len,
-                                           b->kda_state_idx, 1, H, dk, K, KDA_L2_EPS, NULL);
+                                           b->kda_state_idx, n, H, dk, K, KDA_L2_EPS, NULL);
         gin = y + 3 * HD + w->fa.out;
         /* the gate projections and the gate in one launch where f_a and g_a outputs lie as it reads
          * them (adjacent, each the width of the next matrix's input) */
@@ -370,8 +389,9 @@ static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int
                                             !w->g.p};
             if (!w->g.p) gin = NULL; /* the fused core makes the output gate too */
         } else if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
-            lunar_cuda_kda_gate_proj_decode(g, w->g.p ? NULL : pre, y + 3 * HD, w->kfg.p, H, dk, w->fb.in, w->A_log,
-                                            w->dt_bias, c->kda_gate_lower_bound, NULL);
+            /* (n > 1 only where rows_ok: the low-rank output gate, so pre takes g_b's rows) */
+            lunar_cuda_kda_gate_proj_rows(g, w->g.p ? NULL : pre, y + 3 * HD, w->kin.out, n, w->kfg.p, H, dk,
+                                          w->fb.in, w->A_log, w->dt_bias, c->kda_gate_lower_bound, NULL);
             if (!w->g.p) gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
         } else {
             mm(pre, y + 3 * HD, &w->fb, n);

@@ -484,15 +484,17 @@ extern "C" void lunar_cuda_matmul(void *y, lunar_cuda_dtype ydt, const uint16_t 
                             to_stream(s)));
 }
 
-/* KDA decode at batch 1: the forget gate's up-projection f_b with op_kda_gate applied to its
- * outputs and, og non-NULL, the output gate's up-projection g_b beside it (W = [f_b; g_b], each
- * [H dk, in], reading x[0, in) and x[in, 2 in): the fused projection's f_a | g_a outputs), one
- * launch instead of GEMM, gate, GEMM. A warp per output row, as gemv_kernel<1> with split 1 (the
- * split it takes at these shapes: same loads, products and shuffle tree). */
-__global__ void __launch_bounds__(kGvWarps * 32) kda_gate_proj_kernel(float *g, float *og, const float *x,
-                                                                     const uint16_t *W, int HD, int rows, int in,
-                                                                     const float *A_log, const float *dt_bias,
-                                                                     int dk, float lb, uint32_t pf) {
+/* KDA decode: the forget gate's up-projection f_b with op_kda_gate applied to its outputs and, og
+ * non-NULL, the output gate's up-projection g_b beside it (W = [f_b; g_b], each [H dk, in], reading
+ * x[r, 0 .. in) and x[r, in .. 2 in) of each of the n token rows r (row stride xs): the fused
+ * projection's f_a | g_a outputs), one launch instead of GEMM, gate, GEMM. A warp per output row, as
+ * gemv_kernel<1> with split 1 (the split it takes at these shapes: same loads, products and shuffle
+ * tree), its row of W held in a register across the n tokens where it is one load a lane (in <= 256) */
+__global__ void __launch_bounds__(kGvWarps * 32) kda_gate_proj_kernel(float *g, float *og, const float *x, int64_t xs,
+                                                                     int n, const uint16_t *W, int HD, int rows,
+                                                                     int in, const float *A_log,
+                                                                     const float *dt_bias, int dk, float lb,
+                                                                     uint32_t pf) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, o = blockIdx.x * kGvWarps + warp, n8 = in / 8;
     if (pf && lane == 0 && o < rows) { /* the row's head into L2 before the wait, as gemv_kernel */
         const uint32_t rb = (uint32_t)in * 2u, lim = (pf / kGvWarps) & ~15u;
@@ -502,27 +504,42 @@ __global__ void __launch_bounds__(kGvWarps * 32) kda_gate_proj_kernel(float *g, 
     if (o >= rows) return; /* warp-uniform */
     const int seg = o < HD ? 0 : 1;
     const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
-    const float *xs = x + (size_t)seg * in;
-    float acc = 0.f;
+    const bool held = n8 <= 32;
+    const uint4 wv = held && lane < n8 ? __ldcs(w4 + lane) : make_uint4(0, 0, 0, 0);
+    for (int r = 0; r < n; r++) {
+        const float *xr = x + r * xs + (size_t)seg * in;
+        float acc = 0.f;
+        if (held) {
+            if (lane < n8) acc += gv_dot8(wv, gv_x8(xr, (size_t)0, lane, in));
+        } else {
 #pragma unroll 4
-    for (int i = lane; i < n8; i += 32) acc += gv_dot8(__ldcs(w4 + i), gv_x8(xs, (size_t)0, i, in));
-    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-    if (lane) return;
-    if (seg == 0)
-        g[o] = kda_gate_value(acc, A_log[o / dk], dt_bias[o], lb);
-    else
-        og[o - HD] = acc;
+            for (int i = lane; i < n8; i += 32) acc += gv_dot8(__ldcs(w4 + i), gv_x8(xr, (size_t)0, i, in));
+        }
+        for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+        if (lane) continue;
+        if (seg == 0)
+            g[(size_t)r * HD + o] = kda_gate_value(acc, A_log[o / dk], dt_bias[o], lb);
+        else
+            og[(size_t)r * HD + o - HD] = acc;
+    }
+}
+
+extern "C" void lunar_cuda_kda_gate_proj_rows(float *g, float *og, const float *x, int64_t x_stride, int n,
+                                              const uint16_t *W, int H, int dk, int in, const float *A_log,
+                                              const float *dt_bias, float lb, lunar_cuda_stream s) {
+    CUDA_REQUIRE(H > 0 && dk > 0 && in > 0 && in % 8 == 0 && ((uintptr_t)x | (uintptr_t)W) % 16 == 0 &&
+                 (!og || in % 4 == 0) && n >= 0 && (n <= 1 || x_stride % 4 == 0));
+    if (n == 0) return;
+    const int HD = H * dk, rows = og ? 2 * HD : HD;
+    launch_pdl(kda_gate_proj_kernel, dim3((rows + kGvWarps - 1) / kGvWarps), dim3(kGvWarps * 32), 0, to_stream(s),
+               g, og, x, x_stride, n, W, HD, rows, in, A_log, dt_bias, dk, lb, lunar_cuda_pdl_prefetch_bytes(1));
+    CUDA_CHECK_LAUNCH();
 }
 
 extern "C" void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float *x, const uint16_t *W, int H,
                                                 int dk, int in, const float *A_log, const float *dt_bias, float lb,
                                                 lunar_cuda_stream s) {
-    CUDA_REQUIRE(H > 0 && dk > 0 && in > 0 && in % 8 == 0 && ((uintptr_t)x | (uintptr_t)W) % 16 == 0 &&
-                 (!og || in % 4 == 0));
-    const int HD = H * dk, rows = og ? 2 * HD : HD;
-    launch_pdl(kda_gate_proj_kernel, dim3((rows + kGvWarps - 1) / kGvWarps), dim3(kGvWarps * 32), 0, to_stream(s),
-               g, og, x, W, HD, rows, in, A_log, dt_bias, dk, lb, lunar_cuda_pdl_prefetch_bytes(1));
-    CUDA_CHECK_LAUNCH();
+    lunar_cuda_kda_gate_proj_rows(g, og, x, 0, 1, W, H, dk, in, A_log, dt_bias, lb, s);
 }
 
 /* ---------------------------------------------------------------- MLA absorption GEMMs

@@ -262,6 +262,11 @@ int lunar_cuda_kda_gate_gemm(float *g, const uint16_t *xa, const uint16_t *W, in
  * outputs equal the skinny GEMM + lunar_cuda_kda_gate (+ skinny GEMM) they replace. */
 void lunar_cuda_kda_gate_proj_decode(float *g, float *og, const float *x, const uint16_t *W, int H, int dk, int in,
                                      const float *A_log, const float *dt_bias, float lb, lunar_cuda_stream s);
+/* The same for n token rows: x row r at x + r x_stride (x_stride % 4 == 0 where n > 1), g and og [n, H dk];
+ * row 0's outputs the bits of lunar_cuda_kda_gate_proj_decode on it, every row's those of that call on it. */
+void lunar_cuda_kda_gate_proj_rows(float *g, float *og, const float *x, int64_t x_stride, int n, const uint16_t *W,
+                                   int H, int dk, int in, const float *A_log, const float *dt_bias, float lb,
+                                   lunar_cuda_stream s);
 
 /* ---------------------------------------------------------------- KDA (cuda_kda*.cu) */
 
