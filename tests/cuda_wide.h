@@ -12,6 +12,8 @@ int lunar_test_wide_model_dir(char *dir);
 int lunar_test_wide4_model_dir(char *dir);
 /* the same for the K3 / K3.1-shaped model (AttnRes, latent MXFP4 MoE, DSA indexer, output gate) */
 int lunar_test_k3_model_dir(char *dir);
+/* the K3 one with 4 KDA heads (its fused KDA projection, with the full-rank gate, 2180 wide) */
+int lunar_test_k3h4_model_dir(char *dir);
 void lunar_test_wide_model_rm(const char *dir);
 
 #include "model/model.h"

@@ -400,6 +400,16 @@ static int test_model_dir(char *dir, const char *config) {
 int lunar_test_wide_model_dir(char *dir) { return test_model_dir(dir, wide_config); }
 int lunar_test_wide4_model_dir(char *dir) { return test_model_dir(dir, wide4_config); }
 int lunar_test_k3_model_dir(char *dir) { return test_model_dir(dir, k3_config); }
+/* the K3 model with 4 KDA heads: its fused KDA projection (3 x 512 + 128 + 512 + 4 = 2180, the full-rank
+ * gate among them) a multiple of 4 wide */
+int lunar_test_k3h4_model_dir(char *dir) {
+    static char cfg[4096];
+    const char *at = strstr(k3_config, "\"num_heads\": 2,");
+    if (!at || strlen(k3_config) >= sizeof cfg) return -1;
+    snprintf(cfg, sizeof cfg, "%.*s\"num_heads\": 4,%s", (int)(at - k3_config), k3_config,
+             at + strlen("\"num_heads\": 2,"));
+    return test_model_dir(dir, cfg);
+}
 
 void lunar_test_wide_model_rm(const char *dir) {
     char path[512];

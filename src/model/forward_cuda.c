@@ -330,11 +330,12 @@ static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int
      * the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank and gate
      * inputs read in place: 10 launches fewer per layer. Batch 1 always; 2-16 rows (session 21:
      * the split path's ~17 launches a layer were most of a B = 8 step's) where the gate projections
-     * take strided rows (lunar_cuda_kda_gate_proj_rows: the low-rank output gate, f_a and g_a the
-     * widths of f_b's and g_b's inputs); LUNAR_KDA_DECODE_ROWS=0 the split path above one row */
+     * take strided rows (lunar_cuda_kda_gate_proj_rows: f_a and a low-rank g_a the widths of f_b's
+     * and g_b's inputs; a full-rank gate's rows are copied out of the projection's output in one
+     * strided copy); LUNAR_KDA_DECODE_ROWS=0 the split path above one row */
     if (kda_rows < 0) kda_rows = !(getenv("LUNAR_KDA_DECODE_ROWS") && atoi(getenv("LUNAR_KDA_DECODE_ROWS")) <= 0);
-    const int rows_ok = kda_rows && n <= 16 && !w->g.p && w->kfg.p && w->fa.out == w->fb.in && gout == w->fb.in &&
-                        w->fb.in % 8 == 0 && w->kin.out % 4 == 0;
+    const int rows_ok = kda_rows && n <= 16 && w->kfg.p && w->fa.out == w->fb.in &&
+                        (w->g.p ? gout == HD : gout == w->fb.in) && w->fb.in % 8 == 0 && w->kin.out % 4 == 0;
     const int one = dec && w->kin.p && (n == 1 || rows_ok);
     if (one && n > 1) kda_rows_runs++; /* a statistic for the tests (relaxed: one stream enqueues) */
     /* opt-in (mode: lunar_cuda_model.kda_decode, LUNAR_KDA_DECODE=nogate|fused): the convolutions,
@@ -389,10 +390,14 @@ static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int
                                             !w->g.p};
             if (!w->g.p) gin = NULL; /* the fused core makes the output gate too */
         } else if (w->kfg.p && w->fa.out == w->fb.in && (w->g.p || gout == w->fb.in) && w->fb.in % 8 == 0) {
-            /* (n > 1 only where rows_ok: the low-rank output gate, so pre takes g_b's rows) */
             lunar_cuda_kda_gate_proj_rows(g, w->g.p ? NULL : pre, y + 3 * HD, w->kin.out, n, w->kfg.p, H, dk,
                                           w->fb.in, w->A_log, w->dt_bias, c->kda_gate_lower_bound, NULL);
-            if (!w->g.p) gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
+            if (!w->g.p) {
+                gin = NULL, gate_done = 1; /* pre holds g_b's outputs */
+            } else if (n > 1) { /* the full-rank gate's rows [n, H dk] out of y's */
+                lunar_cuda_copy_2d(pre, (size_t)HD * 4, gin, (size_t)w->kin.out * 4, (size_t)HD * 4, (size_t)n);
+                gin = NULL, gate_done = 1;
+            }
         } else {
             mm(pre, y + 3 * HD, &w->fb, n);
             lunar_cuda_kda_gate(g, pre, w->A_log, w->dt_bias, n, H, dk, c->kda_gate_lower_bound, NULL);
