@@ -328,13 +328,14 @@ static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int
     const int gout = w->g.p ? w->g.out : w->ga.out;
     /* decode with the fused matrix (up_cat): one GEMM for the six projections of h, one launch for
      * the convolutions, norms and beta (lunar_cuda_kda_conv_qkv_decode), the low-rank and gate
-     * inputs read in place: 10 launches fewer per layer. Batch 1 always; 2-16 rows (session 21:
-     * the split path's ~17 launches a layer were most of a B = 8 step's) where the gate projections
+     * inputs read in place: 10 launches fewer per layer. Batch 1 always; 3-16 rows (session 21:
+     * the split path's ~17 launches a layer were most of a B = 8 step's; at 2 rows, where the fused
+     * GEMM runs on the CUDA-core kernel, the K3.1 slice measured 3 % slower) where the gate projections
      * take strided rows (lunar_cuda_kda_gate_proj_rows: f_a and a low-rank g_a the widths of f_b's
      * and g_b's inputs; a full-rank gate's rows are copied out of the projection's output in one
      * strided copy); LUNAR_KDA_DECODE_ROWS=0 the split path above one row */
     if (kda_rows < 0) kda_rows = !(getenv("LUNAR_KDA_DECODE_ROWS") && atoi(getenv("LUNAR_KDA_DECODE_ROWS")) <= 0);
-    const int rows_ok = kda_rows && n <= 16 && w->kfg.p && w->fa.out == w->fb.in &&
+    const int rows_ok = kda_rows && n >= 3 && n <= 16 && w->kfg.p && w->fa.out == w->fb.in &&
                         (w->g.p ? gout == HD : gout == w->fb.in) && w->fb.in % 8 == 0 && w->kin.out % 4 == 0;
     const int one = dec && w->kin.p && (n == 1 || rows_ok);
     if (one && n > 1) kda_rows_runs++; /* a statistic for the tests (relaxed: one stream enqueues) */

@@ -44,7 +44,7 @@ int lunar_cuda_model_fused_moe(lunar_cuda_model *g, int on);
  * until measured; LUNAR_COMBINE_NORM=1 at upload turns it on. Set it before the first step: decode
  * graphs captured before keep the path they were captured with. Returns the previous setting. */
 int lunar_cuda_model_combine_norm(lunar_cuda_model *g, int on);
-/* KDA decode of 2-16 rows through the fused input projection (the batch-1 path: projection, one conv /
+/* KDA decode of 3-16 rows through the fused input projection (the batch-1 path: projection, one conv /
  * norm / beta launch, the gate projections of all rows in one launch) where the layer's shapes allow;
  * on = 1 / 0, -1 LUNAR_KDA_DECODE_ROWS's choice (unset: on); returns the previous setting. _runs: the
  * KDA layers run that way so far (all models) */
