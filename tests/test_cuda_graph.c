@@ -60,6 +60,36 @@ static void caches_restore(const saved_caches *s, lunar_cuda_caches *c) {
     lunar_cuda_upload(c->idx_scales, s->scales, s->ni * 4);
 }
 
+/* B sequences of plen[b] prompt tokens prefilled one at a time into c (sequence b on slot b, its pages
+ * blocks[b * per ..], reversed so the block table is not the identity), their caches saved into sv;
+ * returns 0, or -1 after a failed check */
+static int prefill_each(lunar_cuda_model *gm, const lunar_model *m, lunar_cuda_caches *c, int B, const int *plen,
+                        int per, int32_t **blocks_out, saved_caches *sv) {
+    lunar_err err;
+    const int V = m->cfg.vocab_size;
+    if (lunar_cuda_caches_init(c, m, per * B, B, 0, &err)) {
+        CHECK_MSG(0, "%s", err.msg);
+        return -1;
+    }
+    int32_t *blocks = lunar_xmalloc((size_t)per * B * sizeof *blocks);
+    for (int i = 0; i < per * B; i++) blocks[i] = per * B - 1 - i; /* not the identity */
+    float *pl = lunar_xmalloc((size_t)V * sizeof *pl);
+    for (int b = 0; b < B; b++) {
+        int32_t *p = lunar_xmalloc((size_t)plen[b] * sizeof *p);
+        for (int i = 0; i < plen[b]; i++) p[i] = (int32_t)((i * 37 + b * 11 + 1) % V);
+        lunar_batch_seq sq = {p, plen[b], 0, b, blocks + (size_t)b * per, LUNAR_LOGITS_LAST};
+        CHECK(lunar_forward_batch_cuda(gm, c, &sq, 1, pl, &err) == 0);
+        free(p);
+    }
+    free(pl);
+    caches_save(sv, c);
+    *blocks_out = blocks;
+    return 0;
+}
+static void saved_free(saved_caches *sv) {
+    free(sv->latent), free(sv->conv), free(sv->state), free(sv->codes), free(sv->scales);
+}
+
 /* STEPS decode steps of B sequences from the saved state: logits [STEPS][B][V] (sampled rows left
  * at 0), sampled ids [STEPS][B] */
 static int decode_run(lunar_cuda_model *gm, lunar_cuda_caches *c, const saved_caches *sv, int B, const int *plen,
@@ -103,22 +133,9 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
         for (int b = 0; b < B; b++) plen[b] = 250 - 40 * b; /* row 0 crosses 256 at step 6 */
         const int per = (250 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
         lunar_cuda_caches c;
-        if (lunar_cuda_caches_init(&c, m, per * B, B, 0, &err)) {
-            CHECK_MSG(0, "%s", err.msg);
-            break;
-        }
-        int32_t *blocks = lunar_xmalloc((size_t)per * B * sizeof *blocks);
-        for (int i = 0; i < per * B; i++) blocks[i] = per * B - 1 - i; /* not the identity */
-        float *pl = lunar_xmalloc((size_t)V * sizeof *pl);
-        for (int b = 0; b < B; b++) { /* prefill, one sequence at a time */
-            int32_t *p = lunar_xmalloc((size_t)plen[b] * sizeof *p);
-            for (int i = 0; i < plen[b]; i++) p[i] = (int32_t)((i * 37 + b * 11 + 1) % V);
-            lunar_batch_seq sq = {p, plen[b], 0, b, blocks + (size_t)b * per, LUNAR_LOGITS_LAST};
-            CHECK(lunar_forward_batch_cuda(gm, &c, &sq, 1, pl, &err) == 0);
-            free(p);
-        }
+        int32_t *blocks;
         saved_caches sv;
-        caches_save(&sv, &c);
+        if (prefill_each(gm, m, &c, B, plen, per, &blocks, &sv)) break;
         const size_t nl = (size_t)STEPS * B * V;
         float *le = lunar_xcalloc(nl, sizeof *le), *lgr = lunar_xcalloc(nl, sizeof *lgr);
         int32_t *ie = lunar_xcalloc((size_t)STEPS * B, 4), *igr = lunar_xcalloc((size_t)STEPS * B, 4);
@@ -151,8 +168,8 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
                 name, pdl ? " (graphs with PDL)" : "", fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
         CHECK_MSG(bad_steps == 0, "%s, B=%d: %d of %d decode steps differ between graphs and eager (first: step %d)", name, B,
                   bad_steps, STEPS, first_bad);
-        free(le), free(lgr), free(ie), free(igr), free(pl), free(blocks);
-        free(sv.latent), free(sv.conv), free(sv.state), free(sv.codes), free(sv.scales);
+        free(le), free(lgr), free(ie), free(igr), free(blocks);
+        saved_free(&sv);
         lunar_cuda_caches_free(&c);
     }
     lunar_cuda_model_free(gm);
@@ -206,22 +223,9 @@ static void kda_rows_vs_split(const char *name, int (*make)(char *)) {
             for (int b = 0; b < B; b++) plen[b] = 200 - 30 * b;
             const int per = (200 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
             lunar_cuda_caches c;
-            if (lunar_cuda_caches_init(&c, m, per * B, B, 0, &err)) {
-                CHECK_MSG(0, "%s", err.msg);
-                break;
-            }
-            int32_t *blocks = lunar_xmalloc((size_t)per * B * sizeof *blocks);
-            for (int i = 0; i < per * B; i++) blocks[i] = i;
-            float *pl = lunar_xmalloc((size_t)V * sizeof *pl);
-            for (int b = 0; b < B; b++) {
-                int32_t *p = lunar_xmalloc((size_t)plen[b] * sizeof *p);
-                for (int i = 0; i < plen[b]; i++) p[i] = (int32_t)((i * 29 + b * 13 + 3) % V);
-                lunar_batch_seq sq = {p, plen[b], 0, b, blocks + (size_t)b * per, LUNAR_LOGITS_LAST};
-                CHECK(lunar_forward_batch_cuda(gm, &c, &sq, 1, pl, &err) == 0);
-                free(p);
-            }
+            int32_t *blocks;
             saved_caches sv;
-            caches_save(&sv, &c);
+            if (prefill_each(gm, m, &c, B, plen, per, &blocks, &sv)) break;
             const size_t nl = (size_t)STEPS * B * V;
             float *lr = lunar_xcalloc(nl, sizeof *lr), *ls = lunar_xcalloc(nl, sizeof *ls);
             int32_t *ir = lunar_xcalloc((size_t)STEPS * B, 4), *is = lunar_xcalloc((size_t)STEPS * B, 4);
@@ -258,8 +262,8 @@ static void kda_rows_vs_split(const char *name, int (*make)(char *)) {
             CHECK_MSG(med <= 1e-2 && worst <= 0.25, "%s, B=%d: logits rows from the split path's: median %.3g, worst %.3g",
                       name, B, med, worst);
             CHECK_MSG(same * 100 >= rows * 90, "%s, B=%d: argmax %d of %d rows", name, B, same, rows);
-            free(lr), free(ls), free(ir), free(is), free(pl), free(blocks);
-            free(sv.latent), free(sv.conv), free(sv.state), free(sv.codes), free(sv.scales);
+            free(lr), free(ls), free(ir), free(is), free(blocks);
+            saved_free(&sv);
             lunar_cuda_caches_free(&c);
         }
         lunar_cuda_model_free(gm);

@@ -413,21 +413,29 @@ static void bench_kda_gate(void) {
 }
 
 /* ---------------------------------------------------------------- GEMM */
-static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtype ydt) {
-    const size_t mark = lunar_cuda_mark();
-    /* several weight copies when they fit in L2 (60 MB), so repeats do not time the cache */
+/* bf16 operands of an [n, in] x [out, in]^T product in the arena: *copies weight matrices (several
+ * when one fits in L2 (60 MB), so repeats do not time the cache; the array malloc'ed), x */
+static uint16_t **gemm_operands(int n, int out, int in, int *copies, uint16_t **x) {
     const size_t wbytes = (size_t)out * in * 2;
-    const int copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 1;
-    uint16_t **W = malloc(sizeof(uint16_t *) * copies);
+    *copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 1;
+    uint16_t **W = malloc(sizeof(uint16_t *) * *copies);
     float *tmp = dalloc((size_t)out * in * 4 > (size_t)n * in * 4 ? (size_t)out * in * 4 : (size_t)n * in * 4);
-    for (int c = 0; c < copies; c++) {
+    for (int c = 0; c < *copies; c++) {
         W[c] = dalloc(wbytes);
         lunar_cuda_fill_uniform(tmp, (size_t)out * in, 20 + c, -0.05f, 0.05f);
         lunar_cuda_f32_to_bf16(W[c], tmp, (size_t)out * in);
     }
-    uint16_t *x = dalloc((size_t)n * in * 2);
+    *x = dalloc((size_t)n * in * 2);
     lunar_cuda_fill_uniform(tmp, (size_t)n * in, 99, -1, 1);
-    lunar_cuda_f32_to_bf16(x, tmp, (size_t)n * in);
+    lunar_cuda_f32_to_bf16(*x, tmp, (size_t)n * in);
+    return W;
+}
+static void bench_gemm(const char *name, int n, int out, int in, lunar_cuda_dtype ydt) {
+    const size_t mark = lunar_cuda_mark();
+    const size_t wbytes = (size_t)out * in * 2;
+    int copies;
+    uint16_t *x;
+    uint16_t **W = gemm_operands(n, out, in, &copies, &x);
     void *y = dalloc((size_t)n * out * (ydt == LUNAR_CUDA_F32 ? 4 : 2));
     lunar_cuda_event e0 = lunar_cuda_event_create(), e1 = lunar_cuda_event_create();
     for (int i = 0; i < 3; i++) lunar_cuda_matmul(y, ydt, x, W[i % copies], n, out, in, NULL);
@@ -476,17 +484,9 @@ static float time_mm(void *y, const uint16_t *x, uint16_t **W, int copies, int n
 static void bench_gemv_mma(const char *name, int n, int out, int in, int rounds) {
     const size_t mark = lunar_cuda_mark();
     const size_t wbytes = (size_t)out * in * 2;
-    const int copies = wbytes < (256u << 20) ? (int)((256u << 20) / wbytes + 1) : 1;
-    uint16_t **W = malloc(sizeof(uint16_t *) * copies);
-    float *tmp = dalloc((size_t)out * in * 4 > (size_t)n * in * 4 ? (size_t)out * in * 4 : (size_t)n * in * 4);
-    for (int c = 0; c < copies; c++) {
-        W[c] = dalloc(wbytes);
-        lunar_cuda_fill_uniform(tmp, (size_t)out * in, 20 + c, -0.05f, 0.05f);
-        lunar_cuda_f32_to_bf16(W[c], tmp, (size_t)out * in);
-    }
-    uint16_t *x = dalloc((size_t)n * in * 2);
-    lunar_cuda_fill_uniform(tmp, (size_t)n * in, 99, -1, 1);
-    lunar_cuda_f32_to_bf16(x, tmp, (size_t)n * in);
+    int copies;
+    uint16_t *x;
+    uint16_t **W = gemm_operands(n, out, in, &copies, &x);
     float *y = dalloc((size_t)n * out * 4);
     const double floor_us = ((double)wbytes + (double)n * in * 2 + (double)n * out * 4) / BW * 1e6;
     int lo, hi;
