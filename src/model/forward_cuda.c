@@ -309,7 +309,6 @@ static int kda_gate_old(void) { /* LUNAR_KDA_GATE=old: the prefill's f_b GEMM, t
     return v;
 }
 
-/* into (or NULL): the output added into it where mm_into takes o_proj (returns 1, out unwritten) */
 /* the multi-row decode path of kda_layer: -1 the environment's choice (LUNAR_KDA_DECODE_ROWS), else on / off */
 static int kda_rows = -1;
 static long kda_rows_runs;
@@ -320,6 +319,7 @@ int lunar_cuda_kda_decode_rows(int on) {
 }
 long lunar_cuda_kda_decode_rows_runs(void) { return kda_rows_runs; }
 
+/* into (or NULL): the output added into it where mm_into takes o_proj (returns 1, out unwritten) */
 static int kda_layer(const lunar_config *c, const dlayer *w, const dstep *b, int ki, const float *h,
                      const uint16_t *hb_in, float *out, float *into, int mode, int prefill_mode) {
     const int H = c->kda_num_heads, dk = c->kda_head_dim, HD = H * dk, K = c->kda_conv_size, n = b->T;
