@@ -24,6 +24,13 @@ void lunar_test_wide_model_rm(const char *dir);
 lunar_model *lunar_test_model_load(char *dir, int (*make)(char *), const lunar_load_options *lo);
 void lunar_test_model_done(lunar_model *m, const char *dir);
 
+/* logits rows got against want [rows, V] (tests/test_cuda_forward.c): per-row e = max |got - want| /
+ * max |want| over all rows; returns the median row e, sets *worst to the largest, adds the rows whose
+ * argmax agrees (near ties of 5e-3 max |want| counted) to *agree and, strict non-NULL, the equal picks
+ * to *strict */
+double lunar_test_cmp_rows(const float *got, const float *want, int rows, int V, int *agree, int *strict,
+                           double *worst);
+
 /* m uploaded to the device with its MoE layers on the fused path (fused) or the generic per-expert one
  * (LUNAR_CUDA_MOE=generic set around the upload, so that MXFP4 experts keep their widened copies); 0 on
  * success, after a check that the path asked for exists (lunar_cuda_model_fused_moe). The model type is

@@ -76,7 +76,7 @@ static int cmp_double(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
-static double cmp_rows(const float *got, const float *want, int rows, int V, int *agree, int *strict, double *worst) {
+double lunar_test_cmp_rows(const float *got, const float *want, int rows, int V, int *agree, int *strict, double *worst) {
     double mx = 0;
     for (long i = 0; i < (long)rows * V; i++) mx = fmax(mx, fabs(want[i]));
     double *e = lunar_xmalloc((size_t)rows * sizeof *e);
@@ -170,13 +170,13 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     int a_pre = 0, a_dec = 0, a_full = 0, a_bat = 0, a_gold = 0, strict = 0; /* strict: equal picks vs the CPU */
     double w_pre = 0, w_dec = 0, w_full = 0, w_bat = 0, g_pre = NAN, g_dec = NAN, g_worst = 0;
     CHECK(lunar_forward_cuda(gm, &s, ids, T, logits, 1, &err) == 0);
-    const double e_pre = cmp_rows(logits, ref_pre, T, V, &a_pre, &strict, &w_pre);
-    if (gold_pre) g_pre = cmp_rows(logits, gold_pre, T, V, &a_gold, NULL, &g_worst);
+    const double e_pre = lunar_test_cmp_rows(logits, ref_pre, T, V, &a_pre, &strict, &w_pre);
+    if (gold_pre) g_pre = lunar_test_cmp_rows(logits, gold_pre, T, V, &a_gold, NULL, &g_worst);
     /* decode rows: gathered, then compared as one set */
     float *dec = lunar_xmalloc((size_t)(nd ? nd : 1) * V * sizeof(float));
     for (int i = 0; i < nd; i++) CHECK(lunar_forward_cuda(gm, &s, ids + T + i, 1, dec + (size_t)i * V, 0, &err) == 0);
-    const double e_dec = cmp_rows(dec, ref_dec, nd, V, &a_dec, &strict, &w_dec);
-    if (gold_dec) g_dec = cmp_rows(dec, gold_dec, nd, V, &a_gold, NULL, &g_worst);
+    const double e_dec = lunar_test_cmp_rows(dec, ref_dec, nd, V, &a_dec, &strict, &w_dec);
+    if (gold_dec) g_dec = lunar_test_cmp_rows(dec, gold_dec, nd, V, &a_gold, NULL, &g_worst);
     free(dec);
     /* chunked prefill (as the engine cuts prompts): uneven chunks continuing at pos0 > 0 */
     int a_chk = 0;
@@ -188,11 +188,11 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
     if (c2) CHECK(lunar_forward_cuda(gm, &s, ids + c1, c2, logits + (size_t)c1 * V, 1, &err) == 0);
     if (T - c1 - c2 > 0)
         CHECK(lunar_forward_cuda(gm, &s, ids + c1 + c2, T - c1 - c2, logits + (size_t)(c1 + c2) * V, 1, &err) == 0);
-    const double e_chk = cmp_rows(logits, ref_chk, T, V, &a_chk, &strict, &w_chk);
+    const double e_chk = lunar_test_cmp_rows(logits, ref_chk, T, V, &a_chk, &strict, &w_chk);
 
     lunar_cuda_seq_reset(&s);
     CHECK(lunar_forward_cuda(gm, &s, ids, N, logits, 1, &err) == 0);
-    const double e_full = cmp_rows(logits, ref_full, N, V, &a_full, &strict, &w_full);
+    const double e_full = lunar_test_cmp_rows(logits, ref_full, N, V, &a_full, &strict, &w_full);
 
     /* one step of two sequences: the whole sequence on slot 0 (pages nb..2nb-1, reversed so the
      * block table is not the identity) and the prompt alone on slot 1 (pages 0..nb-1) */
@@ -203,8 +203,8 @@ static void run_model(const char *name, const lunar_model *m, const int32_t *ids
         for (int i = 0; i < nb; i++) bt[i] = 2 * nb - 1 - i, bt[nb + i] = i;
         lunar_batch_seq sq[2] = {{ids, N, 0, 0, bt, LUNAR_LOGITS_ALL}, {ids, T, 0, 1, bt + nb, LUNAR_LOGITS_LAST}};
         CHECK(lunar_forward_batch_cuda(gm, &two, sq, 2, logits, &err) == 0);
-        e_bat = fmax(cmp_rows(logits, ref_full, N, V, &a_bat, &strict, &w_bat),
-                     cmp_rows(logits + (size_t)N * V, ref_pre + (size_t)(T - 1) * V, 1, V, &a_bat, &strict, &w_bat));
+        e_bat = fmax(lunar_test_cmp_rows(logits, ref_full, N, V, &a_bat, &strict, &w_bat),
+                     lunar_test_cmp_rows(logits + (size_t)N * V, ref_pre + (size_t)(T - 1) * V, 1, V, &a_bat, &strict, &w_bat));
         free(bt);
         lunar_cuda_caches_free(&two);
     } else {

@@ -80,6 +80,16 @@ __device__ __forceinline__ float e4m3_to_f32(uint8_t c) {
     return __half2float(*reinterpret_cast<__half *>(&h));
 }
 
+// d[0..3] += A (16x16, row) . B (16x8, col): mma.m16n8k16, bf16 operands, fp32 accumulation; a0..a3 / b0, b1
+// the fragments' registers in the PTX order (the MoE kernels, the MLA flash prefill, the skinny GEMM)
+__device__ __forceinline__ void mma_bf16(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 // The double sum of the glue kernels (layernorm, AttnRes reference, cuda_glue.cu) and of the indexer's
 // key prep (cuda_dsa.cu), whose results must be the same bits: warp butterflies, then every warp's sum
 // added in warp order by every thread
@@ -93,6 +103,40 @@ __device__ __forceinline__ double block_sum_f64(double v, double *red) {
     for (int i = 0; i < nw; i++) t += red[i];
     __syncthreads();
     return t;
+}
+// One row of `dim` values by the block: yr = LayerNorm(xr) (times w, plus b; either may be NULL), the mean
+// and variance as double sums in block_sum_f64's tree (red: 32 doubles of shared memory); yr may be
+// shared memory (the indexer's key prep, cuda_dsa.cu) or global (lunar_glue_layernorm): the same bits
+__device__ __forceinline__ void layernorm_block(float *yr, const float *xr, const float *w, const float *b, int dim,
+                                                float eps, double *red) {
+    double s = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
+    double mean = block_sum_f64(s, red) / dim;
+    double v = 0;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
+    double var = block_sum_f64(v, red) / dim;
+    float inv = (float)(1.0 / sqrt(var + (double)eps));
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float t = (float)(xr[i] - mean) * inv;
+        if (w) t *= w[i];
+        if (b) t += b[i];
+        yr[i] = t;
+    }
+}
+// v[0, len) in shared memory (len a power of two) rotated in place by the unnormalised Hadamard
+// butterflies, a + b and a - b stage by stage; the block synchronised before and after (lunar_glue_hadamard
+// and the indexer's query prep: the same bits)
+__device__ __forceinline__ void hadamard_block(float *v, int len) {
+    __syncthreads();
+    for (int h = 1; h < len; h <<= 1) {
+        for (int p = threadIdx.x; p < len / 2; p += blockDim.x) {
+            int i = (p / h) * 2 * h, j = i + (p % h);
+            float a = v[j], b = v[j + h];
+            v[j] = a + b;
+            v[j + h] = a - b;
+        }
+        __syncthreads();
+    }
 }
 // The sum of v over the block (every thread gets it; blockDim a multiple of 32, at most 1024):
 // warp butterflies, then the warps' sums in warp order through red[32]. A fixed tree, shared by

@@ -80,10 +80,10 @@ __global__ void index_write_kernel(uint8_t *codes, float *scales, const float *k
     index_write_row(codes, scales, v, wmax, (size_t)slots[tok], d, norm);
 }
 
-// The indexer's per-token prep in one launch (lunar_cuda_dsa_index_prep), 128 threads a block: block
-// (t, 0) the key: LayerNorm (lunar_glue_layernorm's statements at one element a thread, its 128-thread
-// double sums), then index_write_row; and the head weights' scale (lunar_glue_scale's multiply);
-// block (t, 1 + h) query head h's Hadamard (lunar_glue_hadamard's butterflies and norm), in place.
+// The indexer's per-token prep in one launch (lunar_cuda_dsa_index_prep), 128 threads a block (as the
+// glue kernels it replaces): block (t, 0) the key: layernorm_block into shared memory, then
+// index_write_row; and the head weights' scale (lunar_glue_scale's multiply); block (t, 1 + h) query
+// head h's hadamard_block and norm (lunar_glue_hadamard's), in place. The shared statements: their bits.
 __global__ void __launch_bounds__(128) index_prep_kernel(uint8_t *codes, float *scales, const float *ik, float *iq,
                                                          float *wt, const int32_t *slots, int ni, int d,
                                                          const float *lw, const float *lb, float eps,
@@ -96,35 +96,12 @@ __global__ void __launch_bounds__(128) index_prep_kernel(uint8_t *codes, float *
     if (blockIdx.y > 0) {
         float *r = iq + ((size_t)tok * ni + blockIdx.y - 1) * d;
         for (int j = i; j < d; j += blockDim.x) v[j] = r[j];
-        __syncthreads();
-        for (int h = 1; h < d; h <<= 1) {
-            for (int p = i; p < d / 2; p += blockDim.x) {
-                const int a = (p / h) * 2 * h, j = a + (p % h);
-                const float x0 = v[j], x1 = v[j + h];
-                v[j] = x0 + x1;
-                v[j + h] = x0 - x1;
-            }
-            __syncthreads();
-        }
+        hadamard_block(v, d);
         for (int j = i; j < d; j += blockDim.x) r[j] = v[j] * norm;
         return;
     }
     for (int j = i; j < ni; j += blockDim.x) wt[(size_t)tok * ni + j] *= wscale;
-    const bool on = i < d;
-    const float xi = on ? ik[(size_t)tok * d + i] : 0.0f;
-    double s = 0;
-    if (on) s += xi;
-    const double mean = block_sum_f64(s, red) / d;
-    double q = 0;
-    if (on) q += (xi - mean) * (xi - mean);
-    const double var = block_sum_f64(q, red) / d;
-    const float inv = (float)(1.0 / sqrt(var + (double)eps));
-    if (on) {
-        float t = (float)(xi - mean) * inv;
-        if (lw) t *= lw[i];
-        if (lb) t += lb[i];
-        v[i] = t;
-    }
+    layernorm_block(v, ik + (size_t)tok * d, lw, lb, d, eps, red);
     index_write_row(codes, scales, v, wmax, (size_t)slots[tok], d, norm);
 }
 

@@ -258,13 +258,6 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
  * their tiles summed in warp order in shared memory: fp32 accumulation, fixed order, deterministic.
  * x fp32 is rounded to bf16 as it is loaded (gv_x8: the bits of the f32 -> bf16 copy). */
 constexpr int kGmMaxWarps = 16;
-__device__ __forceinline__ void gm_mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                       uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 /* rows ra (a) and rb (b) of W at this lane's 16 columns k .. k + 15 of a step (k = step * 64 + 16t); zeros
  * past `in` or past `out`. (Columns 8t and 32 + 8t instead, whole sectors an instruction, measured 0-10 %
  * slower, session 21's call 3.) */
@@ -309,10 +302,10 @@ __global__ void __launch_bounds__(kGmMaxWarps * 32, 1) gemv_mma_kernel(TY *y, co
     auto math = [&](const uint4 w[4], const uint4 xs[NT][2]) {
 #pragma unroll
         for (int j = 0; j < NT; j++) {
-            gm_mma(acc[j], w[0].x, w[2].x, w[0].y, w[2].y, xs[j][0].x, xs[j][0].y);
-            gm_mma(acc[j], w[0].z, w[2].z, w[0].w, w[2].w, xs[j][0].z, xs[j][0].w);
-            gm_mma(acc[j], w[1].x, w[3].x, w[1].y, w[3].y, xs[j][1].x, xs[j][1].y);
-            gm_mma(acc[j], w[1].z, w[3].z, w[1].w, w[3].w, xs[j][1].z, xs[j][1].w);
+            mma_bf16(acc[j], w[0].x, w[2].x, w[0].y, w[2].y, xs[j][0].x, xs[j][0].y);
+            mma_bf16(acc[j], w[0].z, w[2].z, w[0].w, w[2].w, xs[j][0].z, xs[j][0].w);
+            mma_bf16(acc[j], w[1].x, w[3].x, w[1].y, w[3].y, xs[j][1].x, xs[j][1].y);
+            mma_bf16(acc[j], w[1].z, w[3].z, w[1].w, w[3].w, xs[j][1].z, xs[j][1].w);
         }
     };
     if (part < steps) load(wA, xA, part);

@@ -136,21 +136,7 @@ extern "C" void lunar_glue_attnres_mix(float *out, const float *const *src, int 
 __global__ void k_layernorm(float *y, const float *x, const float *w, const float *b, int dim, float eps) {
     __shared__ double red[32];
     pdl_enter();
-    const float *xr = x + (size_t)blockIdx.x * dim;
-    float *yr = y + (size_t)blockIdx.x * dim;
-    double s = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) s += xr[i];
-    double mean = block_sum_f64(s, red) / dim;
-    double v = 0;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) v += (xr[i] - mean) * (xr[i] - mean);
-    double var = block_sum_f64(v, red) / dim;
-    float inv = (float)(1.0 / sqrt(var + (double)eps));
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float t = (float)(xr[i] - mean) * inv;
-        if (w) t *= w[i];
-        if (b) t += b[i];
-        yr[i] = t;
-    }
+    layernorm_block(y + (size_t)blockIdx.x * dim, x + (size_t)blockIdx.x * dim, w, b, dim, eps, red);
 }
 extern "C" void lunar_glue_layernorm(float *y, const float *x, const float *w, const float *b, int n,
                                      int dim, float eps, lunar_cuda_stream s) {
@@ -165,16 +151,7 @@ __global__ void k_hadamard(float *x, int len) {
     pdl_enter();
     float *r = x + (size_t)blockIdx.x * len;
     for (int i = threadIdx.x; i < len; i += blockDim.x) v[i] = r[i];
-    __syncthreads();
-    for (int h = 1; h < len; h <<= 1) {
-        for (int p = threadIdx.x; p < len / 2; p += blockDim.x) {
-            int i = (p / h) * 2 * h, j = i + (p % h);
-            float a = v[j], b = v[j + h];
-            v[j] = a + b;
-            v[j + h] = a - b;
-        }
-        __syncthreads();
-    }
+    hadamard_block(v, len);
     const float norm = (float)(1.0 / sqrt((double)len));
     for (int i = threadIdx.x; i < len; i += blockDim.x) r[i] = v[i] * norm;
 }

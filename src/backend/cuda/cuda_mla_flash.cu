@@ -119,14 +119,6 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned &r0, unsigned &r1, unsigned &
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(a));
 }
-// c[0..3] += A (16x16, row) . B (16x8, col), bf16 in, fp32 accumulate
-__device__ __forceinline__ void mma16816(float *c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0,
-                                         unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (the lower column) in the low half
     return *(unsigned *)&v;
@@ -222,8 +214,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 2 : 1)
             for (int np = 0; np < BN / 16; np++) { // matrices: (keys +0, dims +0), (+0, +8), (+8, +0), (+8, +8)
                 unsigned b0, b1, b2, b3;
                 ldsm_x4(b0, b1, b2, b3, Ks + (np * 16 + (mi >> 1) * 8 + mr) * KST + kk * 16 + (mi & 1) * 8);
-                mma16816(s[2 * np], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
-                mma16816(s[2 * np + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
+                mma_bf16(s[2 * np], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b0, b1);
+                mma_bf16(s[2 * np + 1], qa[kk][0], qa[kk][1], qa[kk][2], qa[kk][3], b2, b3);
             }
         }
         const int kb = k0 + kt * BN; // the tile's first key position
@@ -269,8 +261,8 @@ __global__ void __launch_bounds__(WARPS * 32, WARPS == 4 ? 2 : 1)
             for (int vp = 0; vp < kV / 16; vp++) { // transposed: (keys +0, cols +0), (+8, +0), (+0, +8), (+8, +8)
                 unsigned b0, b1, b2, b3;
                 ldsm_x4_t(b0, b1, b2, b3, Vs + (kk * 16 + (mi & 1) * 8 + mr) * VST + vp * 16 + (mi >> 1) * 8);
-                mma16816(acc[2 * vp], a0, a1, a2, a3, b0, b1);
-                mma16816(acc[2 * vp + 1], a0, a1, a2, a3, b2, b3);
+                mma_bf16(acc[2 * vp], a0, a1, a2, a3, b0, b1);
+                mma_bf16(acc[2 * vp + 1], a0, a1, a2, a3, b2, b3);
             }
         }
     }
