@@ -14,6 +14,10 @@
 #  3. (K31_TABLE=1) the K3.1 slice's rows of issue 9's table (K31_LAYERS layers) without the session;
 #     (NCU_KL=1) the per-kernel table of one Kimi-Linear-48B B = 1 decode step (ncu, tools/device/ncu_step.py),
 #     (NCU_K31=1) the same for one K3.1 TP8 slice step (10 layers, 8K context; NCU_K31_BATCH rows, default 1)
+#     (TRACE_KL=B,B.. / TRACE_K31=B,B..) the graphed decode steps' kernel timeline at those batch sizes (CUPTI,
+#     tools/device/kernel_trace.c + timeline.py: kernels as they ran, PDL overlap and side stream included),
+#     beside the same bench untraced (the trace's own cost); TRACE_KL_V / TRACE_K31_V="name:ENV=v,.. ..": B = 1
+#     timelines of switch sets (TRACE_LINES of each table into the summary, default 58)
 #  4. Kimi-Linear-48B 8K prefill, PF_ROUNDS more rounds (the MFU line of issue 9)
 #   P=<prebuilt dir> OUT=<dir> [SESSION=0] [TESTS=...] [F16AB_V=...] ... bash tools/device/lead_call.sh
 #   (build-device/ from the pack's bd/)
@@ -98,6 +102,31 @@ ab() {  # ab NAME "command" "variants"
     --input-lens 16 --batch-sizes ${NCU_K31_BATCH:-1} --contexts 8192 --steps 1 > $OUT/ncu_k31.csv 2> $OUT/ncu_k31.err
   echo "ncu rc=$?" >> $T; tail -2 $OUT/ncu_k31.err >> $T; gzip $OUT/ncu_k31.csv
   python3 tools/device/ncu_step.py $OUT/ncu_k31.csv.gz -3 > $OUT/ncu_k31.md 2>&1; head -45 $OUT/ncu_k31.md >> $T
+}
+trace() {  # trace NAME BATCH "bench command without --batch-sizes" [ENV=v,ENV=v]
+  local f=$OUT/trace_$1_b$2 e=$(echo "${4:-}" | tr ',' ' ')
+  step "kernel timeline: $1 B = $2 ${4:-}"
+  env $e timeout 120 $3 --batch-sizes $2 > $f.plain.log 2>&1; echo "rc=$? untraced: $(tpot $f.plain.log)" >> $T
+  env $e CUDA_INJECTION64_PATH=$P/lib/libkernel_trace.so KERNEL_TRACE_OUT=$f.csv timeout 150 $3 --batch-sizes $2 \
+    > $f.log 2>&1; echo "rc=$? traced: $(tpot $f.log) $(grep kernel_trace $f.log | tail -1)" >> $T
+  python3 tools/device/timeline.py $f.csv --steps 16 --seq --top 45 > $f.md 2>&1; head -${TRACE_LINES:-58} $f.md >> $T
+  gzip -f $f.csv
+}
+KLB="$P/bin/lunar bench configs/kimi-linear-48b-a3b.json --load-format dummy --backend cuda --input-lens 1024 --contexts 1024 --steps 64"
+K31B="$P/bin/lunar bench configs/kimi-k3.1-pro.json --load-format dummy --tp-slice 8 --num-layers 10 --project-layers 93 --backend cuda --input-lens 8192 --contexts 8192 --steps 64"
+for b in $(echo "${TRACE_KL:-}" | tr ',' ' '); do trace kl $b "$KLB"; done
+for b in $(echo "${TRACE_K31:-}" | tr ',' ' '); do trace k31 $b "$K31B"; done
+# TRACE_KL_V / TRACE_K31_V: "name:ENV=v,ENV=v ..." each variant's B = 1 timeline
+for v in ${TRACE_KL_V:-}; do trace kl_${v%%:*} 1 "$KLB" "${v#*:}"; done
+for v in ${TRACE_K31_V:-}; do trace k31_${v%%:*} 1 "$K31B" "${v#*:}"; done
+[ "${NCU_DSA:-0}" = 1 ] && {  # the K3.1 slice's B = 1 DSA kernels (scores, top-k) under ncu: stalls, occupancy
+  step "ncu: the DSA indexer's decode kernels, K3.1 slice B = 1"
+  timeout 200 ncu --clock-control none -k regex:'index_score|topk_kernel' --launch-skip ${NCU_DSA_SKIP:-8} \
+    --launch-count 4 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+    --section SchedulerStats $K31B --batch-sizes 1 --steps 4 > $OUT/ncu_dsa.txt 2>&1
+  echo "ncu rc=$?" >> $T
+  grep -E 'index_score|topk_kernel|Duration|Grid Size|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|Theoretical Occ|Block Limit|spends|stalled' \
+    $OUT/ncu_dsa.txt | head -${NCU_DSA_LINES:-90} >> $T
 }
 pre() { grep -A3 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "%s: %s s (%s MFU)  ", $1, $2, $6}'; echo; }
 for r in $(seq 1 "${PF_ROUNDS:-2}"); do

@@ -620,7 +620,7 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
     unsigned long long prefix = 0, mask = 0;
     unsigned krem = (unsigned)topk, ncand = 0;
     int shift = 52, bits = 12;
-    bool insm = false;
+    bool insm = false, tie = false;
     for (;;) {
         for (int b = tid; b < kBins; b += kTK) hist[b] = 0;
         __syncthreads();
@@ -670,11 +670,15 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
         mask |= (unsigned long long)dm << shift;
         // the bin holds exactly the keys still wanted: every key >= prefix (its lower bits 0) is
         // selected, the same set as the full search's threshold selects. Random scores get here after
-        // two digits (24 bits) instead of walking the position bits down to bit 0: 6 passes, each a
-        // histogram, a 4096-bin block scan and 3 barriers (25 us for 2048 of 8K keys at one row)
-        if (cnt == krem || shift == 0) break;
-        if (shift >= 12) shift -= 12, bits = 12;
-        else bits = shift, shift = 0;
+        // two digits (24 bits). Otherwise the search stops once the score's 32 bits are fixed (digits
+        // of 12, 12 and 8 bits): the bin's keys then share one score, and the ones wanted are the
+        // krem of lowest position, which the position-ordered write below counts out itself. (Walking
+        // the position bits down to bit 0 instead took 6 passes, each a histogram, a 4096-bin scan and
+        // 3 barriers: 24 us a row at 8K in the K3.1 slice's step, whose dummy scores tie.)
+        tie = cnt != krem;
+        if (!tie || shift == 32) break;
+        if (shift - 12 >= 32) shift -= 12, bits = 12;
+        else bits = shift - 32, shift = 32;
         if (!insm && cnt <= kCap) { // the rest of the search runs on the few keys in the bin
             if (tid == 0) s_ncand = 0;
             __syncthreads();
@@ -697,32 +701,48 @@ __global__ void __launch_bounds__(kTK, 1) topk_kernel(int32_t *idx, int32_t *cou
             insm = true;
         }
     }
-    // every key >= prefix is selected (prefix is the topk-th largest key, or its bin's lower bound
-    // when the bin is taken whole): write them in position order
+    // Without a tie every key >= prefix is selected (prefix is the topk-th largest key, or its bin's
+    // lower bound when the bin is taken whole). With one (the score bits fixed, prefix's upper half
+    // the threshold score th): every key of a higher score, and of the keys scoring th the first krem
+    // in position order. Written in position order: a position's slot is the selected keys before it,
+    // (above before) + min(ties before, krem), from one block scan of both counts packed (each at most
+    // kTK * kUnroll = 8192 a chunk: 16 bits)
     const unsigned long long T = prefix;
-    unsigned base = 0;
+    const uint32_t th = (uint32_t)(prefix >> 32);
+    unsigned above = 0, ties = 0; // before this chunk
     for (int p0 = 0; p0 < n; p0 += kTK * kUnroll) { // thread tid: kUnroll consecutive positions
         const int pb = p0 + tid * kUnroll;
         float v[kUnroll];
 #pragma unroll
         for (int j = 0; j < kUnroll; j++) v[j] = pb + j < n ? sc[pb + j] : 0.0f;
-        unsigned fl = 0, cnt = 0;
+        unsigned fa = 0, fe = 0, cnt = 0;
 #pragma unroll
-        for (int j = 0; j < kUnroll; j++)
-            if (pb + j < n && sel_key(v[j], pb + j) >= T) fl |= 1u << j, cnt++;
-        const unsigned incl = block_scan(cnt, wsum);
-        unsigned o = base + incl - cnt;
+        for (int j = 0; j < kUnroll; j++) {
+            if (pb + j >= n) continue;
+            const unsigned long long key = sel_key(v[j], pb + j);
+            const uint32_t hi32 = (uint32_t)(key >> 32);
+            if (tie ? hi32 > th : key >= T) fa |= 1u << j, cnt++;
+            else if (tie && hi32 == th) fe |= 1u << j, cnt += 1u << 16;
+        }
+        const unsigned incl = block_scan(cnt, wsum), excl = incl - cnt;
+        unsigned a = above + (excl & 0xffffu), e = ties + (excl >> 16);
 #pragma unroll
-        for (int j = 0; j < kUnroll; j++)
-            if ((fl >> j) & 1u) {
+        for (int j = 0; j < kUnroll; j++) {
+            if ((fa >> j) & 1u) {
+                const unsigned o = a + (e < krem ? e : krem);
                 if (o < (unsigned)topk) out[o] = pb + j;
-                o++;
+                a++;
+            } else if ((fe >> j) & 1u) {
+                if (e < krem && a + e < (unsigned)topk) out[a + e] = pb + j;
+                e++;
             }
-        if (tid == kTK - 1) s_cnt = incl; // the block total
+        }
+        if (tid == kTK - 1) s_cnt = incl; // the block totals
         __syncthreads();
-        base += s_cnt;
+        above += s_cnt & 0xffffu, ties += s_cnt >> 16;
         __syncthreads();
     }
+    const unsigned base = above + (tie ? (ties < krem ? ties : krem) : 0);
     for (int s = (int)base + tid; s < topk; s += kTK) out[s] = -1; // never when keys are as argued
 }
 
