@@ -119,15 +119,6 @@ for b in $(echo "${TRACE_K31:-}" | tr ',' ' '); do trace k31 $b "$K31B"; done
 # TRACE_KL_V / TRACE_K31_V: "name:ENV=v,ENV=v ..." each variant's B = 1 timeline
 for v in ${TRACE_KL_V:-}; do trace kl_${v%%:*} 1 "$KLB" "${v#*:}"; done
 for v in ${TRACE_K31_V:-}; do trace k31_${v%%:*} 1 "$K31B" "${v#*:}"; done
-[ "${NCU_DSA:-0}" = 1 ] && {  # the K3.1 slice's B = 1 DSA kernels (scores, top-k) under ncu: stalls, occupancy
-  step "ncu: the DSA indexer's decode kernels, K3.1 slice B = 1"
-  timeout 200 ncu --clock-control none -k regex:'index_score|topk_kernel' --launch-skip ${NCU_DSA_SKIP:-8} \
-    --launch-count 4 --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
-    --section SchedulerStats $K31B --batch-sizes 1 --steps 4 > $OUT/ncu_dsa.txt 2>&1
-  echo "ncu rc=$?" >> $T
-  grep -E 'index_score|topk_kernel|Duration|Grid Size|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|Theoretical Occ|Block Limit|spends|stalled' \
-    $OUT/ncu_dsa.txt | head -${NCU_DSA_LINES:-90} >> $T
-}
 pre() { grep -A3 '^prefill' "$1" | awk '$1 ~ /^[0-9]+$/ {printf "%s: %s s (%s MFU)  ", $1, $2, $6}'; echo; }
 for r in $(seq 1 "${PF_ROUNDS:-2}"); do
   step "KL48 prefill 8K round $r"

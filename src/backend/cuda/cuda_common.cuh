@@ -58,10 +58,19 @@ __device__ __forceinline__ float4 bf16x4_to_f32(uint2 u) {
                        __uint_as_float(u.y & 0xffff0000u));
 }
 
-// e4m3 (FP8) codes as the CPU's tensor.c lunar_f32_to_e4m3 / lunar_e4m3_to_f32, statement for
-// statement (round half to even, saturation to +-448, NaN -> 0x7f), so that both backends store
-// the same codes: the DSA index keys and the FP8 latent cache.
+// e4m3 (FP8) codes as the CPU's tensor.c lunar_f32_to_e4m3 / lunar_e4m3_to_f32 (round half to even,
+// saturation to +-448, NaN -> 0x7f), so that both backends store the same codes: the DSA index keys
+// and queries, the FP8 latent cache, PTPC-FP8 activations. f32_to_e4m3_ref is the CPU's function
+// statement for statement; f32_to_e4m3 is the hardware conversion (cvt.rn.satfinite.e4m3x2.f32: the
+// same rounding and saturation in one instruction), NaN mapped first as the CPU maps it. The two are
+// equal on all 2^32 inputs (lunar_cuda_e4m3_mismatches, test cuda_e4m3_hw_equals_cpu_port). Why:
+// the software port (frexpf, rintf, branches) was most of the indexer's score kernel at one row, which
+// quantises its 32 x 128 queries in every block: 12 of 19 us at 1 x 8K (session 22, phase stamps).
 __device__ __forceinline__ uint8_t f32_to_e4m3(float f) {
+    if (isnan(f)) return 0x7f;
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+}
+__device__ __forceinline__ uint8_t f32_to_e4m3_ref(float f) {
     if (isnan(f)) return 0x7f;
     const uint8_t sign = signbit(f) ? 0x80 : 0;
     const float a = fabsf(f);

@@ -765,6 +765,30 @@ static bool pipe_fills_sms(bool grouped, int nh, int max_len, int rows) {
     return g < sms;
 }
 
+// every float bit pattern's code by the hardware conversion against the CPU's port (f32_to_e4m3 vs
+// f32_to_e4m3_ref), mismatches counted: the proof behind the hardware path (2^32 conversions, ~ms)
+static __global__ void e4m3_check_kernel(unsigned long long *bad) {
+    unsigned long long n = 0;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < (1ull << 32);
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float f = __uint_as_float((uint32_t)i);
+        n += f32_to_e4m3(f) != f32_to_e4m3_ref(f);
+    }
+    for (int o = 16; o; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+    if ((threadIdx.x & 31) == 0 && n) atomicAdd(bad, n);
+}
+extern "C" unsigned long long lunar_cuda_e4m3_mismatches(void) {
+    const size_t mark = lunar_cuda_mark();
+    unsigned long long *d = (unsigned long long *)lunar_cuda_alloc(sizeof *d), h = 0;
+    CUDA_REQUIRE(d != NULL);
+    CUDA_CHECK(cudaMemset(d, 0, sizeof *d));
+    e4m3_check_kernel<<<1024, 256>>>(d);
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaMemcpy(&h, d, sizeof h, cudaMemcpyDeviceToHost));
+    lunar_cuda_release(mark);
+    return h;
+}
+
 extern "C" int lunar_cuda_dsa_score_mode(int mode) {
     const int prev = g_score_mode;
     g_score_mode = mode;

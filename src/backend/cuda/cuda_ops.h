@@ -423,6 +423,9 @@ void lunar_cuda_dcp_pack_q(float *qsend, const float *q_lat, const float *q_pe, 
 
 /* ---------------------------------------------------------------- DSA indexer (cuda_dsa.cu) */
 
+/* f32 -> e4m3 on the device (the hardware conversion the kernels use) against the CPU's rounding
+ * rule over every 2^32 float bit pattern: the number of inputs whose codes differ (0 expected; syncs) */
+unsigned long long lunar_cuda_e4m3_mismatches(void);
 /* Index keys into the paged FP8 key cache: for each token i, k[i] (fp32 [d], before the rotation)
  * is rotated by op_hadamard (d a power of two, <= 1024) and quantised by lunar_fp8_quantize_pow2
  * into codes[slots[i] * d ..] and scales[slots[i]] (slot = block * 128 + offset). Bitwise the CPU's
