@@ -105,14 +105,7 @@ template <typename TY> __device__ __forceinline__ void gv_epilogue(TY *y, size_t
  * (gv_epilogue) read: gemv_ep_kernel, a kernel of its own so that the plain instances keep their code
  * (the fp32-x one went from 32 to 36 registers with the epilogue as run-time arguments, past the 8
  * blocks a SM it is sized for; bounded to 8 blocks, the epilogue's instance fits 32 without spills) */
-/* EARLY (gemv_early_kernel, LUNAR_GEMV_EARLY=1, opt-in; written in session 22, not yet run on a device:
- * test cuda_matmul_early_same_bits, then A/B KLAB="early:LUNAR_GEMV_EARLY=1"): each lane's first U loads of W
- * are issued before the PDL wait, into registers (weights only: cuda_common.cuh's rule), so that the
- * stream starts while the predecessor still runs; the products after the wait in the same order (the
- * same bits). Under PDL a kernel starts when the one two launches back has ended, so the head start is
- * the predecessor's run: 1.5-2 us after a chain of small kernels, where a one-token GEMM's ~2-3 us above
- * its floor is mostly that first round trip (session 22's kernel timeline). */
-template <int NR, int U, typename TY, typename TX, bool EP, bool EARLY = false>
+template <int NR, int U, typename TY, typename TX, bool EP>
 __device__ __forceinline__ void gemv_body(TY *y, const TX *x, const uint16_t *W, int out, int in, int split,
                                           uint32_t pf, const float *add, int accum) {
     __shared__ float red[kGvWarps][NR];
@@ -124,34 +117,14 @@ __device__ __forceinline__ void gemv_body(TY *y, const TX *x, const uint16_t *W,
         const uint32_t rb = (uint32_t)in * 2u, lim = (pf / (uint32_t)per_block) & ~15u;
         pdl_prefetch_l2(W + (size_t)o * in, rb < lim ? rb : lim);
     }
-    uint4 w0[EARLY ? U : 1];
-    if (EARLY) {
-        const uint4 *we = (const uint4 *)(W + (size_t)(o < out ? o : 0) * in);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int i = part * 32 + lane + u * 32 * split;
-            w0[u] = o < out && i < n8 ? __ldcs(we + i) : make_uint4(0, 0, 0, 0);
-        }
-    }
     pdl_wait();
     float acc[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = 0.f;
     if (o < out) {
         const uint4 *w4 = (const uint4 *)(W + (size_t)o * in);
-        int i0 = part * 32 + lane;
-        if (EARLY) {
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                const int i = i0 + u * 32 * split;
-                if (i < n8)
-#pragma unroll
-                    for (int r = 0; r < NR; r++) acc[r] += gv_dot8(w0[u], gv_x8(x, (size_t)r, i, in));
-            }
-            i0 += U * 32 * split;
-        }
 #pragma unroll U
-        for (int i = i0; i < n8; i += 32 * split) {
+        for (int i = part * 32 + lane; i < n8; i += 32 * split) {
             const uint4 wv = __ldcs(w4 + i); /* streamed once: not kept in L1 */
 #pragma unroll
             for (int r = 0; r < NR; r++) acc[r] += gv_dot8(wv, gv_x8(x, (size_t)r, i, in));
@@ -194,22 +167,6 @@ __global__ void __launch_bounds__(kGvWarps * 32, 8) gemv_ep_kernel(TY *y, const 
     gemv_body<NR, U, TY, TX, true>(y, x, W, out, in, split, pf, add, accum);
 }
 
-template <int NR, typename TY, typename TX>
-__global__ void __launch_bounds__(kGvWarps * 32, 4) gemv_early_kernel(TY *y, const TX *x, const uint16_t *W, int out,
-                                                                     int in, int split, const float *add, int accum) {
-    gemv_body<NR, 8, TY, TX, true, true>(y, x, W, out, in, split, 0, add, accum);
-}
-static int early_v = -1;
-static bool gemv_early(void) {
-    if (early_v < 0) early_v = getenv("LUNAR_GEMV_EARLY") && atoi(getenv("LUNAR_GEMV_EARLY")) > 0;
-    return early_v;
-}
-extern "C" int lunar_cuda_gemv_early(int on) {
-    const int prev = gemv_early();
-    early_v = on > 0;
-    return prev;
-}
-
 /* Deep (the default; LUNAR_GEMV_DEEP=0 the session-5 kernel): 8 loads of W in flight per warp instead
  * of 4, and the split chosen so the grid fits one wave of resident blocks where some split does. The
  * per-kernel table of a decode step (docs/benchmarks.md, session 6 call 3) had the one-token projections
@@ -248,10 +205,10 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
      * blocks, each warp keeping at least two 512-byte stretches of its row. Otherwise (~8K warps fill
      * the H200, 132 SMs x 64): up to 8 while outputs are fewer than 8K, one stretch each. */
     CUDA_REQUIRE(n >= 1 && n <= kGvRows);
-    const int deep = gemv_deep(), early = deep && n <= 2 && gemv_early();
+    const int deep = gemv_deep();
     int split = 1;
     if (deep) {
-        static int waves[kGvRows + 1], ewaves[kGvRows + 1]; /* per row count n: the kernel instance differs */
+        static int waves[kGvRows + 1]; /* per row count n: the kernel instance differs */
         if (!waves[n]) {
             switch (n) {
             case 1: waves[n] = gemv_wave_blocks(gemv_kernel<1, 8, TY, TX>); break;
@@ -260,10 +217,7 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
             default: waves[n] = gemv_wave_blocks(gemv_kernel<4, 8, TY, TX>); break;
             }
         }
-        if (early && !ewaves[n])
-            ewaves[n] = n == 1 ? gemv_wave_blocks(gemv_early_kernel<1, TY, TX>)
-                               : gemv_wave_blocks(gemv_early_kernel<2, TY, TX>);
-        const int wave = early ? ewaves[n] : waves[n];
+        const int wave = waves[n];
         while (split < kGvWarps && in / 8 >= 32 * split * 2 * 2 &&
                (out + kGvWarps / (split * 2) - 1) / (kGvWarps / (split * 2)) <= wave)
             split *= 2;
@@ -271,16 +225,6 @@ static void gemv_launch(TY *y, const TX *x, const uint16_t *W, int n, int out, i
         while (split < kGvWarps && (long long)out * split < 8192 && in / 8 >= 32 * split * 2) split *= 2;
     }
     const int per_block = kGvWarps / split, blocks = (out + per_block - 1) / per_block;
-    if (early) {
-        if (n == 1)
-            launch_pdl(gemv_early_kernel<1, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split,
-                       add, accum);
-        else
-            launch_pdl(gemv_early_kernel<2, TY, TX>, dim3(blocks), dim3(kGvWarps * 32), 0, st, y, x, W, out, in, split,
-                       add, accum);
-        CUDA_CHECK_LAUNCH();
-        return;
-    }
     const uint32_t pf = lunar_cuda_pdl_prefetch_bytes(1);
     const bool ep = add || accum || gemv_ep_all();
     switch (n * 4 + deep * 2 + ep) {

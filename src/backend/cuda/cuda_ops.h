@@ -130,9 +130,6 @@ int lunar_cuda_matmul_bf16x(void *y, lunar_cuda_dtype ydt, const uint16_t *x, co
 /* the row counts the skinny GEMM runs on the tensor cores (cuda_gemm.cu gemv_mma_kernel): lo..hi, at most
  * 32 (unset: LUNAR_GEMV_MMA_MIN / _MAX, else 3 and 16; hi < lo: none); the previous range into prev_* */
 void lunar_cuda_gemv_mma_range(int lo, int hi, int *prev_lo, int *prev_hi);
-/* one- and two-row skinny GEMMs with each lane's first loads of W issued before the PDL wait
- * (cuda_gemm.cu gemv_early_kernel; LUNAR_GEMV_EARLY=1): on > 0 on, else off; returns the previous */
-int lunar_cuda_gemv_early(int on);
 
 /* PTPC-FP8 (ops.h lunar_ptpc_quantize_row, op_matmul_ptpc_fp8; cuda_fp8_gemm.cu).
  * Quantise `rows` rows of x ([rows, in], bf16, or fp32 rounded to bf16 first, by xdt) to e4m3 codes
