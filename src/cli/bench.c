@@ -194,15 +194,44 @@ static void caches_free(runner *r) {
 
 /* Small nonzero values in every cache page (CPU): calloc'd pages would all alias the zero page and
  * make long-context reads look free. FP8 codes stay below 0x40 (no NaN code). */
+/* the index keys' codes (an e4m3 byte each, 0 .. 63: positive, never NaN) and scales, as both backends fill them */
+static uint8_t idx_code_fill(size_t i) { return (uint8_t)((i * 40503u) >> 7 & 0x3f); }
+#define IDX_SCALE_FILL (1.0f / 64)
+
 static void caches_fill(runner *r) {
-    if (r->cuda) return; /* device memory is physical; its contents do not change the cost */
+    if (r->cuda) {
+#ifdef LUNAR_HAVE_CUDA
+        /* Device memory is physical: the latent, state and conv contents do not change the cost. The index
+         * keys do: the DSA top-k's passes depend on the scores, and over codes never written every score
+         * ties (3 passes and the tie path instead of 2: session 22, docs/benchmarks.md). So they are filled,
+         * with the CPU path's values, through a host buffer a chunk at a time. */
+        const lunar_cuda_caches *c = &r->cc;
+        if (!c->idx_dim) return;
+        const size_t toks = (size_t)c->n_mla * c->n_blocks * LUNAR_BLOCK_SIZE, bytes = toks * c->idx_dim;
+        const size_t chunk = (size_t)16 << 20;
+        uint8_t *h = lunar_xmalloc(chunk);
+        for (size_t off = 0; off < bytes; off += chunk) {
+            const size_t len = bytes - off < chunk ? bytes - off : chunk;
+#pragma omp parallel for schedule(static)
+            for (size_t i = 0; i < len; i++) h[i] = idx_code_fill(off + i);
+            lunar_cuda_upload(c->idx_codes + off, h, len);
+        }
+        free(h);
+        const float sc = IDX_SCALE_FILL;
+        uint32_t bits;
+        memcpy(&bits, &sc, 4);
+        lunar_cuda_fill_u32(c->idx_scales, bits, toks);
+        lunar_cuda_sync();
+#endif
+        return;
+    }
     const lunar_kv_pool *kv = &r->kv;
     const size_t toks = (size_t)kv->n_mla * kv->n_blocks * kv->block_size;
 #pragma omp parallel for schedule(static)
     for (size_t i = 0; i < toks * kv->row; i++) kv->latent[i] = (float)((i * 2654435761u) >> 22 & 255) * 1e-3f - 0.128f;
     if (kv->idx_dim) {
-        for (size_t i = 0; i < toks * kv->idx_dim; i++) kv->idx_codes[i] = (uint8_t)((i * 40503u) >> 7 & 0x3f);
-        for (size_t i = 0; i < toks; i++) kv->idx_scales[i] = 1.0f / 64;
+        for (size_t i = 0; i < toks * kv->idx_dim; i++) kv->idx_codes[i] = idx_code_fill(i);
+        for (size_t i = 0; i < toks; i++) kv->idx_scales[i] = IDX_SCALE_FILL;
     }
     const lunar_state_pool *st = &r->st;
     for (size_t i = 0; i < (size_t)st->n_slots * st->n_kda * st->state_len; i++) st->state[i] = 1e-3f;
