@@ -117,6 +117,39 @@ static int decode_run(lunar_cuda_model *gm, lunar_cuda_caches *c, const saved_ca
     return rc;
 }
 
+/* The fixture of the tests that run the same decode steps two ways: B sequences (at most 6) of p0 - dp b
+ * prompt tokens prefilled, and the outputs of two runs from that state (logits[i] [STEPS][B][V], ids[i]
+ * [STEPS][B]: decode_run's) */
+typedef struct {
+    lunar_cuda_caches c;
+    saved_caches sv;
+    int32_t *blocks;
+    int B, V, per, plen[6];
+    float *logits[2];
+    int32_t *ids[2];
+} decode_pair;
+static int decode_pair_init(decode_pair *d, lunar_cuda_model *gm, const lunar_model *m, int B, int p0, int dp) {
+    LUNAR_ASSERT(B >= 1 && B <= 6);
+    d->B = B, d->V = m->cfg.vocab_size;
+    for (int b = 0; b < B; b++) d->plen[b] = p0 - dp * b;
+    d->per = (p0 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
+    if (prefill_each(gm, m, &d->c, B, d->plen, d->per, &d->blocks, &d->sv)) return -1;
+    for (int i = 0; i < 2; i++) {
+        d->logits[i] = lunar_xcalloc((size_t)STEPS * B * d->V, sizeof(float));
+        d->ids[i] = lunar_xcalloc((size_t)STEPS * B, sizeof(int32_t));
+    }
+    return 0;
+}
+static int decode_pair_run(decode_pair *d, lunar_cuda_model *gm, int i) {
+    return decode_run(gm, &d->c, &d->sv, d->B, d->plen, d->per, d->blocks, d->V, d->logits[i], d->ids[i]);
+}
+static void decode_pair_free(decode_pair *d) {
+    for (int i = 0; i < 2; i++) free(d->logits[i]), free(d->ids[i]);
+    free(d->blocks);
+    saved_free(&d->sv);
+    lunar_cuda_caches_free(&d->c);
+}
+
 /* one model, batch sizes Bs[0..nB) (each <= 6): graphed == eager; returns the captures and replays
  * seen */
 static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fused, const int *Bs, int nB,
@@ -128,29 +161,22 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
     const int V = m->cfg.vocab_size;
     for (int bi = 0; bi < nB; bi++) {
         const int B = Bs[bi];
-        LUNAR_ASSERT(B >= 1 && B <= 6);
-        int plen[6];
-        for (int b = 0; b < B; b++) plen[b] = 250 - 40 * b; /* row 0 crosses 256 at step 6 */
-        const int per = (250 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-        lunar_cuda_caches c;
-        int32_t *blocks;
-        saved_caches sv;
-        if (prefill_each(gm, m, &c, B, plen, per, &blocks, &sv)) break;
-        const size_t nl = (size_t)STEPS * B * V;
-        float *le = lunar_xcalloc(nl, sizeof *le), *lgr = lunar_xcalloc(nl, sizeof *lgr);
-        int32_t *ie = lunar_xcalloc((size_t)STEPS * B, 4), *igr = lunar_xcalloc((size_t)STEPS * B, 4);
+        decode_pair d;
+        if (decode_pair_init(&d, gm, m, B, 250, 40)) break; /* row 0 crosses 256 at step 6 */
+        const float *le = d.logits[0], *lgr = d.logits[1];
+        const int32_t *ie = d.ids[0], *igr = d.ids[1];
         long c0, r0, c1, r1;
         lunar_cuda_model_graphs(gm, 0);
         if (pdl) lunar_cuda_pdl_set(0); /* the reference: eager, every launch serialised */
         lunar_cuda_model_graph_stats(gm, &c0, &r0, NULL, NULL);
-        decode_run(gm, &c, &sv, B, plen, per, blocks, V, le, ie);
+        decode_pair_run(&d, gm, 0);
         lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         CHECK_MSG(c1 == c0 && r1 == r0, "graphs off, yet %ld captures and %ld replays", c1 - c0, r1 - r0);
         lunar_cuda_model_graphs(gm, 1);
         /* with PDL also the weight prefetch before the wait at its widest level (whatever
          * LUNAR_PDL_PREFETCH says): it may move bytes into L2 early, never change a value */
         if (pdl) lunar_cuda_pdl_set(1), lunar_cuda_pdl_prefetch_set(2);
-        decode_run(gm, &c, &sv, B, plen, per, blocks, V, lgr, igr);
+        decode_pair_run(&d, gm, 1);
         if (pdl) lunar_cuda_pdl_set(-1), lunar_cuda_pdl_prefetch_set(-1);
         lunar_cuda_model_graph_stats(gm, &c1, &r1, NULL, NULL);
         *captures += c1 - c0, *replays += r1 - r0;
@@ -168,9 +194,7 @@ static void graphs_vs_eager_pdl(const char *name, const lunar_model *m, int fuse
                 name, pdl ? " (graphs with PDL)" : "", fused ? "fused" : "generic", B, c1 - c0, r1 - r0, nodes, bad_steps, STEPS);
         CHECK_MSG(bad_steps == 0, "%s, B=%d: %d of %d decode steps differ between graphs and eager (first: step %d)", name, B,
                   bad_steps, STEPS, first_bad);
-        free(le), free(lgr), free(ie), free(igr), free(blocks);
-        saved_free(&sv);
-        lunar_cuda_caches_free(&c);
+        decode_pair_free(&d);
     }
     lunar_cuda_model_free(gm);
 }
@@ -220,22 +244,16 @@ static void kda_rows_vs_split(const char *name, int (*make)(char *)) {
         static const int Bs[] = {3, 5};
         for (int bi = 0; bi < 2; bi++) {
             const int B = Bs[bi];
-            int plen[6];
-            for (int b = 0; b < B; b++) plen[b] = 200 - 30 * b;
-            const int per = (200 + STEPS + LUNAR_BLOCK_SIZE - 1) / LUNAR_BLOCK_SIZE;
-            lunar_cuda_caches c;
-            int32_t *blocks;
-            saved_caches sv;
-            if (prefill_each(gm, m, &c, B, plen, per, &blocks, &sv)) break;
+            decode_pair d;
+            if (decode_pair_init(&d, gm, m, B, 200, 30)) break;
             const size_t nl = (size_t)STEPS * B * V;
-            float *lr = lunar_xcalloc(nl, sizeof *lr), *ls = lunar_xcalloc(nl, sizeof *ls);
-            int32_t *ir = lunar_xcalloc((size_t)STEPS * B, 4), *is = lunar_xcalloc((size_t)STEPS * B, 4);
+            const float *lr = d.logits[0], *ls = d.logits[1];
             const int prev = lunar_cuda_kda_decode_rows(1);
             const long r0 = lunar_cuda_kda_decode_rows_runs();
-            decode_run(gm, &c, &sv, B, plen, per, blocks, V, lr, ir);
+            decode_pair_run(&d, gm, 0);
             const long r1 = lunar_cuda_kda_decode_rows_runs();
             lunar_cuda_kda_decode_rows(0);
-            decode_run(gm, &c, &sv, B, plen, per, blocks, V, ls, is);
+            decode_pair_run(&d, gm, 1);
             CHECK_MSG(lunar_cuda_kda_decode_rows_runs() == r1, "the split path ran the multi-row path");
             lunar_cuda_kda_decode_rows(prev);
             CHECK_MSG(r1 - r0 == (long)STEPS * m->cfg.n_kda_layers, "%s: multi-row KDA layers run: %ld (want %ld)",
@@ -258,9 +276,7 @@ static void kda_rows_vs_split(const char *name, int (*make)(char *)) {
                       name, B, med, worst);
             CHECK_MSG(same * 100 >= rows * 90, "%s, B=%d: argmax %d of %d rows", name, B, same, rows);
             free(ga), free(gs);
-            free(lr), free(ls), free(ir), free(is), free(blocks);
-            saved_free(&sv);
-            lunar_cuda_caches_free(&c);
+            decode_pair_free(&d);
         }
         lunar_cuda_model_free(gm);
     }

@@ -591,7 +591,6 @@ TEST(cuda_mla_sparse_vs_cpu) {
 
 enum { DI = 128 };
 
-/* d = 128 (K3.1) and d = 16 (the tiny goldens: fewer lanes than a warp) */
 /* The hardware f32 -> e4m3 conversion the kernels use equals the CPU's rounding rule (the device port of
  * lunar_f32_to_e4m3, statement for statement) on every one of the 2^32 float bit patterns: NaN, infinities,
  * the saturation edge at 448 / 464, subnormals and the normal / subnormal boundary included. */
@@ -601,6 +600,7 @@ TEST(cuda_e4m3_hw_equals_cpu_port) {
     CHECK_MSG(bad == 0, "%llu of 2^32 inputs differ", bad);
 }
 
+/* d = 128 (K3.1) and d = 16 (the tiny goldens: fewer lanes than a warp) */
 TEST(cuda_dsa_index_write_bitwise) {
     if (!cuda_on()) return;
     for (int di = 16; di <= DI; di *= 8) {

@@ -192,12 +192,12 @@ static void caches_free(runner *r) {
     r->have_caches = 0;
 }
 
-/* Small nonzero values in every cache page (CPU): calloc'd pages would all alias the zero page and
- * make long-context reads look free. FP8 codes stay below 0x40 (no NaN code). */
 /* the index keys' codes (an e4m3 byte each, 0 .. 63: positive, never NaN) and scales, as both backends fill them */
 static uint8_t idx_code_fill(size_t i) { return (uint8_t)((i * 40503u) >> 7 & 0x3f); }
 #define IDX_SCALE_FILL (1.0f / 64)
 
+/* Small nonzero values in every cache page (CPU): calloc'd pages would all alias the zero page and
+ * make long-context reads look free. FP8 codes stay below 0x40 (no NaN code). */
 static void caches_fill(runner *r) {
     if (r->cuda) {
 #ifdef LUNAR_HAVE_CUDA

@@ -11,7 +11,8 @@ A step is one replay of a CUDA graph: its kernels share the launch's correlation
          what the kernel adds to the step; a side-stream kernel that ends inside a main-stream one
          takes that piece from it (the side rows say so by their name);
   idle   the part of owned during which no kernel ran (launch gaps the graph did not hide).
-Prints the per-name table (means a step, sorted by owned) and one step's sequence (the median step).
+Prints a table of kernels, one row a name and grid (means a step, sorted by owned), and one step's
+sequence (the median step).
 
   python3 tools/device/timeline.py trace.csv[.gz] [--steps 16] [--graph ID] [--seq] [--top 40]
 """
